@@ -1,0 +1,5 @@
+//! herald: sends messages at the right time. See ARCHITECTURE.md for the code map.
+
+pub mod clock;
+pub mod model;
+pub mod schedule;

@@ -1,0 +1,19 @@
+//! The data herald works on, and the rules about it. Pure: no IO, no clock.
+
+pub mod duration;
+pub mod failure;
+pub mod id;
+pub mod limits;
+pub mod request;
+pub mod run;
+pub mod state;
+pub mod task;
+
+pub use duration::{format_duration_ms, parse_duration_ms};
+pub use failure::{delivery_key, Failure};
+pub use id::{check_id, new_id};
+pub use limits::Limits;
+pub use request::{Context, FieldError, TaskRequest};
+pub use run::{GaveUp, Outcome, Run, RunState, Settled};
+pub use state::{InvalidTransition, TaskState};
+pub use task::*;

@@ -1,0 +1,702 @@
+//! The task creation request as it arrives (JSON shape of API.md) and its validation into a
+//! [`Task`]. Validation is pure: `now` and the set of channels come from the caller. Every
+//! error names the field it is about, in the dotted path clients see (`schedule.at`,
+//! `messages[3].body`).
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use super::duration::parse_duration_ms;
+use super::id::{check_id, new_id};
+use super::limits::Limits;
+use super::state::TaskState;
+use super::task::*;
+use crate::schedule::{parse_instant, parse_tz};
+
+/// A validation error: which field, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {detail}")]
+pub struct FieldError {
+    pub field: String,
+    pub detail: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        FieldError {
+            field: field.into(),
+            detail: detail.into(),
+        }
+    }
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct TaskRequest {
+    pub id: Option<String>,
+    pub name: Option<String>,
+    pub channel: Option<String>,
+    pub schedule: ScheduleRequest,
+    pub messages: Option<Vec<MessageRequest>>,
+    /// Broadcast shorthand: one message per recipient with the same body.
+    pub to: Option<Vec<String>>,
+    pub body: Option<String>,
+    pub pacing: Option<PacingRequest>,
+    pub retry: Option<RetryRequest>,
+    pub misfire: Option<String>,
+    pub misfire_grace: Option<String>,
+    pub overlap: Option<String>,
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleRequest {
+    pub at: Option<String>,
+    pub after: Option<String>,
+    pub tz: Option<String>,
+    pub dst: Option<DstRequest>,
+    // Accepted in the shape of API.md so that a client gets "not supported yet" rather than
+    // "unknown field"; see `validate_schedule`.
+    pub cron: Option<String>,
+    pub start: Option<String>,
+    pub end: Option<String>,
+    pub max_runs: Option<u32>,
+    pub reminders: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DstRequest {
+    pub gap: Option<String>,
+    pub repeat: Option<String>,
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct MessageRequest {
+    pub to: String,
+    pub body: String,
+}
+
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PacingRequest {
+    pub interval: Option<String>,
+    pub batch_size: Option<u32>,
+    pub batch_pause: Option<String>,
+}
+
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RetryRequest {
+    pub max_attempts: Option<u32>,
+    pub backoff: Option<String>,
+    pub initial: Option<String>,
+    pub max: Option<String>,
+}
+
+/// What validation needs to know about the world.
+pub struct Context<'a> {
+    pub now_ms: u64,
+    pub limits: &'a Limits,
+    pub channel_exists: &'a dyn Fn(&str) -> bool,
+}
+
+fn duration(field: &str, s: &str) -> Result<u64, FieldError> {
+    parse_duration_ms(s).map_err(|e| FieldError::new(field, e))
+}
+
+fn within(field: &str, v: u64, max: u64, what: &str) -> Result<u64, FieldError> {
+    if v > max {
+        Err(FieldError::new(
+            field,
+            format!("{what} must be at most {}", super::format_duration_ms(max)),
+        ))
+    } else {
+        Ok(v)
+    }
+}
+
+impl TaskRequest {
+    /// Validates the request into a new pending task. Nothing is stored here.
+    pub fn into_task(self, cx: &Context) -> Result<Task, FieldError> {
+        let limits = cx.limits;
+        let id = match self.id {
+            Some(id) => {
+                check_id(&id).map_err(|e| FieldError::new("id", e))?;
+                id
+            }
+            None => new_id(cx.now_ms),
+        };
+        if let Some(name) = &self.name {
+            if name.len() > limits.name_bytes_max {
+                return Err(FieldError::new(
+                    "name",
+                    format!("must be at most {} bytes", limits.name_bytes_max),
+                ));
+            }
+        }
+        let channel = self.channel.unwrap_or_else(|| "log".to_string());
+        if !(cx.channel_exists)(&channel) {
+            return Err(FieldError::new(
+                "channel",
+                format!("unknown channel {channel:?}; configure it under [channels.{channel}]"),
+            ));
+        }
+        let misfire_grace_ms = match &self.misfire_grace {
+            Some(s) => duration("misfire_grace", s)?,
+            None => DEFAULT_MISFIRE_GRACE_MS,
+        };
+        let misfire = match self.misfire.as_deref() {
+            None | Some("fire_now") => Misfire::FireNow,
+            Some("skip") => Misfire::Skip,
+            Some("fire_all") => Misfire::FireAll,
+            Some(other) => {
+                return Err(FieldError::new(
+                    "misfire",
+                    format!("unknown policy {other:?}; expected fire_now, skip or fire_all"),
+                ))
+            }
+        };
+        let overlap = match self.overlap.as_deref() {
+            None | Some("skip") => Overlap::Skip,
+            Some("queue") => Overlap::Queue,
+            Some("allow") => Overlap::Allow,
+            Some(other) => {
+                return Err(FieldError::new(
+                    "overlap",
+                    format!("unknown policy {other:?}; expected skip, queue or allow"),
+                ))
+            }
+        };
+        let schedule = validate_schedule(&self.schedule, cx, misfire_grace_ms)?;
+        let messages = validate_messages(self.messages, self.to, self.body, limits)?;
+        let pacing = validate_pacing(self.pacing.unwrap_or_default(), limits)?;
+        let retry = self
+            .retry
+            .map(|r| validate_retry(r, "retry", limits))
+            .transpose()?;
+        let metadata = self.metadata.unwrap_or_default();
+        validate_metadata(&metadata, limits)?;
+        let first = schedule.first_fire_ms();
+        Ok(Task {
+            id,
+            name: self.name,
+            channel,
+            schedule,
+            messages,
+            pacing,
+            retry,
+            misfire,
+            misfire_grace_ms,
+            overlap,
+            metadata,
+            state: TaskState::Pending,
+            created_at_ms: cx.now_ms,
+            updated_at_ms: cx.now_ms,
+            next_fire_at_ms: Some(first),
+            runs: 0,
+        })
+    }
+}
+
+fn validate_dst(d: &Option<DstRequest>) -> Result<DstPolicy, FieldError> {
+    let Some(d) = d else {
+        return Ok(DstPolicy::default());
+    };
+    let gap = match d.gap.as_deref() {
+        None | Some("shift") => DstGap::Shift,
+        Some("skip") => DstGap::Skip,
+        Some(o) => {
+            return Err(FieldError::new(
+                "schedule.dst.gap",
+                format!("unknown policy {o:?}; expected shift or skip"),
+            ))
+        }
+    };
+    let repeat = match d.repeat.as_deref() {
+        None | Some("first") => DstRepeat::First,
+        Some("last") => DstRepeat::Last,
+        Some("both") => DstRepeat::Both,
+        Some(o) => {
+            return Err(FieldError::new(
+                "schedule.dst.repeat",
+                format!("unknown policy {o:?}; expected first, last or both"),
+            ))
+        }
+    };
+    Ok(DstPolicy { gap, repeat })
+}
+
+fn validate_schedule(
+    s: &ScheduleRequest,
+    cx: &Context,
+    misfire_grace_ms: u64,
+) -> Result<Schedule, FieldError> {
+    let kinds = [
+        s.at.is_some(),
+        s.after.is_some(),
+        s.cron.is_some(),
+        s.reminders.is_some(),
+    ]
+    .iter()
+    .filter(|k| **k)
+    .count();
+    if kinds != 1 {
+        return Err(FieldError::new(
+            "schedule",
+            "give exactly one of at, after, cron, reminders",
+        ));
+    }
+    if s.cron.is_some() {
+        return Err(FieldError::new(
+            "schedule.cron",
+            "cron schedules are not supported by this version yet",
+        ));
+    }
+    if s.reminders.is_some() {
+        return Err(FieldError::new(
+            "schedule.reminders",
+            "reminder schedules are not supported by this version yet",
+        ));
+    }
+    for (name, present) in [
+        ("schedule.start", s.start.is_some()),
+        ("schedule.end", s.end.is_some()),
+        ("schedule.max_runs", s.max_runs.is_some()),
+    ] {
+        if present {
+            return Err(FieldError::new(name, "only allowed with cron"));
+        }
+    }
+    let dst = validate_dst(&s.dst)?;
+    let horizon_end = cx.now_ms.saturating_add(cx.limits.horizon_ms);
+    if let Some(after) = &s.after {
+        if s.tz.is_some() {
+            return Err(FieldError::new("schedule.tz", "not allowed with after"));
+        }
+        let after_ms = duration("schedule.after", after)?;
+        let at_ms = cx.now_ms.saturating_add(after_ms);
+        if at_ms > horizon_end {
+            return Err(FieldError::new(
+                "schedule.after",
+                "is beyond the scheduling horizon (10 years)",
+            ));
+        }
+        return Ok(Schedule::After {
+            after: after.clone(),
+            after_ms,
+            at_ms,
+        });
+    }
+    let at = s.at.as_deref().unwrap_or_default();
+    let tz = match &s.tz {
+        Some(name) => Some(parse_tz(name).map_err(|e| FieldError::new("schedule.tz", e))?),
+        None => None,
+    };
+    let instants = parse_instant(at, tz, dst).map_err(|e| FieldError::new("schedule.at", e))?;
+    // A one-shot fires once: with `repeat: both` it takes the first of the two instants.
+    let Some(&at_ms) = instants.first() else {
+        return Err(FieldError::new(
+            "schedule.at",
+            format!(
+                "{at:?} does not exist in {} (DST gap) and dst.gap is skip",
+                s.tz.as_deref().unwrap_or("UTC")
+            ),
+        ));
+    };
+    if at_ms.saturating_add(misfire_grace_ms) < cx.now_ms {
+        return Err(FieldError::new(
+            "schedule.at",
+            format!(
+                "{at:?} is in the past by more than misfire_grace ({})",
+                super::format_duration_ms(misfire_grace_ms)
+            ),
+        ));
+    }
+    if at_ms > horizon_end {
+        return Err(FieldError::new(
+            "schedule.at",
+            "is beyond the scheduling horizon (10 years)",
+        ));
+    }
+    Ok(Schedule::At {
+        at: at.to_string(),
+        tz: s.tz.clone(),
+        dst,
+        at_ms,
+    })
+}
+
+fn validate_messages(
+    messages: Option<Vec<MessageRequest>>,
+    to: Option<Vec<String>>,
+    body: Option<String>,
+    limits: &Limits,
+) -> Result<Vec<Message>, FieldError> {
+    let (list, field): (Vec<Message>, &str) = match (messages, to, body) {
+        (Some(m), None, None) => (
+            m.into_iter()
+                .map(|m| Message {
+                    to: m.to,
+                    body: m.body,
+                })
+                .collect(),
+            "messages",
+        ),
+        (None, Some(to), Some(body)) => (
+            to.into_iter()
+                .map(|to| Message {
+                    to,
+                    body: body.clone(),
+                })
+                .collect(),
+            "to",
+        ),
+        (None, Some(_), None) => return Err(FieldError::new("body", "required with to")),
+        (None, None, Some(_)) => return Err(FieldError::new("to", "required with body")),
+        (None, None, None) => {
+            return Err(FieldError::new(
+                "messages",
+                "required (or the broadcast shorthand to + body)",
+            ))
+        }
+        _ => {
+            return Err(FieldError::new(
+                "messages",
+                "give either messages or to + body, not both",
+            ))
+        }
+    };
+    if list.is_empty() {
+        return Err(FieldError::new(field, "must not be empty"));
+    }
+    if list.len() > limits.messages_max {
+        return Err(FieldError::new(
+            field,
+            format!(
+                "at most {} messages per task, got {}",
+                limits.messages_max,
+                list.len()
+            ),
+        ));
+    }
+    for (i, m) in list.iter().enumerate() {
+        let (to_field, body_field) = if field == "to" {
+            (format!("to[{i}]"), "body".to_string())
+        } else {
+            (format!("messages[{i}].to"), format!("messages[{i}].body"))
+        };
+        if m.to.is_empty() {
+            return Err(FieldError::new(to_field, "must not be empty"));
+        }
+        if m.to.len() > limits.recipient_bytes_max {
+            return Err(FieldError::new(
+                to_field,
+                format!("must be at most {} bytes", limits.recipient_bytes_max),
+            ));
+        }
+        if m.body.len() > limits.message_body_bytes_max {
+            return Err(FieldError::new(
+                body_field,
+                format!("must be at most {} bytes", limits.message_body_bytes_max),
+            ));
+        }
+    }
+    Ok(list)
+}
+
+fn validate_pacing(p: PacingRequest, limits: &Limits) -> Result<Pacing, FieldError> {
+    if p.batch_size.is_some() {
+        return Err(FieldError::new(
+            "pacing.batch_size",
+            "batches are not supported by this version yet",
+        ));
+    }
+    if p.batch_pause.is_some() {
+        return Err(FieldError::new(
+            "pacing.batch_pause",
+            "batches are not supported by this version yet",
+        ));
+    }
+    let interval_ms = match &p.interval {
+        Some(s) => within(
+            "pacing.interval",
+            duration("pacing.interval", s)?,
+            limits.interval_ms_max,
+            "interval",
+        )?,
+        None => 0,
+    };
+    Ok(Pacing { interval_ms })
+}
+
+/// Validates a retry block; `prefix` is its path (`retry`, or `channels.x.retry` in config).
+pub fn validate_retry(
+    r: RetryRequest,
+    prefix: &str,
+    limits: &Limits,
+) -> Result<RetryPolicy, FieldError> {
+    let d = RetryPolicy::default();
+    let max_attempts = r.max_attempts.unwrap_or(d.max_attempts);
+    if max_attempts == 0 || max_attempts > limits.max_attempts_max {
+        return Err(FieldError::new(
+            format!("{prefix}.max_attempts"),
+            format!("must be between 1 and {}", limits.max_attempts_max),
+        ));
+    }
+    let backoff = match r.backoff.as_deref() {
+        None | Some("fixed") => Backoff::Fixed,
+        Some("exponential") => Backoff::Exponential,
+        Some(o) => {
+            return Err(FieldError::new(
+                format!("{prefix}.backoff"),
+                format!("unknown backoff {o:?}; expected fixed or exponential"),
+            ))
+        }
+    };
+    let field = format!("{prefix}.initial");
+    let initial_ms = match &r.initial {
+        Some(s) => within(
+            &field,
+            duration(&field, s)?,
+            limits.backoff_ms_max,
+            "backoff",
+        )?,
+        None => d.initial_ms,
+    };
+    let field = format!("{prefix}.max");
+    let max_ms = match &r.max {
+        Some(s) => within(
+            &field,
+            duration(&field, s)?,
+            limits.backoff_ms_max,
+            "backoff",
+        )?,
+        None => d.max_ms.max(initial_ms),
+    };
+    if max_ms < initial_ms {
+        return Err(FieldError::new(field, "must not be less than initial"));
+    }
+    Ok(RetryPolicy {
+        max_attempts,
+        backoff,
+        initial_ms,
+        max_ms,
+    })
+}
+
+fn validate_metadata(m: &BTreeMap<String, String>, limits: &Limits) -> Result<(), FieldError> {
+    if m.len() > limits.metadata_entries_max {
+        return Err(FieldError::new(
+            "metadata",
+            format!("at most {} entries", limits.metadata_entries_max),
+        ));
+    }
+    for (k, v) in m {
+        if k.is_empty() || k.len() > limits.metadata_key_bytes_max {
+            return Err(FieldError::new(
+                "metadata",
+                format!(
+                    "keys must be 1 to {} bytes, got {k:?}",
+                    limits.metadata_key_bytes_max
+                ),
+            ));
+        }
+        if v.len() > limits.metadata_value_bytes_max {
+            return Err(FieldError::new(
+                format!("metadata.{k}"),
+                format!("must be at most {} bytes", limits.metadata_value_bytes_max),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const NOW: u64 = 1_780_000_000_000; // 2026-05-28
+
+    fn task(v: serde_json::Value) -> Result<Task, FieldError> {
+        let req: TaskRequest = serde_json::from_value(v).expect("shape");
+        let limits = Limits::default();
+        let exists = |c: &str| c == "log" || c == "hook";
+        req.into_task(&Context {
+            now_ms: NOW,
+            limits: &limits,
+            channel_exists: &exists,
+        })
+    }
+
+    fn err_field(v: serde_json::Value) -> String {
+        task(v).expect_err("should be invalid").field
+    }
+
+    #[test]
+    fn minimal_task_gets_defaults() {
+        let t = task(json!({"schedule": {"after": "5s"}, "messages": [{"to": "a", "body": "hi"}]}))
+            .unwrap();
+        assert_eq!(t.channel, "log");
+        assert_eq!(t.state, TaskState::Pending);
+        assert_eq!(t.next_fire_at_ms, Some(NOW + 5_000));
+        assert_eq!(t.misfire_grace_ms, DEFAULT_MISFIRE_GRACE_MS);
+        assert_eq!(t.retry, None);
+        assert_eq!(t.id.len(), 20);
+    }
+
+    #[test]
+    fn broadcast_shorthand_expands() {
+        let t = task(
+            json!({"schedule": {"after": "1s"}, "to": ["a", "b", "c"], "body": "x",
+                            "pacing": {"interval": "3s"}}),
+        )
+        .unwrap();
+        assert_eq!(t.messages.len(), 3);
+        assert_eq!(
+            t.messages[2],
+            Message {
+                to: "c".into(),
+                body: "x".into()
+            }
+        );
+        assert_eq!(t.pacing.interval_ms, 3_000);
+    }
+
+    #[test]
+    fn at_with_zone_and_grace() {
+        let t = task(
+            json!({"schedule": {"at": "2026-12-01T09:00:00", "tz": "Asia/Shanghai"},
+                            "messages": [{"to": "a", "body": "b"}]}),
+        )
+        .unwrap();
+        assert_eq!(t.next_fire_at_ms, Some(1_796_086_800_000));
+        // Five minutes ago is within the default 10m grace: accepted, fires at once.
+        let five_ago = crate::schedule::format_utc(NOW - 300_000);
+        assert!(task(
+            json!({"schedule": {"at": five_ago}, "messages": [{"to": "a", "body": "b"}]})
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn each_error_names_its_field() {
+        let m = json!([{"to": "a", "body": "b"}]);
+        assert_eq!(
+            err_field(json!({"id": "a b", "schedule": {"after": "1s"}, "messages": m})),
+            "id"
+        );
+        assert_eq!(
+            err_field(json!({"channel": "nope", "schedule": {"after": "1s"}, "messages": m})),
+            "channel"
+        );
+        assert_eq!(
+            err_field(json!({"schedule": {"after": "soon"}, "messages": m})),
+            "schedule.after"
+        );
+        assert_eq!(
+            err_field(json!({"schedule": {"at": "2020-01-01T00:00:00Z"}, "messages": m})),
+            "schedule.at"
+        );
+        assert_eq!(
+            err_field(
+                json!({"schedule": {"at": "2026-12-01T09:00:00", "tz": "Nowhere/X"}, "messages": m})
+            ),
+            "schedule.tz"
+        );
+        assert_eq!(
+            err_field(json!({"schedule": {"at": "2100-01-01T00:00:00Z"}, "messages": m})),
+            "schedule.at"
+        );
+        assert_eq!(
+            err_field(json!({"schedule": {}, "messages": m})),
+            "schedule"
+        );
+        assert_eq!(
+            err_field(
+                json!({"schedule": {"after": "1s", "at": "2026-12-01T00:00:00Z"}, "messages": m})
+            ),
+            "schedule"
+        );
+        assert_eq!(
+            err_field(json!({"schedule": {"after": "1s"}, "messages": []})),
+            "messages"
+        );
+        assert_eq!(err_field(json!({"schedule": {"after": "1s"}})), "messages");
+        assert_eq!(
+            err_field(json!({"schedule": {"after": "1s"}, "messages": [{"to": "", "body": "b"}]})),
+            "messages[0].to"
+        );
+        assert_eq!(
+            err_field(
+                json!({"schedule": {"after": "1s"}, "messages": m, "pacing": {"interval": "3x"}})
+            ),
+            "pacing.interval"
+        );
+        assert_eq!(
+            err_field(
+                json!({"schedule": {"after": "1s"}, "messages": m, "retry": {"max_attempts": 0}})
+            ),
+            "retry.max_attempts"
+        );
+        assert_eq!(
+            err_field(
+                json!({"schedule": {"after": "1s"}, "messages": m, "retry": {"initial": "1m", "max": "1s"}})
+            ),
+            "retry.max"
+        );
+        assert_eq!(
+            err_field(json!({"schedule": {"after": "1s"}, "messages": m, "misfire": "later"})),
+            "misfire"
+        );
+        assert_eq!(
+            err_field(json!({"schedule": {"after": "1s"}, "messages": m, "overlap": "x"})),
+            "overlap"
+        );
+        assert_eq!(
+            err_field(
+                json!({"schedule": {"after": "1s"}, "messages": m, "metadata": {"k": "v".repeat(2000)}})
+            ),
+            "metadata.k"
+        );
+        assert_eq!(
+            err_field(
+                json!({"schedule": {"at": "2026-12-01T09:00:00", "tz": "UTC", "dst": {"gap": "x"}}, "messages": m})
+            ),
+            "schedule.dst.gap"
+        );
+        assert_eq!(
+            err_field(json!({"schedule": {"after": "1s"}, "to": ["a"]})),
+            "body"
+        );
+        let big = "x".repeat(64 * 1024 + 1);
+        assert_eq!(
+            err_field(json!({"schedule": {"after": "1s"}, "messages": [{"to": "a", "body": big}]})),
+            "messages[0].body"
+        );
+    }
+
+    #[test]
+    fn dst_gap_skip_on_a_one_shot_is_an_error() {
+        let e = task(
+            json!({"schedule": {"at": "2027-03-14T02:30:00", "tz": "America/New_York",
+                                          "dst": {"gap": "skip"}},
+                            "messages": [{"to": "a", "body": "b"}]}),
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "schedule.at");
+        assert!(e.detail.contains("DST gap"), "{}", e.detail);
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_by_shape() {
+        let r: Result<TaskRequest, _> = serde_json::from_value(
+            json!({"schedule": {"after": "1s"}, "messages": [], "colour": "red"}),
+        );
+        assert!(r.unwrap_err().to_string().contains("unknown field"));
+    }
+}

@@ -1,0 +1,310 @@
+//! One run of a task and its cursor: the pure state machine that decides, after each delivery
+//! attempt, what happens next.
+//!
+//! Invariants (checked by the property test below and relied on by crash recovery):
+//! - `cursor` only moves forward, and only after the message at it was accepted by the channel
+//!   or given up on (failure list). Nothing before the cursor is ever sent again.
+//! - `in_flight == Some(cursor)` from the moment an attempt starts until its outcome is settled;
+//!   after a crash only that message may go out twice (with the same idempotency key).
+//! - `attempts` counts attempts of the message at the cursor and resets when the cursor moves.
+//! - `sent + failed == cursor`.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum RunState {
+    /// Sending (or waiting between sends).
+    Running,
+    /// Every message was sent or given up on.
+    Completed,
+    /// The task was cancelled while this run was active.
+    Cancelled,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Run {
+    pub run: u32,
+    /// When the run was due to start.
+    pub scheduled_at_ms: u64,
+    pub started_at_ms: u64,
+    pub finished_at_ms: Option<u64>,
+    pub state: RunState,
+    pub total: u32,
+    /// Index of the next message to send.
+    pub cursor: u32,
+    /// The message whose attempt has started and not settled.
+    pub in_flight: Option<u32>,
+    /// Attempts made for the message at the cursor.
+    pub attempts: u32,
+    pub sent: u32,
+    pub failed: u32,
+    /// When the next step of this run is due (pacing or retry); recovery resumes from here.
+    pub next_at_ms: Option<u64>,
+    /// Start of the last attempt, the anchor for `interval` pacing.
+    pub last_attempt_at_ms: Option<u64>,
+}
+
+/// What a channel said about one attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Accepted (2xx, or written to the log/file).
+    Sent,
+    /// Worth another attempt; `not_before_ms` comes from a `Retry-After`.
+    Retry {
+        error: String,
+        not_before_ms: Option<u64>,
+    },
+    /// Rejected for good (4xx other than 408/425/429).
+    Permanent { error: String },
+}
+
+/// A message given up on, to be written to the failure list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GaveUp {
+    pub seq: u32,
+    pub attempts: u32,
+    pub error: String,
+}
+
+/// The decision after an attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settled {
+    pub gave_up: Option<GaveUp>,
+    /// When to take the next step; `None` when the run is finished.
+    pub next_at_ms: Option<u64>,
+}
+
+impl Run {
+    pub fn new(run: u32, scheduled_at_ms: u64, now_ms: u64, total: u32) -> Run {
+        Run {
+            run,
+            scheduled_at_ms,
+            started_at_ms: now_ms,
+            finished_at_ms: None,
+            state: RunState::Running,
+            total,
+            cursor: 0,
+            in_flight: None,
+            attempts: 0,
+            sent: 0,
+            failed: 0,
+            next_at_ms: Some(now_ms),
+            last_attempt_at_ms: None,
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.cursor >= self.total
+    }
+
+    /// Starts an attempt of the message at the cursor and returns its index. Must be persisted
+    /// before the send starts.
+    pub fn begin_attempt(&mut self, now_ms: u64) -> Option<u32> {
+        if self.is_done() {
+            return None;
+        }
+        self.in_flight = Some(self.cursor);
+        self.attempts += 1;
+        self.last_attempt_at_ms = Some(now_ms);
+        self.next_at_ms = None;
+        Some(self.cursor)
+    }
+
+    /// Records the outcome of the attempt begun by `begin_attempt`.
+    ///
+    /// `max_attempts` is the retry budget, `retry_delay_ms` the backoff before the next attempt
+    /// of the same message, `interval_ms` the pacing between consecutive sends (anchored at the
+    /// start of the attempt, so two attempts never start closer than the interval).
+    pub fn settle(
+        &mut self,
+        outcome: Outcome,
+        max_attempts: u32,
+        retry_delay_ms: u64,
+        interval_ms: u64,
+        now_ms: u64,
+    ) -> Settled {
+        let anchor = self.last_attempt_at_ms.unwrap_or(now_ms);
+        let paced = anchor.saturating_add(interval_ms).max(now_ms);
+        self.in_flight = None;
+        let mut gave_up = None;
+        match outcome {
+            Outcome::Sent => {
+                self.sent += 1;
+                self.advance();
+            }
+            Outcome::Retry {
+                error,
+                not_before_ms,
+            } => {
+                if self.attempts < max_attempts.max(1) {
+                    let at = now_ms
+                        .saturating_add(retry_delay_ms)
+                        .max(not_before_ms.unwrap_or(0))
+                        .max(paced);
+                    self.next_at_ms = Some(at);
+                    return Settled {
+                        gave_up: None,
+                        next_at_ms: Some(at),
+                    };
+                }
+                gave_up = Some(self.give_up(error));
+            }
+            Outcome::Permanent { error } => {
+                gave_up = Some(self.give_up(error));
+            }
+        }
+        if self.is_done() {
+            self.state = RunState::Completed;
+            self.finished_at_ms = Some(now_ms);
+            self.next_at_ms = None;
+        } else {
+            self.next_at_ms = Some(paced);
+        }
+        Settled {
+            gave_up,
+            next_at_ms: self.next_at_ms,
+        }
+    }
+
+    fn give_up(&mut self, error: String) -> GaveUp {
+        let g = GaveUp {
+            seq: self.cursor,
+            attempts: self.attempts,
+            error,
+        };
+        self.failed += 1;
+        self.advance();
+        g
+    }
+
+    fn advance(&mut self) {
+        self.cursor += 1;
+        self.attempts = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn retry() -> Outcome {
+        Outcome::Retry {
+            error: "500".into(),
+            not_before_ms: None,
+        }
+    }
+
+    #[test]
+    fn paced_sequence_walks_the_cursor() {
+        let mut r = Run::new(1, 1_000, 1_000, 3);
+        for i in 0..3u32 {
+            let t = 1_000 + u64::from(i) * 100;
+            assert_eq!(r.begin_attempt(t), Some(i));
+            assert_eq!(r.in_flight, Some(i));
+            let s = r.settle(Outcome::Sent, 3, 50, 100, t + 2);
+            if i < 2 {
+                assert_eq!(s.next_at_ms, Some(t + 100), "anchored at attempt start");
+            } else {
+                assert_eq!(s.next_at_ms, None);
+            }
+        }
+        assert_eq!(r.state, RunState::Completed);
+        assert_eq!((r.sent, r.failed, r.cursor), (3, 0, 3));
+        assert_eq!(r.begin_attempt(2_000), None);
+    }
+
+    #[test]
+    fn retries_then_gives_up_and_moves_on() {
+        let mut r = Run::new(1, 0, 0, 2);
+        r.begin_attempt(0);
+        let s = r.settle(retry(), 2, 1_000, 0, 10);
+        assert_eq!(s.next_at_ms, Some(1_010));
+        assert_eq!(r.cursor, 0);
+        r.begin_attempt(1_010);
+        let s = r.settle(retry(), 2, 1_000, 0, 1_020);
+        assert_eq!(
+            s.gave_up,
+            Some(GaveUp {
+                seq: 0,
+                attempts: 2,
+                error: "500".into()
+            })
+        );
+        assert_eq!(s.next_at_ms, Some(1_020));
+        assert_eq!((r.cursor, r.attempts, r.failed), (1, 0, 1));
+    }
+
+    #[test]
+    fn retry_after_and_interval_both_hold_back_the_next_attempt() {
+        let mut r = Run::new(1, 0, 0, 1);
+        r.begin_attempt(0);
+        let s = r.settle(
+            Outcome::Retry {
+                error: "429".into(),
+                not_before_ms: Some(5_000),
+            },
+            3,
+            10,
+            0,
+            1,
+        );
+        assert_eq!(s.next_at_ms, Some(5_000));
+        r.begin_attempt(5_000);
+        let s = r.settle(retry(), 3, 10, 3_000, 5_001);
+        assert_eq!(
+            s.next_at_ms,
+            Some(8_000),
+            "interval from the attempt start wins"
+        );
+    }
+
+    #[test]
+    fn permanent_failure_does_not_retry() {
+        let mut r = Run::new(1, 0, 0, 1);
+        r.begin_attempt(0);
+        let s = r.settle(
+            Outcome::Permanent {
+                error: "400".into(),
+            },
+            5,
+            10,
+            0,
+            1,
+        );
+        assert_eq!(s.gave_up.map(|g| g.attempts), Some(1));
+        assert_eq!(s.next_at_ms, None);
+        assert_eq!(r.state, RunState::Completed);
+    }
+
+    proptest! {
+        /// Random outcomes against the invariants in the module doc.
+        #[test]
+        fn cursor_invariants_hold(outcomes in proptest::collection::vec(0u8..3, 1..200),
+                                  total in 1u32..20, max_attempts in 1u32..5) {
+            let mut r = Run::new(1, 0, 0, total);
+            let mut now = 0u64;
+            let mut sends_per_seq = vec![0u32; total as usize];
+            for o in outcomes {
+                let before = r.cursor;
+                let Some(seq) = r.begin_attempt(now) else { break };
+                prop_assert_eq!(seq, before);
+                sends_per_seq[seq as usize] += 1;
+                let outcome = match o {
+                    0 => Outcome::Sent,
+                    1 => retry(),
+                    _ => Outcome::Permanent { error: "400".into() },
+                };
+                now += 7;
+                let s = r.settle(outcome, max_attempts, 3, 5, now);
+                prop_assert!(r.cursor >= before && r.cursor <= before + 1);
+                prop_assert_eq!(r.in_flight, None);
+                prop_assert_eq!(r.sent + r.failed, r.cursor);
+                prop_assert!(r.attempts < max_attempts.max(1));
+                if let Some(at) = s.next_at_ms { prop_assert!(at >= now); now = at; }
+                else { prop_assert!(r.is_done()); }
+            }
+            for n in sends_per_seq { prop_assert!(n <= max_attempts); }
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Task states and the one table that says which transitions are allowed.
+//!
+//! Every state change in the engine goes through [`TaskState::transition`], so an impossible
+//! move (e.g. `completed → running`) is an error at the point it is attempted, not a corrupt
+//! record found later.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TaskState {
+    Pending,
+    Running,
+    Paused,
+    Completed,
+    Cancelled,
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("task state cannot go from {from} to {to}")]
+pub struct InvalidTransition {
+    pub from: TaskState,
+    pub to: TaskState,
+}
+
+impl TaskState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Pending => "pending",
+            TaskState::Running => "running",
+            TaskState::Paused => "paused",
+            TaskState::Completed => "completed",
+            TaskState::Cancelled => "cancelled",
+            TaskState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TaskState> {
+        Some(match s {
+            "pending" => TaskState::Pending,
+            "running" => TaskState::Running,
+            "paused" => TaskState::Paused,
+            "completed" => TaskState::Completed,
+            "cancelled" => TaskState::Cancelled,
+            "failed" => TaskState::Failed,
+            _ => return None,
+        })
+    }
+
+    /// Finished tasks never send again and never leave their state.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            TaskState::Completed | TaskState::Cancelled | TaskState::Failed
+        )
+    }
+
+    /// The transition table of DESIGN.md. `Pending → Completed` covers a task whose last
+    /// fire expired (misfire) without starting a run.
+    pub fn can_become(self, to: TaskState) -> bool {
+        use TaskState::*;
+        matches!(
+            (self, to),
+            (Pending, Running)
+                | (Pending, Paused)
+                | (Pending, Cancelled)
+                | (Pending, Completed)
+                | (Running, Pending)
+                | (Running, Completed)
+                | (Running, Paused)
+                | (Running, Cancelled)
+                | (Running, Failed)
+                | (Paused, Pending)
+                | (Paused, Running)
+                | (Paused, Cancelled)
+        )
+    }
+
+    /// Checks a move against the table; staying in the same state is always allowed.
+    pub fn transition(self, to: TaskState) -> Result<TaskState, InvalidTransition> {
+        if self == to || self.can_become(to) {
+            Ok(to)
+        } else {
+            Err(InvalidTransition { from: self, to })
+        }
+    }
+}
+
+impl std::fmt::Display for TaskState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TaskState::*;
+    use super::*;
+
+    const ALL: [TaskState; 6] = [Pending, Running, Paused, Completed, Cancelled, Failed];
+
+    #[test]
+    fn terminal_states_never_move() {
+        for from in ALL.into_iter().filter(|s| s.is_terminal()) {
+            for to in ALL.into_iter().filter(|t| *t != from) {
+                assert!(from.transition(to).is_err(), "{from} -> {to}");
+            }
+        }
+    }
+
+    #[test]
+    fn cancel_is_reachable_from_every_live_state() {
+        for from in [Pending, Running, Paused] {
+            assert_eq!(from.transition(Cancelled), Ok(Cancelled));
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in ALL {
+            assert_eq!(TaskState::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(TaskState::parse("done"), None);
+    }
+
+    #[test]
+    fn paused_cannot_complete_or_fail_directly() {
+        assert!(Paused.transition(Completed).is_err());
+        assert!(Paused.transition(Failed).is_err());
+        assert!(Pending.transition(Failed).is_err());
+    }
+}

@@ -1,0 +1,156 @@
+//! The task record: what a user created, resolved and validated, plus its durable state.
+//!
+//! These types are stored with bincode (see `store::codec`), so they use only shapes bincode's
+//! serde support can round-trip: no untagged enums, no flattening, no skipped fields.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::state::TaskState;
+
+/// One message of a sequence.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    pub to: String,
+    pub body: String,
+}
+
+/// What to do with a local time that does not exist (spring forward).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DstGap {
+    /// Fire at the first valid instant after the gap.
+    #[default]
+    Shift,
+    /// Drop that fire.
+    Skip,
+}
+
+/// What to do with a local time that occurs twice (fall back).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DstRepeat {
+    #[default]
+    First,
+    Last,
+    Both,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DstPolicy {
+    pub gap: DstGap,
+    pub repeat: DstRepeat,
+}
+
+/// The schedule as the user wrote it (kept for the view), next to its resolved instants.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum Schedule {
+    /// Once, at an instant. `at` is the text as given; `tz` the zone it was read in, if any.
+    At {
+        at: String,
+        tz: Option<String>,
+        dst: DstPolicy,
+        at_ms: u64,
+    },
+    /// Once, `after_ms` after creation (`after` is the text as given).
+    After {
+        after: String,
+        after_ms: u64,
+        at_ms: u64,
+    },
+}
+
+impl Schedule {
+    /// The instant of the first fire.
+    pub fn first_fire_ms(&self) -> u64 {
+        match self {
+            Schedule::At { at_ms, .. } | Schedule::After { at_ms, .. } => *at_ms,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Pacing {
+    /// Minimum time between the starts of two consecutive sends of one run.
+    pub interval_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backoff {
+    Fixed,
+    /// `initial * 2^(attempt-1)` capped at `max`, with full jitter.
+    Exponential,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included (1 = never retry).
+    pub max_attempts: u32,
+    pub backoff: Backoff,
+    pub initial_ms: u64,
+    pub max_ms: u64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 5,
+            backoff: Backoff::Fixed,
+            initial_ms: 1_000,
+            max_ms: 300_000,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Misfire {
+    #[default]
+    FireNow,
+    Skip,
+    FireAll,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Overlap {
+    #[default]
+    Skip,
+    Queue,
+    Allow,
+}
+
+pub const DEFAULT_MISFIRE_GRACE_MS: u64 = 10 * 60_000;
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Task {
+    pub id: String,
+    pub name: Option<String>,
+    pub channel: String,
+    pub schedule: Schedule,
+    pub messages: Vec<Message>,
+    pub pacing: Pacing,
+    /// The task's own retry policy; `None` means the channel's default.
+    pub retry: Option<RetryPolicy>,
+    pub misfire: Misfire,
+    pub misfire_grace_ms: u64,
+    pub overlap: Overlap,
+    pub metadata: BTreeMap<String, String>,
+    pub state: TaskState,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+    /// When the next run starts; `None` when no run is planned.
+    pub next_fire_at_ms: Option<u64>,
+    /// Runs started so far; run numbers are 1-based, so the next run is `runs + 1`.
+    pub runs: u32,
+}
+
+impl Task {
+    /// Moves to `to` if the transition table allows it.
+    pub fn set_state(
+        &mut self,
+        to: TaskState,
+        now_ms: u64,
+    ) -> Result<(), super::state::InvalidTransition> {
+        self.state = self.state.transition(to)?;
+        self.updated_at_ms = now_ms;
+        Ok(())
+    }
+}
