@@ -88,7 +88,7 @@ impl Run {
             attempts: 0,
             sent: 0,
             failed: 0,
-            next_at_ms: Some(now_ms),
+            next_at_ms: Some(scheduled_at_ms),
             last_attempt_at_ms: None,
         }
     }
@@ -154,8 +154,11 @@ impl Run {
             }
         }
         if self.is_done() {
-            self.state = RunState::Completed;
-            self.finished_at_ms = Some(now_ms);
+            // A run cancelled while its last attempt was in flight stays cancelled.
+            if self.state == RunState::Running {
+                self.state = RunState::Completed;
+                self.finished_at_ms = Some(now_ms);
+            }
             self.next_at_ms = None;
         } else {
             self.next_at_ms = Some(paced);

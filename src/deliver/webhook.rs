@@ -1,0 +1,124 @@
+//! The `webhook` sink: POSTs the delivery as JSON with hyper's pooled client (connections are
+//! reused across deliveries of a channel) under a per-channel timeout.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use super::classify::classify;
+use super::Delivery;
+use crate::model::Outcome;
+
+/// How much of a response body we read (for the failure list); the rest is dropped.
+const EXCERPT_BYTES_MAX: usize = 512;
+
+pub struct WebhookSink {
+    url: Uri,
+    timeout: Duration,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl WebhookSink {
+    /// `url` must be `http://` (checked by config). `timeout_ms` bounds the whole attempt:
+    /// connect, send and reading the answer.
+    pub fn new(url: Uri, timeout_ms: u64) -> WebhookSink {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_millis(timeout_ms)));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        WebhookSink {
+            url,
+            timeout: Duration::from_millis(timeout_ms),
+            client,
+        }
+    }
+
+    pub fn url(&self) -> &Uri {
+        &self.url
+    }
+
+    pub async fn post(&self, d: &Delivery, now_ms: impl Fn() -> u64) -> Outcome {
+        let body = match serde_json::to_vec(d) {
+            Ok(b) => b,
+            Err(e) => {
+                return Outcome::Permanent {
+                    error: format!("encode: {e}"),
+                }
+            }
+        };
+        let req = Request::post(self.url.clone())
+            .header("content-type", "application/json")
+            .header("user-agent", concat!("herald/", env!("CARGO_PKG_VERSION")))
+            .header("idempotency-key", d.idempotency_key.as_str())
+            .body(Full::new(Bytes::from(body)));
+        let req = match req {
+            Ok(r) => r,
+            Err(e) => {
+                return Outcome::Permanent {
+                    error: format!("request: {e}"),
+                }
+            }
+        };
+        let attempt = async {
+            let resp = self.client.request(req).await.map_err(|e| {
+                // Show the root cause (refused, reset, ...) rather than hyper's wrapper.
+                let mut msg = e.to_string();
+                let mut src = std::error::Error::source(&e);
+                while let Some(s) = src {
+                    msg = format!("{msg}: {s}");
+                    src = s.source();
+                }
+                msg
+            })?;
+            let status = resp.status().as_u16();
+            let retry_after = resp
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let excerpt = read_excerpt(resp.into_body()).await;
+            Ok::<_, String>((status, retry_after, excerpt))
+        };
+        match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok((status, retry_after, excerpt))) => {
+                classify(status, retry_after.as_deref(), &excerpt, now_ms())
+            }
+            Ok(Err(e)) => Outcome::Retry {
+                error: e,
+                not_before_ms: None,
+            },
+            Err(_) => Outcome::Retry {
+                error: format!("timed out after {} ms", self.timeout.as_millis()),
+                not_before_ms: None,
+            },
+        }
+    }
+}
+
+/// Reads at most `EXCERPT_BYTES_MAX` bytes of a body as lossy UTF-8, single line.
+async fn read_excerpt(mut body: Incoming) -> String {
+    let mut buf = Vec::new();
+    while buf.len() < EXCERPT_BYTES_MAX {
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    buf.extend_from_slice(data);
+                }
+            }
+            _ => break,
+        }
+    }
+    buf.truncate(EXCERPT_BYTES_MAX);
+    String::from_utf8_lossy(&buf)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}

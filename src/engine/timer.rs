@@ -1,0 +1,194 @@
+//! The timer thread: the only owner of the [`Wheel`].
+//!
+//! It receives `At`/`Cancel` commands over a crossbeam channel, sleeps until the wheel's next
+//! deadline (or until a command arrives; it never spins when idle), advances the wheel to the
+//! clock's current tick and hands each due [`RunKey`] to the dispatcher over a tokio channel.
+//!
+//! Invariant: at most one wheel entry per key. Scheduling a key that has an entry moves it
+//! (the old entry is cancelled in O(1)), so a run can never be stepped twice for one deadline.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::clock::Clock;
+use crate::wheel::{Handle, Wheel};
+
+/// A wheel entry: one active run of a task, or the next fire of a pending task (run `runs + 1`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RunKey {
+    pub task: Arc<str>,
+    pub run: u32,
+}
+
+impl RunKey {
+    pub fn new(task: &str, run: u32) -> RunKey {
+        RunKey {
+            task: Arc::from(task),
+            run,
+        }
+    }
+}
+
+enum Cmd {
+    At(RunKey, u64),
+    Cancel(RunKey),
+    /// Re-read the clock (a manual clock moved).
+    Wake,
+}
+
+pub struct Timer {
+    // `Option` so that `Drop` can close the channel before joining the thread.
+    tx: Option<Sender<Cmd>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Longest single sleep when the wheel is empty; commands wake the thread anyway.
+const IDLE_SLEEP: Duration = Duration::from_secs(3600);
+
+impl Timer {
+    pub fn start(clock: Arc<dyn Clock>, due: UnboundedSender<RunKey>) -> std::io::Result<Timer> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let thread = std::thread::Builder::new()
+            .name("herald-timer".into())
+            .spawn(move || run(clock, rx, due))?;
+        Ok(Timer {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    fn send(&self, cmd: Cmd) {
+        if let Some(tx) = &self.tx {
+            // Fails only while shutting down, when nothing needs to fire any more.
+            let _ = tx.send(cmd);
+        }
+    }
+
+    /// Puts `key` on the wheel at `at_ms` (replacing its previous deadline, if any).
+    pub fn at(&self, key: RunKey, at_ms: u64) {
+        self.send(Cmd::At(key, at_ms));
+    }
+
+    /// Removes `key` from the wheel; a no-op if it is not there.
+    pub fn cancel(&self, key: RunKey) {
+        self.send(Cmd::Cancel(key));
+    }
+
+    /// Makes the thread re-read the clock (for manual clocks in tests).
+    pub fn wake(&self) {
+        self.send(Cmd::Wake);
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(clock: Arc<dyn Clock>, rx: Receiver<Cmd>, due: UnboundedSender<RunKey>) {
+    let mut wheel: Wheel<RunKey> = Wheel::new(clock.now_ms());
+    let mut handles: HashMap<RunKey, Handle> = HashMap::new();
+    loop {
+        let now = clock.now_ms();
+        let wait = match wheel.next_deadline() {
+            Some(d) if d <= now => Duration::ZERO,
+            // A manual clock does not move by itself: wait for a command (Wake) instead.
+            Some(_) if clock.is_manual() => IDLE_SLEEP,
+            Some(d) => Duration::from_millis(d - now),
+            None => IDLE_SLEEP,
+        };
+        let first = if wait.is_zero() {
+            rx.try_recv().ok()
+        } else {
+            match rx.recv_timeout(wait) {
+                Ok(c) => Some(c),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => return,
+            }
+        };
+        for cmd in first.into_iter().chain(rx.try_iter()) {
+            match cmd {
+                Cmd::At(key, at) => {
+                    if let Some(old) = handles.remove(&key) {
+                        wheel.cancel(old);
+                    }
+                    let h = wheel.insert(at, key.clone());
+                    handles.insert(key, h);
+                }
+                Cmd::Cancel(key) => {
+                    if let Some(old) = handles.remove(&key) {
+                        wheel.cancel(old);
+                    }
+                }
+                Cmd::Wake => {}
+            }
+        }
+        wheel.advance(clock.now_ms(), &mut |h, key: RunKey| {
+            if handles.get(&key) == Some(&h) {
+                handles.remove(&key);
+            }
+            // The dispatcher is gone only at shutdown.
+            let _ = due.send(key);
+        });
+        if due.is_closed() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+
+    #[tokio::test]
+    async fn fires_in_deadline_order_and_honours_cancel_and_move() {
+        let clock = Arc::new(ManualClock::new(1_000));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let timer = Timer::start(clock.clone(), tx).unwrap();
+        timer.at(RunKey::new("b", 1), 1_020);
+        timer.at(RunKey::new("a", 1), 1_010);
+        timer.at(RunKey::new("c", 1), 1_030);
+        timer.cancel(RunKey::new("c", 1));
+        timer.at(RunKey::new("d", 1), 1_005);
+        timer.at(RunKey::new("d", 1), 1_040); // moved: must fire once, at 1_040
+        clock.set(1_025);
+        timer.wake();
+        let a = rx.recv().await.unwrap();
+        let b = rx.recv().await.unwrap();
+        assert_eq!((&*a.task, &*b.task), ("a", "b"));
+        clock.set(1_100);
+        timer.wake();
+        let d = rx.recv().await.unwrap();
+        assert_eq!(&*d.task, "d");
+        // Nothing else is due: c was cancelled, d fired once.
+        timer.wake();
+        let extra = tokio::time::timeout(Duration::from_millis(50), rx.recv()).await;
+        assert!(extra.is_err(), "unexpected fire: {extra:?}");
+    }
+
+    #[tokio::test]
+    async fn real_clock_fires_on_time_not_early() {
+        let clock: Arc<dyn Clock> = Arc::new(crate::clock::SystemClock::new());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let timer = Timer::start(clock.clone(), tx).unwrap();
+        let due = clock.now_ms() + 30;
+        timer.at(RunKey::new("x", 1), due);
+        let k = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("fired within the deadline")
+            .unwrap();
+        let fired_at = clock.now_ms();
+        assert_eq!(&*k.task, "x");
+        assert!(fired_at >= due, "fired {} ms early", due - fired_at);
+    }
+}
