@@ -1,9 +1,12 @@
 //! herald: sends messages at the right time. See ARCHITECTURE.md for the code map.
 
+pub mod api;
 pub mod clock;
+pub mod config;
 pub mod deliver;
 pub mod engine;
 pub mod model;
 pub mod schedule;
+pub mod server;
 pub mod store;
 pub mod wheel;

@@ -36,6 +36,10 @@ pub enum EngineError {
     NotFound(String),
     #[error("{0}")]
     Conflict(String),
+    #[error("id: a task with id {0:?} exists already")]
+    IdTaken(String),
+    #[error("Idempotency-Key was used before with a different request body")]
+    KeyReused,
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -222,10 +226,7 @@ impl Engine {
                 if !id_taken_live {
                     self.forget_cell(&task.id, &cell);
                 }
-                Err(EngineError::Conflict(format!(
-                    "id: a task with id {:?} exists already",
-                    task.id
-                )))
+                Err(EngineError::IdTaken(task.id.clone()))
             }
             Inserted::KeyUsed(rec) => {
                 drop(guard);
@@ -234,9 +235,7 @@ impl Engine {
                 }
                 let hash = idem.map(|(_, h)| h).unwrap_or_default();
                 if rec.body_sha256 != hash {
-                    return Err(EngineError::Conflict(
-                        "Idempotency-Key was used before with a different request body".into(),
-                    ));
+                    return Err(EngineError::KeyReused);
                 }
                 // The original create may still be waiting for its flush: answer only once
                 // what we return is durable.

@@ -1,0 +1,518 @@
+//! The HTTP control API on hyper 1 (HTTP/1.1): routing, body limits, auth, JSON in and out,
+//! problem documents for every error. It talks to the [`Engine`] only; it never touches the
+//! store's trees or the wheel.
+
+pub mod problem;
+pub mod views;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::engine::{Created, Engine, TaskView};
+use crate::model::{check_id, RetryPolicy, TaskRequest};
+use problem::Problem;
+
+type Resp = Response<Full<Bytes>>;
+
+/// What every request handler can see.
+pub struct ApiState {
+    pub engine: Engine,
+    pub token: Option<String>,
+    pub body_bytes_max: usize,
+}
+
+const LIST_LIMIT_DEFAULT: usize = 100;
+const LIST_LIMIT_MAX: usize = 1_000;
+const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
+
+/// Accepts connections until `shutdown` turns true.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<ApiState>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off briefly, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(handle(&state, req, peer).await) }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(30))
+                .serve_connection(TokioIo::new(stream), svc);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, %peer, "connection ended with an error");
+            }
+        });
+    }
+}
+
+async fn handle(state: &ApiState, req: Request<Incoming>, _peer: SocketAddr) -> Resp {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let resp = match route(state, req).await {
+        Ok(r) => r,
+        Err(p) => p.into_response(),
+    };
+    tracing::debug!(%method, %path, status = resp.status().as_u16(), "request");
+    resp
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Resp {
+    let mut r = Response::new(Full::new(Bytes::from(v.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn method_not_allowed(allow: &'static str) -> Problem {
+    Problem::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "Method not allowed",
+        format!("allowed: {allow}"),
+    )
+}
+
+async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem> {
+    let path = req.uri().path().to_string();
+    let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+    if segs.as_slice() == ["healthz"] {
+        return Ok(if state.engine.is_ready() {
+            json_response(StatusCode::OK, &json!({"status": "ok"}))
+        } else {
+            json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"status": "recovering"}),
+            )
+        });
+    }
+    if segs.first() != Some(&"v1") {
+        return Err(Problem::not_found(format!("no route for {path}")));
+    }
+    authorize(state, &req)?;
+    if !state.engine.is_ready() {
+        return Err(Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "recovering",
+            "Recovering",
+            "herald is still recovering its state; try again shortly",
+        ));
+    }
+    let m = req.method().clone();
+    match segs[1..] {
+        ["tasks"] => match m {
+            Method::POST => create_task(state, req).await,
+            Method::GET => list_tasks(state, &req),
+            _ => Err(method_not_allowed("GET, POST")),
+        },
+        ["tasks", id] => {
+            let id = path_id(id)?;
+            match m {
+                Method::GET => get_task(state, &id),
+                Method::DELETE => cancel_task(state, &id).await,
+                _ => Err(method_not_allowed("GET, DELETE")),
+            }
+        }
+        ["tasks", id, "cancel"] => {
+            let id = path_id(id)?;
+            match m {
+                Method::POST => cancel_task(state, &id).await,
+                _ => Err(method_not_allowed("POST")),
+            }
+        }
+        ["tasks", id, "runs"] => {
+            let id = path_id(id)?;
+            match m {
+                Method::GET => task_runs(state, &id),
+                _ => Err(method_not_allowed("GET")),
+            }
+        }
+        ["failures"] => match m {
+            Method::GET => list_failures(state, &req),
+            _ => Err(method_not_allowed("GET")),
+        },
+        _ => Err(Problem::not_found(format!("no route for {path}"))),
+    }
+}
+
+fn authorize(state: &ApiState, req: &Request<Incoming>) -> Result<(), Problem> {
+    let Some(token) = &state.token else {
+        return Ok(());
+    };
+    let given = req
+        .headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Compare digests so the time taken does not depend on how many leading bytes match.
+    let ok =
+        given.is_some_and(|g| Sha256::digest(g.as_bytes()) == Sha256::digest(token.as_bytes()));
+    if ok {
+        Ok(())
+    } else {
+        Err(Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Unauthorized",
+            "missing or wrong bearer token",
+        )
+        .with_field("Authorization"))
+    }
+}
+
+/// Percent-decodes a path segment or query value; invalid escapes are an error.
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn path_id(raw: &str) -> Result<String, Problem> {
+    let id = percent_decode(raw).unwrap_or_else(|| raw.to_string());
+    check_id(&id).map_err(|e| Problem::bad_request(format!("id: {e}")).with_field("id"))?;
+    Ok(id)
+}
+
+/// Query parameters; unknown ones are rejected like unknown JSON fields.
+fn query(req: &Request<Incoming>, allowed: &[&str]) -> Result<Vec<(String, String)>, Problem> {
+    let mut out = Vec::new();
+    for pair in req
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let k = percent_decode(k)
+            .ok_or_else(|| Problem::bad_request("bad percent-encoding in query"))?;
+        let v = percent_decode(v).ok_or_else(|| {
+            Problem::bad_request(format!("{k}: bad percent-encoding")).with_field(k.clone())
+        })?;
+        if !allowed.contains(&k.as_str()) {
+            return Err(Problem::bad_request(format!(
+                "{k}: unknown query parameter (allowed: {})",
+                allowed.join(", ")
+            ))
+            .with_field(k));
+        }
+        out.push((k, v));
+    }
+    Ok(out)
+}
+
+fn param<'a>(q: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+fn page_params(q: &[(String, String)]) -> Result<(usize, Option<String>), Problem> {
+    let limit = match param(q, "limit") {
+        Some(l) => l
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=LIST_LIMIT_MAX).contains(n))
+            .ok_or_else(|| {
+                Problem::bad_request(format!(
+                    "limit: must be a number from 1 to {LIST_LIMIT_MAX}"
+                ))
+                .with_field("limit")
+            })?,
+        None => LIST_LIMIT_DEFAULT,
+    };
+    let after = match param(q, "after") {
+        Some(a) if !a.is_empty() => {
+            check_id(a)
+                .map_err(|e| Problem::bad_request(format!("after: {e}")).with_field("after"))?;
+            Some(a.to_string())
+        }
+        _ => None,
+    };
+    Ok((limit, after))
+}
+
+/// Reads the body up to the limit: 413 past it (checked on Content-Length first, so an
+/// honest client with a huge body is refused before it is read).
+async fn read_body(state: &ApiState, req: Request<Incoming>) -> Result<Bytes, Problem> {
+    let too_big = || {
+        Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too-large",
+            "Payload too large",
+            format!("request body is larger than {} bytes", state.body_bytes_max),
+        )
+    };
+    if let Some(len) = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > state.body_bytes_max as u64 {
+            return Err(too_big());
+        }
+    }
+    match Limited::new(req.into_body(), state.body_bytes_max)
+        .collect()
+        .await
+    {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(too_big())
+        }
+        Err(e) => Err(Problem::bad_request(format!(
+            "could not read the body: {e}"
+        ))),
+    }
+}
+
+/// Parses JSON into `T`, naming the field of any error. Not JSON / wrong type → 400;
+/// unknown or missing field → 422 (valid JSON, not an acceptable value).
+fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
+    if body.is_empty() {
+        return Err(Problem::bad_request(
+            "the request body is empty; expected a JSON object",
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let r: Result<T, _> = serde_path_to_error::deserialize(&mut de);
+    if r.is_ok() {
+        if let Err(e) = de.end() {
+            return Err(Problem::bad_request(format!("not valid JSON: {e}")));
+        }
+    }
+    match r {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.inner();
+            let msg = inner.to_string();
+            // serde's message ends with " at line L column C"; keep it, it helps.
+            if matches!(
+                inner.classify(),
+                serde_json::error::Category::Syntax
+                    | serde_json::error::Category::Eof
+                    | serde_json::error::Category::Io
+            ) {
+                return Err(Problem::bad_request(format!("not valid JSON: {msg}")));
+            }
+            if let Some(rest) = msg.strip_prefix("unknown field `") {
+                let name = rest.split('`').next().unwrap_or("");
+                let field = join_path(&path, name);
+                return Err(Problem::invalid(field, msg));
+            }
+            if let Some(rest) = msg.strip_prefix("missing field `") {
+                let name = rest.split('`').next().unwrap_or("");
+                let field = join_path(&path, name);
+                return Err(Problem::invalid(field, "required"));
+            }
+            let field = if path == "." { String::new() } else { path };
+            let p = Problem::bad_request(format!(
+                "{}wrong type: {msg}",
+                if field.is_empty() {
+                    String::new()
+                } else {
+                    format!("{field}: ")
+                }
+            ));
+            Err(if field.is_empty() {
+                p
+            } else {
+                p.with_field(field)
+            })
+        }
+    }
+}
+
+/// serde_path_to_error reports the path of the struct holding an unknown/missing field; add
+/// the field's own name.
+fn join_path(path: &str, name: &str) -> String {
+    // For unknown fields the path already ends with the field name.
+    if path == "." || path.is_empty() {
+        name.to_string()
+    } else if path == name || path.ends_with(&format!(".{name}")) {
+        path.to_string()
+    } else {
+        format!("{path}.{name}")
+    }
+}
+
+fn channel_retry(state: &ApiState, channel: &str) -> RetryPolicy {
+    state
+        .engine
+        .channels()
+        .get(channel)
+        .map(|c| c.retry)
+        .unwrap_or_default()
+}
+
+fn task_json(state: &ApiState, v: &TaskView) -> Value {
+    views::task(
+        v,
+        channel_retry(state, &v.task.channel),
+        state.engine.now_ms(),
+    )
+}
+
+async fn create_task(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem> {
+    let key = match req.headers().get("idempotency-key") {
+        Some(v) => {
+            let k = v
+                .to_str()
+                .ok()
+                .filter(|k| !k.is_empty() && k.len() <= IDEMPOTENCY_KEY_BYTES_MAX)
+                .ok_or_else(|| {
+                    Problem::bad_request(format!(
+                        "Idempotency-Key: must be 1 to {IDEMPOTENCY_KEY_BYTES_MAX} visible ASCII characters"
+                    ))
+                    .with_field("Idempotency-Key")
+                })?;
+            Some(k.to_string())
+        }
+        None => None,
+    };
+    let body = read_body(state, req).await?;
+    let task_req: TaskRequest = parse_json(&body)?;
+    let idem = key.map(|k| (k, Sha256::digest(&body).into()));
+    match state.engine.create(task_req, idem).await? {
+        Created::New(v) => {
+            let mut r = json_response(StatusCode::CREATED, &task_json(state, &v));
+            if let Ok(loc) =
+                hyper::header::HeaderValue::from_str(&format!("/v1/tasks/{}", v.task.id))
+            {
+                r.headers_mut().insert(hyper::header::LOCATION, loc);
+            }
+            Ok(r)
+        }
+        Created::Replayed(v) => Ok(json_response(StatusCode::OK, &task_json(state, &v))),
+    }
+}
+
+fn get_task(state: &ApiState, id: &str) -> Result<Resp, Problem> {
+    match state.engine.get(id)? {
+        Some(v) => Ok(json_response(StatusCode::OK, &task_json(state, &v))),
+        None => Err(Problem::not_found(format!("task {id:?} does not exist"))),
+    }
+}
+
+fn list_tasks(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
+    let q = query(req, &["state", "channel", "limit", "after"])?;
+    let (limit, after) = page_params(&q)?;
+    let st = match param(&q, "state") {
+        Some(s) if !s.is_empty() => Some(views::parse_state(s).ok_or_else(|| {
+            Problem::bad_request(format!(
+                "state: unknown state {s:?} (pending, running, paused, completed, cancelled, failed)"
+            ))
+            .with_field("state")
+        })?),
+        _ => None,
+    };
+    let channel = param(&q, "channel").filter(|c| !c.is_empty());
+    let (tasks, more) = state.engine.list(st, channel, after.as_deref(), limit)?;
+    let next = if more {
+        tasks.last().map(|v| v.task.id.clone())
+    } else {
+        None
+    };
+    let list: Vec<Value> = tasks.iter().map(|v| task_json(state, v)).collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "tasks": list, "next": next }),
+    ))
+}
+
+async fn cancel_task(state: &ApiState, id: &str) -> Result<Resp, Problem> {
+    let v = state.engine.cancel(id).await?;
+    Ok(json_response(StatusCode::OK, &task_json(state, &v)))
+}
+
+fn task_runs(state: &ApiState, id: &str) -> Result<Resp, Problem> {
+    match state.engine.runs(id)? {
+        Some(runs) => {
+            let list: Vec<Value> = runs.iter().map(views::run).collect();
+            Ok(json_response(StatusCode::OK, &json!({ "runs": list })))
+        }
+        None => Err(Problem::not_found(format!("task {id:?} does not exist"))),
+    }
+}
+
+fn list_failures(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
+    let q = query(req, &["task", "limit", "after"])?;
+    let (limit, after) = page_params(&q)?;
+    let task = match param(&q, "task") {
+        Some(t) if !t.is_empty() => {
+            check_id(t)
+                .map_err(|e| Problem::bad_request(format!("task: {e}")).with_field("task"))?;
+            Some(t)
+        }
+        _ => None,
+    };
+    let after = match (after, param(&q, "after")) {
+        (Some(a), _) => Some(a),
+        _ => None,
+    };
+    let (list, more) = state.engine.failures(task, after.as_deref(), limit)?;
+    let next = if more {
+        list.last().map(|f| f.id.clone())
+    } else {
+        None
+    };
+    let items: Vec<Value> = list.iter().map(views::failure).collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({ "failures": items, "next": next }),
+    ))
+}

@@ -1,0 +1,126 @@
+//! RFC 9457 problem documents: every error the API answers is one of these, with
+//! `Content-Type: application/problem+json` and, for bad input, the `field` it is about.
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Response, StatusCode};
+use serde_json::json;
+
+use crate::engine::EngineError;
+
+#[derive(Debug, Clone)]
+pub struct Problem {
+    pub status: StatusCode,
+    /// Short stable slug, e.g. `invalid-field`; becomes the `type` URN.
+    pub kind: &'static str,
+    pub title: &'static str,
+    pub detail: String,
+    pub field: Option<String>,
+}
+
+impl Problem {
+    pub fn new(
+        status: StatusCode,
+        kind: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Problem {
+        Problem {
+            status,
+            kind,
+            title,
+            detail: detail.into(),
+            field: None,
+        }
+    }
+
+    pub fn with_field(mut self, field: impl Into<String>) -> Problem {
+        self.field = Some(field.into());
+        self
+    }
+
+    pub fn bad_request(detail: impl Into<String>) -> Problem {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "Bad request",
+            detail,
+        )
+    }
+
+    pub fn invalid(field: impl Into<String>, detail: impl Into<String>) -> Problem {
+        let field = field.into();
+        let detail = detail.into();
+        Problem::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-field",
+            "Invalid value",
+            format!("{field}: {detail}"),
+        )
+        .with_field(field)
+    }
+
+    pub fn not_found(detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
+    }
+
+    pub fn conflict(detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::CONFLICT, "conflict", "Conflict", detail)
+    }
+
+    pub fn internal(detail: impl Into<String>) -> Problem {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "Internal error",
+            detail,
+        )
+    }
+
+    pub fn into_response(self) -> Response<Full<Bytes>> {
+        let mut doc = json!({
+            "type": format!("urn:herald:problem:{}", self.kind),
+            "title": self.title,
+            "status": self.status.as_u16(),
+            "detail": self.detail,
+        });
+        if let Some(f) = self.field {
+            doc["field"] = json!(f);
+        }
+        let mut resp = Response::new(Full::new(Bytes::from(doc.to_string())));
+        *resp.status_mut() = self.status;
+        resp.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static("application/problem+json"),
+        );
+        resp
+    }
+}
+
+impl From<EngineError> for Problem {
+    fn from(e: EngineError) -> Problem {
+        match e {
+            EngineError::Invalid(f) => Problem::invalid(f.field, f.detail),
+            EngineError::NotFound(what) => Problem::not_found(format!("{what} does not exist")),
+            EngineError::IdTaken(id) => {
+                Problem::conflict(format!("a task with id {id:?} exists already")).with_field("id")
+            }
+            EngineError::KeyReused => {
+                Problem::conflict("Idempotency-Key was used before with a different request body")
+                    .with_field("Idempotency-Key")
+            }
+            EngineError::Conflict(d) => Problem::conflict(d),
+            EngineError::Transition(t) => Problem::conflict(t.to_string()),
+            EngineError::Stopped => Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Unavailable",
+                "herald is shutting down",
+            ),
+            EngineError::Store(s) => {
+                tracing::error!(error = %s, "storage error answering a request");
+                Problem::internal(format!("storage error: {s}"))
+            }
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! JSON views of tasks, runs and failures, as API.md shows them. Instants are RFC 3339 UTC.
+
+use serde_json::{json, Value};
+
+use crate::engine::TaskView;
+use crate::model::{
+    format_duration_ms, Backoff, DstGap, DstRepeat, Failure, Misfire, Overlap, RetryPolicy, Run,
+    RunState, Schedule, TaskState,
+};
+use crate::schedule::{describe, format_utc};
+
+fn instant(ms: Option<u64>) -> Value {
+    ms.map(|m| json!(format_utc(m))).unwrap_or(Value::Null)
+}
+
+pub fn schedule(s: &Schedule) -> Value {
+    match s {
+        Schedule::At { at, tz, dst, .. } => {
+            let mut v = json!({ "at": at });
+            if let Some(tz) = tz {
+                v["tz"] = json!(tz);
+            }
+            v["dst"] = json!({
+                "gap": match dst.gap { DstGap::Shift => "shift", DstGap::Skip => "skip" },
+                "repeat": match dst.repeat {
+                    DstRepeat::First => "first", DstRepeat::Last => "last", DstRepeat::Both => "both"
+                },
+            });
+            v
+        }
+        Schedule::After { after, .. } => json!({ "after": after }),
+    }
+}
+
+pub fn retry(r: &RetryPolicy) -> Value {
+    json!({
+        "max_attempts": r.max_attempts,
+        "backoff": match r.backoff { Backoff::Fixed => "fixed", Backoff::Exponential => "exponential" },
+        "initial": format_duration_ms(r.initial_ms),
+        "max": format_duration_ms(r.max_ms),
+    })
+}
+
+/// Progress of a run; `eta` is when its last message is due to start, from pacing.
+pub fn progress(r: &Run, interval_ms: u64, now_ms: u64) -> Value {
+    let eta = match r.state {
+        RunState::Running => {
+            let left = u64::from(r.total.saturating_sub(r.cursor));
+            let next = r.next_at_ms.unwrap_or(now_ms).max(now_ms);
+            Some(next.saturating_add(left.saturating_sub(1).saturating_mul(interval_ms)))
+        }
+        _ => r.finished_at_ms,
+    };
+    json!({
+        "run": r.run,
+        "total": r.total,
+        "sent": r.sent,
+        "failed": r.failed,
+        "in_flight": u32::from(r.in_flight.is_some()),
+        "eta": instant(eta),
+    })
+}
+
+/// The task view. `channel_retry` is the channel's default, shown when the task has none.
+pub fn task(v: &TaskView, channel_retry: RetryPolicy, now_ms: u64) -> Value {
+    let t = &v.task;
+    json!({
+        "id": t.id,
+        "name": t.name,
+        "channel": t.channel,
+        "state": t.state.as_str(),
+        "schedule": schedule(&t.schedule),
+        "description": describe(&t.schedule),
+        "next_fire_at": instant(t.next_fire_at_ms),
+        "runs": t.runs,
+        "messages": t.messages.len(),
+        "progress": v.run.as_ref().map(|r| progress(r, t.pacing.interval_ms, now_ms)),
+        "created_at": format_utc(t.created_at_ms),
+        "updated_at": format_utc(t.updated_at_ms),
+        "pacing": { "interval": format_duration_ms(t.pacing.interval_ms) },
+        "retry": retry(&t.retry.unwrap_or(channel_retry)),
+        "misfire": match t.misfire { Misfire::FireNow => "fire_now", Misfire::Skip => "skip", Misfire::FireAll => "fire_all" },
+        "misfire_grace": format_duration_ms(t.misfire_grace_ms),
+        "overlap": match t.overlap { Overlap::Skip => "skip", Overlap::Queue => "queue", Overlap::Allow => "allow" },
+        "metadata": t.metadata,
+    })
+}
+
+pub fn run(r: &Run) -> Value {
+    json!({
+        "run": r.run,
+        "state": match r.state { RunState::Running => "running", RunState::Completed => "completed", RunState::Cancelled => "cancelled" },
+        "scheduled_at": format_utc(r.scheduled_at_ms),
+        "started_at": format_utc(r.started_at_ms),
+        "finished_at": instant(r.finished_at_ms),
+        "total": r.total,
+        "cursor": r.cursor,
+        "in_flight": r.in_flight,
+        "attempts": r.attempts,
+        "sent": r.sent,
+        "failed": r.failed,
+        "next_at": instant(r.next_at_ms),
+    })
+}
+
+pub fn failure(f: &Failure) -> Value {
+    json!({
+        "id": f.id,
+        "task_id": f.task_id,
+        "run": f.run,
+        "seq": f.seq,
+        "to": f.to,
+        "channel": f.channel,
+        "attempts": f.attempts,
+        "last_error": f.last_error,
+        "failed_at": format_utc(f.failed_at_ms),
+    })
+}
+
+pub fn parse_state(s: &str) -> Option<TaskState> {
+    TaskState::parse(s)
+}

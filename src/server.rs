@@ -1,0 +1,125 @@
+//! Putting it together: open the store, build the channels, start the engine (which
+//! recovers), then serve the API. Used by `main` and by the in-process integration tests.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+use crate::api::{self, ApiState};
+use crate::clock::{Clock, SystemClock};
+use crate::config::{ChannelKind, Config};
+use crate::deliver::{file::FileSink, webhook::WebhookSink, Channel, Channels, Sink};
+use crate::engine::{Engine, EngineConfig, EngineError};
+use crate::store::{Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("opening the data directory {dir}: {source}")]
+    Store { dir: String, source: StoreError },
+    #[error("channel {name}: {message}")]
+    Channel { name: String, message: String },
+    #[error("recovery: {0}")]
+    Engine(#[from] EngineError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// A running herald: the engine and the HTTP server. Dropping it stops the server.
+pub struct Server {
+    pub addr: SocketAddr,
+    pub engine: Engine,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Server {
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+    }
+}
+
+/// Builds the channel sinks from config (opens files, makes HTTP clients).
+pub fn build_channels(config: &Config) -> Result<Channels, StartError> {
+    let mut list = Vec::new();
+    for c in &config.channels {
+        let sink = match &c.kind {
+            ChannelKind::Log => Sink::Log,
+            ChannelKind::File { path } => {
+                Sink::File(FileSink::open(path).map_err(|e| StartError::Channel {
+                    name: c.name.clone(),
+                    message: format!("cannot open {}: {e}", path.display()),
+                })?)
+            }
+            ChannelKind::Webhook { url, timeout_ms } => {
+                Sink::Webhook(WebhookSink::new(url.clone(), *timeout_ms))
+            }
+        };
+        list.push(Channel {
+            name: c.name.clone(),
+            sink,
+            retry: c.retry,
+            concurrency: Arc::new(Semaphore::new(c.concurrency as usize)),
+            concurrency_max: c.concurrency as usize,
+        });
+    }
+    Ok(Channels::new(list))
+}
+
+/// Starts herald with the system clock.
+pub async fn start(config: Config) -> Result<Server, StartError> {
+    start_with(
+        config,
+        Arc::new(SystemClock::new()),
+        EngineConfig::default(),
+    )
+    .await
+}
+
+/// Starts herald with a given clock and engine settings (tests use a manual clock).
+pub async fn start_with(
+    config: Config,
+    clock: Arc<dyn Clock>,
+    mut engine_config: EngineConfig,
+) -> Result<Server, StartError> {
+    let store = Store::open(&config.data_dir).map_err(|source| StartError::Store {
+        dir: config.data_dir.display().to_string(),
+        source,
+    })?;
+    let channels = build_channels(&config)?;
+    // Bind before recovering so a port clash fails fast; requests during recovery get 503.
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| StartError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Listen {
+        addr: config.listen,
+        source,
+    })?;
+    engine_config.limits = config.limits.clone();
+    let engine = Engine::start(store, channels, clock, engine_config).await?;
+    let (tx, rx) = watch::channel(false);
+    let state = Arc::new(ApiState {
+        engine: engine.clone(),
+        token: config.token.clone(),
+        body_bytes_max: config.body_bytes_max,
+    });
+    tokio::spawn(api::serve(listener, state, rx));
+    tracing::info!(%addr, data_dir = %config.data_dir.display(), "herald listening");
+    Ok(Server {
+        addr,
+        engine,
+        shutdown: tx,
+    })
+}
