@@ -30,6 +30,8 @@ pub struct Delivery {
     pub scheduled_at: String,
     pub attempt: u32,
     pub idempotency_key: String,
+    /// RFC 3339 UTC instant (ms) this attempt started: lets a receiver see herald's own pacing.
+    pub sent_at: String,
 }
 
 /// Where a channel sends.

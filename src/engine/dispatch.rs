@@ -111,6 +111,7 @@ async fn step(inner: &Arc<Inner>, key: &RunKey) -> Result<(), EngineError> {
         scheduled_at: format_utc(due_at),
         attempt: run.attempts,
         idempotency_key: delivery_key(&t.id, key.run, seq),
+        sent_at: format_utc(now),
     };
     let channel = inner.channels.get(&t.channel).cloned();
     let policy = t

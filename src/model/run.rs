@@ -123,8 +123,13 @@ impl Run {
         interval_ms: u64,
         now_ms: u64,
     ) -> Settled {
-        let anchor = self.last_attempt_at_ms.unwrap_or(now_ms);
-        let paced = anchor.saturating_add(interval_ms).max(now_ms);
+        // `last_attempt_at_ms` is the millisecond in which the attempt started, anywhere within
+        // it; counting the interval from the end of that millisecond guarantees that two
+        // attempts never start less than `interval_ms` apart in real time.
+        let paced = match (interval_ms, self.last_attempt_at_ms) {
+            (0, _) | (_, None) => now_ms,
+            (i, Some(anchor)) => anchor.saturating_add(1).saturating_add(i).max(now_ms),
+        };
         self.in_flight = None;
         let mut gave_up = None;
         match outcome {
@@ -207,7 +212,7 @@ mod tests {
             assert_eq!(r.in_flight, Some(i));
             let s = r.settle(Outcome::Sent, 3, 50, 100, t + 2);
             if i < 2 {
-                assert_eq!(s.next_at_ms, Some(t + 100), "anchored at attempt start");
+                assert_eq!(s.next_at_ms, Some(t + 101), "anchored at attempt start");
             } else {
                 assert_eq!(s.next_at_ms, None);
             }

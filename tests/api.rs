@@ -1,0 +1,340 @@
+//! The HTTP contract: bad input gets its status and a problem document naming the field and
+//! creates nothing; idempotent create; id conflicts; paging; health; auth.
+
+mod common;
+
+use common::herald::{in_ms, TestHerald};
+use common::http;
+use serde_json::{json, Value};
+
+const PROBLEM: &str = "application/problem+json";
+
+async fn task_count(h: &TestHerald) -> usize {
+    let r = http::get(&h.url("/v1/tasks?limit=1000")).await;
+    assert_eq!(r.status, 200);
+    r.json()["tasks"].as_array().unwrap().len()
+}
+
+fn ok_task() -> Value {
+    json!({"schedule": {"after": "1h"}, "messages": [{"to": "a", "body": "b"}]})
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_a_problem_naming_the_field() {
+    let h = TestHerald::start("").await;
+    let url = h.url("/v1/tasks");
+    let with = |patch: Value| {
+        let mut v = ok_task();
+        for (k, val) in patch.as_object().unwrap() {
+            v[k] = val.clone();
+        }
+        serde_json::to_vec(&v).unwrap()
+    };
+    let long_past = "2020-01-01T00:00:00Z";
+    let cases: Vec<(&str, Vec<u8>, u16, Option<&str>)> = vec![
+        ("not JSON", b"{schedule: nope".to_vec(), 400, None),
+        ("empty body", vec![], 400, None),
+        (
+            "trailing garbage",
+            [serde_json::to_vec(&ok_task()).unwrap(), b" x".to_vec()].concat(),
+            400,
+            None,
+        ),
+        (
+            "wrong type",
+            with(json!({"messages": "hello"})),
+            400,
+            Some("messages"),
+        ),
+        (
+            "wrong nested type",
+            with(json!({"schedule": {"after": 5}})),
+            400,
+            Some("schedule.after"),
+        ),
+        (
+            "unknown field",
+            with(json!({"colour": "red"})),
+            422,
+            Some("colour"),
+        ),
+        (
+            "unknown nested field",
+            with(json!({"schedule": {"after": "1s", "every": "1s"}})),
+            422,
+            Some("schedule.every"),
+        ),
+        (
+            "missing schedule",
+            serde_json::to_vec(&json!({"messages": [{"to": "a", "body": "b"}]})).unwrap(),
+            422,
+            Some("schedule"),
+        ),
+        (
+            "bad duration",
+            with(json!({"schedule": {"after": "5 minutes"}})),
+            422,
+            Some("schedule.after"),
+        ),
+        (
+            "bad interval",
+            with(json!({"pacing": {"interval": "fast"}})),
+            422,
+            Some("pacing.interval"),
+        ),
+        (
+            "unknown channel",
+            with(json!({"channel": "pigeon"})),
+            422,
+            Some("channel"),
+        ),
+        (
+            "empty messages",
+            with(json!({"messages": []})),
+            422,
+            Some("messages"),
+        ),
+        (
+            "empty recipient",
+            with(json!({"messages": [{"to": "", "body": "b"}]})),
+            422,
+            Some("messages[0].to"),
+        ),
+        (
+            "at long past",
+            with(json!({"schedule": {"at": long_past}})),
+            422,
+            Some("schedule.at"),
+        ),
+        (
+            "at without offset or tz",
+            with(json!({"schedule": {"at": "2030-01-01T09:00:00"}})),
+            422,
+            Some("schedule.at"),
+        ),
+        (
+            "unknown tz",
+            with(json!({"schedule": {"at": "2030-01-01T09:00:00", "tz": "Mars/Base"}})),
+            422,
+            Some("schedule.tz"),
+        ),
+        (
+            "invalid id",
+            with(json!({"id": "has space"})),
+            422,
+            Some("id"),
+        ),
+        (
+            "id too long",
+            with(json!({"id": "a".repeat(129)})),
+            422,
+            Some("id"),
+        ),
+        (
+            "two schedules",
+            with(json!({"schedule": {"after": "1s", "at": in_ms(5000)}})),
+            422,
+            Some("schedule"),
+        ),
+        (
+            "bad retry",
+            with(json!({"retry": {"max_attempts": 0}})),
+            422,
+            Some("retry.max_attempts"),
+        ),
+        (
+            "bad misfire",
+            with(json!({"misfire": "whenever"})),
+            422,
+            Some("misfire"),
+        ),
+    ];
+    for (what, body, status, field) in cases {
+        let r = http::request(
+            "POST",
+            &url,
+            &[("content-type", "application/json")],
+            Some(body),
+        )
+        .await;
+        assert_eq!(r.status, status, "{what}: {}", r.text());
+        assert_eq!(r.header("content-type"), Some(PROBLEM), "{what}");
+        let p = r.json();
+        assert_eq!(p["status"], status, "{what}");
+        assert!(p["title"].is_string() && p["type"].is_string(), "{what}");
+        assert!(
+            p["detail"].as_str().is_some_and(|d| !d.is_empty()),
+            "{what}"
+        );
+        if let Some(f) = field {
+            assert_eq!(p["field"], f, "{what}: {p}");
+        }
+    }
+    // Oversize body: 413, also a problem document.
+    let big = vec![b' '; (1 << 20) + 1];
+    let r = http::request("POST", &url, &[], Some(big)).await;
+    assert_eq!(r.status, 413);
+    assert_eq!(r.header("content-type"), Some(PROBLEM));
+    // Invalid id in a path.
+    let r = http::get(&h.url("/v1/tasks/bad%20id")).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["field"], "id");
+    // Bad query parameters.
+    for q in ["limit=0", "limit=x", "state=sleeping", "sort=id"] {
+        let r = http::get(&h.url(&format!("/v1/tasks?{q}"))).await;
+        assert_eq!(r.status, 400, "{q}");
+        assert_eq!(r.header("content-type"), Some(PROBLEM));
+    }
+    // Nothing was created by any of it.
+    assert_eq!(task_count(&h).await, 0);
+    // Unknown routes and methods are problems too.
+    assert_eq!(http::get(&h.url("/v2/things")).await.status, 404);
+    assert_eq!(
+        http::request("PUT", &h.url("/v1/tasks"), &[], None)
+            .await
+            .status,
+        405
+    );
+}
+
+#[tokio::test]
+async fn idempotency_key_replays_and_conflicts() {
+    let h = TestHerald::start("").await;
+    let url = h.url("/v1/tasks");
+    let body = serde_json::to_vec(&ok_task()).unwrap();
+    let hdr = [("idempotency-key", "create-1")];
+    let first = http::request("POST", &url, &hdr, Some(body.clone())).await;
+    assert_eq!(first.status, 201);
+    let id = first.json()["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        first.header("location"),
+        Some(format!("/v1/tasks/{id}").as_str())
+    );
+    let again = http::request("POST", &url, &hdr, Some(body.clone())).await;
+    assert_eq!(again.status, 200, "replay answers the original");
+    assert_eq!(again.json()["id"], id.as_str());
+    let mut other = ok_task();
+    other["name"] = json!("different");
+    let conflict = http::request(
+        "POST",
+        &url,
+        &hdr,
+        Some(serde_json::to_vec(&other).unwrap()),
+    )
+    .await;
+    assert_eq!(conflict.status, 409);
+    assert_eq!(conflict.json()["field"], "Idempotency-Key");
+    assert_eq!(task_count(&h).await, 1);
+}
+
+#[tokio::test]
+async fn client_ids_conflict_with_409() {
+    let h = TestHerald::start("").await;
+    let mut t = ok_task();
+    t["id"] = json!("mine");
+    assert_eq!(http::post_json(&h.url("/v1/tasks"), &t).await.status, 201);
+    let r = http::post_json(&h.url("/v1/tasks"), &t).await;
+    assert_eq!(r.status, 409);
+    assert_eq!(r.json()["field"], "id");
+    // Also when the existing task is finished (not live any more).
+    assert_eq!(http::delete(&h.url("/v1/tasks/mine")).await.status, 200);
+    assert_eq!(http::post_json(&h.url("/v1/tasks"), &t).await.status, 409);
+    assert_eq!(task_count(&h).await, 1);
+}
+
+#[tokio::test]
+async fn list_pages_and_filters_and_views() {
+    let h = TestHerald::start("").await;
+    for i in 0..5 {
+        let mut t = ok_task();
+        t["id"] = json!(format!("t{i}"));
+        t["metadata"] = json!({"n": i.to_string()});
+        assert_eq!(http::post_json(&h.url("/v1/tasks"), &t).await.status, 201);
+    }
+    http::delete(&h.url("/v1/tasks/t3")).await;
+    let p1 = http::get(&h.url("/v1/tasks?limit=2")).await.json();
+    let ids: Vec<_> = p1["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].clone())
+        .collect();
+    assert_eq!(ids, [json!("t0"), json!("t1")]);
+    assert_eq!(p1["next"], "t1");
+    let p2 = http::get(&h.url("/v1/tasks?limit=2&after=t1")).await.json();
+    assert_eq!(p2["tasks"][0]["id"], "t2");
+    let p3 = http::get(&h.url("/v1/tasks?limit=2&after=t3")).await.json();
+    assert_eq!(p3["tasks"].as_array().unwrap().len(), 1);
+    assert_eq!(p3["next"], Value::Null);
+    let cancelled = http::get(&h.url("/v1/tasks?state=cancelled")).await.json();
+    assert_eq!(cancelled["tasks"].as_array().unwrap().len(), 1);
+    assert_eq!(cancelled["tasks"][0]["id"], "t3");
+    let by_channel = http::get(&h.url("/v1/tasks?channel=log")).await.json();
+    assert_eq!(by_channel["tasks"].as_array().unwrap().len(), 5);
+
+    let v = http::get(&h.url("/v1/tasks/t0")).await.json();
+    assert_eq!(v["state"], "pending");
+    assert_eq!(v["channel"], "log");
+    assert_eq!(v["schedule"], json!({"after": "1h"}));
+    assert!(v["description"]
+        .as_str()
+        .unwrap()
+        .starts_with("once, 1h after creation"));
+    assert!(v["next_fire_at"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(v["runs"], 0);
+    assert_eq!(v["progress"], Value::Null);
+    assert_eq!(v["metadata"], json!({"n": "0"}));
+    assert_eq!(v["retry"]["backoff"], "fixed");
+    assert_eq!(http::get(&h.url("/v1/tasks/none")).await.status, 404);
+}
+
+#[tokio::test]
+async fn local_time_in_a_zone_is_read_there() {
+    let h = TestHerald::start("").await;
+    let r = http::post_json(
+        &h.url("/v1/tasks"),
+        &json!({"schedule": {"at": "2030-12-02T09:00:00", "tz": "Asia/Shanghai"},
+                "messages": [{"to": "a", "body": "b"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let v = r.json();
+    assert_eq!(v["next_fire_at"], "2030-12-02T01:00:00Z");
+    assert_eq!(v["description"], "once at 2030-12-02 09:00 (Asia/Shanghai)");
+}
+
+#[tokio::test]
+async fn healthz_and_token_auth() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = herald::config::Config::from_toml(
+        "",
+        herald::config::Overrides {
+            listen: Some("127.0.0.1:0".into()),
+            data_dir: Some(dir.path().to_path_buf()),
+            token: Some("s3cret".into()),
+        },
+    )
+    .unwrap();
+    let s = herald::server::start(cfg).await.unwrap();
+    let base = s.url();
+    let r = http::get(&format!("{base}/healthz")).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json(), json!({"status": "ok"}));
+    assert_eq!(http::get(&format!("{base}/v1/tasks")).await.status, 401);
+    let wrong = http::request(
+        "GET",
+        &format!("{base}/v1/tasks"),
+        &[("authorization", "Bearer nope")],
+        None,
+    )
+    .await;
+    assert_eq!(wrong.status, 401);
+    let right = http::request(
+        "GET",
+        &format!("{base}/v1/tasks"),
+        &[("authorization", "Bearer s3cret")],
+        None,
+    )
+    .await;
+    assert_eq!(right.status, 200);
+}
