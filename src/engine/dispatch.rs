@@ -8,9 +8,11 @@
 //!    durable, and only then put the run's next step on the wheel.
 //!
 //! Step 3's durable write is what keeps "nothing before the cursor is sent again" true across a
-//! crash: the next send is scheduled only after the cursor advance is on disk. The in-flight mark
-//! of step 1 is written but not waited for: if it is lost in a crash, recovery re-sends the
-//! message at the cursor, which is exactly what it does when the mark survives.
+//! crash: the next send is scheduled only after the cursor advance is on disk. Step 1's durable
+//! in-flight mark makes the attempt count exact across a crash: a message re-sent after a crash
+//! carries `attempt` n+1 (so a receiver can tell it is a repeat), and `max_attempts` holds even
+//! when herald dies between attempts. Both flushes go through the group commit, so concurrent
+//! runs share them.
 
 use std::sync::{Arc, Weak};
 
@@ -90,6 +92,11 @@ async fn step(inner: &Arc<Inner>, key: &RunKey) -> Result<(), EngineError> {
     }
     batch.run(&task.id, &run);
     inner.store.apply(&batch)?;
+    inner.store.durable().await?;
+    // Pacing counts from the moment the send really starts, after the flush (which takes a
+    // variable few ms), so the gaps a receiver sees are the interval, not interval ± flush time.
+    let sent_at = inner.clock.now_ms();
+    run.last_attempt_at_ms = Some(sent_at);
     st.task = task;
     st.runs.insert(key.run, run.clone());
 
@@ -111,7 +118,7 @@ async fn step(inner: &Arc<Inner>, key: &RunKey) -> Result<(), EngineError> {
         scheduled_at: format_utc(due_at),
         attempt: run.attempts,
         idempotency_key: delivery_key(&t.id, key.run, seq),
-        sent_at: format_utc(now),
+        sent_at: format_utc(sent_at),
     };
     let channel = inner.channels.get(&t.channel).cloned();
     let policy = t
