@@ -151,3 +151,44 @@ async fn a_one_shot_due_while_down_fires_at_once_on_restart() {
     wait_state(&p.url, "late", "completed", Duration::from_secs(10)).await;
     assert_eq!(rx.count(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_record_is_reported_and_skipped_not_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let config = write_config(dir.path(), "");
+    let mut p = Proc::spawn(&config, &data);
+    let r = http::post_json(
+        &format!("{}/v1/tasks", p.url),
+        &json!({"id": "good", "schedule": {"after": "1h"}, "messages": [{"to": "a", "body": "b"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    p.kill9();
+    {
+        // Plant garbage under a task key, as a torn or foreign write would leave it.
+        let store = herald::store::Store::open(&data).unwrap();
+        store
+            .raw_insert_task_bytes("broken", &[1, 0xde, 0xad, 0xbe, 0xef])
+            .unwrap();
+        store.flush_now().unwrap();
+    }
+    let p = Proc::spawn(&config, &data);
+    let h = http::get(&format!("{}/healthz", p.url)).await;
+    assert_eq!(
+        h.status, 200,
+        "recovery finished despite the corrupt record"
+    );
+    let good = http::get(&format!("{}/v1/tasks/good", p.url)).await;
+    assert_eq!(good.status, 200);
+    assert_eq!(good.json()["state"], "pending");
+    let list = http::get(&format!("{}/v1/tasks", p.url)).await.json();
+    assert_eq!(
+        list["tasks"].as_array().unwrap().len(),
+        1,
+        "the corrupt one is skipped"
+    );
+    let broken = http::get(&format!("{}/v1/tasks/broken", p.url)).await;
+    assert_eq!(broken.status, 500);
+    assert!(broken.json()["detail"].as_str().unwrap().contains("broken"));
+}

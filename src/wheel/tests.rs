@@ -249,12 +249,12 @@ fn sleep_loop_wakes_at_most_once_per_level_per_entry() {
     let mut w = Wheel::new(UNIX_NOW);
     let mut x = 0x2545_f491_4f6c_dd1du64;
     let mut handles = Vec::new();
-    for i in 0..2000u64 {
+    for _ in 0..2000 {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         let d = UNIX_NOW.saturating_add(x >> (x % 64));
-        handles.push(w.insert(d, i));
+        handles.push(w.insert(d, d));
     }
     // Cancel half, including many slot minima, to make the bound inexact.
     for h in handles.iter().step_by(2) {
@@ -263,15 +263,17 @@ fn sleep_loop_wakes_at_most_once_per_level_per_entry() {
     let n = w.len();
     let mut wakeups = 0;
     let mut last = 0;
+    let mut fired = 0;
     while let Some(nd) = w.next_deadline() {
         assert!(nd >= w.now(), "no pending here, so no past bound");
         wakeups += 1;
-        w.advance(nd, &mut |h, _| {
-            assert_eq!(h.generation, 0);
-            assert!(nd >= last);
-            last = nd;
+        w.advance(nd, &mut |_, d| {
+            assert!(d <= nd && d >= last, "{d} fired at {nd} after {last}");
+            last = d;
+            fired += 1;
         });
     }
+    assert_eq!(fired, n);
     assert!(wakeups <= n * LEVELS, "{wakeups} wakeups for {n} entries");
 }
 
@@ -329,4 +331,11 @@ fn many_entries_same_tick_and_reuse() {
         assert!(hs.iter().all(|h| w.deadline(*h).is_none()));
     }
     assert!(format!("{w:?}").contains("len: 0"));
+}
+
+#[test]
+fn wheel_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Wheel<String>>();
+    check::<Handle>();
 }
