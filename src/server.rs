@@ -96,7 +96,7 @@ pub async fn start_with(
         source,
     })?;
     let channels = build_channels(&config)?;
-    // Bind before recovering so a port clash fails fast; requests during recovery get 503.
+    // Bind before recovering so a port clash fails fast.
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| StartError::Listen {
@@ -108,14 +108,16 @@ pub async fn start_with(
         source,
     })?;
     engine_config.limits = config.limits.clone();
-    let engine = Engine::start(store, channels, clock, engine_config).await?;
+    let engine = Engine::new(store, channels, clock, engine_config)?;
     let (tx, rx) = watch::channel(false);
     let state = Arc::new(ApiState {
         engine: engine.clone(),
         token: config.token.clone(),
         body_bytes_max: config.body_bytes_max,
     });
+    // Serve first: while recovery runs, /healthz and /v1 answer 503 instead of hanging.
     tokio::spawn(api::serve(listener, state, rx));
+    engine.recover().await?;
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "herald listening");
     Ok(Server {
         addr,

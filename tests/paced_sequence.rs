@@ -48,6 +48,10 @@ async fn fifty_messages_paced_at_100ms_arrive_once_in_order_on_time() {
         assert!(keys.insert(key), "no duplicates");
     }
 
+    // The webhook client reuses its connection instead of dialling per message.
+    let conns: HashSet<u64> = got.iter().map(|r| r.conn).collect();
+    assert!(conns.len() <= 2, "{} connections for 50 sends", conns.len());
+
     // Pacing as herald saw it: attempt starts (sent_at, ms) at least 100 ms apart.
     let sent: Vec<f64> = got
         .iter()

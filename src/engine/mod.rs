@@ -112,6 +112,30 @@ impl Engine {
         clock: Arc<dyn Clock>,
         config: EngineConfig,
     ) -> Result<Engine, EngineError> {
+        let engine = Engine::new(store, channels, clock, config)?;
+        engine.recover().await?;
+        Ok(engine)
+    }
+
+    /// Recovers every live task from the store (once, at start-up), then reports ready.
+    /// Until then the API answers 503.
+    pub async fn recover(&self) -> Result<(), EngineError> {
+        if self.is_ready() {
+            return Ok(());
+        }
+        recovery::recover(&self.inner).await?;
+        self.inner.ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Starts the timer thread and the dispatcher without recovering; call
+    /// [`Engine::recover`] before relying on the engine.
+    pub fn new(
+        store: Store,
+        channels: Channels,
+        clock: Arc<dyn Clock>,
+        config: EngineConfig,
+    ) -> Result<Engine, EngineError> {
         let (due_tx, due_rx) = mpsc::unbounded_channel();
         let timer = Timer::start(clock.clone(), due_tx).map_err(StoreError::Io)?;
         let inner = Arc::new(Inner {
@@ -125,8 +149,6 @@ impl Engine {
         });
         // The dispatcher holds a weak reference so dropping the last Engine shuts it down.
         tokio::spawn(dispatch::dispatcher(Arc::downgrade(&inner), due_rx));
-        recovery::recover(&inner).await?;
-        inner.ready.store(true, Ordering::Release);
         Ok(Engine { inner })
     }
 

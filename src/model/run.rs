@@ -262,7 +262,7 @@ mod tests {
         let s = r.settle(retry(), 3, 10, 3_000, 5_001);
         assert_eq!(
             s.next_at_ms,
-            Some(8_000),
+            Some(8_001),
             "interval from the attempt start wins"
         );
     }

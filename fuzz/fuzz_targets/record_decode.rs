@@ -1,0 +1,17 @@
+//! Any bytes as a stored record (what a torn write or a foreign file could leave): decoding is
+//! an error or a value, never a panic or a huge allocation.
+#![no_main]
+
+use herald::model::{Failure, Run, Task};
+use herald::store::codec::{decode, encode};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = decode::<Task>("tasks", b"k", data);
+    let _ = decode::<Failure>("failures", b"k", data);
+    if let Ok(run) = decode::<Run>("runs", b"k", data) {
+        // Whatever decodes re-encodes to something that decodes to the same value.
+        let again = encode(&run).expect("encode");
+        assert_eq!(decode::<Run>("runs", b"k", &again).expect("round trip"), run);
+    }
+});
