@@ -40,6 +40,22 @@ impl Server {
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
+
+    /// Stops serving and waits (up to `deadline`) until the engine has stopped and released
+    /// the data directory, so it can be opened again (tests restart on the same directory).
+    /// Returns whether it stopped in time.
+    pub async fn stop(self, deadline: std::time::Duration) -> bool {
+        let weak = self.engine.downgrade();
+        drop(self);
+        let end = std::time::Instant::now() + deadline;
+        while weak.strong_count() > 0 {
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        true
+    }
 }
 
 impl Drop for Server {

@@ -61,11 +61,11 @@ async fn fifty_messages_paced_at_100ms_arrive_once_in_order_on_time() {
         assert!(w[1] - w[0] >= 100.0, "sends {} ms apart", w[1] - w[0]);
     }
     // Pacing as the receiver saw it. Arrival times add loopback latency to each send, and that
-    // latency varies by a fraction of a millisecond, so allow 2 ms of jitter per gap; the
+    // latency varies (a fraction of a ms idle, a few ms on a loaded machine), so allow 5 ms per gap; the
     // average must still be at least the interval.
     let arrivals: Vec<f64> = got.iter().map(|r| r.at_ms).collect();
     for w in arrivals.windows(2) {
-        assert!(w[1] - w[0] >= 98.0, "arrivals {} ms apart", w[1] - w[0]);
+        assert!(w[1] - w[0] >= 95.0, "arrivals {} ms apart", w[1] - w[0]);
     }
     let mean = (arrivals[49] - arrivals[0]) / 49.0;
     assert!(mean >= 100.0, "mean gap {mean} ms");
@@ -82,8 +82,9 @@ async fn fifty_messages_paced_at_100ms_arrive_once_in_order_on_time() {
         arrivals[0] - due_ms
     );
     assert!(sent[0] >= due_ms, "sent before due");
+    // Typically 0-2 ms; the bound leaves room for a loaded 2-core CI machine.
     assert!(
-        sent[0] - due_ms <= 10.0,
+        sent[0] - due_ms <= 25.0,
         "first send {} ms late",
         sent[0] - due_ms
     );

@@ -23,7 +23,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::engine::{Created, Engine, TaskView};
-use crate::model::{check_id, RetryPolicy, TaskRequest};
+use crate::model::{check_id, PatchRequest, RetryPolicy, TaskRequest};
 use problem::Problem;
 
 type Resp = Response<Full<Bytes>>;
@@ -143,15 +143,23 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
             match m {
                 Method::GET => get_task(state, &id),
                 Method::DELETE => cancel_task(state, &id).await,
-                _ => Err(method_not_allowed("GET, DELETE")),
+                Method::PATCH => patch_task(state, &id, req).await,
+                _ => Err(method_not_allowed("GET, PATCH, DELETE")),
             }
         }
-        ["tasks", id, "cancel"] => {
+        ["tasks", id, action @ ("cancel" | "pause" | "resume" | "trigger")] => {
             let id = path_id(id)?;
-            match m {
-                Method::POST => cancel_task(state, &id).await,
-                _ => Err(method_not_allowed("POST")),
+            if m != Method::POST {
+                return Err(method_not_allowed("POST"));
             }
+            let e = &state.engine;
+            let v = match action {
+                "cancel" => e.cancel(&id).await?,
+                "pause" => e.pause(&id).await?,
+                "resume" => e.resume(&id).await?,
+                _ => e.trigger(&id).await?,
+            };
+            Ok(json_response(StatusCode::OK, &task_json(state, &v)))
         }
         ["tasks", id, "runs"] => {
             let id = path_id(id)?;
@@ -476,6 +484,13 @@ fn list_tasks(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem
 
 async fn cancel_task(state: &ApiState, id: &str) -> Result<Resp, Problem> {
     let v = state.engine.cancel(id).await?;
+    Ok(json_response(StatusCode::OK, &task_json(state, &v)))
+}
+
+async fn patch_task(state: &ApiState, id: &str, req: Request<Incoming>) -> Result<Resp, Problem> {
+    let body = read_body(state, req).await?;
+    let patch: PatchRequest = parse_json(&body)?;
+    let v = state.engine.patch(id, patch).await?;
     Ok(json_response(StatusCode::OK, &task_json(state, &v)))
 }
 

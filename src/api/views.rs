@@ -4,8 +4,8 @@ use serde_json::{json, Value};
 
 use crate::engine::TaskView;
 use crate::model::{
-    format_duration_ms, Backoff, DstGap, DstRepeat, Failure, Misfire, Overlap, RetryPolicy, Run,
-    RunState, Schedule, TaskState,
+    format_duration_ms, Backoff, DstGap, DstPolicy, DstRepeat, Failure, Misfire, Overlap,
+    RetryPolicy, Run, RunState, Schedule, TaskState,
 };
 use crate::schedule::{describe, format_utc};
 
@@ -13,22 +13,61 @@ fn instant(ms: Option<u64>) -> Value {
     ms.map(|m| json!(format_utc(m))).unwrap_or(Value::Null)
 }
 
+fn dst(d: &DstPolicy) -> Value {
+    json!({
+        "gap": match d.gap { DstGap::Shift => "shift", DstGap::Skip => "skip" },
+        "repeat": match d.repeat {
+            DstRepeat::First => "first", DstRepeat::Last => "last", DstRepeat::Both => "both"
+        },
+    })
+}
+
+/// The schedule as created (optional parts only when given), plus the DST policy in force.
 pub fn schedule(s: &Schedule) -> Value {
     match s {
-        Schedule::At { at, tz, dst, .. } => {
-            let mut v = json!({ "at": at });
+        Schedule::At { at, tz, dst: d, .. } => {
+            let mut v = json!({ "at": at, "dst": dst(d) });
             if let Some(tz) = tz {
                 v["tz"] = json!(tz);
             }
-            v["dst"] = json!({
-                "gap": match dst.gap { DstGap::Shift => "shift", DstGap::Skip => "skip" },
-                "repeat": match dst.repeat {
-                    DstRepeat::First => "first", DstRepeat::Last => "last", DstRepeat::Both => "both"
-                },
-            });
             v
         }
         Schedule::After { after, .. } => json!({ "after": after }),
+        Schedule::Cron {
+            cron,
+            tz,
+            dst: d,
+            start,
+            end,
+            max_runs,
+            ..
+        } => {
+            let mut v =
+                json!({ "cron": cron, "tz": tz.as_deref().unwrap_or("UTC"), "dst": dst(d) });
+            if let Some(x) = start {
+                v["start"] = json!(x);
+            }
+            if let Some(x) = end {
+                v["end"] = json!(x);
+            }
+            if let Some(x) = max_runs {
+                v["max_runs"] = json!(x);
+            }
+            v
+        }
+        Schedule::Reminders {
+            event_at,
+            tz,
+            dst: d,
+            before,
+            ..
+        } => {
+            let mut r = json!({ "event_at": event_at, "before": before });
+            if let Some(tz) = tz {
+                r["tz"] = json!(tz);
+            }
+            json!({ "reminders": r, "dst": dst(d) })
+        }
     }
 }
 
@@ -73,6 +112,7 @@ pub fn task(v: &TaskView, channel_retry: RetryPolicy, now_ms: u64) -> Value {
         "description": describe(&t.schedule),
         "next_fire_at": instant(t.next_fire_at_ms),
         "runs": t.runs,
+        "fires": { "handled": t.fires, "skipped": t.skipped, "expired": t.expired, "queued": t.queued.len() },
         "messages": t.messages.len(),
         "progress": v.run.as_ref().map(|r| progress(r, t.pacing.interval_ms, now_ms)),
         "created_at": format_utc(t.created_at_ms),
@@ -89,7 +129,14 @@ pub fn task(v: &TaskView, channel_retry: RetryPolicy, now_ms: u64) -> Value {
 pub fn run(r: &Run) -> Value {
     json!({
         "run": r.run,
-        "state": match r.state { RunState::Running => "running", RunState::Completed => "completed", RunState::Cancelled => "cancelled" },
+        "state": match r.state {
+            RunState::Running => "running",
+            RunState::Completed => "completed",
+            RunState::Cancelled => "cancelled",
+            RunState::Skipped => "skipped",
+            RunState::Expired => "expired",
+        },
+        "reason": r.reason,
         "scheduled_at": format_utc(r.scheduled_at_ms),
         "started_at": format_utc(r.started_at_ms),
         "finished_at": instant(r.finished_at_ms),

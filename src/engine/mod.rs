@@ -12,7 +12,7 @@ mod dispatch;
 mod recovery;
 pub mod timer;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -22,8 +22,8 @@ use tokio::sync::mpsc;
 use crate::clock::Clock;
 use crate::deliver::Channels;
 use crate::model::{
-    Context, Failure, FieldError, InvalidTransition, Limits, Run, RunState, Task, TaskRequest,
-    TaskState,
+    Context, Failure, FieldError, InvalidTransition, Limits, PatchRequest, Run, RunState, Task,
+    TaskRequest, TaskState,
 };
 use crate::store::{Batch, Inserted, Store, StoreError};
 use timer::{RunKey, Timer};
@@ -68,7 +68,40 @@ impl Default for EngineConfig {
 /// A live task and its active runs, guarded by the task's lock.
 pub(crate) struct LiveState {
     pub task: Task,
+    /// Runs in state `Running` (sending or waiting between sends).
     pub runs: BTreeMap<u32, Run>,
+    /// Runs whose send is in progress outside the lock; their in-flight attempt is real.
+    pub sending: BTreeSet<u32>,
+}
+
+impl LiveState {
+    pub fn new(task: Task, runs: BTreeMap<u32, Run>) -> LiveState {
+        LiveState {
+            task,
+            runs,
+            sending: BTreeSet::new(),
+        }
+    }
+
+    fn view(&self) -> TaskView {
+        TaskView {
+            task: self.task.clone(),
+            run: self.runs.values().next_back().cloned(),
+        }
+    }
+}
+
+/// The state a live task is in, given whether it has active runs: sending beats waiting for a
+/// fire beats done. Paused and finished tasks keep their state.
+pub(crate) fn derive_state(task: &Task, has_active_runs: bool) -> TaskState {
+    match task.state {
+        TaskState::Paused | TaskState::Completed | TaskState::Cancelled | TaskState::Failed => {
+            task.state
+        }
+        _ if has_active_runs => TaskState::Running,
+        _ if task.next_fire_at_ms.is_some() || !task.queued.is_empty() => TaskState::Pending,
+        _ => TaskState::Completed,
+    }
 }
 
 pub(crate) type LiveTask = tokio::sync::Mutex<LiveState>;
@@ -173,6 +206,36 @@ impl Engine {
         self.inner.timer.wake();
     }
 
+    /// For tests on a manual clock: waits until every step due at the clock's current time
+    /// (and every step those steps scheduled for now) has finished, then returns the wheel's
+    /// next deadline. Advancing a manual clock to each returned deadline in turn replays a
+    /// schedule deterministically, with every event at its exact instant.
+    pub async fn idle(&self) -> Option<u64> {
+        let outstanding = &self.inner.timer.outstanding;
+        loop {
+            // First let every running step finish: the commands they sent to the timer are
+            // then queued ahead of the sync below, so its answer accounts for them.
+            while outstanding.load(Ordering::Acquire) != 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            let inner = self.inner.clone();
+            let next = tokio::task::spawn_blocking(move || inner.timer.sync())
+                .await
+                .ok()
+                .flatten();
+            // The sync dispatched nothing new, and nothing is due: idle.
+            let now = self.inner.clock.now_ms();
+            if outstanding.load(Ordering::Acquire) == 0 && next.is_none_or(|d| d > now) {
+                return next;
+            }
+        }
+    }
+
+    /// A handle that does not keep the engine alive; `upgrade` fails once it has stopped.
+    pub fn downgrade(&self) -> std::sync::Weak<impl Sized> {
+        Arc::downgrade(&self.inner)
+    }
+
     /// Validates and creates a task; answers once it is durable.
     /// `idem` is the client's `Idempotency-Key` with a hash of the request body.
     pub async fn create(
@@ -190,10 +253,10 @@ impl Engine {
         })?;
         // Register the cell (locked) before the task is in the store, so that a cancel racing
         // with this create waits for it instead of missing it.
-        let cell = Arc::new(tokio::sync::Mutex::new(LiveState {
-            task: task.clone(),
-            runs: BTreeMap::new(),
-        }));
+        let cell = Arc::new(tokio::sync::Mutex::new(LiveState::new(
+            task.clone(),
+            BTreeMap::new(),
+        )));
         let guard = cell.clone().lock_owned().await;
         let id_taken_live = {
             let mut live = inner.live.lock();
@@ -235,9 +298,7 @@ impl Engine {
                     self.forget_cell(&task.id, &cell);
                     return Err(e.into());
                 }
-                if let Some(at) = task.next_fire_at_ms {
-                    inner.timer.at(RunKey::new(&task.id, task.runs + 1), at);
-                }
+                dispatch::plan_fire(inner, &task);
                 tracing::info!(task = %task.id, channel = %task.channel, messages = task.messages.len(),
                     next_fire_at = ?task.next_fire_at_ms, "task created");
                 drop(guard);
@@ -313,20 +374,77 @@ impl Engine {
         Ok(Some(self.inner.store.runs_of(id)?))
     }
 
+    /// The live cell of a task, or the right error: 404 if unknown, 409 if finished (every
+    /// unfinished task is live).
+    fn live_cell(&self, id: &str) -> Result<Arc<LiveTask>, EngineError> {
+        if let Some(cell) = self.inner.live.lock().get(id).cloned() {
+            return Ok(cell);
+        }
+        match self.inner.store.get_task(id)? {
+            None => Err(EngineError::NotFound(format!("task {id:?}"))),
+            Some(t) => Err(EngineError::Conflict(format!(
+                "task {id:?} is already {}",
+                t.state
+            ))),
+        }
+    }
+
+    /// Writes `st`'s task and the given runs durably, then takes the task's wheel entries off
+    /// or puts them on according to its new state.
+    async fn commit(
+        &self,
+        st: &mut LiveState,
+        task: Task,
+        runs: Vec<Run>,
+    ) -> Result<(), EngineError> {
+        let mut batch = Batch::new();
+        batch.task(&task);
+        for r in &runs {
+            batch.run(&task.id, r);
+        }
+        self.inner.store.apply(&batch)?;
+        self.inner.store.durable().await?;
+        for r in runs {
+            if r.state == RunState::Running {
+                st.runs.insert(r.run, r);
+            } else {
+                st.runs.remove(&r.run);
+            }
+        }
+        st.task = task;
+        let inner = &self.inner;
+        if st.task.state == TaskState::Running {
+            for r in st.runs.values() {
+                dispatch::plan_run(inner, &st.task.id, r);
+            }
+        } else {
+            for r in st.runs.keys() {
+                inner.timer.cancel(RunKey::new(&st.task.id, *r));
+            }
+        }
+        dispatch::plan_fire(inner, &st.task);
+        if st.task.state.is_terminal() {
+            inner.live.lock().remove(&st.task.id);
+        }
+        Ok(())
+    }
+
+    /// Runs that were armed but are not sending give their attempt back (nothing was sent).
+    fn disarmed(st: &LiveState) -> Vec<Run> {
+        st.runs
+            .values()
+            .filter(|r| !st.sending.contains(&r.run))
+            .map(|r| {
+                let mut r = r.clone();
+                r.disarm();
+                r
+            })
+            .collect()
+    }
+
     /// Cancels a task: no send of it starts after this returns. Durable before it returns.
     pub async fn cancel(&self, id: &str) -> Result<TaskView, EngineError> {
-        let inner = &self.inner;
-        let cell = inner.live.lock().get(id).cloned();
-        let Some(cell) = cell else {
-            // Not live: either unknown or finished (every unfinished task is live).
-            return match inner.store.get_task(id)? {
-                None => Err(EngineError::NotFound(format!("task {id:?}"))),
-                Some(t) => Err(EngineError::Conflict(format!(
-                    "task {id:?} is already {}",
-                    t.state
-                ))),
-            };
-        };
+        let cell = self.live_cell(id)?;
         let mut st = cell.lock().await;
         if st.task.state.is_terminal() {
             return Err(EngineError::Conflict(format!(
@@ -334,43 +452,168 @@ impl Engine {
                 st.task.state
             )));
         }
-        let now = inner.clock.now_ms();
-        let mut next = st.task.clone();
-        next.set_state(TaskState::Cancelled, now)?;
-        next.next_fire_at_ms = None;
-        let mut batch = Batch::new();
-        batch.task(&next);
-        let mut runs = st.runs.clone();
-        for r in runs.values_mut() {
+        let now = self.inner.clock.now_ms();
+        let mut task = st.task.clone();
+        task.set_state(TaskState::Cancelled, now)?;
+        task.next_fire_at_ms = None;
+        task.queued.clear();
+        let mut runs = Self::disarmed(&st);
+        runs.extend(
+            st.runs
+                .values()
+                .filter(|r| st.sending.contains(&r.run))
+                .cloned(),
+        );
+        for r in &mut runs {
             r.state = RunState::Cancelled;
             r.finished_at_ms = Some(now);
             r.next_at_ms = None;
-            batch.run(id, r);
         }
-        inner.store.apply(&batch)?;
-        inner.store.durable().await?;
-        // Only now is the cancel visible to the dispatcher (it checks the state under the lock).
-        let pending_fire = RunKey::new(id, st.task.runs + 1);
-        st.task = next;
-        st.runs = runs;
-        inner.timer.cancel(pending_fire);
-        for r in st.runs.keys() {
-            inner.timer.cancel(RunKey::new(id, *r));
+        // Keep sending runs in memory (their outcome is still settled); drop the rest.
+        let sending: Vec<Run> = runs
+            .iter()
+            .filter(|r| st.sending.contains(&r.run))
+            .cloned()
+            .collect();
+        let view_run = runs.iter().max_by_key(|r| r.run).cloned();
+        self.commit(&mut st, task, runs).await?;
+        for r in sending {
+            st.runs.insert(r.run, r);
         }
+        tracing::info!(task = %id, "task cancelled");
         let view = TaskView {
             task: st.task.clone(),
-            run: st.runs.values().next_back().cloned(),
+            run: view_run,
         };
         drop(st);
-        inner.live.lock().remove(id);
-        tracing::info!(task = %id, "task cancelled");
         Ok(match view.run {
             Some(_) => view,
             None => TaskView {
-                run: inner.store.last_run(id)?,
+                run: self.inner.store.last_run(id)?,
                 ..view
             },
         })
+    }
+
+    /// Pauses a task: nothing of it is sent until resumed; a sequence stops after its in-flight
+    /// message. Durable before it returns, and survives restarts.
+    pub async fn pause(&self, id: &str) -> Result<TaskView, EngineError> {
+        let cell = self.live_cell(id)?;
+        let mut st = cell.lock().await;
+        if !matches!(st.task.state, TaskState::Pending | TaskState::Running) {
+            return Err(EngineError::Conflict(format!(
+                "task {id:?} is {}; only pending or running tasks can be paused",
+                st.task.state
+            )));
+        }
+        let now = self.inner.clock.now_ms();
+        let mut task = st.task.clone();
+        task.set_state(TaskState::Paused, now)?;
+        let runs = Self::disarmed(&st);
+        self.commit(&mut st, task, runs).await?;
+        tracing::info!(task = %id, "task paused");
+        Ok(self.view_of(&st))
+    }
+
+    /// Resumes a paused task: sequences continue at their cursor; fire times missed while
+    /// paused are judged by the misfire policy.
+    pub async fn resume(&self, id: &str) -> Result<TaskView, EngineError> {
+        let cell = self.live_cell(id)?;
+        let mut st = cell.lock().await;
+        if st.task.state != TaskState::Paused {
+            return Err(EngineError::Conflict(format!(
+                "task {id:?} is {}; only paused tasks can be resumed",
+                st.task.state
+            )));
+        }
+        let now = self.inner.clock.now_ms();
+        let mut task = st.task.clone();
+        task.state = TaskState::Pending; // re-derived below; Paused -> Pending is allowed
+        let to = derive_state(&task, !st.runs.is_empty());
+        task.state = TaskState::Paused;
+        task.set_state(to, now)?;
+        let runs: Vec<Run> = st
+            .runs
+            .values()
+            .map(|r| {
+                let mut r = r.clone();
+                r.next_at_ms = Some(r.next_at_ms.unwrap_or(now).max(now));
+                r
+            })
+            .collect();
+        self.commit(&mut st, task, runs).await?;
+        tracing::info!(task = %id, state = %st.task.state, "task resumed");
+        Ok(self.view_of(&st))
+    }
+
+    /// Starts a run now ("send now"). For a one-shot task this replaces its scheduled time.
+    pub async fn trigger(&self, id: &str) -> Result<TaskView, EngineError> {
+        let cell = self.live_cell(id)?;
+        let mut st = cell.lock().await;
+        match st.task.state {
+            TaskState::Pending => {}
+            TaskState::Running if st.task.overlap == crate::model::Overlap::Allow => {}
+            s => {
+                return Err(EngineError::Conflict(format!(
+                    "task {id:?} is {s}; trigger needs a pending task (or overlap allow)"
+                )))
+            }
+        }
+        let now = self.inner.clock.now_ms();
+        let mut task = st.task.clone();
+        task.fires += 1;
+        let run_no = task.fires;
+        if task.schedule.is_one_shot() {
+            task.last_fire_ms = Some(now);
+        }
+        let run = dispatch::start_run(&mut task, run_no, now, now);
+        task.next_fire_at_ms = crate::schedule::next_fire(&task, now);
+        task.set_state(TaskState::Running, now)?;
+        tracing::info!(task = %id, run = run_no, "run triggered");
+        self.commit(&mut st, task, vec![run]).await?;
+        Ok(self.view_of(&st))
+    }
+
+    /// Changes a pending or paused task; its next fire is recomputed.
+    pub async fn patch(&self, id: &str, req: PatchRequest) -> Result<TaskView, EngineError> {
+        let cell = self.live_cell(id)?;
+        let mut st = cell.lock().await;
+        if !matches!(st.task.state, TaskState::Pending | TaskState::Paused) {
+            return Err(EngineError::Conflict(format!(
+                "task {id:?} is {}; only pending or paused tasks can be changed",
+                st.task.state
+            )));
+        }
+        if req.changes_messages() && !st.runs.is_empty() {
+            return Err(EngineError::Conflict(format!(
+                "task {id:?} is paused in the middle of a run; its messages cannot change until the run ends"
+            )));
+        }
+        let inner = &self.inner;
+        let channels = inner.channels.clone();
+        let exists = move |c: &str| channels.contains(c);
+        let now = inner.clock.now_ms();
+        let mut task = req.apply(
+            &st.task,
+            &Context {
+                now_ms: now,
+                limits: &inner.config.limits,
+                channel_exists: &exists,
+            },
+        )?;
+        let to = derive_state(&task, !st.runs.is_empty());
+        task.set_state(to, now)?;
+        self.commit(&mut st, task, vec![]).await?;
+        tracing::info!(task = %id, next_fire_at = ?st.task.next_fire_at_ms, "task changed");
+        Ok(self.view_of(&st))
+    }
+
+    fn view_of(&self, st: &LiveState) -> TaskView {
+        let mut v = st.view();
+        if v.run.is_none() {
+            v.run = self.inner.store.last_run(&st.task.id).ok().flatten();
+        }
+        v
     }
 
     /// A page of the failure list.

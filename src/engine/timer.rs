@@ -8,6 +8,7 @@
 //! (the old entry is cancelled in O(1)), so a run can never be stepped twice for one deadline.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -39,12 +40,25 @@ enum Cmd {
     Cancel(RunKey),
     /// Re-read the clock (a manual clock moved).
     Wake,
+    /// Answer with the wheel's next deadline once every key due now has been handed over.
+    Sync(std::sync::mpsc::Sender<Option<u64>>),
 }
 
 pub struct Timer {
     // `Option` so that `Drop` can close the channel before joining the thread.
     tx: Option<Sender<Cmd>>,
     thread: Option<JoinHandle<()>>,
+    /// Keys handed to the dispatcher whose step has not finished (see `Outstanding`).
+    pub outstanding: Arc<AtomicUsize>,
+}
+
+/// Marks the end of one dispatched step (decrements the outstanding count when dropped).
+pub struct StepGuard(Arc<AtomicUsize>);
+
+impl Drop for StepGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Longest single sleep when the wheel is empty; commands wake the thread anyway.
@@ -53,12 +67,15 @@ const IDLE_SLEEP: Duration = Duration::from_secs(3600);
 impl Timer {
     pub fn start(clock: Arc<dyn Clock>, due: UnboundedSender<RunKey>) -> std::io::Result<Timer> {
         let (tx, rx) = crossbeam_channel::unbounded();
+        let outstanding = Arc::new(AtomicUsize::new(0));
+        let count = outstanding.clone();
         let thread = std::thread::Builder::new()
             .name("herald-timer".into())
-            .spawn(move || run(clock, rx, due))?;
+            .spawn(move || run(clock, rx, due, count))?;
         Ok(Timer {
             tx: Some(tx),
             thread: Some(thread),
+            outstanding,
         })
     }
 
@@ -83,6 +100,19 @@ impl Timer {
     pub fn wake(&self) {
         self.send(Cmd::Wake);
     }
+
+    /// Waits (blocking) until the thread has handed over every key due at the clock's current
+    /// time, and returns the wheel's next deadline. For deterministic tests on a manual clock.
+    pub fn sync(&self) -> Option<u64> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.send(Cmd::Sync(tx));
+        rx.recv().ok().flatten()
+    }
+
+    /// Called by the dispatcher for each key it receives; the guard ends the step.
+    pub fn step_guard(&self) -> StepGuard {
+        StepGuard(self.outstanding.clone())
+    }
 }
 
 impl Drop for Timer {
@@ -94,7 +124,12 @@ impl Drop for Timer {
     }
 }
 
-fn run(clock: Arc<dyn Clock>, rx: Receiver<Cmd>, due: UnboundedSender<RunKey>) {
+fn run(
+    clock: Arc<dyn Clock>,
+    rx: Receiver<Cmd>,
+    due: UnboundedSender<RunKey>,
+    outstanding: Arc<AtomicUsize>,
+) {
     let mut wheel: Wheel<RunKey> = Wheel::new(clock.now_ms());
     let mut handles: HashMap<RunKey, Handle> = HashMap::new();
     loop {
@@ -115,6 +150,7 @@ fn run(clock: Arc<dyn Clock>, rx: Receiver<Cmd>, due: UnboundedSender<RunKey>) {
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         };
+        let mut syncs = Vec::new();
         for cmd in first.into_iter().chain(rx.try_iter()) {
             match cmd {
                 Cmd::At(key, at) => {
@@ -130,15 +166,23 @@ fn run(clock: Arc<dyn Clock>, rx: Receiver<Cmd>, due: UnboundedSender<RunKey>) {
                     }
                 }
                 Cmd::Wake => {}
+                Cmd::Sync(reply) => syncs.push(reply),
             }
         }
         wheel.advance(clock.now_ms(), &mut |h, key: RunKey| {
             if handles.get(&key) == Some(&h) {
                 handles.remove(&key);
             }
+            // Counted before it is handed over, so a sync never sees a key in transit as idle.
+            outstanding.fetch_add(1, Ordering::AcqRel);
             // The dispatcher is gone only at shutdown.
-            let _ = due.send(key);
+            if due.send(key).is_err() {
+                outstanding.fetch_sub(1, Ordering::AcqRel);
+            }
         });
+        for reply in syncs {
+            let _ = reply.send(wheel.next_deadline());
+        }
         if due.is_closed() {
             return;
         }

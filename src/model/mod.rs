@@ -13,7 +13,7 @@ pub use duration::{format_duration_ms, parse_duration_ms};
 pub use failure::{delivery_key, Failure};
 pub use id::{check_id, new_id};
 pub use limits::Limits;
-pub use request::{Context, FieldError, TaskRequest};
+pub use request::{Context, FieldError, PatchRequest, TaskRequest};
 pub use run::{GaveUp, Outcome, Run, RunState, Settled};
 pub use state::{InvalidTransition, TaskState};
 pub use task::*;

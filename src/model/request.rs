@@ -57,13 +57,19 @@ pub struct ScheduleRequest {
     pub after: Option<String>,
     pub tz: Option<String>,
     pub dst: Option<DstRequest>,
-    // Accepted in the shape of API.md so that a client gets "not supported yet" rather than
-    // "unknown field"; see `validate_schedule`.
     pub cron: Option<String>,
     pub start: Option<String>,
     pub end: Option<String>,
     pub max_runs: Option<u32>,
-    pub reminders: Option<serde_json::Value>,
+    pub reminders: Option<RemindersRequest>,
+}
+
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RemindersRequest {
+    pub event_at: String,
+    pub tz: Option<String>,
+    pub before: Vec<String>,
 }
 
 #[derive(Deserialize, Debug, Clone, Default)]
@@ -96,6 +102,9 @@ pub struct RetryRequest {
     pub initial: Option<String>,
     pub max: Option<String>,
 }
+
+/// Most offsets in one reminders schedule.
+pub const REMINDERS_MAX: usize = 100;
 
 /// What validation needs to know about the world.
 pub struct Context<'a> {
@@ -180,8 +189,7 @@ impl TaskRequest {
             .transpose()?;
         let metadata = self.metadata.unwrap_or_default();
         validate_metadata(&metadata, limits)?;
-        let first = schedule.first_fire_ms();
-        Ok(Task {
+        let mut task = Task {
             id,
             name: self.name,
             channel,
@@ -196,9 +204,110 @@ impl TaskRequest {
             state: TaskState::Pending,
             created_at_ms: cx.now_ms,
             updated_at_ms: cx.now_ms,
-            next_fire_at_ms: Some(first),
+            next_fire_at_ms: None,
             runs: 0,
-        })
+            fires: 0,
+            last_fire_ms: None,
+            done_offsets_ms: Vec::new(),
+            queued: Vec::new(),
+            skipped: 0,
+            expired: 0,
+        };
+        task.next_fire_at_ms = crate::schedule::next_fire(&task, cx.now_ms);
+        check_fires(&task, cx)?;
+        Ok(task)
+    }
+}
+
+/// A schedule must fire at least once, within the horizon.
+fn check_fires(task: &Task, cx: &Context) -> Result<(), FieldError> {
+    let field = match &task.schedule {
+        Schedule::Cron { .. } => "schedule.cron",
+        Schedule::Reminders { .. } => "schedule.reminders",
+        _ => "schedule",
+    };
+    match task.next_fire_at_ms {
+        None => Err(FieldError::new(
+            field,
+            "never fires (check start, end and max_runs)",
+        )),
+        Some(at) if at > cx.now_ms.saturating_add(cx.limits.horizon_ms) => Err(FieldError::new(
+            field,
+            "first fire is beyond the scheduling horizon (10 years)",
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+/// A change to a task (`PATCH /v1/tasks/{id}`): only these fields may change.
+#[derive(Deserialize, Debug, Clone, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PatchRequest {
+    pub name: Option<String>,
+    pub schedule: Option<ScheduleRequest>,
+    pub messages: Option<Vec<MessageRequest>>,
+    pub to: Option<Vec<String>>,
+    pub body: Option<String>,
+    pub pacing: Option<PacingRequest>,
+    pub retry: Option<RetryRequest>,
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+impl PatchRequest {
+    pub fn changes_messages(&self) -> bool {
+        self.messages.is_some() || self.to.is_some() || self.body.is_some()
+    }
+
+    /// The task with the changes applied and its next fire recomputed. Validated like a create.
+    pub fn apply(self, task: &Task, cx: &Context) -> Result<Task, FieldError> {
+        let limits = cx.limits;
+        let mut t = task.clone();
+        if let Some(name) = self.name {
+            if name.len() > limits.name_bytes_max {
+                return Err(FieldError::new(
+                    "name",
+                    format!("must be at most {} bytes", limits.name_bytes_max),
+                ));
+            }
+            t.name = Some(name);
+        }
+        if self.messages.is_some() || self.to.is_some() || self.body.is_some() {
+            t.messages = validate_messages(self.messages, self.to, self.body, limits)?;
+        }
+        if let Some(p) = self.pacing {
+            t.pacing = validate_pacing(p, limits)?;
+        }
+        if let Some(r) = self.retry {
+            t.retry = Some(validate_retry(r, "retry", limits)?);
+        }
+        if let Some(m) = self.metadata {
+            validate_metadata(&m, limits)?;
+            t.metadata = m;
+        }
+        if let Some(s) = self.schedule {
+            let new = validate_schedule(&s, cx, t.misfire_grace_ms)?;
+            let same_kind = std::mem::discriminant(&new) == std::mem::discriminant(&t.schedule);
+            // A new one-shot time or cron expression starts afresh from now; reminders keep
+            // the record of which offsets already fired, so a moved event re-plans only the
+            // reminders that have not fired.
+            match (&new, same_kind) {
+                (Schedule::Reminders { .. }, true) => {}
+                _ => {
+                    t.last_fire_ms = None;
+                    t.done_offsets_ms.clear();
+                }
+            }
+            if t.schedule.is_one_shot() && new.is_one_shot() {
+                t.last_fire_ms = None;
+            }
+            t.schedule = new;
+        }
+        t.updated_at_ms = cx.now_ms;
+        t.next_fire_at_ms = crate::schedule::next_fire(&t, cx.now_ms);
+        if t.next_fire_at_ms.is_none() && !task.schedule.is_one_shot() {
+            check_fires(&t, cx)?;
+        }
+        Ok(t)
     }
 }
 
@@ -250,17 +359,48 @@ fn validate_schedule(
             "give exactly one of at, after, cron, reminders",
         ));
     }
-    if s.cron.is_some() {
-        return Err(FieldError::new(
-            "schedule.cron",
-            "cron schedules are not supported by this version yet",
-        ));
-    }
-    if s.reminders.is_some() {
-        return Err(FieldError::new(
-            "schedule.reminders",
-            "reminder schedules are not supported by this version yet",
-        ));
+    let dst = validate_dst(&s.dst)?;
+    let zone = |field: &str, tz: &Option<String>| match tz {
+        Some(name) => parse_tz(name)
+            .map(Some)
+            .map_err(|e| FieldError::new(field, e)),
+        None => Ok(None),
+    };
+    if let Some(expr) = &s.cron {
+        let tz = zone("schedule.tz", &s.tz)?;
+        crate::schedule::cron::CronSchedule::parse(expr, tz.unwrap_or(chrono_tz::UTC), dst)
+            .map_err(|e| FieldError::new("schedule.cron", e))?;
+        let instant = |field: &str, v: &Option<String>| -> Result<Option<u64>, FieldError> {
+            match v {
+                Some(text) => parse_instant(text, tz, dst)
+                    .map_err(|e| FieldError::new(field, e))?
+                    .first()
+                    .copied()
+                    .map(Some)
+                    .ok_or_else(|| FieldError::new(field, "does not exist in the zone (DST gap)")),
+                None => Ok(None),
+            }
+        };
+        let start_ms = instant("schedule.start", &s.start)?;
+        let end_ms = instant("schedule.end", &s.end)?;
+        if let (Some(a), Some(b)) = (start_ms, end_ms) {
+            if b <= a {
+                return Err(FieldError::new("schedule.end", "must be after start"));
+            }
+        }
+        if s.max_runs == Some(0) {
+            return Err(FieldError::new("schedule.max_runs", "must be at least 1"));
+        }
+        return Ok(Schedule::Cron {
+            cron: expr.clone(),
+            tz: s.tz.clone(),
+            dst,
+            start: s.start.clone(),
+            start_ms,
+            end: s.end.clone(),
+            end_ms,
+            max_runs: s.max_runs,
+        });
     }
     for (name, present) in [
         ("schedule.start", s.start.is_some()),
@@ -271,7 +411,68 @@ fn validate_schedule(
             return Err(FieldError::new(name, "only allowed with cron"));
         }
     }
-    let dst = validate_dst(&s.dst)?;
+    if let Some(r) = &s.reminders {
+        if s.tz.is_some() {
+            return Err(FieldError::new(
+                "schedule.tz",
+                "give the zone of reminders as schedule.reminders.tz",
+            ));
+        }
+        let tz = zone("schedule.reminders.tz", &r.tz)?;
+        let event_ms = *parse_instant(&r.event_at, tz, dst)
+            .map_err(|e| FieldError::new("schedule.reminders.event_at", e))?
+            .first()
+            .ok_or_else(|| {
+                FieldError::new(
+                    "schedule.reminders.event_at",
+                    "does not exist in the zone (DST gap) and dst.gap is skip",
+                )
+            })?;
+        if r.before.is_empty() || r.before.len() > REMINDERS_MAX {
+            return Err(FieldError::new(
+                "schedule.reminders.before",
+                format!("give 1 to {REMINDERS_MAX} offsets"),
+            ));
+        }
+        let mut before_ms = Vec::with_capacity(r.before.len());
+        for (i, b) in r.before.iter().enumerate() {
+            let field = format!("schedule.reminders.before[{i}]");
+            let ms = duration(&field, b)?;
+            if ms == 0 || ms > event_ms {
+                return Err(FieldError::new(
+                    field,
+                    "must be more than 0 and before the event",
+                ));
+            }
+            if before_ms.contains(&ms) {
+                return Err(FieldError::new(field, "appears twice"));
+            }
+            before_ms.push(ms);
+        }
+        if event_ms > cx.now_ms.saturating_add(cx.limits.horizon_ms) {
+            return Err(FieldError::new(
+                "schedule.reminders.event_at",
+                "is beyond the scheduling horizon (10 years)",
+            ));
+        }
+        // Reminders already past follow the misfire rules; but if every one of them is past
+        // by more than the grace, nothing would ever be sent: that is a mistake to report.
+        let latest = event_ms - before_ms.iter().min().copied().unwrap_or(0);
+        if latest.saturating_add(misfire_grace_ms) < cx.now_ms {
+            return Err(FieldError::new(
+                "schedule.reminders.event_at",
+                "every reminder is in the past by more than misfire_grace",
+            ));
+        }
+        return Ok(Schedule::Reminders {
+            event_at: r.event_at.clone(),
+            tz: r.tz.clone(),
+            dst,
+            event_ms,
+            before: r.before.clone(),
+            before_ms,
+        });
+    }
     let horizon_end = cx.now_ms.saturating_add(cx.limits.horizon_ms);
     if let Some(after) = &s.after {
         if s.tz.is_some() {

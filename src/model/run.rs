@@ -19,6 +19,10 @@ pub enum RunState {
     Completed,
     /// The task was cancelled while this run was active.
     Cancelled,
+    /// A fire that did not start a run (overlap, misfire `skip`, coalesced); see `reason`.
+    Skipped,
+    /// A fire missed by more than `misfire_grace`; see `reason`.
+    Expired,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -42,6 +46,8 @@ pub struct Run {
     pub next_at_ms: Option<u64>,
     /// Start of the last attempt, the anchor for `interval` pacing.
     pub last_attempt_at_ms: Option<u64>,
+    /// Why a fire was skipped or expired.
+    pub reason: Option<String>,
 }
 
 /// What a channel said about one attempt.
@@ -88,8 +94,27 @@ impl Run {
             attempts: 0,
             sent: 0,
             failed: 0,
-            next_at_ms: Some(scheduled_at_ms),
+            next_at_ms: Some(scheduled_at_ms.max(now_ms)),
             last_attempt_at_ms: None,
+            reason: None,
+        }
+    }
+
+    /// The record of a fire that did not start a run.
+    pub fn not_started(
+        run: u32,
+        scheduled_at_ms: u64,
+        now_ms: u64,
+        total: u32,
+        state: RunState,
+        reason: String,
+    ) -> Run {
+        Run {
+            state,
+            finished_at_ms: Some(now_ms),
+            next_at_ms: None,
+            reason: Some(reason),
+            ..Run::new(run, scheduled_at_ms, now_ms, total)
         }
     }
 
@@ -106,8 +131,15 @@ impl Run {
         self.in_flight = Some(self.cursor);
         self.attempts += 1;
         self.last_attempt_at_ms = Some(now_ms);
-        self.next_at_ms = None;
+        // `next_at_ms` stays: it is when the armed attempt is due to be sent.
         Some(self.cursor)
+    }
+
+    /// Takes back an attempt that was armed but never sent (paused or cancelled in between).
+    pub fn disarm(&mut self) {
+        if self.in_flight.take().is_some() {
+            self.attempts = self.attempts.saturating_sub(1);
+        }
     }
 
     /// Records the outcome of the attempt begun by `begin_attempt`.

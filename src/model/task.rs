@@ -57,14 +57,32 @@ pub enum Schedule {
         after_ms: u64,
         at_ms: u64,
     },
+    /// Every time the cron expression matches, in `tz` (IANA; `None` = UTC).
+    Cron {
+        cron: String,
+        tz: Option<String>,
+        dst: DstPolicy,
+        start: Option<String>,
+        start_ms: Option<u64>,
+        end: Option<String>,
+        end_ms: Option<u64>,
+        max_runs: Option<u32>,
+    },
+    /// One run per offset before an event.
+    Reminders {
+        event_at: String,
+        tz: Option<String>,
+        dst: DstPolicy,
+        event_ms: u64,
+        /// The offsets as given, and in milliseconds (same order).
+        before: Vec<String>,
+        before_ms: Vec<u64>,
+    },
 }
 
 impl Schedule {
-    /// The instant of the first fire.
-    pub fn first_fire_ms(&self) -> u64 {
-        match self {
-            Schedule::At { at_ms, .. } | Schedule::After { at_ms, .. } => *at_ms,
-        }
+    pub fn is_one_shot(&self) -> bool {
+        matches!(self, Schedule::At { .. } | Schedule::After { .. })
     }
 }
 
@@ -136,10 +154,24 @@ pub struct Task {
     pub state: TaskState,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
-    /// When the next run starts; `None` when no run is planned.
+    /// When the schedule fires next; `None` when it never fires again.
     pub next_fire_at_ms: Option<u64>,
-    /// Runs started so far; run numbers are 1-based, so the next run is `runs + 1`.
+    /// Runs started so far.
     pub runs: u32,
+    /// Fires handled so far: runs started plus fires skipped or expired. Every fire gets the
+    /// next run number (1-based), so idempotency keys `{task}:{run}:{seq}` never repeat.
+    pub fires: u32,
+    /// Scheduled instant of the last fire handled (for cron: where the next search starts).
+    pub last_fire_ms: Option<u64>,
+    /// Reminders: the offsets (ms) whose fire was handled; the others are still to come.
+    pub done_offsets_ms: Vec<u64>,
+    /// Fires waiting for the active run to finish (overlap `queue`, misfire `fire_all`):
+    /// (run number, scheduled instant), oldest first.
+    pub queued: Vec<(u32, u64)>,
+    /// Fires not sent: skipped (overlap, misfire `skip`, coalesced) and expired (missed by
+    /// more than `misfire_grace`). Each also has a run record saying why.
+    pub skipped: u32,
+    pub expired: u32,
 }
 
 impl Task {

@@ -55,7 +55,7 @@ pub struct IdemRecord {
 /// One write of a batch.
 #[derive(Debug, Clone)]
 pub enum Op {
-    Task(Task),
+    Task(Box<Task>),
     Run(String, Run),
     Failure(Failure),
     DeleteFailure(String),
@@ -72,7 +72,7 @@ impl Batch {
         Batch::default()
     }
     pub fn task(&mut self, t: &Task) -> &mut Self {
-        self.ops.push(Op::Task(t.clone()));
+        self.ops.push(Op::Task(Box::new(t.clone())));
         self
     }
     pub fn run(&mut self, task_id: &str, r: &Run) -> &mut Self {

@@ -158,3 +158,144 @@ pub fn write_config(dir: &Path, text: &str) -> PathBuf {
     std::fs::write(&p, text).expect("write config");
     p
 }
+
+/// Unix ms of an RFC 3339 instant, as an integer.
+pub fn utc_ms(rfc3339: &str) -> u64 {
+    ms_of(rfc3339) as u64
+}
+
+/// herald in-process on a manual clock, with a `file` channel named `out` so every delivery
+/// is recorded with herald's own (manual) send time. Time only moves when the test says so.
+pub struct ManualHerald {
+    pub clock: std::sync::Arc<herald::clock::ManualClock>,
+    pub server: Option<Server>,
+    pub dir: tempfile::TempDir,
+    config: String,
+}
+
+impl ManualHerald {
+    pub async fn start(start_ms: u64, extra_config: &str) -> ManualHerald {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let out = dir.path().join("out.jsonl");
+        let config = format!(
+            "[channels.out]\nkind = \"file\"\npath = \"{}\"\n{extra_config}\n",
+            out.display()
+        );
+        let clock = std::sync::Arc::new(herald::clock::ManualClock::new(start_ms));
+        let mut h = ManualHerald {
+            clock,
+            server: None,
+            dir,
+            config,
+        };
+        h.boot().await;
+        h
+    }
+
+    async fn boot(&mut self) {
+        let cfg = Config::from_toml(
+            &self.config,
+            Overrides {
+                listen: Some("127.0.0.1:0".into()),
+                data_dir: Some(self.dir.path().join("data")),
+                token: None,
+            },
+        )
+        .expect("test config is valid");
+        let server = herald::server::start_with(
+            cfg,
+            self.clock.clone(),
+            herald::engine::EngineConfig::default(),
+        )
+        .await
+        .expect("herald starts");
+        self.server = Some(server);
+    }
+
+    pub fn server(&self) -> &Server {
+        self.server.as_ref().expect("running")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.server().url(), path)
+    }
+
+    pub fn now(&self) -> u64 {
+        use herald::clock::Clock;
+        self.clock.now_ms()
+    }
+
+    /// Replays time up to `t_ms`: the clock jumps from one wheel deadline to the next, and
+    /// everything due at each instant finishes before time moves on.
+    pub async fn run_until(&self, t_ms: u64) {
+        let engine = &self.server().engine;
+        for _ in 0..1_000_000 {
+            match engine.idle().await {
+                Some(d) if d <= t_ms => {
+                    self.clock.set(d);
+                    engine.wake();
+                }
+                _ => {
+                    self.clock.set(t_ms);
+                    engine.wake();
+                    engine.idle().await;
+                    return;
+                }
+            }
+        }
+        panic!("run_until({t_ms}) did not converge");
+    }
+
+    /// Stops herald (as if the process were down) and starts it again on the same data.
+    /// The clock stays where the test puts it in between.
+    pub async fn stop(&mut self) {
+        let s = self.server.take().expect("running");
+        assert!(s.stop(Duration::from_secs(10)).await, "herald stopped");
+    }
+
+    pub async fn restart(&mut self) {
+        if self.server.is_some() {
+            self.stop().await;
+        }
+        self.boot().await;
+    }
+
+    /// Every delivery so far (lines of the `out` file), in order.
+    pub fn sent(&self) -> Vec<Value> {
+        match std::fs::read_to_string(self.dir.path().join("out.jsonl")) {
+            Ok(text) => text
+                .lines()
+                .map(|l| serde_json::from_str(l).expect("JSON line"))
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    pub async fn post(&self, body: &Value) -> Value {
+        let r = http::post_json(&self.url("/v1/tasks"), body).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+        r.json()
+    }
+
+    pub async fn task(&self, id: &str) -> Value {
+        let r = http::get(&self.url(&format!("/v1/tasks/{id}"))).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    }
+
+    pub async fn runs(&self, id: &str) -> Vec<Value> {
+        let r = http::get(&self.url(&format!("/v1/tasks/{id}/runs"))).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["runs"].as_array().cloned().unwrap_or_default()
+    }
+
+    pub async fn action(&self, id: &str, action: &str) -> http::Resp {
+        http::request(
+            "POST",
+            &self.url(&format!("/v1/tasks/{id}/{action}")),
+            &[],
+            None,
+        )
+        .await
+    }
+}

@@ -1,0 +1,149 @@
+//! Misfire: what happens to fire times that passed while herald was down or the task paused.
+//! Pure.
+//!
+//! Each missed fire is judged on its own lateness first: missed by more than `misfire_grace`
+//! it *expires* (recorded, never sent). The rest follow the task's policy:
+//! - `fire_now` (default): one run now for the latest of them; earlier ones are recorded as
+//!   skipped ("coalesced"), so a long outage never turns into a burst of identical runs;
+//! - `skip`: none runs; all are recorded as skipped; the schedule continues with its next fire;
+//! - `fire_all`: every one runs, in order (bounded by [`FIRE_ALL_MAX`]; the excess is skipped).
+
+use crate::model::{format_duration_ms, Misfire};
+
+/// A fire handled more than this late counts as missed (normal fires are on time to the
+/// millisecond; this absorbs scheduling noise under load).
+pub const MISS_TOLERANCE_MS: u64 = 1_000;
+
+/// Most missed fires `fire_all` replays; a bound so that catch-up after a long outage is finite.
+pub const FIRE_ALL_MAX: usize = 100;
+
+/// Most missed fires enumerated one by one after an outage; older ones are counted in one go.
+pub const MISSED_LIST_MAX: usize = 1_000;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Start a run for this fire (now).
+    Run(u64),
+    /// Record as skipped, with the reason.
+    Skip(u64, String),
+    /// Record as expired, with the reason.
+    Expire(u64, String),
+}
+
+/// Judges missed fires (ascending instants, all in the past) at `now_ms`.
+pub fn judge(policy: Misfire, grace_ms: u64, missed: &[u64], now_ms: u64) -> Vec<Decision> {
+    let mut out = Vec::with_capacity(missed.len());
+    let mut within = Vec::new();
+    for &t in missed {
+        let late = now_ms.saturating_sub(t);
+        if late > grace_ms {
+            out.push(Decision::Expire(
+                t,
+                format!(
+                    "missed by {} (more than misfire_grace {})",
+                    format_duration_ms(late),
+                    format_duration_ms(grace_ms)
+                ),
+            ));
+        } else {
+            within.push(t);
+        }
+    }
+    match policy {
+        Misfire::FireNow => {
+            if let Some((&last, earlier)) = within.split_last() {
+                for &t in earlier {
+                    out.push(Decision::Skip(
+                        t,
+                        "missed; coalesced into one run by misfire fire_now".into(),
+                    ));
+                }
+                out.push(Decision::Run(last));
+            }
+        }
+        Misfire::Skip => {
+            for t in within {
+                out.push(Decision::Skip(t, "missed; misfire policy is skip".into()));
+            }
+        }
+        Misfire::FireAll => {
+            for (i, t) in within.into_iter().enumerate() {
+                if i < FIRE_ALL_MAX {
+                    out.push(Decision::Run(t));
+                } else {
+                    out.push(Decision::Skip(
+                        t,
+                        format!("missed; fire_all replays at most {FIRE_ALL_MAX} fires"),
+                    ));
+                }
+            }
+        }
+    }
+    // Keep the record in time order: expired fires are the oldest anyway, but be explicit.
+    out.sort_by_key(|d| match d {
+        Decision::Run(t) | Decision::Skip(t, _) | Decision::Expire(t, _) => *t,
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: u64 = 60_000;
+
+    fn kinds(d: &[Decision]) -> String {
+        d.iter()
+            .map(|d| match d {
+                Decision::Run(_) => 'R',
+                Decision::Skip(..) => 'S',
+                Decision::Expire(..) => 'E',
+            })
+            .collect()
+    }
+
+    #[test]
+    fn outage_of_three_hours_every_15_minutes() {
+        // Fires at 0, 15, ..., 165 min; herald comes back at 180 min; grace 10 min.
+        let missed: Vec<u64> = (0..12).map(|i| i * 15 * MIN).collect();
+        let now = 180 * MIN;
+        // Fires missed by more than 10 min expire; 165 (missed by 15) too. Nothing within grace.
+        assert_eq!(
+            kinds(&judge(Misfire::FireNow, 10 * MIN, &missed, now)),
+            "EEEEEEEEEEEE"
+        );
+        // With a 40 min grace, 150 and 165 are within it.
+        assert_eq!(
+            kinds(&judge(Misfire::FireNow, 40 * MIN, &missed, now)),
+            "EEEEEEEEEESR"
+        );
+        assert_eq!(
+            kinds(&judge(Misfire::Skip, 40 * MIN, &missed, now)),
+            "EEEEEEEEEESS"
+        );
+        assert_eq!(
+            kinds(&judge(Misfire::FireAll, 40 * MIN, &missed, now)),
+            "EEEEEEEEEERR"
+        );
+    }
+
+    #[test]
+    fn reasons_say_why() {
+        let d = judge(Misfire::FireNow, MIN, &[0], 5 * MIN);
+        match &d[0] {
+            Decision::Expire(0, why) => assert!(why.contains("4m") || why.contains("5m"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn fire_all_is_bounded() {
+        let missed: Vec<u64> = (0..150).collect();
+        let d = judge(Misfire::FireAll, u64::MAX, &missed, 1_000);
+        assert_eq!(
+            d.iter().filter(|d| matches!(d, Decision::Run(_))).count(),
+            FIRE_ALL_MAX
+        );
+        assert_eq!(d.len(), 150);
+    }
+}

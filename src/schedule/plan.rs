@@ -1,0 +1,94 @@
+//! When a task's schedule fires next, given what has fired already. Pure.
+
+use crate::model::{Schedule, Task};
+
+use super::cron::CronSchedule;
+use super::parse_tz;
+
+/// Parses a stored cron schedule (validated at creation, so errors here mean the stored record
+/// is from an incompatible version; the caller treats that as "never fires again").
+pub fn cron_of(schedule: &Schedule) -> Option<CronSchedule> {
+    match schedule {
+        Schedule::Cron { cron, tz, dst, .. } => {
+            let zone = match tz {
+                Some(name) => parse_tz(name).ok()?,
+                None => chrono_tz::UTC,
+            };
+            CronSchedule::parse(cron, zone, *dst).ok()
+        }
+        _ => None,
+    }
+}
+
+/// The next fire of `task`'s schedule that has not been handled yet. `from_ms` is where a cron
+/// schedule that has never fired starts looking (creation time, or now after an edit).
+/// May be in the past (a reminder created late, a fire missed while down): the engine judges
+/// such fires with the misfire policy.
+pub fn next_fire(task: &Task, from_ms: u64) -> Option<u64> {
+    match &task.schedule {
+        Schedule::At { at_ms, .. } | Schedule::After { at_ms, .. } => {
+            task.last_fire_ms.is_none().then_some(*at_ms)
+        }
+        Schedule::Cron {
+            start_ms,
+            end_ms,
+            max_runs,
+            ..
+        } => {
+            if max_runs.is_some_and(|m| task.runs >= m) {
+                return None;
+            }
+            let cron = cron_of(&task.schedule)?;
+            let after = match (task.last_fire_ms, start_ms) {
+                (Some(last), _) => last,
+                // `next_after` is strict and `start` inclusive: search from just before it.
+                (None, Some(s)) if *s > from_ms => s - 1,
+                (None, _) => from_ms,
+            };
+            let next = cron.next_after(after)?;
+            if end_ms.is_some_and(|e| next > e) {
+                return None;
+            }
+            Some(next)
+        }
+        Schedule::Reminders {
+            event_ms,
+            before_ms,
+            ..
+        } => before_ms
+            .iter()
+            .filter(|o| !task.done_offsets_ms.contains(o))
+            .map(|o| event_ms.saturating_sub(*o))
+            .min(),
+    }
+}
+
+/// Records that the fire at `fire_ms` was handled (run, skipped or expired).
+pub fn mark_fired(task: &mut Task, fire_ms: u64) {
+    task.fires += 1;
+    task.last_fire_ms = Some(fire_ms);
+    if let Schedule::Reminders {
+        event_ms,
+        before_ms,
+        ..
+    } = &task.schedule
+    {
+        if let Some(o) = before_ms
+            .iter()
+            .find(|o| event_ms.saturating_sub(**o) == fire_ms && !task.done_offsets_ms.contains(o))
+        {
+            task.done_offsets_ms.push(*o);
+        }
+    }
+}
+
+/// For reminders: minutes left until the event for a run scheduled at `scheduled_at_ms`
+/// (what `{{minutes_left}}` becomes).
+pub fn minutes_left(schedule: &Schedule, scheduled_at_ms: u64) -> Option<u64> {
+    match schedule {
+        Schedule::Reminders { event_ms, .. } => {
+            Some((event_ms.saturating_sub(scheduled_at_ms) + 30_000) / 60_000)
+        }
+        _ => None,
+    }
+}
