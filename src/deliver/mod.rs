@@ -8,6 +8,7 @@
 pub mod backoff;
 pub mod classify;
 pub mod file;
+pub mod ratelimit;
 pub mod webhook;
 
 use std::collections::BTreeMap;
