@@ -10,6 +10,7 @@ pub mod breaker;
 pub mod classify;
 pub mod file;
 pub mod ratelimit;
+pub mod sign;
 pub mod webhook;
 
 use std::collections::BTreeMap;
