@@ -6,8 +6,11 @@
 //! decide about retries beyond classifying what happened (the run's cursor does that).
 
 pub mod backoff;
+pub mod breaker;
 pub mod classify;
 pub mod file;
+pub mod ratelimit;
+pub mod sign;
 pub mod webhook;
 
 use std::collections::BTreeMap;
