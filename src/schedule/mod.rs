@@ -1,8 +1,11 @@
 //! When a schedule fires, and how to say it to a person. Pure: no IO, no clock (callers pass
 //! `now`).
 
+pub mod cron;
+mod describe;
 pub mod local;
 
+pub use cron::CronSchedule;
 pub use local::{format_local, format_utc, parse_instant, parse_tz, resolve_local};
 
 use crate::model::{format_duration_ms, Schedule};
