@@ -7,6 +7,7 @@ pub mod local;
 pub mod misfire;
 pub mod plan;
 
+pub use cron::CronSchedule;
 pub use local::{format_local, format_utc, parse_instant, parse_tz, resolve_local};
 pub use plan::{mark_fired, minutes_left, next_fire};
 
