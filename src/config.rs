@@ -2,9 +2,8 @@
 //! flags, in that order of increasing precedence, over embedded defaults (data in
 //! `./herald-data`, listening on `127.0.0.1:7700`, one channel `log`).
 //!
-//! Errors name the key they are about (`channels.wechat.url: ...`). Settings that this version
-//! does not implement yet are rejected by name rather than silently ignored, so an operator
-//! never believes a rate limit is in force when it is not.
+//! Errors name the key they are about (`channels.wechat.url: ...`); unknown keys are errors,
+//! so a typo never silently drops a setting.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -12,12 +11,16 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::deliver::breaker::{parse_breaker, BreakerConfig};
+use crate::deliver::ratelimit::{parse_rate, Rate};
+use crate::deliver::sign::Signer;
 use crate::model::request::{validate_retry, RetryRequest};
 use crate::model::{parse_duration_ms, Limits, RetryPolicy};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
 pub const DEFAULT_DATA_DIR: &str = "herald-data";
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 5_000;
 pub const DEFAULT_CONCURRENCY: u32 = 4;
 pub const BODY_BYTES_MAX: usize = 1 << 20;
 
@@ -49,7 +52,13 @@ struct FileConfig {
     token: Option<String>,
     #[serde(default)]
     channels: BTreeMap<String, ChannelFile>,
-    alerts: Option<toml::Table>,
+    alerts: Option<AlertsFile>,
+}
+
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct AlertsFile {
+    channel: String,
 }
 
 #[derive(Deserialize, Debug)]
@@ -59,9 +68,9 @@ struct ChannelFile {
     url: Option<String>,
     path: Option<PathBuf>,
     timeout: Option<String>,
+    connect_timeout: Option<String>,
     concurrency: Option<u32>,
     retry: Option<RetryRequest>,
-    // In API.md; implemented by a later version. Parsed so they can be refused by name.
     secret: Option<String>,
     secrets: Option<Vec<String>>,
     rate: Option<String>,
@@ -72,8 +81,17 @@ struct ChannelFile {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ChannelKind {
     Log,
-    File { path: PathBuf },
-    Webhook { url: hyper::Uri, timeout_ms: u64 },
+    File {
+        path: PathBuf,
+    },
+    Webhook {
+        url: hyper::Uri,
+        /// Whole attempt: connect, send, read the answer.
+        timeout_ms: u64,
+        connect_timeout_ms: u64,
+        /// Standard Webhooks signing secrets, newest first (empty: unsigned).
+        secrets: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -82,6 +100,8 @@ pub struct ChannelConfig {
     pub kind: ChannelKind,
     pub retry: RetryPolicy,
     pub concurrency: u32,
+    pub rate: Option<Rate>,
+    pub breaker: Option<BreakerConfig>,
 }
 
 #[derive(Debug, Clone)]
@@ -92,6 +112,8 @@ pub struct Config {
     pub channels: Vec<ChannelConfig>,
     pub limits: Limits,
     pub body_bytes_max: usize,
+    /// Channel that alert events are also delivered to.
+    pub alerts_channel: Option<String>,
 }
 
 /// Overrides from the command line and environment.
@@ -160,12 +182,6 @@ impl Config {
             .data_dir
             .or(file.data_dir)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
-        if file.alerts.is_some() {
-            return Err(invalid(
-                "alerts",
-                "alert channels are not supported by this version yet",
-            ));
-        }
         let mut channels = Vec::new();
         for (name, c) in file.channels {
             channels.push(channel(&name, c, &limits)?);
@@ -176,8 +192,25 @@ impl Config {
                 kind: ChannelKind::Log,
                 retry: RetryPolicy::default(),
                 concurrency: 64,
+                rate: None,
+                breaker: None,
             });
         }
+        let alerts_channel = match file.alerts {
+            Some(a) => {
+                if !channels.iter().any(|c| c.name == a.channel) {
+                    return Err(invalid(
+                        "alerts.channel",
+                        format!(
+                            "unknown channel {:?}; configure it under [channels.{}]",
+                            a.channel, a.channel
+                        ),
+                    ));
+                }
+                Some(a.channel)
+            }
+            None => None,
+        };
         Ok(Config {
             listen,
             data_dir,
@@ -185,6 +218,7 @@ impl Config {
             channels,
             limits,
             body_bytes_max: BODY_BYTES_MAX,
+            alerts_channel,
         })
     }
 }
@@ -197,26 +231,50 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
             "channel names use A-Z a-z 0-9 . _ : -",
         ));
     }
-    for (k, present) in [
-        ("secret", c.secret.is_some()),
-        ("secrets", c.secrets.is_some()),
-        ("rate", c.rate.is_some()),
-        ("breaker", c.breaker.is_some()),
-    ] {
-        if present {
-            return Err(invalid(key(k), "not supported by this version yet"));
-        }
-    }
-    let timeout_ms = match &c.timeout {
-        Some(t) => {
-            let ms = parse_duration_ms(t).map_err(|e| invalid(key("timeout"), e))?;
-            if ms == 0 {
-                return Err(invalid(key("timeout"), "must be more than 0"));
+    let positive = |k: &str, v: &Option<String>, default: u64| -> Result<u64, ConfigError> {
+        match v {
+            Some(t) => {
+                let ms = parse_duration_ms(t).map_err(|e| invalid(key(k), e))?;
+                if ms == 0 {
+                    return Err(invalid(key(k), "must be more than 0"));
+                }
+                Ok(ms)
             }
-            ms
+            None => Ok(default),
         }
-        None => DEFAULT_TIMEOUT_MS,
     };
+    let timeout_ms = positive("timeout", &c.timeout, DEFAULT_TIMEOUT_MS)?;
+    let connect_timeout_ms = positive(
+        "connect_timeout",
+        &c.connect_timeout,
+        timeout_ms.min(DEFAULT_CONNECT_TIMEOUT_MS),
+    )?;
+    let rate = c
+        .rate
+        .as_deref()
+        .map(parse_rate)
+        .transpose()
+        .map_err(|e| invalid(key("rate"), e))?;
+    let breaker = c
+        .breaker
+        .as_ref()
+        .map(parse_breaker)
+        .transpose()
+        .map_err(|e| invalid(key("breaker"), e))?;
+    let secrets = match (c.secret, c.secrets) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(key("secrets"), "give secret or secrets, not both"))
+        }
+        (Some(one), None) => vec![one],
+        (None, Some(list)) => list,
+        (None, None) => vec![],
+    };
+    if !secrets.is_empty() {
+        if c.kind != "webhook" {
+            return Err(invalid(key("secret"), "only for kind = \"webhook\""));
+        }
+        Signer::new(&secrets).map_err(|e| invalid(key("secrets"), e))?;
+    }
     let concurrency = c.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
     if concurrency == 0 || concurrency > 10_000 {
         return Err(invalid(key("concurrency"), "must be between 1 and 10000"));
@@ -253,6 +311,8 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
             ChannelKind::Webhook {
                 url: uri,
                 timeout_ms,
+                connect_timeout_ms,
+                secrets,
             }
         }
         other => {
@@ -267,6 +327,8 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
         kind,
         retry,
         concurrency,
+        rate,
+        breaker,
     })
 }
 
@@ -295,7 +357,12 @@ kind = "webhook"
 url = "http://127.0.0.1:9000/send"
 timeout = "10s"
 concurrency = 4
+rate = "1/3s"
+secrets = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "old-secret"]
 retry = { max_attempts = 4, backoff = "exponential", initial = "30s", max = "30m" }
+breaker = { window = "60s", min_requests = 20, failure_ratio = 0.5, cool_down = "30s" }
+[alerts]
+channel = "audit"
 [channels.audit]
 kind = "file"
 path = "d/sent.jsonl"
@@ -311,9 +378,13 @@ path = "d/sent.jsonl"
             w.kind,
             ChannelKind::Webhook {
                 timeout_ms: 10_000,
+                connect_timeout_ms: 5_000,
                 ..
             }
         ));
+        assert_eq!(w.rate.map(|r| (r.count, r.period_ms)), Some((1, 3_000)));
+        assert_eq!(w.breaker.map(|b| b.min_requests), Some(20));
+        assert_eq!(c.alerts_channel.as_deref(), Some("audit"));
         assert!(c.channels.iter().any(|c| c.name == "log"));
     }
 
@@ -346,9 +417,18 @@ path = "d/sent.jsonl"
         assert!(err("[channels.w]\nkind = \"pigeon\"").starts_with("channels.w.kind:"));
         assert!(err("[channels.w]\nkind = \"log\"\ntimeout = \"3 s\"")
             .starts_with("channels.w.timeout:"));
+        assert!(err("[channels.w]\nkind = \"log\"\nrate = \"3s\"").starts_with("channels.w.rate:"));
         assert!(
-            err("[channels.w]\nkind = \"log\"\nrate = \"1/3s\"").starts_with("channels.w.rate:")
+            err("[channels.w]\nkind = \"log\"\nbreaker = { failure_ratio = 2.0 }")
+                .starts_with("channels.w.breaker:")
         );
+        assert!(err("[channels.w]\nkind = \"log\"\nsecret = \"whsec_x\"")
+            .starts_with("channels.w.secret:"));
+        assert!(err(
+            "[channels.w]\nkind = \"webhook\"\nurl = \"http://h/\"\nsecret = \"whsec_!!\""
+        )
+        .starts_with("channels.w.secrets:"));
+        assert!(err("[alerts]\nchannel = \"ops\"").starts_with("alerts.channel:"));
         assert!(
             err("[channels.w]\nkind = \"log\"\nretry = { max_attempts = 0 }")
                 .starts_with("channels.w.retry.max_attempts:")

@@ -4,12 +4,16 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use crate::api::{self, ApiState};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ChannelKind, Config};
+use crate::deliver::breaker::Breaker;
+use crate::deliver::ratelimit::Limiter;
+use crate::deliver::sign::Signer;
 use crate::deliver::{file::FileSink, webhook::WebhookSink, Channel, Channels, Sink};
 use crate::engine::{Engine, EngineConfig, EngineError};
 use crate::store::{Store, StoreError};
@@ -68,25 +72,39 @@ impl Drop for Server {
 pub fn build_channels(config: &Config) -> Result<Channels, StartError> {
     let mut list = Vec::new();
     for c in &config.channels {
+        let err = |message: String| StartError::Channel {
+            name: c.name.clone(),
+            message,
+        };
         let sink = match &c.kind {
             ChannelKind::Log => Sink::Log,
-            ChannelKind::File { path } => {
-                Sink::File(FileSink::open(path).map_err(|e| StartError::Channel {
-                    name: c.name.clone(),
-                    message: format!("cannot open {}: {e}", path.display()),
-                })?)
-            }
-            ChannelKind::Webhook { url, timeout_ms } => {
-                Sink::Webhook(WebhookSink::new(url.clone(), *timeout_ms))
+            ChannelKind::File { path } => Sink::File(
+                FileSink::open(path)
+                    .map_err(|e| err(format!("cannot open {}: {e}", path.display())))?,
+            ),
+            ChannelKind::Webhook {
+                url,
+                timeout_ms,
+                connect_timeout_ms,
+                secrets,
+            } => {
+                let signer = if secrets.is_empty() {
+                    None
+                } else {
+                    Some(Signer::new(secrets).map_err(err)?)
+                };
+                Sink::Webhook(WebhookSink::new(
+                    url.clone(),
+                    *timeout_ms,
+                    *connect_timeout_ms,
+                    signer,
+                ))
             }
         };
-        list.push(Channel {
-            name: c.name.clone(),
-            sink,
-            retry: c.retry,
-            concurrency: Arc::new(Semaphore::new(c.concurrency as usize)),
-            concurrency_max: c.concurrency as usize,
-        });
+        let mut ch = Channel::plain(&c.name, sink, c.retry, c.concurrency as usize);
+        ch.limiter = c.rate.map(|r| Mutex::new(Limiter::new(r)));
+        ch.breaker = c.breaker.map(|b| Mutex::new(Breaker::new(b)));
+        list.push(ch);
     }
     Ok(Channels::new(list))
 }
@@ -124,6 +142,7 @@ pub async fn start_with(
         source,
     })?;
     engine_config.limits = config.limits.clone();
+    engine_config.alerts_channel = config.alerts_channel.clone();
     let engine = Engine::new(store, channels, clock, engine_config)?;
     let (tx, rx) = watch::channel(false);
     let state = Arc::new(ApiState {

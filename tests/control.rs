@@ -13,7 +13,7 @@ use serde_json::json;
 #[tokio::test]
 async fn cron_with_seconds_fires_every_second_until_max_runs() {
     let rx = Receiver::start().await;
-    let h = TestHerald::start(&webhook_channel("hook", &rx.url(), "")).await;
+    let h = TestHerald::start_on_tmpfs(&webhook_channel("hook", &rx.url(), "")).await;
     let r = http::post_json(
         &h.url("/v1/tasks"),
         &json!({"id": "tick", "channel": "hook",

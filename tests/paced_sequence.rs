@@ -15,7 +15,7 @@ use serde_json::json;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_messages_paced_at_100ms_arrive_once_in_order_on_time() {
     let rx = Receiver::start().await;
-    let h = TestHerald::start(&webhook_channel("hook", &rx.url(), "")).await;
+    let h = TestHerald::start_on_tmpfs(&webhook_channel("hook", &rx.url(), "")).await;
     let due = in_ms(700);
     let messages: Vec<_> = (0..50)
         .map(|i| json!({"to": format!("user-{i}"), "body": format!("message {i}")}))

@@ -172,6 +172,43 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
             Method::GET => list_failures(state, &req),
             _ => Err(method_not_allowed("GET")),
         },
+        ["failures", id] => {
+            let id = path_id(id)?;
+            match m {
+                Method::DELETE => {
+                    let f = state.engine.dismiss_failure(&id).await?;
+                    Ok(json_response(StatusCode::OK, &views::failure(&f)))
+                }
+                _ => Err(method_not_allowed("DELETE")),
+            }
+        }
+        ["failures", id, "retry"] => {
+            let id = path_id(id)?;
+            match m {
+                Method::POST => {
+                    let f = state.engine.retry_failure(&id).await?;
+                    Ok(json_response(StatusCode::ACCEPTED, &views::failure(&f)))
+                }
+                _ => Err(method_not_allowed("POST")),
+            }
+        }
+        ["channels"] => match m {
+            Method::GET => {
+                let now = state.engine.now_ms();
+                let list: Vec<Value> = state
+                    .engine
+                    .channels()
+                    .iter()
+                    .map(|c| views::channel(c, now))
+                    .collect();
+                let (raised, failed) = state.engine.alert_counts();
+                Ok(json_response(
+                    StatusCode::OK,
+                    &json!({"channels": list, "alerts": {"raised": raised, "delivery_failed": failed}}),
+                ))
+            }
+            _ => Err(method_not_allowed("GET")),
+        },
         _ => Err(Problem::not_found(format!("no route for {path}"))),
     }
 }

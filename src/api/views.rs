@@ -1,10 +1,15 @@
 //! JSON views of tasks, runs and failures, as API.md shows them. Instants are RFC 3339 UTC.
 
+use std::sync::atomic::Ordering;
+
 use serde_json::{json, Value};
+
+use crate::deliver::breaker::BreakerState;
+use crate::deliver::Channel;
 
 use crate::engine::TaskView;
 use crate::model::{
-    format_duration_ms, Backoff, DstGap, DstPolicy, DstRepeat, Failure, Misfire, Overlap,
+    format_duration_ms, Backoff, DstGap, DstPolicy, DstRepeat, Failure, Misfire, Overlap, Pacing,
     RetryPolicy, Run, RunState, Schedule, TaskState,
 };
 use crate::schedule::{describe, format_utc};
@@ -71,6 +76,15 @@ pub fn schedule(s: &Schedule) -> Value {
     }
 }
 
+pub fn pacing(p: &Pacing) -> Value {
+    let mut v = json!({ "interval": format_duration_ms(p.interval_ms) });
+    if let Some(b) = p.batch_size {
+        v["batch_size"] = json!(b);
+        v["batch_pause"] = json!(format_duration_ms(p.batch_pause_ms));
+    }
+    v
+}
+
 pub fn retry(r: &RetryPolicy) -> Value {
     json!({
         "max_attempts": r.max_attempts,
@@ -81,12 +95,16 @@ pub fn retry(r: &RetryPolicy) -> Value {
 }
 
 /// Progress of a run; `eta` is when its last message is due to start, from pacing.
-pub fn progress(r: &Run, interval_ms: u64, now_ms: u64) -> Value {
+pub fn progress(r: &Run, pacing: &Pacing, now_ms: u64) -> Value {
     let eta = match r.state {
         RunState::Running => {
-            let left = u64::from(r.total.saturating_sub(r.cursor));
+            // The next message at `next_at`, then one gap (interval or batch pause) before
+            // each of the rest. Rate limits and retries can only make it later.
             let next = r.next_at_ms.unwrap_or(now_ms).max(now_ms);
-            Some(next.saturating_add(left.saturating_sub(1).saturating_mul(interval_ms)))
+            let gaps: u64 = (r.cursor + 1..r.total)
+                .map(|i| pacing.gap_before(i))
+                .fold(0u64, |a, g| a.saturating_add(g));
+            Some(next.saturating_add(gaps))
         }
         _ => r.finished_at_ms,
     };
@@ -114,10 +132,10 @@ pub fn task(v: &TaskView, channel_retry: RetryPolicy, now_ms: u64) -> Value {
         "runs": t.runs,
         "fires": { "handled": t.fires, "skipped": t.skipped, "expired": t.expired, "queued": t.queued.len() },
         "messages": t.messages.len(),
-        "progress": v.run.as_ref().map(|r| progress(r, t.pacing.interval_ms, now_ms)),
+        "progress": v.run.as_ref().map(|r| progress(r, &t.pacing, now_ms)),
         "created_at": format_utc(t.created_at_ms),
         "updated_at": format_utc(t.updated_at_ms),
-        "pacing": { "interval": format_duration_ms(t.pacing.interval_ms) },
+        "pacing": pacing(&t.pacing),
         "retry": retry(&t.retry.unwrap_or(channel_retry)),
         "misfire": match t.misfire { Misfire::FireNow => "fire_now", Misfire::Skip => "skip", Misfire::FireAll => "fire_all" },
         "misfire_grace": format_duration_ms(t.misfire_grace_ms),
@@ -161,6 +179,47 @@ pub fn failure(f: &Failure) -> Value {
         "attempts": f.attempts,
         "last_error": f.last_error,
         "failed_at": format_utc(f.failed_at_ms),
+        "retrying": f.retrying,
+    })
+}
+
+/// A channel with its limiter, concurrency and breaker state.
+pub fn channel(c: &Channel, now_ms: u64) -> Value {
+    let rate = c.limiter.as_ref().map(|l| {
+        let l = l.lock();
+        let r = l.rate();
+        let next = l.next_free_ms(now_ms);
+        json!({
+            "limit": format!("{}/{}", r.count, format_duration_ms(r.period_ms)),
+            "next_free_at": format_utc(next.max(now_ms)),
+        })
+    });
+    let breaker = c.breaker.as_ref().map(|b| {
+        let b = b.lock();
+        let (state, until) = match b.state() {
+            BreakerState::Closed => ("closed", None),
+            BreakerState::Open { until_ms } => ("open", Some(until_ms)),
+            BreakerState::HalfOpen => ("half_open", None),
+        };
+        json!({
+            "state": state,
+            "open_until": instant(until),
+            "success_ratio": b.success_ratio(now_ms),
+        })
+    });
+    let s = &c.stats;
+    json!({
+        "name": c.name,
+        "kind": c.kind(),
+        "concurrency": c.concurrency_max,
+        "in_flight": c.in_flight(),
+        "rate": rate,
+        "breaker": breaker,
+        "retry": retry(&c.retry),
+        "sent": s.sent.load(Ordering::Relaxed),
+        "retryable_failures": s.retryable_failures.load(Ordering::Relaxed),
+        "permanent_failures": s.permanent_failures.load(Ordering::Relaxed),
+        "held": s.held.load(Ordering::Relaxed),
     })
 }
 

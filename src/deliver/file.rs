@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::Delivery;
 use crate::model::Outcome;
 
 pub struct FileSink {
@@ -34,9 +33,9 @@ impl FileSink {
         &self.path
     }
 
-    /// Appends the delivery as one line. The line is written with a single `write_all` under a
+    /// Appends the delivery (or alert) as one line. The line is written with a single `write_all` under a
     /// lock so concurrent deliveries never interleave; a write error is worth a retry.
-    pub async fn write(&self, d: &Delivery) -> Outcome {
+    pub async fn write<T: serde::Serialize>(&self, d: &T) -> Outcome {
         let mut line = match serde_json::to_vec(d) {
             Ok(l) => l,
             Err(e) => {

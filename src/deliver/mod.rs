@@ -1,6 +1,7 @@
 //! Channels: where messages go. A channel is operator-configured (never a raw URL in a task)
 //! and has a sink — `log`, `file` (JSON lines) or `webhook` — plus its own timeout, default
-//! retry policy and concurrency cap.
+//! retry policy, concurrency cap, rate limit (`ratelimit`), circuit breaker (`breaker`) and
+//! webhook signing (`sign`).
 //!
 //! Sinks turn one [`Delivery`] into an [`Outcome`]; they never touch the store and never
 //! decide about retries beyond classifying what happened (the run's cursor does that).
@@ -14,12 +15,16 @@ pub mod sign;
 pub mod webhook;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
 use crate::model::{Outcome, RetryPolicy};
+use breaker::{Admit, Breaker, BreakerState, Transition};
+use ratelimit::Limiter;
 
 /// One attempt to hand one message to a channel.
 #[derive(Debug, Clone, Serialize)]
@@ -37,12 +42,50 @@ pub struct Delivery {
     pub sent_at: String,
 }
 
+/// An alert event: a message entered the failure list, a breaker opened or closed.
+#[derive(Debug, Clone, Serialize)]
+pub struct Alert {
+    /// Always `"herald.alert"`, so a receiver can tell alerts from deliveries.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// `failure`, `breaker_opened`, `breaker_closed`, `failure_retry_failed`.
+    pub event: &'static str,
+    pub channel: String,
+    pub task_id: Option<String>,
+    pub failure_id: Option<String>,
+    pub to: Option<String>,
+    pub attempts: Option<u32>,
+    pub error: Option<String>,
+    pub at: String,
+    /// Unique per alert; used as its idempotency key.
+    pub id: String,
+}
+
 /// Where a channel sends.
 pub enum Sink {
     /// Writes each delivery to the log (tracing, target `herald::delivery`). Always succeeds.
     Log,
     File(file::FileSink),
     Webhook(webhook::WebhookSink),
+}
+
+/// Counters for the channel view.
+#[derive(Default, Debug)]
+pub struct ChannelStats {
+    pub sent: AtomicU64,
+    pub retryable_failures: AtomicU64,
+    pub permanent_failures: AtomicU64,
+    /// Times a send was held (rate limit or open breaker) and put back on the wheel.
+    pub held: AtomicU64,
+}
+
+/// The answer to "may a send start on this channel now?".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Go; `probe` = this send is the breaker's half-open probe.
+    Go { probe: bool },
+    /// Not before this instant (rate limit or open breaker); nothing is failed or burned.
+    Hold { until_ms: u64, breaker: bool },
 }
 
 pub struct Channel {
@@ -53,15 +96,87 @@ pub struct Channel {
     /// Caps sends in flight at once on this channel.
     pub concurrency: Arc<Semaphore>,
     pub concurrency_max: usize,
+    pub limiter: Option<Mutex<Limiter>>,
+    pub breaker: Option<Mutex<Breaker>>,
+    pub stats: ChannelStats,
 }
 
 impl Channel {
+    /// A channel with no limiter, breaker or signing (tests and the default `log`).
+    pub fn plain(name: &str, sink: Sink, retry: RetryPolicy, concurrency: usize) -> Channel {
+        Channel {
+            name: name.to_string(),
+            sink,
+            retry,
+            concurrency: Arc::new(Semaphore::new(concurrency)),
+            concurrency_max: concurrency,
+            limiter: None,
+            breaker: None,
+            stats: ChannelStats::default(),
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self.sink {
             Sink::Log => "log",
             Sink::File(_) => "file",
             Sink::Webhook(_) => "webhook",
         }
+    }
+
+    /// Sends in flight right now.
+    pub fn in_flight(&self) -> usize {
+        self.concurrency_max
+            .saturating_sub(self.concurrency.available_permits())
+    }
+
+    /// May a send start at `now_ms`? Asks the rate limiter first (a slot taken for a send the
+    /// breaker then holds costs nothing while the channel is down), then the breaker. Every
+    /// `Go` must be followed by exactly one [`Channel::record`].
+    pub fn admit(&self, now_ms: u64) -> Admission {
+        if let Some(l) = &self.limiter {
+            if let Err(at) = l.lock().try_acquire(now_ms) {
+                self.stats.held.fetch_add(1, Ordering::Relaxed);
+                return Admission::Hold {
+                    until_ms: at,
+                    breaker: false,
+                };
+            }
+        }
+        let probe = match &self.breaker {
+            Some(b) => match b.lock().admit(now_ms) {
+                Admit::Yes => false,
+                Admit::Probe => true,
+                Admit::HoldUntil(at) => {
+                    self.stats.held.fetch_add(1, Ordering::Relaxed);
+                    return Admission::Hold {
+                        until_ms: at,
+                        breaker: true,
+                    };
+                }
+            },
+            None => false,
+        };
+        Admission::Go { probe }
+    }
+
+    /// Records the outcome of an admitted send; returns a breaker transition worth an alert.
+    /// A permanent rejection counts as success for the breaker: the channel answered.
+    pub fn record(&self, now_ms: u64, outcome: &Outcome, probe: bool) -> Option<Transition> {
+        let success = !matches!(outcome, Outcome::Retry { .. });
+        match outcome {
+            Outcome::Sent => &self.stats.sent,
+            Outcome::Retry { .. } => &self.stats.retryable_failures,
+            Outcome::Permanent { .. } => &self.stats.permanent_failures,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+        self.breaker
+            .as_ref()
+            .and_then(|b| b.lock().record(now_ms, success, probe))
+    }
+
+    pub fn breaker_state(&self) -> Option<BreakerState> {
+        self.breaker.as_ref().map(|b| b.lock().state())
     }
 
     /// Delivers once; waits for a concurrency permit first.
@@ -82,7 +197,21 @@ impl Channel {
                 Outcome::Sent
             }
             Sink::File(f) => f.write(d).await,
-            Sink::Webhook(w) => w.post(d, now_ms).await,
+            Sink::Webhook(w) => w.post(d, &d.idempotency_key, now_ms).await,
+        }
+    }
+
+    /// Delivers an alert once (no breaker, no limiter: alerts must get out, and must never
+    /// feed the breaker that might raise another alert).
+    pub async fn send_alert(&self, a: &Alert, now_ms: impl Fn() -> u64) -> Outcome {
+        match &self.sink {
+            Sink::Log => {
+                tracing::warn!(target: "herald::alert", channel = %self.name, event = a.event,
+                    about = %a.channel, task = ?a.task_id, error = ?a.error, "alert");
+                Outcome::Sent
+            }
+            Sink::File(f) => f.write(a).await,
+            Sink::Webhook(w) => w.post(a, &a.id, now_ms).await,
         }
     }
 }
@@ -100,13 +229,7 @@ impl Channels {
             map.insert(c.name.clone(), Arc::new(c));
         }
         map.entry("log".to_string()).or_insert_with(|| {
-            Arc::new(Channel {
-                name: "log".into(),
-                sink: Sink::Log,
-                retry: RetryPolicy::default(),
-                concurrency: Arc::new(Semaphore::new(64)),
-                concurrency_max: 64,
-            })
+            Arc::new(Channel::plain("log", Sink::Log, RetryPolicy::default(), 64))
         });
         Channels { map: Arc::new(map) }
     }

@@ -76,9 +76,7 @@ impl Limiter {
     pub fn new(rate: Rate) -> Limiter {
         Limiter {
             rate,
-            log: std::collections::VecDeque::with_capacity(
-                rate.count.min(RATE_COUNT_MAX) as usize
-            ),
+            log: std::collections::VecDeque::with_capacity(rate.count.min(RATE_COUNT_MAX) as usize),
             last: 0,
         }
     }

@@ -12,7 +12,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use super::classify::classify;
-use super::Delivery;
+use super::sign::{Signer, HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP};
 use crate::model::Outcome;
 
 /// How much of a response body we read (for the failure list); the rest is dropped.
@@ -22,14 +22,21 @@ pub struct WebhookSink {
     url: Uri,
     timeout: Duration,
     client: Client<HttpConnector, Full<Bytes>>,
+    signer: Option<Signer>,
 }
 
 impl WebhookSink {
     /// `url` must be `http://` (checked by config). `timeout_ms` bounds the whole attempt:
-    /// connect, send and reading the answer.
-    pub fn new(url: Uri, timeout_ms: u64) -> WebhookSink {
+    /// connect, send and reading the answer; `connect_timeout_ms` the TCP connect alone.
+    /// With a signer every request carries the Standard Webhooks headers.
+    pub fn new(
+        url: Uri,
+        timeout_ms: u64,
+        connect_timeout_ms: u64,
+        signer: Option<Signer>,
+    ) -> WebhookSink {
         let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(Duration::from_millis(timeout_ms)));
+        connector.set_connect_timeout(Some(Duration::from_millis(connect_timeout_ms)));
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
@@ -38,6 +45,7 @@ impl WebhookSink {
             url,
             timeout: Duration::from_millis(timeout_ms),
             client,
+            signer,
         }
     }
 
@@ -45,8 +53,15 @@ impl WebhookSink {
         &self.url
     }
 
-    pub async fn post(&self, d: &Delivery, now_ms: impl Fn() -> u64) -> Outcome {
-        let body = match serde_json::to_vec(d) {
+    /// POSTs `payload` as JSON. `key` is the idempotency key, also the Standard Webhooks
+    /// message id, so it is the same on every attempt of one message.
+    pub async fn post<T: serde::Serialize>(
+        &self,
+        payload: &T,
+        key: &str,
+        now_ms: impl Fn() -> u64,
+    ) -> Outcome {
+        let body = match serde_json::to_vec(payload) {
             Ok(b) => b,
             Err(e) => {
                 return Outcome::Permanent {
@@ -54,11 +69,18 @@ impl WebhookSink {
                 }
             }
         };
-        let req = Request::post(self.url.clone())
+        let mut req = Request::post(self.url.clone())
             .header("content-type", "application/json")
             .header("user-agent", concat!("herald/", env!("CARGO_PKG_VERSION")))
-            .header("idempotency-key", d.idempotency_key.as_str())
-            .body(Full::new(Bytes::from(body)));
+            .header("idempotency-key", key);
+        if let Some(signer) = &self.signer {
+            let ts = now_ms() / 1_000;
+            req = req
+                .header(HEADER_ID, key)
+                .header(HEADER_TIMESTAMP, ts.to_string())
+                .header(HEADER_SIGNATURE, signer.signature_header(key, ts, &body));
+        }
+        let req = req.body(Full::new(Bytes::from(body)));
         let req = match req {
             Ok(r) => r,
             Err(e) => {

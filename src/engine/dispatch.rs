@@ -22,9 +22,9 @@ use std::sync::{Arc, Weak};
 
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::timer::RunKey;
-use super::{derive_state, EngineError, Inner, LiveTask};
-use crate::deliver::{backoff, Delivery};
+use super::timer::{RunKey, FAILURE_RETRY_RUN};
+use super::{alerts, derive_state, retry, EngineError, Inner, LiveTask};
+use crate::deliver::{backoff, Admission, Delivery};
 use crate::model::{delivery_key, Failure, Outcome, Overlap, Run, RunState, Task, TaskState};
 use crate::schedule::misfire::{judge, Decision, MISSED_LIST_MAX, MISS_TOLERANCE_MS};
 use crate::schedule::{format_utc, mark_fired, minutes_left, next_fire};
@@ -35,7 +35,7 @@ use crate::store::Batch;
 pub const ARM_LEAD_MS: u64 = 100;
 
 /// How long to wait before trying a step again after a storage error.
-const STORAGE_RETRY_MS: u64 = 1_000;
+pub(crate) const STORAGE_RETRY_MS: u64 = 1_000;
 
 /// Expired fires recorded one by one per fire step; more are only counted (a year-long outage
 /// of a per-minute cron must not write half a million records).
@@ -49,6 +49,14 @@ pub(crate) async fn dispatcher(inner: Weak<Inner>, mut due: UnboundedReceiver<Ru
         let guard = inner.timer.step_guard();
         tokio::spawn(async move {
             let _guard = guard;
+            if key.run == FAILURE_RETRY_RUN {
+                if let Err(e) = retry::failure_retry(&inner, &key).await {
+                    tracing::error!(failure = %key.task, error = %e,
+                        "failure retry step failed; trying again in {STORAGE_RETRY_MS} ms");
+                    inner.timer.at(key, inner.clock.now_ms() + STORAGE_RETRY_MS);
+                }
+                return;
+            }
             let Some(cell) = inner.live.lock().get(&*key.task).cloned() else {
                 return; // finished or cancelled: nothing to do
             };
@@ -300,8 +308,19 @@ async fn run_step(
         .retry
         .or(channel.as_ref().map(|c| c.retry))
         .unwrap_or_default();
-    let interval_ms = t.pacing.interval_ms;
+    let pacing = t.pacing;
     let channel_name = t.channel.clone();
+    // Rate limit and breaker: a send that may not go now waits on the wheel, still armed;
+    // nothing is failed and no attempt is burned.
+    let probe = match channel.as_ref().map(|c| c.admit(now)) {
+        Some(Admission::Hold { until_ms, breaker }) => {
+            tracing::debug!(task = %t.id, run = key.run, seq, until_ms, breaker, "send held");
+            inner.timer.at(key.clone(), until_ms);
+            return Ok(());
+        }
+        Some(Admission::Go { probe }) => probe,
+        None => false,
+    };
     st.runs.insert(key.run, run);
     st.sending.insert(key.run);
     drop(st);
@@ -309,7 +328,13 @@ async fn run_step(
     tracing::debug!(task = %delivery.task_id, run = delivery.run, seq, attempt = delivery.attempt,
         late_ms = sent_at.saturating_sub(due), "attempt");
     let outcome = match &channel {
-        Some(c) => c.send(&delivery, || inner.clock.now_ms()).await,
+        Some(c) => {
+            let o = c.send(&delivery, || inner.clock.now_ms()).await;
+            if let Some(tr) = c.record(inner.clock.now_ms(), &o, probe) {
+                alerts::breaker(inner, &c.name, tr);
+            }
+            o
+        }
         None => Outcome::Permanent {
             error: format!("channel {channel_name:?} is no longer configured"),
         },
@@ -328,27 +353,24 @@ async fn run_step(
         inner.config.jitter_seed,
         &delivery.idempotency_key,
     );
-    let settled = run.settle(
-        outcome.clone(),
-        policy.max_attempts,
-        delay,
-        interval_ms,
-        now,
-    );
+    let settled = run.settle(outcome.clone(), policy.max_attempts, delay, &pacing, now);
     log_outcome(&delivery, &outcome, &settled);
     let mut batch = Batch::new();
-    if let Some(g) = &settled.gave_up {
-        batch.failure(Failure {
-            id: delivery.idempotency_key.clone(),
-            task_id: delivery.task_id.clone(),
-            run: key.run,
-            seq: g.seq,
-            to: delivery.to.clone(),
-            channel: channel_name,
-            attempts: g.attempts,
-            last_error: g.error.clone(),
-            failed_at_ms: now,
-        });
+    let failure = settled.gave_up.as_ref().map(|g| Failure {
+        id: delivery.idempotency_key.clone(),
+        task_id: delivery.task_id.clone(),
+        run: key.run,
+        seq: g.seq,
+        to: delivery.to.clone(),
+        channel: channel_name.clone(),
+        attempts: g.attempts,
+        last_error: g.error.clone(),
+        failed_at_ms: now,
+        retrying: false,
+        retries: 0,
+    });
+    if let Some(f) = &failure {
+        batch.failure(f.clone());
     }
     let mut task = st.task.clone();
     let finished = run.is_done() || run.state != RunState::Running;
@@ -423,6 +445,10 @@ async fn run_step(
     }
     plan_fire(inner, &st.task);
     retire_if_finished(inner, cell, &st.task);
+    drop(st);
+    if let (Some(f), Ok(())) = (&failure, &written) {
+        alerts::failure(inner, f, "failure");
+    }
     written
 }
 

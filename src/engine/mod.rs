@@ -8,12 +8,14 @@
 //! lock (its in-flight mark is durable first) and finished outside it, so a slow receiver never
 //! blocks cancel.
 
+mod alerts;
 mod dispatch;
 mod recovery;
+mod retry;
 pub mod timer;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -54,6 +56,8 @@ pub struct EngineConfig {
     pub limits: Limits,
     /// Seed for retry jitter; fixed in tests for determinism.
     pub jitter_seed: u64,
+    /// Channel that alert events are also delivered to.
+    pub alerts_channel: Option<String>,
 }
 
 impl Default for EngineConfig {
@@ -61,6 +65,7 @@ impl Default for EngineConfig {
         EngineConfig {
             limits: Limits::default(),
             jitter_seed: 0x5eed,
+            alerts_channel: None,
         }
     }
 }
@@ -114,6 +119,10 @@ pub(crate) struct Inner {
     pub timer: Timer,
     pub live: Mutex<HashMap<String, Arc<LiveTask>>>,
     pub ready: AtomicBool,
+    pub alerts_raised: AtomicU64,
+    pub alerts_failed: AtomicU64,
+    /// Serialises changes to failure records (retry steps against dismissals).
+    pub failures_lock: tokio::sync::Mutex<()>,
 }
 
 /// A task as seen by a client: the record plus its current (or last) run.
@@ -179,6 +188,9 @@ impl Engine {
             timer,
             live: Mutex::new(HashMap::new()),
             ready: AtomicBool::new(false),
+            alerts_raised: AtomicU64::new(0),
+            alerts_failed: AtomicU64::new(0),
+            failures_lock: tokio::sync::Mutex::new(()),
         });
         // The dispatcher holds a weak reference so dropping the last Engine shuts it down.
         tokio::spawn(dispatch::dispatcher(Arc::downgrade(&inner), due_rx));
@@ -614,6 +626,57 @@ impl Engine {
             v.run = self.inner.store.last_run(&st.task.id).ok().flatten();
         }
         v
+    }
+
+    /// Retries a message from the failure list (202): new attempts, same idempotency key.
+    pub async fn retry_failure(&self, id: &str) -> Result<Failure, EngineError> {
+        let inner = &self.inner;
+        let _g = inner.failures_lock.lock().await;
+        let mut f = inner
+            .store
+            .get_failure(id)?
+            .ok_or_else(|| EngineError::NotFound(format!("failure {id:?}")))?;
+        if !f.retrying {
+            f.retrying = true;
+            f.retries = 0;
+            let mut b = Batch::new();
+            b.failure(f.clone());
+            inner.store.apply(&b)?;
+            inner.store.durable().await?;
+        }
+        inner.timer.at(
+            RunKey::new(id, timer::FAILURE_RETRY_RUN),
+            inner.clock.now_ms(),
+        );
+        tracing::info!(failure = %id, "failure retry requested");
+        Ok(f)
+    }
+
+    /// Removes a message from the failure list (and stops a retry of it).
+    pub async fn dismiss_failure(&self, id: &str) -> Result<Failure, EngineError> {
+        let inner = &self.inner;
+        let _g = inner.failures_lock.lock().await;
+        let f = inner
+            .store
+            .get_failure(id)?
+            .ok_or_else(|| EngineError::NotFound(format!("failure {id:?}")))?;
+        let mut b = Batch::new();
+        b.ops.push(crate::store::Op::DeleteFailure(id.to_string()));
+        inner.store.apply(&b)?;
+        inner.store.durable().await?;
+        inner
+            .timer
+            .cancel(RunKey::new(id, timer::FAILURE_RETRY_RUN));
+        tracing::info!(failure = %id, "failure dismissed");
+        Ok(f)
+    }
+
+    /// Alerts raised and alert deliveries that failed, since start.
+    pub fn alert_counts(&self) -> (u64, u64) {
+        (
+            self.inner.alerts_raised.load(Ordering::Relaxed),
+            self.inner.alerts_failed.load(Ordering::Relaxed),
+        )
     }
 
     /// A page of the failure list.

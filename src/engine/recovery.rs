@@ -79,10 +79,28 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
         let cell = Arc::new(tokio::sync::Mutex::new(LiveState::new(task, active)));
         inner.live.lock().insert(id, cell);
     }
+    // Failure-list retries that were under way go on.
+    let mut retries = 0usize;
+    for item in inner.store.all_failures() {
+        match item {
+            Ok(f) if f.retrying => {
+                retries += 1;
+                inner.timer.at(
+                    super::timer::RunKey::new(&f.id, super::timer::FAILURE_RETRY_RUN),
+                    now,
+                );
+            }
+            Ok(_) => {}
+            Err(e) => {
+                corrupt += 1;
+                tracing::error!(error = %e, "skipping corrupt failure record");
+            }
+        }
+    }
     if !fixes.is_empty() {
         inner.store.apply(&fixes)?;
         inner.store.durable().await?;
     }
-    tracing::info!(live_tasks, resent, corrupt, "recovery done");
+    tracing::info!(live_tasks, resent, retries, corrupt, "recovery done");
     Ok(())
 }

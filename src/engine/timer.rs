@@ -19,7 +19,11 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::clock::Clock;
 use crate::wheel::{Handle, Wheel};
 
-/// A wheel entry: one active run of a task, or the next fire of a pending task (run `runs + 1`).
+/// `run` of a [`RunKey`] that marks a failure-list retry; `task` is then the failure id.
+pub const FAILURE_RETRY_RUN: u32 = u32::MAX;
+
+/// A wheel entry: `(task, 0)` the schedule's next fire, `(task, n)` run `n`'s next step,
+/// `(failure id, FAILURE_RETRY_RUN)` a failure-list retry.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RunKey {
     pub task: Arc<str>,

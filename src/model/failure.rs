@@ -13,7 +13,12 @@ pub struct Failure {
     pub channel: String,
     pub attempts: u32,
     pub last_error: String,
+    /// When it (last) failed.
     pub failed_at_ms: u64,
+    /// A retry was asked for (`POST /v1/failures/{id}/retry`) and is under way.
+    pub retrying: bool,
+    /// Attempts made by such retries (also counted in `attempts`).
+    pub retries: u32,
 }
 
 /// The idempotency key of one message of one run; also the failure id.

@@ -610,18 +610,6 @@ fn validate_messages(
 }
 
 fn validate_pacing(p: PacingRequest, limits: &Limits) -> Result<Pacing, FieldError> {
-    if p.batch_size.is_some() {
-        return Err(FieldError::new(
-            "pacing.batch_size",
-            "batches are not supported by this version yet",
-        ));
-    }
-    if p.batch_pause.is_some() {
-        return Err(FieldError::new(
-            "pacing.batch_pause",
-            "batches are not supported by this version yet",
-        ));
-    }
     let interval_ms = match &p.interval {
         Some(s) => within(
             "pacing.interval",
@@ -631,7 +619,29 @@ fn validate_pacing(p: PacingRequest, limits: &Limits) -> Result<Pacing, FieldErr
         )?,
         None => 0,
     };
-    Ok(Pacing { interval_ms })
+    if p.batch_size == Some(0) {
+        return Err(FieldError::new("pacing.batch_size", "must be at least 1"));
+    }
+    let batch_pause_ms = match (&p.batch_pause, p.batch_size) {
+        (Some(_), None) => {
+            return Err(FieldError::new(
+                "pacing.batch_pause",
+                "needs pacing.batch_size",
+            ))
+        }
+        (Some(s), Some(_)) => within(
+            "pacing.batch_pause",
+            duration("pacing.batch_pause", s)?,
+            limits.interval_ms_max,
+            "batch_pause",
+        )?,
+        (None, _) => 0,
+    };
+    Ok(Pacing {
+        interval_ms,
+        batch_size: p.batch_size,
+        batch_pause_ms,
+    })
 }
 
 /// Validates a retry block; `prefix` is its path (`retry`, or `channels.x.retry` in config).

@@ -11,6 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::task::Pacing;
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum RunState {
     /// Sending (or waiting between sends).
@@ -152,16 +154,18 @@ impl Run {
         outcome: Outcome,
         max_attempts: u32,
         retry_delay_ms: u64,
-        interval_ms: u64,
+        pacing: &Pacing,
         now_ms: u64,
     ) -> Settled {
         // `last_attempt_at_ms` is the millisecond in which the attempt started, anywhere within
-        // it; counting the interval from the end of that millisecond guarantees that two
-        // attempts never start less than `interval_ms` apart in real time.
-        let paced = match (interval_ms, self.last_attempt_at_ms) {
+        // it; counting the gap from the end of that millisecond guarantees that two attempts
+        // never start less than the gap apart in real time.
+        let anchor = self.last_attempt_at_ms;
+        let after = |gap: u64| match (gap, anchor) {
             (0, _) | (_, None) => now_ms,
-            (i, Some(anchor)) => anchor.saturating_add(1).saturating_add(i).max(now_ms),
+            (g, Some(a)) => a.saturating_add(1).saturating_add(g).max(now_ms),
         };
+        let paced = after(pacing.interval_ms);
         self.in_flight = None;
         let mut gave_up = None;
         match outcome {
@@ -198,7 +202,8 @@ impl Run {
             }
             self.next_at_ms = None;
         } else {
-            self.next_at_ms = Some(paced);
+            // The cursor moved: a batch boundary before the next message means a longer pause.
+            self.next_at_ms = Some(after(pacing.gap_before(self.cursor)));
         }
         Settled {
             gave_up,
@@ -242,7 +247,7 @@ mod tests {
             let t = 1_000 + u64::from(i) * 100;
             assert_eq!(r.begin_attempt(t), Some(i));
             assert_eq!(r.in_flight, Some(i));
-            let s = r.settle(Outcome::Sent, 3, 50, 100, t + 2);
+            let s = r.settle(Outcome::Sent, 3, 50, &Pacing::every(100), t + 2);
             if i < 2 {
                 assert_eq!(s.next_at_ms, Some(t + 101), "anchored at attempt start");
             } else {
@@ -258,11 +263,11 @@ mod tests {
     fn retries_then_gives_up_and_moves_on() {
         let mut r = Run::new(1, 0, 0, 2);
         r.begin_attempt(0);
-        let s = r.settle(retry(), 2, 1_000, 0, 10);
+        let s = r.settle(retry(), 2, 1_000, &Pacing::default(), 10);
         assert_eq!(s.next_at_ms, Some(1_010));
         assert_eq!(r.cursor, 0);
         r.begin_attempt(1_010);
-        let s = r.settle(retry(), 2, 1_000, 0, 1_020);
+        let s = r.settle(retry(), 2, 1_000, &Pacing::default(), 1_020);
         assert_eq!(
             s.gave_up,
             Some(GaveUp {
@@ -286,12 +291,12 @@ mod tests {
             },
             3,
             10,
-            0,
+            &Pacing::default(),
             1,
         );
         assert_eq!(s.next_at_ms, Some(5_000));
         r.begin_attempt(5_000);
-        let s = r.settle(retry(), 3, 10, 3_000, 5_001);
+        let s = r.settle(retry(), 3, 10, &Pacing::every(3_000), 5_001);
         assert_eq!(
             s.next_at_ms,
             Some(8_001),
@@ -309,12 +314,33 @@ mod tests {
             },
             5,
             10,
-            0,
+            &Pacing::default(),
             1,
         );
         assert_eq!(s.gave_up.map(|g| g.attempts), Some(1));
         assert_eq!(s.next_at_ms, None);
         assert_eq!(r.state, RunState::Completed);
+    }
+
+    #[test]
+    fn batches_pause_between_them() {
+        // 7 messages, batches of 3, 100 ms apart within a batch, 1 s between batches.
+        let pacing = Pacing {
+            interval_ms: 100,
+            batch_size: Some(3),
+            batch_pause_ms: 1_000,
+        };
+        let mut r = Run::new(1, 0, 0, 7);
+        let mut now = 0;
+        let mut starts = vec![];
+        while let Some(_) = r.begin_attempt(now) {
+            starts.push(now);
+            match r.settle(Outcome::Sent, 1, 0, &pacing, now).next_at_ms {
+                Some(at) => now = at,
+                None => break,
+            }
+        }
+        assert_eq!(starts, [0, 101, 202, 1_203, 1_304, 1_405, 2_406]);
     }
 
     proptest! {
@@ -336,7 +362,7 @@ mod tests {
                     _ => Outcome::Permanent { error: "400".into() },
                 };
                 now += 7;
-                let s = r.settle(outcome, max_attempts, 3, 5, now);
+                let s = r.settle(outcome, max_attempts, 3, &Pacing::every(5), now);
                 prop_assert!(r.cursor >= before && r.cursor <= before + 1);
                 prop_assert_eq!(r.in_flight, None);
                 prop_assert_eq!(r.sent + r.failed, r.cursor);

@@ -90,6 +90,29 @@ impl Schedule {
 pub struct Pacing {
     /// Minimum time between the starts of two consecutive sends of one run.
     pub interval_ms: u64,
+    /// Messages per batch; after each full batch the run pauses `batch_pause_ms`.
+    pub batch_size: Option<u32>,
+    pub batch_pause_ms: u64,
+}
+
+impl Pacing {
+    pub fn every(interval_ms: u64) -> Pacing {
+        Pacing {
+            interval_ms,
+            ..Pacing::default()
+        }
+    }
+
+    /// The gap before message `index` (0-based) of a run: the batch pause at a batch boundary
+    /// (never shorter than the interval), the interval otherwise.
+    pub fn gap_before(&self, index: u32) -> u64 {
+        match self.batch_size {
+            Some(b) if b > 0 && index > 0 && index % b == 0 => {
+                self.batch_pause_ms.max(self.interval_ms)
+            }
+            _ => self.interval_ms,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

@@ -287,6 +287,14 @@ impl Store {
         })
     }
 
+    /// Every failure record, decoded; corrupt ones come back as errors naming their key.
+    pub fn all_failures(&self) -> impl Iterator<Item = Result<Failure, StoreError>> + '_ {
+        self.failures.iter().map(|item| {
+            let (k, v) = item?;
+            decode("failures", &k, &v)
+        })
+    }
+
     /// The runs of a task in run order. Corrupt run records are errors.
     pub fn runs_of(&self, task_id: &str) -> Result<Vec<Run>, StoreError> {
         self.runs
@@ -433,6 +441,8 @@ mod tests {
                 attempts: 3,
                 last_error: "HTTP 500".into(),
                 failed_at_ms: 9,
+                retrying: false,
+                retries: 0,
             });
             s.apply(&b).unwrap();
             s.durable().await.unwrap();

@@ -27,6 +27,20 @@ impl TestHerald {
         TestHerald { server, dir }
     }
 
+    /// Like `start`, with the data dir on tmpfs (`/dev/shm`) where there is one. For tests that
+    /// measure scheduling precision: on a disk still writing back a fresh build, one fsync can
+    /// stall for hundreds of ms, which would measure the disk, not herald. Durability itself is
+    /// tested on disk, by the crash tests.
+    pub async fn start_on_tmpfs(config: &str) -> TestHerald {
+        let dir = tempfile::Builder::new()
+            .prefix("herald-test")
+            .tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())
+            .expect("temp dir");
+        let server = start_in(dir.path(), config).await;
+        TestHerald { server, dir }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.server.url(), path)
     }

@@ -1,0 +1,97 @@
+//! Alerts: a message entered the failure list, a channel's breaker opened or closed.
+//!
+//! Every alert is logged (warn) and counted; with `[alerts] channel = "..."` it is also
+//! delivered to that channel, best effort, in a task of its own (never on a run's path). Alerts
+//! cannot loop: they bypass the alert channel's breaker and rate limit (so their failures never
+//! open a breaker that would alert again), an alert about the alert channel itself is only
+//! logged, and a failed alert is logged and counted, never alerted.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Inner;
+use crate::deliver::breaker::Transition;
+use crate::deliver::Alert;
+use crate::model::{Failure, Outcome};
+use crate::schedule::format_utc;
+
+/// Attempts per alert delivery, and the pause between them.
+const ALERT_ATTEMPTS: u32 = 3;
+const ALERT_RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+pub(crate) fn failure(inner: &Arc<Inner>, f: &Failure, event: &'static str) {
+    let now = inner.clock.now_ms();
+    raise(
+        inner,
+        Alert {
+            kind: "herald.alert",
+            event,
+            channel: f.channel.clone(),
+            task_id: Some(f.task_id.clone()),
+            failure_id: Some(f.id.clone()),
+            to: Some(f.to.clone()),
+            attempts: Some(f.attempts),
+            error: Some(f.last_error.clone()),
+            at: format_utc(now),
+            id: format!("alert:{event}:{}:{}", f.id, f.attempts),
+        },
+    );
+}
+
+pub(crate) fn breaker(inner: &Arc<Inner>, channel: &str, t: Transition) {
+    let now = inner.clock.now_ms();
+    let event = match t {
+        Transition::Opened => "breaker_opened",
+        Transition::Closed => "breaker_closed",
+    };
+    raise(
+        inner,
+        Alert {
+            kind: "herald.alert",
+            event,
+            channel: channel.to_string(),
+            task_id: None,
+            failure_id: None,
+            to: None,
+            attempts: None,
+            error: None,
+            at: format_utc(now),
+            id: format!("alert:{event}:{channel}:{now}"),
+        },
+    );
+}
+
+fn raise(inner: &Arc<Inner>, alert: Alert) {
+    inner.alerts_raised.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(event = alert.event, channel = %alert.channel, task = ?alert.task_id,
+        failure = ?alert.failure_id, error = ?alert.error, "alert");
+    let Some(target) = inner
+        .config
+        .alerts_channel
+        .as_deref()
+        .and_then(|name| inner.channels.get(name))
+        .cloned()
+    else {
+        return;
+    };
+    if target.name == alert.channel {
+        return; // about the alert channel itself: logged only
+    }
+    let inner = inner.clone();
+    tokio::spawn(async move {
+        for attempt in 1..=ALERT_ATTEMPTS {
+            match target.send_alert(&alert, || inner.clock.now_ms()).await {
+                Outcome::Sent => return,
+                Outcome::Retry { error, .. } | Outcome::Permanent { error } => {
+                    tracing::warn!(event = alert.event, attempt, error = %error,
+                        channel = %target.name, "alert delivery failed");
+                }
+            }
+            if attempt < ALERT_ATTEMPTS {
+                tokio::time::sleep(ALERT_RETRY_PAUSE).await;
+            }
+        }
+        inner.alerts_failed.fetch_add(1, Ordering::Relaxed);
+    });
+}

@@ -1,0 +1,130 @@
+//! Retrying a message from the failure list (`POST /v1/failures/{id}/retry`).
+//!
+//! The retry is a fresh series of attempts (up to the task's retry policy), each a wheel entry
+//! `(failure id, FAILURE_RETRY_RUN)`; it carries the same idempotency key as the original
+//! message and the next attempt number. Rate limits and the breaker apply as for any send.
+//! Success removes the entry from the failure list; exhausting the attempts leaves it there
+//! (with the new attempts and error) and raises an alert. The run's own counters are history
+//! and are not rewritten.
+
+use std::sync::Arc;
+
+use super::timer::RunKey;
+use super::{alerts, EngineError, Inner};
+use crate::deliver::{backoff, Admission, Delivery};
+use crate::model::Outcome;
+use crate::schedule::{format_utc, minutes_left};
+use crate::store::Batch;
+
+pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<(), EngineError> {
+    let id = &*key.task;
+    let guard = inner.failures_lock.lock().await;
+    let Some(mut f) = inner.store.get_failure(id)? else {
+        return Ok(()); // dismissed
+    };
+    if !f.retrying {
+        return Ok(());
+    }
+    let now = inner.clock.now_ms();
+    let task = inner.store.get_task(&f.task_id)?;
+    let channel = inner.channels.get(&f.channel).cloned();
+    let (Some(task), Some(channel)) = (task, channel) else {
+        f.retrying = false;
+        f.last_error = format!(
+            "retry impossible: task {:?} or channel {:?} no longer exists",
+            f.task_id, f.channel
+        );
+        return save(inner, &f).await;
+    };
+    let Some(msg) = task.messages.get(f.seq as usize) else {
+        f.retrying = false;
+        f.last_error = format!("retry impossible: the task no longer has message {}", f.seq);
+        return save(inner, &f).await;
+    };
+    let probe = match channel.admit(now) {
+        Admission::Hold { until_ms, .. } => {
+            inner.timer.at(key.clone(), until_ms);
+            return Ok(());
+        }
+        Admission::Go { probe } => probe,
+    };
+    let scheduled = inner
+        .store
+        .get_run(&f.task_id, f.run)?
+        .map(|r| r.scheduled_at_ms)
+        .unwrap_or(now);
+    let body = match minutes_left(&task.schedule, scheduled) {
+        Some(m) => msg.body.replace("{{minutes_left}}", &m.to_string()),
+        None => msg.body.clone(),
+    };
+    let delivery = Delivery {
+        task_id: f.task_id.clone(),
+        run: f.run,
+        seq: f.seq,
+        to: msg.to.clone(),
+        body,
+        scheduled_at: format_utc(scheduled),
+        attempt: f.attempts + 1,
+        idempotency_key: f.id.clone(),
+        sent_at: format_utc(now),
+    };
+    let policy = task.retry.unwrap_or(channel.retry);
+    drop(guard);
+
+    let outcome = channel.send(&delivery, || inner.clock.now_ms()).await;
+    if let Some(tr) = channel.record(inner.clock.now_ms(), &outcome, probe) {
+        alerts::breaker(inner, &channel.name, tr);
+    }
+
+    let _guard = inner.failures_lock.lock().await;
+    let now = inner.clock.now_ms();
+    let Some(mut f) = inner.store.get_failure(id)? else {
+        return Ok(()); // dismissed while sending
+    };
+    f.attempts += 1;
+    f.retries += 1;
+    match outcome {
+        Outcome::Sent => {
+            tracing::info!(failure = %f.id, attempts = f.attempts, "failure retried: sent");
+            let mut b = Batch::new();
+            b.ops.push(crate::store::Op::DeleteFailure(f.id.clone()));
+            inner.store.apply(&b)?;
+            inner.store.durable().await?;
+            return Ok(());
+        }
+        Outcome::Retry {
+            error,
+            not_before_ms,
+        } => {
+            f.last_error = error;
+            f.failed_at_ms = now;
+            if f.retries < policy.max_attempts {
+                let delay =
+                    backoff::retry_delay_ms(&policy, f.retries, inner.config.jitter_seed, &f.id);
+                let at = now.saturating_add(delay).max(not_before_ms.unwrap_or(0));
+                save(inner, &f).await?;
+                inner.timer.at(key.clone(), at);
+                return Ok(());
+            }
+            f.retrying = false;
+        }
+        Outcome::Permanent { error } => {
+            f.last_error = error;
+            f.failed_at_ms = now;
+            f.retrying = false;
+        }
+    }
+    tracing::warn!(failure = %f.id, attempts = f.attempts, error = %f.last_error,
+        "failure retry gave up; it stays in the failure list");
+    save(inner, &f).await?;
+    alerts::failure(inner, &f, "failure_retry_failed");
+    Ok(())
+}
+
+async fn save(inner: &Inner, f: &crate::model::Failure) -> Result<(), EngineError> {
+    let mut b = Batch::new();
+    b.failure(f.clone());
+    inner.store.apply(&b)?;
+    inner.store.durable().await?;
+    Ok(())
+}
