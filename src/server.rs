@@ -93,12 +93,12 @@ pub fn build_channels(config: &Config) -> Result<Channels, StartError> {
                 } else {
                     Some(Signer::new(secrets).map_err(err)?)
                 };
-                Sink::Webhook(WebhookSink::new(
+                Sink::Webhook(Box::new(WebhookSink::new(
                     url.clone(),
                     *timeout_ms,
                     *connect_timeout_ms,
                     signer,
-                ))
+                )))
             }
         };
         let mut ch = Channel::plain(&c.name, sink, c.retry, c.concurrency as usize);

@@ -66,7 +66,7 @@ pub enum Sink {
     /// Writes each delivery to the log (tracing, target `herald::delivery`). Always succeeds.
     Log,
     File(file::FileSink),
-    Webhook(webhook::WebhookSink),
+    Webhook(Box<webhook::WebhookSink>),
 }
 
 /// Counters for the channel view.

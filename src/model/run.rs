@@ -333,7 +333,7 @@ mod tests {
         let mut r = Run::new(1, 0, 0, 7);
         let mut now = 0;
         let mut starts = vec![];
-        while let Some(_) = r.begin_attempt(now) {
+        while r.begin_attempt(now).is_some() {
             starts.push(now);
             match r.settle(Outcome::Sent, 1, 0, &pacing, now).next_at_ms {
                 Some(at) => now = at,

@@ -107,7 +107,7 @@ impl Pacing {
     /// (never shorter than the interval), the interval otherwise.
     pub fn gap_before(&self, index: u32) -> u64 {
         match self.batch_size {
-            Some(b) if b > 0 && index > 0 && index % b == 0 => {
+            Some(b) if b > 0 && index > 0 && index.is_multiple_of(b) => {
                 self.batch_pause_ms.max(self.interval_ms)
             }
             _ => self.interval_ms,
