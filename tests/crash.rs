@@ -43,7 +43,7 @@ async fn kill_9_mid_sequence_resumes_at_the_cursor() {
     assert_eq!(before, 11, "nothing after the in-flight message was sent");
 
     let p = Proc::spawn(&config, &data);
-    let v = wait_state(&p.url, "seq", "completed", Duration::from_secs(30)).await;
+    let v = wait_state(&p.url, "seq", "completed", Duration::from_secs(90)).await;
     assert_eq!(v["progress"]["sent"], N as u64);
 
     let got = rx.requests();
