@@ -1,0 +1,472 @@
+//! Delivery that survives the real world, against a real receiver that misbehaves on command:
+//! random 500s, a shared rate limit, 429 with Retry-After, a hanging receiver, a breaker that
+//! opens and closes, signed webhooks, the failure list, batches.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::herald::{ms_of, poll, wait_state, webhook_channel, TestHerald};
+use common::http;
+use common::receiver::{Behavior, Receiver, Recorded};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+fn body(r: &Recorded) -> &Value {
+    r.json.as_ref().expect("JSON body")
+}
+
+fn sent_at(r: &Recorded) -> f64 {
+    ms_of(body(r)["sent_at"].as_str().unwrap())
+}
+
+async fn create(h: &TestHerald, v: Value) {
+    let r = http::post_json(&h.url("/v1/tasks"), &v).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+async fn failures(h: &TestHerald, query: &str) -> Vec<Value> {
+    let r = http::get(&h.url(&format!("/v1/failures?{query}"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["failures"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_messages_with_30_percent_500s_none_lost_none_twice() {
+    let rx = Receiver::start().await;
+    rx.fail_rate(0.3, 500, 7);
+    let h = TestHerald::start_on_tmpfs(&webhook_channel(
+        "hook",
+        &rx.url(),
+        "concurrency = 16\nretry = { max_attempts = 3, initial = \"10ms\" }",
+    ))
+    .await;
+    for t in 0..10 {
+        create(
+            &h,
+            json!({"id": format!("t{t}"), "channel": "hook", "schedule": {"after": "0s"},
+                   "to": (0..100).map(|i| format!("u{i}")).collect::<Vec<_>>(), "body": "x"}),
+        )
+        .await;
+    }
+    let mut failed_total = 0;
+    for t in 0..10 {
+        let v = wait_state(
+            &h.server.url(),
+            &format!("t{t}"),
+            "completed",
+            Duration::from_secs(120),
+        )
+        .await;
+        failed_total += v["progress"]["failed"].as_u64().unwrap();
+        assert_eq!(
+            v["progress"]["sent"].as_u64().unwrap() + v["progress"]["failed"].as_u64().unwrap(),
+            100
+        );
+    }
+    // What the receiver accepted, per key, and what herald gave up on.
+    let mut accepted: HashMap<String, usize> = HashMap::new();
+    for (key, status) in rx.answers() {
+        if status == 200 {
+            *accepted.entry(key).or_default() += 1;
+        }
+    }
+    assert!(
+        accepted.values().all(|n| *n == 1),
+        "no message accepted twice"
+    );
+    let mut failed: HashSet<String> = HashSet::new();
+    let mut after: Option<String> = None;
+    loop {
+        let q = match &after {
+            Some(a) => format!("limit=1000&after={a}"),
+            None => "limit=1000".into(),
+        };
+        let page = http::get(&h.url(&format!("/v1/failures?{q}"))).await.json();
+        for f in page["failures"].as_array().unwrap() {
+            assert_eq!(f["attempts"], 3, "{f}");
+            assert!(f["last_error"].as_str().unwrap().contains("500"));
+            failed.insert(f["id"].as_str().unwrap().to_string());
+        }
+        match page["next"].as_str() {
+            Some(n) => after = Some(n.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(failed.len() as u64, failed_total);
+    let all: HashSet<String> = (0..10)
+        .flat_map(|t| (0..100).map(move |i| format!("t{t}:1:{i}")))
+        .collect();
+    let delivered: HashSet<String> = accepted.keys().cloned().collect();
+    assert!(
+        delivered.is_disjoint(&failed),
+        "a message both delivered and failed"
+    );
+    let union: HashSet<String> = delivered.union(&failed).cloned().collect();
+    assert_eq!(
+        union, all,
+        "every message ends delivered or in the failure list"
+    );
+    // About 0.3^3 = 2.7 % exhaust their three attempts.
+    assert!(failed.len() < 80, "{} failed", failed.len());
+}
+
+#[tokio::test]
+async fn two_tasks_sharing_a_rate_limited_channel_never_send_closer_than_200ms() {
+    let rx = Receiver::start().await;
+    let h =
+        TestHerald::start_on_tmpfs(&webhook_channel("hook", &rx.url(), "rate = \"1/200ms\"")).await;
+    for id in ["a", "b"] {
+        create(
+            &h,
+            json!({"id": id, "channel": "hook", "schedule": {"after": "0s"},
+                   "to": ["1", "2", "3", "4"], "body": "x"}),
+        )
+        .await;
+    }
+    let got = rx.wait_for(8, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 8);
+    let mut starts: Vec<f64> = got.iter().map(sent_at).collect();
+    starts.sort_by(f64::total_cmp);
+    for w in starts.windows(2) {
+        assert!(
+            w[1] - w[0] >= 200.0,
+            "herald started two sends {} ms apart",
+            w[1] - w[0]
+        );
+    }
+    // As the receiver saw them (allowing a few ms of loopback jitter per gap).
+    for w in got.windows(2) {
+        assert!(
+            w[1].at_ms - w[0].at_ms >= 195.0,
+            "{} ms apart",
+            w[1].at_ms - w[0].at_ms
+        );
+    }
+    let tasks: HashSet<&str> = got
+        .iter()
+        .map(|r| body(r)["task_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(tasks.len(), 2, "both tasks were served");
+    let ch = http::get(&h.url("/v1/channels")).await.json();
+    let hook = ch["channels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "hook")
+        .unwrap()
+        .clone();
+    assert_eq!(hook["rate"]["limit"], "1/200ms");
+    assert!(
+        hook["held"].as_u64().unwrap() > 0,
+        "sends were held, not failed"
+    );
+}
+
+#[tokio::test]
+async fn a_429_with_retry_after_2_is_not_retried_before_2_seconds() {
+    let rx = Receiver::start().await;
+    rx.script_key("ra:1:0", vec![Behavior::RetryAfter(429, "2".into())]);
+    let h = TestHerald::start(&webhook_channel(
+        "hook",
+        &rx.url(),
+        "retry = { max_attempts = 3, initial = \"10ms\" }",
+    ))
+    .await;
+    create(
+        &h,
+        json!({"id": "ra", "channel": "hook", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"}),
+    )
+    .await;
+    let got = rx.wait_for(2, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 2);
+    assert!(sent_at(&got[1]) - sent_at(&got[0]) >= 2_000.0);
+    assert!(got[1].at_ms - got[0].at_ms >= 1_995.0);
+    assert_eq!(body(&got[1])["attempt"], 2);
+    wait_state(&h.server.url(), "ra", "completed", Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_receiver_times_out_and_other_channels_keep_time() {
+    let slow = Receiver::start().await;
+    slow.script_key("hang:1:0", vec![Behavior::Hang]);
+    let fast = Receiver::start().await;
+    let config = format!(
+        "{}{}",
+        webhook_channel(
+            "slow",
+            &slow.url(),
+            "timeout = \"500ms\"\nretry = { max_attempts = 3, initial = \"100ms\" }"
+        ),
+        webhook_channel("fast", &fast.url(), "")
+    );
+    let h = TestHerald::start_on_tmpfs(&config).await;
+    create(
+        &h,
+        json!({"id": "hang", "channel": "slow", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"}),
+    )
+    .await;
+    create(
+        &h,
+        json!({"id": "steady", "channel": "fast", "schedule": {"after": "0s"},
+               "to": (0..10).map(|i| i.to_string()).collect::<Vec<_>>(), "body": "x",
+               "pacing": {"interval": "100ms"}}),
+    )
+    .await;
+    // The hung attempt is abandoned after 500 ms and retried; the retry is answered.
+    let got = slow.wait_for(2, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 2);
+    assert!(
+        got[1].at_ms - got[0].at_ms >= 500.0,
+        "not retried before the timeout"
+    );
+    let v = wait_state(&h.server.url(), "hang", "completed", Duration::from_secs(5)).await;
+    assert_eq!(v["progress"]["sent"], 1);
+    // Meanwhile the other channel kept its pace: no gap anywhere near the 500 ms hang.
+    let steady = fast.wait_for(10, Duration::from_secs(10)).await;
+    assert_eq!(steady.len(), 10);
+    for w in steady.windows(2) {
+        let gap = w[1].at_ms - w[0].at_ms;
+        assert!((95.0..400.0).contains(&gap), "fast channel gap {gap} ms");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_opens_holds_alerts_once_closes_and_everything_is_delivered() {
+    let rx = Receiver::start().await;
+    rx.set_default(Behavior::Status(500));
+    let dir = tempfile::tempdir().unwrap();
+    let alerts = dir.path().join("alerts.jsonl");
+    let config = format!(
+        "{}\n[channels.ops]\nkind = \"file\"\npath = \"{}\"\n[alerts]\nchannel = \"ops\"\n",
+        webhook_channel(
+            "flaky",
+            &rx.url(),
+            "retry = { max_attempts = 30, initial = \"50ms\" }\n\
+             breaker = { window = \"10s\", min_requests = 4, failure_ratio = 0.5, cool_down = \"500ms\" }"
+        ),
+        alerts.display()
+    );
+    let h = TestHerald::start_on_tmpfs(&config).await;
+    create(
+        &h,
+        json!({"id": "b", "channel": "flaky", "schedule": {"after": "0s"},
+               "to": (0..6).map(|i| i.to_string()).collect::<Vec<_>>(), "body": "x"}),
+    )
+    .await;
+    let channel_state = || async {
+        let ch = http::get(&h.url("/v1/channels")).await.json();
+        ch["channels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "flaky")
+            .unwrap()["breaker"]["state"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    poll(Duration::from_secs(10), || async {
+        (channel_state().await == "open").then_some(())
+    })
+    .await
+    .expect("the breaker opened");
+    // While open, sends are held: over a window shorter than the cool-down nothing arrives.
+    let before = rx.count();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        rx.count() <= before + 1,
+        "sends went out while the breaker was open"
+    );
+    // The receiver recovers; the next probe closes the breaker and the held sends go.
+    rx.set_default(Behavior::Ok);
+    let v = wait_state(&h.server.url(), "b", "completed", Duration::from_secs(20)).await;
+    assert_eq!(v["progress"]["sent"], 6, "every held message delivered");
+    assert_eq!(v["progress"]["failed"], 0, "held sends burned no retries");
+    assert!(failures(&h, "task=b").await.is_empty());
+    poll(Duration::from_secs(5), || async {
+        (channel_state().await == "closed").then_some(())
+    })
+    .await
+    .expect("the breaker closed");
+    let events: Vec<String> = poll(Duration::from_secs(5), || async {
+        let text = std::fs::read_to_string(&alerts).unwrap_or_default();
+        let ev: Vec<String> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["event"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        ev.contains(&"breaker_closed".to_string()).then_some(ev)
+    })
+    .await
+    .expect("alerts delivered");
+    assert_eq!(
+        events.iter().filter(|e| *e == "breaker_opened").count(),
+        1,
+        "{events:?}"
+    );
+    assert_eq!(
+        events.iter().filter(|e| *e == "breaker_closed").count(),
+        1,
+        "{events:?}"
+    );
+}
+
+/// HMAC-SHA256 written out from RFC 2104 on top of SHA-256, independent of herald's signer.
+fn hmac_sha256(key: &[u8], msg: &[u8]) -> Vec<u8> {
+    let mut k = if key.len() > 64 {
+        Sha256::digest(key).to_vec()
+    } else {
+        key.to_vec()
+    };
+    k.resize(64, 0);
+    let inner: Vec<u8> = k
+        .iter()
+        .map(|b| b ^ 0x36)
+        .chain(msg.iter().copied())
+        .collect();
+    let inner_hash = Sha256::digest(&inner);
+    let outer: Vec<u8> = k
+        .iter()
+        .map(|b| b ^ 0x5c)
+        .chain(inner_hash.iter().copied())
+        .collect();
+    Sha256::digest(&outer).to_vec()
+}
+
+#[tokio::test]
+async fn webhooks_are_signed_with_every_secret() {
+    let rx = Receiver::start().await;
+    rx.script_key("s:1:0", vec![Behavior::Status(503)]);
+    let new_key = b"0123456789abcdef0123456789abcdef";
+    let new_secret = format!(
+        "whsec_{}",
+        base64::engine::general_purpose::STANDARD.encode(new_key)
+    );
+    let h = TestHerald::start(&webhook_channel(
+        "signed",
+        &rx.url(),
+        &format!("secrets = [\"{new_secret}\", \"old-plain-secret\"]\nretry = {{ max_attempts = 3, initial = \"10ms\" }}"),
+    ))
+    .await;
+    create(
+        &h,
+        json!({"id": "s", "channel": "signed", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"}),
+    )
+    .await;
+    let got = rx.wait_for(2, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 2);
+    for r in &got {
+        let id = r.header("webhook-id").expect("webhook-id");
+        assert_eq!(id, "s:1:0", "the message id is stable across retries");
+        let ts = r.header("webhook-timestamp").expect("webhook-timestamp");
+        let now_s = chrono::Utc::now().timestamp();
+        assert!((now_s - ts.parse::<i64>().unwrap()).abs() < 60);
+        let signed = [id.as_bytes(), b".", ts.as_bytes(), b".", &r.body].concat();
+        let expect: Vec<String> = [new_key.as_slice(), b"old-plain-secret".as_slice()]
+            .iter()
+            .map(|k| {
+                format!(
+                    "v1,{}",
+                    base64::engine::general_purpose::STANDARD.encode(hmac_sha256(k, &signed))
+                )
+            })
+            .collect();
+        assert_eq!(
+            r.header("webhook-signature"),
+            Some(expect.join(" ").as_str())
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_failure_list_is_listed_retried_with_the_same_key_and_dismissed() {
+    let rx = Receiver::start().await;
+    rx.script_key("f:1:0", vec![Behavior::Status(400)]);
+    rx.script_key("f:1:1", vec![Behavior::Status(410)]);
+    let h = TestHerald::start(&webhook_channel("hook", &rx.url(), "")).await;
+    create(
+        &h,
+        json!({"id": "f", "channel": "hook", "schedule": {"after": "0s"}, "to": ["a", "b"], "body": "x"}),
+    )
+    .await;
+    wait_state(&h.server.url(), "f", "completed", Duration::from_secs(10)).await;
+    let list = failures(&h, "task=f").await;
+    let ids: Vec<&str> = list.iter().map(|f| f["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["f:1:0", "f:1:1"]);
+    assert_eq!(list[0]["retrying"], false);
+    assert!(list[0]["last_error"]
+        .as_str()
+        .unwrap()
+        .starts_with("HTTP 400"));
+    assert_eq!(failures(&h, "task=f&limit=1").await.len(), 1);
+
+    // Retry: the receiver now accepts it.
+    let r = http::request("POST", &h.url("/v1/failures/f:1:0/retry"), &[], None).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    poll(Duration::from_secs(10), || async {
+        (failures(&h, "task=f").await.len() == 1).then_some(())
+    })
+    .await
+    .expect("the retried message left the failure list");
+    let again: Vec<Recorded> = rx
+        .requests()
+        .into_iter()
+        .filter(|r| r.header("idempotency-key") == Some("f:1:0"))
+        .collect();
+    assert_eq!(again.len(), 2, "original attempt and the retry");
+    assert_eq!(
+        body(&again[1])["attempt"],
+        2,
+        "the retry continues the attempt count"
+    );
+
+    // Dismiss the other one.
+    let r = http::delete(&h.url("/v1/failures/f:1:1")).await;
+    assert_eq!(r.status, 200);
+    assert!(failures(&h, "task=f").await.is_empty());
+    assert_eq!(http::delete(&h.url("/v1/failures/f:1:1")).await.status, 404);
+    assert_eq!(
+        http::request("POST", &h.url("/v1/failures/nope:1:0/retry"), &[], None)
+            .await
+            .status,
+        404
+    );
+    // The task is still readable.
+    assert_eq!(http::get(&h.url("/v1/tasks/f")).await.status, 200);
+}
+
+#[tokio::test]
+async fn batches_of_5_with_a_500ms_pause() {
+    let rx = Receiver::start().await;
+    let h = TestHerald::start_on_tmpfs(&webhook_channel("hook", &rx.url(), "")).await;
+    create(
+        &h,
+        json!({"id": "batch", "channel": "hook", "schedule": {"after": "0s"},
+               "to": (0..15).map(|i| i.to_string()).collect::<Vec<_>>(), "body": "x",
+               "pacing": {"interval": "20ms", "batch_size": 5, "batch_pause": "500ms"}}),
+    )
+    .await;
+    let got = rx.wait_for(15, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 15);
+    let starts: Vec<f64> = got.iter().map(sent_at).collect();
+    for (i, w) in starts.windows(2).enumerate() {
+        let gap = w[1] - w[0];
+        if i == 4 || i == 9 {
+            assert!(gap >= 500.0, "pause between batches: {gap} ms");
+        } else {
+            assert!((20.0..400.0).contains(&gap), "gap inside a batch: {gap} ms");
+        }
+    }
+    let v = http::get(&h.url("/v1/tasks/batch")).await.json();
+    assert_eq!(
+        v["pacing"],
+        json!({"interval": "20ms", "batch_size": 5, "batch_pause": "500ms"})
+    );
+}
