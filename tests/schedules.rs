@@ -341,3 +341,48 @@ async fn patch_a_pending_task_409_while_running_and_trigger_far_ahead() {
     assert_eq!(r.status, 409);
     assert_eq!(h.action("busy", "trigger").await.status, 409);
 }
+
+#[tokio::test]
+async fn fires_missed_while_paused_are_judged_on_resume() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T00:00:30Z"), "").await;
+    h.post(
+        &json!({"id": "c", "channel": "out", "schedule": {"cron": "*/15 * * * *"},
+        "to": ["a"], "body": "x", "misfire_grace": "20m"}),
+    )
+    .await;
+    assert_eq!(h.action("c", "pause").await.status, 200);
+    // Paused across 00:15, 00:30, 00:45, 01:00.
+    h.run_until(utc_ms("2026-12-01T01:05:00Z")).await;
+    assert!(h.sent().is_empty());
+    let r = h.action("c", "resume").await;
+    assert_eq!(r.status, 200);
+    h.run_until(utc_ms("2026-12-01T01:06:00Z")).await;
+    // 00:15 and 00:30 missed by more than 20m: expired; 00:45 coalesced; 01:00 runs now.
+    let runs = h.runs("c").await;
+    assert_eq!(
+        run_states(&runs),
+        ["expired", "expired", "skipped", "completed"]
+    );
+    assert_eq!(runs[3]["scheduled_at"], "2026-12-01T01:00:00Z");
+    let sent = h.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent_at(&sent[0]), utc_ms("2026-12-01T01:05:00Z"));
+    assert_eq!(h.task("c").await["next_fire_at"], "2026-12-01T01:15:00Z");
+}
+
+#[tokio::test]
+async fn cancelling_reminders_cancels_them_all() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T01:00:00Z"), "").await;
+    h.post(&json!({"id": "r", "channel": "out",
+        "schedule": {"reminders": {"event_at": "2026-12-01T02:00:00Z", "before": ["30m", "15m", "5m"]}},
+        "to": ["a"], "body": "{{minutes_left}}"}))
+        .await;
+    h.run_until(utc_ms("2026-12-01T01:31:00Z")).await;
+    assert_eq!(h.sent().len(), 1);
+    assert_eq!(h.sent()[0]["body"], "30");
+    let r = h.action("r", "cancel").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["next_fire_at"], Value::Null);
+    h.run_until(utc_ms("2026-12-01T03:00:00Z")).await;
+    assert_eq!(h.sent().len(), 1, "no reminder after the cancel");
+}
