@@ -113,6 +113,30 @@ pub struct Context<'a> {
     pub channel_exists: &'a dyn Fn(&str) -> bool,
 }
 
+/// One of a fixed set of names; the first option is the default when the field is absent.
+fn choice<T: Copy>(
+    field: &str,
+    given: Option<&str>,
+    options: &[(&str, T)],
+) -> Result<T, FieldError> {
+    let Some(name) = given else {
+        return Ok(options[0].1);
+    };
+    match options.iter().find(|(n, _)| *n == name) {
+        Some((_, v)) => Ok(*v),
+        None => {
+            let names: Vec<&str> = options.iter().map(|(n, _)| *n).collect();
+            Err(FieldError::new(
+                field,
+                format!(
+                    "unknown value {name:?}; expected one of {}",
+                    names.join(", ")
+                ),
+            ))
+        }
+    }
+}
+
 fn duration(field: &str, s: &str) -> Result<u64, FieldError> {
     parse_duration_ms(s).map_err(|e| FieldError::new(field, e))
 }
@@ -158,28 +182,24 @@ impl TaskRequest {
             Some(s) => duration("misfire_grace", s)?,
             None => DEFAULT_MISFIRE_GRACE_MS,
         };
-        let misfire = match self.misfire.as_deref() {
-            None | Some("fire_now") => Misfire::FireNow,
-            Some("skip") => Misfire::Skip,
-            Some("fire_all") => Misfire::FireAll,
-            Some(other) => {
-                return Err(FieldError::new(
-                    "misfire",
-                    format!("unknown policy {other:?}; expected fire_now, skip or fire_all"),
-                ))
-            }
-        };
-        let overlap = match self.overlap.as_deref() {
-            None | Some("skip") => Overlap::Skip,
-            Some("queue") => Overlap::Queue,
-            Some("allow") => Overlap::Allow,
-            Some(other) => {
-                return Err(FieldError::new(
-                    "overlap",
-                    format!("unknown policy {other:?}; expected skip, queue or allow"),
-                ))
-            }
-        };
+        let misfire = choice(
+            "misfire",
+            self.misfire.as_deref(),
+            &[
+                ("fire_now", Misfire::FireNow),
+                ("skip", Misfire::Skip),
+                ("fire_all", Misfire::FireAll),
+            ],
+        )?;
+        let overlap = choice(
+            "overlap",
+            self.overlap.as_deref(),
+            &[
+                ("skip", Overlap::Skip),
+                ("queue", Overlap::Queue),
+                ("allow", Overlap::Allow),
+            ],
+        )?;
         let schedule = validate_schedule(&self.schedule, cx, misfire_grace_ms)?;
         let messages = validate_messages(self.messages, self.to, self.body, limits)?;
         let pacing = validate_pacing(self.pacing.unwrap_or_default(), limits)?;
@@ -315,27 +335,20 @@ fn validate_dst(d: &Option<DstRequest>) -> Result<DstPolicy, FieldError> {
     let Some(d) = d else {
         return Ok(DstPolicy::default());
     };
-    let gap = match d.gap.as_deref() {
-        None | Some("shift") => DstGap::Shift,
-        Some("skip") => DstGap::Skip,
-        Some(o) => {
-            return Err(FieldError::new(
-                "schedule.dst.gap",
-                format!("unknown policy {o:?}; expected shift or skip"),
-            ))
-        }
-    };
-    let repeat = match d.repeat.as_deref() {
-        None | Some("first") => DstRepeat::First,
-        Some("last") => DstRepeat::Last,
-        Some("both") => DstRepeat::Both,
-        Some(o) => {
-            return Err(FieldError::new(
-                "schedule.dst.repeat",
-                format!("unknown policy {o:?}; expected first, last or both"),
-            ))
-        }
-    };
+    let gap = choice(
+        "schedule.dst.gap",
+        d.gap.as_deref(),
+        &[("shift", DstGap::Shift), ("skip", DstGap::Skip)],
+    )?;
+    let repeat = choice(
+        "schedule.dst.repeat",
+        d.repeat.as_deref(),
+        &[
+            ("first", DstRepeat::First),
+            ("last", DstRepeat::Last),
+            ("both", DstRepeat::Both),
+        ],
+    )?;
     Ok(DstPolicy { gap, repeat })
 }
 
@@ -658,16 +671,14 @@ pub fn validate_retry(
             format!("must be between 1 and {}", limits.max_attempts_max),
         ));
     }
-    let backoff = match r.backoff.as_deref() {
-        None | Some("fixed") => Backoff::Fixed,
-        Some("exponential") => Backoff::Exponential,
-        Some(o) => {
-            return Err(FieldError::new(
-                format!("{prefix}.backoff"),
-                format!("unknown backoff {o:?}; expected fixed or exponential"),
-            ))
-        }
-    };
+    let backoff = choice(
+        &format!("{prefix}.backoff"),
+        r.backoff.as_deref(),
+        &[
+            ("fixed", Backoff::Fixed),
+            ("exponential", Backoff::Exponential),
+        ],
+    )?;
     let field = format!("{prefix}.initial");
     let initial_ms = match &r.initial {
         Some(s) => within(
