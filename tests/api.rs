@@ -338,3 +338,28 @@ async fn healthz_and_token_auth() {
     .await;
     assert_eq!(right.status, 200);
 }
+
+#[tokio::test]
+async fn metrics_and_openapi_are_served() {
+    let h = TestHerald::start("").await;
+    let r = http::post_json(&h.url("/v1/tasks"), &ok_task()).await;
+    assert_eq!(r.status, 201);
+    let m = http::get(&h.url("/metrics")).await;
+    assert_eq!(m.status, 200);
+    assert!(m.header("content-type").unwrap().starts_with("text/plain"));
+    let text = m.text();
+    assert!(text.contains("herald_ready 1"), "{text}");
+    assert!(text.contains("herald_tasks_live 1"), "{text}");
+    let flushes: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("herald_store_flushes_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(flushes >= 1, "the create was flushed");
+    assert!(text.contains("herald_channel_attempts_total{channel=\"log\",outcome=\"sent\"} 0"));
+    let doc = http::get(&h.url("/v1/openapi.json")).await;
+    assert_eq!(doc.status, 200);
+    let v = doc.json();
+    assert!(v["openapi"].as_str().unwrap().starts_with("3.1"));
+}

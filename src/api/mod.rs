@@ -2,8 +2,12 @@
 //! problem documents for every error. It talks to the [`Engine`] only; it never touches the
 //! store's trees or the wheel.
 
+mod metrics;
 pub mod problem;
 pub mod views;
+
+/// The OpenAPI 3.1 document of this API, served at `/v1/openapi.json`.
+pub const OPENAPI: &str = include_str!("openapi.json");
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -119,6 +123,18 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
             )
         });
     }
+    if segs.as_slice() == ["metrics"] {
+        authorize(state, &req)?;
+        if req.method() != Method::GET {
+            return Err(method_not_allowed("GET"));
+        }
+        let mut r = Response::new(Full::new(Bytes::from(metrics::render(&state.engine))));
+        r.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+        );
+        return Ok(r);
+    }
     if segs.first() != Some(&"v1") {
         return Err(Problem::not_found(format!("no route for {path}")));
     }
@@ -192,6 +208,17 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
                 _ => Err(method_not_allowed("POST")),
             }
         }
+        ["openapi.json"] => match m {
+            Method::GET => {
+                let mut r = Response::new(Full::new(Bytes::from_static(OPENAPI.as_bytes())));
+                r.headers_mut().insert(
+                    hyper::header::CONTENT_TYPE,
+                    hyper::header::HeaderValue::from_static("application/json"),
+                );
+                Ok(r)
+            }
+            _ => Err(method_not_allowed("GET")),
+        },
         ["channels"] => match m {
             Method::GET => {
                 let now = state.engine.now_ms();

@@ -671,6 +671,11 @@ impl Engine {
         Ok(f)
     }
 
+    /// Tasks that are pending, running or paused.
+    pub fn live_tasks(&self) -> usize {
+        self.inner.live.lock().len()
+    }
+
     /// Alerts raised and alert deliveries that failed, since start.
     pub fn alert_counts(&self) -> (u64, u64) {
         (
