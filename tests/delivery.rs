@@ -184,3 +184,28 @@ async fn file_and_log_channels_deliver() {
     assert_eq!(lines[0]["to"], "a");
     assert_eq!(lines[1]["idempotency_key"], "f:1:1");
 }
+
+#[tokio::test]
+async fn a_task_with_a_128_character_id_has_reachable_failures() {
+    let rx = Receiver::start().await;
+    let id = "x".repeat(128);
+    let key = format!("{id}:1:0");
+    rx.script_key(&key, vec![Behavior::Status(400)]);
+    let h = TestHerald::start(&webhook_channel("hook", &rx.url(), "")).await;
+    create(
+        &h,
+        json!({"id": id, "channel": "hook", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"}),
+    )
+    .await;
+    wait_state(&h.server.url(), &id, "completed", Duration::from_secs(10)).await;
+    let f = failures(&h, &id).await;
+    assert_eq!(f[0]["id"], key.as_str());
+    let page = http::get(&h.url(&format!("/v1/failures?after={key}"))).await;
+    assert_eq!(page.status, 200, "{}", page.text());
+    let r = http::delete(&h.url(&format!("/v1/failures/{key}"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // 405 names the allowed methods.
+    let r = http::request("PUT", &h.url("/v1/failures"), &[], None).await;
+    assert_eq!(r.status, 405);
+    assert_eq!(r.header("allow"), Some("GET"));
+}

@@ -102,12 +102,14 @@ fn json_response(status: StatusCode, v: &Value) -> Resp {
 }
 
 fn method_not_allowed(allow: &'static str) -> Problem {
-    Problem::new(
+    let mut p = Problem::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method-not-allowed",
         "Method not allowed",
         format!("allowed: {allow}"),
-    )
+    );
+    p.allow = Some(allow);
+    p
 }
 
 async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem> {
@@ -189,7 +191,7 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
             _ => Err(method_not_allowed("GET")),
         },
         ["failures", id] => {
-            let id = path_id(id)?;
+            let id = failure_path_id(id)?;
             match m {
                 Method::DELETE => {
                     let f = state.engine.dismiss_failure(&id).await?;
@@ -199,7 +201,7 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
             }
         }
         ["failures", id, "retry"] => {
-            let id = path_id(id)?;
+            let id = failure_path_id(id)?;
             match m {
                 Method::POST => {
                     let f = state.engine.retry_failure(&id).await?;
@@ -296,6 +298,16 @@ fn path_id(raw: &str) -> Result<String, Problem> {
     Ok(id)
 }
 
+/// Failure ids are `{task id}:{run}:{seq}`: a task id of up to 128 characters plus two numbers.
+const FAILURE_ID_LEN_MAX: usize = crate::model::id::ID_MAX_LEN + 22;
+
+fn failure_path_id(raw: &str) -> Result<String, Problem> {
+    let id = percent_decode(raw).unwrap_or_else(|| raw.to_string());
+    crate::model::id::check_id_len(&id, FAILURE_ID_LEN_MAX)
+        .map_err(|e| Problem::bad_request(format!("id: {e}")).with_field("id"))?;
+    Ok(id)
+}
+
 /// Query parameters; unknown ones are rejected like unknown JSON fields.
 fn query(req: &Request<Incoming>, allowed: &[&str]) -> Result<Vec<(String, String)>, Problem> {
     let mut out = Vec::new();
@@ -328,7 +340,11 @@ fn param<'a>(q: &'a [(String, String)], name: &str) -> Option<&'a str> {
     q.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
 }
 
-fn page_params(q: &[(String, String)]) -> Result<(usize, Option<String>), Problem> {
+/// `limit` and `after` (an id of at most `after_len_max` characters).
+fn page_params(
+    q: &[(String, String)],
+    after_len_max: usize,
+) -> Result<(usize, Option<String>), Problem> {
     let limit = match param(q, "limit") {
         Some(l) => l
             .parse::<usize>()
@@ -344,7 +360,7 @@ fn page_params(q: &[(String, String)]) -> Result<(usize, Option<String>), Proble
     };
     let after = match param(q, "after") {
         Some(a) if !a.is_empty() => {
-            check_id(a)
+            crate::model::id::check_id_len(a, after_len_max)
                 .map_err(|e| Problem::bad_request(format!("after: {e}")).with_field("after"))?;
             Some(a.to_string())
         }
@@ -522,7 +538,7 @@ fn get_task(state: &ApiState, id: &str) -> Result<Resp, Problem> {
 
 fn list_tasks(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
     let q = query(req, &["state", "channel", "limit", "after"])?;
-    let (limit, after) = page_params(&q)?;
+    let (limit, after) = page_params(&q, crate::model::id::ID_MAX_LEN)?;
     let st = match param(&q, "state") {
         Some(s) if !s.is_empty() => Some(views::parse_state(s).ok_or_else(|| {
             Problem::bad_request(format!(
@@ -570,7 +586,7 @@ fn task_runs(state: &ApiState, id: &str) -> Result<Resp, Problem> {
 
 fn list_failures(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
     let q = query(req, &["task", "limit", "after"])?;
-    let (limit, after) = page_params(&q)?;
+    let (limit, after) = page_params(&q, FAILURE_ID_LEN_MAX)?;
     let task = match param(&q, "task") {
         Some(t) if !t.is_empty() => {
             check_id(t)

@@ -16,6 +16,8 @@ pub struct Problem {
     pub title: &'static str,
     pub detail: String,
     pub field: Option<String>,
+    /// For 405: the `Allow` header.
+    pub allow: Option<&'static str>,
 }
 
 impl Problem {
@@ -31,6 +33,7 @@ impl Problem {
             title,
             detail: detail.into(),
             field: None,
+            allow: None,
         }
     }
 
@@ -93,6 +96,12 @@ impl Problem {
             hyper::header::CONTENT_TYPE,
             hyper::header::HeaderValue::from_static("application/problem+json"),
         );
+        if let Some(allow) = self.allow {
+            resp.headers_mut().insert(
+                hyper::header::ALLOW,
+                hyper::header::HeaderValue::from_static(allow),
+            );
+        }
         resp
     }
 }

@@ -9,12 +9,18 @@ pub const ID_MAX_LEN: usize = 128;
 
 /// Checks an id; the error says what is wrong with it.
 pub fn check_id(id: &str) -> Result<(), String> {
+    check_id_len(id, ID_MAX_LEN)
+}
+
+/// Checks an id of the same alphabet with another length limit (failure ids are a task id
+/// plus `:{run}:{seq}`).
+pub fn check_id_len(id: &str, max_len: usize) -> Result<(), String> {
     if id.is_empty() {
         return Err("must not be empty".into());
     }
-    if id.len() > ID_MAX_LEN {
+    if id.len() > max_len {
         return Err(format!(
-            "must be at most {ID_MAX_LEN} characters, got {}",
+            "must be at most {max_len} characters, got {}",
             id.len()
         ));
     }
