@@ -386,3 +386,30 @@ async fn cancelling_reminders_cancels_them_all() {
     h.run_until(utc_ms("2026-12-01T03:00:00Z")).await;
     assert_eq!(h.sent().len(), 1, "no reminder after the cancel");
 }
+
+#[tokio::test]
+async fn reminders_already_past_when_created_follow_the_misfire_rules() {
+    // 09:50 in Shanghai, class at 10:00: the 30-minute reminder (09:30) is 20 minutes late,
+    // past the 10m grace: expired. The 15-minute one (09:45) is 5 minutes late: sent at once.
+    let h = ManualHerald::start(utc_ms("2026-12-01T01:50:00Z"), "").await;
+    h.post(&json!({"id": "late", "channel": "out",
+        "schedule": {"reminders": {"event_at": "2026-12-01T10:00:00", "tz": "Asia/Shanghai",
+                                   "before": ["30m", "15m", "5m"]}},
+        "to": ["s"], "body": "{{minutes_left}} min"}))
+        .await;
+    h.run_until(utc_ms("2026-12-01T02:00:00Z")).await;
+    let got: Vec<(u64, String)> = h
+        .sent()
+        .iter()
+        .map(|s| (sent_at(s), s["body"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (utc_ms("2026-12-01T01:50:00Z"), "15 min".to_string()),
+            (utc_ms("2026-12-01T01:55:00Z"), "5 min".to_string()),
+        ]
+    );
+    let runs = h.runs("late").await;
+    assert_eq!(run_states(&runs), ["expired", "completed", "completed"]);
+}
