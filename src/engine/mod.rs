@@ -96,16 +96,24 @@ impl LiveState {
     }
 }
 
-/// The state a live task is in, given whether it has active runs: sending beats waiting for a
-/// fire beats done. Paused and finished tasks keep their state.
+/// The state a task's runs and schedule call for: sending beats waiting for a fire beats done.
+pub(crate) fn state_for(task: &Task, has_active_runs: bool) -> TaskState {
+    if has_active_runs {
+        TaskState::Running
+    } else if task.next_fire_at_ms.is_some() || !task.queued.is_empty() {
+        TaskState::Pending
+    } else {
+        TaskState::Completed
+    }
+}
+
+/// Like [`state_for`], but paused and finished tasks keep their state.
 pub(crate) fn derive_state(task: &Task, has_active_runs: bool) -> TaskState {
     match task.state {
         TaskState::Paused | TaskState::Completed | TaskState::Cancelled | TaskState::Failed => {
             task.state
         }
-        _ if has_active_runs => TaskState::Running,
-        _ if task.next_fire_at_ms.is_some() || !task.queued.is_empty() => TaskState::Pending,
-        _ => TaskState::Completed,
+        _ => state_for(task, has_active_runs),
     }
 }
 
@@ -540,10 +548,7 @@ impl Engine {
         }
         let now = self.inner.clock.now_ms();
         let mut task = st.task.clone();
-        task.state = TaskState::Pending; // re-derived below; Paused -> Pending is allowed
-        let to = derive_state(&task, !st.runs.is_empty());
-        task.state = TaskState::Paused;
-        task.set_state(to, now)?;
+        task.set_state(state_for(&task, !st.runs.is_empty()), now)?;
         let runs: Vec<Run> = st
             .runs
             .values()
