@@ -1,1 +1,443 @@
-fn main() {}
+//! Webhook delivery throughput: herald vs the raw hyper client, in the same run.
+//!
+//! One receiver for every contender: a hyper 1 HTTP/1.1 server on 127.0.0.1:0 that reads the
+//! request body and answers 200 with an empty body. It counts requests in an `AtomicU64` and
+//! stamps the arrival of the latest one in another (no recording, no locks). It runs on its own
+//! tokio runtime (1 worker thread); herald, the baseline client and the driver share a second
+//! runtime (2 worker threads, one per core).
+//!
+//! One iteration delivers N = 2000 messages, 20 sequences of 100, and is timed from just
+//! before the first create (or the first POST for the baseline) to the arrival of the N-th
+//! request at the receiver. The driver polls the counter every 1 ms (with a deadline); the end
+//! instant is the receiver's arrival stamp of the N-th request, so the 1 ms poll granularity is
+//! not in the figure. Between iterations (untimed) herald is left to go idle, so the last
+//! settles of one iteration do not overlap the next one.
+//!
+//! Each criterion sample (one `iter_custom` call) gets, untimed, a fresh contender (a new
+//! herald on a new data dir, or a new client) and one warm-up round that opens its
+//! connections. herald's throughput varied by up to ~30 % from one instance to the next when
+//! one instance served a whole contender; with an instance per sample that variation is
+//! averaged over the samples instead of biasing one contender against another.
+//!
+//! Run: `cargo bench --bench delivery` (about 1.5 minutes on 2 cores).
+//!
+//! * `baseline_hyper`: `hyper_util::client::legacy::Client` built like herald's webhook sink
+//!   (pooled, `TCP_NODELAY`, same idle timeout), 20 concurrent workers each POSTing its 100
+//!   messages one after the other: the same parallelism herald has with 20 runs. Same headers
+//!   and same JSON bodies (herald's `Delivery`, serialized once at set-up).
+//! * `herald_unsigned` / `herald_signed`: herald in-process (`server::start_with`), data dir on
+//!   tmpfs (`/dev/shm`, else the normal temp dir: on this VM one disk fsync costs
+//!   milliseconds and would dominate), channel `hook` (webhook, concurrency 64;
+//!   `signed` adds a Standard Webhooks secret). Each iteration creates 20 tasks of 100 messages
+//!   (`schedule.after = "0s"`, no pacing) concurrently through `Engine::create` (what the HTTP
+//!   API calls, minus HTTP parsing). A run is a sequence: each message is made durable twice
+//!   (in-flight mark, settle) before the next one is planned, so throughput comes from the 20
+//!   runs going in parallel and sharing group-committed flushes.
+//! * `herald_unsigned_disk`: as `herald_unsigned` with the data dir on the real disk (under
+//!   the target dir), where each group flush is an fsync.
+//!
+//! After each herald contender the number of durable flushes per message is printed.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::runtime::Runtime;
+use tokio::task::JoinSet;
+
+use herald::config::{Config, Overrides};
+use herald::deliver::Delivery;
+use herald::engine::Engine;
+use herald::model::TaskRequest;
+use herald::server::Server;
+
+const TASKS: usize = 20;
+const PER_TASK: usize = 100;
+const N: u64 = (TASKS * PER_TASK) as u64;
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+/// Longest one iteration may take before the bench gives up.
+const ROUND_DEADLINE: Duration = Duration::from_secs(120);
+const MESSAGE_BODY: &str = "Class starts soon";
+
+// ---------------------------------------------------------------------------------------------
+// Receiver
+
+/// The instant arrival stamps count from.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+#[derive(Default)]
+struct Counter {
+    requests: AtomicU64,
+    /// Arrival of the latest request, ns since `epoch()`.
+    last_ns: AtomicU64,
+}
+
+struct Receiver {
+    addr: SocketAddr,
+    counter: Arc<Counter>,
+    /// Its own runtime; dropping it stops the server.
+    _rt: Runtime,
+}
+
+impl Receiver {
+    fn start() -> Receiver {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("bench-receiver")
+            .enable_all()
+            .build()
+            .expect("receiver runtime");
+        let counter = Arc::new(Counter::default());
+        let listener = rt
+            .block_on(TcpListener::bind("127.0.0.1:0"))
+            .expect("receiver: bind");
+        let addr = listener.local_addr().expect("receiver: local_addr");
+        let c = counter.clone();
+        rt.spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let c = c.clone();
+                        async move {
+                            // Read the body so the connection is reusable.
+                            let _ = req.into_body().collect().await;
+                            let ns = epoch().elapsed().as_nanos() as u64;
+                            // Stamp before counting: whoever sees the count sees the stamp.
+                            c.last_ns.store(ns, Ordering::Relaxed);
+                            c.requests.fetch_add(1, Ordering::Release);
+                            Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
+                        }
+                    });
+                    let _ = http1::Builder::new()
+                        .keep_alive(true)
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Receiver {
+            addr,
+            counter,
+            _rt: rt,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/hook", self.addr)
+    }
+}
+
+/// Waits (polling every 1 ms, with a deadline) until the receiver counted `target` requests;
+/// returns the arrival instant of the latest one.
+async fn arrival_of(counter: &Counter, target: u64) -> Instant {
+    let end = Instant::now() + ROUND_DEADLINE;
+    loop {
+        let n = counter.requests.load(Ordering::Acquire);
+        if n >= target {
+            assert_eq!(n, target, "more requests than messages (retries?)");
+            return epoch() + Duration::from_nanos(counter.last_ns.load(Ordering::Relaxed));
+        }
+        assert!(
+            Instant::now() < end,
+            "receiver counted {n} of {target} requests within {ROUND_DEADLINE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Baseline: the raw hyper client
+
+struct Baseline {
+    client: Client<HttpConnector, Full<Bytes>>,
+    uri: Uri,
+    /// Per worker, its messages: (idempotency key, JSON body).
+    messages: Arc<Vec<Vec<(String, Bytes)>>>,
+}
+
+impl Baseline {
+    fn new(url: &str) -> Baseline {
+        // As `WebhookSink::new` builds it.
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let messages = (0..TASKS)
+            .map(|t| {
+                let task_id = format!("bench-baseline-{t:02}");
+                (0..PER_TASK)
+                    .map(|i| {
+                        let key = herald::model::delivery_key(&task_id, 1, i as u32);
+                        let d = Delivery {
+                            task_id: task_id.clone(),
+                            run: 1,
+                            seq: i as u32,
+                            to: recipient(t, i),
+                            body: MESSAGE_BODY.into(),
+                            scheduled_at: now.clone(),
+                            attempt: 1,
+                            idempotency_key: key.clone(),
+                            sent_at: now.clone(),
+                        };
+                        (key, Bytes::from(serde_json::to_vec(&d).expect("json")))
+                    })
+                    .collect()
+            })
+            .collect();
+        Baseline {
+            client,
+            uri: url.parse().expect("uri"),
+            messages: Arc::new(messages),
+        }
+    }
+
+    async fn round(&self, counter: &Counter) -> Duration {
+        let target = counter.requests.load(Ordering::Acquire) + N;
+        let start = Instant::now();
+        let mut workers = JoinSet::new();
+        for w in 0..TASKS {
+            let client = self.client.clone();
+            let uri = self.uri.clone();
+            let messages = self.messages.clone();
+            workers.spawn(async move {
+                for (key, body) in &messages[w] {
+                    let req = Request::post(uri.clone())
+                        .header("content-type", "application/json")
+                        .header("user-agent", "herald/0.1.0")
+                        .header("idempotency-key", key.as_str())
+                        .body(Full::new(body.clone()))
+                        .expect("request");
+                    let resp = client.request(req).await.expect("baseline POST");
+                    assert!(resp.status().is_success());
+                    resp.into_body().collect().await.expect("response body");
+                }
+            });
+        }
+        while let Some(r) = workers.join_next().await {
+            r.expect("baseline worker");
+        }
+        arrival_of(counter, target).await - start
+    }
+}
+
+fn recipient(task: usize, i: usize) -> String {
+    format!("user-{task:02}-{i:03}@example.com")
+}
+
+// ---------------------------------------------------------------------------------------------
+// herald
+
+struct Herald {
+    server: Server,
+    _dir: tempfile::TempDir,
+}
+
+impl Herald {
+    async fn start(receiver_url: &str, signed: bool, dir: tempfile::TempDir) -> Herald {
+        let mut toml = format!(
+            "[channels.hook]\nkind = \"webhook\"\nurl = \"{receiver_url}\"\nconcurrency = 64\n"
+        );
+        if signed {
+            toml.push_str(&format!("secret = \"{SECRET}\"\n"));
+        }
+        let config = Config::from_toml(
+            &toml,
+            Overrides {
+                listen: Some("127.0.0.1:0".into()),
+                data_dir: Some(dir.path().to_path_buf()),
+                token: None,
+            },
+        )
+        .expect("bench config is valid");
+        let server = herald::server::start_with(
+            config,
+            Arc::new(herald::clock::SystemClock::new()),
+            herald::engine::EngineConfig::default(),
+        )
+        .await
+        .expect("herald starts");
+        Herald { server, _dir: dir }
+    }
+
+    fn engine(&self) -> &Engine {
+        &self.server.engine
+    }
+
+    fn flushes(&self) -> u64 {
+        self.engine()
+            .store()
+            .commit_stats()
+            .flushes
+            .load(Ordering::Relaxed)
+    }
+
+    async fn round(&self, counter: &Counter, requests: &[TaskRequest]) -> Duration {
+        let batch: Vec<TaskRequest> = requests.to_vec();
+        let target = counter.requests.load(Ordering::Acquire) + N;
+        let start = Instant::now();
+        let mut creates = JoinSet::new();
+        for req in batch {
+            let engine = self.engine().clone();
+            creates.spawn(async move { engine.create(req, None).await.map(|_| ()) });
+        }
+        while let Some(r) = creates.join_next().await {
+            r.expect("create task").expect("create");
+        }
+        let elapsed = arrival_of(counter, target).await - start;
+        // Untimed: let the last settles finish before the next iteration.
+        self.engine().idle().await;
+        elapsed
+    }
+}
+
+/// 20 tasks of 100 messages each, due at once, no pacing, on channel `hook`.
+fn task_requests() -> Vec<TaskRequest> {
+    (0..TASKS)
+        .map(|t| {
+            let to: Vec<String> = (0..PER_TASK).map(|i| recipient(t, i)).collect();
+            serde_json::from_value(serde_json::json!({
+                "channel": "hook",
+                "schedule": {"after": "0s"},
+                "to": to,
+                "body": MESSAGE_BODY,
+            }))
+            .expect("task request")
+        })
+        .collect()
+}
+
+fn tmpfs_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("herald-bench")
+        .tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::Builder::new().prefix("herald-bench").tempdir())
+        .expect("temp dir")
+}
+
+fn disk_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("herald-bench")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("temp dir on disk")
+}
+
+// ---------------------------------------------------------------------------------------------
+
+fn delivery(c: &mut Criterion) {
+    let receiver = Receiver::start();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("bench-herald")
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let counter = receiver.counter.clone();
+    let requests = task_requests();
+
+    let mut g = c.benchmark_group("delivery");
+    g.throughput(Throughput::Elements(N))
+        .sample_size(10)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_secs(2))
+        .measurement_time(Duration::from_secs(12));
+
+    g.bench_function("baseline_hyper", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                // Untimed, as for herald: a fresh client per sample and one round to open its
+                // connections.
+                let baseline = Baseline::new(&receiver.url());
+                baseline.round(&counter).await;
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    total += baseline.round(&counter).await;
+                }
+                total
+            })
+        })
+    });
+
+    // (name, signed, data dir on the real disk)
+    let variants = [
+        ("herald_unsigned", false, false),
+        ("herald_signed", true, false),
+        ("herald_unsigned_disk", false, true),
+    ];
+    for (name, signed, on_disk) in variants {
+        if on_disk {
+            // Iterations take ~0.6 s there: a little more time for 10 samples.
+            g.measurement_time(Duration::from_secs(15));
+        }
+        let mut on = String::new();
+        let (mut flushes, mut messages) = (0u64, 0u64);
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    // Untimed: a fresh herald on a fresh data dir for every sample, so that
+                    // whatever one instance happens to get (thread placement, store layout)
+                    // is spread over the samples instead of biasing a whole contender; then
+                    // one round to open its connections and warm the store.
+                    let dir = if on_disk { disk_dir() } else { tmpfs_dir() };
+                    on = data_dir_kind(dir.path());
+                    let herald = Herald::start(&receiver.url(), signed, dir).await;
+                    herald.round(&counter, &requests).await;
+                    let (f0, m0) = (herald.flushes(), counter.requests.load(Ordering::Acquire));
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        total += herald.round(&counter, &requests).await;
+                    }
+                    flushes += herald.flushes() - f0;
+                    messages += counter.requests.load(Ordering::Acquire) - m0;
+                    assert!(
+                        herald.server.stop(Duration::from_secs(30)).await,
+                        "herald stopped"
+                    );
+                    total
+                })
+            })
+        });
+        println!(
+            "{name}: data dir on {on}; {messages} timed messages, {:.3} durable flushes per message",
+            flushes as f64 / messages.max(1) as f64
+        );
+    }
+    g.finish();
+}
+
+fn data_dir_kind(p: &Path) -> String {
+    let kind = if p.starts_with("/dev/shm") {
+        "tmpfs"
+    } else {
+        "disk"
+    };
+    format!("{kind} ({})", p.display())
+}
+
+criterion_group!(benches, delivery);
+criterion_main!(benches);
