@@ -26,11 +26,8 @@ pub const BODY_BYTES_MAX: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot read config file {path}: {error}")]
+    Read { path: String, error: std::io::Error },
     #[error("config file {path}: {message}")]
     Parse { path: String, message: String },
     #[error("{key}: {message}")]
@@ -135,9 +132,9 @@ impl Config {
     pub fn load(path: Option<&Path>, overrides: Overrides) -> Result<Config, ConfigError> {
         let file = match path {
             Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                let text = std::fs::read_to_string(p).map_err(|error| ConfigError::Read {
                     path: p.display().to_string(),
-                    source,
+                    error,
                 })?;
                 Config::parse_file(&text, &p.display().to_string())?
             }

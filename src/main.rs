@@ -30,7 +30,15 @@ enum Command {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    // One line, no backtrace: a config mistake is a message for the operator, not a crash.
+    if let Err(e) = run() {
+        eprintln!("herald: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

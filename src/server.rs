@@ -20,16 +20,16 @@ use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("opening the data directory {dir}: {source}")]
-    Store { dir: String, source: StoreError },
+    #[error("opening the data directory {dir}: {error}")]
+    Store { dir: String, error: StoreError },
     #[error("channel {name}: {message}")]
     Channel { name: String, message: String },
     #[error("recovery: {0}")]
     Engine(#[from] EngineError),
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {error}")]
     Listen {
         addr: SocketAddr,
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -125,21 +125,21 @@ pub async fn start_with(
     clock: Arc<dyn Clock>,
     mut engine_config: EngineConfig,
 ) -> Result<Server, StartError> {
-    let store = Store::open(&config.data_dir).map_err(|source| StartError::Store {
+    let store = Store::open(&config.data_dir).map_err(|error| StartError::Store {
         dir: config.data_dir.display().to_string(),
-        source,
+        error,
     })?;
     let channels = build_channels(&config)?;
     // Bind before recovering so a port clash fails fast.
     let listener = TcpListener::bind(config.listen)
         .await
-        .map_err(|source| StartError::Listen {
+        .map_err(|error| StartError::Listen {
             addr: config.listen,
-            source,
+            error,
         })?;
-    let addr = listener.local_addr().map_err(|source| StartError::Listen {
+    let addr = listener.local_addr().map_err(|error| StartError::Listen {
         addr: config.listen,
-        source,
+        error,
     })?;
     engine_config.limits = config.limits.clone();
     engine_config.alerts_channel = config.alerts_channel.clone();
