@@ -40,6 +40,11 @@ pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
             i += 1;
         }
         let unit = &s[ustart..i];
+        if unit.is_empty() {
+            return Err(format!(
+                "invalid duration {s:?}: expected a unit (ms, s, m, h, d) right after {digits}"
+            ));
+        }
         let Some(idx) = UNITS.iter().position(|(u, _)| *u == unit) else {
             return Err(format!(
                 "invalid duration {s:?}: unknown unit {unit:?} (use ms, s, m, h, d)"
