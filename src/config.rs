@@ -50,6 +50,17 @@ struct FileConfig {
     #[serde(default)]
     channels: BTreeMap<String, ChannelFile>,
     alerts: Option<AlertsFile>,
+    limits: Option<LimitsFile>,
+}
+
+/// `[limits]`: the documented defaults of API.md, adjustable.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct LimitsFile {
+    body_bytes_max: Option<usize>,
+    messages_max: Option<usize>,
+    message_body_bytes_max: Option<usize>,
+    horizon: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -156,7 +167,27 @@ impl Config {
     }
 
     fn from_parts(file: FileConfig, o: Overrides) -> Result<Config, ConfigError> {
-        let limits = Limits::default();
+        let mut limits = Limits::default();
+        let mut body_bytes_max = BODY_BYTES_MAX;
+        if let Some(l) = &file.limits {
+            let positive = |key: &str, v: Option<usize>, current: usize| match v {
+                Some(0) => Err(invalid(format!("limits.{key}"), "must be more than 0")),
+                Some(n) => Ok(n),
+                None => Ok(current),
+            };
+            body_bytes_max = positive("body_bytes_max", l.body_bytes_max, body_bytes_max)?;
+            limits.messages_max = positive("messages_max", l.messages_max, limits.messages_max)?;
+            limits.message_body_bytes_max = positive(
+                "message_body_bytes_max",
+                l.message_body_bytes_max,
+                limits.message_body_bytes_max,
+            )?;
+            if let Some(h) = &l.horizon {
+                limits.horizon_ms = parse_duration_ms(h)
+                    .map_err(|e| invalid("limits.horizon", e))?
+                    .max(1);
+            }
+        }
         let (listen_key, listen_text) = match (&o.listen, &file.listen) {
             (Some(l), _) => ("--listen", l.clone()),
             (None, Some(l)) => ("listen", l.clone()),
@@ -214,7 +245,7 @@ impl Config {
             token,
             channels,
             limits,
-            body_bytes_max: BODY_BYTES_MAX,
+            body_bytes_max,
             alerts_channel,
         })
     }
@@ -433,6 +464,20 @@ path = "d/sent.jsonl"
         assert!(err("listen = \"0.0.0.0:7700\"").starts_with("listen:"));
         assert!(err("colour = 1").contains("unknown field"));
         assert!(err("[channels.w]\nkind = \"file\"").starts_with("channels.w.path:"));
+    }
+
+    #[test]
+    fn limits_are_configurable() {
+        let c = Config::from_toml(
+            "[limits]\nbody_bytes_max = 2048\nmessages_max = 10\nhorizon = \"30d\"",
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.body_bytes_max, 2048);
+        assert_eq!(c.limits.messages_max, 10);
+        assert_eq!(c.limits.horizon_ms, 30 * 86_400_000);
+        assert!(err("[limits]\nmessages_max = 0").starts_with("limits.messages_max:"));
+        assert!(err("[limits]\nhorizon = \"soon\"").starts_with("limits.horizon:"));
     }
 
     #[test]

@@ -253,7 +253,10 @@ fn check_fires(task: &Task, cx: &Context) -> Result<(), FieldError> {
         )),
         Some(at) if at > cx.now_ms.saturating_add(cx.limits.horizon_ms) => Err(FieldError::new(
             field,
-            "first fire is beyond the scheduling horizon (10 years)",
+            format!(
+                "first fire is beyond the scheduling horizon ({})",
+                super::format_duration_ms(cx.limits.horizon_ms)
+            ),
         )),
         Some(_) => Ok(()),
     }
@@ -465,7 +468,10 @@ fn validate_schedule(
         if event_ms > cx.now_ms.saturating_add(cx.limits.horizon_ms) {
             return Err(FieldError::new(
                 "schedule.reminders.event_at",
-                "is beyond the scheduling horizon (10 years)",
+                format!(
+                    "is beyond the scheduling horizon ({})",
+                    super::format_duration_ms(cx.limits.horizon_ms)
+                ),
             ));
         }
         // Reminders already past follow the misfire rules; but if every one of them is past
@@ -496,7 +502,10 @@ fn validate_schedule(
         if at_ms > horizon_end {
             return Err(FieldError::new(
                 "schedule.after",
-                "is beyond the scheduling horizon (10 years)",
+                format!(
+                    "is beyond the scheduling horizon ({})",
+                    super::format_duration_ms(cx.limits.horizon_ms)
+                ),
             ));
         }
         return Ok(Schedule::After {
@@ -533,7 +542,10 @@ fn validate_schedule(
     if at_ms > horizon_end {
         return Err(FieldError::new(
             "schedule.at",
-            "is beyond the scheduling horizon (10 years)",
+            format!(
+                "is beyond the scheduling horizon ({})",
+                super::format_duration_ms(cx.limits.horizon_ms)
+            ),
         ));
     }
     Ok(Schedule::At {
