@@ -231,21 +231,27 @@ impl Engine {
     /// next deadline. Advancing a manual clock to each returned deadline in turn replays a
     /// schedule deterministically, with every event at its exact instant.
     pub async fn idle(&self) -> Option<u64> {
-        let outstanding = &self.inner.timer.outstanding;
+        let timer = &self.inner.timer;
         loop {
             // First let every running step finish: the commands they sent to the timer are
             // then queued ahead of the sync below, so its answer accounts for them.
-            while outstanding.load(Ordering::Acquire) != 0 {
+            while timer.outstanding.load(Ordering::Acquire) != 0 {
                 tokio::time::sleep(std::time::Duration::from_millis(1)).await;
             }
+            let completed = timer.completed.load(Ordering::Acquire);
             let inner = self.inner.clone();
-            let next = tokio::task::spawn_blocking(move || inner.timer.sync())
+            let (next, fired) = tokio::task::spawn_blocking(move || inner.timer.sync())
                 .await
-                .ok()
-                .flatten();
-            // The sync dispatched nothing new, and nothing is due: idle.
+                .unwrap_or((None, 0));
+            // Idle only if nothing happened around the sync: it handed nothing over, no step
+            // is running, and none ran in between (a step the timer started concurrently may
+            // have planned more, which `next` would not show). And nothing is due now.
             let now = self.inner.clock.now_ms();
-            if outstanding.load(Ordering::Acquire) == 0 && next.is_none_or(|d| d > now) {
+            if fired == 0
+                && timer.outstanding.load(Ordering::Acquire) == 0
+                && timer.completed.load(Ordering::Acquire) == completed
+                && next.is_none_or(|d| d > now)
+            {
                 return next;
             }
         }

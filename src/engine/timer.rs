@@ -44,24 +44,32 @@ enum Cmd {
     Cancel(RunKey),
     /// Re-read the clock (a manual clock moved).
     Wake,
-    /// Answer with the wheel's next deadline once every key due now has been handed over.
-    Sync(std::sync::mpsc::Sender<Option<u64>>),
+    /// Answer with the wheel's next deadline, and how many keys this round handed over, once
+    /// every key due now has been handed over.
+    Sync(std::sync::mpsc::Sender<(Option<u64>, usize)>),
 }
 
 pub struct Timer {
     // `Option` so that `Drop` can close the channel before joining the thread.
     tx: Option<Sender<Cmd>>,
     thread: Option<JoinHandle<()>>,
-    /// Keys handed to the dispatcher whose step has not finished (see `Outstanding`).
+    /// Keys handed to the dispatcher whose step has not finished.
     pub outstanding: Arc<AtomicUsize>,
+    /// Steps finished since start (for `Engine::idle`).
+    pub completed: Arc<std::sync::atomic::AtomicU64>,
 }
 
-/// Marks the end of one dispatched step (decrements the outstanding count when dropped).
-pub struct StepGuard(Arc<AtomicUsize>);
+/// Marks the end of one dispatched step when dropped.
+pub struct StepGuard {
+    outstanding: Arc<AtomicUsize>,
+    completed: Arc<std::sync::atomic::AtomicU64>,
+}
 
 impl Drop for StepGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        // Completed first: an observer that sees `outstanding` drop also sees the completion.
+        self.completed.fetch_add(1, Ordering::AcqRel);
+        self.outstanding.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -80,6 +88,7 @@ impl Timer {
             tx: Some(tx),
             thread: Some(thread),
             outstanding,
+            completed: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         })
     }
 
@@ -105,17 +114,21 @@ impl Timer {
         self.send(Cmd::Wake);
     }
 
-    /// Waits (blocking) until the thread has handed over every key due at the clock's current
-    /// time, and returns the wheel's next deadline. For deterministic tests on a manual clock.
-    pub fn sync(&self) -> Option<u64> {
+    /// Waits (blocking) until the thread has processed every command sent before and handed
+    /// over every key due at the clock's current time; returns the wheel's next deadline and
+    /// the number of keys handed over in that round. For deterministic manual-clock tests.
+    pub fn sync(&self) -> (Option<u64>, usize) {
         let (tx, rx) = std::sync::mpsc::channel();
         self.send(Cmd::Sync(tx));
-        rx.recv().ok().flatten()
+        rx.recv().unwrap_or((None, 0))
     }
 
     /// Called by the dispatcher for each key it receives; the guard ends the step.
     pub fn step_guard(&self) -> StepGuard {
-        StepGuard(self.outstanding.clone())
+        StepGuard {
+            outstanding: self.outstanding.clone(),
+            completed: self.completed.clone(),
+        }
     }
 }
 
@@ -173,7 +186,9 @@ fn run(
                 Cmd::Sync(reply) => syncs.push(reply),
             }
         }
+        let mut fired = 0usize;
         wheel.advance(clock.now_ms(), &mut |h, key: RunKey| {
+            fired += 1;
             if handles.get(&key) == Some(&h) {
                 handles.remove(&key);
             }
@@ -185,7 +200,7 @@ fn run(
             }
         });
         for reply in syncs {
-            let _ = reply.send(wheel.next_deadline());
+            let _ = reply.send((wheel.next_deadline(), fired));
         }
         if due.is_closed() {
             return;

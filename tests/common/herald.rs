@@ -189,6 +189,12 @@ pub struct ManualHerald {
 
 impl ManualHerald {
     pub async fn start(start_ms: u64, extra_config: &str) -> ManualHerald {
+        if let Ok(filter) = std::env::var("HERALD_TEST_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_test_writer()
+                .try_init();
+        }
         let dir = tempfile::tempdir().expect("temp dir");
         let out = dir.path().join("out.jsonl");
         let config = format!(
