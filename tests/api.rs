@@ -305,18 +305,8 @@ async fn local_time_in_a_zone_is_read_there() {
 
 #[tokio::test]
 async fn healthz_and_token_auth() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = herald::config::Config::from_toml(
-        "",
-        herald::config::Overrides {
-            listen: Some("127.0.0.1:0".into()),
-            data_dir: Some(dir.path().to_path_buf()),
-            token: Some("s3cret".into()),
-        },
-    )
-    .unwrap();
-    let s = herald::server::start(cfg).await.unwrap();
-    let base = s.url();
+    let h = TestHerald::start_with_token("", "s3cret").await;
+    let base = h.server.url();
     let r = http::get(&format!("{base}/healthz")).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.json(), json!({"status": "ok"}));

@@ -31,6 +31,15 @@ async fn create(h: &TestHerald, v: Value) {
     assert_eq!(r.status, 201, "{}", r.text());
 }
 
+/// One message, due now, to `to` = "a" on `channel`.
+async fn send_one(h: &TestHerald, id: &str, channel: &str) {
+    create(
+        h,
+        json!({"id": id, "channel": channel, "schedule": {"after": "0s"}, "to": ["a"], "body": "x"}),
+    )
+    .await;
+}
+
 async fn failures(h: &TestHerald, query: &str) -> Vec<Value> {
     let r = http::get(&h.url(&format!("/v1/failures?{query}"))).await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -102,11 +111,7 @@ async fn a_429_with_retry_after_2_is_not_retried_before_2_seconds() {
         "retry = { max_attempts = 3, initial = \"10ms\" }",
     ))
     .await;
-    create(
-        &h,
-        json!({"id": "ra", "channel": "hook", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"}),
-    )
-    .await;
+    send_one(&h, "ra", "hook").await;
     let got = rx.wait_for(2, Duration::from_secs(10)).await;
     assert_eq!(got.len(), 2);
     assert!(sent_at(&got[1]) - sent_at(&got[0]) >= 2_000.0);
@@ -131,11 +136,7 @@ async fn a_hanging_receiver_times_out_and_other_channels_keep_time() {
         webhook_channel("fast", &fast.url(), "")
     );
     let h = TestHerald::start_on_tmpfs(&config).await;
-    create(
-        &h,
-        json!({"id": "hang", "channel": "slow", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"}),
-    )
-    .await;
+    send_one(&h, "hang", "slow").await;
     create(
         &h,
         json!({"id": "steady", "channel": "fast", "schedule": {"after": "0s"},
@@ -284,11 +285,7 @@ async fn webhooks_are_signed_with_every_secret() {
         &format!("secrets = [\"{new_secret}\", \"old-plain-secret\"]\nretry = {{ max_attempts = 3, initial = \"10ms\" }}"),
     ))
     .await;
-    create(
-        &h,
-        json!({"id": "s", "channel": "signed", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"}),
-    )
-    .await;
+    send_one(&h, "s", "signed").await;
     let got = rx.wait_for(2, Duration::from_secs(10)).await;
     assert_eq!(got.len(), 2);
     for r in &got {
@@ -438,11 +435,7 @@ async fn a_reset_connection_is_retried() {
         "retry = { max_attempts = 3, initial = \"10ms\" }",
     ))
     .await;
-    create(
-        &h,
-        json!({"id": "rst", "channel": "hook", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"}),
-    )
-    .await;
+    send_one(&h, "rst", "hook").await;
     let v = wait_state(&h.server.url(), "rst", "completed", Duration::from_secs(10)).await;
     assert_eq!(v["progress"]["sent"], 1);
     let got = rx.requests();

@@ -630,18 +630,8 @@ async fn answers_match_the_document() {
 #[tokio::test]
 async fn auth_answers_match_the_document() {
     let d = doc();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = herald::config::Config::from_toml(
-        "",
-        herald::config::Overrides {
-            listen: Some("127.0.0.1:0".into()),
-            data_dir: Some(dir.path().to_path_buf()),
-            token: Some("s3cret".into()),
-        },
-    )
-    .unwrap();
-    let s = herald::server::start(cfg).await.unwrap();
-    let base = s.url();
+    let h = TestHerald::start_with_token("", "s3cret").await;
+    let base = h.server.url();
     for (method, path) in SERVED {
         let concrete = path.replace("{id}", "x");
         let r = http::request(method, &format!("{base}{concrete}"), &[], None).await;

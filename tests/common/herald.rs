@@ -27,6 +27,13 @@ impl TestHerald {
         TestHerald { server, dir }
     }
 
+    /// Like `start`, with an API token: `/v1` and `/metrics` then need `Bearer <token>`.
+    pub async fn start_with_token(config: &str, token: &str) -> TestHerald {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let server = boot(dir.path(), config, Some(token.to_string())).await;
+        TestHerald { server, dir }
+    }
+
     /// Like `start`, with the data dir on tmpfs (`/dev/shm`) where there is one. For tests that
     /// measure scheduling precision: on a disk still writing back a fresh build, one fsync can
     /// stall for hundreds of ms, which would measure the disk, not herald. Durability itself is
@@ -48,12 +55,16 @@ impl TestHerald {
 
 /// Starts herald in-process on `data_dir`.
 pub async fn start_in(data_dir: &Path, config: &str) -> Server {
+    boot(data_dir, config, None).await
+}
+
+async fn boot(data_dir: &Path, config: &str, token: Option<String>) -> Server {
     let cfg = Config::from_toml(
         config,
         Overrides {
             listen: Some("127.0.0.1:0".into()),
             data_dir: Some(data_dir.to_path_buf()),
-            token: None,
+            token,
         },
     )
     .expect("test config is valid");
