@@ -60,6 +60,7 @@ struct LimitsFile {
     body_bytes_max: Option<usize>,
     messages_max: Option<usize>,
     message_body_bytes_max: Option<usize>,
+    live_tasks_max: Option<usize>,
     horizon: Option<String>,
 }
 
@@ -182,6 +183,8 @@ impl Config {
                 l.message_body_bytes_max,
                 limits.message_body_bytes_max,
             )?;
+            limits.live_tasks_max =
+                positive("live_tasks_max", l.live_tasks_max, limits.live_tasks_max)?;
             if let Some(h) = &l.horizon {
                 limits.horizon_ms = parse_duration_ms(h)
                     .map_err(|e| invalid("limits.horizon", e))?

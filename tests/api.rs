@@ -353,3 +353,44 @@ async fn metrics_and_openapi_are_served() {
     let v = doc.json();
     assert!(v["openapi"].as_str().unwrap().starts_with("3.1"));
 }
+
+#[tokio::test]
+async fn creates_past_the_live_task_limit_are_refused() {
+    let h = TestHerald::start("[limits]\nlive_tasks_max = 2").await;
+    for _ in 0..2 {
+        assert_eq!(
+            http::post_json(&h.url("/v1/tasks"), &ok_task())
+                .await
+                .status,
+            201
+        );
+    }
+    let r = http::post_json(&h.url("/v1/tasks"), &ok_task()).await;
+    assert_eq!(r.status, 422);
+    assert!(r.json()["detail"]
+        .as_str()
+        .unwrap()
+        .contains("live_tasks_max"));
+    assert_eq!(
+        task_count(&h).await,
+        2,
+        "the refused create left nothing behind"
+    );
+    // Finishing one makes room.
+    let first = http::get(&h.url("/v1/tasks")).await.json()["tasks"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        http::delete(&h.url(&format!("/v1/tasks/{first}")))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        http::post_json(&h.url("/v1/tasks"), &ok_task())
+            .await
+            .status,
+        201
+    );
+}

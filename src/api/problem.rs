@@ -119,6 +119,12 @@ impl From<EngineError> for Problem {
                     .with_field("Idempotency-Key")
             }
             EngineError::Conflict(d) => Problem::conflict(d),
+            EngineError::Limit(d) => Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "limit",
+                "Limit reached",
+                d,
+            ),
             EngineError::Transition(t) => Problem::conflict(t.to_string()),
             EngineError::Stopped => Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -42,6 +42,8 @@ pub enum EngineError {
     IdTaken(String),
     #[error("Idempotency-Key was used before with a different request body")]
     KeyReused,
+    #[error("{0}")]
+    Limit(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -288,6 +290,11 @@ impl Engine {
             let mut live = inner.live.lock();
             if live.contains_key(&task.id) {
                 true
+            } else if live.len() >= inner.config.limits.live_tasks_max {
+                return Err(EngineError::Limit(format!(
+                    "herald already holds {} unfinished tasks (limits.live_tasks_max)",
+                    live.len()
+                )));
             } else {
                 live.insert(task.id.clone(), cell.clone());
                 false

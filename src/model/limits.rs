@@ -16,6 +16,9 @@ pub struct Limits {
     pub max_attempts_max: u32,
     pub interval_ms_max: u64,
     pub backoff_ms_max: u64,
+    /// Tasks that may be pending, running or paused at once (each holds memory and a wheel
+    /// entry); creates past it are refused.
+    pub live_tasks_max: usize,
 }
 
 impl Default for Limits {
@@ -32,6 +35,7 @@ impl Default for Limits {
             max_attempts_max: 100,
             interval_ms_max: 7 * 86_400_000,
             backoff_ms_max: 7 * 86_400_000,
+            live_tasks_max: 1_000_000,
         }
     }
 }
