@@ -6,7 +6,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// A source of "now" in Unix milliseconds.
+/// A source of "now" in Unix milliseconds. Wheel ticks are these milliseconds: instants are
+/// integers already, so a deadline never needs rounding to a tick (a fractional deadline would
+/// have to round *up*: an entry must never fire early).
 ///
 /// Invariant: `now_ms` never goes backwards for one clock value. A system clock that steps back
 /// (NTP) is clamped to the last value it returned, so deadlines computed from it stay ordered.
@@ -73,18 +75,6 @@ impl Clock for ManualClock {
     }
 }
 
-/// Converts a deadline in (possibly fractional) milliseconds to a wheel tick. Deadlines round
-/// *up*: an entry must never fire before its instant, so 10.2 ms becomes tick 11.
-pub fn deadline_tick(ms: f64) -> u64 {
-    if ms.is_nan() || ms <= 0.0 {
-        0
-    } else if ms >= u64::MAX as f64 {
-        u64::MAX
-    } else {
-        ms.ceil() as u64
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,14 +99,5 @@ mod tests {
         assert!(b >= a);
         // After 2020-01-01 and before 2100-01-01.
         assert!(a > 1_577_836_800_000 && a < 4_102_444_800_000);
-    }
-
-    #[test]
-    fn deadlines_round_up() {
-        assert_eq!(deadline_tick(10.0), 10);
-        assert_eq!(deadline_tick(10.2), 11);
-        assert_eq!(deadline_tick(-3.0), 0);
-        assert_eq!(deadline_tick(f64::NAN), 0);
-        assert_eq!(deadline_tick(1e30), u64::MAX);
     }
 }

@@ -29,10 +29,6 @@ impl FileSink {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Appends the delivery (or alert) as one line. The line is written with a single `write_all` under a
     /// lock so concurrent deliveries never interleave; a write error is worth a retry.
     pub async fn write<T: serde::Serialize>(&self, d: &T) -> Outcome {

@@ -15,7 +15,7 @@
 pub mod codec;
 pub mod commit;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use sled::transaction::{ConflictableTransactionError, TransactionError};
@@ -105,7 +105,6 @@ pub struct Store {
     failures: sled::Tree,
     idem: sled::Tree,
     commit: GroupCommit,
-    dir: PathBuf,
 }
 
 pub fn run_key(task_id: &str, run: u32) -> Vec<u8> {
@@ -157,12 +156,7 @@ impl Store {
             idem: db.open_tree("idempotency")?,
             db,
             commit,
-            dir: dir.to_path_buf(),
         })
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     pub fn commit_stats(&self) -> &commit::CommitStats {
