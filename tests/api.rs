@@ -394,3 +394,28 @@ async fn creates_past_the_live_task_limit_are_refused() {
         201
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_with_one_idempotency_key_make_one_task() {
+    let h = TestHerald::start("").await;
+    let body = serde_json::to_vec(&ok_task()).unwrap();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        let (url, body) = (h.url("/v1/tasks"), body.clone());
+        set.spawn(async move {
+            let r = http::request("POST", &url, &[("idempotency-key", "same")], Some(body)).await;
+            (r.status, r.json()["id"].as_str().map(str::to_string))
+        });
+    }
+    let mut created = 0;
+    let mut ids = std::collections::HashSet::new();
+    while let Some(r) = set.join_next().await {
+        let (status, id) = r.unwrap();
+        assert!(status == 201 || status == 200, "{status}");
+        created += usize::from(status == 201);
+        ids.insert(id.expect("a task view"));
+    }
+    assert_eq!(created, 1, "exactly one create");
+    assert_eq!(ids.len(), 1, "every answer is the same task");
+    assert_eq!(task_count(&h).await, 1);
+}
