@@ -413,3 +413,33 @@ async fn reminders_already_past_when_created_follow_the_misfire_rules() {
     let runs = h.runs("late").await;
     assert_eq!(run_states(&runs), ["expired", "completed", "completed"]);
 }
+
+#[tokio::test]
+async fn a_restart_mid_run_keeps_the_cursor_and_the_queued_fire() {
+    let mut h = ManualHerald::start(utc_ms("2026-12-01T00:00:30Z"), "").await;
+    h.post(
+        &json!({"id": "q", "channel": "out", "schedule": {"cron": "* * * * *", "max_runs": 2},
+        "to": ["a", "b", "c", "d", "e"], "body": "x", "pacing": {"interval": "25s"},
+        "overlap": "queue"}),
+    )
+    .await;
+    // Run 1 starts at 00:01:00; at 00:02:00 it is still sending, so that fire is queued.
+    h.run_until(utc_ms("2026-12-01T00:02:10Z")).await;
+    assert_eq!(h.sent().len(), 3);
+    assert_eq!(h.task("q").await["fires"]["queued"], 1);
+    h.restart().await;
+    h.run_until(utc_ms("2026-12-01T00:10:00Z")).await;
+    let sent = h.sent();
+    let order: Vec<(u64, u64)> = sent
+        .iter()
+        .map(|s| (s["run"].as_u64().unwrap(), s["seq"].as_u64().unwrap()))
+        .collect();
+    let expect: Vec<(u64, u64)> = (1..=2).flat_map(|r| (0..5).map(move |q| (r, q))).collect();
+    assert_eq!(
+        order, expect,
+        "run 1 resumed at its cursor, then the queued run 2"
+    );
+    let t = h.task("q").await;
+    assert_eq!(t["state"], "completed", "max_runs reached");
+    assert_eq!(t["runs"], 2);
+}

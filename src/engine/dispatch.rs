@@ -27,6 +27,7 @@ use super::{alerts, derive_state, retry, EngineError, Inner, LiveTask};
 use crate::deliver::{backoff, Admission, Delivery};
 use crate::model::{delivery_key, Failure, Outcome, Overlap, Run, RunState, Task, TaskState};
 use crate::schedule::misfire::{judge, Decision, MISSED_LIST_MAX, MISS_TOLERANCE_MS};
+use crate::schedule::plan::may_run_more;
 use crate::schedule::{format_utc, mark_fired, minutes_left, next_fire};
 use crate::store::Batch;
 
@@ -157,6 +158,17 @@ async fn fire(inner: &Arc<Inner>, cell: &Arc<LiveTask>, key: &RunKey) -> Result<
             }
             Decision::Run(t) => {
                 mark_fired(&mut task, t);
+                if !may_run_more(&task) {
+                    skip(
+                        &mut task,
+                        &mut batch,
+                        run_no,
+                        t,
+                        now,
+                        "max_runs reached".into(),
+                    );
+                    continue;
+                }
                 let busy = !st.runs.is_empty() || !started.is_empty();
                 if busy && task.overlap != Overlap::Allow {
                     // Misfire catch-up (several runs from one outage) queues behind the first

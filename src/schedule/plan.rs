@@ -35,7 +35,7 @@ pub fn next_fire(task: &Task, from_ms: u64) -> Option<u64> {
             max_runs,
             ..
         } => {
-            if max_runs.is_some_and(|m| task.runs >= m) {
+            if max_runs.is_some_and(|m| runs_committed(task) >= m) {
                 return None;
             }
             let cron = cron_of(&task.schedule)?;
@@ -60,6 +60,21 @@ pub fn next_fire(task: &Task, from_ms: u64) -> Option<u64> {
             .filter(|o| !task.done_offsets_ms.contains(o))
             .map(|o| event_ms.saturating_sub(*o))
             .min(),
+    }
+}
+
+/// Runs started plus runs queued to start: what `max_runs` bounds.
+pub fn runs_committed(task: &Task) -> u32 {
+    task.runs.saturating_add(task.queued.len() as u32)
+}
+
+/// Whether a cron task's `max_runs` allows another run.
+pub fn may_run_more(task: &Task) -> bool {
+    match &task.schedule {
+        Schedule::Cron {
+            max_runs: Some(m), ..
+        } => runs_committed(task) < *m,
+        _ => true,
     }
 }
 
