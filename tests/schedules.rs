@@ -443,3 +443,31 @@ async fn a_restart_mid_run_keeps_the_cursor_and_the_queued_fire() {
     assert_eq!(t["state"], "completed", "max_runs reached");
     assert_eq!(t["runs"], 2);
 }
+
+#[tokio::test]
+async fn cron_start_and_end_bound_the_fires() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T00:00:30Z"), "").await;
+    let v = h
+        .post(&json!({"id": "w", "channel": "out",
+            "schedule": {"cron": "* * * * *", "start": "2026-12-01T00:05:00Z", "end": "2026-12-01T00:07:00Z"},
+            "to": ["a"], "body": "x"}))
+        .await;
+    assert_eq!(
+        v["next_fire_at"], "2026-12-01T00:05:00Z",
+        "start is inclusive"
+    );
+    h.run_until(utc_ms("2026-12-01T00:20:00Z")).await;
+    let at: Vec<u64> = h.sent().iter().map(sent_at).collect();
+    assert_eq!(
+        at,
+        [
+            utc_ms("2026-12-01T00:05:00Z"),
+            utc_ms("2026-12-01T00:06:00Z"),
+            utc_ms("2026-12-01T00:07:00Z")
+        ],
+        "end is inclusive"
+    );
+    let t = h.task("w").await;
+    assert_eq!(t["state"], "completed");
+    assert_eq!(t["next_fire_at"], Value::Null);
+}
