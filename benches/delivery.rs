@@ -180,7 +180,7 @@ struct Baseline {
 
 impl Baseline {
     fn new(url: &str) -> Baseline {
-        // As `WebhookSink::new` builds it.
+        // As `WebhookSink::new` builds it, minus the https wrapper (the bench is plain http).
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
         connector.set_nodelay(true);

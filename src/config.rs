@@ -75,6 +75,7 @@ struct AlertsFile {
 struct ChannelFile {
     kind: String,
     url: Option<String>,
+    ca_file: Option<PathBuf>,
     path: Option<PathBuf>,
     timeout: Option<String>,
     connect_timeout: Option<String>,
@@ -98,6 +99,9 @@ pub enum ChannelKind {
         /// Whole attempt: connect, send, read the answer.
         timeout_ms: u64,
         connect_timeout_ms: u64,
+        /// `ca_file`, if given: its PEM CA certificates, trusted besides the webpki roots.
+        ca_file: Option<PathBuf>,
+        ca_certs: Vec<rustls::pki_types::CertificateDer<'static>>,
         /// Standard Webhooks signing secrets, newest first (empty: unsigned).
         secrets: Vec<String>,
     },
@@ -319,6 +323,9 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
     if c.kind != "webhook" && c.url.is_some() {
         return Err(invalid(key("url"), "only for kind = \"webhook\""));
     }
+    if c.kind != "webhook" && c.ca_file.is_some() {
+        return Err(invalid(key("ca_file"), "only for kind = \"webhook\""));
+    }
     let kind = match c.kind.as_str() {
         "log" => ChannelKind::Log,
         "file" => ChannelKind::File {
@@ -333,16 +340,23 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
             let uri: hyper::Uri = url
                 .parse()
                 .map_err(|e| invalid(key("url"), format!("{url:?} is not a URL: {e}")))?;
-            if uri.scheme_str() != Some("http") || uri.host().is_none() {
+            if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
                 return Err(invalid(
                     key("url"),
-                    format!("{url:?}: only http://host[:port]/path URLs are supported"),
+                    format!("{url:?}: only http(s)://host[:port]/path URLs are supported"),
                 ));
             }
+            let ca_certs = match &c.ca_file {
+                Some(path) => crate::deliver::webhook::load_ca_file(path)
+                    .map_err(|e| invalid(key("ca_file"), e))?,
+                None => Vec::new(),
+            };
             ChannelKind::Webhook {
                 url: uri,
                 timeout_ms,
                 connect_timeout_ms,
+                ca_file: c.ca_file,
+                ca_certs,
                 secrets,
             }
         }
@@ -420,6 +434,18 @@ path = "d/sent.jsonl"
     }
 
     #[test]
+    fn https_urls_are_accepted() {
+        let c = Config::from_toml(
+            "[channels.w]\nkind = \"webhook\"\nurl = \"https://example.com/hook\"",
+            Overrides::default(),
+        )
+        .unwrap();
+        let w = c.channels.iter().find(|c| c.name == "w").unwrap();
+        assert!(matches!(&w.kind, ChannelKind::Webhook { url, ca_certs, .. }
+            if url.scheme_str() == Some("https") && ca_certs.is_empty()));
+    }
+
+    #[test]
     fn overrides_win() {
         let c = Config::from_toml(
             "listen = \"127.0.0.1:1\"",
@@ -459,6 +485,12 @@ path = "d/sent.jsonl"
             "[channels.w]\nkind = \"webhook\"\nurl = \"http://h/\"\nsecret = \"whsec_!!\""
         )
         .starts_with("channels.w.secrets:"));
+        assert!(err(
+            "[channels.w]\nkind = \"webhook\"\nurl = \"https://h/\"\nca_file = \"/nonexistent/ca.pem\""
+        )
+        .starts_with("channels.w.ca_file:"));
+        assert!(err("[channels.w]\nkind = \"log\"\nca_file = \"ca.pem\"")
+            .starts_with("channels.w.ca_file:"));
         assert!(err("[alerts]\nchannel = \"ops\"").starts_with("alerts.channel:"));
         assert!(
             err("[channels.w]\nkind = \"log\"\nretry = { max_attempts = 0 }")

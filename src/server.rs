@@ -86,19 +86,25 @@ pub fn build_channels(config: &Config) -> Result<Channels, StartError> {
                 url,
                 timeout_ms,
                 connect_timeout_ms,
+                ca_certs,
                 secrets,
+                ..
             } => {
                 let signer = if secrets.is_empty() {
                     None
                 } else {
                     Some(Signer::new(secrets).map_err(err)?)
                 };
-                Sink::Webhook(Box::new(WebhookSink::new(
-                    url.clone(),
-                    *timeout_ms,
-                    *connect_timeout_ms,
-                    signer,
-                )))
+                Sink::Webhook(Box::new(
+                    WebhookSink::new(
+                        url.clone(),
+                        *timeout_ms,
+                        *connect_timeout_ms,
+                        ca_certs,
+                        signer,
+                    )
+                    .map_err(err)?,
+                ))
             }
         };
         let mut ch = Channel::plain(&c.name, sink, c.retry, c.concurrency as usize);
