@@ -100,16 +100,7 @@ pub async fn try_request(
             .await
             .map_err(|e| format!("{what}: reading body failed: {}", error_chain(&e)))?
             .to_bytes();
-        let headers = parts
-            .headers
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.as_str().to_ascii_lowercase(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect();
+        let headers = super::header_pairs(&parts.headers);
         Ok(Resp {
             status: parts.status.as_u16(),
             headers,

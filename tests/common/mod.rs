@@ -4,3 +4,16 @@
 pub mod herald;
 pub mod http;
 pub mod receiver;
+
+/// Header names lower-cased, values lossily decoded: how the client and the receiver record them.
+pub fn header_pairs(headers: &hyper::HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().to_ascii_lowercase(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}

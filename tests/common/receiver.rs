@@ -386,16 +386,7 @@ async fn handle(
         Ok(collected) => collected.to_bytes(),
         Err(e) => return Err(std::io::Error::other(e)),
     };
-    let headers: Vec<(String, String)> = parts
-        .headers
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.as_str().to_ascii_lowercase(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
-        .collect();
+    let headers: Vec<(String, String)> = super::header_pairs(&parts.headers);
     let key = parts
         .headers
         .get("idempotency-key")
