@@ -106,8 +106,15 @@ async fn start_on(config: &Path, data: &Path) -> Start {
             let _ = child.kill();
             let _ = child.wait();
             let stderr = err_text.join().unwrap();
-            assert!(!stderr.contains("panicked"), "a panic while serving:\n{stderr}");
-            assert!(stderr.len() < 1 << 20, "{} bytes of log: a loop?", stderr.len());
+            assert!(
+                !stderr.contains("panicked"),
+                "a panic while serving:\n{stderr}"
+            );
+            assert!(
+                stderr.len() < 1 << 20,
+                "{} bytes of log: a loop?",
+                stderr.len()
+            );
             return Start::Served { health, listed };
         }
         if let Some(status) = child.try_wait().unwrap() {
@@ -172,7 +179,10 @@ async fn damaged_data_dirs_end_start_up_clearly_or_serve() {
             Start::Refused { code, stderr } => {
                 refused += 1;
                 assert_ne!(code, Some(0), "{what}: exit 0 without serving");
-                assert!(!stderr.contains("panicked"), "{what}: panic output:\n{stderr}");
+                assert!(
+                    !stderr.contains("panicked"),
+                    "{what}: panic output:\n{stderr}"
+                );
                 assert!(!stderr.contains("stack backtrace"), "{what}:\n{stderr}");
                 let last = stderr.lines().last().unwrap_or_default();
                 assert!(

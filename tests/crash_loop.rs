@@ -86,7 +86,10 @@ async fn random_kill_9s_lose_nothing_and_duplicate_only_the_in_flight_message() 
             (r.status == 200 && r.json()["state"] == "completed").then(|| r.json())
         })
         .await;
-        assert!(v.is_some(), "seed {seed}: acknowledged task {id} did not complete");
+        assert!(
+            v.is_some(),
+            "seed {seed}: acknowledged task {id} did not complete"
+        );
     }
 
     // What the receiver saw, per task in arrival order: (seq, attempt, key).
