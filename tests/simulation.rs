@@ -271,7 +271,7 @@ impl Sim {
                 let scheduled = utc_ms(b["scheduled_at"].as_str().unwrap());
                 if t.cron {
                     // On the cron's whole 5 s, or at a trigger.
-                    if scheduled % 5_000 != 0 && !t.one_shot_at.contains(&scheduled) {
+                    if !scheduled.is_multiple_of(5_000) && !t.one_shot_at.contains(&scheduled) {
                         self.fail(format!("{key}: cron run scheduled at {scheduled}"));
                     }
                 } else if !t.one_shot_at.contains(&scheduled) {
