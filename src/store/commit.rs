@@ -137,7 +137,9 @@ impl GroupCommit {
 
     /// Jobs waiting for the commit thread right now.
     pub fn queued(&self) -> usize {
-        self.tx.as_ref().map_or(0, |tx| QUEUE_JOBS - tx.capacity())
+        self.tx
+            .as_ref()
+            .map_or(0, |tx| self.queue_jobs - tx.capacity())
     }
 }
 
