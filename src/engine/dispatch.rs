@@ -38,6 +38,22 @@ use crate::store::Batch;
 /// Covers a flush even on a busy disk (typically 1–5 ms; tens of ms under heavy IO).
 pub const ARM_LEAD_MS: u64 = 100;
 
+/// How long before its instant a one-shot's fire is handled (its run started and its first
+/// attempt armed, durably). Many one-shots often share an instant (a notice to a whole list):
+/// handling their fires this early spreads the durable writes of a herd over the lead, so the
+/// sends themselves leave at the due millisecond, in deadline order. Cron and reminder fires
+/// keep [`ARM_LEAD_MS`]: an early fire would judge overlap against a run that is about to end.
+pub const ONE_SHOT_LEAD_MS: u64 = 2_000;
+
+/// How early the fire step of `task` runs.
+pub(crate) fn fire_lead_ms(task: &Task) -> u64 {
+    if task.schedule.is_one_shot() {
+        ONE_SHOT_LEAD_MS
+    } else {
+        ARM_LEAD_MS
+    }
+}
+
 /// How long to wait before trying a step again after a storage error.
 pub(crate) const STORAGE_RETRY_MS: u64 = 1_000;
 
@@ -90,7 +106,7 @@ pub(crate) fn plan_fire(inner: &Inner, task: &Task) {
     let key = RunKey::new(&task.id, 0);
     match task.next_fire_at_ms {
         Some(at) if matches!(task.state, TaskState::Pending | TaskState::Running) => {
-            inner.timer.at(key, at.saturating_sub(ARM_LEAD_MS))
+            inner.timer.at(key, at.saturating_sub(fire_lead_ms(task)))
         }
         _ => inner.timer.cancel(key),
     }
@@ -184,8 +200,9 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked, key: &RunKey) -> Result
     let Some(due) = st.task.next_fire_at_ms else {
         return Ok(());
     };
-    if due > now + ARM_LEAD_MS {
-        inner.timer.at(key.clone(), due - ARM_LEAD_MS);
+    let lead = fire_lead_ms(&st.task);
+    if due > now + lead {
+        inner.timer.at(key.clone(), due - lead);
         return Ok(());
     }
     let watched = st.task.watched_since_ms.max(inner.boot_ms);
