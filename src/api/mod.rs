@@ -350,16 +350,11 @@ async fn list_tasks(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, P
     // A listing reads the store page by page: off the runtime's workers, so no mix of reads
     // can delay fires or /healthz.
     let engine = state.engine.clone();
-    let (tasks, more, skipped) = tokio::task::spawn_blocking(move || {
+    let (tasks, next, skipped) = tokio::task::spawn_blocking(move || {
         engine.list(st, channel.as_deref(), after.as_deref(), limit)
     })
     .await
     .map_err(|e| Problem::internal(format!("listing task failed: {e}")))??;
-    let next = if more {
-        tasks.last().map(|v| v.task.id.clone())
-    } else {
-        None
-    };
     let list: Vec<Value> = tasks.iter().map(|v| task_json(state, v)).collect();
     Ok(json_response(
         StatusCode::OK,

@@ -451,7 +451,9 @@ impl Engine {
         Ok(Some(TaskView { task, run }))
     }
 
-    /// A page of tasks in id order, and how many records were skipped as unreadable.
+    /// A page of tasks in id order, where the next page starts, and how many records were
+    /// skipped as unreadable. A page examines at most `store::SCAN_MAX` records: with a rare
+    /// filter it can be short (even empty) and still have a next page.
     /// Unfinished states are listed from the `live` index, so `?state=paused` never walks the
     /// finished tasks. Blocking: the API calls it off the runtime's workers.
     pub fn list(
@@ -460,9 +462,9 @@ impl Engine {
         channel: Option<&str>,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<(Vec<TaskView>, bool, usize), EngineError> {
+    ) -> Result<(Vec<TaskView>, Option<String>, usize), EngineError> {
         let only_live = state.is_some_and(|s| !s.is_terminal());
-        let (tasks, more, bad) = self.inner.store.task_page(after, limit, only_live, |t| {
+        let (tasks, next, bad) = self.inner.store.task_page(after, limit, only_live, |t| {
             state.is_none_or(|s| t.state == s) && channel.is_none_or(|c| t.channel == c)
         })?;
         let mut skipped = bad.len();
@@ -478,7 +480,7 @@ impl Engine {
             };
             out.push(TaskView { task, run });
         }
-        Ok((out, more, skipped))
+        Ok((out, next, skipped))
     }
 
     /// The runs of a task, oldest first.

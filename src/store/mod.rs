@@ -166,6 +166,9 @@ fn id_prefix(task_id: &str) -> Vec<u8> {
     k
 }
 
+/// Most records one listing page examines (see [`Store::task_page`]).
+pub const SCAN_MAX: usize = 10_000;
+
 /// The smallest key greater than `a` (for "after" paging).
 fn after_key(a: &str) -> Vec<u8> {
     let mut k = a.as_bytes().to_vec();
@@ -366,24 +369,31 @@ impl Store {
     }
 
     /// One page of tasks in id order after `after`, keeping those `keep` accepts. Returns the
-    /// page, whether more matching tasks follow, and the records that could not be read
-    /// (reported and skipped; a read error of the tree itself ends the page there).
+    /// page, where the next page starts (`None` on the last), and the records that could not be
+    /// read (reported and skipped; a read error of the tree itself ends the page there).
     /// `only_live` walks the `live` index instead of every task (for unfinished states).
+    ///
+    /// Bounded work: at most [`SCAN_MAX`] records are examined per page. A page that reaches
+    /// the bound with fewer than `limit` matches ends early and its `next` points after the last
+    /// record examined, so a rare filter over a million tasks costs many short requests, never
+    /// one long one.
     pub fn task_page(
         &self,
         after: Option<&str>,
         limit: usize,
         only_live: bool,
         keep: impl Fn(&Task) -> bool,
-    ) -> Result<(Vec<Task>, bool, Vec<StoreError>), StoreError> {
+    ) -> Result<(Vec<Task>, Option<String>, Vec<StoreError>), StoreError> {
         let start = after.map(after_key).unwrap_or_default();
         let tree = if only_live {
             TreeId::Live
         } else {
             TreeId::Specs
         };
-        let mut out = Vec::new();
+        let mut out: Vec<Task> = Vec::new();
         let mut bad = Vec::new();
+        let mut scanned = 0usize;
+        let mut last_examined: Option<String> = None;
         for item in bounded(self.backend.scan(tree, &start, None)) {
             let (k, _) = match item {
                 Ok(kv) => kv,
@@ -394,10 +404,17 @@ impl Store {
                 }
             };
             let id = String::from_utf8_lossy(&k).into_owned();
+            if scanned == SCAN_MAX {
+                // More records follow: the next page starts after the last one examined.
+                return Ok((out, last_examined, bad));
+            }
+            scanned += 1;
+            last_examined = Some(id.clone());
             match self.get_task(&id) {
                 Ok(Some(t)) if keep(&t) => {
                     if out.len() == limit {
-                        return Ok((out, true, bad));
+                        let next = out.last().map(|t| t.id.clone());
+                        return Ok((out, next, bad));
                     }
                     out.push(t);
                 }
@@ -408,7 +425,7 @@ impl Store {
                 }
             }
         }
-        Ok((out, false, bad))
+        Ok((out, None, bad))
     }
 
     /// Every failure record, decoded; corrupt ones come back as errors naming their key. A
@@ -835,12 +852,12 @@ mod tests {
             "runs of a:b are not runs of a"
         );
         let ids = |p: &[Task]| p.iter().map(|t| t.id.clone()).collect::<Vec<_>>();
-        let (p, more, _) = s.task_page(None, 2, false, |_| true).unwrap();
+        let (p, next, _) = s.task_page(None, 2, false, |_| true).unwrap();
         assert_eq!(ids(&p), ["a", "a:b"]);
-        assert!(more);
-        let (p, more, _) = s.task_page(Some("a:b"), 2, false, |_| true).unwrap();
+        assert_eq!(next.as_deref(), Some("a:b"));
+        let (p, next, _) = s.task_page(Some("a:b"), 2, false, |_| true).unwrap();
         assert_eq!(ids(&p), ["b", "c"]);
-        assert!(!more);
+        assert_eq!(next, None);
     }
 
     #[tokio::test]
