@@ -166,6 +166,9 @@ fn id_prefix(task_id: &str) -> Vec<u8> {
     k
 }
 
+/// A page of tasks, where the next one starts, and the records skipped as unreadable.
+pub type TaskPage = (Vec<Task>, Option<String>, Vec<StoreError>);
+
 /// Most records one listing page examines (see [`Store::task_page`]).
 pub const SCAN_MAX: usize = 10_000;
 
@@ -383,7 +386,7 @@ impl Store {
         limit: usize,
         only_live: bool,
         keep: impl Fn(&Task) -> bool,
-    ) -> Result<(Vec<Task>, Option<String>, Vec<StoreError>), StoreError> {
+    ) -> Result<TaskPage, StoreError> {
         let start = after.map(after_key).unwrap_or_default();
         let tree = if only_live {
             TreeId::Live
@@ -392,9 +395,8 @@ impl Store {
         };
         let mut out: Vec<Task> = Vec::new();
         let mut bad = Vec::new();
-        let mut scanned = 0usize;
         let mut last_examined: Option<String> = None;
-        for item in bounded(self.backend.scan(tree, &start, None)) {
+        for (scanned, item) in bounded(self.backend.scan(tree, &start, None)).enumerate() {
             let (k, _) = match item {
                 Ok(kv) => kv,
                 Err(e) => {
@@ -408,7 +410,6 @@ impl Store {
                 // More records follow: the next page starts after the last one examined.
                 return Ok((out, last_examined, bad));
             }
-            scanned += 1;
             last_examined = Some(id.clone());
             match self.get_task(&id) {
                 Ok(Some(t)) if keep(&t) => {
