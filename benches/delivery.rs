@@ -204,6 +204,10 @@ impl Baseline {
                             attempt: 1,
                             idempotency_key: key.clone(),
                             sent_at: now.clone(),
+                            data: None,
+                            scheduled_at_ms: 0,
+                            minutes_left: None,
+                            metadata: Default::default(),
                         };
                         (key, Bytes::from(serde_json::to_vec(&d).expect("json")))
                     })

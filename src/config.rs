@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::deliver::breaker::{parse_breaker, BreakerConfig};
+use crate::deliver::platform::{expand_env, resolve_preset, uses_platform, PlatformSpec, SignKind};
+use crate::deliver::preset::{PlatformKeys, SuccessKeys, TokenKeys};
 use crate::deliver::ratelimit::{parse_rate, Rate};
 use crate::deliver::sign::Signer;
 use crate::model::request::{validate_retry, RetryRequest};
@@ -85,6 +87,19 @@ struct ChannelFile {
     secrets: Option<Vec<String>>,
     rate: Option<String>,
     breaker: Option<toml::Table>,
+    // Platform channels (API.md, "Platform channels"): see `deliver::platform`.
+    preset: Option<String>,
+    method: Option<String>,
+    headers: Option<BTreeMap<String, String>>,
+    body: Option<String>,
+    success: Option<SuccessKeys>,
+    retry_codes: Option<Vec<i64>>,
+    retry_after_json: Option<String>,
+    token: Option<TokenKeys>,
+    sign: Option<String>,
+    vars: Option<toml::Table>,
+    answer_timeout: Option<String>,
+    answer_bytes_max: Option<usize>,
 }
 
 /// Where a channel sends.
@@ -102,8 +117,11 @@ pub enum ChannelKind {
         /// `ca_file`, if given: its PEM CA certificates, trusted besides the webpki roots.
         ca_file: Option<PathBuf>,
         ca_certs: Vec<rustls::pki_types::CertificateDer<'static>>,
-        /// Standard Webhooks signing secrets, newest first (empty: unsigned).
+        /// Signing secrets, newest first (empty: unsigned). Standard Webhooks unless the
+        /// platform settings choose another signer.
         secrets: Vec<String>,
+        /// Templates, success rule, token, signer (`None`: herald's own body, 2xx = sent).
+        platform: Option<Box<PlatformSpec>>,
     },
 }
 
@@ -278,13 +296,38 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
             None => Ok(default),
         }
     };
+    let env = |name: &str| std::env::var(name).ok();
+    let user = PlatformKeys {
+        preset: c.preset,
+        url: c.url,
+        rate: c.rate,
+        method: c.method,
+        headers: c.headers,
+        body: c.body,
+        success: c.success,
+        retry_codes: c.retry_codes,
+        retry_after_json: c.retry_after_json,
+        token: c.token,
+        sign: c.sign,
+        vars: c.vars,
+        answer_timeout: c.answer_timeout,
+        answer_bytes_max: c.answer_bytes_max,
+    };
+    let platform_key = uses_platform(&user);
+    if let Some(k) = platform_key {
+        if c.kind != "webhook" {
+            return Err(invalid(key(k), "only for kind = \"webhook\""));
+        }
+    }
+    let sign_explicit = user.sign.is_some();
+    let keys = resolve_preset(user).map_err(|(k, m)| invalid(key(&k), m))?;
     let timeout_ms = positive("timeout", &c.timeout, DEFAULT_TIMEOUT_MS)?;
     let connect_timeout_ms = positive(
         "connect_timeout",
         &c.connect_timeout,
         timeout_ms.min(DEFAULT_CONNECT_TIMEOUT_MS),
     )?;
-    let rate = c
+    let rate = keys
         .rate
         .as_deref()
         .map(parse_rate)
@@ -296,19 +339,21 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
         .map(parse_breaker)
         .transpose()
         .map_err(|e| invalid(key("breaker"), e))?;
-    let secrets = match (c.secret, c.secrets) {
+    let (secret_key, secrets) = match (c.secret, c.secrets) {
         (Some(_), Some(_)) => {
             return Err(invalid(key("secrets"), "give secret or secrets, not both"))
         }
-        (Some(one), None) => vec![one],
-        (None, Some(list)) => list,
-        (None, None) => vec![],
+        (Some(one), None) => ("secret", vec![one]),
+        (None, Some(list)) => ("secrets", list),
+        (None, None) => ("secrets", vec![]),
     };
-    if !secrets.is_empty() {
-        if c.kind != "webhook" {
-            return Err(invalid(key("secret"), "only for kind = \"webhook\""));
-        }
-        Signer::new(&secrets).map_err(|e| invalid(key("secrets"), e))?;
+    let secrets = secrets
+        .iter()
+        .map(|s| expand_env(s, &env))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(key(secret_key), e))?;
+    if !secrets.is_empty() && c.kind != "webhook" {
+        return Err(invalid(key("secret"), "only for kind = \"webhook\""));
     }
     let concurrency = c.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
     if concurrency == 0 || concurrency > 10_000 {
@@ -320,7 +365,7 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
         }
         None => RetryPolicy::default(),
     };
-    if c.kind != "webhook" && c.url.is_some() {
+    if c.kind != "webhook" && keys.url.is_some() {
         return Err(invalid(key("url"), "only for kind = \"webhook\""));
     }
     if c.kind != "webhook" && c.ca_file.is_some() {
@@ -334,17 +379,44 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
                 .ok_or_else(|| invalid(key("path"), "required for kind = \"file\""))?,
         },
         "webhook" => {
-            let url = c
+            let raw = keys
                 .url
+                .clone()
                 .ok_or_else(|| invalid(key("url"), "required for kind = \"webhook\""))?;
-            let uri: hyper::Uri = url
-                .parse()
-                .map_err(|e| invalid(key("url"), format!("{url:?} is not a URL: {e}")))?;
-            if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-                return Err(invalid(
-                    key("url"),
-                    format!("{url:?}: only http(s)://host[:port]/path URLs are supported"),
-                ));
+            let url = expand_env(&raw, &env).map_err(|e| invalid(key("url"), e))?;
+            let shown = if raw.contains("${") { &raw } else { &url };
+            let uri = if platform_key.is_some() {
+                // Checked with the URL as written: the error must not show a secret.
+                crate::deliver::platform::check_url(&url).map_err(|_| {
+                    invalid(
+                        key("url"),
+                        format!("{shown:?}: only http(s)://host[:port]/path URLs are supported, with the scheme and host written out"),
+                    )
+                })?
+            } else {
+                let uri: hyper::Uri = url
+                    .parse()
+                    .map_err(|e| invalid(key("url"), format!("{shown:?} is not a URL: {e}")))?;
+                if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+                    return Err(invalid(
+                        key("url"),
+                        format!("{shown:?}: only http(s)://host[:port]/path URLs are supported"),
+                    ));
+                }
+                uri
+            };
+            let platform = match platform_key {
+                Some(_) => Some(Box::new(
+                    PlatformSpec::build(&keys, &url, &secrets, sign_explicit, &env)
+                        .map_err(|(k, m)| invalid(key(&k), m))?,
+                )),
+                None => None,
+            };
+            let standard = platform
+                .as_ref()
+                .is_none_or(|p| p.sign == SignKind::StandardWebhooks);
+            if !secrets.is_empty() && standard {
+                Signer::new(&secrets).map_err(|e| invalid(key("secrets"), e))?;
             }
             let ca_certs = match &c.ca_file {
                 Some(path) => crate::deliver::webhook::load_ca_file(path)
@@ -358,6 +430,7 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
                 ca_file: c.ca_file,
                 ca_certs,
                 secrets,
+                platform,
             }
         }
         other => {

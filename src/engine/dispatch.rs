@@ -300,7 +300,8 @@ async fn run_step(
     };
     let sent_at = now;
     run.last_attempt_at_ms = Some(sent_at);
-    let body = match minutes_left(&t.schedule, run.scheduled_at_ms) {
+    let minutes = minutes_left(&t.schedule, run.scheduled_at_ms);
+    let body = match minutes {
         Some(m) => msg.body.replace("{{minutes_left}}", &m.to_string()),
         None => msg.body.clone(),
     };
@@ -314,6 +315,11 @@ async fn run_step(
         attempt: run.attempts,
         idempotency_key: delivery_key(&t.id, key.run, seq),
         sent_at: format_utc(sent_at),
+        // For channel templates (issue 9).
+        data: msg.data.clone(),
+        scheduled_at_ms: due,
+        minutes_left: minutes,
+        metadata: t.metadata.clone(),
     };
     let channel = inner.channels.get(&t.channel).cloned();
     let policy = t
@@ -469,7 +475,10 @@ fn log_outcome(d: &Delivery, outcome: &Outcome, settled: &crate::model::Settled)
         Outcome::Sent => {
             tracing::info!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, "sent")
         }
-        Outcome::Retry { error, .. } | Outcome::Permanent { error } => {
+        // `Held` (local resource shortage) settles like a retry that burned no attempt.
+        Outcome::Retry { error, .. }
+        | Outcome::Permanent { error }
+        | Outcome::Held { error, .. } => {
             if let Some(g) = &settled.gave_up {
                 tracing::warn!(task = %d.task_id, run = d.run, seq = d.seq, attempts = g.attempts,
                     error = %error, failure = %d.idempotency_key, "gave up: message moved to the failure list");
