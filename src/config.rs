@@ -158,7 +158,7 @@ pub struct Overrides {
 impl Config {
     /// The embedded defaults.
     pub fn defaults() -> Config {
-        Config::from_parts(FileConfig::default(), Overrides::default())
+        Config::from_parts(FileConfig::default(), Overrides::default(), &process_env)
             .expect("the embedded defaults are valid")
     }
 
@@ -174,12 +174,26 @@ impl Config {
             }
             None => FileConfig::default(),
         };
-        Config::from_parts(file, overrides)
+        Config::from_parts(file, overrides, &process_env)
     }
 
     /// Parses config text (used by `load` and by tests).
     pub fn from_toml(text: &str, overrides: Overrides) -> Result<Config, ConfigError> {
-        Config::from_parts(Config::parse_file(text, "<inline>")?, overrides)
+        Config::from_parts(
+            Config::parse_file(text, "<inline>")?,
+            overrides,
+            &process_env,
+        )
+    }
+
+    /// Like [`Config::from_toml`], with `${VAR}` looked up by `env` instead of in the process
+    /// environment (tests; embedding).
+    pub fn from_toml_with_env(
+        text: &str,
+        overrides: Overrides,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        Config::from_parts(Config::parse_file(text, "<inline>")?, overrides, env)
     }
 
     fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
@@ -189,7 +203,11 @@ impl Config {
         })
     }
 
-    fn from_parts(file: FileConfig, o: Overrides) -> Result<Config, ConfigError> {
+    fn from_parts(
+        file: FileConfig,
+        o: Overrides,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
         let mut limits = Limits::default();
         let mut body_bytes_max = BODY_BYTES_MAX;
         if let Some(l) = &file.limits {
@@ -237,7 +255,7 @@ impl Config {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
         let mut channels = Vec::new();
         for (name, c) in file.channels {
-            channels.push(channel(&name, c, &limits)?);
+            channels.push(channel(&name, c, &limits, env)?);
         }
         if !channels.iter().any(|c| c.name == "log") {
             channels.push(ChannelConfig {
@@ -276,7 +294,17 @@ impl Config {
     }
 }
 
-fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig, ConfigError> {
+/// `${VAR}` from the process environment.
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+fn channel(
+    name: &str,
+    c: ChannelFile,
+    limits: &Limits,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<ChannelConfig, ConfigError> {
     let key = |k: &str| format!("channels.{name}.{k}");
     if crate::model::check_id(name).is_err() {
         return Err(invalid(
@@ -296,7 +324,6 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
             None => Ok(default),
         }
     };
-    let env = |name: &str| std::env::var(name).ok();
     let user = PlatformKeys {
         preset: c.preset,
         url: c.url,
@@ -349,7 +376,7 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
     };
     let secrets = secrets
         .iter()
-        .map(|s| expand_env(s, &env))
+        .map(|s| expand_env(s, env))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| invalid(key(secret_key), e))?;
     if !secrets.is_empty() && c.kind != "webhook" {
@@ -383,7 +410,7 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
                 .url
                 .clone()
                 .ok_or_else(|| invalid(key("url"), "required for kind = \"webhook\""))?;
-            let url = expand_env(&raw, &env).map_err(|e| invalid(key("url"), e))?;
+            let url = expand_env(&raw, env).map_err(|e| invalid(key("url"), e))?;
             let shown = if raw.contains("${") { &raw } else { &url };
             let uri = if platform_key.is_some() {
                 // Checked with the URL as written: the error must not show a secret.
@@ -407,7 +434,7 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
             };
             let platform = match platform_key {
                 Some(_) => Some(Box::new(
-                    PlatformSpec::build(&keys, &url, &secrets, sign_explicit, &env)
+                    PlatformSpec::build(&keys, &url, &secrets, sign_explicit, env)
                         .map_err(|(k, m)| invalid(key(&k), m))?,
                 )),
                 None => None,
@@ -572,6 +599,157 @@ path = "d/sent.jsonl"
         assert!(err("listen = \"0.0.0.0:7700\"").starts_with("listen:"));
         assert!(err("colour = 1").contains("unknown field"));
         assert!(err("[channels.w]\nkind = \"file\"").starts_with("channels.w.path:"));
+    }
+
+    fn env(name: &str) -> Option<String> {
+        match name {
+            "WECOM_KEY" => Some("k-123".into()),
+            "DT_SECRET" => Some("SECabc".into()),
+            _ => None,
+        }
+    }
+
+    fn platform_err(text: &str) -> String {
+        Config::from_toml_with_env(text, Overrides::default(), &env)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn platform_channels_parse_with_presets_and_env() {
+        let c = Config::from_toml_with_env(
+            r#"
+[channels.team]
+kind = "webhook"
+preset = "wecom-robot"
+url = "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=${WECOM_KEY}"
+headers = { "X-Trace" = "{{ idempotency_key }}" }
+success = { message = "/errmsg" }
+[channels.ding]
+kind = "webhook"
+preset = "dingtalk-robot"
+url = "https://oapi.dingtalk.com/robot/send?access_token=t"
+secret = "${DT_SECRET}"
+"#,
+            Overrides::default(),
+            &env,
+        )
+        .unwrap();
+        let team = c.channels.iter().find(|c| c.name == "team").unwrap();
+        assert_eq!(
+            team.rate.map(|r| (r.count, r.period_ms)),
+            Some((20, 60_000))
+        );
+        let ChannelKind::Webhook {
+            platform: Some(p),
+            url,
+            ..
+        } = &team.kind
+        else {
+            panic!("{:?}", team.kind)
+        };
+        assert_eq!(
+            p.url,
+            "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=k-123"
+        );
+        assert_eq!(url.host(), Some("qyapi.weixin.qq.com"));
+        assert_eq!(p.success.retry_codes, vec![-1, 45009, 45033]);
+        assert_eq!(
+            p.success.json.as_ref().map(|j| j.pointer.as_str()),
+            Some("/errcode")
+        );
+        assert!(!format!("{p:?}").contains("k-123"), "Debug hides secrets");
+        let ding = c.channels.iter().find(|c| c.name == "ding").unwrap();
+        let ChannelKind::Webhook {
+            platform: Some(p),
+            secrets,
+            ..
+        } = &ding.kind
+        else {
+            panic!()
+        };
+        assert_eq!(p.sign, SignKind::DingTalk);
+        assert_eq!(secrets, &vec!["SECabc".to_string()]);
+    }
+
+    #[test]
+    fn platform_errors_name_the_key() {
+        let base = "[channels.team]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/x\"\n";
+        let cases = [
+            (
+                "preset = \"wechat\"",
+                "channels.team.preset: unknown preset \"wechat\"",
+            ),
+            (
+                "body = '{{ body | tojson '",
+                "channels.team.body: syntax error",
+            ),
+            (
+                "body = '{{ bdy }}'",
+                "channels.team.body: unknown variable bdy",
+            ),
+            (
+                "body = '{{ body | tojsn }}'",
+                "channels.team.body: unknown filter",
+            ),
+            (
+                "headers = { \"X-A\" = \"{% if %}\" }",
+                "channels.team.headers.x-a: syntax error",
+            ),
+            ("method = \"post me\"", "channels.team.method:"),
+            (
+                "success = { json = \"errcode\", equals = 0 }",
+                "channels.team.success.json:",
+            ),
+            (
+                "success = { json = \"/errcode\" }",
+                "channels.team.success.equals: required",
+            ),
+            (
+                "success = { status = \"2x\" }",
+                "channels.team.success.status:",
+            ),
+            (
+                "sign = \"dingtalk\"",
+                "channels.team.secret: required by sign = \"dingtalk\"",
+            ),
+            ("sign = \"md5\"", "channels.team.sign: unknown signer"),
+            (
+                "token = { json = \"/access_token\" }",
+                "channels.team.token.url: required",
+            ),
+            (
+                "token = { url = \"http://h/t?s=${NOPE}\", json = \"/t\" }",
+                "channels.team.token.url: environment variable NOPE is not set",
+            ),
+            (
+                "preset = \"wecom-app\"\ntoken = { url = \"http://h/t\" }",
+                "channels.team.vars.agentid: required",
+            ),
+            (
+                "preset = \"wecom-app\"\nvars = { agentid = 1 }",
+                "channels.team.token.url: environment variable WECOM_CORP_ID is not set",
+            ),
+            ("answer_timeout = \"0s\"", "channels.team.answer_timeout:"),
+        ];
+        for (extra, want) in cases {
+            let e = platform_err(&format!("{base}{extra}"));
+            assert!(e.starts_with(want), "{extra}: got {e:?}, want {want:?}");
+        }
+        let e = platform_err("[channels.t]\nkind = \"webhook\"\nurl = \"http://h/?k=${NOPE}\"");
+        assert_eq!(e, "channels.t.url: environment variable NOPE is not set");
+        let e = platform_err(
+            "[channels.t]\nkind = \"webhook\"\nurl = \"https://{{ to }}/x\"\nbody = \"{}\"",
+        );
+        assert!(e.starts_with("channels.t.url:"), "{e}");
+        let e = platform_err("[channels.t]\nkind = \"log\"\npreset = \"slack-webhook\"");
+        assert_eq!(e, "channels.t.preset: only for kind = \"webhook\"");
+        // A secret from the environment never shows in an error.
+        let e = platform_err("[channels.t]\nkind = \"webhook\"\nurl = \"ftp://h/${WECOM_KEY}\"");
+        assert!(
+            e.starts_with("channels.t.url:") && !e.contains("k-123"),
+            "{e}"
+        );
     }
 
     #[test]
