@@ -196,10 +196,7 @@ async fn handle(
         Some((pieces, every)) => {
             let bytes = reply.body.into_bytes();
             let size = bytes.len().div_ceil(pieces).max(1);
-            let chunks: VecDeque<Bytes> = bytes
-                .chunks(size)
-                .map(Bytes::copy_from_slice)
-                .collect();
+            let chunks: VecDeque<Bytes> = bytes.chunks(size).map(Bytes::copy_from_slice).collect();
             Trickle {
                 chunks,
                 every,
