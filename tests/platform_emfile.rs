@@ -16,7 +16,7 @@ use common::platform::{FakePlatform, Reply};
 use serde_json::json;
 
 /// Sets the soft `RLIMIT_NOFILE`; returns the previous (soft, hard).
-fn set_nofile_soft(soft: u64) -> (u64, u64) {
+fn set_nofile_soft(soft: libc::rlim_t) -> (libc::rlim_t, libc::rlim_t) {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -24,9 +24,9 @@ fn set_nofile_soft(soft: u64) -> (u64, u64) {
     // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
     assert_eq!(rc, 0, "getrlimit");
-    let old = (lim.rlim_cur as u64, lim.rlim_max as u64);
+    let old = (lim.rlim_cur, lim.rlim_max);
     let new = libc::rlimit {
-        rlim_cur: soft.min(old.1) as libc::rlim_t,
+        rlim_cur: soft.min(old.1),
         rlim_max: lim.rlim_max,
     };
     // SAFETY: as above.
@@ -35,9 +35,9 @@ fn set_nofile_soft(soft: u64) -> (u64, u64) {
     old
 }
 
-fn open_fds() -> u64 {
+fn open_fds() -> libc::rlim_t {
     std::fs::read_dir("/proc/self/fd")
-        .map(|d| d.count() as u64)
+        .map(|d| d.count() as libc::rlim_t)
         .unwrap_or(64)
 }
 
