@@ -898,3 +898,46 @@ fn bad_templates_and_unknown_presets_stop_start_up_naming_the_key() {
         assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr:?}");
     }
 }
+
+// ---- alerts through a platform channel ------------------------------------------------------
+
+#[tokio::test]
+async fn alerts_go_out_through_a_platform_channel() {
+    let fake = FakePlatform::start(|r| match r.path.as_str() {
+        "/hook" => Reply::json(400, json!({"error": "unknown recipient"})),
+        _ => Reply::json(200, json!({"errcode": 0, "errmsg": "ok"})),
+    })
+    .await;
+    let base = fake.base_url();
+    let config = format!(
+        r#"
+[alerts]
+channel = "ops"
+
+[channels.ops]
+kind = "webhook"
+preset = "wecom-robot"
+url = "{base}/cgi-bin/webhook/send?key=ops"
+
+[channels.hook]
+kind = "webhook"
+url = "{base}/hook"
+"#
+    );
+    let h = start_with_env(&config, &[]).await;
+    create(
+        &h,
+        json!({"id": "x", "channel": "hook", "schedule": {"after": "0s"},
+               "messages": [{"to": "a", "body": "b"}]}),
+    )
+    .await;
+    wait_state(&h.server.url(), "x", "completed", DEADLINE).await;
+    let alerts = fake.wait_for("/cgi-bin/webhook/send", 1, DEADLINE).await;
+    assert_eq!(alerts.len(), 1);
+    assert_json_post(&alerts[0]);
+    assert_eq!(
+        json_of(&alerts[0]),
+        &json!({"msgtype": "text", "text": {"content":
+            "herald alert: failure on channel hook, task x, to a: HTTP 400: {\"error\":\"unknown recipient\"}"}})
+    );
+}

@@ -692,10 +692,10 @@ impl Platform {
                 self.channel
             )
         })?;
-        let origin_ok = uri.scheme_str().is_some_and(|s| self.origin.starts_with(s))
-            && uri
-                .authority()
-                .is_some_and(|a| self.origin.ends_with(&format!("://{}", a.as_str())));
+        let origin_ok = match (uri.scheme_str(), uri.authority()) {
+            (Some(s), Some(a)) => self.origin == format!("{s}://{}", a.as_str()),
+            _ => false,
+        };
         if !origin_ok {
             return Err(format!(
                 "template channels.{}.url rendered a URL for another host",
@@ -777,6 +777,102 @@ mod tests {
             check_url("http://h/send?k=v").unwrap().to_string(),
             "http://h/send?k=v"
         );
+    }
+
+    fn delivery(data: Option<&str>) -> Delivery {
+        Delivery {
+            task_id: "t".into(),
+            run: 1,
+            seq: 0,
+            to: "u1".into(),
+            body: "hi \"there\"".into(),
+            scheduled_at: "2026-12-01T01:00:00Z".into(),
+            attempt: 1,
+            idempotency_key: "t:1:0".into(),
+            sent_at: "2026-12-01T01:00:00Z".into(),
+            data: data.map(str::to_string),
+            scheduled_at_ms: 1_796_086_800_000,
+            minutes_left: None,
+            metadata: BTreeMap::new(),
+        }
+    }
+
+    fn platform(toml_keys: &str, url: &str, secrets: &[String]) -> Platform {
+        let user: PlatformKeys = toml::from_str(toml_keys).unwrap();
+        let explicit = user.sign.is_some();
+        let keys = resolve_preset(user).unwrap();
+        let spec = PlatformSpec::build(&keys, url, secrets, explicit, &env).unwrap();
+        Platform::new("c", spec, secrets).unwrap()
+    }
+
+    #[test]
+    fn dingtalk_signs_in_the_query_and_feishu_in_the_body() {
+        let now = 1_700_000_000_123;
+        let p = platform(
+            "preset = \"dingtalk-robot\"",
+            "https://oapi.dingtalk.com/robot/send?access_token=abc",
+            &["SECxyz".into()],
+        );
+        let r = p.prepare(&delivery(None), None, now).unwrap();
+        let sign = percent_encode(&dingtalk_sign("SECxyz", now));
+        assert_eq!(
+            r.uri.to_string(),
+            format!(
+                "https://oapi.dingtalk.com/robot/send?access_token=abc&timestamp={now}&sign={sign}"
+            )
+        );
+        let p = platform(
+            "preset = \"feishu-bot\"",
+            "https://open.feishu.cn/open-apis/bot/v2/hook/x",
+            &["fs".into()],
+        );
+        let r = p.prepare(&delivery(None), None, now).unwrap();
+        let body: Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(body["timestamp"], "1700000000");
+        assert_eq!(body["sign"], feishu_sign("fs", 1_700_000_000));
+        assert_eq!(body["content"]["text"], "hi \"there\"");
+        // A preset's signer without a secret: unsigned (keyword-secured robots).
+        let p = platform("preset = \"feishu-bot\"", "https://open.feishu.cn/h/x", &[]);
+        assert_eq!(p.spec.sign, SignKind::None);
+    }
+
+    #[test]
+    fn render_errors_are_the_messages_not_the_channels() {
+        let p = platform(
+            "body = '{\"x\": {{ body }}}'",
+            "http://h/{{ data.path }}",
+            &[],
+        );
+        let e = p
+            .prepare(&delivery(Some(r#"{"path":"ok"}"#)), None, 0)
+            .unwrap_err();
+        assert!(e.contains("rendered invalid JSON"), "{e}");
+        let e = p.prepare(&delivery(None), None, 0).unwrap_err();
+        assert_eq!(
+            e,
+            "template channels.c.url: undefined variable data.path (line 1)"
+        );
+        let p = platform("body = '{}'", "http://h/{{ data.path }}", &[]);
+        // Message data lands in the path, never in the host the operator wrote.
+        let r = p
+            .prepare(&delivery(Some(r#"{"path":"@evil.example/x"}"#)), None, 0)
+            .unwrap();
+        assert_eq!(r.uri.host(), Some("h"));
+        // Method and headers render too; a header may not carry a newline.
+        let p = platform(
+            "method = \"{{ vars.m }}\"\nvars = { m = \"PUT\" }\nheaders = { \"X-To\" = \"{{ to }}\" }",
+            "http://h/x",
+            &[],
+        );
+        let r = p.prepare(&delivery(None), None, 0).unwrap();
+        assert_eq!(r.method, Method::PUT);
+        assert_eq!(r.headers[0].1, "u1");
+        let mut d = delivery(None);
+        d.to = "a\r\nX-Evil: 1".into();
+        assert!(p
+            .prepare(&d, None, 0)
+            .unwrap_err()
+            .contains("invalid header value"));
     }
 
     #[test]

@@ -304,8 +304,11 @@ impl WebhookSink {
         if !p.has_content_type {
             req = req.header("content-type", "application/json");
         }
-        for (name, value) in p.headers {
-            req = req.header(name, value);
+        if let Some(h) = req.headers_mut() {
+            // The channel's headers replace herald's defaults of the same name.
+            for (name, value) in p.headers {
+                h.insert(name, value);
+            }
         }
         if let Some(signer) = &self.signer {
             let ts = now_ms() / 1_000;
