@@ -366,7 +366,7 @@ impl WebhookSink {
         } else if self.rule.status.contains(status) {
             // Success on the status line alone: the outcome does not wait for the body. It is
             // drained in the background so the connection can be reused.
-            drain_in_background(body);
+            finish_or_drain(body).await;
             return Verdict::Done(
                 self.rule
                     .judge(status, retry_after.as_deref(), Answer::Unread, now_ms())
@@ -448,11 +448,21 @@ pub fn is_local_resource_error(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Reads the rest of a body in a task of its own (bounded in size and time), so hyper can put
-/// the connection back in the pool; nothing waits for it.
-fn drain_in_background(body: Incoming) {
-    if body.is_end_stream() {
-        return;
+/// Reads the rest of a body the outcome does not depend on, so hyper can put the connection
+/// back in the pool: what has already arrived is read now, without waiting (a small answer
+/// usually comes with its head); a body still on its way is read in a task of its own
+/// (bounded in size and time) that nothing waits for.
+async fn finish_or_drain(mut body: Incoming) {
+    for _ in 0..8 {
+        if body.is_end_stream() {
+            return;
+        }
+        // `timeout` polls the frame once before looking at the (zero) deadline.
+        match tokio::time::timeout(Duration::ZERO, body.frame()).await {
+            Ok(Some(Ok(_))) => continue,
+            Ok(None) | Ok(Some(Err(_))) => return,
+            Err(_) => break,
+        }
     }
     tokio::spawn(async move {
         let _ = read_bounded(body, 1 << 20, Duration::from_secs(30)).await;
