@@ -248,7 +248,8 @@ concurrency = 16
     );
     let h = start_with_env(&config, &[("CORP_SECRET", "corp-s3cr3t")]).await;
     const N: usize = 12;
-    let at = in_ms(800);
+    // Far enough ahead that all twelve are created before they fire together.
+    let at = in_ms(2_500);
     for i in 0..N {
         create(
             &h,
