@@ -125,4 +125,15 @@ breaker = {{ window = "60s", min_requests = 1, failure_ratio = 0.5, cool_down = 
     assert_eq!(hook["retryable_failures"], 0);
     assert!(hook["held_local"].as_u64().unwrap_or(0) >= 2);
     assert_eq!(hook["sent"], 1);
+    let metrics = http::get(&h.url("/metrics")).await.text();
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("herald_channel_held_local_total{channel=\"hook\"}"))
+        .expect("held_local metric");
+    let n: u64 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(n >= 2, "{line}");
 }
