@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::deliver::breaker::{parse_breaker, BreakerConfig};
+use crate::deliver::platform::{expand_env, resolve_preset, uses_platform, PlatformSpec, SignKind};
+use crate::deliver::preset::{PlatformKeys, SuccessKeys, TokenKeys};
 use crate::deliver::ratelimit::{parse_rate, Rate};
 use crate::deliver::sign::Signer;
 use crate::model::request::{validate_retry, RetryRequest};
@@ -94,6 +96,19 @@ struct ChannelFile {
     secrets: Option<Vec<String>>,
     rate: Option<String>,
     breaker: Option<toml::Table>,
+    // Platform channels (API.md, "Platform channels"): see `deliver::platform`.
+    preset: Option<String>,
+    method: Option<String>,
+    headers: Option<BTreeMap<String, String>>,
+    body: Option<String>,
+    success: Option<SuccessKeys>,
+    retry_codes: Option<Vec<i64>>,
+    retry_after_json: Option<String>,
+    token: Option<TokenKeys>,
+    sign: Option<String>,
+    vars: Option<toml::Table>,
+    answer_timeout: Option<String>,
+    answer_bytes_max: Option<usize>,
 }
 
 /// Where a channel sends.
@@ -111,8 +126,11 @@ pub enum ChannelKind {
         /// `ca_file`, if given: its PEM CA certificates, trusted besides the webpki roots.
         ca_file: Option<PathBuf>,
         ca_certs: Vec<rustls::pki_types::CertificateDer<'static>>,
-        /// Standard Webhooks signing secrets, newest first (empty: unsigned).
+        /// Signing secrets, newest first (empty: unsigned). Standard Webhooks unless the
+        /// platform settings choose another signer.
         secrets: Vec<String>,
+        /// Templates, success rule, token, signer (`None`: herald's own body, 2xx = sent).
+        platform: Option<Box<PlatformSpec>>,
     },
 }
 
@@ -150,7 +168,7 @@ pub struct Overrides {
 impl Config {
     /// The embedded defaults.
     pub fn defaults() -> Config {
-        Config::from_parts(FileConfig::default(), Overrides::default())
+        Config::from_parts(FileConfig::default(), Overrides::default(), &process_env)
             .expect("the embedded defaults are valid")
     }
 
@@ -166,12 +184,26 @@ impl Config {
             }
             None => FileConfig::default(),
         };
-        Config::from_parts(file, overrides)
+        Config::from_parts(file, overrides, &process_env)
     }
 
     /// Parses config text (used by `load` and by tests).
     pub fn from_toml(text: &str, overrides: Overrides) -> Result<Config, ConfigError> {
-        Config::from_parts(Config::parse_file(text, "<inline>")?, overrides)
+        Config::from_parts(
+            Config::parse_file(text, "<inline>")?,
+            overrides,
+            &process_env,
+        )
+    }
+
+    /// Like [`Config::from_toml`], with `${VAR}` looked up by `env` instead of in the process
+    /// environment (tests; embedding).
+    pub fn from_toml_with_env(
+        text: &str,
+        overrides: Overrides,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        Config::from_parts(Config::parse_file(text, "<inline>")?, overrides, env)
     }
 
     fn parse_file(text: &str, path: &str) -> Result<FileConfig, ConfigError> {
@@ -181,7 +213,11 @@ impl Config {
         })
     }
 
-    fn from_parts(file: FileConfig, o: Overrides) -> Result<Config, ConfigError> {
+    fn from_parts(
+        file: FileConfig,
+        o: Overrides,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
         let mut limits = Limits::default();
         let mut body_bytes_max = BODY_BYTES_MAX;
         if let Some(l) = &file.limits {
@@ -229,7 +265,7 @@ impl Config {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
         let mut channels = Vec::new();
         for (name, c) in file.channels {
-            channels.push(channel(&name, c, &limits)?);
+            channels.push(channel(&name, c, &limits, env)?);
         }
         if !channels.iter().any(|c| c.name == "log") {
             channels.push(ChannelConfig {
@@ -280,7 +316,17 @@ impl Config {
     }
 }
 
-fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig, ConfigError> {
+/// `${VAR}` from the process environment.
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+fn channel(
+    name: &str,
+    c: ChannelFile,
+    limits: &Limits,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<ChannelConfig, ConfigError> {
     let key = |k: &str| format!("channels.{name}.{k}");
     if crate::model::check_id(name).is_err() {
         return Err(invalid(
@@ -300,13 +346,37 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
             None => Ok(default),
         }
     };
+    let user = PlatformKeys {
+        preset: c.preset,
+        url: c.url,
+        rate: c.rate,
+        method: c.method,
+        headers: c.headers,
+        body: c.body,
+        success: c.success,
+        retry_codes: c.retry_codes,
+        retry_after_json: c.retry_after_json,
+        token: c.token,
+        sign: c.sign,
+        vars: c.vars,
+        answer_timeout: c.answer_timeout,
+        answer_bytes_max: c.answer_bytes_max,
+    };
+    let platform_key = uses_platform(&user);
+    if let Some(k) = platform_key {
+        if c.kind != "webhook" {
+            return Err(invalid(key(k), "only for kind = \"webhook\""));
+        }
+    }
+    let sign_explicit = user.sign.is_some();
+    let keys = resolve_preset(user).map_err(|(k, m)| invalid(key(&k), m))?;
     let timeout_ms = positive("timeout", &c.timeout, DEFAULT_TIMEOUT_MS)?;
     let connect_timeout_ms = positive(
         "connect_timeout",
         &c.connect_timeout,
         timeout_ms.min(DEFAULT_CONNECT_TIMEOUT_MS),
     )?;
-    let rate = c
+    let rate = keys
         .rate
         .as_deref()
         .map(parse_rate)
@@ -318,19 +388,21 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
         .map(parse_breaker)
         .transpose()
         .map_err(|e| invalid(key("breaker"), e))?;
-    let secrets = match (c.secret, c.secrets) {
+    let (secret_key, secrets) = match (c.secret, c.secrets) {
         (Some(_), Some(_)) => {
             return Err(invalid(key("secrets"), "give secret or secrets, not both"))
         }
-        (Some(one), None) => vec![one],
-        (None, Some(list)) => list,
-        (None, None) => vec![],
+        (Some(one), None) => ("secret", vec![one]),
+        (None, Some(list)) => ("secrets", list),
+        (None, None) => ("secrets", vec![]),
     };
-    if !secrets.is_empty() {
-        if c.kind != "webhook" {
-            return Err(invalid(key("secret"), "only for kind = \"webhook\""));
-        }
-        Signer::new(&secrets).map_err(|e| invalid(key("secrets"), e))?;
+    let secrets = secrets
+        .iter()
+        .map(|s| expand_env(s, env))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(key(secret_key), e))?;
+    if !secrets.is_empty() && c.kind != "webhook" {
+        return Err(invalid(key("secret"), "only for kind = \"webhook\""));
     }
     let concurrency = c.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
     if concurrency == 0 || concurrency > 10_000 {
@@ -342,7 +414,7 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
         }
         None => RetryPolicy::default(),
     };
-    if c.kind != "webhook" && c.url.is_some() {
+    if c.kind != "webhook" && keys.url.is_some() {
         return Err(invalid(key("url"), "only for kind = \"webhook\""));
     }
     if c.kind != "webhook" && c.ca_file.is_some() {
@@ -356,17 +428,44 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
                 .ok_or_else(|| invalid(key("path"), "required for kind = \"file\""))?,
         },
         "webhook" => {
-            let url = c
+            let raw = keys
                 .url
+                .clone()
                 .ok_or_else(|| invalid(key("url"), "required for kind = \"webhook\""))?;
-            let uri: hyper::Uri = url
-                .parse()
-                .map_err(|e| invalid(key("url"), format!("{url:?} is not a URL: {e}")))?;
-            if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-                return Err(invalid(
-                    key("url"),
-                    format!("{url:?}: only http(s)://host[:port]/path URLs are supported"),
-                ));
+            let url = expand_env(&raw, env).map_err(|e| invalid(key("url"), e))?;
+            let shown = if raw.contains("${") { &raw } else { &url };
+            let uri = if platform_key.is_some() {
+                // Checked with the URL as written: the error must not show a secret.
+                crate::deliver::platform::check_url(&url).map_err(|_| {
+                    invalid(
+                        key("url"),
+                        format!("{shown:?}: only http(s)://host[:port]/path URLs are supported, with the scheme and host written out"),
+                    )
+                })?
+            } else {
+                let uri: hyper::Uri = url
+                    .parse()
+                    .map_err(|e| invalid(key("url"), format!("{shown:?} is not a URL: {e}")))?;
+                if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+                    return Err(invalid(
+                        key("url"),
+                        format!("{shown:?}: only http(s)://host[:port]/path URLs are supported"),
+                    ));
+                }
+                uri
+            };
+            let platform = match platform_key {
+                Some(_) => Some(Box::new(
+                    PlatformSpec::build(&keys, &url, &secrets, sign_explicit, env)
+                        .map_err(|(k, m)| invalid(key(&k), m))?,
+                )),
+                None => None,
+            };
+            let standard = platform
+                .as_ref()
+                .is_none_or(|p| p.sign == SignKind::StandardWebhooks);
+            if !secrets.is_empty() && standard {
+                Signer::new(&secrets).map_err(|e| invalid(key("secrets"), e))?;
             }
             let ca_certs = match &c.ca_file {
                 Some(path) => crate::deliver::webhook::load_ca_file(path)
@@ -380,6 +479,7 @@ fn channel(name: &str, c: ChannelFile, limits: &Limits) -> Result<ChannelConfig,
                 ca_file: c.ca_file,
                 ca_certs,
                 secrets,
+                platform,
             }
         }
         other => {
@@ -521,6 +621,157 @@ path = "d/sent.jsonl"
         assert!(err("listen = \"0.0.0.0:7700\"").starts_with("listen:"));
         assert!(err("colour = 1").contains("unknown field"));
         assert!(err("[channels.w]\nkind = \"file\"").starts_with("channels.w.path:"));
+    }
+
+    fn env(name: &str) -> Option<String> {
+        match name {
+            "WECOM_KEY" => Some("k-123".into()),
+            "DT_SECRET" => Some("SECabc".into()),
+            _ => None,
+        }
+    }
+
+    fn platform_err(text: &str) -> String {
+        Config::from_toml_with_env(text, Overrides::default(), &env)
+            .unwrap_err()
+            .to_string()
+    }
+
+    #[test]
+    fn platform_channels_parse_with_presets_and_env() {
+        let c = Config::from_toml_with_env(
+            r#"
+[channels.team]
+kind = "webhook"
+preset = "wecom-robot"
+url = "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=${WECOM_KEY}"
+headers = { "X-Trace" = "{{ idempotency_key }}" }
+success = { message = "/errmsg" }
+[channels.ding]
+kind = "webhook"
+preset = "dingtalk-robot"
+url = "https://oapi.dingtalk.com/robot/send?access_token=t"
+secret = "${DT_SECRET}"
+"#,
+            Overrides::default(),
+            &env,
+        )
+        .unwrap();
+        let team = c.channels.iter().find(|c| c.name == "team").unwrap();
+        assert_eq!(
+            team.rate.map(|r| (r.count, r.period_ms)),
+            Some((20, 60_000))
+        );
+        let ChannelKind::Webhook {
+            platform: Some(p),
+            url,
+            ..
+        } = &team.kind
+        else {
+            panic!("{:?}", team.kind)
+        };
+        assert_eq!(
+            p.url,
+            "https://qyapi.weixin.qq.com/cgi-bin/webhook/send?key=k-123"
+        );
+        assert_eq!(url.host(), Some("qyapi.weixin.qq.com"));
+        assert_eq!(p.success.retry_codes, vec![-1, 45009, 45033]);
+        assert_eq!(
+            p.success.json.as_ref().map(|j| j.pointer.as_str()),
+            Some("/errcode")
+        );
+        assert!(!format!("{p:?}").contains("k-123"), "Debug hides secrets");
+        let ding = c.channels.iter().find(|c| c.name == "ding").unwrap();
+        let ChannelKind::Webhook {
+            platform: Some(p),
+            secrets,
+            ..
+        } = &ding.kind
+        else {
+            panic!()
+        };
+        assert_eq!(p.sign, SignKind::DingTalk);
+        assert_eq!(secrets, &vec!["SECabc".to_string()]);
+    }
+
+    #[test]
+    fn platform_errors_name_the_key() {
+        let base = "[channels.team]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/x\"\n";
+        let cases = [
+            (
+                "preset = \"wechat\"",
+                "channels.team.preset: unknown preset \"wechat\"",
+            ),
+            (
+                "body = '{{ body | tojson '",
+                "channels.team.body: syntax error",
+            ),
+            (
+                "body = '{{ bdy }}'",
+                "channels.team.body: unknown variable bdy",
+            ),
+            (
+                "body = '{{ body | tojsn }}'",
+                "channels.team.body: unknown filter",
+            ),
+            (
+                "headers = { \"X-A\" = \"{% if %}\" }",
+                "channels.team.headers.x-a: syntax error",
+            ),
+            ("method = \"post me\"", "channels.team.method:"),
+            (
+                "success = { json = \"errcode\", equals = 0 }",
+                "channels.team.success.json:",
+            ),
+            (
+                "success = { json = \"/errcode\" }",
+                "channels.team.success.equals: required",
+            ),
+            (
+                "success = { status = \"2x\" }",
+                "channels.team.success.status:",
+            ),
+            (
+                "sign = \"dingtalk\"",
+                "channels.team.secret: required by sign = \"dingtalk\"",
+            ),
+            ("sign = \"md5\"", "channels.team.sign: unknown signer"),
+            (
+                "token = { json = \"/access_token\" }",
+                "channels.team.token.url: required",
+            ),
+            (
+                "token = { url = \"http://h/t?s=${NOPE}\", json = \"/t\" }",
+                "channels.team.token.url: environment variable NOPE is not set",
+            ),
+            (
+                "preset = \"wecom-app\"\ntoken = { url = \"http://h/t\" }",
+                "channels.team.vars.agentid: required",
+            ),
+            (
+                "preset = \"wecom-app\"\nvars = { agentid = 1 }",
+                "channels.team.token.url: environment variable WECOM_CORP_ID is not set",
+            ),
+            ("answer_timeout = \"0s\"", "channels.team.answer_timeout:"),
+        ];
+        for (extra, want) in cases {
+            let e = platform_err(&format!("{base}{extra}"));
+            assert!(e.starts_with(want), "{extra}: got {e:?}, want {want:?}");
+        }
+        let e = platform_err("[channels.t]\nkind = \"webhook\"\nurl = \"http://h/?k=${NOPE}\"");
+        assert_eq!(e, "channels.t.url: environment variable NOPE is not set");
+        let e = platform_err(
+            "[channels.t]\nkind = \"webhook\"\nurl = \"https://{{ to }}/x\"\nbody = \"{}\"",
+        );
+        assert!(e.starts_with("channels.t.url:"), "{e}");
+        let e = platform_err("[channels.t]\nkind = \"log\"\npreset = \"slack-webhook\"");
+        assert_eq!(e, "channels.t.preset: only for kind = \"webhook\"");
+        // A secret from the environment never shows in an error.
+        let e = platform_err("[channels.t]\nkind = \"webhook\"\nurl = \"ftp://h/${WECOM_KEY}\"");
+        assert!(
+            e.starts_with("channels.t.url:") && !e.contains("k-123"),
+            "{e}"
+        );
     }
 
     #[test]

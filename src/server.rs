@@ -12,6 +12,7 @@ use crate::api::{self, ApiState};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ChannelKind, Config};
 use crate::deliver::breaker::Breaker;
+use crate::deliver::platform::{Platform, SignKind};
 use crate::deliver::ratelimit::Limiter;
 use crate::deliver::sign::Signer;
 use crate::deliver::{file::FileSink, webhook::WebhookSink, Channel, Channels, Sink};
@@ -91,23 +92,32 @@ pub fn build_channels(config: &Config) -> Result<Channels, StartError> {
                 connect_timeout_ms,
                 ca_certs,
                 secrets,
+                platform,
                 ..
             } => {
-                let signer = if secrets.is_empty() {
+                // Standard Webhooks headers unless the platform settings sign otherwise.
+                let standard = platform
+                    .as_ref()
+                    .is_none_or(|p| p.sign == SignKind::StandardWebhooks);
+                let signer = if secrets.is_empty() || !standard {
                     None
                 } else {
                     Some(Signer::new(secrets).map_err(err)?)
                 };
-                Sink::Webhook(Box::new(
-                    WebhookSink::new(
-                        url.clone(),
-                        *timeout_ms,
-                        *connect_timeout_ms,
-                        ca_certs,
-                        signer,
-                    )
-                    .map_err(err)?,
-                ))
+                let mut sink = WebhookSink::new(
+                    url.clone(),
+                    *timeout_ms,
+                    *connect_timeout_ms,
+                    ca_certs,
+                    signer,
+                )
+                .map_err(err)?;
+                if let Some(spec) = platform {
+                    let p = Platform::new(&c.name, (**spec).clone(), secrets)
+                        .map_err(|(k, m)| err(format!("{k}: {m}")))?;
+                    sink = sink.with_platform(p);
+                }
+                Sink::Webhook(Box::new(sink))
             }
         };
         let mut ch = Channel::plain(&c.name, sink, c.retry, c.concurrency as usize);

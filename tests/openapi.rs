@@ -385,6 +385,18 @@ timeout = "2s"
 rate = "100/1s"
 retry = { max_attempts = 1 }
 breaker = { window = "60s", min_requests = 20, failure_ratio = 0.5, cool_down = "30s" }
+
+[channels.robot]
+kind = "webhook"
+preset = "wecom-robot"
+url = "http://127.0.0.1:1/cgi-bin/webhook/send?key=k"
+
+[channels.app]
+kind = "webhook"
+preset = "wecom-app"
+url = "http://127.0.0.1:1/cgi-bin/message/send?access_token={{ token | urlencode }}"
+token = { url = "http://127.0.0.1:1/cgi-bin/gettoken?corpid=c&corpsecret=s" }
+vars = { agentid = 1000002 }
 "#;
 
 #[tokio::test]
@@ -604,6 +616,15 @@ async fn answers_match_the_document() {
         .find(|c| c["name"] == "dead")
         .expect("channel dead");
     assert!(dead["rate"].is_object() && dead["breaker"].is_object());
+    let app = channels["channels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "app")
+        .expect("channel app");
+    assert_eq!(app["preset"], "wecom-app");
+    assert_eq!(app["token"]["state"], "none");
+    assert_eq!(app["success"]["json"], "/errcode");
     check(&d, "GET", "/v1/channels", &r);
     let r = send(&h, "GET", "/metrics", None).await;
     assert_eq!(r.status, 200);

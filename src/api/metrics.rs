@@ -106,11 +106,22 @@ pub fn render(engine: &Engine) -> String {
     metric(
         "herald_channel_held_total",
         "counter",
-        "Sends held by the rate limit or an open breaker (put back on the wheel).",
+        "Sends held by the rate limit, an open breaker or a local resource shortage (put back on the wheel).",
         per(&|c| {
             vec![(
                 format!("{{channel=\"{}\"}}", c.name),
                 c.stats.held.load(Ordering::Relaxed),
+            )]
+        }),
+    );
+    metric(
+        "herald_channel_held_local_total",
+        "counter",
+        "Sends held because this host ran out of a resource (too many open files, no buffer space): no attempt counted, breaker not told.",
+        per(&|c| {
+            vec![(
+                format!("{{channel=\"{}\"}}", c.name),
+                c.stats.held_local.load(Ordering::Relaxed),
             )]
         }),
     );

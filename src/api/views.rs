@@ -5,7 +5,9 @@ use std::sync::atomic::Ordering;
 use serde_json::{json, Value};
 
 use crate::deliver::breaker::BreakerState;
-use crate::deliver::Channel;
+use crate::deliver::success::SuccessRule;
+use crate::deliver::token::TokenState;
+use crate::deliver::{Channel, Sink};
 
 use crate::engine::TaskView;
 use crate::model::{
@@ -209,9 +211,47 @@ pub fn channel(c: &Channel, now_ms: u64) -> Value {
         })
     });
     let s = &c.stats;
+    let (preset, success, token, sign, templates) = match &c.sink {
+        Sink::Webhook(w) => match w.platform() {
+            Some(p) => (
+                json!(p.spec.preset),
+                success_rule(&p.spec.success),
+                p.token
+                    .as_ref()
+                    .map(|t| token_state(&t.state(), now_ms))
+                    .unwrap_or(Value::Null),
+                json!(p.spec.sign.as_str()),
+                json!(p.templated_fields()),
+            ),
+            None => (
+                Value::Null,
+                success_rule(&SuccessRule::default()),
+                Value::Null,
+                json!(if w.signed() {
+                    "standard-webhooks"
+                } else {
+                    "none"
+                }),
+                json!([]),
+            ),
+        },
+        _ => (
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Null,
+            Value::Null,
+        ),
+    };
     json!({
         "name": c.name,
         "kind": c.kind(),
+        "preset": preset,
+        "success": success,
+        "token": token,
+        "sign": sign,
+        "templates": templates,
+        "held_local": s.held_local.load(Ordering::Relaxed),
         "concurrency": c.concurrency_max,
         "in_flight": c.in_flight(),
         "rate": rate,
@@ -221,6 +261,38 @@ pub fn channel(c: &Channel, now_ms: u64) -> Value {
         "retryable_failures": s.retryable_failures.load(Ordering::Relaxed),
         "permanent_failures": s.permanent_failures.load(Ordering::Relaxed),
         "held": s.held.load(Ordering::Relaxed),
+    })
+}
+
+/// A channel's success rule (platform channels: API.md "Platform channels").
+fn success_rule(r: &SuccessRule) -> Value {
+    json!({
+        "status": r.status.as_str(),
+        "json": r.json.as_ref().map(|j| j.pointer.clone()),
+        "equals": r.json.as_ref().map(|j| j.equals.clone()),
+        "code": r.code,
+        "message": r.message,
+        "retry_codes": r.retry_codes,
+        "refresh_codes": r.refresh_codes,
+        "retry_after_json": r.retry_after_json,
+    })
+}
+
+/// An access token's state: never the token itself.
+fn token_state(t: &TokenState, now_ms: u64) -> Value {
+    let state = match (t.valid_until_ms, &t.last_error) {
+        (Some(until), _) if until > now_ms => "valid",
+        (_, Some(_)) => "error",
+        (Some(_), None) => "expired",
+        (None, None) => "none",
+    };
+    json!({
+        "state": state,
+        "valid_until": instant(t.valid_until_ms),
+        "refreshed_at": instant(t.refreshed_at_ms),
+        "refreshes": t.refreshes,
+        "last_refresh_error": t.last_error,
+        "last_refresh_error_at": instant(t.last_error_at_ms),
     })
 }
 

@@ -59,6 +59,7 @@ mod tests {
             Outcome::Sent => "sent",
             Outcome::Retry { .. } => "retry",
             Outcome::Permanent { .. } => "permanent",
+            Outcome::Held { .. } => "held",
         }
     }
 

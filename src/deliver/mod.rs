@@ -10,8 +10,13 @@ pub mod backoff;
 pub mod breaker;
 pub mod classify;
 pub mod file;
+pub mod platform;
+pub mod preset;
 pub mod ratelimit;
 pub mod sign;
+pub mod success;
+pub mod template;
+pub mod token;
 pub mod webhook;
 
 use std::collections::BTreeMap;
@@ -40,6 +45,29 @@ pub struct Delivery {
     pub idempotency_key: String,
     /// RFC 3339 UTC instant (ms) this attempt started: lets a receiver see herald's own pacing.
     pub sent_at: String,
+    /// The message's `data` object as JSON text; in herald's own body as an object when set,
+    /// and `data` in channel templates.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "data_as_object"
+    )]
+    pub data: Option<String>,
+    /// `scheduled_at` in Unix ms (templates: `scheduled_at_ms`).
+    #[serde(skip)]
+    pub scheduled_at_ms: u64,
+    /// Reminders: whole minutes from `scheduled_at` to the event (templates: `minutes_left`).
+    #[serde(skip)]
+    pub minutes_left: Option<u64>,
+    /// The task's metadata (templates: `metadata`).
+    #[serde(skip)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+fn data_as_object<S: serde::Serializer>(data: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    let v: Option<serde_json::Value> = data
+        .as_deref()
+        .and_then(|text| serde_json::from_str(text).ok());
+    serde::Serialize::serialize(&v, s)
 }
 
 /// An alert event: a message entered the failure list, a breaker opened or closed.
@@ -75,8 +103,11 @@ pub struct ChannelStats {
     pub sent: AtomicU64,
     pub retryable_failures: AtomicU64,
     pub permanent_failures: AtomicU64,
-    /// Times a send was held (rate limit or open breaker) and put back on the wheel.
+    /// Times a send was held (rate limit, open breaker, local resource shortage) and put back
+    /// on the wheel.
     pub held: AtomicU64,
+    /// Of those, holds for a local resource shortage (too many open files, no buffer space).
+    pub held_local: AtomicU64,
 }
 
 /// The answer to "may a send start on this channel now?".
@@ -162,12 +193,24 @@ impl Channel {
 
     /// Records the outcome of an admitted send; returns a breaker transition worth an alert.
     /// A permanent rejection counts as success for the breaker: the channel answered.
+    /// A send held for a local resource shortage is not the channel's fault: it is counted as
+    /// held and never reaches the breaker (a probe it carried is given back).
     pub fn record(&self, now_ms: u64, outcome: &Outcome, probe: bool) -> Option<Transition> {
         let success = !matches!(outcome, Outcome::Retry { .. });
         match outcome {
             Outcome::Sent => &self.stats.sent,
             Outcome::Retry { .. } => &self.stats.retryable_failures,
             Outcome::Permanent { .. } => &self.stats.permanent_failures,
+            Outcome::Held { .. } => {
+                self.stats.held.fetch_add(1, Ordering::Relaxed);
+                self.stats.held_local.fetch_add(1, Ordering::Relaxed);
+                if probe {
+                    if let Some(b) = &self.breaker {
+                        b.lock().abandon_probe();
+                    }
+                }
+                return None;
+            }
         }
         .fetch_add(1, Ordering::Relaxed);
         self.breaker
@@ -197,7 +240,15 @@ impl Channel {
                 Outcome::Sent
             }
             Sink::File(f) => f.write(d).await,
-            Sink::Webhook(w) => w.post(d, &d.idempotency_key, now_ms).await,
+            Sink::Webhook(w) => w.deliver(d, now_ms).await,
+        }
+    }
+
+    /// The platform side of a webhook channel (templates, success rule, token), if any.
+    pub fn platform(&self) -> Option<&platform::Platform> {
+        match &self.sink {
+            Sink::Webhook(w) => w.platform(),
+            _ => None,
         }
     }
 
@@ -211,7 +262,7 @@ impl Channel {
                 Outcome::Sent
             }
             Sink::File(f) => f.write(a).await,
-            Sink::Webhook(w) => w.post(a, &a.id, now_ms).await,
+            Sink::Webhook(w) => w.alert(a, now_ms).await,
         }
     }
 }

@@ -88,6 +88,27 @@ impl Signer {
     }
 }
 
+/// DingTalk robot signing: `sign = base64(HMAC-SHA256(key = secret, "{timestamp_ms}\n{secret}"))`,
+/// sent as the `timestamp` and (URL-encoded) `sign` query parameters.
+pub fn dingtalk_sign(secret: &str, timestamp_ms: u64) -> String {
+    // HMAC takes keys of any length: `new_from_slice` cannot fail; no unwrap all the same.
+    let Ok(mut mac) = HmacSha256::new_from_slice(secret.as_bytes()) else {
+        return String::new();
+    };
+    mac.update(format!("{timestamp_ms}\n{secret}").as_bytes());
+    STANDARD.encode(mac.finalize().into_bytes())
+}
+
+/// Feishu/Lark bot signing: `sign = base64(HMAC-SHA256(key = "{timestamp_s}\n{secret}", ""))`
+/// (the string is the key and the message is empty, as Feishu documents it), sent in the JSON
+/// body as `timestamp` (a string of Unix seconds) and `sign`.
+pub fn feishu_sign(secret: &str, timestamp_s: u64) -> String {
+    let Ok(mac) = HmacSha256::new_from_slice(format!("{timestamp_s}\n{secret}").as_bytes()) else {
+        return String::new();
+    };
+    STANDARD.encode(mac.finalize().into_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper::{Request, Uri};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -18,11 +18,13 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use rustls::{ClientConfig, RootCertStore};
 
-use super::classify::classify;
+use super::platform::{Platform, Prepared};
 use super::sign::{Signer, HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP};
+use super::success::{Answer, SuccessRule, Verdict};
+use super::{Alert, Delivery};
 use crate::model::Outcome;
 
-/// How much of a response body we read (for the failure list); the rest is dropped.
+/// How much of a failed answer's body we read (for the failure list) when no rule needs more.
 const EXCERPT_BYTES_MAX: usize = 512;
 
 pub struct WebhookSink {
@@ -30,6 +32,9 @@ pub struct WebhookSink {
     timeout: Duration,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     signer: Option<Signer>,
+    platform: Option<Platform>,
+    /// The platform's success rule, or the default (2xx).
+    rule: SuccessRule,
 }
 
 /// Reads the PEM CA certificates of a `ca_file`: at least one, each usable as a trust anchor.
@@ -89,10 +94,12 @@ fn is_tls_error(e: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 impl WebhookSink {
-    /// `url` is `http://` or `https://` (checked by config). `timeout_ms` bounds the whole
-    /// attempt: connect, TLS handshake, send and reading the answer; `connect_timeout_ms` the
-    /// TCP connect alone. `extra_roots` are trusted besides the webpki roots (`ca_file`).
-    /// With a signer every request carries the Standard Webhooks headers.
+    /// `url` is `http://` or `https://` (checked by config). `timeout_ms` bounds the attempt up
+    /// to the answer's status line and headers: connect, TLS handshake, send, wait;
+    /// `connect_timeout_ms` the TCP connect alone. `extra_roots` are trusted besides the
+    /// webpki roots (`ca_file`). With a signer every request carries the Standard Webhooks
+    /// headers; with a platform the request comes from its templates and the answer is judged
+    /// by its success rule.
     pub fn new(
         url: Uri,
         timeout_ms: u64,
@@ -117,20 +124,61 @@ impl WebhookSink {
             timeout: Duration::from_millis(timeout_ms),
             client,
             signer,
+            platform: None,
+            rule: SuccessRule::default(),
         })
+    }
+
+    /// Makes this a platform channel (templates, success rule, token, signer).
+    pub fn with_platform(mut self, platform: Platform) -> WebhookSink {
+        self.rule = platform.spec.success.clone();
+        self.platform = Some(platform);
+        self
     }
 
     pub fn url(&self) -> &Uri {
         &self.url
     }
 
-    /// POSTs `payload` as JSON. `key` is the idempotency key, also the Standard Webhooks
-    /// message id, so it is the same on every attempt of one message.
-    pub async fn post<T: serde::Serialize>(
+    /// Whether requests carry Standard Webhooks signatures.
+    pub fn signed(&self) -> bool {
+        self.signer.is_some()
+    }
+
+    pub fn platform(&self) -> Option<&Platform> {
+        self.platform.as_ref()
+    }
+
+    /// Delivers one message.
+    pub async fn deliver(&self, d: &Delivery, now_ms: impl Fn() -> u64) -> Outcome {
+        match &self.platform {
+            None => self.post_default(d, &d.idempotency_key, &now_ms).await,
+            Some(p) => {
+                self.post_platform(p, &d.idempotency_key, &now_ms, |tok, now| {
+                    p.prepare(d, tok, now)
+                })
+                .await
+            }
+        }
+    }
+
+    /// Delivers one alert.
+    pub async fn alert(&self, a: &Alert, now_ms: impl Fn() -> u64) -> Outcome {
+        match &self.platform {
+            None => self.post_default(a, &a.id, &now_ms).await,
+            Some(p) => {
+                self.post_platform(p, &a.id, &now_ms, |tok, now| p.prepare_alert(a, tok, now))
+                    .await
+            }
+        }
+    }
+
+    /// herald's own body: `payload` as JSON.
+    async fn post_default<T: serde::Serialize>(
         &self,
         payload: &T,
         key: &str,
-        now_ms: impl Fn() -> u64,
+        now_ms: &impl Fn() -> u64,
     ) -> Outcome {
         let body = match serde_json::to_vec(payload) {
             Ok(b) => b,
@@ -140,86 +188,330 @@ impl WebhookSink {
                 }
             }
         };
-        let mut req = Request::post(self.url.clone())
-            .header("content-type", "application/json")
+        let prepared = Prepared {
+            method: hyper::Method::POST,
+            uri: self.url.clone(),
+            headers: Vec::new(),
+            body,
+            has_content_type: false,
+        };
+        match self.exchange(prepared, key, now_ms).await {
+            Verdict::Done(o) => o,
+            Verdict::RefreshToken { error } => Outcome::Retry {
+                error,
+                not_before_ms: None,
+            },
+        }
+    }
+
+    /// A platform request: token (if any), templates, send, success rule; when the platform
+    /// refuses the token, one refresh (shared with every concurrent send) and one more try.
+    async fn post_platform(
+        &self,
+        p: &Platform,
+        key: &str,
+        now_ms: &impl Fn() -> u64,
+        prepare: impl Fn(Option<&str>, u64) -> Result<Prepared, String>,
+    ) -> Outcome {
+        let mut refreshed = false;
+        loop {
+            let token = match &p.token {
+                Some(cache) => match cache.get(now_ms, || self.fetch_token(p)).await {
+                    Ok(t) => Some(t),
+                    Err(error) => {
+                        return Outcome::Retry {
+                            error: format!("access token: {error}"),
+                            not_before_ms: None,
+                        }
+                    }
+                },
+                None => None,
+            };
+            let prepared = match prepare(token.as_ref().map(|t| t.0.as_str()), now_ms()) {
+                Ok(r) => r,
+                Err(error) => return Outcome::Permanent { error },
+            };
+            match self.exchange(prepared, key, now_ms).await {
+                Verdict::Done(o) => return o,
+                Verdict::RefreshToken { error } => match (&p.token, token) {
+                    (Some(cache), Some((_, generation))) if !refreshed => {
+                        tracing::info!(error = %error, "the platform refused the access token; refreshing");
+                        cache.refused(generation).await;
+                        refreshed = true;
+                    }
+                    _ => {
+                        return Outcome::Retry {
+                            error,
+                            not_before_ms: None,
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    /// Asks the token endpoint; returns the answer's status and (bounded) body.
+    async fn fetch_token(&self, p: &Platform) -> Result<(u16, Vec<u8>), String> {
+        let Some(cache) = &p.token else {
+            return Err("no token endpoint".into());
+        };
+        let spec = &cache.spec;
+        let method = hyper::Method::from_bytes(spec.method.as_bytes())
+            .map_err(|_| "bad token.method".to_string())?;
+        let uri: Uri = spec
+            .url
+            .parse()
+            .map_err(|_| "token.url is not a URL".to_string())?;
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("user-agent", concat!("herald/", env!("CARGO_PKG_VERSION")));
+        if spec.body.is_some() {
+            req = req.header("content-type", "application/json");
+        }
+        let req = req
+            .body(Full::new(Bytes::from(
+                spec.body.clone().unwrap_or_default(),
+            )))
+            // The error would print the URL, which holds a secret.
+            .map_err(|_| "cannot build the token request".to_string())?;
+        let resp = tokio::time::timeout(self.timeout, self.client.request(req))
+            .await
+            .map_err(|_| format!("timed out after {} ms", self.timeout.as_millis()))?
+            .map_err(|e| error_text(&e))?;
+        let status = resp.status().as_u16();
+        let (bytes, cut) = read_bounded(
+            resp.into_body(),
+            p.spec.answer_bytes_max,
+            Duration::from_millis(p.spec.answer_timeout_ms),
+        )
+        .await;
+        if let Some(why) = cut {
+            return Err(format!("HTTP {status}, answer cut short ({why})"));
+        }
+        Ok((status, bytes))
+    }
+
+    /// Sends one request and judges the answer on its status line and headers; the body is
+    /// read (bounded, with its own timeout) only when the rule needs it or for the failure
+    /// list, so a 2xx whose body is slow or trickles is not a timeout.
+    async fn exchange(&self, p: Prepared, key: &str, now_ms: &impl Fn() -> u64) -> Verdict {
+        let mut req = Request::builder()
+            .method(p.method)
+            .uri(p.uri)
             .header("user-agent", concat!("herald/", env!("CARGO_PKG_VERSION")))
             .header("idempotency-key", key);
+        if !p.has_content_type {
+            req = req.header("content-type", "application/json");
+        }
+        if let Some(h) = req.headers_mut() {
+            // The channel's headers replace herald's defaults of the same name.
+            for (name, value) in p.headers {
+                h.insert(name, value);
+            }
+        }
         if let Some(signer) = &self.signer {
             let ts = now_ms() / 1_000;
             req = req
                 .header(HEADER_ID, key)
                 .header(HEADER_TIMESTAMP, ts.to_string())
-                .header(HEADER_SIGNATURE, signer.signature_header(key, ts, &body));
+                .header(HEADER_SIGNATURE, signer.signature_header(key, ts, &p.body));
         }
-        let req = req.body(Full::new(Bytes::from(body)));
-        let req = match req {
+        let req = match req.body(Full::new(Bytes::from(p.body))) {
             Ok(r) => r,
             Err(e) => {
-                return Outcome::Permanent {
+                return Verdict::Done(Outcome::Permanent {
                     error: format!("request: {e}"),
-                }
+                })
             }
         };
-        let attempt = async {
-            let resp = self.client.request(req).await.map_err(|e| {
-                // Show the root cause (refused, reset, ...) rather than hyper's wrapper.
-                let mut msg = e.to_string();
-                if is_tls_error(&e) {
-                    let what = if e.is_connect() {
-                        "TLS handshake failed"
-                    } else {
-                        "TLS error"
-                    };
-                    msg = format!("{what}: {msg}");
+        let resp = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                let error = error_text(&e);
+                if is_local_resource_error(&e) {
+                    return Verdict::Done(Outcome::Held {
+                        error: format!("held, not sent: {error}"),
+                        until_ms: now_ms().saturating_add(LOCAL_RESOURCE_HOLD_MS),
+                    });
                 }
-                let mut src = std::error::Error::source(&e);
-                while let Some(s) = src {
-                    msg = format!("{msg}: {s}");
-                    src = s.source();
-                }
-                msg
-            })?;
-            let status = resp.status().as_u16();
-            let retry_after = resp
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            let excerpt = read_excerpt(resp.into_body()).await;
-            Ok::<_, String>((status, retry_after, excerpt))
-        };
-        match tokio::time::timeout(self.timeout, attempt).await {
-            Ok(Ok((status, retry_after, excerpt))) => {
-                classify(status, retry_after.as_deref(), &excerpt, now_ms())
+                return Verdict::Done(Outcome::Retry {
+                    error,
+                    not_before_ms: None,
+                });
             }
-            Ok(Err(e)) => Outcome::Retry {
-                error: e,
-                not_before_ms: None,
-            },
-            Err(_) => Outcome::Retry {
-                error: format!("timed out after {} ms", self.timeout.as_millis()),
+            Err(_) => {
+                return Verdict::Done(Outcome::Retry {
+                    error: format!("timed out after {} ms", self.timeout.as_millis()),
+                    not_before_ms: None,
+                })
+            }
+        };
+        let status = resp.status().as_u16();
+        let retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = resp.into_body();
+        let (limit, wait) = match &self.platform {
+            Some(p) => (
+                p.spec.answer_bytes_max,
+                Duration::from_millis(p.spec.answer_timeout_ms),
+            ),
+            None => (EXCERPT_BYTES_MAX, Duration::from_millis(EXCERPT_TIMEOUT_MS)),
+        };
+        let (bytes, cut) = if self.rule.needs_body(status) {
+            read_bounded(body, limit, wait).await
+        } else if self.rule.status.contains(status) {
+            // Success on the status line alone: the outcome does not wait for the body. It is
+            // drained in the background so the connection can be reused.
+            finish_or_drain(body).await;
+            return Verdict::Done(
+                self.rule
+                    .judge(status, retry_after.as_deref(), Answer::Unread, now_ms())
+                    .into_outcome(),
+            );
+        } else {
+            // A failure: a short excerpt for the failure list.
+            read_bounded(
+                body,
+                EXCERPT_BYTES_MAX,
+                Duration::from_millis(EXCERPT_TIMEOUT_MS),
+            )
+            .await
+        };
+        let answer = match cut {
+            None => Answer::Complete(&bytes),
+            Some(why) => Answer::Partial(&bytes, why),
+        };
+        self.rule
+            .judge(status, retry_after.as_deref(), answer, now_ms())
+    }
+}
+
+impl Verdict {
+    fn into_outcome(self) -> Outcome {
+        match self {
+            Verdict::Done(o) => o,
+            Verdict::RefreshToken { error } => Outcome::Retry {
+                error,
                 not_before_ms: None,
             },
         }
     }
 }
 
-/// Reads at most `EXCERPT_BYTES_MAX` bytes of a body as lossy UTF-8, single line.
-async fn read_excerpt(mut body: Incoming) -> String {
-    let mut buf = Vec::new();
-    while buf.len() < EXCERPT_BYTES_MAX {
-        match body.frame().await {
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    buf.extend_from_slice(data);
+/// How long a send that hit a local resource limit waits before it is tried again.
+pub const LOCAL_RESOURCE_HOLD_MS: u64 = 250;
+/// Time allowed to read the excerpt of a failed answer.
+const EXCERPT_TIMEOUT_MS: u64 = 1_000;
+
+/// The client error with the root cause (refused, reset, ...) rather than hyper's wrapper.
+fn error_text(e: &hyper_util::client::legacy::Error) -> String {
+    let mut msg = e.to_string();
+    if is_tls_error(e) {
+        let what = if e.is_connect() {
+            "TLS handshake failed"
+        } else {
+            "TLS error"
+        };
+        msg = format!("{what}: {msg}");
+    }
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg = format!("{msg}: {s}");
+        src = s.source();
+    }
+    msg
+}
+
+/// True if the error chain holds an OS error that says this host ran out of something (file
+/// descriptors, buffer space, memory): the request never left, and the receiver is not to blame.
+pub fn is_local_resource_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if let Some(code) = io.raw_os_error() {
+                if [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM].contains(&code) {
+                    return true;
                 }
             }
-            _ => break,
+            if let Some(inner) = io.get_ref() {
+                if is_local_resource_error(inner) {
+                    return true;
+                }
+            }
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Reads the rest of a body the outcome does not depend on, so hyper can put the connection
+/// back in the pool: what has already arrived is read now, without waiting (a small answer
+/// usually comes with its head); a body still on its way is read in a task of its own
+/// (bounded in size and time) that nothing waits for.
+async fn finish_or_drain(mut body: Incoming) {
+    for _ in 0..8 {
+        if body.is_end_stream() {
+            return;
+        }
+        // `timeout` polls the frame once before looking at the (zero) deadline.
+        match tokio::time::timeout(Duration::ZERO, body.frame()).await {
+            Ok(Some(Ok(_))) => continue,
+            Ok(None) | Ok(Some(Err(_))) => return,
+            Err(_) => break,
         }
     }
-    buf.truncate(EXCERPT_BYTES_MAX);
-    String::from_utf8_lossy(&buf)
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
+    tokio::spawn(async move {
+        let _ = read_bounded(body, 1 << 20, Duration::from_secs(30)).await;
+    });
+}
+
+/// Reads at most `max` bytes of a body within `wait`. Returns what was read and, if it was cut
+/// short, why.
+pub async fn read_bounded(
+    mut body: Incoming,
+    max: usize,
+    wait: Duration,
+) -> (Vec<u8>, Option<&'static str>) {
+    let mut buf = Vec::new();
+    let read = async {
+        loop {
+            match body.frame().await {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        buf.extend_from_slice(data);
+                        if buf.len() > max {
+                            return Some("larger than the bound");
+                        }
+                    }
+                }
+                Some(Err(_)) => return Some("body error"),
+                None => return None,
+            }
+        }
+    };
+    let cut = match tokio::time::timeout(wait, read).await {
+        Ok(cut) => cut,
+        Err(_) => Some("not complete in time"),
+    };
+    buf.truncate(max);
+    (buf, cut)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_resource_errors() {
+        let emfile = std::io::Error::from_raw_os_error(libc::EMFILE);
+        assert!(is_local_resource_error(&emfile));
+        let nobufs = std::io::Error::other(std::io::Error::from_raw_os_error(libc::ENOBUFS));
+        assert!(is_local_resource_error(&nobufs));
+        let refused = std::io::Error::from_raw_os_error(libc::ECONNREFUSED);
+        assert!(!is_local_resource_error(&refused));
+    }
 }

@@ -128,7 +128,9 @@ fn raise(inner: &Arc<Inner>, alert: Alert) {
         for attempt in 1..=ALERT_ATTEMPTS {
             match target.send_alert(&alert, || inner.clock.now_ms()).await {
                 Outcome::Sent => return,
-                Outcome::Retry { error, .. } | Outcome::Permanent { error } => {
+                Outcome::Retry { error, .. }
+                | Outcome::Permanent { error }
+                | Outcome::Held { error, .. } => {
                     tracing::warn!(event = alert.event, attempt, error = %error,
                         channel = %target.name, "alert delivery failed");
                 }

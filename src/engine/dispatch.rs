@@ -352,7 +352,8 @@ async fn prepare(
     // for the rest, the instant pacing (or a retry) planned it for.
     let scheduled = if seq == 0 { run.scheduled_at_ms } else { due };
     inner.lateness.observe(now.saturating_sub(scheduled));
-    let body = match minutes_left(&t.schedule, run.scheduled_at_ms) {
+    let minutes = minutes_left(&t.schedule, run.scheduled_at_ms);
+    let body = match minutes {
         Some(m) => msg.body.replace("{{minutes_left}}", &m.to_string()),
         None => msg.body,
     };
@@ -366,6 +367,11 @@ async fn prepare(
         attempt: run.attempts,
         idempotency_key: delivery_key(&t.id, key.run, seq),
         sent_at: format_utc(now),
+        // For channel templates.
+        data: msg.data,
+        scheduled_at_ms: scheduled,
+        minutes_left: minutes,
+        metadata: t.metadata.clone(),
     };
     let policy = t
         .retry
@@ -495,7 +501,10 @@ fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan) {
         Outcome::Sent => {
             tracing::info!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, "sent")
         }
-        Outcome::Retry { error, .. } | Outcome::Permanent { error } => {
+        // `Held` (local resource shortage) settles like a retry that burned no attempt.
+        Outcome::Retry { error, .. }
+        | Outcome::Permanent { error }
+        | Outcome::Held { error, .. } => {
             if let Some(f) = &plan.failure {
                 tracing::warn!(task = %d.task_id, run = d.run, seq = d.seq, attempts = f.attempts,
                     error = %error, failure = %d.idempotency_key, "gave up: message moved to the failure list");

@@ -53,7 +53,8 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
         .get_run(&f.task_id, f.run)?
         .map(|r| r.scheduled_at_ms)
         .unwrap_or(now);
-    let body = match minutes_left(&task.schedule, scheduled) {
+    let minutes = minutes_left(&task.schedule, scheduled);
+    let body = match minutes {
         Some(m) => msg.body.replace("{{minutes_left}}", &m.to_string()),
         None => msg.body.clone(),
     };
@@ -67,6 +68,11 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
         attempt: f.attempts + 1,
         idempotency_key: f.id.clone(),
         sent_at: format_utc(now),
+        // For channel templates (issue 9).
+        data: msg.data.clone(),
+        scheduled_at_ms: scheduled,
+        minutes_left: minutes,
+        metadata: task.metadata.clone(),
     };
     let policy = task.retry.unwrap_or(channel.retry);
     drop(guard);
@@ -76,6 +82,12 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
         alerts::breaker(inner, &channel.name, tr);
     }
 
+    // A local resource shortage (EMFILE, ENOBUFS): nothing left this host; try again later
+    // without counting an attempt (issue 9).
+    if let Outcome::Held { until_ms, .. } = outcome {
+        inner.timer.at(key.clone(), until_ms);
+        return Ok(());
+    }
     let _guard = inner.failures_lock.lock().await;
     let now = inner.clock.now_ms();
     let Some(mut f) = inner.store.get_failure(id)? else {
@@ -107,7 +119,7 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
             }
             f.retrying = false;
         }
-        Outcome::Permanent { error } => {
+        Outcome::Permanent { error } | Outcome::Held { error, .. } => {
             f.last_error = error;
             f.failed_at_ms = now;
             f.retrying = false;

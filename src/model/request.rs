@@ -84,6 +84,8 @@ pub struct DstRequest {
 pub struct MessageRequest {
     pub to: String,
     pub body: String,
+    /// Free JSON object for the channel's templates (`{{ data.template_id }}`).
+    pub data: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize, Debug, Clone, Default)]
@@ -573,20 +575,33 @@ fn validate_messages(
     limits: &Limits,
 ) -> Result<Vec<Message>, FieldError> {
     let (list, field): (Vec<Message>, &str) = match (messages, to, body) {
-        (Some(m), None, None) => (
-            m.into_iter()
-                .map(|m| Message {
+        (Some(m), None, None) => {
+            let mut list = Vec::with_capacity(m.len());
+            for (i, m) in m.into_iter().enumerate() {
+                let data = match m.data {
+                    None | Some(serde_json::Value::Null) => None,
+                    Some(v @ serde_json::Value::Object(_)) => Some(v.to_string()),
+                    Some(_) => {
+                        return Err(FieldError::new(
+                            format!("messages[{i}].data"),
+                            "must be a JSON object",
+                        ))
+                    }
+                };
+                list.push(Message {
                     to: m.to,
                     body: m.body,
-                })
-                .collect(),
-            "messages",
-        ),
+                    data,
+                });
+            }
+            (list, "messages")
+        }
         (None, Some(to), Some(body)) => (
             to.into_iter()
                 .map(|to| Message {
                     to,
                     body: body.clone(),
+                    data: None,
                 })
                 .collect(),
             "to",
@@ -639,6 +654,20 @@ fn validate_messages(
                 body_field,
                 format!("must be at most {} bytes", limits.message_body_bytes_max),
             ));
+        }
+        // `data` counts in the same limit as the body: together they are the message.
+        if let Some(d) = &m.data {
+            if m.body.len() + d.len() > limits.message_body_bytes_max {
+                return Err(FieldError::new(
+                    format!("messages[{i}].data"),
+                    format!(
+                        "body and data together must be at most {} bytes (body {}, data {} as JSON)",
+                        limits.message_body_bytes_max,
+                        m.body.len(),
+                        d.len()
+                    ),
+                ));
+            }
         }
     }
     Ok(list)
@@ -798,6 +827,29 @@ mod tests {
     }
 
     #[test]
+    fn message_data_is_an_object_counted_in_the_size_limit() {
+        let (_, messages) = task_and_messages(json!({"schedule": {"after": "1s"},
+            "messages": [{"to": "a", "body": "b", "data": {"template_id": "T1", "n": [1, 2]}},
+                         {"to": "c", "body": "d", "data": null}]}))
+        .unwrap();
+        let d: serde_json::Value =
+            serde_json::from_str(messages[0].data.as_deref().unwrap()).unwrap();
+        assert_eq!(d, json!({"template_id": "T1", "n": [1, 2]}));
+        assert_eq!(messages[1].data, None);
+        assert_eq!(
+            err_field(json!({"schedule": {"after": "1s"},
+                "messages": [{"to": "a", "body": "b"}, {"to": "a", "body": "b", "data": [1]}]})),
+            "messages[1].data"
+        );
+        let big = "x".repeat(64 * 1024 - 10);
+        assert_eq!(
+            err_field(json!({"schedule": {"after": "1s"},
+                "messages": [{"to": "a", "body": big, "data": {"k": "0123456789"}}]})),
+            "messages[0].data"
+        );
+    }
+
+    #[test]
     fn broadcast_shorthand_expands() {
         let (t, messages) = task_and_messages(
             json!({"schedule": {"after": "1s"}, "to": ["a", "b", "c"], "body": "x",
@@ -809,7 +861,8 @@ mod tests {
             messages[2],
             Message {
                 to: "c".into(),
-                body: "x".into()
+                body: "x".into(),
+                data: None,
             }
         );
         assert_eq!(t.pacing.interval_ms, 3_000);

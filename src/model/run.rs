@@ -64,6 +64,10 @@ pub enum Outcome {
     },
     /// Rejected for good (4xx other than 408/425/429).
     Permanent { error: String },
+    /// Never left this host: a local resource ran out (too many open files, no buffer space).
+    /// Like a rate-limit hold: the attempt is not counted and the breaker is not told; the
+    /// message is tried again at `until_ms` with the same attempt number.
+    Held { error: String, until_ms: u64 },
 }
 
 /// A message given up on, to be written to the failure list.
@@ -193,6 +197,16 @@ impl Run {
             Outcome::Permanent { error } => {
                 gave_up = Some(self.give_up(error));
             }
+            Outcome::Held { until_ms, .. } => {
+                // Not an attempt: give it back, stay at the cursor, try again at `until_ms`.
+                self.attempts = self.attempts.saturating_sub(1);
+                let at = until_ms.max(now_ms);
+                self.next_at_ms = Some(at);
+                return Settled {
+                    gave_up: None,
+                    next_at_ms: Some(at),
+                };
+            }
         }
         if self.is_done() {
             // A run cancelled while its last attempt was in flight stays cancelled.
@@ -257,6 +271,32 @@ mod tests {
         assert_eq!(r.state, RunState::Completed);
         assert_eq!((r.sent, r.failed, r.cursor), (3, 0, 3));
         assert_eq!(r.begin_attempt(2_000), None);
+    }
+
+    #[test]
+    fn a_held_send_burns_no_attempt() {
+        let mut r = Run::new(1, 0, 0, 1);
+        r.begin_attempt(0);
+        let held = Outcome::Held {
+            error: "Too many open files".into(),
+            until_ms: 200,
+        };
+        for _ in 0..5 {
+            let s = r.settle(held.clone(), 1, 1_000, &Pacing::default(), 10);
+            assert_eq!(
+                s,
+                Settled {
+                    gave_up: None,
+                    next_at_ms: Some(200)
+                }
+            );
+            assert_eq!((r.attempts, r.in_flight, r.cursor), (0, None, 0));
+            assert_eq!(r.begin_attempt(200), Some(0));
+            assert_eq!(r.attempts, 1, "the same attempt number every time");
+        }
+        let s = r.settle(Outcome::Sent, 1, 1_000, &Pacing::default(), 210);
+        assert_eq!(s.next_at_ms, None);
+        assert_eq!((r.sent, r.failed), (1, 0));
     }
 
     #[test]

@@ -14,6 +14,9 @@ use super::state::TaskState;
 pub struct Message {
     pub to: String,
     pub body: String,
+    /// Free JSON object for platform fields (e.g. a template id), as JSON text: bincode's serde
+    /// support cannot round-trip `serde_json::Value`. Available to channel templates as `data`.
+    pub data: Option<String>,
 }
 
 /// What to do with a local time that does not exist (spring forward).

@@ -62,6 +62,7 @@ impl TaskV1 {
             .map(|m| Message {
                 to: m.to,
                 body: m.body,
+                data: None,
             })
             .collect();
         let task = Task {

@@ -53,6 +53,29 @@ impl TestHerald {
     }
 }
 
+/// Starts herald in-process on a fresh temp data dir, with `${VAR}` in the config looked up in
+/// `env` (not the process environment, which tests running in parallel share).
+pub async fn start_with_env(config: &str, env: &[(&str, &str)]) -> TestHerald {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let vars: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let lookup = move |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    let cfg = Config::from_toml_with_env(
+        config,
+        Overrides {
+            listen: Some("127.0.0.1:0".into()),
+            data_dir: Some(dir.path().to_path_buf()),
+            token: None,
+        },
+        &lookup,
+    )
+    .expect("test config is valid");
+    let server = herald::server::start(cfg).await.expect("herald starts");
+    TestHerald { server, dir }
+}
+
 /// Starts herald in-process on `data_dir`.
 pub async fn start_in(data_dir: &Path, config: &str) -> Server {
     boot(data_dir, config, None).await

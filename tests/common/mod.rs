@@ -3,6 +3,7 @@
 
 pub mod herald;
 pub mod http;
+pub mod platform;
 pub mod receiver;
 
 /// Header names lower-cased, values lossily decoded: how the client and the receiver record them.
