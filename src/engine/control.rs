@@ -42,6 +42,7 @@ impl Engine {
         }
         self.inner.store.apply(&batch)?;
         self.inner.store.durable().await?;
+        self.inner.events.committed(&task, &runs); // events (issue 11)
         for r in runs {
             if r.state == RunState::Running {
                 st.runs.insert(r.run, r);

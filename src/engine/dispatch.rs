@@ -209,9 +209,11 @@ async fn fire(inner: &Arc<Inner>, cell: &Arc<LiveTask>, key: &RunKey) -> Result<
         inner
             .timer
             .at(RunKey::new(&task.id, r.run), r.next_at_ms.unwrap_or(now));
+        inner.events.progress(&task, &r); // events (issue 11)
         st.runs.insert(r.run, r);
     }
     st.task = task;
+    inner.events.task(&st.task); // events (issue 11)
     plan_fire(inner, &st.task);
     retire_if_finished(inner, cell, &st.task);
     Ok(())
@@ -426,8 +428,9 @@ async fn run_step(
         Ok(()) => inner.store.durable().await.map_err(EngineError::from),
         Err(e) => Err(e.into()),
     };
-    // Memory follows what happened even if the write failed: the message *was* sent (or not),
-    // and the next write of this run carries the whole record again.
+    inner.events.progress(&task, &run); // events (issue 11)
+                                        // Memory follows what happened even if the write failed: the message *was* sent (or not),
+                                        // and the next write of this run carries the whole record again.
     if finished {
         st.runs.remove(&key.run);
     } else {
@@ -460,6 +463,7 @@ async fn run_step(
     drop(st);
     if let (Some(f), Ok(())) = (&failure, &written) {
         alerts::failure(inner, f, "failure");
+        inner.events.failure(f, "added"); // events (issue 11)
     }
     written
 }

@@ -11,6 +11,7 @@
 mod alerts;
 mod control;
 mod dispatch;
+pub mod events; // events (issue 11)
 mod failures;
 mod recovery;
 mod retry;
@@ -134,6 +135,7 @@ pub(crate) struct Inner {
     pub alerts_failed: AtomicU64,
     /// Serialises changes to failure records (retry steps against dismissals).
     pub failures_lock: tokio::sync::Mutex<()>,
+    pub events: events::Bus, // events (issue 11)
 }
 
 /// A task as seen by a client: the record plus its current (or last) run.
@@ -202,6 +204,7 @@ impl Engine {
             alerts_raised: AtomicU64::new(0),
             alerts_failed: AtomicU64::new(0),
             failures_lock: tokio::sync::Mutex::new(()),
+            events: events::Bus::new(), // events (issue 11)
         });
         // The dispatcher holds a weak reference so dropping the last Engine shuts it down.
         tokio::spawn(dispatch::dispatcher(Arc::downgrade(&inner), due_rx));
@@ -210,6 +213,18 @@ impl Engine {
 
     pub fn is_ready(&self) -> bool {
         self.inner.ready.load(Ordering::Acquire)
+    }
+
+    /// The live event bus (`GET /v1/events`).
+    pub fn events(&self) -> &events::Bus {
+        // events (issue 11)
+        &self.inner.events
+    }
+
+    /// The limits requests are validated against (schedule preview).
+    pub fn limits(&self) -> &Limits {
+        // events (issue 11): accessor for the preview
+        &self.inner.config.limits
     }
 
     pub fn channels(&self) -> &Channels {
@@ -333,6 +348,7 @@ impl Engine {
                     return Err(e.into());
                 }
                 dispatch::plan_fire(inner, &task);
+                inner.events.task(&task); // events (issue 11)
                 tracing::info!(task = %task.id, channel = %task.channel, messages = task.messages.len(),
                     next_fire_at = ?task.next_fire_at_ms, "task created");
                 drop(guard);

@@ -90,6 +90,7 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
             b.ops.push(crate::store::Op::DeleteFailure(f.id.clone()));
             inner.store.apply(&b)?;
             inner.store.durable().await?;
+            inner.events.failure(&f, "resolved"); // events (issue 11)
             return Ok(());
         }
         Outcome::Retry {
@@ -118,6 +119,7 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
         "failure retry gave up; it stays in the failure list");
     save(inner, &f).await?;
     alerts::failure(inner, &f, "failure_retry_failed");
+    inner.events.failure(&f, "failed"); // events (issue 11)
     Ok(())
 }
 
