@@ -429,8 +429,9 @@ async fn run_step(
         Err(e) => Err(e.into()),
     };
     inner.events.progress(&task, &run); // events (issue 11)
-                                        // Memory follows what happened even if the write failed: the message *was* sent (or not),
-                                        // and the next write of this run carries the whole record again.
+
+    // Memory follows what happened even if the write failed: the message *was* sent (or not),
+    // and the next write of this run carries the whole record again.
     if finished {
         st.runs.remove(&key.run);
     } else {
