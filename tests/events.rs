@@ -156,6 +156,24 @@ async fn a_paced_sequence_streams_its_progress_to_the_end() {
     assert!(events
         .iter()
         .any(|(n, d)| n == "task" && d["state"] == "running"));
+    documented(&[("ready".to_string(), ready)]);
+    documented(&events);
+}
+
+/// Each event's data has exactly the fields its `Event*` schema in the OpenAPI document lists.
+fn documented(events: &[(String, Value)]) {
+    let doc: Value = serde_json::from_str(herald::api::OPENAPI).unwrap();
+    for (name, data) in events {
+        let schema = format!("Event{}{}", name[..1].to_uppercase(), &name[1..]);
+        let props = doc["components"]["schemas"][&schema]["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{schema} is not documented"));
+        let mut documented: Vec<&String> = props.keys().collect();
+        let mut sent: Vec<&String> = data.as_object().expect("an object").keys().collect();
+        documented.sort();
+        sent.sort();
+        assert_eq!(sent, documented, "{name}: {data}");
+    }
 }
 
 #[tokio::test]
@@ -210,6 +228,7 @@ async fn control_commands_failures_and_the_task_filter() {
     assert!(seen
         .iter()
         .any(|(n, d)| n == "failure" && d["action"] == "retrying"));
+    documented(&seen);
     // The filtered stream never carried the other task.
     assert!(seen
         .iter()

@@ -288,9 +288,14 @@ async fn refuses_what_a_create_refuses_with_the_same_problem() {
             Some("application/problem+json")
         );
         let (p, c) = (prev.json(), create.json());
+        // The same words; a JSON syntax position (" at line 1 column N") differs with the body.
+        let words = |v: &Value| {
+            let d = v["detail"].as_str().unwrap_or_default();
+            d.split(" at line ").next().unwrap_or_default().to_string()
+        };
         assert_eq!(
-            (&p["field"], &p["detail"]),
-            (&c["field"], &c["detail"]),
+            (&p["field"], words(&p)),
+            (&c["field"], words(&c)),
             "{schedule}"
         );
         assert!(p["field"].is_string(), "{schedule}: {p}");
