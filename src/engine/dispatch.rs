@@ -428,7 +428,10 @@ async fn run_step(
         Ok(()) => inner.store.durable().await.map_err(EngineError::from),
         Err(e) => Err(e.into()),
     };
-    inner.events.progress(&task, &run); // events (issue 11)
+    // events (issue 11): the run's progress, once it is durable
+    if written.is_ok() {
+        inner.events.progress(&task, &run);
+    }
 
     // Memory follows what happened even if the write failed: the message *was* sent (or not),
     // and the next write of this run carries the whole record again.
