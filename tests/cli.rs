@@ -356,6 +356,13 @@ async fn watch_follows_a_paced_sequence_to_the_end() {
         "{}",
         out.stdout
     );
+    assert!(
+        out.stdout.contains(
+            "progress:   [####################] run 1: 8 sent, 0 failed, 0 in flight of 8"
+        ),
+        "{}",
+        out.stdout
+    );
 
     // Human output: started, then the summary line.
     http::post_json(

@@ -122,8 +122,13 @@ impl Client {
     ) -> Result<hyper::Response<Incoming>, CliError> {
         let mut b = Request::builder()
             .method(method.clone())
-            .uri(format!("{}{path}", self.base))
-            .header("accept", "application/json");
+            .uri(format!("{}{path}", self.base));
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("accept"))
+        {
+            b = b.header("accept", "application/json");
+        }
         if let Some(t) = &self.token {
             b = b.header("authorization", format!("Bearer {t}"));
         }

@@ -122,6 +122,16 @@ pub fn progress(p: &serde_json::Value) -> String {
     s
 }
 
+/// A text progress bar: `[#######-------------]`.
+pub fn bar(done: u64, total: u64, width: usize) -> String {
+    let filled = if total == 0 {
+        0
+    } else {
+        ((done.min(total) as u128 * width as u128) / total as u128) as usize
+    };
+    format!("[{}{}]", "#".repeat(filled), "-".repeat(width - filled))
+}
+
 /// A cell from a JSON value: strings bare, null as "-".
 pub fn cell(v: &serde_json::Value) -> String {
     match v {
@@ -145,6 +155,14 @@ mod tests {
         assert_eq!(at("2026-12-04T00:00:00Z"), "in 3d");
         assert_eq!(at("2026-11-30T23:59:15Z"), "45s ago");
         assert_eq!(at("2026-12-01T00:00:00Z"), "now");
+    }
+
+    #[test]
+    fn bars_fill_in_proportion() {
+        assert_eq!(bar(0, 10, 10), "[----------]");
+        assert_eq!(bar(5, 10, 10), "[#####-----]");
+        assert_eq!(bar(10, 10, 4), "[####]");
+        assert_eq!(bar(3, 0, 4), "[----]");
     }
 
     #[test]

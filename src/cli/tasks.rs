@@ -166,7 +166,8 @@ pub fn show(v: &Value) -> String {
         line(
             "progress:",
             format!(
-                "run {}: {} sent, {} failed, {} in flight of {}; eta {}",
+                "{} run {}: {} sent, {} failed, {} in flight of {}; eta {}",
+                table::bar(n("sent") + n("failed"), n("total"), 20),
                 n("run"),
                 n("sent"),
                 n("failed"),
