@@ -107,9 +107,15 @@ impl Bars {
                 let b = self.multi.add(ProgressBar::new(total));
                 b.set_style(
                     ProgressStyle::with_template(
-                        "{prefix} [{bar:32.green/red}] {pos}/{len} {msg} · {per_sec} · eta {eta}",
+                        "{prefix} [{bar:32.green/red}] {pos}/{len} {msg} · {rate} · eta {eta}",
                     )
                     .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .with_key(
+                        "rate",
+                        |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                            let _ = write!(w, "{:.1}/s", s.per_sec());
+                        },
+                    )
                     .progress_chars("=> "),
                 );
                 b.set_prefix(format!("{task} run {run}"));
