@@ -240,7 +240,7 @@ async fn dashboard_in_headless_chromium() {
     // ---- create a paced sequence from the page
     let to: Vec<String> = (0..8).map(|i| format!("r{i}")).collect();
     let request = json!({"id": "seq", "channel": "hook", "schedule": {"after": "1s"},
-                         "pacing": {"interval": "250ms"}, "to": to, "body": "hello"});
+                         "pacing": {"interval": "300ms"}, "to": to, "body": "hello"});
     let area = c.find(Locator::Css("#create-body")).await.unwrap();
     area.clear().await.unwrap();
     area.send_keys(&request.to_string()).await.unwrap();
