@@ -51,6 +51,15 @@ struct FileConfig {
     channels: BTreeMap<String, ChannelFile>,
     alerts: Option<AlertsFile>,
     limits: Option<LimitsFile>,
+    store: Option<StoreFile>,
+}
+
+/// `[store]`: the embedded database.
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct StoreFile {
+    /// sled's page cache in MiB (default 64; sled's own default would be 1024).
+    cache_mb: Option<u64>,
 }
 
 /// `[limits]`: the documented defaults of API.md, adjustable.
@@ -127,6 +136,7 @@ pub struct Config {
     pub body_bytes_max: usize,
     /// Channel that alert events are also delivered to.
     pub alerts_channel: Option<String>,
+    pub store: crate::store::StoreOptions,
 }
 
 /// Overrides from the command line and environment.
@@ -246,6 +256,17 @@ impl Config {
             }
             None => None,
         };
+        let mut store = crate::store::StoreOptions::default();
+        if let Some(st) = &file.store {
+            match st.cache_mb {
+                Some(0) => return Err(invalid("store.cache_mb", "must be more than 0")),
+                Some(mb) if mb > 1 << 20 => {
+                    return Err(invalid("store.cache_mb", "must be at most 1048576 (1 TiB)"))
+                }
+                Some(mb) => store.cache_bytes = mb << 20,
+                None => {}
+            }
+        }
         Ok(Config {
             listen,
             data_dir,
@@ -254,6 +275,7 @@ impl Config {
             limits,
             body_bytes_max,
             alerts_channel,
+            store,
         })
     }
 }
@@ -512,6 +534,8 @@ path = "d/sent.jsonl"
         assert_eq!(c.limits.messages_max, 10);
         assert_eq!(c.limits.horizon_ms, 30 * 86_400_000);
         assert!(err("[limits]\nmessages_max = 0").starts_with("limits.messages_max:"));
+        assert!(err("[store]\ncache_mb = 0").starts_with("store.cache_mb:"));
+        assert!(err("[store]\ncache = 5").contains("unknown field"));
         assert!(err("[limits]\nhorizon = \"soon\"").starts_with("limits.horizon:"));
     }
 

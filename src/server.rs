@@ -20,7 +20,7 @@ use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("opening the data directory {dir}: {error}")]
+    #[error("cannot open the data directory {dir}: {error}. If it is damaged: stop herald, move it aside (mv {dir} {dir}.damaged), then restore a backup into {dir} or start empty; README \"When the data directory will not open\" has the steps")]
     Store { dir: String, error: StoreError },
     #[error("channel {name}: {message}")]
     Channel { name: String, message: String },
@@ -131,10 +131,11 @@ pub async fn start_with(
     clock: Arc<dyn Clock>,
     mut engine_config: EngineConfig,
 ) -> Result<Server, StartError> {
-    let store = Store::open(&config.data_dir).map_err(|error| StartError::Store {
-        dir: config.data_dir.display().to_string(),
-        error,
-    })?;
+    let store =
+        Store::open_with(&config.data_dir, &config.store).map_err(|error| StartError::Store {
+            dir: config.data_dir.display().to_string(),
+            error,
+        })?;
     let channels = build_channels(&config)?;
     // Bind before recovering so a port clash fails fast.
     let listener = TcpListener::bind(config.listen)

@@ -72,10 +72,11 @@ async fn two_tasks_sharing_a_rate_limited_channel_never_send_closer_than_200ms()
         );
     }
     // As the receiver saw them: arrival adds loopback latency to each start, and that varies
-    // by up to tens of ms on a loaded 2-core machine; the exact check is the one above.
+    // by tens of ms on a loaded 2-core machine (seen: 25 ms with two compilers running); the
+    // exact check is the one above. This one only proves the receiver saw no burst.
     for w in got.windows(2) {
         assert!(
-            w[1].at_ms - w[0].at_ms >= 180.0,
+            w[1].at_ms - w[0].at_ms >= 100.0,
             "{} ms apart",
             w[1].at_ms - w[0].at_ms
         );

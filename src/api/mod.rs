@@ -131,7 +131,12 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
     if segs.as_slice() == ["healthz"] {
-        return Ok(if state.engine.is_ready() {
+        return Ok(if let Some(e) = state.engine.storage_failing() {
+            json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"status": "storage_failing", "reason": format!("storage: {e}")}),
+            )
+        } else if state.engine.is_ready() {
             json_response(StatusCode::OK, &json!({"status": "ok"}))
         } else {
             json_response(
@@ -167,7 +172,7 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
     match segs[1..] {
         ["tasks"] => match m {
             Method::POST => create_task(state, req).await,
-            Method::GET => list_tasks(state, &req),
+            Method::GET => list_tasks(state, &req).await,
             _ => Err(method_not_allowed("GET, POST")),
         },
         ["tasks", id] => {
@@ -356,7 +361,7 @@ fn get_task(state: &ApiState, id: &str) -> Result<Resp, Problem> {
     }
 }
 
-fn list_tasks(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
+async fn list_tasks(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
     let q = query(req, &["state", "channel", "limit", "after"])?;
     let (limit, after) = page_params(&q, crate::model::id::ID_MAX_LEN)?;
     let st = match param(&q, "state") {
@@ -368,8 +373,17 @@ fn list_tasks(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem
         })?),
         _ => None,
     };
-    let channel = param(&q, "channel").filter(|c| !c.is_empty());
-    let (tasks, more) = state.engine.list(st, channel, after.as_deref(), limit)?;
+    let channel = param(&q, "channel")
+        .filter(|c| !c.is_empty())
+        .map(str::to_string);
+    // A listing reads the store page by page: off the runtime's workers, so no mix of reads
+    // can delay fires or /healthz.
+    let engine = state.engine.clone();
+    let (tasks, more, skipped) = tokio::task::spawn_blocking(move || {
+        engine.list(st, channel.as_deref(), after.as_deref(), limit)
+    })
+    .await
+    .map_err(|e| Problem::internal(format!("listing task failed: {e}")))??;
     let next = if more {
         tasks.last().map(|v| v.task.id.clone())
     } else {
@@ -378,7 +392,7 @@ fn list_tasks(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem
     let list: Vec<Value> = tasks.iter().map(|v| task_json(state, v)).collect();
     Ok(json_response(
         StatusCode::OK,
-        &json!({ "tasks": list, "next": next }),
+        &json!({ "tasks": list, "next": next, "unreadable": skipped }),
     ))
 }
 

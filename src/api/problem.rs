@@ -18,6 +18,8 @@ pub struct Problem {
     pub field: Option<String>,
     /// For 405: the `Allow` header.
     pub allow: Option<&'static str>,
+    /// For 503: the `Retry-After` header, in seconds.
+    pub retry_after_s: Option<u32>,
 }
 
 impl Problem {
@@ -34,6 +36,7 @@ impl Problem {
             detail: detail.into(),
             field: None,
             allow: None,
+            retry_after_s: None,
         }
     }
 
@@ -71,6 +74,18 @@ impl Problem {
         Problem::new(StatusCode::CONFLICT, "conflict", "Conflict", detail)
     }
 
+    /// 503 with `Retry-After: 1`: nothing changed, the client may try again.
+    pub fn unavailable(detail: impl Into<String>) -> Problem {
+        let mut p = Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "Unavailable",
+            detail,
+        );
+        p.retry_after_s = Some(1);
+        p
+    }
+
     pub fn internal(detail: impl Into<String>) -> Problem {
         Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -96,6 +111,12 @@ impl Problem {
             hyper::header::CONTENT_TYPE,
             hyper::header::HeaderValue::from_static("application/problem+json"),
         );
+        if let Some(s) = self.retry_after_s {
+            resp.headers_mut().insert(
+                hyper::header::RETRY_AFTER,
+                hyper::header::HeaderValue::from(s),
+            );
+        }
         if let Some(allow) = self.allow {
             resp.headers_mut().insert(
                 hyper::header::ALLOW,
@@ -125,7 +146,15 @@ impl From<EngineError> for Problem {
                 "Limit reached",
                 d,
             ),
-            EngineError::Transition(t) => Problem::conflict(t.to_string()),
+            // A step that is not allowed is a bug on herald's side, never the client's conflict.
+            EngineError::Transition(t) => Problem::internal(format!("bug: {t}")),
+            EngineError::Internal(d) => Problem::internal(d),
+            EngineError::Storage(e) => Problem::unavailable(format!(
+                "storage is failing ({e}); nothing was changed. Try again once /healthz answers 200"
+            )),
+            EngineError::Store(crate::store::StoreError::Busy) => Problem::unavailable(
+                "the write queue is full; nothing was changed. Try again shortly",
+            ),
             EngineError::Stopped => Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",

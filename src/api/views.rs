@@ -131,7 +131,7 @@ pub fn task(v: &TaskView, channel_retry: RetryPolicy, now_ms: u64) -> Value {
         "next_fire_at": instant(t.next_fire_at_ms),
         "runs": t.runs,
         "fires": { "handled": t.fires, "skipped": t.skipped, "expired": t.expired, "queued": t.queued.len() },
-        "messages": t.messages.len(),
+        "messages": t.message_count,
         "progress": v.run.as_ref().map(|r| progress(r, &t.pacing, now_ms)),
         "created_at": format_utc(t.created_at_ms),
         "updated_at": format_utc(t.updated_at_ms),
@@ -141,6 +141,7 @@ pub fn task(v: &TaskView, channel_retry: RetryPolicy, now_ms: u64) -> Value {
         "misfire_grace": format_duration_ms(t.misfire_grace_ms),
         "overlap": match t.overlap { Overlap::Skip => "skip", Overlap::Queue => "queue", Overlap::Allow => "allow" },
         "metadata": t.metadata,
+        "failed_reason": t.failed_reason,
     })
 }
 

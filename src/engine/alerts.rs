@@ -39,6 +39,51 @@ pub(crate) fn failure(inner: &Arc<Inner>, f: &Failure, event: &'static str) {
     );
 }
 
+/// A task was parked `failed` (a bug or a corrupt record): it will not send again by itself.
+pub(crate) fn parked(inner: &Arc<Inner>, task_id: &str, channel: &str, reason: &str) {
+    let now = inner.clock.now_ms();
+    raise(
+        inner,
+        Alert {
+            kind: "herald.alert",
+            event: "task_failed",
+            channel: channel.to_string(),
+            task_id: Some(task_id.to_string()),
+            failure_id: None,
+            to: None,
+            attempts: None,
+            error: Some(reason.to_string()),
+            at: format_utc(now),
+            id: format!("alert:task_failed:{task_id}"),
+        },
+    );
+}
+
+/// Storage failed or works again.
+pub(crate) fn storage(inner: &Arc<Inner>, error: Option<&str>) {
+    let now = inner.clock.now_ms();
+    let event = if error.is_some() {
+        "storage_failing"
+    } else {
+        "storage_recovered"
+    };
+    raise(
+        inner,
+        Alert {
+            kind: "herald.alert",
+            event,
+            channel: String::new(),
+            task_id: None,
+            failure_id: None,
+            to: None,
+            attempts: None,
+            error: error.map(str::to_string),
+            at: format_utc(now),
+            id: format!("alert:{event}:{now}"),
+        },
+    );
+}
+
 pub(crate) fn breaker(inner: &Arc<Inner>, channel: &str, t: Transition) {
     let now = inner.clock.now_ms();
     let event = match t {

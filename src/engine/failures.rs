@@ -19,8 +19,7 @@ impl Engine {
             f.retries = 0;
             let mut b = Batch::new();
             b.failure(f.clone());
-            inner.store.apply(&b)?;
-            inner.store.durable().await?;
+            inner.store.write(&b).await?;
         }
         inner.timer.at(
             RunKey::new(id, timer::FAILURE_RETRY_RUN),
@@ -41,8 +40,7 @@ impl Engine {
             .ok_or_else(|| EngineError::NotFound(format!("failure {id:?}")))?;
         let mut b = Batch::new();
         b.ops.push(Op::DeleteFailure(id.to_string()));
-        inner.store.apply(&b)?;
-        inner.store.durable().await?;
+        inner.store.write(&b).await?;
         inner
             .timer
             .cancel(RunKey::new(id, timer::FAILURE_RETRY_RUN));

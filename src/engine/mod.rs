@@ -9,10 +9,12 @@
 //! blocks cancel.
 
 mod alerts;
+mod cells;
 mod control;
 mod dispatch;
 pub mod events; // events (issue 11)
 mod failures;
+mod plan;
 mod recovery;
 mod retry;
 pub mod timer;
@@ -52,6 +54,13 @@ pub enum EngineError {
     Transition(#[from] InvalidTransition),
     #[error("engine is shutting down")]
     Stopped,
+    /// Storage is failing: nothing can be made durable now (503).
+    #[error("storage is failing: {0}")]
+    Storage(String),
+    /// A bug or a corrupt record met while handling a request: the task was parked `failed`
+    /// (500, never a conflict).
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 /// Engine settings that are not per channel.
@@ -74,8 +83,9 @@ impl Default for EngineConfig {
     }
 }
 
-/// A live task and its active runs, guarded by the task's lock.
+/// A loaded live task and its active runs, guarded by the task's lock.
 pub(crate) struct LiveState {
+    /// The task without its messages (those are read one at a time when sent).
     pub task: Task,
     /// Runs in state `Running` (sending or waiting between sends).
     pub runs: BTreeMap<u32, Run>,
@@ -98,6 +108,18 @@ impl LiveState {
             run: self.runs.values().next_back().cloned(),
         }
     }
+
+    /// Nothing of it runs or sends: it can leave memory until its next fire or command.
+    fn is_idle(&self) -> bool {
+        self.runs.is_empty() && self.sending.is_empty()
+    }
+}
+
+/// A live task's cell. `Unloaded` until a step or command needs it: a pending task waiting for
+/// its fire costs its wheel entry and its key in the live map, not its record.
+pub(crate) enum Slot {
+    Unloaded,
+    Loaded(Box<LiveState>),
 }
 
 /// The state a task's runs and schedule call for: sending beats waiting for a fire beats done.
@@ -121,7 +143,7 @@ pub(crate) fn derive_state(task: &Task, has_active_runs: bool) -> TaskState {
     }
 }
 
-pub(crate) type LiveTask = tokio::sync::Mutex<LiveState>;
+pub(crate) type LiveTask = tokio::sync::Mutex<Slot>;
 
 pub(crate) struct Inner {
     pub store: Store,
@@ -129,13 +151,34 @@ pub(crate) struct Inner {
     pub channels: Channels,
     pub config: EngineConfig,
     pub timer: Timer,
-    pub live: Mutex<HashMap<String, Arc<LiveTask>>>,
+    /// Every unfinished task, by id; the cell only while it is loaded (see [`Slot`]).
+    pub live: Mutex<HashMap<Arc<str>, Option<Arc<LiveTask>>>>,
+    /// When this process started watching: a fire due before it (and before the task's own
+    /// `watched_since_ms`) was missed while herald was down.
+    pub boot_ms: u64,
     pub ready: AtomicBool,
     pub alerts_raised: AtomicU64,
     pub alerts_failed: AtomicU64,
     /// Serialises changes to failure records (retry steps against dismissals).
     pub failures_lock: tokio::sync::Mutex<()>,
     pub events: events::Bus, // events (issue 11)
+}
+
+/// Raises an alert when storage starts failing and when it works again. (The commit thread
+/// logs the change; this adds the alert event, which needs the runtime.)
+async fn watch_storage(inner: std::sync::Weak<Inner>) {
+    let mut was: Option<String> = None;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let now = inner.store.failing();
+        if now.is_some() != was.is_some() {
+            alerts::storage(&inner, now.as_deref());
+        }
+        was = now;
+    }
 }
 
 /// A task as seen by a client: the record plus its current (or last) run.
@@ -193,6 +236,7 @@ impl Engine {
     ) -> Result<Engine, EngineError> {
         let (due_tx, due_rx) = mpsc::unbounded_channel();
         let timer = Timer::start(clock.clone(), due_tx).map_err(StoreError::Io)?;
+        let boot_ms = clock.now_ms();
         let inner = Arc::new(Inner {
             store,
             clock,
@@ -200,6 +244,7 @@ impl Engine {
             config,
             timer,
             live: Mutex::new(HashMap::new()),
+            boot_ms,
             ready: AtomicBool::new(false),
             alerts_raised: AtomicU64::new(0),
             alerts_failed: AtomicU64::new(0),
@@ -208,7 +253,13 @@ impl Engine {
         });
         // The dispatcher holds a weak reference so dropping the last Engine shuts it down.
         tokio::spawn(dispatch::dispatcher(Arc::downgrade(&inner), due_rx));
+        tokio::spawn(watch_storage(Arc::downgrade(&inner)));
         Ok(Engine { inner })
+    }
+
+    /// The storage error herald is stuck on, while writes fail.
+    pub fn storage_failing(&self) -> Option<String> {
+        self.inner.store.failing()
     }
 
     pub fn is_ready(&self) -> bool {
@@ -288,23 +339,24 @@ impl Engine {
         idem: Option<(String, [u8; 32])>,
     ) -> Result<Created, EngineError> {
         let inner = &self.inner;
+        self.check_storage()?;
         let channels = inner.channels.clone();
         let exists = move |c: &str| channels.contains(c);
-        let task = req.into_task(&Context {
+        let (task, messages) = req.into_task(&Context {
             now_ms: inner.clock.now_ms(),
             limits: &inner.config.limits,
             channel_exists: &exists,
         })?;
         // Register the cell (locked) before the task is in the store, so that a cancel racing
         // with this create waits for it instead of missing it.
-        let cell = Arc::new(tokio::sync::Mutex::new(LiveState::new(
-            task.clone(),
-            BTreeMap::new(),
-        )));
+        let id: Arc<str> = Arc::from(task.id.as_str());
+        let cell = Arc::new(tokio::sync::Mutex::new(Slot::Loaded(Box::new(
+            LiveState::new(task.clone(), BTreeMap::new()),
+        ))));
         let guard = cell.clone().lock_owned().await;
         let id_taken_live = {
             let mut live = inner.live.lock();
-            if live.contains_key(&task.id) {
+            if live.contains_key(&*id) {
                 true
             } else if live.len() >= inner.config.limits.live_tasks_max {
                 return Err(EngineError::Limit(format!(
@@ -312,7 +364,7 @@ impl Engine {
                     live.len()
                 )));
             } else {
-                live.insert(task.id.clone(), cell.clone());
+                live.insert(id.clone(), Some(cell.clone()));
                 false
             }
         };
@@ -330,49 +382,53 @@ impl Engine {
         } else {
             match inner
                 .store
-                .insert_new_task(&task, idem.as_ref().map(|(k, h)| (k.as_str(), *h)))
+                .insert_new_task(
+                    &task,
+                    &messages,
+                    idem.as_ref().map(|(k, h)| (k.as_str(), *h)),
+                )
+                .await
             {
                 Ok(i) => i,
                 Err(e) => {
-                    self.forget_cell(&task.id, &cell);
+                    drop(guard);
+                    self.forget_cell(&id, &cell);
                     return Err(e.into());
                 }
             }
         };
         match inserted {
             Inserted::Created => {
-                let durable = inner.store.durable().await;
-                if let Err(e) = durable {
-                    drop(guard);
-                    self.forget_cell(&task.id, &cell);
-                    return Err(e.into());
-                }
                 dispatch::plan_fire(inner, &task);
                 inner.events.task(&task); // events (issue 11)
-                tracing::info!(task = %task.id, channel = %task.channel, messages = task.messages.len(),
-                    next_fire_at = ?task.next_fire_at_ms, "task created");
-                drop(guard);
-                Ok(Created::New(TaskView { task, run: None }))
+                tracing::info!(task = %task.id, channel = %task.channel, messages = task.message_count,
+                    next_fire_at = %crate::schedule::format_opt(task.next_fire_at_ms), "task created");
+                let view = TaskView { task, run: None };
+                cells::Locked { id, guard }.release(inner);
+                Ok(Created::New(view))
             }
             Inserted::IdTaken => {
                 drop(guard);
                 if !id_taken_live {
-                    self.forget_cell(&task.id, &cell);
+                    self.forget_cell(&id, &cell);
                 }
                 Err(EngineError::IdTaken(task.id.clone()))
             }
             Inserted::KeyUsed(rec) => {
                 drop(guard);
                 if !id_taken_live {
-                    self.forget_cell(&task.id, &cell);
+                    self.forget_cell(&id, &cell);
                 }
                 let hash = idem.map(|(_, h)| h).unwrap_or_default();
                 if rec.body_sha256 != hash {
                     return Err(EngineError::KeyReused);
                 }
-                // The original create may still be waiting for its flush: answer only once
-                // what we return is durable.
-                inner.store.durable().await?;
+                // The original create is durable: its key is only visible once its group is
+                // applied, and the group is answered only after its flush. A create still in
+                // flight holds its cell's lock; wait for it so the view is complete.
+                if let Some(l) = cells::lock(inner, &rec.task_id).await? {
+                    l.release(inner);
+                }
                 let view = self
                     .get(&rec.task_id)?
                     .ok_or_else(|| EngineError::NotFound(rec.task_id.clone()))?;
@@ -381,9 +437,17 @@ impl Engine {
         }
     }
 
+    /// Refuses writes while storage fails (503 until a write succeeds again).
+    pub(crate) fn check_storage(&self) -> Result<(), EngineError> {
+        match self.inner.store.failing() {
+            Some(e) => Err(EngineError::Storage(e)),
+            None => Ok(()),
+        }
+    }
+
     fn forget_cell(&self, id: &str, cell: &Arc<LiveTask>) {
         let mut live = self.inner.live.lock();
-        if live.get(id).is_some_and(|c| Arc::ptr_eq(c, cell)) {
+        if matches!(live.get(id), Some(Some(c)) if Arc::ptr_eq(c, cell)) {
             live.remove(id);
         }
     }
@@ -397,28 +461,39 @@ impl Engine {
         Ok(Some(TaskView { task, run }))
     }
 
-    /// A page of tasks in id order.
+    /// A page of tasks in id order, and how many records were skipped as unreadable.
+    /// Unfinished states are listed from the `live` index, so `?state=paused` never walks the
+    /// finished tasks. Blocking: the API calls it off the runtime's workers.
     pub fn list(
         &self,
         state: Option<TaskState>,
         channel: Option<&str>,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<(Vec<TaskView>, bool), EngineError> {
-        let (tasks, more) = self.inner.store.task_page(after, limit, |t| {
+    ) -> Result<(Vec<TaskView>, bool, usize), EngineError> {
+        let only_live = state.is_some_and(|s| !s.is_terminal());
+        let (tasks, more, bad) = self.inner.store.task_page(after, limit, only_live, |t| {
             state.is_none_or(|s| t.state == s) && channel.is_none_or(|c| t.channel == c)
         })?;
+        let mut skipped = bad.len();
         let mut out = Vec::with_capacity(tasks.len());
         for task in tasks {
-            let run = self.inner.store.last_run(&task.id)?;
+            let run = match self.inner.store.last_run(&task.id) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(task = %task.id, error = %e, "listing shows a task without its unreadable run");
+                    skipped += 1;
+                    None
+                }
+            };
             out.push(TaskView { task, run });
         }
-        Ok((out, more))
+        Ok((out, more, skipped))
     }
 
     /// The runs of a task, oldest first.
     pub fn runs(&self, id: &str) -> Result<Option<Vec<Run>>, EngineError> {
-        if self.inner.store.get_task(id)?.is_none() {
+        if !self.inner.store.task_exists(id)? {
             return Ok(None);
         }
         Ok(Some(self.inner.store.runs_of(id)?))

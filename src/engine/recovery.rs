@@ -1,83 +1,101 @@
-//! Start-up: put every live task back where it was.
+//! Start-up: put every live task back where it was, reading only the `live` index (one small
+//! record per unfinished task; finished tasks are never read).
 //!
-//! - `pending`: its next fire goes back on the wheel; fires whose time passed while herald was
-//!   down are judged by the misfire policy when that entry fires (at once).
-//! - `running`: each active run resumes at its cursor, at the instant its next step was due (or
-//!   now). A message that was in flight at the crash is sent again — with the same idempotency
-//!   key and the next attempt number — because nobody knows whether the channel got it.
+//! - `pending`: its next fire goes back on the wheel; the task stays unloaded until it fires.
+//!   Fires whose time passed while herald was down are missed (they were due before this
+//!   process started watching) and are judged by the misfire policy when that entry fires.
+//! - `running`: loaded; each active run resumes at its cursor, at the instant its next step
+//!   was due (or now). A message that was in flight at the crash is sent again — with the same
+//!   idempotency key and the next attempt number — because nobody knows whether the channel
+//!   got it (`cells::load`).
 //! - `paused`: nothing goes on the wheel; the runs keep their cursors for the resume.
 //!
-//! A corrupt record is reported with its key and skipped; the rest is served.
+//! A record that cannot be read is reported with its key and skipped (a task whose runs cannot
+//! be read is parked `failed`); a read error of the index itself ends the scan, loudly.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::dispatch::{plan_fire, plan_run, start_run};
-use super::{derive_state, EngineError, Inner, LiveState};
-use crate::model::{RunState, TaskState};
+use super::cells;
+use super::dispatch::{plan_fire, plan_run, ARM_LEAD_MS};
+use super::timer::RunKey;
+use super::{derive_state, EngineError, Inner};
+use crate::model::TaskState;
 use crate::store::Batch;
 
 pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
     let now = inner.clock.now_ms();
-    let (mut live_tasks, mut resent, mut corrupt) = (0usize, 0usize, 0usize);
-    let mut fixes = Batch::new();
-    for item in inner.store.all_tasks() {
-        let mut task = match item {
-            Ok(t) => t,
+    let (mut pending, mut running_ids, mut paused, mut corrupt) =
+        (0usize, Vec::new(), 0usize, 0usize);
+    {
+        let mut live = inner.live.lock();
+        for item in inner.store.live_entries() {
+            let (id, entry) = match item {
+                Ok(e) => e,
+                Err(e) => {
+                    corrupt += 1;
+                    tracing::error!(error = %e, "live index: a record could not be read");
+                    continue;
+                }
+            };
+            let id: Arc<str> = Arc::from(id);
+            match entry.state {
+                TaskState::Pending => {
+                    pending += 1;
+                    if let Some(at) = entry.next_fire_at_ms {
+                        inner.timer.at(
+                            RunKey {
+                                task: id.clone(),
+                                run: 0,
+                            },
+                            at.saturating_sub(ARM_LEAD_MS),
+                        );
+                    }
+                }
+                TaskState::Paused => paused += 1,
+                TaskState::Running => running_ids.push(id.clone()),
+                // A finished task has no live entry; one that says so is stale: skip it.
+                _ => continue,
+            }
+            live.insert(id, None);
+        }
+    }
+    let running = running_ids.len();
+    for id in running_ids {
+        let mut l = match cells::lock(inner, &id).await {
+            Ok(Some(l)) => l,
+            Ok(None) => continue,
             Err(e) => {
                 corrupt += 1;
-                tracing::error!(error = %e, "skipping corrupt task record");
+                tracing::error!(task = %id, error = %e, "task could not be recovered");
                 continue;
             }
         };
-        if task.state.is_terminal() {
-            continue;
-        }
-        let runs = match inner.store.runs_of(&task.id) {
-            Ok(r) => r,
-            Err(e) => {
-                corrupt += 1;
-                tracing::error!(task = %task.id, error = %e, "skipping task with a corrupt run record");
-                continue;
-            }
-        };
-        let mut active = BTreeMap::new();
-        for mut r in runs.into_iter().filter(|r| r.state == RunState::Running) {
-            if let Some(seq) = r.in_flight.take() {
-                // The attempt stays counted: it may have reached the channel.
-                resent += 1;
-                tracing::warn!(task = %task.id, run = r.run, seq,
-                    "message was in flight at shutdown; sending it again with the same idempotency key");
-                r.next_at_ms = Some(now);
-            }
-            active.insert(r.run, r);
-        }
-        // A run finished but the task's own update did not reach the disk, or a queued fire
-        // was waiting for it: bring the task's state in line with its runs.
-        if task.state == TaskState::Running && active.is_empty() && !task.queued.is_empty() {
+        let st = l.st();
+        // A queued fire was waiting for a run that finished: start it.
+        let mut fixes = Batch::new();
+        if st.runs.is_empty() && !st.task.queued.is_empty() {
+            let mut task = st.task.clone();
             let (n, at) = task.queued.remove(0);
-            let r = start_run(&mut task, n, at, now);
+            let r = super::plan::start_run(&mut task, n, at, now);
             fixes.run(&task.id, &r);
-            active.insert(r.run, r);
+            st.runs.insert(r.run, r);
+            st.task = task;
         }
-        let to = derive_state(&task, !active.is_empty());
-        if to != task.state {
+        let to = derive_state(&st.task, !st.runs.is_empty());
+        if to != st.task.state || !fixes.is_empty() {
+            let mut task = st.task.clone();
             task.set_state(to, now)?;
-            fixes.task(&task);
-            if to.is_terminal() {
-                continue;
+            fixes.progress(&task);
+            inner.store.write(&fixes).await?;
+            st.task = task;
+        }
+        if st.task.state == TaskState::Running {
+            for r in st.runs.values() {
+                plan_run(inner, &st.task.id, r);
             }
         }
-        if task.state == TaskState::Running {
-            for r in active.values() {
-                plan_run(inner, &task.id, r);
-            }
-        }
-        plan_fire(inner, &task);
-        live_tasks += 1;
-        let id = task.id.clone();
-        let cell = Arc::new(tokio::sync::Mutex::new(LiveState::new(task, active)));
-        inner.live.lock().insert(id, cell);
+        plan_fire(inner, &st.task);
+        l.release(inner);
     }
     // Failure-list retries that were under way go on.
     let mut retries = 0usize;
@@ -85,22 +103,17 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
         match item {
             Ok(f) if f.retrying => {
                 retries += 1;
-                inner.timer.at(
-                    super::timer::RunKey::new(&f.id, super::timer::FAILURE_RETRY_RUN),
-                    now,
-                );
+                inner
+                    .timer
+                    .at(RunKey::new(&f.id, super::timer::FAILURE_RETRY_RUN), now);
             }
             Ok(_) => {}
             Err(e) => {
                 corrupt += 1;
-                tracing::error!(error = %e, "skipping corrupt failure record");
+                tracing::error!(error = %e, "skipping a failure record that cannot be read");
             }
         }
     }
-    if !fixes.is_empty() {
-        inner.store.apply(&fixes)?;
-        inner.store.durable().await?;
-    }
-    tracing::info!(live_tasks, resent, retries, corrupt, "recovery done");
+    tracing::info!(pending, running, paused, retries, corrupt, "recovery done");
     Ok(())
 }

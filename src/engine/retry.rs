@@ -36,7 +36,7 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
         );
         return save(inner, &f).await;
     };
-    let Some(msg) = task.messages.get(f.seq as usize) else {
+    let Some(msg) = inner.store.get_message(&f.task_id, f.seq)? else {
         f.retrying = false;
         f.last_error = format!("retry impossible: the task no longer has message {}", f.seq);
         return save(inner, &f).await;
@@ -88,8 +88,7 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
             tracing::info!(failure = %f.id, attempts = f.attempts, "failure retried: sent");
             let mut b = Batch::new();
             b.ops.push(crate::store::Op::DeleteFailure(f.id.clone()));
-            inner.store.apply(&b)?;
-            inner.store.durable().await?;
+            inner.store.write(&b).await?;
             inner.events.failure(&f, "resolved"); // events (issue 11)
             return Ok(());
         }
@@ -126,7 +125,6 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
 async fn save(inner: &Inner, f: &crate::model::Failure) -> Result<(), EngineError> {
     let mut b = Batch::new();
     b.failure(f.clone());
-    inner.store.apply(&b)?;
-    inner.store.durable().await?;
+    inner.store.write(&b).await?;
     Ok(())
 }

@@ -153,8 +153,8 @@ fn within(field: &str, v: u64, max: u64, what: &str) -> Result<u64, FieldError> 
 }
 
 impl TaskRequest {
-    /// Validates the request into a new pending task. Nothing is stored here.
-    pub fn into_task(self, cx: &Context) -> Result<Task, FieldError> {
+    /// Validates the request into a new pending task and its messages. Nothing is stored here.
+    pub fn into_task(self, cx: &Context) -> Result<(Task, Vec<Message>), FieldError> {
         let limits = cx.limits;
         let id = match self.id {
             Some(id) => {
@@ -214,7 +214,7 @@ impl TaskRequest {
             name: self.name,
             channel,
             schedule,
-            messages,
+            message_count: messages.len() as u32,
             pacing,
             retry,
             misfire,
@@ -232,10 +232,12 @@ impl TaskRequest {
             queued: Vec::new(),
             skipped: 0,
             expired: 0,
+            watched_since_ms: cx.now_ms,
+            failed_reason: None,
         };
         task.next_fire_at_ms = crate::schedule::next_fire(&task, cx.now_ms);
         check_fires(&task, cx)?;
-        Ok(task)
+        Ok((task, messages))
     }
 }
 
@@ -281,8 +283,13 @@ impl PatchRequest {
         self.messages.is_some() || self.to.is_some() || self.body.is_some()
     }
 
-    /// The task with the changes applied and its next fire recomputed. Validated like a create.
-    pub fn apply(self, task: &Task, cx: &Context) -> Result<Task, FieldError> {
+    /// The task with the changes applied and its next fire recomputed, and the new messages if
+    /// they change. Validated like a create.
+    pub fn apply(
+        self,
+        task: &Task,
+        cx: &Context,
+    ) -> Result<(Task, Option<Vec<Message>>), FieldError> {
         let limits = cx.limits;
         let mut t = task.clone();
         if let Some(name) = self.name {
@@ -294,8 +301,11 @@ impl PatchRequest {
             }
             t.name = Some(name);
         }
+        let mut messages = None;
         if self.messages.is_some() || self.to.is_some() || self.body.is_some() {
-            t.messages = validate_messages(self.messages, self.to, self.body, limits)?;
+            let m = validate_messages(self.messages, self.to, self.body, limits)?;
+            t.message_count = m.len() as u32;
+            messages = Some(m);
         }
         if let Some(p) = self.pacing {
             t.pacing = validate_pacing(p, limits)?;
@@ -330,7 +340,7 @@ impl PatchRequest {
         if t.next_fire_at_ms.is_none() && !task.schedule.is_one_shot() {
             check_fires(&t, cx)?;
         }
-        Ok(t)
+        Ok((t, messages))
     }
 }
 
@@ -757,6 +767,10 @@ mod tests {
     const NOW: u64 = 1_780_000_000_000; // 2026-05-28
 
     fn task(v: serde_json::Value) -> Result<Task, FieldError> {
+        task_and_messages(v).map(|(t, _)| t)
+    }
+
+    fn task_and_messages(v: serde_json::Value) -> Result<(Task, Vec<Message>), FieldError> {
         let req: TaskRequest = serde_json::from_value(v).expect("shape");
         let limits = Limits::default();
         let exists = |c: &str| c == "log" || c == "hook";
@@ -785,14 +799,14 @@ mod tests {
 
     #[test]
     fn broadcast_shorthand_expands() {
-        let t = task(
+        let (t, messages) = task_and_messages(
             json!({"schedule": {"after": "1s"}, "to": ["a", "b", "c"], "body": "x",
                             "pacing": {"interval": "3s"}}),
         )
         .unwrap();
-        assert_eq!(t.messages.len(), 3);
+        assert_eq!(t.message_count, 3);
         assert_eq!(
-            t.messages[2],
+            messages[2],
             Message {
                 to: "c".into(),
                 body: "x".into()

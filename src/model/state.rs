@@ -76,6 +76,20 @@ impl TaskState {
         )
     }
 
+    /// Parking: any unfinished task may be moved to `failed` when a bug or a corrupt record
+    /// makes it impossible to go on. This is not a move of the table above (which a normal step
+    /// follows) but the way out of one that went wrong, so it is its own function.
+    pub fn park(self) -> Result<TaskState, InvalidTransition> {
+        if self.is_terminal() {
+            Err(InvalidTransition {
+                from: self,
+                to: TaskState::Failed,
+            })
+        } else {
+            Ok(TaskState::Failed)
+        }
+    }
+
     /// Checks a move against the table; staying in the same state is always allowed.
     pub fn transition(self, to: TaskState) -> Result<TaskState, InvalidTransition> {
         if self == to || self.can_become(to) {

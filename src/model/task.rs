@@ -166,7 +166,9 @@ pub struct Task {
     pub name: Option<String>,
     pub channel: String,
     pub schedule: Schedule,
-    pub messages: Vec<Message>,
+    /// How many messages the sequence has. The messages themselves are stored one record each
+    /// (`store`, tree `messages`) and read when sent: a task in memory never holds them.
+    pub message_count: u32,
     pub pacing: Pacing,
     /// The task's own retry policy; `None` means the channel's default.
     pub retry: Option<RetryPolicy>,
@@ -195,6 +197,13 @@ pub struct Task {
     /// more than `misfire_grace`). Each also has a run record saying why.
     pub skipped: u32,
     pub expired: u32,
+    /// Since when herald has been watching this task's schedule without interruption: set at
+    /// creation, at every start-up and at every resume. A fire due before it was missed (herald
+    /// down or the task paused); a fire due after it is never judged missed, however late herald
+    /// handles it (its own backlog, a wall-clock jump).
+    pub watched_since_ms: u64,
+    /// Why the task is `failed` (a bug or a corrupt record parked it), if it is.
+    pub failed_reason: Option<String>,
 }
 
 impl Task {

@@ -93,6 +93,11 @@ pub fn format_utc(ms: u64) -> String {
     }
 }
 
+/// An optional instant for log lines: RFC 3339, or `none`.
+pub fn format_opt(ms: Option<u64>) -> String {
+    ms.map_or_else(|| "none".to_string(), format_utc)
+}
+
 /// Formats an instant as a local wall time for descriptions: `2026-12-01 09:00`.
 pub fn format_local(ms: u64, tz: Tz) -> String {
     match tz.timestamp_millis_opt(ms.min(i64::MAX as u64) as i64) {

@@ -1,6 +1,11 @@
 //! Misfire: what happens to fire times that passed while herald was down or the task paused.
 //! Pure.
 //!
+//! Which fires count as missed is decided by the engine (`engine/plan.rs::fire`): only those
+//! due before herald (re)started watching the task — never herald's own lateness. Their
+//! lateness here is measured up to that instant, and `misfire_grace` means exactly what the
+//! task says: there is no hidden tolerance.
+//!
 //! Each missed fire is judged on its own lateness first: missed by more than `misfire_grace`
 //! it *expires* (recorded, never sent). The rest follow the task's policy:
 //! - `fire_now` (default): one run now for the latest of them; earlier ones are recorded as
@@ -9,11 +14,6 @@
 //! - `fire_all`: every one runs, in order (bounded by [`FIRE_ALL_MAX`]; the excess is skipped).
 
 use crate::model::{format_duration_ms, Misfire};
-
-/// A fire handled more than this late counts as missed. Normal fires are handled ahead of
-/// time (armed 100 ms early); the margin keeps a machine that is merely very busy from having
-/// its fires judged (and, under `skip`, dropped) as if herald had been down.
-pub const MISS_TOLERANCE_MS: u64 = 5_000;
 
 /// Most missed fires `fire_all` replays; a bound so that catch-up after a long outage is finite.
 pub const FIRE_ALL_MAX: usize = 100;

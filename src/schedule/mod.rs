@@ -9,7 +9,7 @@ pub mod plan;
 pub mod preview;
 
 pub use cron::CronSchedule;
-pub use local::{format_local, format_utc, parse_instant, parse_tz, resolve_local};
+pub use local::{format_local, format_opt, format_utc, parse_instant, parse_tz, resolve_local};
 pub use plan::{mark_fired, minutes_left, next_fire};
 
 use crate::model::{format_duration_ms, Schedule};

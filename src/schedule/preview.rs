@@ -108,7 +108,7 @@ pub fn preview(req: PreviewRequest, now_ms: u64, limits: &Limits) -> Result<Prev
         overlap: None,
         metadata: None,
     };
-    let mut task = probe.into_task(&Context {
+    let (mut task, _messages) = probe.into_task(&Context {
         now_ms,
         limits,
         channel_exists: &|_| true,

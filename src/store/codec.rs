@@ -10,6 +10,7 @@ use super::StoreError;
 
 /// Version of the record layout written by this build.
 pub const FORMAT_VERSION: u8 = 1;
+// (Each record carries this byte; the data-directory layout has its own number, `DIR_FORMAT`.)
 
 /// Largest record we will decode (a task with 10 000 messages fits well within it).
 const DECODE_LIMIT_BYTES: usize = 64 << 20;

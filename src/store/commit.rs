@@ -1,34 +1,85 @@
-//! Group commit: many writers, one durable flush.
+//! Group commit: many writers, one transaction and one durable flush per group.
 //!
-//! A writer first applies its change to sled (in memory, visible at once), then calls
-//! [`GroupCommit::durable`]. The commit thread takes every waiter that has queued up, runs one
-//! `flush()` + `sync_data()` for all of them, and answers each. A waiter is only answered by a
-//! flush that *started after it queued*, so its own write is covered. Under load the cost of a
-//! flush is shared by the whole batch, which is what lets many concurrent creates answer 201
-//! quickly while every 201 still means "on disk".
+//! Writers hand their job (the encoded writes of one step, with its preconditions) to a bounded
+//! queue and await the answer. The commit thread takes every job that has queued up (up to
+//! [`GROUP_MAX`]), applies them all in one backend transaction, makes them durable with one
+//! `sync`, and only then answers each. So a writer is answered only once its own write is on
+//! disk, no store lock is ever taken on a tokio worker, and under load the cost of one flush is
+//! shared by the whole group.
+//!
+//! The queue is bounded ([`QUEUE_JOBS`]): a caller that must not wait (an HTTP create) gets
+//! [`StoreError::Busy`] when it is full and answers 503 with `Retry-After`; engine steps wait
+//! for room. Nothing queues without bound.
+//!
+//! Health: a failed apply or sync is remembered (and logged once per change) until a later
+//! group succeeds; `/healthz` and `/metrics` read it.
 
-use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
-use crossbeam_channel::{Receiver, Sender};
-use tokio::sync::oneshot;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
 
-type Waiter = oneshot::Sender<Result<(), String>>;
+use super::backend::{Backend, RawOp, Rejected};
+use super::StoreError;
+
+/// Most jobs in one group (one transaction, one flush).
+pub const GROUP_MAX: usize = 4_096;
+/// Jobs that may wait for the commit thread.
+pub const QUEUE_JOBS: usize = 16_384;
+
+type Reply = oneshot::Sender<Result<Result<(), Rejected>, String>>;
+
+struct Job {
+    ops: Vec<RawOp>,
+    reply: Reply,
+}
 
 #[derive(Default, Debug)]
 pub struct CommitStats {
-    /// Durable flushes done.
+    /// Durable flushes done (one per group).
     pub flushes: AtomicU64,
-    /// Waiters answered.
+    /// Jobs answered.
     pub waiters: AtomicU64,
+    /// Groups or flushes that failed.
+    pub failures: AtomicU64,
+    /// Largest group so far.
+    pub group_max: AtomicU64,
+    /// Total time spent applying and flushing, in microseconds.
+    pub busy_us: AtomicU64,
+}
+
+/// What the last group said about the storage: `None` when it worked.
+#[derive(Default)]
+pub struct Health {
+    failing: Mutex<Option<String>>,
+}
+
+impl Health {
+    pub fn failing(&self) -> Option<String> {
+        self.failing.lock().clone()
+    }
+
+    fn set(&self, v: Option<String>) {
+        let mut f = self.failing.lock();
+        match (&*f, &v) {
+            (None, Some(e)) => {
+                tracing::error!(error = %e, "storage is failing: writes are refused and sends stop until it works again")
+            }
+            (Some(_), None) => tracing::warn!("storage works again"),
+            _ => {}
+        }
+        *f = v;
+    }
 }
 
 pub struct GroupCommit {
-    // Both are `Option` only so that `Drop` can close the channel and then join the thread.
-    tx: Option<Sender<Waiter>>,
+    // Both are `Option` only so that `Drop` can close the queue and then join the thread.
+    tx: Option<mpsc::Sender<Job>>,
     thread: Option<std::thread::JoinHandle<()>>,
     pub stats: Arc<CommitStats>,
+    pub health: Arc<Health>,
 }
 
 impl Drop for GroupCommit {
@@ -44,58 +95,97 @@ impl Drop for GroupCommit {
 }
 
 impl GroupCommit {
-    /// Starts the commit thread. `data_file` is sled's data file, synced after each flush
-    /// because sled 0.34's own flush uses `sync_file_range`, which does not survive power loss.
-    pub fn start(db: sled::Db, data_file: Option<File>) -> std::io::Result<GroupCommit> {
-        let (tx, rx) = crossbeam_channel::unbounded::<Waiter>();
+    pub fn start(backend: Arc<dyn Backend>) -> std::io::Result<GroupCommit> {
+        let (tx, rx) = mpsc::channel::<Job>(QUEUE_JOBS);
         let stats = Arc::new(CommitStats::default());
-        let s = stats.clone();
+        let health = Arc::new(Health::default());
+        let (s, h) = (stats.clone(), health.clone());
         let thread = std::thread::Builder::new()
             .name("herald-commit".into())
-            .spawn(move || run(db, data_file, rx, s))?;
+            .spawn(move || run(backend, rx, s, h))?;
         Ok(GroupCommit {
             tx: Some(tx),
             thread: Some(thread),
             stats,
+            health,
         })
     }
 
-    /// Resolves once everything written before this call is durable.
-    pub async fn durable(&self) -> Result<(), String> {
-        let (tx, rx) = oneshot::channel();
-        self.tx
-            .as_ref()
-            .ok_or_else(|| "commit thread stopped".to_string())?
-            .send(tx)
-            .map_err(|_| "commit thread stopped".to_string())?;
-        rx.await.map_err(|_| "commit thread stopped".to_string())?
+    /// Applies `ops` atomically and resolves once they are durable. With `wait == false` a full
+    /// queue is [`StoreError::Busy`] at once.
+    pub async fn write(
+        &self,
+        ops: Vec<RawOp>,
+        wait: bool,
+    ) -> Result<Result<(), Rejected>, StoreError> {
+        let stopped = || StoreError::Write("commit thread stopped".into());
+        let tx = self.tx.as_ref().ok_or_else(stopped)?;
+        let (reply, rx) = oneshot::channel();
+        let job = Job { ops, reply };
+        if wait {
+            tx.send(job).await.map_err(|_| stopped())?;
+        } else {
+            tx.try_send(job).map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => StoreError::Busy,
+                mpsc::error::TrySendError::Closed(_) => stopped(),
+            })?;
+        }
+        rx.await.map_err(|_| stopped())?.map_err(StoreError::Write)
+    }
+
+    /// Jobs waiting for the commit thread right now.
+    pub fn queued(&self) -> usize {
+        self.tx.as_ref().map_or(0, |tx| QUEUE_JOBS - tx.capacity())
     }
 }
 
-fn run(db: sled::Db, data_file: Option<File>, rx: Receiver<Waiter>, stats: Arc<CommitStats>) {
+fn run(
+    backend: Arc<dyn Backend>,
+    mut rx: mpsc::Receiver<Job>,
+    stats: Arc<CommitStats>,
+    health: Arc<Health>,
+) {
     // Ends when every GroupCommit (and so every Sender) is dropped.
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        batch.extend(rx.try_iter());
-        let result = flush(&db, data_file.as_ref());
-        if let Err(e) = &result {
-            tracing::error!(error = %e, "durable flush failed");
+    while let Some(first) = rx.blocking_recv() {
+        let mut jobs = vec![first];
+        while jobs.len() < GROUP_MAX {
+            match rx.try_recv() {
+                Ok(j) => jobs.push(j),
+                Err(_) => break,
+            }
         }
+        let started = Instant::now();
+        let (ops, replies): (Vec<Vec<RawOp>>, Vec<Reply>) =
+            jobs.into_iter().map(|j| (j.ops, j.reply)).unzip();
+        let result = backend
+            .apply(&ops)
+            .and_then(|r| backend.sync().map(|()| r))
+            .map_err(|e| e.to_string());
+        stats
+            .busy_us
+            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         stats.flushes.fetch_add(1, Ordering::Relaxed);
         stats
             .waiters
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        for w in batch {
-            // A waiter that gave up (request dropped) is fine to ignore.
-            let _ = w.send(result.clone());
+            .fetch_add(replies.len() as u64, Ordering::Relaxed);
+        stats
+            .group_max
+            .fetch_max(replies.len() as u64, Ordering::Relaxed);
+        match result {
+            Ok(results) => {
+                health.set(None);
+                for (reply, r) in replies.into_iter().zip(results) {
+                    // A writer that gave up (request dropped) is fine to ignore.
+                    let _ = reply.send(Ok(r));
+                }
+            }
+            Err(e) => {
+                stats.failures.fetch_add(1, Ordering::Relaxed);
+                health.set(Some(e.clone()));
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
         }
     }
-}
-
-fn flush(db: &sled::Db, data_file: Option<&File>) -> Result<(), String> {
-    db.flush().map_err(|e| format!("sled flush: {e}"))?;
-    if let Some(f) = data_file {
-        f.sync_data().map_err(|e| format!("sync_data: {e}"))?;
-    }
-    Ok(())
 }

@@ -1,29 +1,46 @@
-//! Durable state in sled: tasks, runs (cursors), failures, idempotency keys.
+//! Durable state: task specs and progress, messages, runs (cursors), failures, idempotency keys.
 //!
-//! Trees and keys (keys are byte strings ordered for scans):
-//! - `tasks`: task id → [`Task`]
+//! Trees and keys (keys are byte strings ordered for scans; see `records.rs` for the split):
+//! - `specs`: task id → [`records::SpecRecord`] (written at create and patch)
+//! - `progress`: task id → [`records::ProgressRecord`] (rewritten by the engine)
+//! - `live`: task id → [`records::LiveEntry`], only while the task is unfinished
+//! - `messages`: task id ‖ 0x00 ‖ seq (u32 big-endian) → [`Message`]
 //! - `runs`: task id ‖ 0x00 ‖ run number (u32 big-endian) → [`Run`]; ids never contain 0x00,
-//!   so a prefix scan on `id ‖ 0x00` finds exactly one task's runs, in run order
+//!   so a prefix scan on `id ‖ 0x00` finds exactly one task's runs (or messages), in order
 //! - `failures`: failure id (the delivery key) → [`Failure`]
 //! - `idempotency`: client key → [`IdemRecord`]
-//! - `meta`: `format` → format version byte
+//! - `meta` (sled only): `format` → data-directory format ([`DIR_FORMAT`])
 //!
-//! Writes that belong together go in one [`Batch`], applied as one sled transaction across
-//! trees, so a crash never leaves a task and its run half-updated. Durability is separate:
-//! [`Store::durable`] waits for a group-commit flush (see `commit`).
+//! Writes that belong together go in one [`Batch`]; [`Store::write`] hands it to the group
+//! commit (`commit.rs`) and resolves once it is applied atomically *and* durable. The engine
+//! reaches storage only through this type, and this type reaches it only through the narrow
+//! [`backend::Backend`] interface.
 
+pub mod backend;
 pub mod codec;
 pub mod commit;
+pub mod fault;
+pub mod legacy;
+pub mod records;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use sled::transaction::{ConflictableTransactionError, TransactionError};
-use sled::Transactional;
 
-use crate::model::{Failure, Run, Task};
-use codec::{decode, encode, FORMAT_VERSION};
+use crate::model::{Failure, Message, Run, Task};
+use backend::{Backend, RawOp, SledBackend, TreeId};
+use codec::{decode, encode};
 use commit::GroupCommit;
+use records::{join, live_of, progress_of, spec_of, LiveEntry, ProgressRecord, SpecRecord};
+
+/// Layout of the data directory written by this build (the trees above). Format 1 had one
+/// `tasks` tree; it is migrated on open (`legacy.rs`).
+pub const DIR_FORMAT: u8 = 2;
+
+/// sled's page cache when the config does not say (`[store] cache_mb`); sled's own default
+/// is 1 GiB.
+pub const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -39,10 +56,26 @@ pub enum StoreError {
     },
     #[error("encode: {0}")]
     Encode(String),
-    #[error("durable flush failed: {0}")]
-    Durability(String),
-    #[error("data directory {dir} has format version {found}; this build reads {FORMAT_VERSION}")]
+    #[error("storage write failed: {0}")]
+    Write(String),
+    #[error("the write queue is full; try again shortly")]
+    Busy,
+    #[error(
+        "data directory {dir} has format version {found}; this build reads {DIR_FORMAT} and 1"
+    )]
     Version { dir: String, found: u8 },
+    #[error("the storage engine crashed opening {dir}: {detail}")]
+    Panic { dir: String, detail: String },
+}
+
+impl StoreError {
+    /// Errors of the storage itself (disk, sled), as opposed to one bad record or a full queue.
+    pub fn is_storage(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Sled(_) | StoreError::Io(_) | StoreError::Write(_)
+        )
+    }
 }
 
 /// What an idempotency key remembers: the task it created and a hash of the request body.
@@ -55,7 +88,23 @@ pub struct IdemRecord {
 /// One write of a batch.
 #[derive(Debug, Clone)]
 pub enum Op {
+    /// A new task with its messages (and the client's idempotency key): applied only if
+    /// neither the id nor the key exists.
+    NewTask {
+        task: Box<Task>,
+        messages: Vec<Message>,
+        idem: Option<(String, [u8; 32])>,
+    },
+    /// The whole task (spec and progress).
     Task(Box<Task>),
+    /// Only what the engine changes: state, fires, counters.
+    Progress(Box<Task>),
+    /// Replaces a task's messages (`old_count` were stored before).
+    Messages {
+        task_id: String,
+        old_count: u32,
+        messages: Vec<Message>,
+    },
     Run(String, Run),
     Failure(Failure),
     DeleteFailure(String),
@@ -73,6 +122,10 @@ impl Batch {
     }
     pub fn task(&mut self, t: &Task) -> &mut Self {
         self.ops.push(Op::Task(Box::new(t.clone())));
+        self
+    }
+    pub fn progress(&mut self, t: &Task) -> &mut Self {
+        self.ops.push(Op::Progress(Box::new(t.clone())));
         self
     }
     pub fn run(&mut self, task_id: &str, r: &Run) -> &mut Self {
@@ -98,64 +151,87 @@ pub enum Inserted {
     KeyUsed(IdemRecord),
 }
 
-pub struct Store {
-    db: sled::Db,
-    tasks: sled::Tree,
-    runs: sled::Tree,
-    failures: sled::Tree,
-    idem: sled::Tree,
-    commit: GroupCommit,
-}
-
-pub fn run_key(task_id: &str, run: u32) -> Vec<u8> {
+/// `id ‖ 0x00 ‖ n` (big-endian): the key of run `n` or message `n` of a task.
+pub fn run_key(task_id: &str, n: u32) -> Vec<u8> {
     let mut k = Vec::with_capacity(task_id.len() + 5);
     k.extend_from_slice(task_id.as_bytes());
     k.push(0);
-    k.extend_from_slice(&run.to_be_bytes());
+    k.extend_from_slice(&n.to_be_bytes());
     k
 }
 
-fn runs_prefix(task_id: &str) -> Vec<u8> {
+fn id_prefix(task_id: &str) -> Vec<u8> {
     let mut k = task_id.as_bytes().to_vec();
     k.push(0);
     k
 }
 
+/// The smallest key greater than `a` (for "after" paging).
+fn after_key(a: &str) -> Vec<u8> {
+    let mut k = a.as_bytes().to_vec();
+    k.push(0);
+    k
+}
+
+/// Options for opening the store.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    pub cache_bytes: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            cache_bytes: DEFAULT_CACHE_BYTES,
+        }
+    }
+}
+
+pub struct Store {
+    backend: Arc<dyn Backend>,
+    commit: GroupCommit,
+    /// sled's handle, for the few things outside the backend contract (tests' raw writes).
+    db: Option<sled::Db>,
+}
+
 impl Store {
-    /// Opens (or creates) the store in `dir`.
+    /// Opens (or creates) the store in `dir` with default options.
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(dir)?;
-        let db = sled::Config::new().path(dir).open()?;
+        Store::open_with(dir, &StoreOptions::default())
+    }
+
+    /// Opens (or creates) the store in `dir`, migrating an older format. A data directory sled
+    /// cannot read (it may panic on a truncated file) is an error, never a crash.
+    pub fn open_with(dir: &Path, opts: &StoreOptions) -> Result<Store, StoreError> {
+        let backend = open_catching_panics(dir, opts.cache_bytes)?;
+        let db = backend.db.clone();
         let meta = db.open_tree("meta")?;
-        match meta.get("format")? {
-            Some(v) if v.as_ref() != [FORMAT_VERSION] => {
+        match meta.get("format")?.as_deref() {
+            Some([DIR_FORMAT]) => {}
+            Some([1]) => legacy::migrate_v1(&db, &backend)?,
+            Some(v) => {
                 return Err(StoreError::Version {
                     dir: dir.display().to_string(),
                     found: v.first().copied().unwrap_or(0),
                 })
             }
-            Some(_) => {}
-            None => {
-                meta.insert("format", &[FORMAT_VERSION])?;
-            }
+            None => {}
         }
-        // sled 0.34 keeps its log in the file `db` inside the directory.
-        let data_file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(dir.join("db"))
-            .ok();
-        if data_file.is_none() {
-            tracing::warn!(dir = %dir.display(), "sled data file not found; flushes will not fsync it");
-        }
-        let commit = GroupCommit::start(db.clone(), data_file)?;
+        meta.insert("format", &[DIR_FORMAT])?;
+        let backend: Arc<dyn Backend> = Arc::new(backend);
+        Store::with_backend(backend, Some(db))
+    }
+
+    /// A store over any backend (tests wrap sled to inject faults).
+    pub fn with_backend(
+        backend: Arc<dyn Backend>,
+        db: Option<sled::Db>,
+    ) -> Result<Store, StoreError> {
+        let commit = GroupCommit::start(backend.clone())?;
         Ok(Store {
-            tasks: db.open_tree("tasks")?,
-            runs: db.open_tree("runs")?,
-            failures: db.open_tree("failures")?,
-            idem: db.open_tree("idempotency")?,
-            db,
+            backend,
             commit,
+            db,
         })
     }
 
@@ -163,127 +239,161 @@ impl Store {
         &self.commit.stats
     }
 
-    /// Waits until every write made before the call is on disk.
-    pub async fn durable(&self) -> Result<(), StoreError> {
-        self.commit.durable().await.map_err(StoreError::Durability)
+    /// The storage error of the last group, while storage fails.
+    pub fn failing(&self) -> Option<String> {
+        self.commit.health.failing()
     }
 
-    pub fn get_task(&self, id: &str) -> Result<Option<Task>, StoreError> {
-        match self.tasks.get(id.as_bytes())? {
-            Some(v) => decode("tasks", id.as_bytes(), &v).map(Some),
+    /// Jobs waiting for the commit thread.
+    pub fn queued(&self) -> usize {
+        self.commit.queued()
+    }
+
+    /// Applies `batch` atomically and resolves once it is durable. Waits for room in the
+    /// write queue.
+    pub async fn write(&self, batch: &Batch) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let ops = encode_batch(batch)?;
+        match self.commit.write(ops, true).await? {
+            Ok(()) => Ok(()),
+            Err(r) => Err(StoreError::Write(format!(
+                "unexpected precondition failure in {}",
+                r.tree.name()
+            ))),
+        }
+    }
+
+    /// Inserts a new task (its messages and idempotency key) unless the id or the key is
+    /// taken; durable when it answers `Created`. A full write queue is [`StoreError::Busy`]
+    /// at once (the API answers 503 with `Retry-After`).
+    pub async fn insert_new_task(
+        &self,
+        task: &Task,
+        messages: &[Message],
+        idem: Option<(&str, [u8; 32])>,
+    ) -> Result<Inserted, StoreError> {
+        let mut b = Batch::new();
+        b.ops.push(Op::NewTask {
+            task: Box::new(task.clone()),
+            messages: messages.to_vec(),
+            idem: idem.map(|(k, h)| (k.to_string(), h)),
+        });
+        let ops = encode_batch(&b)?;
+        match self.commit.write(ops, false).await? {
+            Ok(()) => Ok(Inserted::Created),
+            Err(r) if r.tree == TreeId::Idem => {
+                let key = String::from_utf8_lossy(&r.key).into_owned();
+                match self.idem_get(&key)? {
+                    Some(rec) => Ok(Inserted::KeyUsed(rec)),
+                    // Gone in between (cannot happen today: keys are never deleted).
+                    None => Ok(Inserted::IdTaken),
+                }
+            }
+            Err(_) => Ok(Inserted::IdTaken),
+        }
+    }
+
+    fn get_decoded<T: serde::de::DeserializeOwned>(
+        &self,
+        tree: TreeId,
+        key: &[u8],
+    ) -> Result<Option<T>, StoreError> {
+        match self.backend.get(tree, key)? {
+            Some(v) => decode(tree.name(), key, &v).map(Some),
             None => Ok(None),
         }
     }
 
-    /// Inserts a new task (and its idempotency key) unless the id or the key is taken.
-    pub fn insert_new_task(
-        &self,
-        task: &Task,
-        idem: Option<(&str, [u8; 32])>,
-    ) -> Result<Inserted, StoreError> {
-        let value = encode(task)?;
-        let idem_value = match &idem {
-            Some((_, hash)) => Some(encode(&IdemRecord {
-                task_id: task.id.clone(),
-                body_sha256: *hash,
-            })?),
-            None => None,
+    /// A task (spec and progress); `None` if there is no such task.
+    pub fn get_task(&self, id: &str) -> Result<Option<Task>, StoreError> {
+        let Some(spec) = self.get_decoded::<SpecRecord>(TreeId::Specs, id.as_bytes())? else {
+            return Ok(None);
         };
-        let r = (&self.tasks, &self.idem).transaction(|(tasks, keys)| {
-            if let Some((key, _)) = &idem {
-                if let Some(old) = keys.get(key.as_bytes())? {
-                    let rec: IdemRecord = decode("idempotency", key.as_bytes(), &old)
-                        .map_err(ConflictableTransactionError::Abort)?;
-                    return Ok(Inserted::KeyUsed(rec));
-                }
-            }
-            if tasks.get(task.id.as_bytes())?.is_some() {
-                return Ok(Inserted::IdTaken);
-            }
-            tasks.insert(task.id.as_bytes(), value.as_slice())?;
-            if let (Some((key, _)), Some(v)) = (&idem, &idem_value) {
-                keys.insert(key.as_bytes(), v.as_slice())?;
-            }
-            Ok(Inserted::Created)
-        });
-        flatten(r)
+        let Some(progress) = self.get_decoded::<ProgressRecord>(TreeId::Progress, id.as_bytes())?
+        else {
+            return Err(StoreError::Corrupt {
+                tree: "progress".into(),
+                key: id.into(),
+                detail: "the task's spec exists but its progress record is missing".into(),
+            });
+        };
+        Ok(Some(join(spec, progress)))
     }
 
-    /// Applies a batch atomically (one transaction across trees).
-    pub fn apply(&self, batch: &Batch) -> Result<(), StoreError> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let mut encoded = Vec::with_capacity(batch.ops.len());
-        for op in &batch.ops {
-            encoded.push(match op {
-                Op::Task(t) => (0u8, t.id.as_bytes().to_vec(), Some(encode(t)?)),
-                Op::Run(id, r) => (1, run_key(id, r.run), Some(encode(r)?)),
-                Op::Failure(f) => (2, f.id.as_bytes().to_vec(), Some(encode(f)?)),
-                Op::DeleteFailure(id) => (2, id.as_bytes().to_vec(), None),
-            });
-        }
-        let r = (&self.tasks, &self.runs, &self.failures).transaction(|(t, r, f)| {
-            for (tree, key, value) in &encoded {
-                let tree = match tree {
-                    0 => t,
-                    1 => r,
-                    _ => f,
-                };
-                match value {
-                    Some(v) => tree.insert(key.as_slice(), v.as_slice())?,
-                    None => tree.remove(key.as_slice())?,
-                };
-            }
-            Ok::<_, ConflictableTransactionError<StoreError>>(())
-        });
-        flatten(r)
+    /// Whether a task with this id exists (finished or not).
+    pub fn task_exists(&self, id: &str) -> Result<bool, StoreError> {
+        Ok(self.backend.get(TreeId::Specs, id.as_bytes())?.is_some())
+    }
+
+    /// Message `seq` of a task.
+    pub fn get_message(&self, task_id: &str, seq: u32) -> Result<Option<Message>, StoreError> {
+        self.get_decoded(TreeId::Messages, &run_key(task_id, seq))
+    }
+
+    /// Every unfinished task's live entry, in id order. A read error ends the scan: it comes
+    /// back as the last item (sled may repeat a page error forever, so the caller must stop).
+    pub fn live_entries(
+        &self,
+    ) -> impl Iterator<Item = Result<(String, LiveEntry), StoreError>> + '_ {
+        bounded(self.backend.scan(TreeId::Live, &[], None)).map(|item| {
+            let (k, v) = item?;
+            let e: LiveEntry = decode("live", &k, &v)?;
+            Ok((String::from_utf8_lossy(&k).into_owned(), e))
+        })
     }
 
     /// One page of tasks in id order after `after`, keeping those `keep` accepts. Returns the
-    /// page and whether more matching tasks follow. Corrupt records are reported and skipped.
+    /// page, whether more matching tasks follow, and the records that could not be read
+    /// (reported and skipped; a read error of the tree itself ends the page there).
+    /// `only_live` walks the `live` index instead of every task (for unfinished states).
     pub fn task_page(
         &self,
         after: Option<&str>,
         limit: usize,
+        only_live: bool,
         keep: impl Fn(&Task) -> bool,
-    ) -> Result<(Vec<Task>, bool), StoreError> {
-        let iter = match after {
-            Some(a) => {
-                let mut start = a.as_bytes().to_vec();
-                start.push(0); // the smallest key greater than `a`
-                self.tasks.range(start..)
-            }
-            None => self.tasks.iter(),
+    ) -> Result<(Vec<Task>, bool, Vec<StoreError>), StoreError> {
+        let start = after.map(after_key).unwrap_or_default();
+        let tree = if only_live {
+            TreeId::Live
+        } else {
+            TreeId::Specs
         };
         let mut out = Vec::new();
-        for item in iter {
-            let (k, v) = item?;
-            match decode::<Task>("tasks", &k, &v) {
-                Ok(t) if keep(&t) => {
+        let mut bad = Vec::new();
+        for item in bounded(self.backend.scan(tree, &start, None)) {
+            let (k, _) = match item {
+                Ok(kv) => kv,
+                Err(e) => {
+                    tracing::error!(error = %e, tree = tree.name(), "listing stopped at a storage error");
+                    bad.push(e);
+                    break;
+                }
+            };
+            let id = String::from_utf8_lossy(&k).into_owned();
+            match self.get_task(&id) {
+                Ok(Some(t)) if keep(&t) => {
                     if out.len() == limit {
-                        return Ok((out, true));
+                        return Ok((out, true, bad));
                     }
                     out.push(t);
                 }
                 Ok(_) => {}
-                Err(e) => tracing::error!(error = %e, "skipping corrupt task record"),
+                Err(e) => {
+                    tracing::error!(error = %e, "listing skips a task record it cannot read");
+                    bad.push(e);
+                }
             }
         }
-        Ok((out, false))
+        Ok((out, false, bad))
     }
 
-    /// Every task record, decoded; corrupt ones come back as errors naming their key.
-    pub fn all_tasks(&self) -> impl Iterator<Item = Result<Task, StoreError>> + '_ {
-        self.tasks.iter().map(|item| {
-            let (k, v) = item?;
-            decode("tasks", &k, &v)
-        })
-    }
-
-    /// Every failure record, decoded; corrupt ones come back as errors naming their key.
+    /// Every failure record, decoded; corrupt ones come back as errors naming their key. A
+    /// read error of the tree ends the iteration.
     pub fn all_failures(&self) -> impl Iterator<Item = Result<Failure, StoreError>> + '_ {
-        self.failures.iter().map(|item| {
+        bounded(self.backend.scan(TreeId::Failures, &[], None)).map(|item| {
             let (k, v) = item?;
             decode("failures", &k, &v)
         })
@@ -291,8 +401,8 @@ impl Store {
 
     /// The runs of a task in run order. Corrupt run records are errors.
     pub fn runs_of(&self, task_id: &str) -> Result<Vec<Run>, StoreError> {
-        self.runs
-            .scan_prefix(runs_prefix(task_id))
+        let p = id_prefix(task_id);
+        bounded(self.backend.scan(TreeId::Runs, &p, Some(&p)))
             .map(|item| {
                 let (k, v) = item?;
                 decode("runs", &k, &v)
@@ -302,35 +412,25 @@ impl Store {
 
     /// The most recent run of a task.
     pub fn last_run(&self, task_id: &str) -> Result<Option<Run>, StoreError> {
-        match self.runs.scan_prefix(runs_prefix(task_id)).next_back() {
-            Some(item) => {
-                let (k, v) = item?;
-                decode("runs", &k, &v).map(Some)
-            }
+        match self
+            .backend
+            .last_with_prefix(TreeId::Runs, &id_prefix(task_id))?
+        {
+            Some((k, v)) => decode("runs", &k, &v).map(Some),
             None => Ok(None),
         }
     }
 
     pub fn idem_get(&self, key: &str) -> Result<Option<IdemRecord>, StoreError> {
-        match self.idem.get(key.as_bytes())? {
-            Some(v) => decode("idempotency", key.as_bytes(), &v).map(Some),
-            None => Ok(None),
-        }
+        self.get_decoded(TreeId::Idem, key.as_bytes())
     }
 
     pub fn get_run(&self, task_id: &str, run: u32) -> Result<Option<Run>, StoreError> {
-        let key = run_key(task_id, run);
-        match self.runs.get(&key)? {
-            Some(v) => decode("runs", &key, &v).map(Some),
-            None => Ok(None),
-        }
+        self.get_decoded(TreeId::Runs, &run_key(task_id, run))
     }
 
     pub fn get_failure(&self, id: &str) -> Result<Option<Failure>, StoreError> {
-        match self.failures.get(id.as_bytes())? {
-            Some(v) => decode("failures", id.as_bytes(), &v).map(Some),
-            None => Ok(None),
-        }
+        self.get_decoded(TreeId::Failures, id.as_bytes())
     }
 
     /// One page of failures in id order after `after`, optionally of one task.
@@ -342,23 +442,24 @@ impl Store {
     ) -> Result<(Vec<Failure>, bool), StoreError> {
         // Failure ids start with the task id, so a task filter can start its scan there; the
         // exact task check below is still needed because ids may contain ':'.
-        let start: Vec<u8> = match (after, task) {
-            (Some(a), _) => {
-                let mut s = a.as_bytes().to_vec();
-                s.push(0);
-                s
-            }
-            (None, Some(t)) => format!("{t}:").into_bytes(),
+        let task_prefix = task.map(|t| format!("{t}:").into_bytes());
+        let start: Vec<u8> = match (after, &task_prefix) {
+            (Some(a), _) => after_key(a),
+            (None, Some(p)) => p.clone(),
             (None, None) => Vec::new(),
         };
         let mut out = Vec::new();
-        for item in self.failures.range(start..) {
-            let (k, v) = item?;
-            if let Some(t) = task {
-                if !k.starts_with(format!("{t}:").as_bytes()) {
+        for item in bounded(
+            self.backend
+                .scan(TreeId::Failures, &start, task_prefix.as_deref()),
+        ) {
+            let (k, v) = match item {
+                Ok(kv) => kv,
+                Err(e) => {
+                    tracing::error!(error = %e, "failure listing stopped at a storage error");
                     break;
                 }
-            }
+            };
             match decode::<Failure>("failures", &k, &v) {
                 Ok(f) if task.is_none_or(|t| f.task_id == t) => {
                     if out.len() == limit {
@@ -373,24 +474,179 @@ impl Store {
         Ok((out, false))
     }
 
-    /// Raw access for tests that need to plant a corrupt record.
+    /// Raw access for tests that need to plant a corrupt record (in the spec tree).
     #[doc(hidden)]
     pub fn raw_insert_task_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        self.tasks.insert(key.as_bytes(), bytes)?;
+        if let Some(db) = &self.db {
+            db.open_tree(TreeId::Specs.name())?
+                .insert(key.as_bytes(), bytes)?;
+            db.open_tree(TreeId::Live.name())?.insert(
+                key.as_bytes(),
+                encode(&LiveEntry {
+                    state: crate::model::TaskState::Pending,
+                    next_fire_at_ms: None,
+                })?,
+            )?;
+        }
         Ok(())
     }
 
     pub fn flush_now(&self) -> Result<(), StoreError> {
-        self.db.flush()?;
-        Ok(())
+        self.backend.sync()
     }
 }
 
-fn flatten<T>(r: Result<T, TransactionError<StoreError>>) -> Result<T, StoreError> {
+/// Ends an iteration at its first error (after yielding it): sled can return the same page
+/// error forever, and a scan must never loop on it.
+fn bounded<'a, T: 'a>(
+    it: impl Iterator<Item = Result<T, StoreError>> + 'a,
+) -> impl Iterator<Item = Result<T, StoreError>> + 'a {
+    let mut failed = false;
+    it.take_while(move |item| {
+        if failed {
+            return false;
+        }
+        failed = item.is_err();
+        true
+    })
+}
+
+/// Encodes a batch into backend writes.
+fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
+    let mut ops = Vec::with_capacity(batch.ops.len() * 3);
+    for op in &batch.ops {
+        match op {
+            Op::NewTask {
+                task,
+                messages,
+                idem,
+            } => {
+                if let Some((key, hash)) = idem {
+                    ops.push(RawOp::Absent(TreeId::Idem, key.as_bytes().to_vec()));
+                    ops.push(RawOp::Put(
+                        TreeId::Idem,
+                        key.as_bytes().to_vec(),
+                        encode(&IdemRecord {
+                            task_id: task.id.clone(),
+                            body_sha256: *hash,
+                        })?,
+                    ));
+                }
+                ops.push(RawOp::Absent(TreeId::Specs, task.id.as_bytes().to_vec()));
+                push_task(&mut ops, task, true)?;
+                push_messages(&mut ops, &task.id, 0, messages)?;
+            }
+            Op::Task(t) => push_task(&mut ops, t, true)?,
+            Op::Progress(t) => push_task(&mut ops, t, false)?,
+            Op::Messages {
+                task_id,
+                old_count,
+                messages,
+            } => push_messages(&mut ops, task_id, *old_count, messages)?,
+            Op::Run(id, r) => ops.push(RawOp::Put(TreeId::Runs, run_key(id, r.run), encode(r)?)),
+            Op::Failure(f) => ops.push(RawOp::Put(
+                TreeId::Failures,
+                f.id.as_bytes().to_vec(),
+                encode(f)?,
+            )),
+            Op::DeleteFailure(id) => {
+                ops.push(RawOp::Delete(TreeId::Failures, id.as_bytes().to_vec()))
+            }
+        }
+    }
+    Ok(ops)
+}
+
+fn push_task(ops: &mut Vec<RawOp>, t: &Task, with_spec: bool) -> Result<(), StoreError> {
+    let key = t.id.as_bytes().to_vec();
+    if with_spec {
+        ops.push(RawOp::Put(TreeId::Specs, key.clone(), encode(&spec_of(t))?));
+    }
+    ops.push(RawOp::Put(
+        TreeId::Progress,
+        key.clone(),
+        encode(&progress_of(t))?,
+    ));
+    if t.state.is_terminal() {
+        ops.push(RawOp::Delete(TreeId::Live, key));
+    } else {
+        ops.push(RawOp::Put(TreeId::Live, key, encode(&live_of(t))?));
+    }
+    Ok(())
+}
+
+fn push_messages(
+    ops: &mut Vec<RawOp>,
+    task_id: &str,
+    old_count: u32,
+    messages: &[Message],
+) -> Result<(), StoreError> {
+    for (i, m) in messages.iter().enumerate() {
+        ops.push(RawOp::Put(
+            TreeId::Messages,
+            run_key(task_id, i as u32),
+            encode(m)?,
+        ));
+    }
+    for i in messages.len() as u32..old_count {
+        ops.push(RawOp::Delete(TreeId::Messages, run_key(task_id, i)));
+    }
+    Ok(())
+}
+
+/// Opens sled, turning a panic inside it (seen on a truncated data file) into an error and
+/// keeping its backtrace off the terminal.
+fn open_catching_panics(dir: &Path, cache_bytes: u64) -> Result<SledBackend, StoreError> {
+    quiet_panics::install();
+    let r = quiet_panics::catch(|| SledBackend::open(dir, cache_bytes));
     match r {
-        Ok(v) => Ok(v),
-        Err(TransactionError::Abort(e)) => Err(e),
-        Err(TransactionError::Storage(e)) => Err(StoreError::Sled(e)),
+        Ok(r) => r,
+        Err(detail) => Err(StoreError::Panic {
+            dir: dir.display().to_string(),
+            detail,
+        }),
+    }
+}
+
+/// A panic hook that stays quiet for panics caught on purpose: the process-wide hook is wrapped
+/// once, and only the thread inside [`quiet_panics::catch`] has its panic message captured
+/// instead of printed. Every other panic goes to the previous hook as before.
+mod quiet_panics {
+    use std::cell::RefCell;
+    use std::sync::Once;
+
+    thread_local! {
+        static CAPTURE: RefCell<Option<Option<String>>> = const { RefCell::new(None) };
+    }
+
+    pub fn install() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                let captured = CAPTURE.with(|c| {
+                    let mut c = c.borrow_mut();
+                    match c.as_mut() {
+                        Some(slot) => {
+                            *slot = Some(info.to_string());
+                            true
+                        }
+                        None => false,
+                    }
+                });
+                if !captured {
+                    previous(info);
+                }
+            }));
+        });
+    }
+
+    /// Runs `f`; a panic in it becomes `Err(message)`.
+    pub fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+        CAPTURE.with(|c| *c.borrow_mut() = Some(None));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        let msg = CAPTURE.with(|c| c.borrow_mut().take().flatten());
+        r.map_err(|_| msg.unwrap_or_else(|| "panic without a message".into()))
     }
 }
 
@@ -399,9 +655,9 @@ mod tests {
     use super::*;
     use crate::model::*;
 
-    fn task(id: &str) -> Task {
+    fn task(id: &str) -> (Task, Vec<Message>) {
         let req: TaskRequest = serde_json::from_value(serde_json::json!({
-            "id": id, "schedule": {"after": "1h"}, "messages": [{"to": "a", "body": "b"}]
+            "id": id, "schedule": {"after": "1h"}, "to": ["a", "b"], "body": "hello"
         }))
         .unwrap();
         req.into_task(&Context {
@@ -412,16 +668,20 @@ mod tests {
         .unwrap()
     }
 
+    async fn insert(s: &Store, id: &str) {
+        let (t, m) = task(id);
+        assert!(matches!(
+            s.insert_new_task(&t, &m, None).await.unwrap(),
+            Inserted::Created
+        ));
+    }
+
     #[tokio::test]
-    async fn tasks_runs_and_failures_survive_reopen() {
+    async fn tasks_messages_runs_and_failures_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
         {
             let s = Store::open(dir.path()).unwrap();
-            let t = task("t1");
-            assert!(matches!(
-                s.insert_new_task(&t, None).unwrap(),
-                Inserted::Created
-            ));
+            insert(&s, "t1").await;
             let mut b = Batch::new();
             b.run("t1", &Run::new(1, 5, 6, 1))
                 .run("t1", &Run::new(2, 7, 8, 1));
@@ -438,38 +698,93 @@ mod tests {
                 retrying: false,
                 retries: 0,
             });
-            s.apply(&b).unwrap();
-            s.durable().await.unwrap();
-            assert_eq!(
-                s.commit_stats()
-                    .flushes
-                    .load(std::sync::atomic::Ordering::Relaxed),
-                1
-            );
+            s.write(&b).await.unwrap();
+            let stats = s.commit_stats();
+            assert_eq!(stats.flushes.load(std::sync::atomic::Ordering::Relaxed), 2);
         }
         let s = Store::open(dir.path()).unwrap();
-        assert_eq!(s.get_task("t1").unwrap().unwrap().id, "t1");
+        let t = s.get_task("t1").unwrap().unwrap();
+        assert_eq!((t.id.as_str(), t.message_count), ("t1", 2));
+        assert_eq!(s.get_message("t1", 1).unwrap().unwrap().to, "b");
+        assert!(s.get_message("t1", 2).unwrap().is_none());
         let runs = s.runs_of("t1").unwrap();
         assert_eq!(runs.iter().map(|r| r.run).collect::<Vec<_>>(), vec![1, 2]);
         let (f, more) = s.failure_page(Some("t1"), None, 10).unwrap();
         assert_eq!((f.len(), more), (1, false));
+        let live: Vec<_> = s.live_entries().map(|e| e.unwrap().0).collect();
+        assert_eq!(live, ["t1"]);
     }
 
-    #[test]
-    fn id_and_key_conflicts() {
+    #[tokio::test]
+    async fn finished_tasks_leave_the_live_index_and_progress_writes_keep_the_spec() {
         let dir = tempfile::tempdir().unwrap();
         let s = Store::open(dir.path()).unwrap();
-        let t = task("same");
+        insert(&s, "a").await;
+        insert(&s, "b").await;
+        let mut a = s.get_task("a").unwrap().unwrap();
+        a.state = TaskState::Cancelled;
+        a.name = Some("not written by a progress write".into());
+        let mut batch = Batch::new();
+        batch.progress(&a);
+        s.write(&batch).await.unwrap();
+        let live: Vec<_> = s.live_entries().map(|e| e.unwrap().0).collect();
+        assert_eq!(live, ["b"]);
+        let back = s.get_task("a").unwrap().unwrap();
+        assert_eq!((back.state, back.name), (TaskState::Cancelled, None));
+        // Listing unfinished states walks the index only.
+        let (page, _, bad) = s.task_page(None, 10, true, |_| true).unwrap();
+        assert_eq!(
+            page.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
+            ["b"]
+        );
+        assert!(bad.is_empty());
+    }
+
+    #[tokio::test]
+    async fn many_writers_share_groups_and_each_is_answered_after_its_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = std::sync::Arc::new(Store::open(dir.path()).unwrap());
+        let mut handles = Vec::new();
+        for i in 0..200 {
+            let s = s.clone();
+            handles.push(tokio::spawn(async move {
+                let (t, m) = task(&format!("t{i:03}"));
+                s.insert_new_task(&t, &m, None).await.unwrap()
+            }));
+        }
+        for h in handles {
+            assert!(matches!(h.await.unwrap(), Inserted::Created));
+        }
+        let flushes = s
+            .commit_stats()
+            .flushes
+            .load(std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            flushes < 200,
+            "200 concurrent creates took {flushes} flushes"
+        );
+        assert_eq!(s.live_entries().count(), 200);
+    }
+
+    #[tokio::test]
+    async fn id_and_key_conflicts() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let (t, m) = task("same");
         assert!(matches!(
-            s.insert_new_task(&t, Some(("k1", [1; 32]))).unwrap(),
+            s.insert_new_task(&t, &m, Some(("k1", [1; 32])))
+                .await
+                .unwrap(),
             Inserted::Created
         ));
         assert!(matches!(
-            s.insert_new_task(&t, None).unwrap(),
+            s.insert_new_task(&t, &m, None).await.unwrap(),
             Inserted::IdTaken
         ));
+        let (other, m2) = task("other");
         match s
-            .insert_new_task(&task("other"), Some(("k1", [2; 32])))
+            .insert_new_task(&other, &m2, Some(("k1", [2; 32])))
+            .await
             .unwrap()
         {
             Inserted::KeyUsed(r) => {
@@ -481,53 +796,73 @@ mod tests {
             s.get_task("other").unwrap().is_none(),
             "a conflict writes nothing"
         );
+        assert!(s.get_message("other", 0).unwrap().is_none());
     }
 
-    #[test]
-    fn pages_and_prefix_scans_are_exact() {
+    #[tokio::test]
+    async fn pages_and_prefix_scans_are_exact() {
         let dir = tempfile::tempdir().unwrap();
         let s = Store::open(dir.path()).unwrap();
         for id in ["a", "a:b", "b", "c"] {
-            s.insert_new_task(&task(id), None).unwrap();
+            insert(&s, id).await;
             let mut b = Batch::new();
             b.run(id, &Run::new(1, 0, 0, 1));
-            s.apply(&b).unwrap();
+            s.write(&b).await.unwrap();
         }
         assert_eq!(
             s.runs_of("a").unwrap().len(),
             1,
             "runs of a:b are not runs of a"
         );
-        let (p, more) = s.task_page(None, 2, |_| true).unwrap();
-        assert_eq!(
-            p.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
-            ["a", "a:b"]
-        );
+        let ids = |p: &[Task]| p.iter().map(|t| t.id.clone()).collect::<Vec<_>>();
+        let (p, more, _) = s.task_page(None, 2, false, |_| true).unwrap();
+        assert_eq!(ids(&p), ["a", "a:b"]);
         assert!(more);
-        let (p, more) = s.task_page(Some("a:b"), 2, |_| true).unwrap();
-        assert_eq!(
-            p.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
-            ["b", "c"]
-        );
+        let (p, more, _) = s.task_page(Some("a:b"), 2, false, |_| true).unwrap();
+        assert_eq!(ids(&p), ["b", "c"]);
         assert!(!more);
     }
 
-    #[test]
-    fn corrupt_task_is_reported_and_skipped() {
+    #[tokio::test]
+    async fn corrupt_task_is_reported_and_skipped() {
         let dir = tempfile::tempdir().unwrap();
         let s = Store::open(dir.path()).unwrap();
-        s.insert_new_task(&task("good"), None).unwrap();
+        insert(&s, "good").await;
         s.raw_insert_task_bytes("bad", &[1, 0xff, 0xff]).unwrap();
-        let all: Vec<_> = s.all_tasks().collect();
-        assert_eq!(all.len(), 2);
-        let err = all
-            .iter()
-            .find_map(|r| r.as_ref().err())
-            .unwrap()
-            .to_string();
-        assert!(err.contains("\"bad\""), "{err}");
-        let (p, _) = s.task_page(None, 10, |_| true).unwrap();
+        let (p, _, bad) = s.task_page(None, 10, false, |_| true).unwrap();
         assert_eq!(p.len(), 1);
+        assert_eq!(bad.len(), 1);
+        assert!(bad[0].to_string().contains("\"bad\""), "{}", bad[0]);
         assert!(s.get_task("bad").is_err());
+    }
+
+    #[tokio::test]
+    async fn failed_writes_change_nothing_and_storage_recovers() {
+        let dir = tempfile::tempdir().unwrap();
+        let sled = SledBackend::open(dir.path(), 8 << 20).unwrap();
+        let db = sled.db.clone();
+        let faults = std::sync::Arc::new(fault::Faults::default());
+        let backend = fault::FaultyBackend {
+            inner: std::sync::Arc::new(sled),
+            faults: faults.clone(),
+        };
+        let s = Store::with_backend(std::sync::Arc::new(backend), Some(db)).unwrap();
+        faults.set(true, false);
+        let (t, m) = task("x");
+        assert!(s.insert_new_task(&t, &m, None).await.is_err());
+        assert!(s.failing().is_some());
+        assert!(
+            s.get_task("x").unwrap().is_none(),
+            "a refused group writes nothing"
+        );
+        faults.set(false, false);
+        assert!(matches!(
+            s.insert_new_task(&t, &m, None).await.unwrap(),
+            Inserted::Created
+        ));
+        assert!(
+            s.failing().is_none(),
+            "health comes back with the first good group"
+        );
     }
 }

@@ -1,0 +1,189 @@
+//! The live map and its cells: loading a task into memory when a step or command needs it,
+//! and letting it go again when it is idle.
+//!
+//! Invariants:
+//! - The live map has a key for every unfinished task and for no finished one.
+//! - A cell is only cloned out of the map under the map's lock, so a cell whose only holders
+//!   are the map and one guard cannot gain another holder while that lock is held: that is when
+//!   [`Locked::release`] may unload it (the next user reloads it from the store, which equals
+//!   memory because every change is durable before its lock is released).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::sync::OwnedMutexGuard;
+
+use super::{EngineError, Inner, LiveState, LiveTask, Slot};
+use crate::model::{RunState, TaskState};
+
+/// A task's cell, locked and loaded.
+pub(crate) struct Locked {
+    pub id: Arc<str>,
+    pub(crate) guard: OwnedMutexGuard<Slot>,
+}
+
+impl Locked {
+    pub fn st(&mut self) -> &mut LiveState {
+        match &mut *self.guard {
+            Slot::Loaded(s) => s,
+            // `lock` only hands out loaded cells, and nothing unloads a cell it holds.
+            Slot::Unloaded => unreachable!("a Locked cell is always loaded"),
+        }
+    }
+
+    pub fn is_loaded(&self) -> bool {
+        matches!(&*self.guard, Slot::Loaded(_))
+    }
+
+    /// The cell itself, to lock it again after a send (see [`relock`]).
+    pub fn cell(&self) -> Arc<LiveTask> {
+        OwnedMutexGuard::mutex(&self.guard).clone()
+    }
+
+    /// Forgets what memory holds: the next user reads the task back from the store. Used when
+    /// a write failed after a send, so memory never runs ahead of the disk.
+    pub fn unload(&mut self) {
+        *self.guard = Slot::Unloaded;
+    }
+
+    /// Ends the lock. A finished task leaves the live map; an idle one is unloaded if nobody
+    /// else is waiting for it.
+    pub fn release(mut self, inner: &Inner) {
+        if !self.is_loaded() {
+            return;
+        }
+        let (terminal, idle) = {
+            let st = self.st();
+            (
+                st.task.state.is_terminal(),
+                st.is_idle() && st.task.state != TaskState::Running,
+            )
+        };
+        if !(terminal || idle) {
+            return;
+        }
+        let mut live = inner.live.lock();
+        let ours = matches!(live.get(&*self.id), Some(Some(c)) if Arc::ptr_eq(c, OwnedMutexGuard::mutex(&self.guard)));
+        if !ours {
+            return;
+        }
+        if terminal {
+            live.remove(&*self.id);
+        } else if Arc::strong_count(OwnedMutexGuard::mutex(&self.guard)) == 2 {
+            *self.guard = Slot::Unloaded;
+            live.insert(self.id.clone(), None);
+        }
+    }
+}
+
+/// The cell of an unfinished task (made on demand), or `None` if the task is not live.
+pub(crate) fn cell_of(inner: &Inner, id: &str) -> Option<(Arc<str>, Arc<LiveTask>)> {
+    let mut live = inner.live.lock();
+    let key = live.get_key_value(id)?.0.clone();
+    let cell = live
+        .get_mut(id)?
+        .get_or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Slot::Unloaded)))
+        .clone();
+    Some((key, cell))
+}
+
+/// Locks a live task's cell and loads it if needed. `Ok(None)`: the task is not live (or it
+/// finished while we waited).
+pub(crate) async fn lock(inner: &Arc<Inner>, id: &str) -> Result<Option<Locked>, EngineError> {
+    let Some((id, cell)) = cell_of(inner, id) else {
+        return Ok(None);
+    };
+    let mut guard = cell.lock_owned().await;
+    let mut park = None;
+    if let Slot::Unloaded = &*guard {
+        match load(inner, &id) {
+            Ok(Some((st, why))) => {
+                *guard = Slot::Loaded(Box::new(st));
+                park = why;
+            }
+            Ok(None) => {
+                forget(inner, &id);
+                return Ok(None);
+            }
+            Err(e) => {
+                // The task's own record cannot be read: it leaves the live map so that nothing
+                // loops on it; listings report it as unreadable.
+                forget(inner, &id);
+                tracing::error!(task = %id, error = %e, "task record cannot be read; the task is dropped from the schedule");
+                return Err(e);
+            }
+        }
+    }
+    let mut l = Locked { id, guard };
+    if let Some(reason) = park {
+        let r = super::dispatch::park_boxed(inner, &mut l, reason.clone()).await;
+        l.release(inner);
+        r?;
+        return Err(EngineError::Internal(reason));
+    }
+    if l.st().task.state.is_terminal() {
+        // Finished while we waited for the lock; the finisher took it out of the map.
+        return Ok(None);
+    }
+    Ok(Some(l))
+}
+
+/// Locks `cell` again after a send. Unlike [`lock`] it does not go through the live map: a
+/// task cancelled during the send has left the map but its sending run must still be settled.
+/// `Ok(None)`: the cell was unloaded meanwhile (a failed write) and the task is finished.
+pub(crate) async fn relock(
+    inner: &Inner,
+    id: &Arc<str>,
+    cell: Arc<LiveTask>,
+) -> Result<Option<Locked>, EngineError> {
+    let mut guard = cell.lock_owned().await;
+    if let Slot::Unloaded = &*guard {
+        match load(inner, id)? {
+            Some((st, _)) => *guard = Slot::Loaded(Box::new(st)),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(Locked {
+        id: id.clone(),
+        guard,
+    }))
+}
+
+/// Reads a task and its active runs from the store. A run that is in flight on disk is not
+/// sending now (a sending task is never unloaded), so its attempt was interrupted (a crash, a
+/// failed write): it is sent again, with the next attempt number and the same key.
+/// Second value: why the task must be parked `failed` (its runs cannot be read).
+fn load(inner: &Inner, id: &str) -> Result<Option<(LiveState, Option<String>)>, EngineError> {
+    let now_ms = inner.clock.now_ms();
+    let Some(task) = inner.store.get_task(id)? else {
+        return Ok(None);
+    };
+    if task.state.is_terminal() {
+        return Ok(None);
+    }
+    let runs = match inner.store.runs_of(id) {
+        Ok(r) => r,
+        Err(e) => {
+            let reason = format!("its run records cannot be read: {e}");
+            return Ok(Some((LiveState::new(task, BTreeMap::new()), Some(reason))));
+        }
+    };
+    let runs: BTreeMap<u32, _> = runs
+        .into_iter()
+        .filter(|r| r.state == RunState::Running)
+        .map(|mut r| {
+            if let Some(seq) = r.in_flight.take() {
+                tracing::warn!(task = %id, run = r.run, seq,
+                    "message was in flight when herald stopped or a write failed; sending it again with the same idempotency key");
+                r.next_at_ms = Some(r.next_at_ms.unwrap_or(now_ms).max(now_ms));
+            }
+            (r.run, r)
+        })
+        .collect();
+    Ok(Some((LiveState::new(task, runs), None)))
+}
+
+/// Takes a task out of the live map (it finished, or its record is gone).
+pub(crate) fn forget(inner: &Inner, id: &str) {
+    inner.live.lock().remove(id);
+}

@@ -1,0 +1,236 @@
+//! The engine's decisions, as pure functions: from a task's progress, an event and `now` to a
+//! plan (the records to write, the runs to put on the wheel, the failure to list). No IO, no
+//! clock, no locks: `dispatch.rs` carries a plan out (write it durably, then change memory and
+//! the wheel), and the seeded simulation in `tests/simulation.rs` drives these functions
+//! through the real engine on a manual clock.
+
+use crate::model::{
+    delivery_key, Failure, InvalidTransition, Outcome, Overlap, Pacing, Run, RunState, Task,
+};
+use crate::schedule::misfire::{judge, Decision, MISSED_LIST_MAX};
+use crate::schedule::plan::may_run_more;
+use crate::schedule::{mark_fired, next_fire};
+
+use super::derive_state;
+
+/// Expired fires recorded one by one per fire step; more are only counted (a year-long outage
+/// of a per-minute cron must not write half a million records).
+pub const EXPIRED_RECORDS_MAX: usize = 100;
+
+/// What a fire step does.
+#[derive(Debug, Clone)]
+pub struct FirePlan {
+    /// The task after the fire(s): counters, next fire, state.
+    pub task: Task,
+    /// Records of fires that did not start a run (skipped, expired), with their reasons.
+    pub not_started: Vec<Run>,
+    /// Runs started now, their first attempt armed (in-flight mark set): written with the
+    /// task, then put on the wheel at their due instant.
+    pub started: Vec<Run>,
+    /// How many of the handled fires were missed (herald down or the task paused).
+    pub missed: usize,
+}
+
+/// Handles the fire due at `due` (and, if it was missed, every fire missed with it).
+///
+/// A fire is *missed* only if it was due before `watched_ms`: the later of herald's start and
+/// the task's own `watched_since_ms` (creation, resume, schedule change). Then, and only then,
+/// the misfire policy and `misfire_grace` judge it, by how long before `watched_ms` it was due.
+/// A fire due while herald was watching is never missed, however late it is handled (herald's
+/// own backlog, a wall-clock jump): it runs.
+pub fn fire(
+    task: &Task,
+    active_runs: usize,
+    due: u64,
+    now: u64,
+    watched_ms: u64,
+) -> Result<FirePlan, InvalidTransition> {
+    let mut task = task.clone();
+    let total = task.message_count;
+    let (decisions, missed) = if due < watched_ms {
+        let mut missed = vec![due];
+        let mut probe = task.clone();
+        mark_fired(&mut probe, due);
+        while missed.len() < MISSED_LIST_MAX {
+            match next_fire(&probe, now) {
+                Some(n) if n < watched_ms => {
+                    missed.push(n);
+                    mark_fired(&mut probe, n);
+                }
+                _ => break,
+            }
+        }
+        let n = missed.len();
+        (
+            judge(task.misfire, task.misfire_grace_ms, &missed, watched_ms),
+            n,
+        )
+    } else {
+        (vec![Decision::Run(due)], 0)
+    };
+
+    let mut not_started = Vec::new();
+    let mut started: Vec<Run> = Vec::new();
+    let mut expired_recorded = 0usize;
+    for d in decisions {
+        let run_no = task.fires + 1;
+        match d {
+            Decision::Expire(t, why) => {
+                mark_fired(&mut task, t);
+                task.expired += 1;
+                if expired_recorded < EXPIRED_RECORDS_MAX {
+                    expired_recorded += 1;
+                    not_started.push(Run::not_started(
+                        run_no,
+                        t,
+                        now,
+                        total,
+                        RunState::Expired,
+                        why,
+                    ));
+                }
+            }
+            Decision::Skip(t, why) => {
+                mark_fired(&mut task, t);
+                not_started.push(skip(&mut task, run_no, t, now, why));
+            }
+            Decision::Run(t) => {
+                mark_fired(&mut task, t);
+                if !may_run_more(&task) {
+                    not_started.push(skip(&mut task, run_no, t, now, "max_runs reached".into()));
+                    continue;
+                }
+                let busy = active_runs > 0 || !started.is_empty();
+                if busy && task.overlap != Overlap::Allow {
+                    // Misfire catch-up (several runs from one outage) queues behind the first
+                    // whatever the policy; a regular fire follows the overlap policy.
+                    let catching_up = !started.is_empty();
+                    if catching_up || (task.overlap == Overlap::Queue && task.queued.is_empty()) {
+                        task.queued.push((run_no, t));
+                    } else {
+                        let why = if task.overlap == Overlap::Queue {
+                            "overlap queue: a run is already waiting".to_string()
+                        } else {
+                            "overlap skip: the previous run was still sending".to_string()
+                        };
+                        not_started.push(skip(&mut task, run_no, t, now, why));
+                    }
+                    continue;
+                }
+                started.push(start_run(&mut task, run_no, t, now));
+            }
+        }
+    }
+    task.next_fire_at_ms = next_fire(&task, now);
+    let to = derive_state(&task, active_runs > 0 || !started.is_empty());
+    task.set_state(to, now)?;
+    // Arm the first attempt of each new run in the same durable write.
+    for r in &mut started {
+        r.begin_attempt(now);
+    }
+    Ok(FirePlan {
+        task,
+        not_started,
+        started,
+        missed,
+    })
+}
+
+fn skip(task: &mut Task, run_no: u32, t: u64, now: u64, why: String) -> Run {
+    task.skipped += 1;
+    Run::not_started(run_no, t, now, task.message_count, RunState::Skipped, why)
+}
+
+/// A new run of `task` for the fire at `t` (run number already allocated by `mark_fired`).
+pub fn start_run(task: &mut Task, run_no: u32, t: u64, now: u64) -> Run {
+    task.runs += 1;
+    Run::new(run_no, t, now, task.message_count)
+}
+
+/// What settling one attempt does.
+#[derive(Debug, Clone)]
+pub struct SettlePlan {
+    pub task: Task,
+    /// The run after the attempt (cursor, retry, counters); armed again if `armed_next`.
+    pub run: Run,
+    /// The run is done (every message sent or given up on, or it was cancelled).
+    pub finished: bool,
+    /// A queued fire that starts now that this run is done.
+    pub next_run: Option<Run>,
+    /// The message given up on, for the failure list.
+    pub failure: Option<Failure>,
+    /// The next attempt is due within `arm_lead_ms` and is armed in this same write (a short
+    /// interval then costs one durable write per message, not two).
+    pub armed_next: bool,
+}
+
+/// Facts about the attempt being settled that the plan needs.
+#[derive(Debug, Clone)]
+pub struct Attempt<'a> {
+    pub outcome: Outcome,
+    pub max_attempts: u32,
+    pub retry_delay_ms: u64,
+    pub pacing: Pacing,
+    pub to: &'a str,
+    pub channel: &'a str,
+}
+
+/// Settles the attempt in flight on `run` (O(1) in the number of messages).
+/// `other_active`: the task has active runs besides this one.
+pub fn settle(
+    task: &Task,
+    run: &Run,
+    other_active: bool,
+    a: Attempt<'_>,
+    now: u64,
+    arm_lead_ms: u64,
+) -> Result<SettlePlan, InvalidTransition> {
+    let mut task = task.clone();
+    let mut run = run.clone();
+    let settled = run.settle(a.outcome, a.max_attempts, a.retry_delay_ms, &a.pacing, now);
+    let failure = settled.gave_up.as_ref().map(|g| Failure {
+        id: delivery_key(&task.id, run.run, g.seq),
+        task_id: task.id.clone(),
+        run: run.run,
+        seq: g.seq,
+        to: a.to.to_string(),
+        channel: a.channel.to_string(),
+        attempts: g.attempts,
+        last_error: g.error.clone(),
+        failed_at_ms: now,
+        retrying: false,
+        retries: 0,
+    });
+    let finished = run.is_done() || run.state != RunState::Running;
+    let armed_next = !finished
+        && task.state == crate::model::TaskState::Running
+        && settled
+            .next_at_ms
+            .is_some_and(|at| at.saturating_sub(arm_lead_ms) <= now);
+    if armed_next {
+        run.begin_attempt(now);
+    }
+    let mut next_run = None;
+    if finished
+        && !task.queued.is_empty()
+        && (!other_active || task.overlap == Overlap::Allow)
+        && !task.state.is_terminal()
+    {
+        // A queued fire starts when the run it waited for is done.
+        let (n, at) = task.queued.remove(0);
+        next_run = Some(start_run(&mut task, n, at, now));
+    }
+    if task.state == crate::model::TaskState::Running {
+        let active = other_active || !finished || next_run.is_some();
+        let to = derive_state(&task, active);
+        task.set_state(to, now)?;
+    }
+    Ok(SettlePlan {
+        task,
+        run,
+        finished,
+        next_run,
+        failure,
+        armed_next,
+    })
+}

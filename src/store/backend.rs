@@ -1,0 +1,209 @@
+//! The storage boundary: the few operations the engine needs from a key-value store, so that a
+//! second backend (a replicated one, say) can sit behind [`super::Store`] without touching the
+//! engine. sled is the embedded default ([`SledBackend`]); tests wrap it to inject faults.
+//!
+//! The contract:
+//! - [`Backend::apply`] applies a group of jobs; each job is atomic on its own (all of its
+//!   writes or none) and guarded by its preconditions (keys that must be absent). The result
+//!   says, per job, whether it was applied or which precondition failed. Applied writes are
+//!   visible to reads at once but not yet durable.
+//! - [`Backend::sync`] makes everything applied before it durable (survives power loss).
+//! - Point reads and ordered scans by tree.
+
+use std::fs::File;
+use std::path::Path;
+
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::Transactional;
+
+use super::StoreError;
+
+/// The trees. Keys are ordered byte strings (see `store/mod.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TreeId {
+    Specs,
+    Progress,
+    Live,
+    Messages,
+    Runs,
+    Failures,
+    Idem,
+}
+
+impl TreeId {
+    pub const ALL: [TreeId; 7] = [
+        TreeId::Specs,
+        TreeId::Progress,
+        TreeId::Live,
+        TreeId::Messages,
+        TreeId::Runs,
+        TreeId::Failures,
+        TreeId::Idem,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TreeId::Specs => "specs",
+            TreeId::Progress => "progress",
+            TreeId::Live => "live",
+            TreeId::Messages => "messages",
+            TreeId::Runs => "runs",
+            TreeId::Failures => "failures",
+            TreeId::Idem => "idempotency",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One write of a job, already encoded.
+#[derive(Clone, Debug)]
+pub enum RawOp {
+    Put(TreeId, Vec<u8>, Vec<u8>),
+    Delete(TreeId, Vec<u8>),
+    /// Precondition: the job applies only if this key is absent.
+    Absent(TreeId, Vec<u8>),
+}
+
+/// Why a job was not applied: the first precondition that failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejected {
+    pub tree: TreeId,
+    pub key: Vec<u8>,
+}
+
+/// A key and its value.
+pub type Kv = (Vec<u8>, Vec<u8>);
+
+pub type KvIter<'a> = Box<dyn Iterator<Item = Result<Kv, StoreError>> + Send + 'a>;
+
+pub trait Backend: Send + Sync + 'static {
+    fn apply(&self, jobs: &[Vec<RawOp>]) -> Result<Vec<Result<(), Rejected>>, StoreError>;
+    fn sync(&self) -> Result<(), StoreError>;
+    fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Keys `>= start` in order; with `prefix`, only keys that start with it.
+    fn scan<'a>(&'a self, tree: TreeId, start: &[u8], prefix: Option<&[u8]>) -> KvIter<'a>;
+    /// The last key with `prefix`, if any.
+    fn last_with_prefix(&self, tree: TreeId, prefix: &[u8]) -> Result<Option<Kv>, StoreError>;
+}
+
+/// sled 0.34 as the backend: one multi-tree transaction per group (sled serialises them on a
+/// process-wide lock, so there is exactly one writer: the commit thread), then one `flush()` and
+/// an `fdatasync` of sled's data file per group.
+pub struct SledBackend {
+    pub(crate) db: sled::Db,
+    trees: Vec<sled::Tree>,
+    /// sled 0.34's `flush` uses `sync_file_range`, which does not survive power loss; syncing
+    /// its data file (`db`) as well does.
+    data_file: Option<File>,
+}
+
+impl SledBackend {
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<SledBackend, StoreError> {
+        std::fs::create_dir_all(dir)?;
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(cache_bytes)
+            .open()?;
+        let mut trees = Vec::new();
+        for t in TreeId::ALL {
+            trees.push(db.open_tree(t.name())?);
+        }
+        let data_file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join("db"))
+            .ok();
+        if data_file.is_none() {
+            tracing::warn!(dir = %dir.display(), "sled data file not found; flushes will not fsync it");
+        }
+        Ok(SledBackend {
+            db,
+            trees,
+            data_file,
+        })
+    }
+
+    fn tree(&self, t: TreeId) -> &sled::Tree {
+        &self.trees[t.index()]
+    }
+}
+
+impl Backend for SledBackend {
+    fn apply(&self, jobs: &[Vec<RawOp>]) -> Result<Vec<Result<(), Rejected>>, StoreError> {
+        let r = self.trees.as_slice().transaction(|tx| {
+            let mut results = Vec::with_capacity(jobs.len());
+            'job: for ops in jobs {
+                for op in ops {
+                    if let RawOp::Absent(t, k) = op {
+                        if tx[t.index()].get(k.as_slice())?.is_some() {
+                            results.push(Err(Rejected {
+                                tree: *t,
+                                key: k.clone(),
+                            }));
+                            continue 'job;
+                        }
+                    }
+                }
+                for op in ops {
+                    match op {
+                        RawOp::Put(t, k, v) => {
+                            tx[t.index()].insert(k.as_slice(), v.as_slice())?;
+                        }
+                        RawOp::Delete(t, k) => {
+                            tx[t.index()].remove(k.as_slice())?;
+                        }
+                        RawOp::Absent(..) => {}
+                    }
+                }
+                results.push(Ok(()));
+            }
+            Ok::<_, ConflictableTransactionError<StoreError>>(results)
+        });
+        match r {
+            Ok(v) => Ok(v),
+            Err(TransactionError::Abort(e)) => Err(e),
+            Err(TransactionError::Storage(e)) => Err(StoreError::Sled(e)),
+        }
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        if let Some(f) = &self.data_file {
+            f.sync_data()?;
+        }
+        Ok(())
+    }
+
+    fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.tree(tree).get(key)?.map(|v| v.to_vec()))
+    }
+
+    fn scan<'a>(&'a self, tree: TreeId, start: &[u8], prefix: Option<&[u8]>) -> KvIter<'a> {
+        let prefix = prefix.map(|p| p.to_vec());
+        let it = self
+            .tree(tree)
+            .range(start.to_vec()..)
+            .take_while(move |item| match (&prefix, item) {
+                (Some(p), Ok((k, _))) => k.starts_with(p),
+                _ => true,
+            })
+            .map(|item| {
+                item.map(|(k, v)| (k.to_vec(), v.to_vec()))
+                    .map_err(StoreError::from)
+            });
+        Box::new(it)
+    }
+
+    fn last_with_prefix(&self, tree: TreeId, prefix: &[u8]) -> Result<Option<Kv>, StoreError> {
+        match self.tree(tree).scan_prefix(prefix).next_back() {
+            Some(item) => {
+                let (k, v) = item?;
+                Ok(Some((k.to_vec(), v.to_vec())))
+            }
+            None => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! A backend wrapper that fails on command: for tests of what the engine does when storage
+//! fails (apply, sync) and recovers. Not used outside tests, but public so integration tests
+//! can build an engine on it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::backend::{Backend, Kv, KvIter, RawOp, Rejected, TreeId};
+use super::StoreError;
+
+/// Switches shared between a test and its [`FaultyBackend`].
+#[derive(Default, Debug)]
+pub struct Faults {
+    /// Applying a group fails (nothing is written).
+    pub fail_apply: AtomicBool,
+    /// The durable flush fails (the group is applied in memory but not known to be on disk).
+    pub fail_sync: AtomicBool,
+    /// Groups refused so far.
+    pub refused: AtomicU64,
+}
+
+impl Faults {
+    pub fn set(&self, apply: bool, sync: bool) {
+        self.fail_apply.store(apply, Ordering::SeqCst);
+        self.fail_sync.store(sync, Ordering::SeqCst);
+    }
+}
+
+pub struct FaultyBackend {
+    pub inner: Arc<dyn Backend>,
+    pub faults: Arc<Faults>,
+}
+
+fn injected(what: &str) -> StoreError {
+    StoreError::Io(std::io::Error::other(format!(
+        "injected fault: {what} (No space left on device)"
+    )))
+}
+
+impl Backend for FaultyBackend {
+    fn apply(&self, jobs: &[Vec<RawOp>]) -> Result<Vec<Result<(), Rejected>>, StoreError> {
+        if self.faults.fail_apply.load(Ordering::SeqCst) {
+            self.faults.refused.fetch_add(1, Ordering::SeqCst);
+            return Err(injected("apply"));
+        }
+        self.inner.apply(jobs)
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        if self.faults.fail_sync.load(Ordering::SeqCst) {
+            self.faults.refused.fetch_add(1, Ordering::SeqCst);
+            return Err(injected("sync"));
+        }
+        self.inner.sync()
+    }
+
+    fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get(tree, key)
+    }
+
+    fn scan<'a>(&'a self, tree: TreeId, start: &[u8], prefix: Option<&[u8]>) -> KvIter<'a> {
+        self.inner.scan(tree, start, prefix)
+    }
+
+    fn last_with_prefix(&self, tree: TreeId, prefix: &[u8]) -> Result<Option<Kv>, StoreError> {
+        self.inner.last_with_prefix(tree, prefix)
+    }
+}

@@ -1,0 +1,127 @@
+//! What a task looks like on disk: its spec and its progress, two records in two trees, plus a
+//! small entry in the `live` index while it is unfinished.
+//!
+//! - The **spec** (tree `specs`) is what the user asked for: written at create and patch only.
+//! - The **progress** (tree `progress`) is what the engine rewrites on every fire and state
+//!   change; it is small and holds no strings but the failure reason.
+//! - The **live entry** (tree `live`) exists exactly while the task is unfinished and holds its
+//!   state and next fire, so start-up reads one small record per unfinished task and never
+//!   touches finished ones.
+//! - The messages (tree `messages`) are one record each, read one at a time when sent.
+//!
+//! In memory the engine uses the flat [`Task`]; these types only exist to split and join it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Misfire, Overlap, Pacing, RetryPolicy, Schedule, Task, TaskState};
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct SpecRecord {
+    pub id: String,
+    pub name: Option<String>,
+    pub channel: String,
+    pub schedule: Schedule,
+    pub message_count: u32,
+    pub pacing: Pacing,
+    pub retry: Option<RetryPolicy>,
+    pub misfire: Misfire,
+    pub misfire_grace_ms: u64,
+    pub overlap: Overlap,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at_ms: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ProgressRecord {
+    pub state: TaskState,
+    pub updated_at_ms: u64,
+    pub next_fire_at_ms: Option<u64>,
+    pub runs: u32,
+    pub fires: u32,
+    pub last_fire_ms: Option<u64>,
+    pub done_offsets_ms: Vec<u64>,
+    pub queued: Vec<(u32, u64)>,
+    pub skipped: u32,
+    pub expired: u32,
+    pub watched_since_ms: u64,
+    pub failed_reason: Option<String>,
+}
+
+/// The `live` index entry of an unfinished task: enough to put it back on the wheel.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveEntry {
+    pub state: TaskState,
+    pub next_fire_at_ms: Option<u64>,
+}
+
+pub fn spec_of(t: &Task) -> SpecRecord {
+    SpecRecord {
+        id: t.id.clone(),
+        name: t.name.clone(),
+        channel: t.channel.clone(),
+        schedule: t.schedule.clone(),
+        message_count: t.message_count,
+        pacing: t.pacing,
+        retry: t.retry,
+        misfire: t.misfire,
+        misfire_grace_ms: t.misfire_grace_ms,
+        overlap: t.overlap,
+        metadata: t.metadata.clone(),
+        created_at_ms: t.created_at_ms,
+    }
+}
+
+pub fn progress_of(t: &Task) -> ProgressRecord {
+    ProgressRecord {
+        state: t.state,
+        updated_at_ms: t.updated_at_ms,
+        next_fire_at_ms: t.next_fire_at_ms,
+        runs: t.runs,
+        fires: t.fires,
+        last_fire_ms: t.last_fire_ms,
+        done_offsets_ms: t.done_offsets_ms.clone(),
+        queued: t.queued.clone(),
+        skipped: t.skipped,
+        expired: t.expired,
+        watched_since_ms: t.watched_since_ms,
+        failed_reason: t.failed_reason.clone(),
+    }
+}
+
+pub fn live_of(t: &Task) -> LiveEntry {
+    LiveEntry {
+        state: t.state,
+        next_fire_at_ms: t.next_fire_at_ms,
+    }
+}
+
+pub fn join(s: SpecRecord, p: ProgressRecord) -> Task {
+    Task {
+        id: s.id,
+        name: s.name,
+        channel: s.channel,
+        schedule: s.schedule,
+        message_count: s.message_count,
+        pacing: s.pacing,
+        retry: s.retry,
+        misfire: s.misfire,
+        misfire_grace_ms: s.misfire_grace_ms,
+        overlap: s.overlap,
+        metadata: s.metadata,
+        state: p.state,
+        created_at_ms: s.created_at_ms,
+        updated_at_ms: p.updated_at_ms,
+        next_fire_at_ms: p.next_fire_at_ms,
+        runs: p.runs,
+        fires: p.fires,
+        last_fire_ms: p.last_fire_ms,
+        done_offsets_ms: p.done_offsets_ms,
+        queued: p.queued,
+        skipped: p.skipped,
+        expired: p.expired,
+        watched_since_ms: p.watched_since_ms,
+        failed_reason: p.failed_reason,
+    }
+}
