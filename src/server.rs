@@ -50,9 +50,12 @@ impl Server {
     /// Returns whether it stopped in time.
     pub async fn stop(self, deadline: std::time::Duration) -> bool {
         let weak = self.engine.downgrade();
+        // The last strong reference may be dropped on another thread, where the store is still
+        // closing after the count reached 0: wait for the store itself to say it closed.
+        let closed = self.engine.store().closed_flag();
         drop(self);
         let end = std::time::Instant::now() + deadline;
-        while weak.strong_count() > 0 {
+        while weak.strong_count() > 0 || !closed.load(std::sync::atomic::Ordering::Acquire) {
             if std::time::Instant::now() >= end {
                 return false;
             }

@@ -344,7 +344,9 @@ async fn prepare(
         seq,
         to: msg.to,
         body,
-        scheduled_at: format_utc(due),
+        // The schedule's instant for the run's first message, however late herald got to it;
+        // for the rest, the instant pacing (or a retry) planned it for.
+        scheduled_at: format_utc(if seq == 0 { run.scheduled_at_ms } else { due }),
         attempt: run.attempts,
         idempotency_key: delivery_key(&t.id, key.run, seq),
         sent_at: format_utc(now),

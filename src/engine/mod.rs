@@ -404,6 +404,8 @@ impl Engine {
                 tracing::info!(task = %task.id, channel = %task.channel, messages = task.message_count,
                     next_fire_at = %crate::schedule::format_opt(task.next_fire_at_ms), "task created");
                 let view = TaskView { task, run: None };
+                // Only the map and the guard may hold the cell for it to be unloaded.
+                drop(cell);
                 cells::Locked { id, guard }.release(inner);
                 Ok(Created::New(view))
             }

@@ -126,6 +126,11 @@ impl SledBackend {
         })
     }
 
+    /// sled's handle (for `meta`, migrations and tests' raw writes).
+    pub fn db(&self) -> sled::Db {
+        self.db.clone()
+    }
+
     fn tree(&self, t: TreeId) -> &sled::Tree {
         &self.trees[t.index()]
     }

@@ -2,15 +2,17 @@
 //! fails (apply, sync) and recovers. Not used outside tests, but public so integration tests
 //! can build an engine on it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::backend::{Backend, Kv, KvIter, RawOp, Rejected, TreeId};
 use super::StoreError;
 
 /// Switches shared between a test and its [`FaultyBackend`].
-#[derive(Default, Debug)]
+#[derive(Debug)]
 pub struct Faults {
+    /// Groups that may still be applied before applying fails (negative: no limit).
+    pub apply_budget: AtomicI64,
     /// Applying a group fails (nothing is written).
     pub fail_apply: AtomicBool,
     /// The durable flush fails (the group is applied in memory but not known to be on disk).
@@ -19,8 +21,25 @@ pub struct Faults {
     pub refused: AtomicU64,
 }
 
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            apply_budget: AtomicI64::new(-1),
+            fail_apply: AtomicBool::new(false),
+            fail_sync: AtomicBool::new(false),
+            refused: AtomicU64::new(0),
+        }
+    }
+}
+
 impl Faults {
+    /// Lets `n` more groups through, then fails every apply until [`Faults::set`] clears it.
+    pub fn fail_after(&self, n: i64) {
+        self.apply_budget.store(n, Ordering::SeqCst);
+    }
+
     pub fn set(&self, apply: bool, sync: bool) {
+        self.apply_budget.store(-1, Ordering::SeqCst);
         self.fail_apply.store(apply, Ordering::SeqCst);
         self.fail_sync.store(sync, Ordering::SeqCst);
     }
@@ -39,7 +58,14 @@ fn injected(what: &str) -> StoreError {
 
 impl Backend for FaultyBackend {
     fn apply(&self, jobs: &[Vec<RawOp>]) -> Result<Vec<Result<(), Rejected>>, StoreError> {
-        if self.faults.fail_apply.load(Ordering::SeqCst) {
+        let budget =
+            self.faults
+                .apply_budget
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| {
+                    (b > 0).then(|| b - 1)
+                });
+        let out_of_budget = budget == Err(0);
+        if out_of_budget || self.faults.fail_apply.load(Ordering::SeqCst) {
             self.faults.refused.fetch_add(1, Ordering::SeqCst);
             return Err(injected("apply"));
         }

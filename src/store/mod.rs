@@ -192,6 +192,18 @@ pub struct Store {
     commit: GroupCommit,
     /// sled's handle, for the few things outside the backend contract (tests' raw writes).
     db: Option<sled::Db>,
+    /// Declared last, so dropped last: set once everything above is closed (the commit thread
+    /// joined, sled's lock on the directory released).
+    closed: Closed,
+}
+
+/// Set when the store that owns it has closed (see [`Store::closed_flag`]).
+struct Closed(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Closed {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
 }
 
 impl Store {
@@ -232,7 +244,13 @@ impl Store {
             backend,
             commit,
             db,
+            closed: Closed(Arc::default()),
         })
+    }
+
+    /// Becomes true once this store is dropped and closed: the directory can be opened again.
+    pub fn closed_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.closed.0.clone()
     }
 
     pub fn commit_stats(&self) -> &commit::CommitStats {

@@ -1,0 +1,241 @@
+//! Shared by the end-to-end benches (`scale.rs`, `load.rs`): the real `herald` binary started
+//! on a data dir on disk, a pooled HTTP client, and readings from `/proc`.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+pub type Http = Client<HttpConnector, Full<Bytes>>;
+
+/// The real binary, killed when dropped.
+pub struct Proc {
+    pub child: Child,
+    pub url: String,
+    pub started: Instant,
+}
+
+impl Proc {
+    /// `herald serve --config <dir>/herald.toml --data <data> --listen 127.0.0.1:0`.
+    pub fn spawn(config: &Path, data: &Path) -> Proc {
+        let started = Instant::now();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_herald"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .arg("--data")
+            .arg(data)
+            .env("HERALD_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn herald");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("herald listening on ") {
+                    let _ = tx.send(url.to_string());
+                }
+            }
+        });
+        let url = rx
+            .recv_timeout(Duration::from_secs(600))
+            .expect("herald printed its address");
+        Proc {
+            child,
+            url,
+            started,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Resident set size in MiB.
+    pub fn rss_mib(&self) -> f64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn write_config(dir: &Path, text: &str) -> PathBuf {
+    let p = dir.join("herald.toml");
+    std::fs::write(&p, text).expect("write config");
+    p
+}
+
+pub fn client() -> Http {
+    let mut c = HttpConnector::new();
+    c.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(1024)
+        .build(c)
+}
+
+/// POSTs JSON; returns the status and the time it took.
+pub async fn post(http: &Http, url: &str, body: Bytes) -> (u16, Duration) {
+    let t = Instant::now();
+    let req = Request::post(url)
+        .header("content-type", "application/json")
+        .body(Full::new(body))
+        .expect("request");
+    match http.request(req).await {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            let _ = r.into_body().collect().await;
+            (status, t.elapsed())
+        }
+        Err(_) => (0, t.elapsed()),
+    }
+}
+
+pub async fn get(http: &Http, url: &str) -> (u16, Bytes) {
+    let req = Request::get(url)
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    match http.request(req).await {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            let b = r
+                .into_body()
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
+            (status, b)
+        }
+        Err(_) => (0, Bytes::new()),
+    }
+}
+
+/// Polls `/healthz` until 200; returns when it answered (None after `deadline`).
+pub async fn wait_healthy(http: &Http, base: &str, deadline: Duration) -> Option<Instant> {
+    let end = Instant::now() + deadline;
+    while Instant::now() < end {
+        if get(http, &format!("{base}/healthz")).await.0 == 200 {
+            return Some(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+/// Bytes under `dir`.
+pub fn du(dir: &Path) -> u64 {
+    let mut total = 0;
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            match e.metadata() {
+                Ok(m) if m.is_dir() => total += du(&e.path()),
+                Ok(m) => total += m.len(),
+                Err(_) => {}
+            }
+        }
+    }
+    total
+}
+
+/// Sends `n` creates from `conns` concurrent connections; `body(i)` makes the i-th. Returns
+/// per-request latencies (sorted) and the wall time. Non-201 answers are counted in `failed`.
+pub async fn create_many(
+    http: &Http,
+    base: &str,
+    n: u64,
+    conns: usize,
+    body: Arc<dyn Fn(u64) -> Bytes + Send + Sync>,
+    failed: Arc<AtomicU64>,
+) -> (Vec<Duration>, Duration) {
+    let next = Arc::new(AtomicU64::new(0));
+    let url = format!("{base}/v1/tasks");
+    let t = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..conns {
+        let (http, url, next, body, failed) = (
+            http.clone(),
+            url.clone(),
+            next.clone(),
+            body.clone(),
+            failed.clone(),
+        );
+        set.spawn(async move {
+            let mut lat = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return lat;
+                }
+                let (status, d) = post(&http, &url, body(i)).await;
+                if status != 201 {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+                lat.push(d);
+            }
+        });
+    }
+    let mut all = Vec::with_capacity(n as usize);
+    while let Some(r) = set.join_next().await {
+        all.extend(r.expect("client task"));
+    }
+    let wall = t.elapsed();
+    all.sort();
+    (all, wall)
+}
+
+pub fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// The disk's raw `fdatasync` rate (small appends), in the directory the bench uses.
+pub fn fdatasync_rate(dir: &Path) -> f64 {
+    use std::io::Write;
+    let p = dir.join("fdatasync-probe");
+    let mut f = std::fs::File::create(&p).expect("probe file");
+    let n = 300;
+    let t = Instant::now();
+    for _ in 0..n {
+        f.write_all(&[7u8; 256]).expect("write");
+        f.sync_data().expect("fdatasync");
+    }
+    let r = n as f64 / t.elapsed().as_secs_f64();
+    let _ = std::fs::remove_file(p);
+    r
+}
+
+/// A temp dir on the real disk (under the target dir), not tmpfs.
+pub fn disk_dir(tag: &str) -> tempfile::TempDir {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-data");
+    std::fs::create_dir_all(&base).expect("bench data dir");
+    tempfile::Builder::new()
+        .prefix(tag)
+        .tempdir_in(base)
+        .expect("temp dir")
+}

@@ -1,0 +1,175 @@
+//! Storage faults injected under the real engine (sled wrapped by `FaultyBackend`, manual
+//! clock, file channel): no send starts without its own durable in-flight mark, nothing that was
+//! acknowledged is lost, writes are refused (and health says why) while storage fails, and
+//! herald recovers by itself once it works again.
+
+use std::sync::Arc;
+
+use herald::clock::{Clock, ManualClock};
+use herald::config::{Config, Overrides};
+use herald::engine::{Engine, EngineConfig, EngineError};
+use herald::model::TaskRequest;
+use herald::store::backend::SledBackend;
+use herald::store::fault::{Faults, FaultyBackend};
+use herald::store::Store;
+use serde_json::{json, Value};
+
+const T0: u64 = 1_796_083_200_000; // 2026-12-01T00:00:00Z
+
+struct Rig {
+    engine: Engine,
+    clock: Arc<ManualClock>,
+    faults: Arc<Faults>,
+    out: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+async fn rig() -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.jsonl");
+    let config = Config::from_toml(
+        &format!(
+            "[channels.out]\nkind = \"file\"\npath = \"{}\"\n",
+            out.display()
+        ),
+        Overrides {
+            listen: Some("127.0.0.1:0".into()),
+            data_dir: Some(dir.path().join("data")),
+            token: None,
+        },
+    )
+    .unwrap();
+    let sled = SledBackend::open(&dir.path().join("data"), 8 << 20).unwrap();
+    let db = sled.db();
+    let faults = Arc::new(Faults::default());
+    let backend = FaultyBackend {
+        inner: Arc::new(sled),
+        faults: faults.clone(),
+    };
+    let store = Store::with_backend(Arc::new(backend), Some(db)).unwrap();
+    let channels = herald::server::build_channels(&config).unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let engine = Engine::start(store, channels, clock.clone(), EngineConfig::default())
+        .await
+        .unwrap();
+    Rig {
+        engine,
+        clock,
+        faults,
+        out,
+        _dir: dir,
+    }
+}
+
+impl Rig {
+    async fn run_until(&self, t: u64) {
+        for _ in 0..100_000 {
+            match self.engine.idle().await {
+                Some(d) if d <= t => {
+                    self.clock.set(d);
+                    self.engine.wake();
+                }
+                _ => {
+                    self.clock.set(t);
+                    self.engine.wake();
+                    self.engine.idle().await;
+                    return;
+                }
+            }
+        }
+        panic!("run_until did not converge");
+    }
+
+    fn sent(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    async fn create(&self, v: Value) -> Result<(), EngineError> {
+        let req: TaskRequest = serde_json::from_value(v).unwrap();
+        self.engine.create(req, None).await.map(|_| ())
+    }
+}
+
+fn seqs(sent: &[Value]) -> Vec<u64> {
+    sent.iter().map(|s| s["seq"].as_u64().unwrap()).collect()
+}
+
+#[tokio::test]
+async fn no_send_without_its_durable_mark_and_recovery_when_storage_works_again() {
+    let r = rig().await;
+    r.create(json!({"id": "seq", "channel": "out", "schedule": {"after": "1s"},
+        "to": ["0","1","2","3","4","5","6","7","8","9"], "body": "x", "pacing": {"interval": "1s"}}))
+        .await
+        .unwrap();
+    r.run_until(T0 + 3_500).await;
+    assert_eq!(seqs(&r.sent()), [0, 1, 2]);
+
+    // The disk fills up: every write fails from now on.
+    r.faults.set(true, false);
+    r.run_until(T0 + 12_000).await;
+    assert_eq!(
+        seqs(&r.sent()),
+        [0, 1, 2],
+        "nothing is sent while its in-flight mark cannot be written"
+    );
+    let failing = r
+        .engine
+        .storage_failing()
+        .expect("health names the storage error");
+    assert!(failing.contains("No space left"), "{failing}");
+    // Writes are refused with the storage error, and change nothing.
+    let e = r
+        .create(json!({"id": "new", "channel": "out", "schedule": {"after": "1s"}, "to": ["a"], "body": "b"}))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, EngineError::Storage(_)), "{e:?}");
+    assert!(r.engine.get("new").unwrap().is_none());
+
+    // Space is freed: herald goes on by itself, at the cursor.
+    r.faults.set(false, false);
+    r.run_until(T0 + 30_000).await;
+    assert_eq!(seqs(&r.sent()), (0..10).collect::<Vec<_>>());
+    assert!(r.engine.storage_failing().is_none());
+    let v = r.engine.get("seq").unwrap().unwrap();
+    assert_eq!(v.task.state, herald::model::TaskState::Completed);
+    r.create(json!({"id": "new", "channel": "out", "schedule": {"after": "1s"}, "to": ["a"], "body": "b"}))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_failed_settle_resends_only_the_in_flight_message_with_its_key() {
+    let r = rig().await;
+    r.create(
+        json!({"id": "seq", "channel": "out", "schedule": {"after": "1s"},
+        "to": ["0","1","2","3","4","5"], "body": "x", "pacing": {"interval": "1s"}}),
+    )
+    .await
+    .unwrap();
+    r.run_until(T0 + 2_500).await;
+    assert_eq!(seqs(&r.sent()), [0, 1]);
+    // At 2.9 s message 2 is armed (one group), at 3 s it is sent; its settle is the next group:
+    // that one fails, and so does everything after it until the fault is cleared.
+    r.faults.fail_after(1);
+    r.run_until(T0 + 6_000).await;
+    assert_eq!(
+        seqs(&r.sent()),
+        [0, 1, 2],
+        "nothing after the unrecorded send"
+    );
+    r.faults.set(false, false);
+    r.run_until(T0 + 20_000).await;
+    let sent = r.sent();
+    // Message 2 goes again (its outcome never reached the disk), with the same key and the
+    // next attempt number; nothing before it is sent again.
+    assert_eq!(seqs(&sent), [0, 1, 2, 2, 3, 4, 5]);
+    assert_eq!(sent[2]["idempotency_key"], sent[3]["idempotency_key"]);
+    assert_eq!(sent[2]["attempt"], 1);
+    assert_eq!(sent[3]["attempt"], 2);
+    let now = r.clock.now_ms();
+    assert!(now >= T0 + 20_000);
+}
