@@ -54,6 +54,30 @@ pub fn render(engine: &Engine) -> String {
         "Writes made durable by those flushes (waiters / flushes = batching).",
         vec![(String::new(), stats.waiters.load(Ordering::Relaxed))],
     );
+    metric(
+        "herald_store_write_failures_total",
+        "counter",
+        "Write groups the storage refused (apply or flush failed).",
+        vec![(String::new(), stats.failures.load(Ordering::Relaxed))],
+    );
+    metric(
+        "herald_store_group_max",
+        "gauge",
+        "Largest number of writers made durable by one flush since start.",
+        vec![(String::new(), stats.group_max.load(Ordering::Relaxed))],
+    );
+    metric(
+        "herald_store_queue",
+        "gauge",
+        "Writes waiting for the commit thread now.",
+        vec![(String::new(), engine.store().queued() as u64)],
+    );
+    metric(
+        "herald_storage_failing",
+        "gauge",
+        "1 while storage fails (writes refused with 503, no new sends; /healthz 503).",
+        vec![(String::new(), u64::from(engine.storage_failing().is_some()))],
+    );
     let channels: Vec<_> = engine.channels().iter().cloned().collect();
     let per = |f: &dyn Fn(&crate::deliver::Channel) -> Vec<(String, u64)>| {
         channels.iter().flat_map(|c| f(c)).collect::<Vec<_>>()
@@ -108,5 +132,20 @@ pub fn render(engine: &Engine) -> String {
             None => vec![],
         }),
     );
+    let (rows, sum, count) = engine.lateness().snapshot();
+    {
+        let name = "herald_send_lateness_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} How late sends start: from the instant the schedule (or pacing) planned the message to the start of its attempt."
+        );
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        for (le, c) in rows {
+            let le = le.map_or("+Inf".to_string(), |ms| format!("{}", ms as f64 / 1000.0));
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {c}");
+        }
+        let _ = writeln!(out, "{name}_sum {}", sum as f64 / 1000.0);
+        let _ = writeln!(out, "{name}_count {count}");
+    }
     out
 }

@@ -168,3 +168,32 @@ impl From<EngineError> for Problem {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_trouble_is_503_with_retry_after_and_bugs_are_500() {
+        for e in [
+            EngineError::Store(crate::store::StoreError::Busy),
+            EngineError::Storage("No space left on device".into()),
+        ] {
+            let r = Problem::from(e).into_response();
+            assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(r.headers()[hyper::header::RETRY_AFTER], "1");
+            assert_eq!(
+                r.headers()[hyper::header::CONTENT_TYPE],
+                "application/problem+json"
+            );
+        }
+        let bug = EngineError::Transition(crate::model::InvalidTransition {
+            from: crate::model::TaskState::Completed,
+            to: crate::model::TaskState::Running,
+        });
+        assert_eq!(
+            Problem::from(bug).into_response().status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
+}

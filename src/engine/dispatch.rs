@@ -334,6 +334,10 @@ async fn prepare(
         Some(Admission::Go { probe }) => probe,
         None => false,
     };
+    // The schedule's instant for the run's first message, however late herald got to it;
+    // for the rest, the instant pacing (or a retry) planned it for.
+    let scheduled = if seq == 0 { run.scheduled_at_ms } else { due };
+    inner.lateness.observe(now.saturating_sub(scheduled));
     let body = match minutes_left(&t.schedule, run.scheduled_at_ms) {
         Some(m) => msg.body.replace("{{minutes_left}}", &m.to_string()),
         None => msg.body,
@@ -344,9 +348,7 @@ async fn prepare(
         seq,
         to: msg.to,
         body,
-        // The schedule's instant for the run's first message, however late herald got to it;
-        // for the rest, the instant pacing (or a retry) planned it for.
-        scheduled_at: format_utc(if seq == 0 { run.scheduled_at_ms } else { due }),
+        scheduled_at: format_utc(scheduled),
         attempt: run.attempts,
         idempotency_key: delivery_key(&t.id, key.run, seq),
         sent_at: format_utc(now),

@@ -17,6 +17,7 @@ mod failures;
 mod plan;
 mod recovery;
 mod retry;
+pub mod stats;
 pub mod timer;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -158,6 +159,8 @@ pub(crate) struct Inner {
     pub boot_ms: u64,
     pub ready: AtomicBool,
     pub alerts_raised: AtomicU64,
+    /// How late sends start (`scheduled_at` → attempt start).
+    pub lateness: stats::Lateness,
     pub alerts_failed: AtomicU64,
     /// Serialises changes to failure records (retry steps against dismissals).
     pub failures_lock: tokio::sync::Mutex<()>,
@@ -247,6 +250,7 @@ impl Engine {
             boot_ms,
             ready: AtomicBool::new(false),
             alerts_raised: AtomicU64::new(0),
+            lateness: stats::Lateness::default(),
             alerts_failed: AtomicU64::new(0),
             failures_lock: tokio::sync::Mutex::new(()),
             events: events::Bus::new(), // events (issue 11)
@@ -504,6 +508,11 @@ impl Engine {
     /// Tasks that are pending, running or paused.
     pub fn live_tasks(&self) -> usize {
         self.inner.live.lock().len()
+    }
+
+    /// The fire-lateness histogram.
+    pub fn lateness(&self) -> &stats::Lateness {
+        &self.inner.lateness
     }
 
     /// Alerts raised and alert deliveries that failed, since start.

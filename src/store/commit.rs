@@ -26,7 +26,7 @@ use super::StoreError;
 
 /// Most jobs in one group (one transaction, one flush).
 pub const GROUP_MAX: usize = 4_096;
-/// Jobs that may wait for the commit thread.
+/// Jobs that may wait for the commit thread (default; tests use a small queue).
 pub const QUEUE_JOBS: usize = 16_384;
 
 type Reply = oneshot::Sender<Result<Result<(), Rejected>, String>>;
@@ -80,6 +80,7 @@ pub struct GroupCommit {
     thread: Option<std::thread::JoinHandle<()>>,
     pub stats: Arc<CommitStats>,
     pub health: Arc<Health>,
+    queue_jobs: usize,
 }
 
 impl Drop for GroupCommit {
@@ -95,8 +96,8 @@ impl Drop for GroupCommit {
 }
 
 impl GroupCommit {
-    pub fn start(backend: Arc<dyn Backend>) -> std::io::Result<GroupCommit> {
-        let (tx, rx) = mpsc::channel::<Job>(QUEUE_JOBS);
+    pub fn start(backend: Arc<dyn Backend>, queue_jobs: usize) -> std::io::Result<GroupCommit> {
+        let (tx, rx) = mpsc::channel::<Job>(queue_jobs.max(1));
         let stats = Arc::new(CommitStats::default());
         let health = Arc::new(Health::default());
         let (s, h) = (stats.clone(), health.clone());
@@ -108,6 +109,7 @@ impl GroupCommit {
             thread: Some(thread),
             stats,
             health,
+            queue_jobs: queue_jobs.max(1),
         })
     }
 
@@ -135,7 +137,9 @@ impl GroupCommit {
 
     /// Jobs waiting for the commit thread right now.
     pub fn queued(&self) -> usize {
-        self.tx.as_ref().map_or(0, |tx| QUEUE_JOBS - tx.capacity())
+        self.tx
+            .as_ref()
+            .map_or(0, |tx| self.queue_jobs - tx.capacity())
     }
 }
 

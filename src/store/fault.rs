@@ -19,6 +19,8 @@ pub struct Faults {
     pub fail_sync: AtomicBool,
     /// Groups refused so far.
     pub refused: AtomicU64,
+    /// While set, the durable flush waits (a disk that stalls).
+    pub stall_sync: AtomicBool,
 }
 
 impl Default for Faults {
@@ -28,6 +30,7 @@ impl Default for Faults {
             fail_apply: AtomicBool::new(false),
             fail_sync: AtomicBool::new(false),
             refused: AtomicU64::new(0),
+            stall_sync: AtomicBool::new(false),
         }
     }
 }
@@ -73,6 +76,9 @@ impl Backend for FaultyBackend {
     }
 
     fn sync(&self) -> Result<(), StoreError> {
+        while self.faults.stall_sync.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         if self.faults.fail_sync.load(Ordering::SeqCst) {
             self.faults.refused.fetch_add(1, Ordering::SeqCst);
             return Err(injected("sync"));

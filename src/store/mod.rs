@@ -239,7 +239,16 @@ impl Store {
         backend: Arc<dyn Backend>,
         db: Option<sled::Db>,
     ) -> Result<Store, StoreError> {
-        let commit = GroupCommit::start(backend.clone())?;
+        Store::with_backend_queue(backend, db, commit::QUEUE_JOBS)
+    }
+
+    /// Like [`Store::with_backend`] with a write queue of `queue_jobs` jobs.
+    pub fn with_backend_queue(
+        backend: Arc<dyn Backend>,
+        db: Option<sled::Db>,
+        queue_jobs: usize,
+    ) -> Result<Store, StoreError> {
+        let commit = GroupCommit::start(backend.clone(), queue_jobs)?;
         Ok(Store {
             backend,
             commit,

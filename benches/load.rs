@@ -1,0 +1,252 @@
+//! End-to-end load on the real binary (release build, data on the real disk, 2 cores), each
+//! figure beside its same-run baseline:
+//!
+//! 1. durable creates over HTTP at 16/64/256 connections: rate, p50/p99 — beside the raw
+//!    `fdatasync` rate of the same disk (what one-flush-per-create would allow);
+//! 2. a herd of `HERALD_LOAD_HERD` (default 100 000) one-shots due at the same instant to the
+//!    file channel: when the first and the last leave, and how late 200 probe tasks due 1 s
+//!    after the herd are (p50/p99) — the file channel's sends/s is the herd's drain rate;
+//! 3. lateness of 200 probe sends with `HERALD_LOAD_PENDING` (default 1 000 000) tasks pending,
+//!    first alone, then while 2 clients loop `GET /v1/tasks?state=paused&limit=100`.
+//!
+//! Run: `cargo bench --bench load` (about 5–8 minutes on 2 cores). Webhook throughput against
+//! the raw hyper client is `cargo bench --bench delivery`.
+
+mod support;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde_json::Value;
+use support::*;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn rfc3339(ms: u64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms as i64)
+        .expect("instant")
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn ms_of(s: &str) -> u64 {
+    chrono::DateTime::parse_from_rfc3339(s).map_or(0, |t| t.timestamp_millis() as u64)
+}
+
+/// (scheduled_at, sent_at) of every line of a file channel's output.
+fn lines(path: &Path) -> Vec<(u64, u64)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|v| {
+            (
+                ms_of(v["scheduled_at"].as_str().unwrap_or_default()),
+                ms_of(v["sent_at"].as_str().unwrap_or_default()),
+            )
+        })
+        .collect()
+}
+
+fn lateness(rows: &[(u64, u64)]) -> (u64, u64, u64) {
+    let mut l: Vec<u64> = rows.iter().map(|(s, t)| t.saturating_sub(*s)).collect();
+    l.sort_unstable();
+    if l.is_empty() {
+        return (0, 0, 0);
+    }
+    let p = |q: f64| l[((l.len() - 1) as f64 * q).round() as usize];
+    (p(0.5), p(0.99), *l.last().unwrap())
+}
+
+async fn wait_lines(path: &Path, n: usize, deadline: Duration) -> bool {
+    let end = std::time::Instant::now() + deadline;
+    while std::time::Instant::now() < end {
+        if lines(path).len() >= n {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+fn config_text(dir: &Path) -> String {
+    format!(
+        "[limits]\nlive_tasks_max = 5000000\nhorizon = \"3650d\"\n\
+         [channels.herd]\nkind = \"file\"\npath = \"{}\"\n\
+         [channels.probe]\nkind = \"file\"\npath = \"{}\"\n",
+        dir.join("herd.jsonl").display(),
+        dir.join("probe.jsonl").display()
+    )
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        creates().await;
+        herd(env_u64("HERALD_LOAD_HERD", 100_000)).await;
+        pending_with_listings(env_u64("HERALD_LOAD_PENDING", 1_000_000)).await;
+    });
+}
+
+async fn creates() {
+    let dir = disk_dir("load-creates");
+    println!("1. durable creates over HTTP (data on disk)");
+    println!(
+        "   raw fdatasync of this disk: {:.0}/s",
+        fdatasync_rate(dir.path())
+    );
+    let data = dir.path().join("data");
+    let config = write_config(dir.path(), &config_text(dir.path()));
+    let herald = Proc::spawn(&config, &data);
+    let http = client();
+    wait_healthy(&http, &herald.url, Duration::from_secs(60))
+        .await
+        .expect("ready");
+    let mut next = 0u64;
+    for conns in [16usize, 64, 256] {
+        let n = 30_000;
+        let offset = next;
+        next += n;
+        let body: Arc<dyn Fn(u64) -> Bytes + Send + Sync> = Arc::new(move |i| {
+            Bytes::from(format!(
+                r#"{{"id":"c{:08}","schedule":{{"after":"48h"}},"to":["a"],"body":"Good morning"}}"#,
+                i + offset
+            ))
+        });
+        let failed = Arc::new(AtomicU64::new(0));
+        let (lat, wall) = create_many(&http, &herald.url, n, conns, body, failed.clone()).await;
+        println!(
+            "   {conns:>3} connections: {:>6.0} creates/s, p50 {:.1} ms, p99 {:.1} ms, non-201 {}",
+            n as f64 / wall.as_secs_f64(),
+            pct(&lat, 0.5).as_secs_f64() * 1e3,
+            pct(&lat, 0.99).as_secs_f64() * 1e3,
+            failed.load(Ordering::Relaxed)
+        );
+    }
+}
+
+async fn herd(n: u64) {
+    let dir = disk_dir("load-herd");
+    let data = dir.path().join("data");
+    let config = write_config(dir.path(), &config_text(dir.path()));
+    let herald = Proc::spawn(&config, &data);
+    let http = client();
+    wait_healthy(&http, &herald.url, Duration::from_secs(60))
+        .await
+        .expect("ready");
+    // Due far enough ahead that the fill is done (creates run at several thousand per second).
+    let due = now_ms() + 30_000 + n / 2;
+    let at = rfc3339(due);
+    let probe_at: Vec<String> = (0..200).map(|i| rfc3339(due + 1_000 + i * 5)).collect();
+    let body: Arc<dyn Fn(u64) -> Bytes + Send + Sync> = Arc::new(move |i| {
+        Bytes::from(format!(
+            r#"{{"id":"h{i:08}","channel":"herd","schedule":{{"at":"{at}"}},"misfire":"skip","misfire_grace":"1s","to":["u{i}"],"body":"x"}}"#
+        ))
+    });
+    let failed = Arc::new(AtomicU64::new(0));
+    create_many(&http, &herald.url, n, 64, body, failed.clone()).await;
+    let probes: Arc<dyn Fn(u64) -> Bytes + Send + Sync> = Arc::new(move |i| {
+        Bytes::from(format!(
+            r#"{{"id":"p{i:04}","channel":"probe","schedule":{{"at":"{}"}},"to":["p"],"body":"x"}}"#,
+            probe_at[i as usize]
+        ))
+    });
+    create_many(&http, &herald.url, 200, 8, probes, failed.clone()).await;
+    assert!(now_ms() < due, "the fill took longer than the lead; raise it");
+    println!("2. herd: {n} one-shots due at the same instant (file channel, misfire skip, grace 1s)");
+    let done = wait_lines(&dir.path().join("herd.jsonl"), n as usize, Duration::from_secs(600)).await;
+    wait_lines(&dir.path().join("probe.jsonl"), 200, Duration::from_secs(120)).await;
+    let rows = lines(&dir.path().join("herd.jsonl"));
+    let first = rows.iter().map(|r| r.1).min().unwrap_or(0);
+    let last = rows.iter().map(|r| r.1).max().unwrap_or(0);
+    println!(
+        "   sent {} of {n} (all: {done}); first left at due + {} ms, last at due + {} ms: {:.0} sends/s through the file channel",
+        rows.len(),
+        first.saturating_sub(due),
+        last.saturating_sub(due),
+        rows.len() as f64 / ((last.saturating_sub(due)).max(1) as f64 / 1000.0)
+    );
+    let (p50, p99, max) = lateness(&lines(&dir.path().join("probe.jsonl")));
+    println!("   200 probes due 1 s after the herd: lateness p50 {p50} ms, p99 {p99} ms, max {max} ms");
+    println!("   non-201 creates: {}", failed.load(Ordering::Relaxed));
+}
+
+async fn probe_round(http: &Http, base: &str, tag: &str, dir: &Path) -> (u64, u64, u64) {
+    let path = dir.join("probe.jsonl");
+    let before = lines(&path).len();
+    let start = now_ms() + 2_000;
+    let at: Vec<String> = (0..200).map(|i| rfc3339(start + i * 50)).collect();
+    let tag = tag.to_string();
+    let body: Arc<dyn Fn(u64) -> Bytes + Send + Sync> = Arc::new(move |i| {
+        Bytes::from(format!(
+            r#"{{"id":"{tag}{i:04}","channel":"probe","schedule":{{"at":"{}"}},"to":["p"],"body":"x"}}"#,
+            at[i as usize]
+        ))
+    });
+    create_many(http, base, 200, 8, body, Arc::new(AtomicU64::new(0))).await;
+    wait_lines(&path, before + 200, Duration::from_secs(120)).await;
+    lateness(&lines(&path)[before..])
+}
+
+async fn pending_with_listings(n: u64) {
+    let dir = disk_dir("load-pending");
+    let data = dir.path().join("data");
+    let config = write_config(dir.path(), &config_text(dir.path()));
+    let herald = Proc::spawn(&config, &data);
+    let http = client();
+    wait_healthy(&http, &herald.url, Duration::from_secs(60))
+        .await
+        .expect("ready");
+    let body: Arc<dyn Fn(u64) -> Bytes + Send + Sync> = Arc::new(|i| {
+        Bytes::from(format!(
+            r#"{{"id":"t{i:08}","schedule":{{"after":"48h"}},"to":["a"],"body":"x"}}"#
+        ))
+    });
+    create_many(&http, &herald.url, n, 64, body, Arc::new(AtomicU64::new(0))).await;
+    println!("3. lateness of 200 probe sends (50 ms apart) with {n} tasks pending");
+    let (p50, p99, max) = probe_round(&http, &herald.url, "a", dir.path()).await;
+    println!("   alone: p50 {p50} ms, p99 {p99} ms, max {max} ms");
+    let stop = Arc::new(AtomicBool::new(false));
+    let listed = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let (http, url, stop, listed) = (
+            http.clone(),
+            format!("{}/v1/tasks?state=paused&limit=100", herald.url),
+            stop.clone(),
+            listed.clone(),
+        );
+        clients.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                get(&http, &url).await;
+                listed.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let (p50, p99, max) = probe_round(&http, &herald.url, "b", dir.path()).await;
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        let _ = c.await;
+    }
+    println!(
+        "   with 2 clients looping filtered listings ({} listings): p50 {p50} ms, p99 {p99} ms, max {max} ms",
+        listed.load(Ordering::Relaxed)
+    );
+}
