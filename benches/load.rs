@@ -169,10 +169,25 @@ async fn herd(n: u64) {
         ))
     });
     create_many(&http, &herald.url, 200, 8, probes, failed.clone()).await;
-    assert!(now_ms() < due, "the fill took longer than the lead; raise it");
-    println!("2. herd: {n} one-shots due at the same instant (file channel, misfire skip, grace 1s)");
-    let done = wait_lines(&dir.path().join("herd.jsonl"), n as usize, Duration::from_secs(600)).await;
-    wait_lines(&dir.path().join("probe.jsonl"), 200, Duration::from_secs(120)).await;
+    assert!(
+        now_ms() < due,
+        "the fill took longer than the lead; raise it"
+    );
+    println!(
+        "2. herd: {n} one-shots due at the same instant (file channel, misfire skip, grace 1s)"
+    );
+    let done = wait_lines(
+        &dir.path().join("herd.jsonl"),
+        n as usize,
+        Duration::from_secs(600),
+    )
+    .await;
+    wait_lines(
+        &dir.path().join("probe.jsonl"),
+        200,
+        Duration::from_secs(120),
+    )
+    .await;
     let rows = lines(&dir.path().join("herd.jsonl"));
     let first = rows.iter().map(|r| r.1).min().unwrap_or(0);
     let last = rows.iter().map(|r| r.1).max().unwrap_or(0);
@@ -184,7 +199,9 @@ async fn herd(n: u64) {
         rows.len() as f64 / ((last.saturating_sub(due)).max(1) as f64 / 1000.0)
     );
     let (p50, p99, max) = lateness(&lines(&dir.path().join("probe.jsonl")));
-    println!("   200 probes due 1 s after the herd: lateness p50 {p50} ms, p99 {p99} ms, max {max} ms");
+    println!(
+        "   200 probes due 1 s after the herd: lateness p50 {p50} ms, p99 {p99} ms, max {max} ms"
+    );
     println!("   non-201 creates: {}", failed.load(Ordering::Relaxed));
 }
 
