@@ -40,13 +40,12 @@ async fn rig() -> Rig {
     )
     .unwrap();
     let sled = SledBackend::open(&dir.path().join("data"), 8 << 20).unwrap();
-    let db = sled.db();
     let faults = Arc::new(Faults::default());
     let backend = FaultyBackend {
         inner: Arc::new(sled),
         faults: faults.clone(),
     };
-    let store = Store::with_backend(Arc::new(backend), Some(db)).unwrap();
+    let store = Store::with_backend(Arc::new(backend)).unwrap();
     let channels = herald::server::build_channels(&config).unwrap();
     let clock = Arc::new(ManualClock::new(T0));
     let engine = Engine::start(store, channels, clock.clone(), EngineConfig::default())
@@ -181,13 +180,12 @@ async fn a_failed_settle_resends_only_the_in_flight_message_with_its_key() {
 async fn a_full_write_queue_refuses_creates_and_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
     let sled = SledBackend::open(&dir.path().join("data"), 8 << 20).unwrap();
-    let db = sled.db();
     let faults = Arc::new(Faults::default());
     let backend = FaultyBackend {
         inner: Arc::new(sled),
         faults: faults.clone(),
     };
-    let store = Store::with_backend_queue(Arc::new(backend), Some(db), 8).unwrap();
+    let store = Store::with_backend_queue(Arc::new(backend), 8).unwrap();
     let config = Config::from_toml("", Overrides::default()).unwrap();
     let channels = herald::server::build_channels(&config).unwrap();
     let clock = Arc::new(ManualClock::new(T0));

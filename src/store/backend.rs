@@ -11,7 +11,9 @@
 //! - Point reads and ordered scans by tree.
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use parking_lot::RwLock;
 
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 use sled::Transactional;
@@ -85,6 +87,11 @@ pub trait Backend: Send + Sync + 'static {
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
     /// Keys `>= start` in order; with `prefix`, only keys that start with it.
     fn scan<'a>(&'a self, tree: TreeId, start: &[u8], prefix: Option<&[u8]>) -> KvIter<'a>;
+    /// Called by the commit thread after a group failed: a backend whose failures stick (sled)
+    /// starts afresh here. The default does nothing.
+    fn recover(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
     /// The last key with `prefix`, if any.
     fn last_with_prefix(&self, tree: TreeId, prefix: &[u8]) -> Result<Option<Kv>, StoreError>;
 }
@@ -92,16 +99,27 @@ pub trait Backend: Send + Sync + 'static {
 /// sled 0.34 as the backend: one multi-tree transaction per group (sled serialises them on a
 /// process-wide lock, so there is exactly one writer: the commit thread), then one `flush()` and
 /// an `fdatasync` of sled's data file per group.
+///
+/// sled 0.34 remembers an I/O error (a full disk, say) and fails every later operation with it,
+/// even after the disk works again. [`Backend::recover`] therefore reopens the directory: the
+/// handle sits behind a lock so that it can be replaced while herald runs.
 pub struct SledBackend {
-    pub(crate) db: sled::Db,
+    dir: PathBuf,
+    cache_bytes: u64,
+    /// `None` only while a reopen failed; every operation then fails until the next one.
+    inner: RwLock<Option<SledInner>>,
+}
+
+struct SledInner {
+    db: sled::Db,
     trees: Vec<sled::Tree>,
     /// sled 0.34's `flush` uses `sync_file_range`, which does not survive power loss; syncing
     /// its data file (`db`) as well does.
     data_file: Option<File>,
 }
 
-impl SledBackend {
-    pub fn open(dir: &Path, cache_bytes: u64) -> Result<SledBackend, StoreError> {
+impl SledInner {
+    fn open(dir: &Path, cache_bytes: u64) -> Result<SledInner, StoreError> {
         std::fs::create_dir_all(dir)?;
         let db = sled::Config::new()
             .path(dir)
@@ -119,26 +137,47 @@ impl SledBackend {
         if data_file.is_none() {
             tracing::warn!(dir = %dir.display(), "sled data file not found; flushes will not fsync it");
         }
-        Ok(SledBackend {
+        Ok(SledInner {
             db,
             trees,
             data_file,
         })
     }
+}
 
-    /// sled's handle (for `meta`, migrations and tests' raw writes).
-    pub fn db(&self) -> sled::Db {
-        self.db.clone()
+impl SledBackend {
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<SledBackend, StoreError> {
+        Ok(SledBackend {
+            dir: dir.to_path_buf(),
+            cache_bytes,
+            inner: RwLock::new(Some(SledInner::open(dir, cache_bytes)?)),
+        })
     }
 
-    fn tree(&self, t: TreeId) -> &sled::Tree {
-        &self.trees[t.index()]
+    /// sled's handle (for `meta` and migrations at open).
+    pub fn db(&self) -> Result<sled::Db, StoreError> {
+        self.with(|i| i.db.clone())
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&SledInner) -> T) -> Result<T, StoreError> {
+        match &*self.inner.read() {
+            Some(i) => Ok(f(i)),
+            None => Err(StoreError::Write(format!(
+                "the data directory {} is closed after a failed reopen",
+                self.dir.display()
+            ))),
+        }
+    }
+
+    fn tree(&self, t: TreeId) -> Result<sled::Tree, StoreError> {
+        self.with(|i| i.trees[t.index()].clone())
     }
 }
 
 impl Backend for SledBackend {
     fn apply(&self, jobs: &[Vec<RawOp>]) -> Result<Vec<Result<(), Rejected>>, StoreError> {
-        let r = self.trees.as_slice().transaction(|tx| {
+        let trees = self.with(|i| i.trees.clone())?;
+        let r = trees.as_slice().transaction(|tx| {
             let mut results = Vec::with_capacity(jobs.len());
             'job: for ops in jobs {
                 for op in ops {
@@ -175,21 +214,41 @@ impl Backend for SledBackend {
     }
 
     fn sync(&self) -> Result<(), StoreError> {
-        self.db.flush()?;
-        if let Some(f) = &self.data_file {
+        let guard = self.inner.read();
+        let Some(inner) = &*guard else {
+            return Err(StoreError::Write("the data directory is closed".into()));
+        };
+        inner.db.flush()?;
+        if let Some(f) = &inner.data_file {
             f.sync_data()?;
         }
         Ok(())
     }
 
+    fn recover(&self) -> Result<(), StoreError> {
+        let mut inner = self.inner.write();
+        // The old handle must be gone before the directory can be locked again. A reader that
+        // still holds a tree of it (an iterator) keeps it open: then this fails and is tried
+        // again after the next failed group.
+        *inner = None;
+        let fresh = SledInner::open(&self.dir, self.cache_bytes)?;
+        *inner = Some(fresh);
+        tracing::warn!(dir = %self.dir.display(), "storage reopened");
+        Ok(())
+    }
+
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.tree(tree).get(key)?.map(|v| v.to_vec()))
+        let t = self.tree(tree)?;
+        Ok(t.get(key)?.map(|v| v.to_vec()))
     }
 
     fn scan<'a>(&'a self, tree: TreeId, start: &[u8], prefix: Option<&[u8]>) -> KvIter<'a> {
         let prefix = prefix.map(|p| p.to_vec());
-        let it = self
-            .tree(tree)
+        let t = match self.tree(tree) {
+            Ok(t) => t,
+            Err(e) => return Box::new(std::iter::once(Err(e))),
+        };
+        let it = t
             .range(start.to_vec()..)
             .take_while(move |item| match (&prefix, item) {
                 (Some(p), Ok((k, _))) => k.starts_with(p),
@@ -203,7 +262,7 @@ impl Backend for SledBackend {
     }
 
     fn last_with_prefix(&self, tree: TreeId, prefix: &[u8]) -> Result<Option<Kv>, StoreError> {
-        match self.tree(tree).scan_prefix(prefix).next_back() {
+        match self.tree(tree)?.scan_prefix(prefix).next_back() {
             Some(item) => {
                 let (k, v) = item?;
                 Ok(Some((k.to_vec(), v.to_vec())))

@@ -26,6 +26,9 @@ use super::StoreError;
 
 /// Most jobs in one group (one transaction, one flush).
 pub const GROUP_MAX: usize = 4_096;
+/// Least time between two attempts to reopen a failing backend.
+const RECOVER_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Jobs that may wait for the commit thread (default; tests use a small queue).
 pub const QUEUE_JOBS: usize = 16_384;
 
@@ -149,6 +152,7 @@ fn run(
     stats: Arc<CommitStats>,
     health: Arc<Health>,
 ) {
+    let mut last_recover: Option<Instant> = None;
     // Ends when every GroupCommit (and so every Sender) is dropped.
     while let Some(first) = rx.blocking_recv() {
         let mut jobs = vec![first];
@@ -188,6 +192,15 @@ fn run(
                 health.set(Some(e.clone()));
                 for reply in replies {
                     let _ = reply.send(Err(e.clone()));
+                }
+                // Some backends keep failing once they failed (sled remembers an I/O error):
+                // let them start afresh, at most once a second, so herald recovers by itself
+                // once the disk works again.
+                if last_recover.is_none_or(|t: Instant| t.elapsed() >= RECOVER_EVERY) {
+                    last_recover = Some(Instant::now());
+                    if let Err(e) = backend.recover() {
+                        tracing::warn!(error = %e, "reopening the storage failed; trying again after the next failed write");
+                    }
                 }
             }
         }

@@ -21,6 +21,8 @@ pub struct Faults {
     pub refused: AtomicU64,
     /// While set, the durable flush waits (a disk that stalls).
     pub stall_sync: AtomicBool,
+    /// Times the commit thread asked the backend to start afresh.
+    pub recovers: AtomicU64,
 }
 
 impl Default for Faults {
@@ -31,6 +33,7 @@ impl Default for Faults {
             fail_sync: AtomicBool::new(false),
             refused: AtomicU64::new(0),
             stall_sync: AtomicBool::new(false),
+            recovers: AtomicU64::new(0),
         }
     }
 }
@@ -84,6 +87,11 @@ impl Backend for FaultyBackend {
             return Err(injected("sync"));
         }
         self.inner.sync()
+    }
+
+    fn recover(&self) -> Result<(), StoreError> {
+        self.faults.recovers.fetch_add(1, Ordering::SeqCst);
+        self.inner.recover()
     }
 
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {

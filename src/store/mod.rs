@@ -190,8 +190,6 @@ impl Default for StoreOptions {
 pub struct Store {
     backend: Arc<dyn Backend>,
     commit: GroupCommit,
-    /// sled's handle, for the few things outside the backend contract (tests' raw writes).
-    db: Option<sled::Db>,
     /// Declared last, so dropped last: set once everything above is closed (the commit thread
     /// joined, sled's lock on the directory released).
     closed: Closed,
@@ -216,7 +214,7 @@ impl Store {
     /// cannot read (it may panic on a truncated file) is an error, never a crash.
     pub fn open_with(dir: &Path, opts: &StoreOptions) -> Result<Store, StoreError> {
         let backend = open_catching_panics(dir, opts.cache_bytes)?;
-        let db = backend.db.clone();
+        let db = backend.db()?;
         let meta = db.open_tree("meta")?;
         match meta.get("format")?.as_deref() {
             Some([DIR_FORMAT]) => {}
@@ -230,29 +228,25 @@ impl Store {
             None => {}
         }
         meta.insert("format", &[DIR_FORMAT])?;
+        drop((meta, db));
         let backend: Arc<dyn Backend> = Arc::new(backend);
-        Store::with_backend(backend, Some(db))
+        Store::with_backend(backend)
     }
 
     /// A store over any backend (tests wrap sled to inject faults).
-    pub fn with_backend(
-        backend: Arc<dyn Backend>,
-        db: Option<sled::Db>,
-    ) -> Result<Store, StoreError> {
-        Store::with_backend_queue(backend, db, commit::QUEUE_JOBS)
+    pub fn with_backend(backend: Arc<dyn Backend>) -> Result<Store, StoreError> {
+        Store::with_backend_queue(backend, commit::QUEUE_JOBS)
     }
 
     /// Like [`Store::with_backend`] with a write queue of `queue_jobs` jobs.
     pub fn with_backend_queue(
         backend: Arc<dyn Backend>,
-        db: Option<sled::Db>,
         queue_jobs: usize,
     ) -> Result<Store, StoreError> {
         let commit = GroupCommit::start(backend.clone(), queue_jobs)?;
         Ok(Store {
             backend,
             commit,
-            db,
             closed: Closed(Arc::default()),
         })
     }
@@ -501,21 +495,20 @@ impl Store {
         Ok((out, false))
     }
 
-    /// Raw access for tests that need to plant a corrupt record (in the spec tree).
+    /// Raw access for tests that need to plant a corrupt record (in the spec tree, with a
+    /// live entry so that start-up meets it).
     #[doc(hidden)]
     pub fn raw_insert_task_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        if let Some(db) = &self.db {
-            db.open_tree(TreeId::Specs.name())?
-                .insert(key.as_bytes(), bytes)?;
-            db.open_tree(TreeId::Live.name())?.insert(
-                key.as_bytes(),
-                encode(&LiveEntry {
-                    state: crate::model::TaskState::Pending,
-                    next_fire_at_ms: None,
-                })?,
-            )?;
-        }
-        Ok(())
+        let live = encode(&LiveEntry {
+            state: crate::model::TaskState::Pending,
+            next_fire_at_ms: None,
+        })?;
+        let k = key.as_bytes().to_vec();
+        self.backend.apply(&[vec![
+            RawOp::Put(TreeId::Specs, k.clone(), bytes.to_vec()),
+            RawOp::Put(TreeId::Live, k, live),
+        ]])?;
+        self.backend.sync()
     }
 
     pub fn flush_now(&self) -> Result<(), StoreError> {
@@ -864,16 +857,28 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn sled_reopens_in_place_and_keeps_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend = std::sync::Arc::new(SledBackend::open(dir.path(), 8 << 20).unwrap());
+        let s = Store::with_backend(backend.clone()).unwrap();
+        insert(&s, "before").await;
+        backend.recover().unwrap();
+        insert(&s, "after").await;
+        assert!(s.get_task("before").unwrap().is_some());
+        assert!(s.get_task("after").unwrap().is_some());
+        assert_eq!(s.live_entries().count(), 2);
+    }
+
+    #[tokio::test]
     async fn failed_writes_change_nothing_and_storage_recovers() {
         let dir = tempfile::tempdir().unwrap();
         let sled = SledBackend::open(dir.path(), 8 << 20).unwrap();
-        let db = sled.db.clone();
         let faults = std::sync::Arc::new(fault::Faults::default());
         let backend = fault::FaultyBackend {
             inner: std::sync::Arc::new(sled),
             faults: faults.clone(),
         };
-        let s = Store::with_backend(std::sync::Arc::new(backend), Some(db)).unwrap();
+        let s = Store::with_backend(std::sync::Arc::new(backend)).unwrap();
         faults.set(true, false);
         let (t, m) = task("x");
         assert!(s.insert_new_task(&t, &m, None).await.is_err());
