@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use herald::config::{Config, Overrides};
 
@@ -28,6 +28,13 @@ enum Command {
         #[arg(long)]
         data: Option<PathBuf>,
     },
+    #[command(flatten)]
+    Client(herald::cli::Command),
+    /// Print a shell completion script: `herald completions bash > /etc/bash_completion.d/herald`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn main() {
@@ -40,6 +47,14 @@ fn main() {
 
 fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    match cli.command {
+        Command::Client(cmd) => return Ok(herald::cli::run(cmd)?),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "herald", &mut std::io::stdout());
+            return Ok(());
+        }
+        Command::Serve { .. } => {}
+    }
     let filter = tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
@@ -73,6 +88,7 @@ fn run() -> anyhow::Result<()> {
                 anyhow::Ok(())
             })
         }
+        Command::Client(_) | Command::Completions { .. } => Ok(()),
     }
 }
 

@@ -28,10 +28,18 @@ const SERVED: &[(&str, &str)] = &[
     ("POST", "/v1/failures/{id}/retry"),
     ("DELETE", "/v1/failures/{id}"),
     ("GET", "/v1/channels"),
+    ("POST", "/v1/schedules/preview"),
+    ("GET", "/v1/events"),
     ("GET", "/v1/openapi.json"),
     ("GET", "/metrics"),
     ("GET", "/healthz"),
+    ("GET", "/"),
+    ("GET", "/dashboard/app.js"),
+    ("GET", "/dashboard/app.css"),
 ];
+
+/// Paths open without a token: health, and the dashboard page and its assets (no data).
+const OPEN: &[&str] = &["/healthz", "/", "/dashboard/app.js", "/dashboard/app.css"];
 
 const METHODS: &[&str] = &[
     "get", "put", "post", "delete", "options", "head", "patch", "trace",
@@ -154,9 +162,9 @@ fn documents_exactly_the_served_routes() {
                 format!("^[A-Za-z0-9._:-]{{1,{max}}}$").as_str()
             );
         }
-        // Auth: everything but /healthz inherits the bearer requirement.
-        if *path == "/healthz" {
-            assert_eq!(op["security"], json!([]), "/healthz is open");
+        // Auth: everything but the open paths inherits the bearer requirement.
+        if OPEN.contains(path) {
+            assert_eq!(op["security"], json!([]), "{path} is open");
         } else {
             assert!(op.get("security").is_none(), "{method} {path}: security");
             assert!(responses.contains_key("401"), "{method} {path}: 401");
@@ -633,6 +641,33 @@ async fn answers_match_the_document() {
     assert_eq!(r.status, 200);
     check(&d, "GET", "/healthz", &r);
 
+    // Schedule preview: the fires, and the same 422 as a create.
+    let body = json!({"schedule": {"cron": "30 2 * * *", "tz": "America/New_York"},
+                      "dst": {"gap": "skip"}, "n": 3});
+    let r = send(&h, "POST", "/v1/schedules/preview", Some(body)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    check(&d, "POST", "/v1/schedules/preview", &r);
+    let r = send(
+        &h,
+        "POST",
+        "/v1/schedules/preview",
+        Some(json!({"schedule": {"cron": "0 9 *"}})),
+    )
+    .await;
+    assert_eq!(r.status, 422);
+    check(&d, "POST", "/v1/schedules/preview", &r);
+    let r = send(&h, "GET", "/v1/events?colour=red", None).await;
+    assert_eq!(r.status, 400);
+    check(&d, "GET", "/v1/events", &r);
+    for page in ["/", "/dashboard/app.js", "/dashboard/app.css"] {
+        let r = send(&h, "GET", page, None).await;
+        assert_eq!(r.status, 200);
+        check(&d, "GET", page, &r);
+        let r = send(&h, "DELETE", page, None).await;
+        assert_eq!(r.status, 405);
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    }
+
     // A method a path does not serve: a problem document, as components/responses says.
     let r = send(&h, "PUT", "/v1/tasks", Some(json!({}))).await;
     assert_eq!(r.status, 405);
@@ -656,8 +691,8 @@ async fn auth_answers_match_the_document() {
     for (method, path) in SERVED {
         let concrete = path.replace("{id}", "x");
         let r = http::request(method, &format!("{base}{concrete}"), &[], None).await;
-        if *path == "/healthz" {
-            assert_eq!(r.status, 200);
+        if OPEN.contains(path) {
+            assert_eq!(r.status, 200, "{path}");
         } else {
             assert_eq!(r.status, 401, "{method} {path}");
         }

@@ -2,8 +2,11 @@
 //! problem documents for every error. It talks to the [`Engine`] only; it never touches the
 //! store's trees or the wheel.
 
+mod dashboard;
+pub mod events;
 mod input;
 mod metrics;
+mod preview;
 pub mod problem;
 pub mod views;
 
@@ -16,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -66,10 +69,12 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let state = state.clone();
+        let shutdown = shutdown.clone();
         tokio::spawn(async move {
             let svc = service_fn(move |req| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(&state, req, peer).await) }
+                let shutdown = shutdown.clone();
+                async move { Ok::<_, Infallible>(handle(&state, req, peer, shutdown).await) }
             });
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -82,13 +87,21 @@ pub async fn serve(
     }
 }
 
-async fn handle(state: &ApiState, req: Request<Incoming>, _peer: SocketAddr) -> Resp {
+async fn handle(
+    state: &ApiState,
+    req: Request<Incoming>,
+    _peer: SocketAddr,
+    shutdown: watch::Receiver<bool>,
+) -> Response<events::Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let resp = match route(state, req).await {
-        Ok(r) => r,
-        Err(p) => p.into_response(),
+    // The event stream is the one answer that is not a single buffer.
+    let resp = if path.trim_end_matches('/') == "/v1/events" {
+        events::handle(state, &req, shutdown)
+    } else {
+        route(state, req).await.map(|r| r.map(BodyExt::boxed))
     };
+    let resp = resp.unwrap_or_else(|p| p.into_response().map(BodyExt::boxed));
     tracing::debug!(%method, %path, status = resp.status().as_u16(), "request");
     resp
 }
@@ -144,18 +157,17 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
         );
         return Ok(r);
     }
+    if let Some(page) = dashboard::asset(&path) {
+        if req.method() != Method::GET {
+            return Err(method_not_allowed("GET"));
+        }
+        return Ok(page);
+    }
     if segs.first() != Some(&"v1") {
         return Err(Problem::not_found(format!("no route for {path}")));
     }
     authorize(state, &req)?;
-    if !state.engine.is_ready() {
-        return Err(Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "recovering",
-            "Recovering",
-            "herald is still recovering its state; try again shortly",
-        ));
-    }
+    ready(state)?;
     let m = req.method().clone();
     match segs[1..] {
         ["tasks"] => match m {
@@ -217,6 +229,10 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
                 _ => Err(method_not_allowed("POST")),
             }
         }
+        ["schedules", "preview"] => match m {
+            Method::POST => preview::handle(state, req).await,
+            _ => Err(method_not_allowed("POST")),
+        },
         ["openapi.json"] => match m {
             Method::GET => {
                 let mut r = Response::new(Full::new(Bytes::from_static(OPENAPI.as_bytes())));
@@ -247,6 +263,19 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
         },
         _ => Err(Problem::not_found(format!("no route for {path}"))),
     }
+}
+
+/// 503 until recovery is done.
+fn ready(state: &ApiState) -> Result<(), Problem> {
+    if state.engine.is_ready() {
+        return Ok(());
+    }
+    Err(Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "recovering",
+        "Recovering",
+        "herald is still recovering its state; try again shortly",
+    ))
 }
 
 fn authorize(state: &ApiState, req: &Request<Incoming>) -> Result<(), Problem> {

@@ -77,6 +77,7 @@ impl Engine {
             batch.run(&task.id, r);
         }
         self.inner.store.write(&batch).await?;
+        self.inner.events.committed(&task, &runs); // events (issue 11)
         for r in runs {
             if r.state == RunState::Running {
                 st.runs.insert(r.run, r);

@@ -172,6 +172,7 @@ pub(crate) async fn park(
     tracing::error!(task = %task.id, reason, "task parked as failed");
     let channel = task.channel.clone();
     st.task = task;
+    inner.events.task(&st.task); // events (issue 11)
     plan_fire(inner, &st.task);
     alerts::parked(inner, &l.id, &channel, reason);
     Ok(())
@@ -227,9 +228,11 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked, key: &RunKey) -> Result
         inner
             .timer
             .at(RunKey::new(&p.task.id, r.run), r.next_at_ms.unwrap_or(now));
+        inner.events.progress(&p.task, &r); // events (issue 11)
         st.runs.insert(r.run, r);
     }
     st.task = p.task;
+    inner.events.task(&st.task); // events (issue 11)
     plan_fire(inner, &st.task);
     Ok(())
 }
@@ -464,6 +467,7 @@ async fn settle(
         inner.timer.at(key.clone(), now + STORAGE_RETRY_MS);
         return Err(e.into());
     }
+    inner.events.progress(&plan.task, &plan.run); // events (issue 11)
     if plan.finished {
         st.runs.remove(&key.run);
         tracing::info!(task = %plan.task.id, run = key.run, sent = plan.run.sent, failed = plan.run.failed,
@@ -492,6 +496,7 @@ async fn settle(
     plan_fire(inner, &st.task);
     if let Some(f) = &plan.failure {
         alerts::failure(inner, f, "failure");
+        inner.events.failure(f, "added"); // events (issue 11)
     }
     Ok(())
 }

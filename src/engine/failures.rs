@@ -26,6 +26,7 @@ impl Engine {
             inner.clock.now_ms(),
         );
         tracing::info!(failure = %id, "failure retry requested");
+        inner.events.failure(&f, "retrying"); // events (issue 11)
         Ok(f)
     }
 
@@ -44,6 +45,7 @@ impl Engine {
             .timer
             .cancel(RunKey::new(id, timer::FAILURE_RETRY_RUN));
         tracing::info!(failure = %id, "failure dismissed");
+        inner.events.failure(&f, "dismissed"); // events (issue 11)
         Ok(f)
     }
 }

@@ -12,6 +12,7 @@ mod alerts;
 mod cells;
 mod control;
 mod dispatch;
+pub mod events; // events (issue 11)
 mod failures;
 mod plan;
 mod recovery;
@@ -163,6 +164,7 @@ pub(crate) struct Inner {
     pub alerts_failed: AtomicU64,
     /// Serialises changes to failure records (retry steps against dismissals).
     pub failures_lock: tokio::sync::Mutex<()>,
+    pub events: events::Bus, // events (issue 11)
 }
 
 /// Raises an alert when storage starts failing and when it works again. (The commit thread
@@ -251,6 +253,7 @@ impl Engine {
             lateness: stats::Lateness::default(),
             alerts_failed: AtomicU64::new(0),
             failures_lock: tokio::sync::Mutex::new(()),
+            events: events::Bus::new(), // events (issue 11)
         });
         // The dispatcher holds a weak reference so dropping the last Engine shuts it down.
         tokio::spawn(dispatch::dispatcher(Arc::downgrade(&inner), due_rx));
@@ -265,6 +268,18 @@ impl Engine {
 
     pub fn is_ready(&self) -> bool {
         self.inner.ready.load(Ordering::Acquire)
+    }
+
+    /// The live event bus (`GET /v1/events`).
+    pub fn events(&self) -> &events::Bus {
+        // events (issue 11)
+        &self.inner.events
+    }
+
+    /// The limits requests are validated against (schedule preview).
+    pub fn limits(&self) -> &Limits {
+        // events (issue 11): accessor for the preview
+        &self.inner.config.limits
     }
 
     pub fn channels(&self) -> &Channels {
@@ -389,6 +404,7 @@ impl Engine {
         match inserted {
             Inserted::Created => {
                 dispatch::plan_fire(inner, &task);
+                inner.events.task(&task); // events (issue 11)
                 tracing::info!(task = %task.id, channel = %task.channel, messages = task.message_count,
                     next_fire_at = %crate::schedule::format_opt(task.next_fire_at_ms), "task created");
                 let view = TaskView { task, run: None };

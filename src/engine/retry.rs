@@ -101,6 +101,7 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
             let mut b = Batch::new();
             b.ops.push(crate::store::Op::DeleteFailure(f.id.clone()));
             inner.store.write(&b).await?;
+            inner.events.failure(&f, "resolved"); // events (issue 11)
             return Ok(());
         }
         Outcome::Retry {
@@ -129,6 +130,7 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
         "failure retry gave up; it stays in the failure list");
     save(inner, &f).await?;
     alerts::failure(inner, &f, "failure_retry_failed");
+    inner.events.failure(&f, "failed"); // events (issue 11)
     Ok(())
 }
 

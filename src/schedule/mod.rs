@@ -6,6 +6,7 @@ mod describe;
 pub mod local;
 pub mod misfire;
 pub mod plan;
+pub mod preview;
 
 pub use cron::CronSchedule;
 pub use local::{format_local, format_opt, format_utc, parse_instant, parse_tz, resolve_local};

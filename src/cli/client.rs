@@ -1,0 +1,254 @@
+//! A small client of herald's HTTP API on hyper (http, or https behind a TLS proxy), with the
+//! token from `HERALD_TOKEN`. Errors become one-line [`CliError`]s that say what to do.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Method, Request, StatusCode, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What went wrong, as one line for the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// No connection to herald at all.
+    #[error("cannot reach herald at {url}: {reason} (is `herald serve` running there? set --url or HERALD_URL)")]
+    Unreachable { url: String, reason: String },
+    /// herald answered with an error (a problem document).
+    #[error("{method} {path}: HTTP {status}: {detail}{hint}")]
+    Api {
+        method: String,
+        path: String,
+        status: u16,
+        detail: String,
+        hint: &'static str,
+    },
+    /// Something on this side: a file, an argument, an answer that is not what the API promises.
+    #[error("{0}")]
+    Local(String),
+}
+
+impl CliError {
+    /// The HTTP status herald answered with, if it answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            CliError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    http: HyperClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The innermost cause of an error chain, for "connection refused" instead of "client error".
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    one_line(&cur.to_string())
+}
+
+impl Client {
+    /// A client of the herald at `url` (e.g. `http://127.0.0.1:7700`), with `HERALD_TOKEN`.
+    pub fn new(url: &str) -> Result<Client, CliError> {
+        let token = std::env::var("HERALD_TOKEN").ok().filter(|t| !t.is_empty());
+        Client::with_token(url, token)
+    }
+
+    pub fn with_token(url: &str, token: Option<String>) -> Result<Client, CliError> {
+        let base = url.trim_end_matches('/').to_string();
+        let uri: Uri = base
+            .parse()
+            .map_err(|e| CliError::Local(format!("--url {url:?} is not a URL: {e}")))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+            return Err(CliError::Local(format!(
+                "--url {url:?}: expected http://HOST:PORT or https://HOST"
+            )));
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| CliError::Local(format!("TLS: {e}")))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Ok(Client {
+            base,
+            token,
+            http: HyperClient::builder(TokioExecutor::new()).build(connector),
+        })
+    }
+
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Sends a request and returns the response head and body stream, or the error herald
+    /// answered with.
+    async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        headers: &[(&str, &str)],
+    ) -> Result<hyper::Response<Incoming>, CliError> {
+        let mut b = Request::builder()
+            .method(method.clone())
+            .uri(format!("{}{path}", self.base));
+        if !headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("accept"))
+        {
+            b = b.header("accept", "application/json");
+        }
+        if let Some(t) = &self.token {
+            b = b.header("authorization", format!("Bearer {t}"));
+        }
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let has_body = body.is_some();
+        if has_body {
+            b = b.header("content-type", "application/json");
+        }
+        let req = b
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| CliError::Local(format!("building the request for {path}: {e}")))?;
+        let resp = match tokio::time::timeout(REQUEST_TIMEOUT, self.http.request(req)).await {
+            Err(_) => {
+                return Err(CliError::Unreachable {
+                    url: self.base.clone(),
+                    reason: format!("no answer within {}s", REQUEST_TIMEOUT.as_secs()),
+                })
+            }
+            Ok(Err(e)) => {
+                return Err(CliError::Unreachable {
+                    url: self.base.clone(),
+                    reason: root_cause(&e),
+                })
+            }
+            Ok(Ok(r)) => r,
+        };
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let bytes = read_all(resp.into_body()).await.unwrap_or_default();
+        let detail = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|v| v["detail"].as_str().map(one_line))
+            .unwrap_or_else(|| {
+                let text = one_line(&String::from_utf8_lossy(&bytes));
+                if text.is_empty() {
+                    status.canonical_reason().unwrap_or("error").to_string()
+                } else {
+                    text.chars().take(200).collect()
+                }
+            });
+        let hint = match status {
+            StatusCode::UNAUTHORIZED if self.token.is_none() => {
+                " (herald wants a token: set HERALD_TOKEN)"
+            }
+            StatusCode::UNAUTHORIZED => " (check HERALD_TOKEN)",
+            _ => "",
+        };
+        Err(CliError::Api {
+            method: method.to_string(),
+            path: path.to_string(),
+            status: status.as_u16(),
+            detail,
+            hint,
+        })
+    }
+
+    /// A request whose answer is JSON.
+    pub async fn json(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        headers: &[(&str, &str)],
+    ) -> Result<Value, CliError> {
+        let resp = self.request(method, path, body, headers).await?;
+        let bytes = tokio::time::timeout(REQUEST_TIMEOUT, read_all(resp.into_body()))
+            .await
+            .map_err(|_| CliError::Unreachable {
+                url: self.base.clone(),
+                reason: "the answer stalled".into(),
+            })?
+            .map_err(|e| CliError::Unreachable {
+                url: self.base.clone(),
+                reason: e,
+            })?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| CliError::Local(format!("{path}: herald answered with bad JSON: {e}")))
+    }
+
+    pub async fn get(&self, path: &str) -> Result<Value, CliError> {
+        self.json(Method::GET, path, None, &[]).await
+    }
+
+    pub async fn post(&self, path: &str) -> Result<Value, CliError> {
+        self.json(Method::POST, path, None, &[]).await
+    }
+
+    pub async fn delete(&self, path: &str) -> Result<Value, CliError> {
+        self.json(Method::DELETE, path, None, &[]).await
+    }
+
+    /// A streaming answer (`GET /v1/events`): the body, read frame by frame by the caller.
+    pub async fn stream(&self, path: &str) -> Result<Incoming, CliError> {
+        let resp = self
+            .request(Method::GET, path, None, &[("accept", "text/event-stream")])
+            .await?;
+        Ok(resp.into_body())
+    }
+}
+
+async fn read_all(body: Incoming) -> Result<Bytes, String> {
+    body.collect()
+        .await
+        .map(|c| c.to_bytes())
+        .map_err(|e| root_cause(&e))
+}
+
+/// Percent-encodes one path segment or query value.
+pub fn enc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

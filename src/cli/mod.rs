@@ -1,0 +1,153 @@
+//! The operator's command line client: `herald tasks|failures|channels|next`. It talks to a
+//! running herald over its public HTTP API (`client.rs`), except `herald next`, which previews a
+//! schedule offline with the server's own schedule code (`next.rs`).
+//!
+//! Every command prints a readable table or summary, or with `--json` the API's JSON. Errors
+//! are one line on stderr and a non-zero exit (see [`CliError`]).
+
+mod client;
+mod failures;
+mod next;
+mod table;
+mod tasks;
+mod watch;
+
+use clap::{Args, Subcommand};
+
+pub use client::{CliError, Client};
+
+/// Where herald listens when nothing else is said (`listen` in the embedded defaults).
+pub const DEFAULT_URL: &str = "http://127.0.0.1:7700";
+
+/// How to reach herald and how to print; accepted anywhere after the command name.
+#[derive(Args, Debug, Clone)]
+pub struct Conn {
+    /// herald's base URL.
+    #[arg(long, env = "HERALD_URL", default_value = DEFAULT_URL, global = true)]
+    pub url: String,
+    /// Print the API's JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// The client commands (`herald serve` and `herald completions` are in `main.rs`).
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// List, inspect, watch, create and control tasks.
+    Tasks {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(subcommand)]
+        cmd: TasksCmd,
+    },
+    /// The failure list: messages whose retries were exhausted.
+    Failures {
+        #[command(flatten)]
+        conn: Conn,
+        #[command(subcommand)]
+        cmd: FailuresCmd,
+    },
+    /// Configured channels with their limiter and breaker state.
+    Channels {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// When a schedule fires next (offline, with the server's schedule code).
+    Next(next::NextArgs),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TasksCmd {
+    /// A page of tasks: id, state, schedule in words, next fire, progress.
+    List {
+        /// Only tasks in this state (pending, running, paused, completed, cancelled, failed).
+        #[arg(long)]
+        state: Option<String>,
+        /// Only tasks on this channel.
+        #[arg(long)]
+        channel: Option<String>,
+        /// Tasks per page (1-1000).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Start after this task id (the `next` of the previous page).
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// One task in detail.
+    Show { id: String },
+    /// Live progress bars of the task's running sequence, until the run finishes.
+    Watch { id: String },
+    /// Create a task from a JSON file (`-` reads standard input).
+    Create {
+        /// The task request (API.md `POST /v1/tasks`).
+        #[arg(short = 'f', long = "file")]
+        file: String,
+        /// Sent as `Idempotency-Key`: repeating the command does not create a second task.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    /// Cancel a task: no send of it starts afterwards.
+    Cancel { id: String },
+    /// Hold all sends of a task.
+    Pause { id: String },
+    /// Continue a paused task.
+    Resume { id: String },
+    /// Start a run now.
+    Trigger { id: String },
+    /// The task's runs, with cursors and outcomes.
+    Runs { id: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum FailuresCmd {
+    /// A page of the failure list.
+    List {
+        /// Only failures of this task.
+        #[arg(long)]
+        task: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// Send a failed message again (same idempotency key).
+    Retry { id: String },
+    /// Remove a message from the failure list.
+    Dismiss { id: String },
+}
+
+/// Runs a client command; output goes to stdout, the error (if any) is for `main` to print.
+pub fn run(cmd: Command) -> Result<(), CliError> {
+    if let Command::Next(args) = cmd {
+        return next::run(args);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Local(format!("starting the runtime: {e}")))?;
+    rt.block_on(async move {
+        match cmd {
+            Command::Tasks { conn, cmd } => {
+                let c = Client::new(&conn.url)?;
+                tasks::run(&c, conn.json, cmd).await
+            }
+            Command::Failures { conn, cmd } => {
+                let c = Client::new(&conn.url)?;
+                failures::run(&c, conn.json, cmd).await
+            }
+            Command::Channels { conn } => {
+                let c = Client::new(&conn.url)?;
+                failures::channels(&c, conn.json).await
+            }
+            Command::Next(_) => Ok(()),
+        }
+    })
+}
+
+/// Prints JSON as the API gave it (pretty).
+fn print_json(v: &serde_json::Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+    );
+}

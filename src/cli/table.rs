@@ -1,0 +1,178 @@
+//! Plain text tables and times for people: local wall time and "in 5m" / "3h ago".
+
+use chrono::{DateTime, Local, Utc};
+
+/// A table with a header row; columns are as wide as their widest cell.
+pub struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(header: &[&str]) -> Table {
+        Table {
+            header: header.iter().map(|s| s.to_string()).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn render(&self) -> String {
+        let n = self.header.len();
+        let mut width = vec![0usize; n];
+        for r in std::iter::once(&self.header).chain(&self.rows) {
+            for (i, c) in r.iter().enumerate().take(n) {
+                width[i] = width[i].max(c.chars().count());
+            }
+        }
+        let mut out = String::new();
+        for r in std::iter::once(&self.header).chain(&self.rows) {
+            let mut line = String::new();
+            for (i, c) in r.iter().enumerate().take(n) {
+                if i + 1 == n {
+                    line.push_str(c);
+                } else {
+                    line.push_str(c);
+                    let pad = width[i] - c.chars().count() + 2;
+                    line.extend(std::iter::repeat_n(' ', pad));
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// An RFC 3339 instant from the API.
+pub fn parse(s: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+/// "in 5m", "in 2h10m", "3d ago", "now": coarse, two units at most.
+pub fn relative(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    let secs = (t - now).num_seconds();
+    let a = secs.unsigned_abs();
+    if a < 1 {
+        return "now".into();
+    }
+    let (d, h, m, s) = (a / 86_400, a % 86_400 / 3_600, a % 3_600 / 60, a % 60);
+    let text = if d > 0 {
+        if h > 0 {
+            format!("{d}d{h}h")
+        } else {
+            format!("{d}d")
+        }
+    } else if h > 0 {
+        if m > 0 {
+            format!("{h}h{m}m")
+        } else {
+            format!("{h}h")
+        }
+    } else if m > 0 {
+        if s > 0 && m < 10 {
+            format!("{m}m{s}s")
+        } else {
+            format!("{m}m")
+        }
+    } else {
+        format!("{s}s")
+    };
+    if secs > 0 {
+        format!("in {text}")
+    } else {
+        format!("{text} ago")
+    }
+}
+
+/// The viewer's local wall time: `2026-12-01 09:00:00`.
+pub fn local(t: DateTime<Utc>) -> String {
+    t.with_timezone(&Local)
+        .format("%Y-%m-%d %H:%M:%S")
+        .to_string()
+}
+
+/// "2026-12-01 09:00:00 (in 5m)", or "-" when there is no instant.
+pub fn when(v: &serde_json::Value, now: DateTime<Utc>) -> String {
+    match v.as_str().and_then(parse) {
+        Some(t) => format!("{} ({})", local(t), relative(t, now)),
+        None => "-".into(),
+    }
+}
+
+/// "57/200" with failures and in-flight noted: "57/200 (1 failed)".
+pub fn progress(p: &serde_json::Value) -> String {
+    if p.is_null() {
+        return "-".into();
+    }
+    let n = |k: &str| p[k].as_u64().unwrap_or(0);
+    let mut s = format!("{}/{}", n("sent") + n("failed"), n("total"));
+    if n("failed") > 0 {
+        s.push_str(&format!(" ({} failed)", n("failed")));
+    }
+    s
+}
+
+/// A text progress bar: `[#######-------------]`.
+pub fn bar(done: u64, total: u64, width: usize) -> String {
+    let filled = if total == 0 {
+        0
+    } else {
+        ((done.min(total) as u128 * width as u128) / total as u128) as usize
+    };
+    format!("[{}{}]", "#".repeat(filled), "-".repeat(width - filled))
+}
+
+/// A cell from a JSON value: strings bare, null as "-".
+pub fn cell(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::Null => "-".into(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_times_read_naturally() {
+        let now = parse("2026-12-01T00:00:00Z").unwrap();
+        let at = |s: &str| relative(parse(s).unwrap(), now);
+        assert_eq!(at("2026-12-01T00:05:00Z"), "in 5m");
+        assert_eq!(at("2026-12-01T00:02:30Z"), "in 2m30s");
+        assert_eq!(at("2026-12-01T02:10:00Z"), "in 2h10m");
+        assert_eq!(at("2026-12-04T00:00:00Z"), "in 3d");
+        assert_eq!(at("2026-11-30T23:59:15Z"), "45s ago");
+        assert_eq!(at("2026-12-01T00:00:00Z"), "now");
+    }
+
+    #[test]
+    fn bars_fill_in_proportion() {
+        assert_eq!(bar(0, 10, 10), "[----------]");
+        assert_eq!(bar(5, 10, 10), "[#####-----]");
+        assert_eq!(bar(10, 10, 4), "[####]");
+        assert_eq!(bar(3, 0, 4), "[----]");
+    }
+
+    #[test]
+    fn tables_align_columns() {
+        let mut t = Table::new(&["ID", "STATE"]);
+        t.row(vec!["a-long-id".into(), "running".into()]);
+        t.row(vec!["b".into(), "pending".into()]);
+        assert_eq!(
+            t.render(),
+            "ID         STATE\na-long-id  running\nb          pending\n"
+        );
+    }
+}

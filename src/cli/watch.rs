@@ -1,0 +1,212 @@
+//! `herald tasks watch ID`: one live progress bar per running run of a task (sent + failed of
+//! total, rate, ETA), from `GET /v1/events?task=ID`, until the run finishes.
+//!
+//! The stream is opened first and the task read once it is live (the `ready` event), so no
+//! change falls between the two. A `resync` (this client fell behind) re-reads the task. With
+//! `--json` every event is printed as one JSON line `{"event": ..., "data": ...}` instead.
+//!
+//! It ends (exit 0) when the run it watched finishes and no other run of the task is active, or
+//! at once when the task is already finished; a task waiting for its next fire is waited for.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::{json, Value};
+
+use super::client::{enc, CliError, Client};
+use super::table;
+
+/// No byte for this long (herald sends a keep-alive every 15 s) means the stream is dead.
+const IDLE_MAX: Duration = Duration::from_secs(45);
+
+/// Server-sent events read off a byte stream.
+struct Sse {
+    body: Incoming,
+    buf: String,
+}
+
+impl Sse {
+    /// The next event as (name, data), or `None` when the stream ended.
+    async fn next(&mut self) -> Result<Option<(String, String)>, String> {
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let mut name = String::from("message");
+                let mut data = Vec::new();
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        name = v.trim().to_string();
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push(v.strip_prefix(' ').unwrap_or(v).to_string());
+                    }
+                }
+                if data.is_empty() {
+                    continue; // a comment (keep-alive) or a `retry:` line
+                }
+                return Ok(Some((name, data.join("\n"))));
+            }
+            let frame = match tokio::time::timeout(IDLE_MAX, self.body.frame()).await {
+                Err(_) => return Err(format!("no data for {}s", IDLE_MAX.as_secs())),
+                Ok(None) => return Ok(None),
+                Ok(Some(Err(e))) => return Err(e.to_string()),
+                Ok(Some(Ok(f))) => f,
+            };
+            if let Ok(data) = frame.into_data() {
+                self.buf.push_str(&String::from_utf8_lossy(&data));
+            }
+        }
+    }
+}
+
+fn finished(state: &str) -> bool {
+    matches!(state, "completed" | "cancelled" | "failed")
+}
+
+struct Bars {
+    json: bool,
+    multi: MultiProgress,
+    /// Running runs and their bars.
+    bars: BTreeMap<u64, ProgressBar>,
+    /// Runs seen running since the watch began.
+    watched: usize,
+    tty: bool,
+}
+
+impl Bars {
+    fn new(json: bool) -> Bars {
+        let tty = std::io::stderr().is_terminal() && !json;
+        let target = if tty {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        };
+        Bars {
+            json,
+            multi: MultiProgress::with_draw_target(target),
+            bars: BTreeMap::new(),
+            watched: 0,
+            tty,
+        }
+    }
+
+    /// Applies one run's progress (from an event or a task view).
+    fn update(&mut self, task: &str, p: &Value) {
+        let n = |k: &str| p[k].as_u64().unwrap_or(0);
+        let run = n("run");
+        let total = n("total");
+        let done = n("sent") + n("failed");
+        let state = p["state"].as_str().unwrap_or("running");
+        let msg = format!("sent {} · failed {}", n("sent"), n("failed"));
+        if state == "running" {
+            let bar = self.bars.entry(run).or_insert_with(|| {
+                self.watched += 1;
+                let b = self.multi.add(ProgressBar::new(total));
+                b.set_style(
+                    ProgressStyle::with_template(
+                        "{prefix} [{bar:32.green/red}] {pos}/{len} {msg} · {rate} · eta {eta}",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .with_key(
+                        "rate",
+                        |s: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                            let _ = write!(w, "{:.1}/s", s.per_sec());
+                        },
+                    )
+                    .progress_chars("=> "),
+                );
+                b.set_prefix(format!("{task} run {run}"));
+                if !self.tty && !self.json {
+                    println!("{task} run {run}: started, {total} messages");
+                }
+                b
+            });
+            bar.set_length(total);
+            bar.set_position(done);
+            bar.set_message(msg);
+        } else if let Some(bar) = self.bars.remove(&run) {
+            bar.set_position(done);
+            bar.finish_with_message(format!("{msg} · {state}"));
+            if !self.json {
+                println!(
+                    "{task} run {run}: {state}, {} sent, {} failed of {total}",
+                    n("sent"),
+                    n("failed")
+                );
+            }
+        }
+    }
+}
+
+pub async fn watch(c: &Client, json: bool, id: &str) -> Result<(), CliError> {
+    let body = c.stream(&format!("/v1/events?task={}", enc(id))).await?;
+    let mut sse = Sse {
+        body,
+        buf: String::new(),
+    };
+    let mut bars = Bars::new(json);
+    let lost = |e: String| CliError::Unreachable {
+        url: c.base().to_string(),
+        reason: format!("the event stream broke: {e}"),
+    };
+    loop {
+        let Some((name, data)) = sse.next().await.map_err(lost)? else {
+            return Err(lost("herald closed it".into()));
+        };
+        let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+        if json {
+            println!("{}", json!({ "event": name, "data": v }));
+        }
+        let task_state = match name.as_str() {
+            "ready" | "resync" => {
+                let t = c.get(&format!("/v1/tasks/{}", enc(id))).await?;
+                let state = t["state"].as_str().unwrap_or("").to_string();
+                if json {
+                    println!("{}", json!({ "event": "snapshot", "data": t }));
+                }
+                if finished(&state) && bars.bars.is_empty() {
+                    if !json {
+                        print!("{}", super::tasks::show(&t));
+                    }
+                    return Ok(());
+                }
+                if !t["progress"].is_null() && (state == "running" || !bars.bars.is_empty()) {
+                    let mut p = t["progress"].clone();
+                    p["state"] = json!(if state == "running" {
+                        "running"
+                    } else {
+                        "stopped"
+                    });
+                    bars.update(id, &p);
+                }
+                if name == "ready" && state != "running" && !json {
+                    println!(
+                        "{id} is {state}; waiting for its next run (next fire {})",
+                        table::when(&t["next_fire_at"], chrono::Utc::now())
+                    );
+                }
+                state
+            }
+            "progress" => {
+                bars.update(id, &v);
+                v["task_state"].as_str().unwrap_or("").to_string()
+            }
+            "task" => v["state"].as_str().unwrap_or("").to_string(),
+            _ => continue,
+        };
+        // Done: the watched run(s) finished, or the task did.
+        let all_done = bars.bars.is_empty() && bars.watched > 0;
+        if finished(&task_state) || (all_done && task_state != "running") {
+            for (_, b) in std::mem::take(&mut bars.bars) {
+                b.abandon();
+            }
+            if !json && finished(&task_state) {
+                println!("{id} is {task_state}");
+            }
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Schedule preview: the next fires of a schedule, as `POST /v1/schedules/preview` and the
+//! offline `herald next` show them. Pure (`now` is passed in).
+//!
+//! The schedule is validated by the very code that validates a task creation
+//! ([`TaskRequest::into_task`]), so a preview refuses exactly what a create would refuse, with the
+//! same field names, and its fires are those [`next_fire`] would plan, one after another.
+
+use chrono_tz::Tz;
+use serde::Deserialize;
+
+use super::{describe, format_utc, mark_fired, next_fire, parse_tz};
+use crate::model::request::{DstRequest, MessageRequest, ScheduleRequest};
+use crate::model::{Context, FieldError, Limits, Schedule, TaskRequest};
+
+/// Fires shown when the request does not say.
+pub const PREVIEW_N_DEFAULT: u32 = 5;
+/// Most fires one preview shows.
+pub const PREVIEW_N_MAX: u32 = 100;
+
+/// The body of `POST /v1/schedules/preview`.
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct PreviewRequest {
+    pub schedule: ScheduleRequest,
+    /// The DST policy; may also be given inside `schedule` (as in a task), not both.
+    pub dst: Option<DstRequest>,
+    /// How many fires (1–100, default 5).
+    pub n: Option<u32>,
+}
+
+/// What a preview answers.
+#[derive(Debug, Clone)]
+pub struct Preview {
+    pub description: String,
+    /// The zone local times are shown in (the schedule's, or UTC).
+    pub tz: Tz,
+    pub fires: Vec<u64>,
+}
+
+impl Preview {
+    /// An instant as RFC 3339 UTC (`Z`).
+    pub fn utc(&self, ms: u64) -> String {
+        format_utc(ms)
+    }
+
+    /// An instant as RFC 3339 with the offset in force in the schedule's zone.
+    pub fn local(&self, ms: u64) -> String {
+        local_rfc3339(ms, self.tz)
+    }
+}
+
+/// RFC 3339 with the zone's offset at that instant, e.g. `2026-03-08T03:00:00-04:00`.
+pub fn local_rfc3339(ms: u64, tz: Tz) -> String {
+    use chrono::TimeZone;
+    match tz.timestamp_millis_opt(ms.min(i64::MAX as u64) as i64) {
+        chrono::LocalResult::Single(t) => t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, false),
+        _ => format_utc(ms),
+    }
+}
+
+fn zone_of(s: &Schedule) -> Tz {
+    let name = match s {
+        Schedule::At { tz, .. } | Schedule::Cron { tz, .. } | Schedule::Reminders { tz, .. } => {
+            tz.as_deref()
+        }
+        Schedule::After { .. } => None,
+    };
+    name.and_then(|n| parse_tz(n).ok())
+        .unwrap_or(chrono_tz::UTC)
+}
+
+/// The next `n` fires of the schedule in `req`, validated as a task creation at `now_ms` would
+/// validate it. Errors name the field (`schedule.cron`, `schedule.dst.gap`, `n`, `dst`).
+pub fn preview(req: PreviewRequest, now_ms: u64, limits: &Limits) -> Result<Preview, FieldError> {
+    let n = req.n.unwrap_or(PREVIEW_N_DEFAULT);
+    if !(1..=PREVIEW_N_MAX).contains(&n) {
+        return Err(FieldError::new(
+            "n",
+            format!("must be 1 to {PREVIEW_N_MAX}, got {n}"),
+        ));
+    }
+    let mut schedule = req.schedule;
+    if let Some(d) = req.dst {
+        if schedule.dst.is_some() {
+            return Err(FieldError::new(
+                "dst",
+                "given twice: put the DST policy either in schedule.dst or in dst",
+            ));
+        }
+        schedule.dst = Some(d);
+    }
+    // A task around the schedule, as small as a create allows: the schedule is all that counts.
+    let probe = TaskRequest {
+        id: Some("preview".into()),
+        name: None,
+        channel: Some("log".into()),
+        schedule,
+        messages: Some(vec![MessageRequest {
+            to: "preview".into(),
+            body: "preview".into(),
+            data: None,
+        }]),
+        to: None,
+        body: None,
+        pacing: None,
+        retry: None,
+        misfire: None,
+        misfire_grace: None,
+        overlap: None,
+        metadata: None,
+    };
+    let (mut task, _messages) = probe.into_task(&Context {
+        now_ms,
+        limits,
+        channel_exists: &|_| true,
+    })?;
+    let mut fires = Vec::with_capacity(n as usize);
+    let mut next = task.next_fire_at_ms;
+    while let Some(at) = next {
+        fires.push(at);
+        if fires.len() >= n as usize {
+            break;
+        }
+        // As the engine does for each fire: it is handled, a run starts, the next is planned.
+        mark_fired(&mut task, at);
+        task.runs += 1;
+        next = next_fire(&task, now_ms);
+    }
+    Ok(Preview {
+        description: describe(&task.schedule),
+        tz: zone_of(&task.schedule),
+        fires,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(v: serde_json::Value) -> PreviewRequest {
+        serde_json::from_value(v).unwrap()
+    }
+
+    const NOW: u64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+
+    #[test]
+    fn cron_fires_in_order_with_description() {
+        let p = preview(
+            req(serde_json::json!({"schedule": {"cron": "0 9 * * *", "tz": "Asia/Shanghai"}, "n": 3})),
+            NOW,
+            &Limits::default(),
+        )
+        .unwrap();
+        assert_eq!(p.fires.len(), 3);
+        assert_eq!(p.utc(p.fires[0]), "2026-01-01T01:00:00Z");
+        assert_eq!(p.local(p.fires[0]), "2026-01-01T09:00:00+08:00");
+        assert_eq!(p.fires[1] - p.fires[0], 86_400_000);
+        assert!(p.description.contains("09:00"), "{}", p.description);
+    }
+
+    #[test]
+    fn max_runs_bounds_the_preview() {
+        let p = preview(
+            req(serde_json::json!({"schedule": {"cron": "*/5 * * * *", "max_runs": 2}, "n": 10})),
+            NOW,
+            &Limits::default(),
+        )
+        .unwrap();
+        assert_eq!(p.fires.len(), 2);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = |v| preview(req(v), NOW, &Limits::default()).unwrap_err().field;
+        assert_eq!(
+            e(serde_json::json!({"schedule": {"cron": "0 9 *"}})),
+            "schedule.cron"
+        );
+        assert_eq!(
+            e(serde_json::json!({"schedule": {"cron": "0 9 * * *"}, "n": 0})),
+            "n"
+        );
+        assert_eq!(
+            e(serde_json::json!({"schedule": {"cron": "0 9 * * *", "dst": {}}, "dst": {}})),
+            "dst"
+        );
+        assert_eq!(
+            e(serde_json::json!({"schedule": {"cron": "0 9 * * *"}, "dst": {"gap": "x"}})),
+            "schedule.dst.gap"
+        );
+    }
+}

@@ -1,0 +1,789 @@
+//! The `herald` CLI client, run as the real binary against a real herald (in-process server on
+//! port 0, a real webhook receiver): output, `--json`, exit codes, one-line errors.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::herald::{poll, wait_state, webhook_channel, TestHerald};
+use common::http;
+use common::receiver::{Behavior, Receiver};
+use serde_json::{json, Value};
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
+    }
+
+    fn ok(self) -> Out {
+        assert_eq!(
+            self.code, 0,
+            "exit {}; stdout: {}\nstderr: {}",
+            self.code, self.stdout, self.stderr
+        );
+        self
+    }
+
+    /// A failure: non-zero exit, exactly one line on stderr, which is returned.
+    fn fails(self) -> String {
+        assert_ne!(self.code, 0, "expected a failure; stdout: {}", self.stdout);
+        let lines: Vec<&str> = self.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "one line on stderr, got: {:?}", self.stderr);
+        lines[0].to_string()
+    }
+}
+
+/// Runs `herald ARGS` with `HERALD_URL=url` (and `HERALD_TOKEN` if given), feeding `stdin`;
+/// kills it if it has not finished within `deadline`.
+fn run_with(
+    url: &str,
+    token: Option<&str>,
+    args: &[&str],
+    stdin: Option<&str>,
+    deadline: Duration,
+) -> Out {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+    cmd.args(args)
+        .env("HERALD_URL", url)
+        .env_remove("HERALD_TOKEN")
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(t) = token {
+        cmd.env("HERALD_TOKEN", t);
+    }
+    let mut child = cmd.spawn().expect("spawn herald");
+    if let Some(input) = stdin {
+        let mut w = child.stdin.take().expect("stdin");
+        w.write_all(input.as_bytes()).expect("write stdin");
+    }
+    let mut so = child.stdout.take().expect("stdout");
+    let mut se = child.stderr.take().expect("stderr");
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let end = Instant::now() + deadline;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if Instant::now() >= end {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "herald {args:?} did not finish within {deadline:?}; stdout so far: {}",
+                t_out.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Out {
+        code: status.code().unwrap_or(-1),
+        stdout: t_out.join().unwrap_or_default(),
+        stderr: t_err.join().unwrap_or_default(),
+    }
+}
+
+async fn herald(url: &str, args: &[&str]) -> Out {
+    herald_in(url, None, args, None).await
+}
+
+async fn herald_in(url: &str, token: Option<&str>, args: &[&str], stdin: Option<&str>) -> Out {
+    let url = url.to_string();
+    let token = token.map(str::to_string);
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let stdin = stdin.map(str::to_string);
+    tokio::task::spawn_blocking(move || {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_with(
+            &url,
+            token.as_deref(),
+            &a,
+            stdin.as_deref(),
+            Duration::from_secs(60),
+        )
+    })
+    .await
+    .expect("join")
+}
+
+fn task_file(dir: &std::path::Path, name: &str, v: &Value) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, v.to_string()).expect("write task file");
+    p.display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_list_show_runs_and_control_tasks() {
+    let h = TestHerald::start("").await;
+    let url = h.server.url();
+    // create -f FILE
+    let file = task_file(
+        h.dir.path(),
+        "cron.json",
+        &json!({"id": "digest", "name": "Morning digest",
+                "schedule": {"cron": "0 9 * * 1-5", "tz": "Asia/Shanghai"},
+                "to": ["a", "b"], "body": "Good morning"}),
+    );
+    let out = herald(&url, &["tasks", "create", "-f", &file]).await.ok();
+    assert!(
+        out.stdout
+            .starts_with("created digest (pending): every weekday at 09:00 (Asia/Shanghai)"),
+        "{}",
+        out.stdout
+    );
+    // create -f - (standard input), with --json
+    let body = json!({"id": "later", "schedule": {"after": "1h"}, "to": ["c"], "body": "x"});
+    let out = herald_in(
+        &url,
+        None,
+        &["tasks", "create", "-f", "-", "--json"],
+        Some(&body.to_string()),
+    )
+    .await
+    .ok();
+    assert_eq!(out.json()["id"], "later");
+    assert_eq!(out.json()["state"], "pending");
+
+    // list: a table with the schedule in words and the next fire, relative
+    let out = herald(&url, &["tasks", "list"]).await.ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(lines[0].starts_with("ID"), "{}", out.stdout);
+    for h in ["STATE", "SCHEDULE", "NEXT FIRE", "PROGRESS"] {
+        assert!(lines[0].contains(h), "header {h}: {}", lines[0]);
+    }
+    let digest = lines.iter().find(|l| l.starts_with("digest")).expect("row");
+    assert!(
+        digest.contains("pending") && digest.contains("every weekday at 09:00 (Asia/Shanghai)")
+    );
+    assert!(digest.contains("(in "), "relative next fire: {digest}");
+    let later = lines.iter().find(|l| l.starts_with("later")).expect("row");
+    assert!(
+        later.contains("(in 59m") || later.contains("(in 1h"),
+        "{later}"
+    );
+    // list --json, filters and paging
+    let v = herald(&url, &["tasks", "list", "--json", "--limit", "1"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(v["tasks"].as_array().unwrap().len(), 1);
+    assert_eq!(v["tasks"][0]["id"], "digest");
+    assert_eq!(v["next"], "digest");
+    let v = herald(&url, &["tasks", "list", "--json", "--after", "digest"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(v["tasks"][0]["id"], "later");
+    let v = herald(&url, &["tasks", "list", "--json", "--state", "paused"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(v["tasks"], json!([]));
+    let out = herald(&url, &["tasks", "list", "--channel", "nope"])
+        .await
+        .ok();
+    assert_eq!(out.stdout.trim(), "no tasks");
+
+    // show
+    let out = herald(&url, &["tasks", "show", "digest"]).await.ok();
+    assert!(
+        out.stdout.contains("name:       Morning digest"),
+        "{}",
+        out.stdout
+    );
+    assert!(out
+        .stdout
+        .contains("schedule:   every weekday at 09:00 (Asia/Shanghai)"));
+    let v = herald(&url, &["tasks", "show", "digest", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(v["messages"], 2);
+
+    // pause / resume / trigger / cancel, each checked through the API
+    let out = herald(&url, &["tasks", "pause", "digest"]).await.ok();
+    assert!(
+        out.stdout.starts_with("paused digest: state paused"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        http::get(&h.url("/v1/tasks/digest")).await.json()["state"],
+        "paused"
+    );
+    // resuming twice: the second is a 409, one line, non-zero
+    herald(&url, &["tasks", "resume", "digest"]).await.ok();
+    let err = herald(&url, &["tasks", "resume", "digest"]).await.fails();
+    assert!(
+        err.starts_with("herald: POST /v1/tasks/digest/resume: HTTP 409:"),
+        "{err}"
+    );
+    let v = herald(&url, &["tasks", "trigger", "digest", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(v["runs"], 1);
+    wait_state(&url, "digest", "pending", Duration::from_secs(10)).await;
+    let v = herald(&url, &["tasks", "runs", "digest", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(v["runs"][0]["state"], "completed");
+    assert_eq!(v["runs"][0]["sent"], 2);
+    let out = herald(&url, &["tasks", "runs", "digest"]).await.ok();
+    assert!(
+        out.stdout
+            .lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("1    completed"),
+        "{}",
+        out.stdout
+    );
+    let out = herald(&url, &["tasks", "cancel", "later"]).await.ok();
+    assert!(out.stdout.starts_with("cancelled later: state cancelled"));
+    assert_eq!(
+        http::get(&h.url("/v1/tasks/later")).await.json()["state"],
+        "cancelled"
+    );
+
+    // errors: unknown task (404), bad request (422 naming the field), bad file
+    let err = herald(&url, &["tasks", "show", "nope"]).await.fails();
+    assert!(err.contains("HTTP 404") && err.contains("nope"), "{err}");
+    let bad = task_file(
+        h.dir.path(),
+        "bad.json",
+        &json!({"schedule": {"cron": "0 9 *"}, "to": ["a"], "body": "x"}),
+    );
+    let err = herald(&url, &["tasks", "create", "-f", &bad]).await.fails();
+    assert!(
+        err.contains("HTTP 422: schedule.cron: expected 5 or 6 fields, got 3"),
+        "{err}"
+    );
+    let err = herald(&url, &["tasks", "create", "-f", "/nonexistent/task.json"])
+        .await
+        .fails();
+    assert!(err.starts_with("herald: /nonexistent/task.json:"), "{err}");
+    let err = herald_in(
+        &url,
+        None,
+        &["tasks", "create", "-f", "-"],
+        Some("{not json"),
+    )
+    .await
+    .fails();
+    assert!(err.contains("not JSON"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_follows_a_paced_sequence_to_the_end() {
+    let h = TestHerald::start("").await;
+    let url = h.server.url();
+    let n = 8;
+    let to: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+    http::post_json(
+        &h.url("/v1/tasks"),
+        &json!({"id": "seq", "schedule": {"after": "300ms"}, "pacing": {"interval": "100ms"},
+                "to": to, "body": "hi"}),
+    )
+    .await;
+    // --json: one line per event; progress only moves forward and ends at the total.
+    let out = herald(&url, &["tasks", "watch", "seq", "--json"])
+        .await
+        .ok();
+    let events: Vec<Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(events[0]["event"], "ready", "{}", out.stdout);
+    let progress: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["event"] == "progress")
+        .map(|e| &e["data"])
+        .collect();
+    assert!(progress.len() >= 2, "{}", out.stdout);
+    let done: Vec<u64> = progress
+        .iter()
+        .map(|p| p["sent"].as_u64().unwrap() + p["failed"].as_u64().unwrap())
+        .collect();
+    assert!(done.windows(2).all(|w| w[0] <= w[1]), "{done:?}");
+    let last = progress.last().unwrap();
+    assert_eq!(
+        (
+            &last["sent"],
+            &last["total"],
+            &last["state"],
+            &last["task_state"]
+        ),
+        (
+            &json!(n),
+            &json!(n),
+            &json!("completed"),
+            &json!("completed")
+        )
+    );
+    // The task really is done when watch returns.
+    assert_eq!(
+        http::get(&h.url("/v1/tasks/seq")).await.json()["state"],
+        "completed"
+    );
+    // Watching a finished task shows it and returns at once.
+    let out = herald(&url, &["tasks", "watch", "seq"]).await.ok();
+    assert!(
+        out.stdout.contains("state:      completed"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains(
+            "progress:   [####################] run 1: 8 sent, 0 failed, 0 in flight of 8"
+        ),
+        "{}",
+        out.stdout
+    );
+
+    // Human output: started, then the summary line.
+    http::post_json(
+        &h.url("/v1/tasks"),
+        &json!({"id": "seq2", "schedule": {"after": "300ms"}, "pacing": {"interval": "50ms"},
+                "to": ["a", "b", "c"], "body": "hi"}),
+    )
+    .await;
+    let out = herald(&url, &["tasks", "watch", "seq2"]).await.ok();
+    assert!(
+        out.stdout
+            .contains("seq2 run 1: completed, 3 sent, 0 failed of 3"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_list_retry_dismiss_and_channels() {
+    let rx = Receiver::start().await;
+    // Message 0 of each task is refused once (400: permanent), then accepted.
+    rx.script_key("f1:1:0", vec![Behavior::Status(400)]);
+    rx.script_key("f2:1:0", vec![Behavior::Status(400)]);
+    let h = TestHerald::start(&webhook_channel("hook", &rx.url(), "")).await;
+    let url = h.server.url();
+    for id in ["f1", "f2"] {
+        http::post_json(
+            &h.url("/v1/tasks"),
+            &json!({"id": id, "channel": "hook", "schedule": {"after": "0s"},
+                    "to": ["x", "y"], "body": "hi"}),
+        )
+        .await;
+        wait_state(&url, id, "completed", Duration::from_secs(10)).await;
+    }
+    let v = herald(&url, &["failures", "list", "--json"])
+        .await
+        .ok()
+        .json();
+    let ids: Vec<&str> = v["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["f1:1:0", "f2:1:0"]);
+    let out = herald(&url, &["failures", "list", "--task", "f1"])
+        .await
+        .ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", out.stdout);
+    assert!(
+        lines[1].starts_with("f1:1:0") && lines[1].contains("HTTP 400"),
+        "{}",
+        lines[1]
+    );
+
+    // retry: delivered this time, and gone from the list
+    let out = herald(&url, &["failures", "retry", "f1:1:0"]).await.ok();
+    assert_eq!(out.stdout.trim(), "retrying f1:1:0 (to x)");
+    poll(Duration::from_secs(10), || async {
+        let v = http::get(&h.url("/v1/failures?task=f1")).await.json();
+        v["failures"].as_array().unwrap().is_empty().then_some(())
+    })
+    .await
+    .expect("the retried failure leaves the list");
+    let keys: Vec<String> = rx
+        .requests()
+        .iter()
+        .filter_map(|r| r.idempotency_key().map(str::to_string))
+        .filter(|k| k == "f1:1:0")
+        .collect();
+    assert_eq!(keys.len(), 2, "sent twice with the same key");
+
+    // dismiss
+    let out = herald(&url, &["failures", "dismiss", "f2:1:0", "--json"])
+        .await
+        .ok();
+    assert_eq!(out.json()["id"], "f2:1:0");
+    let out = herald(&url, &["failures", "list"]).await.ok();
+    assert_eq!(out.stdout.trim(), "no failures");
+    let err = herald(&url, &["failures", "dismiss", "f2:1:0"])
+        .await
+        .fails();
+    assert!(err.contains("HTTP 404"), "{err}");
+
+    // channels
+    let v = herald(&url, &["channels", "--json"]).await.ok().json();
+    let names: Vec<&str> = v["channels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"hook") && names.contains(&"log"),
+        "{names:?}"
+    );
+    let out = herald(&url, &["channels"]).await.ok();
+    let hook = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("hook"))
+        .expect("hook row");
+    let cells: Vec<&str> = hook.split_whitespace().collect();
+    // NAME KIND BREAKER SUCCESS RATE IN-FLIGHT SENT FAILED HELD: 3 sent (f1:1:1, f2:1:1, retry), 2 failed
+    assert_eq!(cells[0..2], ["hook", "webhook"], "{hook}");
+    assert_eq!(cells[6..8], ["3", "2"], "{}", out.stdout);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_name_the_server_and_the_token() {
+    // Nothing listens on port 1: the error names the URL.
+    let err = herald("http://127.0.0.1:1", &["tasks", "list"])
+        .await
+        .fails();
+    assert!(
+        err.starts_with("herald: cannot reach herald at http://127.0.0.1:1:"),
+        "{err}"
+    );
+    let err = herald("not a url", &["channels"]).await.fails();
+    assert!(
+        err.contains("not a URL") || err.contains("expected http"),
+        "{err}"
+    );
+
+    let h = TestHerald::start_with_token("", "s3cret").await;
+    let url = h.server.url();
+    let err = herald(&url, &["tasks", "list"]).await.fails();
+    assert!(
+        err.contains("HTTP 401") && err.contains("set HERALD_TOKEN"),
+        "{err}"
+    );
+    let err = herald_in(&url, Some("wrong"), &["tasks", "list"], None)
+        .await
+        .fails();
+    assert!(
+        err.contains("HTTP 401") && err.contains("check HERALD_TOKEN"),
+        "{err}"
+    );
+    let v = herald_in(&url, Some("s3cret"), &["tasks", "list", "--json"], None)
+        .await
+        .ok()
+        .json();
+    assert_eq!(v["tasks"], json!([]));
+    // --url beats HERALD_URL.
+    let out = herald_in(
+        "http://127.0.0.1:1",
+        Some("s3cret"),
+        &["channels", "--url", &url],
+        None,
+    )
+    .await
+    .ok();
+    assert!(out.stdout.starts_with("NAME"), "{}", out.stdout);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_for_three_shells() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = herald("http://127.0.0.1:1", &["completions", shell])
+            .await
+            .ok();
+        for word in ["tasks", "failures", "watch", "completions"] {
+            assert!(out.stdout.contains(word), "{shell}: {word}");
+        }
+    }
+    let out = herald("http://127.0.0.1:1", &["completions", "tcsh"]).await;
+    assert_ne!(out.code, 0);
+}
+
+// ---- herald next: offline, against instants computed by hand from UTC offsets -------------
+
+fn next_json(args: &[&str]) -> Value {
+    run_with(
+        "http://127.0.0.1:1",
+        None,
+        &[&["next", "--json"], args].concat(),
+        None,
+        Duration::from_secs(30),
+    )
+    .ok()
+    .json()
+}
+
+fn fires(v: &Value) -> Vec<(String, String)> {
+    v["fires"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["at"].as_str().unwrap().to_string(),
+                f["local"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn next_applies_new_york_dst_gap_and_repeat() {
+    // 2027: DST starts Sunday 14 March 02:00 EST (-05:00) -> 03:00 EDT (-04:00); it ends Sunday
+    // 7 November 02:00 EDT -> 01:00 EST. 02:30 on 14 March does not exist; 01:30 on 7 November
+    // happens twice.
+    let v = next_json(&[
+        "30 2 * * *",
+        "--tz",
+        "America/New_York",
+        "-n",
+        "3",
+        "--from",
+        "2027-03-13T00:00:00Z",
+    ]);
+    assert_eq!(v["description"], "every day at 02:30 (America/New_York)");
+    assert_eq!(
+        fires(&v),
+        [
+            (
+                "2027-03-13T07:30:00Z".into(),
+                "2027-03-13T02:30:00-05:00".into()
+            ),
+            // shift (default): the first valid instant after the gap, 03:00 EDT
+            (
+                "2027-03-14T07:00:00Z".into(),
+                "2027-03-14T03:00:00-04:00".into()
+            ),
+            (
+                "2027-03-15T06:30:00Z".into(),
+                "2027-03-15T02:30:00-04:00".into()
+            ),
+        ]
+    );
+    let v = next_json(&[
+        "30 2 * * *",
+        "--tz",
+        "America/New_York",
+        "-n",
+        "2",
+        "--gap",
+        "skip",
+        "--from",
+        "2027-03-13T00:00:00Z",
+    ]);
+    let at: Vec<String> = fires(&v).into_iter().map(|f| f.0).collect();
+    assert_eq!(at, ["2027-03-13T07:30:00Z", "2027-03-15T06:30:00Z"]);
+
+    let repeat = |policy: &str| {
+        let v = next_json(&[
+            "30 1 * * *",
+            "--tz",
+            "America/New_York",
+            "-n",
+            "3",
+            "--repeat",
+            policy,
+            "--from",
+            "2027-11-06T12:00:00Z",
+        ]);
+        fires(&v).into_iter().map(|f| f.0).collect::<Vec<_>>()
+    };
+    // 01:30 EDT = 05:30Z, 01:30 EST = 06:30Z; the next day 01:30 EST = 06:30Z.
+    assert_eq!(
+        repeat("first"),
+        [
+            "2027-11-07T05:30:00Z",
+            "2027-11-08T06:30:00Z",
+            "2027-11-09T06:30:00Z"
+        ]
+    );
+    assert_eq!(
+        repeat("last"),
+        [
+            "2027-11-07T06:30:00Z",
+            "2027-11-08T06:30:00Z",
+            "2027-11-09T06:30:00Z"
+        ]
+    );
+    assert_eq!(
+        repeat("both"),
+        [
+            "2027-11-07T05:30:00Z",
+            "2027-11-07T06:30:00Z",
+            "2027-11-08T06:30:00Z"
+        ]
+    );
+    // A one-shot local time in the gap, with --at.
+    let v = next_json(&[
+        "--at",
+        "2027-03-14T02:30:00",
+        "--tz",
+        "America/New_York",
+        "--from",
+        "2027-01-01T00:00:00Z",
+    ]);
+    assert_eq!(
+        fires(&v),
+        [(
+            "2027-03-14T07:00:00Z".into(),
+            "2027-03-14T03:00:00-04:00".into()
+        )]
+    );
+}
+
+#[test]
+fn next_in_lord_howe_with_its_half_hour_shift() {
+    // Australia/Lord_Howe: +10:30 standard, +11:00 in summer, a 30-minute change. 2027: summer
+    // time ends Sunday 4 April 02:00 (+11) -> 01:30 (+10:30), so 01:45 happens twice; it starts
+    // Sunday 3 October 02:00 (+10:30) -> 02:30 (+11), so 02:15 does not exist.
+    let v = next_json(&[
+        "45 1 * * *",
+        "--tz",
+        "Australia/Lord_Howe",
+        "-n",
+        "3",
+        "--repeat",
+        "both",
+        "--from",
+        "2027-04-03T00:00:00Z",
+    ]);
+    assert_eq!(
+        fires(&v),
+        [
+            (
+                "2027-04-03T14:45:00Z".into(),
+                "2027-04-04T01:45:00+11:00".into()
+            ),
+            (
+                "2027-04-03T15:15:00Z".into(),
+                "2027-04-04T01:45:00+10:30".into()
+            ),
+            (
+                "2027-04-04T15:15:00Z".into(),
+                "2027-04-05T01:45:00+10:30".into()
+            ),
+        ]
+    );
+    let v = next_json(&[
+        "15 2 * * *",
+        "--tz",
+        "Australia/Lord_Howe",
+        "-n",
+        "3",
+        "--from",
+        "2027-10-01T00:00:00Z",
+    ]);
+    assert_eq!(
+        fires(&v),
+        [
+            (
+                "2027-10-01T15:45:00Z".into(),
+                "2027-10-02T02:15:00+10:30".into()
+            ),
+            // 02:15 is in the gap: shifted to the transition, 02:00 +10:30 = 02:30 +11:00
+            (
+                "2027-10-02T15:30:00Z".into(),
+                "2027-10-03T02:30:00+11:00".into()
+            ),
+            (
+                "2027-10-03T15:15:00Z".into(),
+                "2027-10-04T02:15:00+11:00".into()
+            ),
+        ]
+    );
+}
+
+#[test]
+fn next_prints_a_table_and_refuses_bad_input_in_one_line() {
+    let out = run_with(
+        "http://127.0.0.1:1",
+        None,
+        &[
+            "next",
+            "0 9 * * 1-5",
+            "--tz",
+            "Asia/Shanghai",
+            "-n",
+            "2",
+            "--from",
+            "2027-01-01T00:00:00Z",
+        ],
+        None,
+        Duration::from_secs(30),
+    )
+    .ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines[0], "every weekday at 09:00 (Asia/Shanghai)");
+    assert!(lines[1].contains("UTC") && lines[1].contains("Asia/Shanghai"));
+    // 2027-01-01 is a Friday: 09:00 +08:00 = 01:00Z, then Monday the 4th.
+    assert!(
+        lines[2].contains("2027-01-01T01:00:00Z")
+            && lines[2].contains("2027-01-01 09:00:00 CST (+08:00)"),
+        "{}",
+        lines[2]
+    );
+    assert!(lines[3].contains("2027-01-04T01:00:00Z"), "{}", lines[3]);
+
+    for (args, expect) in [
+        (
+            vec!["next", "0 9 *"],
+            "herald: CRON: expected 5 or 6 fields, got 3",
+        ),
+        (
+            vec!["next", "0 9 * * *", "--tz", "Mars/Base"],
+            "herald: --tz: unknown time zone",
+        ),
+        (
+            vec!["next", "0 9 * * *", "-n", "0"],
+            "herald: -n: must be 1 to 100",
+        ),
+        (
+            vec!["next", "0 9 * * *", "--gap", "later"],
+            "herald: --gap: unknown value",
+        ),
+    ] {
+        let err = run_with(
+            "http://127.0.0.1:1",
+            None,
+            &args,
+            None,
+            Duration::from_secs(30),
+        )
+        .fails();
+        assert!(err.starts_with(expect), "{args:?}: {err}");
+    }
+}
