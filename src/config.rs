@@ -60,7 +60,7 @@ struct FileConfig {
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 struct StoreFile {
-    /// sled's page cache in MiB (default 64; sled's own default would be 1024).
+    /// sled's page cache in MiB (default 16; sled's own default would be 1024).
     cache_mb: Option<u64>,
 }
 

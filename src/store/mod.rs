@@ -40,7 +40,7 @@ pub const DIR_FORMAT: u8 = 2;
 
 /// sled's page cache when the config does not say (`[store] cache_mb`); sled's own default
 /// is 1 GiB.
-pub const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
+pub const DEFAULT_CACHE_BYTES: u64 = 16 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
