@@ -1,13 +1,21 @@
 //! The control commands: cancel, pause, resume, trigger, patch. Each takes the task's lock,
-//! computes the new task and runs, makes them durable, and only then changes memory and the
-//! wheel — so once a command answers, the dispatcher (which checks state under the same lock)
+//! asks `plan.rs` for the new task and runs (pure), makes them durable, and only then changes
+//! memory and the wheel — so once a command answers, the dispatcher (which checks state under the same lock)
 //! acts on it.
 
 use super::cells::{self, Locked};
 use super::dispatch;
+use super::plan::{self, Refused};
 use super::timer::RunKey;
-use super::{derive_state, state_for, Engine, EngineError, LiveState, TaskView};
+use super::{derive_state, Engine, EngineError, LiveState, TaskView};
 use crate::model::{Context, Message, PatchRequest, Run, RunState, Task, TaskState};
+
+fn refused(r: Refused) -> EngineError {
+    match r {
+        Refused::Conflict(d) => EngineError::Conflict(d),
+        Refused::Bug(e) => EngineError::Transition(e),
+    }
+}
 use crate::store::{Batch, Op};
 
 impl Engine {
@@ -100,49 +108,22 @@ impl Engine {
         Ok(())
     }
 
-    /// Runs that were armed but are not sending give their attempt back (nothing was sent).
-    fn disarmed(st: &LiveState) -> Vec<Run> {
-        st.runs
-            .values()
-            .filter(|r| !st.sending.contains(&r.run))
-            .map(|r| {
-                let mut r = r.clone();
-                r.disarm();
-                r
-            })
-            .collect()
-    }
-
     /// Cancels a task: no send of it starts after this returns. Durable before it returns.
     pub async fn cancel(&self, id: &str) -> Result<TaskView, EngineError> {
         let view = self
             .command(id, async |this, l| {
                 let st = l.st();
                 let now = this.inner.clock.now_ms();
-                let mut task = st.task.clone();
-                task.set_state(TaskState::Cancelled, now)?;
-                task.next_fire_at_ms = None;
-                task.queued.clear();
-                let mut runs = Self::disarmed(st);
-                runs.extend(
-                    st.runs
-                        .values()
-                        .filter(|r| st.sending.contains(&r.run))
-                        .cloned(),
-                );
-                for r in &mut runs {
-                    r.state = RunState::Cancelled;
-                    r.finished_at_ms = Some(now);
-                    r.next_at_ms = None;
-                }
+                let p = plan::cancel(&st.task, &st.runs, &st.sending, now).map_err(refused)?;
                 // Keep sending runs in memory (their outcome is still settled); drop the rest.
-                let sending: Vec<Run> = runs
+                let sending: Vec<Run> = p
+                    .runs
                     .iter()
                     .filter(|r| st.sending.contains(&r.run))
                     .cloned()
                     .collect();
-                let view_run = runs.iter().max_by_key(|r| r.run).cloned();
-                this.commit(st, task, runs, None).await?;
+                let view_run = p.runs.iter().max_by_key(|r| r.run).cloned();
+                this.commit(st, p.task, p.runs, None).await?;
                 for r in sending {
                     st.runs.insert(r.run, r);
                 }
@@ -167,17 +148,9 @@ impl Engine {
     pub async fn pause(&self, id: &str) -> Result<TaskView, EngineError> {
         self.command(id, async |this, l| {
             let st = l.st();
-            if !matches!(st.task.state, TaskState::Pending | TaskState::Running) {
-                return Err(EngineError::Conflict(format!(
-                    "task {id:?} is {}; only pending or running tasks can be paused",
-                    st.task.state
-                )));
-            }
             let now = this.inner.clock.now_ms();
-            let mut task = st.task.clone();
-            task.set_state(TaskState::Paused, now)?;
-            let runs = Self::disarmed(st);
-            this.commit(st, task, runs, None).await?;
+            let p = plan::pause(&st.task, &st.runs, &st.sending, now).map_err(refused)?;
+            this.commit(st, p.task, p.runs, None).await?;
             tracing::info!(task = %id, "task paused");
             Ok(this.view_of(st))
         })
@@ -189,27 +162,9 @@ impl Engine {
     pub async fn resume(&self, id: &str) -> Result<TaskView, EngineError> {
         self.command(id, async |this, l| {
             let st = l.st();
-            if st.task.state != TaskState::Paused {
-                return Err(EngineError::Conflict(format!(
-                    "task {id:?} is {}; only paused tasks can be resumed",
-                    st.task.state
-                )));
-            }
             let now = this.inner.clock.now_ms();
-            let mut task = st.task.clone();
-            task.set_state(state_for(&task, !st.runs.is_empty()), now)?;
-            // Fires due while paused were missed: the fire step judges them against this.
-            task.watched_since_ms = now;
-            let runs: Vec<Run> = st
-                .runs
-                .values()
-                .map(|r| {
-                    let mut r = r.clone();
-                    r.next_at_ms = Some(r.next_at_ms.unwrap_or(now).max(now));
-                    r
-                })
-                .collect();
-            this.commit(st, task, runs, None).await?;
+            let p = plan::resume(&st.task, &st.runs, now).map_err(refused)?;
+            this.commit(st, p.task, p.runs, None).await?;
             tracing::info!(task = %id, state = %st.task.state, "task resumed");
             Ok(this.view_of(st))
         })
@@ -220,27 +175,10 @@ impl Engine {
     pub async fn trigger(&self, id: &str) -> Result<TaskView, EngineError> {
         self.command(id, async |this, l| {
             let st = l.st();
-            match st.task.state {
-                TaskState::Pending => {}
-                TaskState::Running if st.task.overlap == crate::model::Overlap::Allow => {}
-                s => {
-                    return Err(EngineError::Conflict(format!(
-                        "task {id:?} is {s}; trigger needs a pending task (or overlap allow)"
-                    )))
-                }
-            }
             let now = this.inner.clock.now_ms();
-            let mut task = st.task.clone();
-            task.fires += 1;
-            let run_no = task.fires;
-            if task.schedule.is_one_shot() {
-                task.last_fire_ms = Some(now);
-            }
-            let run = super::plan::start_run(&mut task, run_no, now, now);
-            task.next_fire_at_ms = crate::schedule::next_fire(&task, now);
-            task.set_state(TaskState::Running, now)?;
-            tracing::info!(task = %id, run = run_no, "run triggered");
-            this.commit(st, task, vec![run], None).await?;
+            let p = plan::trigger(&st.task, now).map_err(refused)?;
+            tracing::info!(task = %id, run = p.task.fires, "run triggered");
+            this.commit(st, p.task, p.runs, None).await?;
             Ok(this.view_of(st))
         })
         .await

@@ -4,8 +4,11 @@
 //! the wheel), and the seeded simulation in `tests/simulation.rs` drives these functions
 //! through the real engine on a manual clock.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use crate::model::{
     delivery_key, Failure, InvalidTransition, Outcome, Overlap, Pacing, Run, RunState, Task,
+    TaskState,
 };
 use crate::schedule::misfire::{judge, Decision, MISSED_LIST_MAX};
 use crate::schedule::plan::may_run_more;
@@ -203,7 +206,7 @@ pub fn settle(
     });
     let finished = run.is_done() || run.state != RunState::Running;
     let armed_next = !finished
-        && task.state == crate::model::TaskState::Running
+        && task.state == TaskState::Running
         && settled
             .next_at_ms
             .is_some_and(|at| at.saturating_sub(arm_lead_ms) <= now);
@@ -220,7 +223,7 @@ pub fn settle(
         let (n, at) = task.queued.remove(0);
         next_run = Some(start_run(&mut task, n, at, now));
     }
-    if task.state == crate::model::TaskState::Running {
+    if task.state == TaskState::Running {
         let active = other_active || !finished || next_run.is_some();
         let to = derive_state(&task, active);
         task.set_state(to, now)?;
@@ -233,4 +236,233 @@ pub fn settle(
         failure,
         armed_next,
     })
+}
+
+/// What a control command (cancel, pause, resume, trigger) writes: the task and the runs
+/// whose records change. Runs in state `Running` stay active; the others leave memory.
+#[derive(Debug, Clone)]
+pub struct ControlPlan {
+    pub task: Task,
+    pub runs: Vec<Run>,
+}
+
+/// Why a control command does not apply: a conflict with the task's state (409), or a bug
+/// (an invalid transition: the task is parked, 500).
+#[derive(Debug, Clone)]
+pub enum Refused {
+    Conflict(String),
+    Bug(InvalidTransition),
+}
+
+impl From<InvalidTransition> for Refused {
+    fn from(e: InvalidTransition) -> Refused {
+        Refused::Bug(e)
+    }
+}
+
+/// Runs armed but not sending give their attempt back: nothing was sent.
+fn disarmed(runs: &BTreeMap<u32, Run>, sending: &BTreeSet<u32>) -> Vec<Run> {
+    runs.values()
+        .filter(|r| !sending.contains(&r.run))
+        .map(|r| {
+            let mut r = r.clone();
+            r.disarm();
+            r
+        })
+        .collect()
+}
+
+/// Cancel: the task and every active run end; a run sending right now keeps its attempt (its
+/// outcome is still settled) but is marked cancelled.
+pub fn cancel(
+    task: &Task,
+    runs: &BTreeMap<u32, Run>,
+    sending: &BTreeSet<u32>,
+    now: u64,
+) -> Result<ControlPlan, Refused> {
+    if task.state.is_terminal() {
+        return Err(Refused::Conflict(format!(
+            "task {:?} is already {}",
+            task.id, task.state
+        )));
+    }
+    let mut task = task.clone();
+    task.set_state(TaskState::Cancelled, now)?;
+    task.next_fire_at_ms = None;
+    task.queued.clear();
+    let mut out = disarmed(runs, sending);
+    out.extend(runs.values().filter(|r| sending.contains(&r.run)).cloned());
+    for r in &mut out {
+        r.state = RunState::Cancelled;
+        r.finished_at_ms = Some(now);
+        r.next_at_ms = None;
+    }
+    Ok(ControlPlan { task, runs: out })
+}
+
+/// Pause: nothing more is sent; armed attempts are given back; cursors stay.
+pub fn pause(
+    task: &Task,
+    runs: &BTreeMap<u32, Run>,
+    sending: &BTreeSet<u32>,
+    now: u64,
+) -> Result<ControlPlan, Refused> {
+    if !matches!(task.state, TaskState::Pending | TaskState::Running) {
+        return Err(Refused::Conflict(format!(
+            "task {:?} is {}; only pending or running tasks can be paused",
+            task.id, task.state
+        )));
+    }
+    let mut task = task.clone();
+    task.set_state(TaskState::Paused, now)?;
+    Ok(ControlPlan {
+        task,
+        runs: disarmed(runs, sending),
+    })
+}
+
+/// Resume: runs go on at their cursor (not before now); fires due while paused count as missed
+/// (judged by the misfire policy at the next fire step).
+pub fn resume(task: &Task, runs: &BTreeMap<u32, Run>, now: u64) -> Result<ControlPlan, Refused> {
+    if task.state != TaskState::Paused {
+        return Err(Refused::Conflict(format!(
+            "task {:?} is {}; only paused tasks can be resumed",
+            task.id, task.state
+        )));
+    }
+    let mut task = task.clone();
+    task.set_state(super::state_for(&task, !runs.is_empty()), now)?;
+    task.watched_since_ms = now;
+    let runs = runs
+        .values()
+        .map(|r| {
+            let mut r = r.clone();
+            r.next_at_ms = Some(r.next_at_ms.unwrap_or(now).max(now));
+            r
+        })
+        .collect();
+    Ok(ControlPlan { task, runs })
+}
+
+/// Trigger ("send now"): a new run starts now; for a one-shot it replaces the scheduled time.
+pub fn trigger(task: &Task, now: u64) -> Result<ControlPlan, Refused> {
+    match task.state {
+        TaskState::Pending => {}
+        TaskState::Running if task.overlap == Overlap::Allow => {}
+        s => {
+            return Err(Refused::Conflict(format!(
+                "task {:?} is {s}; trigger needs a pending task (or overlap allow)",
+                task.id
+            )))
+        }
+    }
+    let mut task = task.clone();
+    task.fires += 1;
+    let run_no = task.fires;
+    if task.schedule.is_one_shot() {
+        task.last_fire_ms = Some(now);
+    }
+    let run = start_run(&mut task, run_no, now, now);
+    task.next_fire_at_ms = next_fire(&task, now);
+    task.set_state(TaskState::Running, now)?;
+    Ok(ControlPlan {
+        task,
+        runs: vec![run],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Context, Limits, TaskRequest};
+
+    const NOW: u64 = 1_796_083_200_000;
+
+    fn task(v: serde_json::Value) -> Task {
+        let req: TaskRequest = serde_json::from_value(v).unwrap();
+        req.into_task(&Context {
+            now_ms: NOW,
+            limits: &Limits::default(),
+            channel_exists: &|_| true,
+        })
+        .unwrap()
+        .0
+    }
+
+    #[test]
+    fn a_fire_due_while_watching_runs_however_late() {
+        let t = task(
+            serde_json::json!({"schedule": {"after": "1m"}, "misfire": "skip",
+            "misfire_grace": "1s", "to": ["a"], "body": "b"}),
+        );
+        let due = NOW + 60_000;
+        // Handled an hour late (a wall-clock jump, a backlog): not missed.
+        let p = fire(&t, 0, due, due + 3_600_000, NOW).unwrap();
+        assert_eq!((p.missed, p.started.len(), p.not_started.len()), (0, 1, 0));
+        assert_eq!(p.started[0].in_flight, Some(0), "armed in the same write");
+        // Due before herald came back (boot after the due time): missed by 2.5 s, grace 1 s.
+        let p = fire(&t, 0, due, due + 2_600, due + 2_500).unwrap();
+        assert_eq!((p.missed, p.started.len()), (1, 0));
+        assert_eq!(p.not_started[0].state, RunState::Expired);
+        assert_eq!(p.task.state, TaskState::Completed);
+    }
+
+    #[test]
+    fn settle_is_o1_and_arms_the_next_attempt_when_due_soon() {
+        let mut t = task(serde_json::json!({"schedule": {"after": "0s"},
+            "to": ["a", "b", "c"], "body": "b", "pacing": {"interval": "50ms"}}));
+        let p = fire(&t, 0, NOW, NOW, NOW).unwrap();
+        t = p.task;
+        let run = p.started[0].clone();
+        let a = Attempt {
+            outcome: Outcome::Sent,
+            max_attempts: 3,
+            retry_delay_ms: 1_000,
+            pacing: t.pacing,
+            to: "a",
+            channel: "log",
+        };
+        let s = settle(&t, &run, false, a, NOW + 1, 100).unwrap();
+        assert!(s.armed_next && !s.finished);
+        assert_eq!((s.run.cursor, s.run.in_flight), (1, Some(1)));
+        assert_eq!(s.task.state, TaskState::Running);
+    }
+
+    #[test]
+    fn control_plans() {
+        let t =
+            task(serde_json::json!({"schedule": {"after": "0s"}, "to": ["a", "b"], "body": "b"}));
+        let p = fire(&t, 0, NOW, NOW, NOW).unwrap();
+        let runs: BTreeMap<u32, Run> = p.started.iter().map(|r| (r.run, r.clone())).collect();
+        let none = BTreeSet::new();
+        // Pause gives the armed attempt back; resume continues at the cursor.
+        let paused = pause(&p.task, &runs, &none, NOW + 1).unwrap();
+        assert_eq!(paused.task.state, TaskState::Paused);
+        assert_eq!(
+            (paused.runs[0].in_flight, paused.runs[0].attempts),
+            (None, 0)
+        );
+        let again: BTreeMap<u32, Run> = paused.runs.iter().map(|r| (r.run, r.clone())).collect();
+        let resumed = resume(&paused.task, &again, NOW + 5).unwrap();
+        assert_eq!(resumed.task.state, TaskState::Running);
+        assert_eq!(resumed.task.watched_since_ms, NOW + 5);
+        assert_eq!(resumed.runs[0].next_at_ms, Some(NOW + 5));
+        // A sending run keeps its attempt when cancelled.
+        let sending: BTreeSet<u32> = runs.keys().copied().collect();
+        let c = cancel(&p.task, &runs, &sending, NOW + 2).unwrap();
+        assert_eq!(c.task.state, TaskState::Cancelled);
+        assert_eq!(c.runs[0].state, RunState::Cancelled);
+        assert_eq!(c.runs[0].in_flight, Some(0));
+        assert!(matches!(
+            cancel(&c.task, &runs, &none, NOW + 3),
+            Err(Refused::Conflict(_))
+        ));
+        assert!(matches!(
+            resume(&p.task, &runs, NOW),
+            Err(Refused::Conflict(_))
+        ));
+        // Trigger on a pending task starts a new run now.
+        let tr = trigger(&t, NOW + 7).unwrap();
+        assert_eq!((tr.runs[0].run, tr.runs[0].scheduled_at_ms), (1, NOW + 7));
+    }
 }
