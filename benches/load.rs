@@ -9,7 +9,8 @@
 //! 3. lateness of 200 probe sends with `HERALD_LOAD_PENDING` (default 1 000 000) tasks pending,
 //!    first alone, then while 2 clients loop `GET /v1/tasks?state=paused&limit=100`.
 //!
-//! Run: `cargo bench --bench load` (about 5–8 minutes on 2 cores). Webhook throughput against
+//! Run: `cargo bench --bench load` (about 8 minutes on 2 cores); `HERALD_LOAD_ONLY=herd` (or
+//! `creates`, `pending`) runs one part. Webhook throughput against
 //! the raw hyper client is `cargo bench --bench delivery`.
 
 mod support;
@@ -98,10 +99,19 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    // HERALD_LOAD_ONLY=creates|herd|pending runs one part.
+    let only = std::env::var("HERALD_LOAD_ONLY").unwrap_or_default();
+    let run = |part: &str| only.is_empty() || only == part;
     rt.block_on(async {
-        creates().await;
-        herd(env_u64("HERALD_LOAD_HERD", 100_000)).await;
-        pending_with_listings(env_u64("HERALD_LOAD_PENDING", 1_000_000)).await;
+        if run("creates") {
+            creates().await;
+        }
+        if run("herd") {
+            herd(env_u64("HERALD_LOAD_HERD", 100_000)).await;
+        }
+        if run("pending") {
+            pending_with_listings(env_u64("HERALD_LOAD_PENDING", 1_000_000)).await;
+        }
     });
 }
 

@@ -40,8 +40,11 @@ pub const ARM_LEAD_MS: u64 = 100;
 
 /// How long before its instant a one-shot's fire is handled (its run started and its first
 /// attempt armed, durably). Many one-shots often share an instant (a notice to a whole list):
-/// handling their fires this early spreads the durable writes of a herd over the lead, so the
-/// sends themselves leave at the due millisecond, in deadline order. Cron and reminder fires
+/// handling their fires this early gives a herd's durable writes time to complete (about
+/// 15 000 fires/s here: 2 s covers a herd of ~30 000), and the sends themselves leave at the
+/// due millisecond, in deadline order. The lead is not longer because a run armed before an
+/// outage that spans its instant is resumed (its message may have left) rather than judged by
+/// `misfire_grace`; a restart before the instant gives the armed attempt back (`cells::load`). Cron and reminder fires
 /// keep [`ARM_LEAD_MS`]: an early fire would judge overlap against a run that is about to end.
 pub const ONE_SHOT_LEAD_MS: u64 = 2_000;
 
@@ -57,14 +60,26 @@ pub(crate) fn fire_lead_ms(task: &Task) -> u64 {
 /// How long to wait before trying a step again after a storage error.
 pub(crate) const STORAGE_RETRY_MS: u64 = 1_000;
 
+/// Fire steps running at once. A herd hands over tens of thousands of fires at one instant;
+/// bounded, they wait on a semaphore (a cheap poll each) instead of each doing its reads and
+/// writes ahead of the sends that are due meanwhile.
+const FIRES_AT_ONCE: usize = 256;
+
 pub(crate) async fn dispatcher(inner: Weak<Inner>, mut due: UnboundedReceiver<RunKey>) {
+    let fires = Arc::new(tokio::sync::Semaphore::new(FIRES_AT_ONCE));
     while let Some(key) = due.recv().await {
         let Some(inner) = inner.upgrade() else {
             return;
         };
         let guard = inner.timer.step_guard();
+        let fires = fires.clone();
         tokio::spawn(async move {
             let _guard = guard;
+            let _permit = if key.run == 0 {
+                fires.acquire_owned().await.ok()
+            } else {
+                None
+            };
             if key.run == FAILURE_RETRY_RUN {
                 if let Err(e) = retry::failure_retry(&inner, &key).await {
                     tracing::error!(failure = %key.task, error = %e,
