@@ -224,6 +224,7 @@ impl Channel {
 
     /// Delivers once; waits for a concurrency permit first.
     pub async fn send(&self, d: &Delivery, now_ms: impl Fn() -> u64) -> Outcome {
+        let asked = now_ms();
         let _permit = match self.concurrency.acquire().await {
             Ok(p) => p,
             Err(_) => {
@@ -232,6 +233,18 @@ impl Channel {
                     not_before_ms: None,
                 }
             }
+        };
+        // `sent_at` is when the request is written, after any wait for a concurrency slot.
+        let now = now_ms();
+        let restamped;
+        let d = if now != asked {
+            restamped = Delivery {
+                sent_at: crate::schedule::format_utc(now),
+                ..d.clone()
+            };
+            &restamped
+        } else {
+            d
         };
         match &self.sink {
             Sink::Log => {
