@@ -371,6 +371,55 @@ pub fn trigger(task: &Task, now: u64) -> Result<ControlPlan, Refused> {
     })
 }
 
+/// What one attempt of a failure-list retry leads to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RetryPlan {
+    /// Delivered: the entry leaves the failure list.
+    Resolved(Failure),
+    /// Failed, retries left: save and try again at `at`.
+    Again { failure: Failure, at: u64 },
+    /// Failed for good (or out of retries): save, alert; it stays in the list.
+    GaveUp(Failure),
+}
+
+/// Settles one attempt of a failure-list retry: the same retry rule as a run's (`Run::settle`:
+/// retryable outcomes are retried while attempts remain, honouring `Retry-After`), counted in
+/// the entry's `retries`. `delay_ms(n)` is the backoff before retry `n + 1`. A `Held` outcome
+/// (local resource shortage) never reaches here: it burns no attempt and is simply tried again.
+pub fn failure_retry(
+    f: &Failure,
+    outcome: Outcome,
+    max_attempts: u32,
+    delay_ms: impl Fn(u32) -> u64,
+    now: u64,
+) -> RetryPlan {
+    let mut f = f.clone();
+    f.attempts += 1;
+    f.retries += 1;
+    match outcome {
+        Outcome::Sent => return RetryPlan::Resolved(f),
+        Outcome::Retry {
+            error,
+            not_before_ms,
+        } => {
+            f.last_error = error;
+            f.failed_at_ms = now;
+            if f.retries < max_attempts {
+                let at = now
+                    .saturating_add(delay_ms(f.retries))
+                    .max(not_before_ms.unwrap_or(0));
+                return RetryPlan::Again { failure: f, at };
+            }
+        }
+        Outcome::Permanent { error } | Outcome::Held { error, .. } => {
+            f.last_error = error;
+            f.failed_at_ms = now;
+        }
+    }
+    f.retrying = false;
+    RetryPlan::GaveUp(f)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -426,6 +475,53 @@ mod tests {
         assert!(s.armed_next && !s.finished);
         assert_eq!((s.run.cursor, s.run.in_flight), (1, Some(1)));
         assert_eq!(s.task.state, TaskState::Running);
+    }
+
+    #[test]
+    fn failure_retries_follow_the_run_rule() {
+        let f = Failure {
+            id: "t:1:0".into(),
+            task_id: "t".into(),
+            run: 1,
+            seq: 0,
+            to: "a".into(),
+            channel: "hook".into(),
+            attempts: 3,
+            last_error: "HTTP 500".into(),
+            failed_at_ms: NOW,
+            retrying: true,
+            retries: 0,
+        };
+        let retry = |e: &str, nb| Outcome::Retry {
+            error: e.into(),
+            not_before_ms: nb,
+        };
+        match failure_retry(&f, retry("HTTP 503", Some(NOW + 9_000)), 2, |_| 1_000, NOW) {
+            RetryPlan::Again { failure, at } => {
+                assert_eq!((failure.attempts, failure.retries, at), (4, 1, NOW + 9_000));
+                match failure_retry(&failure, retry("HTTP 500", None), 2, |_| 1_000, at) {
+                    RetryPlan::GaveUp(g) => assert!(!g.retrying && g.retries == 2),
+                    other => panic!("{other:?}"),
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            failure_retry(&f, Outcome::Sent, 2, |_| 0, NOW),
+            RetryPlan::Resolved(_)
+        ));
+        assert!(matches!(
+            failure_retry(
+                &f,
+                Outcome::Permanent {
+                    error: "HTTP 400".into()
+                },
+                5,
+                |_| 0,
+                NOW
+            ),
+            RetryPlan::GaveUp(_)
+        ));
     }
 
     #[test]

@@ -5,10 +5,12 @@
 //! message and the next attempt number. Rate limits and the breaker apply as for any send.
 //! Success removes the entry from the failure list; exhausting the attempts leaves it there
 //! (with the new attempts and error) and raises an alert. The run's own counters are history
-//! and are not rewritten.
+//! and are not rewritten. What an attempt leads to is decided by `plan::failure_retry` (pure),
+//! with the same retry rule as a run.
 
 use std::sync::Arc;
 
+use super::plan::RetryPlan;
 use super::timer::RunKey;
 use super::{alerts, EngineError, Inner};
 use crate::deliver::{backoff, Admission, Delivery};
@@ -90,47 +92,37 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
     }
     let _guard = inner.failures_lock.lock().await;
     let now = inner.clock.now_ms();
-    let Some(mut f) = inner.store.get_failure(id)? else {
+    let Some(f) = inner.store.get_failure(id)? else {
         return Ok(()); // dismissed while sending
     };
-    f.attempts += 1;
-    f.retries += 1;
-    match outcome {
-        Outcome::Sent => {
+    let seed = inner.config.jitter_seed;
+    let plan = super::plan::failure_retry(
+        &f,
+        outcome,
+        policy.max_attempts,
+        |n| backoff::retry_delay_ms(&policy, n, seed, &f.id),
+        now,
+    );
+    match plan {
+        RetryPlan::Resolved(f) => {
             tracing::info!(failure = %f.id, attempts = f.attempts, "failure retried: sent");
             let mut b = Batch::new();
             b.ops.push(crate::store::Op::DeleteFailure(f.id.clone()));
             inner.store.write(&b).await?;
             inner.events.failure(&f, "resolved"); // events (issue 11)
-            return Ok(());
         }
-        Outcome::Retry {
-            error,
-            not_before_ms,
-        } => {
-            f.last_error = error;
-            f.failed_at_ms = now;
-            if f.retries < policy.max_attempts {
-                let delay =
-                    backoff::retry_delay_ms(&policy, f.retries, inner.config.jitter_seed, &f.id);
-                let at = now.saturating_add(delay).max(not_before_ms.unwrap_or(0));
-                save(inner, &f).await?;
-                inner.timer.at(key.clone(), at);
-                return Ok(());
-            }
-            f.retrying = false;
+        RetryPlan::Again { failure, at } => {
+            save(inner, &failure).await?;
+            inner.timer.at(key.clone(), at);
         }
-        Outcome::Permanent { error } | Outcome::Held { error, .. } => {
-            f.last_error = error;
-            f.failed_at_ms = now;
-            f.retrying = false;
+        RetryPlan::GaveUp(f) => {
+            tracing::warn!(failure = %f.id, attempts = f.attempts, error = %f.last_error,
+                "failure retry gave up; it stays in the failure list");
+            save(inner, &f).await?;
+            alerts::failure(inner, &f, "failure_retry_failed");
+            inner.events.failure(&f, "failed"); // events (issue 11)
         }
     }
-    tracing::warn!(failure = %f.id, attempts = f.attempts, error = %f.last_error,
-        "failure retry gave up; it stays in the failure list");
-    save(inner, &f).await?;
-    alerts::failure(inner, &f, "failure_retry_failed");
-    inner.events.failure(&f, "failed"); // events (issue 11)
     Ok(())
 }
 
