@@ -24,6 +24,7 @@ use crate::store::Batch;
 
 pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
     let now = inner.clock.now_ms();
+    let started = std::time::Instant::now();
     let (mut pending, mut running_ids, mut paused, mut corrupt) =
         (0usize, Vec::new(), 0usize, 0usize);
     {
@@ -61,6 +62,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
             live.insert(id, None);
         }
     }
+    let index_ms = started.elapsed().as_millis() as u64;
     let running = running_ids.len();
     for id in running_ids {
         let mut l = match cells::lock(inner, &id).await {
@@ -116,6 +118,15 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
             }
         }
     }
-    tracing::info!(pending, running, paused, retries, corrupt, "recovery done");
+    tracing::info!(
+        pending,
+        running,
+        paused,
+        retries,
+        corrupt,
+        index_ms,
+        took_ms = started.elapsed().as_millis() as u64,
+        "recovery done"
+    );
     Ok(())
 }
