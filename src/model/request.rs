@@ -319,6 +319,7 @@ impl PatchRequest {
             validate_metadata(&m, limits)?;
             t.metadata = m;
         }
+        let new_schedule = self.schedule.is_some();
         if let Some(s) = self.schedule {
             let new = validate_schedule(&s, cx, t.misfire_grace_ms)?;
             let same_kind = std::mem::discriminant(&new) == std::mem::discriminant(&t.schedule);
@@ -339,7 +340,9 @@ impl PatchRequest {
         }
         t.updated_at_ms = cx.now_ms;
         t.next_fire_at_ms = crate::schedule::next_fire(&t, cx.now_ms);
-        if t.next_fire_at_ms.is_none() && !task.schedule.is_one_shot() {
+        // A new schedule must fire; a change of anything else keeps the schedule as it is, even
+        // one that has no fires left (a cron whose `max_runs` were all started).
+        if new_schedule && t.next_fire_at_ms.is_none() && !task.schedule.is_one_shot() {
             check_fires(&t, cx)?;
         }
         Ok((t, messages))
@@ -824,6 +827,31 @@ mod tests {
         assert_eq!(t.misfire_grace_ms, DEFAULT_MISFIRE_GRACE_MS);
         assert_eq!(t.retry, None);
         assert_eq!(t.id.len(), 20);
+    }
+
+    #[test]
+    fn a_patch_that_keeps_the_schedule_is_fine_when_no_fires_are_left() {
+        // Found by the simulation: a paused cron whose max_runs were all started.
+        let mut t = task(json!({"schedule": {"cron": "*/5 * * * * *", "max_runs": 1},
+            "to": ["a"], "body": "b"}))
+        .unwrap();
+        t.runs = 1;
+        t.next_fire_at_ms = None;
+        let limits = Limits::default();
+        let cx = Context {
+            now_ms: NOW,
+            limits: &limits,
+            channel_exists: &|_| true,
+        };
+        let p: PatchRequest = serde_json::from_value(json!({"metadata": {"k": "v"}})).unwrap();
+        let (patched, messages) = p.apply(&t, &cx).unwrap();
+        assert_eq!(patched.metadata.get("k").map(String::as_str), Some("v"));
+        assert!(messages.is_none());
+        // A new schedule that never fires is still refused.
+        let p: PatchRequest = serde_json::from_value(json!({"schedule":
+            {"cron": "*/5 * * * * *", "end": "2020-01-01T00:00:00Z"}}))
+        .unwrap();
+        assert!(p.apply(&t, &cx).is_err());
     }
 
     #[test]
