@@ -55,6 +55,12 @@ pub fn render(engine: &Engine) -> String {
         vec![(String::new(), stats.waiters.load(Ordering::Relaxed))],
     );
     metric(
+        "herald_store_busy_microseconds_total",
+        "counter",
+        "Time the commit thread spent applying and flushing groups (busy / flushes = mean flush).",
+        vec![(String::new(), stats.busy_us.load(Ordering::Relaxed))],
+    );
+    metric(
         "herald_store_write_failures_total",
         "counter",
         "Write groups the storage refused (apply or flush failed).",

@@ -50,7 +50,12 @@ pub const ONE_SHOT_LEAD_MS: u64 = 2_000;
 
 /// How early the fire step of `task` runs.
 pub(crate) fn fire_lead_ms(task: &Task) -> u64 {
-    if task.schedule.is_one_shot() {
+    lead_ms(task.schedule.is_one_shot())
+}
+
+/// The fire lead of a one-shot (`true`) or a cron/reminders schedule.
+pub(crate) fn lead_ms(one_shot: bool) -> u64 {
+    if one_shot {
         ONE_SHOT_LEAD_MS
     } else {
         ARM_LEAD_MS

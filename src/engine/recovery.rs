@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use super::cells;
-use super::dispatch::{plan_fire, plan_run, ONE_SHOT_LEAD_MS};
+use super::dispatch::{lead_ms, plan_fire, plan_run};
 use super::timer::RunKey;
 use super::{derive_state, EngineError, Inner};
 use crate::model::TaskState;
@@ -43,14 +43,12 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
                 TaskState::Pending => {
                     pending += 1;
                     if let Some(at) = entry.next_fire_at_ms {
-                        // The live entry does not say the schedule's kind: wake at the longest
-                        // lead; a fire step that is early puts itself back at its own lead.
                         inner.timer.at(
                             RunKey {
                                 task: id.clone(),
                                 run: 0,
                             },
-                            at.saturating_sub(ONE_SHOT_LEAD_MS),
+                            at.saturating_sub(lead_ms(entry.one_shot)),
                         );
                     }
                 }

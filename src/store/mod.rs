@@ -520,6 +520,7 @@ impl Store {
         let live = encode(&LiveEntry {
             state: crate::model::TaskState::Pending,
             next_fire_at_ms: None,
+            one_shot: true,
         })?;
         let k = key.as_bytes().to_vec();
         self.backend.apply(&[vec![

@@ -54,6 +54,8 @@ pub struct ProgressRecord {
 pub struct LiveEntry {
     pub state: TaskState,
     pub next_fire_at_ms: Option<u64>,
+    /// An `at`/`after` task: its fire is handled earlier than a cron's (`dispatch::fire_lead_ms`).
+    pub one_shot: bool,
 }
 
 pub fn spec_of(t: &Task) -> SpecRecord {
@@ -94,6 +96,7 @@ pub fn live_of(t: &Task) -> LiveEntry {
     LiveEntry {
         state: t.state,
         next_fire_at_ms: t.next_fire_at_ms,
+        one_shot: t.schedule.is_one_shot(),
     }
 }
 
