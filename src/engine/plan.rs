@@ -331,7 +331,13 @@ pub fn resume(task: &Task, runs: &BTreeMap<u32, Run>, now: u64) -> Result<Contro
         )));
     }
     let mut task = task.clone();
-    task.set_state(super::state_for(&task, !runs.is_empty()), now)?;
+    let to = super::state_for(&task, !runs.is_empty());
+    if to == TaskState::Completed {
+        // Nothing left to do (its last run ended while it was paused, e.g. a cron at its
+        // `max_runs`): it completes, by way of pending, as the transition table says.
+        task.set_state(TaskState::Pending, now)?;
+    }
+    task.set_state(to, now)?;
     task.watched_since_ms = now;
     let runs = runs
         .values()
@@ -557,6 +563,11 @@ mod tests {
             resume(&p.task, &runs, NOW),
             Err(Refused::Conflict(_))
         ));
+        // A paused task with nothing left completes on resume (found by simulation seed 1018).
+        let mut done = paused.task.clone();
+        done.next_fire_at_ms = None;
+        let r = resume(&done, &BTreeMap::new(), NOW + 6).unwrap();
+        assert_eq!(r.task.state, TaskState::Completed);
         // Trigger on a pending task starts a new run now.
         let tr = trigger(&t, NOW + 7).unwrap();
         assert_eq!((tr.runs[0].run, tr.runs[0].scheduled_at_ms), (1, NOW + 7));
