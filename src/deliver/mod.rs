@@ -224,22 +224,25 @@ impl Channel {
 
     /// Delivers once; waits for a concurrency permit first.
     pub async fn send(&self, d: &Delivery, now_ms: impl Fn() -> u64) -> Outcome {
-        let asked = now_ms();
-        let _permit = match self.concurrency.acquire().await {
-            Ok(p) => p,
-            Err(_) => {
-                return Outcome::Retry {
-                    error: "channel closed".into(),
-                    not_before_ms: None,
+        // `sent_at` is when the request is written: if the channel has to wait for a
+        // concurrency slot, the attempt is stamped again once it has one. Without a wait the
+        // stamp made at admission stands (it is what the rate limit spaced).
+        let (_permit, waited) = match self.concurrency.try_acquire() {
+            Ok(p) => (p, false),
+            Err(_) => match self.concurrency.acquire().await {
+                Ok(p) => (p, true),
+                Err(_) => {
+                    return Outcome::Retry {
+                        error: "channel closed".into(),
+                        not_before_ms: None,
+                    }
                 }
-            }
+            },
         };
-        // `sent_at` is when the request is written, after any wait for a concurrency slot.
-        let now = now_ms();
         let restamped;
-        let d = if now != asked {
+        let d = if waited {
             restamped = Delivery {
-                sent_at: crate::schedule::format_utc(now),
+                sent_at: crate::schedule::format_utc(now_ms()),
                 ..d.clone()
             };
             &restamped
