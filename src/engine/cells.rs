@@ -8,13 +8,81 @@
 //!   [`Locked::release`] may unload it (the next user reloads it from the store, which equals
 //!   memory because every change is durable before its lock is released).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use tokio::sync::OwnedMutexGuard;
 
 use super::{EngineError, Inner, LiveState, LiveTask, Slot};
 use crate::model::{RunState, TaskState};
+
+/// The live map: every unfinished task by id, with its cell while it is loaded.
+///
+/// Start-up loads the running tasks and those due soon, reports ready, and loads the rest of
+/// the live index in the background (`recovery.rs`). Meanwhile `loading` is `Some`: a task the
+/// loader has not reached yet is *adopted* by the first command or create that names it
+/// ([`adopt`]), and every id put in the map by anyone but the loader is recorded there, so the
+/// loader (which may have read an older entry) leaves those alone.
+#[derive(Default)]
+pub(crate) struct LiveMap {
+    tasks: HashMap<Arc<str>, Option<Arc<LiveTask>>>,
+    pub loading: Option<HashSet<Arc<str>>>,
+}
+
+impl LiveMap {
+    /// Inserts on behalf of a command or a create (not the loader).
+    pub fn claim(&mut self, id: Arc<str>, cell: Option<Arc<LiveTask>>) {
+        if let Some(set) = &mut self.loading {
+            set.insert(id.clone());
+        }
+        self.tasks.insert(id, cell);
+    }
+
+    /// Inserts on behalf of the start-up loader: only a task nobody has claimed.
+    pub fn load(&mut self, id: &Arc<str>) -> bool {
+        if self.tasks.contains_key(id) || self.loading.as_ref().is_some_and(|s| s.contains(id)) {
+            return false;
+        }
+        self.tasks.insert(id.clone(), None);
+        true
+    }
+}
+
+impl Deref for LiveMap {
+    type Target = HashMap<Arc<str>, Option<Arc<LiveTask>>>;
+    fn deref(&self) -> &Self::Target {
+        &self.tasks
+    }
+}
+
+impl DerefMut for LiveMap {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tasks
+    }
+}
+
+/// While the live index is still loading: takes over a task the loader has not reached yet,
+/// from its live entry on disk (its fire goes on the wheel now, and the loader will skip it).
+/// False if the task is not live, or nothing is loading.
+pub(crate) fn adopt(inner: &Inner, live: &mut LiveMap, id: &str) -> bool {
+    if live.loading.is_none() || live.contains_key(id) {
+        return false;
+    }
+    match inner.store.live_entry(id) {
+        Ok(Some(entry)) if !entry.state.is_terminal() => {
+            let id: Arc<str> = Arc::from(id);
+            super::recovery::arm_entry(inner, &id, &entry);
+            live.claim(id, None);
+            true
+        }
+        Ok(_) => false,
+        Err(e) => {
+            tracing::error!(task = %id, error = %e, "live entry cannot be read");
+            false
+        }
+    }
+}
 
 /// A task's cell, locked and loaded.
 pub(crate) struct Locked {
@@ -79,6 +147,9 @@ impl Locked {
 /// The cell of an unfinished task (made on demand), or `None` if the task is not live.
 pub(crate) fn cell_of(inner: &Inner, id: &str) -> Option<(Arc<str>, Arc<LiveTask>)> {
     let mut live = inner.live.lock();
+    if !live.contains_key(id) && !adopt(inner, &mut live, id) {
+        return None;
+    }
     let key = live.get_key_value(id)?.0.clone();
     let cell = live
         .get_mut(id)?

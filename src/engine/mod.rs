@@ -20,7 +20,7 @@ mod retry;
 pub mod stats;
 pub mod timer;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -72,6 +72,10 @@ pub struct EngineConfig {
     pub jitter_seed: u64,
     /// Channel that alert events are also delivered to.
     pub alerts_channel: Option<String>,
+    /// Tests only: while set, start-up's background load of the live index waits before it
+    /// reads anything (to test commands on tasks it has not reached yet).
+    #[doc(hidden)]
+    pub hold_index_load: Option<Arc<AtomicBool>>,
 }
 
 impl Default for EngineConfig {
@@ -80,6 +84,7 @@ impl Default for EngineConfig {
             limits: Limits::default(),
             jitter_seed: 0x5eed,
             alerts_channel: None,
+            hold_index_load: None,
         }
     }
 }
@@ -152,8 +157,10 @@ pub(crate) struct Inner {
     pub channels: Channels,
     pub config: EngineConfig,
     pub timer: Timer,
-    /// Every unfinished task, by id; the cell only while it is loaded (see [`Slot`]).
-    pub live: Mutex<HashMap<Arc<str>, Option<Arc<LiveTask>>>>,
+    /// Every unfinished task, by id; the cell only while it is loaded (see [`Slot`]). While
+    /// start-up still loads the live index in the background, it lacks the tasks not reached
+    /// yet (see [`cells::LiveMap`]).
+    pub live: Mutex<cells::LiveMap>,
     /// When this process started watching: a fire due before it (and before the task's own
     /// `watched_since_ms`) was missed while herald was down.
     pub boot_ms: u64,
@@ -246,7 +253,7 @@ impl Engine {
             channels,
             config,
             timer,
-            live: Mutex::new(HashMap::new()),
+            live: Mutex::new(cells::LiveMap::default()),
             boot_ms,
             ready: AtomicBool::new(false),
             alerts_raised: AtomicU64::new(0),
@@ -305,6 +312,11 @@ impl Engine {
     /// schedule deterministically, with every event at its exact instant.
     pub async fn idle(&self) -> Option<u64> {
         let timer = &self.inner.timer;
+        // The background load of the live index puts fires on the wheel: wait for it, so the
+        // deadline returned below accounts for every live task.
+        while self.index_loading() {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
         loop {
             // First let every running step finish: the commands they sent to the timer are
             // then queued ahead of the sync below, so its answer accounts for them.
@@ -360,7 +372,8 @@ impl Engine {
         let guard = cell.clone().lock_owned().await;
         let id_taken_live = {
             let mut live = inner.live.lock();
-            if live.contains_key(&*id) {
+            // A task of this id the background load has not reached yet is live too.
+            if live.contains_key(&*id) || cells::adopt(inner, &mut live, &id) {
                 true
             } else if live.len() >= inner.config.limits.live_tasks_max {
                 return Err(EngineError::Limit(format!(
@@ -368,7 +381,7 @@ impl Engine {
                     live.len()
                 )));
             } else {
-                live.insert(id.clone(), Some(cell.clone()));
+                live.claim(id.clone(), Some(cell.clone()));
                 false
             }
         };
@@ -508,6 +521,12 @@ impl Engine {
     }
 
     /// Tasks that are pending, running or paused.
+    /// True while start-up still loads the live index in the background (after ready; see
+    /// `recovery.rs`).
+    pub fn index_loading(&self) -> bool {
+        self.inner.live.lock().loading.is_some()
+    }
+
     pub fn live_tasks(&self) -> usize {
         self.inner.live.lock().len()
     }

@@ -1,6 +1,15 @@
-//! Start-up: put every live task back where it was, reading only the `live` index (one small
-//! record per unfinished task; finished tasks are never read).
+//! Start-up: put every live task back where it was, reading only the live index (one small
+//! record per unfinished task; finished tasks are never read), in two phases.
 //!
+//! 1. Before ready: the running tasks, and the pending ones due within [`READY_HORIZON_MS`],
+//!    in due order (the `due` index, `store/records.rs`). Ready then: the API serves and those
+//!    fires are on the wheel.
+//! 2. In the background: the rest of the index, in due order, in chunks. It stays far ahead
+//!    of the clock (it reads hundreds of thousands of entries a second; the horizon is a
+//!    minute). A command or create that names a task it has not reached yet takes the task
+//!    over from its entry on disk (`cells::adopt`), and the loader leaves it alone.
+//!
+//! What each state needs:
 //! - `pending`: its next fire goes back on the wheel; the task stays unloaded until it fires.
 //!   Fires whose time passed while herald was down are missed (they were due before this
 //!   process started watching) and are judged by the misfire policy when that entry fires.
@@ -13,24 +22,64 @@
 //! A record that cannot be read is reported with its key and skipped (a task whose runs cannot
 //! be read is parked `failed`); a read error of the index itself ends the scan, loudly.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Weak};
 
 use super::cells;
 use super::dispatch::{lead_ms, plan_fire, plan_run};
 use super::timer::RunKey;
 use super::{derive_state, EngineError, Inner};
 use crate::model::TaskState;
+use crate::store::records::{LiveEntry, DUE_PENDING, DUE_RUNNING};
 use crate::store::Batch;
+
+/// Pending tasks due within this much of start-up are on the wheel before herald reports
+/// ready; later ones are loaded in the background.
+pub const READY_HORIZON_MS: u64 = 60_000;
+/// Entries the background load reads, then inserts under one lock of the live map.
+const LOAD_CHUNK: usize = 4096;
+
+/// Puts a live entry's next fire on the wheel (pending tasks only: running ones are loaded,
+/// paused ones wait for a resume).
+pub(crate) fn arm_entry(inner: &Inner, id: &Arc<str>, entry: &LiveEntry) {
+    if entry.state != TaskState::Pending {
+        return;
+    }
+    if let Some(at) = entry.next_fire_at_ms {
+        inner.timer.at(
+            RunKey {
+                task: id.clone(),
+                run: 0,
+            },
+            at.saturating_sub(lead_ms(entry.one_shot)),
+        );
+    }
+}
+
+/// Is this due-index key past what phase 1 reads (pending due after `until`, or paused)?
+fn beyond(key: &[u8], until: u64) -> bool {
+    match key.first() {
+        Some(&DUE_RUNNING) => false,
+        Some(&DUE_PENDING) => key
+            .get(1..9)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .is_none_or(|b| u64::from_be_bytes(b) > until),
+        _ => true,
+    }
+}
 
 pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
     let now = inner.clock.now_ms();
     let started = std::time::Instant::now();
     let (mut pending, mut running_ids, mut paused, mut corrupt) =
         (0usize, Vec::new(), 0usize, 0usize);
+    let until = now.saturating_add(READY_HORIZON_MS);
+    let mut rest_from = None;
     {
         let mut live = inner.live.lock();
-        for item in inner.store.live_entries() {
-            let (id, entry) = match item {
+        live.loading = Some(HashSet::new());
+        for item in inner.store.due_entries(&[]) {
+            let (key, id, entry) = match item {
                 Ok(e) => e,
                 Err(e) => {
                     corrupt += 1;
@@ -38,26 +87,24 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
                     continue;
                 }
             };
+            if beyond(&key, until) {
+                rest_from = Some(key);
+                break;
+            }
             let id: Arc<str> = Arc::from(id);
             match entry.state {
-                TaskState::Pending => {
-                    pending += 1;
-                    if let Some(at) = entry.next_fire_at_ms {
-                        inner.timer.at(
-                            RunKey {
-                                task: id.clone(),
-                                run: 0,
-                            },
-                            at.saturating_sub(lead_ms(entry.one_shot)),
-                        );
-                    }
-                }
+                TaskState::Pending => pending += 1,
                 TaskState::Paused => paused += 1,
                 TaskState::Running => running_ids.push(id.clone()),
                 // A finished task has no live entry; one that says so is stale: skip it.
                 _ => continue,
             }
-            live.insert(id, None);
+            if live.load(&id) {
+                arm_entry(inner, &id, &entry);
+            }
+        }
+        if rest_from.is_none() {
+            live.loading = None;
         }
     }
     let index_ms = started.elapsed().as_millis() as u64;
@@ -124,7 +171,77 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
         corrupt,
         index_ms,
         took_ms = started.elapsed().as_millis() as u64,
-        "recovery done"
+        loading_in_background = rest_from.is_some(),
+        "recovery done: ready"
     );
+    if let Some(from) = rest_from {
+        let weak = Arc::downgrade(inner);
+        std::thread::Builder::new()
+            .name("herald-load".into())
+            .spawn(move || load_rest(weak, from))
+            .map_err(|e| EngineError::Internal(format!("cannot start the index loader: {e}")))?;
+    }
     Ok(())
+}
+
+/// Phase 2: the rest of the live index from due key `from` on, in due order, a chunk at a
+/// time (the live map is locked per chunk, never across a read). Stops early if the engine
+/// is dropped.
+fn load_rest(inner: Weak<Inner>, from: Vec<u8>) {
+    let started = std::time::Instant::now();
+    let (mut loaded, mut corrupt) = (0usize, 0usize);
+    let mut start = from;
+    loop {
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if let Some(hold) = &inner.config.hold_index_load {
+            if hold.load(std::sync::atomic::Ordering::Acquire) {
+                drop(inner);
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                continue;
+            }
+        }
+        let mut chunk: Vec<(Arc<str>, LiveEntry)> = Vec::with_capacity(LOAD_CHUNK);
+        let mut next = None;
+        for item in inner.store.due_entries(&start) {
+            match item {
+                Ok((key, id, entry)) => {
+                    if chunk.len() == LOAD_CHUNK {
+                        next = Some(key);
+                        break;
+                    }
+                    chunk.push((Arc::from(id), entry));
+                }
+                Err(e) => {
+                    corrupt += 1;
+                    tracing::error!(error = %e, "live index: a record could not be read");
+                }
+            }
+        }
+        {
+            let mut live = inner.live.lock();
+            for (id, entry) in &chunk {
+                // Running tasks were all read before ready; finished ones have no entry.
+                if matches!(entry.state, TaskState::Pending | TaskState::Paused) && live.load(id)
+                {
+                    arm_entry(&inner, id, entry);
+                    loaded += 1;
+                }
+            }
+            if next.is_none() {
+                live.loading = None;
+            }
+        }
+        match next {
+            Some(k) => start = k,
+            None => break,
+        }
+    }
+    tracing::info!(
+        loaded,
+        corrupt,
+        took_ms = started.elapsed().as_millis() as u64,
+        "live index loaded"
+    );
 }

@@ -30,10 +30,12 @@ pub enum TreeId {
     Runs,
     Failures,
     Idem,
+    /// Secondary index of `Live` in start-up order (see `records::due_key`).
+    Due,
 }
 
 impl TreeId {
-    pub const ALL: [TreeId; 7] = [
+    pub const ALL: [TreeId; 8] = [
         TreeId::Specs,
         TreeId::Progress,
         TreeId::Live,
@@ -41,6 +43,7 @@ impl TreeId {
         TreeId::Runs,
         TreeId::Failures,
         TreeId::Idem,
+        TreeId::Due,
     ];
 
     pub fn name(self) -> &'static str {
@@ -52,6 +55,7 @@ impl TreeId {
             TreeId::Runs => "runs",
             TreeId::Failures => "failures",
             TreeId::Idem => "idempotency",
+            TreeId::Due => "due",
         }
     }
 
@@ -67,6 +71,22 @@ pub enum RawOp {
     Delete(TreeId, Vec<u8>),
     /// Precondition: the job applies only if this key is absent.
     Absent(TreeId, Vec<u8>),
+    /// Puts (`Some`) or deletes (`None`) `key` in `tree` and keeps a secondary index of that
+    /// tree in step, in the same job: the index entry of the value being replaced is removed
+    /// and one for the new value is put (its value a copy of the primary value).
+    /// `index_key(key, value)` derives an index key. Rewriting a value unchanged writes
+    /// nothing. The writer need not know the old value: the backend reads it.
+    Indexed(Box<IndexedWrite>),
+}
+
+/// See [`RawOp::Indexed`].
+#[derive(Clone, Debug)]
+pub struct IndexedWrite {
+    pub tree: TreeId,
+    pub key: Vec<u8>,
+    pub value: Option<Vec<u8>>,
+    pub index: TreeId,
+    pub index_key: fn(&[u8], &[u8]) -> Vec<u8>,
 }
 
 /// Why a job was not applied: the first precondition that failed.
@@ -200,6 +220,25 @@ impl Backend for SledBackend {
                             tx[t.index()].remove(k.as_slice())?;
                         }
                         RawOp::Absent(..) => {}
+                        RawOp::Indexed(w) => {
+                            let (primary, index) = (&tx[w.tree.index()], &tx[w.index.index()]);
+                            let old = primary.get(w.key.as_slice())?;
+                            if old.as_deref() == w.value.as_deref() {
+                                continue;
+                            }
+                            if let Some(old) = &old {
+                                index.remove((w.index_key)(&w.key, old))?;
+                            }
+                            match &w.value {
+                                Some(v) => {
+                                    primary.insert(w.key.as_slice(), v.as_slice())?;
+                                    index.insert((w.index_key)(&w.key, v), v.as_slice())?;
+                                }
+                                None => {
+                                    primary.remove(w.key.as_slice())?;
+                                }
+                            }
+                        }
                     }
                 }
                 results.push(Ok(()));

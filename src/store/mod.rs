@@ -4,6 +4,8 @@
 //! - `specs`: task id → [`records::SpecRecord`] (written at create and patch)
 //! - `progress`: task id → [`records::ProgressRecord`] (rewritten by the engine)
 //! - `live`: task id → [`records::LiveEntry`], only while the task is unfinished
+//! - `due`: [`records::due_key`] → the same entry: `live` in start-up order, kept in step by
+//!   the backend (`RawOp::Indexed`)
 //! - `messages`: task id ‖ 0x00 ‖ seq (u32 big-endian) → [`Message`]
 //! - `runs`: task id ‖ 0x00 ‖ run number (u32 big-endian) → [`Run`]; ids never contain 0x00,
 //!   so a prefix scan on `id ‖ 0x00` finds exactly one task's runs (or messages), in order
@@ -29,14 +31,15 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Failure, Message, Run, Task};
-use backend::{Backend, RawOp, SledBackend, TreeId};
+use backend::{Backend, IndexedWrite, RawOp, SledBackend, TreeId};
 use codec::{decode, encode};
 use commit::GroupCommit;
 use records::{join, live_of, progress_of, spec_of, LiveEntry, ProgressRecord, SpecRecord};
 
 /// Layout of the data directory written by this build (the trees above). Format 1 had one
-/// `tasks` tree; it is migrated on open (`legacy.rs`).
-pub const DIR_FORMAT: u8 = 2;
+/// `tasks` tree; it is migrated on open (`legacy.rs`). Format 2 had no `due` index; it is
+/// built from `live` on open.
+pub const DIR_FORMAT: u8 = 3;
 
 /// sled's page cache when the config does not say (`[store] cache_mb`); sled's own default
 /// is 1 GiB.
@@ -224,7 +227,11 @@ impl Store {
         let meta = db.open_tree("meta")?;
         match meta.get("format")?.as_deref() {
             Some([DIR_FORMAT]) => {}
-            Some([1]) => legacy::migrate_v1(&db, &backend)?,
+            Some([1]) => {
+                legacy::migrate_v1(&db, &backend)?;
+                build_due_index(&backend)?;
+            }
+            Some([2]) => build_due_index(&backend)?,
             Some(v) => {
                 return Err(StoreError::Version {
                     dir: dir.display().to_string(),
@@ -369,6 +376,31 @@ impl Store {
             let e: LiveEntry = decode("live", &k, &v)?;
             Ok((String::from_utf8_lossy(&k).into_owned(), e))
         })
+    }
+
+    /// Live entries in start-up order (running, then pending by next fire, then the rest; see
+    /// [`records::due_key`]) from the due-index key `start` on. Items: the due key, the task
+    /// id and its entry. A record that does not decode is an error and the scan goes on; a
+    /// read error of the tree ends it.
+    pub fn due_entries(
+        &self,
+        start: &[u8],
+    ) -> impl Iterator<Item = Result<(Vec<u8>, String, LiveEntry), StoreError>> + '_ {
+        bounded(self.backend.scan(TreeId::Due, start, None)).map(|item| {
+            let (k, v) = item?;
+            let id = records::due_key_id(&k).unwrap_or_default();
+            let e: LiveEntry = decode("live", id, &v)?;
+            let id = String::from_utf8_lossy(id).into_owned();
+            Ok((k, id, e))
+        })
+    }
+
+    /// The live entry of one task (`None`: the task is finished or unknown).
+    pub fn live_entry(&self, id: &str) -> Result<Option<LiveEntry>, StoreError> {
+        match self.backend.get(TreeId::Live, id.as_bytes())? {
+            Some(v) => decode("live", id.as_bytes(), &v).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// One page of tasks in id order after `after`, keeping those `keep` accepts. Returns the
@@ -525,7 +557,7 @@ impl Store {
         let k = key.as_bytes().to_vec();
         self.backend.apply(&[vec![
             RawOp::Put(TreeId::Specs, k.clone(), bytes.to_vec()),
-            RawOp::Put(TreeId::Live, k, live),
+            live_write(k, Some(live)),
         ]])?;
         self.backend.sync()
     }
@@ -606,11 +638,52 @@ fn push_task(ops: &mut Vec<RawOp>, t: &Task, with_spec: bool) -> Result<(), Stor
         key.clone(),
         encode(&progress_of(t))?,
     ));
-    if t.state.is_terminal() {
-        ops.push(RawOp::Delete(TreeId::Live, key));
+    let value = if t.state.is_terminal() {
+        None
     } else {
-        ops.push(RawOp::Put(TreeId::Live, key, encode(&live_of(t))?));
+        Some(encode(&live_of(t))?)
+    };
+    ops.push(live_write(key, value));
+    Ok(())
+}
+
+/// Writes (or deletes) a live entry, keeping the due index in step.
+fn live_write(key: Vec<u8>, value: Option<Vec<u8>>) -> RawOp {
+    RawOp::Indexed(Box::new(IndexedWrite {
+        tree: TreeId::Live,
+        key,
+        value,
+        index: TreeId::Due,
+        index_key: records::due_key,
+    }))
+}
+
+/// Rebuilds the due index from the live index (a data dir of format 2, or one migrated from
+/// format 1), in bounded batches.
+fn build_due_index(backend: &SledBackend) -> Result<(), StoreError> {
+    let started = std::time::Instant::now();
+    let db = backend.db()?;
+    let (live, due) = (db.open_tree("live")?, db.open_tree("due")?);
+    due.clear()?;
+    let mut batch = sled::Batch::default();
+    let (mut n, mut pending) = (0usize, 0usize);
+    for item in live.iter() {
+        let (k, v) = item?;
+        batch.insert(records::due_key(&k, &v), v);
+        n += 1;
+        pending += 1;
+        if pending == 10_000 {
+            due.apply_batch(std::mem::take(&mut batch))?;
+            pending = 0;
+        }
     }
+    due.apply_batch(batch)?;
+    backend.sync()?;
+    tracing::info!(
+        entries = n,
+        took_ms = started.elapsed().as_millis() as u64,
+        "built the due index of this data directory (format 2 -> 3)"
+    );
     Ok(())
 }
 
@@ -777,6 +850,86 @@ mod tests {
             ["b"]
         );
         assert!(bad.is_empty());
+    }
+
+    /// The due index of a store, as (task id, state, next fire) in index order.
+    fn due_order(s: &Store) -> Vec<(String, TaskState, Option<u64>)> {
+        s.due_entries(&[])
+            .map(|e| {
+                let (_, id, e) = e.unwrap();
+                (id, e.state, e.next_fire_at_ms)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_due_index_follows_the_live_index_in_start_up_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        for id in ["a", "b", "c", "d"] {
+            insert(&s, id).await;
+        }
+        let at = |id: &str| s.get_task(id).unwrap().unwrap();
+        let (mut a, mut b, mut c, mut d) = (at("a"), at("b"), at("c"), at("d"));
+        a.next_fire_at_ms = Some(300);
+        b.next_fire_at_ms = Some(100);
+        c.state = TaskState::Paused;
+        d.state = TaskState::Running;
+        let mut batch = Batch::new();
+        for t in [&a, &b, &c, &d] {
+            batch.progress(t);
+        }
+        s.write(&batch).await.unwrap();
+        assert_eq!(
+            due_order(&s),
+            [
+                ("d".into(), TaskState::Running, d.next_fire_at_ms),
+                ("b".into(), TaskState::Pending, Some(100)),
+                ("a".into(), TaskState::Pending, Some(300)),
+                ("c".into(), TaskState::Paused, c.next_fire_at_ms),
+            ]
+        );
+        // A move, a finish and two writes of one task in one group: one entry per live task.
+        b.next_fire_at_ms = Some(500);
+        d.state = TaskState::Completed;
+        a.next_fire_at_ms = Some(400);
+        let mut batch = Batch::new();
+        batch.progress(&b);
+        batch.progress(&d);
+        batch.progress(&a);
+        a.next_fire_at_ms = Some(50);
+        batch.progress(&a);
+        s.write(&batch).await.unwrap();
+        assert_eq!(
+            due_order(&s),
+            [
+                ("a".into(), TaskState::Pending, Some(50)),
+                ("b".into(), TaskState::Pending, Some(500)),
+                ("c".into(), TaskState::Paused, c.next_fire_at_ms),
+            ]
+        );
+        assert_eq!(s.live_entries().count(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_format_2_directory_gets_its_due_index_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = Store::open(dir.path()).unwrap();
+            for id in ["x", "y", "z"] {
+                insert(&s, id).await;
+            }
+        }
+        {
+            // What a format 2 build left: no due index.
+            let db = sled::open(dir.path()).unwrap();
+            db.open_tree("due").unwrap().clear().unwrap();
+            db.open_tree("meta").unwrap().insert("format", &[2]).unwrap();
+            db.flush().unwrap();
+        }
+        let s = Store::open(dir.path()).unwrap();
+        let ids: Vec<String> = due_order(&s).into_iter().map(|e| e.0).collect();
+        assert_eq!(ids, ["x", "y", "z"]);
     }
 
     #[tokio::test]

@@ -8,6 +8,10 @@
 //!   state and next fire, so start-up reads one small record per unfinished task and never
 //!   touches finished ones.
 //! - The messages (tree `messages`) are one record each, read one at a time when sent.
+//! - The **due index** (tree `due`) holds the same entries as `live`, keyed in the order
+//!   start-up needs them ([`due_key`]): running tasks first, then pending ones by next fire,
+//!   then the rest. Start-up reads the running ones and those due soon, is ready, and reads the
+//!   rest in the background. The backend keeps it in step with `live` (`RawOp::Indexed`).
 //!
 //! In memory the engine uses the flat [`Task`]; these types only exist to split and join it.
 
@@ -90,6 +94,39 @@ pub fn progress_of(t: &Task) -> ProgressRecord {
         watched_since_ms: t.watched_since_ms,
         failed_reason: t.failed_reason.clone(),
     }
+}
+
+/// Classes of the due index, in the order start-up reads them.
+pub const DUE_RUNNING: u8 = 0;
+pub const DUE_PENDING: u8 = 1;
+/// Paused tasks and anything else that waits for a command, not a clock.
+pub const DUE_OTHER: u8 = 2;
+/// An entry that does not decode: last, so start-up meets (and reports) it after the rest.
+pub const DUE_UNREADABLE: u8 = 3;
+
+/// The due-index key of a live entry: class (1 byte) ‖ next fire (u64 big-endian; `u64::MAX`
+/// for none) ‖ task id. Keys sort running first, then pending by next fire.
+/// `value` is the encoded [`LiveEntry`]; an undecodable one still gets a stable key so that its
+/// index entry can be removed when the entry is rewritten.
+pub fn due_key(id: &[u8], value: &[u8]) -> Vec<u8> {
+    let (class, at) = match super::codec::decode::<LiveEntry>("live", id, value) {
+        Ok(e) => match e.state {
+            TaskState::Running => (DUE_RUNNING, 0),
+            TaskState::Pending => (DUE_PENDING, e.next_fire_at_ms.unwrap_or(u64::MAX)),
+            _ => (DUE_OTHER, 0),
+        },
+        Err(_) => (DUE_UNREADABLE, 0),
+    };
+    let mut k = Vec::with_capacity(9 + id.len());
+    k.push(class);
+    k.extend_from_slice(&at.to_be_bytes());
+    k.extend_from_slice(id);
+    k
+}
+
+/// The task id of a due-index key.
+pub fn due_key_id(key: &[u8]) -> Option<&[u8]> {
+    key.get(9..)
 }
 
 pub fn live_of(t: &Task) -> LiveEntry {

@@ -219,6 +219,8 @@ pub struct ManualHerald {
     pub server: Option<Server>,
     pub dir: tempfile::TempDir,
     config: String,
+    /// Used by every (re)start.
+    pub engine_config: herald::engine::EngineConfig,
 }
 
 impl ManualHerald {
@@ -241,6 +243,7 @@ impl ManualHerald {
             server: None,
             dir,
             config,
+            engine_config: herald::engine::EngineConfig::default(),
         };
         h.boot().await;
         h
@@ -256,11 +259,7 @@ impl ManualHerald {
             },
         )
         .expect("test config is valid");
-        let server = herald::server::start_with(
-            cfg,
-            self.clock.clone(),
-            herald::engine::EngineConfig::default(),
-        )
+        let server = herald::server::start_with(cfg, self.clock.clone(), self.engine_config.clone())
         .await
         .expect("herald starts");
         self.server = Some(server);
