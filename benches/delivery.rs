@@ -525,7 +525,10 @@ async fn paired_template_cost(receiver: &Receiver, requests: &[TaskRequest]) {
         // Same messages on both sides: the throughput ratio is the inverse time ratio.
         ratios.push(t_plain.as_secs_f64() / t_templated.as_secs_f64().max(1e-9));
         for h in [plain, templated] {
-            assert!(h.server.stop(Duration::from_secs(30)).await, "herald stopped");
+            assert!(
+                h.server.stop(Duration::from_secs(30)).await,
+                "herald stopped"
+            );
         }
     }
     ratios.sort_by(f64::total_cmp);

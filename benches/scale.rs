@@ -96,6 +96,21 @@ async fn run(n: u64) {
         took.as_secs_f64(),
         again.rss_mib()
     );
+    // The rest of the live index loads in the background after ready (tasks due within a
+    // minute, and running ones, are loaded before).
+    let loaded = poll_until(Duration::from_secs(600), || async {
+        let (_, m) = get(&http, &format!("{}/metrics", again.url)).await;
+        String::from_utf8_lossy(&m).contains("herald_live_index_loading 0")
+    })
+    .await;
+    println!(
+        "  live index loaded in the background {} after process start, RSS {:.0} MiB",
+        match loaded {
+            Some(at) => format!("{:.2} s", at.duration_since(again.started).as_secs_f64()),
+            None => "not within 600 s".into(),
+        },
+        again.rss_mib()
+    );
     let (status, b) = get(&http, &format!("{}/v1/tasks/t{:08}", again.url, n - 1)).await;
     assert_eq!(
         status, 200,

@@ -62,7 +62,15 @@ async fn main() {
     let engine = Engine::start(store, channels, Arc::new(SystemClock::new()), ec)
         .await
         .expect("engine");
-    println!("recover {:?} {}", t.elapsed(), rss());
+    println!("recover (ready) {:?} {}", t.elapsed(), rss());
+    while engine.index_loading() {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    println!(
+        "live index loaded in the background {:?} after start {}",
+        t.elapsed(),
+        rss()
+    );
     if fill {
         let next = Arc::new(AtomicU64::new(0));
         let t = Instant::now();

@@ -17,9 +17,7 @@ use serde_json::json;
 async fn commands_reach_tasks_the_background_load_has_not_reached() {
     let t0 = utc_ms("2026-12-01T00:00:00Z");
     let mut h = ManualHerald::start(t0, "").await;
-    let one = |id: &str, after: &str| {
-        json!({"id": id, "channel": "out", "schedule": {"after": after}, "to": ["a"], "body": id})
-    };
+    let one = |id: &str, after: &str| json!({"id": id, "channel": "out", "schedule": {"after": after}, "to": ["a"], "body": id});
     h.post(&one("soon", "30s")).await;
     for id in ["far-cancel", "far-pause", "far-trigger", "far-keep"] {
         h.post(&one(id, "2h")).await;
@@ -75,7 +73,10 @@ async fn commands_reach_tasks_the_background_load_has_not_reached() {
         .chain((0..50).map(|i| format!("filler-{i:02}")))
         .collect();
     want.sort();
-    assert_eq!(sent, want, "each task sent once; cancelled and paused ones not at all");
+    assert_eq!(
+        sent, want,
+        "each task sent once; cancelled and paused ones not at all"
+    );
     assert_eq!(h.task("far-cancel").await["state"], "cancelled");
     assert_eq!(h.task("far-pause").await["state"], "paused");
     assert_eq!(h.task("far-keep").await["state"], "completed");

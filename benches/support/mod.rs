@@ -146,6 +146,22 @@ pub async fn wait_healthy(http: &Http, base: &str, deadline: Duration) -> Option
     None
 }
 
+/// Polls `check` every 20 ms until it holds; the instant it first held.
+pub async fn poll_until<F, Fut>(deadline: Duration, mut check: F) -> Option<Instant>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + deadline;
+    while Instant::now() < end {
+        if check().await {
+            return Some(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
 /// Bytes under `dir`.
 pub fn du(dir: &Path) -> u64 {
     let mut total = 0;

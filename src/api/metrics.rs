@@ -23,6 +23,12 @@ pub fn render(engine: &Engine) -> String {
         vec![(String::new(), u64::from(engine.is_ready()))],
     );
     metric(
+        "herald_live_index_loading",
+        "gauge",
+        "1 while start-up still loads the live index in the background (after ready).",
+        vec![(String::new(), u64::from(engine.index_loading()))],
+    );
+    metric(
         "herald_tasks_live",
         "gauge",
         "Tasks that are pending, running or paused.",

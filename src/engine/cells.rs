@@ -242,18 +242,11 @@ fn load(inner: &Inner, id: &str) -> Result<Option<(LiveState, Option<String>)>, 
     let runs: BTreeMap<u32, _> = runs
         .into_iter()
         .filter(|r| r.state == RunState::Running)
-        .map(|mut r| {
-            match (r.in_flight, r.next_at_ms) {
-                // Armed for an instant still to come: it cannot have been sent (sends start at
-                // their instant), so the attempt is given back.
-                (Some(_), Some(at)) if at > now_ms => r.disarm(),
-                (Some(seq), _) => {
-                    r.in_flight = None;
-                    tracing::warn!(task = %id, run = r.run, seq,
-                        "message was in flight when herald stopped or a write failed; sending it again with the same idempotency key");
-                    r.next_at_ms = Some(r.next_at_ms.unwrap_or(now_ms).max(now_ms));
-                }
-                (None, _) => {}
+        .map(|r| {
+            let (r, resent) = super::plan::reload_run(r, now_ms);
+            if resent {
+                tracing::warn!(task = %id, run = r.run, seq = r.cursor,
+                    "message was in flight when herald stopped or a write failed; sending it again with the same idempotency key");
             }
             (r.run, r)
         })

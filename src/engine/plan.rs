@@ -150,6 +150,64 @@ pub fn start_run(task: &mut Task, run_no: u32, t: u64, now: u64) -> Run {
     Run::new(run_no, t, now, task.message_count)
 }
 
+/// A run read back from the store by a process that is not sending it (start-up, or a reload
+/// after a failed write): its in-flight mark is an attempt that was interrupted. Armed for an
+/// instant still to come, it cannot have been sent (sends start at their instant), so the
+/// attempt is given back; otherwise nobody knows whether the channel got it, and it is sent
+/// again now (or at its instant), with the next attempt number and the same key. Second value:
+/// whether it is a resend.
+pub fn reload_run(mut r: Run, now: u64) -> (Run, bool) {
+    match (r.in_flight, r.next_at_ms) {
+        (Some(_), Some(at)) if at > now => {
+            r.disarm();
+            (r, false)
+        }
+        (Some(_), _) => {
+            r.in_flight = None;
+            r.next_at_ms = Some(r.next_at_ms.unwrap_or(now).max(now));
+            (r, true)
+        }
+        (None, _) => (r, false),
+    }
+}
+
+/// What start-up does with a task that was running: the task to write (if it changed) and a
+/// run to start.
+#[derive(Debug, Clone)]
+pub struct RecoverPlan {
+    pub task: Task,
+    /// Write `task` (and `started`): something changed.
+    pub write: bool,
+    /// A fire that was queued behind a run that has since finished: its run starts now.
+    pub started: Option<Run>,
+}
+
+/// Start-up of a task whose live entry says `running`, with its active runs: a queued fire
+/// whose run never started (the crash fell between the end of one run and the start of the
+/// next) starts now, and the state is derived again from what is active.
+pub fn recover_running(
+    task: &Task,
+    active_runs: usize,
+    now: u64,
+) -> Result<RecoverPlan, InvalidTransition> {
+    let mut t = task.clone();
+    let mut started = None;
+    if active_runs == 0 && !t.queued.is_empty() {
+        let (n, at) = t.queued.remove(0);
+        started = Some(start_run(&mut t, n, at, now));
+    }
+    let to = derive_state(&t, active_runs > 0 || started.is_some());
+    let write = to != t.state || started.is_some();
+    if to != t.state {
+        t.set_state(to, now)?;
+    }
+    Ok(RecoverPlan {
+        task: t,
+        write,
+        started,
+    })
+}
+
 /// What settling one attempt does.
 #[derive(Debug, Clone)]
 pub struct SettlePlan {
@@ -442,6 +500,41 @@ mod tests {
         })
         .unwrap()
         .0
+    }
+
+    #[test]
+    fn a_reloaded_run_resends_only_what_may_have_left() {
+        let mut r = Run::new(1, NOW, NOW, 3);
+        r.in_flight = Some(1);
+        r.next_at_ms = Some(NOW + 5_000);
+        let (back, resend) = reload_run(r.clone(), NOW);
+        assert!(!resend, "armed for later: it cannot have been sent");
+        assert_eq!(back.in_flight, None);
+        r.next_at_ms = Some(NOW - 10);
+        let (back, resend) = reload_run(r, NOW);
+        assert!(resend);
+        assert_eq!((back.in_flight, back.next_at_ms), (None, Some(NOW)));
+    }
+
+    #[test]
+    fn a_running_task_with_nothing_active_starts_its_queued_fire_or_settles_its_state() {
+        let mut t =
+            task(serde_json::json!({"schedule": {"cron": "* * * * *"}, "to": ["a"], "body": "b"}));
+        t.state = TaskState::Running;
+        t.queued = vec![(7, NOW)];
+        let p = recover_running(&t, 0, NOW + 1).unwrap();
+        assert!(p.write);
+        assert_eq!(p.started.as_ref().map(|r| r.run), Some(7));
+        assert_eq!(p.task.state, TaskState::Running);
+        assert!(p.task.queued.is_empty());
+        // Nothing queued, nothing active: back to pending (it has a next fire).
+        t.queued.clear();
+        let p = recover_running(&t, 0, NOW + 1).unwrap();
+        assert!(p.write && p.started.is_none());
+        assert_eq!(p.task.state, TaskState::Pending);
+        // A run still active: nothing to change.
+        let p = recover_running(&t, 1, NOW + 1).unwrap();
+        assert!(!p.write);
     }
 
     #[test]

@@ -28,7 +28,7 @@ use std::sync::{Arc, Weak};
 use super::cells;
 use super::dispatch::{lead_ms, plan_fire, plan_run};
 use super::timer::RunKey;
-use super::{derive_state, EngineError, Inner};
+use super::{EngineError, Inner};
 use crate::model::TaskState;
 use crate::store::records::{LiveEntry, DUE_PENDING, DUE_RUNNING};
 use crate::store::Batch;
@@ -120,23 +120,18 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
             }
         };
         let st = l.st();
-        // A queued fire was waiting for a run that finished: start it.
-        let mut fixes = Batch::new();
-        if st.runs.is_empty() && !st.task.queued.is_empty() {
-            let mut task = st.task.clone();
-            let (n, at) = task.queued.remove(0);
-            let r = super::plan::start_run(&mut task, n, at, now);
-            fixes.run(&task.id, &r);
-            st.runs.insert(r.run, r);
-            st.task = task;
-        }
-        let to = derive_state(&st.task, !st.runs.is_empty());
-        if to != st.task.state || !fixes.is_empty() {
-            let mut task = st.task.clone();
-            task.set_state(to, now)?;
-            fixes.progress(&task);
-            inner.store.write(&fixes).await?;
-            st.task = task;
+        let plan = super::plan::recover_running(&st.task, st.runs.len(), now)?;
+        if plan.write {
+            let mut batch = Batch::new();
+            batch.progress(&plan.task);
+            if let Some(r) = &plan.started {
+                batch.run(&plan.task.id, r);
+            }
+            inner.store.write(&batch).await?;
+            if let Some(r) = plan.started {
+                st.runs.insert(r.run, r);
+            }
+            st.task = plan.task;
         }
         if st.task.state == TaskState::Running {
             for r in st.runs.values() {
@@ -223,8 +218,7 @@ fn load_rest(inner: Weak<Inner>, from: Vec<u8>) {
             let mut live = inner.live.lock();
             for (id, entry) in &chunk {
                 // Running tasks were all read before ready; finished ones have no entry.
-                if matches!(entry.state, TaskState::Pending | TaskState::Paused) && live.load(id)
-                {
+                if matches!(entry.state, TaskState::Pending | TaskState::Paused) && live.load(id) {
                     arm_entry(&inner, id, entry);
                     loaded += 1;
                 }

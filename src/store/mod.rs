@@ -924,7 +924,10 @@ mod tests {
             // What a format 2 build left: no due index.
             let db = sled::open(dir.path()).unwrap();
             db.open_tree("due").unwrap().clear().unwrap();
-            db.open_tree("meta").unwrap().insert("format", &[2]).unwrap();
+            db.open_tree("meta")
+                .unwrap()
+                .insert("format", &[2])
+                .unwrap();
             db.flush().unwrap();
         }
         let s = Store::open(dir.path()).unwrap();

@@ -259,9 +259,10 @@ impl ManualHerald {
             },
         )
         .expect("test config is valid");
-        let server = herald::server::start_with(cfg, self.clock.clone(), self.engine_config.clone())
-        .await
-        .expect("herald starts");
+        let server =
+            herald::server::start_with(cfg, self.clock.clone(), self.engine_config.clone())
+                .await
+                .expect("herald starts");
         self.server = Some(server);
     }
 
