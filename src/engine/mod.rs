@@ -32,7 +32,7 @@ use crate::deliver::Channels;
 use crate::model::{
     Context, Failure, FieldError, InvalidTransition, Limits, Run, Task, TaskRequest, TaskState,
 };
-use crate::store::{Inserted, Store, StoreError};
+use crate::store::{Inserted, Store, StoreError, Walk};
 use timer::Timer;
 
 #[derive(Debug, thiserror::Error)]
@@ -492,8 +492,13 @@ impl Engine {
         after: Option<&str>,
         limit: usize,
     ) -> Result<(Vec<TaskView>, Option<String>, usize), EngineError> {
-        let only_live = state.is_some_and(|s| !s.is_terminal());
-        let (tasks, next, bad) = self.inner.store.task_page(after, limit, only_live, |t| {
+        let walk = match state {
+            Some(TaskState::Pending) => Walk::Live,
+            Some(TaskState::Running) => Walk::Running,
+            Some(TaskState::Paused) => Walk::Paused,
+            _ => Walk::All,
+        };
+        let (tasks, next, bad) = self.inner.store.task_page(after, limit, walk, |t| {
             state.is_none_or(|s| t.state == s) && channel.is_none_or(|c| t.channel == c)
         })?;
         let mut skipped = bad.len();
@@ -520,13 +525,13 @@ impl Engine {
         Ok(Some(self.inner.store.runs_of(id)?))
     }
 
-    /// Tasks that are pending, running or paused.
     /// True while start-up still loads the live index in the background (after ready; see
     /// `recovery.rs`).
     pub fn index_loading(&self) -> bool {
         self.inner.live.lock().loading.is_some()
     }
 
+    /// Tasks that are pending, running or paused.
     pub fn live_tasks(&self) -> usize {
         self.inner.live.lock().len()
     }

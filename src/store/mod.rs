@@ -182,6 +182,19 @@ fn after_key(a: &str) -> Vec<u8> {
     k
 }
 
+/// Which records a listing walks (see [`Store::task_page`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Walk {
+    /// Every task (specs).
+    All,
+    /// Unfinished tasks (the live index).
+    Live,
+    /// Running tasks only (their stretch of the due index).
+    Running,
+    /// Paused tasks only (their stretch of the due index).
+    Paused,
+}
+
 /// Options for opening the store.
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
@@ -416,19 +429,23 @@ impl Store {
         &self,
         after: Option<&str>,
         limit: usize,
-        only_live: bool,
+        walk: Walk,
         keep: impl Fn(&Task) -> bool,
     ) -> Result<TaskPage, StoreError> {
-        let start = after.map(after_key).unwrap_or_default();
-        let tree = if only_live {
-            TreeId::Live
-        } else {
-            TreeId::Specs
+        let after = after.map(after_key).unwrap_or_default();
+        // Running and paused tasks are each one id-ordered stretch of the due index.
+        let (tree, prefix) = match walk {
+            Walk::All => (TreeId::Specs, Vec::new()),
+            Walk::Live => (TreeId::Live, Vec::new()),
+            Walk::Running => (TreeId::Due, records::due_class_prefix(records::DUE_RUNNING)),
+            Walk::Paused => (TreeId::Due, records::due_class_prefix(records::DUE_OTHER)),
         };
+        let start = [prefix.as_slice(), after.as_slice()].concat();
         let mut out: Vec<Task> = Vec::new();
         let mut bad = Vec::new();
         let mut last_examined: Option<String> = None;
-        for (scanned, item) in bounded(self.backend.scan(tree, &start, None)).enumerate() {
+        let scan = self.backend.scan(tree, &start, Some(&prefix));
+        for (scanned, item) in bounded(scan).enumerate() {
             let (k, _) = match item {
                 Ok(kv) => kv,
                 Err(e) => {
@@ -437,7 +454,7 @@ impl Store {
                     break;
                 }
             };
-            let id = String::from_utf8_lossy(&k).into_owned();
+            let id = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
             if scanned == SCAN_MAX {
                 // More records follow: the next page starts after the last one examined.
                 return Ok((out, last_examined, bad));
@@ -844,7 +861,7 @@ mod tests {
         let back = s.get_task("a").unwrap().unwrap();
         assert_eq!((back.state, back.name), (TaskState::Cancelled, None));
         // Listing unfinished states walks the index only.
-        let (page, _, bad) = s.task_page(None, 10, true, |_| true).unwrap();
+        let (page, _, bad) = s.task_page(None, 10, Walk::Live, |_| true).unwrap();
         assert_eq!(
             page.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
             ["b"]
@@ -889,6 +906,16 @@ mod tests {
                 ("c".into(), TaskState::Paused, c.next_fire_at_ms),
             ]
         );
+        // Listings by running or paused state walk only those tasks, in id order.
+        let ids = |walk: Walk, after: Option<&str>| -> Vec<String> {
+            let (page, _, bad) = s.task_page(after, 10, walk, |_| true).unwrap();
+            assert!(bad.is_empty());
+            page.into_iter().map(|t| t.id).collect()
+        };
+        assert_eq!(ids(Walk::Running, None), ["d"]);
+        assert_eq!(ids(Walk::Paused, None), ["c"]);
+        assert!(ids(Walk::Paused, Some("c")).is_empty());
+        assert_eq!(ids(Walk::Live, None), ["a", "b", "c", "d"]);
         // A move, a finish and two writes of one task in one group: one entry per live task.
         b.next_fire_at_ms = Some(500);
         d.state = TaskState::Completed;
@@ -1010,10 +1037,10 @@ mod tests {
             "runs of a:b are not runs of a"
         );
         let ids = |p: &[Task]| p.iter().map(|t| t.id.clone()).collect::<Vec<_>>();
-        let (p, next, _) = s.task_page(None, 2, false, |_| true).unwrap();
+        let (p, next, _) = s.task_page(None, 2, Walk::All, |_| true).unwrap();
         assert_eq!(ids(&p), ["a", "a:b"]);
         assert_eq!(next.as_deref(), Some("a:b"));
-        let (p, next, _) = s.task_page(Some("a:b"), 2, false, |_| true).unwrap();
+        let (p, next, _) = s.task_page(Some("a:b"), 2, Walk::All, |_| true).unwrap();
         assert_eq!(ids(&p), ["b", "c"]);
         assert_eq!(next, None);
     }
@@ -1024,7 +1051,7 @@ mod tests {
         let s = Store::open(dir.path()).unwrap();
         insert(&s, "good").await;
         s.raw_insert_task_bytes("bad", &[1, 0xff, 0xff]).unwrap();
-        let (p, _, bad) = s.task_page(None, 10, false, |_| true).unwrap();
+        let (p, _, bad) = s.task_page(None, 10, Walk::All, |_| true).unwrap();
         assert_eq!(p.len(), 1);
         assert_eq!(bad.len(), 1);
         assert!(bad[0].to_string().contains("\"bad\""), "{}", bad[0]);

@@ -124,6 +124,14 @@ pub fn due_key(id: &[u8], value: &[u8]) -> Vec<u8> {
     k
 }
 
+/// The due-index keys of a class whose tasks have no next fire in the key (running, paused):
+/// `class ‖ 0u64`, after which keys are in task-id order.
+pub fn due_class_prefix(class: u8) -> Vec<u8> {
+    let mut k = vec![class];
+    k.extend_from_slice(&0u64.to_be_bytes());
+    k
+}
+
 /// The task id of a due-index key.
 pub fn due_key_id(key: &[u8]) -> Option<&[u8]> {
     key.get(9..)
