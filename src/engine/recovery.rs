@@ -42,18 +42,24 @@ const LOAD_CHUNK: usize = 4096;
 /// Puts a live entry's next fire on the wheel (pending tasks only: running ones are loaded,
 /// paused ones wait for a resume).
 pub(crate) fn arm_entry(inner: &Inner, id: &Arc<str>, entry: &LiveEntry) {
+    if let Some((key, at)) = wheel_entry(id, entry) {
+        inner.timer.at(key, at);
+    }
+}
+
+/// The wheel entry of a live entry, if it has one.
+fn wheel_entry(id: &Arc<str>, entry: &LiveEntry) -> Option<(RunKey, u64)> {
     if entry.state != TaskState::Pending {
-        return;
+        return None;
     }
-    if let Some(at) = entry.next_fire_at_ms {
-        inner.timer.at(
-            RunKey {
-                task: id.clone(),
-                run: 0,
-            },
-            at.saturating_sub(lead_ms(entry.one_shot)),
-        );
-    }
+    let at = entry.next_fire_at_ms?;
+    Some((
+        RunKey {
+            task: id.clone(),
+            run: 0,
+        },
+        at.saturating_sub(lead_ms(entry.one_shot)),
+    ))
 }
 
 /// Is this due-index key past what phase 1 reads (pending due after `until`, or paused)?
@@ -216,13 +222,17 @@ fn load_rest(inner: Weak<Inner>, from: Vec<u8>) {
         }
         {
             let mut live = inner.live.lock();
+            let mut arm = Vec::with_capacity(chunk.len());
             for (id, entry) in &chunk {
                 // Running tasks were all read before ready; finished ones have no entry.
                 if matches!(entry.state, TaskState::Pending | TaskState::Paused) && live.load(id) {
-                    arm_entry(&inner, id, entry);
+                    arm.extend(wheel_entry(id, entry));
                     loaded += 1;
                 }
             }
+            // Sent under the lock: a command that adopts a task after this chunk is applied
+            // moves its wheel entry after this one.
+            inner.timer.at_many(arm);
             if next.is_none() {
                 live.loading = None;
             }
@@ -232,10 +242,21 @@ fn load_rest(inner: Weak<Inner>, from: Vec<u8>) {
             None => break,
         }
     }
+    release_freed_memory();
     tracing::info!(
         loaded,
         corrupt,
         took_ms = started.elapsed().as_millis() as u64,
         "live index loaded"
     );
+}
+
+/// Hands the heap's free pages back to the system after the load, whose transient buffers
+/// (chunks, sled's reads) would otherwise stay in the resident size for the process's life.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only walks glibc's own heap; it takes no pointers from us.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }

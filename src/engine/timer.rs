@@ -41,6 +41,8 @@ impl RunKey {
 
 enum Cmd {
     At(RunKey, u64),
+    /// Many `At`s in one command (start-up's load: one channel message per chunk).
+    AtMany(Vec<(RunKey, u64)>),
     Cancel(RunKey),
     /// Re-read the clock (a manual clock moved).
     Wake,
@@ -102,6 +104,13 @@ impl Timer {
     /// Puts `key` on the wheel at `at_ms` (replacing its previous deadline, if any).
     pub fn at(&self, key: RunKey, at_ms: u64) {
         self.send(Cmd::At(key, at_ms));
+    }
+
+    /// Like [`Timer::at`] for many keys at once.
+    pub fn at_many(&self, keys: Vec<(RunKey, u64)>) {
+        if !keys.is_empty() {
+            self.send(Cmd::AtMany(keys));
+        }
     }
 
     /// Removes `key` from the wheel; a no-op if it is not there.
@@ -169,13 +178,19 @@ fn run(
         };
         let mut syncs = Vec::new();
         for cmd in first.into_iter().chain(rx.try_iter()) {
+            let mut put = |key: RunKey, at: u64| {
+                if let Some(old) = handles.remove(&key) {
+                    wheel.cancel(old);
+                }
+                let h = wheel.insert(at, key.clone());
+                handles.insert(key, h);
+            };
             match cmd {
-                Cmd::At(key, at) => {
-                    if let Some(old) = handles.remove(&key) {
-                        wheel.cancel(old);
+                Cmd::At(key, at) => put(key, at),
+                Cmd::AtMany(keys) => {
+                    for (key, at) in keys {
+                        put(key, at);
                     }
-                    let h = wheel.insert(at, key.clone());
-                    handles.insert(key, h);
                 }
                 Cmd::Cancel(key) => {
                     if let Some(old) = handles.remove(&key) {
