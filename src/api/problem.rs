@@ -20,6 +20,11 @@ pub struct Problem {
     pub allow: Option<&'static str>,
     /// For 503: the `Retry-After` header, in seconds.
     pub retry_after_s: Option<u32>,
+    /// For 401: the `WWW-Authenticate` challenge (RFC 9110 §11.6.1).
+    pub www_authenticate: Option<&'static str>,
+    /// Close the connection after this answer (`Connection: close`): the request was not read
+    /// to its end, so the connection cannot carry another one.
+    pub close: bool,
 }
 
 impl Problem {
@@ -37,7 +42,16 @@ impl Problem {
             field: None,
             allow: None,
             retry_after_s: None,
+            www_authenticate: None,
+            close: false,
         }
+    }
+
+    /// The same problem with another `type` slug and title.
+    pub fn kind(mut self, kind: &'static str, title: &'static str) -> Problem {
+        self.kind = kind;
+        self.title = title;
+        self
     }
 
     pub fn with_field(mut self, field: impl Into<String>) -> Problem {
@@ -121,6 +135,18 @@ impl Problem {
             resp.headers_mut().insert(
                 hyper::header::ALLOW,
                 hyper::header::HeaderValue::from_static(allow),
+            );
+        }
+        if let Some(c) = self.www_authenticate {
+            resp.headers_mut().insert(
+                hyper::header::WWW_AUTHENTICATE,
+                hyper::header::HeaderValue::from_static(c),
+            );
+        }
+        if self.close {
+            resp.headers_mut().insert(
+                hyper::header::CONNECTION,
+                hyper::header::HeaderValue::from_static("close"),
             );
         }
         resp
