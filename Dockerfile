@@ -17,8 +17,8 @@ COPY . .
 RUN cargo build --release --locked --bin herald
 
 FROM debian:trixie-slim
-# ca-certificates: https webhooks also trust the system store's CAs via ca_file if wanted;
-# curl: the HEALTHCHECK.
+# ca-certificates: the system CA store, for channels whose `ca_file` points into it (herald
+# carries Mozilla's roots itself); curl: the HEALTHCHECK.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl \
  && rm -rf /var/lib/apt/lists/* \
