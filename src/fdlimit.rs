@@ -35,7 +35,7 @@ pub fn nofile() -> std::io::Result<u64> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(lim.rlim_cur as u64)
+    Ok(lim.rlim_cur)
 }
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit.
@@ -48,7 +48,7 @@ pub fn raise_nofile() -> std::io::Result<Raised> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let before = lim.rlim_cur as u64;
+    let before = lim.rlim_cur;
     if lim.rlim_cur < lim.rlim_max {
         let new = libc::rlimit {
             rlim_cur: lim.rlim_max,

@@ -32,6 +32,18 @@ impl fmt::Debug for Escaped<'_> {
     }
 }
 
+/// An optional user value for a log field: escaped, `none` when absent (never `Some("…")`).
+pub struct Opt<'a>(pub Option<&'a str>);
+
+impl fmt::Display for Opt<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(s) => Escaped(s).fmt(f),
+            None => f.write_str("none"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Escaped;
@@ -43,17 +55,5 @@ mod tests {
             "a\\nINFO forged\\r\\u{1b}[31mred\\u{7} \\u{85}"
         );
         assert_eq!(Escaped("早上好, café\t!").to_string(), "早上好, café\\t!");
-    }
-}
-
-/// An optional user value for a log field: escaped, `none` when absent (never `Some("…")`).
-pub struct Opt<'a>(pub Option<&'a str>);
-
-impl fmt::Display for Opt<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Some(s) => Escaped(s).fmt(f),
-            None => f.write_str("none"),
-        }
     }
 }

@@ -48,8 +48,14 @@ fn docs_api_md_and_the_openapi_document_name_the_same_operations() {
     let md = documented(&read("docs/API.md"));
     let missing: Vec<_> = spec.difference(&md).collect();
     let extra: Vec<_> = md.difference(&spec).collect();
-    assert!(missing.is_empty(), "in openapi.json, not in docs/API.md: {missing:?}");
-    assert!(extra.is_empty(), "in docs/API.md, not in openapi.json: {extra:?}");
+    assert!(
+        missing.is_empty(),
+        "in openapi.json, not in docs/API.md: {missing:?}"
+    );
+    assert!(
+        extra.is_empty(),
+        "in docs/API.md, not in openapi.json: {extra:?}"
+    );
 }
 
 #[test]
@@ -59,16 +65,28 @@ fn readme_links_point_inside_the_repository() {
     let mut links = 0;
     for part in readme.split("](").skip(1) {
         let target = part.split(')').next().unwrap_or("");
-        if target.starts_with("http://") || target.starts_with("https://") || target.starts_with('#') {
+        if target.starts_with("http://")
+            || target.starts_with("https://")
+            || target.starts_with('#')
+        {
             continue;
         }
         links += 1;
         let file = target.split('#').next().unwrap_or(target);
-        assert!(!file.starts_with("../"), "README links outside the repository: {target}");
-        assert!(root.join(file).exists(), "README links to a missing file: {target}");
+        assert!(
+            !file.starts_with("../"),
+            "README links outside the repository: {target}"
+        );
+        assert!(
+            root.join(file).exists(),
+            "README links to a missing file: {target}"
+        );
     }
     assert!(links > 0, "README has relative links");
-    assert!(readme.contains("](docs/API.md)"), "README links the API reference");
+    assert!(
+        readme.contains("](docs/API.md)"),
+        "README links the API reference"
+    );
 }
 
 /// The first TOML block of README's "## Configuration" section.
@@ -103,7 +121,10 @@ async fn the_readme_example_config_starts_herald() {
         }
     })
     .await;
-    assert!(ok.is_some(), "/healthz did not answer 200 with README's config");
+    assert!(
+        ok.is_some(),
+        "/healthz did not answer 200 with README's config"
+    );
     let channels = http::get(&format!("{}/v1/channels", p.url)).await;
     assert_eq!(channels.status, 200);
     let names: Vec<String> = channels.json()["channels"]

@@ -400,7 +400,7 @@ fn authorize(state: &ApiState, req: &Request<Incoming>) -> Result<(), Problem> {
             "missing or wrong bearer token",
         )
         .with_field("Authorization");
-        p.www_authenticate = Some("Bearer");
+        p.bearer_challenge = true;
         Err(p)
     }
 }

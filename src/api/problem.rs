@@ -20,8 +20,8 @@ pub struct Problem {
     pub allow: Option<&'static str>,
     /// For 503: the `Retry-After` header, in seconds.
     pub retry_after_s: Option<u32>,
-    /// For 401: the `WWW-Authenticate` challenge (RFC 9110 §11.6.1).
-    pub www_authenticate: Option<&'static str>,
+    /// For 401: send the `WWW-Authenticate: Bearer` challenge (RFC 9110 §11.6.1).
+    pub bearer_challenge: bool,
     /// Close the connection after this answer (`Connection: close`): the request was not read
     /// to its end, so the connection cannot carry another one.
     pub close: bool,
@@ -42,7 +42,7 @@ impl Problem {
             field: None,
             allow: None,
             retry_after_s: None,
-            www_authenticate: None,
+            bearer_challenge: false,
             close: false,
         }
     }
@@ -137,10 +137,10 @@ impl Problem {
                 hyper::header::HeaderValue::from_static(allow),
             );
         }
-        if let Some(c) = self.www_authenticate {
+        if self.bearer_challenge {
             resp.headers_mut().insert(
                 hyper::header::WWW_AUTHENTICATE,
-                hyper::header::HeaderValue::from_static(c),
+                hyper::header::HeaderValue::from_static("Bearer"),
             );
         }
         if self.close {
