@@ -174,3 +174,47 @@ async fn user_text_cannot_forge_or_colour_log_lines() {
         .as_str()
         .is_some_and(|m| m.starts_with("draining"))));
 }
+
+/// Writes `request` on a fresh connection and reads the answer until herald closes it.
+async fn raw(h: &TestHerald, request: &[u8]) -> String {
+    let mut s = tokio::net::TcpStream::connect(h.server.addr).await.unwrap();
+    // hyper may answer (and close) before it has read all of a request that is too large.
+    let _ = s.write_all(request).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut answer))
+        .await
+        .expect("herald answers and closes");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+fn problem_of(answer: &str, status: u16) {
+    assert!(
+        answer.starts_with(&format!("HTTP/1.1 {status} ")),
+        "{answer}"
+    );
+    let (head, body) = answer.split_once("\r\n\r\n").expect("head and body");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/problem+json"),
+        "{head}"
+    );
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(v["status"], status);
+}
+
+#[tokio::test]
+async fn what_hyper_rejects_itself_is_a_problem_document_too() {
+    let h = TestHerald::start("").await;
+    problem_of(
+        &raw(&h, b"GET /v1/tasks HTTP/1.1\r\nBad Header\r\n\r\n").await,
+        400,
+    );
+    problem_of(&raw(&h, b"BR@KEN / HTTP/1.1\r\n\r\n").await, 400);
+    let huge = format!(
+        "GET /v1/tasks HTTP/1.1\r\nHost: x\r\nX-Huge: {}\r\n\r\n",
+        "h".repeat(100 * 1024)
+    );
+    problem_of(&raw(&h, huge.as_bytes()).await, 431);
+    // A normal request on a normal connection is untouched.
+    assert_eq!(http::get(&h.url("/healthz")).await.status, 200);
+}

@@ -9,6 +9,7 @@ mod input;
 mod metrics;
 mod preview;
 pub mod problem;
+mod rejections;
 pub mod views;
 
 /// The OpenAPI 3.1 document of this API, served at `/v1/openapi.json`.
@@ -58,8 +59,8 @@ pub const URI_BYTES_MAX: usize = 8 * 1024;
 /// Largest request head (the header lines) answered; larger is 431 problem+json.
 pub const HEAD_BYTES_MAX: usize = 16 * 1024;
 /// hyper's read buffer: heads up to this size reach the handler, which answers the two limits
-/// above with a problem document. Past it, hyper itself answers 431 with an empty body (and a
-/// malformed request 400 with an empty body): hyper 1 has no hook for those answers.
+/// above with a problem document. Past it hyper answers 431 itself (and a malformed request
+/// 400), with an empty body that `rejections::ProblemIo` turns into a problem document.
 const READ_BUF_BYTES: usize = 64 * 1024;
 
 /// Accepts connections until `shutdown` turns true; serves at most `conns.max()` at once.
@@ -108,7 +109,7 @@ pub async fn serve(
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_read_timeout)
                 .max_buf_size(READ_BUF_BYTES)
-                .serve_connection(TokioIo::new(stream), svc);
+                .serve_connection(TokioIo::new(rejections::ProblemIo::new(stream)), svc);
             tokio::select! {
                 r = conn => {
                     if let Err(e) = r {

@@ -109,16 +109,22 @@ impl Problem {
         )
     }
 
-    pub fn into_response(self) -> Response<Full<Bytes>> {
+    /// The RFC 9457 document.
+    pub fn document(&self) -> serde_json::Value {
         let mut doc = json!({
             "type": format!("urn:herald:problem:{}", self.kind),
             "title": self.title,
             "status": self.status.as_u16(),
             "detail": self.detail,
         });
-        if let Some(f) = self.field {
+        if let Some(f) = &self.field {
             doc["field"] = json!(f);
         }
+        doc
+    }
+
+    pub fn into_response(self) -> Response<Full<Bytes>> {
+        let doc = self.document();
         let mut resp = Response::new(Full::new(Bytes::from(doc.to_string())));
         *resp.status_mut() = self.status;
         resp.headers_mut().insert(
