@@ -63,6 +63,9 @@ pub const HEAD_BYTES_MAX: usize = 16 * 1024;
 /// 400), with an empty body that `rejections::ProblemIo` turns into a problem document.
 const READ_BUF_BYTES: usize = 64 * 1024;
 
+/// How long a request in progress may take to finish once the server stops.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
 /// Accepts connections until `shutdown` turns true; serves at most `conns.max()` at once.
 pub async fn serve(
     listener: TcpListener,
@@ -93,6 +96,7 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let state = state.clone();
         let shutdown = shutdown.clone();
+        let mut stop = shutdown.clone();
         tokio::spawn(async move {
             let handle_slot = slot.handle();
             let header_read_timeout = state.header_read_timeout;
@@ -110,8 +114,9 @@ pub async fn serve(
                 .header_read_timeout(header_read_timeout)
                 .max_buf_size(READ_BUF_BYTES)
                 .serve_connection(TokioIo::new(rejections::ProblemIo::new(stream)), svc);
+            tokio::pin!(conn);
             tokio::select! {
-                r = conn => {
+                r = conn.as_mut() => {
                     if let Err(e) = r {
                         tracing::debug!(error = %e, %peer, "connection ended with an error");
                     }
@@ -120,9 +125,26 @@ pub async fn serve(
                 _ = slot.close.notified() => {
                     tracing::debug!(%peer, "idle connection closed to make room for a new one");
                 }
+                // The server stops: an idle keep-alive connection closes now, a request in
+                // progress is answered first. Otherwise a client's idle connection would keep
+                // the engine (and the data directory) open after shutdown.
+                _ = stopped(&mut stop) => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(CLOSE_GRACE, conn).await;
+                }
             }
             drop(slot);
         });
+    }
+}
+
+/// Resolves once the server stops (or its sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    loop {
+        let now = *stop.borrow_and_update();
+        if now || stop.changed().await.is_err() {
+            return;
+        }
     }
 }
 
