@@ -1,6 +1,6 @@
-//! Operator configuration: the TOML file of API.md, the environment (`HERALD_TOKEN`), and CLI
-//! flags, in that order of increasing precedence, over embedded defaults (data in
-//! `./herald-data`, listening on `127.0.0.1:7700`, one channel `log`).
+//! Operator configuration: the TOML file of API.md, the environment (`HERALD_*`, one variable
+//! per key of [`ENV_KEYS`]), and CLI flags, in that order of increasing precedence, over
+//! embedded defaults (data in `./herald-data`, listening on `127.0.0.1:7700`, one channel `log`).
 //!
 //! Errors name the key they are about (`channels.wechat.url: ...`); unknown keys are errors,
 //! so a typo never silently drops a setting.
@@ -19,12 +19,43 @@ use crate::deliver::sign::Signer;
 use crate::model::request::{validate_retry, RetryRequest};
 use crate::model::{parse_duration_ms, Limits, RetryPolicy};
 
+mod env;
+pub use env::{var_name, Kind};
+
+/// Every config key an environment variable can set (`HERALD_` + the key upper-cased, `.` →
+/// `_`: see [`var_name`]). A key added to the file gets its variable by adding a line here;
+/// README's "Environment variables" table lists them. Channels are named by the operator, so
+/// they are not here: their values take `${VAR}` instead.
+pub const ENV_KEYS: &[(&str, Kind)] = &[
+    ("listen", Kind::Str),
+    ("data_dir", Kind::Str),
+    ("token", Kind::Str),
+    ("shutdown_timeout", Kind::Str),
+    ("alerts.channel", Kind::Str),
+    ("limits.body_bytes_max", Kind::Int),
+    ("limits.messages_max", Kind::Int),
+    ("limits.message_body_bytes_max", Kind::Int),
+    ("limits.live_tasks_max", Kind::Int),
+    ("limits.horizon", Kind::Str),
+    ("limits.connections_max", Kind::Int),
+    ("limits.body_read_timeout", Kind::Str),
+    ("limits.header_read_timeout", Kind::Str),
+    ("store.cache_mb", Kind::Int),
+];
+
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
 pub const DEFAULT_DATA_DIR: &str = "herald-data";
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 5_000;
 pub const DEFAULT_CONCURRENCY: u32 = 4;
 pub const BODY_BYTES_MAX: usize = 1 << 20;
+/// How long a drain (SIGTERM) waits for sends in flight to settle before herald exits anyway.
+pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
+/// How long a client may take to send a request body, and a request head.
+pub const DEFAULT_BODY_READ_TIMEOUT_MS: u64 = 30_000;
+pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 30_000;
+/// Shortest API token accepted for a listen address other than loopback.
+pub const TOKEN_CHARS_MIN: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -49,6 +80,7 @@ struct FileConfig {
     listen: Option<String>,
     data_dir: Option<PathBuf>,
     token: Option<String>,
+    shutdown_timeout: Option<String>,
     #[serde(default)]
     channels: BTreeMap<String, ChannelFile>,
     alerts: Option<AlertsFile>,
@@ -73,6 +105,10 @@ struct LimitsFile {
     message_body_bytes_max: Option<usize>,
     live_tasks_max: Option<usize>,
     horizon: Option<String>,
+    /// HTTP connections served at once (default: from the descriptor limit; see `api::conns`).
+    connections_max: Option<usize>,
+    body_read_timeout: Option<String>,
+    header_read_timeout: Option<String>,
 }
 
 #[derive(Deserialize, Debug)]
@@ -155,6 +191,12 @@ pub struct Config {
     /// Channel that alert events are also delivered to.
     pub alerts_channel: Option<String>,
     pub store: crate::store::StoreOptions,
+    /// How long a drain waits for sends in flight (`shutdown_timeout`).
+    pub shutdown_timeout_ms: u64,
+    /// HTTP connections served at once; `None`: derived from the descriptor limit at start.
+    pub connections_max: Option<usize>,
+    pub body_read_timeout_ms: u64,
+    pub header_read_timeout_ms: u64,
 }
 
 /// Overrides from the command line and environment.
@@ -172,19 +214,44 @@ impl Config {
             .expect("the embedded defaults are valid")
     }
 
-    /// Reads the config file (if any) and applies the overrides.
+    /// Reads the config file (if any), then the `HERALD_*` variables of [`ENV_KEYS`] from the
+    /// process environment, and applies the overrides.
     pub fn load(path: Option<&Path>, overrides: Overrides) -> Result<Config, ConfigError> {
-        let file = match path {
-            Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|error| ConfigError::Read {
+        Config::load_with_env(path, overrides, &process_env)
+    }
+
+    /// Like [`Config::load`], with the environment (the `HERALD_*` keys and `${VAR}`) looked up
+    /// by `env` (tests).
+    pub fn load_with_env(
+        path: Option<&Path>,
+        overrides: Overrides,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let (text, name) = match path {
+            Some(p) => (
+                std::fs::read_to_string(p).map_err(|error| ConfigError::Read {
                     path: p.display().to_string(),
                     error,
-                })?;
-                Config::parse_file(&text, &p.display().to_string())?
-            }
-            None => FileConfig::default(),
+                })?,
+                p.display().to_string(),
+            ),
+            None => (String::new(), "<defaults>".to_string()),
         };
-        Config::from_parts(file, overrides, &process_env)
+        // Parsed on its own first, so a mistake in the file is reported with its line.
+        let mut file = Config::parse_file(&text, &name)?;
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: name.clone(),
+            message: e.to_string(),
+        })?;
+        if env::apply(&mut table, ENV_KEYS, env)? > 0 {
+            file = toml::Value::Table(table)
+                .try_into::<FileConfig>()
+                .map_err(|e| ConfigError::Parse {
+                    path: format!("{name} with the HERALD_* environment"),
+                    message: e.to_string(),
+                })?;
+        }
+        Config::from_parts(file, overrides, env)
     }
 
     /// Parses config text (used by `load` and by tests).
@@ -220,6 +287,9 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let mut limits = Limits::default();
         let mut body_bytes_max = BODY_BYTES_MAX;
+        let mut connections_max = None;
+        let mut body_read_timeout_ms = DEFAULT_BODY_READ_TIMEOUT_MS;
+        let mut header_read_timeout_ms = DEFAULT_HEADER_READ_TIMEOUT_MS;
         if let Some(l) = &file.limits {
             let positive = |key: &str, v: Option<usize>, current: usize| match v {
                 Some(0) => Err(invalid(format!("limits.{key}"), "must be more than 0")),
@@ -240,7 +310,26 @@ impl Config {
                     .map_err(|e| invalid("limits.horizon", e))?
                     .max(1);
             }
+            connections_max = match l.connections_max {
+                Some(0) => return Err(invalid("limits.connections_max", "must be more than 0")),
+                v => v,
+            };
+            body_read_timeout_ms = positive_ms(
+                "limits.body_read_timeout",
+                &l.body_read_timeout,
+                body_read_timeout_ms,
+            )?;
+            header_read_timeout_ms = positive_ms(
+                "limits.header_read_timeout",
+                &l.header_read_timeout,
+                header_read_timeout_ms,
+            )?;
         }
+        let shutdown_timeout_ms = positive_ms(
+            "shutdown_timeout",
+            &file.shutdown_timeout,
+            DEFAULT_SHUTDOWN_TIMEOUT_MS,
+        )?;
         let (listen_key, listen_text) = match (&o.listen, &file.listen) {
             (Some(l), _) => ("--listen", l.clone()),
             (None, Some(l)) => ("listen", l.clone()),
@@ -253,12 +342,7 @@ impl Config {
             )
         })?;
         let token = o.token.or(file.token).filter(|t| !t.is_empty());
-        if !listen.ip().is_loopback() && token.is_none() {
-            return Err(invalid(
-                listen_key,
-                format!("refusing to listen on non-loopback {listen} without a token (set HERALD_TOKEN or token)"),
-            ));
-        }
+        check_token(token.as_deref(), listen, listen_key)?;
         let data_dir = o
             .data_dir
             .or(file.data_dir)
@@ -312,8 +396,59 @@ impl Config {
             body_bytes_max,
             alerts_channel,
             store,
+            shutdown_timeout_ms,
+            connections_max,
+            body_read_timeout_ms,
+            header_read_timeout_ms,
         })
     }
+}
+
+/// A duration key that must be more than 0.
+fn positive_ms(key: &str, v: &Option<String>, default: u64) -> Result<u64, ConfigError> {
+    match v {
+        Some(t) => match parse_duration_ms(t).map_err(|e| invalid(key, e))? {
+            0 => Err(invalid(key, "must be more than 0")),
+            ms => Ok(ms),
+        },
+        None => Ok(default),
+    }
+}
+
+/// A public API needs a token worth the name: anyone who can reach the port could otherwise
+/// guess it. HTTP trims header values, so a token with whitespace at either end (or a control
+/// character) could never be sent back: refused on any address.
+fn check_token(
+    token: Option<&str>,
+    listen: SocketAddr,
+    listen_key: &str,
+) -> Result<(), ConfigError> {
+    let public = !listen.ip().is_loopback();
+    let Some(t) = token else {
+        if public {
+            return Err(invalid(
+                listen_key,
+                format!("refusing to listen on non-loopback {listen} without a token (set HERALD_TOKEN or token)"),
+            ));
+        }
+        return Ok(());
+    };
+    if t.trim() != t || t.chars().any(char::is_control) {
+        return Err(invalid(
+            "token",
+            "must not start or end with whitespace or contain control characters",
+        ));
+    }
+    if public && t.chars().count() < TOKEN_CHARS_MIN {
+        return Err(invalid(
+            "token",
+            format!(
+                "{} characters is too short for non-loopback {listen}: use at least {TOKEN_CHARS_MIN} (e.g. `openssl rand -hex 24`)",
+                t.chars().count()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `${VAR}` from the process environment.
@@ -793,10 +928,84 @@ secret = "${DT_SECRET}"
     #[test]
     fn public_listen_needs_a_token() {
         let c = Config::from_toml(
-            "listen = \"0.0.0.0:7700\"\ntoken = \"s3cret\"",
+            "listen = \"0.0.0.0:7700\"\ntoken = \"s3cret-s3cret-s3cret\"",
             Overrides::default(),
         )
         .unwrap();
-        assert_eq!(c.token.as_deref(), Some("s3cret"));
+        assert_eq!(c.token.as_deref(), Some("s3cret-s3cret-s3cret"));
+        // Short or blank tokens are refused for a public address, with the key named.
+        for t in ["s3cret", "x", "                "] {
+            let e = err(&format!("listen = \"0.0.0.0:7700\"\ntoken = \"{t}\""));
+            assert!(e.starts_with("token:"), "{t:?}: {e}");
+        }
+        // On loopback a short token is the operator's choice; a padded one is never valid.
+        assert!(Config::from_toml("token = \"x\"", Overrides::default()).is_ok());
+        assert!(err("token = \" padded \"").starts_with("token:"));
+    }
+
+    #[test]
+    fn every_key_of_the_env_table_is_read_from_its_variable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("herald.toml");
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:1\"\n[limits]\nmessages_max = 5\n",
+        )
+        .unwrap();
+        let env = |n: &str| -> Option<String> {
+            Some(
+                match n {
+                    "HERALD_LISTEN" => "127.0.0.1:2",
+                    "HERALD_DATA_DIR" => "from-env",
+                    "HERALD_TOKEN" => "0123456789abcdef",
+                    "HERALD_SHUTDOWN_TIMEOUT" => "2s",
+                    "HERALD_LIMITS_MESSAGES_MAX" => "7",
+                    "HERALD_LIMITS_CONNECTIONS_MAX" => "300",
+                    "HERALD_LIMITS_BODY_READ_TIMEOUT" => "5s",
+                    "HERALD_STORE_CACHE_MB" => "8",
+                    _ => return None,
+                }
+                .to_string(),
+            )
+        };
+        let c = Config::load_with_env(Some(&path), Overrides::default(), &env).unwrap();
+        assert_eq!(c.listen.port(), 2, "the environment beats the file");
+        assert_eq!(c.data_dir, PathBuf::from("from-env"));
+        assert_eq!(c.token.as_deref(), Some("0123456789abcdef"));
+        assert_eq!(c.shutdown_timeout_ms, 2_000);
+        assert_eq!(c.limits.messages_max, 7);
+        assert_eq!(c.connections_max, Some(300));
+        assert_eq!(c.body_read_timeout_ms, 5_000);
+        assert_eq!(c.store.cache_bytes, 8 << 20);
+        let flags = Overrides {
+            listen: Some("127.0.0.1:3".into()),
+            ..Overrides::default()
+        };
+        let c = Config::load_with_env(Some(&path), flags, &env).unwrap();
+        assert_eq!(c.listen.port(), 3, "flags beat the environment");
+        let bad = |n: &str| (n == "HERALD_LIMITS_MESSAGES_MAX").then(|| "many".to_string());
+        let e = Config::load_with_env(Some(&path), Overrides::default(), &bad).unwrap_err();
+        assert!(
+            e.to_string().starts_with("HERALD_LIMITS_MESSAGES_MAX:"),
+            "{e}"
+        );
+        let bad = |n: &str| (n == "HERALD_SHUTDOWN_TIMEOUT").then(|| "soon".to_string());
+        let e = Config::load_with_env(Some(&path), Overrides::default(), &bad).unwrap_err();
+        assert!(e.to_string().starts_with("shutdown_timeout:"), "{e}");
+        // Every key of the table is one the file knows: its variable parses into the config.
+        for (key, kind) in ENV_KEYS {
+            let value = match (key, kind) {
+                (_, Kind::Int) => "3",
+                (&"listen", _) => "127.0.0.1:4",
+                (&"alerts.channel", _) => "log",
+                (&"token", _) => "0123456789abcdef",
+                (&"data_dir", _) => "d",
+                _ => "3s",
+            };
+            let name = var_name(key);
+            let one = |n: &str| (n == name).then(|| value.to_string());
+            Config::load_with_env(None, Overrides::default(), &one)
+                .unwrap_or_else(|e| panic!("{name}={value}: {e}"));
+        }
     }
 }

@@ -6,6 +6,8 @@ pub mod clock;
 pub mod config;
 pub mod deliver;
 pub mod engine;
+pub mod fdlimit;
+pub mod logsafe;
 pub mod model;
 pub mod schedule;
 pub mod server;

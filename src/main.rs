@@ -1,6 +1,7 @@
 //! The `herald` command line. Argument handling only; everything else is in the library.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{CommandFactory, Parser, Subcommand};
@@ -55,50 +56,116 @@ fn run() -> anyhow::Result<()> {
         }
         Command::Serve { .. } => {}
     }
-    let filter = tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_logs()?;
     match cli.command {
         Command::Serve {
             config,
             listen,
             data,
         } => {
+            // Before anything opens a descriptor: the soft limit up to the hard one.
+            let fds = herald::fdlimit::raise_nofile();
+            // The environment (HERALD_TOKEN, HERALD_LISTEN, ...) is read by `Config::load`.
             let overrides = Overrides {
                 listen,
                 data_dir: data,
-                token: std::env::var("HERALD_TOKEN").ok(),
+                token: None,
             };
             let config = Config::load(config.as_deref(), overrides)?;
+            match fds {
+                Ok(r) if r.before != r.now => {
+                    tracing::info!(
+                        from = r.before,
+                        to = r.now,
+                        "raised the file descriptor limit"
+                    )
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "could not raise the file descriptor limit"),
+            }
+            let drain_timeout = Duration::from_millis(config.shutdown_timeout_ms);
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
                 .context("starting the tokio runtime")?;
             rt.block_on(async {
+                // Installed before start: a signal during recovery is not lost.
+                let mut signals = Signals::new()?;
                 let server = herald::server::start(config).await?;
                 // Tests and scripts read this line to find the port when listening on :0.
                 println!("herald listening on {}", server.url());
-                shutdown_signal().await?;
-                tracing::info!("shutting down");
-                drop(server);
+                let first = signals.next().await;
+                tracing::info!(signal = first, timeout_ms = drain_timeout.as_millis() as u64,
+                    in_flight = server.engine.sends_in_flight(),
+                    "draining: no new sends or writes; waiting for sends in flight (a second signal exits at once)");
+                let drained = tokio::select! {
+                    d = server.drain(drain_timeout) => d,
+                    second = signals.next() => {
+                        tracing::warn!(signal = second, in_flight = server.engine.sends_in_flight(),
+                            "second signal: exiting now; sends in flight go again after the restart");
+                        std::process::exit(EXIT_SECOND_SIGNAL);
+                    }
+                };
+                if drained {
+                    tracing::info!("drained: every send in flight settled");
+                    // Releases the data directory cleanly (the store flushes and closes).
+                    server.stop(Duration::from_secs(5)).await;
+                } else {
+                    tracing::warn!(in_flight = server.engine.sends_in_flight(),
+                        "shutdown_timeout passed with sends still waiting for an answer; they stay in flight on disk and go again after the restart with the next attempt number");
+                    drop(server);
+                }
                 anyhow::Ok(())
-            })
+            })?;
+            // A send still waiting for its receiver must not keep the process alive.
+            rt.shutdown_timeout(Duration::from_secs(1));
+            Ok(())
         }
         Command::Client(_) | Command::Completions { .. } => Ok(()),
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() -> anyhow::Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("installing the SIGTERM handler")?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("waiting for ctrl-c")?,
-        _ = term.recv() => {}
+/// Exit status after a second SIGTERM/SIGINT cut a drain short.
+const EXIT_SECOND_SIGNAL: i32 = 130;
+
+/// `HERALD_LOG` filters (default `info`); `HERALD_LOG_FORMAT=json` writes one JSON object per
+/// line (for log shippers) instead of text.
+fn init_logs() -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match std::env::var("HERALD_LOG_FORMAT").as_deref() {
+        Ok("json") => builder.json().with_current_span(false).init(),
+        Ok("text") | Ok("") | Err(_) => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        Ok(other) => anyhow::bail!("HERALD_LOG_FORMAT: {other:?} is not text or json"),
     }
     Ok(())
+}
+
+/// SIGINT and SIGTERM, installed once so that no signal is lost between two waits.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        })
+    }
+
+    /// The next SIGTERM or SIGINT, by name.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
 }

@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::api::{self, ApiState};
+use crate::api::{self, conns::Conns, ApiState};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{ChannelKind, Config};
 use crate::deliver::breaker::Breaker;
@@ -17,6 +17,7 @@ use crate::deliver::ratelimit::Limiter;
 use crate::deliver::sign::Signer;
 use crate::deliver::{file::FileSink, webhook::WebhookSink, Channel, Channels, Sink};
 use crate::engine::{Engine, EngineConfig, EngineError};
+use crate::fdlimit;
 use crate::store::{Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +28,8 @@ pub enum StartError {
     Channel { name: String, message: String },
     #[error("recovery: {0}")]
     Engine(#[from] EngineError),
+    #[error("{0}")]
+    Descriptors(String),
     #[error("cannot listen on {addr}: {error}")]
     Listen {
         addr: SocketAddr,
@@ -44,6 +47,14 @@ pub struct Server {
 impl Server {
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The graceful half of a shutdown (SIGTERM): `/healthz` answers 503 and writes are
+    /// refused from now on, no send starts, and sends in flight are waited for (up to
+    /// `timeout`) until their outcome is durable. Returns whether they all settled; the API
+    /// keeps answering reads until the server is dropped.
+    pub async fn drain(&self, timeout: std::time::Duration) -> bool {
+        self.engine.drain(timeout).await
     }
 
     /// Stops serving and waits (up to `deadline`) until the engine has stopped and released
@@ -161,6 +172,23 @@ pub async fn start_with(
         addr: config.listen,
         error,
     })?;
+    // Descriptors: HTTP clients get what the limit leaves after the store and every webhook
+    // send that may be in flight at once (and its token fetch).
+    let outgoing: u64 = config
+        .channels
+        .iter()
+        .filter(|c| matches!(c.kind, ChannelKind::Webhook { .. }))
+        .map(|c| u64::from(c.concurrency) + 1)
+        .sum();
+    let reserve = fdlimit::RESERVE_BASE + outgoing;
+    let limit = fdlimit::nofile().unwrap_or(1024);
+    let (connections_max, warning) =
+        fdlimit::connections_max(limit, reserve, config.connections_max)
+            .map_err(StartError::Descriptors)?;
+    if let Some(w) = warning {
+        tracing::warn!("{w}");
+    }
+    let conns = Conns::new(connections_max);
     engine_config.limits = config.limits.clone();
     engine_config.alerts_channel = config.alerts_channel.clone();
     let engine = Engine::new(store, channels, clock, engine_config)?;
@@ -169,11 +197,14 @@ pub async fn start_with(
         engine: engine.clone(),
         token: config.token.clone(),
         body_bytes_max: config.body_bytes_max,
+        body_read_timeout: std::time::Duration::from_millis(config.body_read_timeout_ms),
+        header_read_timeout: std::time::Duration::from_millis(config.header_read_timeout_ms),
     });
     // Serve first: while recovery runs, /healthz and /v1 answer 503 instead of hanging.
-    tokio::spawn(api::serve(listener, state, rx));
+    tokio::spawn(api::serve(listener, state, conns, rx));
     engine.recover().await?;
-    tracing::info!(%addr, data_dir = %config.data_dir.display(), "herald listening");
+    tracing::info!(%addr, data_dir = %config.data_dir.display(), connections_max,
+        fd_limit = limit, fd_reserved = reserve, "herald listening");
     Ok(Server {
         addr,
         engine,

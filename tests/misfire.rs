@@ -87,7 +87,13 @@ async fn a_grace_of_3s_sends_a_fire_missed_by_2_5s_at_restart() {
 #[tokio::test]
 async fn a_herd_is_all_sent_in_deadline_order_and_none_is_missed() {
     let t0 = utc_ms("2026-12-01T00:00:00Z");
-    let h = ManualHerald::start(t0, "[limits]\nlive_tasks_max = 100000\n").await;
+    // 3 050 creates at once, each on its own connection: above the default connection cap
+    // (1024), where herald would close the newcomers at once, as it does to a flood.
+    let h = ManualHerald::start(
+        t0,
+        "[limits]\nlive_tasks_max = 100000\nconnections_max = 4096\n",
+    )
+    .await;
     let due = "2026-12-01T00:10:00Z";
     let later = "2026-12-01T00:10:01Z";
     let mut creates = tokio::task::JoinSet::new();

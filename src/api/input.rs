@@ -133,19 +133,36 @@ pub async fn read_body(state: &ApiState, req: Request<Incoming>) -> Result<Bytes
         .and_then(|v| v.parse::<u64>().ok())
     {
         if len > state.body_bytes_max as u64 {
-            return Err(too_big());
+            let mut p = too_big();
+            p.close = true; // the body is not read
+            return Err(p);
         }
     }
-    match Limited::new(req.into_body(), state.body_bytes_max)
-        .collect()
-        .await
-    {
+    // A client that trickles its body would otherwise hold a connection (and a descriptor)
+    // forever: the whole body must arrive within `limits.body_read_timeout`.
+    let read = Limited::new(req.into_body(), state.body_bytes_max).collect();
+    let Ok(result) = tokio::time::timeout(state.body_read_timeout, read).await else {
+        let mut p = Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body-timeout",
+            "Request body timeout",
+            format!(
+                "the request body did not arrive within {} ms (limits.body_read_timeout)",
+                state.body_read_timeout.as_millis()
+            ),
+        );
+        p.close = true;
+        return Err(p);
+    };
+    match result {
         Ok(c) => Ok(c.to_bytes()),
         Err(e)
             if e.downcast_ref::<http_body_util::LengthLimitError>()
                 .is_some() =>
         {
-            Err(too_big())
+            let mut p = too_big();
+            p.close = true; // the rest of the body was not read
+            Err(p)
         }
         Err(e) => Err(Problem::bad_request(format!(
             "could not read the body: {e}"

@@ -2,12 +2,14 @@
 //! problem documents for every error. It talks to the [`Engine`] only; it never touches the
 //! store's trees or the wheel.
 
+pub mod conns;
 mod dashboard;
 pub mod events;
 mod input;
 mod metrics;
 mod preview;
 pub mod problem;
+mod rejections;
 pub mod views;
 
 /// The OpenAPI 3.1 document of this API, served at `/v1/openapi.json`.
@@ -44,14 +46,31 @@ pub struct ApiState {
     pub engine: Engine,
     pub token: Option<String>,
     pub body_bytes_max: usize,
+    /// The whole request body must arrive within this (408 otherwise).
+    pub body_read_timeout: Duration,
+    /// The request head must arrive within this (hyper closes the connection otherwise).
+    pub header_read_timeout: Duration,
 }
 
 const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
 
-/// Accepts connections until `shutdown` turns true.
+/// Longest request target (path and query) answered; longer is 414 problem+json.
+pub const URI_BYTES_MAX: usize = 8 * 1024;
+/// Largest request head (the header lines) answered; larger is 431 problem+json.
+pub const HEAD_BYTES_MAX: usize = 16 * 1024;
+/// hyper's read buffer: heads up to this size reach the handler, which answers the two limits
+/// above with a problem document. Past it hyper answers 431 itself (and a malformed request
+/// 400), with an empty body that `rejections::ProblemIo` turns into a problem document.
+const READ_BUF_BYTES: usize = 64 * 1024;
+
+/// How long a request in progress may take to finish once the server stops.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// Accepts connections until `shutdown` turns true; serves at most `conns.max()` at once.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<ApiState>,
+    conns: Arc<conns::Conns>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -67,23 +86,65 @@ pub async fn serve(
             },
             _ = shutdown.changed() => return,
         };
+        // Over the cap with every connection busy: closed at once, never queued (a queue
+        // would hold the descriptor all the same).
+        let Some(slot) = conns.admit() else {
+            tracing::debug!(%peer, max = conns.max(), "connection refused: every slot is busy");
+            drop(stream);
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let state = state.clone();
         let shutdown = shutdown.clone();
+        let mut stop = shutdown.clone();
         tokio::spawn(async move {
+            let handle_slot = slot.handle();
+            let header_read_timeout = state.header_read_timeout;
             let svc = service_fn(move |req| {
                 let state = state.clone();
                 let shutdown = shutdown.clone();
-                async move { Ok::<_, Infallible>(handle(&state, req, peer, shutdown).await) }
+                let slot = handle_slot.clone();
+                async move {
+                    let _busy = slot.busy();
+                    Ok::<_, Infallible>(handle(&state, req, peer, shutdown, &slot).await)
+                }
             });
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30))
-                .serve_connection(TokioIo::new(stream), svc);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, %peer, "connection ended with an error");
+                .header_read_timeout(header_read_timeout)
+                .max_buf_size(READ_BUF_BYTES)
+                .serve_connection(TokioIo::new(rejections::ProblemIo::new(stream)), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, %peer, "connection ended with an error");
+                    }
+                }
+                // Evicted to make room (it was the longest idle): dropping it closes it.
+                _ = slot.close.notified() => {
+                    tracing::debug!(%peer, "idle connection closed to make room for a new one");
+                }
+                // The server stops: an idle keep-alive connection closes now, a request in
+                // progress is answered first. Otherwise a client's idle connection would keep
+                // the engine (and the data directory) open after shutdown.
+                _ = stopped(&mut stop) => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(CLOSE_GRACE, conn).await;
+                }
             }
+            drop(slot);
         });
+    }
+}
+
+/// Resolves once the server stops (or its sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    loop {
+        let now = *stop.borrow_and_update();
+        if now || stop.changed().await.is_err() {
+            return;
+        }
     }
 }
 
@@ -92,18 +153,57 @@ async fn handle(
     req: Request<Incoming>,
     _peer: SocketAddr,
     shutdown: watch::Receiver<bool>,
+    slot: &conns::SlotHandle,
 ) -> Response<events::Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     // The event stream is the one answer that is not a single buffer.
-    let resp = if path.trim_end_matches('/') == "/v1/events" {
-        events::handle(state, &req, shutdown)
-    } else {
-        route(state, req).await.map(|r| r.map(BodyExt::boxed))
+    let resp = match check_head(&req) {
+        Err(p) => Err(p),
+        Ok(()) if path.trim_end_matches('/') == "/v1/events" => {
+            let r = events::handle(state, &req, shutdown);
+            if r.as_ref().is_ok_and(|r| r.status().is_success()) {
+                slot.pin();
+            }
+            r
+        }
+        Ok(()) => route(state, req).await.map(|r| r.map(BodyExt::boxed)),
     };
     let resp = resp.unwrap_or_else(|p| p.into_response().map(BodyExt::boxed));
-    tracing::debug!(%method, %path, status = resp.status().as_u16(), "request");
+    tracing::debug!(%method, path = %crate::logsafe::Escaped(&path), status = resp.status().as_u16(), "request");
     resp
+}
+
+/// 414 and 431 as problem documents, for what fits hyper's buffer but is more than herald
+/// reads.
+fn check_head(req: &Request<Incoming>) -> Result<(), Problem> {
+    let target = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
+    if target > URI_BYTES_MAX {
+        let mut p = Problem::new(
+            StatusCode::URI_TOO_LONG,
+            "uri-too-long",
+            "URI too long",
+            format!("the request target is {target} bytes; at most {URI_BYTES_MAX}"),
+        );
+        p.close = true;
+        return Err(p);
+    }
+    let head: usize = req
+        .headers()
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    if head > HEAD_BYTES_MAX {
+        let mut p = Problem::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers-too-large",
+            "Request header fields too large",
+            format!("the request headers are {head} bytes; at most {HEAD_BYTES_MAX}"),
+        );
+        p.close = true;
+        return Err(p);
+    }
+    Ok(())
 }
 
 fn json_response(status: StatusCode, v: &Value) -> Resp {
@@ -131,7 +231,15 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
     if segs.as_slice() == ["healthz"] {
-        return Ok(if let Some(e) = state.engine.storage_failing() {
+        if !matches!(*req.method(), Method::GET | Method::HEAD) {
+            return Err(method_not_allowed("GET, HEAD"));
+        }
+        return Ok(if state.engine.is_draining() {
+            json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"status": "draining", "in_flight": state.engine.sends_in_flight()}),
+            )
+        } else if let Some(e) = state.engine.storage_failing() {
             json_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &json!({"status": "storage_failing", "reason": format!("storage: {e}")}),
@@ -169,6 +277,18 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
     authorize(state, &req)?;
     ready(state)?;
     let m = req.method().clone();
+    if state.engine.is_draining()
+        && !matches!(m, Method::GET | Method::HEAD)
+        && segs[1..] != ["schedules", "preview"]
+    {
+        // Nothing new is accepted once herald drains: a write now could arm a send that
+        // would only start after the restart anyway, and the client should go to the next
+        // instance. Reads keep working until the process exits.
+        return Err(Problem::unavailable(
+            "herald is shutting down (draining its sends); nothing was changed. Try again shortly",
+        )
+        .kind("draining", "Shutting down"));
+    }
     match segs[1..] {
         ["tasks"] => match m {
             Method::POST => create_task(state, req).await,
@@ -282,24 +402,29 @@ fn authorize(state: &ApiState, req: &Request<Incoming>) -> Result<(), Problem> {
     let Some(token) = &state.token else {
         return Ok(());
     };
+    // The scheme is case-insensitive (RFC 9110 §11.1), spaces around the token do not count.
     let given = req
         .headers()
         .get(hyper::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| v.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim());
     // Compare digests so the time taken does not depend on how many leading bytes match.
     let ok =
         given.is_some_and(|g| Sha256::digest(g.as_bytes()) == Sha256::digest(token.as_bytes()));
     if ok {
         Ok(())
     } else {
-        Err(Problem::new(
+        let mut p = Problem::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             "Unauthorized",
             "missing or wrong bearer token",
         )
-        .with_field("Authorization"))
+        .with_field("Authorization");
+        p.bearer_challenge = true;
+        Err(p)
     }
 }
 

@@ -20,6 +20,11 @@ pub struct Problem {
     pub allow: Option<&'static str>,
     /// For 503: the `Retry-After` header, in seconds.
     pub retry_after_s: Option<u32>,
+    /// For 401: send the `WWW-Authenticate: Bearer` challenge (RFC 9110 §11.6.1).
+    pub bearer_challenge: bool,
+    /// Close the connection after this answer (`Connection: close`): the request was not read
+    /// to its end, so the connection cannot carry another one.
+    pub close: bool,
 }
 
 impl Problem {
@@ -37,7 +42,16 @@ impl Problem {
             field: None,
             allow: None,
             retry_after_s: None,
+            bearer_challenge: false,
+            close: false,
         }
+    }
+
+    /// The same problem with another `type` slug and title.
+    pub fn kind(mut self, kind: &'static str, title: &'static str) -> Problem {
+        self.kind = kind;
+        self.title = title;
+        self
     }
 
     pub fn with_field(mut self, field: impl Into<String>) -> Problem {
@@ -95,16 +109,22 @@ impl Problem {
         )
     }
 
-    pub fn into_response(self) -> Response<Full<Bytes>> {
+    /// The RFC 9457 document.
+    pub fn document(&self) -> serde_json::Value {
         let mut doc = json!({
             "type": format!("urn:herald:problem:{}", self.kind),
             "title": self.title,
             "status": self.status.as_u16(),
             "detail": self.detail,
         });
-        if let Some(f) = self.field {
+        if let Some(f) = &self.field {
             doc["field"] = json!(f);
         }
+        doc
+    }
+
+    pub fn into_response(self) -> Response<Full<Bytes>> {
+        let doc = self.document();
         let mut resp = Response::new(Full::new(Bytes::from(doc.to_string())));
         *resp.status_mut() = self.status;
         resp.headers_mut().insert(
@@ -121,6 +141,18 @@ impl Problem {
             resp.headers_mut().insert(
                 hyper::header::ALLOW,
                 hyper::header::HeaderValue::from_static(allow),
+            );
+        }
+        if self.bearer_challenge {
+            resp.headers_mut().insert(
+                hyper::header::WWW_AUTHENTICATE,
+                hyper::header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        if self.close {
+            resp.headers_mut().insert(
+                hyper::header::CONNECTION,
+                hyper::header::HeaderValue::from_static("close"),
             );
         }
         resp

@@ -19,6 +19,7 @@ pub mod template;
 pub mod token;
 pub mod webhook;
 
+use crate::logsafe::{Escaped, Opt};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -252,7 +253,8 @@ impl Channel {
         match &self.sink {
             Sink::Log => {
                 tracing::info!(target: "herald::delivery", channel = %self.name, task = %d.task_id,
-                    run = d.run, seq = d.seq, to = %d.to, attempt = d.attempt, body = %d.body, "delivered to log");
+                    run = d.run, seq = d.seq, to = %Escaped(&d.to), attempt = d.attempt,
+                    body = %Escaped(&d.body), "delivered to log");
                 Outcome::Sent
             }
             Sink::File(f) => f.write(d).await,
@@ -274,7 +276,8 @@ impl Channel {
         match &self.sink {
             Sink::Log => {
                 tracing::warn!(target: "herald::alert", channel = %self.name, event = a.event,
-                    about = %a.channel, task = ?a.task_id, error = ?a.error, "alert");
+                    about = %a.channel, task = %Opt(a.task_id.as_deref()),
+                    error = %Opt(a.error.as_deref()), "alert");
                 Outcome::Sent
             }
             Sink::File(f) => f.write(a).await,

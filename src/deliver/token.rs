@@ -150,7 +150,7 @@ impl TokenCache {
                 let mut st = self.state.lock();
                 st.last_error = Some(e.clone());
                 st.last_error_at_ms = Some(now);
-                tracing::warn!(error = %e, "access token refresh failed");
+                tracing::warn!(error = %crate::logsafe::Escaped(&e.to_string()), "access token refresh failed");
                 if let (Some(t), Some(until)) = (&slot.token, st.valid_until_ms) {
                     if now < until {
                         return Ok((t.value.clone(), slot.generation));

@@ -235,7 +235,7 @@ impl WebhookSink {
                 Verdict::Done(o) => return o,
                 Verdict::RefreshToken { error } => match (&p.token, token) {
                     (Some(cache), Some((_, generation))) if !refreshed => {
-                        tracing::info!(error = %error, "the platform refused the access token; refreshing");
+                        tracing::info!(error = %crate::logsafe::Escaped(&error), "the platform refused the access token; refreshing");
                         cache.refused(generation).await;
                         refreshed = true;
                     }

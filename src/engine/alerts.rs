@@ -6,6 +6,7 @@
 //! open a breaker that would alert again), an alert about the alert channel itself is only
 //! logged, and a failed alert is logged and counted, never alerted.
 
+use crate::logsafe::{Escaped, Opt};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -109,8 +110,9 @@ pub(crate) fn breaker(inner: &Arc<Inner>, channel: &str, t: Transition) {
 
 fn raise(inner: &Arc<Inner>, alert: Alert) {
     inner.alerts_raised.fetch_add(1, Ordering::Relaxed);
-    tracing::warn!(event = alert.event, channel = %alert.channel, task = ?alert.task_id,
-        failure = ?alert.failure_id, error = ?alert.error, "alert");
+    tracing::warn!(event = alert.event, channel = %alert.channel,
+        task = %Opt(alert.task_id.as_deref()), failure = %Opt(alert.failure_id.as_deref()),
+        error = %Opt(alert.error.as_deref()), "alert");
     let Some(target) = inner
         .config
         .alerts_channel
@@ -131,7 +133,7 @@ fn raise(inner: &Arc<Inner>, alert: Alert) {
                 Outcome::Retry { error, .. }
                 | Outcome::Permanent { error }
                 | Outcome::Held { error, .. } => {
-                    tracing::warn!(event = alert.event, attempt, error = %error,
+                    tracing::warn!(event = alert.event, attempt, error = %Escaped(&error),
                         channel = %target.name, "alert delivery failed");
                 }
             }

@@ -30,6 +30,7 @@ use super::plan::{self, Attempt};
 use super::timer::{RunKey, FAILURE_RETRY_RUN};
 use super::{alerts, retry, EngineError, Inner};
 use crate::deliver::{backoff, Admission, Delivery};
+use crate::logsafe::Escaped;
 use crate::model::{delivery_key, Outcome, Run, RunState, Task, TaskState};
 use crate::schedule::{format_utc, minutes_left};
 use crate::store::Batch;
@@ -77,6 +78,11 @@ pub(crate) async fn dispatcher(inner: Weak<Inner>, mut due: UnboundedReceiver<Ru
             return;
         };
         let guard = inner.timer.step_guard();
+        if inner.draining.load(std::sync::atomic::Ordering::Acquire) {
+            // Draining: the key's durable state (pending, or armed) is what the next boot
+            // recovers from; starting it now could only start a send that the exit cuts off.
+            continue;
+        }
         let fires = fires.clone();
         tokio::spawn(async move {
             let _guard = guard;
@@ -109,6 +115,30 @@ pub(crate) async fn dispatcher(inner: Weak<Inner>, mut due: UnboundedReceiver<Ru
                 Err(_) => {}
             }
         });
+    }
+}
+
+fn draining(inner: &Inner) -> bool {
+    inner.draining.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// Counts a send from its start until its outcome is settled (or the step gave up).
+struct SendInFlight<'a>(&'a Inner);
+
+impl<'a> SendInFlight<'a> {
+    fn new(inner: &'a Inner) -> Self {
+        inner
+            .sends_in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        SendInFlight(inner)
+    }
+}
+
+impl Drop for SendInFlight<'_> {
+    fn drop(&mut self) {
+        self.0
+            .sends_in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -217,6 +247,9 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked, key: &RunKey) -> Result
     if !matches!(st.task.state, TaskState::Pending | TaskState::Running) {
         return Ok(()); // paused or finished: a stale wheel entry
     }
+    if draining(inner) {
+        return Ok(()); // the next boot fires it
+    }
     let now = inner.clock.now_ms();
     let Some(due) = st.task.next_fire_at_ms else {
         return Ok(());
@@ -239,7 +272,8 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked, key: &RunKey) -> Result
     batch.progress(&p.task);
     inner.store.write(&batch).await?;
     for r in &p.not_started {
-        tracing::info!(task = %p.task.id, run = r.run, state = ?r.state, reason = ?r.reason, "fire not started");
+        tracing::info!(task = %p.task.id, run = r.run, state = ?r.state,
+            reason = %crate::logsafe::Opt(r.reason.as_deref()), "fire not started");
     }
     for r in p.started {
         tracing::info!(task = %p.task.id, run = r.run, late_ms = now.saturating_sub(r.scheduled_at_ms),
@@ -275,6 +309,7 @@ async fn run_step(inner: &Arc<Inner>, key: &RunKey) -> Result<(), EngineError> {
     // so its outcome is settled here even if the task left the live map.
     let cell = l.cell();
     l.release(inner);
+    let _in_flight = SendInFlight::new(inner);
     let outcome = send(inner, &prepared).await;
     let Some(mut l) = cells::relock(inner, &key.task, cell).await? else {
         return Ok(());
@@ -318,8 +353,8 @@ async fn prepare(
     key: &RunKey,
 ) -> Result<Option<Prepared>, EngineError> {
     let st = l.st();
-    if st.task.state != TaskState::Running || st.sending.contains(&key.run) {
-        return Ok(None); // paused, finished, or this run is sending right now
+    if st.task.state != TaskState::Running || st.sending.contains(&key.run) || draining(inner) {
+        return Ok(None); // paused, finished, this run is sending right now, or draining
     }
     let Some(mut run) = st.runs.get(&key.run).cloned() else {
         return Ok(None);
@@ -346,6 +381,10 @@ async fn prepare(
         inner.timer.at(key.clone(), due);
         return Ok(None);
     }
+    if draining(inner) {
+        // Armed on disk but not sent: the next boot sends it (once).
+        return Ok(None);
+    }
     let Some(seq) = run.in_flight else {
         return Ok(None);
     };
@@ -364,7 +403,7 @@ async fn prepare(
     // nothing is failed and no attempt is burned.
     let probe = match channel.as_ref().map(|c| c.admit(now)) {
         Some(Admission::Hold { until_ms, breaker }) => {
-            tracing::debug!(task = %t.id, run = key.run, seq, until_ms, breaker, "send held");
+            tracing::debug!(task = %t.id, run = key.run, seq, until = %format_utc(until_ms), breaker, "send held");
             inner.timer.at(key.clone(), until_ms);
             return Ok(None);
         }
@@ -532,10 +571,10 @@ fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan) {
         | Outcome::Held { error, .. } => {
             if let Some(f) = &plan.failure {
                 tracing::warn!(task = %d.task_id, run = d.run, seq = d.seq, attempts = f.attempts,
-                    error = %error, failure = %d.idempotency_key, "gave up: message moved to the failure list");
+                    error = %Escaped(error), failure = %d.idempotency_key, "gave up: message moved to the failure list");
             } else {
                 tracing::info!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt,
-                    error = %error, next_at = %crate::schedule::format_opt(plan.run.next_at_ms), "attempt failed; will retry");
+                    error = %Escaped(error), next_at = %crate::schedule::format_opt(plan.run.next_at_ms), "attempt failed; will retry");
             }
         }
     }

@@ -21,7 +21,7 @@ pub mod stats;
 pub mod timer;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -165,6 +165,11 @@ pub(crate) struct Inner {
     /// `watched_since_ms`) was missed while herald was down.
     pub boot_ms: u64,
     pub ready: AtomicBool,
+    /// Set by [`Engine::begin_drain`]: no step starts (and so no send), steps already running
+    /// finish and settle durably.
+    pub draining: AtomicBool,
+    /// Sends that started and have not settled yet.
+    pub sends_in_flight: AtomicUsize,
     pub alerts_raised: AtomicU64,
     /// How late sends start (`scheduled_at` → attempt start).
     pub lateness: stats::Lateness,
@@ -256,6 +261,8 @@ impl Engine {
             live: Mutex::new(cells::LiveMap::default()),
             boot_ms,
             ready: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            sends_in_flight: AtomicUsize::new(0),
             alerts_raised: AtomicU64::new(0),
             lateness: stats::Lateness::default(),
             alerts_failed: AtomicU64::new(0),
@@ -275,6 +282,41 @@ impl Engine {
 
     pub fn is_ready(&self) -> bool {
         self.inner.ready.load(Ordering::Acquire)
+    }
+
+    /// Starts a drain (SIGTERM): from now on no step of the wheel starts, so no send starts;
+    /// what is due stays in its durable state (pending, or armed) and the next boot picks it
+    /// up, sending each message once. Steps already running, sends among them, go on and
+    /// settle durably. See [`Engine::drain`].
+    pub fn begin_drain(&self) {
+        self.inner.draining.store(true, Ordering::Release);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::Acquire)
+    }
+
+    /// Sends that started and have not settled yet.
+    pub fn sends_in_flight(&self) -> usize {
+        self.inner.sends_in_flight.load(Ordering::Acquire)
+    }
+
+    /// Begins a drain and waits, up to `timeout`, until every step that was running has
+    /// finished: each send in flight has its answer and its outcome is durable. Returns whether
+    /// that happened in time; if not, the sends still waiting for an answer stay in flight on
+    /// disk and go again after a restart, with the next attempt number.
+    pub async fn drain(&self, timeout: std::time::Duration) -> bool {
+        self.begin_drain();
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            if self.inner.timer.outstanding.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            if std::time::Instant::now() >= end {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
     }
 
     /// The live event bus (`GET /v1/events`).

@@ -116,7 +116,7 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
             inner.timer.at(key.clone(), at);
         }
         RetryPlan::GaveUp(f) => {
-            tracing::warn!(failure = %f.id, attempts = f.attempts, error = %f.last_error,
+            tracing::warn!(failure = %f.id, attempts = f.attempts, error = %crate::logsafe::Escaped(&f.last_error),
                 "failure retry gave up; it stays in the failure list");
             save(inner, &f).await?;
             alerts::failure(inner, &f, "failure_retry_failed");

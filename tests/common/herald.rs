@@ -161,16 +161,26 @@ impl Proc {
     /// Runs `herald serve --config <config> --data <data> --listen 127.0.0.1:0` and waits (with
     /// a deadline) for the line that says where it listens.
     pub fn spawn(config: &Path, data: &Path) -> Proc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_herald"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        Proc::start(Proc::command(config, data))
+    }
+
+    /// The command [`Proc::spawn`] runs, to adjust (environment, working directory, limits)
+    /// before [`Proc::start`].
+    pub fn command(config: &Path, data: &Path) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(config)
             .arg("--data")
             .arg(data)
             .env("HERALD_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn herald");
+            .stderr(Stdio::inherit());
+        cmd
+    }
+
+    /// Starts `cmd` (from [`Proc::command`]) and waits for its address.
+    pub fn start(mut cmd: Command) -> Proc {
+        let mut child = cmd.spawn().expect("spawn herald");
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -180,10 +190,39 @@ impl Proc {
                 }
             }
         });
-        let url = rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("herald printed its address within 30 s");
+        let url = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(url) => url,
+            Err(_) => {
+                let status = child.try_wait().ok().flatten();
+                panic!("herald did not print its address within 30 s (exit status: {status:?})");
+            }
+        };
         Proc { child, url }
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGTERM`) to the process.
+    pub fn signal(&self, signal: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
+        // SAFETY: kill(2) on our own child's pid; it has not been reaped (we hold the Child).
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "kill({pid}, {signal})");
+    }
+
+    /// Waits (polling, up to `deadline`) for the process to exit; its exit code, `None` if a
+    /// signal ended it. Panics if it is still running at the deadline.
+    pub async fn wait_exit(&mut self, deadline: Duration) -> Option<i32> {
+        let end = Instant::now() + deadline;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            assert!(
+                Instant::now() < end,
+                "herald still running {deadline:?} after it was told to stop"
+            );
+            // Async: the test's receiver runs on this runtime and must keep answering.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// SIGKILL: no shutdown code runs.

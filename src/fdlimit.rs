@@ -1,0 +1,118 @@
+//! File descriptors: raise the soft `RLIMIT_NOFILE` to the hard limit at start, and split what
+//! there is between HTTP clients and herald's own work.
+//!
+//! A service manager's default soft limit (often 1024) is far below the hard limit (often
+//! 524288); nothing is gained by staying under it. Whatever the limit, HTTP connections get at
+//! most `limit - reserve`: the reserve covers the store (sled's files), stdio, the runtime's
+//! own descriptors, file channels, and one connection per concurrent webhook send (plus its
+//! token fetch), so that a flood of clients can never make a delivery fail for want of a
+//! descriptor.
+
+/// Descriptors kept for everything that is not an HTTP client or a webhook send: sled's files
+/// (a handful), stdio, epoll, event fds, the listener, file channels, `/proc` reads, slack.
+pub const RESERVE_BASE: u64 = 64;
+
+/// Default cap on HTTP connections when the descriptors would allow more.
+pub const CONNECTIONS_DEFAULT_MAX: usize = 1024;
+
+/// Fewer descriptors than this for HTTP clients and herald refuses to start.
+const CONNECTIONS_MIN: u64 = 8;
+
+/// The soft limit before and after [`raise_nofile`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Raised {
+    pub before: u64,
+    pub now: u64,
+}
+
+/// The current soft `RLIMIT_NOFILE`.
+pub fn nofile() -> std::io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass; nothing else is touched.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(lim.rlim_cur)
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit.
+pub fn raise_nofile() -> std::io::Result<Raised> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: as in `nofile`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let before = lim.rlim_cur;
+    if lim.rlim_cur < lim.rlim_max {
+        let new = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads the struct we pass; raising the soft limit up to the hard
+        // one needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(Raised {
+        before,
+        now: nofile()?,
+    })
+}
+
+/// The cap on HTTP connections: the configured value, or [`CONNECTIONS_DEFAULT_MAX`], never
+/// more than what the descriptor `limit` leaves after `reserve`. An error when the limit
+/// leaves next to nothing (herald could not serve and deliver both).
+pub fn connections_max(
+    limit: u64,
+    reserve: u64,
+    configured: Option<usize>,
+) -> Result<(usize, Option<String>), String> {
+    let room = limit.saturating_sub(reserve);
+    if room < CONNECTIONS_MIN {
+        return Err(format!(
+            "the file descriptor limit ({limit}) leaves {room} for HTTP connections after {reserve} reserved for the store and webhook sends; raise it (ulimit -n, LimitNOFILE=) to at least {}",
+            reserve + CONNECTIONS_MIN * 8
+        ));
+    }
+    let room = usize::try_from(room).unwrap_or(usize::MAX);
+    Ok(match configured {
+        Some(n) if n > room => (
+            room,
+            Some(format!(
+                "limits.connections_max = {n} is more than the descriptor limit {limit} leaves after {reserve} reserved; using {room}"
+            )),
+        ),
+        Some(n) => (n, None),
+        None => (room.min(CONNECTIONS_DEFAULT_MAX), None),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_stays_below_the_limit_minus_the_reserve() {
+        assert_eq!(connections_max(1024, 100, None).unwrap(), (924, None));
+        assert_eq!(connections_max(1 << 20, 100, None).unwrap().0, 1024);
+        assert_eq!(connections_max(1 << 20, 100, Some(5000)).unwrap().0, 5000);
+        let (n, warn) = connections_max(256, 100, Some(5000)).unwrap();
+        assert_eq!(n, 156);
+        assert!(warn.unwrap().contains("using 156"));
+        assert!(connections_max(100, 96, None).is_err());
+    }
+
+    #[test]
+    fn raising_never_lowers() {
+        let before = nofile().unwrap();
+        let r = raise_nofile().unwrap();
+        assert!(r.now >= before);
+    }
+}

@@ -1,0 +1,59 @@
+//! Values from users and remote peers in log lines: a message's `to` and `body`, task names,
+//! a receiver's error text. A newline in them would forge a log line, an ANSI escape would
+//! repaint the operator's terminal; [`Escaped`] writes control characters as `\n`, `\r`,
+//! `\t` or `\u{1b}` instead, and leaves everything else (any language's text) as it is.
+
+use std::fmt;
+
+/// Displays a string with its control characters escaped.
+pub struct Escaped<'a>(pub &'a str);
+
+impl fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut rest = self.0;
+        while let Some(i) = rest.find(|c: char| c.is_control()) {
+            f.write_str(&rest[..i])?;
+            let c = rest[i..].chars().next().unwrap_or('\0');
+            match c {
+                '\n' => f.write_str("\\n")?,
+                '\r' => f.write_str("\\r")?,
+                '\t' => f.write_str("\\t")?,
+                c => write!(f, "\\u{{{:x}}}", c as u32)?,
+            }
+            rest = &rest[i + c.len_utf8()..];
+        }
+        f.write_str(rest)
+    }
+}
+
+impl fmt::Debug for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// An optional user value for a log field: escaped, `none` when absent (never `Some("…")`).
+pub struct Opt<'a>(pub Option<&'a str>);
+
+impl fmt::Display for Opt<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(s) => Escaped(s).fmt(f),
+            None => f.write_str("none"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Escaped;
+
+    #[test]
+    fn control_characters_are_escaped_and_text_is_kept() {
+        assert_eq!(
+            Escaped("a\nINFO forged\r\x1b[31mred\x07 \u{85}").to_string(),
+            "a\\nINFO forged\\r\\u{1b}[31mred\\u{7} \\u{85}"
+        );
+        assert_eq!(Escaped("早上好, café\t!").to_string(), "早上好, café\\t!");
+    }
+}

@@ -1,0 +1,142 @@
+//! Graceful drain on the real binary: SIGTERM stops new sends and writes, waits (up to
+//! `shutdown_timeout`) for the sends in flight to settle durably, then exits 0. Across the
+//! restart every message arrives once, except a send whose answer never came before the
+//! timeout, which goes once more with the next attempt number.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::herald::{poll, wait_state, webhook_channel, write_config, Proc};
+use common::http;
+use common::receiver::{Behavior, Receiver};
+use serde_json::json;
+
+fn config(rx: &Receiver, shutdown_timeout: &str) -> String {
+    format!(
+        "shutdown_timeout = \"{shutdown_timeout}\"\n{}",
+        webhook_channel("hook", &rx.url(), "timeout = \"60s\"")
+    )
+}
+
+async fn create_one(p: &Proc, id: &str) {
+    let r = http::post_json(
+        &format!("{}/v1/tasks", p.url),
+        &json!({"id": id, "channel": "hook", "schedule": {"after": "0s"},
+                "messages": [{"to": "a", "body": "hello"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_a_slow_send_waits_for_it_and_delivers_once() {
+    let rx = Receiver::start().await;
+    // Answered 1.5 s after it arrives: SIGTERM lands while the send is in flight.
+    rx.script_key(
+        "slow:1:0",
+        vec![Behavior::Slow(Duration::from_millis(1500))],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = write_config(dir.path(), &config(&rx, "30s"));
+    let mut p = Proc::spawn(&cfg, &data);
+    create_one(&p, "slow").await;
+    rx.wait_for(1, Duration::from_secs(20)).await;
+    p.signal(libc::SIGTERM);
+
+    // While it drains: /healthz says so, writes are refused with a problem document, reads work.
+    let health = format!("{}/healthz", p.url);
+    let draining = poll(Duration::from_secs(5), || {
+        let health = health.clone();
+        async move {
+            let r = http::try_request("GET", &health, &[], None).await.ok()?;
+            (r.status == 503).then_some(r)
+        }
+    })
+    .await
+    .expect("/healthz answers 503 while draining");
+    assert_eq!(draining.json()["status"], "draining");
+    if let Ok(r) = http::try_request(
+        "POST",
+        &format!("{}/v1/tasks", p.url),
+        &[("content-type", "application/json")],
+        Some(br#"{"schedule": {"after": "1h"}, "to": ["b"], "body": "x"}"#.to_vec()),
+    )
+    .await
+    {
+        // (The drain may already have finished and closed the listener: then nothing answers.)
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert_eq!(r.header("content-type"), Some("application/problem+json"));
+        assert_eq!(r.json()["type"], "urn:herald:problem:draining");
+    }
+
+    assert_eq!(p.wait_exit(Duration::from_secs(30)).await, Some(0));
+    let answers = rx.answers();
+    assert_eq!(answers.len(), 1, "the slow send was answered: {answers:?}");
+
+    let p = Proc::spawn(&cfg, &data);
+    let v = wait_state(&p.url, "slow", "completed", Duration::from_secs(30)).await;
+    assert_eq!(v["progress"]["sent"], 1);
+    assert_eq!(rx.count(), 1, "delivered exactly once across the restart");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_receiver_that_never_answers_exits_after_the_timeout_and_resends_once() {
+    let rx = Receiver::start().await;
+    rx.script_key("hang:1:0", vec![Behavior::Hang]);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = write_config(dir.path(), &config(&rx, "2s"));
+    let mut p = Proc::spawn(&cfg, &data);
+    create_one(&p, "hang").await;
+    let first = rx.wait_for(1, Duration::from_secs(20)).await;
+    assert_eq!(first[0].json.as_ref().unwrap()["attempt"], 1);
+    let signalled = Instant::now();
+    p.signal(libc::SIGTERM);
+    assert_eq!(p.wait_exit(Duration::from_secs(30)).await, Some(0));
+    // It waited for the send (no upper bound asserted: the machine may be slow).
+    assert!(
+        signalled.elapsed() >= Duration::from_millis(1900),
+        "exited {:?} after SIGTERM, before shutdown_timeout",
+        signalled.elapsed()
+    );
+
+    let p = Proc::spawn(&cfg, &data);
+    rx.wait_for(2, Duration::from_secs(30)).await;
+    wait_state(&p.url, "hang", "completed", Duration::from_secs(30)).await;
+    let got = rx.requests();
+    assert_eq!(got.len(), 2, "sent once more after the restart, not more");
+    assert_eq!(got[1].idempotency_key(), Some("hang:1:0"));
+    assert_eq!(
+        got[1].json.as_ref().unwrap()["attempt"],
+        2,
+        "the next attempt number"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once() {
+    let rx = Receiver::start().await;
+    rx.set_default(Behavior::Hang);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = write_config(dir.path(), &config(&rx, "10m"));
+    let mut p = Proc::spawn(&cfg, &data);
+    create_one(&p, "stuck").await;
+    rx.wait_for(1, Duration::from_secs(20)).await;
+    p.signal(libc::SIGTERM);
+    let health = format!("{}/healthz", p.url);
+    poll(Duration::from_secs(5), || {
+        let health = health.clone();
+        async move {
+            let r = http::try_request("GET", &health, &[], None).await.ok()?;
+            (r.status == 503).then_some(())
+        }
+    })
+    .await
+    .expect("draining");
+    p.signal(libc::SIGINT);
+    // Far less than the 10 minute drain: the second signal cut it short.
+    assert_eq!(p.wait_exit(Duration::from_secs(30)).await, Some(130));
+}
