@@ -163,6 +163,7 @@ pub async fn start_with(
     })?;
     engine_config.limits = config.limits.clone();
     engine_config.alerts_channel = config.alerts_channel.clone();
+    engine_config.retention_ms = config.store.retention_ms;
     let engine = Engine::new(store, channels, clock, engine_config)?;
     let (tx, rx) = watch::channel(false);
     let state = Arc::new(ApiState {

@@ -549,20 +549,30 @@ async fn answers_match_the_document() {
     let r = send(&h, "PATCH", "/v1/tasks/t1", Some(json!({"name": "x"}))).await;
     assert_eq!(r.status, 409);
     check(&d, "PATCH", "/v1/tasks/{id}", &r);
-    let r = send(&h, "DELETE", "/v1/tasks/t1", None).await;
-    assert_eq!(r.status, 409);
-    check(&d, "DELETE", "/v1/tasks/{id}", &r);
+    // DELETE deletes finished tasks only: an unfinished one is 409 (cancel it first).
     let r = send(&h, "DELETE", "/v1/tasks/s0", None).await;
-    assert_eq!(r.status, 200);
+    assert_eq!(r.status, 409);
     check(&d, "DELETE", "/v1/tasks/{id}", &r);
     let r = send(&h, "POST", "/v1/tasks/s1/cancel", None).await;
     assert_eq!(r.status, 200);
     check(&d, "POST", &action("cancel"), &r);
+    let r = send(&h, "DELETE", "/v1/tasks/s1", None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    check(&d, "DELETE", "/v1/tasks/{id}", &r);
+    let r = send(&h, "DELETE", "/v1/tasks/s1", None).await;
+    assert_eq!(r.status, 404);
+    check(&d, "DELETE", "/v1/tasks/{id}", &r);
 
     // Runs.
     let r = send(&h, "GET", "/v1/tasks/t1/runs", None).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["runs"].as_array().unwrap().len(), 1);
+    check(&d, "GET", "/v1/tasks/{id}/runs", &r);
+    let r = send(&h, "GET", "/v1/tasks/t1/runs?limit=1&after=0", None).await;
+    assert_eq!(r.status, 200);
+    check(&d, "GET", "/v1/tasks/{id}/runs", &r);
+    let r = send(&h, "GET", "/v1/tasks/t1/runs?after=first", None).await;
+    assert_eq!(r.status, 400);
     check(&d, "GET", "/v1/tasks/{id}/runs", &r);
     let r = send(&h, "GET", "/v1/tasks/none/runs", None).await;
     assert_eq!(r.status, 404);

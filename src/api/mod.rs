@@ -179,7 +179,7 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
             let id = path_id(id)?;
             match m {
                 Method::GET => get_task(state, &id),
-                Method::DELETE => cancel_task(state, &id).await,
+                Method::DELETE => delete_task(state, &id).await,
                 Method::PATCH => patch_task(state, &id, req).await,
                 _ => Err(method_not_allowed("GET, PATCH, DELETE")),
             }
@@ -201,7 +201,7 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
         ["tasks", id, "runs"] => {
             let id = path_id(id)?;
             match m {
-                Method::GET => task_runs(state, &id),
+                Method::GET => task_runs(state, &id, &req),
                 _ => Err(method_not_allowed("GET")),
             }
         }
@@ -391,8 +391,9 @@ async fn list_tasks(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, P
     ))
 }
 
-async fn cancel_task(state: &ApiState, id: &str) -> Result<Resp, Problem> {
-    let v = state.engine.cancel(id).await?;
+/// Deletes a finished task (409 naming the state for an unfinished one: cancel it first).
+async fn delete_task(state: &ApiState, id: &str) -> Result<Resp, Problem> {
+    let v = state.engine.delete(id).await?;
     Ok(json_response(StatusCode::OK, &task_json(state, &v)))
 }
 
@@ -403,11 +404,28 @@ async fn patch_task(state: &ApiState, id: &str, req: Request<Incoming>) -> Resul
     Ok(json_response(StatusCode::OK, &task_json(state, &v)))
 }
 
-fn task_runs(state: &ApiState, id: &str) -> Result<Resp, Problem> {
-    match state.engine.runs(id)? {
-        Some(runs) => {
+/// A page of a task's runs, paged like the task listing: `limit`, `after` (the last run
+/// number of the previous page), `next`.
+fn task_runs(state: &ApiState, id: &str, req: &Request<Incoming>) -> Result<Resp, Problem> {
+    let q = query(req, &["limit", "after"])?;
+    let (limit, _) = page_params(&q, crate::model::id::ID_MAX_LEN)?;
+    let after = match param(&q, "after") {
+        Some(a) if !a.is_empty() => Some(a.parse::<u32>().map_err(|_| {
+            Problem::bad_request(format!(
+                "after: {a:?} is not a run number (the `next` of the previous page)"
+            ))
+            .with_field("after")
+        })?),
+        _ => None,
+    };
+    match state.engine.runs_page(id, after, limit)? {
+        Some((runs, next)) => {
             let list: Vec<Value> = runs.iter().map(views::run).collect();
-            Ok(json_response(StatusCode::OK, &json!({ "runs": list })))
+            let next = next.map(|n| n.to_string());
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({ "runs": list, "next": next }),
+            ))
         }
         None => Err(Problem::not_found(format!("task {id:?} does not exist"))),
     }

@@ -16,6 +16,7 @@ pub mod events; // events (issue 11)
 mod failures;
 mod plan;
 mod recovery;
+pub mod retention;
 mod retry;
 pub mod stats;
 pub mod timer;
@@ -72,6 +73,9 @@ pub struct EngineConfig {
     pub jitter_seed: u64,
     /// Channel that alert events are also delivered to.
     pub alerts_channel: Option<String>,
+    /// How long finished tasks are kept (`[store] retention`); `None` keeps them forever.
+    /// The server sets it from the config; the library default keeps everything.
+    pub retention_ms: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -80,6 +84,7 @@ impl Default for EngineConfig {
             limits: Limits::default(),
             jitter_seed: 0x5eed,
             alerts_channel: None,
+            retention_ms: None,
         }
     }
 }
@@ -184,6 +189,9 @@ async fn watch_storage(inner: std::sync::Weak<Inner>) {
     }
 }
 
+/// A page of runs and the run number the next page starts after (`None` on the last page).
+pub type RunPage = (Vec<Run>, Option<u32>);
+
 /// A task as seen by a client: the record plus its current (or last) run.
 #[derive(Debug, Clone)]
 pub struct TaskView {
@@ -258,6 +266,9 @@ impl Engine {
         // The dispatcher holds a weak reference so dropping the last Engine shuts it down.
         tokio::spawn(dispatch::dispatcher(Arc::downgrade(&inner), due_rx));
         tokio::spawn(watch_storage(Arc::downgrade(&inner)));
+        if let (Some(r), false) = (inner.config.retention_ms, inner.clock.is_manual()) {
+            tokio::spawn(retention::sweeper(Arc::downgrade(&inner), r));
+        }
         Ok(Engine { inner })
     }
 
@@ -384,20 +395,42 @@ impl Engine {
                 _ => Inserted::IdTaken,
             }
         } else {
-            match inner
-                .store
-                .insert_new_task(
-                    &task,
-                    &messages,
-                    idem.as_ref().map(|(k, h)| (k.as_str(), *h)),
-                )
-                .await
-            {
-                Ok(i) => i,
-                Err(e) => {
-                    drop(guard);
-                    self.forget_cell(&id, &cell);
-                    return Err(e.into());
+            let mut freed_key = false;
+            loop {
+                let r = inner
+                    .store
+                    .insert_new_task(
+                        &task,
+                        &messages,
+                        idem.as_ref().map(|(k, h)| (k.as_str(), *h)),
+                    )
+                    .await;
+                let r = match r {
+                    // The key's task was deleted (retention, DELETE): the key is free again.
+                    // The background sweep removes such keys too; this covers the time until.
+                    Ok(Inserted::KeyUsed(rec))
+                        if !freed_key && !inner.store.task_exists(&rec.task_id).unwrap_or(true) =>
+                    {
+                        freed_key = true;
+                        let mut b = crate::store::Batch::new();
+                        b.ops.extend(
+                            idem.as_ref()
+                                .map(|(k, _)| crate::store::Op::DeleteIdem(k.clone())),
+                        );
+                        match inner.store.write(&b).await {
+                            Ok(()) => continue,
+                            Err(e) => Err(e),
+                        }
+                    }
+                    r => r,
+                };
+                match r {
+                    Ok(i) => break i,
+                    Err(e) => {
+                        drop(guard);
+                        self.forget_cell(&id, &cell);
+                        return Err(e.into());
+                    }
                 }
             }
         };
@@ -497,6 +530,26 @@ impl Engine {
             out.push(TaskView { task, run });
         }
         Ok((out, next, skipped))
+    }
+
+    /// A page of a task's runs after run number `after`, oldest first, and the run number the
+    /// next page starts after (`None` on the last page); `None` if there is no such task.
+    pub fn runs_page(
+        &self,
+        id: &str,
+        after: Option<u32>,
+        limit: usize,
+    ) -> Result<Option<RunPage>, EngineError> {
+        if !self.inner.store.task_exists(id)? {
+            return Ok(None);
+        }
+        let (runs, more) = self.inner.store.runs_page(id, after, limit)?;
+        let next = if more {
+            runs.last().map(|r| r.run)
+        } else {
+            None
+        };
+        Ok(Some((runs, next)))
     }
 
     /// The runs of a task, oldest first.
