@@ -4,6 +4,7 @@
 
 mod dashboard;
 pub mod events;
+mod export;
 mod input;
 mod metrics;
 mod preview;
@@ -98,6 +99,8 @@ async fn handle(
     // The event stream is the one answer that is not a single buffer.
     let resp = if path.trim_end_matches('/') == "/v1/events" {
         events::handle(state, &req, shutdown)
+    } else if path.trim_end_matches('/') == "/v1/export" {
+        export::handle(state, &req)
     } else {
         route(state, req).await.map(|r| r.map(BodyExt::boxed))
     };

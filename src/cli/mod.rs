@@ -5,6 +5,7 @@
 //! Every command prints a readable table or summary, or with `--json` the API's JSON. Errors
 //! are one line on stderr and a non-zero exit (see [`CliError`]).
 
+mod backup;
 mod client;
 mod failures;
 mod next;
@@ -54,6 +55,11 @@ pub enum Command {
     },
     /// When a schedule fires next (offline, with the server's schedule code).
     Next(next::NextArgs),
+    /// Write every task, run, failure and idempotency key as JSON lines to standard output:
+    /// from the data directory of a stopped herald (--data) or from a running one (--url).
+    Export(backup::ExportArgs),
+    /// Restore an export into a new or empty data directory (standard input or -f FILE).
+    Import(backup::ImportArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -139,6 +145,8 @@ pub fn run(cmd: Command) -> Result<(), CliError> {
                 let c = Client::new(&conn.url)?;
                 failures::channels(&c, conn.json).await
             }
+            Command::Export(args) => backup::export_cmd(args).await,
+            Command::Import(args) => backup::import_cmd(args).await,
             Command::Next(_) => Ok(()),
         }
     })

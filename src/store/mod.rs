@@ -20,6 +20,7 @@ pub mod backend;
 pub mod codec;
 pub mod commit;
 pub mod fault;
+pub mod image;
 pub mod legacy;
 pub mod purge;
 pub mod records;
@@ -113,6 +114,8 @@ pub enum Op {
     DeleteTask(purge::Footprint),
     /// Deletes an idempotency key (its task is gone).
     DeleteIdem(String),
+    /// Writes an idempotency key as it was (import of an export).
+    PutIdem(String, IdemRecord),
 }
 
 /// Writes applied atomically together.
@@ -644,6 +647,11 @@ fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
                 }
             }
             Op::DeleteIdem(key) => ops.push(RawOp::Delete(TreeId::Idem, key.as_bytes().to_vec())),
+            Op::PutIdem(key, rec) => ops.push(RawOp::Put(
+                TreeId::Idem,
+                key.as_bytes().to_vec(),
+                encode(rec)?,
+            )),
         }
     }
     Ok(ops)
