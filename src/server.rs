@@ -170,6 +170,7 @@ pub async fn start_with(
         engine: engine.clone(),
         token: config.token.clone(),
         body_bytes_max: config.body_bytes_max,
+        metrics: Default::default(),
     });
     // Serve first: while recovery runs, /healthz and /v1 answer 503 instead of hanging.
     tokio::spawn(api::serve(listener, state, rx));

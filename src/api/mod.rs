@@ -6,7 +6,7 @@ mod dashboard;
 pub mod events;
 mod export;
 mod input;
-mod metrics;
+pub mod metrics;
 mod preview;
 pub mod problem;
 pub mod views;
@@ -45,6 +45,8 @@ pub struct ApiState {
     pub engine: Engine,
     pub token: Option<String>,
     pub body_bytes_max: usize,
+    /// API request times by route (`/metrics`).
+    pub metrics: metrics::ApiMetrics,
 }
 
 const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
@@ -94,6 +96,7 @@ async fn handle(
     _peer: SocketAddr,
     shutdown: watch::Receiver<bool>,
 ) -> Response<events::Body> {
+    let started = std::time::Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     // The event stream is the one answer that is not a single buffer.
@@ -105,6 +108,9 @@ async fn handle(
         route(state, req).await.map(|r| r.map(BodyExt::boxed))
     };
     let resp = resp.unwrap_or_else(|p| p.into_response().map(BodyExt::boxed));
+    state
+        .metrics
+        .observe(&path, &method, resp.status().as_u16(), started.elapsed());
     tracing::debug!(%method, %path, status = resp.status().as_u16(), "request");
     resp
 }
@@ -153,10 +159,10 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
         if req.method() != Method::GET {
             return Err(method_not_allowed("GET"));
         }
-        let mut r = Response::new(Full::new(Bytes::from(metrics::render(&state.engine))));
+        let mut r = Response::new(Full::new(Bytes::from(metrics::render(state).await?)));
         r.headers_mut().insert(
             hyper::header::CONTENT_TYPE,
-            hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+            hyper::header::HeaderValue::from_static(metrics::CONTENT_TYPE),
         );
         return Ok(r);
     }

@@ -164,8 +164,10 @@ pub(crate) struct Inner {
     pub boot_ms: u64,
     pub ready: AtomicBool,
     pub alerts_raised: AtomicU64,
-    /// How late sends start (`scheduled_at` → attempt start).
-    pub lateness: stats::Lateness,
+    /// How late sends start (`scheduled_at` → attempt start), in seconds.
+    pub lateness: prometheus_client::metrics::histogram::Histogram,
+    /// The last census of tasks by state (see `stats.rs`).
+    pub census: Mutex<Option<stats::Census>>,
     pub alerts_failed: AtomicU64,
     /// Serialises changes to failure records (retry steps against dismissals).
     pub failures_lock: tokio::sync::Mutex<()>,
@@ -258,7 +260,8 @@ impl Engine {
             boot_ms,
             ready: AtomicBool::new(false),
             alerts_raised: AtomicU64::new(0),
-            lateness: stats::Lateness::default(),
+            lateness: stats::lateness_histogram(),
+            census: Mutex::new(None),
             alerts_failed: AtomicU64::new(0),
             failures_lock: tokio::sync::Mutex::new(()),
             events: events::Bus::new(), // events (issue 11)
@@ -565,9 +568,48 @@ impl Engine {
         self.inner.live.lock().len()
     }
 
-    /// The fire-lateness histogram.
-    pub fn lateness(&self) -> &stats::Lateness {
+    /// The fire-lateness histogram (seconds).
+    pub fn lateness(&self) -> &prometheus_client::metrics::histogram::Histogram {
         &self.inner.lateness
+    }
+
+    /// Entries on the timing wheel (one per pending fire, active run step and failure retry).
+    pub fn wheel_entries(&self) -> usize {
+        self.inner
+            .timer
+            .entries
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Unfinished tasks by state and the failure list's size: the cached census while it is
+    /// fresh, else a new one (a scan of the `live` index and the failure list). Blocking.
+    pub fn census(&self) -> Result<stats::Census, EngineError> {
+        let now = std::time::Instant::now();
+        if let Some(c) = *self.inner.census.lock() {
+            if c.is_fresh(now) {
+                return Ok(c);
+            }
+        }
+        let mut c = stats::Census {
+            pending: 0,
+            running: 0,
+            paused: 0,
+            failures: 0,
+            taken_at: now,
+            took: std::time::Duration::ZERO,
+        };
+        for e in self.inner.store.live_entries() {
+            match e?.1.state {
+                TaskState::Pending => c.pending += 1,
+                TaskState::Running => c.running += 1,
+                TaskState::Paused => c.paused += 1,
+                _ => {}
+            }
+        }
+        c.failures = self.inner.store.failure_count()?;
+        c.took = now.elapsed();
+        *self.inner.census.lock() = Some(c);
+        Ok(c)
     }
 
     /// Alerts raised and alert deliveries that failed, since start.

@@ -453,6 +453,16 @@ impl Store {
         })
     }
 
+    /// Entries in the failure list (a scan: the census for `/metrics` calls it rarely).
+    pub fn failure_count(&self) -> Result<u64, StoreError> {
+        let mut n = 0;
+        for item in bounded(self.backend.scan(TreeId::Failures, &[], None)) {
+            item?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// The runs of a task in run order. Corrupt run records are errors.
     pub fn runs_of(&self, task_id: &str) -> Result<Vec<Run>, StoreError> {
         let p = id_prefix(task_id);
