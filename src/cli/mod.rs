@@ -100,8 +100,18 @@ pub enum TasksCmd {
     Resume { id: String },
     /// Start a run now.
     Trigger { id: String },
-    /// The task's runs, with cursors and outcomes.
-    Runs { id: String },
+    /// The task's runs, with cursors and outcomes, oldest first.
+    Runs {
+        id: String,
+        /// Runs per page (1-1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Start after this run number (the `next` of the previous page).
+        #[arg(long)]
+        after: Option<u32>,
+    },
+    /// Delete a finished task with its runs (an unfinished one must be cancelled first).
+    Delete { id: String },
 }
 
 #[derive(Subcommand, Debug)]
