@@ -271,7 +271,11 @@ async fn create_list_show_runs_and_control_tasks() {
     let err = herald(&url, &["tasks", "delete", "digest"]).await.fails();
     assert!(err.contains("HTTP 409") && err.contains("pending"), "{err}");
     let out = herald(&url, &["tasks", "delete", "later"]).await.ok();
-    assert!(out.stdout.starts_with("deleted later (cancelled)"), "{}", out.stdout);
+    assert!(
+        out.stdout.starts_with("deleted later (cancelled)"),
+        "{}",
+        out.stdout
+    );
     assert_eq!(http::get(&h.url("/v1/tasks/later")).await.status, 404);
 
     // errors: unknown task (404), bad request (422 naming the field), bad file

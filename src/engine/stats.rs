@@ -77,7 +77,7 @@ mod tests {
         let mut r = prometheus_client::registry::Registry::default();
         r.register("late_seconds", "x", h);
         prometheus_client::encoding::prometheus_text::encode(&mut text, &r).unwrap();
-        assert!(text.contains("late_seconds_bucket{le=\"0.0\"} 1"), "{text}");
+        assert!(text.contains("late_seconds_bucket{le=\"0\"} 1"), "{text}");
         assert!(
             text.contains("late_seconds_bucket{le=\"0.005\"} 3"),
             "{text}"
