@@ -149,3 +149,76 @@ fn is_failure_id_of(key: &str, id: &str) -> bool {
         .and_then(|r| r.split_once(':'))
         .is_some_and(|(a, b)| a.parse::<u32>().is_ok() && b.parse::<u32>().is_ok())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::*;
+    use crate::store::{Batch, Op};
+
+    async fn insert(s: &Store, id: &str) {
+        let req: TaskRequest = serde_json::from_value(serde_json::json!({
+            "id": id, "schedule": {"after": "1h"}, "to": ["a", "b"], "body": "hello"
+        }))
+        .unwrap();
+        let (t, m) = req
+            .into_task(&Context {
+                now_ms: 1_800_000_000_000,
+                limits: &Limits::default(),
+                channel_exists: &|_| true,
+            })
+            .unwrap();
+        s.insert_new_task(&t, &m, Some((&format!("key-{id}"), [1; 32])))
+            .await
+            .unwrap();
+        let mut b = Batch::new();
+        b.run(id, &Run::new(1, 5, 6, 2)).failure(Failure {
+            id: delivery_key(id, 1, 0),
+            task_id: id.into(),
+            run: 1,
+            seq: 0,
+            to: "a".into(),
+            channel: "log".into(),
+            attempts: 3,
+            last_error: "HTTP 500".into(),
+            failed_at_ms: 9,
+            retrying: false,
+            retries: 0,
+        });
+        s.write(&b).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_delete_takes_exactly_one_task_with_everything_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        // "t:1" is another task whose failure ids also start with "t:".
+        insert(&s, "t").await;
+        insert(&s, "t:1").await;
+        let fp = s.footprint("t").unwrap();
+        assert_eq!(
+            (fp.messages, fp.runs.clone(), fp.failures.clone()),
+            (2, vec![1], vec!["t:1:0".to_string()])
+        );
+        assert!(fp.settling, "run 1 is still running");
+        let mut b = Batch::new();
+        b.ops.push(Op::DeleteTask(fp));
+        s.write(&b).await.unwrap();
+        assert!(s.get_task("t").unwrap().is_none());
+        assert!(s.get_message("t", 0).unwrap().is_none());
+        assert!(s.runs_of("t").unwrap().is_empty());
+        assert!(s.get_failure("t:1:0").unwrap().is_none());
+        // The other task is untouched, and the deleted one's key is now stale.
+        assert!(s.get_task("t:1").unwrap().is_some());
+        assert!(s.get_failure("t:1:1:0").unwrap().is_some());
+        assert_eq!(s.runs_of("t:1").unwrap().len(), 1);
+        let (keys, next) = s.idem_page(None, 10).unwrap();
+        assert_eq!(keys.len(), 2);
+        assert!(next.is_none());
+        let empty = s.footprint("t").unwrap();
+        assert_eq!(
+            (empty.messages, empty.runs.len(), empty.failures.len()),
+            (0, 0, 0)
+        );
+    }
+}
