@@ -57,7 +57,7 @@ fn data(p: &Path) -> &str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn export_then_import_resumes_a_sequence_at_its_cursor() {
-    const N: u64 = 20;
+    const N: u64 = 40;
     let rx = Receiver::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (d1, d2) = (dir.path().join("one"), dir.path().join("two"));
@@ -92,7 +92,7 @@ async fn export_then_import_resumes_a_sequence_at_its_cursor() {
     let r = post(
         json!({"id": "seq", "channel": "hook", "schedule": {"after": "0s"},
             "to": (0..N).map(|i| format!("u{i}")).collect::<Vec<_>>(), "body": "x",
-            "pacing": {"interval": "100ms"}}),
+            "pacing": {"interval": "150ms"}}),
         "key-seq",
     )
     .await;
