@@ -41,6 +41,7 @@ pub const ENV_KEYS: &[(&str, Kind)] = &[
     ("limits.body_read_timeout", Kind::Str),
     ("limits.header_read_timeout", Kind::Str),
     ("store.cache_mb", Kind::Int),
+    ("store.retention", Kind::Str),
 ];
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
@@ -94,6 +95,8 @@ struct FileConfig {
 struct StoreFile {
     /// sled's page cache in MiB (default 16; sled's own default would be 1024).
     cache_mb: Option<u64>,
+    /// How long finished tasks are kept: a duration, or "off" / "0" to keep them forever.
+    retention: Option<String>,
 }
 
 /// `[limits]`: the documented defaults of API.md, adjustable.
@@ -386,6 +389,10 @@ impl Config {
                 Some(mb) => store.cache_bytes = mb << 20,
                 None => {}
             }
+            if let Some(r) = &st.retention {
+                store.retention_ms =
+                    parse_retention(r).map_err(|e| invalid("store.retention", e))?;
+            }
         }
         Ok(Config {
             listen,
@@ -449,6 +456,19 @@ fn check_token(
         ));
     }
     Ok(())
+}
+
+/// `[store] retention`: a duration (at least 1s), or `"off"` / `"0"` for never.
+fn parse_retention(s: &str) -> Result<Option<u64>, String> {
+    match s.trim() {
+        "off" | "0" => Ok(None),
+        t => match parse_duration_ms(t)? {
+            ms if ms < 1_000 => Err(format!(
+                "{t:?} is shorter than 1s; use \"off\" to keep finished tasks forever"
+            )),
+            ms => Ok(Some(ms)),
+        },
+    }
 }
 
 /// `${VAR}` from the process environment.
@@ -922,6 +942,21 @@ secret = "${DT_SECRET}"
         assert!(err("[limits]\nmessages_max = 0").starts_with("limits.messages_max:"));
         assert!(err("[store]\ncache_mb = 0").starts_with("store.cache_mb:"));
         assert!(err("[store]\ncache = 5").contains("unknown field"));
+        assert!(err("[store]\nretention = \"soon\"").starts_with("store.retention:"));
+        assert!(err("[store]\nretention = \"10ms\"").starts_with("store.retention:"));
+        let retention = |t: &str| {
+            Config::from_toml(t, Overrides::default())
+                .unwrap()
+                .store
+                .retention_ms
+        };
+        assert_eq!(retention(""), Some(7 * 86_400_000), "default 7d");
+        assert_eq!(
+            retention("[store]\nretention = \"36h\""),
+            Some(36 * 3_600_000)
+        );
+        assert_eq!(retention("[store]\nretention = \"off\""), None);
+        assert_eq!(retention("[store]\nretention = \"0\""), None);
         assert!(err("[limits]\nhorizon = \"soon\"").starts_with("limits.horizon:"));
     }
 

@@ -1,6 +1,7 @@
 //! herald: sends messages at the right time. See ARCHITECTURE.md for the code map.
 
 pub mod api;
+pub mod backup;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -191,6 +191,7 @@ pub async fn start_with(
     let conns = Conns::new(connections_max);
     engine_config.limits = config.limits.clone();
     engine_config.alerts_channel = config.alerts_channel.clone();
+    engine_config.retention_ms = config.store.retention_ms;
     let engine = Engine::new(store, channels, clock, engine_config)?;
     let (tx, rx) = watch::channel(false);
     let state = Arc::new(ApiState {
@@ -199,6 +200,7 @@ pub async fn start_with(
         body_bytes_max: config.body_bytes_max,
         body_read_timeout: std::time::Duration::from_millis(config.body_read_timeout_ms),
         header_read_timeout: std::time::Duration::from_millis(config.header_read_timeout_ms),
+        metrics: Default::default(),
     });
     // Serve first: while recovery runs, /healthz and /v1 answer 503 instead of hanging.
     tokio::spawn(api::serve(listener, state, conns, rx));

@@ -237,7 +237,8 @@ async fn client_ids_conflict_with_409() {
     assert_eq!(r.status, 409);
     assert_eq!(r.json()["field"], "id");
     // Also when the existing task is finished (not live any more).
-    assert_eq!(http::delete(&h.url("/v1/tasks/mine")).await.status, 200);
+    let cancel = http::post_json(&h.url("/v1/tasks/mine/cancel"), &json!({})).await;
+    assert_eq!(cancel.status, 200);
     assert_eq!(http::post_json(&h.url("/v1/tasks"), &t).await.status, 409);
     assert_eq!(task_count(&h).await, 1);
 }
@@ -251,7 +252,7 @@ async fn list_pages_and_filters_and_views() {
         t["metadata"] = json!({"n": i.to_string()});
         assert_eq!(http::post_json(&h.url("/v1/tasks"), &t).await.status, 201);
     }
-    http::delete(&h.url("/v1/tasks/t3")).await;
+    http::post_json(&h.url("/v1/tasks/t3/cancel"), &json!({})).await;
     let p1 = http::get(&h.url("/v1/tasks?limit=2")).await.json();
     let ids: Vec<_> = p1["tasks"]
         .as_array()
@@ -382,7 +383,7 @@ async fn creates_past_the_live_task_limit_are_refused() {
         .unwrap()
         .to_string();
     assert_eq!(
-        http::delete(&h.url(&format!("/v1/tasks/{first}")))
+        http::post_json(&h.url(&format!("/v1/tasks/{first}/cancel")), &json!({}))
             .await
             .status,
         200

@@ -267,6 +267,16 @@ async fn create_list_show_runs_and_control_tasks() {
         http::get(&h.url("/v1/tasks/later")).await.json()["state"],
         "cancelled"
     );
+    // A finished task can be deleted; an unfinished one is refused, naming its state.
+    let err = herald(&url, &["tasks", "delete", "digest"]).await.fails();
+    assert!(err.contains("HTTP 409") && err.contains("pending"), "{err}");
+    let out = herald(&url, &["tasks", "delete", "later"]).await.ok();
+    assert!(
+        out.stdout.starts_with("deleted later (cancelled)"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(http::get(&h.url("/v1/tasks/later")).await.status, 404);
 
     // errors: unknown task (404), bad request (422 naming the field), bad file
     let err = herald(&url, &["tasks", "show", "nope"]).await.fails();

@@ -193,7 +193,7 @@ async fn control_commands_failures_and_the_task_filter() {
     )
     .await;
     http::post_json(&h.url("/v1/tasks/other/pause"), &json!({})).await;
-    http::delete(&h.url("/v1/tasks/other")).await;
+    http::post_json(&h.url("/v1/tasks/other/cancel"), &json!({})).await;
     let seen = all
         .until(|n, d| n == "task" && d["state"] == "cancelled")
         .await;

@@ -30,6 +30,7 @@ const SERVED: &[(&str, &str)] = &[
     ("GET", "/v1/channels"),
     ("POST", "/v1/schedules/preview"),
     ("GET", "/v1/events"),
+    ("GET", "/v1/export"),
     ("GET", "/v1/openapi.json"),
     ("GET", "/metrics"),
     ("GET", "/healthz"),
@@ -360,7 +361,8 @@ fn check(d: &Value, method: &str, template: &str, resp: &Resp) {
     let media = content
         .get(ct)
         .unwrap_or_else(|| panic!("{what}: content type {ct:?} not documented"));
-    if ct.contains("json") {
+    // One JSON document (not JSON lines, `application/jsonl`).
+    if ct == "application/json" || ct.ends_with("+json") {
         let body = resp.json();
         let mut errs = Vec::new();
         conforms(d, &media["schema"], &body, "$", &mut errs);
@@ -549,20 +551,28 @@ async fn answers_match_the_document() {
     let r = send(&h, "PATCH", "/v1/tasks/t1", Some(json!({"name": "x"}))).await;
     assert_eq!(r.status, 409);
     check(&d, "PATCH", "/v1/tasks/{id}", &r);
-    let r = send(&h, "DELETE", "/v1/tasks/t1", None).await;
-    assert_eq!(r.status, 409);
+    // DELETE cancels an unfinished task and deletes a finished one.
+    let r = send(&h, "DELETE", "/v1/tasks/s1", None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["state"], "cancelled");
     check(&d, "DELETE", "/v1/tasks/{id}", &r);
-    let r = send(&h, "DELETE", "/v1/tasks/s0", None).await;
-    assert_eq!(r.status, 200);
+    let r = send(&h, "DELETE", "/v1/tasks/s1", None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
     check(&d, "DELETE", "/v1/tasks/{id}", &r);
-    let r = send(&h, "POST", "/v1/tasks/s1/cancel", None).await;
-    assert_eq!(r.status, 200);
-    check(&d, "POST", &action("cancel"), &r);
+    let r = send(&h, "DELETE", "/v1/tasks/s1", None).await;
+    assert_eq!(r.status, 404);
+    check(&d, "DELETE", "/v1/tasks/{id}", &r);
 
     // Runs.
     let r = send(&h, "GET", "/v1/tasks/t1/runs", None).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["runs"].as_array().unwrap().len(), 1);
+    check(&d, "GET", "/v1/tasks/{id}/runs", &r);
+    let r = send(&h, "GET", "/v1/tasks/t1/runs?limit=1&after=0", None).await;
+    assert_eq!(r.status, 200);
+    check(&d, "GET", "/v1/tasks/{id}/runs", &r);
+    let r = send(&h, "GET", "/v1/tasks/t1/runs?after=first", None).await;
+    assert_eq!(r.status, 400);
     check(&d, "GET", "/v1/tasks/{id}/runs", &r);
     let r = send(&h, "GET", "/v1/tasks/none/runs", None).await;
     assert_eq!(r.status, 404);
@@ -659,6 +669,12 @@ async fn answers_match_the_document() {
     let r = send(&h, "GET", "/v1/events?colour=red", None).await;
     assert_eq!(r.status, 400);
     check(&d, "GET", "/v1/events", &r);
+    let r = send(&h, "GET", "/v1/export", None).await;
+    assert_eq!(r.status, 200);
+    check(&d, "GET", "/v1/export", &r);
+    let r = send(&h, "GET", "/v1/export?full=1", None).await;
+    assert_eq!(r.status, 400);
+    check(&d, "GET", "/v1/export", &r);
     for page in ["/", "/dashboard/app.js", "/dashboard/app.css"] {
         let r = send(&h, "GET", page, None).await;
         assert_eq!(r.status, 200);

@@ -68,7 +68,11 @@ async fn fifty_messages_paced_at_100ms_arrive_once_in_order_on_time() {
     // send plus k intervals; and on average the arrivals are an interval apart.
     let arrivals: Vec<f64> = got.iter().map(|r| r.at_ms).collect();
     for (k, (a, s)) in arrivals.iter().zip(&sent).enumerate() {
-        assert!(a + 1.0 >= *s, "message {k} arrived {} ms before its send", s - a);
+        assert!(
+            a + 1.0 >= *s,
+            "message {k} arrived {} ms before its send",
+            s - a
+        );
         assert!(
             a + 1.0 >= sent[0] + 100.0 * k as f64,
             "message {k} arrived early: {} ms after the first send",

@@ -55,9 +55,10 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// capacity, tells this client to resync).
 const FRAMES_BUFFERED: usize = 64;
 
-/// A body that yields what the pump task sends, and ends when the pump ends.
-struct EventBody {
-    rx: mpsc::Receiver<Bytes>,
+/// A body that yields what the pump task sends, and ends when the pump ends. (Also the body
+/// of `GET /v1/export`.)
+pub(super) struct EventBody {
+    pub(super) rx: mpsc::Receiver<Bytes>,
 }
 
 impl hyper::body::Body for EventBody {

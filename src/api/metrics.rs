@@ -1,174 +1,425 @@
-//! `GET /metrics`: Prometheus text exposition of herald's counters and gauges.
+//! `GET /metrics`: the Prometheus text format (0.0.4), written by `prometheus-client`.
+//!
+//! Histograms are observed where things happen and live there: fire lateness in the engine,
+//! delivery latency per channel and outcome in each channel, flush time and group size in the
+//! commit thread, API request time by route here ([`ApiMetrics`]). Everything else is read at
+//! scrape time into one [`Scrape`] and encoded by the crate (names, `_total` suffixes, label
+//! escaping, buckets). Task counts by state and the failure list's size come from a cached
+//! census (`engine/stats.rs`) so that a scrape never turns into a full scan every time.
 
-use std::fmt::Write;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+
+use super::problem::Problem;
+use super::ApiState;
 use crate::deliver::breaker::BreakerState;
-use crate::engine::Engine;
+use crate::deliver::OUTCOMES;
 
-/// Label values are channel names ([A-Za-z0-9._:-], checked by config): nothing to escape.
-pub fn render(engine: &Engine) -> String {
-    let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, rows: Vec<(String, u64)>| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (labels, v) in rows {
-            let _ = writeln!(out, "{name}{labels} {v}");
+/// Upper bounds (seconds) of the API request-time buckets.
+const REQUEST_BOUNDS_S: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
+
+type RequestLabels = [(&'static str, &'static str); 3];
+
+fn request_histogram() -> Histogram {
+    Histogram::new(REQUEST_BOUNDS_S)
+}
+
+/// API request time by route template, method and status class: bounded label values only
+/// (a raw path would make one series per task id).
+pub struct ApiMetrics {
+    requests: Family<RequestLabels, Histogram, fn() -> Histogram>,
+}
+
+impl Default for ApiMetrics {
+    fn default() -> Self {
+        ApiMetrics {
+            requests: Family::new_with_constructor(request_histogram),
         }
-    };
-    metric(
+    }
+}
+
+impl ApiMetrics {
+    pub fn observe(&self, path: &str, method: &hyper::Method, status: u16, took: Duration) {
+        let labels = [
+            ("route", route_of(path)),
+            ("method", method_label(method)),
+            ("code", status_class(status)),
+        ];
+        self.requests
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+    }
+}
+
+/// The route template a path is served by (`/v1/tasks/{id}`), or `other`.
+pub fn route_of(path: &str) -> &'static str {
+    let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+    match segs.as_slice() {
+        [] | [""] => "/",
+        ["healthz"] => "/healthz",
+        ["metrics"] => "/metrics",
+        ["dashboard", "app.js" | "app.css"] => "/dashboard/{asset}",
+        ["v1", rest @ ..] => match rest {
+            ["tasks"] => "/v1/tasks",
+            ["tasks", _] => "/v1/tasks/{id}",
+            ["tasks", _, "cancel" | "pause" | "resume" | "trigger"] => "/v1/tasks/{id}/{action}",
+            ["tasks", _, "runs"] => "/v1/tasks/{id}/runs",
+            ["failures"] => "/v1/failures",
+            ["failures", _] => "/v1/failures/{id}",
+            ["failures", _, "retry"] => "/v1/failures/{id}/retry",
+            ["channels"] => "/v1/channels",
+            ["schedules", "preview"] => "/v1/schedules/preview",
+            ["events"] => "/v1/events",
+            ["export"] => "/v1/export",
+            ["openapi.json"] => "/v1/openapi.json",
+            _ => "other",
+        },
+        _ => "other",
+    }
+}
+
+fn method_label(m: &hyper::Method) -> &'static str {
+    match *m {
+        hyper::Method::GET => "GET",
+        hyper::Method::HEAD => "HEAD",
+        hyper::Method::POST => "POST",
+        hyper::Method::PUT => "PUT",
+        hyper::Method::PATCH => "PATCH",
+        hyper::Method::DELETE => "DELETE",
+        _ => "other",
+    }
+}
+
+fn status_class(s: u16) -> &'static str {
+    match s {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// One value of a metric family.
+#[derive(Debug)]
+enum Value {
+    Gauge(i64),
+    Counter(u64),
+    Seconds(f64),
+    Hist(Histogram),
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// One metric family: name (without `_total` for counters: the encoder adds it), help, rows.
+#[derive(Debug)]
+struct Fam {
+    name: &'static str,
+    help: &'static str,
+    kind: MetricType,
+    rows: Vec<(Labels, Value)>,
+}
+
+/// Everything one scrape shows, read once and encoded by the crate.
+#[derive(Debug, Default)]
+struct Scrape(Vec<Fam>);
+
+impl Scrape {
+    fn add(
+        &mut self,
+        name: &'static str,
+        kind: MetricType,
+        help: &'static str,
+        rows: Vec<(Labels, Value)>,
+    ) {
+        self.0.push(Fam {
+            name,
+            help,
+            kind,
+            rows,
+        });
+    }
+    fn gauge(&mut self, name: &'static str, help: &'static str, v: i64) {
+        self.add(
+            name,
+            MetricType::Gauge,
+            help,
+            vec![(vec![], Value::Gauge(v))],
+        );
+    }
+    fn counter(&mut self, name: &'static str, help: &'static str, v: u64) {
+        self.add(
+            name,
+            MetricType::Counter,
+            help,
+            vec![(vec![], Value::Counter(v))],
+        );
+    }
+    fn histogram(&mut self, name: &'static str, help: &'static str, h: &Histogram) {
+        self.add(
+            name,
+            MetricType::Histogram,
+            help,
+            vec![(vec![], Value::Hist(h.clone()))],
+        );
+    }
+}
+
+fn encode_value(v: &Value, e: prometheus_client::encoding::MetricEncoder) -> std::fmt::Result {
+    match v {
+        Value::Gauge(g) => ConstGauge::new(*g).encode(e),
+        Value::Counter(c) => ConstCounter::new(*c).encode(e),
+        Value::Seconds(s) => ConstCounter::new(*s).encode(e),
+        Value::Hist(h) => h.encode(e),
+    }
+}
+
+impl prometheus_client::collector::Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        for f in &self.0 {
+            let mut m = encoder.encode_descriptor(f.name, f.help, None, f.kind)?;
+            for (labels, v) in &f.rows {
+                if labels.is_empty() {
+                    encode_value(v, m)?;
+                    break;
+                }
+                encode_value(v, m.encode_family(labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Renders `/metrics`. The task census may scan the store: it runs off the runtime's workers.
+pub async fn render(state: &ApiState) -> Result<String, Problem> {
+    let engine = state.engine.clone();
+    let census = tokio::task::spawn_blocking(move || engine.census())
+        .await
+        .map_err(|e| Problem::internal(format!("metrics: {e}")))?;
+    let engine = &state.engine;
+    let mut s = Scrape::default();
+    s.gauge(
         "herald_ready",
-        "gauge",
-        "1 once start-up recovery is done.",
-        vec![(String::new(), u64::from(engine.is_ready()))],
+        "1 once start-up recovery is done",
+        i64::from(engine.is_ready()),
     );
-    metric(
+    s.gauge(
         "herald_live_index_loading",
-        "gauge",
-        "1 while start-up still loads the live index in the background (after ready).",
-        vec![(String::new(), u64::from(engine.index_loading()))],
+        "1 while start-up still loads the live index in the background (after ready)",
+        i64::from(engine.index_loading()),
     );
-    metric(
+    s.gauge(
         "herald_tasks_live",
-        "gauge",
-        "Tasks that are pending, running or paused.",
-        vec![(String::new(), engine.live_tasks() as u64)],
+        "Tasks that are pending, running or paused (from memory; while the live index loads, those loaded so far)",
+        engine.live_tasks() as i64,
     );
-    let (raised, failed) = engine.alert_counts();
-    metric(
-        "herald_alerts_total",
-        "counter",
-        "Alerts raised (failure list entries, breaker transitions).",
-        vec![(String::new(), raised)],
-    );
-    metric(
-        "herald_alert_deliveries_failed_total",
-        "counter",
-        "Alerts that could not be delivered to the alert channel.",
-        vec![(String::new(), failed)],
-    );
-    let stats = engine.store().commit_stats();
-    metric(
-        "herald_store_flushes_total",
-        "counter",
-        "Durable flushes (sled flush + fdatasync) done by the group commit.",
-        vec![(String::new(), stats.flushes.load(Ordering::Relaxed))],
-    );
-    metric(
-        "herald_store_flush_waiters_total",
-        "counter",
-        "Writes made durable by those flushes (waiters / flushes = batching).",
-        vec![(String::new(), stats.waiters.load(Ordering::Relaxed))],
-    );
-    metric(
-        "herald_store_busy_microseconds_total",
-        "counter",
-        "Time the commit thread spent applying and flushing groups (busy / flushes = mean flush).",
-        vec![(String::new(), stats.busy_us.load(Ordering::Relaxed))],
-    );
-    metric(
-        "herald_store_write_failures_total",
-        "counter",
-        "Write groups the storage refused (apply or flush failed).",
-        vec![(String::new(), stats.failures.load(Ordering::Relaxed))],
-    );
-    metric(
-        "herald_store_group_max",
-        "gauge",
-        "Largest number of writers made durable by one flush since start.",
-        vec![(String::new(), stats.group_max.load(Ordering::Relaxed))],
-    );
-    metric(
-        "herald_store_queue",
-        "gauge",
-        "Writes waiting for the commit thread now.",
-        vec![(String::new(), engine.store().queued() as u64)],
-    );
-    metric(
-        "herald_storage_failing",
-        "gauge",
-        "1 while storage fails (writes refused with 503, no new sends; /healthz 503).",
-        vec![(String::new(), u64::from(engine.storage_failing().is_some()))],
-    );
-    let channels: Vec<_> = engine.channels().iter().cloned().collect();
-    let per = |f: &dyn Fn(&crate::deliver::Channel) -> Vec<(String, u64)>| {
-        channels.iter().flat_map(|c| f(c)).collect::<Vec<_>>()
-    };
-    metric(
-        "herald_channel_attempts_total",
-        "counter",
-        "Delivery attempts by channel and outcome.",
-        per(&|c| {
-            let s = &c.stats;
-            [
-                ("sent", &s.sent),
-                ("retryable", &s.retryable_failures),
-                ("permanent", &s.permanent_failures),
+    match census {
+        Ok(c) => {
+            let by_state = [
+                ("pending", c.pending),
+                ("running", c.running),
+                ("paused", c.paused),
             ]
             .into_iter()
-            .map(|(o, v)| {
-                (
-                    format!("{{channel=\"{}\",outcome=\"{o}\"}}", c.name),
-                    v.load(Ordering::Relaxed),
-                )
-            })
-            .collect()
-        }),
-    );
-    metric(
-        "herald_channel_held_total",
-        "counter",
-        "Sends held by the rate limit, an open breaker or a local resource shortage (put back on the wheel).",
-        per(&|c| {
-            vec![(
-                format!("{{channel=\"{}\"}}", c.name),
-                c.stats.held.load(Ordering::Relaxed),
-            )]
-        }),
-    );
-    metric(
-        "herald_channel_held_local_total",
-        "counter",
-        "Sends held because this host ran out of a resource (too many open files, no buffer space): no attempt counted, breaker not told.",
-        per(&|c| {
-            vec![(
-                format!("{{channel=\"{}\"}}", c.name),
-                c.stats.held_local.load(Ordering::Relaxed),
-            )]
-        }),
-    );
-    metric(
-        "herald_channel_in_flight",
-        "gauge",
-        "Sends in flight.",
-        per(&|c| vec![(format!("{{channel=\"{}\"}}", c.name), c.in_flight() as u64)]),
-    );
-    metric(
-        "herald_channel_breaker_open",
-        "gauge",
-        "1 while the channel's breaker is open or half-open.",
-        per(&|c| match c.breaker_state() {
-            Some(s) => vec![(
-                format!("{{channel=\"{}\"}}", c.name),
-                u64::from(s != BreakerState::Closed),
-            )],
-            None => vec![],
-        }),
-    );
-    let (rows, sum, count) = engine.lateness().snapshot();
-    {
-        let name = "herald_send_lateness_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} How late sends start: from the instant the schedule (or pacing) planned the message to the start of its attempt."
-        );
-        let _ = writeln!(out, "# TYPE {name} histogram");
-        for (le, c) in rows {
-            let le = le.map_or("+Inf".to_string(), |ms| format!("{}", ms as f64 / 1000.0));
-            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {c}");
+            .map(|(st, n)| (vec![("state", st.to_string())], Value::Gauge(n as i64)))
+            .collect();
+            s.add(
+                "herald_tasks",
+                MetricType::Gauge,
+                "Unfinished tasks by state (from a census of the live index, refreshed at most every 10 s, longer on a large store)",
+                by_state,
+            );
+            s.gauge(
+                "herald_failures",
+                "Entries in the failure list (same census)",
+                c.failures as i64,
+            );
         }
-        let _ = writeln!(out, "{name}_sum {}", sum as f64 / 1000.0);
-        let _ = writeln!(out, "{name}_count {count}");
+        // A storage error: the counts are left out (storage health has its own gauge).
+        Err(e) => tracing::warn!(error = %e, "metrics: the task census failed"),
     }
-    out
+    s.gauge(
+        "herald_wheel_entries",
+        "Entries on the timing wheel (pending fires, active run steps, failure retries)",
+        engine.wheel_entries() as i64,
+    );
+    let (raised, failed) = engine.alert_counts();
+    s.counter(
+        "herald_alerts",
+        "Alerts raised (failure list entries, breaker transitions)",
+        raised,
+    );
+    s.counter(
+        "herald_alert_deliveries_failed",
+        "Alerts that could not be delivered to the alert channel",
+        failed,
+    );
+    let st = engine.store().commit_stats();
+    s.counter(
+        "herald_store_flushes",
+        "Durable flushes (sled flush + fdatasync) done by the group commit",
+        st.flushes.load(Ordering::Relaxed),
+    );
+    s.counter(
+        "herald_store_flush_waiters",
+        "Writes made durable by those flushes (waiters / flushes = batching)",
+        st.waiters.load(Ordering::Relaxed),
+    );
+    s.add(
+        "herald_store_busy_seconds",
+        MetricType::Counter,
+        "Time the commit thread spent applying and flushing groups",
+        vec![(
+            vec![],
+            Value::Seconds(st.busy_us.load(Ordering::Relaxed) as f64 / 1e6),
+        )],
+    );
+    s.counter(
+        "herald_store_write_failures",
+        "Write groups the storage refused (apply or flush failed)",
+        st.failures.load(Ordering::Relaxed),
+    );
+    s.gauge(
+        "herald_store_group_max",
+        "Largest number of writers made durable by one flush since start",
+        st.group_max.load(Ordering::Relaxed) as i64,
+    );
+    s.histogram(
+        "herald_store_flush_duration_seconds",
+        "Time per group commit: applying the group and the durable flush",
+        &st.flush_seconds,
+    );
+    s.histogram(
+        "herald_store_group_writers",
+        "Writers made durable by one flush (a histogram of group sizes)",
+        &st.group_size,
+    );
+    s.gauge(
+        "herald_store_queue",
+        "Writes waiting for the commit thread now",
+        engine.store().queued() as i64,
+    );
+    s.gauge(
+        "herald_storage_failing",
+        "1 while storage fails (writes refused with 503, no new sends; /healthz 503)",
+        i64::from(engine.storage_failing().is_some()),
+    );
+    let channels: Vec<_> = engine.channels().iter().cloned().collect();
+    let ch = |c: &crate::deliver::Channel| vec![("channel", c.name.clone())];
+    let mut attempts = Vec::new();
+    let mut latency = Vec::new();
+    let (mut held, mut held_local, mut in_flight, mut breaker) = (vec![], vec![], vec![], vec![]);
+    for c in &channels {
+        let st = &c.stats;
+        for (o, v) in [
+            ("sent", &st.sent),
+            ("retryable", &st.retryable_failures),
+            ("permanent", &st.permanent_failures),
+        ] {
+            let mut l = ch(c);
+            l.push(("outcome", o.to_string()));
+            attempts.push((l, Value::Counter(v.load(Ordering::Relaxed))));
+        }
+        for (o, h) in OUTCOMES.iter().zip(&st.latency) {
+            let mut l = ch(c);
+            l.push(("outcome", o.to_string()));
+            latency.push((l, Value::Hist(h.clone())));
+        }
+        held.push((ch(c), Value::Counter(st.held.load(Ordering::Relaxed))));
+        held_local.push((ch(c), Value::Counter(st.held_local.load(Ordering::Relaxed))));
+        in_flight.push((ch(c), Value::Gauge(c.in_flight() as i64)));
+        if let Some(b) = c.breaker_state() {
+            breaker.push((ch(c), Value::Gauge(i64::from(b != BreakerState::Closed))));
+        }
+    }
+    s.add(
+        "herald_channel_attempts",
+        MetricType::Counter,
+        "Delivery attempts by channel and outcome",
+        attempts,
+    );
+    s.add(
+        "herald_delivery_duration_seconds",
+        MetricType::Histogram,
+        "Time one delivery attempt took (request to answer) by channel and outcome (held: a local resource ran out)",
+        latency,
+    );
+    s.add(
+        "herald_channel_held",
+        MetricType::Counter,
+        "Sends held by the rate limit, an open breaker or a local resource shortage (put back on the wheel)",
+        held,
+    );
+    s.add(
+        "herald_channel_held_local",
+        MetricType::Counter,
+        "Sends held because this host ran out of a resource (too many open files, no buffer space): no attempt counted, breaker not told",
+        held_local,
+    );
+    s.add(
+        "herald_channel_in_flight",
+        MetricType::Gauge,
+        "Sends in flight",
+        in_flight,
+    );
+    if !breaker.is_empty() {
+        s.add(
+            "herald_channel_breaker_open",
+            MetricType::Gauge,
+            "1 while the channel's breaker is open or half-open",
+            breaker,
+        );
+    }
+    s.histogram(
+        "herald_send_lateness_seconds",
+        "How late sends start: from the instant the schedule (or pacing) planned the message to the start of its attempt",
+        engine.lateness(),
+    );
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(s));
+    registry.register(
+        "herald_http_request_duration_seconds",
+        "API request time (to the answer's head) by route template, method and status class",
+        state.metrics.requests.clone(),
+    );
+    let mut out = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
+        .map_err(|e| Problem::internal(format!("metrics: {e}")))?;
+    Ok(out)
+}
+
+/// The `Content-Type` of `/metrics`.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_are_templates_with_bounded_values() {
+        assert_eq!(route_of("/v1/tasks/abc"), "/v1/tasks/{id}");
+        assert_eq!(route_of("/v1/tasks/abc/"), "/v1/tasks/{id}");
+        assert_eq!(route_of("/v1/tasks/a/pause"), "/v1/tasks/{id}/{action}");
+        assert_eq!(route_of("/v1/tasks/a/runs"), "/v1/tasks/{id}/runs");
+        assert_eq!(
+            route_of("/v1/failures/a:1:2/retry"),
+            "/v1/failures/{id}/retry"
+        );
+        assert_eq!(route_of("/"), "/");
+        assert_eq!(route_of("/metrics"), "/metrics");
+        assert_eq!(route_of("/v1/nothing/here"), "other");
+        assert_eq!(route_of("/wp-admin.php"), "other");
+        assert_eq!(status_class(204), "2xx");
+        assert_eq!(status_class(503), "5xx");
+        assert_eq!(method_label(&hyper::Method::TRACE), "other");
+    }
 }

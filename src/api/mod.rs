@@ -5,8 +5,9 @@
 pub mod conns;
 mod dashboard;
 pub mod events;
+mod export;
 mod input;
-mod metrics;
+pub mod metrics;
 mod preview;
 pub mod problem;
 mod rejections;
@@ -50,6 +51,8 @@ pub struct ApiState {
     pub body_read_timeout: Duration,
     /// The request head must arrive within this (hyper closes the connection otherwise).
     pub header_read_timeout: Duration,
+    /// API request times by route (`/metrics`).
+    pub metrics: metrics::ApiMetrics,
 }
 
 const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
@@ -155,6 +158,7 @@ async fn handle(
     shutdown: watch::Receiver<bool>,
     slot: &conns::SlotHandle,
 ) -> Response<events::Body> {
+    let started = std::time::Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     // The event stream is the one answer that is not a single buffer.
@@ -167,9 +171,13 @@ async fn handle(
             }
             r
         }
+        Ok(()) if path.trim_end_matches('/') == "/v1/export" => export::handle(state, &req),
         Ok(()) => route(state, req).await.map(|r| r.map(BodyExt::boxed)),
     };
     let resp = resp.unwrap_or_else(|p| p.into_response().map(BodyExt::boxed));
+    state
+        .metrics
+        .observe(&path, &method, resp.status().as_u16(), started.elapsed());
     tracing::debug!(%method, path = %crate::logsafe::Escaped(&path), status = resp.status().as_u16(), "request");
     resp
 }
@@ -258,10 +266,10 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
         if req.method() != Method::GET {
             return Err(method_not_allowed("GET"));
         }
-        let mut r = Response::new(Full::new(Bytes::from(metrics::render(&state.engine))));
+        let mut r = Response::new(Full::new(Bytes::from(metrics::render(state).await?)));
         r.headers_mut().insert(
             hyper::header::CONTENT_TYPE,
-            hyper::header::HeaderValue::from_static("text/plain; version=0.0.4"),
+            hyper::header::HeaderValue::from_static(metrics::CONTENT_TYPE),
         );
         return Ok(r);
     }
@@ -299,7 +307,7 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
             let id = path_id(id)?;
             match m {
                 Method::GET => get_task(state, &id),
-                Method::DELETE => cancel_task(state, &id).await,
+                Method::DELETE => delete_task(state, &id).await,
                 Method::PATCH => patch_task(state, &id, req).await,
                 _ => Err(method_not_allowed("GET, PATCH, DELETE")),
             }
@@ -321,7 +329,7 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
         ["tasks", id, "runs"] => {
             let id = path_id(id)?;
             match m {
-                Method::GET => task_runs(state, &id),
+                Method::GET => task_runs(state, &id, &req),
                 _ => Err(method_not_allowed("GET")),
             }
         }
@@ -516,8 +524,19 @@ async fn list_tasks(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, P
     ))
 }
 
-async fn cancel_task(state: &ApiState, id: &str) -> Result<Resp, Problem> {
-    let v = state.engine.cancel(id).await?;
+/// `DELETE /v1/tasks/{id}`: cancels an unfinished task, exactly as `POST .../cancel` (the API's
+/// first meaning of DELETE; the task stays readable as `cancelled`), and deletes a finished
+/// one with its messages, runs and idempotency keys. Both answer the task as it was last seen.
+async fn delete_task(state: &ApiState, id: &str) -> Result<Resp, Problem> {
+    let finished = match state.engine.get(id)? {
+        Some(v) => v.task.state.is_terminal(),
+        None => return Err(crate::engine::EngineError::NotFound(format!("task {id:?}")).into()),
+    };
+    let v = if finished {
+        state.engine.delete(id).await?
+    } else {
+        state.engine.cancel(id).await?
+    };
     Ok(json_response(StatusCode::OK, &task_json(state, &v)))
 }
 
@@ -528,11 +547,28 @@ async fn patch_task(state: &ApiState, id: &str, req: Request<Incoming>) -> Resul
     Ok(json_response(StatusCode::OK, &task_json(state, &v)))
 }
 
-fn task_runs(state: &ApiState, id: &str) -> Result<Resp, Problem> {
-    match state.engine.runs(id)? {
-        Some(runs) => {
+/// A page of a task's runs, paged like the task listing: `limit`, `after` (the last run
+/// number of the previous page), `next`.
+fn task_runs(state: &ApiState, id: &str, req: &Request<Incoming>) -> Result<Resp, Problem> {
+    let q = query(req, &["limit", "after"])?;
+    let (limit, _) = page_params(&q, crate::model::id::ID_MAX_LEN)?;
+    let after = match param(&q, "after") {
+        Some(a) if !a.is_empty() => Some(a.parse::<u32>().map_err(|_| {
+            Problem::bad_request(format!(
+                "after: {a:?} is not a run number (the `next` of the previous page)"
+            ))
+            .with_field("after")
+        })?),
+        _ => None,
+    };
+    match state.engine.runs_page(id, after, limit)? {
+        Some((runs, next)) => {
             let list: Vec<Value> = runs.iter().map(views::run).collect();
-            Ok(json_response(StatusCode::OK, &json!({ "runs": list })))
+            let next = next.map(|n| n.to_string());
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({ "runs": list, "next": next }),
+            ))
         }
         None => Err(Problem::not_found(format!("task {id:?} does not exist"))),
     }

@@ -5,6 +5,7 @@
 //! Every command prints a readable table or summary, or with `--json` the API's JSON. Errors
 //! are one line on stderr and a non-zero exit (see [`CliError`]).
 
+mod backup;
 mod client;
 mod failures;
 mod next;
@@ -54,6 +55,11 @@ pub enum Command {
     },
     /// When a schedule fires next (offline, with the server's schedule code).
     Next(next::NextArgs),
+    /// Write every task, run, failure and idempotency key as JSON lines to standard output:
+    /// from the data directory of a stopped herald (--data) or from a running one (--url).
+    Export(backup::ExportArgs),
+    /// Restore an export into a new or empty data directory (standard input or -f FILE).
+    Import(backup::ImportArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -94,8 +100,18 @@ pub enum TasksCmd {
     Resume { id: String },
     /// Start a run now.
     Trigger { id: String },
-    /// The task's runs, with cursors and outcomes.
-    Runs { id: String },
+    /// The task's runs, with cursors and outcomes, oldest first.
+    Runs {
+        id: String,
+        /// Runs per page (1-1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Start after this run number (the `next` of the previous page).
+        #[arg(long)]
+        after: Option<u32>,
+    },
+    /// Delete a finished task with its runs (an unfinished one must be cancelled first).
+    Delete { id: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -139,6 +155,8 @@ pub fn run(cmd: Command) -> Result<(), CliError> {
                 let c = Client::new(&conn.url)?;
                 failures::channels(&c, conn.json).await
             }
+            Command::Export(args) => backup::export_cmd(args).await,
+            Command::Import(args) => backup::import_cmd(args).await,
             Command::Next(_) => Ok(()),
         }
     })

@@ -78,12 +78,32 @@ pub async fn run(c: &Client, json: bool, cmd: TasksCmd) -> Result<(), CliError> 
         TasksCmd::Pause { id } => action(c, json, &id, "pause").await,
         TasksCmd::Resume { id } => action(c, json, &id, "resume").await,
         TasksCmd::Trigger { id } => action(c, json, &id, "trigger").await,
-        TasksCmd::Runs { id } => {
-            let v = c.get(&format!("/v1/tasks/{}/runs", enc(&id))).await?;
+        TasksCmd::Runs { id, limit, after } => {
+            let mut path = format!("/v1/tasks/{}/runs?limit={limit}", enc(&id));
+            if let Some(a) = after {
+                path.push_str(&format!("&after={a}"));
+            }
+            let v = c.get(&path).await?;
             if json {
                 print_json(&v);
             } else {
                 print_runs(&v);
+                if let Some(next) = v["next"].as_str() {
+                    println!("more: herald tasks runs {id} --after {next}");
+                }
+            }
+            Ok(())
+        }
+        TasksCmd::Delete { id } => {
+            let v = c.delete(&format!("/v1/tasks/{}", enc(&id))).await?;
+            if json {
+                print_json(&v);
+            } else {
+                println!(
+                    "deleted {} ({})",
+                    table::cell(&v["id"]),
+                    table::cell(&v["state"])
+                );
             }
             Ok(())
         }

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use prometheus_client::metrics::histogram::Histogram;
 use serde::Serialize;
 use tokio::sync::Semaphore;
 
@@ -99,7 +100,7 @@ pub enum Sink {
 }
 
 /// Counters for the channel view.
-#[derive(Default, Debug)]
+#[derive(Debug)]
 pub struct ChannelStats {
     pub sent: AtomicU64,
     pub retryable_failures: AtomicU64,
@@ -109,6 +110,40 @@ pub struct ChannelStats {
     pub held: AtomicU64,
     /// Of those, holds for a local resource shortage (too many open files, no buffer space).
     pub held_local: AtomicU64,
+    /// How long attempts took (the sink's work: request to answer), in seconds, by outcome
+    /// ([`OUTCOMES`] order).
+    pub latency: [Histogram; 4],
+}
+
+/// Outcome labels of [`ChannelStats::latency`], in index order.
+pub const OUTCOMES: [&str; 4] = ["sent", "retryable", "permanent", "held"];
+
+/// Upper bounds (seconds) of the delivery latency buckets.
+pub const LATENCY_BOUNDS_S: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+impl Default for ChannelStats {
+    fn default() -> Self {
+        ChannelStats {
+            sent: AtomicU64::new(0),
+            retryable_failures: AtomicU64::new(0),
+            permanent_failures: AtomicU64::new(0),
+            held: AtomicU64::new(0),
+            held_local: AtomicU64::new(0),
+            latency: std::array::from_fn(|_| Histogram::new(LATENCY_BOUNDS_S)),
+        }
+    }
+}
+
+/// Index of an outcome in [`OUTCOMES`].
+fn outcome_index(o: &Outcome) -> usize {
+    match o {
+        Outcome::Sent => 0,
+        Outcome::Retry { .. } => 1,
+        Outcome::Permanent { .. } => 2,
+        Outcome::Held { .. } => 3,
+    }
 }
 
 /// The answer to "may a send start on this channel now?".
@@ -250,7 +285,9 @@ impl Channel {
         } else {
             d
         };
-        match &self.sink {
+        // Real time, not the engine's clock: this measures the channel, not the schedule.
+        let started = std::time::Instant::now();
+        let outcome = match &self.sink {
             Sink::Log => {
                 tracing::info!(target: "herald::delivery", channel = %self.name, task = %d.task_id,
                     run = d.run, seq = d.seq, to = %Escaped(&d.to), attempt = d.attempt,
@@ -259,7 +296,9 @@ impl Channel {
             }
             Sink::File(f) => f.write(d).await,
             Sink::Webhook(w) => w.deliver(d, now_ms).await,
-        }
+        };
+        self.stats.latency[outcome_index(&outcome)].observe(started.elapsed().as_secs_f64());
+        outcome
     }
 
     /// The platform side of a webhook channel (templates, success rule, token), if any.

@@ -693,11 +693,12 @@ impl Platform {
             )
         })?;
         let origin_ok = match (uri.scheme_str(), uri.authority()) {
-            (Some(s), Some(a)) => self
-                .origin
-                .strip_prefix(s)
-                .and_then(|rest| rest.strip_prefix("://"))
-                == Some(a.as_str()),
+            (Some(s), Some(a)) => {
+                self.origin
+                    .strip_prefix(s)
+                    .and_then(|rest| rest.strip_prefix("://"))
+                    == Some(a.as_str())
+            }
             _ => false,
         };
         if !origin_ok {

@@ -413,7 +413,9 @@ async fn prepare(
     // The schedule's instant for the run's first message, however late herald got to it;
     // for the rest, the instant pacing (or a retry) planned it for.
     let scheduled = if seq == 0 { run.scheduled_at_ms } else { due };
-    inner.lateness.observe(now.saturating_sub(scheduled));
+    inner
+        .lateness
+        .observe(now.saturating_sub(scheduled) as f64 / 1000.0);
     let minutes = minutes_left(&t.schedule, run.scheduled_at_ms);
     let body = match minutes {
         Some(m) => msg.body.replace("{{minutes_left}}", &m.to_string()),

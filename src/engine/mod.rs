@@ -16,6 +16,7 @@ pub mod events; // events (issue 11)
 mod failures;
 mod plan;
 mod recovery;
+pub mod retention;
 mod retry;
 pub mod stats;
 pub mod timer;
@@ -76,6 +77,9 @@ pub struct EngineConfig {
     /// reads anything (to test commands on tasks it has not reached yet).
     #[doc(hidden)]
     pub hold_index_load: Option<Arc<AtomicBool>>,
+    /// How long finished tasks are kept (`[store] retention`); `None` keeps them forever.
+    /// The server sets it from the config; the library default keeps everything.
+    pub retention_ms: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -85,6 +89,7 @@ impl Default for EngineConfig {
             jitter_seed: 0x5eed,
             alerts_channel: None,
             hold_index_load: None,
+            retention_ms: None,
         }
     }
 }
@@ -171,8 +176,10 @@ pub(crate) struct Inner {
     /// Sends that started and have not settled yet.
     pub sends_in_flight: AtomicUsize,
     pub alerts_raised: AtomicU64,
-    /// How late sends start (`scheduled_at` → attempt start).
-    pub lateness: stats::Lateness,
+    /// How late sends start (`scheduled_at` → attempt start), in seconds.
+    pub lateness: prometheus_client::metrics::histogram::Histogram,
+    /// The last census of tasks by state (see `stats.rs`).
+    pub census: Mutex<Option<stats::Census>>,
     pub alerts_failed: AtomicU64,
     /// Serialises changes to failure records (retry steps against dismissals).
     pub failures_lock: tokio::sync::Mutex<()>,
@@ -195,6 +202,9 @@ async fn watch_storage(inner: std::sync::Weak<Inner>) {
         was = now;
     }
 }
+
+/// A page of runs and the run number the next page starts after (`None` on the last page).
+pub type RunPage = (Vec<Run>, Option<u32>);
 
 /// A task as seen by a client: the record plus its current (or last) run.
 #[derive(Debug, Clone)]
@@ -264,7 +274,8 @@ impl Engine {
             draining: AtomicBool::new(false),
             sends_in_flight: AtomicUsize::new(0),
             alerts_raised: AtomicU64::new(0),
-            lateness: stats::Lateness::default(),
+            lateness: stats::lateness_histogram(),
+            census: Mutex::new(None),
             alerts_failed: AtomicU64::new(0),
             failures_lock: tokio::sync::Mutex::new(()),
             events: events::Bus::new(), // events (issue 11)
@@ -272,6 +283,9 @@ impl Engine {
         // The dispatcher holds a weak reference so dropping the last Engine shuts it down.
         tokio::spawn(dispatch::dispatcher(Arc::downgrade(&inner), due_rx));
         tokio::spawn(watch_storage(Arc::downgrade(&inner)));
+        if let (Some(r), false) = (inner.config.retention_ms, inner.clock.is_manual()) {
+            tokio::spawn(retention::sweeper(Arc::downgrade(&inner), r));
+        }
         Ok(Engine { inner })
     }
 
@@ -439,20 +453,42 @@ impl Engine {
                 _ => Inserted::IdTaken,
             }
         } else {
-            match inner
-                .store
-                .insert_new_task(
-                    &task,
-                    &messages,
-                    idem.as_ref().map(|(k, h)| (k.as_str(), *h)),
-                )
-                .await
-            {
-                Ok(i) => i,
-                Err(e) => {
-                    drop(guard);
-                    self.forget_cell(&id, &cell);
-                    return Err(e.into());
+            let mut freed_key = false;
+            loop {
+                let r = inner
+                    .store
+                    .insert_new_task(
+                        &task,
+                        &messages,
+                        idem.as_ref().map(|(k, h)| (k.as_str(), *h)),
+                    )
+                    .await;
+                let r = match r {
+                    // The key's task was deleted (retention, DELETE): the key is free again.
+                    // The background sweep removes such keys too; this covers the time until.
+                    Ok(Inserted::KeyUsed(rec))
+                        if !freed_key && !inner.store.task_exists(&rec.task_id).unwrap_or(true) =>
+                    {
+                        freed_key = true;
+                        let mut b = crate::store::Batch::new();
+                        b.ops.extend(
+                            idem.as_ref()
+                                .map(|(k, _)| crate::store::Op::DeleteIdem(k.clone())),
+                        );
+                        match inner.store.write(&b).await {
+                            Ok(()) => continue,
+                            Err(e) => Err(e),
+                        }
+                    }
+                    r => r,
+                };
+                match r {
+                    Ok(i) => break i,
+                    Err(e) => {
+                        drop(guard);
+                        self.forget_cell(&id, &cell);
+                        return Err(e.into());
+                    }
                 }
             }
         };
@@ -559,6 +595,26 @@ impl Engine {
         Ok((out, next, skipped))
     }
 
+    /// A page of a task's runs after run number `after`, oldest first, and the run number the
+    /// next page starts after (`None` on the last page); `None` if there is no such task.
+    pub fn runs_page(
+        &self,
+        id: &str,
+        after: Option<u32>,
+        limit: usize,
+    ) -> Result<Option<RunPage>, EngineError> {
+        if !self.inner.store.task_exists(id)? {
+            return Ok(None);
+        }
+        let (runs, more) = self.inner.store.runs_page(id, after, limit)?;
+        let next = if more {
+            runs.last().map(|r| r.run)
+        } else {
+            None
+        };
+        Ok(Some((runs, next)))
+    }
+
     /// The runs of a task, oldest first.
     pub fn runs(&self, id: &str) -> Result<Option<Vec<Run>>, EngineError> {
         if !self.inner.store.task_exists(id)? {
@@ -578,9 +634,48 @@ impl Engine {
         self.inner.live.lock().len()
     }
 
-    /// The fire-lateness histogram.
-    pub fn lateness(&self) -> &stats::Lateness {
+    /// The fire-lateness histogram (seconds).
+    pub fn lateness(&self) -> &prometheus_client::metrics::histogram::Histogram {
         &self.inner.lateness
+    }
+
+    /// Entries on the timing wheel (one per pending fire, active run step and failure retry).
+    pub fn wheel_entries(&self) -> usize {
+        self.inner
+            .timer
+            .entries
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Unfinished tasks by state and the failure list's size: the cached census while it is
+    /// fresh, else a new one (a scan of the `live` index and the failure list). Blocking.
+    pub fn census(&self) -> Result<stats::Census, EngineError> {
+        let now = std::time::Instant::now();
+        if let Some(c) = *self.inner.census.lock() {
+            if c.is_fresh(now) {
+                return Ok(c);
+            }
+        }
+        let mut c = stats::Census {
+            pending: 0,
+            running: 0,
+            paused: 0,
+            failures: 0,
+            taken_at: now,
+            took: std::time::Duration::ZERO,
+        };
+        for e in self.inner.store.live_entries() {
+            match e?.1.state {
+                TaskState::Pending => c.pending += 1,
+                TaskState::Running => c.running += 1,
+                TaskState::Paused => c.paused += 1,
+                _ => {}
+            }
+        }
+        c.failures = self.inner.store.failure_count()?;
+        c.took = now.elapsed();
+        *self.inner.census.lock() = Some(c);
+        Ok(c)
     }
 
     /// Alerts raised and alert deliveries that failed, since start.

@@ -1,44 +1,48 @@
-//! Engine figures for `/metrics` that are not plain counters: the fire-lateness histogram.
+//! Engine figures for `/metrics` beyond plain counters: the fire-lateness histogram, and a
+//! census of unfinished tasks by state and of the failure list.
+//!
+//! The census comes from a scan of the `live` index and the failure list (memory does not know
+//! the state of an unloaded task), so it is taken at most every [`Census::fresh_for`] and
+//! cached: at a million tasks a scan takes seconds, and a scrape every 15 s must not turn into
+//! a full scan every 15 s.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-/// Upper bounds (ms) of the lateness buckets; the last bucket is +Inf.
-pub const LATENESS_BOUNDS_MS: [u64; 12] = [0, 1, 2, 5, 10, 25, 50, 100, 250, 1_000, 5_000, 60_000];
+use prometheus_client::metrics::histogram::Histogram;
 
-/// Cumulative-on-render histogram of how late sends start: from the instant the schedule
-/// (or pacing) planned a message to the instant its attempt starts.
-#[derive(Default)]
-pub struct Lateness {
-    /// One count per bound, plus +Inf.
-    buckets: [AtomicU64; LATENESS_BOUNDS_MS.len() + 1],
-    sum_ms: AtomicU64,
-    count: AtomicU64,
+/// Upper bounds (seconds) of the lateness buckets (1 ms resolution near zero: the wheel's
+/// tick); +Inf is added by the histogram.
+pub const LATENESS_BOUNDS_S: [f64; 12] = [
+    0.0, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0, 60.0,
+];
+
+/// How late sends start: from the instant the schedule (or pacing) planned a message to the
+/// instant its attempt starts.
+pub fn lateness_histogram() -> Histogram {
+    Histogram::new(LATENESS_BOUNDS_S)
 }
 
-impl Lateness {
-    pub fn observe(&self, late_ms: u64) {
-        let i = LATENESS_BOUNDS_MS
-            .iter()
-            .position(|b| late_ms <= *b)
-            .unwrap_or(LATENESS_BOUNDS_MS.len());
-        self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_ms.fetch_add(late_ms, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
+/// Unfinished tasks by state and the failure list's size, as of `taken_at`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Census {
+    pub pending: u64,
+    pub running: u64,
+    pub paused: u64,
+    pub failures: u64,
+    pub taken_at: Instant,
+    /// How long the scan took.
+    pub took: Duration,
+}
+
+impl Census {
+    /// A census stays good for 20 times what it took, and at least 10 s: the scans cost at
+    /// most ~5 % of one core however large the store grows.
+    pub fn fresh_for(&self) -> Duration {
+        (self.took * 20).max(Duration::from_secs(10))
     }
 
-    /// (upper bound in ms or `None` for +Inf, cumulative count), then sum and count.
-    pub fn snapshot(&self) -> (Vec<(Option<u64>, u64)>, u64, u64) {
-        let mut acc = 0;
-        let mut rows = Vec::with_capacity(self.buckets.len());
-        for (i, b) in self.buckets.iter().enumerate() {
-            acc += b.load(Ordering::Relaxed);
-            rows.push((LATENESS_BOUNDS_MS.get(i).copied(), acc));
-        }
-        (
-            rows,
-            self.sum_ms.load(Ordering::Relaxed),
-            self.count.load(Ordering::Relaxed),
-        )
+    pub fn is_fresh(&self, now: Instant) -> bool {
+        now.duration_since(self.taken_at) < self.fresh_for()
     }
 }
 
@@ -47,17 +51,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buckets_are_cumulative_and_inf_counts_all() {
-        let h = Lateness::default();
-        for l in [0, 1, 3, 7, 70_000] {
-            h.observe(l);
+    fn a_slow_census_is_kept_longer() {
+        let t = Instant::now();
+        let c = |took_ms| Census {
+            pending: 0,
+            running: 0,
+            paused: 0,
+            failures: 0,
+            taken_at: t,
+            took: Duration::from_millis(took_ms),
+        };
+        assert_eq!(c(1).fresh_for(), Duration::from_secs(10));
+        assert_eq!(c(2_000).fresh_for(), Duration::from_secs(40));
+        assert!(c(1).is_fresh(t + Duration::from_secs(9)));
+        assert!(!c(1).is_fresh(t + Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn lateness_buckets_are_cumulative_in_seconds() {
+        let h = lateness_histogram();
+        for ms in [0u64, 1, 3, 7, 70_000] {
+            h.observe(ms as f64 / 1000.0);
         }
-        let (rows, sum, count) = h.snapshot();
-        assert_eq!(rows[0], (Some(0), 1));
-        assert_eq!(rows[1], (Some(1), 2));
-        assert_eq!(rows[3], (Some(5), 3));
-        assert_eq!(rows[4], (Some(10), 4));
-        assert_eq!(rows.last(), Some(&(None, 5)));
-        assert_eq!((sum, count), (70_011, 5));
+        let mut text = String::new();
+        let mut r = prometheus_client::registry::Registry::default();
+        r.register("late_seconds", "x", h);
+        prometheus_client::encoding::prometheus_text::encode(&mut text, &r).unwrap();
+        assert!(text.contains("late_seconds_bucket{le=\"0\"} 1"), "{text}");
+        assert!(
+            text.contains("late_seconds_bucket{le=\"0.005\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("late_seconds_bucket{le=\"+Inf\"} 5"),
+            "{text}"
+        );
+        assert!(text.contains("late_seconds_count 5"), "{text}");
     }
 }

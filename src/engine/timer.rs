@@ -59,6 +59,8 @@ pub struct Timer {
     pub outstanding: Arc<AtomicUsize>,
     /// Steps finished since start (for `Engine::idle`).
     pub completed: Arc<std::sync::atomic::AtomicU64>,
+    /// Entries on the wheel, as of the thread's last round (for `/metrics`).
+    pub entries: Arc<AtomicUsize>,
 }
 
 /// Marks the end of one dispatched step when dropped.
@@ -83,13 +85,16 @@ impl Timer {
         let (tx, rx) = crossbeam_channel::unbounded();
         let outstanding = Arc::new(AtomicUsize::new(0));
         let count = outstanding.clone();
+        let entries = Arc::new(AtomicUsize::new(0));
+        let size = entries.clone();
         let thread = std::thread::Builder::new()
             .name("herald-timer".into())
-            .spawn(move || run(clock, rx, due, count))?;
+            .spawn(move || run(clock, rx, due, count, size))?;
         Ok(Timer {
             tx: Some(tx),
             thread: Some(thread),
             outstanding,
+            entries,
             completed: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         })
     }
@@ -155,6 +160,7 @@ fn run(
     rx: Receiver<Cmd>,
     due: UnboundedSender<RunKey>,
     outstanding: Arc<AtomicUsize>,
+    entries: Arc<AtomicUsize>,
 ) {
     let mut wheel: Wheel<RunKey> = Wheel::new(clock.now_ms());
     let mut handles: HashMap<RunKey, Handle> = HashMap::new();
@@ -214,6 +220,7 @@ fn run(
                 outstanding.fetch_sub(1, Ordering::AcqRel);
             }
         });
+        entries.store(wheel.len(), Ordering::Relaxed);
         for reply in syncs {
             let _ = reply.send((wheel.next_deadline(), fired));
         }

@@ -114,6 +114,12 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// The last key with `prefix`, if any.
     fn last_with_prefix(&self, tree: TreeId, prefix: &[u8]) -> Result<Option<Kv>, StoreError>;
+    /// Several point reads that see one state: no group is applied half-way between them
+    /// (an export reads each task this way). The default reads one by one, which is atomic
+    /// only for a backend that applies nothing concurrently.
+    fn get_atomic(&self, keys: &[(TreeId, Vec<u8>)]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        keys.iter().map(|(t, k)| self.get(*t, k)).collect()
+    }
 }
 
 /// sled 0.34 as the backend: one multi-tree transaction per group (sled serialises them on a
@@ -298,6 +304,24 @@ impl Backend for SledBackend {
                     .map_err(StoreError::from)
             });
         Box::new(it)
+    }
+
+    /// A read-only transaction over the trees: sled serialises it with the commit thread's
+    /// group transactions, so it sees a group either wholly or not at all.
+    fn get_atomic(&self, keys: &[(TreeId, Vec<u8>)]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let trees = self.with(|i| i.trees.clone())?;
+        let r = trees.as_slice().transaction(|tx| {
+            let mut out = Vec::with_capacity(keys.len());
+            for (t, k) in keys {
+                out.push(tx[t.index()].get(k.as_slice())?.map(|v| v.to_vec()));
+            }
+            Ok::<_, ConflictableTransactionError<StoreError>>(out)
+        });
+        match r {
+            Ok(v) => Ok(v),
+            Err(TransactionError::Abort(e)) => Err(e),
+            Err(TransactionError::Storage(e)) => Err(StoreError::Sled(e)),
+        }
     }
 
     fn last_with_prefix(&self, tree: TreeId, prefix: &[u8]) -> Result<Option<Kv>, StoreError> {

@@ -105,4 +105,8 @@ impl Backend for FaultyBackend {
     fn last_with_prefix(&self, tree: TreeId, prefix: &[u8]) -> Result<Option<Kv>, StoreError> {
         self.inner.last_with_prefix(tree, prefix)
     }
+
+    fn get_atomic(&self, keys: &[(TreeId, Vec<u8>)]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.inner.get_atomic(keys)
+    }
 }

@@ -22,7 +22,9 @@ pub mod backend;
 pub mod codec;
 pub mod commit;
 pub mod fault;
+pub mod image;
 pub mod legacy;
+pub mod purge;
 pub mod records;
 
 use std::path::Path;
@@ -111,6 +113,12 @@ pub enum Op {
     Run(String, Run),
     Failure(Failure),
     DeleteFailure(String),
+    /// Deletes a finished task and everything it holds (retention, `DELETE /v1/tasks/{id}`).
+    DeleteTask(purge::Footprint),
+    /// Deletes an idempotency key (its task is gone).
+    DeleteIdem(String),
+    /// Writes an idempotency key as it was (import of an export).
+    PutIdem(String, IdemRecord),
 }
 
 /// Writes applied atomically together.
@@ -199,12 +207,19 @@ pub enum Walk {
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
     pub cache_bytes: u64,
+    /// How long finished tasks are kept before the retention sweep deletes them (`[store]
+    /// retention`); `None` keeps them forever. Applied by the engine, not by the store.
+    pub retention_ms: Option<u64>,
 }
+
+/// `[store] retention` when the config does not say.
+pub const DEFAULT_RETENTION_MS: u64 = 7 * 86_400_000;
 
 impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
             cache_bytes: DEFAULT_CACHE_BYTES,
+            retention_ms: Some(DEFAULT_RETENTION_MS),
         }
     }
 }
@@ -487,6 +502,16 @@ impl Store {
         })
     }
 
+    /// Entries in the failure list (a scan: the census for `/metrics` calls it rarely).
+    pub fn failure_count(&self) -> Result<u64, StoreError> {
+        let mut n = 0;
+        for item in bounded(self.backend.scan(TreeId::Failures, &[], None)) {
+            item?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// The runs of a task in run order. Corrupt run records are errors.
     pub fn runs_of(&self, task_id: &str) -> Result<Vec<Run>, StoreError> {
         let p = id_prefix(task_id);
@@ -496,6 +521,31 @@ impl Store {
                 decode("runs", &k, &v)
             })
             .collect()
+    }
+
+    /// Up to `limit` runs of a task after run number `after`, in run order, and whether more
+    /// follow. Corrupt run records are errors.
+    pub fn runs_page(
+        &self,
+        task_id: &str,
+        after: Option<u32>,
+        limit: usize,
+    ) -> Result<(Vec<Run>, bool), StoreError> {
+        let p = id_prefix(task_id);
+        let start = match after {
+            Some(n) if n == u32::MAX => return Ok((Vec::new(), false)),
+            Some(n) => run_key(task_id, n + 1),
+            None => p.clone(),
+        };
+        let mut out = Vec::new();
+        for item in bounded(self.backend.scan(TreeId::Runs, &start, Some(&p))) {
+            let (k, v) = item?;
+            if out.len() == limit {
+                return Ok((out, true));
+            }
+            out.push(decode("runs", &k, &v)?);
+        }
+        Ok((out, false))
     }
 
     /// The most recent run of a task.
@@ -640,6 +690,27 @@ fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
             Op::DeleteFailure(id) => {
                 ops.push(RawOp::Delete(TreeId::Failures, id.as_bytes().to_vec()))
             }
+            Op::DeleteTask(fp) => {
+                let key = fp.id.as_bytes().to_vec();
+                for tree in [TreeId::Specs, TreeId::Progress, TreeId::Live] {
+                    ops.push(RawOp::Delete(tree, key.clone()));
+                }
+                for seq in 0..fp.messages {
+                    ops.push(RawOp::Delete(TreeId::Messages, run_key(&fp.id, seq)));
+                }
+                for run in &fp.runs {
+                    ops.push(RawOp::Delete(TreeId::Runs, run_key(&fp.id, *run)));
+                }
+                for f in &fp.failures {
+                    ops.push(RawOp::Delete(TreeId::Failures, f.as_bytes().to_vec()));
+                }
+            }
+            Op::DeleteIdem(key) => ops.push(RawOp::Delete(TreeId::Idem, key.as_bytes().to_vec())),
+            Op::PutIdem(key, rec) => ops.push(RawOp::Put(
+                TreeId::Idem,
+                key.as_bytes().to_vec(),
+                encode(rec)?,
+            )),
         }
     }
     Ok(ops)

@@ -340,12 +340,12 @@
 
   async function showDetail(id) {
     ui.detail = id;
-    let t, runs;
+    let t, runs, last;
     try {
-      [t, runs] = await Promise.all([
-        api('GET', `/v1/tasks/${encodeURIComponent(id)}`),
-        api('GET', `/v1/tasks/${encodeURIComponent(id)}/runs`),
-      ]);
+      t = await api('GET', `/v1/tasks/${encodeURIComponent(id)}`);
+      // Runs are paged oldest first: ask for the page that ends at the newest run.
+      last = (t.progress && t.progress.run) || 0;
+      runs = await api('GET', `/v1/tasks/${encodeURIComponent(id)}/runs?limit=50&after=${Math.max(0, last - 50)}`);
     } catch (e) {
       notice(`Task ${id}: ${e.message}`);
       return;
@@ -362,15 +362,14 @@
       ['Metadata', JSON.stringify(t.metadata)], ['Created', fmtLocal(t.created_at)], ['Updated', fmtLocal(t.updated_at)],
     ];
     $('#detail-fields').replaceChildren(...fields.flatMap(([k, v]) => [el('dt', { text: k }), el('dd', { text: String(v) })]));
-    const list = runs.runs.slice().reverse();
-    const shown = list.slice(0, 50);
+    const shown = runs.runs.slice().reverse();
     const body = $('#run-rows');
     body.replaceChildren(...shown.map((r) => el('tr', { 'data-run': r.run },
       el('td', { text: r.run }), el('td', {}, stateBadge(r.state)), whenCell(r.scheduled_at, null),
       el('td', { text: r.sent }), el('td', { text: r.failed }), el('td', { text: r.total }),
       whenCell(r.finished_at, null), el('td', { text: r.reason || '' }))));
-    if (!list.length) body.append(el('tr', {}, el('td', { colspan: 8, class: 'empty', text: 'No runs yet.' })));
-    if (list.length > shown.length) body.append(el('tr', {}, el('td', { colspan: 8, class: 'empty', text: `Showing the newest ${shown.length} of ${list.length} runs.` })));
+    if (!shown.length) body.append(el('tr', {}, el('td', { colspan: 8, class: 'empty', text: 'No runs yet.' })));
+    if (last > shown.length) body.append(el('tr', {}, el('td', { colspan: 8, class: 'empty', text: `Showing the newest ${shown.length} of ${last} runs.` })));
     const sec = $('#detail');
     const wasHidden = sec.hidden;
     sec.hidden = false;

@@ -1,0 +1,167 @@
+//! `herald export` and `herald import` (format in `backup/`).
+//!
+//! Export reads a data directory directly when herald is stopped (`--data`), or asks a running
+//! herald for it (`--url`, `GET /v1/export`): sled lets one process open a directory, so while
+//! herald runs only herald can read it, and `--data` says so and points at `--url`. Import
+//! writes into a new or empty directory only, and removes what it wrote if the file is bad, so
+//! a failed import leaves nothing half-restored behind.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use http_body_util::BodyExt;
+
+use super::client::{CliError, Client};
+use crate::backup::{export, import, BackupError};
+use crate::store::{Store, StoreError, StoreOptions};
+
+#[derive(Args, Debug)]
+#[group(required = true, multiple = false)]
+pub struct ExportArgs {
+    /// Data directory of a stopped herald.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// A running herald (token from HERALD_TOKEN).
+    #[arg(long)]
+    pub url: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ImportArgs {
+    /// New or empty data directory to restore into.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// The export file (default: standard input).
+    #[arg(short = 'f', long = "file")]
+    pub file: Option<PathBuf>,
+}
+
+fn local(e: impl std::fmt::Display) -> CliError {
+    CliError::Local(e.to_string())
+}
+
+/// `herald export`: JSON lines on standard output.
+pub async fn export_cmd(args: ExportArgs) -> Result<(), CliError> {
+    if let Some(url) = args.url {
+        return export_url(&url).await;
+    }
+    let dir = args.data.unwrap_or_default();
+    let store = open_existing(&dir)?;
+    let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock::new());
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let (tasks, lines) = export::export_to(&store, now, &mut out).map_err(local)?;
+    out.flush().map_err(local)?;
+    eprintln!(
+        "herald: exported {tasks} tasks ({lines} lines) from {}",
+        dir.display()
+    );
+    Ok(())
+}
+
+/// Opens a data directory that must exist, saying what to do when herald holds it.
+fn open_existing(dir: &Path) -> Result<Store, CliError> {
+    if !dir.join("db").exists() {
+        return Err(local(format!(
+            "no herald data directory at {}",
+            dir.display()
+        )));
+    }
+    Store::open_with(dir, &StoreOptions::default()).map_err(|e| match &e {
+        StoreError::Sled(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
+            local(format!(
+                "{} is in use by a running herald (sled allows one process per directory); export through it instead: herald export --url http://ADDR (the token from HERALD_TOKEN)",
+                dir.display()
+            ))
+        }
+        _ => local(format!("cannot open {}: {e}", dir.display())),
+    })
+}
+
+async fn export_url(url: &str) -> Result<(), CliError> {
+    let c = Client::new(url)?;
+    let mut body = c.stream("/v1/export").await?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut last = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| local(format!("the export broke off: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            out.write_all(&data).map_err(local)?;
+            last = data.to_vec();
+        }
+    }
+    out.flush().map_err(local)?;
+    // herald ends a failed export without its end line; say so rather than leave a file that
+    // looks complete.
+    let tail = String::from_utf8_lossy(&last);
+    let end_line = tail.trim_end().rsplit('\n').next().unwrap_or("");
+    if !end_line.starts_with("{\"kind\":\"end\"") {
+        return Err(local(
+            "the export ended early (see herald's log); the output is incomplete and import will refuse it",
+        ));
+    }
+    Ok(())
+}
+
+/// `herald import`: into a new or empty data directory.
+pub async fn import_cmd(args: ImportArgs) -> Result<(), CliError> {
+    let dir = args.data;
+    import::check_empty(&dir).map_err(local)?;
+    let existed = dir.exists();
+    let reader: Box<dyn std::io::BufRead> = match &args.file {
+        Some(p) => Box::new(std::io::BufReader::new(
+            std::fs::File::open(p)
+                .map_err(|e| local(format!("cannot read {}: {e}", p.display())))?,
+        )),
+        None => Box::new(std::io::stdin().lock()),
+    };
+    let r = restore(&dir, reader).await;
+    match r {
+        Ok(i) => {
+            eprintln!(
+                "herald: imported {} tasks ({} lines) into {}",
+                i.tasks,
+                i.lines,
+                dir.display()
+            );
+            Ok(())
+        }
+        Err(e) => {
+            // Leave the directory as it was: new and gone, or empty.
+            let cleaned = if existed {
+                std::fs::read_dir(&dir).map(|es| {
+                    for e in es.flatten() {
+                        let p = e.path();
+                        let _ = if p.is_dir() {
+                            std::fs::remove_dir_all(&p)
+                        } else {
+                            std::fs::remove_file(&p)
+                        };
+                    }
+                })
+            } else {
+                std::fs::remove_dir_all(&dir)
+            };
+            let note = match cleaned {
+                Ok(()) => "nothing was kept",
+                Err(_) => "remove what it wrote before trying again",
+            };
+            Err(local(format!(
+                "import into {} failed ({note}): {e}",
+                dir.display()
+            )))
+        }
+    }
+}
+
+async fn restore(
+    dir: &Path,
+    reader: Box<dyn std::io::BufRead>,
+) -> Result<import::Imported, BackupError> {
+    let store = Store::open_with(dir, &StoreOptions::default())?;
+    let r = import::import(&store, reader).await;
+    drop(store);
+    r
+}

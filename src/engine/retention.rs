@@ -1,0 +1,303 @@
+//! Retention: finished tasks (completed, cancelled, failed) are deleted with their messages,
+//! runs, failure-list entries and idempotency keys once `[store] retention` has passed since
+//! they finished, and `DELETE /v1/tasks/{id}` deletes one finished task at once.
+//!
+//! The decisions are pure ([`expired`], [`batches`], [`stale_keys`]); [`Engine::sweep_retention`]
+//! walks the store page by page (off the runtime's workers) and deletes through the group
+//! commit in bounded batches, so a sweep never holds the commit thread for long and never
+//! makes one huge transaction. Finished tasks are not in the live map, so nothing in memory
+//! changes; a finished task never becomes unfinished again, so there is no race with the engine
+//! but a cancelled task's last send settling (a run still `running` on disk), which is skipped
+//! until it has settled.
+
+use std::sync::Arc;
+
+use super::timer::{self, RunKey};
+use super::{Engine, EngineError, Inner, TaskView};
+use crate::store::purge::Footprint;
+use crate::store::records::ProgressRecord;
+use crate::store::{Batch, IdemRecord, Op, StoreError};
+
+/// Records read per page of a sweep.
+const PAGE: usize = 1_000;
+/// Most backend writes in one sweep batch (a task larger than this is a batch of its own).
+const BATCH_OPS_MAX: usize = 10_000;
+
+/// A finished task is deleted once `retention_ms` has passed since its last change (for a
+/// finished task, when it finished).
+pub fn expired(p: &ProgressRecord, now_ms: u64, retention_ms: u64) -> bool {
+    p.state.is_terminal() && p.updated_at_ms.saturating_add(retention_ms) <= now_ms
+}
+
+/// Groups deletes into batches of at most `max_ops` backend writes, in order. A task whose
+/// delete alone is larger goes in a batch of its own: a task is always deleted whole.
+pub fn batches(fps: Vec<Footprint>, max_ops: usize) -> Vec<Vec<Footprint>> {
+    let mut out: Vec<Vec<Footprint>> = Vec::new();
+    let mut ops = 0;
+    for fp in fps {
+        let n = fp.ops();
+        match out.last_mut() {
+            Some(b) if ops + n <= max_ops => b.push(fp),
+            _ => {
+                out.push(vec![fp]);
+                ops = 0;
+            }
+        }
+        ops += n;
+    }
+    out
+}
+
+/// Idempotency keys whose task no longer exists.
+pub fn stale_keys(page: &[(String, IdemRecord)], exists: impl Fn(&str) -> bool) -> Vec<String> {
+    page.iter()
+        .filter(|(_, r)| !exists(&r.task_id))
+        .map(|(k, _)| k.clone())
+        .collect()
+}
+
+/// What one sweep deleted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Swept {
+    pub tasks: usize,
+    pub keys: usize,
+}
+
+/// How often the background sweep runs: a 24th of the retention, between a minute and an hour.
+pub fn sweep_every_ms(retention_ms: u64) -> u64 {
+    (retention_ms / 24).clamp(60_000, 3_600_000)
+}
+
+/// Runs `f` on the store off the runtime's workers.
+async fn blocking<T: Send + 'static>(
+    inner: &Arc<Inner>,
+    f: impl FnOnce(&Inner) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, EngineError> {
+    let inner = inner.clone();
+    tokio::task::spawn_blocking(move || f(&inner))
+        .await
+        .map_err(|e| EngineError::Internal(format!("store read failed: {e}")))?
+        .map_err(EngineError::from)
+}
+
+impl Engine {
+    /// Deletes finished tasks past retention and idempotency keys whose task is gone; one
+    /// whole pass over the store. Does nothing when retention is off.
+    pub async fn sweep_retention(&self) -> Result<Swept, EngineError> {
+        let Some(retention_ms) = self.inner.config.retention_ms else {
+            return Ok(Swept::default());
+        };
+        let inner = &self.inner;
+        let now = inner.clock.now_ms();
+        let mut swept = Swept::default();
+        let mut after: Option<String> = None;
+        loop {
+            let a = after.take();
+            let (page, next) =
+                blocking(inner, move |i| i.store.progress_page(a.as_deref(), PAGE)).await?;
+            let ids: Vec<String> = page
+                .into_iter()
+                .filter(|(_, p)| expired(p, now, retention_ms))
+                .map(|(id, _)| id)
+                .collect();
+            if !ids.is_empty() {
+                swept.tasks += self.delete_finished(ids).await?;
+            }
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        loop {
+            let a = after.take();
+            let stale = blocking(inner, move |i| {
+                let (page, next) = i.store.idem_page(a.as_deref(), PAGE)?;
+                let mut exists = std::collections::HashMap::new();
+                for (_, r) in &page {
+                    if !exists.contains_key(&r.task_id) {
+                        exists.insert(r.task_id.clone(), i.store.task_exists(&r.task_id)?);
+                    }
+                }
+                Ok((stale_keys(&page, |t| exists.get(t) == Some(&true)), next))
+            })
+            .await?;
+            let (keys, next) = stale;
+            if !keys.is_empty() {
+                swept.keys += keys.len();
+                let mut b = Batch::new();
+                b.ops.extend(keys.into_iter().map(Op::DeleteIdem));
+                inner.store.write(&b).await?;
+            }
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        if swept != Swept::default() {
+            tracing::info!(
+                tasks = swept.tasks,
+                idempotency_keys = swept.keys,
+                "retention sweep deleted finished tasks"
+            );
+        }
+        Ok(swept)
+    }
+
+    /// Deletes these finished tasks whole (skipping any still settling a send); returns how
+    /// many. Ordered with failure-list commands, so a failure retry never writes an entry back
+    /// after its task is gone.
+    async fn delete_finished(&self, ids: Vec<String>) -> Result<usize, EngineError> {
+        let inner = &self.inner;
+        let _g = inner.failures_lock.lock().await;
+        let fps = blocking(inner, move |i| {
+            ids.iter()
+                .map(|id| i.store.footprint(id))
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await?;
+        let fps: Vec<Footprint> = fps.into_iter().filter(|f| !f.settling).collect();
+        let n = fps.len();
+        for group in batches(fps, BATCH_OPS_MAX) {
+            let mut b = Batch::new();
+            for fp in group {
+                for f in &fp.failures {
+                    inner.timer.cancel(RunKey::new(f, timer::FAILURE_RETRY_RUN));
+                }
+                b.ops.push(Op::DeleteTask(fp));
+            }
+            inner.store.write(&b).await?;
+        }
+        Ok(n)
+    }
+
+    /// `DELETE /v1/tasks/{id}`: deletes a finished task now (with its messages, runs, failure
+    /// entries and idempotency keys). An unfinished task is a conflict: cancel it first.
+    pub async fn delete(&self, id: &str) -> Result<TaskView, EngineError> {
+        self.check_storage()?;
+        let Some(view) = self.get(id)? else {
+            return Err(EngineError::NotFound(format!("task {id:?}")));
+        };
+        let state = view.task.state;
+        if !state.is_terminal() {
+            return Err(EngineError::Conflict(format!(
+                "task {id:?} is {state}: only a finished task can be deleted; cancel it first (POST /v1/tasks/{id}/cancel)"
+            )));
+        }
+        let _g = self.inner.failures_lock.lock().await;
+        let fp = self.inner.store.footprint(id)?;
+        if fp.settling {
+            return Err(EngineError::Conflict(format!(
+                "task {id:?} is {state} but a send of it is still settling; try again shortly"
+            )));
+        }
+        for f in &fp.failures {
+            self.inner
+                .timer
+                .cancel(RunKey::new(f, timer::FAILURE_RETRY_RUN));
+        }
+        let mut b = Batch::new();
+        b.ops.push(Op::DeleteTask(fp));
+        self.inner.store.write(&b).await?;
+        tracing::info!(task = %id, "task deleted");
+        Ok(view)
+    }
+}
+
+/// Runs the sweep every [`sweep_every_ms`] of real time while the engine lives. Not on a manual
+/// clock: tests call [`Engine::sweep_retention`] when they choose.
+pub(crate) async fn sweeper(inner: std::sync::Weak<Inner>, retention_ms: u64) {
+    let every = std::time::Duration::from_millis(sweep_every_ms(retention_ms));
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let engine = Engine { inner };
+        if let Err(e) = engine.sweep_retention().await {
+            tracing::warn!(error = %e, "retention sweep stopped; it runs again later");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::TaskState;
+
+    fn progress(state: TaskState, updated_at_ms: u64) -> ProgressRecord {
+        ProgressRecord {
+            state,
+            updated_at_ms,
+            next_fire_at_ms: None,
+            runs: 1,
+            fires: 1,
+            last_fire_ms: None,
+            done_offsets_ms: vec![],
+            queued: vec![],
+            skipped: 0,
+            expired: 0,
+            watched_since_ms: 0,
+            failed_reason: None,
+        }
+    }
+
+    fn fp(id: &str, messages: u32) -> Footprint {
+        Footprint {
+            id: id.into(),
+            messages,
+            runs: vec![1],
+            failures: vec![],
+            settling: false,
+        }
+    }
+
+    #[test]
+    fn only_finished_tasks_past_retention_expire() {
+        let day = 86_400_000;
+        for s in [
+            TaskState::Completed,
+            TaskState::Cancelled,
+            TaskState::Failed,
+        ] {
+            assert!(!expired(&progress(s, 10 * day), 17 * day - 1, 7 * day));
+            assert!(expired(&progress(s, 10 * day), 17 * day, 7 * day));
+        }
+        for s in [TaskState::Pending, TaskState::Running, TaskState::Paused] {
+            assert!(!expired(&progress(s, 0), u64::MAX, 7 * day), "{s}");
+        }
+        assert!(!expired(
+            &progress(TaskState::Completed, u64::MAX),
+            u64::MAX - 1,
+            1
+        ));
+    }
+
+    #[test]
+    fn batches_are_bounded_and_keep_tasks_whole() {
+        // ops per task: 3 + messages + 1 run.
+        let b = batches(vec![fp("a", 6), fp("b", 6), fp("c", 100), fp("d", 1)], 20);
+        let ids: Vec<Vec<&str>> = b
+            .iter()
+            .map(|g| g.iter().map(|f| f.id.as_str()).collect())
+            .collect();
+        assert_eq!(ids, vec![vec!["a", "b"], vec!["c"], vec!["d"]]);
+        assert!(batches(vec![], 10).is_empty());
+    }
+
+    #[test]
+    fn keys_of_missing_tasks_are_stale() {
+        let rec = |t: &str| IdemRecord {
+            task_id: t.into(),
+            body_sha256: [0; 32],
+        };
+        let page = vec![("k1".into(), rec("gone")), ("k2".into(), rec("here"))];
+        assert_eq!(stale_keys(&page, |t| t == "here"), vec!["k1".to_string()]);
+    }
+
+    #[test]
+    fn sweeps_run_often_enough_but_not_constantly() {
+        assert_eq!(sweep_every_ms(7 * 86_400_000), 3_600_000);
+        assert_eq!(sweep_every_ms(1_000), 60_000);
+        assert_eq!(sweep_every_ms(24 * 600_000), 600_000);
+    }
+}

@@ -1,0 +1,186 @@
+//! Retention on the manual clock: finished tasks (with their messages, runs and idempotency
+//! keys) are deleted once `[store] retention` has passed since they finished, unfinished ones
+//! never; `DELETE /v1/tasks/{id}` deletes a finished task at once and cancels an unfinished
+//! one (the API's first meaning of DELETE); runs are paged like tasks.
+
+mod common;
+
+use common::herald::{utc_ms, ManualHerald};
+use common::http;
+use serde_json::json;
+
+const DAY: u64 = 86_400_000;
+
+async fn create_with_key(h: &ManualHerald, key: &str, body: &serde_json::Value) -> http::Resp {
+    http::request(
+        "POST",
+        &h.url("/v1/tasks"),
+        &[("idempotency-key", key)],
+        Some(body.to_string().into_bytes()),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn finished_tasks_go_after_retention_and_unfinished_ones_stay() {
+    let t0 = utc_ms("2026-12-01T00:00:00Z");
+    let mut h = ManualHerald::start(t0, "[store]\nretention = \"2d\"").await;
+    let done = json!({"id": "done", "channel": "out", "schedule": {"after": "1s"},
+        "to": ["a", "b"], "body": "hi"});
+    assert_eq!(create_with_key(&h, "k-done", &done).await.status, 201);
+    h.post(
+        &json!({"id": "gone", "channel": "out", "schedule": {"after": "1h"},
+        "to": ["a"], "body": "x"}),
+    )
+    .await;
+    h.post(
+        &json!({"id": "later", "channel": "out", "schedule": {"after": "30d"},
+        "to": ["a"], "body": "x"}),
+    )
+    .await;
+    h.run_until(t0 + 10_000).await;
+    assert_eq!(h.task("done").await["state"], "completed");
+    assert_eq!(h.action("gone", "cancel").await.status, 200);
+    let engine = || h.server().engine.clone();
+
+    // "done" finished at t0 + 1 s, "gone" at t0 + 10 s: before retention has passed for
+    // either, nothing goes.
+    h.clock.set(t0 + 2 * DAY);
+    let swept = engine().sweep_retention().await.unwrap();
+    assert_eq!((swept.tasks, swept.keys), (0, 0));
+    assert_eq!(h.task("done").await["state"], "completed");
+
+    // At retention: both finished tasks go, whole; the pending one stays.
+    h.clock.set(t0 + 10_000 + 2 * DAY);
+    let swept = engine().sweep_retention().await.unwrap();
+    assert_eq!(swept.tasks, 2, "{swept:?}");
+    for id in ["done", "gone"] {
+        let r = http::get(&h.url(&format!("/v1/tasks/{id}"))).await;
+        assert_eq!(r.status, 404, "{id}: {}", r.text());
+        let r = http::get(&h.url(&format!("/v1/tasks/{id}/runs"))).await;
+        assert_eq!(r.status, 404, "{id}");
+    }
+    let store = engine().store().footprint("done").unwrap();
+    assert_eq!(
+        (store.messages, store.runs.len(), store.failures.len()),
+        (0, 0, 0),
+        "messages, runs and failures are gone too"
+    );
+    assert!(engine().store().idem_get("k-done").unwrap().is_none());
+    assert_eq!(h.task("later").await["state"], "pending");
+    let listed = http::get(&h.url("/v1/tasks")).await.json();
+    let ids: Vec<&str> = listed["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["later"]);
+
+    // A second pass finds nothing; a restart does not bring anything back.
+    assert_eq!(
+        engine().sweep_retention().await.unwrap(),
+        Default::default()
+    );
+    h.restart().await;
+    assert_eq!(
+        http::get(&h.url("/v1/tasks/done")).await.status,
+        404,
+        "still gone after a restart"
+    );
+    assert_eq!(h.task("later").await["state"], "pending");
+
+    // The idempotency key of a deleted task is free again.
+    let r = create_with_key(&h, "k-done", &done).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+#[tokio::test]
+async fn retention_off_keeps_finished_tasks() {
+    let t0 = utc_ms("2026-12-01T00:00:00Z");
+    let h = ManualHerald::start(t0, "[store]\nretention = \"off\"").await;
+    h.post(
+        &json!({"id": "done", "channel": "out", "schedule": {"after": "1s"},
+        "to": ["a"], "body": "hi"}),
+    )
+    .await;
+    h.run_until(t0 + 10_000).await;
+    h.clock.set(t0 + 3650 * DAY);
+    let swept = h.server().engine.sweep_retention().await.unwrap();
+    assert_eq!(swept.tasks, 0);
+    assert_eq!(h.task("done").await["state"], "completed");
+}
+
+#[tokio::test]
+async fn delete_removes_a_finished_task_and_cancels_an_unfinished_one() {
+    let t0 = utc_ms("2026-12-01T00:00:00Z");
+    let h = ManualHerald::start(t0, "").await;
+    h.post(
+        &json!({"id": "p", "channel": "out", "schedule": {"after": "1h"},
+        "to": ["a"], "body": "x"}),
+    )
+    .await;
+    let done = json!({"id": "d", "channel": "out", "schedule": {"after": "1s"},
+        "to": ["a"], "body": "x"});
+    assert_eq!(create_with_key(&h, "k-d", &done).await.status, 201);
+    h.run_until(t0 + 5_000).await;
+
+    let r = http::delete(&h.url("/v1/tasks/d")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["state"], "completed", "answers the task as it was");
+    assert_eq!(http::get(&h.url("/v1/tasks/d")).await.status, 404);
+    assert_eq!(http::delete(&h.url("/v1/tasks/d")).await.status, 404);
+    // Its key is free again at once (the sweep would also remove it).
+    let r = create_with_key(&h, "k-d", &done).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+
+    // An unfinished task: the first DELETE cancels it (it stays readable), the second deletes.
+    let r = http::delete(&h.url("/v1/tasks/p")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["state"], "cancelled");
+    assert_eq!(h.task("p").await["state"], "cancelled");
+    assert_eq!(http::delete(&h.url("/v1/tasks/p")).await.status, 200);
+    assert_eq!(http::get(&h.url("/v1/tasks/p")).await.status, 404);
+}
+
+#[tokio::test]
+async fn runs_are_paged_like_tasks() {
+    let t0 = utc_ms("2026-12-01T00:00:00Z");
+    let h = ManualHerald::start(t0, "").await;
+    h.post(&json!({"id": "c", "channel": "out",
+        "schedule": {"cron": "*/10 * * * * *", "max_runs": 5}, "to": ["a"], "body": "x"}))
+        .await;
+    h.run_until(t0 + 120_000).await;
+    assert_eq!(h.task("c").await["state"], "completed");
+    let page = |q: &str| {
+        let url = h.url(&format!("/v1/tasks/c/runs{q}"));
+        async move { http::get(&url).await }
+    };
+    let mut seen = Vec::new();
+    let mut after = String::new();
+    for _ in 0..10 {
+        let r = page(&format!("?limit=2&after={after}")).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        let runs = v["runs"].as_array().unwrap();
+        assert!(runs.len() <= 2);
+        seen.extend(runs.iter().map(|r| r["run"].as_u64().unwrap()));
+        match v["next"].as_str() {
+            Some(n) => after = n.to_string(),
+            None => break,
+        }
+    }
+    assert_eq!(seen, [1, 2, 3, 4, 5]);
+    let all = page("").await.json();
+    assert_eq!(all["runs"].as_array().unwrap().len(), 5);
+    assert!(all["next"].is_null());
+    for bad in ["?after=x", "?limit=0", "?page=2"] {
+        let r = page(bad).await;
+        assert_eq!(r.status, 400, "{bad}");
+        let field = r.json()["field"].clone();
+        assert!(
+            ["after", "limit", "page"].contains(&field.as_str().unwrap()),
+            "{bad}: {field}"
+        );
+    }
+}
