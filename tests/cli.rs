@@ -269,7 +269,15 @@ async fn create_list_show_runs_and_control_tasks() {
     );
     // A finished task can be deleted; an unfinished one is refused, naming its state.
     let err = herald(&url, &["tasks", "delete", "digest"]).await.fails();
-    assert!(err.contains("HTTP 409") && err.contains("pending"), "{err}");
+    assert!(
+        err.contains("is pending") && err.contains("cancel it first"),
+        "{err}"
+    );
+    assert_eq!(
+        http::get(&h.url("/v1/tasks/digest")).await.json()["state"],
+        "pending",
+        "a refused delete changes nothing"
+    );
     let out = herald(&url, &["tasks", "delete", "later"]).await.ok();
     assert!(
         out.stdout.starts_with("deleted later (cancelled)"),

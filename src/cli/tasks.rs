@@ -95,7 +95,19 @@ pub async fn run(c: &Client, json: bool, cmd: TasksCmd) -> Result<(), CliError> 
             Ok(())
         }
         TasksCmd::Delete { id } => {
-            let v = c.delete(&format!("/v1/tasks/{}", enc(&id))).await?;
+            // DELETE of an unfinished task cancels it (the API's first meaning); this command
+            // only deletes, so it looks first.
+            let path = format!("/v1/tasks/{}", enc(&id));
+            let state = c.get(&path).await?["state"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            if !matches!(state.as_str(), "completed" | "cancelled" | "failed") {
+                return Err(CliError::Local(format!(
+                    "task {id} is {state}: only a finished task can be deleted; cancel it first (herald tasks cancel {id})"
+                )));
+            }
+            let v = c.delete(&path).await?;
             if json {
                 print_json(&v);
             } else {
