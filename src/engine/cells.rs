@@ -9,7 +9,6 @@
 //!   memory because every change is durable before its lock is released).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use tokio::sync::OwnedMutexGuard;
@@ -24,9 +23,14 @@ use crate::model::{RunState, TaskState};
 /// loader has not reached yet is *adopted* by the first command or create that names it
 /// ([`adopt`]), and every id put in the map by anyone but the loader is recorded there, so the
 /// loader (which may have read an older entry) leaves those alone.
+///
+/// Memory: at a million pending tasks this is the engine's biggest table, so the ids are a set
+/// (16 bytes a slot) and the few loaded cells a map of their own.
 #[derive(Default)]
 pub(crate) struct LiveMap {
-    tasks: HashMap<Arc<str>, Option<Arc<LiveTask>>>,
+    ids: HashSet<Arc<str>>,
+    /// Invariant: every key is in `ids`.
+    cells: HashMap<Arc<str>, Arc<LiveTask>>,
     pub loading: Option<HashSet<Arc<str>>>,
 }
 
@@ -36,29 +40,59 @@ impl LiveMap {
         if let Some(set) = &mut self.loading {
             set.insert(id.clone());
         }
-        self.tasks.insert(id, cell);
+        match cell {
+            Some(c) => {
+                self.cells.insert(id.clone(), c);
+            }
+            None => {
+                self.cells.remove(&id);
+            }
+        }
+        self.ids.insert(id);
     }
 
     /// Inserts on behalf of the start-up loader: only a task nobody has claimed.
     pub fn load(&mut self, id: &Arc<str>) -> bool {
-        if self.tasks.contains_key(id) || self.loading.as_ref().is_some_and(|s| s.contains(id)) {
+        if self.ids.contains(id) || self.loading.as_ref().is_some_and(|s| s.contains(id)) {
             return false;
         }
-        self.tasks.insert(id.clone(), None);
+        self.ids.insert(id.clone());
         true
     }
-}
 
-impl Deref for LiveMap {
-    type Target = HashMap<Arc<str>, Option<Arc<LiveTask>>>;
-    fn deref(&self) -> &Self::Target {
-        &self.tasks
+    pub fn contains_key(&self, id: &str) -> bool {
+        self.ids.contains(id)
     }
-}
 
-impl DerefMut for LiveMap {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.tasks
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// The task's cell, if it has one now.
+    pub fn cell(&self, id: &str) -> Option<&Arc<LiveTask>> {
+        self.cells.get(id)
+    }
+
+    /// The task's cell, made if it has none; `None` if the task is not live.
+    fn cell_or_new(&mut self, id: &str) -> Option<(Arc<str>, Arc<LiveTask>)> {
+        let key = self.ids.get(id)?.clone();
+        let cell = self
+            .cells
+            .entry(key.clone())
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Slot::Unloaded)))
+            .clone();
+        Some((key, cell))
+    }
+
+    /// Drops the task's cell; the task stays live (unloaded).
+    fn drop_cell(&mut self, id: &str) {
+        self.cells.remove(id);
+    }
+
+    /// The task is no longer live.
+    pub fn remove(&mut self, id: &str) {
+        self.cells.remove(id);
+        self.ids.remove(id);
     }
 }
 
@@ -131,15 +165,17 @@ impl Locked {
             return;
         }
         let mut live = inner.live.lock();
-        let ours = matches!(live.get(&*self.id), Some(Some(c)) if Arc::ptr_eq(c, OwnedMutexGuard::mutex(&self.guard)));
+        let ours = live
+            .cell(&self.id)
+            .is_some_and(|c| Arc::ptr_eq(c, OwnedMutexGuard::mutex(&self.guard)));
         if !ours {
             return;
         }
         if terminal {
-            live.remove(&*self.id);
+            live.remove(&self.id);
         } else if Arc::strong_count(OwnedMutexGuard::mutex(&self.guard)) == 2 {
             *self.guard = Slot::Unloaded;
-            live.insert(self.id.clone(), None);
+            live.drop_cell(&self.id);
         }
     }
 }
@@ -150,12 +186,7 @@ pub(crate) fn cell_of(inner: &Inner, id: &str) -> Option<(Arc<str>, Arc<LiveTask
     if !live.contains_key(id) && !adopt(inner, &mut live, id) {
         return None;
     }
-    let key = live.get_key_value(id)?.0.clone();
-    let cell = live
-        .get_mut(id)?
-        .get_or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Slot::Unloaded)))
-        .clone();
-    Some((key, cell))
+    live.cell_or_new(id)
 }
 
 /// Locks a live task's cell and loads it if needed. `Ok(None)`: the task is not live (or it

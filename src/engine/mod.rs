@@ -429,7 +429,7 @@ impl Engine {
         let id_taken_live = {
             let mut live = inner.live.lock();
             // A task of this id the background load has not reached yet is live too.
-            if live.contains_key(&*id) || cells::adopt(inner, &mut live, &id) {
+            if live.contains_key(&id) || cells::adopt(inner, &mut live, &id) {
                 true
             } else if live.len() >= inner.config.limits.live_tasks_max {
                 return Err(EngineError::Limit(format!(
@@ -544,7 +544,7 @@ impl Engine {
 
     fn forget_cell(&self, id: &str, cell: &Arc<LiveTask>) {
         let mut live = self.inner.live.lock();
-        if matches!(live.get(id), Some(Some(c)) if Arc::ptr_eq(c, cell)) {
+        if live.cell(id).is_some_and(|c| Arc::ptr_eq(c, cell)) {
             live.remove(id);
         }
     }
