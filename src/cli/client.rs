@@ -242,13 +242,5 @@ async fn read_all(body: Incoming) -> Result<Bytes, String> {
 
 /// Percent-encodes one path segment or query value.
 pub fn enc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    crate::deliver::platform::percent_encode(s)
 }

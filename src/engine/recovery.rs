@@ -242,21 +242,10 @@ fn load_rest(inner: Weak<Inner>, from: Vec<u8>) {
             None => break,
         }
     }
-    release_freed_memory();
     tracing::info!(
         loaded,
         corrupt,
         took_ms = started.elapsed().as_millis() as u64,
         "live index loaded"
     );
-}
-
-/// Hands the heap's free pages back to the system after the load, whose transient buffers
-/// (chunks, sled's reads) would otherwise stay in the resident size for the process's life.
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `malloc_trim` only walks glibc's own heap; it takes no pointers from us.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }

@@ -851,11 +851,12 @@ mod quiet_panics {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::*;
 
-    fn task(id: &str) -> (Task, Vec<Message>) {
+    /// A one-hour one-shot with two messages (shared by the store's test modules).
+    pub(crate) fn task(id: &str) -> (Task, Vec<Message>) {
         let req: TaskRequest = serde_json::from_value(serde_json::json!({
             "id": id, "schedule": {"after": "1h"}, "to": ["a", "b"], "body": "hello"
         }))
@@ -866,6 +867,23 @@ mod tests {
             channel_exists: &|_| true,
         })
         .unwrap()
+    }
+
+    /// The failure-list entry of message 0 of run 1 of `task_id`.
+    pub(crate) fn failure_of(task_id: &str) -> Failure {
+        Failure {
+            id: delivery_key(task_id, 1, 0),
+            task_id: task_id.into(),
+            run: 1,
+            seq: 0,
+            to: "a".into(),
+            channel: "log".into(),
+            attempts: 3,
+            last_error: "HTTP 500".into(),
+            failed_at_ms: 9,
+            retrying: false,
+            retries: 0,
+        }
     }
 
     async fn insert(s: &Store, id: &str) {
@@ -885,19 +903,7 @@ mod tests {
             let mut b = Batch::new();
             b.run("t1", &Run::new(1, 5, 6, 1))
                 .run("t1", &Run::new(2, 7, 8, 1));
-            b.failure(Failure {
-                id: delivery_key("t1", 1, 0),
-                task_id: "t1".into(),
-                run: 1,
-                seq: 0,
-                to: "a".into(),
-                channel: "log".into(),
-                attempts: 3,
-                last_error: "HTTP 500".into(),
-                failed_at_ms: 9,
-                retrying: false,
-                retries: 0,
-            });
+            b.failure(failure_of("t1"));
             s.write(&b).await.unwrap();
             let stats = s.commit_stats();
             assert_eq!(stats.flushes.load(std::sync::atomic::Ordering::Relaxed), 2);

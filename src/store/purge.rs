@@ -157,34 +157,13 @@ mod tests {
     use crate::store::{Batch, Op};
 
     async fn insert(s: &Store, id: &str) {
-        let req: TaskRequest = serde_json::from_value(serde_json::json!({
-            "id": id, "schedule": {"after": "1h"}, "to": ["a", "b"], "body": "hello"
-        }))
-        .unwrap();
-        let (t, m) = req
-            .into_task(&Context {
-                now_ms: 1_800_000_000_000,
-                limits: &Limits::default(),
-                channel_exists: &|_| true,
-            })
-            .unwrap();
+        let (t, m) = crate::store::tests::task(id);
         s.insert_new_task(&t, &m, Some((&format!("key-{id}"), [1; 32])))
             .await
             .unwrap();
         let mut b = Batch::new();
-        b.run(id, &Run::new(1, 5, 6, 2)).failure(Failure {
-            id: delivery_key(id, 1, 0),
-            task_id: id.into(),
-            run: 1,
-            seq: 0,
-            to: "a".into(),
-            channel: "log".into(),
-            attempts: 3,
-            last_error: "HTTP 500".into(),
-            failed_at_ms: 9,
-            retrying: false,
-            retries: 0,
-        });
+        b.run(id, &Run::new(1, 5, 6, 2))
+            .failure(crate::store::tests::failure_of(id));
         s.write(&b).await.unwrap();
     }
 
