@@ -8,6 +8,11 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 use herald::config::{Config, Overrides};
 
+/// sled allocates and frees a node per write; with glibc malloc that was ~30 % of herald's CPU
+/// in a herd. mimalloc roughly doubles sled's raw insert rate on this machine (README, "Load").
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "herald", version, about = "Sends messages at the right time.")]
 struct Cli {

@@ -144,6 +144,13 @@ async fn damaged_data_dirs_end_start_up_clearly_or_serve() {
         .collect();
     files.sort();
     assert!(files.iter().any(|f| f.ends_with("db")), "{files:?}");
+    // The write-ahead log's last segment holds the writes since the last checkpoint.
+    assert!(
+        files.iter().any(|f| f
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("wal-"))),
+        "{files:?}"
+    );
     let mut cases = Vec::new();
     for f in &files {
         let len = std::fs::metadata(f).unwrap().len();

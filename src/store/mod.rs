@@ -26,6 +26,7 @@ pub mod image;
 pub mod legacy;
 pub mod purge;
 pub mod records;
+pub mod wal;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -40,8 +41,10 @@ use records::{join, live_of, progress_of, spec_of, LiveEntry, ProgressRecord, Sp
 
 /// Layout of the data directory written by this build (the trees above). Format 1 had one
 /// `tasks` tree; it is migrated on open (`legacy.rs`). Format 2 had no `due` index; it is
-/// built from `live` on open.
-pub const DIR_FORMAT: u8 = 3;
+/// built from `live` on open. Format 3 had no write-ahead log (`wal-*.log`): its trees are
+/// read as they are; the number moved so that an older build refuses a directory whose last
+/// writes may still be in the log.
+pub const DIR_FORMAT: u8 = 4;
 
 /// sled's page cache when the config does not say (`[store] cache_mb`); sled's own default
 /// is 1 GiB.
@@ -260,6 +263,7 @@ impl Store {
                 build_due_index(&backend)?;
             }
             Some([2]) => build_due_index(&backend)?,
+            Some([3]) => {}
             Some(v) => {
                 return Err(StoreError::Version {
                     dir: dir.display().to_string(),
