@@ -157,6 +157,9 @@ struct Log {
     seg: Option<Segment>,
     /// Resolved by `apply`, appended, not yet durable nor in sled.
     pending: Option<Vec<Write>>,
+    /// A durable record failed to reach sled: sled is behind the log, and a group resolved
+    /// against it now could be wrong. Writes are refused until `recover` has replayed the log.
+    behind: bool,
 }
 
 impl Log {
@@ -183,9 +186,12 @@ struct SledInner {
 impl SledInner {
     fn open(dir: &Path, cache_bytes: u64) -> Result<SledInner, StoreError> {
         std::fs::create_dir_all(dir)?;
+        // No periodic flush of sled's own: the write-ahead log makes groups durable and the
+        // checkpoints flush sled when a segment closes.
         let db = sled::Config::new()
             .path(dir)
             .cache_capacity(cache_bytes)
+            .flush_every_ms(None)
             .open()?;
         let mut trees = Vec::new();
         for t in TreeId::ALL {
@@ -326,6 +332,7 @@ impl SledBackend {
             log: Mutex::new(Log {
                 seg: Some(seg),
                 pending: None,
+                behind: false,
             }),
             applying: RwLock::new(()),
             checkpoints: Some(tx),
@@ -414,6 +421,11 @@ impl Backend for SledBackend {
     fn apply(&self, jobs: &[Vec<RawOp>]) -> Result<Vec<Result<(), Rejected>>, StoreError> {
         let mut log = self.log.lock();
         log.discard()?;
+        if log.behind {
+            return Err(StoreError::Write(
+                "sled is behind the write-ahead log; waiting for a reopen".into(),
+            ));
+        }
         let trees = self.with(|i| i.trees.clone())?;
         let mut r = Resolver {
             trees: &trees,
@@ -451,10 +463,17 @@ impl Backend for SledBackend {
             .as_mut()
             .ok_or_else(|| StoreError::Write("no write-ahead log segment is open".into()))?;
         seg.sync()?;
-        {
+        let applied = {
             let _applying = self.applying.write();
-            self.with(|i| i.apply_writes(&writes))??;
+            self.with(|i| i.apply_writes(&writes)).and_then(|r| r)
+        };
+        if let Err(e) = applied {
+            log.behind = true;
+            return Err(e);
         }
+        let Some(seg) = log.seg.as_mut() else {
+            return Ok(());
+        };
         if seg.full() {
             match Segment::create(&self.dir, seg.n + 1) {
                 Ok(fresh) => {
@@ -484,6 +503,7 @@ impl Backend for SledBackend {
         // What the log holds and sled may not (a group whose apply failed) goes in now.
         let next = fresh.replay(&self.dir)?;
         log.seg = Some(Segment::create(&self.dir, next)?);
+        log.behind = false;
         *inner = Some(fresh);
         tracing::warn!(dir = %self.dir.display(), "storage reopened");
         Ok(())
