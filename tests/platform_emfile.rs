@@ -68,17 +68,37 @@ breaker = {{ window = "60s", min_requests = 1, failure_ratio = 0.5, cool_down = 
         .expect("channel hook")
         .clone();
 
+    // The store's checkpoint thread makes a spare log segment at start: let it finish, or the
+    // descriptor it gives back afterwards could let the send (or the fake platform's accept)
+    // through.
+    let spare = h.dir.path().join("wal-spare.tmp");
+    poll(Duration::from_secs(20), || {
+        let ready = spare.exists();
+        async move { ready.then_some(()) }
+    })
+    .await
+    .expect("the spare log segment is made");
     // Exhaust the descriptors: a low soft limit, then /dev/null until EMFILE.
     let old = set_nofile_soft(open_fds() + 32);
-    let mut hogs = Vec::new();
-    loop {
-        match std::fs::File::open("/dev/null") {
-            Ok(f) => hogs.push(f),
-            Err(e) if e.raw_os_error() == Some(libc::EMFILE) => break,
-            Err(e) => panic!("unexpected error while exhausting descriptors: {e}"),
+    let hogs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    // Takes every free descriptor. Called again while waiting: a descriptor herald's own
+    // background work gives back (the store's checkpoint thread closing a log segment, say)
+    // must not let the send through.
+    let top_up = {
+        let hogs = hogs.clone();
+        move || {
+            let mut hogs = hogs.lock().unwrap();
+            loop {
+                match std::fs::File::open("/dev/null") {
+                    Ok(f) => hogs.push(f),
+                    Err(e) if e.raw_os_error() == Some(libc::EMFILE) => break,
+                    Err(e) => panic!("unexpected error while exhausting descriptors: {e}"),
+                }
+                assert!(hogs.len() < 100_000, "the limit did not apply");
+            }
         }
-        assert!(hogs.len() < 100_000, "the limit did not apply");
-    }
+    };
+    top_up();
     // Create the task in-process (the HTTP API would need a socket).
     let req: herald::model::TaskRequest = serde_json::from_value(json!({
         "id": "e", "channel": "hook", "schedule": {"after": "0s"},
@@ -87,12 +107,13 @@ breaker = {{ window = "60s", min_requests = 1, failure_ratio = 0.5, cool_down = 
     let created = h.server.engine.create(req, None).await;
     // Wait until herald has met EMFILE on at least two tries (held, not failed).
     let held = poll(Duration::from_secs(20), || {
+        top_up();
         let c = channel.clone();
         async move { (c.stats.held_local.load(Ordering::Relaxed) >= 2).then_some(()) }
     })
     .await;
     // Give the descriptors back before asserting anything.
-    drop(hogs);
+    hogs.lock().unwrap().clear();
     set_nofile_soft(old.0);
     created.expect("task created while descriptors were exhausted");
     assert!(held.is_some(), "the send was held on EMFILE");
