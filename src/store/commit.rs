@@ -1,8 +1,9 @@
-//! Group commit: many writers, one transaction and one durable flush per group.
+//! Group commit: many writers, one log record and one durable sync per group.
 //!
 //! Writers hand their job (the encoded writes of one step, with its preconditions) to a bounded
 //! queue and await the answer. The commit thread takes every job that has queued up (up to
-//! [`GROUP_MAX`]), applies them all in one backend transaction, makes them durable with one
+//! [`GROUP_MAX`]), applies them all in one backend call (one write-ahead log record for sled:
+//! `backend.rs`), makes them durable with one
 //! `sync`, and only then answers each. So a writer is answered only once its own write is on
 //! disk, no store lock is ever taken on a tokio worker, and under load the cost of one flush is
 //! shared by the whole group.
@@ -25,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::backend::{Backend, RawOp, Rejected};
 use super::StoreError;
 
-/// Most jobs in one group (one transaction, one flush).
+/// Most jobs in one group (one log record, one sync).
 pub const GROUP_MAX: usize = 4_096;
 /// Least time between two attempts to reopen a failing backend.
 const RECOVER_EVERY: std::time::Duration = std::time::Duration::from_secs(1);

@@ -204,10 +204,13 @@ impl Reader<'_> {
     }
 }
 
+/// What replay reads: the records in order, and the segments (number, path) they came from.
+pub type Replay = (Vec<Vec<Write>>, Vec<(u64, PathBuf)>);
+
 /// Reads every segment in `dir` for replay: their records in order, and the segments' paths.
 /// A torn tail of the newest segment is cut off (with a warning); any other damage is an error
 /// naming the file and the offset.
-pub fn read_all(dir: &Path) -> Result<(Vec<Vec<Write>>, Vec<(u64, PathBuf)>), StoreError> {
+pub fn read_all(dir: &Path) -> Result<Replay, StoreError> {
     let segs = segments(dir)?;
     let mut all = Vec::new();
     for (i, (_, path)) in segs.iter().enumerate() {
@@ -493,7 +496,7 @@ mod tests {
             .unwrap();
         s.sync().unwrap();
         let _ = Segment::create(dir.path(), 2).unwrap();
-        let e = read_all(dir.path()).err().expect("damaged").to_string();
+        let e = read_all(dir.path()).expect_err("damaged").to_string();
         assert!(e.contains("wal-0000000000000001.log"), "{e}");
     }
 }
