@@ -164,12 +164,12 @@ struct Log {
 
 impl Log {
     /// Forgets a group whose `sync` never came or failed: it is cut off the log, so it is
-    /// never replayed.
+    /// never replayed. Also finishes a cut back that failed before (a no-op when the log
+    /// holds nothing that is not durable).
     fn discard(&mut self) -> Result<(), StoreError> {
-        if self.pending.take().is_some() {
-            if let Some(seg) = &mut self.seg {
-                seg.cut_back()?;
-            }
+        self.pending = None;
+        if let Some(seg) = &mut self.seg {
+            seg.cut_back()?;
         }
         Ok(())
     }

@@ -282,6 +282,9 @@ impl Segment {
                 Ok(())
             }
             Err(e) => {
+                // Part of it may be in the file: count all of it as appended so that the cut
+                // back zeroes whatever got there.
+                self.len += bytes.len() as u64;
                 let _ = self.cut_back();
                 Err(e)
             }
