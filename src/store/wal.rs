@@ -370,7 +370,8 @@ mod tests {
         }
     }
 
-    fn two_records() -> (Vec<Vec<Write>>, Vec<u8>) {
+    /// Two records, their bytes, and where the second one starts.
+    fn two_records() -> (Vec<Vec<Write>>, Vec<u8>, usize) {
         let recs = vec![
             vec![
                 w(TreeId::Specs, "a", Some("spec")),
@@ -379,26 +380,21 @@ mod tests {
             vec![w(TreeId::Progress, "b", Some(""))],
         ];
         let mut bytes = Vec::new();
-        for r in &recs {
-            encode_record(r, &mut bytes);
-        }
-        (recs, bytes)
+        encode_record(&recs[0], &mut bytes);
+        let first_len = bytes.len();
+        encode_record(&recs[1], &mut bytes);
+        (recs, bytes, first_len)
     }
 
     #[test]
     fn records_round_trip() {
-        let (recs, bytes) = two_records();
+        let (recs, bytes, _) = two_records();
         assert_eq!(decode_segment(&bytes), (recs, End::Clean));
     }
 
     #[test]
     fn a_cut_last_record_is_torn_and_the_ones_before_survive() {
-        let (recs, bytes) = two_records();
-        let first_len = {
-            let mut b = Vec::new();
-            encode_record(&recs[0], &mut b);
-            b.len()
-        };
+        let (recs, bytes, first_len) = two_records();
         for cut in first_len + 1..bytes.len() {
             let (got, end) = decode_segment(&bytes[..cut]);
             assert_eq!(got, recs[..1].to_vec(), "cut at {cut}");
@@ -414,12 +410,7 @@ mod tests {
 
     #[test]
     fn damage_before_the_last_record_is_an_error_and_in_the_last_a_torn_tail() {
-        let (recs, bytes) = two_records();
-        let first_len = {
-            let mut b = Vec::new();
-            encode_record(&recs[0], &mut b);
-            b.len()
-        };
+        let (recs, bytes, first_len) = two_records();
         for at in 0..bytes.len() {
             let mut b = bytes.clone();
             b[at] ^= 0x5a;
@@ -454,7 +445,7 @@ mod tests {
 
     #[test]
     fn a_torn_record_in_a_preallocated_segment_is_torn_not_damage() {
-        let (recs, bytes) = two_records();
+        let (recs, bytes, _) = two_records();
         // The last 5 bytes are the key "b" and an empty value's length: zeros in their place
         // change the record.
         let mut seg = bytes[..bytes.len() - 5].to_vec();
@@ -466,7 +457,7 @@ mod tests {
 
     #[test]
     fn trailing_zeros_end_the_log_cleanly() {
-        let (recs, mut bytes) = two_records();
+        let (recs, mut bytes, _) = two_records();
         bytes.extend_from_slice(&[0; 100]);
         assert_eq!(decode_segment(&bytes), (recs, End::Clean));
     }
@@ -475,7 +466,7 @@ mod tests {
     fn a_failed_append_is_cut_back_and_segments_list_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = Segment::create(dir.path(), 7).unwrap();
-        let (_, bytes) = two_records();
+        let (_, bytes, _) = two_records();
         s.append(&bytes).unwrap();
         s.sync().unwrap();
         s.append(b"not synced").unwrap();
