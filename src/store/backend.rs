@@ -14,10 +14,14 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use std::collections::HashMap;
+use std::ops::Bound;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Condvar, Mutex, RwLock};
 
+use super::memtable::{self, Layer, Mem};
 use super::wal::{self, Segment, Write};
 use super::StoreError;
 
@@ -35,8 +39,11 @@ pub enum TreeId {
     Due,
 }
 
+/// How many trees there are.
+pub const TREES: usize = 8;
+
 impl TreeId {
-    pub const ALL: [TreeId; 8] = [
+    pub const ALL: [TreeId; TREES] = [
         TreeId::Specs,
         TreeId::Progress,
         TreeId::Live,
@@ -123,43 +130,75 @@ pub trait Backend: Send + Sync + 'static {
     }
 }
 
-/// sled 0.34 behind a write-ahead log (`store/wal.rs`): `apply` resolves a group into plain
-/// writes (preconditions checked, secondary index keys derived, reading sled and the group's
-/// own earlier writes) and appends them to the log as one record; `sync` makes the record
-/// durable with one `fdatasync` and then applies it to sled, one `sled::Batch` per tree and no
-/// transaction. A checkpoint thread flushes sled and deletes closed log segments. So there is
-/// exactly one writer (the commit thread), a group is one sequential append plus one sync, and
-/// sled's `flush()` is off the write path.
+/// sled 0.34 behind a write-ahead log (`store/wal.rs`) and a write-behind memtable
+/// (`store/memtable.rs`):
+/// - `apply` resolves a group into plain writes (preconditions checked, secondary index keys
+///   derived, reading the memtable, sled and the group's own earlier writes) and appends them
+///   to the log as one record;
+/// - `sync` makes the record durable with one `fdatasync` and puts its writes in the
+///   memtable's active layer, where reads see them at once;
+/// - the applier thread (`herald-apply`, at a lower CPU priority) takes frozen layers, writes
+///   them to sled (one write per key however often it was written), flushes sled, deletes the
+///   log segments the layer covers, and only then drops the layer.
 ///
-/// Readers see sled: a group becomes visible when `sync` returns (per tree at once; across
-/// trees [`Backend::get_atomic`] waits for a group being applied).
+/// So the commit thread never writes to sled: a group costs one append, one sync and a few
+/// B-tree inserts in memory. Reads look in the memtable before sled ([`MergedScan`] for scans).
+///
+/// Memory is bounded: the active layer is frozen at [`FREEZE_BYTES`] or [`FREEZE_AGE`], and
+/// a group waits (so the queue fills and creates get 503) while it is over [`ACTIVE_MAX_BYTES`]
+/// and the applier is still busy with the previous layer.
 ///
 /// sled 0.34 remembers an I/O error (a full disk, say) and fails every later operation with it,
-/// even after the disk works again. [`Backend::recover`] therefore reopens the directory and
-/// replays the log into it: the handle sits behind a lock so that it can be replaced while
-/// herald runs.
+/// even after the disk works again. When the applier meets one, writes are refused until the
+/// commit thread's [`Backend::recover`] has reopened sled; the applier then writes the frozen
+/// layer again (every write carries its whole value, so that is idempotent). Nothing is lost
+/// meanwhile: what sled may not hold is in the layers and in the log.
 pub struct SledBackend {
+    shared: Arc<Shared>,
+    applier: Option<std::thread::JoinHandle<()>>,
+}
+
+/// A frozen layer is made once the active one holds this much ...
+pub const FREEZE_BYTES: usize = 16 << 20;
+/// ... or once its first write is this old (so that memory and replay stay small when idle).
+pub const FREEZE_AGE: Duration = Duration::from_secs(1);
+/// Over this, a group waits for the applier to finish the frozen layer (back-pressure).
+pub const ACTIVE_MAX_BYTES: usize = 64 << 20;
+
+struct Shared {
     dir: PathBuf,
     cache_bytes: u64,
     /// `None` only while a reopen failed; every operation then fails until the next one.
-    inner: Arc<RwLock<Option<SledInner>>>,
+    inner: RwLock<Option<SledInner>>,
     /// The segment being appended to and the group `apply` resolved for `sync`.
     log: Mutex<Log>,
-    /// Held for writing while a group is applied to sled (see `get_atomic`).
-    applying: RwLock<()>,
-    /// Closed segments go to the checkpoint thread (`None` once dropping).
-    checkpoints: Option<std::sync::mpsc::Sender<PathBuf>>,
-    checkpointer: Option<std::thread::JoinHandle<()>>,
+    mem: RwLock<Mem>,
+    /// The applier's inbox; `done` is signalled (under this lock) when a frozen layer is
+    /// dropped, `work` when there is something for the applier.
+    applier: Mutex<Inbox>,
+    work: Condvar,
+    done: Condvar,
+    /// The applier met a sled error: writes are refused until `recover` reopened sled.
+    sled_failed: AtomicBool,
+}
+
+#[derive(Default)]
+struct Inbox {
+    /// A frozen layer and the closed segments it covers.
+    layer: Option<(Arc<Layer>, Vec<PathBuf>)>,
+    /// A segment was taken: make a spare.
+    spare: bool,
+    stop: bool,
 }
 
 struct Log {
     /// `None` only after a segment could not be created; appends then fail until `recover`.
     seg: Option<Segment>,
-    /// Resolved by `apply`, appended, not yet durable nor in sled.
+    /// Resolved by `apply`, appended, not yet durable nor in the memtable.
     pending: Option<Vec<Write>>,
-    /// A durable record failed to reach sled: sled is behind the log, and a group resolved
-    /// against it now could be wrong. Writes are refused until `recover` has replayed the log.
-    behind: bool,
+    /// Segments closed since the last freeze: every record in them is in the active layer or
+    /// an older one. The next freeze covers them.
+    closed: Vec<PathBuf>,
 }
 
 impl Log {
@@ -218,50 +257,28 @@ impl SledInner {
         Ok(())
     }
 
-    /// Applies resolved writes one by one. No `sled::Batch`: the log already makes a group
-    /// atomic (a crash half-way is replayed whole), and a batch per tree costs sled a batch
-    /// manifest and its exclusive lock each (delivery bench, unsigned: 9 100 sends/s with a
-    /// batch per tree, 13 500 without).
-    fn apply_writes(&self, writes: &[Write]) -> Result<(), StoreError> {
-        for w in writes {
-            let t = &self.trees[w.tree.index()];
-            match &w.value {
-                Some(v) => {
-                    t.insert(w.key.as_slice(), v.as_slice())?;
+    /// Writes a frozen layer into sled, one write per key, and flushes sled. No `sled::Batch`
+    /// and no transaction: the log already makes a group atomic (a crash half-way is replayed
+    /// whole), readers see the layer until it is dropped, and a batch per tree costs sled a
+    /// batch manifest and its exclusive lock each. Stops early (with an error) on `stop`.
+    fn write_layer(&self, layer: &Layer, stop: &dyn Fn() -> bool) -> Result<(), StoreError> {
+        for t in TreeId::ALL {
+            let tree = &self.trees[t.index()];
+            for (i, (k, v)) in layer.entries(t).enumerate() {
+                if i % 1024 == 0 && stop() {
+                    return Err(StoreError::Write("stopping".into()));
                 }
-                None => {
-                    t.remove(w.key.as_slice())?;
+                match v {
+                    Some(v) => {
+                        tree.insert(k.as_slice(), v.as_slice())?;
+                    }
+                    None => {
+                        tree.remove(k.as_slice())?;
+                    }
                 }
             }
         }
-        Ok(())
-    }
-
-    /// Replays the log segments in `dir` into sled, makes sled durable and deletes them.
-    /// Returns the number for the next segment.
-    fn replay(&self, dir: &Path) -> Result<u64, StoreError> {
-        let (records, segs) = wal::read_all(dir)?;
-        let Some((last, _)) = segs.last() else {
-            return Ok(1);
-        };
-        let started = std::time::Instant::now();
-        for writes in &records {
-            self.apply_writes(writes)?;
-        }
-        self.flush()?;
-        for (_, path) in &segs {
-            remove_if_there(path)?;
-        }
-        wal::sync_dir(dir)?;
-        if !records.is_empty() {
-            tracing::info!(
-                records = records.len(),
-                segments = segs.len(),
-                took_ms = started.elapsed().as_millis() as u64,
-                "replayed the write-ahead log"
-            );
-        }
-        Ok(last + 1)
+        self.flush()
     }
 }
 
@@ -272,104 +289,261 @@ fn remove_if_there(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// The checkpoint thread: for each closed segment, flush sled (everything in the segment was
-/// applied before it was closed) and then delete it. A failed flush keeps the segments; they
-/// go with the next checkpoint, or are replayed at the next open.
-fn checkpoints(
-    dir: PathBuf,
-    inner: Arc<RwLock<Option<SledInner>>>,
-    rx: std::sync::mpsc::Receiver<PathBuf>,
-) {
-    let mut closed: Vec<PathBuf> = Vec::new();
+/// Lowers the calling thread's CPU priority (nice 10): the applier's work can wait while the
+/// engine has sends to make, and takes the idle time. Best effort.
+fn lower_priority() {
+    // SAFETY: setpriority on the calling thread's own id; no memory is passed.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 10);
+    }
+}
+
+impl Shared {
+    fn closed_error(&self) -> StoreError {
+        StoreError::Write(format!(
+            "the data directory {} is closed after a failed reopen",
+            self.dir.display()
+        ))
+    }
+
+    /// Closes the open segment (if it holds anything) and starts the next one; the closed one
+    /// waits in `log.closed` for the next freeze.
+    fn rotate(&self, log: &mut Log) {
+        let Some(seg) = log.seg.as_mut() else { return };
+        if seg.is_empty() {
+            return;
+        }
+        match Segment::create(&self.dir, seg.n + 1) {
+            Ok(fresh) => {
+                let closed = std::mem::replace(seg, fresh);
+                log.closed.push(closed.path.clone());
+                self.applier.lock().spare = true;
+                self.work.notify_one();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not start a new write-ahead log segment; appending to the old one")
+            }
+        }
+    }
+
+    /// Hands the active layer to the applier if none is frozen and `due(active)`. Called with
+    /// the log locked, so no group is between its append and its insert into the memtable:
+    /// the segments closed so far hold nothing that is not in this layer or an older one.
+    fn freeze_if(&self, log: &mut Log, due: impl Fn(&Layer) -> bool) {
+        if log.pending.is_some() {
+            // A group is appended and not yet synced: its segment must stay the open one.
+            return;
+        }
+        {
+            let m = self.mem.read();
+            if m.frozen.is_some() || m.active.is_empty() || !due(&m.active) {
+                return;
+            }
+        }
+        self.rotate(log);
+        let covered = std::mem::take(&mut log.closed);
+        let layer = self.mem.write().freeze();
+        self.applier.lock().layer = Some((layer, covered));
+        self.work.notify_one();
+    }
+
+    /// Waits while the active layer is over [`ACTIVE_MAX_BYTES`] and a layer is still frozen.
+    fn wait_for_room(&self) -> Result<(), StoreError> {
+        let mut inbox = self.applier.lock();
+        loop {
+            {
+                let m = self.mem.read();
+                if m.active.bytes < ACTIVE_MAX_BYTES || m.frozen.is_none() {
+                    return Ok(());
+                }
+            }
+            if self.sled_failed.load(Ordering::SeqCst) {
+                return Err(sled_behind());
+            }
+            self.done.wait_for(&mut inbox, Duration::from_millis(100));
+        }
+    }
+
+    /// Writes one frozen layer to sled until it is there and durable (retrying after a
+    /// reopen), deletes the segments it covers, then drops it. `false`: stopping.
+    fn apply_layer(&self, layer: &Layer, covered: &[PathBuf]) -> bool {
+        let stop = || self.applier.lock().stop;
+        loop {
+            let r = match &*self.inner.read() {
+                Some(i) => i.write_layer(layer, &stop),
+                None => Err(self.closed_error()),
+            };
+            match r {
+                Ok(()) => break,
+                Err(_) if stop() => return false,
+                Err(e) => {
+                    tracing::warn!(error = %e, keys = layer.len(), "writing the memtable into sled failed; writes wait for a reopen, then it is written again");
+                    self.sled_failed.store(true, Ordering::SeqCst);
+                    let mut inbox = self.applier.lock();
+                    while self.sled_failed.load(Ordering::SeqCst) && !inbox.stop {
+                        self.work.wait_for(&mut inbox, Duration::from_millis(100));
+                    }
+                    if inbox.stop {
+                        return false;
+                    }
+                }
+            }
+        }
+        // sled holds the layer durably: its segments may go. One that cannot be removed now
+        // is replayed (idempotently) at the next open.
+        let removed = covered
+            .iter()
+            .try_for_each(|p| remove_if_there(p))
+            .and_then(|()| wal::sync_dir(&self.dir));
+        if let Err(e) = removed {
+            tracing::warn!(error = %e, "could not delete checkpointed write-ahead log segments; they are replayed at the next start");
+        }
+        let _inbox = self.applier.lock();
+        self.mem.write().drop_frozen();
+        self.done.notify_all();
+        true
+    }
+}
+
+fn sled_behind() -> StoreError {
+    StoreError::Write("sled failed to take the memtable; waiting for a reopen".into())
+}
+
+/// The applier thread: frozen layers into sled, spare segments, and freezing an idle layer
+/// once it is [`FREEZE_AGE`] old.
+fn applier(shared: Arc<Shared>) {
+    lower_priority();
     let spare = |dir: &Path| {
         if let Err(e) = wal::prepare_spare(dir) {
             tracing::warn!(error = %e, "could not make a spare write-ahead log segment; the next one is made when needed");
         }
     };
-    spare(&dir);
-    while let Ok(first) = rx.recv() {
-        closed.push(first);
-        closed.extend(rx.try_iter());
-        // Held across flush and delete: `recover` (which replays what is on disk) waits.
-        let guard = inner.read();
-        let Some(i) = &*guard else { continue };
-        let r = i.flush().and_then(|()| {
-            for p in &closed {
-                remove_if_there(p)?;
+    spare(&shared.dir);
+    loop {
+        let (layer, make_spare) = {
+            let mut inbox = shared.applier.lock();
+            if inbox.layer.is_none() && !inbox.spare && !inbox.stop {
+                shared.work.wait_for(&mut inbox, FREEZE_AGE / 4);
             }
-            Ok(wal::sync_dir(&dir)?)
-        });
-        drop(guard);
-        match r {
-            Ok(()) => {
-                closed.clear();
-                spare(&dir);
+            if inbox.stop {
+                return;
             }
-            Err(e) => {
-                tracing::warn!(error = %e, segments = closed.len(), "checkpoint failed; the log segments are kept and tried again at the next one")
+            (inbox.layer.take(), std::mem::take(&mut inbox.spare))
+        };
+        if let Some((layer, covered)) = layer {
+            if !shared.apply_layer(&layer, &covered) {
+                return;
             }
+        }
+        if make_spare {
+            spare(&shared.dir);
+        }
+        // An idle layer: freeze it, unless the commit thread is in the middle of a group.
+        if let Some(mut log) = shared.log.try_lock() {
+            shared.freeze_if(&mut log, |a| {
+                a.since.is_some_and(|t| t.elapsed() >= FREEZE_AGE)
+            });
         }
     }
 }
 
 impl Drop for SledBackend {
     fn drop(&mut self) {
-        self.checkpoints.take();
-        if let Some(t) = self.checkpointer.take() {
+        self.shared.applier.lock().stop = true;
+        self.shared.work.notify_all();
+        if let Some(t) = self.applier.take() {
             let _ = t.join();
         }
     }
 }
 
 impl SledBackend {
+    /// Opens sled in `dir` and reads what the log holds into the memtable (frozen at once, so
+    /// the applier writes it into sled in the background while herald starts).
     pub fn open(dir: &Path, cache_bytes: u64) -> Result<SledBackend, StoreError> {
         let inner = SledInner::open(dir, cache_bytes)?;
-        let next = inner.replay(dir)?;
+        let started = Instant::now();
+        let (records, segs) = wal::read_all(dir)?;
+        let mut mem = Mem::default();
+        let n_records = records.len();
+        for w in records.into_iter().flatten() {
+            mem.active.insert(w, started);
+        }
+        let next = segs.last().map_or(1, |(n, _)| n + 1);
         let seg = Segment::create(dir, next)?;
-        let inner = Arc::new(RwLock::new(Some(inner)));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let (d, i) = (dir.to_path_buf(), inner.clone());
-        let checkpointer = std::thread::Builder::new()
-            .name("herald-checkpoint".into())
-            .spawn(move || checkpoints(d, i, rx))?;
-        Ok(SledBackend {
+        if mem.active.is_empty() {
+            // Segments without a record (all zeros) hold nothing to keep.
+            for (_, p) in &segs {
+                remove_if_there(p)?;
+            }
+        } else {
+            tracing::info!(
+                records = n_records,
+                segments = segs.len(),
+                keys = mem.active.len(),
+                took_ms = started.elapsed().as_millis() as u64,
+                "read the write-ahead log into memory; it goes into sled in the background"
+            );
+        }
+        let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             cache_bytes,
-            inner,
+            inner: RwLock::new(Some(inner)),
             log: Mutex::new(Log {
                 seg: Some(seg),
                 pending: None,
-                behind: false,
+                closed: segs.into_iter().map(|(_, p)| p).collect(),
             }),
-            applying: RwLock::new(()),
-            checkpoints: Some(tx),
-            checkpointer: Some(checkpointer),
+            mem: RwLock::new(mem),
+            applier: Mutex::new(Inbox::default()),
+            work: Condvar::new(),
+            done: Condvar::new(),
+            sled_failed: AtomicBool::new(false),
+        });
+        shared.freeze_if(&mut shared.log.lock(), |_| true);
+        let s = shared.clone();
+        let applier = std::thread::Builder::new()
+            .name("herald-apply".into())
+            .spawn(move || applier(s))?;
+        Ok(SledBackend {
+            shared,
+            applier: Some(applier),
         })
     }
 
-    /// sled's handle (for `meta` and migrations at open).
+    /// sled's handle (for `meta` and migrations at open, which write to sled directly: only
+    /// a directory without log records needs one).
     pub fn db(&self) -> Result<sled::Db, StoreError> {
         self.with(|i| i.db.clone())
     }
 
+    /// Keys the memtable holds (for tests and the applier's logs).
+    pub fn memtable_keys(&self) -> usize {
+        let m = self.shared.mem.read();
+        m.active.len() + m.frozen.as_ref().map_or(0, |f| f.len())
+    }
+
     fn with<T>(&self, f: impl FnOnce(&SledInner) -> T) -> Result<T, StoreError> {
-        match &*self.inner.read() {
+        match &*self.shared.inner.read() {
             Some(i) => Ok(f(i)),
-            None => Err(StoreError::Write(format!(
-                "the data directory {} is closed after a failed reopen",
-                self.dir.display()
-            ))),
+            None => Err(self.shared.closed_error()),
         }
     }
 
     fn tree(&self, t: TreeId) -> Result<sled::Tree, StoreError> {
         self.with(|i| i.trees[t.index()].clone())
     }
+
+    /// A point read of sled alone.
+    fn sled_get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.tree(tree)?.get(key)?.map(|v| v.to_vec()))
+    }
 }
 
-/// A group's writes so far, over sled: what the next job of the group reads.
+/// A group's writes so far, over the memtable and sled: what the next job of the group reads.
 struct Resolver<'a> {
-    trees: &'a [sled::Tree],
+    backend: &'a SledBackend,
     seen: HashMap<(TreeId, Vec<u8>), Option<Vec<u8>>>,
     writes: Vec<Write>,
 }
@@ -380,7 +554,7 @@ impl Resolver<'_> {
         if let Some(v) = self.seen.get(&(tree, key.to_vec())) {
             return Ok(v.clone());
         }
-        Ok(self.trees[tree.index()].get(key)?.map(|v| v.to_vec()))
+        self.backend.get(tree, key)
     }
 
     fn put(&mut self, tree: TreeId, key: Vec<u8>, value: Option<Vec<u8>>) {
@@ -424,18 +598,123 @@ impl Resolver<'_> {
     }
 }
 
+/// How many memtable entries a scan copies at a time.
+const SCAN_CHUNK: usize = 256;
+
+/// A forward scan over the memtable merged with sled. The memtable is read in chunks (a lock
+/// per chunk, never held between `next` calls); a layer's entry wins over sled's for the same
+/// key and a deletion hides it.
+///
+/// Why it sees every key that was there for the whole scan: a key moves from the memtable to
+/// sled-only when its frozen layer is dropped, which happens after the layer is in sled and
+/// bumps [`Mem::gen`]. Each chunk is read with the generation; when it changed since sled's
+/// iterator was made, that iterator (which may have read a leaf before the layer got there)
+/// is made again from the last key returned.
+struct MergedScan<'a> {
+    backend: &'a SledBackend,
+    tree: TreeId,
+    prefix: Option<Vec<u8>>,
+    /// Everything up to here was returned (or skipped as deleted).
+    lower: Bound<Vec<u8>>,
+    mem: std::collections::VecDeque<memtable::Entry>,
+    /// `mem` holds every memtable entry left in the range.
+    mem_complete: bool,
+    gen: Option<u64>,
+    sled: Option<sled::Iter>,
+    sled_head: Option<Kv>,
+    sled_done: bool,
+    failed: bool,
+}
+
+impl MergedScan<'_> {
+    fn refill(&mut self) {
+        let m = self.backend.shared.mem.read();
+        let (chunk, complete) = m.chunk(self.tree, &self.lower, self.prefix.as_deref(), SCAN_CHUNK);
+        let gen = m.gen;
+        drop(m);
+        self.mem = chunk.into();
+        self.mem_complete = complete;
+        if self.gen != Some(gen) {
+            self.gen = Some(gen);
+            self.sled = None;
+            self.sled_head = None;
+            self.sled_done = false;
+        }
+    }
+
+    fn pull_sled(&mut self) -> Result<(), StoreError> {
+        if self.sled.is_none() {
+            let t = self.backend.tree(self.tree)?;
+            self.sled = Some(t.range::<Vec<u8>, _>((self.lower.clone(), Bound::Unbounded)));
+        }
+        let Some(it) = self.sled.as_mut() else {
+            return Ok(());
+        };
+        match it.next() {
+            None => self.sled_done = true,
+            Some(item) => {
+                let (k, v) = item?;
+                if self.prefix.as_ref().is_some_and(|p| !k.starts_with(p)) {
+                    self.sled_done = true;
+                } else {
+                    self.sled_head = Some((k.to_vec(), v.to_vec()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Iterator for MergedScan<'_> {
+    type Item = Result<Kv, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        loop {
+            if self.mem.is_empty() && !self.mem_complete {
+                self.refill();
+            }
+            if self.sled_head.is_none() && !self.sled_done {
+                if let Err(e) = self.pull_sled() {
+                    self.failed = true;
+                    return Some(Err(e));
+                }
+            }
+            let mem_key = self.mem.front().map(|(k, _)| k.as_slice());
+            let sled_key = self.sled_head.as_ref().map(|(k, _)| k.as_slice());
+            let from_mem = memtable::layer_first(mem_key, sled_key)?;
+            if from_mem {
+                let (k, v) = self.mem.pop_front()?;
+                if self.sled_head.as_ref().is_some_and(|(s, _)| *s == k) {
+                    self.sled_head = None;
+                }
+                self.lower = Bound::Excluded(k.clone());
+                if let Some(v) = v {
+                    return Some(Ok((k, v)));
+                }
+            } else {
+                let (k, v) = self.sled_head.take()?;
+                self.lower = Bound::Excluded(k.clone());
+                return Some(Ok((k, v)));
+            }
+        }
+    }
+}
+
 impl Backend for SledBackend {
     fn apply(&self, jobs: &[Vec<RawOp>]) -> Result<Vec<Result<(), Rejected>>, StoreError> {
-        let mut log = self.log.lock();
+        let s = &self.shared;
+        s.wait_for_room()?;
+        let mut log = s.log.lock();
         log.discard()?;
-        if log.behind {
-            return Err(StoreError::Write(
-                "sled is behind the write-ahead log; waiting for a reopen".into(),
-            ));
+        if s.sled_failed.load(Ordering::SeqCst) {
+            return Err(sled_behind());
         }
-        let trees = self.with(|i| i.trees.clone())?;
+        s.freeze_if(&mut log, |a| a.bytes >= FREEZE_BYTES);
         let mut r = Resolver {
-            trees: &trees,
+            backend: self,
             seen: HashMap::new(),
             writes: Vec::new(),
         };
@@ -457,7 +736,8 @@ impl Backend for SledBackend {
     }
 
     fn sync(&self) -> Result<(), StoreError> {
-        let mut log = self.log.lock();
+        let s = &self.shared;
+        let mut log = s.log.lock();
         let Some(writes) = log.pending.take() else {
             // Nothing went through the log (a migration wrote to sled directly): flush sled.
             return self.with(|i| i.flush())?;
@@ -470,89 +750,112 @@ impl Backend for SledBackend {
             .as_mut()
             .ok_or_else(|| StoreError::Write("no write-ahead log segment is open".into()))?;
         seg.sync()?;
-        let applied = {
-            let _applying = self.applying.write();
-            self.with(|i| i.apply_writes(&writes)).and_then(|r| r)
-        };
-        if let Err(e) = applied {
-            log.behind = true;
-            return Err(e);
-        }
-        let Some(seg) = log.seg.as_mut() else {
-            return Ok(());
-        };
-        if seg.full() {
-            match Segment::create(&self.dir, seg.n + 1) {
-                Ok(fresh) => {
-                    let closed = std::mem::replace(seg, fresh);
-                    if let Some(tx) = &self.checkpoints {
-                        let _ = tx.send(closed.path.clone());
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "could not start a new write-ahead log segment; appending to the old one")
-                }
+        let full = seg.full();
+        let now = Instant::now();
+        {
+            let mut m = s.mem.write();
+            for w in writes {
+                m.active.insert(w, now);
             }
+        }
+        if full {
+            s.rotate(&mut log);
         }
         Ok(())
     }
 
+    /// Reopens sled; the applier then writes its frozen layer again. Nothing is replayed from
+    /// the log: every write sled may have lost is still in a layer (a layer is dropped only
+    /// after sled was flushed with it).
     fn recover(&self) -> Result<(), StoreError> {
-        let mut log = self.log.lock();
+        let s = &self.shared;
+        let mut log = s.log.lock();
         log.discard()?;
-        log.seg = None;
-        let mut inner = self.inner.write();
+        if log.seg.is_none() {
+            let n = wal::segments(&s.dir)?.last().map_or(1, |(n, _)| n + 1);
+            log.seg = Some(Segment::create(&s.dir, n)?);
+        }
+        let mut inner = s.inner.write();
         // The old handle must be gone before the directory can be locked again. A reader that
         // still holds a tree of it (an iterator) keeps it open: then this fails and is tried
         // again after the next failed group.
         *inner = None;
-        let fresh = SledInner::open(&self.dir, self.cache_bytes)?;
-        // What the log holds and sled may not (a group whose apply failed) goes in now.
-        let next = fresh.replay(&self.dir)?;
-        log.seg = Some(Segment::create(&self.dir, next)?);
-        log.behind = false;
-        *inner = Some(fresh);
-        tracing::warn!(dir = %self.dir.display(), "storage reopened");
+        *inner = Some(SledInner::open(&s.dir, s.cache_bytes)?);
+        drop(inner);
+        s.sled_failed.store(false, Ordering::SeqCst);
+        s.work.notify_all();
+        tracing::warn!(dir = %s.dir.display(), "storage reopened");
         Ok(())
     }
 
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        let t = self.tree(tree)?;
-        Ok(t.get(key)?.map(|v| v.to_vec()))
+        // A miss in memory means sled has the newest value: a layer leaves memory only after
+        // it is in sled.
+        if let Some(v) = self.shared.mem.read().get(tree, key) {
+            return Ok(v);
+        }
+        self.sled_get(tree, key)
     }
 
     fn scan<'a>(&'a self, tree: TreeId, start: &[u8], prefix: Option<&[u8]>) -> KvIter<'a> {
-        let prefix = prefix.map(|p| p.to_vec());
-        let t = match self.tree(tree) {
-            Ok(t) => t,
-            Err(e) => return Box::new(std::iter::once(Err(e))),
-        };
-        let it = t
-            .range(start.to_vec()..)
-            .take_while(move |item| match (&prefix, item) {
-                (Some(p), Ok((k, _))) => k.starts_with(p),
-                _ => true,
-            })
-            .map(|item| {
-                item.map(|(k, v)| (k.to_vec(), v.to_vec()))
-                    .map_err(StoreError::from)
-            });
-        Box::new(it)
+        Box::new(MergedScan {
+            backend: self,
+            tree,
+            prefix: prefix.map(|p| p.to_vec()),
+            lower: Bound::Included(start.to_vec()),
+            mem: Default::default(),
+            mem_complete: false,
+            gen: None,
+            sled: None,
+            sled_head: None,
+            sled_done: false,
+            failed: false,
+        })
     }
 
-    /// Waits for a group being applied to sled, so it sees a group wholly or not at all.
+    /// Holds the memtable for reading across the reads: a group goes into it whole, and a
+    /// frozen layer cannot be dropped in between.
     fn get_atomic(&self, keys: &[(TreeId, Vec<u8>)]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        let _applying = self.applying.read();
-        keys.iter().map(|(t, k)| self.get(*t, k)).collect()
+        let m = self.shared.mem.read();
+        keys.iter()
+            .map(|(t, k)| match m.get(*t, k) {
+                Some(v) => Ok(v),
+                None => self.sled_get(*t, k),
+            })
+            .collect()
     }
 
     fn last_with_prefix(&self, tree: TreeId, prefix: &[u8]) -> Result<Option<Kv>, StoreError> {
-        match self.tree(tree)?.scan_prefix(prefix).next_back() {
-            Some(item) => {
-                let (k, v) = item?;
-                Ok(Some((k.to_vec(), v.to_vec())))
+        // The memtable is held for reading throughout, so no layer leaves it meanwhile.
+        let m = self.shared.mem.read();
+        let mut mem = m.with_prefix(tree, prefix);
+        let mut sled = self.tree(tree)?.scan_prefix(prefix).rev();
+        let mut sled_head = sled.next().transpose()?;
+        loop {
+            let mem_key = mem.last().map(|(k, _)| k.as_slice());
+            let sled_key = sled_head.as_ref().map(|(k, _)| k.as_ref());
+            let from_mem = match (mem_key, sled_key) {
+                (None, None) => return Ok(None),
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (Some(mk), Some(sk)) => mk >= sk,
+            };
+            if !from_mem {
+                return Ok(sled_head.map(|(k, v)| (k.to_vec(), v.to_vec())));
             }
-            None => Ok(None),
+            let Some((k, v)) = mem.pop() else {
+                return Ok(None);
+            };
+            if let Some(v) = v {
+                return Ok(Some((k, v)));
+            }
+            // Deleted in memory: whatever sled has for it does not count.
+            if sled_head
+                .as_ref()
+                .is_some_and(|(s, _)| s.as_ref() == k.as_slice())
+            {
+                sled_head = sled.next().transpose()?;
+            }
         }
     }
 }
@@ -567,6 +870,110 @@ mod tests {
 
     fn get(b: &SledBackend, t: TreeId, k: &str) -> Option<Vec<u8>> {
         b.get(t, k.as_bytes()).unwrap()
+    }
+
+    /// Waits (with a deadline) until the applier has written every layer into sled.
+    fn settle(b: &SledBackend) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while b.memtable_keys() > 0 {
+            assert!(Instant::now() < deadline, "the memtable never drained");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn commit(b: &SledBackend, ops: Vec<RawOp>) {
+        assert_eq!(b.apply(&[ops]).unwrap(), vec![Ok(())]);
+        b.sync().unwrap();
+    }
+
+    fn keys_of(it: KvIter<'_>) -> Vec<String> {
+        it.map(|kv| String::from_utf8(kv.unwrap().0).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn scans_merge_the_memtable_over_sled_and_deletions_hide_what_sled_has() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
+        commit(
+            &b,
+            ["a1", "a2", "a3", "b1"]
+                .iter()
+                .map(|k| put(TreeId::Runs, k, "old"))
+                .collect(),
+        );
+        settle(&b);
+        commit(
+            &b,
+            vec![
+                RawOp::Delete(TreeId::Runs, b"a2".to_vec()),
+                put(TreeId::Runs, "a0", "new"),
+                put(TreeId::Runs, "a3", "new"),
+                put(TreeId::Runs, "a4", "new"),
+            ],
+        );
+        assert!(b.memtable_keys() > 0, "the second group is still in memory");
+        assert_eq!(
+            keys_of(b.scan(TreeId::Runs, b"a", Some(b"a"))),
+            vec!["a0", "a1", "a3", "a4"]
+        );
+        assert_eq!(
+            keys_of(b.scan(TreeId::Runs, b"a2", None)),
+            vec!["a3", "a4", "b1"]
+        );
+        assert_eq!(get(&b, TreeId::Runs, "a3").as_deref(), Some(&b"new"[..]));
+        assert_eq!(get(&b, TreeId::Runs, "a2"), None);
+        let last = b.last_with_prefix(TreeId::Runs, b"a").unwrap().unwrap();
+        assert_eq!(last, (b"a4".to_vec(), b"new".to_vec()));
+        commit(&b, vec![RawOp::Delete(TreeId::Runs, b"a4".to_vec())]);
+        commit(&b, vec![RawOp::Delete(TreeId::Runs, b"a3".to_vec())]);
+        let last = b.last_with_prefix(TreeId::Runs, b"a").unwrap().unwrap();
+        assert_eq!(
+            last.0,
+            b"a1".to_vec(),
+            "a3 is deleted in memory though sled still has it"
+        );
+        settle(&b);
+        assert_eq!(
+            keys_of(b.scan(TreeId::Runs, b"", None)),
+            vec!["a0", "a1", "b1"]
+        );
+        assert_eq!(b.sled_get(TreeId::Runs, b"a3").unwrap(), None);
+    }
+
+    #[test]
+    fn a_scan_sees_every_key_while_layers_move_into_sled_under_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
+        // Enough keys for many chunks; written in groups so several layers are frozen and
+        // dropped while the scan runs.
+        let n = 20 * SCAN_CHUNK;
+        for g in 0..20 {
+            let ops = (0..SCAN_CHUNK)
+                .map(|i| put(TreeId::Due, &format!("k{:06}", g * SCAN_CHUNK + i), "v"))
+                .collect();
+            commit(&b, ops);
+        }
+        let mut seen = Vec::new();
+        let mut scan = b.scan(TreeId::Due, b"", None);
+        let mut gens = std::collections::BTreeSet::new();
+        while let Some(kv) = scan.next() {
+            seen.push(kv.unwrap().0);
+            if seen.len() % 500 == 0 {
+                // Give the applier time to move a layer; force a freeze of what is active.
+                let mut log = b.shared.log.lock();
+                b.shared.freeze_if(&mut log, |_| true);
+                drop(log);
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while b.shared.mem.read().frozen.is_some() && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            gens.insert(b.shared.mem.read().gen);
+        }
+        assert!(gens.len() > 1, "layers were dropped during the scan");
+        let want: Vec<Vec<u8>> = (0..n).map(|i| format!("k{i:06}").into_bytes()).collect();
+        assert_eq!(seen, want, "every key once, in order");
     }
 
     #[test]
@@ -598,6 +1005,12 @@ mod tests {
         let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
         assert_eq!(get(&b, TreeId::Specs, "a").as_deref(), Some(&b"2"[..]));
         assert_eq!(get(&b, TreeId::Runs, "r"), None);
+        settle(&b);
+        assert_eq!(
+            b.sled_get(TreeId::Specs, b"a").unwrap().as_deref(),
+            Some(&b"2"[..]),
+            "in sled once the applier is done"
+        );
         let segs: Vec<u64> = wal::segments(dir.path())
             .unwrap()
             .into_iter()

@@ -24,6 +24,7 @@ pub mod commit;
 pub mod fault;
 pub mod image;
 pub mod legacy;
+pub mod memtable;
 pub mod purge;
 pub mod records;
 pub mod wal;

@@ -320,6 +320,11 @@ impl Segment {
         Ok(())
     }
 
+    /// Nothing appended yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Time to close this segment and start a checkpoint.
     pub fn full(&self) -> bool {
         self.len >= SEGMENT_BYTES || (self.len > 0 && self.opened.elapsed() >= SEGMENT_AGE)
