@@ -955,7 +955,7 @@ mod tests {
             commit(&b, ops);
         }
         let mut seen = Vec::new();
-        let mut scan = b.scan(TreeId::Due, b"", None);
+        let scan = b.scan(TreeId::Due, b"", None);
         let mut gens = std::collections::BTreeSet::new();
         while let Some(kv) = scan.next() {
             seen.push(kv.unwrap().0);
