@@ -957,7 +957,7 @@ mod tests {
         let mut seen = Vec::new();
         let scan = b.scan(TreeId::Due, b"", None);
         let mut gens = std::collections::BTreeSet::new();
-        while let Some(kv) = scan.next() {
+        for kv in scan {
             seen.push(kv.unwrap().0);
             if seen.len() % 500 == 0 {
                 // Give the applier time to move a layer; force a freeze of what is active.
