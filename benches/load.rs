@@ -221,10 +221,26 @@ async fn herd(n: u64) {
         last.saturating_sub(due),
         rows.len() as f64 / ((last.saturating_sub(due)).max(1) as f64 / 1000.0)
     );
+    // Sends per 500 ms after due: where the drain is slow.
+    let mut slices = vec![0u32; ((last.saturating_sub(due)) / 500 + 1) as usize];
+    for r in &rows {
+        if let Some(s) = slices.get_mut((r.1.saturating_sub(due) / 500) as usize) {
+            *s += 1;
+        }
+    }
+    println!("   sends per 500 ms after due: {slices:?}");
     let (p50, p99, max) = lateness(&lines(&dir.path().join("probe.jsonl")));
     println!(
         "   200 probes due 1 s after the herd: lateness p50 {p50} ms, p99 {p99} ms, max {max} ms"
     );
+    if std::env::var("HERALD_LOAD_METRICS").is_ok() {
+        let (_, m) = get(&http, &format!("{}/metrics", herald.url)).await;
+        for l in String::from_utf8_lossy(&m).lines() {
+            if l.starts_with("herald_store") || l.starts_with("herald_send_lateness") {
+                println!("   {l}");
+            }
+        }
+    }
     println!("   non-201 creates: {}", failed.load(Ordering::Relaxed));
 }
 

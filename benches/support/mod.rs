@@ -35,7 +35,11 @@ impl Proc {
             .arg(config)
             .arg("--data")
             .arg(data)
-            .env("HERALD_LOG", "warn")
+            // HERALD_BENCH_LOG=debug (say) shows herald's own logs during a bench.
+            .env(
+                "HERALD_LOG",
+                std::env::var("HERALD_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
