@@ -48,7 +48,12 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
 pub const DEFAULT_DATA_DIR: &str = "herald-data";
 pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_CONNECT_TIMEOUT_MS: u64 = 5_000;
+/// Sends in flight at once on a webhook channel when the config does not say.
 pub const DEFAULT_CONCURRENCY: u32 = 4;
+/// ... and on a file or log channel: a local append has no peer to spare, and its writer
+/// batches lines anyway. With 4, a herd to a file channel drained at the pace of four permits
+/// passing through a busy runtime (hundreds of sends/s while fires were being made).
+pub const LOCAL_CONCURRENCY: u32 = 10_000;
 pub const BODY_BYTES_MAX: usize = 1 << 20;
 /// How long a drain (SIGTERM) waits for sends in flight to settle before herald exits anyway.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
@@ -559,7 +564,11 @@ fn channel(
     if !secrets.is_empty() && c.kind != "webhook" {
         return Err(invalid(key("secret"), "only for kind = \"webhook\""));
     }
-    let concurrency = c.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
+    let concurrency = c.concurrency.unwrap_or(if c.kind == "webhook" {
+        DEFAULT_CONCURRENCY
+    } else {
+        LOCAL_CONCURRENCY
+    });
     if concurrency == 0 || concurrency > 10_000 {
         return Err(invalid(key("concurrency"), "must be between 1 and 10000"));
     }

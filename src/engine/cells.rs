@@ -263,7 +263,13 @@ fn load(inner: &Inner, id: &str) -> Result<Option<(LiveState, Option<String>)>, 
     if task.state.is_terminal() {
         return Ok(None);
     }
-    let runs = match inner.store.runs_of(id) {
+    // Every run record is written with the fire that made it (and `fires` counted in the
+    // same write): a task never fired has none, and its load skips the scan.
+    let runs = match if task.fires == 0 {
+        Ok(Vec::new())
+    } else {
+        inner.store.runs_of(id)
+    } {
         Ok(r) => r,
         Err(e) => {
             let reason = format!("its run records cannot be read: {e}");

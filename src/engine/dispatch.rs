@@ -40,18 +40,38 @@ use crate::store::Batch;
 pub const ARM_LEAD_MS: u64 = 100;
 
 /// How long before its instant a one-shot's fire is handled (its run started and its first
-/// attempt armed, durably). Many one-shots often share an instant (a notice to a whole list):
-/// handling their fires this early gives a herd's durable writes time to complete (about
-/// 15 000 fires/s here: 2 s covers a herd of ~30 000), and the sends themselves leave at the
-/// due millisecond, in deadline order. The lead is not longer because a run armed before an
-/// outage that spans its instant is resumed (its message may have left) rather than judged by
-/// `misfire_grace`; a restart before the instant gives the armed attempt back (`cells::load`). Cron and reminder fires
-/// keep [`ARM_LEAD_MS`]: an early fire would judge overlap against a run that is about to end.
+/// attempt armed, durably), at least. Many one-shots often share an instant (a notice to a
+/// whole list): those get a longer lead, growing with how many share their second
+/// (`engine/herd.rs`), so that a herd's fires are all handled before the instant and its sends
+/// leave at the due millisecond, in deadline order. A run armed before an outage that spans
+/// its instant is resumed (its message may have left) rather than judged by `misfire_grace`;
+/// a restart before the instant gives the armed attempt back (`cells::load`). Cron and
+/// reminder fires keep [`ARM_LEAD_MS`]: an early fire would judge overlap against a run that
+/// is about to end.
 pub const ONE_SHOT_LEAD_MS: u64 = 2_000;
 
-/// How early the fire step of `task` runs.
-pub(crate) fn fire_lead_ms(task: &Task) -> u64 {
-    lead_ms(task.schedule.is_one_shot())
+/// When the fire step of a task due at `due_ms` runs: [`lead_ms`] earlier, and a one-shot
+/// that shares its second with many others earlier still (`engine/herd.rs`).
+pub(crate) fn fire_step_at(inner: &Inner, due_ms: u64, one_shot: bool) -> u64 {
+    let extra = if one_shot {
+        inner
+            .herd
+            .lock()
+            .extra_lead_ms(due_ms, inner.clock.now_ms())
+    } else {
+        0
+    };
+    due_ms.saturating_sub(lead_ms(one_shot) + extra)
+}
+
+/// The earliest a fire step may run before its instant (an earlier one is a stale wheel
+/// entry and is put back).
+fn lead_max_ms(one_shot: bool) -> u64 {
+    if one_shot {
+        ONE_SHOT_LEAD_MS + super::herd::HERD_LEAD_MAX_MS
+    } else {
+        ARM_LEAD_MS
+    }
 }
 
 /// The fire lead of a one-shot (`true`) or a cron/reminders schedule.
@@ -155,9 +175,9 @@ fn is_retryable(e: &EngineError) -> bool {
 pub(crate) fn plan_fire(inner: &Inner, task: &Task) {
     let key = RunKey::new(&task.id, 0);
     match task.next_fire_at_ms {
-        Some(at) if matches!(task.state, TaskState::Pending | TaskState::Running) => {
-            inner.timer.at(key, at.saturating_sub(fire_lead_ms(task)))
-        }
+        Some(at) if matches!(task.state, TaskState::Pending | TaskState::Running) => inner
+            .timer
+            .at(key, fire_step_at(inner, at, task.schedule.is_one_shot())),
         _ => inner.timer.cancel(key),
     }
 }
@@ -254,9 +274,9 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked, key: &RunKey) -> Result
     let Some(due) = st.task.next_fire_at_ms else {
         return Ok(());
     };
-    let lead = fire_lead_ms(&st.task);
-    if due > now + lead {
-        inner.timer.at(key.clone(), due - lead);
+    let one_shot = st.task.schedule.is_one_shot();
+    if due > now + lead_max_ms(one_shot) {
+        inner.timer.at(key.clone(), fire_step_at(inner, due, one_shot));
         return Ok(());
     }
     let watched = st.task.watched_since_ms.max(inner.boot_ms);

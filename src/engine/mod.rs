@@ -14,6 +14,7 @@ mod control;
 mod dispatch;
 pub mod events; // events (issue 11)
 mod failures;
+mod herd;
 mod plan;
 mod recovery;
 pub mod retention;
@@ -183,6 +184,8 @@ pub(crate) struct Inner {
     pub alerts_failed: AtomicU64,
     /// Serialises changes to failure records (retry steps against dismissals).
     pub failures_lock: tokio::sync::Mutex<()>,
+    /// One-shots counted per second they are due in: a herd's fires are handled earlier.
+    pub herd: Mutex<herd::HerdLeads>,
     pub events: events::Bus, // events (issue 11)
 }
 
@@ -278,6 +281,7 @@ impl Engine {
             census: Mutex::new(None),
             alerts_failed: AtomicU64::new(0),
             failures_lock: tokio::sync::Mutex::new(()),
+            herd: Mutex::new(herd::HerdLeads::default()),
             events: events::Bus::new(), // events (issue 11)
         });
         // The dispatcher holds a weak reference so dropping the last Engine shuts it down.

@@ -26,7 +26,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 
 use super::cells;
-use super::dispatch::{lead_ms, plan_fire, plan_run};
+use super::dispatch::{fire_step_at, plan_fire, plan_run};
 use super::timer::RunKey;
 use super::{EngineError, Inner};
 use crate::model::TaskState;
@@ -42,13 +42,13 @@ const LOAD_CHUNK: usize = 4096;
 /// Puts a live entry's next fire on the wheel (pending tasks only: running ones are loaded,
 /// paused ones wait for a resume).
 pub(crate) fn arm_entry(inner: &Inner, id: &Arc<str>, entry: &LiveEntry) {
-    if let Some((key, at)) = wheel_entry(id, entry) {
+    if let Some((key, at)) = wheel_entry(inner, id, entry) {
         inner.timer.at(key, at);
     }
 }
 
 /// The wheel entry of a live entry, if it has one.
-fn wheel_entry(id: &Arc<str>, entry: &LiveEntry) -> Option<(RunKey, u64)> {
+fn wheel_entry(inner: &Inner, id: &Arc<str>, entry: &LiveEntry) -> Option<(RunKey, u64)> {
     if entry.state != TaskState::Pending {
         return None;
     }
@@ -58,7 +58,7 @@ fn wheel_entry(id: &Arc<str>, entry: &LiveEntry) -> Option<(RunKey, u64)> {
             task: id.clone(),
             run: 0,
         },
-        at.saturating_sub(lead_ms(entry.one_shot)),
+        fire_step_at(inner, at, entry.one_shot),
     ))
 }
 
@@ -226,7 +226,7 @@ fn load_rest(inner: Weak<Inner>, from: Vec<u8>) {
             for (id, entry) in &chunk {
                 // Running tasks were all read before ready; finished ones have no entry.
                 if matches!(entry.state, TaskState::Pending | TaskState::Paused) && live.load(id) {
-                    arm.extend(wheel_entry(id, entry));
+                    arm.extend(wheel_entry(&inner, id, entry));
                     loaded += 1;
                 }
             }
