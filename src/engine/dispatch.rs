@@ -276,7 +276,9 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked, key: &RunKey) -> Result
     };
     let one_shot = st.task.schedule.is_one_shot();
     if due > now + lead_max_ms(one_shot) {
-        inner.timer.at(key.clone(), fire_step_at(inner, due, one_shot));
+        inner
+            .timer
+            .at(key.clone(), fire_step_at(inner, due, one_shot));
         return Ok(());
     }
     let watched = st.task.watched_since_ms.max(inner.boot_ms);

@@ -40,7 +40,11 @@ impl HerdLeads {
     /// fire is handled: the one-shots counted before it in its second, at [`FIRE_RATE_PER_S`].
     pub fn extra_lead_ms(&mut self, due_ms: u64, now_ms: u64) -> u64 {
         let past = now_ms / BUCKET_MS;
-        if self.per_second.first_key_value().is_some_and(|(s, _)| *s < past) {
+        if self
+            .per_second
+            .first_key_value()
+            .is_some_and(|(s, _)| *s < past)
+        {
             self.per_second = self.per_second.split_off(&past);
         }
         let second = due_ms / BUCKET_MS;
@@ -69,8 +73,14 @@ mod tests {
         let mut h = HerdLeads::default();
         let due = 1_000_000;
         let leads: Vec<u64> = (0..100_000).map(|_| h.extra_lead_ms(due, 0)).collect();
-        assert_eq!(leads[0], 0, "the first one-shot of a second keeps the base lead");
-        assert_eq!(leads[99_999], 9_999, "100 000 at 10 000/s: the last fires ~10 s earlier");
+        assert_eq!(
+            leads[0], 0,
+            "the first one-shot of a second keeps the base lead"
+        );
+        assert_eq!(
+            leads[99_999], 9_999,
+            "100 000 at 10 000/s: the last fires ~10 s earlier"
+        );
         assert!(leads.windows(2).all(|w| w[0] <= w[1]));
         // One-shots spread one per second: no extra lead at all.
         let trickle: Vec<u64> = (0..100)
@@ -89,7 +99,11 @@ mod tests {
         assert_eq!(last, HERD_LEAD_MAX_MS);
         h.extra_lead_ms(9_000, 0);
         assert_eq!(h.seconds(), 2);
-        assert_eq!(h.extra_lead_ms(9_000, 6_000), 100 / FIRE_RATE_PER_S, "second 5 is past");
+        assert_eq!(
+            h.extra_lead_ms(9_000, 6_000),
+            100 / FIRE_RATE_PER_S,
+            "second 5 is past"
+        );
         assert_eq!(h.seconds(), 1);
     }
 
@@ -101,7 +115,11 @@ mod tests {
         }
         assert_eq!(h.seconds(), BUCKETS_MAX);
         for _ in 0..50_000 {
-            assert_eq!(h.extra_lead_ms(u64::MAX - 1, 0), 0, "a new second past the bound");
+            assert_eq!(
+                h.extra_lead_ms(u64::MAX - 1, 0),
+                0,
+                "a new second past the bound"
+            );
         }
     }
 }
