@@ -78,7 +78,29 @@ async fn run(n: u64) {
         "  failed creates: {}",
         failed.load(std::sync::atomic::Ordering::Relaxed)
     );
-    println!("  RSS at {n} pending: {rss:.0} MiB (target <= 400)");
+    println!("  RSS at {n} pending, right after the fill: {rss:.0} MiB (target <= 400)");
+    // The write-behind memtable holds the last writes until the applier has them in sled
+    // (at most ~2 s after writes stop): RSS once it is empty is the pending state's own.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let quiet = loop {
+        let (_, m) = get(&http, &format!("{base}/metrics")).await;
+        let bytes = String::from_utf8_lossy(&m)
+            .lines()
+            .find_map(|l| l.strip_prefix("herald_store_memtable_bytes "))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        if bytes == Some(0.0) || std::time::Instant::now() > deadline {
+            break bytes;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!(
+        "  RSS at {n} pending, memtable written into sled ({}): {:.0} MiB (target <= 400)",
+        match quiet {
+            Some(b) if b == 0.0 => "empty".to_string(),
+            other => format!("not empty after 60 s: {other:?} bytes"),
+        },
+        herald.rss_mib()
+    );
     println!("  data dir: {disk:.0} MiB");
     println!(
         "  create rate: first slice {first:.0}/s, last slice {last:.0}/s (last/first {:.2}; target >= 0.80)",

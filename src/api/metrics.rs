@@ -309,6 +309,11 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
         engine.store().queued() as i64,
     );
     s.gauge(
+        "herald_store_memtable_bytes",
+        "Writes durable in the log and not yet written into sled (the write-behind memtable)",
+        engine.store().memtable_bytes() as i64,
+    );
+    s.gauge(
         "herald_storage_failing",
         "1 while storage fails (writes refused with 503, no new sends; /healthz 503)",
         i64::from(engine.storage_failing().is_some()),

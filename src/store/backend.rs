@@ -128,6 +128,11 @@ pub trait Backend: Send + Sync + 'static {
     fn get_atomic(&self, keys: &[(TreeId, Vec<u8>)]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         keys.iter().map(|(t, k)| self.get(*t, k)).collect()
     }
+    /// Bytes written and not yet in the backend's index (a write-behind memtable); 0 for a
+    /// backend without one.
+    fn memtable_bytes(&self) -> usize {
+        0
+    }
 }
 
 /// sled 0.34 behind a write-ahead log (`store/wal.rs`) and a write-behind memtable
@@ -159,11 +164,11 @@ pub struct SledBackend {
 }
 
 /// A frozen layer is made once the active one holds this much ...
-pub const FREEZE_BYTES: usize = 16 << 20;
+pub const FREEZE_BYTES: usize = 4 << 20;
 /// ... or once its first write is this old (so that memory and replay stay small when idle).
 pub const FREEZE_AGE: Duration = Duration::from_secs(1);
 /// Over this, a group waits for the applier to finish the frozen layer (back-pressure).
-pub const ACTIVE_MAX_BYTES: usize = 64 << 20;
+pub const ACTIVE_MAX_BYTES: usize = 32 << 20;
 
 struct Shared {
     dir: PathBuf,
@@ -836,6 +841,11 @@ impl Backend for SledBackend {
                 None => self.sled_get(*t, k),
             })
             .collect()
+    }
+
+    fn memtable_bytes(&self) -> usize {
+        let m = self.shared.mem.read();
+        m.active.bytes + m.frozen.as_ref().map_or(0, |f| f.bytes)
     }
 
     fn last_with_prefix(&self, tree: TreeId, prefix: &[u8]) -> Result<Option<Kv>, StoreError> {

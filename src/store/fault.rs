@@ -109,4 +109,8 @@ impl Backend for FaultyBackend {
     fn get_atomic(&self, keys: &[(TreeId, Vec<u8>)]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         self.inner.get_atomic(keys)
     }
+
+    fn memtable_bytes(&self) -> usize {
+        self.inner.memtable_bytes()
+    }
 }

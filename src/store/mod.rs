@@ -316,6 +316,11 @@ impl Store {
         self.commit.queued()
     }
 
+    /// Bytes in the backend's write-behind memtable (durable, not yet in sled).
+    pub fn memtable_bytes(&self) -> usize {
+        self.backend.memtable_bytes()
+    }
+
     /// Applies `batch` atomically and resolves once it is durable. Waits for room in the
     /// write queue.
     pub async fn write(&self, batch: &Batch) -> Result<(), StoreError> {
