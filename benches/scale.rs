@@ -96,7 +96,7 @@ async fn run(n: u64) {
     println!(
         "  RSS at {n} pending, memtable written into sled ({}): {:.0} MiB (target <= 400)",
         match quiet {
-            Some(b) if b == 0.0 => "empty".to_string(),
+            Some(0.0) => "empty".to_string(),
             other => format!("not empty after 60 s: {other:?} bytes"),
         },
         herald.rss_mib()
