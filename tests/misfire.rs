@@ -109,6 +109,35 @@ async fn a_herd_is_all_sent_in_deadline_order_and_none_is_missed() {
     while let Some(s) = creates.join_next().await {
         assert_eq!(s.unwrap(), 201);
     }
+    // Armed ahead: just before the base lead (2 s) of the herd's instant, every one-shot of
+    // the herd but the first few counted in its second is already started (`engine/herd.rs`:
+    // the n-th is fired n / 10 000 s earlier), and the later group is not.
+    h.run_until(utc_ms("2026-12-01T00:09:57.998Z")).await;
+    let mut running = Vec::new();
+    let mut next: Option<String> = None;
+    loop {
+        let q = match &next {
+            Some(n) => format!("/v1/tasks?state=running&limit=500&after={n}"),
+            None => "/v1/tasks?state=running&limit=500".into(),
+        };
+        let page = common::http::get(&h.url(&q)).await.json();
+        for t in page["tasks"].as_array().unwrap() {
+            running.push(t["id"].as_str().unwrap().to_string());
+        }
+        match page["next"].as_str() {
+            Some(n) => next = Some(n.to_string()),
+            None => break,
+        }
+    }
+    assert!(
+        (2_900..3_000).contains(&running.len()),
+        "{} of the herd started 2 s + 2 ms before its instant",
+        running.len()
+    );
+    assert!(
+        running.iter().all(|id| id.as_str() < "h03000"),
+        "the later group waits"
+    );
     h.clock.set(utc_ms("2026-12-01T00:10:05Z"));
     h.server().engine.wake();
     h.run_until(utc_ms("2026-12-01T00:11:00Z")).await;
