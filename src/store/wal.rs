@@ -3,15 +3,15 @@
 //! Why: sled 0.34 does ~60 000 transactional puts/s on this machine (~105 000 with mimalloc),
 //! and a `flush()` per group on top; every step of every task paid both. Now the commit
 //! thread resolves a group into plain writes (`Write`: put or delete, values known), appends
-//! them to the log as one record, `fdatasync`s the log once, and only then applies them to sled
-//! without a transaction (one `sled::Batch` per tree). sled is the index the engine reads; it
-//! is made durable in the background at checkpoints, not per group.
+//! them to the log as one record, `fdatasync`s the log once, and only then puts them in the
+//! write-behind memtable (`store/memtable.rs`), from which the applier thread writes them into
+//! sled without a transaction. sled is made durable in the background, not per group.
 //!
 //! Files: `wal-{n:016}.log` in the data directory, numbered upward. The newest is the one
-//! being written; older ones are closed and deleted once a sled flush that started after
-//! their last record was applied has succeeded (a checkpoint). At open every segment still
-//! there is replayed into sled in order (replay is idempotent: every write carries its whole
-//! value), sled is flushed, and they are deleted.
+//! being written; older ones are closed, and deleted once a memtable layer holding all their
+//! records is in sled and sled is flushed. At open every segment still there is read into the
+//! memtable in order (idempotent: every write carries its whole value), and sled takes it in
+//! the background.
 //!
 //! Segments are zero-filled to [`SEGMENT_BYTES`] before use (a spare is made ahead by the
 //! checkpoint thread), so an append overwrites blocks that exist and its `fdatasync` journals
