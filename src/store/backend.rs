@@ -536,12 +536,6 @@ impl SledBackend {
         self.with(|i| i.db.clone())
     }
 
-    /// Keys the memtable holds (for tests and the applier's logs).
-    pub fn memtable_keys(&self) -> usize {
-        let m = self.shared.mem.read();
-        m.active.len() + m.frozen.as_ref().map_or(0, |f| f.len())
-    }
-
     fn with<T>(&self, f: impl FnOnce(&SledInner) -> T) -> Result<T, StoreError> {
         match &*self.shared.inner.read() {
             Some(i) => Ok(f(i)),
@@ -898,7 +892,7 @@ mod tests {
     /// Waits (with a deadline) until the applier has written every layer into sled.
     fn settle(b: &SledBackend) {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while b.memtable_keys() > 0 {
+        while b.memtable_bytes() > 0 {
             assert!(Instant::now() < deadline, "the memtable never drained");
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -935,7 +929,10 @@ mod tests {
                 put(TreeId::Runs, "a4", "new"),
             ],
         );
-        assert!(b.memtable_keys() > 0, "the second group is still in memory");
+        assert!(
+            b.memtable_bytes() > 0,
+            "the second group is still in memory"
+        );
         assert_eq!(
             keys_of(b.scan(TreeId::Runs, b"a", Some(b"a"))),
             vec!["a0", "a1", "a3", "a4"]
