@@ -1,20 +1,12 @@
-//! Group commit: many writers, one log record per group, one durable sync for all the groups
-//! appended while the last sync ran.
+//! Group commit: many writers, one log record and one durable sync per group.
 //!
 //! Writers hand their job (the encoded writes of one step, with its preconditions) to a bounded
-//! queue and await the answer. Two threads carry jobs out, as a pipeline:
-//! - the commit thread (`herald-commit`) takes every job that has queued up (up to
-//!   [`GROUP_MAX`]) and applies them in one backend call (one write-ahead log record for sled:
-//!   `backend.rs`), then hands the group to
-//! - the sync thread (`herald-sync`), which makes every group handed to it durable with one
-//!   `sync` and only then answers each job.
-//!
-//! So while one `fdatasync` runs, the next group is resolved and appended: on a disk whose
-//! sync takes as long as a group's CPU work, that doubles what one core commits. A writer is
-//! still answered only once its own write is on disk, no store lock is ever taken on a tokio
-//! worker, and under load the cost of one flush is shared by every group it covers. At most
-//! [`GROUPS_AHEAD`] groups wait for the sync thread, so what is appended and not yet durable
-//! stays bounded.
+//! queue and await the answer. The commit thread takes every job that has queued up (up to
+//! [`GROUP_MAX`]), applies them all in one backend call (one write-ahead log record for sled:
+//! `backend.rs`), makes them durable with one
+//! `sync`, and only then answers each. So a writer is answered only once its own write is on
+//! disk, no store lock is ever taken on a tokio worker, and under load the cost of one flush is
+//! shared by the whole group.
 //!
 //! The queue is bounded ([`QUEUE_JOBS`]): a caller that must not wait (an HTTP create) gets
 //! [`StoreError::Busy`] when it is full and answers 503 with `Retry-After`; engine steps wait
@@ -36,8 +28,6 @@ use super::StoreError;
 
 /// Most jobs in one group (one log record, one sync).
 pub const GROUP_MAX: usize = 4_096;
-/// Groups applied and waiting for the sync thread, at most; the commit thread waits beyond.
-pub const GROUPS_AHEAD: usize = 2;
 /// Least time between two attempts to reopen a failing backend.
 const RECOVER_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -49,14 +39,6 @@ type Reply = oneshot::Sender<Result<Result<(), Rejected>, String>>;
 struct Job {
     ops: Vec<RawOp>,
     reply: Reply,
-}
-
-/// A group the commit thread applied, for the sync thread to make durable and answer.
-struct Group {
-    seq: u64,
-    replies: Vec<(Reply, Result<(), Rejected>)>,
-    /// When the commit thread took it (for the flush-time histogram).
-    started: Instant,
 }
 
 #[derive(Debug)]
@@ -126,21 +108,21 @@ impl Health {
 }
 
 pub struct GroupCommit {
-    // `Option` only so that `Drop` can close the queue and then join the threads.
+    // Both are `Option` only so that `Drop` can close the queue and then join the thread.
     tx: Option<mpsc::Sender<Job>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
     pub stats: Arc<CommitStats>,
     pub health: Arc<Health>,
     queue_jobs: usize,
 }
 
 impl Drop for GroupCommit {
-    /// Closes the queue and waits for the threads (the sync thread ends once the commit thread
-    /// has), so that their handles on the database are gone when the store is dropped (a
-    /// reopen of the same directory must not find it still locked).
+    /// Closes the queue and waits for the thread, so that the thread's handle on the database
+    /// is gone when the store is dropped (a reopen of the same directory must not find it
+    /// still locked).
     fn drop(&mut self) {
         self.tx.take();
-        for t in self.threads.drain(..) {
+        if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
@@ -151,24 +133,13 @@ impl GroupCommit {
         let (tx, rx) = mpsc::channel::<Job>(queue_jobs.max(1));
         let stats = Arc::new(CommitStats::default());
         let health = Arc::new(Health::default());
-        let recovery = Arc::new(Recovery::default());
-        let (groups_tx, groups_rx) = std::sync::mpsc::sync_channel::<Group>(GROUPS_AHEAD);
-        let (b, s, h, r) = (
-            backend.clone(),
-            stats.clone(),
-            health.clone(),
-            recovery.clone(),
-        );
-        let syncer = std::thread::Builder::new()
-            .name("herald-sync".into())
-            .spawn(move || sync_groups(b, groups_rx, s, h, r))?;
         let (s, h) = (stats.clone(), health.clone());
-        let committer = std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("herald-commit".into())
-            .spawn(move || apply_groups(backend, rx, groups_tx, s, h, recovery))?;
+            .spawn(move || run(backend, rx, s, h))?;
         Ok(GroupCommit {
             tx: Some(tx),
-            threads: vec![committer, syncer],
+            thread: Some(thread),
             stats,
             health,
             queue_jobs: queue_jobs.max(1),
@@ -205,55 +176,14 @@ impl GroupCommit {
     }
 }
 
-/// When a failing backend was last asked to start afresh (shared by both threads).
-#[derive(Default)]
-struct Recovery {
-    last: Mutex<Option<Instant>>,
-}
-
-impl Recovery {
-    /// Some backends keep failing once they failed (sled remembers an I/O error): let them
-    /// start afresh, at most once a second, so herald recovers by itself once the disk works
-    /// again.
-    fn after_failure(&self, backend: &dyn Backend) {
-        {
-            let mut last = self.last.lock();
-            if last.is_some_and(|t: Instant| t.elapsed() < RECOVER_EVERY) {
-                return;
-            }
-            *last = Some(Instant::now());
-        }
-        if let Err(e) = backend.recover() {
-            tracing::warn!(error = %e, "reopening the storage failed; trying again after the next failed write");
-        }
-    }
-}
-
-/// Answers every job of a group that failed as a whole.
-fn fail_all(
-    replies: impl IntoIterator<Item = Reply>,
-    e: &str,
-    stats: &CommitStats,
-    health: &Health,
-) {
-    stats.failures.fetch_add(1, Ordering::Relaxed);
-    health.set(Some(e.to_string()));
-    for reply in replies {
-        // A writer that gave up (request dropped) is fine to ignore.
-        let _ = reply.send(Err(e.to_string()));
-    }
-}
-
-/// The commit thread: takes the queued jobs as a group, applies it, hands it to the sync
-/// thread. Ends when every [`GroupCommit`] sender is dropped.
-fn apply_groups(
+fn run(
     backend: Arc<dyn Backend>,
     mut rx: mpsc::Receiver<Job>,
-    groups: std::sync::mpsc::SyncSender<Group>,
     stats: Arc<CommitStats>,
     health: Arc<Health>,
-    recovery: Arc<Recovery>,
 ) {
+    let mut last_recover: Option<Instant> = None;
+    // Ends when every GroupCommit (and so every Sender) is dropped.
     while let Some(first) = rx.blocking_recv() {
         let mut jobs = vec![first];
         while jobs.len() < GROUP_MAX {
@@ -265,74 +195,47 @@ fn apply_groups(
         let started = Instant::now();
         let (ops, replies): (Vec<Vec<RawOp>>, Vec<Reply>) =
             jobs.into_iter().map(|j| (j.ops, j.reply)).unzip();
-        let applied = backend.apply(&ops);
+        let result = backend
+            .apply(&ops)
+            .and_then(|r| backend.sync().map(|()| r))
+            .map_err(|e| e.to_string());
+        let took = started.elapsed();
         stats
             .busy_us
-            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-        match applied {
-            Ok(a) => {
-                let group = Group {
-                    seq: a.seq,
-                    replies: replies.into_iter().zip(a.results).collect(),
-                    started,
-                };
-                if groups.send(group).is_err() {
-                    return; // the sync thread is gone: stopping
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        stats.flush_seconds.observe(took.as_secs_f64());
+        stats.group_size.observe(replies.len() as f64);
+        stats.flushes.fetch_add(1, Ordering::Relaxed);
+        stats
+            .waiters
+            .fetch_add(replies.len() as u64, Ordering::Relaxed);
+        stats
+            .group_max
+            .fetch_max(replies.len() as u64, Ordering::Relaxed);
+        match result {
+            Ok(results) => {
+                health.set(None);
+                for (reply, r) in replies.into_iter().zip(results) {
+                    // A writer that gave up (request dropped) is fine to ignore.
+                    let _ = reply.send(Ok(r));
                 }
             }
             Err(e) => {
-                fail_all(replies, &e.to_string(), &stats, &health);
-                recovery.after_failure(&*backend);
-            }
-        }
-    }
-}
-
-/// The sync thread: makes every group handed over durable (one `sync` covers all of them) and
-/// answers their jobs.
-fn sync_groups(
-    backend: Arc<dyn Backend>,
-    rx: std::sync::mpsc::Receiver<Group>,
-    stats: Arc<CommitStats>,
-    health: Arc<Health>,
-    recovery: Arc<Recovery>,
-) {
-    while let Ok(first) = rx.recv() {
-        let mut groups = vec![first];
-        groups.extend(rx.try_iter());
-        let started = Instant::now();
-        let mut answered = 0usize;
-        for g in groups {
-            let r = backend.sync(g.seq);
-            let took = g.started.elapsed();
-            stats.flush_seconds.observe(took.as_secs_f64());
-            answered += g.replies.len();
-            match r {
-                Ok(()) => {
-                    health.set(None);
-                    for (reply, r) in g.replies {
-                        let _ = reply.send(Ok(r));
+                stats.failures.fetch_add(1, Ordering::Relaxed);
+                health.set(Some(e.clone()));
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+                // Some backends keep failing once they failed (sled remembers an I/O error):
+                // let them start afresh, at most once a second, so herald recovers by itself
+                // once the disk works again.
+                if last_recover.is_none_or(|t: Instant| t.elapsed() >= RECOVER_EVERY) {
+                    last_recover = Some(Instant::now());
+                    if let Err(e) = backend.recover() {
+                        tracing::warn!(error = %e, "reopening the storage failed; trying again after the next failed write");
                     }
                 }
-                Err(e) => {
-                    fail_all(
-                        g.replies.into_iter().map(|(reply, _)| reply),
-                        &e.to_string(),
-                        &stats,
-                        &health,
-                    );
-                    recovery.after_failure(&*backend);
-                }
             }
         }
-        stats
-            .busy_us
-            .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
-        stats.group_size.observe(answered as f64);
-        stats.flushes.fetch_add(1, Ordering::Relaxed);
-        stats.waiters.fetch_add(answered as u64, Ordering::Relaxed);
-        stats
-            .group_max
-            .fetch_max(answered as u64, Ordering::Relaxed);
     }
 }

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::backend::{Applied, Backend, Kv, KvIter, RawOp, TreeId};
+use super::backend::{Backend, Kv, KvIter, RawOp, Rejected, TreeId};
 use super::StoreError;
 
 /// Switches shared between a test and its [`FaultyBackend`].
@@ -62,25 +62,8 @@ fn injected(what: &str) -> StoreError {
     )))
 }
 
-impl FaultyBackend {
-    /// A stalled or failing sync; a failed one cuts what is pending off the inner backend
-    /// (as a real failed sync does), so that it is never synced later.
-    fn injected_sync(&self) -> Result<(), StoreError> {
-        while self.faults.stall_sync.load(Ordering::SeqCst) {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        if self.faults.fail_sync.load(Ordering::SeqCst) {
-            self.faults.refused.fetch_add(1, Ordering::SeqCst);
-            let e = injected("sync");
-            self.inner.discard(&e.to_string())?;
-            return Err(e);
-        }
-        Ok(())
-    }
-}
-
 impl Backend for FaultyBackend {
-    fn apply(&self, jobs: &[Vec<RawOp>]) -> Result<Applied, StoreError> {
+    fn apply(&self, jobs: &[Vec<RawOp>]) -> Result<Vec<Result<(), Rejected>>, StoreError> {
         let budget =
             self.faults
                 .apply_budget
@@ -95,18 +78,15 @@ impl Backend for FaultyBackend {
         self.inner.apply(jobs)
     }
 
-    fn sync(&self, seq: u64) -> Result<(), StoreError> {
-        self.injected_sync()?;
-        self.inner.sync(seq)
-    }
-
-    fn sync_all(&self) -> Result<(), StoreError> {
-        self.injected_sync()?;
-        self.inner.sync_all()
-    }
-
-    fn discard(&self, why: &str) -> Result<(), StoreError> {
-        self.inner.discard(why)
+    fn sync(&self) -> Result<(), StoreError> {
+        while self.faults.stall_sync.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if self.faults.fail_sync.load(Ordering::SeqCst) {
+            self.faults.refused.fetch_add(1, Ordering::SeqCst);
+            return Err(injected("sync"));
+        }
+        self.inner.sync()
     }
 
     fn recover(&self) -> Result<(), StoreError> {

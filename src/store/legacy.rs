@@ -132,14 +132,14 @@ pub fn migrate_v1(db: &sled::Db, backend: &SledBackend) -> Result<(), StoreError
         moved += 1;
         if chunk.len() >= 1_000 {
             backend.apply(&chunk)?;
-            backend.sync_all()?;
+            backend.sync()?;
             chunk.clear();
         }
     }
     if !chunk.is_empty() {
         backend.apply(&chunk)?;
     }
-    backend.sync_all()?;
+    backend.sync()?;
     db.drop_tree("tasks")?;
     db.flush()?;
     tracing::warn!(

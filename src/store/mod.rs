@@ -636,11 +636,11 @@ impl Store {
             RawOp::Put(TreeId::Specs, k.clone(), bytes.to_vec()),
             live_write(k, Some(live)),
         ]])?;
-        self.backend.sync_all()
+        self.backend.sync()
     }
 
     pub fn flush_now(&self) -> Result<(), StoreError> {
-        self.backend.sync_all()
+        self.backend.sync()
     }
 }
 
@@ -776,7 +776,7 @@ fn build_due_index(backend: &SledBackend) -> Result<(), StoreError> {
         }
     }
     due.apply_batch(batch)?;
-    backend.sync_all()?;
+    backend.sync()?;
     tracing::info!(
         entries = n,
         took_ms = started.elapsed().as_millis() as u64,

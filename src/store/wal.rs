@@ -246,8 +246,7 @@ fn damaged(path: &Path, at: u64, why: &str) -> StoreError {
 pub struct Segment {
     pub n: u64,
     pub path: PathBuf,
-    /// Shared with a sync running without the log's lock ([`Segment::sync_handle`]).
-    file: std::sync::Arc<File>,
+    file: File,
     /// Bytes appended.
     len: u64,
     /// Bytes known durable; the file is cut back to this after a failed append or sync.
@@ -268,7 +267,7 @@ impl Segment {
         Ok(Segment {
             n,
             path,
-            file: std::sync::Arc::new(file),
+            file,
             len: 0,
             synced: 0,
             opened: std::time::Instant::now(),
@@ -277,7 +276,7 @@ impl Segment {
 
     /// Appends `bytes` (not yet durable).
     pub fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        match (&*self.file).write_all(bytes) {
+        match self.file.write_all(bytes) {
             Ok(()) => {
                 self.len += bytes.len() as u64;
                 Ok(())
@@ -306,17 +305,6 @@ impl Segment {
         }
     }
 
-    /// What a sync outside the log's lock needs: the file, and the length it makes durable.
-    /// Report the result with [`Segment::synced_to`].
-    pub fn sync_handle(&self) -> (std::sync::Arc<File>, u64) {
-        (self.file.clone(), self.len)
-    }
-
-    /// The first `len` bytes are durable (a sync from [`Segment::sync_handle`] succeeded).
-    pub fn synced_to(&mut self, len: u64) {
-        self.synced = self.synced.max(len.min(self.len));
-    }
-
     /// Drops whatever was appended but not made durable: zeros over it, so that it reads as
     /// the segment's unused end.
     pub fn cut_back(&mut self) -> std::io::Result<()> {
@@ -324,10 +312,10 @@ impl Segment {
         if self.len == self.synced {
             return Ok(());
         }
-        let mut f = &*self.file;
-        f.seek(SeekFrom::Start(self.synced))?;
-        f.write_all(&vec![0; (self.len - self.synced) as usize])?;
-        f.seek(SeekFrom::Start(self.synced))?;
+        self.file.seek(SeekFrom::Start(self.synced))?;
+        self.file
+            .write_all(&vec![0; (self.len - self.synced) as usize])?;
+        self.file.seek(SeekFrom::Start(self.synced))?;
         self.len = self.synced;
         Ok(())
     }
