@@ -300,6 +300,13 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked, key: &RunKey) -> Result
     for r in p.started {
         tracing::info!(task = %p.task.id, run = r.run, late_ms = now.saturating_sub(r.scheduled_at_ms),
             "run started");
+        if let Some(seq) = r.in_flight.filter(|_| r.next_at_ms.is_some_and(|at| at > now)) {
+            // Armed ahead: read its message now, while the instant is still to come. A read
+            // that fails is left to the send, which reads again.
+            if let Ok(Some(m)) = inner.store.get_message(&p.task.id, seq) {
+                st.prefetched = Some((r.run, seq, m));
+            }
+        }
         // Armed: the send phase is due at the run's start instant.
         inner
             .timer
@@ -410,8 +417,15 @@ async fn prepare(
     let Some(seq) = run.in_flight else {
         return Ok(None);
     };
+    let prefetched = match st.prefetched.take() {
+        Some((r, s, m)) if r == key.run && s == seq => Some(m),
+        other => {
+            st.prefetched = other;
+            None
+        }
+    };
     let t = &st.task;
-    let msg = match inner.store.get_message(&t.id, seq)? {
+    let msg = match prefetched.map_or_else(|| inner.store.get_message(&t.id, seq), |m| Ok(Some(m)))? {
         Some(m) if seq < t.message_count => m,
         _ => {
             return Err(EngineError::Internal(format!(

@@ -103,6 +103,10 @@ pub(crate) struct LiveState {
     pub runs: BTreeMap<u32, Run>,
     /// Runs whose send is in progress outside the lock; their in-flight attempt is real.
     pub sending: BTreeSet<u32>,
+    /// The message of a run armed ahead of its instant (a one-shot's fire, `dispatch.rs`),
+    /// read then so that the send at the instant does not: a herd's sends are what is short
+    /// of CPU. `(run, seq, message)`; a task's messages cannot change while it has a run.
+    pub prefetched: Option<(u32, u32, crate::model::Message)>,
 }
 
 impl LiveState {
@@ -111,6 +115,7 @@ impl LiveState {
             task,
             runs,
             sending: BTreeSet::new(),
+            prefetched: None,
         }
     }
 
