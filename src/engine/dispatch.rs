@@ -300,7 +300,10 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked, key: &RunKey) -> Result
     for r in p.started {
         tracing::info!(task = %p.task.id, run = r.run, late_ms = now.saturating_sub(r.scheduled_at_ms),
             "run started");
-        if let Some(seq) = r.in_flight.filter(|_| r.next_at_ms.is_some_and(|at| at > now)) {
+        if let Some(seq) = r
+            .in_flight
+            .filter(|_| r.next_at_ms.is_some_and(|at| at > now))
+        {
             // Armed ahead: read its message now, while the instant is still to come. A read
             // that fails is left to the send, which reads again.
             if let Ok(Some(m)) = inner.store.get_message(&p.task.id, seq) {
@@ -425,15 +428,16 @@ async fn prepare(
         }
     };
     let t = &st.task;
-    let msg = match prefetched.map_or_else(|| inner.store.get_message(&t.id, seq), |m| Ok(Some(m)))? {
-        Some(m) if seq < t.message_count => m,
-        _ => {
-            return Err(EngineError::Internal(format!(
-                "run {} has cursor {seq} but the task has {} messages",
-                key.run, t.message_count
-            )))
-        }
-    };
+    let msg =
+        match prefetched.map_or_else(|| inner.store.get_message(&t.id, seq), |m| Ok(Some(m)))? {
+            Some(m) if seq < t.message_count => m,
+            _ => {
+                return Err(EngineError::Internal(format!(
+                    "run {} has cursor {seq} but the task has {} messages",
+                    key.run, t.message_count
+                )))
+            }
+        };
     let channel = inner.channels.get(&t.channel).cloned();
     // Rate limit and breaker: a send that may not go now waits on the wheel, still armed;
     // nothing is failed and no attempt is burned.

@@ -110,7 +110,8 @@ pub type Kv = (Vec<u8>, Vec<u8>);
 pub type KvIter<'a> = Box<dyn Iterator<Item = Result<Kv, StoreError>> + Send + 'a>;
 
 pub trait Backend: Send + Sync + 'static {
-    fn apply(&self, jobs: &[Vec<RawOp>]) -> Result<Vec<Result<(), Rejected>>, StoreError>;
+    /// Takes the jobs by value: their keys and values move into the log and the memtable.
+    fn apply(&self, jobs: Vec<Vec<RawOp>>) -> Result<Vec<Result<(), Rejected>>, StoreError>;
     fn sync(&self) -> Result<(), StoreError>;
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
     /// Keys `>= start` in order; with `prefix`, only keys that start with it.
@@ -556,27 +557,29 @@ impl SledBackend {
 /// A group's writes so far, over the memtable and sled: what the next job of the group reads.
 struct Resolver<'a> {
     backend: &'a SledBackend,
-    seen: HashMap<(TreeId, Vec<u8>), Option<Vec<u8>>>,
+    /// Where the newest write of each key the group wrote is in `writes` (a value is not
+    /// copied for it: most are never read again).
+    seen: HashMap<(TreeId, Vec<u8>), usize>,
     writes: Vec<Write>,
 }
 
 impl Resolver<'_> {
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         // A borrowed lookup would need the key as an owned tuple anyway; keys are short.
-        if let Some(v) = self.seen.get(&(tree, key.to_vec())) {
-            return Ok(v.clone());
+        if let Some(&i) = self.seen.get(&(tree, key.to_vec())) {
+            return Ok(self.writes[i].value.clone());
         }
         self.backend.get(tree, key)
     }
 
     fn put(&mut self, tree: TreeId, key: Vec<u8>, value: Option<Vec<u8>>) {
-        self.seen.insert((tree, key.clone()), value.clone());
+        self.seen.insert((tree, key.clone()), self.writes.len());
         self.writes.push(Write { tree, key, value });
     }
 
     /// One job: its preconditions, then its writes.
-    fn job(&mut self, ops: &[RawOp]) -> Result<Result<(), Rejected>, StoreError> {
-        for op in ops {
+    fn job(&mut self, ops: Vec<RawOp>) -> Result<Result<(), Rejected>, StoreError> {
+        for op in &ops {
             if let RawOp::Absent(t, k) = op {
                 if self.get(*t, k)?.is_some() {
                     return Ok(Err(Rejected {
@@ -588,21 +591,28 @@ impl Resolver<'_> {
         }
         for op in ops {
             match op {
-                RawOp::Put(t, k, v) => self.put(*t, k.clone(), Some(v.clone())),
-                RawOp::Delete(t, k) => self.put(*t, k.clone(), None),
+                RawOp::Put(t, k, v) => self.put(t, k, Some(v)),
+                RawOp::Delete(t, k) => self.put(t, k, None),
                 RawOp::Absent(..) => {}
                 RawOp::Indexed(w) => {
-                    let old = self.get(w.tree, &w.key)?;
-                    if old == w.value {
+                    let IndexedWrite {
+                        tree,
+                        key,
+                        value,
+                        index,
+                        index_key,
+                    } = *w;
+                    let old = self.get(tree, &key)?;
+                    if old == value {
                         continue;
                     }
                     if let Some(old) = &old {
-                        self.put(w.index, (w.index_key)(&w.key, old), None);
+                        self.put(index, index_key(&key, old), None);
                     }
-                    if let Some(v) = &w.value {
-                        self.put(w.index, (w.index_key)(&w.key, v), Some(v.clone()));
+                    if let Some(v) = &value {
+                        self.put(index, index_key(&key, v), Some(v.clone()));
                     }
-                    self.put(w.tree, w.key.clone(), w.value.clone());
+                    self.put(tree, key, value);
                 }
             }
         }
@@ -716,7 +726,7 @@ impl Iterator for MergedScan<'_> {
 }
 
 impl Backend for SledBackend {
-    fn apply(&self, jobs: &[Vec<RawOp>]) -> Result<Vec<Result<(), Rejected>>, StoreError> {
+    fn apply(&self, jobs: Vec<Vec<RawOp>>) -> Result<Vec<Result<(), Rejected>>, StoreError> {
         let s = &self.shared;
         s.wait_for_room()?;
         let mut log = s.log.lock();
@@ -899,7 +909,7 @@ mod tests {
     }
 
     fn commit(b: &SledBackend, ops: Vec<RawOp>) {
-        assert_eq!(b.apply(&[ops]).unwrap(), vec![Ok(())]);
+        assert_eq!(b.apply(vec![ops]).unwrap(), vec![Ok(())]);
         b.sync().unwrap();
     }
 
@@ -1047,9 +1057,11 @@ mod tests {
     fn a_group_whose_sync_never_came_is_neither_visible_nor_replayed() {
         let dir = tempfile::tempdir().unwrap();
         let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
-        b.apply(&[vec![put(TreeId::Specs, "kept", "1")]]).unwrap();
+        b.apply(vec![vec![put(TreeId::Specs, "kept", "1")]])
+            .unwrap();
         b.sync().unwrap();
-        b.apply(&[vec![put(TreeId::Specs, "lost", "1")]]).unwrap();
+        b.apply(vec![vec![put(TreeId::Specs, "lost", "1")]])
+            .unwrap();
         assert_eq!(
             get(&b, TreeId::Specs, "lost"),
             None,
@@ -1057,7 +1069,7 @@ mod tests {
         );
         // The next group discards it (its sync failed, say).
         let r = b
-            .apply(&[vec![
+            .apply(vec![vec![
                 RawOp::Absent(TreeId::Specs, b"lost".to_vec()),
                 put(TreeId::Specs, "next", "1"),
             ]])
@@ -1083,7 +1095,7 @@ mod tests {
             }))
         };
         let r = b
-            .apply(&[
+            .apply(vec![
                 vec![
                     RawOp::Absent(TreeId::Specs, b"t".to_vec()),
                     put(TreeId::Specs, "t", "s"),

@@ -196,7 +196,7 @@ fn run(
         let (ops, replies): (Vec<Vec<RawOp>>, Vec<Reply>) =
             jobs.into_iter().map(|j| (j.ops, j.reply)).unzip();
         let result = backend
-            .apply(&ops)
+            .apply(ops)
             .and_then(|r| backend.sync().map(|()| r))
             .map_err(|e| e.to_string());
         let took = started.elapsed();

@@ -63,7 +63,7 @@ fn injected(what: &str) -> StoreError {
 }
 
 impl Backend for FaultyBackend {
-    fn apply(&self, jobs: &[Vec<RawOp>]) -> Result<Vec<Result<(), Rejected>>, StoreError> {
+    fn apply(&self, jobs: Vec<Vec<RawOp>>) -> Result<Vec<Result<(), Rejected>>, StoreError> {
         let budget =
             self.faults
                 .apply_budget

@@ -131,13 +131,12 @@ pub fn migrate_v1(db: &sled::Db, backend: &SledBackend) -> Result<(), StoreError
         chunk.push(super::encode_batch(&b)?);
         moved += 1;
         if chunk.len() >= 1_000 {
-            backend.apply(&chunk)?;
+            backend.apply(std::mem::take(&mut chunk))?;
             backend.sync()?;
-            chunk.clear();
         }
     }
     if !chunk.is_empty() {
-        backend.apply(&chunk)?;
+        backend.apply(chunk)?;
     }
     backend.sync()?;
     db.drop_tree("tasks")?;

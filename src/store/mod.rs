@@ -632,7 +632,7 @@ impl Store {
             one_shot: true,
         })?;
         let k = key.as_bytes().to_vec();
-        self.backend.apply(&[vec![
+        self.backend.apply(vec![vec![
             RawOp::Put(TreeId::Specs, k.clone(), bytes.to_vec()),
             live_write(k, Some(live)),
         ]])?;
