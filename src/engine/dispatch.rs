@@ -420,24 +420,25 @@ async fn prepare(
     let Some(seq) = run.in_flight else {
         return Ok(None);
     };
-    let prefetched = match st.prefetched.take() {
-        Some((r, s, m)) if r == key.run && s == seq => Some(m),
-        other => {
-            st.prefetched = other;
-            None
-        }
+    // The message read when the run was armed ahead, if it is this attempt's.
+    let prefetched = match &st.prefetched {
+        Some((r, s, _)) if *r == key.run && *s == seq => st.prefetched.take().map(|p| p.2),
+        _ => None,
     };
     let t = &st.task;
-    let msg =
-        match prefetched.map_or_else(|| inner.store.get_message(&t.id, seq), |m| Ok(Some(m)))? {
-            Some(m) if seq < t.message_count => m,
-            _ => {
-                return Err(EngineError::Internal(format!(
-                    "run {} has cursor {seq} but the task has {} messages",
-                    key.run, t.message_count
-                )))
-            }
-        };
+    let msg = match prefetched {
+        Some(m) => Some(m),
+        None => inner.store.get_message(&t.id, seq)?,
+    };
+    let msg = match msg {
+        Some(m) if seq < t.message_count => m,
+        _ => {
+            return Err(EngineError::Internal(format!(
+                "run {} has cursor {seq} but the task has {} messages",
+                key.run, t.message_count
+            )))
+        }
+    };
     let channel = inner.channels.get(&t.channel).cloned();
     // Rate limit and breaker: a send that may not go now waits on the wheel, still armed;
     // nothing is failed and no attempt is burned.
