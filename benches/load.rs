@@ -229,10 +229,20 @@ async fn herd(n: u64) {
         }
     }
     println!("   sends per 500 ms after due: {slices:?}");
-    let (p50, p99, max) = lateness(&lines(&dir.path().join("probe.jsonl")));
+    let probes = lines(&dir.path().join("probe.jsonl"));
+    let (p50, p99, max) = lateness(&probes);
     println!(
         "   200 probes due 1 s after the herd: lateness p50 {p50} ms, p99 {p99} ms, max {max} ms"
     );
+    // The late ones, by when they were due after the herd's instant: tells a backlog at the
+    // herd's end from a stall later on.
+    let mut late: Vec<(u64, u64)> = probes
+        .iter()
+        .filter(|(s, t)| t.saturating_sub(*s) > 5)
+        .map(|(s, t)| (s.saturating_sub(due), t.saturating_sub(*s)))
+        .collect();
+    late.sort_unstable();
+    println!("   probes over 5 ms late (due after the herd's instant, ms late): {late:?}");
     if std::env::var("HERALD_LOAD_METRICS").is_ok() {
         let (_, m) = get(&http, &format!("{}/metrics", herald.url)).await;
         for l in String::from_utf8_lossy(&m).lines() {

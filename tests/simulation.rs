@@ -11,6 +11,10 @@
 //! - at the end (receiver healthy, everything resumed, time run out) every unfinished task
 //!   completed and every message of every started run was delivered or is in the failure list.
 //!
+//! It runs twice: to a webhook receiver that fails on command, and to a file channel with the
+//! one-shots on whole seconds, so that sends due together go, and settle, a chunk at a time
+//! (`engine/chunk.rs`).
+//!
 //! It prints its seed on failure. CI runs `SEEDS` fixed seeds; `HERALD_SIM_SEEDS=N` runs N
 //! more (from `HERALD_SIM_SEED`, default 1).
 
@@ -62,6 +66,8 @@ struct TaskModel {
 struct Sim {
     h: ManualHerald,
     rx: Receiver,
+    /// Tasks go to the file channel `out` (its lines are the deliveries), not the receiver.
+    file: bool,
     rng: Rng,
     seed: u64,
     tasks: BTreeMap<String, TaskModel>,
@@ -83,11 +89,43 @@ impl Sim {
         panic!("simulation seed {}: {msg}", self.seed)
     }
 
-    fn deliveries_of(&self, id: &str) -> usize {
+    /// Every delivery so far, in order: its body, its idempotency key, and whether it was
+    /// answered 2xx (a file channel's line always was).
+    fn deliveries(&self) -> Vec<(Value, String, bool)> {
+        if self.file {
+            return self
+                .h
+                .sent()
+                .into_iter()
+                .map(|b| {
+                    let key = b["idempotency_key"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    (b, key, true)
+                })
+                .collect();
+        }
+        let answers = self.rx.answers();
         self.rx
             .requests()
             .iter()
-            .filter(|r| body_of(r)["task_id"] == id)
+            .enumerate()
+            .map(|(i, r)| {
+                let ok = answers.get(i).is_some_and(|(_, s)| (200..300).contains(s));
+                (
+                    body_of(r).clone(),
+                    r.idempotency_key().unwrap().to_string(),
+                    ok,
+                )
+            })
+            .collect()
+    }
+
+    fn deliveries_of(&self, id: &str) -> usize {
+        self.deliveries()
+            .iter()
+            .filter(|(b, _, _)| b["task_id"] == id)
             .count()
     }
 
@@ -117,13 +155,18 @@ impl Sim {
                 let cron = self.rng.below(5) == 0;
                 let schedule = if cron {
                     json!({"cron": "*/5 * * * * *", "max_runs": 1 + self.rng.below(3)})
+                } else if self.file {
+                    // On whole seconds, so that several are due together.
+                    let at = (now / 1_000 + 1 + self.rng.below(8)) * 1_000;
+                    json!({"at": rfc3339(at)})
                 } else {
                     json!({"after": format!("{}ms", self.rng.below(8_000))})
                 };
+                let channel = if self.file { "out" } else { "hook" };
                 let interval = ["0s", "200ms", "1s"][self.rng.below(3) as usize];
                 let v = self
                     .h
-                    .post(&json!({"id": id, "channel": "hook", "schedule": schedule,
+                    .post(&json!({"id": id, "channel": channel, "schedule": schedule,
                         "to": (0..messages).map(|i| format!("u{i}")).collect::<Vec<_>>(),
                         "body": "x", "pacing": {"interval": interval}}))
                     .await;
@@ -237,15 +280,13 @@ impl Sim {
 
     /// The invariants over what the receiver saw so far.
     fn check(&mut self) {
-        let reqs = self.rx.requests();
-        let answers = self.rx.answers();
-        for (i, r) in reqs.iter().enumerate().skip(self.checked) {
-            let b = body_of(r);
+        let reqs = self.deliveries();
+        for (b, key, ok) in reqs.iter().skip(self.checked) {
             let id = b["task_id"].as_str().unwrap().to_string();
             let run = b["run"].as_u64().unwrap();
             let seq = b["seq"].as_u64().unwrap();
             let attempt = b["attempt"].as_u64().unwrap();
-            let key = r.idempotency_key().unwrap().to_string();
+            let key = key.clone();
             if key != format!("{id}:{run}:{seq}") {
                 self.fail(format!("key {key} for {id} run {run} seq {seq}"));
             }
@@ -261,7 +302,7 @@ impl Sim {
                     self.fail(format!("{key} sent again after 2xx without a restart (attempt {attempt} after {prev})"));
                 }
             }
-            if answers.get(i).is_some_and(|(_, s)| (200..300).contains(s)) {
+            if *ok {
                 self.ok_keys.insert(key.clone(), attempt);
                 self.ok_at_restart.insert(key.clone(), self.restarts);
             }
@@ -288,7 +329,7 @@ impl Sim {
             if let Some(n) = t.frozen_at {
                 let now = reqs
                     .iter()
-                    .filter(|r| body_of(r)["task_id"] == id.as_str())
+                    .filter(|(b, _, _)| b["task_id"] == id.as_str())
                     .count();
                 if now != n {
                     self.fail(format!("{id} is {:?} but sent {} more", t.state, now - n));
@@ -324,7 +365,7 @@ impl Sim {
             self.tasks.len(),
             self.live_ids(Model::Cancelled).len(),
             self.live_ids(Model::Paused).len(),
-            self.rx.count(),
+            self.deliveries().len(),
             self.ok_keys.len(),
             failures.len(),
             self.restarts
@@ -350,7 +391,7 @@ impl Sim {
     }
 }
 
-async fn simulate(seed: u64) {
+async fn simulate(seed: u64, file: bool) {
     let rx = Receiver::start().await;
     rx.set_default(Behavior::Ok);
     let extra = format!(
@@ -361,6 +402,7 @@ async fn simulate(seed: u64) {
     let mut sim = Sim {
         h,
         rx,
+        file,
         rng: Rng(seed),
         seed,
         tasks: BTreeMap::new(),
@@ -378,8 +420,23 @@ async fn simulate(seed: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_simulation_against_the_reference_model() {
+    seeds(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeded_simulation_with_chunked_file_sends() {
+    seeds(true).await;
+}
+
+fn rfc3339(ms: u64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms as i64)
+        .expect("instant")
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+async fn seeds(file: bool) {
     for seed in SEEDS {
-        simulate(seed).await;
+        simulate(seed, file).await;
     }
     let more: u64 = std::env::var("HERALD_SIM_SEEDS")
         .ok()
@@ -390,6 +447,6 @@ async fn seeded_simulation_against_the_reference_model() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
     for seed in from..from + more {
-        simulate(seed).await;
+        simulate(seed, file).await;
     }
 }

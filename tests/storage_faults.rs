@@ -173,6 +173,52 @@ async fn a_failed_settle_resends_only_the_in_flight_message_with_its_key() {
     assert!(now >= T0 + 20_000);
 }
 
+/// A herd's sends to a file channel go, and settle, a chunk at a time (`engine/chunk.rs`): when
+/// the chunk's one settle write fails, every task in it is read back from disk and its in-flight
+/// message goes again with the same key and the next attempt; nothing is lost, nothing else is
+/// sent twice, and the sequences go on at their cursors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_chunk_settle_resends_each_in_flight_message_once() {
+    let r = rig().await;
+    let at = "2026-12-01T00:00:10Z";
+    for i in 0..40 {
+        r.create(
+            json!({"id": format!("h{i:02}"), "channel": "out", "schedule": {"at": at},
+            "to": ["0", "1"], "body": "x", "pacing": {"interval": "1s"}}),
+        )
+        .await
+        .unwrap();
+    }
+    // Everything is fired and armed ahead of the instant.
+    r.run_until(T0 + 9_999).await;
+    assert!(r.sent().is_empty());
+    // The instant's settles fail (and everything after them, until the fault is cleared).
+    r.faults.fail_after(0);
+    r.run_until(T0 + 10_500).await;
+    assert_eq!(r.sent().len(), 40, "each first message went once");
+    r.faults.set(false, false);
+    r.run_until(T0 + 30_000).await;
+    let sent = r.sent();
+    let mut per_task: std::collections::BTreeMap<String, Vec<(u64, u64)>> = Default::default();
+    for s in &sent {
+        assert_eq!(
+            s["idempotency_key"],
+            format!("{}:1:{}", s["task_id"].as_str().unwrap(), s["seq"])
+        );
+        per_task
+            .entry(s["task_id"].as_str().unwrap().to_string())
+            .or_default()
+            .push((s["seq"].as_u64().unwrap(), s["attempt"].as_u64().unwrap()));
+    }
+    assert_eq!(per_task.len(), 40);
+    for (id, got) in &per_task {
+        // Message 0 twice (its outcome never reached the disk), then message 1 once.
+        assert_eq!(got, &[(0, 1), (0, 2), (1, 1)], "{id}");
+        let v = r.engine.get(id).unwrap().unwrap();
+        assert_eq!(v.task.state, herald::model::TaskState::Completed, "{id}");
+    }
+}
+
 /// A stalled disk with a small write queue: creates beyond the queue are refused at once with
 /// `Busy` (the API's 503 + `Retry-After`), never queued without bound; every create that was
 /// acknowledged exists once the disk moves again, and a refused one does not.

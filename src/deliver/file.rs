@@ -30,10 +30,12 @@ impl FileSink {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
-        let file = std::fs::OpenOptions::new()
+        let mut file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .read(true)
             .open(path)?;
+        close_torn_line(&mut file)?;
         let (tx, rx) = crossbeam_channel::unbounded();
         let shown = path.display().to_string();
         std::thread::Builder::new()
@@ -74,6 +76,64 @@ impl FileSink {
     }
 }
 
+impl FileSink {
+    /// Appends many deliveries in one go (a chunk of a herd's sends, `engine/chunk.rs`): one
+    /// line each, handed to the writer as one piece, so they land together and in order. One
+    /// outcome per item, in order: they share the write's result, except an item that cannot
+    /// be encoded (permanent, alone).
+    pub async fn write_many<T: serde::Serialize>(&self, items: &[&T]) -> Vec<Outcome> {
+        let mut buf = Vec::new();
+        let mut encoded = Vec::with_capacity(items.len());
+        for d in items {
+            match serde_json::to_writer(&mut buf, d) {
+                Ok(()) => {
+                    buf.push(b'\n');
+                    encoded.push(Ok(()));
+                }
+                Err(e) => encoded.push(Err(format!("encode: {e}"))),
+            }
+        }
+        let r = if buf.is_empty() {
+            Ok(())
+        } else {
+            let (done, wait) = oneshot::channel();
+            match self.lines.send((buf, done)) {
+                Ok(()) => wait
+                    .await
+                    .unwrap_or_else(|_| Err("the file writer stopped".into())),
+                Err(_) => Err("the file writer stopped".into()),
+            }
+        };
+        encoded
+            .into_iter()
+            .map(|e| match (e, &r) {
+                (Err(error), _) => Outcome::Permanent { error },
+                (Ok(()), Ok(())) => Outcome::Sent,
+                (Ok(()), Err(e)) => Outcome::Retry {
+                    error: format!("write {}: {e}", self.path.display()),
+                    not_before_ms: None,
+                },
+            })
+            .collect()
+    }
+}
+
+/// A kill during a write can leave the file's last line cut short. It is ended with a newline,
+/// so that the next line is whole (the message it held was in flight: it is sent again).
+fn close_torn_line(file: &mut std::fs::File) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    if file.metadata()?.len() == 0 {
+        return Ok(());
+    }
+    file.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8; 1];
+    file.read_exact(&mut last)?;
+    if last[0] != b'\n' {
+        file.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
 /// The writer thread: appends every queued line (up to [`BATCH_LINES`]) with one write, then
 /// answers each. A failed write fails the whole batch (each send is tried again); a line is
 /// never reported written unless `write_all` of its batch returned Ok.
@@ -104,6 +164,51 @@ fn writer(mut file: std::fs::File, rx: crossbeam_channel::Receiver<Line>, path: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_torn_last_line_is_closed_before_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sent.jsonl");
+        std::fs::write(&path, "{\"n\":1}\n{\"n\":2,\"bo").unwrap();
+        let sink = FileSink::open(&path).unwrap();
+        assert!(matches!(
+            sink.write(&serde_json::json!({"n": 3})).await,
+            Outcome::Sent
+        ));
+        drop(sink);
+        // A whole file is left as it is.
+        let sink = FileSink::open(&path).unwrap();
+        assert!(matches!(
+            sink.write(&serde_json::json!({"n": 4})).await,
+            Outcome::Sent
+        ));
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text, "{\"n\":1}\n{\"n\":2,\"bo\n{\"n\":3}\n{\"n\":4}\n");
+    }
+
+    #[tokio::test]
+    async fn a_chunk_lands_as_whole_lines_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sent.jsonl");
+        let sink = FileSink::open(&path).unwrap();
+        let items: Vec<serde_json::Value> = (0..500u32)
+            .map(|i| serde_json::json!({ "n": i, "body": "line\nbreak" }))
+            .collect();
+        let refs: Vec<&serde_json::Value> = items.iter().collect();
+        let out = sink.write_many(&refs).await;
+        assert_eq!(out.len(), 500);
+        assert!(out.iter().all(|o| matches!(o, Outcome::Sent)));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let seen: Vec<u64> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["n"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(seen, (0..500).collect::<Vec<u64>>());
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_writes_land_as_whole_lines() {

@@ -288,17 +288,84 @@ impl Channel {
         // Real time, not the engine's clock: this measures the channel, not the schedule.
         let started = std::time::Instant::now();
         let outcome = match &self.sink {
-            Sink::Log => {
-                tracing::info!(target: "herald::delivery", channel = %self.name, task = %d.task_id,
-                    run = d.run, seq = d.seq, to = %Escaped(&d.to), attempt = d.attempt,
-                    body = %Escaped(&d.body), "delivered to log");
-                Outcome::Sent
-            }
+            Sink::Log => self.log_delivery(d),
             Sink::File(f) => f.write(d).await,
             Sink::Webhook(w) => w.deliver(d, now_ms).await,
         };
         self.stats.latency[outcome_index(&outcome)].observe(started.elapsed().as_secs_f64());
         outcome
+    }
+
+    /// The log sink's send: the delivery as a log line (target `herald::delivery`).
+    fn log_delivery(&self, d: &Delivery) -> Outcome {
+        tracing::info!(target: "herald::delivery", channel = %self.name, task = %d.task_id,
+            run = d.run, seq = d.seq, to = %Escaped(&d.to), attempt = d.attempt,
+            body = %Escaped(&d.body), "delivered to log");
+        Outcome::Sent
+    }
+
+    /// A local sink (file or log): a send costs no round trip, so a chunk of due sends can go
+    /// together ([`Channel::send_local`]).
+    pub fn is_local(&self) -> bool {
+        matches!(self.sink, Sink::Log | Sink::File(_))
+    }
+
+    /// Delivers a chunk to a local sink at once (`engine/chunk.rs`): permits for the whole
+    /// chunk (in parts of at most the channel's concurrency), one append for a file. One
+    /// outcome per delivery, in order. Like [`Channel::send`], a part that had to wait for its
+    /// permits is stamped `sent_at` again. A webhook is never sent this way (a slow receiver
+    /// must not hold the others): its deliveries are failed as retryable, which a caller that
+    /// checks [`Channel::is_local`] never sees.
+    pub async fn send_local(
+        &self,
+        mut ds: Vec<&mut Delivery>,
+        now_ms: impl Fn() -> u64,
+    ) -> Vec<Outcome> {
+        let mut out = Vec::with_capacity(ds.len());
+        let part = self.concurrency_max.max(1);
+        for chunk in ds.chunks_mut(part) {
+            let n = chunk.len() as u32;
+            let _permits = match self.concurrency.try_acquire_many(n) {
+                Ok(p) => p,
+                Err(_) => match self.concurrency.acquire_many(n).await {
+                    Ok(p) => {
+                        let stamp = crate::schedule::format_utc(now_ms());
+                        for d in chunk.iter_mut() {
+                            d.sent_at = stamp.clone();
+                        }
+                        p
+                    }
+                    Err(_) => {
+                        out.extend(chunk.iter().map(|_| Outcome::Retry {
+                            error: "channel closed".into(),
+                            not_before_ms: None,
+                        }));
+                        continue;
+                    }
+                },
+            };
+            let started = std::time::Instant::now();
+            let outcomes = match &self.sink {
+                Sink::Log => chunk.iter().map(|d| self.log_delivery(d)).collect(),
+                Sink::File(f) => {
+                    let refs: Vec<&Delivery> = chunk.iter().map(|d| &**d).collect();
+                    f.write_many(&refs).await
+                }
+                Sink::Webhook(_) => chunk
+                    .iter()
+                    .map(|_| Outcome::Retry {
+                        error: "a webhook is not sent in chunks".into(),
+                        not_before_ms: None,
+                    })
+                    .collect(),
+            };
+            let took = started.elapsed().as_secs_f64();
+            for o in &outcomes {
+                self.stats.latency[outcome_index(o)].observe(took);
+            }
+            out.extend(outcomes);
+        }
+        out
     }
 
     /// The platform side of a webhook channel (templates, success rule, token), if any.

@@ -195,7 +195,40 @@ pub(crate) async fn lock(inner: &Arc<Inner>, id: &str) -> Result<Option<Locked>,
     let Some((id, cell)) = cell_of(inner, id) else {
         return Ok(None);
     };
-    let mut guard = cell.lock_owned().await;
+    let guard = cell.lock_owned().await;
+    loaded(inner, id, guard).await
+}
+
+/// What [`try_lock`] found.
+pub(crate) enum TryLocked {
+    Locked(Locked),
+    /// Someone else holds the cell now.
+    Busy,
+    /// The task is not live (or it finished).
+    Gone,
+}
+
+/// Like [`lock`], but never waits for the cell: a caller that holds other cells (a chunk of
+/// sends, `chunk.rs`) must not wait for one, or two such callers could wait for each other.
+pub(crate) async fn try_lock(inner: &Arc<Inner>, id: &str) -> Result<TryLocked, EngineError> {
+    let Some((id, cell)) = cell_of(inner, id) else {
+        return Ok(TryLocked::Gone);
+    };
+    let Ok(guard) = cell.try_lock_owned() else {
+        return Ok(TryLocked::Busy);
+    };
+    Ok(match loaded(inner, id, guard).await? {
+        Some(l) => TryLocked::Locked(l),
+        None => TryLocked::Gone,
+    })
+}
+
+/// A cell's guard, loaded from the store if it was not (see [`lock`]).
+async fn loaded(
+    inner: &Arc<Inner>,
+    id: Arc<str>,
+    mut guard: OwnedMutexGuard<Slot>,
+) -> Result<Option<Locked>, EngineError> {
     let mut park = None;
     if let Slot::Unloaded = &*guard {
         match load(inner, &id) {

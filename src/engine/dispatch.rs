@@ -27,7 +27,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::cells::{self, Locked};
 use super::plan::{self, Attempt};
-use super::timer::{RunKey, FAILURE_RETRY_RUN};
+use super::timer::{RunKey, StepGuard, FAILURE_RETRY_RUN};
 use super::{alerts, retry, EngineError, Inner};
 use crate::deliver::{backoff, Admission, Delivery};
 use crate::logsafe::Escaped;
@@ -91,50 +91,82 @@ pub(crate) const STORAGE_RETRY_MS: u64 = 1_000;
 /// writes ahead of the sends that are due meanwhile.
 const FIRES_AT_ONCE: usize = 256;
 
+/// Most due keys taken from the timer at once. Run steps among them go to [`super::chunk`]
+/// together: a herd's sends to a local channel are then written, and settled, a chunk at a time.
+const CHUNK_MAX: usize = 256;
+
 pub(crate) async fn dispatcher(inner: Weak<Inner>, mut due: UnboundedReceiver<RunKey>) {
     let fires = Arc::new(tokio::sync::Semaphore::new(FIRES_AT_ONCE));
-    while let Some(key) = due.recv().await {
+    let mut keys = Vec::with_capacity(CHUNK_MAX);
+    while due.recv_many(&mut keys, CHUNK_MAX).await > 0 {
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        let guard = inner.timer.step_guard();
-        if inner.draining.load(std::sync::atomic::Ordering::Acquire) {
-            // Draining: the key's durable state (pending, or armed) is what the next boot
-            // recovers from; starting it now could only start a send that the exit cuts off.
-            continue;
+        let mut runs = Vec::new();
+        for key in keys.drain(..) {
+            let guard = inner.timer.step_guard();
+            if draining(&inner) {
+                // Draining: the key's durable state (pending, or armed) is what the next boot
+                // recovers from; starting it now could only start a send that the exit cuts off.
+                continue;
+            }
+            if key.run == 0 || key.run == FAILURE_RETRY_RUN {
+                spawn_step(&inner, key, guard, Some(&fires));
+            } else {
+                runs.push((key, guard));
+            }
         }
-        let fires = fires.clone();
-        tokio::spawn(async move {
-            let _guard = guard;
-            let _permit = if key.run == 0 {
-                fires.acquire_owned().await.ok()
-            } else {
-                None
-            };
-            if key.run == FAILURE_RETRY_RUN {
-                if let Err(e) = retry::failure_retry(&inner, &key).await {
-                    tracing::error!(failure = %key.task, error = %e,
-                        "failure retry step failed; trying again in {STORAGE_RETRY_MS} ms");
-                    inner.timer.at(key, inner.clock.now_ms() + STORAGE_RETRY_MS);
-                }
-                return;
+        if runs.len() == 1 {
+            let (key, guard) = runs.pop().expect("one");
+            spawn_step(&inner, key, guard, None);
+        } else if !runs.is_empty() {
+            tokio::spawn(super::chunk::run(inner.clone(), runs));
+        }
+    }
+}
+
+/// Runs one due key's step in a task of its own. `fires`: the semaphore that bounds fire
+/// steps (for keys `(task, 0)`).
+pub(super) fn spawn_step(
+    inner: &Arc<Inner>,
+    key: RunKey,
+    guard: StepGuard,
+    fires: Option<&Arc<tokio::sync::Semaphore>>,
+) {
+    let inner = inner.clone();
+    let fires = fires.cloned();
+    tokio::spawn(async move {
+        let _guard = guard;
+        let _permit = match (&fires, key.run) {
+            (Some(f), 0) => f.clone().acquire_owned().await.ok(),
+            _ => None,
+        };
+        if key.run == FAILURE_RETRY_RUN {
+            if let Err(e) = retry::failure_retry(&inner, &key).await {
+                tracing::error!(failure = %key.task, error = %e,
+                    "failure retry step failed; trying again in {STORAGE_RETRY_MS} ms");
+                inner.timer.at(key, inner.clock.now_ms() + STORAGE_RETRY_MS);
             }
-            let r = if key.run == 0 {
-                fire(&inner, &key).await
-            } else {
-                run_step(&inner, &key).await
-            };
-            match r {
-                Ok(()) => {}
-                Err(e) if is_retryable(&e) => {
-                    tracing::debug!(task = %key.task, run = key.run, error = %e,
-                        "step failed; trying again in {STORAGE_RETRY_MS} ms");
-                    inner.timer.at(key, inner.clock.now_ms() + STORAGE_RETRY_MS);
-                }
-                // Parked (or the task is gone): logged and alerted where it happened.
-                Err(_) => {}
-            }
-        });
+            return;
+        }
+        let r = if key.run == 0 {
+            fire(&inner, &key).await
+        } else {
+            run_step(&inner, &key).await
+        };
+        if let Err(e) = r {
+            step_error(&inner, key, &e);
+        }
+    });
+}
+
+/// After a step failed: storage errors are tried again later; anything else was parked (or
+/// the task is gone), logged and alerted where it happened.
+pub(super) fn step_error(inner: &Inner, key: RunKey, e: &EngineError) {
+    if is_retryable(e) {
+        tracing::debug!(task = %key.task, run = key.run, error = %e,
+            "step failed; trying again in {STORAGE_RETRY_MS} ms");
+        inner.timer.at(key, inner.clock.now_ms() + STORAGE_RETRY_MS);
     }
 }
 
@@ -143,10 +175,10 @@ fn draining(inner: &Inner) -> bool {
 }
 
 /// Counts a send from its start until its outcome is settled (or the step gave up).
-struct SendInFlight<'a>(&'a Inner);
+pub(super) struct SendInFlight<'a>(&'a Inner);
 
 impl<'a> SendInFlight<'a> {
-    fn new(inner: &'a Inner) -> Self {
+    pub(super) fn new(inner: &'a Inner) -> Self {
         inner
             .sends_in_flight
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
@@ -325,9 +357,29 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked, key: &RunKey) -> Result
 
 /// One step of run `key.run`: arm, or send and settle.
 async fn run_step(inner: &Arc<Inner>, key: &RunKey) -> Result<(), EngineError> {
-    let Some(mut l) = cells::lock(inner, &key.task).await? else {
+    let Some(l) = cells::lock(inner, &key.task).await? else {
         return Ok(()); // finished or cancelled: nothing to do
     };
+    run_step_locked(inner, key, l).await
+}
+
+/// Runs [`run_step`] in a task of its own for a key whose cell the caller has locked already
+/// (a chunk that cannot send it, `chunk.rs`).
+pub(super) fn spawn_locked(inner: &Arc<Inner>, key: RunKey, guard: StepGuard, l: Locked) {
+    let inner = inner.clone();
+    tokio::spawn(async move {
+        let _guard = guard;
+        if let Err(e) = run_step_locked(&inner, &key, l).await {
+            step_error(&inner, key, &e);
+        }
+    });
+}
+
+async fn run_step_locked(
+    inner: &Arc<Inner>,
+    key: &RunKey,
+    mut l: Locked,
+) -> Result<(), EngineError> {
     let prepared = match prepare(inner, &mut l, key).await {
         Ok(Some(p)) => p,
         Ok(None) => {
@@ -356,7 +408,11 @@ async fn run_step(inner: &Arc<Inner>, key: &RunKey) -> Result<(), EngineError> {
 }
 
 /// A step's error: storage errors pass (the step is tried again), anything else parks the task.
-async fn step_failed(inner: &Arc<Inner>, mut l: Locked, e: EngineError) -> Result<(), EngineError> {
+pub(super) async fn step_failed(
+    inner: &Arc<Inner>,
+    mut l: Locked,
+    e: EngineError,
+) -> Result<(), EngineError> {
     if is_retryable(&e) || !l.is_loaded() {
         l.release(inner);
         return Err(e);
@@ -369,17 +425,17 @@ async fn step_failed(inner: &Arc<Inner>, mut l: Locked, e: EngineError) -> Resul
 }
 
 /// What the send phase needs once the lock is released.
-struct Prepared {
-    delivery: Delivery,
-    channel: Option<Arc<crate::deliver::Channel>>,
+pub(super) struct Prepared {
+    pub delivery: Delivery,
+    pub channel: Option<Arc<crate::deliver::Channel>>,
     channel_name: String,
     policy: crate::model::RetryPolicy,
     pacing: crate::model::Pacing,
-    probe: bool,
+    pub probe: bool,
 }
 
 /// Arms the attempt (durably) if it is not armed yet, and prepares the send if it is due.
-async fn prepare(
+pub(super) async fn prepare(
     inner: &Arc<Inner>,
     l: &mut Locked,
     key: &RunKey,
@@ -502,14 +558,19 @@ async fn send(inner: &Arc<Inner>, p: &Prepared) -> Outcome {
     match &p.channel {
         Some(c) => {
             let o = c.send(d, || inner.clock.now_ms()).await;
-            if let Some(tr) = c.record(inner.clock.now_ms(), &o, p.probe) {
-                alerts::breaker(inner, &c.name, tr);
-            }
+            record(inner, c, &o, p.probe);
             o
         }
         None => Outcome::Permanent {
             error: format!("channel {:?} is no longer configured", p.channel_name),
         },
+    }
+}
+
+/// Counts an admitted send's outcome on its channel (and its breaker, alerting on a change).
+pub(super) fn record(inner: &Arc<Inner>, c: &crate::deliver::Channel, o: &Outcome, probe: bool) {
+    if let Some(tr) = c.record(inner.clock.now_ms(), o, probe) {
+        alerts::breaker(inner, &c.name, tr);
     }
 }
 
@@ -521,11 +582,31 @@ async fn settle(
     p: Prepared,
     outcome: Outcome,
 ) -> Result<(), EngineError> {
+    let Some((plan, batch)) = settle_plan(inner, l, key, &p, &outcome)? else {
+        return Ok(());
+    };
+    if let Err(e) = inner.store.write(&batch).await {
+        settle_lost(inner, l, key, &e);
+        return Err(e.into());
+    }
+    settle_done(inner, l, key, plan);
+    Ok(())
+}
+
+/// The settle's decision and the writes that record it; memory is untouched but for the run
+/// no longer sending. `None`: the run is gone (nothing to settle).
+pub(super) fn settle_plan(
+    inner: &Arc<Inner>,
+    l: &mut Locked,
+    key: &RunKey,
+    p: &Prepared,
+    outcome: &Outcome,
+) -> Result<Option<(plan::SettlePlan, Batch)>, EngineError> {
     let st = l.st();
     st.sending.remove(&key.run);
     let now = inner.clock.now_ms();
     let Some(run) = st.runs.get(&key.run).cloned() else {
-        return Ok(());
+        return Ok(None);
     };
     let delay = backoff::retry_delay_ms(
         &p.policy,
@@ -548,7 +629,7 @@ async fn settle(
         now,
         ARM_LEAD_MS,
     )?;
-    log_outcome(&p.delivery, &outcome, &plan);
+    log_outcome(&p.delivery, outcome, &plan);
     let mut batch = Batch::new();
     if let Some(f) = &plan.failure {
         batch.failure(f.clone());
@@ -560,15 +641,34 @@ async fn settle(
     if plan.task != st.task {
         batch.progress(&plan.task);
     }
-    if let Err(e) = inner.store.write(&batch).await {
-        // The send happened (or not) but its outcome is not on disk: forget memory and read
-        // back what is there (the message in flight), so nothing runs ahead of the disk.
-        tracing::warn!(task = %st.task.id, run = key.run, error = %e,
-            "could not record the outcome; the task is reloaded from disk and its in-flight message goes again");
-        l.unload();
-        inner.timer.at(key.clone(), now + STORAGE_RETRY_MS);
-        return Err(e.into());
-    }
+    Ok(Some((plan, batch)))
+}
+
+/// The settle's write failed: the send happened (or not) but its outcome is not on disk.
+/// Memory is forgotten and read back from what is there (the message in flight), so nothing
+/// runs ahead of the disk; the step is tried again.
+pub(super) fn settle_lost(
+    inner: &Inner,
+    l: &mut Locked,
+    key: &RunKey,
+    e: &crate::store::StoreError,
+) {
+    tracing::warn!(task = %l.id, run = key.run, error = %e,
+        "could not record the outcome; the task is reloaded from disk and its in-flight message goes again");
+    l.unload();
+    inner
+        .timer
+        .at(key.clone(), inner.clock.now_ms() + STORAGE_RETRY_MS);
+}
+
+/// The settle is durable: memory, the wheel, events and alerts follow it.
+pub(super) fn settle_done(
+    inner: &Arc<Inner>,
+    l: &mut Locked,
+    key: &RunKey,
+    plan: plan::SettlePlan,
+) {
+    let st = l.st();
     inner.events.progress(&plan.task, &plan.run); // events (issue 11)
     if plan.finished {
         st.runs.remove(&key.run);
@@ -600,7 +700,6 @@ async fn settle(
         alerts::failure(inner, f, "failure");
         inner.events.failure(f, "added"); // events (issue 11)
     }
-    Ok(())
 }
 
 fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan) {

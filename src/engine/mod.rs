@@ -10,6 +10,7 @@
 
 mod alerts;
 mod cells;
+mod chunk;
 mod control;
 mod dispatch;
 pub mod events; // events (issue 11)

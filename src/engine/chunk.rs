@@ -1,0 +1,187 @@
+//! Chunks of due sends to local channels: a herd's messages written, and settled, together.
+//!
+//! The dispatcher takes up to 256 due keys from the timer at once; the run steps among them
+//! come here. Each key's cell is locked without waiting ([`cells::try_lock`]) and, when its
+//! run is armed, due now and on a local channel (file or log: no round trip to wait for), its
+//! send is prepared as in [`dispatch::run_step`]. Then the whole chunk is handed to each
+//! channel at once ([`crate::deliver::Channel::send_local`]: one append for a file), every
+//! outcome is planned with [`dispatch::settle_plan`], and all the settles are made durable in
+//! one write. Only then does memory follow ([`dispatch::settle_done`]) and the locks go.
+//!
+//! Any other key (a run to arm, a webhook, a cell someone else holds, a second run of a task
+//! already in the chunk) takes the one-key path in a task of its own ([`dispatch::spawn_step`],
+//! or [`dispatch::spawn_locked`] with the lock the chunk took). So the chunk never waits for a cell while it holds others (two chunks cannot wait for
+//! each other), a slow receiver never holds a chunk, and the rules of the one-key path hold
+//! here too: a send starts only after its own in-flight mark is durable (it was armed before
+//! it reached here); the settle is durable before the lock is released; a failed write
+//! unloads every task of the chunk so that memory is read back from disk, and its in-flight
+//! messages go again (same idempotency keys).
+//!
+//! The chunk holds its tasks' locks while it writes to the file and commits: a cancel of one
+//! of them waits for that (a few ms), as it would for a settle.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::cells::{self, Locked, TryLocked};
+use super::dispatch::{self, Prepared, SendInFlight};
+use super::timer::{RunKey, StepGuard};
+use super::Inner;
+use crate::deliver::Channel;
+use crate::model::{Outcome, TaskState};
+use crate::store::Batch;
+
+/// One prepared send of the chunk, its task locked.
+struct Item {
+    key: RunKey,
+    l: Locked,
+    p: Prepared,
+    channel: Arc<Channel>,
+    _guard: StepGuard,
+}
+
+/// Carries out the steps of `keys` (run keys, in deadline order).
+pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>) {
+    let items = prepare(&inner, keys).await;
+    if items.is_empty() {
+        return;
+    }
+    let _in_flight: Vec<SendInFlight> = items.iter().map(|_| SendInFlight::new(&inner)).collect();
+    let (items, outcomes) = send(&inner, items).await;
+    settle(&inner, items, outcomes).await;
+}
+
+/// Locks and prepares the keys this chunk can send; hands every other key to the one-key path.
+async fn prepare(inner: &Arc<Inner>, keys: Vec<(RunKey, StepGuard)>) -> Vec<Item> {
+    let mut items = Vec::with_capacity(keys.len());
+    let mut tasks: HashSet<Arc<str>> = HashSet::with_capacity(keys.len());
+    for (key, guard) in keys {
+        if !tasks.insert(key.task.clone()) {
+            // Its task is locked by this chunk: the one-key path waits for it.
+            dispatch::spawn_step(inner, key, guard, None);
+            continue;
+        }
+        let mut l = match cells::try_lock(inner, &key.task).await {
+            Ok(TryLocked::Locked(l)) => l,
+            Ok(TryLocked::Busy) => {
+                dispatch::spawn_step(inner, key, guard, None);
+                continue;
+            }
+            Ok(TryLocked::Gone) => continue,
+            Err(e) => {
+                dispatch::step_error(inner, key, &e);
+                continue;
+            }
+        };
+        let Some(channel) = local_send_due(inner, &mut l, &key) else {
+            dispatch::spawn_locked(inner, key, guard, l);
+            continue;
+        };
+        // Armed already: `prepare` writes nothing here, it checks and builds the delivery.
+        match dispatch::prepare(inner, &mut l, &key).await {
+            Ok(Some(p)) => items.push(Item {
+                key,
+                l,
+                p,
+                channel,
+                _guard: guard,
+            }),
+            Ok(None) => l.release(inner),
+            Err(e) => {
+                if let Err(e) = dispatch::step_failed(inner, l, e).await {
+                    dispatch::step_error(inner, key, &e);
+                }
+            }
+        }
+    }
+    items
+}
+
+/// The channel of the run's send if it is armed, due now and goes to a local channel.
+fn local_send_due(inner: &Inner, l: &mut Locked, key: &RunKey) -> Option<Arc<Channel>> {
+    let now = inner.clock.now_ms();
+    let st = l.st();
+    if st.task.state != TaskState::Running || st.sending.contains(&key.run) {
+        return None;
+    }
+    let run = st.runs.get(&key.run)?;
+    if run.in_flight.is_none() || run.next_at_ms.is_some_and(|at| at > now) {
+        return None;
+    }
+    inner
+        .channels
+        .get(&st.task.channel)
+        .filter(|c| c.is_local())
+        .cloned()
+}
+
+/// Sends every item, a channel's items together (in deadline order), and counts the outcomes.
+async fn send(inner: &Arc<Inner>, mut items: Vec<Item>) -> (Vec<Item>, Vec<Outcome>) {
+    let mut outcomes: Vec<Option<Outcome>> = items.iter().map(|_| None).collect();
+    let mut start = 0;
+    while let Some(first) = (start..items.len()).find(|&i| outcomes[i].is_none()) {
+        start = first + 1;
+        let channel = items[first].channel.clone();
+        let mine: Vec<bool> = (0..items.len())
+            .map(|i| outcomes[i].is_none() && Arc::ptr_eq(&items[i].channel, &channel))
+            .collect();
+        let ds = items
+            .iter_mut()
+            .zip(&mine)
+            .filter(|(_, m)| **m)
+            .map(|(it, _)| &mut it.p.delivery)
+            .collect();
+        let sent = channel.send_local(ds, || inner.clock.now_ms()).await;
+        let mut sent = sent.into_iter();
+        for (i, m) in mine.iter().enumerate() {
+            if *m {
+                let o = sent.next().unwrap_or_else(|| Outcome::Retry {
+                    error: "no outcome for this send".into(),
+                    not_before_ms: None,
+                });
+                dispatch::record(inner, &channel, &o, items[i].p.probe);
+                outcomes[i] = Some(o);
+            }
+        }
+    }
+    let outcomes = outcomes
+        .into_iter()
+        .map(|o| o.expect("every item sent"))
+        .collect();
+    (items, outcomes)
+}
+
+/// Plans every settle, writes them all at once, then lets memory follow and the locks go.
+async fn settle(inner: &Arc<Inner>, items: Vec<Item>, outcomes: Vec<Outcome>) {
+    let mut batch = Batch::new();
+    let mut planned = Vec::with_capacity(items.len());
+    for (mut it, outcome) in items.into_iter().zip(outcomes) {
+        match dispatch::settle_plan(inner, &mut it.l, &it.key, &it.p, &outcome) {
+            Ok(Some((plan, b))) => {
+                batch.ops.extend(b.ops);
+                planned.push((it, plan));
+            }
+            Ok(None) => it.l.release(inner),
+            Err(e) => {
+                // A bug: this task is parked; the others settle.
+                if let Err(e) = dispatch::step_failed(inner, it.l, e).await {
+                    dispatch::step_error(inner, it.key, &e);
+                }
+            }
+        }
+    }
+    match inner.store.write(&batch).await {
+        Ok(()) => {
+            for (mut it, plan) in planned {
+                dispatch::settle_done(inner, &mut it.l, &it.key, plan);
+                it.l.release(inner);
+            }
+        }
+        Err(e) => {
+            for (mut it, _) in planned {
+                dispatch::settle_lost(inner, &mut it.l, &it.key, &e);
+                it.l.release(inner);
+            }
+        }
+    }
+}
