@@ -106,9 +106,11 @@ impl Sim {
                 })
                 .collect();
         }
+        // Requests first: each is recorded with its answer under one lock, so answers read
+        // after them cover every one of them.
+        let requests = self.rx.requests();
         let answers = self.rx.answers();
-        self.rx
-            .requests()
+        requests
             .iter()
             .enumerate()
             .map(|(i, r)| {
@@ -186,12 +188,14 @@ impl Sim {
             }
             25..=32 => {
                 if let Some(id) = self.pick(Model::Live) {
+                    self.settle_now(now).await;
                     let r = self.h.action(&id, "cancel").await;
                     self.after_stop(&id, r, Model::Cancelled);
                 }
             }
             33..=40 => {
                 if let Some(id) = self.pick(Model::Live) {
+                    self.settle_now(now).await;
                     let r = self.h.action(&id, "pause").await;
                     self.after_stop(&id, r, Model::Paused);
                 }
@@ -252,6 +256,15 @@ impl Sim {
             }
         }
         self.check();
+    }
+
+    /// Lets what is due at `now` finish, the clock unmoved. A command's own effects (a trigger's
+    /// send, a resumed run's next step) run after it answers; a send that started before a
+    /// cancel or pause may finish after it (DESIGN: only a send not yet started is stopped),
+    /// which the model cannot tell from one started after it. So cancels and pauses go when
+    /// nothing is in flight, and then no send of the task may follow.
+    async fn settle_now(&self, now: u64) {
+        self.h.run_until(now).await;
     }
 
     fn after_stop(&mut self, id: &str, r: common::http::Resp, to: Model) {

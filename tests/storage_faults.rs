@@ -196,6 +196,12 @@ async fn a_failed_chunk_settle_resends_each_in_flight_message_once() {
     r.faults.fail_after(0);
     r.run_until(T0 + 10_500).await;
     assert_eq!(r.sent().len(), 40, "each first message went once");
+    // Due in the same millisecond, they went as one chunk (and failed as one).
+    assert!(
+        r.engine.chunked_sends() >= 40,
+        "chunked: {}",
+        r.engine.chunked_sends()
+    );
     r.faults.set(false, false);
     r.run_until(T0 + 30_000).await;
     let sent = r.sent();

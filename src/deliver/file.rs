@@ -33,14 +33,14 @@ impl FileSink {
         let mut file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .read(true)
             .open(path)?;
-        close_torn_line(&mut file)?;
+        close_torn_line(path, &mut file)?;
         let (tx, rx) = crossbeam_channel::unbounded();
         let shown = path.display().to_string();
+        let at = path.to_path_buf();
         std::thread::Builder::new()
             .name("herald-file".into())
-            .spawn(move || writer(file, rx, shown))?;
+            .spawn(move || writer(file, at, rx, shown))?;
         Ok(FileSink {
             path: path.to_path_buf(),
             lines: tx,
@@ -85,12 +85,17 @@ impl FileSink {
         let mut buf = Vec::new();
         let mut encoded = Vec::with_capacity(items.len());
         for d in items {
+            let start = buf.len();
             match serde_json::to_writer(&mut buf, d) {
                 Ok(()) => {
                     buf.push(b'\n');
                     encoded.push(Ok(()));
                 }
-                Err(e) => encoded.push(Err(format!("encode: {e}"))),
+                Err(e) => {
+                    // What it wrote before failing must not prefix the next line.
+                    buf.truncate(start);
+                    encoded.push(Err(format!("encode: {e}")));
+                }
             }
         }
         let r = if buf.is_empty() {
@@ -118,16 +123,21 @@ impl FileSink {
     }
 }
 
-/// A kill during a write can leave the file's last line cut short. It is ended with a newline,
-/// so that the next line is whole (the message it held was in flight: it is sent again).
-fn close_torn_line(file: &mut std::fs::File) -> std::io::Result<()> {
+/// A kill during a write (or a write that failed part-way: a full disk) can leave the file's
+/// last line cut short. It is ended with a newline, so that the next line is whole (the message
+/// it held was not recorded as sent: it goes again). A file herald may not read (write-only
+/// permissions) is left as it is.
+fn close_torn_line(path: &Path, file: &mut std::fs::File) -> std::io::Result<()> {
     use std::io::{Read, Seek, SeekFrom};
-    if file.metadata()?.len() == 0 {
+    let Ok(mut r) = std::fs::File::open(path) else {
+        return Ok(());
+    };
+    if r.metadata()?.len() == 0 {
         return Ok(());
     }
-    file.seek(SeekFrom::End(-1))?;
+    r.seek(SeekFrom::End(-1))?;
     let mut last = [0u8; 1];
-    file.read_exact(&mut last)?;
+    r.read_exact(&mut last)?;
     if last[0] != b'\n' {
         file.write_all(b"\n")?;
     }
@@ -137,9 +147,16 @@ fn close_torn_line(file: &mut std::fs::File) -> std::io::Result<()> {
 /// The writer thread: appends every queued line (up to [`BATCH_LINES`]) with one write, then
 /// answers each. A failed write fails the whole batch (each send is tried again); a line is
 /// never reported written unless `write_all` of its batch returned Ok.
-fn writer(mut file: std::fs::File, rx: crossbeam_channel::Receiver<Line>, path: String) {
+fn writer(
+    mut file: std::fs::File,
+    at: PathBuf,
+    rx: crossbeam_channel::Receiver<Line>,
+    path: String,
+) {
     let mut buf = Vec::new();
     let mut waiting = Vec::new();
+    // A failed write may have left part of its batch: the next one starts on a new line.
+    let mut torn = false;
     while let Ok(first) = rx.recv() {
         buf.clear();
         buf.extend_from_slice(&first.0);
@@ -151,7 +168,14 @@ fn writer(mut file: std::fs::File, rx: crossbeam_channel::Receiver<Line>, path: 
             buf.extend_from_slice(&line);
             waiting.push(done);
         }
-        let r = file.write_all(&buf).map_err(|e| e.to_string());
+        let r = if torn {
+            close_torn_line(&at, &mut file)
+        } else {
+            Ok(())
+        }
+        .and_then(|()| file.write_all(&buf))
+        .map_err(|e| e.to_string());
+        torn = r.is_err();
         if let Err(e) = &r {
             tracing::warn!(file = %path, error = %e, lines = waiting.len(), "file channel write failed; the sends are tried again");
         }

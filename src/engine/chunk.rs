@@ -1,7 +1,7 @@
 //! Chunks of due sends to local channels: a herd's messages written, and settled, together.
 //!
-//! The dispatcher takes up to 256 due keys from the timer at once; the run steps among them
-//! come here. Each key's cell is locked without waiting ([`cells::try_lock`]) and, when its
+//! The timer hands over the keys due in a round in batches of up to 256 (so keys due together
+//! arrive together); the run steps among them come here. Each key's cell is locked without waiting ([`cells::try_lock`]) and, when its
 //! run is armed, due now and on a local channel (file or log: no round trip to wait for), its
 //! send is prepared as in [`dispatch::run_step`]. Then the whole chunk is handed to each
 //! channel at once ([`crate::deliver::Channel::send_local`]: one append for a file), every
@@ -18,7 +18,8 @@
 //! messages go again (same idempotency keys).
 //!
 //! The chunk holds its tasks' locks while it writes to the file and commits: a cancel of one
-//! of them waits for that (a few ms), as it would for a settle.
+//! of them waits for that (a few ms on a working disk; a stalled one delays it by the stall),
+//! as it would for a settle. A drain that begins while the chunk is prepared sends none of it.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -42,10 +43,21 @@ struct Item {
 
 /// Carries out the steps of `keys` (run keys, in deadline order).
 pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>) {
-    let items = prepare(&inner, keys).await;
+    let mut items = prepare(&inner, keys).await;
+    if inner.draining.load(std::sync::atomic::Ordering::Acquire) {
+        // A drain began while the chunk was being prepared: nothing is sent. Each task is
+        // read back from disk, where its attempt is armed: the next boot sends it (once).
+        for mut it in items.drain(..) {
+            it.l.unload();
+            it.l.release(&inner);
+        }
+    }
     if items.is_empty() {
         return;
     }
+    inner
+        .chunked_sends
+        .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
     let _in_flight: Vec<SendInFlight> = items.iter().map(|_| SendInFlight::new(&inner)).collect();
     let (items, outcomes) = send(&inner, items).await;
     settle(&inner, items, outcomes).await;

@@ -91,19 +91,19 @@ pub(crate) const STORAGE_RETRY_MS: u64 = 1_000;
 /// writes ahead of the sends that are due meanwhile.
 const FIRES_AT_ONCE: usize = 256;
 
-/// Most due keys taken from the timer at once. Run steps among them go to [`super::chunk`]
-/// together: a herd's sends to a local channel are then written, and settled, a chunk at a time.
-const CHUNK_MAX: usize = 256;
+/// Most run keys in one chunk ([`super::chunk`]): the timer hands over everything due in a
+/// round (in batches of as many), so a herd's sends to a local channel are written, and
+/// settled, a chunk at a time.
+const CHUNK_MAX: usize = super::timer::HAND_OVER_MAX;
 
-pub(crate) async fn dispatcher(inner: Weak<Inner>, mut due: UnboundedReceiver<RunKey>) {
+pub(crate) async fn dispatcher(inner: Weak<Inner>, mut due: UnboundedReceiver<Vec<RunKey>>) {
     let fires = Arc::new(tokio::sync::Semaphore::new(FIRES_AT_ONCE));
-    let mut keys = Vec::with_capacity(CHUNK_MAX);
-    while due.recv_many(&mut keys, CHUNK_MAX).await > 0 {
+    while let Some(keys) = due.recv().await {
         let Some(inner) = inner.upgrade() else {
             return;
         };
         let mut runs = Vec::new();
-        for key in keys.drain(..) {
+        for key in keys {
             let guard = inner.timer.step_guard();
             if draining(&inner) {
                 // Draining: the key's durable state (pending, or armed) is what the next boot
@@ -114,14 +114,21 @@ pub(crate) async fn dispatcher(inner: Weak<Inner>, mut due: UnboundedReceiver<Ru
                 spawn_step(&inner, key, guard, Some(&fires));
             } else {
                 runs.push((key, guard));
+                if runs.len() == CHUNK_MAX {
+                    spawn_runs(&inner, std::mem::take(&mut runs));
+                }
             }
         }
-        if runs.len() == 1 {
-            let (key, guard) = runs.pop().expect("one");
-            spawn_step(&inner, key, guard, None);
-        } else if !runs.is_empty() {
-            tokio::spawn(super::chunk::run(inner.clone(), runs));
-        }
+        spawn_runs(&inner, runs);
+    }
+}
+
+/// Run steps due together: one on its own, more as a chunk.
+fn spawn_runs(inner: &Arc<Inner>, mut runs: Vec<(RunKey, StepGuard)>) {
+    if runs.len() > 1 {
+        tokio::spawn(super::chunk::run(inner.clone(), runs));
+    } else if let Some((key, guard)) = runs.pop() {
+        spawn_step(inner, key, guard, None);
     }
 }
 

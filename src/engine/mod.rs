@@ -182,6 +182,8 @@ pub(crate) struct Inner {
     pub draining: AtomicBool,
     /// Sends that started and have not settled yet.
     pub sends_in_flight: AtomicUsize,
+    /// Sends that went in a chunk (`chunk.rs`), since start.
+    pub chunked_sends: AtomicU64,
     pub alerts_raised: AtomicU64,
     /// How late sends start (`scheduled_at` → attempt start), in seconds.
     pub lateness: prometheus_client::metrics::histogram::Histogram,
@@ -282,6 +284,7 @@ impl Engine {
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             sends_in_flight: AtomicUsize::new(0),
+            chunked_sends: AtomicU64::new(0),
             alerts_raised: AtomicU64::new(0),
             lateness: stats::lateness_histogram(),
             census: Mutex::new(None),
@@ -321,6 +324,11 @@ impl Engine {
     }
 
     /// Sends that started and have not settled yet.
+    /// Sends that went in a chunk with others since start (`engine/chunk.rs`).
+    pub fn chunked_sends(&self) -> u64 {
+        self.inner.chunked_sends.load(Ordering::Relaxed)
+    }
+
     pub fn sends_in_flight(&self) -> usize {
         self.inner.sends_in_flight.load(Ordering::Acquire)
     }

@@ -2,7 +2,9 @@
 //!
 //! It receives `At`/`Cancel` commands over a crossbeam channel, sleeps until the wheel's next
 //! deadline (or until a command arrives; it never spins when idle), advances the wheel to the
-//! clock's current tick and hands each due [`RunKey`] to the dispatcher over a tokio channel.
+//! clock's current tick and hands the due [`RunKey`]s to the dispatcher over a tokio channel,
+//! in batches of at most [`HAND_OVER_MAX`] (everything due in one round, in deadline order):
+//! sends due together then reach the dispatcher together and go in chunks (`chunk.rs`).
 //!
 //! Invariant: at most one wheel entry per key. Scheduling a key that has an entry moves it
 //! (the old entry is cancelled in O(1)), so a run can never be stepped twice for one deadline.
@@ -77,11 +79,18 @@ impl Drop for StepGuard {
     }
 }
 
+/// Most keys handed to the dispatcher in one message; a bigger round goes in several, so the
+/// first of a herd is on its way while the wheel is still handing over the rest.
+pub const HAND_OVER_MAX: usize = 256;
+
 /// Longest single sleep when the wheel is empty; commands wake the thread anyway.
 const IDLE_SLEEP: Duration = Duration::from_secs(3600);
 
 impl Timer {
-    pub fn start(clock: Arc<dyn Clock>, due: UnboundedSender<RunKey>) -> std::io::Result<Timer> {
+    pub fn start(
+        clock: Arc<dyn Clock>,
+        due: UnboundedSender<Vec<RunKey>>,
+    ) -> std::io::Result<Timer> {
         let (tx, rx) = crossbeam_channel::unbounded();
         let outstanding = Arc::new(AtomicUsize::new(0));
         let count = outstanding.clone();
@@ -193,7 +202,7 @@ impl Handles {
 fn run(
     clock: Arc<dyn Clock>,
     rx: Receiver<Cmd>,
-    due: UnboundedSender<RunKey>,
+    due: UnboundedSender<Vec<RunKey>>,
     outstanding: Arc<AtomicUsize>,
     entries: Arc<AtomicUsize>,
 ) {
@@ -243,18 +252,29 @@ fn run(
             }
         }
         let mut fired = 0usize;
+        // Counted before they are handed over, so a sync never sees a key in transit as idle.
+        // The dispatcher is gone only at shutdown.
+        let hand_over = |batch: Vec<RunKey>| {
+            let n = batch.len();
+            outstanding.fetch_add(n, Ordering::AcqRel);
+            if due.send(batch).is_err() {
+                outstanding.fetch_sub(n, Ordering::AcqRel);
+            }
+        };
+        let mut batch = Vec::new();
         wheel.advance(clock.now_ms(), &mut |h, key: RunKey| {
             fired += 1;
             if handles.get(&key) == Some(h) {
                 handles.remove(&key);
             }
-            // Counted before it is handed over, so a sync never sees a key in transit as idle.
-            outstanding.fetch_add(1, Ordering::AcqRel);
-            // The dispatcher is gone only at shutdown.
-            if due.send(key).is_err() {
-                outstanding.fetch_sub(1, Ordering::AcqRel);
+            batch.push(key);
+            if batch.len() == HAND_OVER_MAX {
+                hand_over(std::mem::take(&mut batch));
             }
         });
+        if !batch.is_empty() {
+            hand_over(batch);
+        }
         entries.store(wheel.len(), Ordering::Relaxed);
         for reply in syncs {
             let _ = reply.send((wheel.next_deadline(), fired));
@@ -283,17 +303,42 @@ mod tests {
         timer.at(RunKey::new("d", 1), 1_040); // moved: must fire once, at 1_040
         clock.set(1_025);
         timer.wake();
-        let a = rx.recv().await.unwrap();
-        let b = rx.recv().await.unwrap();
-        assert_eq!((&*a.task, &*b.task), ("a", "b"));
+        // Due in one round: handed over together, in deadline order.
+        let ab = rx.recv().await.unwrap();
+        let names: Vec<&str> = ab.iter().map(|k| &*k.task).collect();
+        assert_eq!(names, ["a", "b"]);
         clock.set(1_100);
         timer.wake();
         let d = rx.recv().await.unwrap();
-        assert_eq!(&*d.task, "d");
+        assert_eq!(d.len(), 1);
+        assert_eq!(&*d[0].task, "d");
         // Nothing else is due: c was cancelled, d fired once.
         timer.wake();
         let extra = tokio::time::timeout(Duration::from_millis(50), rx.recv()).await;
         assert!(extra.is_err(), "unexpected fire: {extra:?}");
+    }
+
+    #[tokio::test]
+    async fn a_big_round_is_handed_over_in_batches_in_deadline_order() {
+        let clock = Arc::new(ManualClock::new(1_000));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let timer = Timer::start(clock.clone(), tx).unwrap();
+        let n = HAND_OVER_MAX * 2 + 10;
+        timer.at_many(
+            (0..n)
+                .map(|i| (RunKey::new(&format!("t{i:04}"), 1), 1_001 + i as u64))
+                .collect(),
+        );
+        clock.set(5_000);
+        timer.wake();
+        let mut got = Vec::new();
+        while got.len() < n {
+            let b = rx.recv().await.unwrap();
+            assert!(b.len() <= HAND_OVER_MAX);
+            got.extend(b.into_iter().map(|k| k.task.to_string()));
+        }
+        let want: Vec<String> = (0..n).map(|i| format!("t{i:04}")).collect();
+        assert_eq!(got, want);
     }
 
     #[tokio::test]
@@ -308,7 +353,8 @@ mod tests {
             .expect("fired within the deadline")
             .unwrap();
         let fired_at = clock.now_ms();
-        assert_eq!(&*k.task, "x");
+        assert_eq!(k.len(), 1);
+        assert_eq!(&*k[0].task, "x");
         assert!(fired_at >= due, "fired {} ms early", due - fired_at);
     }
 }

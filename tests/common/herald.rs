@@ -298,10 +298,28 @@ impl ManualHerald {
             },
         )
         .expect("test config is valid");
-        let server =
-            herald::server::start_with(cfg, self.clock.clone(), self.engine_config.clone())
-                .await
-                .expect("herald starts");
+        // The last instance's sled may still hold the directory's lock for a moment after it
+        // closed (sled's I/O threads let go of its files on their own): try again, with a
+        // deadline, on that error only.
+        let end = Instant::now() + Duration::from_secs(10);
+        let server = loop {
+            match herald::server::start_with(
+                cfg.clone(),
+                self.clock.clone(),
+                self.engine_config.clone(),
+            )
+            .await
+            {
+                Ok(s) => break s,
+                Err(e)
+                    if format!("{e:?}").contains("could not acquire lock")
+                        && Instant::now() < end =>
+                {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(e) => panic!("herald starts: {e:?}"),
+            }
+        };
         self.server = Some(server);
     }
 
@@ -354,12 +372,16 @@ impl ManualHerald {
     }
 
     /// Every delivery so far (lines of the `out` file), in order.
+    /// A last line without its newline is a write still in progress: left for the next read.
     pub fn sent(&self) -> Vec<Value> {
         match std::fs::read_to_string(self.dir.path().join("out.jsonl")) {
-            Ok(text) => text
-                .lines()
-                .map(|l| serde_json::from_str(l).expect("JSON line"))
-                .collect(),
+            Ok(text) => {
+                let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+                whole
+                    .lines()
+                    .map(|l| serde_json::from_str(l).expect("JSON line"))
+                    .collect()
+            }
             Err(_) => Vec::new(),
         }
     }
