@@ -189,6 +189,19 @@ fn writer(
 mod tests {
     use super::*;
 
+    /// The `n` of every line of the file, in file order.
+    fn ns(path: &Path) -> Vec<u64> {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["n"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect()
+    }
+
     #[tokio::test]
     async fn a_torn_last_line_is_closed_before_the_next() {
         let dir = tempfile::tempdir().unwrap();
@@ -222,16 +235,7 @@ mod tests {
         let out = sink.write_many(&refs).await;
         assert_eq!(out.len(), 500);
         assert!(out.iter().all(|o| matches!(o, Outcome::Sent)));
-        let text = std::fs::read_to_string(&path).unwrap();
-        let seen: Vec<u64> = text
-            .lines()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["n"]
-                    .as_u64()
-                    .unwrap()
-            })
-            .collect();
-        assert_eq!(seen, (0..500).collect::<Vec<u64>>());
+        assert_eq!(ns(&path), (0..500).collect::<Vec<u64>>());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,15 +254,7 @@ mod tests {
         for t in tasks {
             assert!(matches!(t.await.unwrap(), Outcome::Sent));
         }
-        let text = std::fs::read_to_string(&path).unwrap();
-        let mut seen: Vec<u64> = text
-            .lines()
-            .map(|l| {
-                serde_json::from_str::<serde_json::Value>(l).unwrap()["n"]
-                    .as_u64()
-                    .unwrap()
-            })
-            .collect();
+        let mut seen = ns(&path);
         seen.sort();
         assert_eq!(seen, (0..2_000).collect::<Vec<u64>>());
     }
