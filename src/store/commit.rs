@@ -28,6 +28,13 @@ use super::StoreError;
 
 /// Most jobs in one group (one log record, one sync).
 pub const GROUP_MAX: usize = 4_096;
+/// A group takes no more jobs once it holds this many writes. A chunk of a herd's settles is
+/// one job of ~1 300 writes (`engine/chunk.rs`): without a bound, a herd's settles queue up
+/// into groups of tens of chunks (one took the commit thread ~100 ms in a profile), and every
+/// write behind one, and every settle in it, waits for all of it. Bounded, they go in groups
+/// of ~12 chunks, for a few more syncs. Herd of 100 000, alternating runs: last message at
+/// due + 542 and 616 ms against 688 and 698 ms unbounded.
+pub const GROUP_OPS_MAX: usize = 16_384;
 /// Least time between two attempts to reopen a failing backend.
 const RECOVER_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -185,10 +192,14 @@ fn run(
     let mut last_recover: Option<Instant> = None;
     // Ends when every GroupCommit (and so every Sender) is dropped.
     while let Some(first) = rx.blocking_recv() {
+        let mut ops = first.ops.len();
         let mut jobs = vec![first];
-        while jobs.len() < GROUP_MAX {
+        while jobs.len() < GROUP_MAX && ops < GROUP_OPS_MAX {
             match rx.try_recv() {
-                Ok(j) => jobs.push(j),
+                Ok(j) => {
+                    ops += j.ops.len();
+                    jobs.push(j);
+                }
                 Err(_) => break,
             }
         }
