@@ -44,7 +44,7 @@ struct Item {
 /// Carries out the steps of `keys` (run keys, in deadline order).
 pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>) {
     let mut items = prepare(&inner, keys).await;
-    if inner.draining.load(std::sync::atomic::Ordering::Acquire) {
+    if dispatch::draining(&inner) {
         // A drain began while the chunk was being prepared: nothing is sent. Each task is
         // read back from disk, where its attempt is armed: the next boot sends it (once).
         for mut it in items.drain(..) {

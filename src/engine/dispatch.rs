@@ -177,7 +177,7 @@ pub(super) fn step_error(inner: &Inner, key: RunKey, e: &EngineError) {
     }
 }
 
-fn draining(inner: &Inner) -> bool {
+pub(super) fn draining(inner: &Inner) -> bool {
     inner.draining.load(std::sync::atomic::Ordering::Acquire)
 }
 
