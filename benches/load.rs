@@ -1,8 +1,10 @@
 //! End-to-end load on the real binary (release build, data on the real disk, 2 cores), each
 //! figure beside its same-run baseline:
 //!
-//! 1. durable creates over HTTP at 16/64/256 connections: rate, p50/p99 — beside the raw
-//!    `fdatasync` rate of the same disk (what one-flush-per-create would allow);
+//! 1. durable creates over HTTP at 16/64/256 connections: rate, p50/p99, and CPU per create
+//!    by thread (herald's and the load generator's) — beside the raw `fdatasync` rate of the
+//!    same disk (what one-flush-per-create would allow). A lean HTTP/1.1 client drives it
+//!    (`support::create_many_lean`); a last round at 64 connections uses hyper's client;
 //! 2. a herd of `HERALD_LOAD_HERD` (default 100 000) one-shots due at the same instant to the
 //!    file channel: when the first and the last leave, and how late 200 probe tasks due 1 s
 //!    after the herd are (p50/p99) — the file channel's sends/s is the herd's drain rate;
@@ -143,7 +145,9 @@ async fn creates() {
         .await
         .expect("ready");
     let mut next = 0u64;
-    for conns in [16usize, 64, 256] {
+    // The lean client at each concurrency, then hyper's client at 64 connections (the client
+    // of earlier stops' figures), so the load generator's share is visible in the same run.
+    for (conns, lean) in [(16usize, true), (64, true), (256, true), (64, false)] {
         let n = 30_000;
         let offset = next;
         next += n;
@@ -154,14 +158,35 @@ async fn creates() {
             ))
         });
         let failed = Arc::new(AtomicU64::new(0));
-        let (lat, wall) = create_many(&http, &herald.url, n, conns, body, failed.clone()).await;
+        let (cpu0, own0) = (
+            thread_cpu_ns(herald.pid()),
+            thread_cpu_ns(std::process::id()),
+        );
+        let (lat, wall) = if lean {
+            create_many_lean(&herald.url, n, conns, body, failed.clone()).await
+        } else {
+            create_many(&http, &herald.url, n, conns, body, failed.clone()).await
+        };
+        let (cpu1, own1) = (
+            thread_cpu_ns(herald.pid()),
+            thread_cpu_ns(std::process::id()),
+        );
         println!(
-            "   {conns:>3} connections: {:>6.0} creates/s, p50 {:.1} ms, p99 {:.1} ms, non-201 {}",
+            "   {conns:>3} connections{}: {:>6.0} creates/s, p50 {:.1} ms, p99 {:.1} ms, non-201 {}",
+            if lean { "" } else { " (hyper client)" },
             n as f64 / wall.as_secs_f64(),
             pct(&lat, 0.5).as_secs_f64() * 1e3,
             pct(&lat, 0.99).as_secs_f64() * 1e3,
             failed.load(Ordering::Relaxed)
         );
+        // CPU per create: steadier than the rate on a VM whose speed varies, and it tells
+        // where the time goes (the load generator shares the 2 cores).
+        println!(
+            "       CPU per create: herald {}; load generator {}",
+            cpu_per_item(&cpu0, &cpu1, n),
+            cpu_per_item(&own0, &own1, n)
+        );
+        print_store_metrics(&http, &herald.url).await;
     }
 }
 
@@ -243,15 +268,20 @@ async fn herd(n: u64) {
         .collect();
     late.sort_unstable();
     println!("   probes over 5 ms late (due after the herd's instant, ms late): {late:?}");
+    print_store_metrics(&http, &herald.url).await;
+    println!("   non-201 creates: {}", failed.load(Ordering::Relaxed));
+}
+
+/// With `HERALD_LOAD_METRICS` set: herald's store and lateness metrics (cumulative).
+async fn print_store_metrics(http: &Http, base: &str) {
     if std::env::var("HERALD_LOAD_METRICS").is_ok() {
-        let (_, m) = get(&http, &format!("{}/metrics", herald.url)).await;
+        let (_, m) = get(http, &format!("{base}/metrics")).await;
         for l in String::from_utf8_lossy(&m).lines() {
             if l.starts_with("herald_store") || l.starts_with("herald_send_lateness") {
                 println!("   {l}");
             }
         }
     }
-    println!("   non-201 creates: {}", failed.load(Ordering::Relaxed));
 }
 
 async fn probe_round(http: &Http, base: &str, tag: &str, dir: &Path) -> (u64, u64, u64) {

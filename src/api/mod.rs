@@ -214,8 +214,11 @@ fn check_head(req: &Request<Incoming>) -> Result<(), Problem> {
     Ok(())
 }
 
-fn json_response(status: StatusCode, v: &Value) -> Resp {
-    let mut r = Response::new(Full::new(Bytes::from(v.to_string())));
+/// `v` as the JSON body. Serialized straight to bytes (`Value`'s `Display` goes through
+/// `fmt::Write`, several times slower); serializing a `Value` or a derived view cannot fail.
+fn json_response<T: serde::Serialize + ?Sized>(status: StatusCode, v: &T) -> Resp {
+    let body = serde_json::to_vec(v).unwrap_or_else(|_| b"null".to_vec());
+    let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
     r.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -445,8 +448,8 @@ fn channel_retry(state: &ApiState, channel: &str) -> RetryPolicy {
         .unwrap_or_default()
 }
 
-fn task_json(state: &ApiState, v: &TaskView) -> Value {
-    views::task(
+fn task_json<'a>(state: &ApiState, v: &'a TaskView) -> views::TaskDoc<'a> {
+    views::task_doc(
         v,
         channel_retry(state, &v.task.channel),
         state.engine.now_ms(),
@@ -517,7 +520,7 @@ async fn list_tasks(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, P
     })
     .await
     .map_err(|e| Problem::internal(format!("listing task failed: {e}")))??;
-    let list: Vec<Value> = tasks.iter().map(|v| task_json(state, v)).collect();
+    let list: Vec<views::TaskDoc> = tasks.iter().map(|v| task_json(state, v)).collect();
     Ok(json_response(
         StatusCode::OK,
         &json!({ "tasks": list, "next": next, "unreadable": skipped }),
