@@ -28,9 +28,13 @@ pub struct Proc {
 
 impl Proc {
     /// `herald serve --config <dir>/herald.toml --data <data> --listen 127.0.0.1:0`.
+    /// `HERALD_BENCH_BIN` runs another build's binary instead (an A/B against the same bench
+    /// and client).
     pub fn spawn(config: &Path, data: &Path) -> Proc {
         let started = Instant::now();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_herald"))
+        let bin = std::env::var("HERALD_BENCH_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_herald").to_string());
+        let mut child = Command::new(bin)
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(config)
             .arg("--data")
