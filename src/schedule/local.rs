@@ -4,7 +4,7 @@
 //! `gap: shift` takes the first valid instant after the gap (the transition itself), `gap: skip`
 //! drops it. Two (fall back): `repeat` picks the first, the last, or both.
 
-use chrono::{DateTime, LocalResult, NaiveDateTime, SecondsFormat, TimeZone, Utc};
+use chrono::{DateTime, Datelike, LocalResult, NaiveDateTime, SecondsFormat, TimeZone, Utc};
 use chrono_tz::Tz;
 
 use crate::model::{DstGap, DstPolicy, DstRepeat};
@@ -101,11 +101,14 @@ pub fn format_opt(ms: Option<u64>) -> String {
 /// Formats an instant as a local wall time for descriptions: `2026-12-01 09:00`.
 pub fn format_local(ms: u64, tz: Tz) -> String {
     match tz.timestamp_millis_opt(ms.min(i64::MAX as u64) as i64) {
+        // The fields directly: `format("%Y-…")` parses its pattern on every call, and every
+        // create's 201 body has a description.
         LocalResult::Single(t) => {
+            let (y, mo, d, h, mi) = (t.year(), t.month(), t.day(), t.hour(), t.minute());
             if t.second() == 0 {
-                t.format("%Y-%m-%d %H:%M").to_string()
+                format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}")
             } else {
-                t.format("%Y-%m-%d %H:%M:%S").to_string()
+                format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{:02}", t.second())
             }
         }
         _ => format_utc(ms),
@@ -118,6 +121,19 @@ mod tests {
 
     fn utc(s: &str) -> u64 {
         DateTime::parse_from_rfc3339(s).unwrap().timestamp_millis() as u64
+    }
+
+    #[test]
+    fn local_wall_times_print_minutes_and_seconds_only_when_set() {
+        let sh = parse_tz("Asia/Shanghai").unwrap();
+        let t = utc("2026-12-01T01:00:00Z");
+        assert_eq!(format_local(t, sh), "2026-12-01 09:00");
+        assert_eq!(format_local(t + 5_000, sh), "2026-12-01 09:00:05");
+        assert_eq!(
+            format_local(t + 5_250, chrono_tz::UTC),
+            "2026-12-01 01:00:05"
+        );
+        assert_eq!(format_local(0, chrono_tz::UTC), "1970-01-01 00:00");
     }
 
     fn local(s: &str, tz: &str, dst: DstPolicy) -> Vec<u64> {
