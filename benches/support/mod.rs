@@ -222,6 +222,15 @@ pub async fn create_many(
             }
         });
     }
+    latencies(set, n, t).await
+}
+
+/// Every client's latencies, sorted, and the wall time since `t`.
+async fn latencies(
+    mut set: tokio::task::JoinSet<Vec<Duration>>,
+    n: u64,
+    t: Instant,
+) -> (Vec<Duration>, Duration) {
     let mut all = Vec::with_capacity(n as usize);
     while let Some(r) = set.join_next().await {
         all.extend(r.expect("client task"));
@@ -354,13 +363,7 @@ pub async fn create_many_lean(
             }
         });
     }
-    let mut all = Vec::with_capacity(n as usize);
-    while let Some(r) = set.join_next().await {
-        all.extend(r.expect("client task"));
-    }
-    let wall = t.elapsed();
-    all.sort();
-    (all, wall)
+    latencies(set, n, t).await
 }
 
 /// One request on `conn` (connected first if there is none); the response's status, or
