@@ -178,6 +178,11 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Prob
             "the request body is empty; expected a JSON object",
         ));
     }
+    // Valid bodies (nearly all) parse without tracking the path; only a body that fails is
+    // parsed again with it, to name the field (the tracking wraps every value it visits).
+    if let Ok(v) = serde_json::from_slice::<T>(body) {
+        return Ok(v);
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let r: Result<T, _> = serde_path_to_error::deserialize(&mut de);
     if r.is_ok() {
