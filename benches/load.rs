@@ -5,6 +5,8 @@
 //!    by thread (herald's and the load generator's) — beside the raw `fdatasync` rate of the
 //!    same disk (what one-flush-per-create would allow). A lean HTTP/1.1 client drives it
 //!    (`support::create_many_lean`); a last round at 64 connections uses hyper's client;
+//!    after each lean round, the same-run peer: Redis with `appendfsync always`, one `EVAL`
+//!    (`ZADD` + `HSET`) per create, through `redis-benchmark` (skipped if not installed);
 //! 2. a herd of `HERALD_LOAD_HERD` (default 100 000) one-shots due at the same instant to the
 //!    file channel: when the first and the last leave, and how late 200 probe tasks due 1 s
 //!    after the herd are (p50/p99) — the file channel's sends/s is the herd's drain rate;
@@ -144,6 +146,7 @@ async fn creates() {
     wait_healthy(&http, &herald.url, Duration::from_secs(60))
         .await
         .expect("ready");
+    let redis = RedisPeer::start();
     let mut next = 0u64;
     // The lean client at each concurrency, then hyper's client at 64 connections (the client
     // of earlier stops' figures), so the load generator's share is visible in the same run.
@@ -187,6 +190,16 @@ async fn creates() {
             cpu_per_item(&own0, &own1, n)
         );
         print_store_metrics(&http, &herald.url).await;
+        // The same-run peer right after each herald round, on the same disk and cores.
+        if let (true, Some(r)) = (lean, redis.as_ref()) {
+            match r.creates(n, conns) {
+                Some((rate, p50, p99)) => println!(
+                    "       Redis peer (appendfsync always, ZADD+HSET in one EVAL, redis-benchmark): {rate:>6.0}/s, p50 {p50:.1} ms, p99 {p99:.1} ms; herald/Redis {:.2}",
+                    n as f64 / wall.as_secs_f64() / rate
+                ),
+                None => println!("       Redis peer: redis-benchmark gave no reading"),
+            }
+        }
     }
 }
 

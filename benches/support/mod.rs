@@ -404,3 +404,88 @@ async fn lean_round_trip(
         }
     }
 }
+
+/// The issue's same-run peer for durable creates: Redis with `appendfsync always` (every write
+/// on disk before its reply, as herald's 201), one `EVAL` per create doing a `ZADD` into a due
+/// set and an `HSET` of the task, driven by `redis-benchmark`. `None` (and a line saying so)
+/// when `redis-server` or `redis-benchmark` is not on this machine (`apt-get install
+/// redis-server redis-tools`).
+pub struct RedisPeer {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisPeer {
+    pub fn start() -> Option<RedisPeer> {
+        let found = |c: &str| {
+            Command::new(c)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !found("redis-server") || !found("redis-benchmark") {
+            println!("   (Redis peer skipped: redis-server or redis-benchmark not found)");
+            return None;
+        }
+        let dir = disk_dir("load-redis");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .ok()?
+            .port();
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--appendonly", "yes", "--appendfsync", "always", "--save", ""])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let peer = RedisPeer {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                println!("   (Redis peer skipped: redis-server did not listen within 10 s)");
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(peer)
+    }
+
+    /// `n` creates over `conns` connections: (rate, p50 ms, p99 ms) as `redis-benchmark` reads them.
+    pub fn creates(&self, n: u64, conns: usize) -> Option<(f64, f64, f64)> {
+        let out = Command::new("redis-benchmark")
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-n", &n.to_string(), "-c", &conns.to_string()])
+            .args(["-r", "100000000", "--csv", "EVAL"])
+            .arg("redis.call('ZADD','due',ARGV[1],ARGV[2]); redis.call('HSET','t:'..ARGV[2],'body',ARGV[3]); return 1")
+            .args(["0", "__rand_int__", "__rand_int__", "Good morning"])
+            .output()
+            .ok()?;
+        // CSV: "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95…","p99…","max…"
+        let text = String::from_utf8_lossy(&out.stdout);
+        let row = text.lines().last()?;
+        let cols: Vec<f64> = row
+            .rsplit("\",\"")
+            .take(7)
+            .map(|c| c.trim_matches('"').parse().unwrap_or(f64::NAN))
+            .collect();
+        // Reversed: max, p99, p95, p50, min, avg, rps.
+        (cols.len() == 7).then(|| (cols[6], cols[3], cols[1]))
+    }
+}
+
+impl Drop for RedisPeer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
