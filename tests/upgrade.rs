@@ -77,7 +77,7 @@ async fn format_1_records_are_migrated_on_open() {
         );
     }
     // Opening again is a no-op (the format is recorded).
-    let s = Store::open(dir.path()).unwrap();
+    let s = common::herald::reopen(|| Store::open(dir.path()));
     assert_eq!(s.live_entries().count(), 4);
 }
 

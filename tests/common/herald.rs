@@ -91,7 +91,18 @@ async fn boot(data_dir: &Path, config: &str, token: Option<String>) -> Server {
         },
     )
     .expect("test config is valid");
-    herald::server::start(cfg).await.expect("herald starts")
+    // A restart in the same directory may find the last instance's sled lock still held for
+    // a moment (`sled_still_locked`): try again on that error only, with a deadline.
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        match herald::server::start(cfg.clone()).await {
+            Ok(s) => return s,
+            Err(e) if sled_still_locked(&e) && Instant::now() < end => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("herald starts: {e:?}"),
+        }
+    }
 }
 
 /// A config with one webhook channel `name` pointing at `url`.
@@ -311,10 +322,7 @@ impl ManualHerald {
             .await
             {
                 Ok(s) => break s,
-                Err(e)
-                    if format!("{e:?}").contains("could not acquire lock")
-                        && Instant::now() < end =>
-                {
+                Err(e) if sled_still_locked(&e) && Instant::now() < end => {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
                 Err(e) => panic!("herald starts: {e:?}"),
@@ -412,5 +420,26 @@ impl ManualHerald {
             None,
         )
         .await
+    }
+}
+
+/// Whether `e` is sled's "could not acquire lock" on a directory whose last store was just
+/// dropped in this process: sled's I/O threads let go of its files on their own, a moment
+/// later. Reopening in-process retries on this error only, with a deadline.
+pub fn sled_still_locked(e: &dyn std::fmt::Debug) -> bool {
+    format!("{e:?}").contains("could not acquire lock")
+}
+
+/// `open()` again until it no longer fails with [`sled_still_locked`] (10 s deadline).
+pub fn reopen<T, E: std::fmt::Debug>(mut open: impl FnMut() -> Result<T, E>) -> T {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        match open() {
+            Ok(v) => return v,
+            Err(e) if sled_still_locked(&e) && Instant::now() < end => {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("reopening the store: {e:?}"),
+        }
     }
 }
