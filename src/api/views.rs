@@ -79,24 +79,6 @@ pub fn schedule(s: &Schedule) -> Value {
     }
 }
 
-pub fn pacing(p: &Pacing) -> Value {
-    let mut v = json!({ "interval": format_duration_ms(p.interval_ms) });
-    if let Some(b) = p.batch_size {
-        v["batch_size"] = json!(b);
-        v["batch_pause"] = json!(format_duration_ms(p.batch_pause_ms));
-    }
-    v
-}
-
-pub fn retry(r: &RetryPolicy) -> Value {
-    json!({
-        "max_attempts": r.max_attempts,
-        "backoff": match r.backoff { Backoff::Fixed => "fixed", Backoff::Exponential => "exponential" },
-        "initial": format_duration_ms(r.initial_ms),
-        "max": format_duration_ms(r.max_ms),
-    })
-}
-
 /// Progress of a run; `eta` is when its last message is due to start, from pacing.
 pub fn progress(r: &Run, pacing: &Pacing, now_ms: u64) -> Value {
     let eta = match r.state {
@@ -150,6 +132,7 @@ pub struct FiresDoc {
     skipped: u32,
 }
 
+/// Pacing as the view shows it: the batch fields only when batches are set.
 #[derive(Serialize)]
 pub struct PacingDoc {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -157,6 +140,14 @@ pub struct PacingDoc {
     #[serde(skip_serializing_if = "Option::is_none")]
     batch_size: Option<u32>,
     interval: String,
+}
+
+fn pacing_doc(p: &Pacing) -> PacingDoc {
+    PacingDoc {
+        batch_pause: p.batch_size.map(|_| format_duration_ms(p.batch_pause_ms)),
+        batch_size: p.batch_size,
+        interval: format_duration_ms(p.interval_ms),
+    }
 }
 
 /// The task view, serialized straight from borrowed fields: every create answers one, and
@@ -218,14 +209,7 @@ pub fn task_doc(v: &TaskView, channel_retry: RetryPolicy, now_ms: u64) -> TaskDo
             Overlap::Queue => "queue",
             Overlap::Allow => "allow",
         },
-        pacing: PacingDoc {
-            batch_pause: t
-                .pacing
-                .batch_size
-                .map(|_| format_duration_ms(t.pacing.batch_pause_ms)),
-            batch_size: t.pacing.batch_size,
-            interval: format_duration_ms(t.pacing.interval_ms),
-        },
+        pacing: pacing_doc(&t.pacing),
         progress: v.run.as_ref().map(|r| progress(r, &t.pacing, now_ms)),
         retry: retry_doc(&t.retry.unwrap_or(channel_retry)),
         runs: t.runs,
@@ -344,7 +328,7 @@ pub fn channel(c: &Channel, now_ms: u64) -> Value {
         "in_flight": c.in_flight(),
         "rate": rate,
         "breaker": breaker,
-        "retry": retry(&c.retry),
+        "retry": retry_doc(&c.retry),
         "sent": s.sent.load(Ordering::Relaxed),
         "retryable_failures": s.retryable_failures.load(Ordering::Relaxed),
         "permanent_failures": s.permanent_failures.load(Ordering::Relaxed),
@@ -395,7 +379,26 @@ mod tests {
 
     const NOW: u64 = 1_796_083_200_000;
 
-    /// The view as it was built before `TaskDoc`: the oracle the derived struct must match.
+    fn pacing(p: &Pacing) -> Value {
+        let mut v = json!({ "interval": format_duration_ms(p.interval_ms) });
+        if let Some(b) = p.batch_size {
+            v["batch_size"] = json!(b);
+            v["batch_pause"] = json!(format_duration_ms(p.batch_pause_ms));
+        }
+        v
+    }
+
+    fn retry(r: &RetryPolicy) -> Value {
+        json!({
+            "max_attempts": r.max_attempts,
+            "backoff": match r.backoff { Backoff::Fixed => "fixed", Backoff::Exponential => "exponential" },
+            "initial": format_duration_ms(r.initial_ms),
+            "max": format_duration_ms(r.max_ms),
+        })
+    }
+
+    /// The view as it was built before `TaskDoc` (with the `json!` pacing and retry of then):
+    /// the oracle the derived structs must match.
     fn task_value(v: &TaskView, channel_retry: RetryPolicy, now_ms: u64) -> Value {
         let t = &v.task;
         json!({
