@@ -39,6 +39,15 @@ async fn metrics_show_latency_histograms_and_task_gauges_and_pass_promtool() {
     )
     .await;
     wait_state(&h.server.url(), "now", "completed", Duration::from_secs(20)).await;
+    // The wheel gauge is as of the timer's last round, and a far-off entry is put on the wheel
+    // up to ~10 ms after its create (the timer is not woken for it): wait for it to show.
+    common::herald::poll(Duration::from_secs(5), || async {
+        let t = http::get(&h.url("/metrics")).await.text();
+        value(&t, "herald_wheel_entries")
+            .is_some_and(|v| v >= 1.0)
+            .then_some(())
+    })
+    .await;
     assert_eq!(http::get(&h.url("/v1/tasks/nope")).await.status, 404);
     let m = http::get(&h.url("/metrics")).await;
     assert_eq!(m.status, 200);
