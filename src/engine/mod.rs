@@ -657,7 +657,8 @@ impl Engine {
         &self.inner.lateness
     }
 
-    /// Entries on the timing wheel (one per pending fire, active run step and failure retry).
+    /// Entries on the timing wheel (one per pending fire, active run step and failure retry),
+    /// as of the timer's last round: a far-off entry is counted up to ~10 ms after its `At`.
     pub fn wheel_entries(&self) -> usize {
         self.inner
             .timer
