@@ -14,7 +14,7 @@
 //!    first alone, then while 2 clients loop `GET /v1/tasks?state=paused&limit=100`.
 //!
 //! Run: `cargo bench --bench load` (about 8 minutes on 2 cores); `HERALD_LOAD_ONLY=herd` (or
-//! `creates`, `pending`) runs one part. Webhook throughput against
+//! `creates`, `pending`) runs one part; `HERALD_LOAD_CREATES` sets the creates per round (30 000). Webhook throughput against
 //! the raw hyper client is `cargo bench --bench delivery`.
 
 mod support;
@@ -151,7 +151,7 @@ async fn creates() {
     // The lean client at each concurrency, then hyper's client at 64 connections (the client
     // of earlier stops' figures), so the load generator's share is visible in the same run.
     for (conns, lean) in [(16usize, true), (64, true), (256, true), (64, false)] {
-        let n = 30_000;
+        let n = env_u64("HERALD_LOAD_CREATES", 30_000);
         let offset = next;
         next += n;
         let body: Arc<dyn Fn(u64) -> Bytes + Send + Sync> = Arc::new(move |i| {
@@ -161,18 +161,20 @@ async fn creates() {
             ))
         });
         let failed = Arc::new(AtomicU64::new(0));
-        let (cpu0, own0) = (
+        let (cpu0, own0, m0) = (
             thread_cpu_ns(herald.pid()),
             thread_cpu_ns(std::process::id()),
+            machine_cpu(),
         );
         let (lat, wall) = if lean {
             create_many_lean(&herald.url, n, conns, body, failed.clone()).await
         } else {
             create_many(&http, &herald.url, n, conns, body, failed.clone()).await
         };
-        let (cpu1, own1) = (
+        let (cpu1, own1, m1) = (
             thread_cpu_ns(herald.pid()),
             thread_cpu_ns(std::process::id()),
+            machine_cpu(),
         );
         println!(
             "   {conns:>3} connections{}: {:>6.0} creates/s, p50 {:.1} ms, p99 {:.1} ms, non-201 {}",
@@ -189,6 +191,7 @@ async fn creates() {
             cpu_per_item(&cpu0, &cpu1, n),
             cpu_per_item(&own0, &own1, n)
         );
+        println!("       machine: {}", machine_split(&m0, &m1));
         print_store_metrics(&http, &herald.url).await;
         // The same-run peer right after each herald round, on the same disk and cores.
         if let (true, Some(r)) = (lean, redis.as_ref()) {

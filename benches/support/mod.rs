@@ -292,6 +292,39 @@ pub fn thread_cpu_ns(pid: u32) -> std::collections::BTreeMap<String, u64> {
     out
 }
 
+/// The machine's CPU time by kind since boot (`/proc/stat`'s first line, in clock ticks):
+/// user, nice, system, idle, iowait, irq, softirq. Two readings bracket a round.
+pub fn machine_cpu() -> [u64; 7] {
+    let mut out = [0u64; 7];
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    if let Some(line) = stat.lines().next() {
+        for (o, v) in out.iter_mut().zip(line.split_whitespace().skip(1)) {
+            *o = v.parse().unwrap_or(0);
+        }
+    }
+    out
+}
+
+/// How the machine's cores were used between two [`machine_cpu`] readings, in percent of
+/// all of them: the idle share says whether a round was bound by CPU or by waiting.
+pub fn machine_split(before: &[u64; 7], after: &[u64; 7]) -> String {
+    let d: Vec<f64> = after
+        .iter()
+        .zip(before)
+        .map(|(a, b)| a.saturating_sub(*b) as f64)
+        .collect();
+    let total: f64 = d.iter().sum::<f64>().max(1.0);
+    let pct = |v: f64| 100.0 * v / total;
+    format!(
+        "user {:.0}%, system {:.0}%, softirq {:.0}%, iowait {:.0}%, idle {:.0}%",
+        pct(d[0] + d[1]),
+        pct(d[2] + d[5]),
+        pct(d[6]),
+        pct(d[4]),
+        pct(d[3])
+    )
+}
+
 /// CPU per item between two `thread_cpu_ns` readings, by thread name: `name µs, …`, busiest
 /// first, with the total.
 pub fn cpu_per_item(
