@@ -129,7 +129,92 @@ fn main() {
         if run("pending") {
             pending_with_listings(env_u64("HERALD_LOAD_PENDING", 1_000_000)).await;
         }
+        // Only on request: an A/B of two builds (`HERALD_AB_BIN`).
+        if only == "ab" {
+            creates_ab().await;
+        }
     });
+}
+
+/// Two builds side by side, for an A/B on a machine whose speed drifts by the minute: build A
+/// (`HERALD_BENCH_BIN`, or this one) and build B (`HERALD_AB_BIN`) run at the same time on
+/// their own data dirs, and take turns at short rounds of creates at 64 connections through
+/// the lean client (`HERALD_AB_ROUNDS` rounds each, default 16, of 10 000). Each round's
+/// rate and CPU per create are printed; the medians and B/A at the end.
+async fn creates_ab() {
+    let Ok(bin_b) = std::env::var("HERALD_AB_BIN") else {
+        println!("HERALD_AB_BIN (the build to compare) is not set");
+        return;
+    };
+    let bin_a = std::env::var("HERALD_BENCH_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_herald").to_string());
+    let rounds = env_u64("HERALD_AB_ROUNDS", 16);
+    let (n, conns) = (10_000u64, 64usize);
+    let mut sides = Vec::new();
+    for (tag, bin) in [("A", bin_a), ("B", bin_b)] {
+        let dir = disk_dir(&format!("load-ab-{tag}"));
+        let config = write_config(dir.path(), &config_text(dir.path()));
+        let herald = Proc::spawn_bin(&bin, &config, &dir.path().join("data"));
+        println!("   {tag}: {bin}");
+        sides.push((tag, dir, herald, Vec::new(), Vec::new()));
+    }
+    let http = client();
+    for (_, _, h, _, _) in &sides {
+        wait_healthy(&http, &h.url, Duration::from_secs(60))
+            .await
+            .expect("ready");
+    }
+    let mut next = 0u64;
+    for round in 0..rounds {
+        // Alternate who goes first, so neither always follows the other's applier work.
+        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let (tag, _, herald, rates, cpus) = &mut sides[i];
+            let offset = next;
+            next += n;
+            let body: Arc<dyn Fn(u64) -> Bytes + Send + Sync> = Arc::new(move |i| {
+                Bytes::from(format!(
+                    r#"{{"id":"c{:08}","schedule":{{"after":"48h"}},"to":["a"],"body":"Good morning"}}"#,
+                    i + offset
+                ))
+            });
+            let failed = Arc::new(AtomicU64::new(0));
+            let cpu0 = thread_cpu_ns(herald.pid());
+            let (_, wall) = create_many_lean(&herald.url, n, conns, body, failed.clone()).await;
+            let cpu1 = thread_cpu_ns(herald.pid());
+            let rate = n as f64 / wall.as_secs_f64();
+            // Without the idle-priority applier: it only takes CPU nothing else wanted.
+            let busy: u64 = cpu1
+                .iter()
+                .filter(|(k, _)| k.as_str() != "herald-apply")
+                .map(|(k, v)| v.saturating_sub(cpu0.get(k).copied().unwrap_or(0)))
+                .sum();
+            let us = busy as f64 / 1e3 / n as f64;
+            println!(
+                "   round {round:>2} {tag}: {rate:>6.0} creates/s, herald CPU per create without the applier {us:.1} µs, non-201 {}",
+                failed.load(Ordering::Relaxed)
+            );
+            rates.push(rate);
+            cpus.push(us);
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mut ra, mut ca) = (sides[0].3.clone(), sides[0].4.clone());
+    let (mut rb, mut cb) = (sides[1].3.clone(), sides[1].4.clone());
+    let (ra, ca, rb, cb) = (
+        median(&mut ra),
+        median(&mut ca),
+        median(&mut rb),
+        median(&mut cb),
+    );
+    println!(
+        "   medians: A {ra:.0}/s {ca:.1} µs; B {rb:.0}/s {cb:.1} µs; B/A rate {:.2}, CPU {:.2}",
+        rb / ra,
+        cb / ca
+    );
 }
 
 async fn creates() {

@@ -31,9 +31,14 @@ impl Proc {
     /// `HERALD_BENCH_BIN` runs another build's binary instead (an A/B against the same bench
     /// and client).
     pub fn spawn(config: &Path, data: &Path) -> Proc {
-        let started = Instant::now();
         let bin = std::env::var("HERALD_BENCH_BIN")
             .unwrap_or_else(|_| env!("CARGO_BIN_EXE_herald").to_string());
+        Proc::spawn_bin(&bin, config, data)
+    }
+
+    /// [`Proc::spawn`] of the binary at `bin`.
+    pub fn spawn_bin(bin: &str, config: &Path, data: &Path) -> Proc {
+        let started = Instant::now();
         let mut child = Command::new(bin)
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(config)

@@ -95,6 +95,10 @@ pub struct IndexedWrite {
     pub value: Option<Vec<u8>>,
     pub index: TreeId,
     pub index_key: fn(&[u8], &[u8]) -> Vec<u8>,
+    /// The writer knows the store holds no value of `key` when the job's preconditions hold
+    /// (a new task's live entry: a live entry is never stored without its spec, and the job
+    /// requires the spec to be absent), so the backend need not read it.
+    pub stored_absent: bool,
 }
 
 /// Why a job was not applied: the first precondition that failed.
@@ -557,23 +561,37 @@ impl SledBackend {
 /// A group's writes so far, over the memtable and sled: what the next job of the group reads.
 struct Resolver<'a> {
     backend: &'a SledBackend,
-    /// Where the newest write of each key the group wrote is in `writes` (a value is not
-    /// copied for it: most are never read again).
-    seen: HashMap<(TreeId, Vec<u8>), usize>,
+    /// Per tree, where the newest write of each key the group wrote is in `writes` (a value is
+    /// not copied for it: most are never read again). One map per tree so that a read looks a
+    /// key up by its slice, without copying it.
+    seen: [HashMap<Vec<u8>, usize, foldhash::fast::RandomState>; TREES],
     writes: Vec<Write>,
 }
 
 impl Resolver<'_> {
-    fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        // A borrowed lookup would need the key as an owned tuple anyway; keys are short.
-        if let Some(&i) = self.seen.get(&(tree, key.to_vec())) {
-            return Ok(self.writes[i].value.clone());
+    fn new(backend: &SledBackend) -> Resolver<'_> {
+        Resolver {
+            backend,
+            seen: Default::default(),
+            writes: Vec::new(),
         }
-        self.backend.get(tree, key)
+    }
+
+    /// What the group wrote to `key`, if it did.
+    fn written(&self, tree: TreeId, key: &[u8]) -> Option<Option<Vec<u8>>> {
+        let i = *self.seen[tree.index()].get(key)?;
+        Some(self.writes[i].value.clone())
+    }
+
+    fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.written(tree, key) {
+            Some(v) => Ok(v),
+            None => self.backend.get(tree, key),
+        }
     }
 
     fn put(&mut self, tree: TreeId, key: Vec<u8>, value: Option<Vec<u8>>) {
-        self.seen.insert((tree, key.clone()), self.writes.len());
+        self.seen[tree.index()].insert(key.clone(), self.writes.len());
         self.writes.push(Write { tree, key, value });
     }
 
@@ -601,8 +619,15 @@ impl Resolver<'_> {
                         value,
                         index,
                         index_key,
+                        stored_absent,
                     } = *w;
-                    let old = self.get(tree, &key)?;
+                    // The writer's promise covers what was stored before this group, not what
+                    // an earlier job of the group wrote.
+                    let old = match (self.written(tree, &key), stored_absent) {
+                        (Some(v), _) => v,
+                        (None, true) => None,
+                        (None, false) => self.backend.get(tree, &key)?,
+                    };
                     if old == value {
                         continue;
                     }
@@ -735,11 +760,7 @@ impl Backend for SledBackend {
             return Err(sled_behind());
         }
         s.freeze_if(&mut log, |a| a.bytes >= FREEZE_BYTES);
-        let mut r = Resolver {
-            backend: self,
-            seen: HashMap::new(),
-            writes: Vec::new(),
-        };
+        let mut r = Resolver::new(self);
         let mut results = Vec::with_capacity(jobs.len());
         for ops in jobs {
             results.push(r.job(ops)?);
@@ -1092,6 +1113,7 @@ mod tests {
                 value: Some(v.as_bytes().to_vec()),
                 index: TreeId::Due,
                 index_key: |k, v| [v, k].concat(),
+                stored_absent: false,
             }))
         };
         let r = b
@@ -1120,5 +1142,33 @@ mod tests {
             vec![b"2t".to_vec()],
             "the index moved with the second write"
         );
+    }
+
+    /// `stored_absent` spares the read of what is stored, never of what the group wrote: a
+    /// second new-task write of a key in the same group still moves the index off the first.
+    #[test]
+    fn a_stored_absent_promise_does_not_hide_the_groups_own_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
+        let live = |v: &str| {
+            RawOp::Indexed(Box::new(IndexedWrite {
+                tree: TreeId::Live,
+                key: b"t".to_vec(),
+                value: Some(v.as_bytes().to_vec()),
+                index: TreeId::Due,
+                index_key: |k, v| [v, k].concat(),
+                stored_absent: true,
+            }))
+        };
+        let r = b.apply(vec![vec![live("1")], vec![live("2")]]).unwrap();
+        assert_eq!(r, vec![Ok(()), Ok(())]);
+        b.sync().unwrap();
+        let due: Vec<Vec<u8>> = b
+            .scan(TreeId::Due, b"", None)
+            .map(|kv| kv.unwrap().0)
+            .collect();
+        assert_eq!(due, vec![b"2t".to_vec()], "the first entry was replaced");
+        let live_now = b.get(TreeId::Live, b"t").unwrap();
+        assert_eq!(live_now.as_deref(), Some(&b"2"[..]));
     }
 }

@@ -97,13 +97,6 @@ pub struct IdemRecord {
 /// One write of a batch.
 #[derive(Debug, Clone)]
 pub enum Op {
-    /// A new task with its messages (and the client's idempotency key): applied only if
-    /// neither the id nor the key exists.
-    NewTask {
-        task: Box<Task>,
-        messages: Vec<Message>,
-        idem: Option<(String, [u8; 32])>,
-    },
     /// The whole task (spec and progress).
     Task(Box<Task>),
     /// Only what the engine changes: state, fires, counters.
@@ -346,13 +339,9 @@ impl Store {
         messages: &[Message],
         idem: Option<(&str, [u8; 32])>,
     ) -> Result<Inserted, StoreError> {
-        let mut b = Batch::new();
-        b.ops.push(Op::NewTask {
-            task: Box::new(task.clone()),
-            messages: messages.to_vec(),
-            idem: idem.map(|(k, h)| (k.to_string(), h)),
-        });
-        let ops = encode_batch(&b)?;
+        // Encoded from the borrowed task: a `Batch` would take a copy of it and its messages.
+        let mut ops = Vec::with_capacity(8);
+        push_new_task(&mut ops, task, messages, idem)?;
         match self.commit.write(ops, false).await? {
             Ok(()) => Ok(Inserted::Created),
             Err(r) if r.tree == TreeId::Idem => {
@@ -634,7 +623,7 @@ impl Store {
         let k = key.as_bytes().to_vec();
         self.backend.apply(vec![vec![
             RawOp::Put(TreeId::Specs, k.clone(), bytes.to_vec()),
-            live_write(k, Some(live)),
+            live_write(k, Some(live), false),
         ]])?;
         self.backend.sync()
     }
@@ -664,28 +653,8 @@ fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
     let mut ops = Vec::with_capacity(batch.ops.len() * 3);
     for op in &batch.ops {
         match op {
-            Op::NewTask {
-                task,
-                messages,
-                idem,
-            } => {
-                if let Some((key, hash)) = idem {
-                    ops.push(RawOp::Absent(TreeId::Idem, key.as_bytes().to_vec()));
-                    ops.push(RawOp::Put(
-                        TreeId::Idem,
-                        key.as_bytes().to_vec(),
-                        encode(&IdemRecord {
-                            task_id: task.id.clone(),
-                            body_sha256: *hash,
-                        })?,
-                    ));
-                }
-                ops.push(RawOp::Absent(TreeId::Specs, task.id.as_bytes().to_vec()));
-                push_task(&mut ops, task, true)?;
-                push_messages(&mut ops, &task.id, 0, messages)?;
-            }
-            Op::Task(t) => push_task(&mut ops, t, true)?,
-            Op::Progress(t) => push_task(&mut ops, t, false)?,
+            Op::Task(t) => push_task(&mut ops, t, Records::Task)?,
+            Op::Progress(t) => push_task(&mut ops, t, Records::Progress)?,
             Op::Messages {
                 task_id,
                 old_count,
@@ -726,9 +695,44 @@ fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
     Ok(ops)
 }
 
-fn push_task(ops: &mut Vec<RawOp>, t: &Task, with_spec: bool) -> Result<(), StoreError> {
+/// A new task's writes: its idempotency key and spec, each required absent, then the task and
+/// its messages.
+fn push_new_task(
+    ops: &mut Vec<RawOp>,
+    task: &Task,
+    messages: &[Message],
+    idem: Option<(&str, [u8; 32])>,
+) -> Result<(), StoreError> {
+    if let Some((key, hash)) = idem {
+        ops.push(RawOp::Absent(TreeId::Idem, key.as_bytes().to_vec()));
+        ops.push(RawOp::Put(
+            TreeId::Idem,
+            key.as_bytes().to_vec(),
+            encode(&IdemRecord {
+                task_id: task.id.clone(),
+                body_sha256: hash,
+            })?,
+        ));
+    }
+    ops.push(RawOp::Absent(TreeId::Specs, task.id.as_bytes().to_vec()));
+    push_task(ops, task, Records::New)?;
+    push_messages(ops, &task.id, 0, messages)
+}
+
+/// Which of a task's records a write puts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Records {
+    /// A new task (its job requires the spec absent): spec, progress, live entry.
+    New,
+    /// Spec, progress, live entry.
+    Task,
+    /// Progress and live entry.
+    Progress,
+}
+
+fn push_task(ops: &mut Vec<RawOp>, t: &Task, what: Records) -> Result<(), StoreError> {
     let key = t.id.as_bytes().to_vec();
-    if with_spec {
+    if what != Records::Progress {
         ops.push(RawOp::Put(TreeId::Specs, key.clone(), encode(&spec_of(t))?));
     }
     ops.push(RawOp::Put(
@@ -741,18 +745,22 @@ fn push_task(ops: &mut Vec<RawOp>, t: &Task, with_spec: bool) -> Result<(), Stor
     } else {
         Some(encode(&live_of(t))?)
     };
-    ops.push(live_write(key, value));
+    // A live entry is only ever stored with its spec (they are put and deleted in one job),
+    // so a task whose spec is absent has none to replace in the due index.
+    ops.push(live_write(key, value, what == Records::New));
     Ok(())
 }
 
-/// Writes (or deletes) a live entry, keeping the due index in step.
-fn live_write(key: Vec<u8>, value: Option<Vec<u8>>) -> RawOp {
+/// Writes (or deletes) a live entry, keeping the due index in step. `stored_absent`: the
+/// store holds no live entry of `key` when the job's preconditions hold.
+fn live_write(key: Vec<u8>, value: Option<Vec<u8>>, stored_absent: bool) -> RawOp {
     RawOp::Indexed(Box::new(IndexedWrite {
         tree: TreeId::Live,
         key,
         value,
         index: TreeId::Due,
         index_key: records::due_key,
+        stored_absent,
     }))
 }
 
