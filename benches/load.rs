@@ -22,7 +22,7 @@ mod support;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -138,8 +138,10 @@ fn main() {
 
 /// Two builds side by side, for an A/B on a machine whose speed drifts by the minute: build A
 /// (`HERALD_BENCH_BIN`, or this one) and build B (`HERALD_AB_BIN`) run at the same time on
-/// their own data dirs, and take turns at short rounds of creates at 64 connections through
-/// the lean client (`HERALD_AB_ROUNDS` rounds each, default 16, of 10 000). Each round's
+/// their own data dirs, and take turns at short rounds of creates at 64 connections
+/// (`HERALD_AB_CONNS`) through
+/// the lean client (`HERALD_AB_ROUNDS` rounds each, default 10, of `HERALD_LOAD_CREATES`, default 30 000; each
+/// side's memtable is in sled before the next round). Each round's
 /// rate and CPU per create are printed; the medians and B/A at the end.
 async fn creates_ab() {
     let Ok(bin_b) = std::env::var("HERALD_AB_BIN") else {
@@ -148,8 +150,9 @@ async fn creates_ab() {
     };
     let bin_a = std::env::var("HERALD_BENCH_BIN")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_herald").to_string());
-    let rounds = env_u64("HERALD_AB_ROUNDS", 16);
-    let (n, conns) = (10_000u64, 64usize);
+    let rounds = env_u64("HERALD_AB_ROUNDS", 10);
+    let n = env_u64("HERALD_LOAD_CREATES", 30_000);
+    let conns = env_u64("HERALD_AB_CONNS", 64) as usize;
     let mut sides = Vec::new();
     for (tag, bin) in [("A", bin_a), ("B", bin_b)] {
         let dir = disk_dir(&format!("load-ab-{tag}"));
@@ -196,12 +199,26 @@ async fn creates_ab() {
             );
             rates.push(rate);
             cpus.push(us);
+            // Its memtable into sled before the other side's round, so that neither round
+            // shares the CPU with the other build's applier.
+            wait_memtable_empty(&http, &herald.url, Duration::from_secs(120)).await;
         }
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
+    // Each round's B against the A right beside it: steadier than the medians when the
+    // machine's speed drifts over the run.
+    let mut paired: Vec<f64> = (0..sides[0].3.len())
+        .map(|r| sides[1].3[r] / sides[0].3[r])
+        .collect();
+    let b_wins = paired.iter().filter(|r| **r > 1.0).count();
+    let rounds_run = paired.len();
+    println!(
+        "   paired B/A rate per round: median {:.2}; B faster in {b_wins} of {rounds_run}",
+        median(&mut paired)
+    );
     let (mut ra, mut ca) = (sides[0].3.clone(), sides[0].4.clone());
     let (mut rb, mut cb) = (sides[1].3.clone(), sides[1].4.clone());
     let (ra, ca, rb, cb) = (
@@ -235,8 +252,16 @@ async fn creates() {
     let mut next = 0u64;
     // The lean client at each concurrency, then hyper's client at 64 connections (the client
     // of earlier stops' figures), so the load generator's share is visible in the same run.
-    for (conns, lean) in [(16usize, true), (64, true), (256, true), (64, false)] {
-        let n = env_u64("HERALD_LOAD_CREATES", 30_000);
+    let burst = env_u64("HERALD_LOAD_CREATES", 30_000);
+    // A last round at 64 connections ten times as long: the sustained rate, with sled taking
+    // every write as it comes (a burst of 30 000 fits in the memtable, `store/pace.rs`).
+    for (conns, lean, n) in [
+        (16usize, true, burst),
+        (64, true, burst),
+        (256, true, burst),
+        (64, false, burst),
+        (64, true, 10 * burst),
+    ] {
         let offset = next;
         next += n;
         let body: Arc<dyn Fn(u64) -> Bytes + Send + Sync> = Arc::new(move |i| {
@@ -263,7 +288,13 @@ async fn creates() {
         );
         println!(
             "   {conns:>3} connections{}: {:>6.0} creates/s, p50 {:.1} ms, p99 {:.1} ms, non-201 {}",
-            if lean { "" } else { " (hyper client)" },
+            if !lean {
+                " (hyper client)".to_string()
+            } else if n > burst {
+                format!(", sustained ({n} creates)")
+            } else {
+                String::new()
+            },
             n as f64 / wall.as_secs_f64(),
             pct(&lat, 0.5).as_secs_f64() * 1e3,
             pct(&lat, 0.99).as_secs_f64() * 1e3,
@@ -278,6 +309,17 @@ async fn creates() {
         );
         println!("       machine: {}", machine_split(&m0, &m1));
         print_store_metrics(&http, &herald.url).await;
+        // What herald still owes sled is paid before anything else runs, so that it does not
+        // take the CPU from the peer or from the next round.
+        let caught_up = Instant::now();
+        if wait_memtable_empty(&http, &herald.url, Duration::from_secs(120)).await {
+            println!(
+                "       sled took the rest of the memtable in {:.1} s",
+                caught_up.elapsed().as_secs_f64()
+            );
+        } else {
+            println!("       the memtable was not empty after 120 s");
+        }
         // The same-run peer right after each herald round, on the same disk and cores.
         if let (true, Some(r)) = (lean, redis.as_ref()) {
             match r.creates(n, conns) {
@@ -374,6 +416,22 @@ async fn herd(n: u64) {
 }
 
 /// With `HERALD_LOAD_METRICS` set: herald's store and lateness metrics (cumulative).
+/// Waits until herald's memtable is empty (its `herald_store_memtable_bytes` reads 0).
+async fn wait_memtable_empty(http: &Http, base: &str, deadline: Duration) -> bool {
+    let until = Instant::now() + deadline;
+    while Instant::now() < until {
+        let (_, m) = get(http, &format!("{base}/metrics")).await;
+        let empty = String::from_utf8_lossy(&m)
+            .lines()
+            .any(|l| l == "herald_store_memtable_bytes 0");
+        if empty {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
 async fn print_store_metrics(http: &Http, base: &str) {
     if std::env::var("HERALD_LOAD_METRICS").is_ok() {
         let (_, m) = get(http, &format!("{base}/metrics")).await;

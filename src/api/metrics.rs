@@ -62,8 +62,18 @@ impl ApiMetrics {
 
 /// The route template a path is served by (`/v1/tasks/{id}`), or `other`.
 pub fn route_of(path: &str) -> &'static str {
-    let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
-    match segs.as_slice() {
+    // Up to five segments, on the stack: every request is counted here. A longer path has a
+    // sixth and matches no route.
+    let mut buf = [""; 6];
+    let mut len = 0;
+    for s in path.trim_end_matches('/').split('/').skip(1) {
+        if len == buf.len() {
+            return "other";
+        }
+        buf[len] = s;
+        len += 1;
+    }
+    match &buf[..len] {
         [] | [""] => "/",
         ["healthz"] => "/healthz",
         ["metrics"] => "/metrics",
@@ -423,6 +433,7 @@ mod tests {
         assert_eq!(route_of("/metrics"), "/metrics");
         assert_eq!(route_of("/v1/nothing/here"), "other");
         assert_eq!(route_of("/wp-admin.php"), "other");
+        assert_eq!(route_of("/v1/tasks/a/pause/b/c/d/e"), "other");
         assert_eq!(status_class(204), "2xx");
         assert_eq!(status_class(503), "5xx");
         assert_eq!(method_label(&hyper::Method::TRACE), "other");

@@ -70,6 +70,7 @@ pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
 
 /// Formats milliseconds in the same grammar, largest units first (`5400000` → `"1h30m"`).
 pub fn format_duration_ms(ms: u64) -> String {
+    use std::fmt::Write;
     if ms == 0 {
         return "0s".into();
     }
@@ -84,7 +85,8 @@ pub fn format_duration_ms(ms: u64) -> String {
     ] {
         let n = rest / size;
         if n > 0 {
-            out.push_str(&format!("{n}{unit}"));
+            // Into `out` directly: every task view formats a few durations.
+            let _ = write!(out, "{n}{unit}");
             rest -= n * size;
         }
     }

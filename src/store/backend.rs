@@ -15,13 +15,14 @@ use std::path::{Path, PathBuf};
 
 use std::collections::HashMap;
 use std::ops::Bound;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::memtable::{self, Layer, Mem};
+use super::pace;
 use super::wal::{self, Segment, Write};
 use super::StoreError;
 
@@ -190,6 +191,13 @@ struct Shared {
     done: Condvar,
     /// The applier met a sled error: writes are refused until `recover` reopened sled.
     sled_failed: AtomicBool,
+    /// Groups applied so far, and when the last one came (µs since `epoch`): the applier
+    /// holds back while they come fast (`store/pace.rs`).
+    groups: AtomicU64,
+    last_group_us: AtomicU64,
+    epoch: Instant,
+    /// The applier's alone.
+    pacer: Mutex<pace::Pacer>,
 }
 
 #[derive(Default)]
@@ -270,12 +278,13 @@ impl SledInner {
     /// Writes a frozen layer into sled, one write per key, and flushes sled. No `sled::Batch`
     /// and no transaction: the log already makes a group atomic (a crash half-way is replayed
     /// whole), readers see the layer until it is dropped, and a batch per tree costs sled a
-    /// batch manifest and its exclusive lock each. Stops early (with an error) on `stop`.
-    fn write_layer(&self, layer: &Layer, stop: &dyn Fn() -> bool) -> Result<(), StoreError> {
+    /// batch manifest and its exclusive lock each. `pace` runs before every 1 024 keys (it may
+    /// wait, `store/pace.rs`); it returning `true` stops the write early, with an error.
+    fn write_layer(&self, layer: &Layer, pace: &dyn Fn() -> bool) -> Result<(), StoreError> {
         for t in TreeId::ALL {
             let tree = &self.trees[t.index()];
             for (i, (k, v)) in layer.entries(t).enumerate() {
-                if i % 1024 == 0 && stop() {
+                if i % 1024 == 0 && pace() {
                     return Err(StoreError::Write("stopping".into()));
                 }
                 match v {
@@ -385,9 +394,11 @@ impl Shared {
     fn apply_layer(&self, layer: &Layer, covered: &[PathBuf]) -> bool {
         let stop = || self.applier.lock().stop;
         let started = Instant::now();
+        let waited = std::cell::Cell::new(Duration::ZERO);
+        let pace = || self.hold_back(&waited);
         loop {
             let r = match &*self.inner.read() {
-                Some(i) => i.write_layer(layer, &stop),
+                Some(i) => i.write_layer(layer, &pace),
                 None => Err(self.closed_error()),
             };
             match r {
@@ -411,6 +422,7 @@ impl Shared {
             bytes = layer.bytes,
             segments = covered.len(),
             took_ms = started.elapsed().as_millis() as u64,
+            held_back_ms = waited.get().as_millis() as u64,
             "memtable layer written into sled"
         );
         // sled holds the layer durably: its segments may go. One that cannot be removed now
@@ -426,6 +438,49 @@ impl Shared {
         self.mem.write().drop_frozen();
         self.done.notify_all();
         true
+    }
+}
+
+impl Shared {
+    /// Notes a group for the applier's pacing (commit thread).
+    fn note_group(&self) {
+        self.groups.fetch_add(1, Ordering::Relaxed);
+        let now = self.epoch.elapsed().as_micros() as u64;
+        self.last_group_us.store(now, Ordering::Relaxed);
+    }
+
+    /// Called by the applier before each chunk of a layer: waits while the write path is busy
+    /// (`store/pace.rs` decides; `waited` adds up the time held back for this layer). `true`:
+    /// stopping.
+    fn hold_back(&self, waited: &std::cell::Cell<Duration>) -> bool {
+        loop {
+            if self.applier.lock().stop {
+                return true;
+            }
+            // No group for a whole poll: quiet, no need to watch.
+            let since = self
+                .epoch
+                .elapsed()
+                .as_micros()
+                .saturating_sub(u128::from(self.last_group_us.load(Ordering::Relaxed)));
+            let mut pacer = self.pacer.lock();
+            if since > pace::POLL.as_micros() {
+                pacer.quiet();
+                return false;
+            }
+            if !pacer.looks() {
+                return false;
+            }
+            let (g0, t0) = (self.groups.load(Ordering::Relaxed), Instant::now());
+            std::thread::sleep(pace::POLL);
+            let span = t0.elapsed();
+            let groups = self.groups.load(Ordering::Relaxed).saturating_sub(g0);
+            let active = self.mem.read().active.bytes;
+            if !pacer.wait(groups, span, active, waited.get()) {
+                return false;
+            }
+            waited.set(waited.get() + span);
+        }
     }
 }
 
@@ -523,6 +578,10 @@ impl SledBackend {
             work: Condvar::new(),
             done: Condvar::new(),
             sled_failed: AtomicBool::new(false),
+            groups: AtomicU64::new(0),
+            last_group_us: AtomicU64::new(0),
+            epoch: Instant::now(),
+            pacer: Mutex::new(pace::Pacer::default()),
         });
         shared.freeze_if(&mut shared.log.lock(), |_| true);
         let s = shared.clone();
@@ -754,6 +813,7 @@ impl Backend for SledBackend {
     fn apply(&self, jobs: Vec<Vec<RawOp>>) -> Result<Vec<Result<(), Rejected>>, StoreError> {
         let s = &self.shared;
         s.wait_for_room()?;
+        s.note_group();
         let mut log = s.log.lock();
         log.discard()?;
         if s.sled_failed.load(Ordering::SeqCst) {

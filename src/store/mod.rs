@@ -25,6 +25,7 @@ pub mod fault;
 pub mod image;
 pub mod legacy;
 pub mod memtable;
+pub mod pace;
 pub mod purge;
 pub mod records;
 pub mod wal;
