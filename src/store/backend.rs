@@ -196,6 +196,8 @@ struct Shared {
     groups: AtomicU64,
     last_group_us: AtomicU64,
     epoch: Instant,
+    /// A write waited for room since the applier last looked: it must not hold back.
+    pressed: AtomicBool,
     /// The applier's alone.
     pacer: Mutex<pace::Pacer>,
 }
@@ -384,6 +386,7 @@ impl Shared {
             if self.sled_failed.load(Ordering::SeqCst) {
                 return Err(sled_behind());
             }
+            self.pressed.store(true, Ordering::Relaxed);
             tracing::debug!("memtable full: the write waits for the applier");
             self.done.wait_for(&mut inbox, Duration::from_millis(100));
         }
@@ -464,8 +467,16 @@ impl Shared {
                 .as_micros()
                 .saturating_sub(u128::from(self.last_group_us.load(Ordering::Relaxed)));
             let mut pacer = self.pacer.lock();
+            if self.pressed.swap(false, Ordering::Relaxed) {
+                pacer.pressed();
+            }
+            // Never blocks: the caller holds `inner.read()`, and other paths take `mem` before
+            // `inner`. A layer being written or frozen right now is reason enough to go on.
+            let Some(active) = self.mem.try_read().map(|m| m.active.bytes) else {
+                return false;
+            };
             if since > pace::POLL.as_micros() {
-                pacer.quiet();
+                pacer.quiet(active, FREEZE_BYTES);
                 return false;
             }
             if !pacer.looks() {
@@ -475,7 +486,9 @@ impl Shared {
             std::thread::sleep(pace::POLL);
             let span = t0.elapsed();
             let groups = self.groups.load(Ordering::Relaxed).saturating_sub(g0);
-            let active = self.mem.read().active.bytes;
+            let Some(active) = self.mem.try_read().map(|m| m.active.bytes) else {
+                return false;
+            };
             if !pacer.wait(groups, span, active, waited.get()) {
                 return false;
             }
@@ -581,6 +594,7 @@ impl SledBackend {
             groups: AtomicU64::new(0),
             last_group_us: AtomicU64::new(0),
             epoch: Instant::now(),
+            pressed: AtomicBool::new(false),
             pacer: Mutex::new(pace::Pacer::default()),
         });
         shared.freeze_if(&mut shared.log.lock(), |_| true);
@@ -684,7 +698,13 @@ impl Resolver<'_> {
                     // an earlier job of the group wrote.
                     let old = match (self.written(tree, &key), stored_absent) {
                         (Some(v), _) => v,
-                        (None, true) => None,
+                        (None, true) => {
+                            debug_assert!(
+                                self.backend.get(tree, &key)?.is_none(),
+                                "a stored_absent promise was wrong"
+                            );
+                            None
+                        }
                         (None, false) => self.backend.get(tree, &key)?,
                     };
                     if old == value {

@@ -20,19 +20,29 @@ fn config() -> impl bincode::config::Config {
 }
 
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
-    // One buffer: the version byte, then bincode straight after it (most records of a create
-    // fit in the first allocation; encoding to a second vector and copying cost a create
-    // ~5 allocations and copies).
-    let mut out = Vec::with_capacity(ENCODE_CAPACITY);
-    out.push(FORMAT_VERSION);
-    bincode::serde::encode_into_std_write(value, &mut out, config())
-        .map_err(|e| StoreError::Encode(e.to_string()))?;
-    Ok(out)
+    // Encoded into a reused buffer, then copied into an exact-sized one: the record lives on
+    // in the memtable, which counts its length, not its capacity. (Encoding to a vector of its
+    // own and copying that behind the version byte cost two growing allocations per record.)
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with(|scratch| {
+        let mut buf = scratch.borrow_mut();
+        buf.clear();
+        buf.push(FORMAT_VERSION);
+        bincode::serde::encode_into_std_write(value, &mut *buf, config())
+            .map_err(|e| StoreError::Encode(e.to_string()))?;
+        let out = buf.as_slice().to_vec();
+        // A huge record (a task of 10 000 messages) does not keep its buffer for good.
+        if buf.capacity() > SCRATCH_KEEP {
+            *buf = Vec::new();
+        }
+        Ok(out)
+    })
 }
 
-/// First allocation of an encoded record: a spec of one message and a short body, a progress
-/// or a live record fit.
-const ENCODE_CAPACITY: usize = 160;
+/// Largest scratch buffer a thread keeps between records.
+const SCRATCH_KEEP: usize = 64 << 10;
 
 pub fn decode<T: DeserializeOwned>(tree: &str, key: &[u8], bytes: &[u8]) -> Result<T, StoreError> {
     let corrupt = |detail: String| StoreError::Corrupt {

@@ -672,9 +672,12 @@ fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
             }
             Op::DeleteTask(fp) => {
                 let key = fp.id.as_bytes().to_vec();
-                for tree in [TreeId::Specs, TreeId::Progress, TreeId::Live] {
+                for tree in [TreeId::Specs, TreeId::Progress] {
                     ops.push(RawOp::Delete(tree, key.clone()));
                 }
+                // Through the index, so that a due entry goes with the live one whatever the
+                // task's state (a finished task has none: this reads and writes nothing more).
+                ops.push(live_write(key, None, false));
                 for seq in 0..fp.messages {
                     ops.push(RawOp::Delete(TreeId::Messages, run_key(&fp.id, seq)));
                 }
@@ -697,7 +700,8 @@ fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
 }
 
 /// A new task's writes: its idempotency key and spec, each required absent, then the task and
-/// its messages.
+/// its messages. The `Absent(Specs, id)` here is what makes the live write's `stored_absent`
+/// promise true: keep them together.
 fn push_new_task(
     ops: &mut Vec<RawOp>,
     task: &Task,

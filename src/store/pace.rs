@@ -38,18 +38,27 @@ pub fn busy(groups: u64, span: Duration) -> bool {
 }
 
 /// The applier's pacing across layers. Once a bound ended a wait while the writes kept coming,
-/// the load is sustained, not a burst: the applier then writes without waiting (as it would
-/// without pacing) until the write path goes quiet. Waiting again layer after layer would only
-/// let the memtable fill and hand the writes back-pressure while one core idles.
+/// or a write had to wait for room, the load is sustained, not a burst: the applier then writes
+/// without waiting (as it would without pacing) until the writes pause *and* the memtable has
+/// caught up (its active layer under `small_bytes`, the freeze size). A pause alone is not
+/// enough: writes waiting for room, or one slow sync, look like a pause, and waiting again
+/// with a full memtable would hand the writes back-pressure while one core idles.
 #[derive(Debug, Default)]
 pub struct Pacer {
     catching_up: bool,
 }
 
 impl Pacer {
-    /// No group for a whole poll.
-    pub fn quiet(&mut self) {
-        self.catching_up = false;
+    /// No group for a whole poll; the active layer holds `active_bytes`.
+    pub fn quiet(&mut self, active_bytes: usize, small_bytes: usize) {
+        if active_bytes < small_bytes {
+            self.catching_up = false;
+        }
+    }
+
+    /// A write waited for the applier: sustained load.
+    pub fn pressed(&mut self) {
+        self.catching_up = true;
     }
 
     /// Whether to look at the write path before the next chunk (a look takes a [`POLL`]).
@@ -58,8 +67,8 @@ impl Pacer {
     }
 
     /// Whether to wait another poll: `groups` were committed during the last one, of length
-    /// `span`; the active layer holds `active_bytes`; the applier has waited `waited` for its
-    /// layer so far.
+    /// `span`; the active layer holds `active_bytes`; the applier has already waited `waited`
+    /// for its layer.
     pub fn wait(
         &mut self,
         groups: u64,
@@ -67,15 +76,14 @@ impl Pacer {
         active_bytes: usize,
         waited: Duration,
     ) -> bool {
-        if !busy(groups, span) {
-            self.catching_up = false;
+        if self.catching_up || !busy(groups, span) {
             return false;
         }
         if active_bytes >= DEFER_MAX_BYTES || waited >= DEFER_MAX_TIME {
             self.catching_up = true;
             return false;
         }
-        !self.catching_up
+        true
     }
 }
 
@@ -91,6 +99,8 @@ mod tests {
         assert!(!busy(0, ms(5)));
     }
 
+    const SMALL: usize = 4 << 20;
+
     #[test]
     fn waits_through_a_burst_within_memory_and_time() {
         let ms = Duration::from_millis;
@@ -104,7 +114,7 @@ mod tests {
     }
 
     #[test]
-    fn a_bound_hit_under_load_means_sustained_load_until_quiet() {
+    fn a_bound_hit_under_load_means_sustained_load_until_quiet_and_caught_up() {
         let ms = Duration::from_millis;
         for (bytes, waited) in [(DEFER_MAX_BYTES, ms(0)), (0, DEFER_MAX_TIME)] {
             let mut p = Pacer::default();
@@ -115,7 +125,11 @@ mod tests {
             // The next layers, still under load and with room: no waiting, not even looks.
             assert!(!p.looks());
             assert!(!p.wait(100, ms(5), 0, ms(0)));
-            p.quiet();
+            // A pause with a big memtable (writes waiting for room look like one) changes
+            // nothing; a pause once it has caught up does.
+            p.quiet(SMALL, SMALL);
+            assert!(!p.looks());
+            p.quiet(SMALL - 1, SMALL);
             assert!(p.looks());
             assert!(
                 p.wait(100, ms(5), 0, ms(0)),
@@ -125,11 +139,11 @@ mod tests {
     }
 
     #[test]
-    fn a_trickle_ends_catching_up_too() {
+    fn a_write_waiting_for_room_means_sustained_load() {
         let ms = Duration::from_millis;
         let mut p = Pacer::default();
-        assert!(!p.wait(100, ms(5), DEFER_MAX_BYTES, ms(0)));
-        assert!(!p.wait(1, ms(5), 0, ms(0)));
-        assert!(p.looks());
+        p.pressed();
+        assert!(!p.looks());
+        assert!(!p.wait(100, ms(5), 0, ms(0)));
     }
 }
