@@ -214,7 +214,7 @@ async fn creates_ab() {
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         let m = v.len() / 2;
-        if v.len() % 2 == 0 {
+        if v.len().is_multiple_of(2) {
             (v[m - 1] + v[m]) / 2.0
         } else {
             v[m]
