@@ -175,18 +175,13 @@ async fn creates_ab() {
             let (tag, _, herald, rates, cpus) = &mut sides[i];
             let offset = next;
             next += n;
-            let body: Arc<dyn Fn(u64) -> Bytes + Send + Sync> = Arc::new(move |i| {
-                Bytes::from(format!(
-                    r#"{{"id":"c{:08}","schedule":{{"after":"48h"}},"to":["a"],"body":"Good morning"}}"#,
-                    i + offset
-                ))
-            });
+            let body = create_body(offset);
             let failed = Arc::new(AtomicU64::new(0));
             let cpu0 = thread_cpu_ns(herald.pid());
             let (_, wall) = create_many_lean(&herald.url, n, conns, body, failed.clone()).await;
             let cpu1 = thread_cpu_ns(herald.pid());
             let rate = n as f64 / wall.as_secs_f64();
-            // Without the idle-priority applier: it only takes CPU nothing else wanted.
+            // Without the applier: a burst's sled work is paid after the round (the drain).
             let busy: u64 = cpu1
                 .iter()
                 .filter(|(k, _)| k.as_str() != "herald-apply")
@@ -246,6 +241,16 @@ async fn creates_ab() {
     );
 }
 
+/// The body of create `i + offset`: a one-shot 48 h out with one short message.
+fn create_body(offset: u64) -> Arc<dyn Fn(u64) -> Bytes + Send + Sync> {
+    Arc::new(move |i| {
+        Bytes::from(format!(
+            r#"{{"id":"c{:08}","schedule":{{"after":"48h"}},"to":["a"],"body":"Good morning"}}"#,
+            i + offset
+        ))
+    })
+}
+
 async fn creates() {
     let dir = disk_dir("load-creates");
     println!("1. durable creates over HTTP (data on disk)");
@@ -276,12 +281,7 @@ async fn creates() {
     ] {
         let offset = next;
         next += n;
-        let body: Arc<dyn Fn(u64) -> Bytes + Send + Sync> = Arc::new(move |i| {
-            Bytes::from(format!(
-                r#"{{"id":"c{:08}","schedule":{{"after":"48h"}},"to":["a"],"body":"Good morning"}}"#,
-                i + offset
-            ))
-        });
+        let body = create_body(offset);
         let failed = Arc::new(AtomicU64::new(0));
         let (cpu0, own0, m0) = (
             thread_cpu_ns(herald.pid()),

@@ -1182,20 +1182,23 @@ mod tests {
         assert_eq!(keys, vec![&b"kept"[..], b"next"]);
     }
 
+    /// A live write of key `t` with value `v`, indexed under `v` then `t`.
+    fn live_of_t(v: &str, stored_absent: bool) -> RawOp {
+        RawOp::Indexed(Box::new(IndexedWrite {
+            tree: TreeId::Live,
+            key: b"t".to_vec(),
+            value: Some(v.as_bytes().to_vec()),
+            index: TreeId::Due,
+            index_key: |k, v| [v, k].concat(),
+            stored_absent,
+        }))
+    }
+
     #[test]
     fn jobs_of_one_group_see_the_writes_of_the_jobs_before_them() {
         let dir = tempfile::tempdir().unwrap();
         let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
-        let live = |v: &str| {
-            RawOp::Indexed(Box::new(IndexedWrite {
-                tree: TreeId::Live,
-                key: b"t".to_vec(),
-                value: Some(v.as_bytes().to_vec()),
-                index: TreeId::Due,
-                index_key: |k, v| [v, k].concat(),
-                stored_absent: false,
-            }))
-        };
+        let live = |v: &str| live_of_t(v, false);
         let r = b
             .apply(vec![
                 vec![
@@ -1230,16 +1233,7 @@ mod tests {
     fn a_stored_absent_promise_does_not_hide_the_groups_own_writes() {
         let dir = tempfile::tempdir().unwrap();
         let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
-        let live = |v: &str| {
-            RawOp::Indexed(Box::new(IndexedWrite {
-                tree: TreeId::Live,
-                key: b"t".to_vec(),
-                value: Some(v.as_bytes().to_vec()),
-                index: TreeId::Due,
-                index_key: |k, v| [v, k].concat(),
-                stored_absent: true,
-            }))
-        };
+        let live = |v: &str| live_of_t(v, true);
         let r = b.apply(vec![vec![live("1")], vec![live("2")]]).unwrap();
         assert_eq!(r, vec![Ok(()), Ok(())]);
         b.sync().unwrap();
