@@ -198,7 +198,7 @@ struct Shared {
     epoch: Instant,
     /// A write waited for room since the applier last looked: it must not hold back.
     pressed: AtomicBool,
-    /// The applier's alone.
+    /// The applier's pacing state (only the applier thread takes it).
     pacer: Mutex<pace::Pacer>,
 }
 
@@ -442,9 +442,7 @@ impl Shared {
         self.done.notify_all();
         true
     }
-}
 
-impl Shared {
     /// Notes a group for the applier's pacing (commit thread).
     fn note_group(&self) {
         self.groups.fetch_add(1, Ordering::Relaxed);
