@@ -70,12 +70,11 @@ pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
 
 /// Formats milliseconds in the same grammar, largest units first (`5400000` → `"1h30m"`).
 pub fn format_duration_ms(ms: u64) -> String {
-    use std::fmt::Write;
     if ms == 0 {
         return "0s".into();
     }
     let mut rest = ms;
-    let mut out = String::new();
+    let mut out = String::with_capacity(12);
     for (unit, size) in [
         ("d", 86_400_000u64),
         ("h", 3_600_000),
@@ -85,12 +84,31 @@ pub fn format_duration_ms(ms: u64) -> String {
     ] {
         let n = rest / size;
         if n > 0 {
-            // Into `out` directly: every task view formats a few durations.
-            let _ = write!(out, "{n}{unit}");
+            // Digits pushed directly, not through `fmt`: every task view formats a few.
+            push_digits(&mut out, n, 1);
+            out.push_str(unit);
             rest -= n * size;
         }
     }
     out
+}
+
+/// Appends `n` in decimal, zero-padded to at least `width` digits (at most 20). The task view
+/// formats a few durations and instants per create; `write!` costs more than the digits.
+pub fn push_digits(out: &mut String, mut n: u64, width: usize) {
+    let mut buf = [b'0'; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let start = i.min(buf.len() - width.min(buf.len()));
+    // Only ASCII digits are in `buf`.
+    out.push_str(std::str::from_utf8(&buf[start..]).unwrap_or_default());
 }
 
 #[cfg(test)]
@@ -130,6 +148,24 @@ mod tests {
                 parse_duration_ms(bad).is_err(),
                 "{bad:?} should be rejected"
             );
+        }
+    }
+
+    #[test]
+    fn digits_are_padded_to_the_width_and_never_cut() {
+        for (n, w, want) in [
+            (0, 1, "0"),
+            (7, 2, "07"),
+            (2026, 4, "2026"),
+            (12345, 4, "12345"),
+            (5, 3, "005"),
+            (u64::MAX, 1, "18446744073709551615"),
+            (0, 20, "00000000000000000000"),
+            (1, 25, "00000000000000000001"),
+        ] {
+            let mut s = String::from("x");
+            push_digits(&mut s, n, w);
+            assert_eq!(s, format!("x{want}"), "{n} width {w}");
         }
     }
 

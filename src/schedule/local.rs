@@ -4,9 +4,10 @@
 //! `gap: shift` takes the first valid instant after the gap (the transition itself), `gap: skip`
 //! drops it. Two (fall back): `repeat` picks the first, the last, or both.
 
-use chrono::{DateTime, Datelike, LocalResult, NaiveDateTime, SecondsFormat, TimeZone, Utc};
+use chrono::{DateTime, Datelike, LocalResult, NaiveDateTime, SecondsFormat, TimeZone, Timelike};
 use chrono_tz::Tz;
 
+use crate::model::duration::push_digits;
 use crate::model::{DstGap, DstPolicy, DstRepeat};
 
 /// Parses an IANA zone name.
@@ -55,8 +56,6 @@ fn first_valid_after_gap(naive: NaiveDateTime, tz: Tz) -> Option<u64> {
     None
 }
 
-use chrono::Timelike;
-
 fn ms<T: TimeZone>(t: &DateTime<T>) -> u64 {
     t.timestamp_millis().max(0) as u64
 }
@@ -87,10 +86,40 @@ pub fn parse_instant(s: &str, tz: Option<Tz>, dst: DstPolicy) -> Result<Vec<u64>
 
 /// Formats an instant for responses: RFC 3339 in UTC (`Z`), with milliseconds only when non-zero.
 pub fn format_utc(ms: u64) -> String {
-    match Utc.timestamp_millis_opt(ms.min(i64::MAX as u64) as i64) {
-        LocalResult::Single(t) => t.to_rfc3339_opts(SecondsFormat::AutoSi, true),
-        _ => ms.to_string(),
+    let Some(t) = i64::try_from(ms)
+        .ok()
+        .and_then(DateTime::from_timestamp_millis)
+    else {
+        return ms.to_string();
+    };
+    if t.year() > 9999 {
+        return t.to_rfc3339_opts(SecondsFormat::AutoSi, true);
     }
+    // The digits directly (every create's 201 body has two or three instants); the same bytes
+    // as chrono's `to_rfc3339_opts(AutoSi, true)` (a test compares them).
+    let mut s = String::with_capacity(24);
+    push_date_time(&mut s, &t.naive_utc(), 'T');
+    s.push(':');
+    push_digits(&mut s, t.second().into(), 2);
+    if !ms.is_multiple_of(1000) {
+        s.push('.');
+        push_digits(&mut s, ms % 1000, 3);
+    }
+    s.push('Z');
+    s
+}
+
+/// `2026-12-01{sep}09:00`: a date and the hour and minute of a wall time (year 0–9999).
+fn push_date_time(s: &mut String, t: &NaiveDateTime, sep: char) {
+    push_digits(s, t.year().max(0) as u64, 4);
+    s.push('-');
+    push_digits(s, t.month().into(), 2);
+    s.push('-');
+    push_digits(s, t.day().into(), 2);
+    s.push(sep);
+    push_digits(s, t.hour().into(), 2);
+    s.push(':');
+    push_digits(s, t.minute().into(), 2);
 }
 
 /// An optional instant for log lines: RFC 3339, or `none`.
@@ -98,17 +127,26 @@ pub fn format_opt(ms: Option<u64>) -> String {
     ms.map_or_else(|| "none".to_string(), format_utc)
 }
 
-/// Formats an instant as a local wall time for descriptions: `2026-12-01 09:00`.
+/// Formats an instant as a local wall time for descriptions: `2026-12-01 09:00`, and the
+/// seconds when they are not zero.
 pub fn format_local(ms: u64, tz: Tz) -> String {
     match tz.timestamp_millis_opt(ms.min(i64::MAX as u64) as i64) {
         // The fields directly: `format("%Y-…")` parses its pattern on every call, and every
         // create's 201 body has a description.
+        LocalResult::Single(t) if (0..=9999).contains(&t.year()) => {
+            let mut s = String::with_capacity(19);
+            push_date_time(&mut s, &t.naive_local(), ' ');
+            if t.second() != 0 {
+                s.push(':');
+                push_digits(&mut s, t.second().into(), 2);
+            }
+            s
+        }
         LocalResult::Single(t) => {
             let (y, mo, d, h, mi) = (t.year(), t.month(), t.day(), t.hour(), t.minute());
-            if t.second() == 0 {
-                format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}")
-            } else {
-                format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{:02}", t.second())
+            match t.second() {
+                0 => format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}"),
+                sec => format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{sec:02}"),
             }
         }
         _ => format_utc(ms),
@@ -118,9 +156,52 @@ pub fn format_local(ms: u64, tz: Tz) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::Utc;
 
     fn utc(s: &str) -> u64 {
         DateTime::parse_from_rfc3339(s).unwrap().timestamp_millis() as u64
+    }
+
+    /// The digits written by hand are chrono's RFC 3339 (`AutoSi`, `Z`) and the old
+    /// `format!` of the local fields, over instants from 1970 to past 9999 and edge ones.
+    #[test]
+    fn instants_format_as_chrono_formats_them() {
+        let sh = parse_tz("Asia/Shanghai").unwrap();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut cases = vec![
+            0,
+            1,
+            999,
+            1_000,
+            59_999,
+            253_402_300_799_999,
+            253_402_300_800_000,
+        ];
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            cases.push(x % 300_000_000_000_000);
+            cases.push(x % 300_000_000_000_000 / 1000 * 1000);
+        }
+        for ms in cases {
+            let t = Utc.timestamp_millis_opt(ms as i64).unwrap();
+            assert_eq!(
+                format_utc(ms),
+                t.to_rfc3339_opts(SecondsFormat::AutoSi, true),
+                "{ms}"
+            );
+            for tz in [sh, chrono_tz::UTC] {
+                let l = t.with_timezone(&tz);
+                let (y, mo, d, h, mi) = (l.year(), l.month(), l.day(), l.hour(), l.minute());
+                let want = match l.second() {
+                    0 => format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}"),
+                    s => format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02}"),
+                };
+                assert_eq!(format_local(ms, tz), want, "{ms} in {tz}");
+            }
+        }
+        assert_eq!(format_utc(u64::MAX), u64::MAX.to_string());
     }
 
     #[test]

@@ -21,13 +21,17 @@ pub fn describe(schedule: &Schedule) -> String {
             Some(zone) => format!("once at {} ({})", format_local(*at_ms, zone), zone.name()),
             None => format!("once at {} (UTC)", format_local(*at_ms, chrono_tz::UTC)),
         },
+        // Pieces pushed, not `format!`: every create's 201 body has a description.
         Schedule::After {
             after_ms, at_ms, ..
-        } => format!(
-            "once, {} after creation, at {} (UTC)",
-            format_duration_ms(*after_ms),
-            format_local(*at_ms, chrono_tz::UTC)
-        ),
+        } => [
+            "once, ",
+            &format_duration_ms(*after_ms),
+            " after creation, at ",
+            &format_local(*at_ms, chrono_tz::UTC),
+            " (UTC)",
+        ]
+        .concat(),
         Schedule::Cron { cron, tz, .. } => match plan::cron_of(schedule) {
             Some(c) => c.describe(),
             None => format!("cron {cron:?} ({})", tz.as_deref().unwrap_or("UTC")),

@@ -53,6 +53,13 @@ impl Layer {
         self.trees[tree as usize].get(key)
     }
 
+    /// The largest key of `tree` this layer holds, a deletion included.
+    pub fn last_key(&self, tree: TreeId) -> Option<&[u8]> {
+        self.trees[tree as usize]
+            .last_key_value()
+            .map(|(k, _)| k.as_slice())
+    }
+
     /// Every entry of `tree` in key order (what the applier writes to sled).
     pub fn entries(&self, tree: TreeId) -> impl Iterator<Item = (&Vec<u8>, &Option<Vec<u8>>)> {
         self.trees[tree as usize].iter()

@@ -269,6 +269,7 @@ impl Store {
         }
         meta.insert("format", &[DIR_FORMAT])?;
         drop((meta, db));
+        backend.written_directly();
         let backend: Arc<dyn Backend> = Arc::new(backend);
         Store::with_backend(backend)
     }
