@@ -188,16 +188,19 @@ async fn creates_ab() {
                 .map(|(k, v)| v.saturating_sub(cpu0.get(k).copied().unwrap_or(0)))
                 .sum();
             let us = busy as f64 / 1e3 / n as f64;
-            let commit_ns = cpu1.get("herald-commit").copied().unwrap_or(0)
-                - cpu0.get("herald-commit").copied().unwrap_or(0);
-            let commit_us = commit_ns as f64 / 1e3 / n as f64;
+            let per_create = |thread: &str| {
+                let ns =
+                    cpu1.get(thread).copied().unwrap_or(0) - cpu0.get(thread).copied().unwrap_or(0);
+                ns as f64 / 1e3 / n as f64
+            };
+            let (commit_us, apply_us) = (per_create("herald-commit"), per_create("herald-apply"));
             // Its memtable into sled before the other side's round, so that neither round
             // shares the CPU with the other build's applier. How long that took is printed:
             // a build that holds sled's work back pays it here, outside the timed round.
             let drain = Instant::now();
             let drained = wait_memtable_empty(&http, &herald.url, Duration::from_secs(120)).await;
             println!(
-                "   round {round:>2} {tag}: {rate:>6.0} creates/s, herald CPU per create without the applier {us:.1} µs (commit thread {commit_us:.1}), non-201 {}; {}",
+                "   round {round:>2} {tag}: {rate:>6.0} creates/s, herald CPU per create without the applier {us:.1} µs (commit thread {commit_us:.1}; the applier during the round {apply_us:.1}), non-201 {}; {}",
                 failed.load(Ordering::Relaxed),
                 if drained {
                     format!("memtable into sled {:.1} s after", drain.elapsed().as_secs_f64())
