@@ -189,8 +189,11 @@ async fn creates_ab() {
                 .sum();
             let us = busy as f64 / 1e3 / n as f64;
             let per_create = |thread: &str| {
-                let ns =
-                    cpu1.get(thread).copied().unwrap_or(0) - cpu0.get(thread).copied().unwrap_or(0);
+                let ns = cpu1
+                    .get(thread)
+                    .copied()
+                    .unwrap_or(0)
+                    .saturating_sub(cpu0.get(thread).copied().unwrap_or(0));
                 ns as f64 / 1e3 / n as f64
             };
             let (commit_us, apply_us) = (per_create("herald-commit"), per_create("herald-apply"));
