@@ -672,10 +672,9 @@ impl SledBackend {
     }
 
     /// sled's handle (for `meta` and migrations at open, which write to sled directly: only
-    /// a directory without log records needs one).
-    /// Whoever writes through it calls [`SledBackend::written_directly`] when done.
+    /// a directory without log records needs one). Whoever writes through it calls
+    /// [`SledBackend::written_directly`] when done (`Store::open_with` does, after them all).
     pub fn db(&self) -> Result<sled::Db, StoreError> {
-        self.written_directly();
         self.with(|i| i.db.clone())
     }
 
