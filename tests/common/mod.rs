@@ -5,6 +5,7 @@ pub mod herald;
 pub mod http;
 pub mod platform;
 pub mod receiver;
+pub mod tools;
 
 /// Header names lower-cased, values lossily decoded: how the client and the receiver record them.
 pub fn header_pairs(headers: &hyper::HeaderMap) -> Vec<(String, String)> {

@@ -1,0 +1,59 @@
+//! External programs that some tests need (chromedriver and chromium, promtool, faketime,
+//! PostgreSQL's server binaries). One rule for all of them:
+//!
+//! - found: `require` answers its path;
+//! - missing under CI (`CI=true`, as `.ci/run` runs): the test fails, naming the install command,
+//!   because CI must run everything;
+//! - missing elsewhere: a loud `SKIP` line on stderr and one line appended to
+//!   `target/tmp/test-skips.txt` (the README's test command prints that list at the end), and
+//!   `require` answers `None`; the caller returns early.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// A program on `PATH` (or an absolute path that exists), else `None`.
+pub fn which(program: &str) -> Option<PathBuf> {
+    let direct = Path::new(program);
+    if direct.is_absolute() {
+        return direct.is_file().then(|| direct.to_path_buf());
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+/// True when the run is CI's (`CI` set to anything but empty, `0` or `false`).
+pub fn in_ci() -> bool {
+    std::env::var("CI")
+        .map(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))
+        .unwrap_or(false)
+}
+
+/// `program` for the test `test`, or `None` after recording the skip (see the module doc).
+/// `install` is the one command that brings it, e.g. `apt-get install -y faketime`.
+pub fn require(program: &str, install: &str, test: &str) -> Option<PathBuf> {
+    if let Some(path) = which(program) {
+        return Some(path);
+    }
+    skip(test, &format!("{program} not found on PATH"), install);
+    None
+}
+
+/// Records that `test` cannot run for `why`; under CI this fails the test instead.
+pub fn skip(test: &str, why: &str, install: &str) {
+    let line = format!("SKIP {test}: {why}; install with: {install}");
+    if in_ci() {
+        panic!("{line} (CI=true: a missing tool is a failure, not a skip)");
+    }
+    eprintln!("\n*** {line} ***\n");
+    let list = Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-skips.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(list)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
