@@ -102,6 +102,7 @@ fn run() -> anyhow::Result<()> {
                 // Tests and scripts read this line to find the port when listening on :0.
                 println!("herald listening on {}", server.url());
                 let first = signals.next().await;
+                exit_anyway_after(drain_timeout + SHUTDOWN_GRACE);
                 tracing::info!(signal = first, timeout_ms = drain_timeout.as_millis() as u64,
                     in_flight = server.engine.sends_in_flight(),
                     "draining: no new sends or writes; waiting for sends in flight (a second signal exits at once)");
@@ -129,6 +130,31 @@ fn run() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Client(_) | Command::Completions { .. } => Ok(()),
+    }
+}
+
+/// Beyond the drain timeout, how long closing may take (the store flushes and closes).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Exit status when closing took longer than the drain timeout and [`SHUTDOWN_GRACE`].
+const EXIT_STUCK: i32 = 3;
+
+/// A signal must end the process whatever state it is in: a storage engine stuck after an I/O
+/// error (sled 0.34 can block for good in its drop) must not keep it alive. Everything
+/// acknowledged is durable already, so exiting is safe; what was in flight goes again after the
+/// restart.
+fn exit_anyway_after(after: Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("herald-exit-watchdog".into())
+        .spawn(move || {
+            std::thread::sleep(after);
+            tracing::error!(
+                after_ms = after.as_millis() as u64,
+                "shutdown did not finish in time (storage stuck?): exiting now; nothing acknowledged is lost"
+            );
+            std::process::exit(EXIT_STUCK);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "could not start the shutdown watchdog");
     }
 }
 

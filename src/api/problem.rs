@@ -193,6 +193,11 @@ impl From<EngineError> for Problem {
                 "Unavailable",
                 "herald is shutting down",
             ),
+            // The write itself met the failure (a full disk, an I/O error): nothing was
+            // acknowledged, and herald heals by itself, so it is "try again", not a bug.
+            EngineError::Store(s) if s.is_storage() => Problem::unavailable(format!(
+                "storage is failing ({s}); the change is not known to be applied. Try again once /healthz answers 200"
+            )),
             EngineError::Store(s) => {
                 tracing::error!(error = %s, "storage error answering a request");
                 Problem::internal(format!("storage error: {s}"))

@@ -23,6 +23,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::memtable::{self, Layer, Mem};
 use super::pace;
+use super::space;
 use super::wal::{self, Segment, Write};
 use super::StoreError;
 
@@ -202,7 +203,21 @@ struct Shared {
     pacer: Mutex<pace::Pacer>,
     /// Per tree, no key in sled is above this (see [`SledFences`]).
     sled_fences: Mutex<SledFences>,
+    /// The applier waits for free space before it writes a layer into sled (`store/space.rs`):
+    /// a write that would wait for room fails at once instead.
+    low_space: AtomicBool,
+    /// An old sled handle being closed on its own thread (see [`SledBackend::reopen_sled`]):
+    /// answers once the close is done. Until then sled's lock on the directory is held.
+    closing: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
+
+/// How long a reopen waits for the old sled handle to close before it reports it stuck and
+/// tries again later (the close goes on in the background).
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// Longest a group waits for room in the memtable before it fails.
+const ROOM_WAIT_MAX: Duration = Duration::from_secs(5);
+/// How often the applier looks at free space again while it waits for some.
+const SPACE_POLL: Duration = Duration::from_millis(200);
 
 /// Per tree, a key no smaller than any key sled holds, or `None` while unknown.
 ///
@@ -398,8 +413,11 @@ impl Shared {
     }
 
     /// Waits while the active layer is over [`ACTIVE_MAX_BYTES`] and a layer is still frozen.
+    /// Fails at once while the applier cannot write (sled failed, or no free space): then the
+    /// wait could be without end, and the writer is better told so.
     fn wait_for_room(&self) -> Result<(), StoreError> {
         let mut inbox = self.applier.lock();
+        let started = Instant::now();
         loop {
             {
                 let m = self.mem.read();
@@ -409,6 +427,19 @@ impl Shared {
             }
             if self.sled_failed.load(Ordering::SeqCst) {
                 return Err(sled_behind());
+            }
+            if self.low_space.load(Ordering::SeqCst) {
+                let free = space::free_bytes(&self.dir).unwrap_or(0);
+                return Err(space::full(&self.dir, free, space::WRITE_RESERVE));
+            }
+            if started.elapsed() >= ROOM_WAIT_MAX {
+                // The applier is stuck (a flush that never returns, say): fail the group, so
+                // health says so and writes are refused up front, instead of queueing without
+                // an answer.
+                return Err(StoreError::Write(format!(
+                    "the applier has not taken the memtable for {} s; writes are refused until it does",
+                    ROOM_WAIT_MAX.as_secs()
+                )));
             }
             self.pressed.store(true, Ordering::Relaxed);
             tracing::debug!("memtable full: the write waits for the applier");
@@ -464,6 +495,9 @@ impl Shared {
         let pace = || self.hold_back(&waited);
         self.raise_sled_fences(layer);
         loop {
+            if !self.wait_for_space(layer.bytes) {
+                return false;
+            }
             let r = match &*self.inner.read() {
                 Some(i) => i.write_layer(layer, &pace),
                 None => Err(self.closed_error()),
@@ -505,6 +539,29 @@ impl Shared {
         self.mem.write().drop_frozen();
         self.done.notify_all();
         true
+    }
+
+    /// Waits (applier) until a layer of `bytes` may go into sled (`store/space.rs`). `false`:
+    /// stopping.
+    fn wait_for_space(&self, bytes: usize) -> bool {
+        loop {
+            let free = space::free_bytes(&self.dir);
+            if space::may_apply(free, bytes) {
+                if self.low_space.swap(false, Ordering::SeqCst) {
+                    tracing::warn!(dir = %self.dir.display(), "free space is back: the memtable goes into sled again");
+                }
+                return true;
+            }
+            if !self.low_space.swap(true, Ordering::SeqCst) {
+                tracing::error!(dir = %self.dir.display(), free_bytes = free.unwrap_or(0), layer_bytes = bytes,
+                    "the disk is nearly full: the memtable waits in memory (it is in the log), writes are refused until space is freed");
+            }
+            let mut inbox = self.applier.lock();
+            if inbox.stop {
+                return false;
+            }
+            self.work.wait_for(&mut inbox, SPACE_POLL);
+        }
     }
 
     /// Notes a group for the applier's pacing (commit thread).
@@ -659,6 +716,8 @@ impl SledBackend {
             pressed: AtomicBool::new(false),
             pacer: Mutex::new(pace::Pacer::default()),
             sled_fences: Mutex::new(Default::default()),
+            low_space: AtomicBool::new(false),
+            closing: Mutex::new(None),
         });
         shared.freeze_if(&mut shared.log.lock(), |_| true);
         let s = shared.clone();
@@ -676,6 +735,58 @@ impl SledBackend {
     /// [`SledBackend::written_directly`] when done (`Store::open_with` does, after them all).
     pub fn db(&self) -> Result<sled::Db, StoreError> {
         self.with(|i| i.db.clone())
+    }
+
+    /// Reopens sled; the applier then writes its frozen layer again. Nothing is replayed from
+    /// the log: every write sled may have lost is still in a layer (a layer is dropped only
+    /// after sled was flushed with it), so the fences stay true (sled holds no key it did not
+    /// hold before).
+    ///
+    /// No lock is held across a call into sled that can block: after an I/O error sled's drop
+    /// can wait forever for a flush, so the old handle is taken out under the write lock (a
+    /// swap) and closed on a thread of its own, waited for at most [`CLOSE_WAIT`]. Meanwhile
+    /// reads that need sled fail at once ("closed") instead of waiting. A close still running
+    /// at the next attempt is waited for again; sled's lock on the directory is held until it
+    /// ends. While the disk is too full to write a layer nothing is reopened (the old handle
+    /// keeps serving reads).
+    fn reopen_sled(&self) -> Result<(), StoreError> {
+        let s = &self.shared;
+        let free = space::free_bytes(&s.dir);
+        if !space::may_apply(free, 0) {
+            return Err(space::full(&s.dir, free.unwrap_or(0), space::APPLY_RESERVE));
+        }
+        let mut closing = s.closing.lock();
+        if closing.is_none() {
+            let old = s.inner.write().take();
+            if let Some(old) = old {
+                let (done, rx) = std::sync::mpsc::channel();
+                std::thread::Builder::new()
+                    .name("herald-sled-close".into())
+                    .spawn(move || {
+                        drop(old);
+                        let _ = done.send(());
+                    })?;
+                *closing = Some(rx);
+            }
+        }
+        if let Some(rx) = closing.as_ref() {
+            match rx.recv_timeout(CLOSE_WAIT) {
+                Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => *closing = None,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(StoreError::Write(format!(
+                        "sled's old handle on {} has not closed after its I/O error (sled 0.34 can hang there); herald keeps trying, and a restart clears it",
+                        s.dir.display()
+                    )));
+                }
+            }
+        }
+        drop(closing);
+        let fresh = SledInner::open(&s.dir, s.cache_bytes)?;
+        *s.inner.write() = Some(fresh);
+        s.sled_failed.store(false, Ordering::SeqCst);
+        s.work.notify_all();
+        tracing::warn!(dir = %s.dir.display(), "storage reopened");
+        Ok(())
     }
 
     /// sled was written behind the memtable's back: its fences are worked out again.
@@ -904,6 +1015,10 @@ impl Iterator for MergedScan<'_> {
 impl Backend for SledBackend {
     fn apply(&self, jobs: Vec<Vec<RawOp>>) -> Result<Vec<Result<(), Rejected>>, StoreError> {
         let s = &self.shared;
+        let free = space::free_bytes(&s.dir);
+        if !space::may_write(free) {
+            return Err(space::full(&s.dir, free.unwrap_or(0), space::WRITE_RESERVE));
+        }
         s.wait_for_room()?;
         s.note_group();
         let mut log = s.log.lock();
@@ -959,27 +1074,23 @@ impl Backend for SledBackend {
         Ok(())
     }
 
-    /// Reopens sled; the applier then writes its frozen layer again. Nothing is replayed from
-    /// the log: every write sled may have lost is still in a layer (a layer is dropped only
-    /// after sled was flushed with it).
+    /// Starts afresh after a failed group: finishes the log's cut back, opens a segment if
+    /// none is open, and reopens sled if the applier met an error in it (never otherwise: a
+    /// full disk refused by `store/space.rs` or a failed log sync leaves sled as it was, and
+    /// reads go on using it).
     fn recover(&self) -> Result<(), StoreError> {
         let s = &self.shared;
-        let mut log = s.log.lock();
-        log.discard()?;
-        if log.seg.is_none() {
-            let n = wal::segments(&s.dir)?.last().map_or(1, |(n, _)| n + 1);
-            log.seg = Some(Segment::create(&s.dir, n)?);
+        {
+            let mut log = s.log.lock();
+            log.discard()?;
+            if log.seg.is_none() {
+                let n = wal::segments(&s.dir)?.last().map_or(1, |(n, _)| n + 1);
+                log.seg = Some(Segment::create(&s.dir, n)?);
+            }
         }
-        let mut inner = s.inner.write();
-        // The old handle must be gone before the directory can be locked again. A reader that
-        // still holds a tree of it (an iterator) keeps it open: then this fails and is tried
-        // again after the next failed group.
-        *inner = None;
-        *inner = Some(SledInner::open(&s.dir, s.cache_bytes)?);
-        drop(inner);
-        s.sled_failed.store(false, Ordering::SeqCst);
-        s.work.notify_all();
-        tracing::warn!(dir = %s.dir.display(), "storage reopened");
+        if s.sled_failed.load(Ordering::SeqCst) || s.inner.read().is_none() {
+            self.reopen_sled()?;
+        }
         Ok(())
     }
 

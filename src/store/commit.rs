@@ -13,7 +13,12 @@
 //! for room. Nothing queues without bound.
 //!
 //! Health: a failed apply or sync is remembered (and logged once per change) until a later
-//! group succeeds; `/healthz` and `/metrics` read it.
+//! group succeeds; `/healthz` and `/metrics` read it. While it fails the engine refuses writes
+//! up front, so no group might come to prove the storage works again: a heal thread
+//! (`herald-heal`) queues an empty probe group every [`PROBE_EVERY`] meanwhile. It goes through
+//! the backend like any group (a full disk refuses it, `store/space.rs`), a failed one lets the
+//! backend start afresh ([`Backend::recover`], at most once per [`RECOVER_EVERY`]), and the
+//! first that succeeds clears the failure: herald heals on a timer, not only after a write.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,6 +42,8 @@ pub const GROUP_MAX: usize = 4_096;
 pub const GROUP_OPS_MAX: usize = 16_384;
 /// Least time between two attempts to reopen a failing backend.
 const RECOVER_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often the heal thread probes a failing store.
+pub const PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Jobs that may wait for the commit thread (default; tests use a small queue).
 pub const QUEUE_JOBS: usize = 16_384;
@@ -144,6 +151,10 @@ impl GroupCommit {
         let thread = std::thread::Builder::new()
             .name("herald-commit".into())
             .spawn(move || run(backend, rx, s, h))?;
+        let (weak, h) = (tx.downgrade(), health.clone());
+        std::thread::Builder::new()
+            .name("herald-heal".into())
+            .spawn(move || heal(weak, h))?;
         Ok(GroupCommit {
             tx: Some(tx),
             thread: Some(thread),
@@ -180,6 +191,23 @@ impl GroupCommit {
         self.tx
             .as_ref()
             .map_or(0, |tx| self.queue_jobs - tx.capacity())
+    }
+}
+
+/// The heal thread: an empty probe group every [`PROBE_EVERY`] while the store fails. Ends
+/// once the queue is gone (the store was dropped). A full queue skips a probe: writes are
+/// moving then anyway.
+fn heal(queue: mpsc::WeakSender<Job>, health: Arc<Health>) {
+    loop {
+        std::thread::sleep(PROBE_EVERY);
+        let Some(tx) = queue.upgrade() else { return };
+        if health.failing().is_some() {
+            let (reply, _answer) = oneshot::channel();
+            let _ = tx.try_send(Job {
+                ops: Vec::new(),
+                reply,
+            });
+        }
     }
 }
 
@@ -243,7 +271,7 @@ fn run(
                 if last_recover.is_none_or(|t: Instant| t.elapsed() >= RECOVER_EVERY) {
                     last_recover = Some(Instant::now());
                     if let Err(e) = backend.recover() {
-                        tracing::warn!(error = %e, "reopening the storage failed; trying again after the next failed write");
+                        tracing::warn!(error = %e, "starting the storage afresh failed; the heal thread tries again");
                     }
                 }
             }

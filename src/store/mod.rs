@@ -28,6 +28,7 @@ pub mod memtable;
 pub mod pace;
 pub mod purge;
 pub mod records;
+pub mod space;
 pub mod wal;
 
 use std::path::Path;
@@ -70,6 +71,13 @@ pub enum StoreError {
     Write(String),
     #[error("the write queue is full; try again shortly")]
     Busy,
+    /// Free space on the data directory's filesystem is under a reserve (`store/space.rs`).
+    #[error("the disk holding {dir} is full: {free_mib} MiB free, herald keeps {reserve_mib} MiB; writes resume by themselves once space is freed")]
+    DiskFull {
+        dir: String,
+        free_mib: u64,
+        reserve_mib: u64,
+    },
     #[error(
         "data directory {dir} has format version {found}; this build reads {DIR_FORMAT} and 1"
     )]
@@ -83,7 +91,10 @@ impl StoreError {
     pub fn is_storage(&self) -> bool {
         matches!(
             self,
-            StoreError::Sled(_) | StoreError::Io(_) | StoreError::Write(_)
+            StoreError::Sled(_)
+                | StoreError::Io(_)
+                | StoreError::Write(_)
+                | StoreError::DiskFull { .. }
         )
     }
 }

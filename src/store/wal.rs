@@ -23,8 +23,12 @@
 //! Invariants:
 //! - A write reaches sled only after the log record holding it is durable, so sled never holds
 //!   a write that a crash could take from the log (sled's own background writes included).
-//! - A record whose sync failed is cut off the log (`truncate` to the last durable length)
-//!   before anything else is appended, so a write that was answered "failed" is never replayed.
+//! - A record whose sync failed is cut off the log (zeros over it, made durable) before
+//!   anything else is appended; a group whose cut cannot be made durable fails, and so does every
+//!   later one until the cut is. So a write answered "failed" is never replayed once herald
+//!   writes again. One window stays, as in every database: herald dying between the failed sync
+//!   and the durable cut may replay it at the next start (its writer was told "failed", which
+//!   means "not known to be applied", never "known not applied").
 //! - Decoding never panics: a bad length, checksum or tree is an error naming the file and the
 //!   byte offset; only a damaged *last* record of the newest segment is taken for a torn write
 //!   (power lost mid-append: it was never acknowledged) and cut off with a warning.
@@ -315,6 +319,11 @@ impl Segment {
         self.file.seek(SeekFrom::Start(self.synced))?;
         self.file
             .write_all(&vec![0; (self.len - self.synced) as usize])?;
+        // The zeros must be durable too: after a failed `fdatasync` nobody knows which of the
+        // record's pages reached the disk, and only zeros on disk over it keep a crash from
+        // replaying it. Until this succeeds `len` stays ahead of `synced`, so the next group
+        // tries the cut again (`Log::discard`) and fails rather than append behind it.
+        self.file.sync_data()?;
         self.file.seek(SeekFrom::Start(self.synced))?;
         self.len = self.synced;
         Ok(())
