@@ -42,6 +42,7 @@ pub const ENV_KEYS: &[(&str, Kind)] = &[
     ("limits.header_read_timeout", Kind::Str),
     ("store.cache_mb", Kind::Int),
     ("store.retention", Kind::Str),
+    ("store.runs_max", Kind::Int),
 ];
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
@@ -102,6 +103,8 @@ struct StoreFile {
     cache_mb: Option<u64>,
     /// How long finished tasks are kept: a duration, or "off" / "0" to keep them forever.
     retention: Option<String>,
+    /// Most run records an unfinished task keeps (default 1000); the oldest finished go first.
+    runs_max: Option<u64>,
 }
 
 /// `[limits]`: the documented defaults of API.md, adjustable.
@@ -397,6 +400,14 @@ impl Config {
             if let Some(r) = &st.retention {
                 store.retention_ms =
                     parse_retention(r).map_err(|e| invalid("store.retention", e))?;
+            }
+            match st.runs_max {
+                Some(0) => return Err(invalid("store.runs_max", "must be at least 1")),
+                Some(n) => {
+                    store.runs_max = u32::try_from(n)
+                        .map_err(|_| invalid("store.runs_max", "must be at most 4294967295"))?
+                }
+                None => {}
             }
         }
         Ok(Config {

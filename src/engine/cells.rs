@@ -297,11 +297,12 @@ fn load(inner: &Inner, id: &str) -> Result<Option<(LiveState, Option<String>)>, 
         return Ok(None);
     }
     // Every run record is written with the fire that made it (and `fires` counted in the
-    // same write): a task never fired has none, and its load skips the scan.
+    // same write): a task never fired has none, and its load skips the scan. Otherwise only
+    // its running runs are read (the `active_runs` index): a cron's history never slows a fire.
     let runs = match if task.fires == 0 {
         Ok(Vec::new())
     } else {
-        inner.store.runs_of(id)
+        inner.store.active_runs_of(id)
     } {
         Ok(r) => r,
         Err(e) => {

@@ -330,6 +330,13 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked, key: &RunKey) -> Result
     for r in p.not_started.iter().chain(&p.started) {
         batch.run(&p.task.id, r);
     }
+    // History is bounded: the newest `runs_max` run numbers stay (the store skips a run still
+    // running, and deletes at most `store::TRIM_MAX` per fire).
+    if let Some(max) = inner.config.runs_max {
+        if p.task.fires > max {
+            batch.trim_runs(&p.task.id, p.task.fires - max + 1);
+        }
+    }
     batch.progress(&p.task);
     inner.store.write(&batch).await?;
     for r in &p.not_started {

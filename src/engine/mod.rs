@@ -82,6 +82,9 @@ pub struct EngineConfig {
     /// How long finished tasks are kept (`[store] retention`); `None` keeps them forever.
     /// The server sets it from the config; the library default keeps everything.
     pub retention_ms: Option<u64>,
+    /// Most run records an unfinished task keeps (`[store] runs_max`): each fire deletes the
+    /// oldest finished ones beyond it (a bounded number per fire). `None` keeps every run.
+    pub runs_max: Option<u32>,
 }
 
 impl Default for EngineConfig {
@@ -92,6 +95,7 @@ impl Default for EngineConfig {
             alerts_channel: None,
             hold_index_load: None,
             retention_ms: None,
+            runs_max: None,
         }
     }
 }

@@ -39,10 +39,12 @@ pub enum TreeId {
     Idem,
     /// Secondary index of `Live` in start-up order (see `records::due_key`).
     Due,
+    /// The runs that are `running`, keyed like `Runs`, with empty values (`store/mod.rs`).
+    Active,
 }
 
 /// How many trees there are.
-pub const TREES: usize = 8;
+pub const TREES: usize = 9;
 
 impl TreeId {
     pub const ALL: [TreeId; TREES] = [
@@ -54,6 +56,7 @@ impl TreeId {
         TreeId::Failures,
         TreeId::Idem,
         TreeId::Due,
+        TreeId::Active,
     ];
 
     pub fn name(self) -> &'static str {
@@ -66,6 +69,7 @@ impl TreeId {
             TreeId::Failures => "failures",
             TreeId::Idem => "idempotency",
             TreeId::Due => "due",
+            TreeId::Active => "active_runs",
         }
     }
 

@@ -9,6 +9,9 @@
 //! - `messages`: task id ‖ 0x00 ‖ seq (u32 big-endian) → [`Message`]
 //! - `runs`: task id ‖ 0x00 ‖ run number (u32 big-endian) → [`Run`]; ids never contain 0x00,
 //!   so a prefix scan on `id ‖ 0x00` finds exactly one task's runs (or messages), in order
+//! - `active_runs`: the same key → empty, exactly for the runs whose record says `running`
+//!   (written with every run record, [`encode_batch`]): loading a task reads its active runs
+//!   through it, never its whole history ([`Store::active_runs_of`])
 //! - `failures`: failure id (the delivery key) → [`Failure`]
 //! - `idempotency`: client key → [`IdemRecord`]
 //! - `meta` (sled only): `format` → data-directory format ([`DIR_FORMAT`])
@@ -36,7 +39,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Failure, Message, Run, Task};
+use crate::model::{Failure, Message, Run, RunState, Task};
 use backend::{Backend, IndexedWrite, RawOp, SledBackend, TreeId};
 use codec::{decode, encode};
 use commit::GroupCommit;
@@ -46,8 +49,12 @@ use records::{join, live_of, progress_of, spec_of, LiveEntry, ProgressRecord, Sp
 /// `tasks` tree; it is migrated on open (`legacy.rs`). Format 2 had no `due` index; it is
 /// built from `live` on open. Format 3 had no write-ahead log (`wal-*.log`): its trees are
 /// read as they are; the number moved so that an older build refuses a directory whose last
-/// writes may still be in the log.
-pub const DIR_FORMAT: u8 = 4;
+/// writes may still be in the log. Format 4 had no `active_runs` index; it is built from
+/// `runs` on open ([`build_active_index`]).
+pub const DIR_FORMAT: u8 = 5;
+/// Most finished run records one fire deletes from a task's history ([`Op::TrimRuns`]): a
+/// task restored with a long history comes down to `runs_max` over some fires, each bounded.
+pub const TRIM_MAX: usize = 64;
 
 /// sled's page cache when the config does not say (`[store] cache_mb`); sled's own default
 /// is 1 GiB.
@@ -126,6 +133,12 @@ pub enum Op {
     DeleteTask(purge::Footprint),
     /// Deletes an idempotency key (its task is gone).
     DeleteIdem(String),
+    /// Deletes the task's oldest finished run records numbered below `below`, at most
+    /// [`TRIM_MAX`] of them (a live task's history is bounded: `[store] runs_max`).
+    TrimRuns {
+        task_id: String,
+        below: u32,
+    },
     /// Writes an idempotency key as it was (import of an export).
     PutIdem(String, IdemRecord),
 }
@@ -146,6 +159,14 @@ impl Batch {
     }
     pub fn progress(&mut self, t: &Task) -> &mut Self {
         self.ops.push(Op::Progress(Box::new(t.clone())));
+        self
+    }
+    /// See [`Op::TrimRuns`].
+    pub fn trim_runs(&mut self, task_id: &str, below: u32) -> &mut Self {
+        self.ops.push(Op::TrimRuns {
+            task_id: task_id.to_string(),
+            below,
+        });
         self
     }
     pub fn run(&mut self, task_id: &str, r: &Run) -> &mut Self {
@@ -219,16 +240,22 @@ pub struct StoreOptions {
     /// How long finished tasks are kept before the retention sweep deletes them (`[store]
     /// retention`); `None` keeps them forever. Applied by the engine, not by the store.
     pub retention_ms: Option<u64>,
+    /// Most run records an unfinished task keeps (`[store] runs_max`); older finished ones
+    /// are deleted as it fires. Applied by the engine.
+    pub runs_max: u32,
 }
 
 /// `[store] retention` when the config does not say.
 pub const DEFAULT_RETENTION_MS: u64 = 7 * 86_400_000;
+/// `[store] runs_max` when the config does not say.
+pub const DEFAULT_RUNS_MAX: u32 = 1_000;
 
 impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
             cache_bytes: DEFAULT_CACHE_BYTES,
             retention_ms: Some(DEFAULT_RETENTION_MS),
+            runs_max: DEFAULT_RUNS_MAX,
         }
     }
 }
@@ -236,6 +263,8 @@ impl Default for StoreOptions {
 pub struct Store {
     backend: Arc<dyn Backend>,
     commit: GroupCommit,
+    /// Run records decoded by the run readers ([`Store::run_records_read`]).
+    run_reads: std::sync::atomic::AtomicU64,
     /// Declared last, so dropped last: set once everything above is closed (the commit thread
     /// joined, sled's lock on the directory released).
     closed: Closed,
@@ -267,9 +296,13 @@ impl Store {
             Some([1]) => {
                 legacy::migrate_v1(&db, &backend)?;
                 build_due_index(&backend)?;
+                build_active_index(&backend)?;
             }
-            Some([2]) => build_due_index(&backend)?,
-            Some([3]) => {}
+            Some([2]) => {
+                build_due_index(&backend)?;
+                build_active_index(&backend)?;
+            }
+            Some([3 | 4]) => build_active_index(&backend)?,
             Some(v) => {
                 return Err(StoreError::Version {
                     dir: dir.display().to_string(),
@@ -299,6 +332,7 @@ impl Store {
         Ok(Store {
             backend,
             commit,
+            run_reads: Default::default(),
             closed: Closed(Arc::default()),
         })
     }
@@ -333,7 +367,12 @@ impl Store {
         if batch.is_empty() {
             return Ok(());
         }
-        let ops = encode_batch(batch)?;
+        let mut ops = encode_batch(batch)?;
+        for op in &batch.ops {
+            if let Op::TrimRuns { task_id, below } = op {
+                self.push_trim(&mut ops, task_id, *below)?;
+            }
+        }
         match self.commit.write(ops, true).await? {
             Ok(()) => Ok(()),
             Err(r) => Err(StoreError::Write(format!(
@@ -530,9 +569,56 @@ impl Store {
         bounded(self.backend.scan(TreeId::Runs, &p, Some(&p)))
             .map(|item| {
                 let (k, v) = item?;
+                self.run_reads
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 decode("runs", &k, &v)
             })
             .collect()
+    }
+
+    /// The runs of a task that are `running`, in run order: through the `active_runs` index,
+    /// so the cost is O(active runs), whatever the task's history. An index entry whose run
+    /// record is gone or no longer running is skipped (never the case when both are written
+    /// together, as [`encode_batch`] does).
+    pub fn active_runs_of(&self, task_id: &str) -> Result<Vec<Run>, StoreError> {
+        let p = id_prefix(task_id);
+        let mut out = Vec::new();
+        for item in bounded(self.backend.scan(TreeId::Active, &p, Some(&p))) {
+            let (k, _) = item?;
+            self.run_reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Some(v) = self.backend.get(TreeId::Runs, &k)? {
+                let r: Run = decode("runs", &k, &v)?;
+                if r.state == RunState::Running {
+                    out.push(r);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Run records decoded so far by [`Store::runs_of`] and [`Store::active_runs_of`] (tests
+    /// and benches check that loading a task does not read its history).
+    pub fn run_records_read(&self) -> u64 {
+        self.run_reads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The deletes of an [`Op::TrimRuns`]: the task's oldest run records below `below`, at
+    /// most [`TRIM_MAX`], skipping any that is still running (its settle writes it again).
+    fn push_trim(&self, ops: &mut Vec<RawOp>, task_id: &str, below: u32) -> Result<(), StoreError> {
+        let p = id_prefix(task_id);
+        let end = run_key(task_id, below);
+        for item in bounded(self.backend.scan(TreeId::Runs, &p, Some(&p))).take(TRIM_MAX) {
+            let (k, _) = item?;
+            if k >= end {
+                break;
+            }
+            if self.backend.get(TreeId::Active, &k)?.is_some() {
+                continue;
+            }
+            ops.push(RawOp::Delete(TreeId::Runs, k));
+        }
+        Ok(())
     }
 
     /// Up to `limit` runs of a task after run number `after`, in run order, and whether more
@@ -661,6 +747,40 @@ fn bounded<'a, T: 'a>(
     })
 }
 
+/// Builds the `active_runs` index from `runs` (format 4 → 5), through the backend (the log
+/// may hold run records sled does not have yet), in bounded groups, and makes it durable.
+fn build_active_index(backend: &SledBackend) -> Result<(), StoreError> {
+    let started = std::time::Instant::now();
+    let (mut n, mut ops) = (0usize, Vec::new());
+    let flush = |ops: Vec<RawOp>| -> Result<(), StoreError> {
+        if !ops.is_empty() {
+            backend.apply(vec![ops])?;
+            backend.sync()?;
+        }
+        Ok(())
+    };
+    for item in bounded(backend.scan(TreeId::Runs, &[], None)) {
+        let (k, v) = item?;
+        // A record that does not decode is left out: loading its task reports it as before.
+        let running =
+            codec::decode::<Run>("runs", &k, &v).is_ok_and(|r| r.state == RunState::Running);
+        if running {
+            ops.push(RawOp::Put(TreeId::Active, k, Vec::new()));
+            n += 1;
+            if ops.len() == 10_000 {
+                flush(std::mem::take(&mut ops))?;
+            }
+        }
+    }
+    flush(ops)?;
+    tracing::info!(
+        running = n,
+        took_ms = started.elapsed().as_millis() as u64,
+        "built the active-runs index of this data directory (format 4 -> 5)"
+    );
+    Ok(())
+}
+
 /// Encodes a batch into backend writes.
 fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
     let mut ops = Vec::with_capacity(batch.ops.len() * 3);
@@ -673,7 +793,17 @@ fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
                 old_count,
                 messages,
             } => push_messages(&mut ops, task_id, *old_count, messages)?,
-            Op::Run(id, r) => ops.push(RawOp::Put(TreeId::Runs, run_key(id, r.run), encode(r)?)),
+            Op::Run(id, r) => {
+                let key = run_key(id, r.run);
+                ops.push(if r.state == RunState::Running {
+                    RawOp::Put(TreeId::Active, key.clone(), Vec::new())
+                } else {
+                    RawOp::Delete(TreeId::Active, key.clone())
+                });
+                ops.push(RawOp::Put(TreeId::Runs, key, encode(r)?));
+            }
+            // Expanded by `Store::write`, which reads which records there are.
+            Op::TrimRuns { .. } => {}
             Op::Failure(f) => ops.push(RawOp::Put(
                 TreeId::Failures,
                 f.id.as_bytes().to_vec(),
@@ -695,6 +825,7 @@ fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
                 }
                 for run in &fp.runs {
                     ops.push(RawOp::Delete(TreeId::Runs, run_key(&fp.id, *run)));
+                    ops.push(RawOp::Delete(TreeId::Active, run_key(&fp.id, *run)));
                 }
                 for f in &fp.failures {
                     ops.push(RawOp::Delete(TreeId::Failures, f.as_bytes().to_vec()));
@@ -1210,5 +1341,82 @@ pub(crate) mod tests {
             s.failing().is_none(),
             "health comes back with the first good group"
         );
+    }
+
+    fn run_in(n: u32, state: RunState) -> Run {
+        let mut r = Run::new(n, 1_000 * u64::from(n), 1_000 * u64::from(n), 2);
+        r.state = state;
+        r
+    }
+
+    #[tokio::test]
+    async fn the_active_index_follows_every_run_write_and_trims_skip_running_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let mut b = Batch::new();
+        for n in 1..=5 {
+            b.run("t", &run_in(n, RunState::Running));
+        }
+        s.write(&b).await.unwrap();
+        let active = |s: &Store| -> Vec<u32> {
+            s.active_runs_of("t")
+                .unwrap()
+                .iter()
+                .map(|r| r.run)
+                .collect()
+        };
+        assert_eq!(active(&s), vec![1, 2, 3, 4, 5]);
+        let mut b = Batch::new();
+        b.run("t", &run_in(1, RunState::Completed))
+            .run("t", &run_in(3, RunState::Skipped))
+            .run("t", &run_in(4, RunState::Cancelled));
+        s.write(&b).await.unwrap();
+        assert_eq!(active(&s), vec![2, 5]);
+        // Below 5: runs 1, 3, 4 go; 2 is still running and stays.
+        let mut b = Batch::new();
+        b.trim_runs("t", 5);
+        s.write(&b).await.unwrap();
+        let left: Vec<u32> = s.runs_of("t").unwrap().iter().map(|r| r.run).collect();
+        assert_eq!(left, vec![2, 5]);
+        // Deleting the task's footprint takes its index entries too.
+        let mut b = Batch::new();
+        b.ops.push(Op::DeleteTask(purge::Footprint {
+            id: "t".into(),
+            messages: 0,
+            runs: vec![2, 5],
+            failures: vec![],
+            settling: false,
+        }));
+        s.write(&b).await.unwrap();
+        assert!(active(&s).is_empty());
+        assert!(s.backend.scan(TreeId::Active, &[], None).next().is_none());
+    }
+
+    #[test]
+    fn a_format_4_directory_gets_its_active_index_built_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            // What format 4 wrote: run records, no `active_runs` tree, no log records.
+            let db = sled::open(dir.path()).unwrap();
+            let runs = db.open_tree("runs").unwrap();
+            for (n, state) in [(1, RunState::Completed), (2, RunState::Running)] {
+                runs.insert(run_key("old", n), encode(&run_in(n, state)).unwrap())
+                    .unwrap();
+            }
+            db.open_tree("meta")
+                .unwrap()
+                .insert("format", &[4])
+                .unwrap();
+            db.flush().unwrap();
+        }
+        let s = Store::open(dir.path()).unwrap();
+        let active: Vec<u32> = s
+            .active_runs_of("old")
+            .unwrap()
+            .iter()
+            .map(|r| r.run)
+            .collect();
+        assert_eq!(active, vec![2]);
+        assert_eq!(s.runs_of("old").unwrap().len(), 2);
     }
 }
