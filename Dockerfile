@@ -6,9 +6,9 @@
 #     --env-file herald.env -v "$PWD/herald.toml:/etc/herald/herald.toml:ro" \
 #     --stop-timeout 40 herald serve --config /etc/herald/herald.toml
 #
-# (README, "Docker", has the whole recipe.) The variables below are defaults: a mounted
-# config file that sets the same key wins, so leave `listen` and `data_dir` out of it (or keep
-# them as below) for the port mapping and the volume to apply.
+# (README, "Running it in production", has the whole recipe.) The variables below are
+# defaults: a mounted config file that sets the same key wins, so leave `listen` and
+# `data_dir` out of it (or keep them as below) for the port mapping and the volume to apply.
 #
 # Stopping: `docker stop` sends SIGTERM (STOPSIGNAL below); herald then drains, waiting up to
 # its shutdown_timeout (HERALD_SHUTDOWN_TIMEOUT, 30s here) for sends in flight. Docker kills

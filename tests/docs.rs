@@ -518,3 +518,23 @@ fn packaging_points_at_files_that_exist() {
         ".ci/run runs README's test command"
     );
 }
+
+/// herald's own messages that send the operator to a README section name one that exists.
+#[test]
+fn readme_sections_named_by_error_messages_exist() {
+    let readme = read("README.md");
+    let mut named = 0;
+    for file in ["src/server.rs", "src/main.rs", "src/config.rs"] {
+        let src = read(file);
+        for rest in src.split("README \\\"").skip(1) {
+            let title = rest.split("\\\"").next().unwrap_or("");
+            named += 1;
+            assert!(
+                readme.contains(&format!("\n### {title}\n"))
+                    || readme.contains(&format!("\n## {title}\n")),
+                "{file} sends the operator to README {title:?}, which has no such section"
+            );
+        }
+    }
+    assert!(named > 0, "src/server.rs names README's runbook");
+}
