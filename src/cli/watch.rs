@@ -101,7 +101,11 @@ impl Bars {
         let total = n("total");
         let done = n("sent") + n("failed");
         let state = p["state"].as_str().unwrap_or("running");
-        let msg = format!("sent {} · failed {}", n("sent"), n("failed"));
+        let mut msg = format!("sent {} · failed {}", n("sent"), n("failed"));
+        // The run stays `running` while its task is paused (resume continues it): say paused.
+        if p["task_state"] == "paused" {
+            msg.push_str(" · paused");
+        }
         if state == "running" {
             let bar = self.bars.entry(run).or_insert_with(|| {
                 self.watched += 1;
