@@ -1,8 +1,14 @@
 # herald in a container: a Rust builder stage, a Debian slim runtime as a non-root user.
 #
 #   docker build -t herald .
+#   echo "HERALD_TOKEN=$(openssl rand -hex 24)" > herald.env && chmod 600 herald.env   # keep it
 #   docker run -d --name herald -p 7700:7700 -v herald-data:/var/lib/herald \
-#     -e HERALD_TOKEN="$(openssl rand -hex 24)" --stop-timeout 40 herald
+#     --env-file herald.env -v "$PWD/herald.toml:/etc/herald/herald.toml:ro" \
+#     --stop-timeout 40 herald serve --config /etc/herald/herald.toml
+#
+# (README, "Running it in production", has the whole recipe.) The variables below are
+# defaults: a mounted config file that sets the same key wins, so leave `listen` and
+# `data_dir` out of it (or keep them as below) for the port mapping and the volume to apply.
 #
 # Stopping: `docker stop` sends SIGTERM (STOPSIGNAL below); herald then drains, waiting up to
 # its shutdown_timeout (HERALD_SHUTDOWN_TIMEOUT, 30s here) for sends in flight. Docker kills
@@ -28,9 +34,9 @@ RUN apt-get update \
 COPY --from=build /src/target/release/herald /usr/local/bin/herald
 USER herald
 WORKDIR /var/lib/herald
-# Every config key has a HERALD_* variable (README, "Environment variables"); a config file
-# can be mounted at /etc/herald/herald.toml and passed with `serve --config`. Listening on
-# 0.0.0.0 needs HERALD_TOKEN (16 characters or more).
+# Every config key has a HERALD_* variable (README, "Environment variables"); a variable fills
+# only a key the config file (mounted at /etc/herald/herald.toml, passed with `serve --config`)
+# does not set. Listening on 0.0.0.0 needs a token (HERALD_TOKEN, 16 characters or more).
 ENV HERALD_LISTEN=0.0.0.0:7700 \
     HERALD_DATA_DIR=/var/lib/herald \
     HERALD_SHUTDOWN_TIMEOUT=30s

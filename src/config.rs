@@ -1,5 +1,5 @@
 //! Operator configuration: the TOML file of API.md, the environment (`HERALD_*`, one variable
-//! per key of [`ENV_KEYS`]), and CLI flags, in that order of increasing precedence, over
+//! per key of [`ENV_KEYS`]) for the keys the file does not set, and CLI flags over both, over
 //! embedded defaults (data in `./herald-data`, listening on `127.0.0.1:7700`, one channel `log`).
 //!
 //! Errors name the key they are about (`channels.wechat.url: ...`); unknown keys are errors,
@@ -254,7 +254,13 @@ impl Config {
             path: name.clone(),
             message: e.to_string(),
         })?;
-        if env::apply(&mut table, ENV_KEYS, env)? > 0 {
+        let applied = env::apply(&mut table, ENV_KEYS, env)?;
+        // Said once at start: a variable that changes nothing would otherwise puzzle whoever
+        // set it (the image's and the unit's defaults are such variables under a mounted file).
+        for v in &applied.shadowed {
+            tracing::info!(variable = %v, file = %name, "the config file sets this key; the variable is not used");
+        }
+        if applied.set > 0 {
             file = toml::Value::Table(table)
                 .try_into::<FileConfig>()
                 .map_err(|e| ConfigError::Parse {
@@ -1002,11 +1008,7 @@ secret = "${DT_SECRET}"
     fn every_key_of_the_env_table_is_read_from_its_variable() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("herald.toml");
-        std::fs::write(
-            &path,
-            "listen = \"127.0.0.1:1\"\n[limits]\nmessages_max = 5\n",
-        )
-        .unwrap();
+        std::fs::write(&path, "[limits]\nhorizon = \"10d\"\n").unwrap();
         let env = |n: &str| -> Option<String> {
             Some(
                 match n {
@@ -1024,7 +1026,11 @@ secret = "${DT_SECRET}"
             )
         };
         let c = Config::load_with_env(Some(&path), Overrides::default(), &env).unwrap();
-        assert_eq!(c.listen.port(), 2, "the environment beats the file");
+        assert_eq!(
+            c.listen.port(),
+            2,
+            "the environment fills what the file leaves out"
+        );
         assert_eq!(c.data_dir, PathBuf::from("from-env"));
         assert_eq!(c.token.as_deref(), Some("0123456789abcdef"));
         assert_eq!(c.shutdown_timeout_ms, 2_000);
@@ -1047,6 +1053,26 @@ secret = "${DT_SECRET}"
         let bad = |n: &str| (n == "HERALD_SHUTDOWN_TIMEOUT").then(|| "soon".to_string());
         let e = Config::load_with_env(Some(&path), Overrides::default(), &bad).unwrap_err();
         assert!(e.to_string().starts_with("shutdown_timeout:"), "{e}");
+        // A key the file sets is the file's, whatever the variable says.
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:1\"\n[limits]\nmessages_max = 5\n",
+        )
+        .unwrap();
+        let c = Config::load_with_env(Some(&path), Overrides::default(), &env).unwrap();
+        assert_eq!(c.listen.port(), 1, "the file beats the environment");
+        assert_eq!(c.limits.messages_max, 5);
+        assert_eq!(
+            c.data_dir,
+            PathBuf::from("from-env"),
+            "a key the file leaves out"
+        );
+        let flags = Overrides {
+            listen: Some("127.0.0.1:3".into()),
+            ..Overrides::default()
+        };
+        let c = Config::load_with_env(Some(&path), flags, &env).unwrap();
+        assert_eq!(c.listen.port(), 3, "flags beat the file");
         // Every key of the table is one the file knows: its variable parses into the config.
         for (key, kind) in ENV_KEYS {
             let value = match (key, kind) {

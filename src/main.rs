@@ -54,11 +54,21 @@ fn main() {
 }
 
 fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    // Not `Cli::parse()`: clap's own exit panics when `herald --help | head -1` closes the pipe.
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            std::process::exit(e.exit_code());
+        }
+    };
     match cli.command {
         Command::Client(cmd) => return Ok(herald::cli::run(cmd)?),
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "herald", &mut std::io::stdout());
+            // Into a buffer first: clap_complete panics on a failed write (`| head -1`).
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "herald", &mut script);
+            herald::cli::output::write_bytes(&script);
             return Ok(());
         }
         Command::Serve { .. } => {}

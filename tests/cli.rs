@@ -177,6 +177,16 @@ async fn create_list_show_runs_and_control_tasks() {
         digest.contains("pending") && digest.contains("every weekday at 09:00 (Asia/Shanghai)")
     );
     assert!(digest.contains("(in "), "relative next fire: {digest}");
+    // NEXT FIRE says which zone its wall time is in: `2026-12-01 09:00:00 +08:00 (in 5m)`.
+    let label = digest
+        .split(" (in ")
+        .next()
+        .and_then(|before| before.rsplit(' ').next())
+        .unwrap_or("");
+    assert!(
+        label == "UTC" || (label.len() == 6 && (label.starts_with('+') || label.starts_with('-'))),
+        "zone label on NEXT FIRE, got {label:?}: {digest}"
+    );
     let later = lines.iter().find(|l| l.starts_with("later")).expect("row");
     assert!(
         later.contains("(in 59m") || later.contains("(in 1h"),
@@ -215,6 +225,12 @@ async fn create_list_show_runs_and_control_tasks() {
     assert!(out
         .stdout
         .contains("schedule:   every weekday at 09:00 (Asia/Shanghai)"));
+    // The next fire also in the schedule's own zone, labelled.
+    assert!(
+        out.stdout.contains(" 09:00:00 CST in Asia/Shanghai"),
+        "{}",
+        out.stdout
+    );
     let v = herald(&url, &["tasks", "show", "digest", "--json"])
         .await
         .ok()
@@ -267,24 +283,33 @@ async fn create_list_show_runs_and_control_tasks() {
         http::get(&h.url("/v1/tasks/later")).await.json()["state"],
         "cancelled"
     );
-    // A finished task can be deleted; an unfinished one is refused, naming its state.
-    let err = herald(&url, &["tasks", "delete", "digest"]).await.fails();
-    assert!(
-        err.contains("is pending") && err.contains("cancel it first"),
-        "{err}"
-    );
-    assert_eq!(
-        http::get(&h.url("/v1/tasks/digest")).await.json()["state"],
-        "pending",
-        "a refused delete changes nothing"
-    );
+    // delete does what the API's DELETE does: an unfinished task is cancelled (it stays
+    // readable), a finished one is deleted (404 afterwards).
     let out = herald(&url, &["tasks", "delete", "later"]).await.ok();
     assert!(
-        out.stdout.starts_with("deleted later (cancelled)"),
+        out.stdout.starts_with("deleted later (it was cancelled)"),
         "{}",
         out.stdout
     );
     assert_eq!(http::get(&h.url("/v1/tasks/later")).await.status, 404);
+    let out = herald(&url, &["tasks", "delete", "digest"]).await.ok();
+    assert!(
+        out.stdout.starts_with("cancelled digest (it was pending;"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        http::get(&h.url("/v1/tasks/digest")).await.json()["state"],
+        "cancelled",
+        "DELETE of an unfinished task cancels it, as the API's does"
+    );
+    let out = herald(&url, &["tasks", "delete", "digest"]).await.ok();
+    assert!(
+        out.stdout.starts_with("deleted digest (it was cancelled)"),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(http::get(&h.url("/v1/tasks/digest")).await.status, 404);
 
     // errors: unknown task (404), bad request (422 naming the field), bad file
     let err = herald(&url, &["tasks", "show", "nope"]).await.fails();
@@ -549,6 +574,127 @@ async fn completions_for_three_shells() {
     }
     let out = herald("http://127.0.0.1:1", &["completions", "tcsh"]).await;
     assert_ne!(out.code, 0);
+}
+
+/// `herald ARGS` with standard output a pipe whose reader has already gone: every write
+/// fails with EPIPE, deterministically (a `| head -1` only does when the writer outlasts it).
+fn run_into_closed_pipe(url: &str, args: &[&str]) -> (Option<i32>, String) {
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(args)
+        .env("HERALD_URL", url)
+        .env_remove("HERALD_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("run herald");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_pipe_ends_every_command_quietly_with_status_0() {
+    // What the issue saw: `herald completions zsh | head -1` panicked with exit 101.
+    let shell = Command::new("bash")
+        .args([
+            "-o",
+            "pipefail",
+            "-c",
+            "\"$0\" completions zsh | head -1",
+            env!("CARGO_BIN_EXE_herald"),
+        ])
+        .output()
+        .expect("bash");
+    assert!(
+        shell.status.success(),
+        "herald completions zsh | head -1: {:?}, stderr: {}",
+        shell.status,
+        String::from_utf8_lossy(&shell.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&shell.stdout).lines().count(), 1);
+    assert!(
+        shell.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&shell.stderr)
+    );
+
+    let h = TestHerald::start("").await;
+    let url = h.server.url();
+    let r = http::post_json(
+        &h.url("/v1/tasks"),
+        &json!({"id": "t", "schedule": {"after": "1h"}, "to": ["a"], "body": "x"}),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    let commands: &[&[&str]] = &[
+        &["completions", "zsh"],
+        &["completions", "bash"],
+        &["--help"],
+        &["tasks", "list"],
+        &["tasks", "list", "--json"],
+        &["tasks", "show", "t"],
+        &["tasks", "runs", "t"],
+        &["failures", "list"],
+        &["channels"],
+        &["next", "0 9 * * *", "-n", "50"],
+        &["export", "--url", url.as_str()],
+    ];
+    for args in commands {
+        let (code, stderr) = tokio::task::block_in_place(|| run_into_closed_pipe(&url, args));
+        assert_eq!(
+            code,
+            Some(0),
+            "herald {args:?} into a closed pipe; stderr: {stderr}"
+        );
+        assert!(
+            stderr.is_empty(),
+            "herald {args:?}: nothing on stderr, got: {stderr}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_tasks_run_reads_paused() {
+    let h = TestHerald::start("").await;
+    let url = h.server.url();
+    // A sequence that sends its first message at once and the next an hour later.
+    let r = http::post_json(
+        &h.url("/v1/tasks"),
+        &json!({"id": "slow", "schedule": {"after": "0s"}, "to": ["a", "b", "c"], "body": "x",
+                "pacing": {"interval": "1h"}}),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    poll(Duration::from_secs(10), || async {
+        let v = http::get(&h.url("/v1/tasks/slow")).await.json();
+        (v["state"] == "running" && v["progress"]["sent"] == 1).then_some(())
+    })
+    .await
+    .expect("the first message sent, the run waiting an hour for the next");
+    herald(&url, &["tasks", "pause", "slow"]).await.ok();
+    let out = herald(&url, &["tasks", "runs", "slow"]).await.ok();
+    let row = out.stdout.lines().nth(1).unwrap_or("");
+    assert!(row.starts_with("1    paused"), "{}", out.stdout);
+    let out = herald(&url, &["tasks", "show", "slow"]).await.ok();
+    assert!(
+        out.stdout.contains("run 1 (paused): 1 sent"),
+        "{}",
+        out.stdout
+    );
+    // --json stays the API's answer.
+    let v = herald(&url, &["tasks", "runs", "slow", "--json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(v["runs"][0]["state"], "running");
+    herald(&url, &["tasks", "resume", "slow"]).await.ok();
+    let out = herald(&url, &["tasks", "runs", "slow"]).await.ok();
+    let row = out.stdout.lines().nth(1).unwrap_or("");
+    assert!(row.starts_with("1    running"), "{}", out.stdout);
 }
 
 // ---- herald next: offline, against instants computed by hand from UTC offsets -------------

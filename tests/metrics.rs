@@ -1,6 +1,6 @@
 //! `/metrics` of a running herald: the histograms and gauges an operator watches are there
 //! with bounded labels, existing names stay, and `promtool check metrics` (Debian package
-//! `prometheus`) finds nothing to complain about when it is installed.
+//! `prometheus`) finds nothing to complain about (missing promtool: `tools::require`).
 
 mod common;
 
@@ -111,18 +111,20 @@ async fn metrics_show_latency_histograms_and_task_gauges_and_pass_promtool() {
         "the pending task's fire"
     );
 
-    let promtool = Command::new("promtool")
+    let Some(promtool) = common::tools::require(
+        "promtool",
+        "sudo apt-get install -y --no-install-recommends prometheus",
+        "metrics::metrics_show_latency_histograms_and_task_gauges_and_pass_promtool (promtool check)",
+    ) else {
+        return;
+    };
+    let mut child = Command::new(promtool)
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn();
-    let Ok(mut child) = promtool else {
-        eprintln!(
-            "promtool is not installed (Debian: apt-get install prometheus); skipping its check"
-        );
-        return;
-    };
+        .spawn()
+        .expect("promtool was found on PATH but did not start");
     child
         .stdin
         .take()

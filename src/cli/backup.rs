@@ -13,6 +13,7 @@ use clap::Args;
 use http_body_util::BodyExt;
 
 use super::client::{CliError, Client};
+use super::output;
 use crate::backup::{export, import, BackupError};
 use crate::store::{Store, StoreError, StoreOptions};
 
@@ -51,8 +52,13 @@ pub async fn export_cmd(args: ExportArgs) -> Result<(), CliError> {
     let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock::new());
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    let (tasks, lines) = export::export_to(&store, now, &mut out).map_err(local)?;
-    out.flush().map_err(local)?;
+    let written = export::export_to(&store, now, &mut out)
+        .and_then(|counts| out.flush().map(|()| counts).map_err(BackupError::Io));
+    let (tasks, lines) = match written {
+        // `herald export | head`: the reader wanted no more; the store still closes cleanly.
+        Err(BackupError::Io(e)) if output::is_closed_pipe(&e) => return Ok(()),
+        other => other.map_err(local)?,
+    };
     eprintln!(
         "herald: exported {tasks} tasks ({lines} lines) from {}",
         dir.display()
@@ -88,11 +94,17 @@ async fn export_url(url: &str) -> Result<(), CliError> {
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| local(format!("the export broke off: {e}")))?;
         if let Ok(data) = frame.into_data() {
-            out.write_all(&data).map_err(local)?;
+            match out.write_all(&data) {
+                Err(e) if output::is_closed_pipe(&e) => return Ok(()),
+                other => other.map_err(local)?,
+            }
             last = data.to_vec();
         }
     }
-    out.flush().map_err(local)?;
+    match out.flush() {
+        Err(e) if output::is_closed_pipe(&e) => return Ok(()),
+        other => other.map_err(local)?,
+    }
     // herald ends a failed export without its end line; say so rather than leave a file that
     // looks complete.
     let tail = String::from_utf8_lossy(&last);

@@ -1,5 +1,6 @@
 //! `herald failures ...` and `herald channels`.
 
+use crate::cli::output::{out, outln};
 use chrono::Utc;
 use serde_json::Value;
 
@@ -35,12 +36,12 @@ pub async fn run(c: &Client, json: bool, cmd: FailuresCmd) -> Result<(), CliErro
                 ]);
             }
             if t.is_empty() {
-                println!("no failures");
+                outln!("no failures");
             } else {
-                print!("{}", t.render());
+                out!("{}", t.render());
             }
             if let Some(next) = v["next"].as_str() {
-                println!("more: herald failures list --after {next}");
+                outln!("more: herald failures list --after {next}");
             }
             Ok(())
         }
@@ -49,7 +50,7 @@ pub async fn run(c: &Client, json: bool, cmd: FailuresCmd) -> Result<(), CliErro
             if json {
                 print_json(&v);
             } else {
-                println!(
+                outln!(
                     "retrying {} (to {})",
                     table::cell(&v["id"]),
                     table::cell(&v["to"])
@@ -62,7 +63,7 @@ pub async fn run(c: &Client, json: bool, cmd: FailuresCmd) -> Result<(), CliErro
             if json {
                 print_json(&v);
             } else {
-                println!("dismissed {}", table::cell(&v["id"]));
+                outln!("dismissed {}", table::cell(&v["id"]));
             }
             Ok(())
         }
@@ -110,6 +111,6 @@ pub async fn channels(c: &Client, json: bool) -> Result<(), CliError> {
             n("held").to_string(),
         ]);
     }
-    print!("{}", t.render());
+    out!("{}", t.render());
     Ok(())
 }

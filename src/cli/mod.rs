@@ -9,11 +9,14 @@ mod backup;
 mod client;
 mod failures;
 mod next;
+pub mod output;
 mod table;
 mod tasks;
 mod watch;
 
 use clap::{Args, Subcommand};
+
+use output::outln;
 
 pub use client::{CliError, Client};
 
@@ -164,7 +167,7 @@ pub fn run(cmd: Command) -> Result<(), CliError> {
 
 /// Prints JSON as the API gave it (pretty).
 fn print_json(v: &serde_json::Value) {
-    println!(
+    outln!(
         "{}",
         serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
     );

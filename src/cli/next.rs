@@ -2,6 +2,7 @@
 //! fires of a schedule, offline, from the same code the server uses (validation included, so a
 //! schedule `herald next` accepts is one a task creation accepts).
 
+use crate::cli::output::{out, outln};
 use chrono::TimeZone;
 use clap::Args;
 use serde_json::json;
@@ -89,7 +90,7 @@ pub fn run(a: NextArgs) -> Result<(), CliError> {
         print_json(&json!({ "description": p.description, "tz": p.tz.name(), "fires": fires }));
         return Ok(());
     }
-    println!("{}", p.description);
+    outln!("{}", p.description);
     let from = chrono::DateTime::from_timestamp_millis(now_ms as i64).unwrap_or_default();
     let zone = p.tz.name().to_string();
     let mut t = Table::new(&["#", "UTC", zone.as_str(), "YOUR TIME", "FROM NOW"]);
@@ -108,9 +109,9 @@ pub fn run(a: NextArgs) -> Result<(), CliError> {
         ]);
     }
     if t.is_empty() {
-        println!("no fires within the horizon");
+        outln!("no fires within the horizon");
     } else {
-        print!("{}", t.render());
+        out!("{}", t.render());
     }
     Ok(())
 }

@@ -94,11 +94,27 @@ pub fn relative(t: DateTime<Utc>, now: DateTime<Utc>) -> String {
     }
 }
 
-/// The viewer's local wall time: `2026-12-01 09:00:00`.
+/// The viewer's local wall time with its zone: `2026-12-01 09:00:00 +08:00`, or `... UTC`.
+/// The label matters: without it a time in a table reads as the task's zone or as UTC.
 pub fn local(t: DateTime<Utc>) -> String {
-    t.with_timezone(&Local)
-        .format("%Y-%m-%d %H:%M:%S")
-        .to_string()
+    let l = t.with_timezone(&Local);
+    let label = if l.offset().local_minus_utc() == 0 {
+        "UTC".to_string()
+    } else {
+        l.format("%:z").to_string()
+    };
+    format!("{} {label}", l.format("%Y-%m-%d %H:%M:%S"))
+}
+
+/// The wall time in an IANA zone with its abbreviation: `2026-12-01 09:00:00 CST`; `None`
+/// for a zone chrono-tz does not know (the server accepted it, so that is a newer zone).
+pub fn in_zone(t: DateTime<Utc>, tz: &str) -> Option<String> {
+    let zone: chrono_tz::Tz = tz.parse().ok()?;
+    Some(
+        t.with_timezone(&zone)
+            .format("%Y-%m-%d %H:%M:%S %Z")
+            .to_string(),
+    )
 }
 
 /// "2026-12-01 09:00:00 (in 5m)", or "-" when there is no instant.
@@ -155,6 +171,26 @@ mod tests {
         assert_eq!(at("2026-12-04T00:00:00Z"), "in 3d");
         assert_eq!(at("2026-11-30T23:59:15Z"), "45s ago");
         assert_eq!(at("2026-12-01T00:00:00Z"), "now");
+    }
+
+    #[test]
+    fn times_carry_their_zone() {
+        let t = parse("2026-12-01T01:00:00Z").unwrap();
+        assert_eq!(
+            in_zone(t, "Asia/Shanghai").as_deref(),
+            Some("2026-12-01 09:00:00 CST")
+        );
+        assert_eq!(
+            in_zone(t, "America/New_York").as_deref(),
+            Some("2026-11-30 20:00:00 EST")
+        );
+        assert_eq!(in_zone(t, "Not/AZone"), None);
+        // The viewer's zone is the machine's; whatever it is, the time says which it is.
+        let l = local(t);
+        assert!(
+            l.ends_with(" UTC") || l.contains('+') || l.contains(" -"),
+            "{l}"
+        );
     }
 
     #[test]

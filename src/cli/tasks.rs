@@ -1,5 +1,6 @@
 //! `herald tasks ...`: list, show, create, control, runs (watch is in `watch.rs`).
 
+use crate::cli::output::{out, outln};
 use std::io::Read;
 
 use chrono::Utc;
@@ -41,7 +42,7 @@ pub async fn run(c: &Client, json: bool, cmd: TasksCmd) -> Result<(), CliError> 
             if json {
                 print_json(&v);
             } else {
-                print!("{}", show(&v));
+                out!("{}", show(&v));
             }
             Ok(())
         }
@@ -64,7 +65,7 @@ pub async fn run(c: &Client, json: bool, cmd: TasksCmd) -> Result<(), CliError> 
             if json {
                 print_json(&v);
             } else {
-                println!(
+                outln!(
                     "created {} ({}): {}; next fire {}",
                     table::cell(&v["id"]),
                     table::cell(&v["state"]),
@@ -87,38 +88,55 @@ pub async fn run(c: &Client, json: bool, cmd: TasksCmd) -> Result<(), CliError> 
             if json {
                 print_json(&v);
             } else {
-                print_runs(&v);
+                // A run's record says `running` while its task is paused (the run is not over:
+                // resume continues it at its cursor); show the run as it is.
+                let has_running = v["runs"]
+                    .as_array()
+                    .is_some_and(|rs| rs.iter().any(|r| r["state"] == "running"));
+                let paused = has_running
+                    && c.get(&format!("/v1/tasks/{}", enc(&id))).await?["state"] == "paused";
+                print_runs(&v, paused);
                 if let Some(next) = v["next"].as_str() {
-                    println!("more: herald tasks runs {id} --after {next}");
+                    outln!("more: herald tasks runs {id} --after {next}");
                 }
             }
             Ok(())
         }
         TasksCmd::Delete { id } => {
-            // DELETE of an unfinished task cancels it (the API's first meaning); this command
-            // only deletes, so it looks first.
+            // The API's DELETE: an unfinished task is cancelled (and stays readable), a
+            // finished one is deleted. The state is read first only to say which happened.
             let path = format!("/v1/tasks/{}", enc(&id));
-            let state = c.get(&path).await?["state"]
+            let before = c.get(&path).await?["state"]
                 .as_str()
                 .unwrap_or("")
                 .to_string();
-            if !matches!(state.as_str(), "completed" | "cancelled" | "failed") {
-                return Err(CliError::Local(format!(
-                    "task {id} is {state}: only a finished task can be deleted; cancel it first (herald tasks cancel {id})"
-                )));
-            }
             let v = c.delete(&path).await?;
             if json {
                 print_json(&v);
+            } else if finished(&before) {
+                outln!("deleted {} (it was {before})", table::cell(&v["id"]));
             } else {
-                println!(
-                    "deleted {} ({})",
-                    table::cell(&v["id"]),
-                    table::cell(&v["state"])
+                outln!(
+                    "cancelled {} (it was {before}; it stays readable; delete it again to remove it)",
+                    table::cell(&v["id"])
                 );
             }
             Ok(())
         }
+    }
+}
+
+/// A state no run follows (the API's DELETE deletes such a task instead of cancelling it).
+fn finished(state: &str) -> bool {
+    matches!(state, "completed" | "cancelled" | "failed")
+}
+
+/// A run's state for people: `running` reads `paused` while its task is paused.
+fn run_state(state: &Value, task_paused: bool) -> String {
+    if task_paused && state == "running" {
+        "paused".into()
+    } else {
+        table::cell(state)
     }
 }
 
@@ -145,7 +163,7 @@ async fn action(c: &Client, json: bool, id: &str, what: &str) -> Result<(), CliE
             "resume" => "resumed",
             _ => "triggered",
         };
-        println!(
+        outln!(
             "{done} {}: state {}, next fire {}",
             table::cell(&v["id"]),
             table::cell(&v["state"]),
@@ -168,12 +186,12 @@ fn print_list(v: &Value) {
         ]);
     }
     if t.is_empty() {
-        println!("no tasks");
+        outln!("no tasks");
     } else {
-        print!("{}", t.render());
+        out!("{}", t.render());
     }
     if let Some(next) = v["next"].as_str() {
-        println!("more: herald tasks list --after {next}");
+        outln!("more: herald tasks list --after {next}");
     }
 }
 
@@ -190,6 +208,14 @@ pub fn show(v: &Value) -> String {
     line("channel:", table::cell(&v["channel"]));
     line("schedule:", table::cell(&v["description"]));
     line("next fire:", table::when(&v["next_fire_at"], now));
+    // The schedule's own zone, when it has one: "09:00 in Shanghai" is what was asked for.
+    let sched = &v["schedule"];
+    let tz = sched["tz"].as_str().or(sched["reminders"]["tz"].as_str());
+    if let (Some(tz), Some(t)) = (tz, v["next_fire_at"].as_str().and_then(table::parse)) {
+        if let Some(there) = table::in_zone(t, tz) {
+            line("", format!("{there} in {tz}"));
+        }
+    }
     line("messages:", table::cell(&v["messages"]));
     line("runs:", table::cell(&v["runs"]));
     let p = &v["progress"];
@@ -198,9 +224,14 @@ pub fn show(v: &Value) -> String {
         line(
             "progress:",
             format!(
-                "{} run {}: {} sent, {} failed, {} in flight of {}; eta {}",
+                "{} run {}{}: {} sent, {} failed, {} in flight of {}; eta {}",
                 table::bar(n("sent") + n("failed"), n("total"), 20),
                 n("run"),
+                if v["state"] == "paused" {
+                    " (paused)"
+                } else {
+                    ""
+                },
                 n("sent"),
                 n("failed"),
                 n("in_flight"),
@@ -216,7 +247,8 @@ pub fn show(v: &Value) -> String {
     out
 }
 
-fn print_runs(v: &Value) {
+/// `paused`: the task is paused, so a run recorded `running` is shown as `paused`.
+fn print_runs(v: &Value, paused: bool) {
     let now = Utc::now();
     let mut t = Table::new(&[
         "RUN",
@@ -231,7 +263,7 @@ fn print_runs(v: &Value) {
     for r in v["runs"].as_array().into_iter().flatten() {
         t.row(vec![
             table::cell(&r["run"]),
-            table::cell(&r["state"]),
+            run_state(&r["state"], paused),
             table::when(&r["scheduled_at"], now),
             table::cell(&r["sent"]),
             table::cell(&r["failed"]),
@@ -241,8 +273,8 @@ fn print_runs(v: &Value) {
         ]);
     }
     if t.is_empty() {
-        println!("no runs yet");
+        outln!("no runs yet");
     } else {
-        print!("{}", t.render());
+        out!("{}", t.render());
     }
 }

@@ -8,6 +8,7 @@
 //! It ends (exit 0) when the run it watched finishes and no other run of the task is active, or
 //! at once when the task is already finished; a task waiting for its next fire is waited for.
 
+use crate::cli::output::{out, outln};
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -100,7 +101,11 @@ impl Bars {
         let total = n("total");
         let done = n("sent") + n("failed");
         let state = p["state"].as_str().unwrap_or("running");
-        let msg = format!("sent {} · failed {}", n("sent"), n("failed"));
+        let mut msg = format!("sent {} · failed {}", n("sent"), n("failed"));
+        // The run stays `running` while its task is paused (resume continues it): say paused.
+        if p["task_state"] == "paused" {
+            msg.push_str(" · paused");
+        }
         if state == "running" {
             let bar = self.bars.entry(run).or_insert_with(|| {
                 self.watched += 1;
@@ -120,7 +125,7 @@ impl Bars {
                 );
                 b.set_prefix(format!("{task} run {run}"));
                 if !self.tty && !self.json {
-                    println!("{task} run {run}: started, {total} messages");
+                    outln!("{task} run {run}: started, {total} messages");
                 }
                 b
             });
@@ -131,7 +136,7 @@ impl Bars {
             bar.set_position(done);
             bar.finish_with_message(format!("{msg} · {state}"));
             if !self.json {
-                println!(
+                outln!(
                     "{task} run {run}: {state}, {} sent, {} failed of {total}",
                     n("sent"),
                     n("failed")
@@ -158,18 +163,18 @@ pub async fn watch(c: &Client, json: bool, id: &str) -> Result<(), CliError> {
         };
         let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
         if json {
-            println!("{}", json!({ "event": name, "data": v }));
+            outln!("{}", json!({ "event": name, "data": v }));
         }
         let task_state = match name.as_str() {
             "ready" | "resync" => {
                 let t = c.get(&format!("/v1/tasks/{}", enc(id))).await?;
                 let state = t["state"].as_str().unwrap_or("").to_string();
                 if json {
-                    println!("{}", json!({ "event": "snapshot", "data": t }));
+                    outln!("{}", json!({ "event": "snapshot", "data": t }));
                 }
                 if finished(&state) && bars.bars.is_empty() {
                     if !json {
-                        print!("{}", super::tasks::show(&t));
+                        out!("{}", super::tasks::show(&t));
                     }
                     return Ok(());
                 }
@@ -183,7 +188,7 @@ pub async fn watch(c: &Client, json: bool, id: &str) -> Result<(), CliError> {
                     bars.update(id, &p);
                 }
                 if name == "ready" && state != "running" && !json {
-                    println!(
+                    outln!(
                         "{id} is {state}; waiting for its next run (next fire {})",
                         table::when(&t["next_fire_at"], chrono::Utc::now())
                     );
@@ -204,7 +209,7 @@ pub async fn watch(c: &Client, json: bool, id: &str) -> Result<(), CliError> {
                 b.abandon();
             }
             if !json && finished(&task_state) {
-                println!("{id} is {task_state}");
+                outln!("{id} is {task_state}");
             }
             return Ok(());
         }

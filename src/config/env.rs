@@ -2,7 +2,10 @@
 //! `HERALD_` + the dotted key upper-cased with `.` → `_` (`limits.body_bytes_max` →
 //! `HERALD_LIMITS_BODY_BYTES_MAX`). The values are merged into the parsed TOML table before it
 //! is read, so an environment value is checked exactly like the same value in the file and
-//! every key keeps one code path. Precedence: file < environment < command-line flags.
+//! every key keeps one code path. Precedence: a variable fills only a key the file does not
+//! set; command-line flags beat both. Why the file wins: the container image and the systemd
+//! unit carry `HERALD_*` defaults (listen address, data directory), and a config file mounted
+//! over them must not be silently overridden by the packaging's defaults.
 
 use super::{invalid, ConfigError};
 
@@ -20,19 +23,33 @@ pub fn var_name(key: &str) -> String {
     format!("HERALD_{}", key.replace('.', "_").to_ascii_uppercase())
 }
 
-/// Writes the value of every set variable of `keys` into `table`. An empty variable counts as
-/// unset (`HERALD_TOKEN=` in a compose file means "no value", not "the empty token").
+/// What [`apply`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Variables written into the table.
+    pub set: usize,
+    /// Variables left out because the file sets their key, as `HERALD_LISTEN (listen)`.
+    pub shadowed: Vec<String>,
+}
+
+/// Writes the value of every set variable of `keys` whose key `table` (the file) does not set
+/// into `table`. An empty variable counts as unset (`HERALD_TOKEN=` in a compose file means
+/// "no value", not "the empty token").
 pub fn apply(
     table: &mut toml::Table,
     keys: &[(&str, Kind)],
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<usize, ConfigError> {
-    let mut applied = 0;
+) -> Result<Applied, ConfigError> {
+    let mut applied = Applied::default();
     for &(key, kind) in keys {
         let name = var_name(key);
         let Some(raw) = env(&name).filter(|v| !v.is_empty()) else {
             continue;
         };
+        if is_set(table, key) {
+            applied.shadowed.push(format!("{name} ({key})"));
+            continue;
+        }
         let bad = |what: &str| invalid(&name, format!("{raw:?} is not {what} (sets {key})"));
         let value = match kind {
             Kind::Str => toml::Value::String(raw.clone()),
@@ -45,9 +62,22 @@ pub fn apply(
             }),
         };
         insert(table, key, value).map_err(|m| invalid(&name, m))?;
-        applied += 1;
+        applied.set += 1;
     }
     Ok(applied)
+}
+
+/// True when the dotted `key` has a value in `table`.
+fn is_set(table: &toml::Table, key: &str) -> bool {
+    let mut parts = key.split('.');
+    let Some(first) = parts.next() else {
+        return false;
+    };
+    let mut v = table.get(first);
+    for p in parts {
+        v = v.and_then(|t| t.as_table()).and_then(|t| t.get(p));
+    }
+    v.is_some()
 }
 
 /// Sets the dotted `key` in `table`, creating the tables on the way.
@@ -100,12 +130,49 @@ mod tests {
             ("store.cache_mb", Kind::Int),
             ("token", Kind::Str),
         ];
-        assert_eq!(apply(&mut t, &keys, &env).unwrap(), 2);
+        assert_eq!(apply(&mut t, &keys, &env).unwrap().set, 2);
         assert_eq!(t["listen"].as_str(), Some("0.0.0.0:1"));
         assert_eq!(t["store"]["cache_mb"].as_integer(), Some(32));
         assert!(!t.contains_key("token"));
         let bad = |_: &str| Some("lots".to_string());
-        let e = apply(&mut t, &[("store.cache_mb", Kind::Int)], &bad).unwrap_err();
+        let e = apply(
+            &mut toml::Table::new(),
+            &[("store.cache_mb", Kind::Int)],
+            &bad,
+        )
+        .unwrap_err();
         assert!(e.to_string().starts_with("HERALD_STORE_CACHE_MB:"), "{e}");
+    }
+
+    #[test]
+    fn a_variable_fills_only_a_key_the_file_does_not_set() {
+        let mut t: toml::Table =
+            toml::from_str("listen = \"127.0.0.1:1\"\n[store]\ncache_mb = 4\n").unwrap();
+        let env = |n: &str| match n {
+            "HERALD_LISTEN" => Some("0.0.0.0:7700".to_string()),
+            "HERALD_STORE_CACHE_MB" => Some("32".to_string()),
+            "HERALD_STORE_RETENTION" => Some("1d".to_string()),
+            "HERALD_DATA_DIR" => Some("/var/lib/herald".to_string()),
+            _ => None,
+        };
+        let keys = [
+            ("listen", Kind::Str),
+            ("data_dir", Kind::Str),
+            ("store.cache_mb", Kind::Int),
+            ("store.retention", Kind::Str),
+        ];
+        let a = apply(&mut t, &keys, &env).unwrap();
+        assert_eq!(a.set, 2);
+        assert_eq!(
+            a.shadowed,
+            [
+                "HERALD_LISTEN (listen)",
+                "HERALD_STORE_CACHE_MB (store.cache_mb)"
+            ]
+        );
+        assert_eq!(t["listen"].as_str(), Some("127.0.0.1:1"), "the file wins");
+        assert_eq!(t["store"]["cache_mb"].as_integer(), Some(4));
+        assert_eq!(t["store"]["retention"].as_str(), Some("1d"), "filled in");
+        assert_eq!(t["data_dir"].as_str(), Some("/var/lib/herald"));
     }
 }

@@ -5,8 +5,9 @@
 //! - missing under CI (`CI=true`, as `.ci/run` runs): the test fails, naming the install command,
 //!   because CI must run everything;
 //! - missing elsewhere: a loud `SKIP` line on stderr and one line appended to
-//!   `target/tmp/test-skips.txt` (the README's test command prints that list at the end), and
-//!   `require` answers `None`; the caller returns early.
+//!   `target/tmp/test-skips.txt` (the README's test command, `scripts/test`, clears that list
+//!   first and prints it at the end; `HERALD_TEST_SKIPS` names another file), and `require`
+//!   answers `None`; the caller returns early.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,13 +16,19 @@ use std::path::{Path, PathBuf};
 pub fn which(program: &str) -> Option<PathBuf> {
     let direct = Path::new(program);
     if direct.is_absolute() {
-        return direct.is_file().then(|| direct.to_path_buf());
+        return is_executable(direct).then(|| direct.to_path_buf());
     }
     std::env::var_os("PATH")
         .into_iter()
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .map(|d| d.join(program))
-        .find(|p| p.is_file())
+        .find(|p| is_executable(p))
+}
+
+/// A file someone may run (a non-executable `chromedriver` on PATH is not chromedriver).
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// True when the run is CI's (`CI` set to anything but empty, `0` or `false`).
@@ -48,12 +55,21 @@ pub fn skip(test: &str, why: &str, install: &str) {
         panic!("{line} (CI=true: a missing tool is a failure, not a skip)");
     }
     eprintln!("\n*** {line} ***\n");
-    let list = Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-skips.txt");
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(list)
+        .open(skips_file())
     {
         let _ = writeln!(f, "{line}");
+    }
+}
+
+/// The list `skip` appends to: `HERALD_TEST_SKIPS` when set (scripts/test sets it; the
+/// fresh-machine test points a child run at its own file so the outer list is left alone),
+/// else `target/tmp/test-skips.txt`.
+pub fn skips_file() -> PathBuf {
+    match std::env::var_os("HERALD_TEST_SKIPS") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-skips.txt"),
     }
 }
