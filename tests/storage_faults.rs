@@ -9,7 +9,7 @@ use herald::clock::{Clock, ManualClock};
 use herald::config::{Config, Overrides};
 use herald::engine::{Engine, EngineConfig, EngineError};
 use herald::model::TaskRequest;
-use herald::store::backend::SledBackend;
+use herald::store::embedded::SledBackend;
 use herald::store::fault::{Faults, FaultyBackend};
 use herald::store::Store;
 use serde_json::{json, Value};

@@ -14,8 +14,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::backend::{Backend, RawOp, SledBackend};
+use super::backend::{Backend, RawOp};
 use super::codec::decode;
+use super::embedded::SledBackend;
 use super::{Batch, Op, StoreError};
 use crate::model::{Message, Misfire, Overlap, Pacing, RetryPolicy, Schedule, Task, TaskState};
 

@@ -13,14 +13,22 @@
 //! after all of it is in sled *and* sled is flushed, so every write that sled may not hold is in
 //! a layer, and every write the log still holds is in a layer or durable in sled. [`Mem::gen`]
 //! counts dropped layers: a scan that read sled before a drop re-reads it after (see
-//! `backend::MergedScan`).
+//! `embedded::MergedScan`).
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::backend::{TreeId, TREES};
 use super::wal::Write;
+
+/// A frozen layer is made once the active one holds this much ...
+pub const FREEZE_BYTES: usize = 4 << 20;
+/// ... or once its first write is this old (so that memory and replay stay small when idle).
+pub const FREEZE_AGE: Duration = Duration::from_secs(1);
+/// Over this, a group waits for the applier to finish the frozen layer (back-pressure).
+pub const ACTIVE_MAX_BYTES: usize = 32 << 20;
 
 /// A key's state in a layer: `Some(value)`, or `None` for a deletion that hides sled's value.
 pub type Entry = (Vec<u8>, Option<Vec<u8>>);

@@ -24,6 +24,7 @@
 pub mod backend;
 pub mod codec;
 pub mod commit;
+pub mod embedded;
 pub mod fault;
 pub mod image;
 pub mod legacy;
@@ -40,9 +41,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Failure, Message, Run, RunState, Task};
-use backend::{Backend, IndexedWrite, RawOp, SledBackend, TreeId};
+use backend::{Backend, IndexedWrite, RawOp, TreeId};
 use codec::{decode, encode};
 use commit::GroupCommit;
+use embedded::SledBackend;
 use records::{join, live_of, progress_of, spec_of, LiveEntry, ProgressRecord, SpecRecord};
 
 /// Layout of the data directory written by this build (the trees above). Format 1 had one

@@ -26,9 +26,9 @@ pub const BUSY_GROUPS_PER_S: u64 = 1_000;
 /// How long one look at the write path lasts (the groups counted over it).
 pub const POLL: Duration = Duration::from_millis(5);
 /// The applier does not wait once the active layer is this big.
-pub const DEFER_MAX_BYTES: usize = super::backend::ACTIVE_MAX_BYTES / 2;
+pub const DEFER_MAX_BYTES: usize = super::memtable::ACTIVE_MAX_BYTES / 2;
 // The applier always catches up before a write would wait for it.
-const _: () = assert!(DEFER_MAX_BYTES < super::backend::ACTIVE_MAX_BYTES);
+const _: () = assert!(DEFER_MAX_BYTES < super::memtable::ACTIVE_MAX_BYTES);
 /// Nor once it has waited this long for the layer it holds.
 pub const DEFER_MAX_TIME: Duration = Duration::from_secs(5);
 

@@ -1,0 +1,850 @@
+//! The embedded engine: sled 0.34 behind a write-ahead log (`store/wal.rs`) and a write-behind
+//! memtable (`store/memtable.rs`), paced by `store/pace.rs` and kept off a full disk by
+//! `store/space.rs`. The group resolver is `resolve.rs`, the merged memtable-and-sled scan
+//! `scan.rs`.
+//!
+//! Lock order (a thread holding one may take only those after it; `try_*` calls excepted, they
+//! never wait): `log` → `sled_fences` → `applier` (the inbox, with its condvars) → `mem` →
+//! `inner` → `pacer`; `closing` is taken alone. The applier's `hold_back` runs under
+//! `inner.read()` and so takes `mem` with `try_read` only. No lock is held across a call into
+//! sled that can block on I/O for good (closing an old handle: `SledBackend::reopen_sled`),
+//! and `inner.write()` is only ever held for a swap.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use super::backend::{Backend, Kv, KvIter, RawOp, Rejected, TreeId, TREES};
+use super::memtable::{Layer, Mem, ACTIVE_MAX_BYTES, FREEZE_AGE, FREEZE_BYTES};
+use super::pace;
+use super::space;
+use super::wal::{self, Segment, Write};
+use super::StoreError;
+
+mod resolve;
+mod scan;
+#[cfg(test)]
+mod tests;
+
+use resolve::Resolver;
+use scan::MergedScan;
+
+/// sled 0.34 behind a write-ahead log (`store/wal.rs`) and a write-behind memtable
+/// (`store/memtable.rs`):
+/// - `apply` resolves a group into plain writes (preconditions checked, secondary index keys
+///   derived, reading the memtable, sled and the group's own earlier writes) and appends them
+///   to the log as one record;
+/// - `sync` makes the record durable with one `fdatasync` and puts its writes in the
+///   memtable's active layer, where reads see them at once;
+/// - the applier thread (`herald-apply`, at idle CPU priority) takes frozen layers, writes
+///   them to sled (one write per key however often it was written), flushes sled, deletes the
+///   log segments the layer covers, and only then drops the layer.
+///
+/// So the commit thread never writes to sled: a group costs one append, one sync and a few
+/// B-tree inserts in memory. Reads look in the memtable before sled ([`MergedScan`] for scans).
+///
+/// Memory is bounded: the active layer is frozen at [`FREEZE_BYTES`] or [`FREEZE_AGE`], and
+/// a group waits (so the queue fills and creates get 503) while it is over [`ACTIVE_MAX_BYTES`]
+/// and the applier is still busy with the previous layer.
+///
+/// sled 0.34 remembers an I/O error (a full disk, say) and fails every later operation with it,
+/// even after the disk works again. When the applier meets one, writes are refused until the
+/// commit thread's [`Backend::recover`] has reopened sled; the applier then writes the frozen
+/// layer again (every write carries its whole value, so that is idempotent). Nothing is lost
+/// meanwhile: what sled may not hold is in the layers and in the log.
+pub struct SledBackend {
+    shared: Arc<Shared>,
+    applier: Option<std::thread::JoinHandle<()>>,
+}
+
+struct Shared {
+    dir: PathBuf,
+    cache_bytes: u64,
+    /// `None` only while a reopen failed; every operation then fails until the next one.
+    inner: RwLock<Option<SledInner>>,
+    /// The segment being appended to and the group `apply` resolved for `sync`.
+    log: Mutex<Log>,
+    mem: RwLock<Mem>,
+    /// The applier's inbox; `done` is signalled (under this lock) when a frozen layer is
+    /// dropped, `work` when there is something for the applier.
+    applier: Mutex<Inbox>,
+    work: Condvar,
+    done: Condvar,
+    /// The applier met a sled error: writes are refused until `recover` reopened sled.
+    sled_failed: AtomicBool,
+    /// Groups applied so far, and when the last one came (µs since `epoch`): the applier
+    /// holds back while they come fast (`store/pace.rs`).
+    groups: AtomicU64,
+    last_group_us: AtomicU64,
+    epoch: Instant,
+    /// A write waited for room since the applier last looked: it must not hold back.
+    pressed: AtomicBool,
+    /// The applier's pacing state (only the applier thread takes it).
+    pacer: Mutex<pace::Pacer>,
+    /// Per tree, no key in sled is above this (see [`SledFences`]).
+    sled_fences: Mutex<SledFences>,
+    /// The applier waits for free space before it writes a layer into sled (`store/space.rs`):
+    /// a write that would wait for room fails at once instead.
+    low_space: AtomicBool,
+    /// An old sled handle being closed on its own thread (see [`SledBackend::reopen_sled`]):
+    /// answers once the close is done. Until then sled's lock on the directory is held.
+    closing: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+/// How long a reopen waits for the old sled handle to close before it reports it stuck and
+/// tries again later (the close goes on in the background).
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// Longest a group waits for room in the memtable before it fails.
+const ROOM_WAIT_MAX: Duration = Duration::from_secs(5);
+/// How often the applier looks at free space again while it waits for some.
+const SPACE_POLL: Duration = Duration::from_millis(200);
+
+/// Per tree, a key no smaller than any key sled holds, or `None` while unknown.
+///
+/// Why: a point read that misses the memtable walks sled, and most misses are of keys newer
+/// than anything sled has: every create requires its task's id absent, and ids herald makes
+/// grow with time, as most a client makes do. Under concurrency they arrive a little out of
+/// order, so the bound is sled's alone: the memtable holds the last second or more of writes,
+/// so a new id is found there or is above what sled has. That read was ~15 % of the commit
+/// thread in a burst of creates.
+///
+/// Invariant: every key in sled is at or below its tree's fence. The applier raises it to a
+/// layer's last key *before* it writes the layer into sled (so before the layer leaves the
+/// memtable: a read that misses the memtable after the drop sees the raised fence); deletes
+/// leave it where it is; it is worked out at the first miss that needs it (the memtable's
+/// layers, then sled's last key) and forgotten (`None`) when sled was written directly
+/// (`SledBackend::written_directly`, after a migration at open).
+///
+/// Its limit: one fence per tree, so a key that sorts above every id herald makes (a client id
+/// such as `morning-digest`: herald's begin with hex milliseconds, `019…` today) lifts the
+/// fence for good, and from then on herald's own new ids are read from sled as before. Speed
+/// only, never a wrong answer.
+type SledFences = [Option<Vec<u8>>; TREES];
+
+#[derive(Default)]
+struct Inbox {
+    /// A frozen layer and the closed segments it covers.
+    layer: Option<(Arc<Layer>, Vec<PathBuf>)>,
+    /// A segment was taken: make a spare.
+    spare: bool,
+    stop: bool,
+}
+
+struct Log {
+    /// `None` only after a segment could not be created; appends then fail until `recover`.
+    seg: Option<Segment>,
+    /// Resolved by `apply`, appended, not yet durable nor in the memtable.
+    pending: Option<Vec<Write>>,
+    /// Segments closed since the last freeze: every record in them is in the active layer or
+    /// an older one. The next freeze covers them.
+    closed: Vec<PathBuf>,
+}
+
+impl Log {
+    /// Forgets a group whose `sync` never came or failed: it is cut off the log, so it is
+    /// never replayed. Also finishes a cut back that failed before (a no-op when the log
+    /// holds nothing that is not durable).
+    fn discard(&mut self) -> Result<(), StoreError> {
+        self.pending = None;
+        if let Some(seg) = &mut self.seg {
+            seg.cut_back()?;
+        }
+        Ok(())
+    }
+}
+
+struct SledInner {
+    db: sled::Db,
+    trees: Vec<sled::Tree>,
+    /// sled 0.34's `flush` uses `sync_file_range`, which does not survive power loss; syncing
+    /// its data file (`db`) as well does.
+    data_file: Option<File>,
+}
+
+impl SledInner {
+    fn open(dir: &Path, cache_bytes: u64) -> Result<SledInner, StoreError> {
+        std::fs::create_dir_all(dir)?;
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(cache_bytes)
+            .open()?;
+        let mut trees = Vec::new();
+        for t in TreeId::ALL {
+            trees.push(db.open_tree(t.name())?);
+        }
+        let data_file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join("db"))
+            .ok();
+        if data_file.is_none() {
+            tracing::warn!(dir = %dir.display(), "sled data file not found; flushes will not fsync it");
+        }
+        Ok(SledInner {
+            db,
+            trees,
+            data_file,
+        })
+    }
+
+    /// Makes everything applied to sled so far durable.
+    fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        if let Some(f) = &self.data_file {
+            f.sync_data()?;
+        }
+        Ok(())
+    }
+
+    /// Writes a frozen layer into sled, one write per key, and flushes sled. No `sled::Batch`
+    /// and no transaction: the log already makes a group atomic (a crash half-way is replayed
+    /// whole), readers see the layer until it is dropped, and a batch per tree costs sled a
+    /// batch manifest and its exclusive lock each. `pace` runs before every 1 024 keys (it may
+    /// wait, `store/pace.rs`); it returning `true` stops the write early, with an error.
+    fn write_layer(&self, layer: &Layer, pace: &dyn Fn() -> bool) -> Result<(), StoreError> {
+        for t in TreeId::ALL {
+            let tree = &self.trees[t.index()];
+            for (i, (k, v)) in layer.entries(t).enumerate() {
+                if i % 1024 == 0 && pace() {
+                    return Err(StoreError::Write("stopping".into()));
+                }
+                match v {
+                    Some(v) => {
+                        tree.insert(k.as_slice(), v.as_slice())?;
+                    }
+                    None => {
+                        tree.remove(k.as_slice())?;
+                    }
+                }
+            }
+        }
+        self.flush()
+    }
+}
+
+fn remove_if_there(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Puts the calling thread in `SCHED_IDLE`: the applier's work can wait while the engine has
+/// fires and sends to make, and takes the idle time. (Nice 10 was not enough: in a herd the
+/// applier still took a third of the CPU, and the drain stalled behind it.) When the engine
+/// keeps both cores busy for long, the active layer reaches [`ACTIVE_MAX_BYTES`], writes wait,
+/// and the applier gets the CPU: back-pressure, not starvation. Best effort.
+fn lower_priority() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` outlives the call.
+    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    if r != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "could not lower the applier's priority");
+    }
+}
+
+impl Shared {
+    fn closed_error(&self) -> StoreError {
+        StoreError::Write(format!(
+            "the data directory {} is closed after a failed reopen",
+            self.dir.display()
+        ))
+    }
+
+    /// Closes the open segment (if it holds anything) and starts the next one; the closed one
+    /// waits in `log.closed` for the next freeze.
+    fn rotate(&self, log: &mut Log) {
+        let Some(seg) = log.seg.as_mut() else { return };
+        if seg.is_empty() {
+            return;
+        }
+        match Segment::create(&self.dir, seg.n + 1) {
+            Ok(fresh) => {
+                let closed = std::mem::replace(seg, fresh);
+                log.closed.push(closed.path.clone());
+                self.applier.lock().spare = true;
+                self.work.notify_one();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not start a new write-ahead log segment; appending to the old one")
+            }
+        }
+    }
+
+    /// Hands the active layer to the applier if none is frozen and `due(active)`. Called with
+    /// the log locked, so no group is between its append and its insert into the memtable:
+    /// the segments closed so far hold nothing that is not in this layer or an older one.
+    fn freeze_if(&self, log: &mut Log, due: impl Fn(&Layer) -> bool) {
+        if log.pending.is_some() {
+            // A group is appended and not yet synced: its segment must stay the open one.
+            return;
+        }
+        {
+            let m = self.mem.read();
+            if m.frozen.is_some() || m.active.is_empty() || !due(&m.active) {
+                return;
+            }
+        }
+        self.rotate(log);
+        let covered = std::mem::take(&mut log.closed);
+        let layer = self.mem.write().freeze();
+        self.applier.lock().layer = Some((layer, covered));
+        self.work.notify_one();
+    }
+
+    /// Waits while the active layer is over [`ACTIVE_MAX_BYTES`] and a layer is still frozen.
+    /// Fails at once while the applier cannot write (sled failed, or no free space): then the
+    /// wait could be without end, and the writer is better told so.
+    fn wait_for_room(&self) -> Result<(), StoreError> {
+        let mut inbox = self.applier.lock();
+        let started = Instant::now();
+        loop {
+            {
+                let m = self.mem.read();
+                if m.active.bytes < ACTIVE_MAX_BYTES || m.frozen.is_none() {
+                    return Ok(());
+                }
+            }
+            if self.sled_failed.load(Ordering::SeqCst) {
+                return Err(sled_behind());
+            }
+            if self.low_space.load(Ordering::SeqCst) {
+                let free = space::free_bytes(&self.dir).unwrap_or(0);
+                return Err(space::full(&self.dir, free, space::WRITE_RESERVE));
+            }
+            if started.elapsed() >= ROOM_WAIT_MAX {
+                // The applier is stuck (a flush that never returns, say): fail the group, so
+                // health says so and writes are refused up front, instead of queueing without
+                // an answer.
+                return Err(StoreError::Write(format!(
+                    "the applier has not taken the memtable for {} s; writes are refused until it does",
+                    ROOM_WAIT_MAX.as_secs()
+                )));
+            }
+            self.pressed.store(true, Ordering::Relaxed);
+            tracing::debug!("memtable full: the write waits for the applier");
+            self.done.wait_for(&mut inbox, Duration::from_millis(100));
+        }
+    }
+
+    /// Raises the fences over a layer about to be written into sled (see [`SledFences`]).
+    fn raise_sled_fences(&self, layer: &Layer) {
+        let mut fences = self.sled_fences.lock();
+        for t in TreeId::ALL {
+            if let (Some(last), Some(f)) = (layer.last_key(t), &mut fences[t.index()]) {
+                if last > f.as_slice() {
+                    *f = last.to_vec();
+                }
+            }
+        }
+    }
+
+    /// Whether `key` is above every key sled holds in `tree`, so a read of sled would miss.
+    fn above_sled_fence(&self, tree: TreeId, key: &[u8]) -> Result<bool, StoreError> {
+        let mut fences = self.sled_fences.lock();
+        let fence = match &fences[tree.index()] {
+            Some(f) => f,
+            None => fences[tree.index()].insert(self.sled_fence_now(tree)?),
+        };
+        Ok(key > fence.as_slice())
+    }
+
+    /// A fence worked out afresh: the last key of every layer, then sled's. A layer the
+    /// applier is writing now (its raise found the fence unknown) is still in the memtable,
+    /// and one dropped between the two reads is in sled by then: keys move from the memtable
+    /// to sled, never back. Every later layer raises the fence itself.
+    fn sled_fence_now(&self, tree: TreeId) -> Result<Vec<u8>, StoreError> {
+        let in_layers = {
+            let m = self.mem.read();
+            let last = |l: &Layer| l.last_key(tree).map(|k| k.to_vec());
+            last(&m.active).max(m.frozen.as_deref().and_then(last))
+        };
+        let in_sled = match &*self.inner.read() {
+            Some(i) => i.trees[tree.index()].last()?.map(|(k, _)| k.to_vec()),
+            None => return Err(self.closed_error()),
+        };
+        Ok(in_layers.max(in_sled).unwrap_or_default())
+    }
+
+    /// Writes one frozen layer to sled until it is there and durable (retrying after a
+    /// reopen), deletes the segments it covers, then drops it. `false`: stopping.
+    fn apply_layer(&self, layer: &Layer, covered: &[PathBuf]) -> bool {
+        let stop = || self.applier.lock().stop;
+        let started = Instant::now();
+        let waited = std::cell::Cell::new(Duration::ZERO);
+        let pace = || self.hold_back(&waited);
+        self.raise_sled_fences(layer);
+        loop {
+            if !self.wait_for_space(layer.bytes) {
+                return false;
+            }
+            let r = match &*self.inner.read() {
+                Some(i) => i.write_layer(layer, &pace),
+                None => Err(self.closed_error()),
+            };
+            match r {
+                Ok(()) => break,
+                Err(_) if stop() => return false,
+                Err(e) => {
+                    tracing::warn!(error = %e, keys = layer.len(), "writing the memtable into sled failed; writes wait for a reopen, then it is written again");
+                    self.sled_failed.store(true, Ordering::SeqCst);
+                    let mut inbox = self.applier.lock();
+                    while self.sled_failed.load(Ordering::SeqCst) && !inbox.stop {
+                        self.work.wait_for(&mut inbox, Duration::from_millis(100));
+                    }
+                    if inbox.stop {
+                        return false;
+                    }
+                }
+            }
+        }
+        tracing::debug!(
+            keys = layer.len(),
+            bytes = layer.bytes,
+            segments = covered.len(),
+            took_ms = started.elapsed().as_millis() as u64,
+            held_back_ms = waited.get().as_millis() as u64,
+            "memtable layer written into sled"
+        );
+        // sled holds the layer durably: its segments may go. One that cannot be removed now
+        // is replayed (idempotently) at the next open.
+        let removed = covered
+            .iter()
+            .try_for_each(|p| remove_if_there(p))
+            .and_then(|()| wal::sync_dir(&self.dir));
+        if let Err(e) = removed {
+            tracing::warn!(error = %e, "could not delete checkpointed write-ahead log segments; they are replayed at the next start");
+        }
+        let _inbox = self.applier.lock();
+        self.mem.write().drop_frozen();
+        self.done.notify_all();
+        true
+    }
+
+    /// Waits (applier) until a layer of `bytes` may go into sled (`store/space.rs`). `false`:
+    /// stopping.
+    fn wait_for_space(&self, bytes: usize) -> bool {
+        loop {
+            let free = space::free_bytes(&self.dir);
+            if space::may_apply(free, bytes) {
+                if self.low_space.swap(false, Ordering::SeqCst) {
+                    tracing::warn!(dir = %self.dir.display(), "free space is back: the memtable goes into sled again");
+                }
+                return true;
+            }
+            if !self.low_space.swap(true, Ordering::SeqCst) {
+                tracing::error!(dir = %self.dir.display(), free_bytes = free.unwrap_or(0), layer_bytes = bytes,
+                    "the disk is nearly full: the memtable waits in memory (it is in the log), writes are refused until space is freed");
+            }
+            let mut inbox = self.applier.lock();
+            if inbox.stop {
+                return false;
+            }
+            self.work.wait_for(&mut inbox, SPACE_POLL);
+        }
+    }
+
+    /// Notes a group for the applier's pacing (commit thread).
+    fn note_group(&self) {
+        self.groups.fetch_add(1, Ordering::Relaxed);
+        let now = self.epoch.elapsed().as_micros() as u64;
+        self.last_group_us.store(now, Ordering::Relaxed);
+    }
+
+    /// Called by the applier before each chunk of a layer: waits while the write path is busy
+    /// (`store/pace.rs` decides; `waited` adds up the time held back for this layer). `true`:
+    /// stopping.
+    fn hold_back(&self, waited: &std::cell::Cell<Duration>) -> bool {
+        loop {
+            if self.applier.lock().stop {
+                return true;
+            }
+            // No group for a whole poll: quiet, no need to watch.
+            let since = self
+                .epoch
+                .elapsed()
+                .as_micros()
+                .saturating_sub(u128::from(self.last_group_us.load(Ordering::Relaxed)));
+            let mut pacer = self.pacer.lock();
+            if self.pressed.swap(false, Ordering::Relaxed) {
+                pacer.pressed();
+            }
+            // Never blocks: the caller holds `inner.read()`, and other paths take `mem` before
+            // `inner`. A layer being written or frozen right now is reason enough to go on.
+            let Some(active) = self.mem.try_read().map(|m| m.active.bytes) else {
+                return false;
+            };
+            if since > pace::POLL.as_micros() {
+                pacer.quiet(active, FREEZE_BYTES);
+                return false;
+            }
+            if !pacer.looks() {
+                return false;
+            }
+            let (g0, t0) = (self.groups.load(Ordering::Relaxed), Instant::now());
+            std::thread::sleep(pace::POLL);
+            let span = t0.elapsed();
+            let groups = self.groups.load(Ordering::Relaxed).saturating_sub(g0);
+            let Some(active) = self.mem.try_read().map(|m| m.active.bytes) else {
+                return false;
+            };
+            if !pacer.wait(groups, span, active, waited.get()) {
+                return false;
+            }
+            waited.set(waited.get() + span);
+        }
+    }
+}
+
+fn sled_behind() -> StoreError {
+    StoreError::Write("sled failed to take the memtable; waiting for a reopen".into())
+}
+
+/// The applier thread: frozen layers into sled, spare segments, and freezing an idle layer
+/// once it is [`FREEZE_AGE`] old.
+fn applier(shared: Arc<Shared>) {
+    lower_priority();
+    let spare = |dir: &Path| {
+        if let Err(e) = wal::prepare_spare(dir) {
+            tracing::warn!(error = %e, "could not make a spare write-ahead log segment; the next one is made when needed");
+        }
+    };
+    spare(&shared.dir);
+    loop {
+        let (layer, make_spare) = {
+            let mut inbox = shared.applier.lock();
+            if inbox.layer.is_none() && !inbox.spare && !inbox.stop {
+                shared.work.wait_for(&mut inbox, FREEZE_AGE / 4);
+            }
+            if inbox.stop {
+                return;
+            }
+            (inbox.layer.take(), std::mem::take(&mut inbox.spare))
+        };
+        if let Some((layer, covered)) = layer {
+            if !shared.apply_layer(&layer, &covered) {
+                return;
+            }
+        }
+        if make_spare {
+            spare(&shared.dir);
+        }
+        // An idle layer: freeze it, unless the commit thread is in the middle of a group.
+        if let Some(mut log) = shared.log.try_lock() {
+            shared.freeze_if(&mut log, |a| {
+                a.since.is_some_and(|t| t.elapsed() >= FREEZE_AGE)
+            });
+        }
+    }
+}
+
+impl Drop for SledBackend {
+    fn drop(&mut self) {
+        self.shared.applier.lock().stop = true;
+        self.shared.work.notify_all();
+        if let Some(t) = self.applier.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl SledBackend {
+    /// Opens sled in `dir` and reads what the log holds into the memtable (frozen at once, so
+    /// the applier writes it into sled in the background while herald starts).
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<SledBackend, StoreError> {
+        let inner = SledInner::open(dir, cache_bytes)?;
+        let started = Instant::now();
+        let (records, segs) = wal::read_all(dir)?;
+        let mut mem = Mem::default();
+        let n_records = records.len();
+        for w in records.into_iter().flatten() {
+            mem.active.insert(w, started);
+        }
+        let next = segs.last().map_or(1, |(n, _)| n + 1);
+        let seg = Segment::create(dir, next)?;
+        if mem.active.is_empty() {
+            // Segments without a record (all zeros) hold nothing to keep.
+            for (_, p) in &segs {
+                remove_if_there(p)?;
+            }
+        } else {
+            tracing::info!(
+                records = n_records,
+                segments = segs.len(),
+                keys = mem.active.len(),
+                took_ms = started.elapsed().as_millis() as u64,
+                "read the write-ahead log into memory; it goes into sled in the background"
+            );
+        }
+        let shared = Arc::new(Shared {
+            dir: dir.to_path_buf(),
+            cache_bytes,
+            inner: RwLock::new(Some(inner)),
+            log: Mutex::new(Log {
+                seg: Some(seg),
+                pending: None,
+                closed: segs.into_iter().map(|(_, p)| p).collect(),
+            }),
+            mem: RwLock::new(mem),
+            applier: Mutex::new(Inbox::default()),
+            work: Condvar::new(),
+            done: Condvar::new(),
+            sled_failed: AtomicBool::new(false),
+            groups: AtomicU64::new(0),
+            last_group_us: AtomicU64::new(0),
+            epoch: Instant::now(),
+            pressed: AtomicBool::new(false),
+            pacer: Mutex::new(pace::Pacer::default()),
+            sled_fences: Mutex::new(Default::default()),
+            low_space: AtomicBool::new(false),
+            closing: Mutex::new(None),
+        });
+        shared.freeze_if(&mut shared.log.lock(), |_| true);
+        let s = shared.clone();
+        let applier = std::thread::Builder::new()
+            .name("herald-apply".into())
+            .spawn(move || applier(s))?;
+        Ok(SledBackend {
+            shared,
+            applier: Some(applier),
+        })
+    }
+
+    /// sled's handle (for `meta` and migrations at open, which write to sled directly: only
+    /// a directory without log records needs one). Whoever writes through it calls
+    /// [`SledBackend::written_directly`] when done (`Store::open_with` does, after them all).
+    pub fn db(&self) -> Result<sled::Db, StoreError> {
+        self.with(|i| i.db.clone())
+    }
+
+    /// Reopens sled; the applier then writes its frozen layer again. Nothing is replayed from
+    /// the log: every write sled may have lost is still in a layer (a layer is dropped only
+    /// after sled was flushed with it), so the fences stay true (sled holds no key it did not
+    /// hold before).
+    ///
+    /// No lock is held across a call into sled that can block: after an I/O error sled's drop
+    /// can wait forever for a flush, so the old handle is taken out under the write lock (a
+    /// swap) and closed on a thread of its own, waited for at most [`CLOSE_WAIT`]. Meanwhile
+    /// reads that need sled fail at once ("closed") instead of waiting. A close still running
+    /// at the next attempt is waited for again; sled's lock on the directory is held until it
+    /// ends. While the disk is too full to write a layer nothing is reopened (the old handle
+    /// keeps serving reads).
+    fn reopen_sled(&self) -> Result<(), StoreError> {
+        let s = &self.shared;
+        let free = space::free_bytes(&s.dir);
+        if !space::may_apply(free, 0) {
+            return Err(space::full(&s.dir, free.unwrap_or(0), space::APPLY_RESERVE));
+        }
+        let mut closing = s.closing.lock();
+        if closing.is_none() {
+            let old = s.inner.write().take();
+            if let Some(old) = old {
+                let (done, rx) = std::sync::mpsc::channel();
+                std::thread::Builder::new()
+                    .name("herald-sled-close".into())
+                    .spawn(move || {
+                        drop(old);
+                        let _ = done.send(());
+                    })?;
+                *closing = Some(rx);
+            }
+        }
+        if let Some(rx) = closing.as_ref() {
+            match rx.recv_timeout(CLOSE_WAIT) {
+                Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => *closing = None,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(StoreError::Write(format!(
+                        "sled's old handle on {} has not closed after its I/O error (sled 0.34 can hang there); herald keeps trying, and a restart clears it",
+                        s.dir.display()
+                    )));
+                }
+            }
+        }
+        drop(closing);
+        let fresh = SledInner::open(&s.dir, s.cache_bytes)?;
+        *s.inner.write() = Some(fresh);
+        s.sled_failed.store(false, Ordering::SeqCst);
+        s.work.notify_all();
+        tracing::warn!(dir = %s.dir.display(), "storage reopened");
+        Ok(())
+    }
+
+    /// sled was written behind the memtable's back: its fences are worked out again.
+    pub fn written_directly(&self) {
+        *self.shared.sled_fences.lock() = Default::default();
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&SledInner) -> T) -> Result<T, StoreError> {
+        match &*self.shared.inner.read() {
+            Some(i) => Ok(f(i)),
+            None => Err(self.shared.closed_error()),
+        }
+    }
+
+    fn tree(&self, t: TreeId) -> Result<sled::Tree, StoreError> {
+        self.with(|i| i.trees[t.index()].clone())
+    }
+
+    /// A point read of sled alone.
+    fn sled_get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.tree(tree)?.get(key)?.map(|v| v.to_vec()))
+    }
+}
+
+impl Backend for SledBackend {
+    fn apply(&self, jobs: Vec<Vec<RawOp>>) -> Result<Vec<Result<(), Rejected>>, StoreError> {
+        let s = &self.shared;
+        let free = space::free_bytes(&s.dir);
+        if !space::may_write(free) {
+            return Err(space::full(&s.dir, free.unwrap_or(0), space::WRITE_RESERVE));
+        }
+        s.wait_for_room()?;
+        s.note_group();
+        let mut log = s.log.lock();
+        log.discard()?;
+        if s.sled_failed.load(Ordering::SeqCst) {
+            return Err(sled_behind());
+        }
+        s.freeze_if(&mut log, |a| a.bytes >= FREEZE_BYTES);
+        let mut r = Resolver::new(self, jobs.len());
+        let mut results = Vec::with_capacity(jobs.len());
+        for ops in jobs {
+            results.push(r.job(ops)?);
+        }
+        if !r.writes.is_empty() {
+            let mut record = Vec::new();
+            wal::encode_record(&r.writes, &mut record);
+            let seg = log
+                .seg
+                .as_mut()
+                .ok_or_else(|| StoreError::Write("no write-ahead log segment is open".into()))?;
+            seg.append(&record)?;
+        }
+        log.pending = Some(r.writes);
+        Ok(results)
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        let s = &self.shared;
+        let mut log = s.log.lock();
+        let Some(writes) = log.pending.take() else {
+            // Nothing went through the log (a migration wrote to sled directly): flush sled.
+            return self.with(|i| i.flush())?;
+        };
+        if writes.is_empty() {
+            return Ok(());
+        }
+        let seg = log
+            .seg
+            .as_mut()
+            .ok_or_else(|| StoreError::Write("no write-ahead log segment is open".into()))?;
+        seg.sync()?;
+        let full = seg.full();
+        let now = Instant::now();
+        {
+            let mut m = s.mem.write();
+            for w in writes {
+                m.active.insert(w, now);
+            }
+        }
+        if full {
+            s.rotate(&mut log);
+        }
+        Ok(())
+    }
+
+    /// Starts afresh after a failed group: finishes the log's cut back, opens a segment if
+    /// none is open, and reopens sled if the applier met an error in it (never otherwise: a
+    /// full disk refused by `store/space.rs` or a failed log sync leaves sled as it was, and
+    /// reads go on using it).
+    fn recover(&self) -> Result<(), StoreError> {
+        let s = &self.shared;
+        {
+            let mut log = s.log.lock();
+            log.discard()?;
+            if log.seg.is_none() {
+                let n = wal::segments(&s.dir)?.last().map_or(1, |(n, _)| n + 1);
+                log.seg = Some(Segment::create(&s.dir, n)?);
+            }
+        }
+        if s.sled_failed.load(Ordering::SeqCst) || s.inner.read().is_none() {
+            self.reopen_sled()?;
+        }
+        Ok(())
+    }
+
+    fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        // A miss in memory means sled has the newest value: a layer leaves memory only after
+        // it is in sled. The fence is looked at after the memtable: a layer that left it in
+        // between raised the fence before (see `SledFences`).
+        if let Some(v) = self.shared.mem.read().get(tree, key) {
+            return Ok(v);
+        }
+        // No check against sled here even in debug builds: the key may be committed and
+        // reach sled right after this answer, which was true when given.
+        if self.shared.above_sled_fence(tree, key)? {
+            return Ok(None);
+        }
+        self.sled_get(tree, key)
+    }
+
+    fn scan<'a>(&'a self, tree: TreeId, start: &[u8], prefix: Option<&[u8]>) -> KvIter<'a> {
+        Box::new(MergedScan::new(self, tree, start, prefix))
+    }
+
+    /// Holds the memtable for reading across the reads: a group goes into it whole, and a
+    /// frozen layer cannot be dropped in between.
+    fn get_atomic(&self, keys: &[(TreeId, Vec<u8>)]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let m = self.shared.mem.read();
+        keys.iter()
+            .map(|(t, k)| match m.get(*t, k) {
+                Some(v) => Ok(v),
+                None => self.sled_get(*t, k),
+            })
+            .collect()
+    }
+
+    fn memtable_bytes(&self) -> usize {
+        let m = self.shared.mem.read();
+        m.active.bytes + m.frozen.as_ref().map_or(0, |f| f.bytes)
+    }
+
+    fn last_with_prefix(&self, tree: TreeId, prefix: &[u8]) -> Result<Option<Kv>, StoreError> {
+        // The memtable is held for reading throughout, so no layer leaves it meanwhile.
+        let m = self.shared.mem.read();
+        let mut mem = m.with_prefix(tree, prefix);
+        let mut sled = self.tree(tree)?.scan_prefix(prefix).rev();
+        let mut sled_head = sled.next().transpose()?;
+        loop {
+            let mem_key = mem.last().map(|(k, _)| k.as_slice());
+            let sled_key = sled_head.as_ref().map(|(k, _)| k.as_ref());
+            let from_mem = match (mem_key, sled_key) {
+                (None, None) => return Ok(None),
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (Some(mk), Some(sk)) => mk >= sk,
+            };
+            if !from_mem {
+                return Ok(sled_head.map(|(k, v)| (k.to_vec(), v.to_vec())));
+            }
+            let Some((k, v)) = mem.pop() else {
+                return Ok(None);
+            };
+            if let Some(v) = v {
+                return Ok(Some((k, v)));
+            }
+            // Deleted in memory: whatever sled has for it does not count.
+            if sled_head
+                .as_ref()
+                .is_some_and(|(s, _)| s.as_ref() == k.as_slice())
+            {
+                sled_head = sled.next().transpose()?;
+            }
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! The embedded engine against its contract and its own invariants.
+
+use super::scan::SCAN_CHUNK;
+use super::*;
+use crate::store::backend::IndexedWrite;
+
+fn put(t: TreeId, k: &str, v: &str) -> RawOp {
+    RawOp::Put(t, k.as_bytes().to_vec(), v.as_bytes().to_vec())
+}
+
+fn get(b: &SledBackend, t: TreeId, k: &str) -> Option<Vec<u8>> {
+    b.get(t, k.as_bytes()).unwrap()
+}
+
+/// Waits (with a deadline) until the applier has written every layer into sled.
+fn settle(b: &SledBackend) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while b.memtable_bytes() > 0 {
+        assert!(Instant::now() < deadline, "the memtable never drained");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn commit(b: &SledBackend, ops: Vec<RawOp>) {
+    assert_eq!(b.apply(vec![ops]).unwrap(), vec![Ok(())]);
+    b.sync().unwrap();
+}
+
+fn keys_of(it: KvIter<'_>) -> Vec<String> {
+    it.map(|kv| String::from_utf8(kv.unwrap().0).unwrap())
+        .collect()
+}
+
+#[test]
+fn scans_merge_the_memtable_over_sled_and_deletions_hide_what_sled_has() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
+    commit(
+        &b,
+        ["a1", "a2", "a3", "b1"]
+            .iter()
+            .map(|k| put(TreeId::Runs, k, "old"))
+            .collect(),
+    );
+    settle(&b);
+    commit(
+        &b,
+        vec![
+            RawOp::Delete(TreeId::Runs, b"a2".to_vec()),
+            put(TreeId::Runs, "a0", "new"),
+            put(TreeId::Runs, "a3", "new"),
+            put(TreeId::Runs, "a4", "new"),
+        ],
+    );
+    assert!(
+        b.memtable_bytes() > 0,
+        "the second group is still in memory"
+    );
+    assert_eq!(
+        keys_of(b.scan(TreeId::Runs, b"a", Some(b"a"))),
+        vec!["a0", "a1", "a3", "a4"]
+    );
+    assert_eq!(
+        keys_of(b.scan(TreeId::Runs, b"a2", None)),
+        vec!["a3", "a4", "b1"]
+    );
+    assert_eq!(get(&b, TreeId::Runs, "a3").as_deref(), Some(&b"new"[..]));
+    assert_eq!(get(&b, TreeId::Runs, "a2"), None);
+    let last = b.last_with_prefix(TreeId::Runs, b"a").unwrap().unwrap();
+    assert_eq!(last, (b"a4".to_vec(), b"new".to_vec()));
+    commit(&b, vec![RawOp::Delete(TreeId::Runs, b"a4".to_vec())]);
+    commit(&b, vec![RawOp::Delete(TreeId::Runs, b"a3".to_vec())]);
+    let last = b.last_with_prefix(TreeId::Runs, b"a").unwrap().unwrap();
+    assert_eq!(
+        last.0,
+        b"a1".to_vec(),
+        "a3 is deleted in memory though sled still has it"
+    );
+    settle(&b);
+    assert_eq!(
+        keys_of(b.scan(TreeId::Runs, b"", None)),
+        vec!["a0", "a1", "b1"]
+    );
+    assert_eq!(b.sled_get(TreeId::Runs, b"a3").unwrap(), None);
+}
+
+#[test]
+fn a_scan_sees_every_key_while_layers_move_into_sled_under_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
+    // Enough keys for many chunks; written in groups so several layers are frozen and
+    // dropped while the scan runs.
+    let n = 20 * SCAN_CHUNK;
+    for g in 0..20 {
+        let ops = (0..SCAN_CHUNK)
+            .map(|i| put(TreeId::Due, &format!("k{:06}", g * SCAN_CHUNK + i), "v"))
+            .collect();
+        commit(&b, ops);
+    }
+    let mut seen = Vec::new();
+    let scan = b.scan(TreeId::Due, b"", None);
+    let mut gens = std::collections::BTreeSet::new();
+    for kv in scan {
+        seen.push(kv.unwrap().0);
+        if seen.len() % 500 == 0 {
+            // Give the applier time to move a layer; force a freeze of what is active.
+            let mut log = b.shared.log.lock();
+            b.shared.freeze_if(&mut log, |_| true);
+            drop(log);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while b.shared.mem.read().frozen.is_some() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        gens.insert(b.shared.mem.read().gen);
+    }
+    assert!(gens.len() > 1, "layers were dropped during the scan");
+    let want: Vec<Vec<u8>> = (0..n).map(|i| format!("k{i:06}").into_bytes()).collect();
+    assert_eq!(seen, want, "every key once, in order");
+}
+
+#[test]
+fn a_log_left_by_a_crash_is_replayed_into_sled_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(SledBackend::open(dir.path(), 8 << 20).unwrap());
+    // What a killed process leaves: records in the log that sled never saw.
+    let mut seg = Segment::create(dir.path(), 40).unwrap();
+    let mut bytes = Vec::new();
+    let w = |t, k: &str, v: Option<&str>| Write {
+        tree: t,
+        key: k.as_bytes().to_vec(),
+        value: v.map(|v| v.as_bytes().to_vec()),
+    };
+    wal::encode_record(
+        &[
+            w(TreeId::Specs, "a", Some("1")),
+            w(TreeId::Runs, "r", Some("x")),
+        ],
+        &mut bytes,
+    );
+    wal::encode_record(
+        &[w(TreeId::Specs, "a", Some("2")), w(TreeId::Runs, "r", None)],
+        &mut bytes,
+    );
+    seg.append(&bytes).unwrap();
+    seg.sync().unwrap();
+    drop(seg);
+    let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
+    assert_eq!(get(&b, TreeId::Specs, "a").as_deref(), Some(&b"2"[..]));
+    assert_eq!(get(&b, TreeId::Runs, "r"), None);
+    settle(&b);
+    assert_eq!(
+        b.sled_get(TreeId::Specs, b"a").unwrap().as_deref(),
+        Some(&b"2"[..]),
+        "in sled once the applier is done"
+    );
+    let segs: Vec<u64> = wal::segments(dir.path())
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(
+        segs,
+        vec![41],
+        "replayed segments are deleted; the next one is new"
+    );
+}
+
+#[test]
+fn a_group_whose_sync_never_came_is_neither_visible_nor_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
+    b.apply(vec![vec![put(TreeId::Specs, "kept", "1")]])
+        .unwrap();
+    b.sync().unwrap();
+    b.apply(vec![vec![put(TreeId::Specs, "lost", "1")]])
+        .unwrap();
+    assert_eq!(
+        get(&b, TreeId::Specs, "lost"),
+        None,
+        "not visible before sync"
+    );
+    // The next group discards it (its sync failed, say).
+    let r = b
+        .apply(vec![vec![
+            RawOp::Absent(TreeId::Specs, b"lost".to_vec()),
+            put(TreeId::Specs, "next", "1"),
+        ]])
+        .unwrap();
+    assert_eq!(r, vec![Ok(())]);
+    b.sync().unwrap();
+    let (records, _) = wal::read_all(dir.path()).unwrap();
+    let keys: Vec<&[u8]> = records.iter().flatten().map(|w| w.key.as_slice()).collect();
+    assert_eq!(keys, vec![&b"kept"[..], b"next"]);
+}
+
+/// A live write of key `t` with value `v`, indexed under `v` then `t`.
+fn live_of_t(v: &str, stored_absent: bool) -> RawOp {
+    RawOp::Indexed(Box::new(IndexedWrite {
+        tree: TreeId::Live,
+        key: b"t".to_vec(),
+        value: Some(v.as_bytes().to_vec()),
+        index: TreeId::Due,
+        index_key: |k, v| [v, k].concat(),
+        stored_absent,
+    }))
+}
+
+#[test]
+fn jobs_of_one_group_see_the_writes_of_the_jobs_before_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
+    let live = |v: &str| live_of_t(v, false);
+    let r = b
+        .apply(vec![
+            vec![
+                RawOp::Absent(TreeId::Specs, b"t".to_vec()),
+                put(TreeId::Specs, "t", "s"),
+                live("1"),
+            ],
+            vec![RawOp::Absent(TreeId::Specs, b"t".to_vec())],
+            vec![live("2")],
+        ])
+        .unwrap();
+    assert_eq!(r[0], Ok(()));
+    assert!(
+        r[1].is_err(),
+        "the first job's insert is seen by the second"
+    );
+    b.sync().unwrap();
+    let due: Vec<Vec<u8>> = b
+        .scan(TreeId::Due, b"", None)
+        .map(|kv| kv.unwrap().0)
+        .collect();
+    assert_eq!(
+        due,
+        vec![b"2t".to_vec()],
+        "the index moved with the second write"
+    );
+}
+
+/// `stored_absent` spares the read of what is stored, never of what the group wrote: a
+/// second new-task write of a key in the same group still moves the index off the first.
+#[test]
+fn a_stored_absent_promise_does_not_hide_the_groups_own_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
+    let live = |v: &str| live_of_t(v, true);
+    let r = b.apply(vec![vec![live("1")], vec![live("2")]]).unwrap();
+    assert_eq!(r, vec![Ok(()), Ok(())]);
+    b.sync().unwrap();
+    let due: Vec<Vec<u8>> = b
+        .scan(TreeId::Due, b"", None)
+        .map(|kv| kv.unwrap().0)
+        .collect();
+    assert_eq!(due, vec![b"2t".to_vec()], "the first entry was replaced");
+    let live_now = b.get(TreeId::Live, b"t").unwrap();
+    assert_eq!(live_now.as_deref(), Some(&b"2"[..]));
+}
+
+/// A read above sled's fence skips sled, and the fence always covers what sled holds:
+/// keys in sled, in the memtable, and in a layer that moved into sled after the fence was
+/// worked out are all found; keys above everything are not.
+#[test]
+fn reads_find_every_stored_key_around_the_sled_fence() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
+    commit(&b, vec![put(TreeId::Specs, "b", "1")]);
+    settle(&b);
+    commit(&b, vec![put(TreeId::Specs, "d", "2")]);
+    // The fence is worked out here, from sled ("b") and the memtable ("d").
+    assert_eq!(get(&b, TreeId::Specs, "a"), None);
+    assert_eq!(get(&b, TreeId::Specs, "b").as_deref(), Some(&b"1"[..]));
+    assert_eq!(get(&b, TreeId::Specs, "d").as_deref(), Some(&b"2"[..]));
+    assert_eq!(get(&b, TreeId::Specs, "e"), None);
+    // "f" goes through the memtable into sled: the applier must raise the fence first.
+    commit(&b, vec![put(TreeId::Specs, "f", "3")]);
+    settle(&b);
+    assert_eq!(get(&b, TreeId::Specs, "f").as_deref(), Some(&b"3"[..]));
+    assert_eq!(get(&b, TreeId::Specs, "g"), None);
+    let r = b.apply(vec![vec![RawOp::Absent(TreeId::Specs, b"f".to_vec())]]);
+    assert!(
+        r.unwrap()[0].is_err(),
+        "a create of an id sled holds is refused"
+    );
+}
+
+/// A fence worked out while a frozen layer waits for sled covers the layer: its keys are
+/// found after it moved into sled. The layer is held in the memtable by the applier's
+/// pacing (groups noted at 5 000/s), so the fence is surely worked out before sled has
+/// it. Then a key sled got directly is found too.
+#[test]
+fn a_fence_worked_out_while_a_layer_waits_for_sled_covers_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
+    let keys: Vec<String> = (0..5_000).map(|i| format!("k{i:06}")).collect();
+    commit(
+        &b,
+        keys.iter().map(|k| put(TreeId::Specs, k, "v")).collect(),
+    );
+    let busy = std::sync::atomic::AtomicBool::new(true);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            while busy.load(Ordering::Relaxed) {
+                b.shared.note_group();
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while b.shared.mem.read().frozen.is_none() {
+            assert!(Instant::now() < deadline, "the layer was never frozen");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // A miss of the memtable works the fence out, the layer not yet in sled.
+        assert_eq!(get(&b, TreeId::Specs, "a"), None);
+        busy.store(false, Ordering::Relaxed);
+    });
+    settle(&b);
+    for k in keys.iter().rev().step_by(97) {
+        assert!(get(&b, TreeId::Specs, k).is_some(), "{k} lost");
+    }
+    assert_eq!(get(&b, TreeId::Specs, "l"), None);
+    b.db()
+        .unwrap()
+        .open_tree("specs")
+        .unwrap()
+        .insert("z", "direct")
+        .unwrap();
+    b.written_directly();
+    assert_eq!(get(&b, TreeId::Specs, "z").as_deref(), Some(&b"direct"[..]));
+}
