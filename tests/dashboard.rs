@@ -99,7 +99,7 @@ async fn browser(d: &Driver) -> Client {
             "args": [
                 "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", "--window-size=1400,1000",
+                "--disable-dev-shm-usage", "--window-size=1400,1000", "--lang=en-US",
                 format!("--user-data-dir={}", d.profile.path().display()),
             ],
         }),
@@ -323,6 +323,47 @@ async fn dashboard_in_headless_chromium() {
     );
     // Marks this page load: if the page reloaded, the mark would be gone.
     js(&c, "window.__heraldMark = 42; return null").await;
+
+    // ---- a preview in the task's zone; a failed create leaves no stale preview under it
+    let bad = json!({"channel": "nope", "schedule": {"cron": "0 9 * * *", "tz": "Asia/Shanghai"},
+                     "to": ["a"], "body": "x"});
+    let area = c.find(Locator::Css("#create-body")).await.unwrap();
+    area.clear().await.unwrap();
+    area.send_keys(&bad.to_string()).await.unwrap();
+    click(&c, "#preview-button").await;
+    let fires = until(&c, "the schedule preview", t, || async {
+        let v = js(
+            &c,
+            "return [...document.querySelectorAll('#preview-list time')].map(t => t.textContent)",
+        )
+        .await;
+        let v: Vec<String> = serde_json::from_value(v).ok()?;
+        (v.len() == 5).then_some(v)
+    })
+    .await;
+    assert!(
+        fires
+            .iter()
+            .all(|f| f.contains("09:00:00") && f.ends_with("GMT+8")),
+        "fires in the task's zone with its label: {fires:?}"
+    );
+    click(&c, "#create-submit").await;
+    until(&c, "the refused create", t, || async {
+        text_of(&c, "#create-result")
+            .await
+            .starts_with("Not created")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        js(
+            &c,
+            "return document.querySelectorAll('#preview-list li').length"
+        )
+        .await,
+        0,
+        "no stale preview under a failed create"
+    );
 
     // ---- create a paced sequence from the page; its detail opens
     let to: Vec<String> = (0..8).map(|i| format!("r{i}")).collect();

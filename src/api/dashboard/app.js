@@ -403,7 +403,7 @@
 
   // ---- detail -------------------------------------------------------------------------------
 
-  const MISFIRE = { fire_now: 'a fire missed while herald was down runs once at start', skip: 'a fire missed while herald was down is skipped', fire_all: 'every fire missed while herald was down runs at start' };
+  const MISFIRE = { fire_now: 'fires missed while herald was down or the task paused run once, at once', skip: 'fires missed while herald was down or the task paused are skipped', fire_all: 'every fire missed while herald was down or the task paused runs' };
   const OVERLAP = { skip: 'a fire while a run is still sending is skipped', queue: 'a fire while a run is still sending waits for it', allow: 'a fire while a run is still sending runs beside it' };
 
   async function showDetail(id) {
@@ -464,7 +464,7 @@
       ['Progress', t.progress ? progress(t.progress, `Task ${t.id}, run ${t.progress.run}`) : 'no run yet'],
       ['Messages', `${t.messages} per run`], ['Runs started', t.runs],
       ['Pacing', H.fmt.pacing(t.pacing)], ['Retry', H.fmt.retry(t.retry)],
-      ['Misfire', `${MISFIRE[t.misfire] || t.misfire} (grace ${H.fmt.duration(t.misfire_grace)})`],
+      ['Misfire', `${MISFIRE[t.misfire] || t.misfire}; a fire missed by more than ${H.fmt.duration(t.misfire_grace)} expires (recorded, not sent)`],
       ['Overlap', OVERLAP[t.overlap] || t.overlap],
       ['Metadata', metadataText(t.metadata)], ['Created', at(t.created_at)], ['Updated', at(t.updated_at)],
     ];

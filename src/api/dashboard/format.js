@@ -78,10 +78,21 @@
   }
 
   // The zone a task's times are shown in: its schedule's, else the viewer's (an `after` or an
-  // `at` with an offset names none).
+  // `at` with an offset names none, and a zone this browser does not know is no help).
   function zoneOf(task) {
     const s = (task && task.schedule) || {};
-    return s.tz || (s.reminders && s.reminders.tz) || viewerZone();
+    const tz = s.tz || (s.reminders && s.reminders.tz);
+    return tz && known(tz) ? tz : viewerZone();
+  }
+
+  // Whether this browser knows IANA zone `tz` (not, say, a per-recipient placeholder).
+  function known(tz) {
+    try {
+      new Intl.DateTimeFormat('en-US', { timeZone: tz });
+      return true;
+    } catch (_) {
+      return false;
+    }
   }
 
   // `in 3m20s` / `5s ago`, from `iso` to `nowMs`.
@@ -140,6 +151,7 @@
   // Seconds as a short duration: `850 µs`, `12 ms`, `1.4 s`.
   function seconds(s) {
     if (s === null || s === undefined || !Number.isFinite(s)) return '—';
+    if (s === 0) return '0';
     if (s < 0.001) return `${Math.round(s * 1e6)} µs`;
     if (s < 1) return `${+(s * 1000).toPrecision(2)} ms`;
     return `${+s.toPrecision(2)} s`;
