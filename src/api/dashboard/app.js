@@ -85,7 +85,7 @@
     const title = tz && tz !== mine ? `${H.fmt.at(iso, mine)} (your time)` : null;
     return el('td', { class: 'when' },
       el('time', { datetime: iso, title, text: H.fmt.at(iso, tz) }),
-      el('small', { text: H.fmt.relative(iso, Date.now()) }));
+      el('small', { class: 'rel', 'data-at': iso, text: H.fmt.relative(iso, Date.now()) }));
   }
 
   // ---- API ----------------------------------------------------------------------------------
@@ -456,7 +456,7 @@
     if (!t) return;
     const tz = H.fmt.zoneOf(t);
     const now = Date.now();
-    const at = (iso) => (iso ? el('span', {}, el('time', { datetime: iso, text: H.fmt.at(iso, tz) }), ` · ${H.fmt.relative(iso, now)}`) : '—');
+    const at = (iso) => (iso ? el('span', {}, el('time', { datetime: iso, text: H.fmt.at(iso, tz) }), ' · ', el('span', { class: 'rel', 'data-at': iso, text: H.fmt.relative(iso, now) })) : '—');
     $('#detail-id').textContent = t.id;
     const fields = [
       ['Name', t.name || '—'], ['State', stateBadge(t.state)], ['Channel', t.channel], ['Schedule', H.fmt.describe(t.description, t.next_fire_at)],
@@ -618,7 +618,10 @@
       setCount('#count-failures', last.failures);
     }
     const s = H.metrics.series(ui.samples);
-    const from = now - SAMPLES_KEPT_MS;
+    // The charts span what was sampled (at least a minute, at most SAMPLES_KEPT_MS), so that a
+    // page just opened does not squeeze its first points into the right edge.
+    const first = ui.samples.length ? ui.samples[0].at : now;
+    const from = Math.max(now - SAMPLES_KEPT_MS, Math.min(first, now - 60 * 1000));
     const tail = (pts) => (pts.length ? pts[pts.length - 1].v : null);
     H.chart.draw($('#chart-sends'), {
       from, to: now, step: SAMPLE_EVERY_MS, floor: 1, format: H.fmt.rate,
@@ -634,7 +637,7 @@
     const m = H.metrics.summary(ui.samples, 60 * 1000);
     $('#now-p50').textContent = m ? H.fmt.seconds(m.p50) : '—';
     $('#now-p99').textContent = m ? H.fmt.seconds(m.p99) : '—';
-    $('#overview-note').textContent = `from herald's /metrics, sampled every ${SAMPLE_EVERY_MS / 1000} s; charts: the last ${H.fmt.span(SAMPLES_KEPT_MS)}; lateness figures: the last minute; task counts: herald's census (up to 10 s old)`;
+    $('#overview-note').textContent = `from herald's /metrics, sampled every ${SAMPLE_EVERY_MS / 1000} s; charts: the last ${H.fmt.span(now - from)} (up to ${H.fmt.span(SAMPLES_KEPT_MS)}); lateness figures: the last minute; task counts: herald's census (up to 10 s old)`;
   }
 
   // ---- live events --------------------------------------------------------------------------
@@ -819,6 +822,12 @@
     });
     $('#create-form').addEventListener('submit', createTask);
     $('#preview-button').addEventListener('click', previewSchedule);
+    // "in 3m" and "5s ago" move on by themselves.
+    setInterval(() => {
+      if (document.hidden) return;
+      const now = Date.now();
+      for (const e of document.querySelectorAll('.rel[data-at]')) e.textContent = H.fmt.relative(e.dataset.at, now);
+    }, 5000);
     // Hidden, the page does not sample; the charts show the gap rather than join across it.
     setInterval(() => {
       if (!document.hidden) sampleMetrics();

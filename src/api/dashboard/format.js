@@ -151,7 +151,7 @@
   // Seconds as a short duration: `850 µs`, `12 ms`, `1.4 s`.
   function seconds(s) {
     if (s === null || s === undefined || !Number.isFinite(s)) return '—';
-    if (s === 0) return '0';
+    if (s === 0) return '0 ms';
     if (s < 0.001) return `${Math.round(s * 1e6)} µs`;
     if (s < 1) return `${+(s * 1000).toPrecision(2)} ms`;
     return `${+s.toPrecision(2)} s`;
