@@ -26,6 +26,7 @@
     detailRuns: new Map(), // run number -> run view (the newest 50), moved likewise
     latest: new Map(),  // `${task}\0${run}` -> newest progress event (see `freshest`)
     failuresAfter: null,
+    failureCount: null, // length of the failure list when it fits one page (else the census)
     samples: [],        // /metrics samples of the last SAMPLES_KEPT_MS (metrics.js `sample`)
     channels: [],       // the last GET /v1/channels
   };
@@ -442,13 +443,25 @@
     }
     const r = ui.detailRuns.get(ev.run);
     if (r) ui.detailRuns.set(ev.run, { ...r, state: ev.state, total: ev.total, sent: ev.sent, failed: ev.failed });
-    drawDetail();
+    drawDetailSoon();
     if (!r || ev.state !== 'running') refetchDetail();
   }
 
   function metadataText(m) {
     const e = Object.entries(m || {});
     return e.length ? e.map(([k, v]) => `${k} = ${v}`).join(', ') : 'none';
+  }
+
+  // At most one redraw per 50 ms: a fast sequence sends hundreds of events a second, and
+  // each redraw builds up to 50 run rows.
+  let detailDrawPending = false;
+  function drawDetailSoon() {
+    if (detailDrawPending) return;
+    detailDrawPending = true;
+    setTimeout(() => {
+      detailDrawPending = false;
+      drawDetail();
+    }, 50);
   }
 
   function drawDetail() {
@@ -505,6 +518,10 @@
         el('button', { type: 'button', class: 'quiet', 'data-action': 'retry', 'aria-label': `Retry message ${f.id}`, disabled: f.retrying, text: f.retrying ? 'Retrying…' : 'Retry', onclick: () => retryFailure(f.id) }),
         el('button', { type: 'button', class: 'danger', 'data-action': 'dismiss', 'aria-label': `Dismiss message ${f.id}`, text: 'Dismiss', onclick: () => dismissFailure(f.id) }))))));
     if (!page.failures.length) body.append(el('tr', {}, el('td', { colspan: 6, class: 'empty', text: 'No failures.' })));
+    // The whole list on one page: its length is the count, exact and live (the census behind
+    // /metrics can be 10 s old).
+    ui.failureCount = !page.next && !ui.failuresAfter ? page.failures.length : null;
+    if (ui.failureCount !== null) setCount('#count-failures', ui.failureCount);
     const more = $('#failures-more');
     more.hidden = !page.next && !ui.failuresAfter;
     more.textContent = page.next ? 'Next page' : 'First page';
@@ -615,7 +632,7 @@
       setCount('#count-pending', t.pending);
       setCount('#count-running', t.running);
       setCount('#count-paused', t.paused);
-      setCount('#count-failures', last.failures);
+      setCount('#count-failures', ui.failureCount !== null ? ui.failureCount : last.failures);
     }
     const s = H.metrics.series(ui.samples);
     // The charts span what was sampled (at least a minute, at most SAMPLES_KEPT_MS), so that a
