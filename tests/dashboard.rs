@@ -1,11 +1,15 @@
 //! The dashboard in a real browser: headless Chromium driven over WebDriver (Debian's
-//! `chromium` and `chromium-driver`; `.ci/run` installs them), against a real herald with a
-//! token and a real webhook receiver. It signs in, creates a paced sequence from the page,
-//! watches its progress bar move to done (live, without reloading), sees a failed message
-//! appear and retries it, and cancels a task with the confirmation dialog. A screenshot is
-//! saved as `target/tmp/dashboard.png` (`dashboard-failure.png` when a step fails).
+//! `chromium` and `chromium-driver`), against a real herald with a token and a real webhook
+//! receiver. It is refused a wrong token and says so, signs in, creates a paced sequence from
+//! the page with one message that fails for good, watches the list's bar and the open detail
+//! move live (without reloading) to a bar with a failed share, sees the overview's charts draw
+//! the traffic and the channel's success ratio count it, retries the failed message, checks
+//! the page at 1024 px (Actions visible), and cancels a task with the confirmation dialog.
+//! Screenshots go to `target/tmp/` (`dashboard.png` at 1400 px, `dashboard-detail.png`,
+//! `dashboard-1024.png`; `dashboard-failure.png` when a step fails).
 //!
-//! Without chromium or chromedriver this test FAILS, saying what to install.
+//! Without chromium or chromedriver the test is skipped loudly (`common::tools::require`), and
+//! fails under `CI=true`.
 
 mod common;
 
@@ -18,18 +22,11 @@ use std::time::{Duration, Instant};
 use common::herald::{webhook_channel, TestHerald};
 use common::http;
 use common::receiver::{Behavior, Receiver};
+use common::tools;
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 
 const TOKEN: &str = "dash-board-token";
-
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
 
 fn artifact(name: &str) -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join(name)
@@ -50,17 +47,15 @@ impl Drop for Driver {
     }
 }
 
-async fn start_driver() -> Driver {
-    const INSTALL: &str = "install Debian's chromium and chromium-driver: \
-         apt-get update && apt-get install -y chromium chromium-driver (.ci/run does this)";
-    let driver = which("chromedriver").unwrap_or_else(|| {
-        panic!("the dashboard test needs chromedriver, not found on PATH; {INSTALL}")
-    });
-    let chromium = which("chromium")
-        .or_else(|| which("chromium-browser"))
-        .unwrap_or_else(|| {
-            panic!("the dashboard test needs chromium, not found on PATH; {INSTALL}")
-        });
+const TEST: &str = "dashboard_in_headless_chromium";
+const INSTALL: &str = "apt-get update && apt-get install -y chromium chromium-driver";
+
+/// chromedriver started, or `None` when it or chromium is missing (the skip is recorded).
+async fn start_driver() -> Option<Driver> {
+    let driver = tools::require("chromedriver", INSTALL, TEST)?;
+    let chromium = tools::which("chromium")
+        .or_else(|| tools::which("chromium-browser"))
+        .or_else(|| tools::require("chromium", INSTALL, TEST))?;
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
@@ -91,7 +86,7 @@ async fn start_driver() -> Driver {
         ready.is_some(),
         "chromedriver did not get ready on port {port} within 30 s"
     );
-    d
+    Some(d)
 }
 
 async fn browser(d: &Driver) -> Client {
@@ -104,7 +99,7 @@ async fn browser(d: &Driver) -> Client {
             "args": [
                 "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", "--window-size=1280,1100",
+                "--disable-dev-shm-usage", "--window-size=1400,1000", "--lang=en-US",
                 format!("--user-data-dir={}", d.profile.path().display()),
             ],
         }),
@@ -160,24 +155,57 @@ async fn click(c: &Client, css: &str) {
         .unwrap_or_else(|e| panic!("clicking {css}: {e}"));
 }
 
-/// The progress bar of a task row: (value, max, row state), if the row has one.
-async fn bar(c: &Client, id: &str) -> Option<(u64, u64, String)> {
+/// A progress bar's shares, read from the page.
+#[derive(Debug, Clone, PartialEq)]
+struct Bar {
+    sent: u64,
+    failed: u64,
+    total: u64,
+    /// Drawn width of the failed share in px (0 when it has none).
+    failed_px: f64,
+}
+
+impl Bar {
+    fn done(&self) -> u64 {
+        self.sent + self.failed
+    }
+}
+
+/// The first `.bar` inside the element matched by `css`, if there is one.
+async fn bar(c: &Client, css: &str) -> Option<Bar> {
     let v = js(
         c,
         &format!(
-            r#"const tr = document.querySelector('#task-rows tr[data-task="{id}"]');
-               if (!tr) return null;
-               const p = tr.querySelector('progress');
-               return [p ? Number(p.getAttribute('value')) : -1, p ? Number(p.getAttribute('max')) : -1, tr.dataset.state];"#
+            r#"const b = document.querySelector({css:?} + ' .bar');
+               if (!b) return null;
+               const f = b.querySelector('.seg.failed');
+               return [Number(b.dataset.sent), Number(b.dataset.failed), Number(b.dataset.total),
+                       f ? f.getBoundingClientRect().width : 0];"#
         ),
     )
     .await;
     let a = v.as_array()?;
-    Some((
-        a[0].as_i64().filter(|x| *x >= 0)? as u64,
-        a[1].as_u64()?,
-        a[2].as_str()?.to_string(),
-    ))
+    Some(Bar {
+        sent: a[0].as_u64()?,
+        failed: a[1].as_u64()?,
+        total: a[2].as_u64()?,
+        failed_px: a[3].as_f64()?,
+    })
+}
+
+async fn text_of(c: &Client, css: &str) -> String {
+    js(
+        c,
+        &format!("const e = document.querySelector({css:?}); return e ? e.textContent : null"),
+    )
+    .await
+    .as_str()
+    .unwrap_or_default()
+    .to_string()
+}
+
+async fn dialog_open(c: &Client, css: &str) -> bool {
+    js(c, &format!("return document.querySelector({css:?}).open")).await == true
 }
 
 async fn task_state(h: &TestHerald, id: &str) -> String {
@@ -191,9 +219,38 @@ async fn task_state(h: &TestHerald, id: &str) -> String {
     r.json()["state"].as_str().unwrap_or_default().to_string()
 }
 
+/// Whether `s` holds a date-time as RFC 3339 or herald's descriptions write it
+/// (`2026-12-01T09:00`, `2026-12-01 09:00`).
+fn is_iso(s: &str) -> bool {
+    s.as_bytes().windows(11).any(|w| {
+        w[4] == b'-'
+            && w[7] == b'-'
+            && (w[10] == b'T' || w[10] == b' ')
+            && [0, 1, 2, 3, 5, 6, 8, 9]
+                .iter()
+                .all(|&i| w[i].is_ascii_digit())
+    })
+}
+
+async fn screenshot(c: &Client, name: &str) {
+    let png = c.screenshot().await.expect("screenshot");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    std::fs::write(artifact(name), &png).expect("save the screenshot");
+}
+
+/// Types `token` into the token dialog and submits it.
+async fn give_token(c: &Client, token: &str) {
+    let input = c.find(Locator::Css("#token-input")).await.unwrap();
+    input.clear().await.unwrap();
+    input.send_keys(token).await.unwrap();
+    click(c, "#token-save").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_in_headless_chromium() {
-    let driver = start_driver().await;
+    let Some(driver) = start_driver().await else {
+        return;
+    };
     let rx = Receiver::start().await;
     // The third message of the sequence is refused once for good (400): it lands in the
     // failure list; its retry from the page is accepted.
@@ -202,24 +259,39 @@ async fn dashboard_in_headless_chromium() {
     let c = browser(&driver).await;
     let t = Duration::from_secs(30);
 
-    // ---- load; the page asks for the token once
+    // ---- load; the page asks for the token, refuses a wrong one visibly, takes the right one
     c.goto(&h.url("/")).await.expect("load the dashboard");
     assert_eq!(c.title().await.unwrap(), "herald");
     until(&c, "the token dialog", t, || async {
-        (js(&c, "return document.querySelector('#token-dialog').open").await == true).then_some(())
+        dialog_open(&c, "#token-dialog").await.then_some(())
     })
     .await;
-    let input = c.find(Locator::Css("#token-input")).await.unwrap();
-    input.send_keys(TOKEN).await.unwrap();
-    click(&c, "#token-save").await;
+    assert_eq!(
+        js(&c, "return document.querySelector('#token-error').hidden").await,
+        true,
+        "no refusal before a token was given"
+    );
+    give_token(&c, "not-the-token").await;
+    let refusal = until(&c, "the refusal of a wrong token", t, || async {
+        let shown = js(&c, "return !document.querySelector('#token-error').hidden").await == true;
+        let text = text_of(&c, "#token-error").await;
+        (shown && dialog_open(&c, "#token-dialog").await && text.contains("refused"))
+            .then_some(text)
+    })
+    .await;
+    assert!(refusal.contains("401"), "{refusal}");
+    assert!(
+        text_of(&c, "#notice").await.contains("refused"),
+        "the page says it too"
+    );
+    assert_eq!(
+        js(&c, "return sessionStorage.getItem('herald.token')").await,
+        Value::Null,
+        "a refused token is not kept"
+    );
+    give_token(&c, TOKEN).await;
     until(&c, "the live event stream", t, || async {
-        (js(
-            &c,
-            "return document.querySelector('#live-text').textContent",
-        )
-        .await
-            == "live")
-            .then_some(())
+        (text_of(&c, "#live-text").await == "live").then_some(())
     })
     .await;
     assert_eq!(
@@ -227,6 +299,7 @@ async fn dashboard_in_headless_chromium() {
         TOKEN,
         "the token is kept for the browser session"
     );
+    assert!(js(&c, "return document.querySelector('#token-error').hidden").await == true);
     // The channels table is there, with the webhook channel.
     until(&c, "the channels table", t, || async {
         c.find(Locator::Css("#channel-rows tr[data-channel='hook']"))
@@ -234,10 +307,65 @@ async fn dashboard_in_headless_chromium() {
             .ok()
     })
     .await;
+    // The overview's arithmetic on known input (metrics.js is pure).
+    let q = js(
+        &c,
+        r#"const M = window.Herald.metrics;
+           const s = M.sample('herald_send_lateness_seconds_bucket{le="0.001"} 5\nherald_send_lateness_seconds_bucket{le="0.01"} 9\nherald_send_lateness_seconds_bucket{le="+Inf"} 10\nherald_channel_attempts_total{channel="a\\"b",outcome="sent"} 3\n', 0);
+           return [M.quantile(0.5, s.lateness.bounds, s.lateness.cum), M.quantile(0.99, s.lateness.bounds, s.lateness.cum),
+                   s.attempts['a"b'].sent];"#,
+    )
+    .await;
+    assert_eq!(
+        q,
+        json!([0.001, 0.01, 3]),
+        "p50, p99 (capped at the last finite bound), an escaped label"
+    );
     // Marks this page load: if the page reloaded, the mark would be gone.
     js(&c, "window.__heraldMark = 42; return null").await;
 
-    // ---- create a paced sequence from the page
+    // ---- a preview in the task's zone; a failed create leaves no stale preview under it
+    let bad = json!({"channel": "nope", "schedule": {"cron": "0 9 * * *", "tz": "Asia/Shanghai"},
+                     "to": ["a"], "body": "x"});
+    let area = c.find(Locator::Css("#create-body")).await.unwrap();
+    area.clear().await.unwrap();
+    area.send_keys(&bad.to_string()).await.unwrap();
+    click(&c, "#preview-button").await;
+    let fires = until(&c, "the schedule preview", t, || async {
+        let v = js(
+            &c,
+            "return [...document.querySelectorAll('#preview-list time')].map(t => t.textContent)",
+        )
+        .await;
+        let v: Vec<String> = serde_json::from_value(v).ok()?;
+        (v.len() == 5).then_some(v)
+    })
+    .await;
+    assert!(
+        fires
+            .iter()
+            .all(|f| f.contains("09:00:00") && f.ends_with("GMT+8")),
+        "fires in the task's zone with its label: {fires:?}"
+    );
+    click(&c, "#create-submit").await;
+    until(&c, "the refused create", t, || async {
+        text_of(&c, "#create-result")
+            .await
+            .starts_with("Not created")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        js(
+            &c,
+            "return document.querySelectorAll('#preview-list li').length"
+        )
+        .await,
+        0,
+        "no stale preview under a failed create"
+    );
+
+    // ---- create a paced sequence from the page; its detail opens
     let to: Vec<String> = (0..8).map(|i| format!("r{i}")).collect();
     let request = json!({"id": "seq", "channel": "hook", "schedule": {"after": "1s"},
                          "pacing": {"interval": "300ms"}, "to": to, "body": "hello"});
@@ -251,37 +379,59 @@ async fn dashboard_in_headless_chromium() {
             .ok()
     })
     .await;
-    let result = js(
-        &c,
-        "return document.querySelector('#create-result').textContent",
-    )
+    let result = text_of(&c, "#create-result").await;
+    assert!(result.starts_with("Created task seq"), "{result}");
+    until(&c, "the detail of seq", t, || async {
+        (text_of(&c, "#detail-id").await == "seq"
+            && js(&c, "return document.querySelector('#detail').hidden").await == false)
+            .then_some(())
+    })
     .await;
+    assert_eq!(
+        text_of(&c, "#detail-fields dd[data-field='pacing']").await,
+        "one message every 300 ms",
+        "pacing in words"
+    );
+    let retry = text_of(&c, "#detail-fields dd[data-field='retry']").await;
     assert!(
-        result
-            .as_str()
-            .unwrap_or_default()
-            .starts_with("Created task seq"),
-        "{result}"
+        retry.starts_with("up to ") && retry.contains("attempts") && !retry.contains('{'),
+        "retry in words: {retry}"
     );
 
-    // ---- its progress bar advances to done, live
-    let mut seen: Vec<(u64, u64)> = Vec::new();
+    // ---- the list's bar and the open detail (its bar and its run's row) move live to done
+    let (mut list_seen, mut detail_seen, mut run_seen) = (vec![], vec![], vec![]);
     let end = Instant::now() + t;
     loop {
-        let b = bar(&c, "seq").await;
-        if let Some((v, max, state)) = &b {
-            if seen.last() != Some(&(*v, *max)) {
-                seen.push((*v, *max));
+        let list = bar(&c, "#task-rows tr[data-task='seq']").await;
+        let detail = bar(&c, "#detail-fields dd[data-field='progress']").await;
+        let run = bar(&c, "#run-rows tr[data-run='1']").await;
+        for (seen, b) in [
+            (&mut list_seen, &list),
+            (&mut detail_seen, &detail),
+            (&mut run_seen, &run),
+        ] {
+            if let Some(b) = b {
+                if seen.last() != Some(b) {
+                    seen.push(b.clone());
+                }
             }
-            if *max == 8 && v == max && state == "completed" {
-                break;
-            }
+        }
+        let row_state = js(
+            &c,
+            "const r = document.querySelector('#task-rows tr[data-task=\"seq\"]'); return r && r.dataset.state",
+        )
+        .await;
+        let finished = |b: &Option<Bar>| b.as_ref().is_some_and(|b| b.total == 8 && b.done() == 8);
+        if finished(&list) && finished(&detail) && finished(&run) && row_state == "completed" {
+            break;
         }
         if Instant::now() >= end {
             // Fails with a screenshot and the page text.
             until(
                 &c,
-                &format!("the progress bar reaching 8/8 (seen {seen:?})"),
+                &format!(
+                    "the bars reaching 8 of 8 (list {list_seen:?}, detail {detail_seen:?}, run {run_seen:?})"
+                ),
                 Duration::ZERO,
                 || async { None::<()> },
             )
@@ -289,16 +439,68 @@ async fn dashboard_in_headless_chromium() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(
-        seen.iter().any(|(v, max)| *max == 8 && *v > 0 && v < max),
-        "the bar moved through intermediate values: {seen:?}"
-    );
-    let values: Vec<u64> = seen.iter().map(|(v, _)| *v).collect();
-    assert!(values.windows(2).all(|w| w[0] <= w[1]), "{values:?}");
+    for (what, seen) in [
+        ("list", &list_seen),
+        ("detail", &detail_seen),
+        ("run row", &run_seen),
+    ] {
+        assert!(
+            seen.iter().any(|b| b.done() > 0 && b.done() < 8),
+            "the {what} bar moved through intermediate values: {seen:?}"
+        );
+        let done: Vec<u64> = seen.iter().map(Bar::done).collect();
+        assert!(done.windows(2).all(|w| w[0] <= w[1]), "{what}: {done:?}");
+        let last = seen.last().unwrap();
+        assert_eq!((last.sent, last.failed), (7, 1), "{what}: {last:?}");
+        assert!(
+            last.failed_px >= 3.0,
+            "{what}: the failed share is drawn: {last:?}"
+        );
+    }
     assert_eq!(js(&c, "return window.__heraldMark").await, 42, "no reload");
     assert_eq!(task_state(&h, "seq").await, "completed");
+    until(&c, "run 1 shown completed in the detail", t, || async {
+        let v = js(
+            &c,
+            "const r = document.querySelector('#run-rows tr[data-run=\"1\"]'); return r && r.dataset.state",
+        )
+        .await;
+        (v == "completed").then_some(())
+    })
+    .await;
 
-    // ---- the failed message appears in the failure list; retry it from the page
+    // ---- every instant in one format, with a zone label, none in ISO
+    let times = js(
+        &c,
+        "return [...document.querySelectorAll('main time')].map(t => t.textContent)",
+    )
+    .await;
+    let times: Vec<String> = serde_json::from_value(times).unwrap();
+    assert!(!times.is_empty());
+    for s in &times {
+        let zone = s.rsplit(' ').next().unwrap_or_default();
+        assert!(!is_iso(s), "not ISO: {s}");
+        assert!(
+            zone == "UTC"
+                || zone.starts_with("GMT")
+                || (zone.len() >= 3 && zone.chars().all(|c| c.is_ascii_uppercase())),
+            "a zone label ends {s:?}"
+        );
+    }
+
+    let shown = js(
+        &c,
+        "return ['#task-table', '#detail-fields', '#run-table', '#failure-table'].map(s => document.querySelector(s).innerText).join('\\n')",
+    )
+    .await;
+    let shown = shown.as_str().unwrap_or_default();
+    assert!(!is_iso(shown), "no ISO date-time in the tables: {shown}");
+    assert!(
+        !shown.contains("2026-") && !shown.contains("(UTC)"),
+        "{shown}"
+    );
+
+    // ---- the failed message appears in the failure list; the overview counts the traffic
     let failed = "#failure-rows tr[data-failure='seq:1:2']";
     until(&c, "the failed message in the failure list", t, || async {
         c.find(Locator::Css(failed)).await.ok()
@@ -315,18 +517,101 @@ async fn dashboard_in_headless_chromium() {
         row_text.contains("r2") && row_text.contains("HTTP 400"),
         "{row_text}"
     );
-    let progress_text = js(
+    let progress_text = text_of(&c, "#task-rows tr[data-task='seq'] .progress .text").await;
+    assert!(progress_text.contains("1 failed"), "{progress_text}");
+    until(&c, "the overview's charts drawing the sends and their lateness", t, || async {
+        let v = js(
+            &c,
+            r#"const s = document.querySelector('#chart-sends'), l = document.querySelector('#chart-lateness');
+               const ys = [...s.querySelectorAll('.line.sends, .dot.sends')];
+               return [Number(s.dataset.pointsSends || 0), Number(l.dataset.pointsP99 || 0), ys.length,
+                       document.querySelector('#now-p99').textContent];"#,
+        )
+        .await;
+        let a = v.as_array()?;
+        (a[0].as_u64()? >= 2 && a[1].as_u64()? >= 1 && a[2].as_u64()? >= 1 && a[3] != "—")
+            .then_some(())
+    })
+    .await;
+    // Some interval drew a rate above zero.
+    let peak = js(
         &c,
-        "return document.querySelector('#task-rows tr[data-task=\"seq\"] .progress .text').textContent",
+        r#"return Math.max(...window.Herald.metrics.series(window.Herald.overview.samples()).sends.map(p => p.v))"#,
     )
     .await;
     assert!(
-        progress_text
-            .as_str()
-            .unwrap_or_default()
-            .contains("1 failed"),
-        "{progress_text}"
+        peak.as_f64().unwrap_or(0.0) > 0.0,
+        "a send rate above 0: {peak}"
     );
+    until(&c, "the task and failure counts", t, || async {
+        let n = text_of(&c, "#count-failures").await;
+        let p = text_of(&c, "#count-pending").await;
+        (n == "1" && p.chars().all(|c| c.is_ascii_digit()) && !p.is_empty()).then_some(())
+    })
+    .await;
+    let ratio = until(&c, "the channel's success ratio over its window", t, || async {
+        let v = js(
+            &c,
+            "const r = document.querySelector('#channel-rows tr[data-channel=\"hook\"] .ratio'); return r && [r.dataset.attempts, r.textContent]",
+        )
+        .await;
+        let a = v.as_array()?;
+        let attempts: u64 = a[0].as_str()?.parse().ok()?;
+        (attempts == 8).then(|| a[1].as_str().unwrap_or_default().to_string())
+    })
+    .await;
+    assert_eq!(ratio, "88 % of 8 attempts", "7 of 8 attempts were sent");
+    assert!(
+        text_of(&c, "#channels-note")
+            .await
+            .contains("over the last"),
+        "the window is stated"
+    );
+    js(&c, "window.scrollTo(0, 0); return null").await;
+    screenshot(&c, "dashboard.png").await;
+
+    // ---- at 1024 px everything fits: the Actions column is on the screen
+    c.set_window_size(1024, 1000)
+        .await
+        .expect("resize to 1024 px");
+    let later = http::request(
+        "POST",
+        &h.url("/v1/tasks"),
+        &[("authorization", &format!("Bearer {TOKEN}"))],
+        Some(
+            json!({"id": "later", "name": "Reminder for the quarterly planning meeting", "schedule": {"cron": "0 9 * * 1-5", "tz": "Asia/Shanghai"}, "to": ["a"], "body": "x"})
+                .to_string()
+                .into_bytes(),
+        ),
+    )
+    .await;
+    assert_eq!(later.status, 201, "{}", later.text());
+    let cancel = "#task-rows tr[data-task='later'] button[data-action='cancel']";
+    until(
+        &c,
+        "the new task's row (from the event stream)",
+        t,
+        || async { c.find(Locator::Css(cancel)).await.ok() },
+    )
+    .await;
+    let fit = js(
+        &c,
+        r#"const w = document.documentElement.clientWidth;
+           const head = [...document.querySelectorAll('#task-table th')].pop().getBoundingClientRect();
+           const buttons = [...document.querySelectorAll('#task-rows button[data-action]')].map(b => b.getBoundingClientRect().right);
+           const over = [...document.querySelectorAll('.scroll')].map(s => s.scrollWidth - s.clientWidth);
+           return [w, head.right, Math.max(...buttons), Math.max(...over)];"#,
+    )
+    .await;
+    let f: Vec<f64> = serde_json::from_value(fit.clone()).unwrap();
+    assert!(
+        f[1] <= f[0] && f[2] <= f[0] && f[3] <= 0.0,
+        "at 1024 px the Actions column is on screen and no table overflows (viewport, header right, buttons right, widest overflow): {fit}"
+    );
+    js(&c, "window.scrollTo(0, 0); return null").await;
+    screenshot(&c, "dashboard-1024.png").await;
+
+    // ---- retry the failed message from the page
     click(&c, &format!("{failed} button[data-action='retry']")).await;
     until(
         &c,
@@ -342,66 +627,23 @@ async fn dashboard_in_headless_chromium() {
         .count();
     assert_eq!(sent_twice, 2, "refused once, then delivered by the retry");
 
-    // ---- a task's runs
-    click(&c, "#task-rows tr[data-task='seq'] button.link").await;
-    until(&c, "the runs of seq", t, || async {
-        let v = js(
-            &c,
-            "const r = document.querySelector('#run-rows tr[data-run=\"1\"]'); return r && r.innerText",
-        )
-        .await;
-        v.as_str()
-            .filter(|s| s.contains("completed"))
-            .map(str::to_string)
-    })
-    .await;
-
     // ---- cancel a task from the page, through the confirmation dialog
-    let r = http::request(
-        "POST",
-        &h.url("/v1/tasks"),
-        &[("authorization", &format!("Bearer {TOKEN}"))],
-        Some(
-            json!({"id": "later", "schedule": {"after": "1h"}, "to": ["a"], "body": "x"})
-                .to_string()
-                .into_bytes(),
-        ),
-    )
-    .await;
-    assert_eq!(r.status, 201, "{}", r.text());
-    let cancel = "#task-rows tr[data-task='later'] button[data-action='cancel']";
-    until(
-        &c,
-        "the new task's row (from the event stream)",
-        t,
-        || async { c.find(Locator::Css(cancel)).await.ok() },
-    )
-    .await;
+    c.set_window_size(1400, 1000)
+        .await
+        .expect("resize to 1400 px");
     click(&c, cancel).await;
     until(&c, "the confirmation dialog", t, || async {
-        (js(&c, "return document.querySelector('#confirm-dialog').open").await == true)
-            .then_some(())
+        dialog_open(&c, "#confirm-dialog").await.then_some(())
     })
     .await;
-    let question = js(
-        &c,
-        "return document.querySelector('#confirm-text').textContent",
-    )
-    .await;
-    assert!(
-        question
-            .as_str()
-            .unwrap_or_default()
-            .starts_with("Cancel task later?"),
-        "{question}"
-    );
+    let question = text_of(&c, "#confirm-text").await;
+    assert!(question.starts_with("Cancel task later?"), "{question}");
     // Saying no changes nothing.
     click(&c, "#confirm-no").await;
     assert_eq!(task_state(&h, "later").await, "pending");
     click(&c, cancel).await;
     until(&c, "the confirmation dialog, again", t, || async {
-        (js(&c, "return document.querySelector('#confirm-dialog').open").await == true)
-            .then_some(())
+        dialog_open(&c, "#confirm-dialog").await.then_some(())
     })
     .await;
     click(&c, "#confirm-yes").await;
@@ -428,10 +670,12 @@ async fn dashboard_in_headless_chromium() {
         (ids == json!(["later"])).then_some(())
     })
     .await;
-
-    let png = c.screenshot().await.expect("screenshot");
-    std::fs::write(artifact("dashboard.png"), &png).expect("save the screenshot");
-    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    js(
+        &c,
+        "document.querySelector('#detail').scrollIntoView(); return null",
+    )
+    .await;
+    screenshot(&c, "dashboard-detail.png").await;
     c.close().await.expect("close the browser");
 }
 
@@ -443,6 +687,9 @@ async fn page_and_assets_are_embedded_and_locked_down() {
         ("/", "text/html; charset=utf-8"),
         ("/dashboard/app.js", "text/javascript; charset=utf-8"),
         ("/dashboard/app.css", "text/css; charset=utf-8"),
+        ("/dashboard/format.js", "text/javascript; charset=utf-8"),
+        ("/dashboard/metrics.js", "text/javascript; charset=utf-8"),
+        ("/dashboard/chart.js", "text/javascript; charset=utf-8"),
     ] {
         let r = http::get(&h.url(path)).await;
         assert_eq!(r.status, 200, "{path}");
@@ -452,13 +699,17 @@ async fn page_and_assets_are_embedded_and_locked_down() {
             csp.contains("script-src 'self'") && csp.contains("default-src 'none'"),
             "{csp}"
         );
+        // The SVG namespace is a name, not a download.
+        let text = r.text().replace("http://www.w3.org/2000/svg", "");
         assert!(
-            !r.text().contains("http://") && !r.text().contains("https://"),
+            !text.contains("http://") && !text.contains("https://"),
             "{path}: no CDN"
         );
     }
     let page = http::get(&h.url("/")).await.text();
-    assert!(page.contains("/dashboard/app.js") && page.contains("/dashboard/app.css"));
+    for asset in ["app.js", "app.css", "format.js", "metrics.js", "chart.js"] {
+        assert!(page.contains(&format!("/dashboard/{asset}")), "{asset}");
+    }
     // Every form control has a label.
     for id in [
         "f-state",

@@ -36,11 +36,22 @@ const SERVED: &[(&str, &str)] = &[
     ("GET", "/healthz"),
     ("GET", "/"),
     ("GET", "/dashboard/app.js"),
+    ("GET", "/dashboard/format.js"),
+    ("GET", "/dashboard/metrics.js"),
+    ("GET", "/dashboard/chart.js"),
     ("GET", "/dashboard/app.css"),
 ];
 
 /// Paths open without a token: health, and the dashboard page and its assets (no data).
-const OPEN: &[&str] = &["/healthz", "/", "/dashboard/app.js", "/dashboard/app.css"];
+const OPEN: &[&str] = &[
+    "/healthz",
+    "/",
+    "/dashboard/app.js",
+    "/dashboard/format.js",
+    "/dashboard/metrics.js",
+    "/dashboard/chart.js",
+    "/dashboard/app.css",
+];
 
 const METHODS: &[&str] = &[
     "get", "put", "post", "delete", "options", "head", "patch", "trace",
@@ -675,7 +686,14 @@ async fn answers_match_the_document() {
     let r = send(&h, "GET", "/v1/export?full=1", None).await;
     assert_eq!(r.status, 400);
     check(&d, "GET", "/v1/export", &r);
-    for page in ["/", "/dashboard/app.js", "/dashboard/app.css"] {
+    for page in [
+        "/",
+        "/dashboard/app.js",
+        "/dashboard/format.js",
+        "/dashboard/metrics.js",
+        "/dashboard/chart.js",
+        "/dashboard/app.css",
+    ] {
         let r = send(&h, "GET", page, None).await;
         assert_eq!(r.status, 200);
         check(&d, "GET", page, &r);

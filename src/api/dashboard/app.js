@@ -6,9 +6,13 @@
 //   is shown is reloaded, so nothing between a load and the stream is missed.
 // - Lists are paged (tasks by id with `after`, failures likewise): the page never loads all.
 // - Everything the server sends is put in the page as text (textContent), never as HTML.
+// - The overview at the top samples /metrics every 2 s and keeps 5 minutes of samples
+//   (metrics.js works out the figures, chart.js draws them); the channels' success ratio and
+//   sends/s come from the same samples.
+// - Times: one format (format.js), in the viewer's locale and the task's zone, with its label.
 'use strict';
 
-(() => {
+((H) => {
   const TOKEN_KEY = 'herald.token';
   const $ = (sel) => document.querySelector(sel);
   const ui = {
@@ -18,9 +22,18 @@
     next: null,         // `next` of the page shown
     rows: new Map(),    // task id -> task view, for the tasks on the page
     detail: null,       // id of the task shown in detail
+    detailTask: null,   // its view, moved by progress events
+    detailRuns: new Map(), // run number -> run view (the newest 50), moved likewise
+    latest: new Map(),  // `${task}\0${run}` -> newest progress event (see `freshest`)
     failuresAfter: null,
-    channelsPrev: null, // {at, sent: {name: n}} for sends/s
+    failureCount: null, // length of the failure list when it fits one page (else the census)
+    samples: [],        // /metrics samples of the last SAMPLES_KEPT_MS (metrics.js `sample`)
+    channels: [],       // the last GET /v1/channels
   };
+  const SAMPLE_EVERY_MS = 2000;
+  const SAMPLES_KEPT_MS = 5 * 60 * 1000;
+  // Window of the channels' success ratio and sends/s (stated in the page).
+  const CHANNEL_WINDOW_MS = 5 * 60 * 1000;
 
   // ---- small helpers ------------------------------------------------------------------------
 
@@ -65,40 +78,15 @@
 
   // ---- time ---------------------------------------------------------------------------------
 
-  const DATE_OPTS = { year: 'numeric', month: '2-digit', day: '2-digit', hour: '2-digit', minute: '2-digit', second: '2-digit' };
-
-  function fmtLocal(iso) {
-    return new Date(iso).toLocaleString(undefined, DATE_OPTS);
-  }
-
-  function fmtZone(iso, tz) {
-    try {
-      return new Date(iso).toLocaleString(undefined, { ...DATE_OPTS, timeZone: tz, timeZoneName: 'short' }) + ' ' + tz;
-    } catch (_) {
-      return '';
-    }
-  }
-
-  function relative(iso) {
-    const s = Math.round((new Date(iso).getTime() - Date.now()) / 1000);
-    const a = Math.abs(s);
-    if (a < 1) return 'now';
-    const d = Math.floor(a / 86400), h = Math.floor((a % 86400) / 3600), m = Math.floor((a % 3600) / 60), sec = a % 60;
-    const txt = d ? `${d}d${h ? h + 'h' : ''}` : h ? `${h}h${m ? m + 'm' : ''}` : m ? `${m}m${sec && m < 10 ? sec + 's' : ''}` : `${sec}s`;
-    return s > 0 ? `in ${txt}` : `${txt} ago`;
-  }
-
-  function taskZone(t) {
-    const s = t.schedule || {};
-    return s.tz || (s.reminders && s.reminders.tz) || 'UTC';
-  }
-
+  // A time cell: the instant in `tz` (the viewer's when absent) with its zone label; the
+  // viewer's own time as a tooltip when the zone differs; how far from now.
   function whenCell(iso, tz) {
     if (!iso) return el('td', { class: 'when' }, '—');
+    const mine = H.fmt.viewerZone();
+    const title = tz && tz !== mine ? `${H.fmt.at(iso, mine)} (your time)` : null;
     return el('td', { class: 'when' },
-      el('time', { datetime: iso, text: fmtLocal(iso) }),
-      tz ? el('small', { text: fmtZone(iso, tz) }) : null,
-      el('small', { text: relative(iso) }));
+      el('time', { datetime: iso, title, text: H.fmt.at(iso, tz) }),
+      el('small', { class: 'rel', 'data-at': iso, text: H.fmt.relative(iso, Date.now()) }));
   }
 
   // ---- API ----------------------------------------------------------------------------------
@@ -122,10 +110,21 @@
   }
 
   let asking = null;
-  // Asks for the token (once for everyone waiting); resolves when one was given.
-  function askToken() {
-    if (asking) return asking;
+  // Asks for the token (once for everyone waiting); resolves when one was given. `refused`:
+  // herald answered 401 to the token this tab had, so the dialog says so (and the page too,
+  // should the dialog be closed) instead of asking again as if nothing had happened.
+  function askToken(refused) {
     const dlg = $('#token-dialog');
+    const err = $('#token-error');
+    if (refused) {
+      const text = 'herald refused this token (401 Unauthorized). Enter the token herald was started with (HERALD_TOKEN, or token in its config file).';
+      err.textContent = text;
+      err.hidden = false;
+      $('#token-why').hidden = true;
+      notice(text);
+      setLive('off', 'token refused');
+    }
+    if (asking) return asking;
     asking = new Promise((resolve) => {
       const done = () => {
         const v = $('#token-input').value.trim();
@@ -135,6 +134,9 @@
         }
         sessionStorage.setItem(TOKEN_KEY, v);
         dlg.removeEventListener('close', done);
+        err.hidden = true;
+        $('#token-why').hidden = false;
+        notice('');
         asking = null;
         resolve();
         restartStream();
@@ -146,10 +148,21 @@
     return asking;
   }
 
+  // herald said 401: to a token this tab sent (refused: forget it and say so), or to none.
+  function unauthorized(sent) {
+    if (sent) {
+      if (token() === sent) sessionStorage.removeItem(TOKEN_KEY);
+      return askToken(true);
+    }
+    // Another request may have been answered with a fresh token meanwhile: use it.
+    return token() ? Promise.resolve() : askToken(false);
+  }
+
   async function api(method, path, body) {
     for (;;) {
       const init = { method, headers: headers(body !== undefined ? { 'Content-Type': 'application/json' } : {}) };
       if (body !== undefined) init.body = typeof body === 'string' ? body : JSON.stringify(body);
+      const sent = token();
       let r;
       try {
         r = await fetch(path, init);
@@ -157,18 +170,29 @@
         throw new ApiError(0, 'cannot reach herald: ' + e.message);
       }
       if (r.status === 401) {
-        await askToken();
+        await unauthorized(sent);
         continue;
       }
       const text = await r.text();
-      let data = null;
-      try {
-        data = text ? JSON.parse(text) : null;
-      } catch (_) {
-        data = null;
+      if (!r.ok) {
+        let data = null;
+        try {
+          data = text ? JSON.parse(text) : null;
+        } catch (_) {
+          data = null;
+        }
+        throw new ApiError(r.status, (data && data.detail) || `${r.status} ${r.statusText}`);
       }
-      if (!r.ok) throw new ApiError(r.status, (data && data.detail) || `${r.status} ${r.statusText}`);
-      return data;
+      // /metrics is text; everything under /v1 is JSON (or empty: 204).
+      const type = r.headers.get('content-type') || '';
+      if (!type || type.includes('json')) {
+        try {
+          return text ? JSON.parse(text) : null;
+        } catch (e) {
+          throw new ApiError(r.status, `not JSON: ${e.message}`);
+        }
+      }
+      return text;
     }
   }
 
@@ -221,17 +245,33 @@
     return el('span', { class: `state ${state}`, text: state });
   }
 
+  // A run's progress as one bar of three shares, sent, failed and still to send, with the
+  // counts in words under it.
+  function progress(p, label) {
+    const total = p.total || 0, sent = p.sent || 0, failed = p.failed || 0;
+    const pending = Math.max(total - sent - failed, 0);
+    const bar = el('div', {
+      class: 'bar', role: 'img', 'aria-label': `${label}: ${sent} sent, ${failed} failed, ${pending} to send, of ${total}`,
+      'data-sent': sent, 'data-failed': failed, 'data-pending': pending, 'data-total': total,
+    });
+    for (const [cls, n] of [['sent', sent], ['failed', failed], ['pending', pending]]) {
+      if (!n) continue;
+      const seg = el('span', { class: `seg ${cls}` });
+      // Set through the CSSOM: the page's CSP refuses style attributes, not this.
+      seg.style.flexGrow = String(n);
+      bar.append(seg);
+    }
+    return el('div', { class: 'progress' }, bar,
+      el('div', { class: 'text' },
+        `run ${p.run}: ${sent} sent`,
+        failed ? el('span', { class: 'failed', text: ` · ${failed} failed` }) : null,
+        pending ? ` · ${pending} to send` : '',
+        p.in_flight ? ' · sending' : ''));
+  }
+
   function progressCell(t) {
     const p = t.progress;
-    if (!p) return el('td', { class: 'progress' }, '—');
-    const done = (p.sent || 0) + (p.failed || 0);
-    const total = p.total || 0;
-    return el('td', { class: 'progress' },
-      el('progress', { max: Math.max(total, 1), value: total ? done : 0, 'aria-label': `Progress of task ${t.id}, run ${p.run}: ${done} of ${total}`, 'data-done': done, 'data-total': total }),
-      el('div', { class: 'text' },
-        `run ${p.run}: ${done}/${total}`,
-        p.failed ? el('span', { class: 'failed', text: ` · ${p.failed} failed` }) : null,
-        p.in_flight ? ' · sending' : ''));
+    return el('td', { class: 'progress-cell' }, p ? progress(p, `Task ${t.id}, run ${p.run}`) : '—');
   }
 
   function actionsCell(t) {
@@ -251,8 +291,8 @@
         t.name ? el('small', { class: 'muted', text: t.name }) : null),
       el('td', { class: 'state-cell' }, stateBadge(t.state)),
       el('td', { text: t.channel }),
-      el('td', { text: t.description }),
-      whenCell(t.next_fire_at, taskZone(t)),
+      el('td', { text: H.fmt.describe(t.description, t.next_fire_at) }),
+      whenCell(t.next_fire_at, H.fmt.zoneOf(t)),
       progressCell(t),
       actionsCell(t));
   }
@@ -262,8 +302,9 @@
   }
 
   // Redraws one task's row in place (the actions only when they change, to keep focus).
-  function updateTask(t) {
-    if (!ui.rows.has(t.id)) return;
+  function updateTask(view) {
+    if (!ui.rows.has(view.id)) return;
+    const t = { ...view, progress: freshest(view.id, view.progress) };
     const old = ui.rows.get(t.id);
     ui.rows.set(t.id, t);
     const tr = rowOf(t.id);
@@ -290,9 +331,10 @@
       return;
     }
     ui.next = page.next;
-    ui.rows = new Map(page.tasks.map((t) => [t.id, t]));
+    const tasks = page.tasks.map((t) => ({ ...t, progress: freshest(t.id, t.progress) }));
+    ui.rows = new Map(tasks.map((t) => [t.id, t]));
     const body = $('#task-rows');
-    body.replaceChildren(...page.tasks.map(taskRow));
+    body.replaceChildren(...tasks.map(taskRow));
     if (!page.tasks.length) body.append(el('tr', {}, el('td', { colspan: 7, class: 'empty', text: 'No tasks here.' })));
     $('#next-page').disabled = !ui.next;
     $('#prev-page').disabled = ui.back.length === 0;
@@ -324,56 +366,133 @@
     };
   })();
 
+  // The newest progress event of each run seen since the last full load, so that an answer
+  // read before an event cannot draw a run back (a cursor only moves forward).
+  function remember(ev) {
+    if (ui.latest.size > 10000) ui.latest.clear();
+    ui.latest.set(`${ev.task}\u0000${ev.run}`, ev);
+  }
+
+  // `p` (a task's progress or a run view) with the counts of a newer event of its run, if any.
+  function freshest(task, p) {
+    if (!p) return p;
+    const ev = ui.latest.get(`${task}\u0000${p.run}`);
+    if (!ev) return p;
+    const a = ev.sent + ev.failed, b = (p.sent || 0) + (p.failed || 0);
+    if (a < b || (a === b && (ev.state === 'running' || p.state !== 'running'))) return p;
+    const counts = { total: ev.total, sent: ev.sent, failed: ev.failed };
+    // A run view has a state (and its own kind of in_flight); a task's progress has neither.
+    return p.state === undefined ? { ...p, ...counts, in_flight: ev.in_flight } : { ...p, ...counts, state: ev.state };
+  }
+
   function applyProgress(ev) {
+    remember(ev);
+    if (ui.detail === ev.task) applyDetailProgress(ev);
     const t = ui.rows.get(ev.task);
     if (!t) return;
     const stateChanged = t.state !== ev.task_state;
-    updateTask({
-      ...t,
-      state: ev.task_state,
-      progress: { ...(t.progress || {}), run: ev.run, total: ev.total, sent: ev.sent, failed: ev.failed, in_flight: ev.in_flight },
-    });
+    // An event of an older run than the one shown does not replace the row's bar.
+    if (!t.progress || ev.run >= t.progress.run) {
+      updateTask({
+        ...t,
+        state: ev.task_state,
+        progress: { ...(t.progress || {}), run: ev.run, total: ev.total, sent: ev.sent, failed: ev.failed, in_flight: ev.in_flight },
+      });
+    }
     if (stateChanged || ev.state !== 'running') refreshTask(ev.task);
   }
 
   // ---- detail -------------------------------------------------------------------------------
 
+  const MISFIRE = { fire_now: 'fires missed while herald was down or the task paused run once, at once', skip: 'fires missed while herald was down or the task paused are skipped', fire_all: 'every fire missed while herald was down or the task paused runs' };
+  const OVERLAP = { skip: 'a fire while a run is still sending is skipped', queue: 'a fire while a run is still sending waits for it', allow: 'a fire while a run is still sending runs beside it' };
+
   async function showDetail(id) {
     ui.detail = id;
-    let t, runs, last;
+    let t, runs;
     try {
       t = await api('GET', `/v1/tasks/${encodeURIComponent(id)}`);
       // Runs are paged oldest first: ask for the page that ends at the newest run.
-      last = (t.progress && t.progress.run) || 0;
+      const last = Math.max(t.runs || 0, (t.progress && t.progress.run) || 0);
       runs = await api('GET', `/v1/tasks/${encodeURIComponent(id)}/runs?limit=50&after=${Math.max(0, last - 50)}`);
     } catch (e) {
       notice(`Task ${id}: ${e.message}`);
       return;
     }
     if (ui.detail !== id) return;
-    $('#detail-id').textContent = id;
-    const tz = taskZone(t);
-    const fields = [
-      ['Name', t.name || '—'], ['State', t.state], ['Channel', t.channel], ['Schedule', t.description],
-      ['Next fire', t.next_fire_at ? `${fmtLocal(t.next_fire_at)} (your time) · ${fmtZone(t.next_fire_at, tz)} · ${relative(t.next_fire_at)}` : '—'],
-      ['Messages', t.messages], ['Runs started', t.runs],
-      ['Pacing', JSON.stringify(t.pacing)], ['Retry', JSON.stringify(t.retry)],
-      ['Misfire', `${t.misfire} (grace ${t.misfire_grace})`], ['Overlap', t.overlap],
-      ['Metadata', JSON.stringify(t.metadata)], ['Created', fmtLocal(t.created_at)], ['Updated', fmtLocal(t.updated_at)],
-    ];
-    $('#detail-fields').replaceChildren(...fields.flatMap(([k, v]) => [el('dt', { text: k }), el('dd', { text: String(v) })]));
-    const shown = runs.runs.slice().reverse();
-    const body = $('#run-rows');
-    body.replaceChildren(...shown.map((r) => el('tr', { 'data-run': r.run },
-      el('td', { text: r.run }), el('td', {}, stateBadge(r.state)), whenCell(r.scheduled_at, null),
-      el('td', { text: r.sent }), el('td', { text: r.failed }), el('td', { text: r.total }),
-      whenCell(r.finished_at, null), el('td', { text: r.reason || '' }))));
-    if (!shown.length) body.append(el('tr', {}, el('td', { colspan: 8, class: 'empty', text: 'No runs yet.' })));
-    if (last > shown.length) body.append(el('tr', {}, el('td', { colspan: 8, class: 'empty', text: `Showing the newest ${shown.length} of ${last} runs.` })));
+    ui.detailTask = { ...t, progress: freshest(id, t.progress) };
+    ui.detailRuns = new Map(runs.runs.map((r) => [r.run, freshest(id, r)]));
+    drawDetail();
     const sec = $('#detail');
     const wasHidden = sec.hidden;
     sec.hidden = false;
     if (wasHidden) sec.scrollIntoView({ block: 'nearest' });
+  }
+  const refetchDetail = debounce(() => {
+    if (ui.detail) showDetail(ui.detail);
+  }, 150);
+
+  // A progress event of the task shown in detail: its bar and its run's row move at once; a
+  // run not shown yet, or one that finished, is read again (for its times and reason).
+  function applyDetailProgress(ev) {
+    const t = ui.detailTask;
+    if (!t || t.id !== ev.task) return;
+    t.state = ev.task_state;
+    if (!t.progress || ev.run >= t.progress.run) {
+      t.progress = { ...(t.progress || {}), run: ev.run, total: ev.total, sent: ev.sent, failed: ev.failed, in_flight: ev.in_flight };
+    }
+    const r = ui.detailRuns.get(ev.run);
+    if (r) ui.detailRuns.set(ev.run, { ...r, state: ev.state, total: ev.total, sent: ev.sent, failed: ev.failed });
+    drawDetailSoon();
+    if (!r || ev.state !== 'running') refetchDetail();
+  }
+
+  function metadataText(m) {
+    const e = Object.entries(m || {});
+    return e.length ? e.map(([k, v]) => `${k} = ${v}`).join(', ') : 'none';
+  }
+
+  // At most one redraw per 50 ms: a fast sequence sends hundreds of events a second, and
+  // each redraw builds up to 50 run rows.
+  let detailDrawPending = false;
+  function drawDetailSoon() {
+    if (detailDrawPending) return;
+    detailDrawPending = true;
+    setTimeout(() => {
+      detailDrawPending = false;
+      drawDetail();
+    }, 50);
+  }
+
+  function drawDetail() {
+    const t = ui.detailTask;
+    if (!t) return;
+    const tz = H.fmt.zoneOf(t);
+    const now = Date.now();
+    const at = (iso) => (iso ? el('span', {}, el('time', { datetime: iso, text: H.fmt.at(iso, tz) }), ' · ', el('span', { class: 'rel', 'data-at': iso, text: H.fmt.relative(iso, now) })) : '—');
+    $('#detail-id').textContent = t.id;
+    const fields = [
+      ['Name', t.name || '—'], ['State', stateBadge(t.state)], ['Channel', t.channel], ['Schedule', H.fmt.describe(t.description, t.next_fire_at)],
+      ['Next fire', at(t.next_fire_at)],
+      ['Progress', t.progress ? progress(t.progress, `Task ${t.id}, run ${t.progress.run}`) : 'no run yet'],
+      ['Messages', `${t.messages} per run`], ['Runs started', t.runs],
+      ['Pacing', H.fmt.pacing(t.pacing)], ['Retry', H.fmt.retry(t.retry)],
+      ['Misfire', `${MISFIRE[t.misfire] || t.misfire}; a fire missed by more than ${H.fmt.duration(t.misfire_grace)} expires (recorded, not sent)`],
+      ['Overlap', OVERLAP[t.overlap] || t.overlap],
+      ['Metadata', metadataText(t.metadata)], ['Created', at(t.created_at)], ['Updated', at(t.updated_at)],
+    ];
+    if (t.failed_reason) fields.splice(2, 0, ['Failed because', t.failed_reason]);
+    $('#detail-fields').replaceChildren(...fields.flatMap(([k, v]) => [
+      el('dt', { text: k }), el('dd', { 'data-field': k.toLowerCase().replace(/ /g, '-') }, v)]));
+    const shown = [...ui.detailRuns.values()].sort((a, b) => b.run - a.run);
+    const body = $('#run-rows');
+    body.replaceChildren(...shown.map((r) => el('tr', { 'data-run': r.run, 'data-state': r.state },
+      el('td', { text: r.run }), el('td', {}, stateBadge(r.state)), whenCell(r.scheduled_at, tz),
+      el('td', { class: 'progress-cell' }, progress(r, `Run ${r.run}`)),
+      el('td', { class: 'sent', text: r.sent }), el('td', { class: 'failed', text: r.failed }), el('td', { text: r.total }),
+      whenCell(r.finished_at, tz), el('td', { text: r.reason || '' }))));
+    if (!shown.length) body.append(el('tr', {}, el('td', { colspan: 9, class: 'empty', text: 'No runs yet.' })));
+    if (t.runs > shown.length) body.append(el('tr', {}, el('td', { colspan: 9, class: 'empty', text: `Showing the newest ${shown.length} of ${t.runs} runs.` })));
   }
 
   // ---- failures -----------------------------------------------------------------------------
@@ -399,6 +518,10 @@
         el('button', { type: 'button', class: 'quiet', 'data-action': 'retry', 'aria-label': `Retry message ${f.id}`, disabled: f.retrying, text: f.retrying ? 'Retrying…' : 'Retry', onclick: () => retryFailure(f.id) }),
         el('button', { type: 'button', class: 'danger', 'data-action': 'dismiss', 'aria-label': `Dismiss message ${f.id}`, text: 'Dismiss', onclick: () => dismissFailure(f.id) }))))));
     if (!page.failures.length) body.append(el('tr', {}, el('td', { colspan: 6, class: 'empty', text: 'No failures.' })));
+    // The whole list on one page: its length is the count, exact and live (the census behind
+    // /metrics can be 10 s old).
+    ui.failureCount = !page.next && !ui.failuresAfter ? page.failures.length : null;
+    if (ui.failureCount !== null) setCount('#count-failures', ui.failureCount);
     const more = $('#failures-more');
     more.hidden = !page.next && !ui.failuresAfter;
     more.textContent = page.next ? 'Next page' : 'First page';
@@ -430,35 +553,108 @@
     reloadFailures();
   }
 
-  // ---- channels -----------------------------------------------------------------------------
+  // ---- channels ----------------------------------------------------------------------------
 
   async function loadChannels() {
-    let v;
     try {
-      v = await api('GET', '/v1/channels');
+      ui.channels = (await api('GET', '/v1/channels')).channels;
     } catch (e) {
       return;
     }
-    const now = Date.now();
-    const prev = ui.channelsPrev;
     const sel = $('#f-channel');
     const known = new Set([...sel.options].map((o) => o.value));
-    const body = $('#channel-rows');
-    body.replaceChildren(...v.channels.map((c) => {
-      if (!known.has(c.name)) sel.append(el('option', { value: c.name, text: c.name }));
+    for (const c of ui.channels) if (!known.has(c.name)) sel.append(el('option', { value: c.name, text: c.name }));
+    drawChannels();
+  }
+
+  // The channels table: configuration and counters from /v1/channels, success ratio and
+  // sends/s over the last CHANNEL_WINDOW_MS of /metrics samples (the window is stated: right
+  // after the page opened it is shorter).
+  function drawChannels() {
+    const sum = H.metrics.summary(ui.samples, CHANNEL_WINDOW_MS);
+    const span = sum ? H.fmt.span(sum.spanMs) : null;
+    $('#channels-note').textContent = sum
+      ? `success ratio and sends/s over the last ${span} (${H.fmt.span(CHANNEL_WINDOW_MS)} once the page has been open that long), from /metrics`
+      : 'success ratio and sends/s: measuring (from /metrics samples every 2 s)…';
+    $('#channel-rows').replaceChildren(...ui.channels.map((c) => {
       const b = c.breaker;
-      const rate = prev && prev.sent[c.name] !== undefined ? ((c.sent - prev.sent[c.name]) * 1000) / Math.max(now - prev.at, 1) : null;
+      const w = sum && sum.channels[c.name];
+      let ratio = '…', ratioTitle = null;
+      if (w) {
+        ratio = w.attempts ? `${H.fmt.percent(w.sent, w.attempts)} of ${w.attempts} attempt${w.attempts === 1 ? '' : 's'}` : `no attempts in ${span}`;
+        ratioTitle = `over the last ${span}: ${w.sent} sent, ${w.failed} failed attempts`;
+      }
+      const breaker = b
+        ? el('span', {}, stateBadge(b.state),
+          b.success_ratio !== null && b.success_ratio !== undefined ? el('small', { class: 'muted', text: `${H.fmt.percent(b.success_ratio, 1)} in its window` }) : null)
+        : el('span', { class: 'muted', text: 'none' });
       return el('tr', { 'data-channel': c.name },
         el('td', { text: c.name }), el('td', { text: c.kind }),
-        el('td', {}, b ? stateBadge(b.state === 'closed' ? 'closed' : b.state) : '—'),
-        el('td', { text: b && b.success_ratio !== null && b.success_ratio !== undefined ? `${Math.round(b.success_ratio * 100)}%` : '—' }),
+        el('td', {}, breaker),
+        el('td', { class: 'ratio', title: ratioTitle, 'data-attempts': w ? w.attempts : null, 'data-ratio': w && w.ratio !== null ? w.ratio : null, text: ratio }),
+        el('td', { class: 'rate', text: w ? H.fmt.rate(w.rate) : '…' }),
         el('td', { text: c.rate ? c.rate.limit : 'none' }),
-        el('td', { text: rate === null ? '…' : rate.toFixed(1) }),
         el('td', { text: `${c.in_flight}/${c.concurrency}` }),
         el('td', { text: c.sent }),
         el('td', { text: c.retryable_failures + c.permanent_failures }));
     }));
-    ui.channelsPrev = { at: now, sent: Object.fromEntries(v.channels.map((c) => [c.name, c.sent])) };
+  }
+
+  // ---- overview -----------------------------------------------------------------------------
+
+  function setCount(id, v) {
+    $(id).textContent = v === null || v === undefined ? '—' : Number(v).toLocaleString();
+  }
+
+  let sampling = false;
+  async function sampleMetrics() {
+    if (sampling) return;
+    sampling = true;
+    try {
+      const text = await api('GET', '/metrics');
+      const now = Date.now();
+      ui.samples.push(H.metrics.sample(text, now));
+      while (ui.samples.length && ui.samples[0].at < now - SAMPLES_KEPT_MS - SAMPLE_EVERY_MS) ui.samples.shift();
+      drawOverview(now);
+      // The channels' counters with the same beat, so that their totals and their window agree.
+      await loadChannels();
+    } catch (e) {
+      $('#overview-note').textContent = `/metrics: ${e.message}`;
+    } finally {
+      sampling = false;
+    }
+  }
+
+  function drawOverview(now) {
+    const last = ui.samples[ui.samples.length - 1];
+    if (last) {
+      const t = last.tasks || {};
+      setCount('#count-pending', t.pending);
+      setCount('#count-running', t.running);
+      setCount('#count-paused', t.paused);
+      setCount('#count-failures', ui.failureCount !== null ? ui.failureCount : last.failures);
+    }
+    const s = H.metrics.series(ui.samples);
+    // The charts span what was sampled (at least a minute, at most SAMPLES_KEPT_MS), so that a
+    // page just opened does not squeeze its first points into the right edge.
+    const first = ui.samples.length ? ui.samples[0].at : now;
+    const from = Math.max(now - SAMPLES_KEPT_MS, Math.min(first, now - 60 * 1000));
+    const tail = (pts) => (pts.length ? pts[pts.length - 1].v : null);
+    H.chart.draw($('#chart-sends'), {
+      from, to: now, step: SAMPLE_EVERY_MS, floor: 1, format: H.fmt.rate,
+      series: [{ key: 'sends', cls: 'sends', points: s.sends }, { key: 'failures', cls: 'failures', points: s.failures }],
+    });
+    H.chart.draw($('#chart-lateness'), {
+      from, to: now, step: SAMPLE_EVERY_MS, floor: 0.001, format: H.fmt.seconds,
+      series: [{ key: 'p50', cls: 'p50', points: s.p50 }, { key: 'p99', cls: 'p99', points: s.p99 }],
+    });
+    $('#now-sends').textContent = `${H.fmt.rate(tail(s.sends))}/s`;
+    $('#now-failures').textContent = `${H.fmt.rate(tail(s.failures))}/s`;
+    // Lateness over the last minute: one interval alone often holds a handful of sends.
+    const m = H.metrics.summary(ui.samples, 60 * 1000);
+    $('#now-p50').textContent = m ? H.fmt.seconds(m.p50) : '—';
+    $('#now-p99').textContent = m ? H.fmt.seconds(m.p99) : '—';
+    $('#overview-note').textContent = `from herald's /metrics, sampled every ${SAMPLE_EVERY_MS / 1000} s; charts: the last ${H.fmt.span(now - from)} (up to ${H.fmt.span(SAMPLES_KEPT_MS)}); lateness figures: the last minute; task counts: herald's census (up to 10 s old)`;
   }
 
   // ---- live events --------------------------------------------------------------------------
@@ -484,7 +680,7 @@
         break;
       case 'failure':
         reloadFailures();
-        if (ui.detail === data.task) refreshTask(data.task);
+        if (ui.detail === data.task) refetchDetail();
         break;
       default:
     }
@@ -512,11 +708,12 @@
     for (;;) {
       const ctrl = new AbortController();
       streamAbort = ctrl;
+      const sent = token();
       try {
         const r = await fetch('/v1/events', { headers: headers({ Accept: 'text/event-stream' }), cache: 'no-store', signal: ctrl.signal });
         if (r.status === 401) {
-          setLive('off', 'needs a token');
-          await askToken();
+          setLive('off', sent ? 'token refused' : 'needs a token');
+          await unauthorized(sent);
           continue;
         }
         if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}`);
@@ -566,11 +763,13 @@
 
   async function createTask(ev) {
     ev.preventDefault();
+    // A preview shown before belongs to the text as it was: it goes, whatever the outcome.
+    $('#preview-list').replaceChildren();
     const req = parseRequest();
     if (!req) return;
     try {
       const t = await api('POST', '/v1/tasks', req);
-      $('#create-result').textContent = `Created task ${t.id}: ${t.description}.`;
+      $('#create-result').textContent = `Created task ${t.id}: ${H.fmt.describe(t.description, t.next_fire_at)}.`;
       if (!ui.next) loadTasks();
       showDetail(t.id);
     } catch (e) {
@@ -579,13 +778,17 @@
   }
 
   async function previewSchedule() {
+    const list = $('#preview-list');
+    list.replaceChildren();
     const req = parseRequest();
     if (!req) return;
-    const list = $('#preview-list');
     try {
       const p = await api('POST', '/v1/schedules/preview', { schedule: req.schedule, n: 5 });
-      $('#create-result').textContent = `Schedule: ${p.description}`;
-      list.replaceChildren(...p.fires.map((f) => el('li', { text: `${f.local} (${p.tz}) · ${fmtLocal(f.at)} your time · ${relative(f.at)}` })));
+      $('#create-result').textContent = `Schedule: ${H.fmt.describe(p.description, p.fires.length ? p.fires[0].at : null)}`;
+      const tz = H.fmt.zoneOf({ schedule: req.schedule });
+      const now = Date.now();
+      list.replaceChildren(...p.fires.map((f) => el('li', {},
+        el('time', { datetime: f.at, text: H.fmt.at(f.at, tz) }), ` · ${H.fmt.relative(f.at, now)}`)));
     } catch (e) {
       list.replaceChildren();
       $('#create-result').textContent = `Schedule: ${e.message}`;
@@ -600,6 +803,9 @@
     ui.back = [];
     loadTasks();
   }
+
+  // What the overview was drawn from, for a look from the browser's console (and the test).
+  H.overview = { samples: () => ui.samples.slice() };
 
   document.addEventListener('DOMContentLoaded', () => {
     for (const id of ['#f-state', '#f-channel', '#f-limit']) $(id).addEventListener('change', readFilters);
@@ -633,9 +839,17 @@
     });
     $('#create-form').addEventListener('submit', createTask);
     $('#preview-button').addEventListener('click', previewSchedule);
+    // "in 3m" and "5s ago" move on by themselves.
     setInterval(() => {
-      if (!document.hidden) loadChannels();
+      if (document.hidden) return;
+      const now = Date.now();
+      for (const e of document.querySelectorAll('.rel[data-at]')) e.textContent = H.fmt.relative(e.dataset.at, now);
     }, 5000);
+    // Hidden, the page does not sample; the charts show the gap rather than join across it.
+    setInterval(() => {
+      if (!document.hidden) sampleMetrics();
+    }, SAMPLE_EVERY_MS);
+    sampleMetrics();
     stream();
   });
-})();
+})(window.Herald);
