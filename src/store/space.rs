@@ -37,6 +37,32 @@ pub fn free_bytes(dir: &Path) -> Option<u64> {
     Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
+/// How long a reading of free space is used for a group before it is taken again: a statvfs
+/// per group would cost the commit thread a syscall each, and in 10 ms the log cannot grow by
+/// anything near [`WRITE_RESERVE`].
+pub const READ_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// The commit thread's last reading of free space (taken alone: no other lock is held with it).
+#[derive(Default)]
+pub struct Gauge {
+    last: parking_lot::Mutex<Option<(std::time::Instant, Option<u64>)>>,
+}
+
+impl Gauge {
+    /// Free bytes on `dir`'s filesystem, read at most every [`READ_EVERY`].
+    pub fn free(&self, dir: &Path) -> Option<u64> {
+        let mut last = self.last.lock();
+        match *last {
+            Some((at, free)) if at.elapsed() < READ_EVERY => free,
+            _ => {
+                let free = free_bytes(dir);
+                *last = Some((std::time::Instant::now(), free));
+                free
+            }
+        }
+    }
+}
+
 /// Whether a group may be written with `free` bytes free (pure).
 pub fn may_write(free: Option<u64>) -> bool {
     free.is_none_or(|f| f >= WRITE_RESERVE)

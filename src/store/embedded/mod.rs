@@ -5,7 +5,7 @@
 //!
 //! Lock order (a thread holding one may take only those after it; `try_*` calls excepted, they
 //! never wait): `log` → `sled_fences` → `applier` (the inbox, with its condvars) → `mem` →
-//! `inner` → `pacer`; `closing` is taken alone. The applier's `hold_back` runs under
+//! `inner` → `pacer`; `closing` and the space gauge are taken alone. The applier's `hold_back` runs under
 //! `inner.read()` and so takes `mem` with `try_read` only. No lock is held across a call into
 //! sled that can block on I/O for good (closing an old handle: `SledBackend::reopen_sled`),
 //! and `inner.write()` is only ever held for a swap.
@@ -94,6 +94,8 @@ struct Shared {
     /// An old sled handle being closed on its own thread (see [`SledBackend::reopen_sled`]):
     /// answers once the close is done. Until then sled's lock on the directory is held.
     closing: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    /// Free space as the commit thread last read it.
+    gauge: space::Gauge,
 }
 
 /// How long a reopen waits for the old sled handle to close before it reports it stuck and
@@ -603,6 +605,7 @@ impl SledBackend {
             sled_fences: Mutex::new(Default::default()),
             low_space: AtomicBool::new(false),
             closing: Mutex::new(None),
+            gauge: space::Gauge::default(),
         });
         shared.freeze_if(&mut shared.log.lock(), |_| true);
         let s = shared.clone();
@@ -699,7 +702,7 @@ impl SledBackend {
 impl Backend for SledBackend {
     fn apply(&self, jobs: Vec<Vec<RawOp>>) -> Result<Vec<Result<(), Rejected>>, StoreError> {
         let s = &self.shared;
-        let free = space::free_bytes(&s.dir);
+        let free = s.gauge.free(&s.dir);
         if !space::may_write(free) {
             return Err(space::full(&s.dir, free.unwrap_or(0), space::WRITE_RESERVE));
         }
