@@ -86,7 +86,7 @@ pub fn dst(p: DstPolicy) -> String {
     }
     match p.repeat {
         DstRepeat::First => {}
-        DstRepeat::Last => out.push_str(", the second time when DST repeats the time"),
+        DstRepeat::Last => out.push_str(", the later one when DST repeats the time"),
         DstRepeat::Both => out.push_str(", both times when DST repeats the time"),
     }
     out

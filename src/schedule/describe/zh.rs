@@ -76,7 +76,7 @@ pub fn dst(p: DstPolicy) -> String {
     }
     match p.repeat {
         DstRepeat::First => {}
-        DstRepeat::Last => out.push_str("，夏令时重复该时刻时按第二次发送"),
+        DstRepeat::Last => out.push_str("，夏令时重复该时刻时按后一次发送"),
         DstRepeat::Both => out.push_str("，夏令时重复该时刻时两次都发送"),
     }
     out
