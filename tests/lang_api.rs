@@ -185,3 +185,72 @@ async fn preview_is_written_in_the_language_asked_for() {
     assert_eq!(r.status, 422, "{}", r.text());
     assert_eq!(r.json()["field"], "lang");
 }
+
+/// `next_fire_human` on the manual clock across the spring change in two zones, before and
+/// after a fire, in both languages.
+#[tokio::test]
+async fn next_fire_human_moves_with_the_clock_across_dst() {
+    let ms = |s: &str| {
+        chrono::DateTime::parse_from_rfc3339(s)
+            .unwrap()
+            .timestamp_millis() as u64
+    };
+    // (start, cron, zone, next fire, en, zh, after the fire: next fire, en, zh)
+    let cases = [
+        (
+            "2026-03-07T23:30:00-05:00",
+            "0 3 * * *",
+            "America/New_York",
+            "2026-03-08T03:00:00-04:00",
+            "tomorrow at 03:00 (America/New_York)",
+            "明天凌晨 3:00（America/New_York）",
+            "2026-03-09T03:00:00-04:00",
+            "tomorrow at 03:00 (America/New_York)",
+            "明天凌晨 3:00（America/New_York）",
+        ),
+        // 02:30 does not exist in Berlin on 2026-03-29: shifted to 03:00 CEST.
+        (
+            "2026-03-28T23:00:00+01:00",
+            "30 2 * * *",
+            "Europe/Berlin",
+            "2026-03-29T03:00:00+02:00",
+            "tomorrow at 03:00 (Europe/Berlin)",
+            "明天凌晨 3:00（Europe/Berlin）",
+            "2026-03-30T02:30:00+02:00",
+            "tomorrow at 02:30 (Europe/Berlin)",
+            "明天凌晨 2:30（Europe/Berlin）",
+        ),
+    ];
+    for (start, expr, tz, next, en, zh, then, en2, zh2) in cases {
+        let h = ManualHerald::start(ms(start), "").await;
+        h.post(
+            &json!({"id": "c", "channel": "out", "schedule": {"cron": expr, "tz": tz},
+                       "to": ["a"], "body": "x"}),
+        )
+        .await;
+        let both = |v: Value, w: Value| {
+            (
+                v["next_fire_human"].as_str().unwrap_or("").to_string(),
+                w["next_fire_human"].as_str().unwrap_or("").to_string(),
+                utc_ms(v["next_fire_at"].as_str().unwrap_or("")),
+            )
+        };
+        let read = || async {
+            let en = get(&h.url("/v1/tasks/c"), None).await.json();
+            let zh = get(&h.url("/v1/tasks/c?lang=zh"), None).await.json();
+            both(en, zh)
+        };
+        assert_eq!(
+            read().await,
+            (en.into(), zh.into(), ms(next)),
+            "{tz} before"
+        );
+        h.run_until(ms(next) + 1_000).await;
+        assert_eq!(h.sent().len(), 1, "{tz}: the fire was sent");
+        assert_eq!(
+            read().await,
+            (en2.into(), zh2.into(), ms(then)),
+            "{tz} after"
+        );
+    }
+}
