@@ -29,58 +29,40 @@ pub fn zone_of(s: &Schedule) -> Tz {
 /// A sentence for a schedule in `lang`, e.g. "once at 2026-12-01 09:00 (Asia/Shanghai)".
 pub fn describe(schedule: &Schedule, lang: Lang) -> String {
     let tz = zone_of(schedule);
-    match schedule {
-        Schedule::Cron { cron, dst, .. } => match super::plan::cron_of(schedule) {
-            Some(c) => c.describe_in(lang),
-            // Not reachable for a validated task; still a true sentence.
-            None => cron_sentence(None, cron, tz, *dst, lang),
-        },
-        _ => {
-            let body = match (schedule, lang) {
-                (Schedule::At { at_ms, .. }, Lang::En) => en::once(&format_local(*at_ms, tz)),
-                (
-                    Schedule::After {
-                        after_ms, at_ms, ..
-                    },
-                    Lang::En,
-                ) => en::once_after(*after_ms, &format_local(*at_ms, tz)),
-                (
-                    Schedule::Reminders {
-                        event_ms,
-                        before_ms,
-                        ..
-                    },
-                    Lang::En,
-                ) => en::reminders(before_ms, &format_local(*event_ms, tz)),
-                (Schedule::At { at_ms, .. }, Lang::Zh) => match human::local(*at_ms, tz) {
-                    Some(l) => zh::once(&l),
-                    None => format!("仅一次：{}", format_utc(*at_ms)),
-                },
-                (
-                    Schedule::After {
-                        after_ms, at_ms, ..
-                    },
-                    Lang::Zh,
-                ) => match human::local(*at_ms, tz) {
-                    Some(l) => zh::once_after(*after_ms, &l),
-                    None => format!("仅一次：{}", format_utc(*at_ms)),
-                },
-                (
-                    Schedule::Reminders {
-                        event_ms,
-                        before_ms,
-                        ..
-                    },
-                    Lang::Zh,
-                ) => match human::local(*event_ms, tz) {
-                    Some(l) => zh::reminders(before_ms, &l),
-                    None => format!("提醒：{}", format_utc(*event_ms)),
-                },
-                (Schedule::Cron { .. }, _) => String::new(),
+    // Chinese words a wall time's parts; English prints it as `format_local` does (and so
+    // does Chinese, for an instant past chrono's range, which the horizon rules out).
+    let zh_local = |ms: u64| match lang {
+        Lang::Zh => human::local(ms, tz),
+        Lang::En => None,
+    };
+    let body = match schedule {
+        Schedule::Cron { cron, dst, .. } => {
+            return match super::plan::cron_of(schedule) {
+                Some(c) => c.describe_in(lang),
+                // Not reachable for a validated task; still a true sentence.
+                None => cron_sentence(None, cron, tz, *dst, lang),
             };
-            [body, zone(tz, lang)].concat()
         }
-    }
+        Schedule::At { at_ms, .. } => match zh_local(*at_ms) {
+            Some(l) => zh::once(&l),
+            None => en::once(&format_local(*at_ms, tz)),
+        },
+        Schedule::After {
+            after_ms, at_ms, ..
+        } => match zh_local(*at_ms) {
+            Some(l) => zh::once_after(*after_ms, &l),
+            None => en::once_after(*after_ms, &format_local(*at_ms, tz)),
+        },
+        Schedule::Reminders {
+            event_ms,
+            before_ms,
+            ..
+        } => match zh_local(*event_ms) {
+            Some(l) => zh::reminders(before_ms, &l),
+            None => en::reminders(before_ms, &format_local(*event_ms, tz)),
+        },
+    };
+    [body, zone(tz, lang)].concat()
 }
 
 /// A cron schedule's sentence: `normalized` is croner's form of the expression (`None` when it
