@@ -51,10 +51,27 @@ fn run_with(
     stdin: Option<&str>,
     deadline: Duration,
 ) -> Out {
+    run_in_env(url, token, args, stdin, deadline, &[])
+}
+
+/// [`run_with`] with `env` set. The locale is cleared first, so the CLI's texts are English
+/// unless a test sets one.
+fn run_in_env(
+    url: &str,
+    token: Option<&str>,
+    args: &[&str],
+    stdin: Option<&str>,
+    deadline: Duration,
+    env: &[(&str, &str)],
+) -> Out {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
     cmd.args(args)
         .env("HERALD_URL", url)
         .env_remove("HERALD_TOKEN")
+        .env_remove("LC_ALL")
+        .env_remove("LC_MESSAGES")
+        .env_remove("LANG")
+        .envs(env.iter().copied())
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {
@@ -950,4 +967,124 @@ fn next_prints_a_table_and_refuses_bad_input_in_one_line() {
         .fails();
         assert!(err.starts_with(expect), "{args:?}: {err}");
     }
+}
+
+// ---- languages: --lang, the locale, Accept-Language ------------------------------------------
+
+#[test]
+fn next_speaks_the_language_of_lang_or_the_locale() {
+    let next = |extra: &[&str], env: &[(&str, &str)]| {
+        let args = [
+            &[
+                "next",
+                "0 9 * * 1-5",
+                "--tz",
+                "Asia/Shanghai",
+                "-n",
+                "2",
+                "--from",
+                "2027-01-01T00:00:00Z",
+            ][..],
+            extra,
+        ]
+        .concat();
+        run_in_env(
+            "http://127.0.0.1:1",
+            None,
+            &args,
+            None,
+            Duration::from_secs(30),
+            env,
+        )
+        .ok()
+    };
+    let first = |o: Out| o.stdout.lines().next().unwrap_or("").to_string();
+    let zh = "每个工作日 09:00（Asia/Shanghai）";
+    let en = "every weekday at 09:00 (Asia/Shanghai)";
+    assert_eq!(first(next(&["--lang", "zh"], &[])), zh);
+    assert_eq!(first(next(&[], &[("LANG", "zh_CN.UTF-8")])), zh);
+    assert_eq!(
+        first(next(
+            &[],
+            &[("LANG", "en_US.UTF-8"), ("LC_ALL", "zh_CN.UTF-8")]
+        )),
+        zh
+    );
+    assert_eq!(
+        first(next(&["--lang", "en"], &[("LANG", "zh_CN.UTF-8")])),
+        en
+    );
+    assert_eq!(first(next(&[], &[("LANG", "fr_FR.UTF-8")])), en);
+    // JSON: the preview's shape, with each fire relative to --from. 2027-01-01 08:00 in Shanghai
+    // is a Friday; Monday the 4th is in the next week.
+    let v = next(&["--json"], &[("LC_ALL", "zh_CN.UTF-8")]).json();
+    assert_eq!(v["description"], zh);
+    assert_eq!(v["fires"][0]["human"], "今天上午 9:00（Asia/Shanghai）");
+    assert_eq!(v["fires"][1]["human"], "下周一上午 9:00（Asia/Shanghai）");
+    let v = next(&["--json"], &[]).json();
+    assert_eq!(v["fires"][0]["human"], "today at 09:00 (Asia/Shanghai)");
+    assert_eq!(v["fires"][1]["human"], "on Monday at 09:00 (Asia/Shanghai)");
+    let err = run_with(
+        "http://127.0.0.1:1",
+        None,
+        &["next", "0 9 * * *", "--lang", "fr"],
+        None,
+        Duration::from_secs(30),
+    )
+    .fails();
+    assert_eq!(
+        err,
+        "herald: --lang: unknown language \"fr\"; expected en or zh"
+    );
+}
+
+#[tokio::test]
+async fn task_commands_ask_herald_for_the_language() {
+    let h = TestHerald::start("").await;
+    let r = http::post_json(
+        &h.url("/v1/tasks"),
+        &json!({"id": "wd", "schedule": {"cron": "0 9 * * 1-5", "tz": "Asia/Shanghai"},
+                "to": ["a"], "body": "x"}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let url = h.server.url();
+    let run = |args: Vec<&'static str>, env: Vec<(&'static str, &'static str)>| {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            run_in_env(&url, None, &args, None, Duration::from_secs(60), &env).ok()
+        })
+    };
+    let zh = "每个工作日 09:00（Asia/Shanghai）";
+    let v = run(
+        vec!["tasks", "show", "wd", "--json", "--lang", "zh"],
+        vec![],
+    )
+    .await
+    .unwrap()
+    .json();
+    assert_eq!(v["description"], zh);
+    let v = run(
+        vec!["tasks", "show", "wd", "--json"],
+        vec![("LANG", "zh_CN.UTF-8")],
+    )
+    .await
+    .unwrap()
+    .json();
+    assert_eq!(v["description"], zh);
+    assert!(
+        v["next_fire_human"]
+            .as_str()
+            .is_some_and(|s| s.ends_with("9:00（Asia/Shanghai）")),
+        "{v}"
+    );
+    let out = run(vec!["tasks", "list", "--lang", "zh"], vec![])
+        .await
+        .unwrap();
+    assert!(out.stdout.contains(zh), "{}", out.stdout);
+    let v = run(vec!["tasks", "show", "wd", "--json"], vec![])
+        .await
+        .unwrap()
+        .json();
+    assert_eq!(v["description"], "every weekday at 09:00 (Asia/Shanghai)");
 }

@@ -100,6 +100,26 @@ async fn new_york_spring_gap_shifts_or_skips() {
         }).unwrap(), "dst": {"gap": "skip"}, "n": 2}),
     )
     .await;
+    // The policy is said, in either language.
+    assert_eq!(
+        v["description"],
+        "every day at 02:30 (America/New_York), not sent when DST skips the time"
+    );
+    assert_eq!(
+        v["fires"][1]["human"]
+            .as_str()
+            .map(|h| h.ends_with("at 02:30 (America/New_York)")),
+        Some(true),
+        "{v}"
+    );
+    let body = json!({"schedule": schedule(json!({"gap": "skip"})), "n": 2});
+    let r = http::post_json(&h.url("/v1/schedules/preview?lang=zh"), &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["description"],
+        "每天 02:30（America/New_York），夏令时跳过该时刻时不发送"
+    );
+    assert_eq!(fires(&r.json()), fires(&v));
     assert_eq!(
         fires(&v),
         [

@@ -7,10 +7,12 @@ mod dashboard;
 pub mod events;
 mod export;
 mod input;
+mod lang;
 pub mod metrics;
 mod preview;
 pub mod problem;
 mod rejections;
+mod runs;
 pub mod views;
 
 /// The OpenAPI 3.1 document of this API, served at `/v1/openapi.json`.
@@ -34,7 +36,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::engine::{Created, Engine, TaskView};
-use crate::model::{check_id, PatchRequest, RetryPolicy, TaskRequest};
+use crate::model::{check_id, Lang, PatchRequest, RetryPolicy, TaskRequest};
 use input::{
     failure_path_id, page_params, param, parse_json, path_id, query, read_body, FAILURE_ID_LEN_MAX,
 };
@@ -287,6 +289,8 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
     }
     authorize(state, &req)?;
     ready(state)?;
+    // The language of texts for people in task views and previews.
+    let lang = lang::wanted(&req)?;
     let m = req.method().clone();
     if state.engine.is_draining()
         && !matches!(m, Method::GET | Method::HEAD)
@@ -302,16 +306,16 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
     }
     match segs[1..] {
         ["tasks"] => match m {
-            Method::POST => create_task(state, req).await,
-            Method::GET => list_tasks(state, &req).await,
+            Method::POST => create_task(state, req, lang).await,
+            Method::GET => list_tasks(state, &req, lang).await,
             _ => Err(method_not_allowed("GET, POST")),
         },
         ["tasks", id] => {
             let id = path_id(id)?;
             match m {
-                Method::GET => get_task(state, &id),
-                Method::DELETE => delete_task(state, &id).await,
-                Method::PATCH => patch_task(state, &id, req).await,
+                Method::GET => get_task(state, &id, lang),
+                Method::DELETE => delete_task(state, &id, lang).await,
+                Method::PATCH => patch_task(state, &id, req, lang).await,
                 _ => Err(method_not_allowed("GET, PATCH, DELETE")),
             }
         }
@@ -327,12 +331,12 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
                 "resume" => e.resume(&id).await?,
                 _ => e.trigger(&id).await?,
             };
-            Ok(json_response(StatusCode::OK, &task_json(state, &v)))
+            Ok(json_response(StatusCode::OK, &task_json(state, &v, lang)))
         }
         ["tasks", id, "runs"] => {
             let id = path_id(id)?;
             match m {
-                Method::GET => task_runs(state, &id, &req),
+                Method::GET => runs::handle(state, &id, &req).await,
                 _ => Err(method_not_allowed("GET")),
             }
         }
@@ -361,7 +365,7 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
             }
         }
         ["schedules", "preview"] => match m {
-            Method::POST => preview::handle(state, req).await,
+            Method::POST => preview::handle(state, req, lang).await,
             _ => Err(method_not_allowed("POST")),
         },
         ["openapi.json"] => match m {
@@ -448,15 +452,20 @@ fn channel_retry(state: &ApiState, channel: &str) -> RetryPolicy {
         .unwrap_or_default()
 }
 
-fn task_json<'a>(state: &ApiState, v: &'a TaskView) -> views::TaskDoc<'a> {
+fn task_json<'a>(state: &ApiState, v: &'a TaskView, lang: Option<Lang>) -> views::TaskDoc<'a> {
     views::task_doc(
         v,
         channel_retry(state, &v.task.channel),
         state.engine.now_ms(),
+        lang,
     )
 }
 
-async fn create_task(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem> {
+async fn create_task(
+    state: &ApiState,
+    req: Request<Incoming>,
+    lang: Option<Lang>,
+) -> Result<Resp, Problem> {
     let key = match req.headers().get("idempotency-key") {
         Some(v) => {
             let k = v
@@ -478,7 +487,7 @@ async fn create_task(state: &ApiState, req: Request<Incoming>) -> Result<Resp, P
     let idem = key.map(|k| (k, Sha256::digest(&body).into()));
     match state.engine.create(task_req, idem).await? {
         Created::New(v) => {
-            let mut r = json_response(StatusCode::CREATED, &task_json(state, &v));
+            let mut r = json_response(StatusCode::CREATED, &task_json(state, &v, lang));
             if let Ok(loc) =
                 hyper::header::HeaderValue::from_str(&format!("/v1/tasks/{}", v.task.id))
             {
@@ -486,19 +495,23 @@ async fn create_task(state: &ApiState, req: Request<Incoming>) -> Result<Resp, P
             }
             Ok(r)
         }
-        Created::Replayed(v) => Ok(json_response(StatusCode::OK, &task_json(state, &v))),
+        Created::Replayed(v) => Ok(json_response(StatusCode::OK, &task_json(state, &v, lang))),
     }
 }
 
-fn get_task(state: &ApiState, id: &str) -> Result<Resp, Problem> {
+fn get_task(state: &ApiState, id: &str, lang: Option<Lang>) -> Result<Resp, Problem> {
     match state.engine.get(id)? {
-        Some(v) => Ok(json_response(StatusCode::OK, &task_json(state, &v))),
+        Some(v) => Ok(json_response(StatusCode::OK, &task_json(state, &v, lang))),
         None => Err(Problem::not_found(format!("task {id:?} does not exist"))),
     }
 }
 
-async fn list_tasks(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
-    let q = query(req, &["state", "channel", "limit", "after"])?;
+async fn list_tasks(
+    state: &ApiState,
+    req: &Request<Incoming>,
+    lang: Option<Lang>,
+) -> Result<Resp, Problem> {
+    let q = query(req, &["state", "channel", "limit", "after", "lang"])?;
     let (limit, after) = page_params(&q, crate::model::id::ID_MAX_LEN)?;
     let st = match param(&q, "state") {
         Some(s) if !s.is_empty() => Some(views::parse_state(s).ok_or_else(|| {
@@ -520,7 +533,7 @@ async fn list_tasks(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, P
     })
     .await
     .map_err(|e| Problem::internal(format!("listing task failed: {e}")))??;
-    let list: Vec<views::TaskDoc> = tasks.iter().map(|v| task_json(state, v)).collect();
+    let list: Vec<views::TaskDoc> = tasks.iter().map(|v| task_json(state, v, lang)).collect();
     Ok(json_response(
         StatusCode::OK,
         &json!({ "tasks": list, "next": next, "unreadable": skipped }),
@@ -530,7 +543,7 @@ async fn list_tasks(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, P
 /// `DELETE /v1/tasks/{id}`: cancels an unfinished task, exactly as `POST .../cancel` (the API's
 /// first meaning of DELETE; the task stays readable as `cancelled`), and deletes a finished
 /// one with its messages, runs and idempotency keys. Both answer the task as it was last seen.
-async fn delete_task(state: &ApiState, id: &str) -> Result<Resp, Problem> {
+async fn delete_task(state: &ApiState, id: &str, lang: Option<Lang>) -> Result<Resp, Problem> {
     let finished = match state.engine.get(id)? {
         Some(v) => v.task.state.is_terminal(),
         None => return Err(crate::engine::EngineError::NotFound(format!("task {id:?}")).into()),
@@ -540,41 +553,19 @@ async fn delete_task(state: &ApiState, id: &str) -> Result<Resp, Problem> {
     } else {
         state.engine.cancel(id).await?
     };
-    Ok(json_response(StatusCode::OK, &task_json(state, &v)))
+    Ok(json_response(StatusCode::OK, &task_json(state, &v, lang)))
 }
 
-async fn patch_task(state: &ApiState, id: &str, req: Request<Incoming>) -> Result<Resp, Problem> {
+async fn patch_task(
+    state: &ApiState,
+    id: &str,
+    req: Request<Incoming>,
+    lang: Option<Lang>,
+) -> Result<Resp, Problem> {
     let body = read_body(state, req).await?;
     let patch: PatchRequest = parse_json(&body)?;
     let v = state.engine.patch(id, patch).await?;
-    Ok(json_response(StatusCode::OK, &task_json(state, &v)))
-}
-
-/// A page of a task's runs, paged like the task listing: `limit`, `after` (the last run
-/// number of the previous page), `next`.
-fn task_runs(state: &ApiState, id: &str, req: &Request<Incoming>) -> Result<Resp, Problem> {
-    let q = query(req, &["limit", "after"])?;
-    let (limit, _) = page_params(&q, crate::model::id::ID_MAX_LEN)?;
-    let after = match param(&q, "after") {
-        Some(a) if !a.is_empty() => Some(a.parse::<u32>().map_err(|_| {
-            Problem::bad_request(format!(
-                "after: {a:?} is not a run number (the `next` of the previous page)"
-            ))
-            .with_field("after")
-        })?),
-        _ => None,
-    };
-    match state.engine.runs_page(id, after, limit)? {
-        Some((runs, next)) => {
-            let list: Vec<Value> = runs.iter().map(views::run).collect();
-            let next = next.map(|n| n.to_string());
-            Ok(json_response(
-                StatusCode::OK,
-                &json!({ "runs": list, "next": next }),
-            ))
-        }
-        None => Err(Problem::not_found(format!("task {id:?} does not exist"))),
-    }
+    Ok(json_response(StatusCode::OK, &task_json(state, &v, lang)))
 }
 
 fn list_failures(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {

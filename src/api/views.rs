@@ -12,10 +12,10 @@ use crate::deliver::{Channel, Sink};
 
 use crate::engine::TaskView;
 use crate::model::{
-    format_duration_ms, Backoff, DstGap, DstPolicy, DstRepeat, Failure, Misfire, Overlap, Pacing,
-    RetryPolicy, Run, RunState, Schedule, TaskState,
+    format_duration_ms, Backoff, DstGap, DstPolicy, DstRepeat, Failure, Lang, Misfire, Overlap,
+    Pacing, RetryPolicy, Run, RunState, Schedule, TaskState,
 };
-use crate::schedule::{describe, format_utc};
+use crate::schedule::{describe_in, format_utc, next_fire_human, zone_of};
 
 fn instant(ms: Option<u64>) -> Value {
     ms.map(|m| json!(format_utc(m))).unwrap_or(Value::Null)
@@ -163,12 +163,14 @@ pub struct TaskDoc<'a> {
     failed_reason: Option<&'a str>,
     fires: FiresDoc,
     id: &'a str,
+    lang: &'static str,
     messages: u32,
     metadata: &'a std::collections::BTreeMap<String, String>,
     misfire: &'static str,
     misfire_grace: String,
     name: Option<&'a str>,
     next_fire_at: Option<String>,
+    next_fire_human: Option<String>,
     overlap: &'static str,
     pacing: PacingDoc,
     progress: Option<Value>,
@@ -179,13 +181,21 @@ pub struct TaskDoc<'a> {
     updated_at: String,
 }
 
-/// The task view. `channel_retry` is the channel's default, shown when the task has none.
-pub fn task_doc(v: &TaskView, channel_retry: RetryPolicy, now_ms: u64) -> TaskDoc<'_> {
+/// The task view. `channel_retry` is the channel's default, shown when the task has none. The
+/// texts for people (`description`, `next_fire_human`) are in `want` (the request's language),
+/// or else the task's own.
+pub fn task_doc(
+    v: &TaskView,
+    channel_retry: RetryPolicy,
+    now_ms: u64,
+    want: Option<Lang>,
+) -> TaskDoc<'_> {
     let t = &v.task;
+    let lang = want.unwrap_or(t.lang);
     TaskDoc {
         channel: &t.channel,
         created_at: format_utc(t.created_at_ms),
-        description: describe(&t.schedule),
+        description: describe_in(&t.schedule, lang),
         failed_reason: t.failed_reason.as_deref(),
         fires: FiresDoc {
             expired: t.expired,
@@ -194,6 +204,7 @@ pub fn task_doc(v: &TaskView, channel_retry: RetryPolicy, now_ms: u64) -> TaskDo
             skipped: t.skipped,
         },
         id: &t.id,
+        lang: t.lang.as_str(),
         messages: t.message_count,
         metadata: &t.metadata,
         misfire: match t.misfire {
@@ -204,6 +215,9 @@ pub fn task_doc(v: &TaskView, channel_retry: RetryPolicy, now_ms: u64) -> TaskDo
         misfire_grace: format_duration_ms(t.misfire_grace_ms),
         name: t.name.as_deref(),
         next_fire_at: t.next_fire_at_ms.map(format_utc),
+        next_fire_human: t
+            .next_fire_at_ms
+            .map(|at| next_fire_human(at, now_ms, zone_of(&t.schedule), lang)),
         overlap: match t.overlap {
             Overlap::Skip => "skip",
             Overlap::Queue => "queue",
@@ -407,8 +421,10 @@ mod tests {
             "channel": t.channel,
             "state": t.state.as_str(),
             "schedule": schedule(&t.schedule),
-            "description": describe(&t.schedule),
+            "description": describe_in(&t.schedule, t.lang),
+            "lang": t.lang.as_str(),
             "next_fire_at": instant(t.next_fire_at_ms),
+            "next_fire_human": t.next_fire_at_ms.map(|at| next_fire_human(at, now_ms, zone_of(&t.schedule), t.lang)),
             "runs": t.runs,
             "fires": { "handled": t.fires, "skipped": t.skipped, "expired": t.expired, "queued": t.queued.len() },
             "messages": t.message_count,
@@ -447,7 +463,7 @@ mod tests {
                 "to": ["x", "y"], "body": "b", "metadata": {"k": "v", "a": "é"},
                 "pacing": {"interval": "3s", "batch_size": 10, "batch_pause": "1m"},
                 "retry": {"max_attempts": 7, "backoff": "fixed", "initial": "2s", "max": "1m"},
-                "misfire": "skip", "misfire_grace": "1s", "overlap": "allow"})),
+                "misfire": "skip", "misfire_grace": "1s", "overlap": "allow", "lang": "zh"})),
             view(
                 json!({"id": "c", "schedule": {"cron": "0 9 * * 1-5", "tz": "Asia/Shanghai",
                 "max_runs": 3}, "to": ["x"], "body": "b", "overlap": "queue"}),
@@ -471,7 +487,7 @@ mod tests {
         running.run = Some(r);
         views.push(running);
         for v in &views {
-            let doc = serde_json::to_vec(&task_doc(v, channel_retry, NOW)).unwrap();
+            let doc = serde_json::to_vec(&task_doc(v, channel_retry, NOW, None)).unwrap();
             let old = task_value(v, channel_retry, NOW);
             assert_eq!(
                 String::from_utf8(doc).unwrap(),

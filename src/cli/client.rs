@@ -50,6 +50,7 @@ impl CliError {
 pub struct Client {
     base: String,
     token: Option<String>,
+    lang: Option<crate::model::Lang>,
     http: HyperClient<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
@@ -103,8 +104,15 @@ impl Client {
         Ok(Client {
             base,
             token,
+            lang: None,
             http: HyperClient::builder(TokioExecutor::new()).build(connector),
         })
+    }
+
+    /// Sends `Accept-Language` for `lang` (herald's default, or the task's language, without).
+    pub fn lang(mut self, lang: Option<crate::model::Lang>) -> Client {
+        self.lang = lang;
+        self
     }
 
     pub fn base(&self) -> &str {
@@ -131,6 +139,9 @@ impl Client {
         }
         if let Some(t) = &self.token {
             b = b.header("authorization", format!("Bearer {t}"));
+        }
+        if let Some(l) = self.lang {
+            b = b.header("accept-language", l.as_str());
         }
         for (k, v) in headers {
             b = b.header(*k, *v);

@@ -8,6 +8,7 @@
 mod backup;
 mod client;
 mod failures;
+mod lang;
 mod next;
 pub mod output;
 mod table;
@@ -32,6 +33,17 @@ pub struct Conn {
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Language of schedule descriptions: en or zh (default: the locale, LC_ALL / LC_MESSAGES /
+    /// LANG).
+    #[arg(long, global = true)]
+    pub lang: Option<String>,
+}
+
+impl Conn {
+    /// A client of the herald at `--url`, asking for the chosen language.
+    fn client(&self) -> Result<Client, CliError> {
+        Ok(Client::new(&self.url)?.lang(lang::from_env(self.lang.as_deref())?))
+    }
 }
 
 /// The client commands (`herald serve` and `herald completions` are in `main.rs`).
@@ -147,15 +159,15 @@ pub fn run(cmd: Command) -> Result<(), CliError> {
     rt.block_on(async move {
         match cmd {
             Command::Tasks { conn, cmd } => {
-                let c = Client::new(&conn.url)?;
+                let c = conn.client()?;
                 tasks::run(&c, conn.json, cmd).await
             }
             Command::Failures { conn, cmd } => {
-                let c = Client::new(&conn.url)?;
+                let c = conn.client()?;
                 failures::run(&c, conn.json, cmd).await
             }
             Command::Channels { conn } => {
-                let c = Client::new(&conn.url)?;
+                let c = conn.client()?;
                 failures::channels(&c, conn.json).await
             }
             Command::Export(args) => backup::export_cmd(args).await,

@@ -42,9 +42,14 @@ pub struct NextArgs {
     /// Print JSON (the shape of `POST /v1/schedules/preview`).
     #[arg(long)]
     pub json: bool,
+    /// Language of the description: en or zh (default: the locale, LC_ALL / LC_MESSAGES /
+    /// LANG; English when it is neither).
+    #[arg(long)]
+    pub lang: Option<String>,
 }
 
 pub fn run(a: NextArgs) -> Result<(), CliError> {
+    let lang = super::lang::from_env(a.lang.as_deref())?.unwrap_or_default();
     let now_ms = match &a.from {
         Some(f) => *parse_instant(f, None, Default::default())
             .map_err(|e| CliError::Local(format!("--from: {e}")))?
@@ -85,12 +90,14 @@ pub fn run(a: NextArgs) -> Result<(), CliError> {
         let fires: Vec<_> = p
             .fires
             .iter()
-            .map(|&ms| json!({ "at": p.utc(ms), "local": p.local(ms) }))
+            .map(|&ms| json!({ "at": p.utc(ms), "local": p.local(ms), "human": p.human(ms, lang) }))
             .collect();
-        print_json(&json!({ "description": p.description, "tz": p.tz.name(), "fires": fires }));
+        print_json(
+            &json!({ "description": p.description_in(lang), "tz": p.tz.name(), "fires": fires }),
+        );
         return Ok(());
     }
-    outln!("{}", p.description);
+    outln!("{}", p.description_in(lang));
     let from = chrono::DateTime::from_timestamp_millis(now_ms as i64).unwrap_or_default();
     let zone = p.tz.name().to_string();
     let mut t = Table::new(&["#", "UTC", zone.as_str(), "YOUR TIME", "FROM NOW"]);

@@ -29,7 +29,7 @@ impl Table {
         let mut width = vec![0usize; n];
         for r in std::iter::once(&self.header).chain(&self.rows) {
             for (i, c) in r.iter().enumerate().take(n) {
-                width[i] = width[i].max(c.chars().count());
+                width[i] = width[i].max(columns(c));
             }
         }
         let mut out = String::new();
@@ -40,7 +40,7 @@ impl Table {
                     line.push_str(c);
                 } else {
                     line.push_str(c);
-                    let pad = width[i] - c.chars().count() + 2;
+                    let pad = width[i] - columns(c) + 2;
                     line.extend(std::iter::repeat_n(' ', pad));
                 }
             }
@@ -49,6 +49,28 @@ impl Table {
         }
         out
     }
+}
+
+/// Terminal columns `s` takes: East Asian wide characters (Chinese descriptions, full-width
+/// parentheses) take two, so a column of them lines up.
+fn columns(s: &str) -> usize {
+    s.chars()
+        .map(|c| match u32::from(c) {
+            0x1100..=0x115F
+            | 0x2E80..=0x303E
+            | 0x3041..=0x33FF
+            | 0x3400..=0x4DBF
+            | 0x4E00..=0x9FFF
+            | 0xA000..=0xA4CF
+            | 0xAC00..=0xD7A3
+            | 0xF900..=0xFAFF
+            | 0xFE30..=0xFE4F
+            | 0xFF00..=0xFF60
+            | 0xFFE0..=0xFFE6
+            | 0x20000..=0x3FFFD => 2,
+            _ => 1,
+        })
+        .sum()
 }
 
 /// An RFC 3339 instant from the API.
@@ -160,6 +182,23 @@ pub fn cell(v: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chinese_cells_line_up_by_terminal_columns() {
+        assert_eq!(columns("每天 09:00（UTC）"), 2 * 2 + 1 + 5 + 2 + 3 + 2);
+        let mut t = Table::new(&["DESCRIPTION", "ID"]);
+        t.row(vec!["每天 09:00（UTC）".into(), "a".into()]);
+        t.row(vec!["every day at 09:00 (UTC)".into(), "b".into()]);
+        let out = t.render();
+        let at: Vec<usize> = out
+            .lines()
+            .map(|l| {
+                let i = l.rfind(' ').unwrap() + 1;
+                columns(&l[..i])
+            })
+            .collect();
+        assert_eq!(at, [26, 26, 26], "{out}");
+    }
 
     #[test]
     fn relative_times_read_naturally() {

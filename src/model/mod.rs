@@ -3,6 +3,7 @@
 pub mod duration;
 pub mod failure;
 pub mod id;
+pub mod lang;
 pub mod limits;
 pub mod request;
 pub mod run;
@@ -12,6 +13,7 @@ pub mod task;
 pub use duration::{format_duration_ms, parse_duration_ms};
 pub use failure::{delivery_key, Failure};
 pub use id::{check_id, new_id};
+pub use lang::Lang;
 pub use limits::Limits;
 pub use request::{Context, FieldError, PatchRequest, TaskRequest};
 pub use run::{GaveUp, Outcome, Run, RunState, Settled};

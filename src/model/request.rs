@@ -48,6 +48,8 @@ pub struct TaskRequest {
     pub misfire_grace: Option<String>,
     pub overlap: Option<String>,
     pub metadata: Option<BTreeMap<String, String>>,
+    /// `en` (default) or `zh`.
+    pub lang: Option<String>,
 }
 
 #[derive(Deserialize, Debug, Clone, Default)]
@@ -211,6 +213,7 @@ impl TaskRequest {
             .transpose()?;
         let metadata = self.metadata.unwrap_or_default();
         validate_metadata(&metadata, limits)?;
+        let lang = choice("lang", self.lang.as_deref(), &super::Lang::NAMES)?;
         let mut task = Task {
             id,
             name: self.name,
@@ -236,6 +239,7 @@ impl TaskRequest {
             expired: 0,
             watched_since_ms: cx.now_ms,
             failed_reason: None,
+            lang,
         };
         task.next_fire_at_ms = crate::schedule::next_fire(&task, cx.now_ms);
         check_fires(&task, cx)?;
@@ -278,6 +282,7 @@ pub struct PatchRequest {
     pub pacing: Option<PacingRequest>,
     pub retry: Option<RetryRequest>,
     pub metadata: Option<BTreeMap<String, String>>,
+    pub lang: Option<String>,
 }
 
 impl PatchRequest {
@@ -318,6 +323,9 @@ impl PatchRequest {
         if let Some(m) = self.metadata {
             validate_metadata(&m, limits)?;
             t.metadata = m;
+        }
+        if let Some(l) = self.lang.as_deref() {
+            t.lang = choice("lang", Some(l), &super::Lang::NAMES)?;
         }
         let new_schedule = self.schedule.is_some();
         if let Some(s) = self.schedule {

@@ -207,6 +207,10 @@ pub struct Task {
     pub watched_since_ms: u64,
     /// Why the task is `failed` (a bug or a corrupt record parked it), if it is.
     pub failed_reason: Option<String>,
+    /// The language of texts written for the task's people (descriptions when the request
+    /// names none). Defaulted: exports made before it existed import as `en`.
+    #[serde(default)]
+    pub lang: super::Lang,
 }
 
 impl Task {

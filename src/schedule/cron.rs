@@ -149,7 +149,18 @@ impl CronSchedule {
 
     /// A human sentence, e.g. "every weekday at 09:00 (Asia/Shanghai)".
     pub fn describe(&self) -> String {
-        super::describe::describe_cron(self.cron.as_str(), &self.expr, self.tz)
+        self.describe_in(crate::model::Lang::En)
+    }
+
+    /// The sentence in `lang` (`describe`'s, in English or Chinese).
+    pub fn describe_in(&self, lang: crate::model::Lang) -> String {
+        super::describe::cron_sentence(
+            Some(self.cron.as_str()),
+            &self.expr,
+            self.tz,
+            self.dst,
+            lang,
+        )
     }
 
     /// Whether a date from `from` to `until` satisfies the day, month and weekday fields.

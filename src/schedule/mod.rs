@@ -12,78 +12,18 @@ pub use cron::CronSchedule;
 pub use local::{format_local, format_opt, format_utc, parse_instant, parse_tz, resolve_local};
 pub use plan::{mark_fired, minutes_left, next_fire};
 
-use crate::model::{format_duration_ms, Schedule};
+pub use describe::{next_fire_human, zone_of};
 
-/// A human sentence for a schedule, e.g. "once at 2026-12-01 09:00 (Asia/Shanghai)".
+use crate::model::{Lang, Schedule};
+
+/// A human sentence for a schedule in English, e.g. "once at 2026-12-01 09:00 (Asia/Shanghai)".
 pub fn describe(schedule: &Schedule) -> String {
-    match schedule {
-        Schedule::At { tz, at_ms, .. } => match tz.as_deref().and_then(|t| parse_tz(t).ok()) {
-            Some(zone) => format!("once at {} ({})", format_local(*at_ms, zone), zone.name()),
-            None => format!("once at {} (UTC)", format_local(*at_ms, chrono_tz::UTC)),
-        },
-        // Pieces pushed, not `format!`: every create's 201 body has a description.
-        Schedule::After {
-            after_ms, at_ms, ..
-        } => [
-            "once, ",
-            &format_duration_ms(*after_ms),
-            " after creation, at ",
-            &format_local(*at_ms, chrono_tz::UTC),
-            " (UTC)",
-        ]
-        .concat(),
-        Schedule::Cron { cron, tz, .. } => match plan::cron_of(schedule) {
-            Some(c) => c.describe(),
-            None => format!("cron {cron:?} ({})", tz.as_deref().unwrap_or("UTC")),
-        },
-        Schedule::Reminders {
-            tz,
-            event_ms,
-            before_ms,
-            ..
-        } => {
-            let zone = tz
-                .as_deref()
-                .and_then(|t| parse_tz(t).ok())
-                .unwrap_or(chrono_tz::UTC);
-            format!(
-                "{} before {} ({})",
-                offsets_phrase(before_ms),
-                format_local(*event_ms, zone),
-                zone.name()
-            )
-        }
-    }
+    describe::describe(schedule, Lang::En)
 }
 
-/// "30, 15 and 5 minutes" / "1h and 1m30s": the offsets in the order given.
-fn offsets_phrase(before_ms: &[u64]) -> String {
-    let all_minutes = before_ms.iter().all(|o| o % 60_000 == 0);
-    let parts: Vec<String> = before_ms
-        .iter()
-        .map(|o| {
-            if all_minutes {
-                (o / 60_000).to_string()
-            } else {
-                format_duration_ms(*o)
-            }
-        })
-        .collect();
-    let list = match parts.split_last() {
-        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
-        Some((last, _)) => last.clone(),
-        None => String::new(),
-    };
-    if all_minutes {
-        let unit = if before_ms == [60_000] {
-            "minute"
-        } else {
-            "minutes"
-        };
-        format!("{list} {unit}")
-    } else {
-        list
-    }
+/// The sentence in `lang`: "every weekday at 09:00 (Asia/Shanghai)" / "每个工作日 09:00（Asia/Shanghai）".
+pub fn describe_in(schedule: &Schedule, lang: Lang) -> String {
+    describe::describe(schedule, lang)
 }
 
 #[cfg(test)]

@@ -8,9 +8,9 @@
 use chrono_tz::Tz;
 use serde::Deserialize;
 
-use super::{describe, format_utc, mark_fired, next_fire, parse_tz};
+use super::{describe, describe_in, format_utc, mark_fired, next_fire, next_fire_human, zone_of};
 use crate::model::request::{DstRequest, MessageRequest, ScheduleRequest};
-use crate::model::{Context, FieldError, Limits, Schedule, TaskRequest};
+use crate::model::{Context, FieldError, Lang, Limits, Schedule, TaskRequest};
 
 /// Fires shown when the request does not say.
 pub const PREVIEW_N_DEFAULT: u32 = 5;
@@ -31,7 +31,12 @@ pub struct PreviewRequest {
 /// What a preview answers.
 #[derive(Debug, Clone)]
 pub struct Preview {
+    /// In English; [`Preview::description_in`] says it in another language.
     pub description: String,
+    /// The schedule as validated.
+    pub schedule: Schedule,
+    /// The instant the preview was computed at.
+    pub now_ms: u64,
     /// The zone local times are shown in (the schedule's, or UTC).
     pub tz: Tz,
     pub fires: Vec<u64>,
@@ -41,6 +46,16 @@ impl Preview {
     /// An instant as RFC 3339 UTC (`Z`).
     pub fn utc(&self, ms: u64) -> String {
         format_utc(ms)
+    }
+
+    pub fn description_in(&self, lang: Lang) -> String {
+        describe_in(&self.schedule, lang)
+    }
+
+    /// A fire relative to the preview's `now` in the schedule's zone: "tomorrow at 09:00
+    /// (Asia/Shanghai)".
+    pub fn human(&self, ms: u64, lang: Lang) -> String {
+        next_fire_human(ms, self.now_ms, self.tz, lang)
     }
 
     /// An instant as RFC 3339 with the offset in force in the schedule's zone.
@@ -56,17 +71,6 @@ pub fn local_rfc3339(ms: u64, tz: Tz) -> String {
         chrono::LocalResult::Single(t) => t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, false),
         _ => format_utc(ms),
     }
-}
-
-fn zone_of(s: &Schedule) -> Tz {
-    let name = match s {
-        Schedule::At { tz, .. } | Schedule::Cron { tz, .. } | Schedule::Reminders { tz, .. } => {
-            tz.as_deref()
-        }
-        Schedule::After { .. } => None,
-    };
-    name.and_then(|n| parse_tz(n).ok())
-        .unwrap_or(chrono_tz::UTC)
 }
 
 /// The next `n` fires of the schedule in `req`, validated as a task creation at `now_ms` would
@@ -108,6 +112,7 @@ pub fn preview(req: PreviewRequest, now_ms: u64, limits: &Limits) -> Result<Prev
         misfire_grace: None,
         overlap: None,
         metadata: None,
+        lang: None,
     };
     let (mut task, _messages) = probe.into_task(&Context {
         now_ms,
@@ -130,6 +135,8 @@ pub fn preview(req: PreviewRequest, now_ms: u64, limits: &Limits) -> Result<Prev
         description: describe(&task.schedule),
         tz: zone_of(&task.schedule),
         fires,
+        schedule: task.schedule,
+        now_ms,
     })
 }
 

@@ -91,6 +91,7 @@ impl TaskV1 {
             expired: self.expired,
             watched_since_ms: self.updated_at_ms,
             failed_reason: None,
+            lang: Default::default(),
         };
         (task, messages)
     }

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Misfire, Overlap, Pacing, RetryPolicy, Schedule, Task, TaskState};
+use crate::model::{Lang, Misfire, Overlap, Pacing, RetryPolicy, Schedule, Task, TaskState};
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct SpecRecord {
@@ -35,6 +35,22 @@ pub struct SpecRecord {
     pub overlap: Overlap,
     pub metadata: BTreeMap<String, String>,
     pub created_at_ms: u64,
+    /// Added after format 4 was released: last, and read as `en` from a record that ends
+    /// before it (see [`trailing_or_default`]), so specs written before it still decode.
+    #[serde(default, deserialize_with = "trailing_or_default")]
+    pub lang: Lang,
+}
+
+/// A field added at the end of a bincode record: its default when the record's bytes end
+/// before it. bincode is not self-describing, so `#[serde(default)]` alone would not do:
+/// reading past the end is an error, which this turns into the default. Bytes left unread
+/// still fail the record, through the codec's check that every byte was used.
+fn trailing_or_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(T::deserialize(d).unwrap_or_default())
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -76,6 +92,7 @@ pub fn spec_of(t: &Task) -> SpecRecord {
         overlap: t.overlap,
         metadata: t.metadata.clone(),
         created_at_ms: t.created_at_ms,
+        lang: t.lang,
     }
 }
 
@@ -171,5 +188,81 @@ pub fn join(s: SpecRecord, p: ProgressRecord) -> Task {
         expired: p.expired,
         watched_since_ms: p.watched_since_ms,
         failed_reason: p.failed_reason,
+        lang: s.lang,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::codec::{decode, encode};
+
+    /// The spec record as format 4 first wrote it, before `lang`.
+    #[derive(Serialize)]
+    struct SpecBeforeLang {
+        id: String,
+        name: Option<String>,
+        channel: String,
+        schedule: Schedule,
+        message_count: u32,
+        pacing: Pacing,
+        retry: Option<RetryPolicy>,
+        misfire: Misfire,
+        misfire_grace_ms: u64,
+        overlap: Overlap,
+        metadata: BTreeMap<String, String>,
+        created_at_ms: u64,
+    }
+
+    fn spec(lang: Lang) -> SpecRecord {
+        SpecRecord {
+            id: "t".into(),
+            name: Some("n".into()),
+            channel: "log".into(),
+            schedule: Schedule::After {
+                after: "1m".into(),
+                after_ms: 60_000,
+                at_ms: 1_000,
+            },
+            message_count: 2,
+            pacing: Pacing::default(),
+            retry: None,
+            misfire: Misfire::default(),
+            misfire_grace_ms: 5,
+            overlap: Overlap::default(),
+            metadata: BTreeMap::from([("k".into(), "v".into())]),
+            created_at_ms: 7,
+            lang,
+        }
+    }
+
+    #[test]
+    fn a_spec_written_before_lang_decodes_as_english() {
+        let s = spec(Lang::En);
+        let old = SpecBeforeLang {
+            id: s.id.clone(),
+            name: s.name.clone(),
+            channel: s.channel.clone(),
+            schedule: s.schedule.clone(),
+            message_count: s.message_count,
+            pacing: s.pacing,
+            retry: s.retry,
+            misfire: s.misfire,
+            misfire_grace_ms: s.misfire_grace_ms,
+            overlap: s.overlap,
+            metadata: s.metadata.clone(),
+            created_at_ms: s.created_at_ms,
+        };
+        let bytes = encode(&old).unwrap();
+        assert_eq!(decode::<SpecRecord>("specs", b"t", &bytes).unwrap(), s);
+    }
+
+    #[test]
+    fn lang_round_trips_and_extra_bytes_still_fail() {
+        let s = spec(Lang::Zh);
+        let mut bytes = encode(&s).unwrap();
+        assert_eq!(decode::<SpecRecord>("specs", b"t", &bytes).unwrap(), s);
+        bytes.extend_from_slice(&[1, 2]);
+        assert!(decode::<SpecRecord>("specs", b"t", &bytes).is_err());
     }
 }
