@@ -13,7 +13,9 @@
 //! 3. lateness of 200 probe sends with `HERALD_LOAD_PENDING` (default 1 000 000) tasks pending,
 //!    first alone, then while 2 clients loop `GET /v1/tasks?state=paused&limit=100`.
 //!
-//! Run: `cargo bench --bench load` (about 8 minutes on 2 cores); `HERALD_LOAD_ONLY=herd` (or
+//! Run: `cargo bench --bench load` (about 8 minutes on 2 cores); `HERALD_LOAD_COMPETE=1` runs
+//! a competing `fdatasync` writer on the same disk through each creates round and its peer
+//! (`support::Competitor`, bounded), so any hour can be a slow one; `HERALD_LOAD_ONLY=herd` (or
 //! `creates`, `pending`) runs one part; `HERALD_LOAD_CREATES` sets the creates per round (30 000). Webhook throughput against
 //! the raw hyper client is `cargo bench --bench delivery`.
 
@@ -299,6 +301,18 @@ async fn creates() {
         next += n;
         let body = create_body(offset);
         let failed = Arc::new(AtomicU64::new(0));
+        // The competing writer (if asked for) runs through herald's round and the peer's, and
+        // the raw fdatasync rate is read under it, beside each figure.
+        let competitor = Competitor::from_env(dir.path());
+        println!(
+            "   raw fdatasync now{}: {:.0}/s",
+            if competitor.is_some() {
+                ", with the competing writer"
+            } else {
+                ""
+            },
+            fdatasync_rate(dir.path())
+        );
         let (cpu0, own0, m0) = (
             thread_cpu_ns(herald.pid()),
             thread_cpu_ns(std::process::id()),
@@ -315,7 +329,7 @@ async fn creates() {
             machine_cpu(),
         );
         println!(
-            "   {conns:>3} connections{}: {:>6.0} creates/s, p50 {:.1} ms, p99 {:.1} ms, non-201 {}",
+            "   {conns:>3} connections{}: {:>6.0} creates/s, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, non-201 {}",
             if !lean {
                 " (hyper client)".to_string()
             } else if n > burst {
@@ -326,6 +340,7 @@ async fn creates() {
             n as f64 / wall.as_secs_f64(),
             pct(&lat, 0.5).as_secs_f64() * 1e3,
             pct(&lat, 0.99).as_secs_f64() * 1e3,
+            pct(&lat, 1.0).as_secs_f64() * 1e3,
             failed.load(Ordering::Relaxed)
         );
         // CPU per create: steadier than the rate on a VM whose speed varies, and it tells
@@ -357,6 +372,12 @@ async fn creates() {
                 ),
                 None => println!("       Redis peer: redis-benchmark gave no reading"),
             }
+        }
+        if let Some(c) = competitor {
+            println!(
+                "       competing writer: {:.0} fdatasync/s through the round",
+                c.rate()
+            );
         }
     }
 }

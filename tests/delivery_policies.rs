@@ -489,3 +489,50 @@ async fn a_failing_alert_channel_does_not_loop() {
         "alerts bypass the alert channel's breaker"
     );
 }
+
+/// Alert deliveries in flight are bounded (`engine::alerts::DELIVERIES_MAX`, 64): with the alert
+/// channel hanging, 80 failures raise 80 alerts, 64 wait on the channel and the other 16 are
+/// logged and counted as not delivered at once, instead of each holding a task.
+#[tokio::test]
+async fn alert_deliveries_in_flight_are_bounded() {
+    let _turn = TIMING.lock().await;
+    let rx = Receiver::start().await;
+    rx.set_default(Behavior::Status(400));
+    let ops = Receiver::start().await;
+    ops.set_default(Behavior::Hang);
+    let config = format!(
+        "{}{}[alerts]\nchannel = \"ops\"\n",
+        webhook_channel("hook", &rx.url(), "concurrency = 16"),
+        webhook_channel("ops", &ops.url(), "timeout = \"60s\""),
+    );
+    let h = TestHerald::start(&config).await;
+    let to: Vec<String> = (0..80).map(|i| format!("r{i}")).collect();
+    create(
+        &h,
+        json!({"id": "storm", "channel": "hook", "schedule": {"after": "0s"}, "to": to, "body": "x"}),
+    )
+    .await;
+    wait_state(
+        &h.server.url(),
+        "storm",
+        "completed",
+        Duration::from_secs(30),
+    )
+    .await;
+    let counts = poll(Duration::from_secs(10), || async {
+        let v = http::get(&h.url("/v1/channels")).await.json();
+        (v["alerts"]["raised"] == 80 && v["alerts"]["delivery_failed"] == 16).then_some(v)
+    })
+    .await;
+    let v = http::get(&h.url("/v1/channels")).await.json();
+    assert!(
+        counts.is_some(),
+        "80 alerts raised, 16 over the bound counted as not delivered: {}",
+        v["alerts"]
+    );
+    assert!(
+        ops.open_connections() <= 64,
+        "at most 64 alert deliveries in flight, got {}",
+        ops.open_connections()
+    );
+}

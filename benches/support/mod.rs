@@ -268,6 +268,80 @@ pub fn fdatasync_rate(dir: &Path) -> f64 {
     r
 }
 
+/// A competing writer on the same disk (`HERALD_LOAD_COMPETE=1`): a thread appending 4 KiB
+/// and `fdatasync`ing in a loop, so that any hour can be a slow one. Bounded: it stops when
+/// dropped, and by itself after [`Competitor::MAX`] or [`Competitor::SYNCS_MAX`] syncs.
+pub struct Competitor {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    syncs: Arc<std::sync::atomic::AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    started: Instant,
+}
+
+impl Competitor {
+    pub const MAX: Duration = Duration::from_secs(1_800);
+    pub const SYNCS_MAX: u64 = 50_000_000;
+
+    /// Starts one when `HERALD_LOAD_COMPETE` is set (to anything but `0`).
+    pub fn from_env(dir: &Path) -> Option<Competitor> {
+        let on = std::env::var("HERALD_LOAD_COMPETE").is_ok_and(|v| !v.is_empty() && v != "0");
+        on.then(|| Competitor::start(dir))
+    }
+
+    pub fn start(dir: &Path) -> Competitor {
+        use std::io::{Seek, Write};
+        use std::sync::atomic::Ordering;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let syncs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let path = dir.join("competing-fdatasync");
+        let (st, sy) = (stop.clone(), syncs.clone());
+        let thread = std::thread::spawn(move || {
+            let Ok(mut f) = std::fs::File::create(&path) else {
+                return;
+            };
+            let started = Instant::now();
+            let block = [0x5au8; 4096];
+            let mut n = 0u64;
+            while !st.load(Ordering::Relaxed)
+                && started.elapsed() < Competitor::MAX
+                && n < Competitor::SYNCS_MAX
+            {
+                // Rewrites the first 64 MiB in a ring: the file never grows past it.
+                if n % 16_384 == 0 && f.rewind().is_err() {
+                    break;
+                }
+                if f.write_all(&block).is_err() || f.sync_data().is_err() {
+                    break;
+                }
+                n += 1;
+                sy.store(n, Ordering::Relaxed);
+            }
+            let _ = std::fs::remove_file(&path);
+        });
+        Competitor {
+            stop,
+            syncs,
+            thread: Some(thread),
+            started: Instant::now(),
+        }
+    }
+
+    /// Its `fdatasync`s per second so far.
+    pub fn rate(&self) -> f64 {
+        self.syncs.load(std::sync::atomic::Ordering::Relaxed) as f64
+            / self.started.elapsed().as_secs_f64().max(1e-9)
+    }
+}
+
+impl Drop for Competitor {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 /// A temp dir on the real disk (under the target dir), not tmpfs.
 pub fn disk_dir(tag: &str) -> tempfile::TempDir {
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-data");

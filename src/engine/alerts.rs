@@ -17,6 +17,11 @@ use crate::deliver::Alert;
 use crate::model::{Failure, Outcome};
 use crate::schedule::format_utc;
 
+/// Alert deliveries in flight at most. Past it an alert is logged and counted as failed, not
+/// delivered: a storm of failures (a channel down for 100 000 messages) must not make a task
+/// per alert, and the alert channel can only take so much anyway.
+pub(crate) const DELIVERIES_MAX: usize = 64;
+
 /// Attempts per alert delivery, and the pause between them.
 const ALERT_ATTEMPTS: u32 = 3;
 const ALERT_RETRY_PAUSE: Duration = Duration::from_millis(500);
@@ -125,8 +130,15 @@ fn raise(inner: &Arc<Inner>, alert: Alert) {
     if target.name == alert.channel {
         return; // about the alert channel itself: logged only
     }
+    let Ok(permit) = inner.alert_sends.clone().try_acquire_owned() else {
+        inner.alerts_failed.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(event = alert.event, channel = %target.name, in_flight = DELIVERIES_MAX,
+            "alert not delivered: too many alert deliveries in flight (it is logged above)");
+        return;
+    };
     let inner = inner.clone();
     tokio::spawn(async move {
+        let _permit = permit;
         for attempt in 1..=ALERT_ATTEMPTS {
             match target.send_alert(&alert, || inner.clock.now_ms()).await {
                 Outcome::Sent => return,

@@ -194,6 +194,8 @@ pub(crate) struct Inner {
     /// The last census of tasks by state (see `stats.rs`).
     pub census: Mutex<Option<stats::Census>>,
     pub alerts_failed: AtomicU64,
+    /// Permits for alert deliveries in flight (`alerts::DELIVERIES_MAX`).
+    pub alert_sends: Arc<tokio::sync::Semaphore>,
     /// Serialises changes to failure records (retry steps against dismissals).
     pub failures_lock: tokio::sync::Mutex<()>,
     /// One-shots counted per second they are due in: a herd's fires are handled earlier.
@@ -293,6 +295,7 @@ impl Engine {
             lateness: stats::lateness_histogram(),
             census: Mutex::new(None),
             alerts_failed: AtomicU64::new(0),
+            alert_sends: Arc::new(tokio::sync::Semaphore::new(alerts::DELIVERIES_MAX)),
             failures_lock: tokio::sync::Mutex::new(()),
             herd: Mutex::new(herd::HerdLeads::default()),
             events: events::Bus::new(), // events (issue 11)
