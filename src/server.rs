@@ -199,9 +199,10 @@ pub async fn start_with(
         body_read_timeout: std::time::Duration::from_millis(config.body_read_timeout_ms),
         header_read_timeout: std::time::Duration::from_millis(config.header_read_timeout_ms),
         metrics: Default::default(),
+        conns,
     });
     // Serve first: while recovery runs, /healthz and /v1 answer 503 instead of hanging.
-    tokio::spawn(api::serve(listener, state, conns, rx));
+    tokio::spawn(api::serve(listener, state, rx));
     engine.recover().await?;
     tracing::info!(%addr, data_dir = %config.data_dir.display(), connections_max,
         fd_limit = limit, fd_reserved = reserve, "herald listening");
