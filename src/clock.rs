@@ -31,16 +31,27 @@ pub trait Clock: Send + Sync + 'static {
     fn mono_ms(&self) -> u64 {
         self.now_ms()
     }
-    /// Forward wall jumps seen so far, and the wall instant at which the last one ended (0:
-    /// none): fires due before it were jumped over, judged like an outage.
-    fn wall_jumps(&self) -> (u64, u64) {
-        (0, 0)
+    /// Forward wall jumps seen so far ([`WALL_JUMP_MS`] or more).
+    fn wall_jumps(&self) -> WallJumps {
+        WallJumps::default()
     }
     /// True for clocks that only move when a test moves them; the timer thread then waits for a
     /// wake-up command instead of sleeping until a deadline in real time.
     fn is_manual(&self) -> bool {
         false
     }
+}
+
+/// What a clock knows of forward wall jumps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WallJumps {
+    /// How many so far.
+    pub count: u64,
+    /// The wall instant the last one ended at (0: none). Fires due before it were jumped
+    /// over: judged like an outage (`engine/dispatch.rs`).
+    pub end_ms: u64,
+    /// The last one's size: how much more the wall moved than the monotonic clock.
+    pub size_ms: u64,
 }
 
 /// The wall clock, clamped so it never runs backwards, beside the monotonic clock; it notices
@@ -51,8 +62,7 @@ pub struct SystemClock {
     start_wall_ms: u64,
     /// Wall minus monotonic at the last reading (follows slow drift; a jump moves it at once).
     offset_ms: AtomicI64,
-    jumps: AtomicU64,
-    jump_end_ms: AtomicU64,
+    jumps: parking_lot::Mutex<WallJumps>,
 }
 
 impl Default for SystemClock {
@@ -76,8 +86,7 @@ impl SystemClock {
             start: Instant::now(),
             start_wall_ms,
             offset_ms: AtomicI64::new(0),
-            jumps: AtomicU64::new(0),
-            jump_end_ms: AtomicU64::new(0),
+            jumps: parking_lot::Mutex::new(WallJumps::default()),
         }
     }
 
@@ -88,8 +97,12 @@ impl SystemClock {
         let prev = self.offset_ms.swap(offset, Ordering::AcqRel);
         let moved = offset - prev;
         if moved >= WALL_JUMP_MS as i64 {
-            self.jumps.fetch_add(1, Ordering::AcqRel);
-            self.jump_end_ms.fetch_max(raw, Ordering::AcqRel);
+            {
+                let mut j = self.jumps.lock();
+                j.count += 1;
+                j.end_ms = j.end_ms.max(raw);
+                j.size_ms = moved as u64;
+            }
             tracing::warn!(jump_ms = moved, to = %crate::schedule::format_utc(raw),
                 "the wall clock jumped forward: fires due in the jumped-over span are judged like an outage (misfire policy), durations keep to the monotonic clock");
         } else if moved <= -(WALL_JUMP_MS as i64) {
@@ -113,11 +126,8 @@ impl Clock for SystemClock {
             .saturating_add(self.start.elapsed().as_millis() as u64)
     }
 
-    fn wall_jumps(&self) -> (u64, u64) {
-        (
-            self.jumps.load(Ordering::Acquire),
-            self.jump_end_ms.load(Ordering::Acquire),
-        )
+    fn wall_jumps(&self) -> WallJumps {
+        *self.jumps.lock()
     }
 }
 
@@ -158,8 +168,7 @@ impl Durations {
 pub struct ManualClock {
     now: AtomicU64,
     mono: AtomicU64,
-    jumps: AtomicU64,
-    jump_end_ms: AtomicU64,
+    jumps: parking_lot::Mutex<WallJumps>,
 }
 
 impl ManualClock {
@@ -167,8 +176,7 @@ impl ManualClock {
         Self {
             now: AtomicU64::new(start_ms),
             mono: AtomicU64::new(start_ms),
-            jumps: AtomicU64::new(0),
-            jump_end_ms: AtomicU64::new(0),
+            jumps: parking_lot::Mutex::new(WallJumps::default()),
         }
     }
     /// Moves the clock forward by `ms` (wall and monotonic).
@@ -188,8 +196,10 @@ impl ManualClock {
     pub fn jump_wall(&self, ms: u64) {
         let to = self.now.fetch_add(ms, Ordering::AcqRel) + ms;
         if ms >= WALL_JUMP_MS {
-            self.jumps.fetch_add(1, Ordering::AcqRel);
-            self.jump_end_ms.fetch_max(to, Ordering::AcqRel);
+            let mut j = self.jumps.lock();
+            j.count += 1;
+            j.end_ms = j.end_ms.max(to);
+            j.size_ms = ms;
         }
     }
 }
@@ -201,11 +211,8 @@ impl Clock for ManualClock {
     fn mono_ms(&self) -> u64 {
         self.mono.load(Ordering::Acquire)
     }
-    fn wall_jumps(&self) -> (u64, u64) {
-        (
-            self.jumps.load(Ordering::Acquire),
-            self.jump_end_ms.load(Ordering::Acquire),
-        )
+    fn wall_jumps(&self) -> WallJumps {
+        *self.jumps.lock()
     }
     fn is_manual(&self) -> bool {
         true
@@ -229,7 +236,8 @@ mod tests {
         assert_eq!(c.mono_ms(), 2_000);
         c.jump_wall(3_600_000);
         assert_eq!((c.now_ms(), c.mono_ms()), (3_602_000, 2_000));
-        assert_eq!(c.wall_jumps(), (1, 3_602_000));
+        let j = c.wall_jumps();
+        assert_eq!((j.count, j.end_ms, j.size_ms), (1, 3_602_000, 3_600_000));
     }
 
     #[test]

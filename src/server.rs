@@ -201,7 +201,7 @@ pub async fn start_with(
     engine_config.limits = config.limits.clone();
     engine_config.alerts_channel = config.alerts_channel.clone();
     engine_config.retention_ms = config.store.retention_ms;
-    let engine = Engine::new(store, channels, clock, engine_config)?;
+    let engine = Engine::new(store, channels, clock.clone(), engine_config)?;
     let (tx, rx) = watch::channel(false);
     let state = Arc::new(ApiState {
         engine: engine.clone(),
@@ -211,6 +211,7 @@ pub async fn start_with(
         header_read_timeout: std::time::Duration::from_millis(config.header_read_timeout_ms),
         metrics: Default::default(),
         conns,
+        clock: clock.clone(),
     });
     // Serve first: while recovery runs, /healthz and /v1 answer 503 instead of hanging.
     tokio::spawn(api::serve(listener, state, rx));

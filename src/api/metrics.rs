@@ -328,6 +328,11 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
         "1 while storage fails (writes refused with 503, no new sends; /healthz 503)",
         i64::from(engine.storage_failing().is_some()),
     );
+    s.counter(
+        "herald_wall_clock_jumps",
+        "Forward jumps of the wall clock (5 s or more beyond the monotonic clock): jumped-over fires judged like an outage",
+        state.clock.wall_jumps().count,
+    );
     let cs = &state.conns.stats;
     s.gauge(
         "herald_http_connections_open",

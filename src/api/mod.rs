@@ -55,6 +55,8 @@ pub struct ApiState {
     pub metrics: metrics::ApiMetrics,
     /// The connection table (cap, reserve, event-stream caps; counters for `/metrics`).
     pub conns: Arc<conns::Conns>,
+    /// The engine's clock (wall jumps for `/metrics`).
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
