@@ -473,7 +473,8 @@ pub(super) async fn prepare(
     };
     let now = inner.clock.now_ms();
     let due = run.next_at_ms.unwrap_or(now);
-    if run.in_flight.is_none() {
+    let arming = run.in_flight.is_none();
+    if arming {
         // ---- arm
         if due > now + ARM_LEAD_MS {
             inner.timer.at(key.clone(), due - ARM_LEAD_MS);
@@ -489,7 +490,11 @@ pub(super) async fn prepare(
         st.runs.insert(key.run, run.clone());
     }
     let now = inner.clock.now_ms();
-    if due > now {
+    // Issue 26: a due stored before a forward wall jump looks long past now, but it was one
+    // pacing/backoff duration ahead on the monotonic clock; the wheel (timer.rs, its
+    // continuity rule) keeps the send ARM_LEAD_MS after the arm just made, instead of sending
+    // at once. (Once the wheel hands it back, the run is armed already: it is sent.)
+    if due > now || (arming && due < inner.clock.wall_jumps().end_ms) {
         inner.timer.at(key.clone(), due);
         return Ok(None);
     }
