@@ -160,3 +160,218 @@ async fn an_answer_that_arrived_during_a_freeze_is_an_answer() {
         .json();
     assert!(!runs.to_string().contains("timed out"), "{runs}");
 }
+
+/// The real binary under libfaketime with its offset in a file herald re-reads on every
+/// clock call (`FAKETIME_NO_CACHE`); the monotonic clock is left alone, as an NTP step does.
+struct Faked {
+    offset_file: std::path::PathBuf,
+    /// libfaketime itself: preloaded directly, since the `faketime` wrapper's own `FAKETIME`
+    /// would win over the offset file.
+    lib: std::path::PathBuf,
+}
+
+/// Where Debian's `faketime` package puts the multi-threaded library.
+fn faketime_lib() -> Option<std::path::PathBuf> {
+    let mut dirs = vec![std::path::PathBuf::from("/usr/lib/faketime")];
+    if let Ok(rd) = std::fs::read_dir("/usr/lib") {
+        dirs.extend(rd.flatten().map(|e| e.path().join("faketime")));
+    }
+    dirs.into_iter()
+        .map(|d| d.join("libfaketimeMT.so.1"))
+        .find(|p| p.exists())
+}
+
+impl Faked {
+    fn new(dir: &std::path::Path, test: &str) -> Option<Faked> {
+        common::tools::require("faketime", "apt-get install -y faketime", test)?;
+        let Some(lib) = faketime_lib() else {
+            common::tools::skip(
+                test,
+                "libfaketimeMT.so.1 not found",
+                "apt-get install -y faketime",
+            );
+            return None;
+        };
+        let f = Faked {
+            offset_file: dir.join("faketime.rc"),
+            lib,
+        };
+        f.set(0);
+        Some(f)
+    }
+
+    /// The wall clock's offset from real time, in whole seconds.
+    fn set(&self, offset_s: i64) {
+        std::fs::write(&self.offset_file, format!("{offset_s:+}\n")).expect("offset file");
+    }
+
+    fn spawn(&self, cfg: &std::path::Path, data: &std::path::Path) -> Proc {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_herald"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(cfg)
+            .arg("--data")
+            .arg(data)
+            .env("HERALD_LOG", "warn")
+            .env("LD_PRELOAD", &self.lib)
+            .env("FAKETIME_TIMESTAMP_FILE", &self.offset_file)
+            .env("FAKETIME_NO_CACHE", "1")
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit());
+        Proc::start(cmd)
+    }
+}
+
+fn task_of(r: &common::receiver::Recorded) -> String {
+    r.idempotency_key()
+        .and_then(|k| k.split(':').next())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_faketime_a_forward_hour_coalesces_crons_and_keeps_every_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(fake) = Faked::new(
+        dir.path(),
+        "under_faketime_a_forward_hour_coalesces_crons_and_keeps_every_gap",
+    ) else {
+        return;
+    };
+    let rx = Receiver::start().await;
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            "{}\n{}",
+            webhook_channel("hook", &rx.url(), ""),
+            webhook_channel("lim", &rx.url(), "rate = \"1/2s\"")
+        ),
+    );
+    let p = fake.spawn(&cfg, &dir.path().join("data"));
+    let many: Vec<String> = (0..8).map(|i| format!("u{i}")).collect();
+    for task in [
+        json!({"id": "minute", "channel": "hook", "schedule": {"cron": "* * * * *"}, "to": ["a"], "body": "m"}),
+        json!({"id": "five", "channel": "hook", "schedule": {"cron": "*/5 * * * * *"}, "to": ["a"], "body": "f"}),
+        json!({"id": "paced", "channel": "hook", "schedule": {"after": "0s"}, "to": many, "body": "p",
+               "pacing": {"interval": "3s"}}),
+        json!({"id": "limited", "channel": "lim", "schedule": {"after": "0s"}, "to": many, "body": "l"}),
+    ] {
+        let r = http::post_json(&format!("{}/v1/tasks", p.url), &task).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    // Part-way through both sequences, jump an hour ahead, landing one second past a whole
+    // minute: the 5 s cron's next regular fire is then 4 s away, the minute cron's 59 s.
+    let part_way = poll(Duration::from_secs(30), || async {
+        let n = rx
+            .requests()
+            .iter()
+            .filter(|r| task_of(r) == "paced")
+            .count();
+        (n >= 3).then_some(())
+    })
+    .await;
+    assert!(part_way.is_some(), "the paced sequence started");
+    let real_s = chrono::Utc::now().timestamp();
+    let offset = 3_600 + (61 - (real_s + 3_600).rem_euclid(60)).rem_euclid(60);
+    fake.set(offset);
+    let jumped = std::time::Instant::now();
+    let done = poll(Duration::from_secs(60), || async {
+        let got = rx.requests();
+        let n = |t: &str| got.iter().filter(|r| task_of(r) == t).count();
+        (n("paced") >= 8 && n("limited") >= 8).then_some(())
+    })
+    .await;
+    assert!(
+        done.is_some(),
+        "both sequences finished: {:?}",
+        rx.answers()
+    );
+    let got = rx.requests();
+    let at = |t: &str| -> Vec<std::time::Instant> {
+        got.iter()
+            .filter(|r| task_of(r) == t)
+            .map(|r| r.at)
+            .collect()
+    };
+    // Arrival times at the receiver: a little network jitter either side, hence 50 ms.
+    for (task, gap_ms) in [("paced", 3_000u128), ("limited", 2_000)] {
+        let ts = at(task);
+        for w in ts.windows(2) {
+            let gap = w[1].duration_since(w[0]).as_millis();
+            assert!(gap + 50 >= gap_ms, "{task}: gap {gap} ms, want {gap_ms}");
+        }
+    }
+    // Each cron: exactly one run for the hour jumped over, in the first 2.5 s after it.
+    for cron in ["minute", "five"] {
+        let after: Vec<_> = at(cron).into_iter().filter(|t| *t >= jumped).collect();
+        let first = *after
+            .first()
+            .unwrap_or_else(|| panic!("{cron} ran after the jump"));
+        let burst = after
+            .iter()
+            .filter(|t| t.duration_since(first) < Duration::from_millis(2_500))
+            .count();
+        assert_eq!(burst, 1, "{cron}: {burst} runs right after the jump");
+    }
+    let m = http::get(&format!("{}/metrics", p.url)).await.text();
+    assert!(m.contains("herald_wall_clock_jumps_total 1\n"), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_faketime_a_step_back_with_a_kill_sends_nothing_early_nothing_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(fake) = Faked::new(
+        dir.path(),
+        "under_faketime_a_step_back_with_a_kill_sends_nothing_early_nothing_twice",
+    ) else {
+        return;
+    };
+    let rx = Receiver::start().await;
+    let cfg = write_config(dir.path(), &webhook_channel("hook", &rx.url(), ""));
+    let data = dir.path().join("data");
+    let mut p = fake.spawn(&cfg, &data);
+    for i in 0..6 {
+        let r = http::post_json(
+            &format!("{}/v1/tasks", p.url),
+            &json!({"id": format!("o{i}"), "channel": "hook", "schedule": {"after": format!("{}s", 2 + i * 3)},
+                    "to": ["a", "b"], "body": "x", "pacing": {"interval": "1s"}}),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let first = poll(Duration::from_secs(30), || async {
+        (rx.count() >= 1).then_some(())
+    })
+    .await;
+    assert!(first.is_some());
+    fake.set(-30);
+    // A kill -9 while the wall is behind, and a restart under the same offset.
+    p.kill9();
+    let p = fake.spawn(&cfg, &data);
+    for i in 0..6 {
+        wait_state(
+            &p.url,
+            &format!("o{i}"),
+            "completed",
+            Duration::from_secs(90),
+        )
+        .await;
+    }
+    let got = rx.requests();
+    let mut keys = std::collections::HashMap::new();
+    for r in &got {
+        let j = r.json.as_ref().expect("JSON body");
+        let (sent, due) = (
+            j["sent_at"].as_str().unwrap(),
+            j["scheduled_at"].as_str().unwrap(),
+        );
+        assert!(ms_of(sent) >= ms_of(due), "early: sent {sent}, due {due}");
+        *keys
+            .entry(r.idempotency_key().unwrap_or("").to_string())
+            .or_insert(0) += 1;
+    }
+    // At most the one send in flight at the kill goes again (same key, next attempt).
+    let twice: Vec<_> = keys.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.len() <= 1, "sent twice: {twice:?}");
+    assert_eq!(keys.len(), 12, "every message sent");
+}
