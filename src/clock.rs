@@ -94,6 +94,11 @@ impl SystemClock {
     /// clock since the last reading.
     fn watch(&self, raw: u64, mono: u64) {
         let offset = raw as i64 - mono as i64;
+        // Most readings: the offset moved by rounding and slew only. A plain load keeps the
+        // hot path free of a shared write; a drift past 1 s is taken in (not a jump).
+        if (offset - self.offset_ms.load(Ordering::Acquire)).abs() <= 1_000 {
+            return;
+        }
         let prev = self.offset_ms.swap(offset, Ordering::AcqRel);
         let moved = offset - prev;
         if moved >= WALL_JUMP_MS as i64 {
