@@ -9,7 +9,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
 use crate::api::{self, conns::Conns, ApiState};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, Durations, SystemClock};
 use crate::config::{ChannelKind, Config};
 use crate::deliver::breaker::Breaker;
 use crate::deliver::platform::{Platform, SignKind};
@@ -83,8 +83,15 @@ impl Drop for Server {
     }
 }
 
-/// Builds the channel sinks from config (opens files, makes HTTP clients).
+/// Builds the channel sinks from config (opens files, makes HTTP clients). Rate limits and
+/// breakers measure on the wall `now` their callers pass; [`build_channels_with`] puts them
+/// on a clock's monotonic reading.
 pub fn build_channels(config: &Config) -> Result<Channels, StartError> {
+    build_channels_with(config, Durations::default())
+}
+
+/// [`build_channels`] with rate-limit windows and breaker cool-downs on `durations`.
+pub fn build_channels_with(config: &Config, durations: Durations) -> Result<Channels, StartError> {
     let mut list = Vec::new();
     for c in &config.channels {
         let err = |message: String| StartError::Channel {
@@ -132,8 +139,12 @@ pub fn build_channels(config: &Config) -> Result<Channels, StartError> {
             }
         };
         let mut ch = Channel::plain(&c.name, sink, c.retry, c.concurrency as usize);
-        ch.limiter = c.rate.map(|r| Mutex::new(Limiter::new(r)));
-        ch.breaker = c.breaker.map(|b| Mutex::new(Breaker::new(b)));
+        ch.limiter = c
+            .rate
+            .map(|r| Mutex::new(Limiter::new(r).with_durations(durations.clone())));
+        ch.breaker = c
+            .breaker
+            .map(|b| Mutex::new(Breaker::new(b).with_durations(durations.clone())));
         list.push(ch);
     }
     Ok(Channels::new(list))
@@ -160,7 +171,7 @@ pub async fn start_with(
             dir: config.data_dir.display().to_string(),
             error,
         })?;
-    let channels = build_channels(&config)?;
+    let channels = build_channels_with(&config, Durations::of(clock.clone()))?;
     // Bind before recovering so a port clash fails fast.
     let listener = listen(config.listen).map_err(|error| StartError::Listen {
         addr: config.listen,
@@ -191,7 +202,7 @@ pub async fn start_with(
     engine_config.alerts_channel = config.alerts_channel.clone();
     engine_config.retention_ms = config.store.retention_ms;
     engine_config.runs_max = Some(config.store.runs_max);
-    let engine = Engine::new(store, channels, clock, engine_config)?;
+    let engine = Engine::new(store, channels, clock.clone(), engine_config)?;
     let (tx, rx) = watch::channel(false);
     let state = Arc::new(ApiState {
         engine: engine.clone(),
@@ -200,9 +211,11 @@ pub async fn start_with(
         body_read_timeout: std::time::Duration::from_millis(config.body_read_timeout_ms),
         header_read_timeout: std::time::Duration::from_millis(config.header_read_timeout_ms),
         metrics: Default::default(),
+        conns,
+        clock: clock.clone(),
     });
     // Serve first: while recovery runs, /healthz and /v1 answer 503 instead of hanging.
-    tokio::spawn(api::serve(listener, state, conns, rx));
+    tokio::spawn(api::serve(listener, state, rx));
     engine.recover().await?;
     tracing::info!(%addr, data_dir = %config.data_dir.display(), connections_max,
         fd_limit = limit, fd_reserved = reserve, "herald listening");

@@ -1,49 +1,118 @@
-//! The cap on HTTP connections, and who gives way when it is reached.
+//! The cap on HTTP connections: who is served, who waits, who gives way, and how many event
+//! streams a client may hold.
 //!
 //! Every connection takes a file descriptor; without a cap a client opening idle connections
 //! (no token needed to open a TCP connection) would use up the process's descriptors and then
 //! webhook sends and the store would fail for want of one. So at most `max` connections are
-//! served at once, and a connection beyond it is closed at once rather than queued.
+//! served at once: `max - RESERVE` "regular" slots and [`RESERVE`] for the overflow (the
+//! descriptor budget is `max` either way).
 //!
-//! "Closed at once" alone would let a flood of idle connections lock everyone else out: when
-//! the table is full, the connection that has been *idle* longest (no request being handled:
-//! waiting for its first request, or between keep-alive requests) is closed to make room.
-//! Only when every connection is busy handling a request is the newcomer refused. An idle
-//! flood therefore costs its own connections, not the API; a connection that streams events
-//! (`GET /v1/events`, authenticated) is never evicted.
+//! **No request is dropped unanswered.** A connection whose request was written is never
+//! closed without an answer:
+//! - When the regular slots are full, the connection that has been *silent* longest gives way,
+//!   but only if it is silent for [`EVICT_IDLE_MIN`] (no byte read or written: idle after a
+//!   completed request, or never sent one), no request is being handled on it, it does not
+//!   stream events, and its socket holds no unread byte (`FIONREAD`): a request that arrived
+//!   but that hyper has not read yet keeps its connection.
+//! - Otherwise the newcomer takes a reserve slot: there `/healthz` is answered at once (so a
+//!   monitor reaches herald whatever the API's connections do), and any other request waits
+//!   up to [`PROMOTE_WAIT`] for a regular slot, then gets 503 with `Retry-After`.
+//! - With the reserve full too, herald stops accepting: new clients wait in the kernel's
+//!   listen backlog (`server::LISTEN_BACKLOG`) until a slot frees. They are not closed.
+//!
+//! **Event streams** (`GET /v1/events`) are never evicted (a dashboard keeps one open), so they
+//! are capped: at most a quarter of `max` at once, and a quarter of that per client address.
+//! A stream over either cap gets 503; streams therefore never fill the table.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
+use std::os::fd::RawFd;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 
-/// What happened to a connection that arrived.
+use super::problem::Problem;
+
+/// How long a connection must be silent before it may be closed to make room.
+pub const EVICT_IDLE_MIN: Duration = Duration::from_secs(1);
+/// Connections served beyond the cap: `/healthz`, and 503 answers for the rest.
+pub const RESERVE: usize = 4;
+/// How long a request on a reserve connection waits for a regular slot before its 503.
+pub const PROMOTE_WAIT: Duration = Duration::from_secs(2);
+/// How often a waiter looks again (a connection turns evictable with time, not with an event).
+const RECHECK: Duration = Duration::from_millis(50);
+/// At most one warning per this long about the cap; the ones in between are counted in it.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+/// `Retry-After` of a 503 for an event stream over its cap.
+const STREAM_RETRY_AFTER_S: u32 = 5;
+
+/// What happened to the connections that arrived (exported in `/metrics`).
 #[derive(Debug, Default)]
 pub struct ConnStats {
-    /// Connections served.
+    /// Connections served (regular or reserve slot).
     pub accepted: AtomicU64,
-    /// Idle connections closed to make room for a new one.
+    /// Silent connections closed to make room for a new one.
     pub evicted: AtomicU64,
-    /// Connections closed at once because every slot was busy.
+    /// Connections that found every regular slot taken and none evictable: served from the
+    /// reserve or left waiting in the listen backlog. None of them is closed unanswered.
     pub refused: AtomicU64,
+    /// Requests answered 503 because no regular slot freed within [`PROMOTE_WAIT`].
+    pub shed: AtomicU64,
+    /// Event streams answered 503 (over the total or the per-address cap).
+    pub streams_refused: AtomicU64,
 }
 
+/// The last instant a connection read or wrote a byte, in ms since [`Conns`]' epoch.
+#[derive(Debug, Default)]
+pub struct Activity(AtomicU64);
+
 struct Entry {
-    /// `Some` while no request is being handled on it; `None` while one is.
-    idle_since: Option<Instant>,
-    /// Requests being handled (HTTP/1.1: 0 or 1, more only if a handler outlives its answer).
     busy: u32,
-    /// Serves an event stream: never evicted.
-    pinned: bool,
+    /// The client's address while it streams events (counted against the stream caps).
+    stream: Option<IpAddr>,
+    reserve: bool,
+    peer: IpAddr,
+    /// The socket, for `FIONREAD`. Valid while the entry is in the table: the connection's
+    /// task drops its slot before its stream.
+    fd: RawFd,
+    activity: Arc<Activity>,
     close: Arc<Notify>,
 }
 
+#[derive(Default)]
+struct Table {
+    next_id: u64,
+    entries: HashMap<u64, Entry>,
+    regular: usize,
+    reserve: usize,
+    streams: usize,
+    streams_by_peer: HashMap<IpAddr, usize>,
+}
+
+#[derive(Default)]
+struct WarnGate {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
 pub struct Conns {
+    /// `connections_max`: regular slots plus the reserve.
     max: usize,
-    table: Mutex<(u64, HashMap<u64, Entry>)>,
+    /// Regular slots.
+    regular_max: usize,
+    streams_max: usize,
+    streams_per_client: usize,
+    epoch: Instant,
+    table: Mutex<Table>,
+    /// Notified when a slot is freed.
+    freed: Notify,
+    warn: Mutex<WarnGate>,
     pub stats: ConnStats,
 }
 
@@ -51,6 +120,8 @@ pub struct Conns {
 pub struct Slot {
     conns: Arc<Conns>,
     id: u64,
+    /// The connection's activity, updated by [`Tracked`].
+    pub activity: Arc<Activity>,
     /// Notified when the connection is evicted: its task then drops it (closing the socket).
     pub close: Arc<Notify>,
 }
@@ -61,11 +132,38 @@ pub struct Busy {
     id: u64,
 }
 
+/// Event streams allowed at once for `max` connections: a quarter of them, and a quarter of
+/// that per client address (at least one each).
+pub fn stream_caps(max: usize) -> (usize, usize) {
+    let total = (max / 4).max(1);
+    (total, (total / 4).max(1))
+}
+
+/// Bytes the kernel holds unread on `fd`; `None` if it cannot say.
+fn unread(fd: RawFd) -> Option<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int; `fd` is open (see `Entry::fd`).
+    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+    (r == 0).then_some(n.max(0) as usize)
+}
+
 impl Conns {
     pub fn new(max: usize) -> Arc<Conns> {
+        let max = max.max(1);
+        let (streams_max, streams_per_client) = stream_caps(max);
         Arc::new(Conns {
-            max: max.max(1),
-            table: Mutex::new((0, HashMap::new())),
+            max,
+            // A cap so small that the reserve would take most of it keeps one regular slot.
+            regular_max: max.saturating_sub(RESERVE).max(1),
+            streams_max,
+            streams_per_client,
+            // Far enough back that "silent since 0" (tests) is older than EVICT_IDLE_MIN.
+            epoch: Instant::now()
+                .checked_sub(EVICT_IDLE_MIN * 2)
+                .unwrap_or_else(Instant::now),
+            table: Mutex::new(Table::default()),
+            freed: Notify::new(),
+            warn: Mutex::new(WarnGate::default()),
             stats: ConnStats::default(),
         })
     }
@@ -74,62 +172,140 @@ impl Conns {
         self.max
     }
 
-    /// Connections being served now.
-    pub fn open(&self) -> usize {
-        self.table.lock().1.len()
+    /// `(total, per client address)` caps on event streams.
+    pub fn stream_caps(&self) -> (usize, usize) {
+        (self.streams_max, self.streams_per_client)
     }
 
-    /// A slot for a new connection: free, or taken from the longest idle connection; `None`
-    /// when every connection is busy (the caller closes the new one).
-    pub fn admit(self: &Arc<Self>) -> Option<Slot> {
-        let mut t = self.table.lock();
-        if t.1.len() >= self.max {
-            let victim =
-                t.1.iter()
-                    .filter(|(_, e)| !e.pinned && e.busy == 0)
-                    .filter_map(|(id, e)| e.idle_since.map(|s| (s, *id)))
-                    .min()
-                    .map(|(_, id)| id);
-            match victim.and_then(|id| t.1.remove(&id)) {
+    /// Connections being served now (regular and reserve).
+    pub fn open(&self) -> usize {
+        self.table.lock().entries.len()
+    }
+
+    /// Event streams open now.
+    pub fn streams(&self) -> usize {
+        self.table.lock().streams
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Closes the connection silent longest, if one may give way (module docs). Returns
+    /// whether a slot was freed: a regular one, or with `reserve` a reserve one (a monitor's
+    /// keep-alive connection after its `/healthz`).
+    fn evict_one(&self, t: &mut Table, reserve: bool) -> bool {
+        let now = self.now_ms();
+        let min = EVICT_IDLE_MIN.as_millis() as u64;
+        let mut candidates: Vec<(u64, u64)> = t
+            .entries
+            .iter()
+            .filter(|(_, e)| e.reserve == reserve && e.busy == 0 && e.stream.is_none())
+            .map(|(id, e)| (e.activity.0.load(Ordering::Relaxed), *id))
+            .filter(|(last, _)| now.saturating_sub(*last) >= min)
+            .collect();
+        candidates.sort_unstable();
+        for (_, id) in candidates {
+            let Some(e) = t.entries.get(&id) else {
+                continue;
+            };
+            // A request that reached the socket but not hyper yet: this one stays.
+            if unread(e.fd) != Some(0) {
+                continue;
+            }
+            if let Some(e) = t.entries.remove(&id) {
+                if reserve {
+                    t.reserve -= 1;
+                } else {
+                    t.regular -= 1;
+                }
                 // `notify_one` keeps a permit if the task is not waiting yet: never lost.
-                Some(e) => {
-                    e.close.notify_one();
-                    self.stats.evicted.fetch_add(1, Ordering::Relaxed);
-                }
-                None => {
-                    self.stats.refused.fetch_add(1, Ordering::Relaxed);
-                    return None;
-                }
+                e.close.notify_one();
+                self.stats.evicted.fetch_add(1, Ordering::Relaxed);
+                return true;
             }
         }
-        t.0 += 1;
-        let id = t.0;
+        false
+    }
+
+    /// A slot for a connection just accepted from `peer` on `fd`: a regular one (free, or
+    /// made by closing a silent connection), else a reserve one; `None` when both are full
+    /// (the caller holds the connection and waits with [`Conns::wait_freed`]). `first` says
+    /// whether this is the connection's first try (it is counted and logged once).
+    pub fn admit(self: &Arc<Self>, peer: IpAddr, fd: RawFd, first: bool) -> Option<Slot> {
+        let mut t = self.table.lock();
+        let reserve = if t.regular < self.regular_max || self.evict_one(&mut t, false) {
+            false
+        } else if t.reserve < RESERVE || self.evict_one(&mut t, true) {
+            true
+        } else {
+            drop(t);
+            if first {
+                self.refused(peer, "new clients wait in the listen backlog");
+            }
+            return None;
+        };
+        t.next_id += 1;
+        let id = t.next_id;
         let close = Arc::new(Notify::new());
-        t.1.insert(
+        let activity = Arc::new(Activity(AtomicU64::new(self.now_ms())));
+        t.entries.insert(
             id,
             Entry {
-                idle_since: Some(Instant::now()),
                 busy: 0,
-                pinned: false,
+                stream: None,
+                reserve,
+                peer,
+                fd,
+                activity: activity.clone(),
                 close: close.clone(),
             },
         );
+        if reserve {
+            t.reserve += 1;
+        } else {
+            t.regular += 1;
+        }
+        drop(t);
+        if reserve && first {
+            self.refused(
+                peer,
+                "served from the reserve: /healthz, or 503 if no slot frees",
+            );
+        }
         self.stats.accepted.fetch_add(1, Ordering::Relaxed);
         Some(Slot {
             conns: self.clone(),
             id,
+            activity,
             close,
         })
+    }
+
+    /// Counts a refusal and warns, at most once per [`WARN_EVERY`].
+    fn refused(&self, peer: IpAddr, what: &str) {
+        self.stats.refused.fetch_add(1, Ordering::Relaxed);
+        let mut w = self.warn.lock();
+        if w.last.is_some_and(|l| l.elapsed() < WARN_EVERY) {
+            w.suppressed += 1;
+            return;
+        }
+        let suppressed = std::mem::take(&mut w.suppressed);
+        w.last = Some(Instant::now());
+        drop(w);
+        tracing::warn!(%peer, max = self.max, suppressed,
+            "connection cap reached: every connection is busy or recently active; {what} (suppressed: like warnings since the last one)");
+    }
+
+    /// Waits until a slot may be free: one was freed, or [`RECHECK`] passed (a connection
+    /// turns evictable by staying silent, which no event announces).
+    pub async fn wait_freed(&self) {
+        let _ = tokio::time::timeout(RECHECK, self.freed.notified()).await;
     }
 }
 
 impl Slot {
-    /// Marks the connection busy until the returned guard drops.
-    pub fn busy(&self) -> Busy {
-        self.handle().busy()
-    }
-
-    /// A handle the request handler can use to pin or mark the connection.
+    /// A handle the request handler can use to mark the connection.
     pub fn handle(&self) -> SlotHandle {
         SlotHandle {
             conns: self.conns.clone(),
@@ -147,9 +323,8 @@ pub struct SlotHandle {
 
 impl SlotHandle {
     pub fn busy(&self) -> Busy {
-        if let Some(e) = self.conns.table.lock().1.get_mut(&self.id) {
+        if let Some(e) = self.conns.table.lock().entries.get_mut(&self.id) {
             e.busy += 1;
-            e.idle_since = None;
         }
         Busy {
             conns: self.conns.clone(),
@@ -157,65 +332,326 @@ impl SlotHandle {
         }
     }
 
-    /// The connection streams events from now on: never evicted.
-    pub fn pin(&self) {
-        if let Some(e) = self.conns.table.lock().1.get_mut(&self.id) {
-            e.pinned = true;
+    /// Lets the request on this connection be handled: at once on a regular slot or for
+    /// `/healthz`; on a reserve slot it waits up to [`PROMOTE_WAIT`] for a regular one, then
+    /// it is a 503 with `Retry-After` (and the connection closes after the answer).
+    pub async fn admit_request(&self, path: &str) -> Result<(), Problem> {
+        if path.trim_end_matches('/') == "/healthz" {
+            return Ok(());
         }
+        let end = tokio::time::Instant::now() + PROMOTE_WAIT;
+        loop {
+            if self.promote() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= end {
+                break;
+            }
+            self.conns.wait_freed().await;
+        }
+        self.conns.stats.shed.fetch_add(1, Ordering::Relaxed);
+        let mut p = Problem::unavailable(format!(
+            "every one of the {} connection slots is busy; try again shortly",
+            self.conns.max
+        ))
+        .kind("connections-busy", "Connections busy");
+        p.close = true;
+        Err(p)
+    }
+
+    /// Moves a reserve connection to a regular slot if one is free or can be made; true if it
+    /// is (or already was) regular.
+    fn promote(&self) -> bool {
+        let conns = &self.conns;
+        let mut t = conns.table.lock();
+        match t.entries.get(&self.id) {
+            Some(e) if e.reserve => {}
+            _ => return true,
+        }
+        if t.regular >= conns.regular_max && !conns.evict_one(&mut t, false) {
+            return false;
+        }
+        t.reserve -= 1;
+        t.regular += 1;
+        if let Some(e) = t.entries.get_mut(&self.id) {
+            e.reserve = false;
+        }
+        true
+    }
+
+    /// Counts this connection as an event stream (never evicted from now on), or a 503 when
+    /// streams are at their total cap or at the cap for this client's address.
+    pub fn start_stream(&self) -> Result<(), Problem> {
+        let conns = &self.conns;
+        let mut t = conns.table.lock();
+        let Some(peer) = t.entries.get(&self.id).map(|e| e.peer) else {
+            return Ok(());
+        };
+        let of_peer = t.streams_by_peer.get(&peer).copied().unwrap_or(0);
+        let over = if t.streams >= conns.streams_max {
+            Some(format!(
+                "{} event streams are open, the most herald serves at once; try again later",
+                t.streams
+            ))
+        } else if of_peer >= conns.streams_per_client {
+            Some(format!(
+                "this address has {of_peer} event streams open, the most for one client; close one or try again later"
+            ))
+        } else {
+            None
+        };
+        if let Some(detail) = over {
+            drop(t);
+            conns.stats.streams_refused.fetch_add(1, Ordering::Relaxed);
+            let mut p =
+                Problem::unavailable(detail).kind("too-many-streams", "Too many event streams");
+            p.retry_after_s = Some(STREAM_RETRY_AFTER_S);
+            return Err(p);
+        }
+        t.streams += 1;
+        *t.streams_by_peer.entry(peer).or_insert(0) += 1;
+        if let Some(e) = t.entries.get_mut(&self.id) {
+            e.stream = Some(peer);
+        }
+        Ok(())
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        if let Some(e) = self.conns.table.lock().1.get_mut(&self.id) {
+        if let Some(e) = self.conns.table.lock().entries.get_mut(&self.id) {
             e.busy = e.busy.saturating_sub(1);
-            if e.busy == 0 {
-                e.idle_since = Some(Instant::now());
-            }
         }
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.conns.table.lock().1.remove(&self.id);
+        let mut t = self.conns.table.lock();
+        if let Some(e) = t.entries.remove(&self.id) {
+            if e.reserve {
+                t.reserve -= 1;
+            } else {
+                t.regular -= 1;
+            }
+            if let Some(peer) = e.stream {
+                t.streams -= 1;
+                if let Some(n) = t.streams_by_peer.get_mut(&peer) {
+                    *n -= 1;
+                    if *n == 0 {
+                        t.streams_by_peer.remove(&peer);
+                    }
+                }
+            }
+        }
+        drop(t);
+        self.conns.freed.notify_waiters();
+    }
+}
+
+/// A socket that stamps its connection's [`Activity`] on every byte read or written.
+pub struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+    conns: Arc<Conns>,
+}
+
+impl<S> Tracked<S> {
+    pub fn new(inner: S, slot: &Slot) -> Tracked<S> {
+        Tracked {
+            inner,
+            activity: slot.activity.clone(),
+            conns: slot.conns.clone(),
+        }
+    }
+
+    fn touch(&self) {
+        self.activity
+            .0
+            .store(self.conns.now_ms(), Ordering::Relaxed);
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.touch();
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, data);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hyper::StatusCode;
 
-    #[test]
-    fn a_full_table_evicts_the_longest_idle_and_refuses_when_all_are_busy() {
-        let c = Conns::new(2);
-        let a = c.admit().expect("room");
-        let b = c.admit().expect("room");
-        let _busy_b = b.busy();
-        // Full: `a` is idle, so it makes room.
-        let third = c.admit().expect("evicts the idle one");
-        assert_eq!(c.stats.evicted.load(Ordering::Relaxed), 1);
-        assert_eq!(c.open(), 2);
-        // `a` was told to close; its drop later must not free someone else's slot.
-        drop(a);
-        assert_eq!(c.open(), 2);
-        let _busy_third = third.busy();
-        assert!(c.admit().is_none(), "every connection busy: refused");
-        assert_eq!(c.stats.refused.load(Ordering::Relaxed), 1);
-        drop(_busy_b);
-        assert!(
-            c.admit().is_some(),
-            "b idle again: evicted for the newcomer"
-        );
+    const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    /// A connected socket pair's fds stay open for the test (nothing unread in them).
+    fn fd() -> (
+        RawFd,
+        std::os::unix::net::UnixStream,
+        std::os::unix::net::UnixStream,
+    ) {
+        use std::os::fd::AsRawFd;
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        (a.as_raw_fd(), a, b)
+    }
+
+    /// Makes the slot look silent for longer than [`EVICT_IDLE_MIN`].
+    fn age(s: &Slot) {
+        s.activity.0.store(0, Ordering::Relaxed);
     }
 
     #[test]
-    fn pinned_connections_are_never_evicted() {
-        let c = Conns::new(1);
-        let a = c.admit().unwrap();
-        a.handle().pin();
-        assert!(c.admit().is_none());
+    fn only_a_silent_idle_connection_gives_way_and_a_full_table_uses_the_reserve() {
+        let (f, _a, _b) = fd();
+        let c = Conns::new(RESERVE + 2);
+        let a = c.admit(LOCAL, f, true).expect("room");
+        let b = c.admit(LOCAL, f, true).expect("room");
+        // Both just active: neither may be closed, the newcomer goes to the reserve.
+        let r = c.admit(LOCAL, f, true).expect("reserve");
+        assert!(c.table.lock().entries[&r.id].reserve);
+        assert_eq!(c.stats.evicted.load(Ordering::Relaxed), 0);
+        assert_eq!(c.stats.refused.load(Ordering::Relaxed), 1);
+        // `a` silent long enough: it makes room; `b` is busy, so it never does.
+        age(&a);
+        age(&b);
+        let _busy_b = b.handle().busy();
+        let third = c.admit(LOCAL, f, true).expect("evicts the silent one");
+        assert!(!c.table.lock().entries[&third.id].reserve);
+        assert_eq!(c.stats.evicted.load(Ordering::Relaxed), 1);
+        // `a` was told to close; its drop later must not free someone else's slot.
         drop(a);
-        assert!(c.admit().is_some());
+        assert_eq!(c.table.lock().regular, 2);
+        // Fill the reserve: then nobody is admitted (the caller waits, the backlog holds).
+        let _more: Vec<_> = (1..RESERVE)
+            .map(|_| c.admit(LOCAL, f, true).expect("reserve"))
+            .collect();
+        assert!(c.admit(LOCAL, f, true).is_none());
+        drop(r);
+        assert!(c.admit(LOCAL, f, false).is_some(), "a reserve slot freed");
+    }
+
+    #[test]
+    fn unread_bytes_keep_a_connection() {
+        use std::io::Write;
+        let (f, _a, mut b) = fd();
+        let c = Conns::new(RESERVE + 1);
+        let a = c.admit(LOCAL, f, true).unwrap();
+        age(&a);
+        b.write_all(b"POST /v1/tasks HTTP/1.1\r\n").unwrap();
+        let r = c.admit(LOCAL, f, true).expect("reserve");
+        assert!(
+            c.table.lock().entries[&r.id].reserve,
+            "not evicted: a request waits"
+        );
+        assert_eq!(c.stats.evicted.load(Ordering::Relaxed), 0);
+    }
+
+    #[tokio::test]
+    async fn a_reserve_connection_answers_healthz_and_is_promoted_when_a_slot_frees() {
+        let (f, _a, _b) = fd();
+        let c = Conns::new(RESERVE + 1);
+        let a = c.admit(LOCAL, f, true).unwrap();
+        let r = c.admit(LOCAL, f, true).unwrap();
+        let h = r.handle();
+        assert!(h.admit_request("/healthz").await.is_ok());
+        let waiting = tokio::spawn({
+            let h = h.clone();
+            async move { h.admit_request("/v1/tasks").await.is_ok() }
+        });
+        drop(a);
+        assert!(waiting.await.unwrap(), "promoted once the slot freed");
+        assert_eq!(c.table.lock().regular, 1);
+        assert_eq!(c.table.lock().reserve, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reserve_connection_with_no_slot_freeing_gets_503_with_retry_after() {
+        let (f, _a, _b) = fd();
+        let c = Conns::new(RESERVE + 1);
+        let a = c.admit(LOCAL, f, true).unwrap();
+        let _busy = a.handle().busy();
+        let r = c.admit(LOCAL, f, true).unwrap();
+        let p = r.handle().admit_request("/v1/tasks").await.unwrap_err();
+        assert_eq!(p.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(p.retry_after_s.is_some() && p.close);
+        assert_eq!(c.stats.shed.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn streams_are_capped_in_total_and_per_address_and_never_evicted() {
+        let (f, _a, _b) = fd();
+        let c = Conns::new(16); // 4 streams, 1 per address
+        let other = |i: u8| IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, i));
+        let first = c.admit(other(1), f, true).unwrap();
+        first.handle().start_stream().unwrap();
+        let same = c.admit(other(1), f, true).unwrap();
+        let p = same.handle().start_stream().unwrap_err();
+        assert_eq!(p.status, StatusCode::SERVICE_UNAVAILABLE);
+        let rest: Vec<_> = (2..=4)
+            .map(|i| {
+                let s = c.admit(other(i), f, true).unwrap();
+                s.handle().start_stream().unwrap();
+                s
+            })
+            .collect();
+        let fifth = c.admit(other(5), f, true).unwrap();
+        assert!(fifth.handle().start_stream().is_err(), "total cap");
+        assert_eq!(c.streams(), 4);
+        assert_eq!(c.stats.streams_refused.load(Ordering::Relaxed), 2);
+        // A stream is never the one that gives way, however silent.
+        age(&first);
+        assert!(!c.evict_one(&mut c.table.lock(), false));
+        drop(rest);
+        drop(first);
+        assert_eq!(c.streams(), 0);
+        assert!(fifth.handle().start_stream().is_ok(), "room again");
     }
 }

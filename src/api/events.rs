@@ -23,6 +23,9 @@
 //! : keep-alive                       a comment every 15 s
 //! ```
 //!
+//! Streams are capped (`conns.rs`: a quarter of `connections_max`, a quarter of that per
+//! client address); one over a cap is a 503 problem with `Retry-After`.
+//!
 //! `?task=ID` keeps only the events of one task (`ready`, `resync` and keep-alives always come).
 //! The stream ends when herald shuts down; a client reconnects and re-reads (events are not
 //! replayed).
@@ -40,6 +43,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::json;
 use tokio::sync::{broadcast, mpsc, watch};
 
+use super::conns::SlotHandle;
 use super::input::{param, query};
 use super::problem::Problem;
 use super::ApiState;
@@ -85,6 +89,7 @@ pub fn handle(
     state: &ApiState,
     req: &Request<Incoming>,
     shutdown: watch::Receiver<bool>,
+    slot: &SlotHandle,
 ) -> Result<Response<Body>, Problem> {
     super::authorize(state, req)?;
     if req.method() != Method::GET {
@@ -100,6 +105,8 @@ pub fn handle(
         }
         _ => None,
     };
+    // Counted against the stream caps (`conns.rs`) last, once the request is valid.
+    slot.start_stream()?;
     let sub = state.engine.events().subscribe();
     let now = state.engine.now_ms();
     let (tx, rx) = mpsc::channel(FRAMES_BUFFERED);

@@ -330,6 +330,47 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
         "1 while storage fails (writes refused with 503, no new sends; /healthz 503)",
         i64::from(engine.storage_failing().is_some()),
     );
+    s.counter(
+        "herald_wall_clock_jumps",
+        "Forward jumps of the wall clock (5 s or more beyond the monotonic clock): jumped-over fires judged like an outage",
+        state.clock.wall_jumps().count,
+    );
+    let cs = &state.conns.stats;
+    s.gauge(
+        "herald_http_connections_open",
+        "HTTP connections served now (regular slots and the reserve)",
+        state.conns.open() as i64,
+    );
+    s.counter(
+        "herald_http_connections_accepted",
+        "HTTP connections served since start",
+        cs.accepted.load(Ordering::Relaxed),
+    );
+    s.counter(
+        "herald_http_connections_evicted",
+        "Silent HTTP connections (no byte for 1 s, no request in progress or unread) closed to make room at the connection cap",
+        cs.evicted.load(Ordering::Relaxed),
+    );
+    s.counter(
+        "herald_http_connections_refused",
+        "HTTP connections that met the cap with none evictable: served from the reserve (/healthz, else 503) or left in the listen backlog until a slot freed; none is closed unanswered",
+        cs.refused.load(Ordering::Relaxed),
+    );
+    s.counter(
+        "herald_http_requests_shed",
+        "Requests answered 503 with Retry-After because no connection slot freed in time",
+        cs.shed.load(Ordering::Relaxed),
+    );
+    s.gauge(
+        "herald_event_streams",
+        "Event streams (GET /v1/events) open now",
+        state.conns.streams() as i64,
+    );
+    s.counter(
+        "herald_event_streams_refused",
+        "Event streams answered 503: over the total cap or the cap per client address",
+        cs.streams_refused.load(Ordering::Relaxed),
+    );
     let channels: Vec<_> = engine.channels().iter().cloned().collect();
     let ch = |c: &crate::deliver::Channel| vec![("channel", c.name.clone())];
     let mut attempts = Vec::new();

@@ -55,6 +55,10 @@ pub struct ApiState {
     pub header_read_timeout: Duration,
     /// API request times by route (`/metrics`).
     pub metrics: metrics::ApiMetrics,
+    /// The connection table (cap, reserve, event-stream caps; counters for `/metrics`).
+    pub conns: Arc<conns::Conns>,
+    /// The engine's clock (wall jumps for `/metrics`).
+    pub clock: Arc<dyn crate::clock::Clock>,
 }
 
 const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
@@ -71,13 +75,15 @@ const READ_BUF_BYTES: usize = 64 * 1024;
 /// How long a request in progress may take to finish once the server stops.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
-/// Accepts connections until `shutdown` turns true; serves at most `conns.max()` at once.
+/// Accepts connections until `shutdown` turns true; serves at most `conns.max()` at once, plus
+/// the reserve (`conns.rs`). With every slot taken it stops accepting: the kernel's backlog
+/// holds new clients until a slot frees, none is closed unanswered.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<ApiState>,
-    conns: Arc<conns::Conns>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let conns = state.conns.clone();
     loop {
         let (stream, peer) = tokio::select! {
             r = listener.accept() => match r {
@@ -91,12 +97,17 @@ pub async fn serve(
             },
             _ = shutdown.changed() => return,
         };
-        // Over the cap with every connection busy: closed at once, never queued (a queue
-        // would hold the descriptor all the same).
-        let Some(slot) = conns.admit() else {
-            tracing::debug!(%peer, max = conns.max(), "connection refused: every slot is busy");
-            drop(stream);
-            continue;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+        let mut first = true;
+        let slot = loop {
+            if let Some(slot) = conns.admit(peer.ip(), fd, first) {
+                break slot;
+            }
+            first = false;
+            tokio::select! {
+                _ = conns.wait_freed() => {}
+                _ = shutdown.changed() => return,
+            }
         };
         let _ = stream.set_nodelay(true);
         let state = state.clone();
@@ -118,7 +129,12 @@ pub async fn serve(
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_read_timeout)
                 .max_buf_size(READ_BUF_BYTES)
-                .serve_connection(TokioIo::new(rejections::ProblemIo::new(stream)), svc);
+                .serve_connection(
+                    TokioIo::new(rejections::ProblemIo::new(conns::Tracked::new(
+                        stream, &slot,
+                    ))),
+                    svc,
+                );
             tokio::pin!(conn);
             tokio::select! {
                 r = conn.as_mut() => {
@@ -163,15 +179,16 @@ async fn handle(
     let started = std::time::Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
+    // A request on a reserve connection (the cap was full) waits for a slot, or is a 503.
+    let admitted = match check_head(&req) {
+        Ok(()) => slot.admit_request(&path).await,
+        e => e,
+    };
     // The event stream is the one answer that is not a single buffer.
-    let resp = match check_head(&req) {
+    let resp = match admitted {
         Err(p) => Err(p),
         Ok(()) if path.trim_end_matches('/') == "/v1/events" => {
-            let r = events::handle(state, &req, shutdown);
-            if r.as_ref().is_ok_and(|r| r.status().is_success()) {
-                slot.pin();
-            }
-            r
+            events::handle(state, &req, shutdown, slot)
         }
         Ok(()) if path.trim_end_matches('/') == "/v1/export" => export::handle(state, &req),
         Ok(()) => route(state, req).await.map(|r| r.map(BodyExt::boxed)),

@@ -148,8 +148,14 @@ pub struct Breaker {
     state: BreakerState,
     /// HalfOpen only: when the probe in flight was admitted (`None`: no probe in flight).
     probe_since_ms: Option<u64>,
-    /// Latest `now_ms` seen; earlier instants are clamped to it.
+    /// Latest monotonic `now` seen; earlier instants are clamped to it.
     last_ms: u64,
+    /// Open only: the end of the cool-down on the monotonic clock (`state` carries the wall
+    /// instant it was expected at, for status views).
+    open_until_mono: u64,
+    /// Windows and cool-downs are measured on its monotonic clock: a wall jump neither ends a
+    /// cool-down early nor empties the window.
+    durations: crate::clock::Durations,
 }
 
 impl Breaker {
@@ -161,7 +167,15 @@ impl Breaker {
             state: BreakerState::Closed,
             probe_since_ms: None,
             last_ms: 0,
+            open_until_mono: 0,
+            durations: Default::default(),
         }
+    }
+
+    /// Measures on `durations`' monotonic clock (the server's breakers do).
+    pub fn with_durations(mut self, durations: crate::clock::Durations) -> Breaker {
+        self.durations = durations;
+        self
     }
 
     /// May a send start now? Closed → `Yes`. Open before `until` → `HoldUntil(until)`. Open
@@ -169,10 +183,23 @@ impl Breaker {
     /// `HoldUntil(now + min(cool_down, 1s))`, or a new `Probe` once the probe in flight is
     /// older than `cool_down` (presumed lost: its send never happened or never reported).
     pub fn admit(&mut self, now_ms: u64) -> Admit {
+        let mono = self.durations.mono(now_ms);
+        match self.admit_mono(mono) {
+            Admit::HoldUntil(at) => {
+                Admit::HoldUntil(crate::clock::Durations::wall_at(now_ms, mono, at))
+            }
+            a => a,
+        }
+    }
+
+    /// [`Breaker::admit`] on the monotonic clock.
+    fn admit_mono(&mut self, now_ms: u64) -> Admit {
         let now = self.clamp(now_ms);
         match self.state {
             BreakerState::Closed => Admit::Yes,
-            BreakerState::Open { until_ms } if now < until_ms => Admit::HoldUntil(until_ms),
+            BreakerState::Open { .. } if now < self.open_until_mono => {
+                Admit::HoldUntil(self.open_until_mono)
+            }
             BreakerState::Open { .. } => {
                 self.state = BreakerState::HalfOpen;
                 self.probe_since_ms = Some(now);
@@ -211,7 +238,8 @@ impl Breaker {
     /// HalfOpen (sends admitted before the channel opened), change nothing. A probe outcome
     /// arriving when Closed (a presumed-lost probe reporting late) counts as an ordinary one.
     pub fn record(&mut self, now_ms: u64, success: bool, was_probe: bool) -> Option<Transition> {
-        let now = self.clamp(now_ms);
+        let mono = self.durations.mono(now_ms);
+        let now = self.clamp(mono);
         match self.state {
             BreakerState::Closed => {
                 self.count(now, success);
@@ -222,7 +250,7 @@ impl Breaker {
                 let tripped = requests >= u64::from(self.cfg.min_requests)
                     && failures as f64 >= self.cfg.failure_ratio * requests as f64;
                 if tripped {
-                    self.open(now);
+                    self.open(now, now_ms);
                     return Some(Transition::Opened);
                 }
                 None
@@ -234,7 +262,7 @@ impl Breaker {
                     self.buckets = [Bucket::default(); BUCKETS];
                     Some(Transition::Closed)
                 } else {
-                    self.open(now);
+                    self.open(now, now_ms);
                     None
                 }
             }
@@ -251,7 +279,8 @@ impl Breaker {
     /// Share of successes over the window (`None` when it holds no requests), for the
     /// channels status view.
     pub fn success_ratio(&self, now_ms: u64) -> Option<f64> {
-        let (requests, failures) = self.totals(now_ms.max(self.last_ms));
+        let mono = self.durations.mono(now_ms);
+        let (requests, failures) = self.totals(mono.max(self.last_ms));
         (requests > 0).then(|| (requests - failures) as f64 / requests as f64)
     }
 
@@ -260,9 +289,11 @@ impl Breaker {
         self.last_ms
     }
 
-    fn open(&mut self, now: u64) {
+    /// Opens at monotonic `now` (wall `wall_now`) for one cool-down.
+    fn open(&mut self, now: u64, wall_now: u64) {
+        self.open_until_mono = now.saturating_add(self.cfg.cool_down_ms);
         self.state = BreakerState::Open {
-            until_ms: now.saturating_add(self.cfg.cool_down_ms),
+            until_ms: wall_now.saturating_add(self.cfg.cool_down_ms),
         };
         self.probe_since_ms = None;
     }
@@ -298,6 +329,34 @@ impl Breaker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_forward_wall_jump_does_not_end_a_cool_down() {
+        use crate::clock::{Clock, Durations, ManualClock};
+        let clock = std::sync::Arc::new(ManualClock::new(1_000_000));
+        let cfg = BreakerConfig {
+            failure_ratio: 0.5,
+            min_requests: 1,
+            window_ms: 10_000,
+            cool_down_ms: 5_000,
+        };
+        let mut b = Breaker::new(cfg).with_durations(Durations::of(clock.clone()));
+        assert_eq!(b.admit(clock.now_ms()), Admit::Yes);
+        assert_eq!(
+            b.record(clock.now_ms(), false, false),
+            Some(Transition::Opened)
+        );
+        clock.advance(1_000);
+        clock.jump_wall(3_600_000);
+        let now = clock.now_ms();
+        assert_eq!(
+            b.admit(now),
+            Admit::HoldUntil(now + 4_000),
+            "4 s of cool-down left"
+        );
+        clock.advance(4_000);
+        assert_eq!(b.admit(clock.now_ms()), Admit::Probe);
+    }
 
     const T0: u64 = 1_800_000_000_000;
 

@@ -17,7 +17,12 @@
 //! the `N + 1` sends never fit in one real window of length `period`. After a `1/200ms` send at
 //! tick `t` the next is refused until `t + 201`: two sends are at least 200 ms apart in real
 //! time. The price is one millisecond per period when the channel is saturated.
+//!
+//! The log is kept on the monotonic clock ([`Durations`]): a wall clock that jumps forward
+//! leaves it full, so a limited channel never exceeds its rate across a jump. Callers pass the
+//! wall `now` and get wall instants back; without a clock attached the two are the same.
 
+use crate::clock::Durations;
 use crate::model::parse_duration_ms;
 
 /// `count` sends per `period_ms` (both > 0 when made by [`parse_rate`]).
@@ -70,6 +75,8 @@ pub struct Limiter {
     log: std::collections::VecDeque<u64>,
     /// Latest tick seen: time going backwards is clamped to it.
     last: u64,
+    /// Where the log's ticks come from (monotonic).
+    durations: Durations,
 }
 
 impl Limiter {
@@ -78,17 +85,31 @@ impl Limiter {
             rate,
             log: std::collections::VecDeque::with_capacity(rate.count.min(RATE_COUNT_MAX) as usize),
             last: 0,
+            durations: Durations::default(),
         }
+    }
+
+    /// Keeps the log on `durations`' monotonic clock (the server's limiters do).
+    pub fn with_durations(mut self, durations: Durations) -> Limiter {
+        self.durations = durations;
+        self
     }
 
     pub fn rate(&self) -> Rate {
         self.rate
     }
 
-    /// Tries to take a slot for a send starting at tick `now_ms`. `Ok(())`: go now (the slot
-    /// is taken). `Err(at)`: not before `at` (nothing taken); if nothing else acquires in
-    /// between, `try_acquire(at)` succeeds.
+    /// Tries to take a slot for a send starting at wall tick `now_ms`. `Ok(())`: go now (the
+    /// slot is taken). `Err(at)`: not before wall instant `at` (nothing taken); if nothing
+    /// else acquires in between and the clocks do not jump, `try_acquire(at)` succeeds.
     pub fn try_acquire(&mut self, now_ms: u64) -> Result<(), u64> {
+        let mono = self.durations.mono(now_ms);
+        self.acquire_mono(mono)
+            .map_err(|at| Durations::wall_at(now_ms, mono, at))
+    }
+
+    /// [`Limiter::try_acquire`] on the monotonic tick `now_ms`.
+    fn acquire_mono(&mut self, now_ms: u64) -> Result<(), u64> {
         let now = now_ms.max(self.last);
         self.last = now;
         let free = self.free_at(now);
@@ -104,7 +125,8 @@ impl Limiter {
 
     /// When the next send could go (for a status view); `<= now_ms` means "now".
     pub fn next_free_ms(&self, now_ms: u64) -> u64 {
-        self.free_at(now_ms.max(self.last))
+        let mono = self.durations.mono(now_ms);
+        Durations::wall_at(now_ms, mono, self.free_at(mono.max(self.last)))
     }
 
     fn capacity(&self) -> usize {
@@ -128,6 +150,26 @@ impl Limiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_forward_wall_jump_does_not_empty_the_window() {
+        use crate::clock::{Clock, ManualClock};
+        let clock = std::sync::Arc::new(ManualClock::new(1_000_000));
+        let mut l = Limiter::new(rate("1/2s")).with_durations(Durations::of(clock.clone()));
+        assert!(l.try_acquire(clock.now_ms()).is_ok());
+        clock.advance(20);
+        clock.jump_wall(3_600_000);
+        let now = clock.now_ms();
+        let at = l.try_acquire(now).unwrap_err();
+        assert_eq!(
+            at,
+            now + 2_001 - 20,
+            "2 s after the first send, on the monotonic clock"
+        );
+        assert_eq!(l.next_free_ms(now), at);
+        clock.advance(at - now);
+        assert!(l.try_acquire(clock.now_ms()).is_ok());
+    }
 
     fn rate(s: &str) -> Rate {
         parse_rate(s).unwrap()

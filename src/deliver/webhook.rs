@@ -275,9 +275,9 @@ impl WebhookSink {
             )))
             // The error would print the URL, which holds a secret.
             .map_err(|_| "cannot build the token request".to_string())?;
-        let resp = tokio::time::timeout(self.timeout, self.client.request(req))
+        let resp = within(self.timeout, self.client.request(req))
             .await
-            .map_err(|_| format!("timed out after {} ms", self.timeout.as_millis()))?
+            .ok_or_else(|| format!("timed out after {} ms", self.timeout.as_millis()))?
             .map_err(|e| error_text(&e))?;
         let status = resp.status().as_u16();
         let (bytes, cut) = read_bounded(
@@ -325,9 +325,9 @@ impl WebhookSink {
                 })
             }
         };
-        let resp = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => {
+        let resp = match within(self.timeout, self.client.request(req)).await {
+            Some(Ok(r)) => r,
+            Some(Err(e)) => {
                 let error = error_text(&e);
                 if is_local_resource_error(&e) {
                     return Verdict::Done(Outcome::Held {
@@ -340,7 +340,7 @@ impl WebhookSink {
                     not_before_ms: None,
                 });
             }
-            Err(_) => {
+            None => {
                 return Verdict::Done(Outcome::Retry {
                     error: format!("timed out after {} ms", self.timeout.as_millis()),
                     not_before_ms: None,
@@ -501,9 +501,63 @@ pub async fn read_bounded(
     (buf, cut)
 }
 
+/// A deadline timer that fires this late means the process was not running at the deadline
+/// (SIGSTOP, a paused VM, a starved host), not that the peer was slow.
+const FROZEN_LATE: Duration = Duration::from_millis(200);
+/// After such a freeze, how long an attempt may still take to read what arrived meanwhile.
+const AFTER_FREEZE_GRACE: Duration = Duration::from_secs(1);
+
+/// `fut` within `limit` (`None`: timed out), except that a freeze is not a timeout: when the
+/// deadline's timer fires [`FROZEN_LATE`] or more after the deadline, the answer may be in the
+/// socket already and the runtime simply has not read it yet (timer and socket are woken in
+/// the same turn after SIGCONT, the timer can win). Then `fut` gets [`AFTER_FREEZE_GRACE`]
+/// more to read it: an answer that arrived is an answer.
+async fn within<F: std::future::Future>(limit: Duration, fut: F) -> Option<F::Output> {
+    tokio::pin!(fut);
+    let deadline = tokio::time::Instant::now() + limit;
+    tokio::select! {
+        biased;
+        r = &mut fut => return Some(r),
+        _ = tokio::time::sleep_until(deadline) => {}
+    }
+    let late = tokio::time::Instant::now().saturating_duration_since(deadline);
+    if late < FROZEN_LATE {
+        return None;
+    }
+    tracing::info!(
+        late_ms = late.as_millis() as u64,
+        "a send's deadline passed while herald was not running: reading what arrived before judging it"
+    );
+    tokio::time::timeout(AFTER_FREEZE_GRACE, fut).await.ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_late_deadline_gives_the_answer_a_chance_an_on_time_one_does_not() {
+        // On time: a future that never finishes times out.
+        assert_eq!(
+            within(Duration::from_millis(10), std::future::pending::<()>()).await,
+            None
+        );
+        // The thread was not running at the deadline (blocked here like a stopped process):
+        // the answer that became ready meanwhile is read.
+        let (tx, rx) = tokio::sync::oneshot::channel::<u8>();
+        // Like a socket whose readiness the runtime learns a turn after the timer's: ready
+        // only on the poll after the one that saw the answer arrive.
+        let answer = async move {
+            let v = rx.await.ok();
+            tokio::task::yield_now().await;
+            v
+        };
+        let t = tokio::spawn(within(Duration::from_millis(10), answer));
+        tokio::task::yield_now().await;
+        std::thread::sleep(Duration::from_millis(300)); // the freeze itself, not a wait
+        let _ = tx.send(7);
+        assert_eq!(t.await.unwrap(), Some(Some(7)));
+    }
 
     #[test]
     fn local_resource_errors() {

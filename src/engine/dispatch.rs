@@ -321,11 +321,28 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked, key: &RunKey) -> Result
         return Ok(());
     }
     let watched = st.task.watched_since_ms.max(inner.boot_ms);
-    let p = plan::fire(&st.task, st.runs.len(), due, now, watched)?;
-    if p.missed > 0 {
-        tracing::warn!(task = %p.task.id, missed = p.missed, policy = ?p.task.misfire,
-            "fires were missed (herald down or task paused); judged by the misfire policy");
-    }
+    // Issue 26, a wall jump forward (clock.rs) is judged like an outage that took no real
+    // time: fires due before the jump's end were jumped over, so the misfire policy decides
+    // (default: one coalesced run, never a burst of catch-up runs); their lateness against
+    // misfire_grace leaves the jumped span out (the jump adds its size to the grace here,
+    // and the task keeps its own grace).
+    let jump = inner.clock.wall_jumps();
+    let p = if due < jump.end_ms && jump.end_ms > watched {
+        let mut t = st.task.clone();
+        t.misfire_grace_ms = t.misfire_grace_ms.saturating_add(jump.size_ms);
+        let mut p = plan::fire(&t, st.runs.len(), due, now, jump.end_ms)?;
+        p.task.misfire_grace_ms = st.task.misfire_grace_ms;
+        tracing::warn!(task = %p.task.id, missed = p.missed, policy = ?p.task.misfire, jump_ms = jump.size_ms,
+            "fires were jumped over by the wall clock; judged by the misfire policy");
+        p
+    } else {
+        let p = plan::fire(&st.task, st.runs.len(), due, now, watched)?;
+        if p.missed > 0 {
+            tracing::warn!(task = %p.task.id, missed = p.missed, policy = ?p.task.misfire,
+                "fires were missed (herald down or task paused); judged by the misfire policy");
+        }
+        p
+    };
     let mut batch = Batch::new();
     for r in p.not_started.iter().chain(&p.started) {
         batch.run(&p.task.id, r);
@@ -463,7 +480,8 @@ pub(super) async fn prepare(
     };
     let now = inner.clock.now_ms();
     let due = run.next_at_ms.unwrap_or(now);
-    if run.in_flight.is_none() {
+    let arming = run.in_flight.is_none();
+    if arming {
         // ---- arm
         if due > now + ARM_LEAD_MS {
             inner.timer.at(key.clone(), due - ARM_LEAD_MS);
@@ -479,7 +497,11 @@ pub(super) async fn prepare(
         st.runs.insert(key.run, run.clone());
     }
     let now = inner.clock.now_ms();
-    if due > now {
+    // Issue 26: a due stored before a forward wall jump looks long past now, but it was one
+    // pacing/backoff duration ahead on the monotonic clock; the wheel (timer.rs, its
+    // continuity rule) keeps the send ARM_LEAD_MS after the arm just made, instead of sending
+    // at once. (Once the wheel hands it back, the run is armed already: it is sent.)
+    if due > now || (arming && due < inner.clock.wall_jumps().end_ms) {
         inner.timer.at(key.clone(), due);
         return Ok(None);
     }

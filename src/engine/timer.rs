@@ -14,6 +14,14 @@
 //!
 //! Invariant: at most one wheel entry per key. Scheduling a key that has an entry moves it
 //! (the old entry is cancelled in O(1)), so a run can never be stepped twice for one deadline.
+//!
+//! **Run steps keep to the monotonic clock too** ([`Guards`]). The wheel runs on the wall
+//! clock, because a schedule names wall instants. But a run step's deadline is a duration
+//! from when it was set (a pacing gap, a backoff, a rate-limit or breaker hold, an arm's lead
+//! time), so it is handed over only once both clocks reached it: the wall at its deadline,
+//! and the monotonic clock as far past the moment it was set. A wall jump forward therefore
+//! never shortens a gap (the step is put back on the wheel for what is left), a wall step
+//! back only waits (nothing early).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -259,6 +267,60 @@ impl Handles {
     }
 }
 
+/// Two deadlines of the same run key this close together (a send after its arm, 100 ms to a
+/// few seconds in a herd) are one duration apart, set on one clock reading: the later one
+/// keeps its monotonic distance from the earlier even if the wall jumped in between.
+const CONTINUITY_MS: u64 = 10_000;
+
+/// The monotonic side of run-step deadlines (module docs).
+#[derive(Default)]
+struct Guards {
+    /// Per run key on the wheel: its wall deadline and the monotonic instant it is due at.
+    due: HashMap<RunKey, (u64, u64)>,
+    /// Per run key handed over recently: the same pair (for [`CONTINUITY_MS`]).
+    fired: HashMap<RunKey, (u64, u64)>,
+    swept_mono: u64,
+}
+
+impl Guards {
+    /// `key` is set to wall deadline `at`, read at (`wall`, `mono`).
+    fn set(&mut self, key: &RunKey, at: u64, wall: u64, mono: u64) {
+        let mut due = mono.saturating_add(at.saturating_sub(wall));
+        if let Some((w1, m1)) = self.fired.remove(key) {
+            if at >= w1 && at - w1 <= CONTINUITY_MS {
+                due = due.max(m1.saturating_add(at - w1));
+            }
+        }
+        self.due.insert(key.clone(), (at, due));
+    }
+
+    fn cancel(&mut self, key: &RunKey) {
+        self.due.remove(key);
+        self.fired.remove(key);
+    }
+
+    /// A run key the wall wheel handed over at (`wall`, `mono`): `Some(wall instant)` to put it
+    /// back at when the monotonic clock has not reached its due yet, `None` to hand it over.
+    fn check(&mut self, key: &RunKey, wall: u64, mono: u64) -> Option<u64> {
+        let (at, due) = self.due.remove(key)?;
+        if mono < due {
+            self.due.insert(key.clone(), (at, due));
+            return Some(crate::clock::Durations::wall_at(wall, mono, due));
+        }
+        self.fired.insert(key.clone(), (at, due));
+        None
+    }
+
+    /// Forgets handed-over keys too old to matter, at most once a second.
+    fn sweep(&mut self, mono: u64) {
+        if mono.saturating_sub(self.swept_mono) >= 1_000 {
+            self.swept_mono = mono;
+            self.fired
+                .retain(|_, (_, m)| mono.saturating_sub(*m) <= CONTINUITY_MS);
+        }
+    }
+}
+
 fn run(
     clock: Arc<dyn Clock>,
     inbox: Arc<Inbox>,
@@ -268,6 +330,7 @@ fn run(
 ) {
     let mut wheel: Wheel<RunKey> = Wheel::new(clock.now_ms());
     let mut handles = Handles::default();
+    let mut guards = Guards::default();
     // Whether the last round had commands: then the next sleep is at most COALESCE_MS.
     let mut busy = false;
     loop {
@@ -301,10 +364,14 @@ fn run(
         };
         busy = !cmds.is_empty();
         let mut syncs = Vec::new();
+        let (wall, mono) = (clock.now_ms(), clock.mono_ms());
         for cmd in cmds {
             let mut put = |key: RunKey, at: u64| {
                 if let Some(old) = handles.remove(&key) {
                     wheel.cancel(old);
+                }
+                if key.run != 0 {
+                    guards.set(&key, at, wall, mono);
                 }
                 let h = wheel.insert(at, key.clone());
                 handles.insert(&key, h);
@@ -319,6 +386,9 @@ fn run(
                 Cmd::Cancel(key) => {
                     if let Some(old) = handles.remove(&key) {
                         wheel.cancel(old);
+                    }
+                    if key.run != 0 {
+                        guards.cancel(&key);
                     }
                 }
                 Cmd::Wake => {}
@@ -336,11 +406,20 @@ fn run(
             }
         };
         let mut batch = Vec::new();
-        wheel.advance(clock.now_ms(), &mut |h, key: RunKey| {
-            fired += 1;
+        let mut put_back = Vec::new();
+        let (wall, mono) = (clock.now_ms(), clock.mono_ms());
+        wheel.advance(wall, &mut |h, key: RunKey| {
             if handles.get(&key) == Some(h) {
                 handles.remove(&key);
+                // The wall reached it, the monotonic clock not yet: the wall jumped forward.
+                if key.run != 0 {
+                    if let Some(at) = guards.check(&key, wall, mono) {
+                        put_back.push((key, at));
+                        return;
+                    }
+                }
             }
+            fired += 1;
             batch.push(key);
             if batch.len() == HAND_OVER_MAX {
                 hand_over(std::mem::take(&mut batch));
@@ -349,6 +428,11 @@ fn run(
         if !batch.is_empty() {
             hand_over(batch);
         }
+        for (key, at) in put_back {
+            let h = wheel.insert(at, key.clone());
+            handles.insert(&key, h);
+        }
+        guards.sweep(mono);
         entries.store(wheel.len(), Ordering::Relaxed);
         for reply in syncs {
             let _ = reply.send((wheel.next_deadline(), fired));
@@ -390,6 +474,53 @@ mod tests {
         timer.wake();
         let extra = tokio::time::timeout(Duration::from_millis(50), rx.recv()).await;
         assert!(extra.is_err(), "unexpected fire: {extra:?}");
+    }
+
+    /// A wall jump forward hands over a fire key (a schedule's wall instant) at once, but a run
+    /// step only when its duration has passed on the monotonic clock too; a send re-set right
+    /// after its arm keeps its distance from the arm although its deadline was set before the
+    /// jump.
+    #[tokio::test]
+    async fn a_forward_wall_jump_never_shortens_a_run_step() {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let timer = Timer::start(clock.clone(), tx).unwrap();
+        timer.at(RunKey::new("cron", 0), 1_060_000);
+        timer.at(RunKey::new("paced", 1), 1_002_900); // arm, 100 ms before its 3 s send
+        timer.sync();
+        clock.advance(1_000);
+        clock.jump_wall(3_600_000);
+        timer.wake();
+        let k = rx.recv().await.unwrap();
+        assert_eq!(
+            k,
+            vec![RunKey::new("cron", 0)],
+            "the schedule's instant was jumped over"
+        );
+        let (next, n) = timer.sync();
+        assert_eq!(n, 0, "the step is not due yet");
+        assert_eq!(
+            next,
+            Some(clock.now_ms() + 1_900),
+            "put back for what is left"
+        );
+        clock.advance(1_899);
+        timer.wake();
+        assert_eq!(timer.sync().1, 0);
+        clock.advance(1);
+        timer.wake();
+        assert_eq!(rx.recv().await.unwrap(), vec![RunKey::new("paced", 1)]);
+        // The send, at the deadline stored before the jump (1 h in the wall's past now).
+        timer.at(RunKey::new("paced", 1), 1_003_000);
+        let (next, n) = timer.sync();
+        assert_eq!(
+            (next, n),
+            (Some(clock.now_ms() + 100), 0),
+            "100 ms after its arm"
+        );
+        clock.advance(100);
+        timer.wake();
+        assert_eq!(rx.recv().await.unwrap(), vec![RunKey::new("paced", 1)]);
     }
 
     #[tokio::test]

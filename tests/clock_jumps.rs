@@ -1,0 +1,377 @@
+//! Hostile time (issue 26): a wall clock that jumps while herald runs. On the manual clock
+//! (`ManualClock::jump_wall` moves the wall alone, as an NTP step or a resumed VM does) and on
+//! the real binary: a SIGSTOP across a send the receiver answers during the freeze.
+//!
+//! A forward jump is judged like an outage for misfire (each cron one coalesced run, by the
+//! default `fire_now`), while durations keep to the monotonic clock: no paced gap shorter than
+//! its interval, no limited channel over its rate.
+
+mod common;
+
+use std::time::Duration;
+
+use common::herald::{
+    ms_of, poll, utc_ms, wait_state, webhook_channel, write_config, ManualHerald, Proc,
+};
+use common::http;
+use common::receiver::{Behavior, Receiver};
+use serde_json::{json, Value};
+
+const JUMP_MS: u64 = 3_600_000;
+
+fn lines(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_forward_jump_coalesces_crons_and_keeps_every_gap() {
+    let t0 = utc_ms("2026-12-01T00:00:30Z");
+    let side = tempfile::tempdir().unwrap();
+    let lim = side.path().join("lim.jsonl");
+    let h = ManualHerald::start(
+        t0,
+        &format!(
+            "[channels.lim]\nkind = \"file\"\npath = \"{}\"\nrate = \"1/2s\"\n",
+            lim.display()
+        ),
+    )
+    .await;
+    let many: Vec<String> = (0..20).map(|i| format!("u{i}")).collect();
+    for task in [
+        json!({"id": "minute", "channel": "out", "schedule": {"cron": "* * * * *"}, "to": ["a"], "body": "m"}),
+        json!({"id": "five", "channel": "out", "schedule": {"cron": "*/5 * * * * *"}, "to": ["a"], "body": "f"}),
+        json!({"id": "paced", "channel": "out", "schedule": {"after": "1s"}, "to": many, "body": "p",
+               "pacing": {"interval": "3s"}}),
+        json!({"id": "limited", "channel": "lim", "schedule": {"after": "1s"}, "to": many, "body": "l"}),
+    ] {
+        h.post(&task).await;
+    }
+    h.run_until(t0 + 12_000).await;
+    let before = h.sent().len();
+    assert!(before > 0);
+
+    // The wall jumps an hour ahead; the monotonic clock does not.
+    h.clock.jump_wall(JUMP_MS);
+    let jump_end = h.now();
+    h.server().engine.wake();
+    h.run_until(jump_end + 40_000).await;
+
+    // Real (monotonic) time of a line: the wall minus the jump once it happened.
+    let mono = |l: &Value| {
+        let w = ms_of(l["sent_at"].as_str().expect("sent_at")) as u64;
+        if w >= jump_end {
+            w - JUMP_MS
+        } else {
+            w
+        }
+    };
+    let sent = h.sent();
+    let of = |task: &str| -> Vec<u64> {
+        sent.iter()
+            .filter(|l| l["task_id"] == task)
+            .map(mono)
+            .collect()
+    };
+    let after_jump = |ts: &[u64], within: u64| {
+        ts.iter()
+            .filter(|&&t| t >= jump_end - JUMP_MS && t < jump_end - JUMP_MS + within)
+            .count()
+    };
+    // Each cron: one coalesced run for the jumped-over hour, not a burst (the wall is at
+    // 01:00:42 after the jump: the minute cron's next regular fire is 18 s later, the 5 s
+    // cron's 3 s later).
+    assert_eq!(after_jump(&of("minute"), 15_000), 1, "{:?}", of("minute"));
+    assert_eq!(after_jump(&of("five"), 2_500), 1, "{:?}", of("five"));
+    let runs = h.runs("minute").await;
+    assert!(
+        runs.iter().any(|r| r["reason"]
+            .as_str()
+            .is_some_and(|s| s.contains("coalesced"))),
+        "{runs:?}"
+    );
+    // The paced sequence: every gap at least its interval, across the jump too.
+    let paced = of("paced");
+    assert!(paced.len() >= 10, "{paced:?}");
+    for w in paced.windows(2) {
+        assert!(
+            w[1] - w[0] >= 3_000,
+            "paced gap {} ms: {paced:?}",
+            w[1] - w[0]
+        );
+    }
+    // The limited channel: never two sends within 2 s.
+    let limited: Vec<u64> = lines(&lim).iter().map(mono).collect();
+    assert!(limited.len() >= 10, "{limited:?}");
+    for w in limited.windows(2) {
+        assert!(
+            w[1] - w[0] >= 2_000,
+            "limited gap {} ms: {limited:?}",
+            w[1] - w[0]
+        );
+    }
+    let m = http::get(&h.url("/metrics")).await.text();
+    assert!(m.contains("herald_wall_clock_jumps_total 1\n"), "{m}");
+}
+
+/// SIGSTOP while a send is in flight; the receiver answers during the freeze (after the
+/// channel's timeout would have passed); SIGCONT: the answer is read, one attempt, sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_that_arrived_during_a_freeze_is_an_answer() {
+    let rx = Receiver::start().await;
+    // Answered 600 ms after the request arrives: by then herald is stopped.
+    rx.set_default(Behavior::Slow(Duration::from_millis(600)));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &webhook_channel(
+            "hook",
+            &rx.url(),
+            "timeout = \"1s\"\nretry = { max_attempts = 3, initial = \"1s\" }",
+        ),
+    );
+    let p = Proc::spawn(&cfg, &dir.path().join("data"));
+    let r = http::post_json(
+        &format!("{}/v1/tasks", p.url),
+        &json!({"id": "frozen", "channel": "hook", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    // The request is in flight: stop herald before the answer comes.
+    let got = poll(Duration::from_secs(30), || async {
+        (rx.count() >= 1).then_some(())
+    })
+    .await;
+    assert!(got.is_some(), "the send reached the receiver");
+    let arrived = tokio::time::Instant::now();
+    p.signal(libc::SIGSTOP);
+    // Stopped until the receiver has answered (600 ms) and herald's 1 s timeout has passed:
+    // the freeze's length is the condition under test, not a wait for a result.
+    tokio::time::sleep_until(arrived + Duration::from_millis(1_600)).await;
+    p.signal(libc::SIGCONT);
+    let v = wait_state(&p.url, "frozen", "completed", Duration::from_secs(30)).await;
+    assert_eq!(v["progress"]["sent"], 1, "{v}");
+    assert_eq!(rx.count(), 1, "one attempt: {:?}", rx.answers());
+    let runs = http::get(&format!("{}/v1/tasks/frozen/runs", p.url))
+        .await
+        .json();
+    assert!(!runs.to_string().contains("timed out"), "{runs}");
+}
+
+/// The real binary under libfaketime with its offset in a file herald re-reads on every
+/// clock call (`FAKETIME_NO_CACHE`); the monotonic clock is left alone, as an NTP step does.
+struct Faked {
+    offset_file: std::path::PathBuf,
+    /// libfaketime itself: preloaded directly, since the `faketime` wrapper's own `FAKETIME`
+    /// would win over the offset file.
+    lib: std::path::PathBuf,
+}
+
+/// Where Debian's `faketime` package puts the multi-threaded library.
+fn faketime_lib() -> Option<std::path::PathBuf> {
+    let mut dirs = vec![std::path::PathBuf::from("/usr/lib/faketime")];
+    if let Ok(rd) = std::fs::read_dir("/usr/lib") {
+        dirs.extend(rd.flatten().map(|e| e.path().join("faketime")));
+    }
+    dirs.into_iter()
+        .map(|d| d.join("libfaketimeMT.so.1"))
+        .find(|p| p.exists())
+}
+
+impl Faked {
+    fn new(dir: &std::path::Path, test: &str) -> Option<Faked> {
+        common::tools::require("faketime", "apt-get install -y faketime", test)?;
+        let Some(lib) = faketime_lib() else {
+            common::tools::skip(
+                test,
+                "libfaketimeMT.so.1 not found",
+                "apt-get install -y faketime",
+            );
+            return None;
+        };
+        let f = Faked {
+            offset_file: dir.join("faketime.rc"),
+            lib,
+        };
+        f.set(0);
+        Some(f)
+    }
+
+    /// The wall clock's offset from real time, in whole seconds.
+    fn set(&self, offset_s: i64) {
+        std::fs::write(&self.offset_file, format!("{offset_s:+}\n")).expect("offset file");
+    }
+
+    fn spawn(&self, cfg: &std::path::Path, data: &std::path::Path) -> Proc {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_herald"));
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(cfg)
+            .arg("--data")
+            .arg(data)
+            .env("HERALD_LOG", "warn")
+            .env("LD_PRELOAD", &self.lib)
+            .env("FAKETIME_TIMESTAMP_FILE", &self.offset_file)
+            .env("FAKETIME_NO_CACHE", "1")
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit());
+        Proc::start(cmd)
+    }
+}
+
+fn task_of(r: &common::receiver::Recorded) -> String {
+    r.idempotency_key()
+        .and_then(|k| k.split(':').next())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_faketime_a_forward_hour_coalesces_crons_and_keeps_every_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(fake) = Faked::new(
+        dir.path(),
+        "under_faketime_a_forward_hour_coalesces_crons_and_keeps_every_gap",
+    ) else {
+        return;
+    };
+    let rx = Receiver::start().await;
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            "{}\n{}",
+            webhook_channel("hook", &rx.url(), ""),
+            webhook_channel("lim", &rx.url(), "rate = \"1/2s\"")
+        ),
+    );
+    let p = fake.spawn(&cfg, &dir.path().join("data"));
+    let many: Vec<String> = (0..8).map(|i| format!("u{i}")).collect();
+    for task in [
+        json!({"id": "minute", "channel": "hook", "schedule": {"cron": "* * * * *"}, "to": ["a"], "body": "m"}),
+        json!({"id": "five", "channel": "hook", "schedule": {"cron": "*/5 * * * * *"}, "to": ["a"], "body": "f"}),
+        json!({"id": "paced", "channel": "hook", "schedule": {"after": "0s"}, "to": many, "body": "p",
+               "pacing": {"interval": "3s"}}),
+        json!({"id": "limited", "channel": "lim", "schedule": {"after": "0s"}, "to": many, "body": "l"}),
+    ] {
+        let r = http::post_json(&format!("{}/v1/tasks", p.url), &task).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    // Part-way through both sequences, jump an hour ahead, landing one second past a whole
+    // minute: the 5 s cron's next regular fire is then 4 s away, the minute cron's 59 s.
+    let part_way = poll(Duration::from_secs(30), || async {
+        let n = rx
+            .requests()
+            .iter()
+            .filter(|r| task_of(r) == "paced")
+            .count();
+        (n >= 3).then_some(())
+    })
+    .await;
+    assert!(part_way.is_some(), "the paced sequence started");
+    let real_s = chrono::Utc::now().timestamp();
+    let offset = 3_600 + (61 - (real_s + 3_600).rem_euclid(60)).rem_euclid(60);
+    fake.set(offset);
+    let jumped = std::time::Instant::now();
+    let done = poll(Duration::from_secs(60), || async {
+        let got = rx.requests();
+        let n = |t: &str| got.iter().filter(|r| task_of(r) == t).count();
+        (n("paced") >= 8 && n("limited") >= 8).then_some(())
+    })
+    .await;
+    assert!(
+        done.is_some(),
+        "both sequences finished: {:?}",
+        rx.answers()
+    );
+    let got = rx.requests();
+    let at = |t: &str| -> Vec<std::time::Instant> {
+        got.iter()
+            .filter(|r| task_of(r) == t)
+            .map(|r| r.at)
+            .collect()
+    };
+    // Arrival times at the receiver: a little network jitter either side, hence 50 ms.
+    for (task, gap_ms) in [("paced", 3_000u128), ("limited", 2_000)] {
+        let ts = at(task);
+        for w in ts.windows(2) {
+            let gap = w[1].duration_since(w[0]).as_millis();
+            assert!(gap + 50 >= gap_ms, "{task}: gap {gap} ms, want {gap_ms}");
+        }
+    }
+    // Each cron: exactly one run for the hour jumped over, in the first 2.5 s after it.
+    for cron in ["minute", "five"] {
+        let after: Vec<_> = at(cron).into_iter().filter(|t| *t >= jumped).collect();
+        let first = *after
+            .first()
+            .unwrap_or_else(|| panic!("{cron} ran after the jump"));
+        let burst = after
+            .iter()
+            .filter(|t| t.duration_since(first) < Duration::from_millis(2_500))
+            .count();
+        assert_eq!(burst, 1, "{cron}: {burst} runs right after the jump");
+    }
+    let m = http::get(&format!("{}/metrics", p.url)).await.text();
+    assert!(m.contains("herald_wall_clock_jumps_total 1\n"), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_faketime_a_step_back_with_a_kill_sends_nothing_early_nothing_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(fake) = Faked::new(
+        dir.path(),
+        "under_faketime_a_step_back_with_a_kill_sends_nothing_early_nothing_twice",
+    ) else {
+        return;
+    };
+    let rx = Receiver::start().await;
+    let cfg = write_config(dir.path(), &webhook_channel("hook", &rx.url(), ""));
+    let data = dir.path().join("data");
+    let mut p = fake.spawn(&cfg, &data);
+    for i in 0..6 {
+        let r = http::post_json(
+            &format!("{}/v1/tasks", p.url),
+            &json!({"id": format!("o{i}"), "channel": "hook", "schedule": {"after": format!("{}s", 2 + i * 3)},
+                    "to": ["a", "b"], "body": "x", "pacing": {"interval": "1s"}}),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let first = poll(Duration::from_secs(30), || async {
+        (rx.count() >= 1).then_some(())
+    })
+    .await;
+    assert!(first.is_some());
+    fake.set(-30);
+    // A kill -9 while the wall is behind, and a restart under the same offset.
+    p.kill9();
+    let p = fake.spawn(&cfg, &data);
+    for i in 0..6 {
+        wait_state(
+            &p.url,
+            &format!("o{i}"),
+            "completed",
+            Duration::from_secs(90),
+        )
+        .await;
+    }
+    let got = rx.requests();
+    let mut keys = std::collections::HashMap::new();
+    for r in &got {
+        let j = r.json.as_ref().expect("JSON body");
+        let (sent, due) = (
+            j["sent_at"].as_str().unwrap(),
+            j["scheduled_at"].as_str().unwrap(),
+        );
+        assert!(ms_of(sent) >= ms_of(due), "early: sent {sent}, due {due}");
+        *keys
+            .entry(r.idempotency_key().unwrap_or("").to_string())
+            .or_insert(0) += 1;
+    }
+    // At most the one send in flight at the kill goes again (same key, next attempt).
+    let twice: Vec<_> = keys.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.len() <= 1, "sent twice: {twice:?}");
+    assert_eq!(keys.len(), 12, "every message sent");
+}

@@ -1,0 +1,245 @@
+//! The connection cap on the real binary (`api/conns.rs`): a burst far over the cap where every
+//! client writes its request at once is answered to the last client (201, or 503 with
+//! `Retry-After` at worst), and event streams cannot lock anyone out: they are capped, and
+//! `/healthz` answers from the reserve while every regular slot is busy.
+
+mod common;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use common::herald::{poll, write_config, Proc};
+use common::http;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+const CLIENTS: usize = 1_100;
+/// Low enough that the burst is mostly over the cap and the test stays light.
+const CAP: usize = 64;
+
+/// Connects from `from` (any 127.0.0.0/8 address is this host) to `to`.
+async fn connect_from(from: Ipv4Addr, to: SocketAddr) -> std::io::Result<TcpStream> {
+    let s = TcpSocket::new_v4()?;
+    s.bind(SocketAddr::new(IpAddr::V4(from), 0))?;
+    s.connect(to).await
+}
+
+/// Reads until the end of the head; returns the status and the head's text.
+async fn read_head(s: &mut TcpStream) -> Result<(u16, String), String> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+            let status = head
+                .split(' ')
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+                .ok_or_else(|| format!("no status line in {head:?}"))?;
+            return Ok((status, head));
+        }
+        match s.read(&mut chunk).await {
+            Ok(0) => {
+                return Err(format!(
+                    "closed without an answer ({} bytes read)",
+                    buf.len()
+                ))
+            }
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) => return Err(format!("read: {e} ({} bytes read)", buf.len())),
+        }
+    }
+}
+
+fn create_request(id: &str) -> Vec<u8> {
+    let body = format!(
+        r#"{{"id":"{id}","channel":"log","schedule":{{"after":"1h"}},"to":["a"],"body":"x"}}"#
+    );
+    format!(
+        "POST /v1/tasks HTTP/1.1\r\nHost: herald\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+fn start(dir: &std::path::Path, cap: usize) -> (Proc, SocketAddr) {
+    let cfg = write_config(dir, &format!("[limits]\nconnections_max = {cap}\n"));
+    let p = Proc::spawn(&cfg, &dir.join("data"));
+    let addr = p
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("address");
+    (p, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_create_written_over_the_cap_is_answered_and_every_201_exists() {
+    // This process holds more than a thousand sockets itself.
+    herald::fdlimit::raise_nofile().expect("raise this test's own limit");
+    let dir = tempfile::tempdir().unwrap();
+    let (p, addr) = start(dir.path(), CAP);
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            tokio::spawn(async move {
+                let id = format!("c{i:04}");
+                // A client beyond the backlog waits for its SYN's retry: still connected.
+                let mut s = TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| format!("{id}: connect: {e}"))?;
+                s.write_all(&create_request(&id))
+                    .await
+                    .map_err(|e| format!("{id}: write: {e}"))?;
+                let (status, head) =
+                    tokio::time::timeout(Duration::from_secs(120), read_head(&mut s))
+                        .await
+                        .map_err(|_| format!("{id}: no answer within 120 s"))?
+                        .map_err(|e| format!("{id}: {e}"))?;
+                let retry_after = head.to_ascii_lowercase().contains("\r\nretry-after:");
+                Ok::<_, String>((id, status, retry_after))
+            })
+        })
+        .collect();
+    let mut created = Vec::new();
+    let mut unavailable = 0;
+    let mut errors = Vec::new();
+    for c in clients {
+        match c.await.expect("client task") {
+            Ok((id, 201, _)) => created.push(id),
+            Ok((_, 503, true)) => unavailable += 1,
+            Ok((id, status, retry_after)) => {
+                errors.push(format!("{id}: {status} (Retry-After: {retry_after})"))
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    assert!(
+        errors.is_empty(),
+        "{} of {CLIENTS} clients had no 201 or 503 + Retry-After; first: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+    eprintln!("{} created, {unavailable} answered 503", created.len());
+    assert!(!created.is_empty());
+    for id in &created {
+        let r = http::get(&format!("{}/v1/tasks/{id}", p.url)).await;
+        assert_eq!(
+            r.status,
+            200,
+            "{id} was answered 201 but reads {}",
+            r.text()
+        );
+    }
+    let m = http::get(&format!("{}/metrics", p.url)).await.text();
+    let value = |name: &str| -> u64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in /metrics:\n{m}"))
+    };
+    assert!(value("herald_http_connections_accepted_total") >= CLIENTS as u64);
+    assert!(
+        value("herald_http_connections_refused_total") > 0,
+        "the burst met the cap"
+    );
+    value("herald_http_connections_evicted_total");
+    // The cap's 503s, a subset of all (the engine's full write queue answers 503 too).
+    assert!(value("herald_http_requests_shed_total") <= unavailable as u64);
+}
+
+/// Sends `GET /v1/events` from `from` and reads the answer's head.
+async fn open_stream(from: Ipv4Addr, to: SocketAddr) -> (TcpStream, u16, String) {
+    let mut s = connect_from(from, to).await.expect("connect");
+    s.write_all(b"GET /v1/events HTTP/1.1\r\nHost: herald\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, head) = tokio::time::timeout(Duration::from_secs(30), read_head(&mut s))
+        .await
+        .expect("an answer within 30 s")
+        .expect("an answer");
+    (s, status, head)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_over_the_cap_get_503_and_healthz_and_the_api_answer_throughout() {
+    let dir = tempfile::tempdir().unwrap();
+    let cap = 40; // 10 streams, 2 per client address; 36 regular slots, 4 in reserve
+    let (p, addr) = start(dir.path(), cap);
+    let (total, per_client) = (10, 2);
+    let ip = |i: u8| Ipv4Addr::new(127, 0, 0, i);
+
+    // Up to the per-address cap from one address, then one more.
+    let mut streams = Vec::new();
+    for _ in 0..per_client {
+        let (s, status, head) = open_stream(ip(1), addr).await;
+        assert_eq!(status, 200, "{head}");
+        streams.push(s);
+    }
+    let (_s, status, head) = open_stream(ip(1), addr).await;
+    assert_eq!(status, 503, "one over the per-address cap: {head}");
+    assert!(head.to_ascii_lowercase().contains("retry-after:"), "{head}");
+    assert!(head.contains("application/problem+json"), "{head}");
+    // Up to the total cap from other addresses, then one more from a fresh address.
+    for i in 2..=(total / per_client) as u8 {
+        for _ in 0..per_client {
+            let (s, status, head) = open_stream(ip(i), addr).await;
+            assert_eq!(status, 200, "{head}");
+            streams.push(s);
+        }
+    }
+    assert_eq!(streams.len(), total);
+    let (_s, status, head) = open_stream(ip(99), addr).await;
+    assert_eq!(status, 503, "one over the total cap: {head}");
+    // The API and /healthz answer with every stream held.
+    let h = http::get(&format!("{}/healthz", p.url)).await;
+    assert_eq!(h.status, 200, "{}", h.text());
+    let r = http::get(&format!("{}/v1/tasks", p.url)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let m = http::get(&format!("{}/metrics", p.url)).await.text();
+    assert!(m.contains("herald_event_streams 10\n"), "{m}");
+    assert!(m.contains("herald_event_streams_refused_total 2\n"), "{m}");
+
+    // Now every other regular slot busy too: requests whose bodies never finish arriving.
+    let mut slow = Vec::new();
+    for _ in 0..(cap - 4 - total) {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"POST /v1/tasks HTTP/1.1\r\nHost: herald\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+            .await
+            .unwrap();
+        slow.push(s);
+    }
+    // /healthz answers from the reserve; the API answers too: 503 with Retry-After while no
+    // slot frees, never a connection closed or left hanging.
+    let h = poll(Duration::from_secs(30), || async {
+        let h = http::get(&format!("{}/healthz", p.url)).await;
+        (h.status == 200).then_some(h)
+    })
+    .await;
+    assert!(
+        h.is_some(),
+        "/healthz answers while every regular slot is busy"
+    );
+    let busy = poll(Duration::from_secs(30), || async {
+        let r = http::get(&format!("{}/v1/tasks", p.url)).await;
+        (r.status == 503).then_some(r)
+    })
+    .await
+    .expect("the API answers 503 while every slot is busy");
+    assert!(busy.header("retry-after").is_some());
+    assert_eq!(
+        busy.json()["type"]
+            .as_str()
+            .map(|t| t.ends_with("connections-busy")),
+        Some(true),
+        "{}",
+        busy.text()
+    );
+    // The slow requests go: the API answers normally again.
+    drop(slow);
+    let ok = poll(Duration::from_secs(30), || async {
+        let r = http::get(&format!("{}/v1/tasks", p.url)).await;
+        (r.status == 200).then_some(())
+    })
+    .await;
+    assert!(ok.is_some(), "the API answers once slots free");
+    drop(streams);
+}
