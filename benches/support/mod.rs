@@ -307,7 +307,7 @@ impl Competitor {
                 && n < Competitor::SYNCS_MAX
             {
                 // Rewrites the first 64 MiB in a ring: the file never grows past it.
-                if n % 16_384 == 0 && f.rewind().is_err() {
+                if n.is_multiple_of(16_384) && f.rewind().is_err() {
                     break;
                 }
                 if f.write_all(&block).is_err() || f.sync_data().is_err() {
