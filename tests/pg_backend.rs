@@ -5,11 +5,12 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::contract::contract;
 use common::pg::PgServer;
 use herald::model::{Context, Limits, Message, Run, Task, TaskRequest, TaskState};
-use herald::store::backend::{Backend, SledBackend};
+use herald::store::backend::{Backend, RawOp, SledBackend, TreeId};
 use herald::store::pg::schema::SCHEMA_VERSION;
 use herald::store::pg::{PgBackend, PgOptions};
 use herald::store::{Batch, Inserted, Store, StoreError};
@@ -132,6 +133,46 @@ fn a_bad_url_or_a_missing_database_is_one_clear_line_without_the_password() {
     .err()
     .expect("no server");
     assert!(err.to_string().contains("cannot connect"), "{err}");
+}
+
+#[test]
+fn writes_fail_while_the_database_is_down_and_work_again_once_it_is_back() {
+    // A server of its own: this test crashes it.
+    let Some(pg) = PgServer::start("writes_fail_while_the_database_is_down") else {
+        return;
+    };
+    let url = pg.create_db("outage");
+    let b = open_pg(&url);
+    let put = |k: &[u8]| vec![vec![RawOp::Put(TreeId::Specs, k.to_vec(), b"v".to_vec())]];
+    assert!(b.apply(put(b"before")).unwrap()[0].is_ok());
+    pg.stop_now("immediate");
+    let err = b
+        .apply(put(b"during"))
+        .err()
+        .expect("no database, no commit");
+    assert!(err.is_storage(), "{err:?}");
+    assert!(err.to_string().contains(&url), "names the store: {err}");
+    assert!(b.get(TreeId::Specs, b"before").is_err());
+    pg.start_again();
+    // The pool drops the dead connections and makes new ones by itself.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match b.apply(put(b"after")) {
+            Ok(r) => {
+                assert!(r[0].is_ok());
+                break;
+            }
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("not yet: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("the backend did not recover: {e}"),
+        }
+    }
+    // Acknowledged before the crash: still there; refused during it: not there.
+    assert!(b.get(TreeId::Specs, b"before").unwrap().is_some());
+    assert!(b.get(TreeId::Specs, b"during").unwrap().is_none());
+    assert!(b.get(TreeId::Specs, b"after").unwrap().is_some());
 }
 
 fn task(id: &str) -> (Task, Vec<Message>) {

@@ -200,13 +200,22 @@ impl PgServer {
     /// Stops the server with `mode` (`fast`, or `immediate`: a crash) and starts it again on
     /// the same port.
     pub fn restart(&self, mode: &str) {
+        self.stop_now(mode);
+        self.start_again();
+    }
+
+    /// Stops the server with `mode`; [`Self::start_again`] brings it back on the same port.
+    pub fn stop_now(&self, mode: &str) {
         let out = self.stop(mode);
         assert!(
             out.status.success(),
             "pg_ctl stop: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(self.pg_ctl_start(), "postgres did not restart");
+    }
+
+    pub fn start_again(&self) {
+        assert!(self.pg_ctl_start(), "postgres did not start again");
     }
 
     fn stop(&self, mode: &str) -> Output {
