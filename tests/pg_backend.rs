@@ -146,10 +146,7 @@ fn writes_fail_while_the_database_is_down_and_work_again_once_it_is_back() {
     let put = |k: &[u8]| vec![vec![RawOp::Put(TreeId::Specs, k.to_vec(), b"v".to_vec())]];
     assert!(b.apply(put(b"before")).unwrap()[0].is_ok());
     pg.stop_now("immediate");
-    let err = b
-        .apply(put(b"during"))
-        .err()
-        .expect("no database, no commit");
+    let err = b.apply(put(b"during")).expect_err("no database, no commit");
     assert!(err.is_storage(), "{err:?}");
     assert!(err.to_string().contains(&url), "names the store: {err}");
     assert!(b.get(TreeId::Specs, b"before").is_err());
