@@ -43,6 +43,9 @@ pub const ENV_KEYS: &[(&str, Kind)] = &[
     ("store.cache_mb", Kind::Int),
     ("store.retention", Kind::Str),
     ("store.runs_max", Kind::Int),
+    ("store.url", Kind::Str),
+    ("store.pool_size", Kind::Int),
+    ("store.statement_timeout", Kind::Str),
 ];
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
@@ -105,6 +108,75 @@ struct StoreFile {
     retention: Option<String>,
     /// Most run records an unfinished task keeps (default 1000); the oldest finished go first.
     runs_max: Option<u64>,
+    /// A PostgreSQL database instead of the embedded store (`postgres://user@host:port/db`).
+    url: Option<String>,
+    /// Connections to it (default 8).
+    pool_size: Option<u64>,
+    /// Longest a statement may run before the server cancels it (default 30s).
+    statement_timeout: Option<String>,
+}
+
+/// `[store] url`: herald on PostgreSQL (`store/pg`). `Debug` shows no password.
+#[derive(Clone)]
+pub struct DatabaseConfig {
+    pub url: String,
+    /// From `HERALD_STORE_PASSWORD` or `PGPASSWORD`, used when the URL carries none.
+    pub password: Option<String>,
+    pub pool_size: usize,
+    pub statement_timeout_ms: u64,
+}
+
+impl std::fmt::Debug for DatabaseConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseConfig")
+            .field("url", &crate::store::pg::redact(&self.url))
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("pool_size", &self.pool_size)
+            .field("statement_timeout_ms", &self.statement_timeout_ms)
+            .finish()
+    }
+}
+
+/// `[store] pool_size` when the config does not say.
+pub const DEFAULT_POOL_SIZE: usize = 8;
+/// `[store] statement_timeout` when the config does not say.
+pub const DEFAULT_STATEMENT_TIMEOUT_MS: u64 = 30_000;
+
+fn database(
+    st: &StoreFile,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<DatabaseConfig>, ConfigError> {
+    let Some(url) = st.url.as_deref().filter(|u| !u.is_empty()) else {
+        return Ok(None);
+    };
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(invalid(
+            "store.url",
+            format!(
+                "{:?} is not a PostgreSQL URL; write it as postgres://user@host:5432/database",
+                crate::store::pg::redact(url)
+            ),
+        ));
+    }
+    let pool_size = match st.pool_size {
+        None => DEFAULT_POOL_SIZE,
+        Some(n @ 1..=1024) => n as usize,
+        Some(_) => return Err(invalid("store.pool_size", "must be between 1 and 1024")),
+    };
+    let statement_timeout_ms = positive_ms(
+        "store.statement_timeout",
+        &st.statement_timeout,
+        DEFAULT_STATEMENT_TIMEOUT_MS,
+    )?;
+    let password = ["HERALD_STORE_PASSWORD", "PGPASSWORD"]
+        .iter()
+        .find_map(|v| env(v).filter(|p| !p.is_empty()));
+    Ok(Some(DatabaseConfig {
+        url: url.to_string(),
+        password,
+        pool_size,
+        statement_timeout_ms,
+    }))
 }
 
 /// `[limits]`: the documented defaults of API.md, adjustable.
@@ -202,6 +274,8 @@ pub struct Config {
     /// Channel that alert events are also delivered to.
     pub alerts_channel: Option<String>,
     pub store: crate::store::StoreOptions,
+    /// `[store] url`: PostgreSQL instead of the embedded store in `data_dir`.
+    pub database: Option<DatabaseConfig>,
     /// How long a drain waits for sends in flight (`shutdown_timeout`).
     pub shutdown_timeout_ms: u64,
     /// HTTP connections served at once; `None`: derived from the descriptor limit at start.
@@ -394,7 +468,9 @@ impl Config {
             None => None,
         };
         let mut store = crate::store::StoreOptions::default();
+        let mut database_config = None;
         if let Some(st) = &file.store {
+            database_config = database(st, env)?;
             match st.cache_mb {
                 Some(0) => return Err(invalid("store.cache_mb", "must be more than 0")),
                 Some(mb) if mb > 1 << 20 => {
@@ -425,6 +501,7 @@ impl Config {
             body_bytes_max,
             alerts_channel,
             store,
+            database: database_config,
             shutdown_timeout_ms,
             connections_max,
             body_read_timeout_ms,
@@ -770,6 +847,37 @@ path = "d/sent.jsonl"
     }
 
     #[test]
+    fn store_url_selects_postgres_and_never_shows_its_password() {
+        assert!(
+            Config::defaults().database.is_none(),
+            "sled stays the default"
+        );
+        let env = |n: &str| (n == "PGPASSWORD").then(|| "from-env".to_string());
+        let c = Config::from_toml_with_env(
+            "[store]\nurl = \"postgres://herald:s3cret@db:5432/herald\"\npool_size = 3\nstatement_timeout = \"2s\"",
+            Overrides::default(),
+            &env,
+        )
+        .unwrap();
+        let db = c.database.clone().unwrap();
+        assert_eq!((db.pool_size, db.statement_timeout_ms), (3, 2_000));
+        assert_eq!(db.password.as_deref(), Some("from-env"));
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("from-env"),
+            "{shown}"
+        );
+        let e = err("[store]\nurl = \"mysql://u:s3cret@db/x\"");
+        assert!(e.starts_with("store.url:") && !e.contains("s3cret"), "{e}");
+        assert!(err("[store]\nurl = \"postgres://db/x\"\npool_size = 0")
+            .starts_with("store.pool_size:"));
+        assert!(
+            err("[store]\nurl = \"postgres://db/x\"\nstatement_timeout = \"0s\"")
+                .starts_with("store.statement_timeout:")
+        );
+    }
+
+    #[test]
     fn errors_name_the_key() {
         assert!(err("[channels.w]\nkind = \"webhook\"").starts_with("channels.w.url:"));
         assert!(err("[channels.w]\nkind = \"webhook\"\nurl = \"ftp://x\"")
@@ -1081,6 +1189,7 @@ secret = "${DT_SECRET}"
                 (&"alerts.channel", _) => "log",
                 (&"token", _) => "0123456789abcdef",
                 (&"data_dir", _) => "d",
+                (&"store.url", _) => "postgres://herald@127.0.0.1:5432/herald",
                 _ => "3s",
             };
             let name = var_name(key);

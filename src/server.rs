@@ -24,6 +24,9 @@ use crate::store::{Store, StoreError};
 pub enum StartError {
     #[error("cannot open the data directory {dir}: {error}. If it is damaged: stop herald, move it aside (mv {dir} {dir}.damaged), then restore a backup into {dir} or start empty; README \"When the data directory will not open\" has the steps")]
     Store { dir: String, error: StoreError },
+    /// `[store] url`: the database cannot be used (the line names it, without its password).
+    #[error("{0}")]
+    Database(StoreError),
     #[error("channel {name}: {message}")]
     Channel { name: String, message: String },
     #[error("recovery: {0}")]
@@ -150,6 +153,20 @@ pub fn build_channels_with(config: &Config, durations: Durations) -> Result<Chan
     Ok(Channels::new(list))
 }
 
+/// The store on PostgreSQL (`[store] url`). Its errors name the URL without its password and
+/// say what to do.
+fn open_database(db: &crate::config::DatabaseConfig) -> Result<Store, StartError> {
+    let opts = crate::store::pg::PgOptions {
+        pool_size: db.pool_size,
+        statement_timeout: std::time::Duration::from_millis(db.statement_timeout_ms),
+        password: db.password.clone(),
+        ..Default::default()
+    };
+    let backend =
+        crate::store::pg::PgBackend::open(&db.url, &opts).map_err(StartError::Database)?;
+    Store::with_backend(Arc::new(backend)).map_err(StartError::Database)
+}
+
 /// Starts herald with the system clock.
 pub async fn start(config: Config) -> Result<Server, StartError> {
     start_with(
@@ -166,11 +183,15 @@ pub async fn start_with(
     clock: Arc<dyn Clock>,
     mut engine_config: EngineConfig,
 ) -> Result<Server, StartError> {
-    let store =
-        Store::open_with(&config.data_dir, &config.store).map_err(|error| StartError::Store {
-            dir: config.data_dir.display().to_string(),
-            error,
-        })?;
+    let store = match &config.database {
+        Some(db) => open_database(db)?,
+        None => Store::open_with(&config.data_dir, &config.store).map_err(|error| {
+            StartError::Store {
+                dir: config.data_dir.display().to_string(),
+                error,
+            }
+        })?,
+    };
     let channels = build_channels_with(&config, Durations::of(clock.clone()))?;
     // Bind before recovering so a port clash fails fast.
     let listener = listen(config.listen).map_err(|error| StartError::Listen {

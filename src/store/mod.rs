@@ -30,6 +30,7 @@ pub mod image;
 pub mod legacy;
 pub mod memtable;
 pub mod pace;
+pub mod pg;
 pub mod purge;
 pub mod records;
 pub mod space;
@@ -93,6 +94,9 @@ pub enum StoreError {
     Version { dir: String, found: u8 },
     #[error("the storage engine crashed opening {dir}: {detail}")]
     Panic { dir: String, detail: String },
+    /// A database store that cannot be opened (`store/pg`): the line says which and why.
+    #[error("{0}")]
+    Database(String),
 }
 
 impl StoreError {

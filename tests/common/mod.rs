@@ -1,8 +1,10 @@
 //! Shared test helpers: a scriptable local webhook receiver and a tiny HTTP client.
 #![allow(dead_code)]
 
+pub mod contract;
 pub mod herald;
 pub mod http;
+pub mod pg;
 pub mod platform;
 pub mod receiver;
 pub mod tools;

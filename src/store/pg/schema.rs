@@ -1,0 +1,135 @@
+//! herald's tables on PostgreSQL, created at start and migrated by version in one
+//! transaction. `herald_meta` holds `schema_version` and `shards` (S, fixed when the schema is
+//! first created). A database whose schema is newer than this build is refused: an older
+//! binary must not write rows whose meaning it does not know.
+
+use tokio_postgres::Client;
+
+use crate::store::backend::TreeId;
+
+/// The schema this build writes. Each version's statements are in [`MIGRATIONS`].
+pub const SCHEMA_VERSION: i32 = 1;
+/// S for a schema created without another choice (HA.md).
+pub const DEFAULT_SHARDS: u32 = 64;
+/// Most shards a schema may have: S goes into an `int` column.
+pub const MAX_SHARDS: u32 = 1 << 16;
+/// Serialises the migrations of processes that start at once on one database (an arbitrary
+/// constant; "herald" in ASCII).
+const MIGRATION_LOCK: i64 = 0x6865_7261_6c64;
+
+/// The table of a tree.
+pub fn table(tree: TreeId) -> String {
+    format!("herald_{}", tree.name())
+}
+
+/// The statements that take a schema from version `n - 1` to `n` (`MIGRATIONS[n - 1]`).
+/// `shards` is S for a schema being created.
+fn migration(version: i32, shards: u32) -> Vec<String> {
+    match version {
+        1 => {
+            let mut s = Vec::new();
+            for t in TreeId::ALL {
+                // `shard` is the task's (shard.rs): issue 24 fences writes and loads a shard's
+                // tasks by it, so it is here from the first version.
+                s.push(format!(
+                    "CREATE TABLE {} (shard int NOT NULL, key bytea PRIMARY KEY, value bytea NOT NULL)",
+                    table(t)
+                ));
+            }
+            // A node taking a shard over loads its live tasks in start-up order.
+            for t in [TreeId::Live, TreeId::Due] {
+                s.push(format!(
+                    "CREATE INDEX {0}_by_shard ON {0} (shard, key)",
+                    table(t)
+                ));
+            }
+            s.push(
+                "CREATE TABLE herald_shard (shard_id int PRIMARY KEY, epoch bigint NOT NULL DEFAULT 0, \
+                 owner_node text, owner_incarnation text, lease_expires timestamptz)"
+                    .into(),
+            );
+            s.push(format!(
+                "INSERT INTO herald_meta (name, value) VALUES ('shards', '{shards}')"
+            ));
+            s.push(format!(
+                "INSERT INTO herald_shard (shard_id) SELECT generate_series(0, {})",
+                shards - 1
+            ));
+            s
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Why the schema cannot be used, as one line for the operator.
+#[derive(Debug)]
+pub enum SchemaError {
+    Newer { found: i32 },
+    Bad(String),
+    Db(tokio_postgres::Error),
+}
+
+impl From<tokio_postgres::Error> for SchemaError {
+    fn from(e: tokio_postgres::Error) -> SchemaError {
+        SchemaError::Db(e)
+    }
+}
+
+/// Creates or migrates herald's schema in one transaction; answers S.
+pub async fn migrate(client: &mut Client, shards: u32) -> Result<u32, SchemaError> {
+    if shards == 0 || shards > MAX_SHARDS {
+        return Err(SchemaError::Bad(format!(
+            "shards must be between 1 and {MAX_SHARDS}, not {shards}"
+        )));
+    }
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS herald_meta (name text PRIMARY KEY, value text NOT NULL)",
+    )
+    .await?;
+    let found = match tx
+        .query_opt(
+            "SELECT value FROM herald_meta WHERE name = 'schema_version'",
+            &[],
+        )
+        .await?
+    {
+        Some(row) => {
+            let v: String = row.try_get(0)?;
+            v.parse::<i32>().map_err(|_| {
+                SchemaError::Bad(format!(
+                    "herald_meta holds schema_version {v:?}, not a number"
+                ))
+            })?
+        }
+        None => 0,
+    };
+    if found > SCHEMA_VERSION {
+        return Err(SchemaError::Newer { found });
+    }
+    for v in found + 1..=SCHEMA_VERSION {
+        for stmt in migration(v, shards) {
+            tx.batch_execute(&stmt).await?;
+        }
+    }
+    tx.execute(
+        "INSERT INTO herald_meta (name, value) VALUES ('schema_version', $1) \
+         ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
+        &[&SCHEMA_VERSION.to_string()],
+    )
+    .await?;
+    let row = tx
+        .query_opt("SELECT value FROM herald_meta WHERE name = 'shards'", &[])
+        .await?
+        .ok_or_else(|| SchemaError::Bad("herald_meta has no shards row".into()))?;
+    let s: String = row.try_get(0)?;
+    let stored = s
+        .parse::<u32>()
+        .ok()
+        .filter(|n| (1..=MAX_SHARDS).contains(n))
+        .ok_or_else(|| SchemaError::Bad(format!("herald_meta holds shards {s:?}")))?;
+    tx.commit().await?;
+    Ok(stored)
+}

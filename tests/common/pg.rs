@@ -1,0 +1,297 @@
+//! A private PostgreSQL server for tests (HA.md "Tests"): `initdb` and `pg_ctl` from the newest
+//! `/usr/lib/postgresql/*/bin`, a temp dir, a free loopback port, `fsync` left on (durability is
+//! what the tests are about), run as the `postgres` user when the test runs as root (`initdb`
+//! refuses root), stopped with `pg_ctl stop -m fast` when the last holder drops it.
+//!
+//! One server per test binary: [`PgServer::shared`] hands every test of the binary the same
+//! server while any of them holds it; each test takes a fresh database ([`PgServer::create_db`]).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use super::tools;
+
+pub const INSTALL: &str = "apt-get install -y postgresql";
+
+pub struct PgServer {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    port: u16,
+    /// `Some("postgres")` when commands run through `runuser` (the test runs as root).
+    as_user: Option<&'static str>,
+}
+
+static SHARED: Mutex<Weak<PgServer>> = Mutex::new(Weak::new());
+static DBS: AtomicU32 = AtomicU32::new(0);
+
+/// The newest `/usr/lib/postgresql/N/bin` holding `initdb`, `pg_ctl` and `postgres`.
+fn server_bin() -> Option<PathBuf> {
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            ["initdb", "pg_ctl", "postgres"]
+                .iter()
+                .all(|p| tools::which(&bin.join(p).to_string_lossy()).is_some())
+                .then_some((v, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, b)| b)
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    l.local_addr().expect("local addr").port()
+}
+
+impl PgServer {
+    /// The binary's shared server, started on first use; `None` (after a recorded skip) when
+    /// PostgreSQL is not installed.
+    pub fn shared(test: &str) -> Option<Arc<PgServer>> {
+        let mut slot = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = slot.upgrade() {
+            return Some(s);
+        }
+        let s = Arc::new(PgServer::start(test)?);
+        *slot = Arc::downgrade(&s);
+        Some(s)
+    }
+
+    /// A server of its own (a test that restarts or kills it).
+    pub fn start(test: &str) -> Option<PgServer> {
+        let Some(bin) = server_bin() else {
+            tools::skip(
+                test,
+                "PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin",
+                INSTALL,
+            );
+            return None;
+        };
+        let as_user = is_root().then_some("postgres");
+        if as_user.is_some() && tools::which("runuser").is_none() {
+            tools::skip(
+                test,
+                "runuser not found (needed to run postgres as root)",
+                "apt-get install -y util-linux",
+            );
+            return None;
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("herald-pg-")
+            .tempdir()
+            .expect("temp dir");
+        let mut s = PgServer {
+            bin,
+            dir,
+            port: 0,
+            as_user,
+        };
+        if let Some(user) = as_user {
+            let out = Command::new("chown")
+                .arg(format!("{user}:"))
+                .arg(s.dir.path())
+                .output()
+                .expect("run chown");
+            assert!(
+                out.status.success(),
+                "chown: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let data = s.data_dir();
+        let out = s.pg(
+            "initdb",
+            &[
+                "-D",
+                &data.to_string_lossy(),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-instructions",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // A port taken between our probe and the server's bind fails the start: try another.
+        for _ in 0..5 {
+            s.port = free_port();
+            if s.pg_ctl_start() {
+                return Some(s);
+            }
+        }
+        panic!(
+            "postgres did not start; its log:\n{}",
+            std::fs::read_to_string(s.log_file()).unwrap_or_default()
+        );
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn log_file(&self) -> PathBuf {
+        self.dir.path().join("postgres.log")
+    }
+
+    /// Runs one of the server's programs (as `postgres` when root).
+    fn pg(&self, program: &str, args: &[&str]) -> Output {
+        let path = self.bin.join(program);
+        let mut cmd = match self.as_user {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(&path);
+                c
+            }
+            None => Command::new(&path),
+        };
+        // The server's programs must not pick up a caller's PG* settings.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("PG") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.args(args)
+            .current_dir(self.dir.path())
+            .output()
+            .unwrap_or_else(|e| panic!("run {}: {e}", path.display()))
+    }
+
+    /// `pg_ctl start -w`: waits (its own polling, with its own deadline) until the server
+    /// accepts connections.
+    fn pg_ctl_start(&self) -> bool {
+        let opts = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=on",
+            self.port,
+            self.dir.path().display()
+        );
+        self.pg(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data_dir().to_string_lossy(),
+                "-l",
+                &self.log_file().to_string_lossy(),
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                &opts,
+                "start",
+            ],
+        )
+        .status
+        .success()
+    }
+
+    /// Stops the server with `mode` (`fast`, or `immediate`: a crash) and starts it again on
+    /// the same port.
+    pub fn restart(&self, mode: &str) {
+        self.stop_now(mode);
+        self.start_again();
+    }
+
+    /// Stops the server with `mode`; [`Self::start_again`] brings it back on the same port.
+    pub fn stop_now(&self, mode: &str) {
+        let out = self.stop(mode);
+        assert!(
+            out.status.success(),
+            "pg_ctl stop: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    pub fn start_again(&self) {
+        assert!(self.pg_ctl_start(), "postgres did not start again");
+    }
+
+    fn stop(&self, mode: &str) -> Output {
+        self.pg(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data_dir().to_string_lossy(),
+                "-m",
+                mode,
+                "-w",
+                "stop",
+            ],
+        )
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The URL of database `db`.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// A fresh, empty database for one test; answers its URL.
+    pub fn create_db(&self, name: &str) -> String {
+        let db = format!("{name}_{}", DBS.fetch_add(1, Ordering::Relaxed));
+        let port = self.port.to_string();
+        let out = self.pg(
+            "createdb",
+            &["-h", "127.0.0.1", "-p", &port, "-U", "postgres", &db],
+        );
+        assert!(
+            out.status.success(),
+            "createdb {db}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.url(&db)
+    }
+
+    /// Runs `sql` in the database of `url` with `psql` (for a test's own setup), answering
+    /// its unaligned output.
+    pub fn psql(&self, url: &str, sql: &str) -> String {
+        let out = self.pg(
+            "psql",
+            &[
+                "-X",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                url,
+                "-c",
+                sql,
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "psql {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        let out = self.stop("fast");
+        if !out.status.success() {
+            eprintln!("pg_ctl stop: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+}
