@@ -61,12 +61,45 @@ impl Drop for Tmpfs {
 /// Writes 1 MiB chunks into `path` until the filesystem refuses one, then the rest byte-wise
 /// in smaller chunks: the filesystem is full to its last block.
 fn fill(path: &Path) {
-    let mut f = std::fs::File::create(path).expect("ballast");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("ballast");
     for chunk in [1 << 20, 4096, 1] {
         let buf = vec![0xA5u8; chunk];
         while f.write_all(&buf).is_ok() {}
     }
     let _ = f.sync_all();
+}
+
+/// Grows the ballast at `path` until about `leave` bytes are free on its filesystem.
+fn fill_until(path: &Path, leave: u64) {
+    let dir = path.parent().expect("ballast dir");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .expect("ballast");
+    let buf = vec![0xA5u8; 1 << 20];
+    while herald::store::space::free_bytes(dir).is_some_and(|free| free > leave + (1 << 20)) {
+        if f.write_all(&buf).is_err() {
+            break;
+        }
+    }
+    let _ = f.sync_all();
+}
+
+/// herald's memtable (what sled does not have yet), from `/metrics`.
+async fn memtable_bytes(base: &str) -> Option<u64> {
+    let r = http::try_request("GET", &format!("{base}/metrics"), &[], None)
+        .await
+        .ok()?;
+    r.text()
+        .lines()
+        .find_map(|l| l.strip_prefix("herald_store_memtable_bytes "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
 }
 
 struct Rig {
@@ -137,9 +170,23 @@ async fn health(base: &str) -> Option<(u16, Value)> {
     Some((r.status, r.json()))
 }
 
-/// Fills the disk once a few messages went out, and waits for herald to say so.
+/// Fills the disk once a few messages went out, and waits for herald to say so. In two steps,
+/// so the test is deterministic: first to under herald's write reserve (writes stop, and sled
+/// takes what the memtable holds), then to the last byte once nothing of herald's is moving
+/// (a byte-full disk arriving while sled writes a layer is the reopen path, not this test's).
 async fn fill_and_see_failing(rig: &Rig, base: &str) {
     rig.receiver.wait_for(2, Duration::from_secs(20)).await;
+    fill_until(&rig.ballast(), 20 << 20);
+    poll(Duration::from_secs(10), || async {
+        matches!(health(base).await, Some((503, _))).then_some(())
+    })
+    .await
+    .expect("storage_failing under the write reserve");
+    poll(Duration::from_secs(20), || async {
+        (memtable_bytes(base).await == Some(0)).then_some(())
+    })
+    .await
+    .expect("the memtable went into sled while writes were refused");
     fill(&rig.ballast());
     let failing = poll(Duration::from_secs(10), || async {
         match health(base).await {
@@ -289,12 +336,7 @@ async fn sigterm_while_the_disk_is_full_exits_and_kill_9_loses_nothing() {
     })
     .await
     .expect("the sequence goes on after the restart");
-    fill(&rig.ballast());
-    poll(Duration::from_secs(10), || async {
-        matches!(health(&herald.url).await, Some((503, _))).then_some(())
-    })
-    .await
-    .expect("storage_failing once full again");
+    fill_and_see_failing(&rig, &herald.url).await;
     herald.kill9();
     std::fs::remove_file(rig.ballast()).expect("remove the ballast");
     let herald = Proc::spawn(&rig.config, &rig.data);
