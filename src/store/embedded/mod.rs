@@ -96,13 +96,17 @@ struct Shared {
     closing: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     /// Free space as the commit thread last read it.
     gauge: space::Gauge,
+    /// The applier's progress: chunks of keys written into sled and layers done (a write
+    /// waiting for room tells a slow applier from a stuck one by it).
+    applied: AtomicU64,
 }
 
 /// How long a reopen waits for the old sled handle to close before it reports it stuck and
 /// tries again later (the close goes on in the background).
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
-/// Longest a group waits for room in the memtable before it fails.
-const ROOM_WAIT_MAX: Duration = Duration::from_secs(5);
+/// A group waiting for room in the memtable fails once the applier has made no progress
+/// (no chunk of keys written into sled, no layer done) for this long.
+const APPLIER_STALL_MAX: Duration = Duration::from_secs(30);
 /// How often the applier looks at free space again while it waits for some.
 const SPACE_POLL: Duration = Duration::from_millis(200);
 
@@ -304,7 +308,8 @@ impl Shared {
     /// wait could be without end, and the writer is better told so.
     fn wait_for_room(&self) -> Result<(), StoreError> {
         let mut inbox = self.applier.lock();
-        let started = Instant::now();
+        // Since when the applier has made no progress while this write waited.
+        let (mut seen, mut since) = (self.applied.load(Ordering::Relaxed), Instant::now());
         loop {
             {
                 let m = self.mem.read();
@@ -319,13 +324,17 @@ impl Shared {
                 let free = space::free_bytes(&self.dir).unwrap_or(0);
                 return Err(space::full(&self.dir, free, space::WRITE_RESERVE));
             }
-            if started.elapsed() >= ROOM_WAIT_MAX {
-                // The applier is stuck (a flush that never returns, say): fail the group, so
-                // health says so and writes are refused up front, instead of queueing without
-                // an answer.
+            let now_applied = self.applied.load(Ordering::Relaxed);
+            if now_applied != seen {
+                (seen, since) = (now_applied, Instant::now());
+            } else if since.elapsed() >= APPLIER_STALL_MAX {
+                // The applier is stuck (a flush that never returns, say), not merely slow: fail
+                // the group, so health says so and writes are refused up front, instead of
+                // queueing without an answer. A slow disk keeps the applier moving, and the
+                // write waits as long as it does (back-pressure, not an error).
                 return Err(StoreError::Write(format!(
-                    "the applier has not taken the memtable for {} s; writes are refused until it does",
-                    ROOM_WAIT_MAX.as_secs()
+                    "the applier has written nothing into sled for {} s; writes are refused until it does",
+                    APPLIER_STALL_MAX.as_secs()
                 )));
             }
             self.pressed.store(true, Ordering::Relaxed);
@@ -379,7 +388,10 @@ impl Shared {
         let stop = || self.applier.lock().stop;
         let started = Instant::now();
         let waited = std::cell::Cell::new(Duration::ZERO);
-        let pace = || self.hold_back(&waited);
+        let pace = || {
+            self.applied.fetch_add(1, Ordering::Relaxed);
+            self.hold_back(&waited)
+        };
         self.raise_sled_fences(layer);
         loop {
             if !self.wait_for_space(layer.bytes) {
@@ -422,6 +434,7 @@ impl Shared {
         if let Err(e) = removed {
             tracing::warn!(error = %e, "could not delete checkpointed write-ahead log segments; they are replayed at the next start");
         }
+        self.applied.fetch_add(1, Ordering::Relaxed);
         let _inbox = self.applier.lock();
         self.mem.write().drop_frozen();
         self.done.notify_all();
@@ -606,6 +619,7 @@ impl SledBackend {
             low_space: AtomicBool::new(false),
             closing: Mutex::new(None),
             gauge: space::Gauge::default(),
+            applied: AtomicU64::new(0),
         });
         shared.freeze_if(&mut shared.log.lock(), |_| true);
         let s = shared.clone();
