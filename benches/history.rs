@@ -49,8 +49,7 @@ fn config(dir: &std::path::Path) -> Config {
 async fn start(dir: &std::path::Path, clock: Arc<ManualClock>) -> Server {
     // sled lets go of a directory a moment after its store closed: try again for a while.
     for _ in 0..1_000 {
-        match herald::server::start_with(config(dir), clock.clone(), EngineConfig::default())
-            .await
+        match herald::server::start_with(config(dir), clock.clone(), EngineConfig::default()).await
         {
             Ok(s) => return s,
             Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
