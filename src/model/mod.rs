@@ -9,6 +9,7 @@ pub mod request;
 pub mod run;
 pub mod state;
 pub mod task;
+pub mod timeline;
 
 pub use duration::{format_duration_ms, parse_duration_ms};
 pub use failure::{delivery_key, Failure};
@@ -19,3 +20,4 @@ pub use request::{Context, FieldError, PatchRequest, TaskRequest};
 pub use run::{GaveUp, Outcome, Run, RunState, Settled};
 pub use state::{InvalidTransition, TaskState};
 pub use task::*;
+pub use timeline::{TimelineEvent, TimelineKind};
