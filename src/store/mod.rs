@@ -249,7 +249,14 @@ pub struct StoreOptions {
     /// Most run records an unfinished task keeps (`[store] runs_max`); older finished ones
     /// are deleted as it fires. Applied by the engine.
     pub runs_max: u32,
+    /// Most entries the failure list holds (`[store] failures_max`); past it a message given
+    /// up on is not listed (its run still counts it failed), counted and alerted. Applied by
+    /// the engine.
+    pub failures_max: u64,
 }
+
+/// `[store] failures_max` when the config does not say.
+pub const DEFAULT_FAILURES_MAX: u64 = 100_000;
 
 /// `[store] retention` when the config does not say.
 pub const DEFAULT_RETENTION_MS: u64 = 7 * 86_400_000;
@@ -262,6 +269,7 @@ impl Default for StoreOptions {
             cache_bytes: DEFAULT_CACHE_BYTES,
             retention_ms: Some(DEFAULT_RETENTION_MS),
             runs_max: DEFAULT_RUNS_MAX,
+            failures_max: DEFAULT_FAILURES_MAX,
         }
     }
 }
