@@ -239,7 +239,10 @@ mod tests {
         assert!(l.may_send(3, 2_000, 5_000));
         // Less than `safety` left, or a deadline past the window: no send.
         assert!(!l.may_send(3, 9_500, 100));
-        assert!(l.may_send(3, 5_000, 5_000), "a deadline at the window end is inside it");
+        assert!(
+            l.may_send(3, 5_000, 5_000),
+            "a deadline at the window end is inside it"
+        );
         assert!(!l.may_send(3, 5_000, 5_001));
         assert!(!l.may_send(4, 2_000, 10), "not held");
     }

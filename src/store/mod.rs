@@ -725,24 +725,27 @@ impl Store {
     }
 
     /// Raw access for tests that need to plant a corrupt record (in the spec tree, with a
-    /// live entry so that start-up meets it).
+    /// live entry so that start-up meets it). Through the write queue like every write, so it
+    /// is durable when it returns and never races the commit thread.
     #[doc(hidden)]
-    pub fn raw_insert_task_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+    pub async fn raw_insert_task_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
         let live = encode(&LiveEntry {
             state: crate::model::TaskState::Pending,
             next_fire_at_ms: None,
             one_shot: true,
         })?;
         let k = key.as_bytes().to_vec();
-        self.backend.apply(vec![vec![
+        let ops = vec![
             RawOp::Put(TreeId::Specs, k.clone(), bytes.to_vec()),
             live_write(k, Some(live), false),
-        ]])?;
-        self.backend.sync()
-    }
-
-    pub fn flush_now(&self) -> Result<(), StoreError> {
-        self.backend.sync()
+        ];
+        match self.commit.write(ops, true).await? {
+            Ok(()) => Ok(()),
+            Err(r) => Err(StoreError::Write(format!(
+                "unexpected precondition failure in {}",
+                r.tree.name()
+            ))),
+        }
     }
 }
 
@@ -1307,7 +1310,9 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = Store::open(dir.path()).unwrap();
         insert(&s, "good").await;
-        s.raw_insert_task_bytes("bad", &[1, 0xff, 0xff]).unwrap();
+        s.raw_insert_task_bytes("bad", &[1, 0xff, 0xff])
+            .await
+            .unwrap();
         let (p, _, bad) = s.task_page(None, 10, Walk::All, |_| true).unwrap();
         assert_eq!(p.len(), 1);
         assert_eq!(bad.len(), 1);
