@@ -87,7 +87,9 @@ impl Store {
             let spec: SpecRecord = decode("specs", id.as_bytes(), spec_bytes)?;
             let progress: ProgressRecord = match (&vals[1], &vals[3]) {
                 (Some(p), _) => decode("progress", id.as_bytes(), p)?,
-                (None, Some(l)) => ProgressRecord::initial(&spec, &decode("live", id.as_bytes(), l)?),
+                (None, Some(l)) => {
+                    ProgressRecord::initial(&spec, &decode("live", id.as_bytes(), l)?)
+                }
                 (None, None) => return Ok(None), // deleted meanwhile
             };
             const HEAD: usize = 4;

@@ -509,7 +509,11 @@ impl Store {
             let old = self.get_decoded::<SpecRecord>(TreeId::Specs, id.as_bytes())?;
             if let Some(mut spec) = old.filter(|s| s.message.is_some()) {
                 spec.message = None;
-                ops.push(RawOp::Put(TreeId::Specs, id.as_bytes().to_vec(), encode(&spec)?));
+                ops.push(RawOp::Put(
+                    TreeId::Specs,
+                    id.as_bytes().to_vec(),
+                    encode(&spec)?,
+                ));
             }
         }
         Ok(())
@@ -970,10 +974,18 @@ fn push_task(ops: &mut Vec<RawOp>, t: &Task, what: Records) -> Result<(), StoreE
         let derived = new && live.is_some_and(|l| ProgressRecord::initial(&spec, &l) == progress);
         ops.push(RawOp::Put(TreeId::Specs, key.clone(), encode(&spec)?));
         if !derived {
-            ops.push(RawOp::Put(TreeId::Progress, key.clone(), encode(&progress)?));
+            ops.push(RawOp::Put(
+                TreeId::Progress,
+                key.clone(),
+                encode(&progress)?,
+            ));
         }
     } else {
-        ops.push(RawOp::Put(TreeId::Progress, key.clone(), encode(&progress)?));
+        ops.push(RawOp::Put(
+            TreeId::Progress,
+            key.clone(),
+            encode(&progress)?,
+        ));
     }
     let value = live.map(|l| encode(&l)).transpose()?;
     // A live entry is only ever stored with its spec (they are put and deleted in one job),
