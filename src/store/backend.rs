@@ -130,4 +130,10 @@ pub trait Backend: Send + Sync + 'static {
     fn memtable_bytes(&self) -> usize {
         0
     }
+    /// Bytes in the memtable's active layer, the one writes go into (read on every write by
+    /// the admission law, `store/pace.rs::admit`, so it must be cheap: no lock); 0 for a
+    /// backend without a memtable, which is then never slowed.
+    fn active_bytes(&self) -> usize {
+        0
+    }
 }

@@ -10,7 +10,9 @@
 //!
 //! The queue is bounded ([`QUEUE_JOBS`]): a caller that must not wait (an HTTP create) gets
 //! [`StoreError::Busy`] when it is full and answers 503 with `Retry-After`; engine steps wait
-//! for room. Nothing queues without bound.
+//! for room. Nothing queues without bound. Before a job is queued, the admission law
+//! (`store/pace.rs::admit`) slows it by up to 50 ms while the backend's memtable is behind,
+//! and a memtable at its hard bound counts as a full queue.
 //!
 //! Health: a failed apply or sync is remembered (and logged once per change) until a later
 //! group succeeds; `/healthz` and `/metrics` read it. While it fails the engine refuses writes
@@ -29,6 +31,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{mpsc, oneshot};
 
 use super::backend::{Backend, RawOp, Rejected};
+use super::pace::{self, Admit};
 use super::StoreError;
 
 /// Most jobs in one group (one log record, one sync).
@@ -71,6 +74,11 @@ pub struct CommitStats {
     pub flush_seconds: Histogram,
     /// Writers per group (how much one flush is shared).
     pub group_size: Histogram,
+    /// Writes the admission law (`store/pace.rs::admit`) made wait, the longest wait it gave
+    /// (µs), and the writes it refused (or sent on to wait for room) at the hard bound.
+    pub admit_delayed: AtomicU64,
+    pub admit_delay_max_us: AtomicU64,
+    pub admit_full: AtomicU64,
 }
 
 /// Upper bounds of the flush-time buckets (seconds): a good disk's fdatasync is ~0.2 ms to a
@@ -93,6 +101,9 @@ impl Default for CommitStats {
             busy_us: AtomicU64::new(0),
             flush_seconds: Histogram::new(FLUSH_BOUNDS_S),
             group_size: Histogram::new(GROUP_BOUNDS),
+            admit_delayed: AtomicU64::new(0),
+            admit_delay_max_us: AtomicU64::new(0),
+            admit_full: AtomicU64::new(0),
         }
     }
 }
@@ -128,6 +139,8 @@ pub struct GroupCommit {
     pub stats: Arc<CommitStats>,
     pub health: Arc<Health>,
     queue_jobs: usize,
+    /// Read for the admission law (its active layer's size).
+    backend: Arc<dyn Backend>,
 }
 
 impl Drop for GroupCommit {
@@ -148,6 +161,7 @@ impl GroupCommit {
         let stats = Arc::new(CommitStats::default());
         let health = Arc::new(Health::default());
         let (s, h) = (stats.clone(), health.clone());
+        let admission = backend.clone();
         let thread = std::thread::Builder::new()
             .name("herald-commit".into())
             .spawn(move || run(backend, rx, s, h))?;
@@ -161,11 +175,14 @@ impl GroupCommit {
             stats,
             health,
             queue_jobs: queue_jobs.max(1),
+            backend: admission,
         })
     }
 
-    /// Applies `ops` atomically and resolves once they are durable. With `wait == false` a full
-    /// queue is [`StoreError::Busy`] at once.
+    /// Applies `ops` atomically and resolves once they are durable. First the admission law
+    /// (`store/pace.rs::admit`) may make the write wait a little, while the applier is behind.
+    /// With `wait == false` a full queue, or a memtable at its hard bound, is
+    /// [`StoreError::Busy`] at once.
     pub async fn write(
         &self,
         ops: Vec<RawOp>,
@@ -173,6 +190,20 @@ impl GroupCommit {
     ) -> Result<Result<(), Rejected>, StoreError> {
         let stopped = || StoreError::Write("commit thread stopped".into());
         let tx = self.tx.as_ref().ok_or_else(stopped)?;
+        if let Admit::After(d) = pace::admit(self.backend.active_bytes()) {
+            self.stats.admit_delayed.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .admit_delay_max_us
+                .fetch_max(d.as_micros() as u64, Ordering::Relaxed);
+            tokio::time::sleep(d).await;
+        }
+        // Looked at again after the wait: the fill may have reached the bound meanwhile.
+        if pace::admit(self.backend.active_bytes()) == Admit::Full {
+            self.stats.admit_full.fetch_add(1, Ordering::Relaxed);
+            if !wait {
+                return Err(StoreError::Busy);
+            }
+        }
         let (reply, rx) = oneshot::channel();
         let job = Job { ops, reply };
         if wait {

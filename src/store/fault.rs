@@ -113,4 +113,8 @@ impl Backend for FaultyBackend {
     fn memtable_bytes(&self) -> usize {
         self.inner.memtable_bytes()
     }
+
+    fn active_bytes(&self) -> usize {
+        self.inner.active_bytes()
+    }
 }

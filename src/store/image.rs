@@ -65,30 +65,46 @@ impl Store {
                 run_nos.push(n);
             }
             let next_run = run_nos.last().map_or(1, |n| n.saturating_add(1));
-            let count = spec.message_count;
+            // A message inside the spec (format 6) is read with it.
+            let count = if spec.message.is_some() {
+                0
+            } else {
+                spec.message_count
+            };
             let mut keys = vec![
                 (TreeId::Specs, id.as_bytes().to_vec()),
                 (TreeId::Progress, id.as_bytes().to_vec()),
                 (TreeId::Runs, run_key(id, next_run)),
+                // The progress of a task that has none stored is derived from this.
+                (TreeId::Live, id.as_bytes().to_vec()),
             ];
             keys.extend((0..count).map(|s| (TreeId::Messages, run_key(id, s))));
             keys.extend(run_nos.iter().map(|n| (TreeId::Runs, run_key(id, *n))));
             let vals = self.backend.get_atomic(&keys)?;
-            let (Some(spec), Some(progress)) = (&vals[0], &vals[1]) else {
+            let Some(spec_bytes) = &vals[0] else {
                 return Ok(None); // deleted meanwhile
             };
-            let spec: SpecRecord = decode("specs", id.as_bytes(), spec)?;
-            let progress: ProgressRecord = decode("progress", id.as_bytes(), progress)?;
-            let runs_vals = &vals[3 + count as usize..];
+            let spec: SpecRecord = decode("specs", id.as_bytes(), spec_bytes)?;
+            let progress: ProgressRecord = match (&vals[1], &vals[3]) {
+                (Some(p), _) => decode("progress", id.as_bytes(), p)?,
+                (None, Some(l)) => {
+                    ProgressRecord::initial(&spec, &decode("live", id.as_bytes(), l)?)
+                }
+                (None, None) => return Ok(None), // deleted meanwhile
+            };
+            const HEAD: usize = 4;
+            let runs_vals = &vals[HEAD + count as usize..];
+            let inline = spec.message.is_some();
             // A run started or the messages changed between the scan and the read: again.
-            if spec.message_count != count
+            if (if inline { 0 } else { spec.message_count }) != count
                 || vals[2].is_some()
                 || runs_vals.iter().any(Option::is_none)
             {
                 continue;
             }
-            let mut messages = Vec::with_capacity(count as usize);
-            for (seq, v) in vals[3..3 + count as usize].iter().enumerate() {
+            let mut messages = Vec::with_capacity(spec.message_count as usize);
+            messages.extend(spec.message.clone());
+            for (seq, v) in vals[HEAD..HEAD + count as usize].iter().enumerate() {
                 let key = run_key(id, seq as u32);
                 let v = v.as_ref().ok_or_else(|| StoreError::Corrupt {
                     tree: "messages".into(),

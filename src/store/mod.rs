@@ -1,8 +1,10 @@
 //! Durable state: task specs and progress, messages, runs (cursors), failures, idempotency keys.
 //!
 //! Trees and keys (keys are byte strings ordered for scans; see `records.rs` for the split):
-//! - `specs`: task id → [`records::SpecRecord`] (written at create and patch)
-//! - `progress`: task id → [`records::ProgressRecord`] (rewritten by the engine)
+//! - `specs`: task id → [`records::SpecRecord`] (written at create and patch; holds the task's
+//!   message when it was created with one)
+//! - `progress`: task id → [`records::ProgressRecord`] (rewritten by the engine; absent while
+//!   it is the initial one, derived from the spec and the live entry)
 //! - `live`: task id → [`records::LiveEntry`], only while the task is unfinished
 //! - `due`: [`records::due_key`] → the same entry: `live` in start-up order, kept in step by
 //!   the backend (`RawOp::Indexed`)
@@ -53,8 +55,13 @@ use records::{join, live_of, progress_of, spec_of, LiveEntry, ProgressRecord, Sp
 /// built from `live` on open. Format 3 had no write-ahead log (`wal-*.log`): its trees are
 /// read as they are; the number moved so that an older build refuses a directory whose last
 /// writes may still be in the log. Format 4 had no `active_runs` index; it is built from
-/// `runs` on open ([`build_active_index`]).
-pub const DIR_FORMAT: u8 = 5;
+/// `runs` on open ([`build_active_index`]). Format 5 kept every message in `messages` and a
+/// progress record beside every spec; format 6 keeps a create's only message inside its spec
+/// ([`records::SpecRecord::message`]) and stores no progress record while the task's progress
+/// is the one it was created with ([`records::ProgressRecord::initial`]). Format 5 records are
+/// read as they are (nothing to migrate); the number moved so that an older build refuses a
+/// directory with specs it would read as having lost their message or progress.
+pub const DIR_FORMAT: u8 = 6;
 /// Most finished run records one fire deletes from a task's history ([`Op::TrimRuns`]): a
 /// task restored with a long history comes down to `runs_max` over some fires, each bounded.
 pub const TRIM_MAX: usize = 64;
@@ -317,6 +324,8 @@ impl Store {
                 build_active_index(&backend)?;
             }
             Some([3 | 4]) => build_active_index(&backend)?,
+            // Read as they are: a spec without a message, a progress record beside each spec.
+            Some([5]) => {}
             Some(v) => {
                 return Err(StoreError::Version {
                     dir: dir.display().to_string(),
@@ -387,6 +396,7 @@ impl Store {
                 self.push_trim(&mut ops, task_id, *below)?;
             }
         }
+        self.keep_inline_messages(batch, &mut ops)?;
         match self.commit.write(ops, true).await? {
             Ok(()) => Ok(()),
             Err(r) => Err(StoreError::Write(format!(
@@ -438,13 +448,9 @@ impl Store {
         let Some(spec) = self.get_decoded::<SpecRecord>(TreeId::Specs, id.as_bytes())? else {
             return Ok(None);
         };
-        let Some(progress) = self.get_decoded::<ProgressRecord>(TreeId::Progress, id.as_bytes())?
-        else {
-            return Err(StoreError::Corrupt {
-                tree: "progress".into(),
-                key: id.into(),
-                detail: "the task's spec exists but its progress record is missing".into(),
-            });
+        let progress = match self.get_decoded::<ProgressRecord>(TreeId::Progress, id.as_bytes())? {
+            Some(p) => p,
+            None => initial_progress(&spec, self.live_entry(id)?)?,
         };
         Ok(Some(join(spec, progress)))
     }
@@ -454,9 +460,71 @@ impl Store {
         Ok(self.backend.get(TreeId::Specs, id.as_bytes())?.is_some())
     }
 
-    /// Message `seq` of a task.
+    /// Message `seq` of a task: inside its spec when the spec holds it (format 6, a task
+    /// created with one message), else in `messages`.
     pub fn get_message(&self, task_id: &str, seq: u32) -> Result<Option<Message>, StoreError> {
+        if seq == 0 {
+            if let Some(spec) = self.get_decoded::<SpecRecord>(TreeId::Specs, task_id.as_bytes())? {
+                if let Some(m) = spec.message {
+                    return Ok(Some(m));
+                }
+            }
+        }
         self.get_decoded(TreeId::Messages, &run_key(task_id, seq))
+    }
+
+    /// A spec that holds its task's only message keeps it when a batch rewrites the spec
+    /// without touching the messages ([`Op::Task`] is encoded from the task, which holds
+    /// none); and gives it up when a batch writes the messages into `messages` ([`Op::Messages`],
+    /// a patch), so the spec never shadows them. Reads the old spec: the caller holds the
+    /// task's lock, as for every write of a task.
+    fn keep_inline_messages(&self, batch: &Batch, ops: &mut Vec<RawOp>) -> Result<(), StoreError> {
+        let mut specs: Vec<&Task> = Vec::new();
+        let mut messages: Vec<&str> = Vec::new();
+        for op in &batch.ops {
+            match op {
+                Op::Task(t) => specs.push(t),
+                Op::Messages { task_id, .. } => messages.push(task_id),
+                _ => {}
+            }
+        }
+        for t in specs {
+            if messages.contains(&t.id.as_str()) {
+                continue; // written as `spec_of(t)`: no inline message, they are in `messages`
+            }
+            let old = self.get_decoded::<SpecRecord>(TreeId::Specs, t.id.as_bytes())?;
+            if let Some(m) = old.and_then(|s| s.message) {
+                let mut spec = spec_of(t);
+                spec.message = Some(m);
+                let value = encode(&spec)?;
+                for op in ops.iter_mut() {
+                    if let RawOp::Put(TreeId::Specs, k, v) = op {
+                        if k.as_slice() == t.id.as_bytes() {
+                            *v = value.clone();
+                        }
+                    }
+                }
+            }
+        }
+        for id in messages {
+            if batch
+                .ops
+                .iter()
+                .any(|op| matches!(op, Op::Task(t) if t.id == id))
+            {
+                continue;
+            }
+            let old = self.get_decoded::<SpecRecord>(TreeId::Specs, id.as_bytes())?;
+            if let Some(mut spec) = old.filter(|s| s.message.is_some()) {
+                spec.message = None;
+                ops.push(RawOp::Put(
+                    TreeId::Specs,
+                    id.as_bytes().to_vec(),
+                    encode(&spec)?,
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Every unfinished task's live entry, in id order. A read error ends the scan: it comes
@@ -880,15 +948,22 @@ fn push_new_task(
         ));
     }
     ops.push(RawOp::Absent(TreeId::Specs, task.id.as_bytes().to_vec()));
-    push_task(ops, task, Records::New)?;
-    push_messages(ops, &task.id, 0, messages)
+    match messages {
+        // Format 6: the only message goes inside the spec, one key fewer.
+        [only] => push_task(ops, task, Records::New(Some(only))),
+        _ => {
+            push_task(ops, task, Records::New(None))?;
+            push_messages(ops, &task.id, 0, messages)
+        }
+    }
 }
 
 /// Which of a task's records a write puts.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Records {
-    /// A new task (its job requires the spec absent): spec, progress, live entry.
-    New,
+enum Records<'a> {
+    /// A new task (its job requires the spec absent): spec (holding the task's only message,
+    /// if given), the progress unless it is the initial one (derived when read), live entry.
+    New(Option<&'a Message>),
     /// Spec, progress, live entry.
     Task,
     /// Progress and live entry.
@@ -897,23 +972,55 @@ enum Records {
 
 fn push_task(ops: &mut Vec<RawOp>, t: &Task, what: Records) -> Result<(), StoreError> {
     let key = t.id.as_bytes().to_vec();
+    let new = matches!(what, Records::New(_));
+    let progress = progress_of(t);
+    let live = (!t.state.is_terminal()).then(|| live_of(t));
     if what != Records::Progress {
-        ops.push(RawOp::Put(TreeId::Specs, key.clone(), encode(&spec_of(t))?));
-    }
-    ops.push(RawOp::Put(
-        TreeId::Progress,
-        key.clone(),
-        encode(&progress_of(t))?,
-    ));
-    let value = if t.state.is_terminal() {
-        None
+        let mut spec = spec_of(t);
+        if let Records::New(Some(m)) = what {
+            spec.message = Some(m.clone());
+        }
+        // A new task whose progress is the initial one stores none: it is derived from the
+        // spec and the live entry when read.
+        let derived = new && live.is_some_and(|l| ProgressRecord::initial(&spec, &l) == progress);
+        ops.push(RawOp::Put(TreeId::Specs, key.clone(), encode(&spec)?));
+        if !derived {
+            ops.push(RawOp::Put(
+                TreeId::Progress,
+                key.clone(),
+                encode(&progress)?,
+            ));
+        }
     } else {
-        Some(encode(&live_of(t))?)
-    };
+        ops.push(RawOp::Put(
+            TreeId::Progress,
+            key.clone(),
+            encode(&progress)?,
+        ));
+    }
+    let value = live.map(|l| encode(&l)).transpose()?;
     // A live entry is only ever stored with its spec (they are put and deleted in one job),
     // so a task whose spec is absent has none to replace in the due index.
-    ops.push(live_write(key, value, what == Records::New));
+    ops.push(live_write(key, value, new));
     Ok(())
+}
+
+/// The progress of a task that has no progress record (format 6, nothing happened to it
+/// since its create): derived from its spec and its live entry. Without a live entry (a
+/// finished task always has its progress stored) the record is missing for real.
+fn initial_progress(
+    spec: &SpecRecord,
+    live: Option<LiveEntry>,
+) -> Result<ProgressRecord, StoreError> {
+    match live {
+        Some(l) => Ok(ProgressRecord::initial(spec, &l)),
+        None => Err(StoreError::Corrupt {
+            tree: "progress".into(),
+            key: spec.id.clone(),
+            detail: "the task's spec exists but its progress record and live entry are missing"
+                .into(),
+        }),
+    }
 }
 
 /// Writes (or deletes) a live entry, keeping the due index in step. `stored_absent`: the

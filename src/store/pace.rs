@@ -87,6 +87,63 @@ impl Pacer {
     }
 }
 
+/// Admission, the other half of the pacing: while the applier is behind (the active layer
+/// over [`ADMIT_SOFT_BYTES`]), every write waits a little before it joins the commit queue,
+/// the same for every writer at a given fill, so the writers slow down together long before
+/// the hard bound ([`ADMIT_FULL_BYTES`], where a group would wait for the applier) instead of
+/// all hitting it at once. Why: with a wall, a slow applier let the memtable fill at full
+/// speed and then held *every* write for a whole layer (p99 1.2–1.4 s in the load bench with
+/// a competing `fdatasync` writer, 52 writers queued behind one group).
+///
+/// The law, with `a` the active layer's bytes:
+/// - `a < SOFT` (16 MiB): no wait;
+/// - `SOFT <= a < KNEE` (16..28 MiB): `DELAY_MAX * (a - SOFT) / (KNEE - SOFT)`, 0..50 ms;
+/// - `KNEE <= a < FULL` (28..32 MiB): `DELAY_MAX`;
+/// - `a >= FULL`: full, like a full queue: a write that must not wait (an HTTP create) is
+///   refused at once (503 with `Retry-After`), an engine step waits for room as before.
+///
+/// It is a proportional controller on the memtable: `n` writers of `b` bytes each, delayed
+/// `d`, put in at most `n * b / d` bytes/s, so the fill settles where that meets the
+/// applier's rate (64 connections of ~1 KiB creates at 50 ms: ~1.3 MB/s, far under any disk's
+/// applier). A write's own wait is at most [`ADMIT_DELAY_MAX`] (50 ms), which leaves half of
+/// the 100 ms bound to the group's own commit.
+pub const ADMIT_SOFT_BYTES: usize = DEFER_MAX_BYTES;
+/// Where the delay reaches [`ADMIT_DELAY_MAX`].
+pub const ADMIT_KNEE_BYTES: usize = super::memtable::ACTIVE_MAX_BYTES / 8 * 7;
+/// The hard bound: a group waits for the applier over it (`memtable::ACTIVE_MAX_BYTES`).
+pub const ADMIT_FULL_BYTES: usize = super::memtable::ACTIVE_MAX_BYTES;
+/// The longest a write waits to be admitted.
+pub const ADMIT_DELAY_MAX: Duration = Duration::from_millis(50);
+const _: () = assert!(ADMIT_SOFT_BYTES < ADMIT_KNEE_BYTES && ADMIT_KNEE_BYTES < ADMIT_FULL_BYTES);
+
+/// What admission says to one write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admit {
+    /// Join the queue now.
+    Now,
+    /// Wait this long first (at most [`ADMIT_DELAY_MAX`]).
+    After(Duration),
+    /// The memtable is at its hard bound: as good as a full queue.
+    Full,
+}
+
+/// The admission law (above) for an active layer of `active_bytes`.
+pub fn admit(active_bytes: usize) -> Admit {
+    if active_bytes < ADMIT_SOFT_BYTES {
+        return Admit::Now;
+    }
+    if active_bytes >= ADMIT_FULL_BYTES {
+        return Admit::Full;
+    }
+    let over = (active_bytes.min(ADMIT_KNEE_BYTES) - ADMIT_SOFT_BYTES) as u128;
+    let span = (ADMIT_KNEE_BYTES - ADMIT_SOFT_BYTES) as u128;
+    let us = ADMIT_DELAY_MAX.as_micros() * over / span;
+    match us {
+        0 => Admit::Now,
+        us => Admit::After(Duration::from_micros(us as u64)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +202,29 @@ mod tests {
         p.pressed();
         assert!(!p.looks());
         assert!(!p.wait(100, ms(5), 0, ms(0)));
+    }
+
+    #[test]
+    fn admission_slows_evenly_from_the_soft_mark_and_is_full_only_at_the_hard_bound() {
+        let ms = Duration::from_millis;
+        assert_eq!(admit(0), Admit::Now);
+        assert_eq!(admit(ADMIT_SOFT_BYTES - 1), Admit::Now);
+        assert_eq!(admit(ADMIT_SOFT_BYTES), Admit::Now);
+        let mid = (ADMIT_SOFT_BYTES + ADMIT_KNEE_BYTES) / 2;
+        assert_eq!(admit(mid), Admit::After(ms(25)));
+        assert_eq!(admit(ADMIT_KNEE_BYTES), Admit::After(ADMIT_DELAY_MAX));
+        assert_eq!(admit(ADMIT_FULL_BYTES - 1), Admit::After(ADMIT_DELAY_MAX));
+        assert_eq!(admit(ADMIT_FULL_BYTES), Admit::Full);
+        // Monotone and never past the bound, byte by byte over a coarse grid.
+        let mut last = Duration::ZERO;
+        for a in (0..ADMIT_FULL_BYTES).step_by(4093) {
+            let d = match admit(a) {
+                Admit::Now => Duration::ZERO,
+                Admit::After(d) => d,
+                Admit::Full => panic!("full at {a}"),
+            };
+            assert!(d >= last && d <= ADMIT_DELAY_MAX, "{a}: {d:?}");
+            last = d;
+        }
     }
 }

@@ -39,6 +39,8 @@ impl Store {
     pub fn footprint(&self, id: &str) -> Result<Footprint, StoreError> {
         let prefix = id_prefix(id);
         let messages = match self.get_decoded::<SpecRecord>(TreeId::Specs, id.as_bytes())? {
+            // A message inside the spec goes with it.
+            Some(s) if s.message.is_some() => 0,
             Some(s) => s.message_count,
             // A spec-less leftover: count what is there.
             None => bounded(self.backend.scan(TreeId::Messages, &prefix, Some(&prefix)))

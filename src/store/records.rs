@@ -7,7 +7,11 @@
 //! - The **live entry** (tree `live`) exists exactly while the task is unfinished and holds its
 //!   state and next fire, so start-up reads one small record per unfinished task and never
 //!   touches finished ones.
-//! - The messages (tree `messages`) are one record each, read one at a time when sent.
+//! - The messages (tree `messages`) are one record each, read one at a time when sent; a task
+//!   created with a single message keeps it inside its spec instead (format 6,
+//!   [`SpecRecord::message`]), and a task whose progress is still the one it was created with
+//!   has no progress record (derived: [`ProgressRecord::initial`]). A pending one-shot is then
+//!   three keys (spec, live entry, due entry) where format 5 stored five.
 //! - The **due index** (tree `due`) holds the same entries as `live`, keyed in the order
 //!   start-up needs them ([`due_key`]): running tasks first, then pending ones by next fire,
 //!   then the rest. Start-up reads the running ones and those due soon, is ready, and reads the
@@ -19,7 +23,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Lang, Misfire, Overlap, Pacing, RetryPolicy, Schedule, Task, TaskState};
+use crate::model::{
+    Lang, Message, Misfire, Overlap, Pacing, RetryPolicy, Schedule, Task, TaskState,
+};
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct SpecRecord {
@@ -39,6 +45,12 @@ pub struct SpecRecord {
     /// before it (see [`trailing_or_default`]), so specs written before it still decode.
     #[serde(default, deserialize_with = "trailing_or_default")]
     pub lang: Lang,
+    /// Format 6: the task's only message, kept here instead of in `messages` when a create
+    /// has exactly one (one key fewer per task; most tasks have one). `None` in a record
+    /// written before (read as such: its messages are in `messages`), and whenever the
+    /// messages are in `messages` (more than one, or replaced by a patch).
+    #[serde(default, deserialize_with = "trailing_or_default")]
+    pub message: Option<Message>,
 }
 
 /// A field added at the end of a bincode record: its default when the record's bytes end
@@ -69,6 +81,30 @@ pub struct ProgressRecord {
     pub failed_reason: Option<String>,
 }
 
+impl ProgressRecord {
+    /// The progress a task has when it is created, from its spec and its live entry alone:
+    /// nothing has happened to it yet. Format 6 stores no progress record for a task whose
+    /// progress is this (most creates: one key fewer per pending task); a read that finds none
+    /// beside a live entry derives it ([`super::Store::get_task`]). The engine's first write
+    /// of the task's progress (a fire, a command) stores it as usual.
+    pub fn initial(spec: &SpecRecord, live: &LiveEntry) -> ProgressRecord {
+        ProgressRecord {
+            state: live.state,
+            updated_at_ms: spec.created_at_ms,
+            next_fire_at_ms: live.next_fire_at_ms,
+            runs: 0,
+            fires: 0,
+            last_fire_ms: None,
+            done_offsets_ms: Vec::new(),
+            queued: Vec::new(),
+            skipped: 0,
+            expired: 0,
+            watched_since_ms: spec.created_at_ms,
+            failed_reason: None,
+        }
+    }
+}
+
 /// The `live` index entry of an unfinished task: enough to put it back on the wheel.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LiveEntry {
@@ -93,6 +129,7 @@ pub fn spec_of(t: &Task) -> SpecRecord {
         metadata: t.metadata.clone(),
         created_at_ms: t.created_at_ms,
         lang: t.lang,
+        message: None,
     }
 }
 
@@ -233,6 +270,7 @@ mod tests {
             metadata: BTreeMap::from([("k".into(), "v".into())]),
             created_at_ms: 7,
             lang,
+            message: None,
         }
     }
 
@@ -255,6 +293,76 @@ mod tests {
         };
         let bytes = encode(&old).unwrap();
         assert_eq!(decode::<SpecRecord>("specs", b"t", &bytes).unwrap(), s);
+    }
+
+    /// The spec record as format 5 wrote it: `lang` last, no message.
+    #[derive(Serialize)]
+    struct SpecFormat5 {
+        id: String,
+        name: Option<String>,
+        channel: String,
+        schedule: Schedule,
+        message_count: u32,
+        pacing: Pacing,
+        retry: Option<RetryPolicy>,
+        misfire: Misfire,
+        misfire_grace_ms: u64,
+        overlap: Overlap,
+        metadata: BTreeMap<String, String>,
+        created_at_ms: u64,
+        lang: Lang,
+    }
+
+    #[test]
+    fn a_format_5_spec_decodes_without_a_message_and_one_kept_inside_round_trips() {
+        let s = spec(Lang::Zh);
+        let old = SpecFormat5 {
+            id: s.id.clone(),
+            name: s.name.clone(),
+            channel: s.channel.clone(),
+            schedule: s.schedule.clone(),
+            message_count: s.message_count,
+            pacing: s.pacing,
+            retry: s.retry,
+            misfire: s.misfire,
+            misfire_grace_ms: s.misfire_grace_ms,
+            overlap: s.overlap,
+            metadata: s.metadata.clone(),
+            created_at_ms: s.created_at_ms,
+            lang: s.lang,
+        };
+        let bytes = encode(&old).unwrap();
+        assert_eq!(decode::<SpecRecord>("specs", b"t", &bytes).unwrap(), s);
+        let mut with = spec(Lang::En);
+        with.message = Some(Message {
+            to: "a".into(),
+            body: "hello".into(),
+            data: Some("{}".into()),
+        });
+        let bytes = encode(&with).unwrap();
+        assert_eq!(decode::<SpecRecord>("specs", b"t", &bytes).unwrap(), with);
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(decode::<SpecRecord>("specs", b"t", &longer).is_err());
+    }
+
+    #[test]
+    fn the_initial_progress_is_what_a_create_makes() {
+        let req: crate::model::TaskRequest = serde_json::from_value(serde_json::json!({
+            "id": "t", "schedule": {"after": "1h"}, "to": ["a"], "body": "hello"
+        }))
+        .unwrap();
+        let (t, _) = req
+            .into_task(&crate::model::Context {
+                now_ms: 1_800_000_000_000,
+                limits: &crate::model::Limits::default(),
+                channel_exists: &|_| true,
+            })
+            .unwrap();
+        assert_eq!(
+            ProgressRecord::initial(&spec_of(&t), &live_of(&t)),
+            progress_of(&t)
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -99,6 +99,38 @@ struct Shared {
     /// The applier's progress: chunks of keys written into sled and layers done (a write
     /// waiting for room tells a slow applier from a stuck one by it).
     applied: AtomicU64,
+    /// The active layer's bytes, stored after every change of it (under `mem`'s write lock),
+    /// so the admission law reads it on a tokio worker without a lock.
+    active_bytes: AtomicUsize,
+    /// Test knobs ([`SledBackend::knobs`]).
+    knobs: Arc<Knobs>,
+}
+
+/// Test knobs: an applier slowed to a byte rate, and sled flushes that block (as sled 0.34's
+/// can for good after an I/O error) until released. Both off by default; production code
+/// never sets them.
+#[derive(Debug, Default)]
+pub struct Knobs {
+    /// Bytes per second the applier writes layers into sled at (0: as fast as it can).
+    pub applier_bytes_per_s: AtomicU64,
+    /// While set, every flush of sled (the applier's after a layer, the migrations') waits.
+    pub block_sled_flush: AtomicBool,
+    /// Flushes of sled waiting on `block_sled_flush` right now.
+    pub flushes_blocked: AtomicU64,
+}
+
+impl Knobs {
+    /// Waits while flushes are blocked (called right before sled's flush).
+    fn flush_gate(&self) {
+        if !self.block_sled_flush.load(Ordering::SeqCst) {
+            return;
+        }
+        self.flushes_blocked.fetch_add(1, Ordering::SeqCst);
+        while self.block_sled_flush.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.flushes_blocked.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// How long a reopen waits for the old sled handle to close before it reports it stuck and
@@ -165,6 +197,7 @@ impl Log {
 }
 
 struct SledInner {
+    knobs: Arc<Knobs>,
     db: sled::Db,
     trees: Vec<sled::Tree>,
     /// sled 0.34's `flush` uses `sync_file_range`, which does not survive power loss; syncing
@@ -173,7 +206,7 @@ struct SledInner {
 }
 
 impl SledInner {
-    fn open(dir: &Path, cache_bytes: u64) -> Result<SledInner, StoreError> {
+    fn open(dir: &Path, cache_bytes: u64, knobs: Arc<Knobs>) -> Result<SledInner, StoreError> {
         std::fs::create_dir_all(dir)?;
         let db = sled::Config::new()
             .path(dir)
@@ -192,6 +225,7 @@ impl SledInner {
             tracing::warn!(dir = %dir.display(), "sled data file not found; flushes will not fsync it");
         }
         Ok(SledInner {
+            knobs,
             db,
             trees,
             data_file,
@@ -200,6 +234,7 @@ impl SledInner {
 
     /// Makes everything applied to sled so far durable.
     fn flush(&self) -> Result<(), StoreError> {
+        self.knobs.flush_gate();
         self.db.flush()?;
         if let Some(f) = &self.data_file {
             f.sync_data()?;
@@ -298,7 +333,12 @@ impl Shared {
         }
         self.rotate(log);
         let covered = std::mem::take(&mut log.closed);
-        let layer = self.mem.write().freeze();
+        let layer = {
+            let mut m = self.mem.write();
+            let layer = m.freeze();
+            self.active_bytes.store(m.active.bytes, Ordering::Relaxed);
+            layer
+        };
         self.applier.lock().layer = Some((layer, covered));
         self.work.notify_one();
     }
@@ -393,6 +433,9 @@ impl Shared {
             self.hold_back(&waited)
         };
         self.raise_sled_fences(layer);
+        if !self.slowed(layer.bytes) {
+            return false;
+        }
         loop {
             if !self.wait_for_space(layer.bytes) {
                 return false;
@@ -439,6 +482,26 @@ impl Shared {
         self.mem.write().drop_frozen();
         self.done.notify_all();
         true
+    }
+
+    /// The test knob `applier_bytes_per_s`: waits as long as a layer of `bytes` takes at that
+    /// rate. `false`: stopping.
+    fn slowed(&self, bytes: usize) -> bool {
+        let rate = self.knobs.applier_bytes_per_s.load(Ordering::Relaxed);
+        if rate == 0 {
+            return true;
+        }
+        let until = Instant::now() + Duration::from_secs_f64(bytes as f64 / rate as f64);
+        loop {
+            if self.applier.lock().stop {
+                return false;
+            }
+            let now = Instant::now();
+            if now >= until {
+                return true;
+            }
+            std::thread::sleep((until - now).min(Duration::from_millis(20)));
+        }
     }
 
     /// Waits (applier) until a layer of `bytes` may go into sled (`store/space.rs`). `false`:
@@ -572,7 +635,8 @@ impl SledBackend {
     /// Opens sled in `dir` and reads what the log holds into the memtable (frozen at once, so
     /// the applier writes it into sled in the background while herald starts).
     pub fn open(dir: &Path, cache_bytes: u64) -> Result<SledBackend, StoreError> {
-        let inner = SledInner::open(dir, cache_bytes)?;
+        let knobs = Arc::new(Knobs::default());
+        let inner = SledInner::open(dir, cache_bytes, knobs.clone())?;
         let started = Instant::now();
         let (records, segs) = wal::read_all(dir)?;
         let mut mem = Mem::default();
@@ -620,6 +684,8 @@ impl SledBackend {
             closing: Mutex::new(None),
             gauge: space::Gauge::default(),
             applied: AtomicU64::new(0),
+            active_bytes: AtomicUsize::new(0),
+            knobs,
         });
         shared.freeze_if(&mut shared.log.lock(), |_| true);
         let s = shared.clone();
@@ -683,12 +749,18 @@ impl SledBackend {
             }
         }
         drop(closing);
-        let fresh = SledInner::open(&s.dir, s.cache_bytes)?;
+        let fresh = SledInner::open(&s.dir, s.cache_bytes, s.knobs.clone())?;
         *s.inner.write() = Some(fresh);
         s.sled_failed.store(false, Ordering::SeqCst);
         s.work.notify_all();
         tracing::warn!(dir = %s.dir.display(), "storage reopened");
         Ok(())
+    }
+
+    /// The test knobs (see [`Knobs`]).
+    #[doc(hidden)]
+    pub fn knobs(&self) -> Arc<Knobs> {
+        self.shared.knobs.clone()
     }
 
     /// sled was written behind the memtable's back: its fences are worked out again.
@@ -768,6 +840,7 @@ impl Backend for SledBackend {
             for w in writes {
                 m.active.insert(w, now);
             }
+            s.active_bytes.store(m.active.bytes, Ordering::Relaxed);
         }
         if full {
             s.rotate(&mut log);
@@ -824,6 +897,10 @@ impl Backend for SledBackend {
                 None => self.sled_get(*t, k),
             })
             .collect()
+    }
+
+    fn active_bytes(&self) -> usize {
+        self.shared.active_bytes.load(Ordering::Relaxed)
     }
 
     fn memtable_bytes(&self) -> usize {
