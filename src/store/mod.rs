@@ -354,7 +354,10 @@ impl Store {
 
     /// The storage error of the last group, while storage fails.
     pub fn failing(&self) -> Option<String> {
-        self.commit.health.failing()
+        self.commit
+            .health
+            .failing()
+            .or_else(|| self.backend.failing())
     }
 
     /// Jobs waiting for the commit thread.
