@@ -221,9 +221,14 @@ impl PgBackend {
             }
         }
         let statement_ms = opts.statement_timeout.as_millis().max(1);
+        // A transaction left open by a client that went away (its COMMIT lost on the way)
+        // is ended by the server itself after the same time; the read-back does not wait
+        // for that (it ends the session), this is for every other case.
         cfg.application_name("herald")
             .connect_timeout(opts.connect_timeout)
-            .options(format!("-c statement_timeout={statement_ms}"));
+            .options(format!(
+                "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout={statement_ms}"
+            ));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("herald-pg")
@@ -266,6 +271,16 @@ impl PgBackend {
             })?;
             let conn = tokio::spawn(conn);
             let r = schema::migrate(&mut client, shards).await;
+            if r.is_ok() {
+                // Tokens a crashed process left behind (answered groups' are deleted as
+                // they go; an unanswered one is resolved within minutes).
+                let _ = client
+                    .execute(
+                        "DELETE FROM herald_commit WHERE at < now() - interval '1 day'",
+                        &[],
+                    )
+                    .await;
+            }
             drop(client);
             let _ = conn.await;
             r
@@ -708,11 +723,19 @@ impl Backend for PgBackend {
             }
             Some(Err(GroupFail::Unknown(why))) => {
                 let results = answer.lock().take();
-                self.read_back(token, results, &why)
+                let r = self.read_back(token, results, &why);
+                if r.is_err() {
+                    self.spent.lock().extend(spent);
+                }
+                r
             }
             None if sent.load(Ordering::Acquire) => {
                 let results = answer.lock().take();
-                self.read_back(token, results, "the call's deadline passed")
+                let r = self.read_back(token, results, "the call's deadline passed");
+                if r.is_err() {
+                    self.spent.lock().extend(spent);
+                }
+                r
             }
             None => {
                 let f = Fail::conn("the server did not answer".into());
