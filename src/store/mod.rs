@@ -97,6 +97,10 @@ pub enum StoreError {
     /// A database store that cannot be opened (`store/pg`): the line says which and why.
     #[error("{0}")]
     Database(String),
+    /// The store cannot be reached right now (a database server down or unreachable): nothing
+    /// is wrong with any record, and the same call may work shortly (`store/pg`).
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl StoreError {
@@ -107,6 +111,7 @@ impl StoreError {
             StoreError::Sled(_)
                 | StoreError::Io(_)
                 | StoreError::Write(_)
+                | StoreError::Unavailable(_)
                 | StoreError::DiskFull { .. }
         )
     }

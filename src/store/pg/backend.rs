@@ -135,9 +135,25 @@ impl From<tokio_postgres::Error> for Fail {
     fn from(e: tokio_postgres::Error) -> Fail {
         Fail {
             why: describe(&e),
-            conn: e.is_closed() || e.as_db_error().is_none(),
+            conn: is_connection_failure(&e),
         }
     }
+}
+
+/// Whether `e` says the server or the connection is gone (it may answer again shortly), not
+/// that a statement failed: no server answer at all, a closed connection, a FATAL error (the
+/// session ends), SQLSTATE class 08 (connection exception) or 57 (operator intervention: the
+/// server shutting down, starting up, or ending the session), or too many connections.
+fn is_connection_failure(e: &tokio_postgres::Error) -> bool {
+    let Some(db) = e.as_db_error() else {
+        return true;
+    };
+    let code = db.code().code();
+    e.is_closed()
+        || matches!(db.severity(), "FATAL" | "PANIC")
+        || code.starts_with("08")
+        || code.starts_with("57")
+        || code == "53300"
 }
 
 impl From<deadpool_postgres::PoolError> for Fail {
@@ -351,12 +367,22 @@ impl PgBackend {
         StoreError::Write(format!("postgres {}: {what}: {why}", self.shown))
     }
 
+    /// [`Self::error`] for a failure of the connection, not of a statement: the server may
+    /// answer again shortly, and the engine keeps what it could not read.
+    fn fail(&self, what: &str, f: &Fail) -> StoreError {
+        if f.conn {
+            StoreError::Unavailable(format!("postgres {}: {what}: {}", self.shown, f.why))
+        } else {
+            self.error(what, &f.why)
+        }
+    }
+
     /// Refuses at once while the backoff after a connection failure lasts.
     fn gate(&self, what: &str) -> Result<(), StoreError> {
         match self.backoff.lock().holding(Instant::now()) {
-            Some((left, why)) => Err(self.error(
+            Some((left, why)) => Err(self.fail(
                 what,
-                &format!("{why} (next attempt in {} ms)", left.as_millis()),
+                &Fail::conn(format!("{why} (next attempt in {} ms)", left.as_millis())),
             )),
             None => Ok(()),
         }
@@ -386,10 +412,13 @@ impl PgBackend {
         self.note(&r);
         match r {
             Some(Ok(v)) => Ok(v),
-            Some(Err(f)) => Err(self.error(what, &f.why)),
-            None => Err(self.error(
+            Some(Err(f)) => Err(self.fail(what, &f)),
+            None => Err(self.fail(
                 what,
-                &format!("no answer within {} s", self.call_deadline.as_secs()),
+                &Fail::conn(format!(
+                    "no answer within {} s",
+                    self.call_deadline.as_secs()
+                )),
             )),
         }
     }
@@ -704,7 +733,7 @@ impl Backend for PgBackend {
         let refused = |f: &Fail| {
             // Not deleted this time: the next group tries again.
             self.spent.lock().extend(spent.iter().cloned());
-            self.error("commit", &f.why)
+            self.fail("commit", f)
         };
         match r {
             Some(Ok(wrote)) => {
