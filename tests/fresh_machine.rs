@@ -79,6 +79,8 @@ fn run_test_command(dir: &Path, ci: Option<&str>) -> Run {
             std::env::current_exe().expect("test exe"),
         )
         .env(PROBE, "1")
+        // The PostgreSQL re-run of the shared suites is not what this probes.
+        .env("HERALD_TEST_PG", "0")
         .env_remove("CI");
     if let Some(v) = ci {
         cmd.env("CI", v);

@@ -12,6 +12,7 @@ use common::pg::PgServer;
 use herald::model::{Context, Limits, Message, Run, Task, TaskRequest, TaskState};
 use herald::store::backend::{Backend, RawOp, TreeId};
 use herald::store::embedded::SledBackend;
+use herald::store::pg::backend::scan_sql;
 use herald::store::pg::schema::SCHEMA_VERSION;
 use herald::store::pg::{PgBackend, PgOptions};
 use herald::store::{Batch, Inserted, Store, StoreError};
@@ -232,4 +233,45 @@ async fn a_task_is_created_read_and_updated_through_the_store_on_postgres() {
     assert_eq!(store.last_run("t1").unwrap().unwrap().run, 1);
     assert_eq!(store.idem_get("key-1").unwrap().unwrap().task_id, "t1");
     assert!(!store.task_exists("t2").unwrap());
+}
+
+/// Listings and start-up page through a tree with [`scan_sql`]: each page must be an index
+/// range scan on the primary key, not a scan of the table (with a custom plan and with the
+/// generic plan a prepared statement may switch to).
+#[test]
+fn a_scan_page_is_an_index_range_scan() {
+    let Some(pg) = PgServer::shared("a_scan_page_is_an_index_range_scan") else {
+        return;
+    };
+    let url = pg.create_db("explain");
+    drop(open_pg(&url));
+    pg.psql(
+        &url,
+        "INSERT INTO herald_due (shard, key, value) \
+         SELECT 0, convert_to('k' || lpad(i::text, 6, '0'), 'UTF8'), '\\x00'::bytea \
+         FROM generate_series(1, 20000) AS i; ANALYZE herald_due",
+    );
+    for (inclusive, bounded) in [(true, true), (false, true), (true, false), (false, false)] {
+        let sql = scan_sql(TreeId::Due, inclusive, bounded);
+        let (types, args) = if bounded {
+            (
+                "bytea, int8, bytea",
+                "convert_to('k010000', 'UTF8'), 64, convert_to('k2', 'UTF8')",
+            )
+        } else {
+            ("bytea, int8", "convert_to('k010000', 'UTF8'), 64")
+        };
+        for mode in ["force_custom_plan", "force_generic_plan"] {
+            let plan = pg.psql(
+                &url,
+                &format!(
+                    "SET plan_cache_mode = {mode}; PREPARE page({types}) AS {sql}; EXPLAIN EXECUTE page({args})"
+                ),
+            );
+            assert!(
+                plan.contains("Index Scan using herald_due_pkey") && !plan.contains("Seq Scan"),
+                "{sql} ({mode}):\n{plan}"
+            );
+        }
+    }
 }

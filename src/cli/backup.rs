@@ -5,9 +5,16 @@
 //! herald runs only herald can read it, and `--data` says so and points at `--url`. Import
 //! writes into a new or empty directory only, and removes what it wrote if the file is bad, so
 //! a failed import leaves nothing half-restored behind.
+//!
+//! On PostgreSQL (`--store-url`, password from `HERALD_STORE_PASSWORD` / `PGPASSWORD`) both
+//! read and write the database directly: export sees one snapshot per task, so it may run
+//! while herald does; import wants a database holding no herald tasks, and empties herald's
+//! tables again if the file is bad. Moving a sled data dir to Postgres is an export with
+//! `--data` and an import with `--store-url`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use clap::Args;
 use http_body_util::BodyExt;
@@ -15,6 +22,7 @@ use http_body_util::BodyExt;
 use super::client::{CliError, Client};
 use super::output;
 use crate::backup::{export, import, BackupError};
+use crate::store::pg::{PgBackend, PgOptions};
 use crate::store::{Store, StoreError, StoreOptions};
 
 #[derive(Args, Debug)]
@@ -26,13 +34,20 @@ pub struct ExportArgs {
     /// A running herald (token from HERALD_TOKEN).
     #[arg(long)]
     pub url: Option<String>,
+    /// herald's PostgreSQL database (postgres://user@host:port/db).
+    #[arg(long = "store-url")]
+    pub store_url: Option<String>,
 }
 
 #[derive(Args, Debug)]
+#[group(id = "target", required = true, multiple = false, args = ["data", "store_url"])]
 pub struct ImportArgs {
     /// New or empty data directory to restore into.
     #[arg(long)]
-    pub data: PathBuf,
+    pub data: Option<PathBuf>,
+    /// A PostgreSQL database holding no herald tasks to restore into.
+    #[arg(long = "store-url")]
+    pub store_url: Option<String>,
     /// The export file (default: standard input).
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
@@ -47,8 +62,13 @@ pub async fn export_cmd(args: ExportArgs) -> Result<(), CliError> {
     if let Some(url) = args.url {
         return export_url(&url).await;
     }
-    let dir = args.data.unwrap_or_default();
-    let store = open_existing(&dir)?;
+    let (store, from) = match args.store_url {
+        Some(url) => (open_pg(&url)?.0, crate::store::pg::redact(&url)),
+        None => {
+            let dir = args.data.unwrap_or_default();
+            (open_existing(&dir)?, dir.display().to_string())
+        }
+    };
     let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock::new());
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
@@ -59,11 +79,22 @@ pub async fn export_cmd(args: ExportArgs) -> Result<(), CliError> {
         Err(BackupError::Io(e)) if output::is_closed_pipe(&e) => return Ok(()),
         other => other.map_err(local)?,
     };
-    eprintln!(
-        "herald: exported {tasks} tasks ({lines} lines) from {}",
-        dir.display()
-    );
+    eprintln!("herald: exported {tasks} tasks ({lines} lines) from {from}");
     Ok(())
+}
+
+/// herald's store on PostgreSQL, for export and import (the password as herald takes it).
+fn open_pg(url: &str) -> Result<(Store, Arc<PgBackend>), CliError> {
+    let password = ["HERALD_STORE_PASSWORD", "PGPASSWORD"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|p| !p.is_empty()));
+    let opts = PgOptions {
+        password,
+        ..PgOptions::default()
+    };
+    let backend = Arc::new(PgBackend::open(url, &opts).map_err(local)?);
+    let store = Store::with_backend(backend.clone()).map_err(local)?;
+    Ok((store, backend))
 }
 
 /// Opens a data directory that must exist, saying what to do when herald holds it.
@@ -119,16 +150,13 @@ async fn export_url(url: &str) -> Result<(), CliError> {
 
 /// `herald import`: into a new or empty data directory.
 pub async fn import_cmd(args: ImportArgs) -> Result<(), CliError> {
-    let dir = args.data;
+    if let Some(url) = args.store_url {
+        return import_pg(&url, args.file.as_deref()).await;
+    }
+    let dir = args.data.unwrap_or_default();
     import::check_empty(&dir).map_err(local)?;
     let existed = dir.exists();
-    let reader: Box<dyn std::io::BufRead> = match &args.file {
-        Some(p) => Box::new(std::io::BufReader::new(
-            std::fs::File::open(p)
-                .map_err(|e| local(format!("cannot read {}: {e}", p.display())))?,
-        )),
-        None => Box::new(std::io::stdin().lock()),
-    };
+    let reader = input(args.file.as_deref())?;
     let r = restore(&dir, reader).await;
     match r {
         Ok(i) => {
@@ -176,4 +204,45 @@ async fn restore(
     let r = import::import(&store, reader).await;
     drop(store);
     r
+}
+
+/// The export file, or standard input.
+fn input(file: Option<&Path>) -> Result<Box<dyn std::io::BufRead>, CliError> {
+    Ok(match file {
+        Some(p) => Box::new(std::io::BufReader::new(
+            std::fs::File::open(p)
+                .map_err(|e| local(format!("cannot read {}: {e}", p.display())))?,
+        )),
+        None => Box::new(std::io::stdin().lock()),
+    })
+}
+
+/// `herald import --store-url`: into a database that holds no herald tasks; a bad file
+/// leaves herald's tables empty again.
+async fn import_pg(url: &str, file: Option<&Path>) -> Result<(), CliError> {
+    let shown = crate::store::pg::redact(url);
+    let (store, backend) = open_pg(url)?;
+    if backend.holds_tasks().map_err(local)? {
+        return Err(local(format!(
+            "the database {shown} already holds herald tasks; import only into a database without them"
+        )));
+    }
+    let reader = input(file)?;
+    match import::import(&store, reader).await {
+        Ok(i) => {
+            eprintln!(
+                "herald: imported {} tasks ({} lines) into {shown}",
+                i.tasks, i.lines
+            );
+            Ok(())
+        }
+        Err(e) => {
+            drop(store);
+            let note = match backend.clear() {
+                Ok(()) => "nothing was kept",
+                Err(_) => "empty herald's tables before trying again",
+            };
+            Err(local(format!("import into {shown} failed ({note}): {e}")))
+        }
+    }
 }

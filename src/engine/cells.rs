@@ -15,6 +15,7 @@ use tokio::sync::OwnedMutexGuard;
 
 use super::{EngineError, Inner, LiveState, LiveTask, Slot};
 use crate::model::{RunState, TaskState};
+use crate::store::StoreError;
 
 /// The live map: every unfinished task by id, with its cell while it is loaded.
 ///
@@ -248,6 +249,14 @@ fn loaded(
             Ok(None) => {
                 forget(inner, &id);
                 return Ok(Got::Gone);
+            }
+            Err(EngineError::Store(e @ StoreError::Unavailable(_))) => {
+                // The store cannot be reached right now (a database outage), which says
+                // nothing about the record: the task stays live and unloaded, and the step
+                // that wanted it is tried again (`step::step_error`). Dropping it here lost
+                // a pending task for good when Postgres went away (`tests/pg_outage.rs`).
+                tracing::warn!(task = %id, error = %e, "task cannot be loaded while the store is unavailable; trying again");
+                return Err(EngineError::Store(e));
             }
             Err(e) => {
                 // The task's own record cannot be read: it leaves the live map so that nothing

@@ -125,6 +125,11 @@ pub trait Backend: Send + Sync + 'static {
     fn get_atomic(&self, keys: &[(TreeId, Vec<u8>)]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         keys.iter().map(|(t, k)| self.get(*t, k)).collect()
     }
+    /// Why the backend cannot work right now, when it knows before a group fails (a
+    /// database whose last COMMIT is being read back); `None` by default.
+    fn failing(&self) -> Option<String> {
+        None
+    }
     /// Bytes written and not yet in the backend's index (a write-behind memtable); 0 for a
     /// backend without one.
     fn memtable_bytes(&self) -> usize {

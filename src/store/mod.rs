@@ -104,6 +104,10 @@ pub enum StoreError {
     /// A database store that cannot be opened (`store/pg`): the line says which and why.
     #[error("{0}")]
     Database(String),
+    /// The store cannot be reached right now (a database server down or unreachable): nothing
+    /// is wrong with any record, and the same call may work shortly (`store/pg`).
+    #[error("storage unavailable: {0}")]
+    Unavailable(String),
 }
 
 impl StoreError {
@@ -114,6 +118,7 @@ impl StoreError {
             StoreError::Sled(_)
                 | StoreError::Io(_)
                 | StoreError::Write(_)
+                | StoreError::Unavailable(_)
                 | StoreError::DiskFull { .. }
         )
     }
@@ -371,7 +376,10 @@ impl Store {
 
     /// The storage error of the last group, while storage fails.
     pub fn failing(&self) -> Option<String> {
-        self.commit.health.failing()
+        self.commit
+            .health
+            .failing()
+            .or_else(|| self.backend.failing())
     }
 
     /// Jobs waiting for the commit thread.

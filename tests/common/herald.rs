@@ -72,8 +72,23 @@ pub async fn start_with_env(config: &str, env: &[(&str, &str)]) -> TestHerald {
         &lookup,
     )
     .expect("test config is valid");
+    let cfg = on_test_store(cfg);
     let server = herald::server::start(cfg).await.expect("herald starts");
     TestHerald { server, dir }
+}
+
+/// `cfg` on the store the run asked for: unchanged on sled; with `HERALD_TEST_STORE=pg`, on
+/// the database that stands for its data directory (`common/pg.rs`).
+pub fn on_test_store(mut cfg: Config) -> Config {
+    if let Some(url) = super::pg::harness_url(&cfg.data_dir) {
+        cfg.database = Some(herald::config::DatabaseConfig {
+            url,
+            password: None,
+            pool_size: herald::config::DEFAULT_POOL_SIZE,
+            statement_timeout_ms: herald::config::DEFAULT_STATEMENT_TIMEOUT_MS,
+        });
+    }
+    cfg
 }
 
 /// Starts herald in-process on `data_dir`.
@@ -91,6 +106,7 @@ async fn boot(data_dir: &Path, config: &str, token: Option<String>) -> Server {
         },
     )
     .expect("test config is valid");
+    let cfg = on_test_store(cfg);
     // A restart in the same directory may find the last instance's sled lock still held for
     // a moment (`sled_still_locked`): try again on that error only, with a deadline.
     let end = Instant::now() + Duration::from_secs(10);
@@ -186,6 +202,9 @@ impl Proc {
             .env("HERALD_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        if let Some(url) = super::pg::harness_url(data) {
+            cmd.env("HERALD_STORE_URL", url);
+        }
         cmd
     }
 
@@ -309,6 +328,7 @@ impl ManualHerald {
             },
         )
         .expect("test config is valid");
+        let cfg = on_test_store(cfg);
         // The last instance's sled may still hold the directory's lock for a moment after it
         // closed (sled's I/O threads let go of its files on their own): try again, with a
         // deadline, on that error only.

@@ -5,6 +5,7 @@ pub mod contract;
 pub mod herald;
 pub mod http;
 pub mod pg;
+pub mod pgproxy;
 pub mod platform;
 pub mod receiver;
 pub mod tools;

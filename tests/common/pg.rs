@@ -285,6 +285,49 @@ impl PgServer {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+
+    /// Makes `role` a login role with `password`, owning a new database it answers the URL
+    /// of (without the password), and makes the server ask that role for its password
+    /// (`scram-sha-256` over TCP; everyone else stays trusted).
+    pub fn password_role(&self, role: &str, password: &str) -> String {
+        let admin = self.url("postgres");
+        self.psql(
+            &admin,
+            &format!("CREATE ROLE {role} LOGIN PASSWORD '{password}'"),
+        );
+        let url = self.create_db(role);
+        let db = url.rsplit('/').next().expect("db").to_string();
+        self.psql(&admin, &format!("ALTER DATABASE {db} OWNER TO {role}"));
+        let hba = self.data_dir().join("pg_hba.conf");
+        let old = std::fs::read_to_string(&hba).expect("read pg_hba.conf");
+        // First match wins: the role's line goes before the trust lines.
+        let new = format!("host all {role} 127.0.0.1/32 scram-sha-256\n{old}");
+        std::fs::write(&hba, new).expect("write pg_hba.conf");
+        let out = self.pg(
+            "pg_ctl",
+            &["-D", &self.data_dir().to_string_lossy(), "reload"],
+        );
+        assert!(
+            out.status.success(),
+            "pg_ctl reload: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // A reload is asynchronous: wait until the role is asked for its password.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let role_url = format!("postgres://{role}@127.0.0.1:{}/{db}", self.port);
+        loop {
+            let o = self.pg("psql", &["-X", "-w", "-d", &role_url, "-c", "SELECT 1"]);
+            if !o.status.success() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the server still lets {role} in without a password"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        role_url
+    }
 }
 
 impl Drop for PgServer {
@@ -294,4 +337,46 @@ impl Drop for PgServer {
             eprintln!("pg_ctl stop: {}", String::from_utf8_lossy(&out.stderr));
         }
     }
+}
+
+/// `HERALD_TEST_STORE=pg`: the shared suites run on PostgreSQL instead of sled, through the
+/// same helpers (`common/herald.rs` asks [`harness_url`] at every start). One harness for
+/// both backends: no suite is copied.
+pub fn harness_is_pg() -> bool {
+    std::env::var("HERALD_TEST_STORE").is_ok_and(|v| v == "pg")
+}
+
+/// The test binary's server for the harness, stopped at exit (`atexit`: the suites' helpers
+/// hand out `Server`s, which cannot hold it).
+static HARNESS: Mutex<Option<PgServer>> = Mutex::new(None);
+/// Data directory → the database that stands for it, so a restart on the same directory
+/// finds its tasks, and a directory never seen gets a fresh database.
+static HARNESS_DBS: Mutex<Vec<(PathBuf, String)>> = Mutex::new(Vec::new());
+
+extern "C" fn stop_harness() {
+    let server = HARNESS.lock().unwrap_or_else(|e| e.into_inner()).take();
+    drop(server);
+}
+
+/// With `HERALD_TEST_STORE=pg`, the URL of the database for a herald on `data_dir`;
+/// `None` on sled. A missing PostgreSQL fails loudly here: the run asked for it.
+pub fn harness_url(data_dir: &Path) -> Option<String> {
+    if !harness_is_pg() {
+        return None;
+    }
+    let mut dbs = HARNESS_DBS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, url)) = dbs.iter().find(|(d, _)| d == data_dir) {
+        return Some(url.clone());
+    }
+    let mut slot = HARNESS.lock().unwrap_or_else(|e| e.into_inner());
+    if slot.is_none() {
+        let server = PgServer::start("HERALD_TEST_STORE=pg")
+            .unwrap_or_else(|| panic!("HERALD_TEST_STORE=pg needs a PostgreSQL server: {INSTALL}"));
+        *slot = Some(server);
+        // SAFETY: registers a plain function with no arguments; it runs once at exit.
+        unsafe { libc::atexit(stop_harness) };
+    }
+    let url = slot.as_ref().expect("started").create_db("suite");
+    dbs.push((data_dir.to_path_buf(), url.clone()));
+    Some(url)
 }

@@ -8,9 +8,24 @@
 //!
 //! Durability: `apply` runs the whole group as one transaction and commits it; `sync` has
 //! nothing left to do. Committed means durable as the server's `synchronous_commit` says
-//! (`on`, its default: flushed to its WAL; with synchronous replicas: on them too). A `COMMIT`
-//! whose answer never came (the connection dropped, the deadline passed) is an error, never a
-//! success: the group may or may not be in the database, and the caller must not say it is.
+//! (`on`, its default: flushed to its WAL; with synchronous replicas: on them too).
+//!
+//! A `COMMIT` whose answer never came (the connection dropped, the deadline passed) leaves the
+//! group's outcome unknown, and `apply` answers nothing until it knows it ([`read_back`]):
+//! every group that writes also inserts its own token into `herald_commit`, and the read-back
+//! inserts the same token from another connection. If the group committed, the token is there
+//! (the insert does nothing): the group is answered as applied. If not, the read-back's row
+//! takes its place, so the group's transaction, should it still be open on a connection the
+//! server has not dropped yet, can never commit (its own insert of the token conflicts); one
+//! that holds the token's lock is waited for, and ended with `pg_terminate_backend` (a COMMIT
+//! the server is already carrying out finishes first). The group is then refused, and nothing
+//! of it is ever applied later. While the database cannot be reached the read-back is tried
+//! again with backoff, and [`Backend::failing`] says so (`/healthz`, writes refused up front).
+//! Tokens of answered groups are deleted by a later group, in its transaction.
+//!
+//! Reconnecting: the pool opens connections on demand and drops closed ones. After a
+//! connection failure calls fail at once for a growing delay (`backoff.rs`), so a server
+//! coming back is not met by a storm of connection attempts.
 //!
 //! Concurrency: the group reads the keys its preconditions and indexed writes depend on, then
 //! writes, in one READ COMMITTED transaction without row locks. That is sound because herald
@@ -22,13 +37,17 @@ use std::future::Future;
 use std::ops::Bound;
 use std::pin::Pin;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::{IsolationLevel, NoTls};
 
+use super::backoff::Backoff;
 use super::resolve::{reads_needed, resolve, Stored, Writes};
 use super::schema::{self, table, SchemaError, DEFAULT_SHARDS, SCHEMA_VERSION};
 use super::shard::shard_of;
@@ -72,6 +91,14 @@ const CALL_MARGIN: Duration = Duration::from_secs(5);
 const PAGE_FIRST: i64 = 64;
 const PAGE_MAX: i64 = 1024;
 
+/// How long a read-back of an unknown commit is tried (with backoff) before `apply` gives up
+/// and says the outcome is unknown. Long: nothing can be written meanwhile anyway, and an
+/// answer that might be wrong is worse than a late one.
+const READ_BACK_FOR: Duration = Duration::from_secs(600);
+/// A read-back whose insert waits this long is blocked by the group's own transaction, still
+/// open on a connection the server has not dropped: it ends that session.
+const READ_BACK_BLOCKED: Duration = Duration::from_millis(200);
+
 pub struct PgBackend {
     /// `None` only while dropping.
     rt: Option<tokio::runtime::Runtime>,
@@ -81,24 +108,103 @@ pub struct PgBackend {
     /// The URL without its password, for messages.
     shown: Arc<str>,
     call_deadline: Duration,
+    /// This process's random part of every commit token (`incarnation ‖ seq`).
+    incarnation: u64,
+    seq: AtomicU64,
+    /// Tokens of answered groups, deleted by the next group that commits.
+    spent: Mutex<Vec<Vec<u8>>>,
+    /// Set while a read-back waits for the database: what [`Backend::failing`] says.
+    outage: Mutex<Option<String>>,
+    backoff: Mutex<Backoff>,
 }
 
-/// A failure inside the runtime, before it gets its context.
-struct Fail(String);
+/// A failure inside the runtime, before it gets its context. `conn`: the connection failed
+/// (no server, a dropped connection), not a statement.
+struct Fail {
+    why: String,
+    conn: bool,
+}
+
+impl Fail {
+    fn conn(why: String) -> Fail {
+        Fail { why, conn: true }
+    }
+}
 
 impl From<tokio_postgres::Error> for Fail {
     fn from(e: tokio_postgres::Error) -> Fail {
-        Fail(describe(&e))
+        Fail {
+            why: describe(&e),
+            conn: is_connection_failure(&e),
+        }
     }
+}
+
+/// Whether `e` says the server or the connection is gone (it may answer again shortly), not
+/// that a statement failed: no server answer at all, a closed connection, a FATAL error (the
+/// session ends), SQLSTATE class 08 (connection exception) or 57 (operator intervention: the
+/// server shutting down, starting up, or ending the session), or too many connections.
+fn is_connection_failure(e: &tokio_postgres::Error) -> bool {
+    let Some(db) = e.as_db_error() else {
+        return true;
+    };
+    let code = db.code().code();
+    e.is_closed()
+        || matches!(db.severity(), "FATAL" | "PANIC")
+        || code.starts_with("08")
+        || code.starts_with("57")
+        || code == "53300"
 }
 
 impl From<deadpool_postgres::PoolError> for Fail {
     fn from(e: deadpool_postgres::PoolError) -> Fail {
         match e {
-            deadpool_postgres::PoolError::Backend(e) => Fail(describe(&e)),
-            e => Fail(format!("no database connection: {e}")),
+            deadpool_postgres::PoolError::Backend(e) => Fail::from(e),
+            e => Fail::conn(format!("no database connection: {e}")),
         }
     }
+}
+
+/// How a group's transaction ended, when it did not commit.
+enum GroupFail {
+    /// Before its COMMIT was sent, or the server refused the COMMIT: nothing was applied.
+    Refused(Fail),
+    /// The COMMIT was sent and no answer came: read it back.
+    Unknown(String),
+}
+
+impl From<Fail> for GroupFail {
+    fn from(f: Fail) -> GroupFail {
+        GroupFail::Refused(f)
+    }
+}
+
+impl From<tokio_postgres::Error> for GroupFail {
+    fn from(e: tokio_postgres::Error) -> GroupFail {
+        GroupFail::Refused(e.into())
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for GroupFail {
+    fn from(e: deadpool_postgres::PoolError) -> GroupFail {
+        GroupFail::Refused(e.into())
+    }
+}
+
+/// A group's results, left where [`PgBackend::apply`] finds them once its COMMIT was sent.
+type Answer = Arc<Mutex<Option<Vec<Result<(), Rejected>>>>>;
+
+/// A random number for this process (std's `RandomState` is seeded from the OS).
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish()
 }
 
 /// A tokio-postgres error as one line: the server's message when it sent one, else the cause
@@ -131,9 +237,14 @@ impl PgBackend {
             }
         }
         let statement_ms = opts.statement_timeout.as_millis().max(1);
+        // A transaction left open by a client that went away (its COMMIT lost on the way)
+        // is ended by the server itself after the same time; the read-back does not wait
+        // for that (it ends the session), this is for every other case.
         cfg.application_name("herald")
             .connect_timeout(opts.connect_timeout)
-            .options(format!("-c statement_timeout={statement_ms}"));
+            .options(format!(
+                "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout={statement_ms}"
+            ));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("herald-pg")
@@ -161,6 +272,11 @@ impl PgBackend {
             shards: opts.shards,
             shown: shown.clone(),
             call_deadline: opts.statement_timeout + CALL_MARGIN,
+            incarnation: random_u64(),
+            seq: AtomicU64::new(0),
+            spent: Mutex::new(Vec::new()),
+            outage: Mutex::new(None),
+            backoff: Mutex::new(Backoff::default()),
         };
         let shards = opts.shards;
         let migrated = backend.run_raw(async move {
@@ -171,6 +287,16 @@ impl PgBackend {
             })?;
             let conn = tokio::spawn(conn);
             let r = schema::migrate(&mut client, shards).await;
+            if r.is_ok() {
+                // Tokens a crashed process left behind (answered groups' are deleted as
+                // they go; an unanswered one is resolved within minutes).
+                let _ = client
+                    .execute(
+                        "DELETE FROM herald_commit WHERE at < now() - interval '1 day'",
+                        &[],
+                    )
+                    .await;
+            }
             drop(client);
             let _ = conn.await;
             r
@@ -196,14 +322,83 @@ impl PgBackend {
         self.shards
     }
 
+    /// Whether any task is stored (an import wants a database without).
+    pub fn holds_tasks(&self) -> Result<bool, StoreError> {
+        let pool = self.pool.clone();
+        self.run("read", async move {
+            let client = pool.get().await?;
+            let sql = format!("SELECT EXISTS (SELECT 1 FROM {})", table(TreeId::Specs));
+            Ok(client.query_one(&sql, &[]).await?.try_get(0)?)
+        })
+    }
+
+    /// Deletes every row of herald's trees, in one transaction (a failed import into a
+    /// database that held no tasks leaves it so again). The schema and lease rows stay.
+    pub fn clear(&self) -> Result<(), StoreError> {
+        let pool = self.pool.clone();
+        self.run("clear", async move {
+            let client = pool.get().await?;
+            let tables: Vec<String> = TreeId::ALL.iter().map(|t| table(*t)).collect();
+            client
+                .batch_execute(&format!("TRUNCATE {}, herald_commit", tables.join(", ")))
+                .await?;
+            Ok(())
+        })
+    }
+
     /// Runs `f` on the backend's runtime and waits for it; `None` when the deadline passed.
     fn run_raw<T: Send + 'static>(&self, f: impl Future<Output = T> + Send + 'static) -> Option<T> {
+        self.run_for(self.call_deadline, f)
+    }
+
+    fn run_for<T: Send + 'static>(
+        &self,
+        deadline: Duration,
+        f: impl Future<Output = T> + Send + 'static,
+    ) -> Option<T> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        let deadline = self.call_deadline;
         self.handle.spawn(async move {
             let _ = tx.send(tokio::time::timeout(deadline, f).await.ok());
         });
         rx.recv().ok().flatten()
+    }
+
+    fn error(&self, what: &str, why: &str) -> StoreError {
+        StoreError::Write(format!("postgres {}: {what}: {why}", self.shown))
+    }
+
+    /// [`Self::error`] for a failure of the connection, not of a statement: the server may
+    /// answer again shortly, and the engine keeps what it could not read.
+    fn fail(&self, what: &str, f: &Fail) -> StoreError {
+        if f.conn {
+            StoreError::Unavailable(format!("postgres {}: {what}: {}", self.shown, f.why))
+        } else {
+            self.error(what, &f.why)
+        }
+    }
+
+    /// Refuses at once while the backoff after a connection failure lasts.
+    fn gate(&self, what: &str) -> Result<(), StoreError> {
+        match self.backoff.lock().holding(Instant::now()) {
+            Some((left, why)) => Err(self.fail(
+                what,
+                &Fail::conn(format!("{why} (next attempt in {} ms)", left.as_millis())),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Counts a call's outcome into the backoff.
+    fn note<T>(&self, r: &Option<Result<T, Fail>>) {
+        match r {
+            Some(Ok(_)) => self.backoff.lock().succeeded(),
+            Some(Err(f)) if f.conn => self.backoff.lock().failed(Instant::now(), &f.why),
+            Some(Err(_)) => {}
+            None => self
+                .backoff
+                .lock()
+                .failed(Instant::now(), "the server did not answer"),
+        }
     }
 
     /// [`Self::run_raw`] for database work: failures become storage errors naming the store.
@@ -212,17 +407,120 @@ impl PgBackend {
         what: &str,
         f: impl Future<Output = Result<T, Fail>> + Send + 'static,
     ) -> Result<T, StoreError> {
-        match self.run_raw(f) {
+        self.gate(what)?;
+        let r = self.run_raw(f);
+        self.note(&r);
+        match r {
             Some(Ok(v)) => Ok(v),
-            Some(Err(Fail(why))) => Err(StoreError::Write(format!(
-                "postgres {}: {what}: {why}",
+            Some(Err(f)) => Err(self.fail(what, &f)),
+            None => Err(self.fail(
+                what,
+                &Fail::conn(format!(
+                    "no answer within {} s",
+                    self.call_deadline.as_secs()
+                )),
+            )),
+        }
+    }
+
+    /// A new commit token: unique per group across processes (random incarnation).
+    fn token(&self) -> Vec<u8> {
+        let mut t = self.incarnation.to_be_bytes().to_vec();
+        t.extend_from_slice(&self.seq.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+        t
+    }
+
+    /// Resolves a group whose COMMIT got no answer (module doc): its results when it was
+    /// committed, an error when it was not (and now never will be). Tried again with backoff
+    /// while the database cannot be reached.
+    fn read_back(
+        &self,
+        token: Vec<u8>,
+        answer: Option<Vec<Result<(), Rejected>>>,
+        why: &str,
+    ) -> Result<Vec<Result<(), Rejected>>, StoreError> {
+        let started = Instant::now();
+        let mut fails = 0;
+        let outcome = loop {
+            *self.outage.lock() = Some(format!(
+                "postgres {}: a COMMIT got no answer ({why}); reading back whether it was stored",
                 self.shown
-            ))),
-            None => Err(StoreError::Write(format!(
-                "postgres {}: {what}: no answer within {} s",
-                self.shown,
-                self.call_deadline.as_secs()
-            ))),
+            ));
+            let pool = self.pool.clone();
+            let t = token.clone();
+            match self.run_raw(read_back(pool, t)) {
+                Some(Ok(committed)) => break Some(committed),
+                Some(Err(f)) => {
+                    tracing::warn!(error = %f.why, "reading back an unknown commit failed; trying again")
+                }
+                None => {
+                    tracing::warn!("reading back an unknown commit got no answer; trying again")
+                }
+            }
+            if started.elapsed() >= READ_BACK_FOR {
+                break None;
+            }
+            fails += 1;
+            std::thread::sleep(Backoff::delay(fails));
+        };
+        *self.outage.lock() = None;
+        match (outcome, answer) {
+            (Some(true), Some(results)) => {
+                tracing::warn!("a COMMIT got no answer; read back: it was stored");
+                self.spent.lock().push(token);
+                Ok(results)
+            }
+            (Some(true), None) => Err(self.error("commit", "the group was stored, but its answer was lost (a bug)")),
+            (Some(false), _) => {
+                tracing::warn!("a COMMIT got no answer; read back: it was not stored, and never will be");
+                // The read-back's row only fences a transaction that is over now.
+                self.spent.lock().push(token);
+                Err(self.error(
+                    "commit",
+                    &format!("the COMMIT got no answer ({why}); read back: the group was not stored"),
+                ))
+            }
+            (None, _) => Err(self.error(
+                "commit",
+                &format!(
+                    "the COMMIT got no answer ({why}) and reading it back failed for {} s: the group may or may not be stored",
+                    READ_BACK_FOR.as_secs()
+                ),
+            )),
+        }
+    }
+}
+
+/// The read-back of `token` (module doc): `true` when its group committed.
+async fn read_back(pool: Pool, token: Vec<u8>) -> Result<bool, Fail> {
+    let client = pool.get().await?;
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await?
+        .try_get(0)?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&token];
+    let insert = client.execute(
+        "INSERT INTO herald_commit (token) VALUES ($1) ON CONFLICT (token) DO NOTHING",
+        &params,
+    );
+    tokio::pin!(insert);
+    loop {
+        tokio::select! {
+            r = &mut insert => return Ok(r? == 0),
+            () = tokio::time::sleep(READ_BACK_BLOCKED) => {
+                // Waiting on the group's open transaction: end its session. Our insert then
+                // decides (a COMMIT under way finishes first, and our insert finds its row).
+                let other = pool.get().await?;
+                let ended = other
+                    .execute(
+                        "SELECT pg_terminate_backend(b) FROM unnest(pg_blocking_pids($1)) AS b",
+                        &[&pid],
+                    )
+                    .await?;
+                if ended > 0 {
+                    tracing::warn!("ended the session of a group whose COMMIT got no answer");
+                }
+            }
         }
     }
 }
@@ -266,6 +564,11 @@ async fn join_all<F: Future>(futs: Vec<F>) -> Vec<F::Output> {
 enum Stmt<'a> {
     Upsert(TreeId, Vec<i32>, Vec<&'a [u8]>, Vec<&'a [u8]>),
     Delete(TreeId, Vec<&'a [u8]>),
+    /// The group's own token (module doc). A plain insert: a read-back that got there first
+    /// makes it fail, and the group with it.
+    Token(&'a [u8]),
+    /// Tokens of groups answered before.
+    Spent(&'a [Vec<u8>]),
 }
 
 async fn exec(tx: &deadpool_postgres::Transaction<'_>, stmt: Stmt<'_>) -> Result<u64, Fail> {
@@ -284,6 +587,18 @@ async fn exec(tx: &deadpool_postgres::Transaction<'_>, stmt: Stmt<'_>) -> Result
             let sql = format!("DELETE FROM {} WHERE key = ANY($1::bytea[])", table(t));
             let st = tx.prepare_cached(&sql).await?;
             tx.execute(&st, &[&keys]).await?
+        }
+        Stmt::Token(token) => {
+            let st = tx
+                .prepare_cached("INSERT INTO herald_commit (token) VALUES ($1)")
+                .await?;
+            tx.execute(&st, &[&token]).await?
+        }
+        Stmt::Spent(tokens) => {
+            let st = tx
+                .prepare_cached("DELETE FROM herald_commit WHERE token = ANY($1::bytea[])")
+                .await?;
+            tx.execute(&st, &[&tokens]).await?
         }
     })
 }
@@ -341,13 +656,23 @@ fn statements(writes: &Writes, shards: u32) -> Vec<Stmt<'_>> {
     out
 }
 
-async fn apply_group(
+/// What a group hands [`apply_group`] besides its jobs.
+struct GroupCtx {
     pool: Pool,
     shards: u32,
-    jobs: Vec<Vec<RawOp>>,
-) -> Result<Vec<Result<(), Rejected>>, Fail> {
+    token: Vec<u8>,
+    spent: Vec<Vec<u8>>,
+    /// Set just before the COMMIT goes out: from then on a failure is an unknown outcome.
+    sent: Arc<AtomicBool>,
+    answer: Answer,
+    commit_wait: Duration,
+}
+
+/// The group's transaction. `Ok(wrote)`: committed (`wrote`: it holds the token); the
+/// results are in `ctx.answer`.
+async fn apply_group(ctx: GroupCtx, jobs: Vec<Vec<RawOp>>) -> Result<bool, GroupFail> {
     let needed = reads_needed(&jobs);
-    let mut client = pool.get().await?;
+    let mut client = ctx.pool.get().await?;
     let tx = client.transaction().await?;
     let stored = if needed.iter().any(|k| !k.is_empty()) {
         read_keys(&tx, &needed).await?
@@ -355,35 +680,107 @@ async fn apply_group(
         Stored::default()
     };
     let (results, writes) = resolve(jobs, &stored);
-    for r in join_all(
-        statements(&writes, shards)
-            .into_iter()
-            .map(|s| exec(&tx, s))
-            .collect(),
-    )
-    .await
-    {
+    let mut stmts = statements(&writes, ctx.shards);
+    // A group that writes nothing has no outcome to read back.
+    let wrote = !stmts.is_empty();
+    if wrote {
+        stmts.push(Stmt::Token(&ctx.token));
+    }
+    if !ctx.spent.is_empty() {
+        stmts.push(Stmt::Spent(&ctx.spent));
+    }
+    for r in join_all(stmts.into_iter().map(|s| exec(&tx, s)).collect()).await {
         r?;
     }
-    tx.commit().await.map_err(|e| {
-        Fail(format!(
-            "COMMIT got no confirmation, so the group may or may not be stored: {}",
-            describe(&e)
-        ))
-    })?;
-    Ok(results)
+    *ctx.answer.lock() = Some(results);
+    ctx.sent.store(true, Ordering::Release);
+    let unknown = match tokio::time::timeout(ctx.commit_wait, tx.commit()).await {
+        Ok(Ok(())) => return Ok(wrote),
+        // The server answered with an error (not a lost session): it rolled the group back.
+        Ok(Err(e)) if e.as_db_error().is_some_and(|d| d.severity() == "ERROR") => {
+            return Err(GroupFail::Refused(e.into()))
+        }
+        Ok(Err(e)) => describe(&e),
+        Err(_) => format!("no answer within {} s", ctx.commit_wait.as_secs()),
+    };
+    // Out of the pool: a connection whose COMMIT is still pending must serve no one else.
+    drop(deadpool_postgres::Object::take(client));
+    if !wrote {
+        // Nothing to lose either way: refusing it is the truth for every write it holds.
+        return Err(GroupFail::Refused(Fail::conn(unknown)));
+    }
+    Err(GroupFail::Unknown(unknown))
 }
 
 impl Backend for PgBackend {
     fn apply(&self, jobs: Vec<Vec<RawOp>>) -> Result<Vec<Result<(), Rejected>>, StoreError> {
-        let pool = self.pool.clone();
-        let shards = self.shards;
-        self.run("commit", apply_group(pool, shards, jobs))
+        self.gate("commit")?;
+        let token = self.token();
+        let spent = std::mem::take(&mut *self.spent.lock());
+        let sent = Arc::new(AtomicBool::new(false));
+        let answer: Answer = Arc::default();
+        let ctx = GroupCtx {
+            pool: self.pool.clone(),
+            shards: self.shards,
+            token: token.clone(),
+            spent: spent.clone(),
+            sent: sent.clone(),
+            answer: answer.clone(),
+            commit_wait: self.call_deadline,
+        };
+        // Reads, writes and COMMIT each get a call's deadline: the whole may take three.
+        let r = self.run_for(self.call_deadline * 3, apply_group(ctx, jobs));
+        let refused = |f: &Fail| {
+            // Not deleted this time: the next group tries again.
+            self.spent.lock().extend(spent.iter().cloned());
+            self.fail("commit", f)
+        };
+        match r {
+            Some(Ok(wrote)) => {
+                self.backoff.lock().succeeded();
+                if wrote {
+                    self.spent.lock().push(token);
+                }
+                Ok(answer.lock().take().unwrap_or_default())
+            }
+            Some(Err(GroupFail::Refused(f))) => {
+                self.note::<()>(&Some(Err(Fail {
+                    why: f.why.clone(),
+                    conn: f.conn,
+                })));
+                Err(refused(&f))
+            }
+            Some(Err(GroupFail::Unknown(why))) => {
+                let results = answer.lock().take();
+                let r = self.read_back(token, results, &why);
+                if r.is_err() {
+                    self.spent.lock().extend(spent);
+                }
+                r
+            }
+            None if sent.load(Ordering::Acquire) => {
+                let results = answer.lock().take();
+                let r = self.read_back(token, results, "the call's deadline passed");
+                if r.is_err() {
+                    self.spent.lock().extend(spent);
+                }
+                r
+            }
+            None => {
+                let f = Fail::conn("the server did not answer".into());
+                self.note::<()>(&Some(Err(Fail::conn(f.why.clone()))));
+                Err(refused(&f))
+            }
+        }
     }
 
     /// `apply` committed already (module doc).
     fn sync(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    fn failing(&self) -> Option<String> {
+        self.outage.lock().clone()
     }
 
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
@@ -473,6 +870,18 @@ impl Backend for PgBackend {
     }
 }
 
+/// The statement of one page of a scan: a range of the primary key, in key order, so the
+/// server walks the key's B-tree from `$1` and stops after `$2` rows (`$3`: the prefix's end),
+/// never the whole table (`tests/pg_backend.rs` checks the plan with `EXPLAIN`).
+pub fn scan_sql(tree: TreeId, inclusive: bool, bounded: bool) -> String {
+    let op = if inclusive { ">=" } else { ">" };
+    let upper = if bounded { " AND key < $3" } else { "" };
+    format!(
+        "SELECT key, value FROM {} WHERE key {op} $1{upper} ORDER BY key LIMIT $2",
+        table(tree)
+    )
+}
+
 /// A forward scan fetched a page at a time, each page a range query on the primary key.
 struct PgScan<'a> {
     backend: &'a PgBackend,
@@ -500,12 +909,7 @@ impl PgScan<'_> {
         let limit = self.page;
         let rows: Vec<Kv> = self.backend.run("scan", async move {
             let client = pool.get().await?;
-            let op = if inclusive { ">=" } else { ">" };
-            let upper = if end.is_some() { " AND key < $3" } else { "" };
-            let sql = format!(
-                "SELECT key, value FROM {} WHERE key {op} $1{upper} ORDER BY key LIMIT $2",
-                table(tree)
-            );
+            let sql = scan_sql(tree, inclusive, end.is_some());
             let st = client.prepare_cached(&sql).await?;
             let rows = match &end {
                 Some(end) => client.query(&st, &[&from, &limit, end]).await?,

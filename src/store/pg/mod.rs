@@ -12,6 +12,7 @@
 //! tree, pipelined, then `COMMIT`.
 
 pub mod backend;
+pub mod backoff;
 pub mod resolve;
 pub mod schema;
 pub mod shard;

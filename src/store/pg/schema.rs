@@ -8,7 +8,7 @@ use tokio_postgres::Client;
 use crate::store::backend::TreeId;
 
 /// The schema this build writes. Each version's statements are in [`MIGRATIONS`].
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 /// S for a schema created without another choice (HA.md).
 pub const DEFAULT_SHARDS: u32 = 64;
 /// Most shards a schema may have: S goes into an `int` column.
@@ -57,6 +57,13 @@ fn migration(version: i32, shards: u32) -> Vec<String> {
             ));
             s
         }
+        // A commit group's token (`backend.rs`): a group inserts its own, so a group whose
+        // COMMIT got no answer is read back by its token, and a read-back that inserts the
+        // token first keeps that group from ever committing.
+        2 => vec![
+            "CREATE TABLE herald_commit (token bytea PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"
+                .into(),
+        ],
         _ => Vec::new(),
     }
 }

@@ -1,0 +1,149 @@
+//! A TCP proxy between herald and PostgreSQL that breaks one chosen `COMMIT` (HA.md "Tests":
+//! ambiguous commits without network namespaces). Everything else passes through unchanged.
+//!
+//! tokio-postgres sends `COMMIT` as a simple query of its own (`Q`, length 11, `COMMIT\0`),
+//! after the answers to the group's statements came back, so the proxy sees it as the start
+//! of a client read and knows the group's writes already ran on the server.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// What happens to the next `COMMIT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The server gets it and commits; its answer is dropped and both connections closed.
+    LoseReply,
+    /// It never reaches the server; both connections are closed (the server rolls back).
+    DropBeforeServer,
+    /// It is held: the client's connection is closed, the server's is left open with the
+    /// transaction in it (a server that has not noticed a dead client yet). [`PgProxy::release`]
+    /// sends it late.
+    Hold,
+}
+
+const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+
+#[derive(Default)]
+struct State {
+    armed: Mutex<Option<Fault>>,
+    fired: AtomicUsize,
+    held: Mutex<Vec<(TcpStream, Vec<u8>)>>,
+}
+
+pub struct PgProxy {
+    port: u16,
+    state: Arc<State>,
+}
+
+impl PgProxy {
+    /// Listens on a free loopback port and forwards to the server on `upstream`.
+    pub fn start(upstream: u16) -> PgProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let state = Arc::new(State::default());
+        let st = state.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().map_while(Result::ok) {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                pipe(client, server, st.clone());
+            }
+        });
+        PgProxy { port, state }
+    }
+
+    /// `url` (a database on the real server) through the proxy.
+    pub fn url(&self, url: &str) -> String {
+        let db = url.rsplit('/').next().expect("a database in the URL");
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// The next `COMMIT` through the proxy meets `fault`.
+    pub fn arm(&self, fault: Fault) {
+        *self.state.armed.lock().unwrap() = Some(fault);
+    }
+
+    /// How many faults happened so far.
+    pub fn fired(&self) -> usize {
+        self.state.fired.load(Ordering::SeqCst)
+    }
+
+    /// Sends the held `COMMIT`s to their servers now.
+    pub fn release(&self) {
+        for (mut server, bytes) in self.state.held.lock().unwrap().drain(..) {
+            // The server may have ended that session already: that is the point.
+            let _ = server.write_all(&bytes);
+        }
+    }
+}
+
+fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
+    let swallow = Arc::new(AtomicBool::new(false));
+    let (c2, s2) = (
+        client.try_clone().expect("clone"),
+        server.try_clone().expect("clone"),
+    );
+    let sw = swallow.clone();
+    // Server to client: passes everything, except the answer to a `LoseReply` COMMIT.
+    std::thread::spawn(move || {
+        let (mut from, mut to) = (s2, c2);
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if sw.load(Ordering::SeqCst) {
+                break;
+            }
+            if to.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Both);
+        let _ = from.shutdown(Shutdown::Both);
+    });
+    std::thread::spawn(move || {
+        let (mut from, mut to) = (client, server);
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            let fault = if chunk.windows(COMMIT.len()).any(|w| w == COMMIT) {
+                state.armed.lock().unwrap().take()
+            } else {
+                None
+            };
+            if fault.is_some() {
+                state.fired.fetch_add(1, Ordering::SeqCst);
+            }
+            match fault {
+                None => {
+                    if to.write_all(chunk).is_err() {
+                        break;
+                    }
+                }
+                Some(Fault::LoseReply) => {
+                    swallow.store(true, Ordering::SeqCst);
+                    let _ = to.write_all(chunk);
+                    // The other thread closes both once the answer came.
+                    return;
+                }
+                Some(Fault::DropBeforeServer) => break,
+                Some(Fault::Hold) => {
+                    let _ = from.shutdown(Shutdown::Both);
+                    state.held.lock().unwrap().push((to, chunk.to_vec()));
+                    return;
+                }
+            }
+        }
+        let _ = to.shutdown(Shutdown::Both);
+        let _ = from.shutdown(Shutdown::Both);
+    });
+}
