@@ -19,7 +19,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Lang, Misfire, Overlap, Pacing, RetryPolicy, Schedule, Task, TaskState};
+use crate::model::{
+    Lang, Misfire, Notify, Overlap, Pacing, QuietSetting, RetryPolicy, Schedule, Task, TaskState,
+};
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct SpecRecord {
@@ -39,6 +41,15 @@ pub struct SpecRecord {
     /// before it (see [`trailing_or_default`]), so specs written before it still decode.
     #[serde(default, deserialize_with = "trailing_or_default")]
     pub lang: Lang,
+    /// Added after format 5 (issue 28, recipient time): last, empty from a record before it.
+    #[serde(default, deserialize_with = "trailing_or_default")]
+    pub recipient_zones: Vec<String>,
+    /// Added after format 5 (issue 28): the channel's quiet hours from a record before it.
+    #[serde(default, deserialize_with = "trailing_or_default")]
+    pub quiet_hours: QuietSetting,
+    /// Added after format 5 (issue 28): none from a record before it.
+    #[serde(default, deserialize_with = "trailing_or_default")]
+    pub notify: Option<Notify>,
 }
 
 /// A field added at the end of a bincode record: its default when the record's bytes end
@@ -93,6 +104,9 @@ pub fn spec_of(t: &Task) -> SpecRecord {
         metadata: t.metadata.clone(),
         created_at_ms: t.created_at_ms,
         lang: t.lang,
+        recipient_zones: t.recipient_zones.clone(),
+        quiet_hours: t.quiet_hours.clone(),
+        notify: t.notify.clone(),
     }
 }
 
@@ -189,6 +203,9 @@ pub fn join(s: SpecRecord, p: ProgressRecord) -> Task {
         watched_since_ms: p.watched_since_ms,
         failed_reason: p.failed_reason,
         lang: s.lang,
+        recipient_zones: s.recipient_zones,
+        quiet_hours: s.quiet_hours,
+        notify: s.notify,
     }
 }
 
@@ -233,6 +250,9 @@ mod tests {
             metadata: BTreeMap::from([("k".into(), "v".into())]),
             created_at_ms: 7,
             lang,
+            recipient_zones: Vec::new(),
+            quiet_hours: QuietSetting::Channel,
+            notify: None,
         }
     }
 

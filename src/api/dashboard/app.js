@@ -210,6 +210,8 @@
       case 'pending': return ['pause', 'trigger', 'cancel'];
       case 'running': return t.overlap === 'allow' ? ['pause', 'trigger', 'cancel'] : ['pause', 'cancel'];
       case 'paused': return ['resume', 'cancel'];
+      // Expired: nothing was sent; send it now, or set a new time (the detail's time picker).
+      case 'expired': return ['trigger'];
       default: return [];
     }
   }
@@ -482,6 +484,7 @@
       ['Metadata', metadataText(t.metadata)], ['Created', at(t.created_at)], ['Updated', at(t.updated_at)],
     ];
     if (t.failed_reason) fields.splice(2, 0, ['Failed because', t.failed_reason]);
+    if (t.state === 'expired') fields.splice(2, 0, ['Expired', rearmForm(t, tz)]);
     $('#detail-fields').replaceChildren(...fields.flatMap(([k, v]) => [
       el('dt', { text: k }), el('dd', { 'data-field': k.toLowerCase().replace(/ /g, '-') }, v)]));
     const shown = [...ui.detailRuns.values()].sort((a, b) => b.run - a.run);
@@ -493,6 +496,33 @@
       whenCell(r.finished_at, tz), el('td', { text: r.reason || '' }))));
     if (!shown.length) body.append(el('tr', {}, el('td', { colspan: 9, class: 'empty', text: 'No runs yet.' })));
     if (t.runs > shown.length) body.append(el('tr', {}, el('td', { colspan: 9, class: 'empty', text: `Showing the newest ${shown.length} of ${t.runs} runs.` })));
+  }
+
+  // An expired task's offer (issue 28): "this message expired — set a new time?", with a
+  // time picker in the task's zone (the browser's when it has none). The new time is a PATCH
+  // of the schedule, which re-arms the task (expired → pending).
+  function rearmForm(t, tz) {
+    const zone = tz || Intl.DateTimeFormat().resolvedOptions().timeZone || 'UTC';
+    const input = el('input', { type: 'datetime-local', id: 'rearm-at', 'aria-label': `New time for task ${t.id} (${zone})`, required: '' });
+    const form = el('form', { class: 'rearm', id: 'rearm-form' },
+      el('span', { text: 'This message expired — set a new time?' }), input,
+      el('small', { class: 'muted', text: zone }),
+      el('button', { type: 'submit', text: 'Set new time' }));
+    form.addEventListener('submit', async (ev) => {
+      ev.preventDefault();
+      if (!input.value) return;
+      // datetime-local gives minutes ("2026-12-02T09:00"); the API takes seconds too.
+      const at = input.value.length === 16 ? `${input.value}:00` : input.value;
+      try {
+        const v = await api('PATCH', `/v1/tasks/${encodeURIComponent(t.id)}`, { schedule: { at, tz: zone } });
+        updateTask(v);
+        notice(`Task ${t.id} set for ${H.fmt.at(v.next_fire_at, zone)}: it is ${v.state} again.`, true);
+        showDetail(t.id);
+      } catch (e) {
+        notice(`New time for ${t.id}: ${e.message}`);
+      }
+    });
+    return form;
   }
 
   // ---- failures -----------------------------------------------------------------------------
