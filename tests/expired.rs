@@ -12,8 +12,10 @@ use serde_json::json;
 /// A one-shot due at 00:01 with the default 10 m grace; herald down until 00:21.
 async fn expired_one_shot(id: &str) -> ManualHerald {
     let mut h = ManualHerald::start(utc_ms("2026-12-01T00:00:00Z"), "").await;
-    h.post(&json!({"id": id, "channel": "out", "schedule": {"after": "1m"},
-        "to": ["a"], "body": "x"}))
+    h.post(
+        &json!({"id": id, "channel": "out", "schedule": {"after": "1m"},
+        "to": ["a"], "body": "x"}),
+    )
     .await;
     h.stop().await;
     h.clock.set(utc_ms("2026-12-01T00:21:00Z"));

@@ -18,9 +18,11 @@ fn wall_ms() -> i64 {
 
 /// Waits (polling the wall clock) until it reads at least `t`.
 async fn until_wall(t: i64) {
-    poll(Duration::from_secs(30), || async { (wall_ms() >= t).then_some(()) })
-        .await
-        .expect("the wall clock moves");
+    poll(Duration::from_secs(30), || async {
+        (wall_ms() >= t).then_some(())
+    })
+    .await
+    .expect("the wall clock moves");
 }
 
 /// Creates the one-shot due 4 s from now, sees it armed, kills herald at T − 1.5 s and
@@ -58,14 +60,18 @@ async fn a_one_shot_armed_before_an_outage_longer_than_its_grace_expires() {
     let (p, rx, _t, _dir) = outage_over_an_armed_one_shot("1s").await;
     let v = wait_state(&p.url, "once", "expired", Duration::from_secs(10)).await;
     assert_eq!(v["fires"]["expired"], 1, "{v}");
-    let runs: Value = http::get(&format!("{}/v1/tasks/once/runs", p.url)).await.json();
+    let runs: Value = http::get(&format!("{}/v1/tasks/once/runs", p.url))
+        .await
+        .json();
     let run = &runs["runs"][0];
     assert_eq!(run["state"], "expired", "{runs}");
     let why = run["reason"].as_str().unwrap_or_default();
     assert!(why.contains("misfire_grace 1s"), "{why}");
     // Nothing went, and nothing will: the run is finished, not waiting.
     assert_eq!(rx.count(), 0);
-    let listed: Value = http::get(&format!("{}/v1/tasks?state=expired", p.url)).await.json();
+    let listed: Value = http::get(&format!("{}/v1/tasks?state=expired", p.url))
+        .await
+        .json();
     assert_eq!(listed["tasks"][0]["id"], "once", "{listed}");
 }
 
