@@ -166,6 +166,9 @@ pub struct Channel {
     pub limiter: Option<Mutex<Limiter>>,
     pub breaker: Option<Mutex<Breaker>>,
     pub stats: ChannelStats,
+    /// Quiet hours of the channel (`quiet_hours`): tasks without their own window wait for
+    /// its end (`schedule::quiet`).
+    pub quiet_hours: Option<crate::schedule::quiet::QuietHours>,
 }
 
 impl Channel {
@@ -180,6 +183,7 @@ impl Channel {
             limiter: None,
             breaker: None,
             stats: ChannelStats::default(),
+            quiet_hours: None,
         }
     }
 

@@ -75,6 +75,33 @@ pub fn held_until(q: &QuietHours, zone: Tz, at_ms: u64) -> Option<u64> {
         .filter(|end| *end > at_ms)
 }
 
+/// The window that applies to a send: the task's own, none, or its channel's.
+pub fn window<'a>(
+    task: &'a crate::model::QuietSetting,
+    channel: Option<&'a QuietHours>,
+) -> Option<&'a QuietHours> {
+    match task {
+        crate::model::QuietSetting::Own(q) => Some(q),
+        crate::model::QuietSetting::Off => None,
+        crate::model::QuietSetting::Channel => channel,
+    }
+}
+
+/// Until when a send of a message (its zone `message_tz`, if any) due at `at_ms` waits for
+/// quiet hours: `None` when it may go. A `recipient` window for a message without a zone is
+/// read in `fallback` (the schedule's zone, else UTC).
+pub fn hold(
+    task: &crate::model::QuietSetting,
+    channel: Option<&QuietHours>,
+    message_tz: Option<&str>,
+    fallback: Tz,
+    at_ms: u64,
+) -> Option<u64> {
+    let q = window(task, channel)?;
+    let zone = q.zone_for(message_tz).unwrap_or(fallback);
+    held_until(q, zone, at_ms)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -133,6 +160,36 @@ mod tests {
         assert_eq!(
             held_until(&lunch, chrono_tz::UTC, utc("2026-12-01T13:30:00Z")),
             None
+        );
+    }
+
+    #[test]
+    fn a_tasks_window_wins_over_its_channels_and_off_means_none() {
+        use crate::model::QuietSetting;
+        let ch = night("Asia/Shanghai");
+        let own = QuietSetting::Own(night("Europe/Berlin"));
+        let at = utc("2026-12-01T14:30:00Z"); // 22:30 Shanghai, 15:30 Berlin
+        let utc_zone = chrono_tz::UTC;
+        assert_eq!(
+            hold(&QuietSetting::Channel, Some(&ch), None, utc_zone, at),
+            Some(utc("2026-12-02T00:00:00Z"))
+        );
+        assert_eq!(hold(&own, Some(&ch), None, utc_zone, at), None);
+        assert_eq!(
+            hold(&QuietSetting::Off, Some(&ch), None, utc_zone, at),
+            None
+        );
+        assert_eq!(hold(&QuietSetting::Channel, None, None, utc_zone, at), None);
+        // A recipient window reads the message's zone, or the fallback without one.
+        let rec = QuietSetting::Own(night("recipient"));
+        assert_eq!(
+            hold(&rec, None, Some("Asia/Shanghai"), utc_zone, at),
+            Some(utc("2026-12-02T00:00:00Z"))
+        );
+        assert_eq!(
+            hold(&rec, None, None, utc_zone, at),
+            None,
+            "14:30 UTC is daytime"
         );
     }
 
