@@ -494,8 +494,33 @@
       el('td', { class: 'progress-cell' }, progress(r, `Run ${r.run}`)),
       el('td', { class: 'sent', text: r.sent }), el('td', { class: 'failed', text: r.failed }), el('td', { text: r.total }),
       whenCell(r.finished_at, tz), el('td', { text: r.reason || '' }))));
+    drawMissed(t, shown);
     if (!shown.length) body.append(el('tr', {}, el('td', { colspan: 9, class: 'empty', text: 'No runs yet.' })));
     if (t.runs > shown.length) body.append(el('tr', {}, el('td', { colspan: 9, class: 'empty', text: `Showing the newest ${shown.length} of ${t.runs} runs.` })));
+  }
+
+  // Missed runs (skipped or expired fires) among those shown, with a backfill of their range:
+  // herald sends one run for each slot in it that has no completed run, in slot order.
+  function drawMissed(t, shown) {
+    const missed = shown.filter((r) => r.state === 'skipped' || r.state === 'expired');
+    const box = $('#missed');
+    const live = ['pending', 'running', 'paused'].includes(t.state);
+    box.hidden = !missed.length || !live;
+    if (box.hidden) return;
+    const times = missed.map((r) => r.scheduled_at).sort();
+    const from = times[0], to = times[times.length - 1];
+    $('#missed-text').textContent = `${missed.length} missed run${missed.length === 1 ? '' : 's'} (${H.fmt.at(from, H.fmt.zoneOf(t))} – ${H.fmt.at(to, H.fmt.zoneOf(t))}).`;
+    $('#backfill').onclick = async () => {
+      const q = `Backfill task ${t.id}? One run is sent for each slot from ${from} to ${to} without a completed run, in order.`;
+      if (!(await confirmDialog(q, 'Backfill', false))) return;
+      try {
+        const v = await api('POST', `/v1/tasks/${encodeURIComponent(t.id)}/backfill`, { from, to });
+        notice(`Backfill of ${t.id}: ${v.runs.length} run${v.runs.length === 1 ? '' : 's'} started (${v.runs.join(', ') || 'none needed'}).`, true);
+        showDetail(t.id);
+      } catch (e) {
+        notice(`Backfill ${t.id}: ${e.message}`);
+      }
+    };
   }
 
   // An expired task's offer (issue 28): "this message expired — set a new time?", with a
