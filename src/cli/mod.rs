@@ -117,6 +117,16 @@ pub enum TasksCmd {
         #[arg(long)]
         tz: Option<String>,
     },
+    /// Send the missed runs of a range: one run per slot without a completed run, in order.
+    Backfill {
+        id: String,
+        /// Start of the range (RFC 3339).
+        #[arg(long)]
+        from: String,
+        /// End of the range (RFC 3339), at most 1000 slots after `from`.
+        #[arg(long)]
+        to: String,
+    },
     /// Cancel a task: no send of it starts afterwards.
     Cancel { id: String },
     /// Hold all sends of a task.

@@ -102,6 +102,34 @@ pub async fn run(c: &Client, json: bool, cmd: TasksCmd) -> Result<(), CliError> 
             }
             Ok(())
         }
+        TasksCmd::Backfill { id, from, to } => {
+            let body = serde_json::to_vec(&serde_json::json!({ "from": from, "to": to }))
+                .map_err(|e| CliError::Local(format!("encoding the request: {e}")))?;
+            let v = c
+                .json(
+                    Method::POST,
+                    &format!("/v1/tasks/{}/backfill", enc(&id)),
+                    Some(body),
+                    &[],
+                )
+                .await?;
+            if json {
+                print_json(&v);
+            } else {
+                let runs: Vec<String> = v["runs"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(table::cell)
+                    .collect();
+                if runs.is_empty() {
+                    outln!("nothing to backfill: every slot of the range has a completed run");
+                } else {
+                    outln!("backfilling {id}: runs {}", runs.join(", "));
+                }
+            }
+            Ok(())
+        }
         TasksCmd::Cancel { id } => action(c, json, &id, "cancel").await,
         TasksCmd::Pause { id } => action(c, json, &id, "pause").await,
         TasksCmd::Resume { id } => action(c, json, &id, "resume").await,
