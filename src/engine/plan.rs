@@ -692,6 +692,44 @@ pub fn backfill(
     Ok((ControlPlan { task, runs }, numbers))
 }
 
+/// Why a send that is due now waits (issue 28), and until when: a message in recipient time
+/// waits for the slot's wall time in its own zone; a send inside quiet hours (the task's own
+/// window, else its channel's; `"quiet_hours": null` none) waits for the window's end in its
+/// zone. Both are holds, like the rate limit's: the attempt stays armed, nothing is burned,
+/// and the rate limit and pacing apply when it goes. `fire_ms`: the run's instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// The message's own instant in recipient time.
+    Recipient(u64),
+    /// The end of quiet hours.
+    Quiet(u64),
+}
+
+pub fn hold(
+    task: &Task,
+    msg: &crate::model::Message,
+    fire_ms: u64,
+    channel_quiet: Option<&crate::schedule::quiet::QuietHours>,
+    now: u64,
+) -> Option<Hold> {
+    use crate::schedule::recipient::{message_due, parse_zones};
+    if let (Some(tz), false) = (msg.tz.as_deref(), task.recipient_zones.is_empty()) {
+        let zones = parse_zones(&task.recipient_zones);
+        if let Some(at) = message_due(&task.schedule, &zones, fire_ms, tz).filter(|at| *at > now) {
+            return Some(Hold::Recipient(at));
+        }
+    }
+    let fallback = crate::schedule::zone_of(&task.schedule);
+    crate::schedule::quiet::hold(
+        &task.quiet_hours,
+        channel_quiet,
+        msg.tz.as_deref(),
+        fallback,
+        now,
+    )
+    .map(Hold::Quiet)
+}
+
 /// What one attempt of a failure-list retry leads to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RetryPlan {
