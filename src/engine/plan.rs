@@ -327,6 +327,31 @@ pub fn recover_running(
     })
 }
 
+/// Start-up of a running task after an outage: [`recover_started`] over its runs as they
+/// are on disk (`raw`: before `reload_run` gave an interrupted attempt back), then
+/// [`recover_running`] over the runs left. `active`: the task's active runs in memory.
+pub fn recover(
+    task: &Task,
+    raw: &[Run],
+    active: usize,
+    now: u64,
+    boot_ms: u64,
+) -> Result<Change, InvalidTransition> {
+    let watched = task.watched_since_ms.max(boot_ms);
+    let (t, expired) = recover_started(task, raw, now, watched);
+    let p = recover_running(&t, active.saturating_sub(expired.len()), now)?;
+    if expired.is_empty() {
+        return Ok(p.change());
+    }
+    let mut runs = expired;
+    runs.extend(p.started);
+    Ok(Change {
+        task: Some(p.task),
+        runs,
+        ..Change::default()
+    })
+}
+
 /// What settling one attempt does.
 #[derive(Debug, Clone)]
 pub struct SettlePlan {
