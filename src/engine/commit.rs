@@ -208,6 +208,19 @@ pub(crate) async fn lock(inner: &Arc<Inner>, id: &str) -> Result<Option<Locked>,
     }
 }
 
+/// An `expired` task locked to be re-armed (`cells::lock_expired`); `None` if it is gone or
+/// finished otherwise.
+pub(crate) async fn lock_expired(
+    inner: &Arc<Inner>,
+    id: &str,
+) -> Result<Option<Locked>, EngineError> {
+    match cells::lock_expired(inner, id).await? {
+        Got::Ready(l) => Ok(Some(l)),
+        Got::Gone => Ok(None),
+        Got::Park(l, reason) => Err(park_loaded(inner, l, reason).await),
+    }
+}
+
 /// What [`try_lock`] found.
 pub(crate) enum TryLocked {
     Locked(Locked),

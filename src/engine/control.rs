@@ -27,6 +27,14 @@ impl Engine {
         }
         match self.inner.store.get_task(id)? {
             None => Err(EngineError::NotFound(format!("task {id:?}"))),
+            // Expired: the one finished state a command may move (a new schedule, a trigger);
+            // the plans refuse the others with 409 and the task leaves the live map again.
+            Some(t) if t.state == TaskState::Expired => {
+                match commit::lock_expired(&self.inner, id).await? {
+                    Some(l) => Ok(l),
+                    None => Err(EngineError::Conflict(format!("task {id:?} is finished"))),
+                }
+            }
             Some(t) => Err(EngineError::Conflict(format!(
                 "task {id:?} is already {}",
                 t.state
@@ -128,7 +136,13 @@ impl Engine {
     pub async fn patch(&self, id: &str, req: PatchRequest) -> Result<TaskView, EngineError> {
         self.command(id, async |this, l| {
             let st = l.st();
-            if !matches!(st.task.state, TaskState::Pending | TaskState::Paused) {
+            if st.task.state == TaskState::Expired && req.schedule.is_none() {
+                return Err(EngineError::Conflict(format!(
+                    "task {id:?} is expired; give a new schedule to re-arm it (or trigger it)"
+                )));
+            }
+            let re_arm = st.task.state == TaskState::Expired;
+            if !re_arm && !matches!(st.task.state, TaskState::Pending | TaskState::Paused) {
                 return Err(EngineError::Conflict(format!(
                     "task {id:?} is {}; only pending or paused tasks can be changed",
                     st.task.state
