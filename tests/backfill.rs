@@ -40,25 +40,34 @@ async fn a_cron_paused_for_three_slots_is_backfilled_in_slot_order() {
     assert_eq!(runs.len(), 3, "00:10, 00:20, 00:30: {runs:?}");
     h.run_until(utc_ms("2026-12-01T00:37:00Z")).await;
     let sent = h.sent();
-    let filled: Vec<(&str, u64, &str)> = sent[before..]
+    // In slot order, each run whole before the next; a run's first message carries its
+    // slot as `scheduled_at` (the rest the instant pacing planned).
+    let filled: Vec<(u64, &str)> = sent[before..]
         .iter()
-        .map(|v| {
-            (
-                v["scheduled_at"].as_str().unwrap(),
-                v["run"].as_u64().unwrap(),
-                v["to"].as_str().unwrap(),
-            )
-        })
+        .map(|v| (v["run"].as_u64().unwrap(), v["to"].as_str().unwrap()))
         .collect();
     assert_eq!(
         filled,
         vec![
-            ("2026-12-01T00:10:00Z", runs[0], "a"),
-            ("2026-12-01T00:10:00Z", runs[0], "b"),
-            ("2026-12-01T00:20:00Z", runs[1], "a"),
-            ("2026-12-01T00:20:00Z", runs[1], "b"),
-            ("2026-12-01T00:30:00Z", runs[2], "a"),
-            ("2026-12-01T00:30:00Z", runs[2], "b"),
+            (runs[0], "a"),
+            (runs[0], "b"),
+            (runs[1], "a"),
+            (runs[1], "b"),
+            (runs[2], "a"),
+            (runs[2], "b"),
+        ]
+    );
+    let slots: Vec<&str> = sent[before..]
+        .iter()
+        .filter(|v| v["seq"] == 0)
+        .map(|v| v["scheduled_at"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        slots,
+        [
+            "2026-12-01T00:10:00Z",
+            "2026-12-01T00:20:00Z",
+            "2026-12-01T00:30:00Z"
         ]
     );
     // Filled: a second backfill of the same range has nothing to do.

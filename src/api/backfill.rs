@@ -36,9 +36,15 @@ pub async fn handle(state: &ApiState, id: &str, req: Request<Incoming>) -> Resul
     let from = instant("from", &r.from)?;
     let to = instant("to", &r.to)?;
     if to < from {
-        return Err(Problem::invalid("to".to_string(), "must not be before from"));
+        return Err(Problem::invalid(
+            "to".to_string(),
+            "must not be before from",
+        ));
     }
     // More than BACKFILL_SLOTS_MAX slots: 422 naming `to` (the engine's FieldError).
     let runs = state.engine.backfill(id, from, to).await?;
-    Ok(json_response(StatusCode::ACCEPTED, &json!({ "runs": runs })))
+    Ok(json_response(
+        StatusCode::ACCEPTED,
+        &json!({ "runs": runs }),
+    ))
 }
