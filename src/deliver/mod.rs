@@ -63,6 +63,11 @@ pub struct Delivery {
     /// The task's metadata (templates: `metadata`).
     #[serde(skip)]
     pub metadata: BTreeMap<String, String>,
+    /// `"notify"` for a notification (API.md "Telling the person"), with what it is `about`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub about: Option<serde_json::Value>,
 }
 
 fn data_as_object<S: serde::Serializer>(data: &Option<String>, s: S) -> Result<S::Ok, S::Error> {

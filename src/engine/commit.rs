@@ -97,6 +97,10 @@ fn batch_into(st: &LiveState, c: &Change, batch: &mut Batch) {
 
 /// After the durable write: memory, the wheel, events and alerts.
 fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
+    let notes = super::notify::requests(c.task.as_ref().unwrap_or(&l.st().task), &c);
+    if !notes.is_empty() {
+        notify(inner, notes);
+    }
     let st = l.st();
     let dropped: Vec<u32> = if c.wheel.contains(&WheelOp::DropSteps) {
         st.runs.keys().copied().collect()
@@ -149,6 +153,23 @@ fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
     if let Some(reason) = &c.parked {
         let channel = st.task.channel.clone();
         alerts::parked(inner, &id, &channel, reason);
+    }
+}
+
+/// Creates the notifications a durable change called for (`notify.rs`), each a task of its
+/// own, through the create path (after this change's lock is let go: it takes its own cell).
+/// One that exists already (the same event, seen again after a restart) is not made twice.
+fn notify(inner: &Arc<Inner>, notes: Vec<crate::model::TaskRequest>) {
+    for req in notes {
+        let engine = super::Engine {
+            inner: inner.clone(),
+        };
+        tokio::spawn(async move {
+            match engine.create(req, None).await {
+                Ok(_) | Err(EngineError::IdTaken(_)) => {}
+                Err(e) => tracing::warn!(error = %e, "a notification could not be created"),
+            }
+        });
     }
 }
 

@@ -407,6 +407,8 @@ pub(super) async fn prepare(
         scheduled_at_ms: scheduled,
         minutes_left: minutes,
         metadata: t.metadata.clone(),
+        kind: super::notify::about_of(&t.metadata).map(|a| a.0),
+        about: super::notify::about_of(&t.metadata).map(|a| a.1),
     };
     let policy = t
         .retry
