@@ -512,7 +512,13 @@ pub(super) fn settle_plan(
     if let Some(r) = &plan.next_run {
         tracing::info!(task = %plan.task.id, run = r.run, "queued run started");
     }
-    Ok(Some(plan.change()))
+    let mut change = plan.change();
+    if let Some(f) = &change.failure {
+        if !commit::failure_list_has_room(inner, f) {
+            change.failure = None;
+        }
+    }
+    Ok(Some(change))
 }
 
 fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan) {
