@@ -234,6 +234,8 @@ impl Baseline {
                             scheduled_at_ms: 0,
                             minutes_left: None,
                             metadata: Default::default(),
+                            kind: None,
+                            about: None,
                         };
                         (key, Bytes::from(serde_json::to_vec(&d).expect("json")))
                     })

@@ -231,6 +231,8 @@ struct ChannelFile {
     vars: Option<toml::Table>,
     answer_timeout: Option<String>,
     answer_bytes_max: Option<usize>,
+    /// A daily window in which no send of the channel starts (a task's own wins).
+    quiet_hours: Option<crate::model::request::QuietHoursRequest>,
 }
 
 /// Where a channel sends.
@@ -264,6 +266,8 @@ pub struct ChannelConfig {
     pub concurrency: u32,
     pub rate: Option<Rate>,
     pub breaker: Option<BreakerConfig>,
+    /// `quiet_hours = {from, to, tz}`: sends of tasks without their own wait for its end.
+    pub quiet_hours: Option<crate::schedule::quiet::QuietHours>,
 }
 
 #[derive(Debug, Clone)]
@@ -453,6 +457,7 @@ impl Config {
                 concurrency: 64,
                 rate: None,
                 breaker: None,
+                quiet_hours: None,
             });
         }
         let alerts_channel = match file.alerts {
@@ -590,6 +595,7 @@ fn channel(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<ChannelConfig, ConfigError> {
     let key = |k: &str| format!("channels.{name}.{k}");
+    let quiet = c.quiet_hours.clone();
     if crate::model::check_id(name).is_err() {
         return Err(invalid(
             format!("channels.{name}"),
@@ -755,6 +761,11 @@ fn channel(
             ))
         }
     };
+    let quiet_hours = match crate::model::request::validate_quiet(&Some(quiet)) {
+        Ok(crate::model::QuietSetting::Own(q)) => Some(q),
+        Ok(_) => None,
+        Err(e) => return Err(invalid(key(&e.field), e.detail)),
+    };
     Ok(ChannelConfig {
         name: name.to_string(),
         kind,
@@ -762,6 +773,7 @@ fn channel(
         concurrency,
         rate,
         breaker,
+        quiet_hours,
     })
 }
 

@@ -148,6 +148,7 @@ pub fn build_channels_with(config: &Config, durations: Durations) -> Result<Chan
         ch.breaker = c
             .breaker
             .map(|b| Mutex::new(Breaker::new(b).with_durations(durations.clone())));
+        ch.quiet_hours = c.quiet_hours.clone();
         list.push(ch);
     }
     Ok(Channels::new(list))

@@ -23,6 +23,7 @@ const SERVED: &[(&str, &str)] = &[
     ("POST", "/v1/tasks/{id}/pause"),
     ("POST", "/v1/tasks/{id}/resume"),
     ("POST", "/v1/tasks/{id}/trigger"),
+    ("POST", "/v1/tasks/{id}/backfill"),
     ("GET", "/v1/tasks/{id}/runs"),
     ("GET", "/v1/failures"),
     ("POST", "/v1/failures/{id}/retry"),

@@ -156,7 +156,7 @@ async fn a_one_shot_missed_by_more_than_grace_expires() {
     h.run_until(utc_ms("2026-12-01T00:22:00Z")).await;
     assert!(h.sent().is_empty());
     let t = h.task("once").await;
-    assert_eq!(t["state"], "completed");
+    assert_eq!(t["state"], "expired", "nothing was sent");
     assert_eq!(t["fires"]["expired"], 1);
     let runs = h.runs("once").await;
     assert_eq!(run_states(&runs), ["expired"]);

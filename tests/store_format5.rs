@@ -44,6 +44,7 @@ fn msg(to: &str, body: &str) -> Message {
         to: to.into(),
         body: body.into(),
         data: None,
+        tz: None,
     }
 }
 

@@ -2,6 +2,7 @@
 //! problem documents for every error. It talks to the [`Engine`] only; it never touches the
 //! store's trees or the wheel.
 
+mod backfill;
 pub mod conns;
 mod dashboard;
 pub mod events;
@@ -349,6 +350,13 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
                 _ => e.trigger(&id).await?,
             };
             Ok(json_response(StatusCode::OK, &task_json(state, &v, lang)))
+        }
+        ["tasks", id, "backfill"] => {
+            let id = path_id(id)?;
+            match m {
+                Method::POST => backfill::handle(state, &id, req).await,
+                _ => Err(method_not_allowed("POST")),
+            }
         }
         ["tasks", id, "runs"] => {
             let id = path_id(id)?;

@@ -171,9 +171,15 @@ pub struct TaskDoc<'a> {
     name: Option<&'a str>,
     next_fire_at: Option<String>,
     next_fire_human: Option<String>,
+    /// Only when the task has one (the bytes of other tasks' views stay as they were).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    notify: Option<Value>,
     overlap: &'static str,
     pacing: PacingDoc,
     progress: Option<Value>,
+    /// The task's own window, or `null` when it opted out; absent: the channel's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    quiet_hours: Option<Value>,
     retry: RetryDoc,
     runs: u32,
     schedule: Value,
@@ -218,6 +224,10 @@ pub fn task_doc(
         next_fire_human: t
             .next_fire_at_ms
             .map(|at| next_fire_human(at, now_ms, zone_of(&t.schedule), lang)),
+        notify: t.notify.as_ref().map(|n| {
+            json!({"channel": n.channel, "to": n.to,
+                "on": n.on.iter().map(|o| o.as_str()).collect::<Vec<_>>()})
+        }),
         overlap: match t.overlap {
             Overlap::Skip => "skip",
             Overlap::Queue => "queue",
@@ -225,6 +235,15 @@ pub fn task_doc(
         },
         pacing: pacing_doc(&t.pacing),
         progress: v.run.as_ref().map(|r| progress(r, &t.pacing, now_ms)),
+        quiet_hours: match &t.quiet_hours {
+            crate::model::QuietSetting::Channel => None,
+            crate::model::QuietSetting::Off => Some(Value::Null),
+            crate::model::QuietSetting::Own(q) => Some(json!({
+                "from": format!("{:02}:{:02}", q.from_min / 60, q.from_min % 60),
+                "to": format!("{:02}:{:02}", q.to_min / 60, q.to_min % 60),
+                "tz": q.tz,
+            })),
+        },
         retry: retry_doc(&t.retry.unwrap_or(channel_retry)),
         runs: t.runs,
         schedule: schedule(&t.schedule),

@@ -81,7 +81,7 @@ pub enum Command {
 pub enum TasksCmd {
     /// A page of tasks: id, state, schedule in words, next fire, progress.
     List {
-        /// Only tasks in this state (pending, running, paused, completed, cancelled, failed).
+        /// Only tasks in this state (pending, running, paused, completed, cancelled, failed, expired).
         #[arg(long)]
         state: Option<String>,
         /// Only tasks on this channel.
@@ -106,6 +106,26 @@ pub enum TasksCmd {
         /// Sent as `Idempotency-Key`: repeating the command does not create a second task.
         #[arg(long)]
         idempotency_key: Option<String>,
+    },
+    /// Give a one-shot task a new time (PATCH its schedule); re-arms an expired task.
+    Reschedule {
+        id: String,
+        /// The new instant (RFC 3339, or local time with --tz).
+        #[arg(long)]
+        at: String,
+        /// The zone of a local --at.
+        #[arg(long)]
+        tz: Option<String>,
+    },
+    /// Send the missed runs of a range: one run per slot without a completed run, in order.
+    Backfill {
+        id: String,
+        /// Start of the range (RFC 3339).
+        #[arg(long)]
+        from: String,
+        /// End of the range (RFC 3339), at most 1000 slots after `from`.
+        #[arg(long)]
+        to: String,
     },
     /// Cancel a task: no send of it starts afterwards.
     Cancel { id: String },

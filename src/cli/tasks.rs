@@ -75,6 +75,61 @@ pub async fn run(c: &Client, json: bool, cmd: TasksCmd) -> Result<(), CliError> 
             }
             Ok(())
         }
+        TasksCmd::Reschedule { id, at, tz } => {
+            let mut schedule = serde_json::json!({ "at": at });
+            if let Some(tz) = tz {
+                schedule["tz"] = Value::String(tz);
+            }
+            let body = serde_json::to_vec(&serde_json::json!({ "schedule": schedule }))
+                .map_err(|e| CliError::Local(format!("encoding the request: {e}")))?;
+            let v = c
+                .json(
+                    Method::PATCH,
+                    &format!("/v1/tasks/{}", enc(&id)),
+                    Some(body),
+                    &[],
+                )
+                .await?;
+            if json {
+                print_json(&v);
+            } else {
+                outln!(
+                    "rescheduled {}: state {}, next fire {}",
+                    table::cell(&v["id"]),
+                    table::cell(&v["state"]),
+                    table::when(&v["next_fire_at"], Utc::now())
+                );
+            }
+            Ok(())
+        }
+        TasksCmd::Backfill { id, from, to } => {
+            let body = serde_json::to_vec(&serde_json::json!({ "from": from, "to": to }))
+                .map_err(|e| CliError::Local(format!("encoding the request: {e}")))?;
+            let v = c
+                .json(
+                    Method::POST,
+                    &format!("/v1/tasks/{}/backfill", enc(&id)),
+                    Some(body),
+                    &[],
+                )
+                .await?;
+            if json {
+                print_json(&v);
+            } else {
+                let runs: Vec<String> = v["runs"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(table::cell)
+                    .collect();
+                if runs.is_empty() {
+                    outln!("nothing to backfill: every slot of the range has a completed run");
+                } else {
+                    outln!("backfilling {id}: runs {}", runs.join(", "));
+                }
+            }
+            Ok(())
+        }
         TasksCmd::Cancel { id } => action(c, json, &id, "cancel").await,
         TasksCmd::Pause { id } => action(c, json, &id, "pause").await,
         TasksCmd::Resume { id } => action(c, json, &id, "resume").await,
@@ -128,7 +183,7 @@ pub async fn run(c: &Client, json: bool, cmd: TasksCmd) -> Result<(), CliError> 
 
 /// A state no run follows (the API's DELETE deletes such a task instead of cancelling it).
 fn finished(state: &str) -> bool {
-    matches!(state, "completed" | "cancelled" | "failed")
+    matches!(state, "completed" | "cancelled" | "failed" | "expired")
 }
 
 /// A run's state for people: `running` reads `paused` while its task is paused.
@@ -205,6 +260,17 @@ pub fn show(v: &Value) -> String {
         line("name:", table::cell(&v["name"]));
     }
     line("state:", table::cell(&v["state"]));
+    if v["state"] == "expired" {
+        // What the seed asks a person be told: it was not sent, and it can be set again.
+        line(
+            "",
+            format!(
+                "nothing was sent: every fire was missed by more than its misfire_grace; set a new time with `herald tasks reschedule {} --at TIME`, or send it now with `herald tasks trigger {}`",
+                table::cell(&v["id"]),
+                table::cell(&v["id"])
+            ),
+        );
+    }
     line("channel:", table::cell(&v["channel"]));
     line("schedule:", table::cell(&v["description"]));
     line("next fire:", table::when(&v["next_fire_at"], now));

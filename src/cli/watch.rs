@@ -64,7 +64,7 @@ impl Sse {
 }
 
 fn finished(state: &str) -> bool {
-    matches!(state, "completed" | "cancelled" | "failed")
+    matches!(state, "completed" | "cancelled" | "failed" | "expired")
 }
 
 struct Bars {

@@ -63,6 +63,11 @@ pub struct Delivery {
     /// The task's metadata (templates: `metadata`).
     #[serde(skip)]
     pub metadata: BTreeMap<String, String>,
+    /// `"notify"` for a notification (API.md "Telling the person"), with what it is `about`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub about: Option<serde_json::Value>,
 }
 
 fn data_as_object<S: serde::Serializer>(data: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -166,6 +171,9 @@ pub struct Channel {
     pub limiter: Option<Mutex<Limiter>>,
     pub breaker: Option<Mutex<Breaker>>,
     pub stats: ChannelStats,
+    /// Quiet hours of the channel (`quiet_hours`): tasks without their own window wait for
+    /// its end (`schedule::quiet`).
+    pub quiet_hours: Option<crate::schedule::quiet::QuietHours>,
 }
 
 impl Channel {
@@ -180,6 +188,7 @@ impl Channel {
             limiter: None,
             breaker: None,
             stats: ChannelStats::default(),
+            quiet_hours: None,
         }
     }
 

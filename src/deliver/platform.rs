@@ -799,6 +799,8 @@ mod tests {
             scheduled_at_ms: 1_796_086_800_000,
             minutes_left: None,
             metadata: BTreeMap::new(),
+            kind: None,
+            about: None,
         }
     }
 

@@ -208,6 +208,37 @@ pub(crate) async fn lock(inner: &Arc<Inner>, id: &str) -> Result<Got, EngineErro
     loaded(inner, id, guard)
 }
 
+/// Locks an `expired` task to re-arm it (a PATCH with a new schedule, a trigger: issue 28).
+/// It has no live entry, so it is put back in the live map here with a cell loaded from its
+/// record (it has no active runs); if the command does not re-arm it, [`Locked::release`]
+/// takes it out again (finished). A task live already is locked the usual way.
+pub(crate) async fn lock_expired(inner: &Arc<Inner>, id: &str) -> Result<Got, EngineError> {
+    let Some(task) = inner.store.get_task(id)? else {
+        return Ok(Got::Gone);
+    };
+    if task.state != TaskState::Expired {
+        return lock(inner, id).await;
+    }
+    // The map's lock is a blocking one: taken and let go without an await in between.
+    let made = {
+        let mut live = inner.live.lock();
+        if live.contains_key(id) {
+            None
+        } else {
+            let key: Arc<str> = Arc::from(id);
+            let st = LiveState::new(task, BTreeMap::new());
+            let cell = Arc::new(tokio::sync::Mutex::new(Slot::Loaded(Box::new(st))));
+            live.claim(key.clone(), Some(cell.clone()));
+            Some((key, cell))
+        }
+    };
+    let Some((key, cell)) = made else {
+        return lock(inner, id).await;
+    };
+    let guard = cell.lock_owned().await;
+    Ok(Got::Ready(Locked { id: key, guard }))
+}
+
 /// What [`try_lock`] found.
 pub(crate) enum TryGot {
     Ready(Locked),

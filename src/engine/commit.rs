@@ -98,6 +98,10 @@ fn batch_into(st: &LiveState, c: &Change, batch: &mut Batch) {
 
 /// After the durable write: memory, the wheel, events and alerts.
 fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
+    let notes = super::notify::requests(c.task.as_ref().unwrap_or(&l.st().task), &c);
+    if !notes.is_empty() {
+        notify(inner, notes);
+    }
     let st = l.st();
     let dropped: Vec<u32> = if c.wheel.contains(&WheelOp::DropSteps) {
         st.runs.keys().copied().collect()
@@ -154,6 +158,27 @@ fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
     }
 }
 
+/// Creates the notifications a durable change called for (`notify.rs`), each a task of its
+/// own, through the create path (after this change's lock is let go: it takes its own cell).
+/// One that exists already (the same event, seen again after a restart) is not made twice.
+fn notify(inner: &Arc<Inner>, notes: Vec<crate::model::TaskRequest>) {
+    for req in notes {
+        let engine = super::Engine {
+            inner: inner.clone(),
+        };
+        // Outstanding until it is created, like a step: `Engine::idle` and the drain wait
+        // for it.
+        let guard = inner.timer.extra_step();
+        tokio::spawn(async move {
+            let _guard = guard;
+            match engine.create(req, None).await {
+                Ok(_) | Err(EngineError::IdTaken(_)) => {}
+                Err(e) => tracing::warn!(error = %e, "a notification could not be created"),
+            }
+        });
+    }
+}
+
 /// A settle's write failed: the send happened (or not) but its outcome is not on disk.
 /// Memory is forgotten and read back from what is there (the message in flight), so nothing
 /// runs ahead of the disk; the step is tried again.
@@ -204,6 +229,19 @@ pub(crate) async fn park(
 /// parked here, and the caller gets the error.
 pub(crate) async fn lock(inner: &Arc<Inner>, id: &str) -> Result<Option<Locked>, EngineError> {
     match cells::lock(inner, id).await? {
+        Got::Ready(l) => Ok(Some(l)),
+        Got::Gone => Ok(None),
+        Got::Park(l, reason) => Err(park_loaded(inner, l, reason).await),
+    }
+}
+
+/// An `expired` task locked to be re-armed (`cells::lock_expired`); `None` if it is gone or
+/// finished otherwise.
+pub(crate) async fn lock_expired(
+    inner: &Arc<Inner>,
+    id: &str,
+) -> Result<Option<Locked>, EngineError> {
+    match cells::lock_expired(inner, id).await? {
         Got::Ready(l) => Ok(Some(l)),
         Got::Gone => Ok(None),
         Got::Park(l, reason) => Err(park_loaded(inner, l, reason).await),

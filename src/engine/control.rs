@@ -8,7 +8,7 @@ use super::change::Change;
 use super::commit;
 use super::plan::{self, Refused};
 use super::{derive_state, Engine, EngineError, LiveState, TaskView};
-use crate::model::{Context, PatchRequest, TaskState};
+use crate::model::{Context, FieldError, PatchRequest, RunState, TaskState};
 
 fn refused(r: Refused) -> EngineError {
     match r {
@@ -27,6 +27,14 @@ impl Engine {
         }
         match self.inner.store.get_task(id)? {
             None => Err(EngineError::NotFound(format!("task {id:?}"))),
+            // Expired: the one finished state a command may move (a new schedule, a trigger);
+            // the plans refuse the others with 409 and the task leaves the live map again.
+            Some(t) if t.state == TaskState::Expired => {
+                match commit::lock_expired(&self.inner, id).await? {
+                    Some(l) => Ok(l),
+                    None => Err(EngineError::Conflict(format!("task {id:?} is finished"))),
+                }
+            }
             Some(t) => Err(EngineError::Conflict(format!(
                 "task {id:?} is already {}",
                 t.state
@@ -128,7 +136,13 @@ impl Engine {
     pub async fn patch(&self, id: &str, req: PatchRequest) -> Result<TaskView, EngineError> {
         self.command(id, async |this, l| {
             let st = l.st();
-            if !matches!(st.task.state, TaskState::Pending | TaskState::Paused) {
+            if st.task.state == TaskState::Expired && req.schedule.is_none() {
+                return Err(EngineError::Conflict(format!(
+                    "task {id:?} is expired; give a new schedule to re-arm it (or trigger it)"
+                )));
+            }
+            let re_arm = st.task.state == TaskState::Expired;
+            if !re_arm && !matches!(st.task.state, TaskState::Pending | TaskState::Paused) {
                 return Err(EngineError::Conflict(format!(
                     "task {id:?} is {}; only pending or paused tasks can be changed",
                     st.task.state
@@ -168,6 +182,41 @@ impl Engine {
             let st = l.st();
             tracing::info!(task = %id, next_fire_at = %crate::schedule::format_opt(st.task.next_fire_at_ms), "task changed");
             Ok(this.view_of(st))
+        })
+        .await
+    }
+
+    /// Backfill (issue 28): one run for each slot of the task's schedule in `[from, to]` that
+    /// has no completed run (nor one running or queued), in slot order with the task's
+    /// pacing; the run numbers. More than `BACKFILL_SLOTS_MAX` slots is refused (`to`).
+    pub async fn backfill(&self, id: &str, from: u64, to: u64) -> Result<Vec<u32>, EngineError> {
+        use crate::schedule::backfill::{to_backfill, BackfillError, BACKFILL_SLOTS_MAX};
+        self.command(id, async |this, l| {
+            let st = l.st();
+            let now = this.inner.clock.now_ms();
+            let mut done: std::collections::BTreeSet<u64> = this
+                .inner
+                .store
+                .runs_of(id)?
+                .iter()
+                .filter(|r| matches!(r.state, RunState::Completed | RunState::Running))
+                .map(|r| r.scheduled_at_ms)
+                .collect();
+            done.extend(st.task.queued.iter().map(|(_, at)| *at));
+            let slots = to_backfill(&st.task, from, to, &done).map_err(|e| {
+                let detail = match e {
+                    BackfillError::TooMany => format!(
+                        "the range holds more than {BACKFILL_SLOTS_MAX} slots of the schedule"
+                    ),
+                    BackfillError::Backwards => "must not be before from".to_string(),
+                };
+                EngineError::Invalid(FieldError::new("to", detail))
+            })?;
+            let (p, numbers) =
+                plan::backfill(&st.task, st.runs.len(), &slots, now).map_err(refused)?;
+            commit::apply(&this.inner, l, p.change()).await?;
+            tracing::info!(task = %id, runs = ?numbers, "backfill");
+            Ok(numbers)
         })
         .await
     }

@@ -19,6 +19,7 @@ mod dispatch;
 pub mod events; // events (issue 11)
 mod failures;
 mod herd;
+mod notify;
 mod plan;
 mod recovery;
 pub mod retention;

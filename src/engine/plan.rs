@@ -6,11 +6,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::model::Schedule;
 use crate::model::{
     delivery_key, Failure, InvalidTransition, Outcome, Overlap, Pacing, Run, RunState, Task,
     TaskState,
 };
-use crate::schedule::misfire::{judge, Decision, MISSED_LIST_MAX};
+use crate::schedule::misfire::{judge, judge_started, Decision, MISSED_LIST_MAX};
 use crate::schedule::plan::may_run_more;
 use crate::schedule::{mark_fired, next_fire};
 
@@ -125,7 +126,10 @@ pub fn fire(
                     not_started.push(skip(&mut task, run_no, t, now, "max_runs reached".into()));
                     continue;
                 }
-                let busy = active_runs > 0 || !started.is_empty();
+                // In recipient time a slot's run spans its zones (a day and more for a daily
+                // cron around the world): the next slot's run goes beside it, never an overlap.
+                let others = active_runs > 0 && task.recipient_zones.is_empty();
+                let busy = others || !started.is_empty();
                 if busy && task.overlap != Overlap::Allow {
                     // Misfire catch-up (several runs from one outage) queues behind the first
                     // whatever the policy; a regular fire follows the overlap policy.
@@ -147,7 +151,10 @@ pub fn fire(
         }
     }
     task.next_fire_at_ms = next_fire(&task, now);
-    let to = derive_state(&task, active_runs > 0 || !started.is_empty());
+    let to = finished_as(
+        &task,
+        derive_state(&task, active_runs > 0 || !started.is_empty()),
+    );
     task.set_state(to, now)?;
     // Arm the first attempt of each new run in the same durable write.
     for r in &mut started {
@@ -159,6 +166,83 @@ pub fn fire(
         started,
         missed,
     })
+}
+
+/// A one-shot or reminders task that would complete without having sent anything because its
+/// every fire expired ends `expired` instead, so a client can tell it from one that was sent
+/// (and re-arm it). Every other state passes through.
+pub fn finished_as(task: &Task, to: TaskState) -> TaskState {
+    let once = matches!(
+        task.schedule,
+        Schedule::At { .. } | Schedule::After { .. } | Schedule::Reminders { .. }
+    );
+    if to == TaskState::Completed && once && task.runs == 0 && task.expired > 0 {
+        TaskState::Expired
+    } else {
+        to
+    }
+}
+
+/// Whether `r`'s first message has not been sent yet: nothing settled, and at most the one
+/// attempt that was armed (an attempt that failed and is being retried has started its send).
+fn first_send_pending(r: &Run) -> bool {
+    r.state == RunState::Running
+        && r.cursor == 0
+        && r.sent == 0
+        && r.failed == 0
+        && (r.attempts == 0 || (r.attempts == 1 && r.in_flight == Some(0)))
+}
+
+/// Judges a started run whose first message has not left, when herald watches its task again
+/// at `watched_ms` (start-up after an outage, resume): if that send would now start more than
+/// `misfire_grace` after the run's instant, the run expires (it turns from a run into an
+/// expired fire: `runs` gives it back, `expired` counts it). `send_ms`: when the send would
+/// start. The run record to write, or `None` when it goes on.
+pub fn expire_started(
+    task: &mut Task,
+    r: &Run,
+    send_ms: u64,
+    watched_ms: u64,
+    now: u64,
+) -> Option<Run> {
+    if !first_send_pending(r) {
+        return None;
+    }
+    let why = judge_started(
+        r.scheduled_at_ms,
+        send_ms,
+        watched_ms,
+        task.misfire_grace_ms,
+    )?;
+    let mut r = r.clone();
+    r.disarm();
+    r.attempts = 0;
+    r.state = RunState::Expired;
+    r.finished_at_ms = Some(now);
+    r.next_at_ms = None;
+    r.reason = Some(why);
+    task.runs = task.runs.saturating_sub(1);
+    task.expired += 1;
+    Some(r)
+}
+
+/// Start-up's judgement of a task's runs read back from the store (`watched_ms`: boot): each
+/// started run whose first message would now be sent later than its grace after its instant
+/// expires (the grace defect of issue 28: a one-shot armed 2 s ahead, herald down over its
+/// instant, was sent at restart however late). The task (counters) and the expired runs; the
+/// caller reloads the others with [`reload_run`] and then derives the state with
+/// [`recover_running`] over the runs left (which also starts a queued fire that waited for
+/// an expired run).
+pub fn recover_started(task: &Task, runs: &[Run], now: u64, watched_ms: u64) -> (Task, Vec<Run>) {
+    let mut t = task.clone();
+    let mut expired = Vec::new();
+    for r in runs {
+        let send_ms = r.next_at_ms.unwrap_or(now).max(now);
+        if let Some(e) = expire_started(&mut t, r, send_ms, watched_ms, now) {
+            expired.push(e);
+        }
+    }
+    (t, expired)
 }
 
 fn skip(task: &mut Task, run_no: u32, t: u64, now: u64, why: String) -> Run {
@@ -231,7 +315,7 @@ pub fn recover_running(
         let (n, at) = t.queued.remove(0);
         started = Some(start_run(&mut t, n, at, now));
     }
-    let to = derive_state(&t, active_runs > 0 || started.is_some());
+    let to = finished_as(&t, derive_state(&t, active_runs > 0 || started.is_some()));
     let write = to != t.state || started.is_some();
     if to != t.state {
         t.set_state(to, now)?;
@@ -240,6 +324,31 @@ pub fn recover_running(
         task: t,
         write,
         started,
+    })
+}
+
+/// Start-up of a running task after an outage: [`recover_started`] over its runs as they
+/// are on disk (`raw`: before `reload_run` gave an interrupted attempt back), then
+/// [`recover_running`] over the runs left. `active`: the task's active runs in memory.
+pub fn recover(
+    task: &Task,
+    raw: &[Run],
+    active: usize,
+    now: u64,
+    boot_ms: u64,
+) -> Result<Change, InvalidTransition> {
+    let watched = task.watched_since_ms.max(boot_ms);
+    let (t, expired) = recover_started(task, raw, now, watched);
+    let p = recover_running(&t, active.saturating_sub(expired.len()), now)?;
+    if expired.is_empty() {
+        return Ok(p.change());
+    }
+    let mut runs = expired;
+    runs.extend(p.started);
+    Ok(Change {
+        task: Some(p.task),
+        runs,
+        ..Change::default()
     })
 }
 
@@ -508,29 +617,44 @@ pub fn resume(task: &Task, runs: &BTreeMap<u32, Run>, now: u64) -> Result<Contro
         )));
     }
     let mut task = task.clone();
-    let to = super::state_for(&task, !runs.is_empty());
-    if to == TaskState::Completed {
+    // A run whose first message had not left when the task was paused is judged now: sent
+    // later than its grace after its instant, it expires (API.md "Expired").
+    let mut out: Vec<Run> = Vec::with_capacity(runs.len());
+    let mut active = 0usize;
+    for r in runs.values() {
+        let send_ms = r.next_at_ms.unwrap_or(now).max(now);
+        match expire_started(&mut task, r, send_ms, now, now) {
+            Some(e) => out.push(e),
+            None => {
+                let mut r = r.clone();
+                r.next_at_ms = Some(send_ms);
+                out.push(r);
+                active += 1;
+            }
+        }
+    }
+    if active == 0 && !task.queued.is_empty() {
+        // What the queued fire waited for expired: it starts now.
+        let (n, at) = task.queued.remove(0);
+        out.push(start_run(&mut task, n, at, now));
+        active += 1;
+    }
+    let to = finished_as(&task, super::state_for(&task, active > 0));
+    if matches!(to, TaskState::Completed | TaskState::Expired) {
         // Nothing left to do (its last run ended while it was paused, e.g. a cron at its
-        // `max_runs`): it completes, by way of pending, as the transition table says.
+        // `max_runs`): it finishes, by way of pending, as the transition table says.
         task.set_state(TaskState::Pending, now)?;
     }
     task.set_state(to, now)?;
     task.watched_since_ms = now;
-    let runs = runs
-        .values()
-        .map(|r| {
-            let mut r = r.clone();
-            r.next_at_ms = Some(r.next_at_ms.unwrap_or(now).max(now));
-            r
-        })
-        .collect();
-    Ok(ControlPlan { task, runs })
+    Ok(ControlPlan { task, runs: out })
 }
 
 /// Trigger ("send now"): a new run starts now; for a one-shot it replaces the scheduled time.
 pub fn trigger(task: &Task, now: u64) -> Result<ControlPlan, Refused> {
     match task.state {
-        TaskState::Pending => {}
+        // An expired task is re-armed by a trigger: its message goes now (API.md "Expired").
+        TaskState::Pending | TaskState::Expired => {}
         TaskState::Running if task.overlap == Overlap::Allow => {}
         s => {
             return Err(Refused::Conflict(format!(
@@ -552,6 +676,83 @@ pub fn trigger(task: &Task, now: u64) -> Result<ControlPlan, Refused> {
         task,
         runs: vec![run],
     })
+}
+
+/// Backfill (`POST /v1/tasks/{id}/backfill`): one run per slot, in slot order. Each slot gets
+/// the next run number (so its idempotency keys are new) and waits in the task's queue; the
+/// first starts now when nothing is active (a paused task starts them on resume), the others
+/// each when the one before it ends, so the task's pacing holds within each run and runs never
+/// overlap. `last_fire_ms` stays: the schedule goes on from where it was. The plan and the run
+/// numbers, in slot order.
+pub fn backfill(
+    task: &Task,
+    active_runs: usize,
+    slots: &[u64],
+    now: u64,
+) -> Result<(ControlPlan, Vec<u32>), Refused> {
+    if !matches!(
+        task.state,
+        TaskState::Pending | TaskState::Running | TaskState::Paused
+    ) {
+        return Err(Refused::Conflict(format!(
+            "task {:?} is {}; only pending, running or paused tasks can be backfilled",
+            task.id, task.state
+        )));
+    }
+    let mut task = task.clone();
+    let mut numbers = Vec::with_capacity(slots.len());
+    for &at in slots {
+        task.fires += 1;
+        numbers.push(task.fires);
+        task.queued.push((task.fires, at));
+    }
+    let mut runs = Vec::new();
+    if task.state == TaskState::Pending && active_runs == 0 && !task.queued.is_empty() {
+        let (n, at) = task.queued.remove(0);
+        runs.push(start_run(&mut task, n, at, now));
+        task.set_state(TaskState::Running, now)?;
+    } else {
+        task.updated_at_ms = now;
+    }
+    Ok((ControlPlan { task, runs }, numbers))
+}
+
+/// Why a send that is due now waits (issue 28), and until when: a message in recipient time
+/// waits for the slot's wall time in its own zone; a send inside quiet hours (the task's own
+/// window, else its channel's; `"quiet_hours": null` none) waits for the window's end in its
+/// zone. Both are holds, like the rate limit's: the attempt stays armed, nothing is burned,
+/// and the rate limit and pacing apply when it goes. `fire_ms`: the run's instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// The message's own instant in recipient time.
+    Recipient(u64),
+    /// The end of quiet hours.
+    Quiet(u64),
+}
+
+pub fn hold(
+    task: &Task,
+    msg: &crate::model::Message,
+    fire_ms: u64,
+    channel_quiet: Option<&crate::schedule::quiet::QuietHours>,
+    now: u64,
+) -> Option<Hold> {
+    use crate::schedule::recipient::{message_due, parse_zones};
+    if let (Some(tz), false) = (msg.tz.as_deref(), task.recipient_zones.is_empty()) {
+        let zones = parse_zones(&task.recipient_zones);
+        if let Some(at) = message_due(&task.schedule, &zones, fire_ms, tz).filter(|at| *at > now) {
+            return Some(Hold::Recipient(at));
+        }
+    }
+    let fallback = crate::schedule::zone_of(&task.schedule);
+    crate::schedule::quiet::hold(
+        &task.quiet_hours,
+        channel_quiet,
+        msg.tz.as_deref(),
+        fallback,
+        now,
+    )
+    .map(Hold::Quiet)
 }
 
 /// What one attempt of a failure-list retry leads to.
@@ -671,7 +872,96 @@ mod tests {
         let p = fire(&t, 0, due, due + 2_600, due + 2_500).unwrap();
         assert_eq!((p.missed, p.started.len()), (1, 0));
         assert_eq!(p.not_started[0].state, RunState::Expired);
-        assert_eq!(p.task.state, TaskState::Completed);
+        assert_eq!(p.task.state, TaskState::Expired, "nothing was sent");
+    }
+
+    /// The grace defect of issue 28, as plans: a one-shot at T with a 1 s grace is armed 2 s
+    /// ahead; herald is down from T − 1.5 s to T + 2.5 s.
+    #[test]
+    fn a_run_armed_before_an_outage_is_judged_on_when_its_send_would_start() {
+        let at = NOW + 60_000;
+        let once = |grace: &str| {
+            task(
+                serde_json::json!({"schedule": {"after": "1m"}, "misfire_grace": grace,
+                "to": ["a", "b"], "body": "b"}),
+            )
+        };
+        let t = once("1s");
+        let p = fire(&t, 0, at, at - 2_000, NOW).unwrap();
+        assert_eq!(p.started[0].in_flight, Some(0), "armed ahead, durable");
+        let boot = at + 2_500;
+        let (t2, expired) = recover_started(&p.task, &p.started, boot, boot);
+        assert_eq!(expired.len(), 1);
+        let e = &expired[0];
+        assert_eq!(
+            (e.state.clone(), e.in_flight, e.attempts),
+            (RunState::Expired, None, 0)
+        );
+        assert!(e.reason.as_deref().unwrap().contains("2s500ms"), "{e:?}");
+        assert_eq!((t2.runs, t2.expired), (0, 1));
+        let r = recover_running(&t2, 0, boot).unwrap();
+        assert!(r.write && r.started.is_none());
+        assert_eq!(r.task.state, TaskState::Expired);
+        // With a 3 s grace the same outage sends it at restart.
+        let t = once("3s");
+        let p = fire(&t, 0, at, at - 2_000, NOW).unwrap();
+        let (t2, expired) = recover_started(&p.task, &p.started, boot, boot);
+        assert!(expired.is_empty());
+        assert_eq!(t2.runs, 1);
+        // Back before the instant: nothing was missed.
+        let (_, expired) = recover_started(&p.task, &p.started, at - 500, at - 500);
+        assert!(expired.is_empty());
+        // A run that has sent its first message is never expired (a sequence goes on).
+        let mut sending = p.started[0].clone();
+        sending.cursor = 1;
+        sending.sent = 1;
+        sending.in_flight = Some(1);
+        let (_, expired) = recover_started(&p.task, &[sending], at + 3_600_000, at + 3_600_000);
+        assert!(expired.is_empty());
+    }
+
+    #[test]
+    fn a_cron_run_armed_before_an_outage_expires_and_the_schedule_goes_on() {
+        let t = task(serde_json::json!({"schedule": {"cron": "* * * * *"},
+            "misfire_grace": "1s", "to": ["a"], "body": "b"}));
+        let due = t.next_fire_at_ms.unwrap();
+        let p = fire(&t, 0, due, due - 100, NOW).unwrap();
+        let boot = due + 5_000;
+        let (t2, expired) = recover_started(&p.task, &p.started, boot, boot);
+        assert_eq!(expired.len(), 1);
+        let r = recover_running(&t2, 0, boot).unwrap();
+        assert_eq!(
+            r.task.state,
+            TaskState::Pending,
+            "a cron goes on to its next fire"
+        );
+        assert_eq!(r.task.next_fire_at_ms, Some(due + 60_000));
+    }
+
+    #[test]
+    fn an_expired_task_is_re_armed_by_a_trigger_and_a_pause_over_the_instant_expires_it() {
+        let t = task(
+            serde_json::json!({"schedule": {"after": "0s"}, "misfire_grace": "1s",
+            "to": ["a"], "body": "b"}),
+        );
+        let p = fire(&t, 0, NOW, NOW, NOW).unwrap();
+        let runs: BTreeMap<u32, Run> = p.started.iter().map(|r| (r.run, r.clone())).collect();
+        let paused = pause(&p.task, &runs, &BTreeSet::new(), NOW + 1).unwrap();
+        let again: BTreeMap<u32, Run> = paused.runs.iter().map(|r| (r.run, r.clone())).collect();
+        // Resumed within the grace: it goes on.
+        let r = resume(&paused.task, &again, NOW + 900).unwrap();
+        assert_eq!(r.task.state, TaskState::Running);
+        // Resumed 5 s after its instant: it expires, nothing is sent.
+        let r = resume(&paused.task, &again, NOW + 5_000).unwrap();
+        assert_eq!(r.task.state, TaskState::Expired);
+        assert_eq!(r.runs[0].state, RunState::Expired);
+        // A trigger re-arms it: a new run, now.
+        let tr = trigger(&r.task, NOW + 6_000).unwrap();
+        assert_eq!(tr.task.state, TaskState::Running);
+        assert_eq!(
+            (tr.runs[0].run, tr.runs[0].scheduled_at_ms),
+            (2, NOW + 6_000)
+        );
     }
 
     #[test]
@@ -693,6 +983,38 @@ mod tests {
         assert!(!s.finished);
         assert_eq!((s.run.cursor, s.run.in_flight), (1, Some(1)));
         assert_eq!(s.task.state, TaskState::Running);
+    }
+
+    #[test]
+    fn a_backfill_queues_one_run_per_slot_in_order_and_starts_the_first() {
+        let t =
+            task(serde_json::json!({"schedule": {"cron": "* * * * *"}, "to": ["a"], "body": "b"}));
+        let slots = [NOW - 180_000, NOW - 120_000, NOW - 60_000];
+        let (p, numbers) = backfill(&t, 0, &slots, NOW).unwrap();
+        assert_eq!(numbers, vec![1, 2, 3]);
+        assert_eq!(p.task.state, TaskState::Running);
+        assert_eq!(
+            (p.runs[0].run, p.runs[0].scheduled_at_ms),
+            (1, NOW - 180_000)
+        );
+        assert_eq!(
+            p.runs[0].next_at_ms,
+            Some(NOW),
+            "sent now, not at its old instant"
+        );
+        assert_eq!(p.task.queued, vec![(2, NOW - 120_000), (3, NOW - 60_000)]);
+        assert_eq!(p.task.last_fire_ms, t.last_fire_ms);
+        // A paused task keeps them queued for its resume; a finished one refuses.
+        let mut paused = t.clone();
+        paused.state = TaskState::Paused;
+        let (p, _) = backfill(&paused, 0, &slots, NOW).unwrap();
+        assert!(p.runs.is_empty() && p.task.queued.len() == 3);
+        let mut done = t.clone();
+        done.state = TaskState::Completed;
+        assert!(matches!(
+            backfill(&done, 0, &slots, NOW),
+            Err(Refused::Conflict(_))
+        ));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use super::arm::{arm_entry, entry_fire};
 use super::commit;
 use super::timer::Key;
 use super::{EngineError, Inner};
-use crate::model::TaskState;
+use crate::model::{RunState, TaskState};
 use crate::store::records::{LiveEntry, DUE_PENDING, DUE_RUNNING};
 
 /// Pending tasks due within this much of start-up are on the wheel before herald reports
@@ -102,8 +102,24 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
             }
         };
         let st = l.st();
-        let plan = super::plan::recover_running(&st.task, st.runs.len(), now)?;
-        commit::resumed(inner, &mut l, plan.change()).await?;
+        // Issue 28: a run armed before the outage whose first message never left is judged
+        // on when that send would start now (its grace), on its record as it is on disk.
+        let raw: Vec<_> = match inner.store.active_runs_of(&id) {
+            Ok(runs) => runs
+                .into_iter()
+                .filter(|r| st.runs.contains_key(&r.run))
+                .collect(),
+            Err(e) => {
+                tracing::warn!(task = %id, error = %e, "runs not judged for misfire_grace: cannot be read again");
+                Vec::new()
+            }
+        };
+        let change = super::plan::recover(&st.task, &raw, st.runs.len(), now, inner.boot_ms)?;
+        for r in change.runs.iter().filter(|r| r.state == RunState::Expired) {
+            tracing::warn!(task = %id, run = r.run, reason = %crate::logsafe::Opt(r.reason.as_deref()),
+                "run armed before the outage expired: its first message would start later than misfire_grace");
+        }
+        commit::resumed(inner, &mut l, change).await?;
         l.release(inner);
     }
     // Failure-list retries that were under way go on.

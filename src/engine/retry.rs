@@ -79,6 +79,8 @@ pub(crate) async fn failure_retry(
         scheduled_at_ms: scheduled,
         minutes_left: minutes,
         metadata: task.metadata.clone(),
+        kind: super::notify::about_of(&task.metadata).map(|a| a.0),
+        about: super::notify::about_of(&task.metadata).map(|a| a.1),
     };
     let policy = task.retry.unwrap_or(channel.retry);
     drop(guard);

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use super::arm::{fire_step_at, lead_max_ms, ARM_LEAD_MS};
 use super::cells::Locked;
-use super::change::Change;
+use super::change::{Change, WheelOp};
 use super::commit::{self, STORAGE_RETRY_MS};
 use super::plan::{self, Attempt};
 use super::timer::{Key, RunKey, StepGuard};
@@ -343,6 +343,33 @@ pub(super) async fn prepare(
         }
     };
     let channel = inner.channels.get(&t.channel).cloned();
+    // Issue 28: recipient time and quiet hours hold the send (still armed, nothing burned),
+    // before the rate limit is asked, so a held send takes none of the channel's rate.
+    let quiet = channel.as_ref().and_then(|c| c.quiet_hours.as_ref());
+    match plan::hold(t, &msg, run.scheduled_at_ms, quiet, now) {
+        Some(plan::Hold::Recipient(at)) => {
+            // Waits for its own instant: memory only (a reload holds it again).
+            st.prefetched = Some((key.run, seq, msg));
+            inner.timer.at(key.key(), at);
+            return Ok(None);
+        }
+        Some(plan::Hold::Quiet(until)) => {
+            tracing::debug!(task = %t.id, run = key.run, seq, until = %format_utc(until), "send held for quiet hours");
+            // Written (still armed), so the run's eta counts from the window's end and a
+            // restart in the night gives the attempt back instead of sending it.
+            let mut held = run.clone();
+            held.next_at_ms = Some(until);
+            let c = Change {
+                runs: vec![held],
+                wheel: vec![WheelOp::Step(key.run)],
+                ..Change::default()
+            };
+            commit::apply(inner, l, c).await?;
+            l.st().prefetched = Some((key.run, seq, msg));
+            return Ok(None);
+        }
+        None => {}
+    }
     // Rate limit and breaker: a send that may not go now waits on the wheel, still armed;
     // nothing is failed and no attempt is burned.
     let probe = match channel.as_ref().map(|c| c.admit(now)) {
@@ -380,6 +407,8 @@ pub(super) async fn prepare(
         scheduled_at_ms: scheduled,
         minutes_left: minutes,
         metadata: t.metadata.clone(),
+        kind: super::notify::about_of(&t.metadata).map(|a| a.0),
+        about: super::notify::about_of(&t.metadata).map(|a| a.1),
     };
     let policy = t
         .retry

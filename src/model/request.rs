@@ -50,6 +50,102 @@ pub struct TaskRequest {
     pub metadata: Option<BTreeMap<String, String>>,
     /// `en` (default) or `zh`.
     pub lang: Option<String>,
+    /// The zone of messages without their own `tz`, in recipient time.
+    pub default_tz: Option<String>,
+    /// Absent: the channel's; `null`: none; an object: the task's own window.
+    #[serde(default, deserialize_with = "present")]
+    pub quiet_hours: Option<Option<QuietHoursRequest>>,
+    pub notify: Option<NotifyRequest>,
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct QuietHoursRequest {
+    pub from: String,
+    pub to: String,
+    /// An IANA zone, or `recipient` (each message's own zone).
+    pub tz: String,
+}
+
+#[derive(Deserialize, Debug, Clone)]
+#[serde(deny_unknown_fields)]
+pub struct NotifyRequest {
+    pub channel: String,
+    pub to: String,
+    pub on: Option<Vec<String>>,
+}
+
+/// A field that may be absent (outer `None`) or `null` (`Some(None)`): serde gives absent
+/// fields their default and calls this only for present ones, `null` included.
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// Quiet hours as a task gives them.
+pub fn validate_quiet(q: &Option<Option<QuietHoursRequest>>) -> Result<QuietSetting, FieldError> {
+    use crate::schedule::quiet::{parse_hhmm, QuietHours};
+    Ok(match q {
+        None => QuietSetting::Channel,
+        Some(None) => QuietSetting::Off,
+        Some(Some(q)) => {
+            let from_min =
+                parse_hhmm(&q.from).map_err(|e| FieldError::new("quiet_hours.from", e))?;
+            let to_min = parse_hhmm(&q.to).map_err(|e| FieldError::new("quiet_hours.to", e))?;
+            if from_min == to_min {
+                return Err(FieldError::new("quiet_hours.to", "must differ from from"));
+            }
+            if !crate::schedule::recipient::is_recipient(Some(&q.tz)) {
+                parse_tz(&q.tz).map_err(|e| FieldError::new("quiet_hours.tz", e))?;
+            }
+            QuietSetting::Own(QuietHours {
+                from_min,
+                to_min,
+                tz: q.tz.clone(),
+            })
+        }
+    })
+}
+
+fn validate_notify(n: Option<NotifyRequest>, cx: &Context) -> Result<Option<Notify>, FieldError> {
+    let Some(n) = n else { return Ok(None) };
+    if !(cx.channel_exists)(&n.channel) {
+        return Err(FieldError::new(
+            "notify.channel",
+            format!("unknown channel {:?}", n.channel),
+        ));
+    }
+    if n.to.is_empty() {
+        return Err(FieldError::new("notify.to", "must not be empty"));
+    }
+    let on = match n.on {
+        None => vec![NotifyOn::Failed, NotifyOn::Expired],
+        Some(list) => {
+            let mut on = Vec::new();
+            for (i, e) in list.iter().enumerate() {
+                let v = choice(
+                    &format!("notify.on[{i}]"),
+                    Some(e),
+                    &[("failed", NotifyOn::Failed), ("expired", NotifyOn::Expired)],
+                )?;
+                if !on.contains(&v) {
+                    on.push(v);
+                }
+            }
+            if on.is_empty() {
+                return Err(FieldError::new("notify.on", "give failed, expired or both"));
+            }
+            on
+        }
+    };
+    Ok(Some(Notify {
+        channel: n.channel,
+        to: n.to,
+        on,
+    }))
 }
 
 #[derive(Deserialize, Debug, Clone, Default)]
@@ -88,6 +184,8 @@ pub struct MessageRequest {
     pub body: String,
     /// Free JSON object for the channel's templates (`{{ data.template_id }}`).
     pub data: Option<serde_json::Value>,
+    /// The recipient's IANA zone (for a schedule in recipient time).
+    pub tz: Option<String>,
 }
 
 #[derive(Deserialize, Debug, Clone, Default)]
@@ -204,8 +302,9 @@ impl TaskRequest {
                 ("allow", Overlap::Allow),
             ],
         )?;
-        let schedule = validate_schedule(&self.schedule, cx, misfire_grace_ms)?;
-        let messages = validate_messages(self.messages, self.to, self.body, limits)?;
+        let mut messages = validate_messages(self.messages, self.to, self.body, limits)?;
+        let zones = recipient_zones(&self.schedule, &mut messages, self.default_tz.as_deref())?;
+        let schedule = validate_schedule(&self.schedule, cx, misfire_grace_ms, &zones)?;
         let pacing = validate_pacing(self.pacing.unwrap_or_default(), limits)?;
         let retry = self
             .retry
@@ -214,6 +313,8 @@ impl TaskRequest {
         let metadata = self.metadata.unwrap_or_default();
         validate_metadata(&metadata, limits)?;
         let lang = choice("lang", self.lang.as_deref(), &super::Lang::NAMES)?;
+        let quiet_hours = validate_quiet(&self.quiet_hours)?;
+        let notify = validate_notify(self.notify, cx)?;
         let mut task = Task {
             id,
             name: self.name,
@@ -240,9 +341,13 @@ impl TaskRequest {
             watched_since_ms: cx.now_ms,
             failed_reason: None,
             lang,
+            recipient_zones: zones,
+            quiet_hours,
+            notify,
         };
         task.next_fire_at_ms = crate::schedule::next_fire(&task, cx.now_ms);
         check_fires(&task, cx)?;
+        sort_by_instant(&task, &mut messages);
         Ok((task, messages))
     }
 }
@@ -283,6 +388,8 @@ pub struct PatchRequest {
     pub retry: Option<RetryRequest>,
     pub metadata: Option<BTreeMap<String, String>>,
     pub lang: Option<String>,
+    /// As on create: the zone of new messages without their own `tz`, in recipient time.
+    pub default_tz: Option<String>,
 }
 
 impl PatchRequest {
@@ -314,6 +421,32 @@ impl PatchRequest {
             t.message_count = m.len() as u32;
             messages = Some(m);
         }
+        // Recipient time needs every message's zone, and a task in memory holds no messages:
+        // the zones are worked out again only from new messages.
+        let recipient_after = match &self.schedule {
+            Some(s) => crate::schedule::recipient::is_recipient(s.tz.as_deref()),
+            None => !t.recipient_zones.is_empty(),
+        };
+        if recipient_after {
+            match messages.as_mut() {
+                Some(m) => {
+                    let s = self.schedule.clone().unwrap_or_else(|| ScheduleRequest {
+                        tz: Some(crate::schedule::recipient::RECIPIENT.into()),
+                        ..ScheduleRequest::default()
+                    });
+                    t.recipient_zones = recipient_zones(&s, m, self.default_tz.as_deref())?;
+                }
+                None if t.recipient_zones.is_empty() => {
+                    return Err(FieldError::new(
+                        "messages",
+                        "required when the schedule changes to recipient time (each message's tz)",
+                    ))
+                }
+                None => {}
+            }
+        } else {
+            t.recipient_zones.clear();
+        }
         if let Some(p) = self.pacing {
             t.pacing = validate_pacing(p, limits)?;
         }
@@ -329,7 +462,7 @@ impl PatchRequest {
         }
         let new_schedule = self.schedule.is_some();
         if let Some(s) = self.schedule {
-            let new = validate_schedule(&s, cx, t.misfire_grace_ms)?;
+            let new = validate_schedule(&s, cx, t.misfire_grace_ms, &t.recipient_zones)?;
             let same_kind = std::mem::discriminant(&new) == std::mem::discriminant(&t.schedule);
             // A new one-shot time or cron expression starts afresh from now; reminders keep
             // the record of which offsets already fired, so a moved event re-plans only the
@@ -352,6 +485,9 @@ impl PatchRequest {
         // one that has no fires left (a cron whose `max_runs` were all started).
         if new_schedule && t.next_fire_at_ms.is_none() && !task.schedule.is_one_shot() {
             check_fires(&t, cx)?;
+        }
+        if let Some(m) = messages.as_mut() {
+            sort_by_instant(&t, m);
         }
         Ok((t, messages))
     }
@@ -378,11 +514,67 @@ fn validate_dst(d: &Option<DstRequest>) -> Result<DstPolicy, FieldError> {
     Ok(DstPolicy { gap, repeat })
 }
 
+/// Recipient time (`"tz": "recipient"`): every message's zone, from its own `tz` or the task's
+/// `default_tz`, checked and filled in; the distinct zones, sorted (empty for any other
+/// schedule). A message's zone is checked whatever the schedule, so a typo is never kept.
+fn recipient_zones(
+    s: &ScheduleRequest,
+    messages: &mut [Message],
+    default_tz: Option<&str>,
+) -> Result<Vec<String>, FieldError> {
+    use crate::schedule::recipient::is_recipient;
+    if let Some(d) = default_tz {
+        parse_tz(d).map_err(|e| FieldError::new("default_tz", e))?;
+    }
+    for (i, m) in messages.iter().enumerate() {
+        if let Some(z) = &m.tz {
+            parse_tz(z).map_err(|e| FieldError::new(format!("messages[{i}].tz"), e))?;
+        }
+    }
+    if !is_recipient(s.tz.as_deref()) {
+        if default_tz.is_some() {
+            return Err(FieldError::new(
+                "default_tz",
+                "only with a schedule in recipient time (\"tz\": \"recipient\")",
+            ));
+        }
+        return Ok(Vec::new());
+    }
+    if s.at.is_none() && s.cron.is_none() {
+        return Err(FieldError::new(
+            "schedule.tz",
+            "recipient time is for at and cron schedules",
+        ));
+    }
+    let mut zones = Vec::new();
+    for (i, m) in messages.iter_mut().enumerate() {
+        let zone = match (&m.tz, default_tz) {
+            (Some(z), _) => z.clone(),
+            (None, Some(d)) => d.to_string(),
+            (None, None) => {
+                return Err(FieldError::new(
+                    format!("messages[{i}].tz"),
+                    "required in recipient time (or give the task a default_tz)",
+                ))
+            }
+        };
+        if !zones.contains(&zone) {
+            zones.push(zone.clone());
+        }
+        m.tz = Some(zone);
+    }
+    zones.sort();
+    Ok(zones)
+}
+
 fn validate_schedule(
     s: &ScheduleRequest,
     cx: &Context,
     misfire_grace_ms: u64,
+    recipient_zones: &[String],
 ) -> Result<Schedule, FieldError> {
+    let recipient = crate::schedule::recipient::is_recipient(s.tz.as_deref());
+    let zones = crate::schedule::recipient::parse_zones(recipient_zones);
     let kinds = [
         s.at.is_some(),
         s.after.is_some(),
@@ -406,7 +598,13 @@ fn validate_schedule(
         None => Ok(None),
     };
     if let Some(expr) = &s.cron {
-        let tz = zone("schedule.tz", &s.tz)?;
+        // In recipient time the cron's matches are wall times, read in each message's zone;
+        // start and end are instants (with an offset).
+        let tz = if recipient {
+            None
+        } else {
+            zone("schedule.tz", &s.tz)?
+        };
         crate::schedule::cron::CronSchedule::parse(expr, tz.unwrap_or(chrono_tz::UTC), dst)
             .map_err(|e| FieldError::new("schedule.cron", e))?;
         let instant = |field: &str, v: &Option<String>| -> Result<Option<u64>, FieldError> {
@@ -538,11 +736,15 @@ fn validate_schedule(
         });
     }
     let at = s.at.as_deref().unwrap_or_default();
-    let tz = match &s.tz {
-        Some(name) => Some(parse_tz(name).map_err(|e| FieldError::new("schedule.tz", e))?),
-        None => None,
+    let instants = if recipient {
+        recipient_at(at, &zones, dst)?
+    } else {
+        let tz = match &s.tz {
+            Some(name) => Some(parse_tz(name).map_err(|e| FieldError::new("schedule.tz", e))?),
+            None => None,
+        };
+        parse_instant(at, tz, dst).map_err(|e| FieldError::new("schedule.at", e))?
     };
-    let instants = parse_instant(at, tz, dst).map_err(|e| FieldError::new("schedule.at", e))?;
     // A one-shot fires once: with `repeat: both` it takes the first of the two instants.
     let Some(&at_ms) = instants.first() else {
         return Err(FieldError::new(
@@ -579,6 +781,47 @@ fn validate_schedule(
     })
 }
 
+/// In recipient time a run's messages go in order of their own instants: they are stored in
+/// that order (stable: messages of one zone keep the order given), taken at the first fire.
+/// Zones' offsets keep their order through DST almost everywhere, so later slots keep it too;
+/// where two zones' offsets cross, a message may wait for the one before it (late, never early).
+fn sort_by_instant(task: &Task, messages: &mut [Message]) {
+    let (Some(fire), false) = (task.next_fire_at_ms, task.recipient_zones.is_empty()) else {
+        return;
+    };
+    use crate::schedule::recipient::{message_due, parse_zones};
+    let zones = parse_zones(&task.recipient_zones);
+    messages.sort_by_key(|m| {
+        m.tz.as_deref()
+            .and_then(|z| message_due(&task.schedule, &zones, fire, z))
+            .unwrap_or(fire)
+    });
+}
+
+/// A one-shot in recipient time: `at` is a wall time (no offset); its run fires at the
+/// earliest of the zones' instants.
+fn recipient_at(at: &str, zones: &[chrono_tz::Tz], dst: DstPolicy) -> Result<Vec<u64>, FieldError> {
+    use crate::schedule::recipient::{first_instant, wall_of};
+    if chrono::DateTime::parse_from_rfc3339(at).is_ok() {
+        return Err(FieldError::new(
+            "schedule.at",
+            "in recipient time give a local time without offset (\"2026-12-02T09:00:00\"): each message goes at it in its own zone",
+        ));
+    }
+    let naive = ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%dT%H:%M"]
+        .iter()
+        .find_map(|f| chrono::NaiveDateTime::parse_from_str(at, f).ok())
+        .ok_or_else(|| {
+            FieldError::new(
+                "schedule.at",
+                format!("invalid local time {at:?}: expected e.g. \"2026-12-02T09:00:00\""),
+            )
+        })?;
+    let wall = wall_of(naive)
+        .ok_or_else(|| FieldError::new("schedule.at", format!("{at:?} is before 1970")))?;
+    Ok(first_instant(wall, zones, dst).into_iter().collect())
+}
+
 fn validate_messages(
     messages: Option<Vec<MessageRequest>>,
     to: Option<Vec<String>>,
@@ -603,6 +846,7 @@ fn validate_messages(
                     to: m.to,
                     body: m.body,
                     data,
+                    tz: m.tz,
                 });
             }
             (list, "messages")
@@ -613,6 +857,7 @@ fn validate_messages(
                     to,
                     body: body.clone(),
                     data: None,
+                    tz: None,
                 })
                 .collect(),
             "to",
@@ -899,6 +1144,7 @@ mod tests {
                 to: "c".into(),
                 body: "x".into(),
                 data: None,
+                tz: None,
             }
         );
         assert_eq!(t.pacing.interval_ms, 3_000);

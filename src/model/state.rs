@@ -14,6 +14,9 @@ pub enum TaskState {
     Completed,
     Cancelled,
     Failed,
+    /// A one-shot or reminders task whose every fire expired without sending (misfire grace):
+    /// finished like `completed`, but a new schedule (PATCH) or a trigger re-arms it.
+    Expired,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -32,6 +35,7 @@ impl TaskState {
             TaskState::Completed => "completed",
             TaskState::Cancelled => "cancelled",
             TaskState::Failed => "failed",
+            TaskState::Expired => "expired",
         }
     }
 
@@ -43,20 +47,25 @@ impl TaskState {
             "completed" => TaskState::Completed,
             "cancelled" => TaskState::Cancelled,
             "failed" => TaskState::Failed,
+            "expired" => TaskState::Expired,
             _ => return None,
         })
     }
 
-    /// Finished tasks never send again and never leave their state.
+    /// Finished tasks send nothing more and leave their state only by an explicit re-arm
+    /// (`expired` → `pending`/`running`, see [`TaskState::can_become`]); the others never.
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            TaskState::Completed | TaskState::Cancelled | TaskState::Failed
+            TaskState::Completed | TaskState::Cancelled | TaskState::Failed | TaskState::Expired
         )
     }
 
     /// The transition table of DESIGN.md. `Pending → Completed` covers a task whose last
-    /// fire expired (misfire) without starting a run.
+    /// fire was skipped (misfire) without starting a run; `→ Expired` a one-shot or reminders
+    /// task whose every fire expired (from `running` when recovery expires a run armed before
+    /// an outage whose first message never left). `Expired` is the one finished state that
+    /// moves again: a new schedule re-arms it (`pending`), a trigger sends it now (`running`).
     pub fn can_become(self, to: TaskState) -> bool {
         use TaskState::*;
         matches!(
@@ -73,6 +82,10 @@ impl TaskState {
                 | (Paused, Pending)
                 | (Paused, Running)
                 | (Paused, Cancelled)
+                | (Pending, Expired)
+                | (Running, Expired)
+                | (Expired, Pending)
+                | (Expired, Running)
         )
     }
 
@@ -111,14 +124,29 @@ mod tests {
     use super::TaskState::*;
     use super::*;
 
-    const ALL: [TaskState; 6] = [Pending, Running, Paused, Completed, Cancelled, Failed];
+    const ALL: [TaskState; 7] = [
+        Pending, Running, Paused, Completed, Cancelled, Failed, Expired,
+    ];
 
     #[test]
-    fn terminal_states_never_move() {
+    fn terminal_states_never_move_but_expired_is_re_armed() {
         for from in ALL.into_iter().filter(|s| s.is_terminal()) {
             for to in ALL.into_iter().filter(|t| *t != from) {
-                assert!(from.transition(to).is_err(), "{from} -> {to}");
+                let re_arm = from == Expired && matches!(to, Pending | Running);
+                assert_eq!(from.transition(to).is_ok(), re_arm, "{from} -> {to}");
             }
+        }
+        assert!(
+            Expired.park().is_err(),
+            "an expired task is finished: nothing to park"
+        );
+    }
+
+    #[test]
+    fn only_unfinished_tasks_expire() {
+        for from in ALL {
+            let ok = matches!(from, Pending | Running | Expired);
+            assert_eq!(from.transition(Expired).is_ok(), ok, "{from}");
         }
     }
 

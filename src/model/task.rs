@@ -17,6 +17,22 @@ pub struct Message {
     /// Free JSON object for platform fields (e.g. a template id), as JSON text: bincode's serde
     /// support cannot round-trip `serde_json::Value`. Available to channel templates as `data`.
     pub data: Option<String>,
+    /// The recipient's IANA zone, for schedules in recipient time (`"tz": "recipient"`); the
+    /// task's `default_tz` was filled in at validation. Added after format 5: last, and `None`
+    /// from a record that ends before it.
+    #[serde(default, deserialize_with = "trailing_or_default")]
+    pub tz: Option<String>,
+}
+
+/// A field added at the end of a bincode record: its default when the record's bytes end
+/// before it (bincode is not self-describing: reading past the end is an error, which this
+/// turns into the default; bytes left unread still fail the record in the codec).
+pub fn trailing_or_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(T::deserialize(d).unwrap_or_default())
 }
 
 /// What to do with a local time that does not exist (spring forward).
@@ -211,6 +227,54 @@ pub struct Task {
     /// names none). Defaulted: exports made before it existed import as `en`.
     #[serde(default)]
     pub lang: super::Lang,
+    /// A schedule in recipient time (`"tz": "recipient"`): the distinct zones of its messages,
+    /// sorted; the run of a slot fires at the earliest of them. Empty otherwise.
+    #[serde(default)]
+    pub recipient_zones: Vec<String>,
+    /// Quiet hours: the channel's (default), none (`"quiet_hours": null`), or the task's own.
+    #[serde(default)]
+    pub quiet_hours: QuietSetting,
+    /// Whom to tell when a message lands in the failure list or a fire expires.
+    #[serde(default)]
+    pub notify: Option<Notify>,
+}
+
+/// A task's quiet hours (API.md "People's time"): a task's own window wins over its channel's.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub enum QuietSetting {
+    /// The channel's `quiet_hours`, if it has any.
+    #[default]
+    Channel,
+    /// None at all, whatever the channel says (`"quiet_hours": null`).
+    Off,
+    /// The task's own window.
+    Own(crate::schedule::quiet::QuietHours),
+}
+
+/// What a notification is about.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotifyOn {
+    /// A message landed in the failure list.
+    Failed,
+    /// A fire expired (missed by more than `misfire_grace`).
+    Expired,
+}
+
+impl NotifyOn {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotifyOn::Failed => "failed",
+            NotifyOn::Expired => "expired",
+        }
+    }
+}
+
+/// `notify`: one short message to `to` through `channel` when one of `on` happens.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Notify {
+    pub channel: String,
+    pub to: String,
+    pub on: Vec<NotifyOn>,
 }
 
 impl Task {

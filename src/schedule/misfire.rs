@@ -87,6 +87,32 @@ pub fn judge(policy: Misfire, grace_ms: u64, missed: &[u64], now_ms: u64) -> Vec
     out
 }
 
+/// The grace of a run that had started (its first message armed, or waiting to be) when herald
+/// went down or the task was paused: the user's grace is about when that message's send
+/// *starts*, whatever herald did with the fire before the outage (a one-shot is armed up to 2 s
+/// ahead, more in a herd). `scheduled_ms`: the run's instant; `send_ms`: when its first send
+/// would start now; `watched_ms`: when herald watches the task again (boot, resume). Only an
+/// instant before `watched_ms` was missed: a run late for herald's own reasons while it watched
+/// (a backlog, a rate limit) is never expired. The reason when it expires.
+pub fn judge_started(
+    scheduled_ms: u64,
+    send_ms: u64,
+    watched_ms: u64,
+    grace_ms: u64,
+) -> Option<String> {
+    if scheduled_ms >= watched_ms {
+        return None;
+    }
+    let late = send_ms.saturating_sub(scheduled_ms);
+    (late > grace_ms).then(|| {
+        format!(
+            "its first message would have started {} late, after herald was down or the task paused (more than misfire_grace {})",
+            format_duration_ms(late),
+            format_duration_ms(grace_ms)
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +161,21 @@ mod tests {
             Decision::Expire(0, why) => assert!(why.contains("4m") || why.contains("5m"), "{why}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_started_run_is_judged_on_when_its_first_send_would_start() {
+        let t = 100_000;
+        // Armed 2 s ahead, down from t − 1.5 s to t + 2.5 s, grace 1 s: expired.
+        let why = judge_started(t, t + 2_500, t + 2_500, 1_000).expect("expired");
+        assert!(why.contains("2s500ms") && why.contains("1s"), "{why}");
+        // The same outage with a 3 s grace: it is sent.
+        assert_eq!(judge_started(t, t + 2_500, t + 2_500, 3_000), None);
+        // Exactly at the grace: still sent (expiry is *more* than the grace).
+        assert_eq!(judge_started(t, t + 1_000, t + 1_000, 1_000), None);
+        // Back before the instant: nothing was missed, however late the send then goes
+        // (herald's own lateness is never an expiry).
+        assert_eq!(judge_started(t, t + 60_000, t - 500, 1_000), None);
     }
 
     #[test]

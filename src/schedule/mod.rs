@@ -1,12 +1,16 @@
 //! When a schedule fires, and how to say it to a person. Pure: no IO, no clock (callers pass
 //! `now`).
 
+pub mod backfill;
 pub mod cron;
 mod describe;
 pub mod local;
 pub mod misfire;
+pub mod notify;
 pub mod plan;
 pub mod preview;
+pub mod quiet;
+pub mod recipient;
 
 pub use cron::CronSchedule;
 pub use local::{format_local, format_opt, format_utc, parse_instant, parse_tz, resolve_local};

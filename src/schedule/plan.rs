@@ -38,6 +38,19 @@ pub fn next_fire(task: &Task, from_ms: u64) -> Option<u64> {
             if max_runs.is_some_and(|m| runs_committed(task) >= m) {
                 return None;
             }
+            if let Schedule::Cron { tz, dst, .. } = &task.schedule {
+                if super::recipient::is_recipient(tz.as_deref()) {
+                    let cron = super::recipient::wall_cron(&task.schedule)?;
+                    let zones = super::recipient::parse_zones(&task.recipient_zones);
+                    let after = match (task.last_fire_ms, start_ms) {
+                        (Some(last), _) => last,
+                        (None, Some(s)) if *s > from_ms => s - 1,
+                        (None, _) => from_ms,
+                    };
+                    let (_, next) = super::recipient::next_slot(&cron, &zones, *dst, after)?;
+                    return (!end_ms.is_some_and(|e| next > e)).then_some(next);
+                }
+            }
             let cron = cron_of(&task.schedule)?;
             let after = match (task.last_fire_ms, start_ms) {
                 (Some(last), _) => last,

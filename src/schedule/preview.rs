@@ -94,6 +94,9 @@ pub fn preview(req: PreviewRequest, now_ms: u64, limits: &Limits) -> Result<Prev
         schedule.dst = Some(d);
     }
     // A task around the schedule, as small as a create allows: the schedule is all that counts.
+    // In recipient time its fires are previewed for a recipient in UTC.
+    let default_tz =
+        super::recipient::is_recipient(schedule.tz.as_deref()).then(|| "UTC".to_string());
     let probe = TaskRequest {
         id: Some("preview".into()),
         name: None,
@@ -103,6 +106,7 @@ pub fn preview(req: PreviewRequest, now_ms: u64, limits: &Limits) -> Result<Prev
             to: "preview".into(),
             body: "preview".into(),
             data: None,
+            tz: None,
         }]),
         to: None,
         body: None,
@@ -113,6 +117,9 @@ pub fn preview(req: PreviewRequest, now_ms: u64, limits: &Limits) -> Result<Prev
         overlap: None,
         metadata: None,
         lang: None,
+        default_tz,
+        quiet_hours: None,
+        notify: None,
     };
     let (mut task, _messages) = probe.into_task(&Context {
         now_ms,

@@ -64,6 +64,7 @@ impl TaskV1 {
                 to: m.to,
                 body: m.body,
                 data: None,
+                tz: None,
             })
             .collect();
         let task = Task {
@@ -92,6 +93,9 @@ impl TaskV1 {
             watched_since_ms: self.updated_at_ms,
             failed_reason: None,
             lang: Default::default(),
+            recipient_zones: Vec::new(),
+            quiet_hours: Default::default(),
+            notify: None,
         };
         (task, messages)
     }

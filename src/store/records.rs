@@ -24,7 +24,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{
-    Lang, Message, Misfire, Overlap, Pacing, RetryPolicy, Schedule, Task, TaskState,
+    Lang, Message, Misfire, Notify, Overlap, Pacing, QuietSetting, RetryPolicy, Schedule, Task,
+    TaskState,
 };
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -51,6 +52,15 @@ pub struct SpecRecord {
     /// messages are in `messages` (more than one, or replaced by a patch).
     #[serde(default, deserialize_with = "trailing_or_default")]
     pub message: Option<Message>,
+    /// Added after format 5 (issue 28, recipient time): last, empty from a record before it.
+    #[serde(default, deserialize_with = "trailing_or_default")]
+    pub recipient_zones: Vec<String>,
+    /// Added after format 5 (issue 28): the channel's quiet hours from a record before it.
+    #[serde(default, deserialize_with = "trailing_or_default")]
+    pub quiet_hours: QuietSetting,
+    /// Added after format 5 (issue 28): none from a record before it.
+    #[serde(default, deserialize_with = "trailing_or_default")]
+    pub notify: Option<Notify>,
 }
 
 /// A field added at the end of a bincode record: its default when the record's bytes end
@@ -130,6 +140,9 @@ pub fn spec_of(t: &Task) -> SpecRecord {
         created_at_ms: t.created_at_ms,
         lang: t.lang,
         message: None,
+        recipient_zones: t.recipient_zones.clone(),
+        quiet_hours: t.quiet_hours.clone(),
+        notify: t.notify.clone(),
     }
 }
 
@@ -226,6 +239,9 @@ pub fn join(s: SpecRecord, p: ProgressRecord) -> Task {
         watched_since_ms: p.watched_since_ms,
         failed_reason: p.failed_reason,
         lang: s.lang,
+        recipient_zones: s.recipient_zones,
+        quiet_hours: s.quiet_hours,
+        notify: s.notify,
     }
 }
 
@@ -271,6 +287,9 @@ mod tests {
             created_at_ms: 7,
             lang,
             message: None,
+            recipient_zones: Vec::new(),
+            quiet_hours: QuietSetting::Channel,
+            notify: None,
         }
     }
 
@@ -338,6 +357,7 @@ mod tests {
             to: "a".into(),
             body: "hello".into(),
             data: Some("{}".into()),
+            tz: None,
         });
         let bytes = encode(&with).unwrap();
         assert_eq!(decode::<SpecRecord>("specs", b"t", &bytes).unwrap(), with);

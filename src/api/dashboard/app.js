@@ -210,6 +210,8 @@
       case 'pending': return ['pause', 'trigger', 'cancel'];
       case 'running': return t.overlap === 'allow' ? ['pause', 'trigger', 'cancel'] : ['pause', 'cancel'];
       case 'paused': return ['resume', 'cancel'];
+      // Expired: nothing was sent; send it now, or set a new time (the detail's time picker).
+      case 'expired': return ['trigger'];
       default: return [];
     }
   }
@@ -482,6 +484,7 @@
       ['Metadata', metadataText(t.metadata)], ['Created', at(t.created_at)], ['Updated', at(t.updated_at)],
     ];
     if (t.failed_reason) fields.splice(2, 0, ['Failed because', t.failed_reason]);
+    if (t.state === 'expired') fields.splice(2, 0, ['Expired', rearmForm(t, tz)]);
     $('#detail-fields').replaceChildren(...fields.flatMap(([k, v]) => [
       el('dt', { text: k }), el('dd', { 'data-field': k.toLowerCase().replace(/ /g, '-') }, v)]));
     const shown = [...ui.detailRuns.values()].sort((a, b) => b.run - a.run);
@@ -491,8 +494,60 @@
       el('td', { class: 'progress-cell' }, progress(r, `Run ${r.run}`)),
       el('td', { class: 'sent', text: r.sent }), el('td', { class: 'failed', text: r.failed }), el('td', { text: r.total }),
       whenCell(r.finished_at, tz), el('td', { text: r.reason || '' }))));
+    drawMissed(t, shown);
     if (!shown.length) body.append(el('tr', {}, el('td', { colspan: 9, class: 'empty', text: 'No runs yet.' })));
     if (t.runs > shown.length) body.append(el('tr', {}, el('td', { colspan: 9, class: 'empty', text: `Showing the newest ${shown.length} of ${t.runs} runs.` })));
+  }
+
+  // Missed runs (skipped or expired fires) among those shown, with a backfill of their range:
+  // herald sends one run for each slot in it that has no completed run, in slot order.
+  function drawMissed(t, shown) {
+    const missed = shown.filter((r) => r.state === 'skipped' || r.state === 'expired');
+    const box = $('#missed');
+    const live = ['pending', 'running', 'paused'].includes(t.state);
+    box.hidden = !missed.length || !live;
+    if (box.hidden) return;
+    const times = missed.map((r) => r.scheduled_at).sort();
+    const from = times[0], to = times[times.length - 1];
+    $('#missed-text').textContent = `${missed.length} missed run${missed.length === 1 ? '' : 's'} (${H.fmt.at(from, H.fmt.zoneOf(t))} – ${H.fmt.at(to, H.fmt.zoneOf(t))}).`;
+    $('#backfill').onclick = async () => {
+      const q = `Backfill task ${t.id}? One run is sent for each slot from ${from} to ${to} without a completed run, in order.`;
+      if (!(await confirmDialog(q, 'Backfill', false))) return;
+      try {
+        const v = await api('POST', `/v1/tasks/${encodeURIComponent(t.id)}/backfill`, { from, to });
+        notice(`Backfill of ${t.id}: ${v.runs.length} run${v.runs.length === 1 ? '' : 's'} started (${v.runs.join(', ') || 'none needed'}).`, true);
+        showDetail(t.id);
+      } catch (e) {
+        notice(`Backfill ${t.id}: ${e.message}`);
+      }
+    };
+  }
+
+  // An expired task's offer (issue 28): "this message expired — set a new time?", with a
+  // time picker in the task's zone (the browser's when it has none). The new time is a PATCH
+  // of the schedule, which re-arms the task (expired → pending).
+  function rearmForm(t, tz) {
+    const zone = tz || Intl.DateTimeFormat().resolvedOptions().timeZone || 'UTC';
+    const input = el('input', { type: 'datetime-local', id: 'rearm-at', 'aria-label': `New time for task ${t.id} (${zone})`, required: '' });
+    const form = el('form', { class: 'rearm', id: 'rearm-form' },
+      el('span', { text: 'This message expired — set a new time?' }), input,
+      el('small', { class: 'muted', text: zone }),
+      el('button', { type: 'submit', text: 'Set new time' }));
+    form.addEventListener('submit', async (ev) => {
+      ev.preventDefault();
+      if (!input.value) return;
+      // datetime-local gives minutes ("2026-12-02T09:00"); the API takes seconds too.
+      const at = input.value.length === 16 ? `${input.value}:00` : input.value;
+      try {
+        const v = await api('PATCH', `/v1/tasks/${encodeURIComponent(t.id)}`, { schedule: { at, tz: zone } });
+        updateTask(v);
+        notice(`Task ${t.id} set for ${H.fmt.at(v.next_fire_at, zone)}: it is ${v.state} again.`, true);
+        showDetail(t.id);
+      } catch (e) {
+        notice(`New time for ${t.id}: ${e.message}`);
+      }
+    });
+    return form;
   }
 
   // ---- failures -----------------------------------------------------------------------------

@@ -1,0 +1,192 @@
+//! Telling the person (issue 28, API.md "Telling the person"): the notifications a change
+//! calls for, as task requests. Pure: `commit.rs` creates them after the change is durable.
+//!
+//! A notification is a task of its own (a one-shot due now on the named channel, one message
+//! to `notify.to`), so it is delivered like any message: pacing, retries, the failure list.
+//! It carries no `notify`, so it never notifies about itself; its id is derived from what it
+//! is about (`{task}.notify.{run}.{seq|expired}`), so the same event never makes two.
+//! Metadata `herald.kind = notify` and `herald.about.*` become the delivery's `kind` and
+//! `about` (webhook body). Known limit: it is created after the write that records the event,
+//! not in it, so a crash between the two loses the notification (never the event).
+
+use serde_json::json;
+
+use super::change::Change;
+use crate::model::{NotifyOn, RunState, Task, TaskRequest};
+use crate::schedule::notify::{body, About};
+
+/// Metadata key that marks a notification task.
+pub const KIND_KEY: &str = "herald.kind";
+
+/// The notifications `c` calls for, for `task` (as it is after the change): one per message
+/// given up on (the failure list), and one per change that expired fires (the first of them).
+pub fn requests(task: &Task, c: &Change) -> Vec<TaskRequest> {
+    let Some(n) = &task.notify else {
+        return Vec::new();
+    };
+    let tz = crate::schedule::zone_of(&task.schedule);
+    let mut out = Vec::new();
+    if let Some(f) = c
+        .failure
+        .as_ref()
+        .filter(|_| n.on.contains(&NotifyOn::Failed))
+    {
+        let due = c
+            .runs
+            .iter()
+            .find(|r| r.run == f.run)
+            .map(|r| r.scheduled_at_ms)
+            .unwrap_or(f.failed_at_ms);
+        let about = About {
+            event: NotifyOn::Failed,
+            task_id: &task.id,
+            task_name: task.name.as_deref(),
+            run: f.run,
+            seq: Some(f.seq),
+            to: Some(&f.to),
+            due_ms: due,
+            tz,
+            why: &f.last_error,
+        };
+        out.push(request(task, n, &about, &f.seq.to_string()));
+    }
+    let expired = c
+        .runs
+        .iter()
+        .find(|r| r.state == RunState::Expired && n.on.contains(&NotifyOn::Expired));
+    if let Some(r) = expired {
+        let about = About {
+            event: NotifyOn::Expired,
+            task_id: &task.id,
+            task_name: task.name.as_deref(),
+            run: r.run,
+            seq: None,
+            to: None,
+            due_ms: r.scheduled_at_ms,
+            tz,
+            why: r.reason.as_deref().unwrap_or("missed"),
+        };
+        out.push(request(task, n, &about, "expired"));
+    }
+    out
+}
+
+fn request(task: &Task, n: &crate::model::Notify, a: &About<'_>, what: &str) -> TaskRequest {
+    let mut id = format!("{}.notify.{}.{what}", task.id, a.run);
+    // Ids are at most 128 bytes; a long task id keeps its notification ids unique by run.
+    if id.len() > 128 {
+        id = format!("notify.{:x}.{}.{what}", fnv(&task.id), a.run);
+    }
+    let mut metadata = serde_json::Map::new();
+    metadata.insert(KIND_KEY.into(), json!("notify"));
+    metadata.insert("herald.about.task_id".into(), json!(task.id));
+    metadata.insert("herald.about.run".into(), json!(a.run.to_string()));
+    if let Some(seq) = a.seq {
+        metadata.insert("herald.about.seq".into(), json!(seq.to_string()));
+    }
+    metadata.insert("herald.about.event".into(), json!(a.event.as_str()));
+    let v = json!({
+        "id": id,
+        "channel": n.channel,
+        "schedule": {"after": "0s"},
+        "messages": [{"to": n.to, "body": body(task.lang, a)}],
+        "lang": task.lang.as_str(),
+        "metadata": metadata,
+    });
+    // Built from valid parts; a shape error here is a bug, caught by the unit test.
+    serde_json::from_value(v).expect("a notification request has the request's shape")
+}
+
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// A delivery's `kind` and `about` (webhook body) from a notification task's metadata.
+pub fn about_of(
+    metadata: &std::collections::BTreeMap<String, String>,
+) -> Option<(&'static str, serde_json::Value)> {
+    (metadata.get(KIND_KEY).map(String::as_str) == Some("notify")).then(|| {
+        let get = |k: &str| metadata.get(&format!("herald.about.{k}"));
+        let num = |k: &str| get(k).and_then(|v| v.parse::<u64>().ok());
+        (
+            "notify",
+            json!({"task_id": get("task_id"), "run": num("run"), "seq": num("seq"),
+                "event": get("event")}),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Context, Failure, Limits, Run};
+
+    const NOW: u64 = 1_796_083_200_000;
+
+    fn task(v: serde_json::Value) -> Task {
+        let req: TaskRequest = serde_json::from_value(v).unwrap();
+        req.into_task(&Context {
+            now_ms: NOW,
+            limits: &Limits::default(),
+            channel_exists: &|_| true,
+        })
+        .unwrap()
+        .0
+    }
+
+    #[test]
+    fn a_failure_and_an_expiry_each_make_one_notification_and_none_about_itself() {
+        let t = task(
+            json!({"id": "t", "schedule": {"after": "1m"}, "to": ["a", "b"],
+            "body": "x", "notify": {"channel": "log", "to": "boss"}}),
+        );
+        let f = Failure {
+            id: "t:1:1".into(),
+            task_id: "t".into(),
+            run: 1,
+            seq: 1,
+            to: "b".into(),
+            channel: "log".into(),
+            attempts: 1,
+            last_error: "HTTP 400".into(),
+            failed_at_ms: NOW,
+            retrying: false,
+            retries: 0,
+        };
+        let mut expired = Run::new(2, NOW, NOW, 2);
+        expired.state = RunState::Expired;
+        let mut expired2 = expired.clone();
+        expired2.run = 3;
+        let c = Change {
+            failure: Some(f),
+            runs: vec![expired, expired2],
+            ..Change::default()
+        };
+        let reqs = requests(&t, &c);
+        assert_eq!(
+            reqs.len(),
+            2,
+            "one for the failure, one for the expired fires"
+        );
+        let (n, _) = reqs[0]
+            .clone()
+            .into_task(&Context {
+                now_ms: NOW,
+                limits: &Limits::default(),
+                channel_exists: &|_| true,
+            })
+            .unwrap();
+        assert_eq!(n.id, "t.notify.1.1");
+        assert!(n.notify.is_none(), "a notification never notifies");
+        let (kind, about) = about_of(&n.metadata).unwrap();
+        assert_eq!(kind, "notify");
+        assert_eq!(
+            about,
+            json!({"task_id": "t", "run": 1, "seq": 1, "event": "failed"})
+        );
+        // And a notification's own failure makes none.
+        assert!(requests(&n, &c).is_empty());
+    }
+}

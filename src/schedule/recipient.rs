@@ -1,0 +1,223 @@
+//! Per-recipient local time (`"tz": "recipient"`, API.md "People's time"). Pure.
+//!
+//! A schedule in recipient time names a *wall time* (`at` without an offset, or each slot of a
+//! cron read as wall times) and every message goes out at that wall time in its own zone.
+//! How runs are grouped: one run per slot (one `at`, or one cron match as a wall time), fired
+//! at the slot's earliest instant over the task's zones; each message of the run then waits
+//! for its own instant. So a daily 09:00 over zones 24+ hours apart is one run a day, which
+//! spans those hours; the next slot's run starts a day after this one's, and may run beside
+//! it (runs of a recipient-time schedule are never judged overlaps of each other).
+//!
+//! Wall times are carried as milliseconds "as if UTC" (a `NaiveDateTime` read in UTC), which is
+//! how a cron evaluated in UTC yields them.
+//!
+//! DST per zone: the wall time is resolved in each recipient's zone with the task's policy,
+//! except that a message is never dropped: a wall time in a zone's gap goes at the gap's end
+//! (`shift`) whatever `dst.gap` says, and a repeated one at the first (or, `repeat: last`, the
+//! last) of its instants (`both` means the first: one message is one send).
+
+use chrono::{DateTime, NaiveDateTime};
+use chrono_tz::Tz;
+
+use crate::model::{DstGap, DstPolicy, DstRepeat, Schedule};
+
+use super::cron::CronSchedule;
+use super::local::resolve_local;
+
+/// The `tz` of a schedule in recipient time.
+pub const RECIPIENT: &str = "recipient";
+
+/// Whether a schedule's `tz` says recipient time.
+pub fn is_recipient(tz: Option<&str>) -> bool {
+    tz == Some(RECIPIENT)
+}
+
+/// Most wall times examined for one next slot (a per-second cron over the ~26 hours between
+/// the earliest and latest zones is ~94 000).
+const SCAN_MAX: usize = 200_000;
+
+/// Widest span of UTC offsets plus DST slack: walls further than this from an instant cannot
+/// resolve to it in any zone (offsets are within −12 h .. +14 h).
+const SPAN_MS: i64 = 30 * 3_600_000;
+
+/// A wall time (ms as if UTC) as a naive date-time.
+pub fn naive(wall_ms: u64) -> Option<NaiveDateTime> {
+    DateTime::from_timestamp_millis(i64::try_from(wall_ms).ok()?).map(|t| t.naive_utc())
+}
+
+/// A naive date-time as a wall time (ms as if UTC).
+pub fn wall_of(naive: NaiveDateTime) -> Option<u64> {
+    u64::try_from(naive.and_utc().timestamp_millis()).ok()
+}
+
+/// The instant wall time `wall_ms` stands for in `zone` (never none: see the module's DST rule).
+pub fn instant_in(wall_ms: u64, zone: Tz, dst: DstPolicy) -> Option<u64> {
+    let policy = DstPolicy {
+        gap: DstGap::Shift,
+        repeat: match dst.repeat {
+            DstRepeat::Last => DstRepeat::Last,
+            DstRepeat::First | DstRepeat::Both => DstRepeat::First,
+        },
+    };
+    resolve_local(naive(wall_ms)?, zone, policy)
+        .first()
+        .copied()
+}
+
+/// A slot's run instant: the earliest of its zones' instants.
+pub fn first_instant(wall_ms: u64, zones: &[Tz], dst: DstPolicy) -> Option<u64> {
+    zones
+        .iter()
+        .filter_map(|z| instant_in(wall_ms, *z, dst))
+        .min()
+}
+
+/// The next slot of a cron read as wall times (`cron` parsed in UTC) whose run instant is
+/// strictly after `after_ms`: `(wall, instant)`. Instants grow with walls (apart from DST
+/// folds of an hour, within the slack), so the first such wall from a little before the
+/// earliest wall that could resolve after `after_ms` is the next one.
+pub fn next_slot(
+    cron: &CronSchedule,
+    zones: &[Tz],
+    dst: DstPolicy,
+    after_ms: u64,
+) -> Option<(u64, u64)> {
+    if zones.is_empty() {
+        return None;
+    }
+    let after = i64::try_from(after_ms).ok()?;
+    let mut wall = u64::try_from(after.saturating_sub(SPAN_MS).max(0)).ok()?;
+    let mut best: Option<(u64, u64)> = None;
+    for _ in 0..SCAN_MAX {
+        wall = cron.next_after(wall)?;
+        // Once walls are past every zone's reach of the best instant, nothing beats it.
+        if let Some((_, b)) = best {
+            if wall as i64 > b as i64 + SPAN_MS {
+                return best;
+            }
+        }
+        if let Some(at) = first_instant(wall, zones, dst) {
+            if at > after_ms && best.is_none_or(|(_, b)| at < b) {
+                best = Some((wall, at));
+            }
+        }
+    }
+    best
+}
+
+/// The wall time of the cron slot whose run instant is `fire_ms` (a run's `scheduled_at`).
+pub fn slot_of_cron(
+    cron: &CronSchedule,
+    zones: &[Tz],
+    dst: DstPolicy,
+    fire_ms: u64,
+) -> Option<u64> {
+    next_slot(cron, zones, dst, fire_ms.checked_sub(1)?)
+        .filter(|(_, at)| *at == fire_ms)
+        .map(|(wall, _)| wall)
+}
+
+/// The cron of a schedule in recipient time, read as wall times (in UTC).
+pub fn wall_cron(schedule: &Schedule) -> Option<CronSchedule> {
+    match schedule {
+        Schedule::Cron { cron, dst, .. } => CronSchedule::parse(cron, chrono_tz::UTC, *dst).ok(),
+        _ => None,
+    }
+}
+
+/// The wall time of the slot whose run fires at `fire_ms`: the `at` itself for a one-shot,
+/// the matching cron slot for a cron.
+pub fn slot_wall(schedule: &Schedule, zones: &[Tz], fire_ms: u64) -> Option<u64> {
+    match schedule {
+        Schedule::At { at, .. } => ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%dT%H:%M"]
+            .iter()
+            .find_map(|f| NaiveDateTime::parse_from_str(at, f).ok())
+            .and_then(wall_of),
+        Schedule::Cron { dst, .. } => slot_of_cron(&wall_cron(schedule)?, zones, *dst, fire_ms),
+        _ => None,
+    }
+}
+
+/// When a message in zone `tz` of the run that fired at `fire_ms` is due: the slot's wall
+/// time in that zone. `None` for a schedule not in recipient time (or a zone unknown to this
+/// build): the message follows the run's pacing alone.
+pub fn message_due(schedule: &Schedule, zones: &[Tz], fire_ms: u64, tz: &str) -> Option<u64> {
+    let zone: Tz = tz.parse().ok()?;
+    let dst = match schedule {
+        Schedule::At { dst, .. } | Schedule::Cron { dst, .. } => *dst,
+        _ => return None,
+    };
+    instant_in(slot_wall(schedule, zones, fire_ms)?, zone, dst)
+}
+
+/// The distinct zones of a task's messages, parsed, in a stable order.
+pub fn parse_zones(names: &[String]) -> Vec<Tz> {
+    let mut zones: Vec<Tz> = names.iter().filter_map(|n| n.parse::<Tz>().ok()).collect();
+    zones.sort_by_key(|z| z.name());
+    zones.dedup();
+    zones
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::parse_instant;
+
+    fn utc(s: &str) -> u64 {
+        parse_instant(s, None, DstPolicy::default()).unwrap()[0]
+    }
+
+    fn tz(n: &str) -> Tz {
+        n.parse().unwrap()
+    }
+
+    #[test]
+    fn a_wall_time_in_each_zone_with_its_own_dst() {
+        let wall = utc("2026-03-29T09:00:00Z"); // Berlin springs forward at 02:00 that day
+        let d = DstPolicy::default();
+        assert_eq!(
+            instant_in(wall, tz("Europe/Berlin"), d),
+            Some(utc("2026-03-29T07:00:00Z"))
+        );
+        assert_eq!(
+            instant_in(wall, tz("Asia/Shanghai"), d),
+            Some(utc("2026-03-29T01:00:00Z"))
+        );
+        // A wall time in Berlin's gap is sent at the gap's end, even with gap: skip.
+        let gap = utc("2026-03-29T02:30:00Z");
+        let skip = DstPolicy {
+            gap: DstGap::Skip,
+            ..d
+        };
+        assert_eq!(
+            instant_in(gap, tz("Europe/Berlin"), skip),
+            Some(utc("2026-03-29T01:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn a_daily_cron_is_one_run_a_day_over_zones_a_day_apart() {
+        let cron = CronSchedule::parse("0 9 * * *", chrono_tz::UTC, DstPolicy::default()).unwrap();
+        let zones = parse_zones(&[
+            "Pacific/Kiritimati".into(), // UTC+14
+            "Pacific/Pago_Pago".into(),  // UTC−11
+        ]);
+        let d = DstPolicy::default();
+        let (wall, at) = next_slot(&cron, &zones, d, utc("2026-12-01T12:00:00Z")).unwrap();
+        // 09:00 on 2 Dec at UTC+14 is 1 Dec 19:00 UTC: the run of the 2 Dec slot.
+        assert_eq!(
+            (wall, at),
+            (utc("2026-12-02T09:00:00Z"), utc("2026-12-01T19:00:00Z"))
+        );
+        // The run spans 25 hours: its last message (Pago Pago) is at 2 Dec 20:00 UTC, an hour
+        // after the next slot's run started (2 Dec 19:00 UTC): that is the next day's slot, a
+        // run of its own beside it (`engine/plan.rs::fire` never judges it an overlap).
+        let (wall2, at2) = next_slot(&cron, &zones, d, at).unwrap();
+        assert_eq!(
+            (wall2, at2),
+            (utc("2026-12-03T09:00:00Z"), utc("2026-12-02T19:00:00Z"))
+        );
+        assert_eq!(slot_of_cron(&cron, &zones, d, at), Some(wall));
+        assert_eq!(slot_of_cron(&cron, &zones, d, at + 1), None);
+    }
+}

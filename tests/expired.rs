@@ -1,0 +1,66 @@
+//! The `expired` state over HTTP on the manual clock (issue 28, API.md "Expired"): a one-shot
+//! whose fire expired ends `expired`, not `completed`; a PATCH with a new schedule re-arms it
+//! (`pending`, then sent at the new time), and so does a trigger (sent now). A task that was
+//! sent is `completed` and cannot be re-armed.
+
+mod common;
+
+use common::herald::{utc_ms, ManualHerald};
+use common::http;
+use serde_json::json;
+
+/// A one-shot due at 00:01 with the default 10 m grace; herald down until 00:21.
+async fn expired_one_shot(id: &str) -> ManualHerald {
+    let mut h = ManualHerald::start(utc_ms("2026-12-01T00:00:00Z"), "").await;
+    h.post(
+        &json!({"id": id, "channel": "out", "schedule": {"after": "1m"},
+        "to": ["a"], "body": "x"}),
+    )
+    .await;
+    h.stop().await;
+    h.clock.set(utc_ms("2026-12-01T00:21:00Z"));
+    h.restart().await;
+    h.run_until(utc_ms("2026-12-01T00:22:00Z")).await;
+    let t = h.task(id).await;
+    assert_eq!(t["state"], "expired", "{t}");
+    assert!(h.sent().is_empty());
+    h
+}
+
+#[tokio::test]
+async fn a_new_schedule_re_arms_an_expired_task() {
+    let h = expired_one_shot("once").await;
+    let r = http::patch_json(
+        &h.url("/v1/tasks/once"),
+        &json!({"schedule": {"at": "2026-12-01T09:30:00", "tz": "Asia/Shanghai"}}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["state"], "pending", "{v}");
+    assert_eq!(v["next_fire_at"], "2026-12-01T01:30:00Z");
+    h.run_until(utc_ms("2026-12-01T01:31:00Z")).await;
+    let sent = h.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0]["scheduled_at"], "2026-12-01T01:30:00Z");
+    assert_eq!(h.task("once").await["state"], "completed");
+    // Sent: finished for good.
+    let r = http::patch_json(
+        &h.url("/v1/tasks/once"),
+        &json!({"schedule": {"after": "1m"}}),
+    )
+    .await;
+    assert_eq!(r.status, 409, "{}", r.text());
+}
+
+#[tokio::test]
+async fn a_trigger_sends_an_expired_task_now_and_a_patch_without_a_schedule_is_refused() {
+    let h = expired_one_shot("once").await;
+    let r = http::patch_json(&h.url("/v1/tasks/once"), &json!({"name": "n"})).await;
+    assert_eq!(r.status, 409, "re-arming needs a new time: {}", r.text());
+    let r = h.action("once", "trigger").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    h.run_until(utc_ms("2026-12-01T00:23:00Z")).await;
+    assert_eq!(h.sent().len(), 1);
+    assert_eq!(h.task("once").await["state"], "completed");
+}

@@ -1,0 +1,102 @@
+//! Quiet hours on the manual clock (issue 28, API.md "People's time"): a sequence limited by
+//! its channel's rate reaches 22:00 in the channel's quiet zone, stops, and goes on at 08:00 at
+//! the channel's rate (no burst of what waited); nothing fails for it. A task's own window wins
+//! over the channel's, and `"quiet_hours": null` opts out.
+
+mod common;
+
+use common::herald::{utc_ms, ManualHerald};
+use serde_json::{json, Value};
+
+fn sent_at(v: &Value) -> u64 {
+    utc_ms(v["sent_at"].as_str().unwrap())
+}
+
+const CHANNEL: &str =
+    "rate = \"1/1m\"\nquiet_hours = { from = \"22:00\", to = \"08:00\", tz = \"Asia/Shanghai\" }\n";
+
+#[tokio::test]
+async fn a_sequence_reaching_22_00_stops_and_resumes_at_08_00_at_the_channels_rate() {
+    // 21:50 in Shanghai.
+    let h = ManualHerald::start(utc_ms("2026-12-01T13:50:00Z"), CHANNEL).await;
+    h.post(
+        &json!({"id": "seq", "channel": "out", "schedule": {"after": "0s"},
+        "to": (0..20).map(|i| format!("u{i}")).collect::<Vec<_>>(), "body": "b"}),
+    )
+    .await;
+    // Into the night: ten sends (21:50 .. 21:59, one a minute), then nothing.
+    h.run_until(utc_ms("2026-12-01T23:59:59Z")).await;
+    let night = h.sent();
+    assert_eq!(night.len(), 10, "{night:?}");
+    assert!(night
+        .iter()
+        .all(|v| sent_at(v) < utc_ms("2026-12-01T14:00:00Z")));
+    let t = h.task("seq").await;
+    assert_eq!(t["state"], "running", "held, not failed: {t}");
+    assert_eq!(t["progress"]["failed"], 0);
+    // The eta counts from the window's end: the 10 left, one a minute from 08:00.
+    assert!(
+        utc_ms(t["progress"]["eta"].as_str().unwrap()) >= utc_ms("2026-12-02T00:00:00Z"),
+        "{t}"
+    );
+    h.run_until(utc_ms("2026-12-02T01:00:00Z")).await;
+    let all = h.sent();
+    assert_eq!(all.len(), 20);
+    let morning: Vec<u64> = all[10..].iter().map(sent_at).collect();
+    assert_eq!(
+        morning[0],
+        utc_ms("2026-12-02T00:00:00Z"),
+        "08:00 in Shanghai"
+    );
+    for w in morning.windows(2) {
+        assert!(
+            w[1] - w[0] >= 60_000,
+            "the channel's rate holds: {morning:?}"
+        );
+    }
+    let seqs: Vec<u64> = all.iter().map(|v| v["seq"].as_u64().unwrap()).collect();
+    assert_eq!(seqs, (0..20).collect::<Vec<u64>>(), "in order");
+    assert_eq!(h.task("seq").await["state"], "completed");
+}
+
+#[tokio::test]
+async fn a_tasks_own_window_wins_and_null_opts_out() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T14:30:00Z"), CHANNEL).await; // 22:30 Shanghai
+                                                                                // Opted out: sent at once, in the channel's quiet hours.
+    h.post(
+        &json!({"id": "urgent", "channel": "out", "schedule": {"after": "0s"},
+        "quiet_hours": null, "to": ["a"], "body": "b"}),
+    )
+    .await;
+    // Its own window (Berlin, where it is 15:30): not quiet there, so it goes now too.
+    h.post(
+        &json!({"id": "berlin", "channel": "out", "schedule": {"after": "0s"},
+        "quiet_hours": {"from": "22:00", "to": "08:00", "tz": "Europe/Berlin"},
+        "to": ["c"], "body": "b"}),
+    )
+    .await;
+    // The channel's window: waits for 08:00 in Shanghai.
+    h.post(
+        &json!({"id": "quiet", "channel": "out", "schedule": {"after": "0s"},
+        "to": ["d"], "body": "b"}),
+    )
+    .await;
+    h.run_until(utc_ms("2026-12-01T14:40:00Z")).await;
+    let mut now: Vec<String> = h
+        .sent()
+        .iter()
+        .map(|v| v["task_id"].as_str().unwrap().to_string())
+        .collect();
+    now.sort();
+    assert_eq!(now, ["berlin", "urgent"]);
+    let t = h.task("urgent").await;
+    // Shown as null (opted out), which is not the same as absent (the channel's).
+    assert_eq!(t.get("quiet_hours"), Some(&Value::Null), "{t}");
+    assert_eq!(h.task("quiet").await.get("quiet_hours"), None);
+    h.run_until(utc_ms("2026-12-02T00:01:00Z")).await;
+    let last = h.sent().pop().unwrap();
+    assert_eq!(
+        (last["task_id"].as_str(), sent_at(&last)),
+        (Some("quiet"), utc_ms("2026-12-02T00:00:00Z"))
+    );
+}

@@ -1,0 +1,157 @@
+//! Per-recipient local time on the manual clock (issue 28, API.md "People's time"): each
+//! message goes out at the schedule's wall time in its own zone, DST per zone, the messages of
+//! a run in order of their instants. The expected instants are a table written by hand and
+//! checked once against Python's zoneinfo (`datetime(2026, 4, 5, 9, tzinfo=ZoneInfo(z))`):
+//! Lord Howe leaves DST (+11 → +10:30) at 02:00 on 5 April 2026, Berlin enters it on 29 March.
+
+mod common;
+
+use common::herald::{utc_ms, ManualHerald};
+use common::http;
+use serde_json::{json, Value};
+
+fn sent_at(v: &Value) -> u64 {
+    utc_ms(v["sent_at"].as_str().unwrap())
+}
+
+/// (recipient, its instant of 09:00 local on 5 April 2026).
+const AT_0405: [(&str, &str); 5] = [
+    ("lordhowe", "2026-04-04T22:30:00Z"), // +10:30, the day DST ended there
+    // No tz: the task's default_tz, Asia/Shanghai; the same instant as the next, and given
+    // before it (messages of one instant keep the order given).
+    ("default", "2026-04-05T01:00:00Z"),
+    ("shanghai", "2026-04-05T01:00:00Z"),
+    ("berlin", "2026-04-05T07:00:00Z"),
+    ("newyork", "2026-04-05T13:00:00Z"),
+];
+
+#[tokio::test]
+async fn a_one_shot_at_09_00_in_four_zones_on_a_dst_change_day() {
+    let h = ManualHerald::start(utc_ms("2026-04-04T00:00:00Z"), "").await;
+    let t = h
+        .post(&json!({"id": "notice", "channel": "out",
+        "schedule": {"at": "2026-04-05T09:00:00", "tz": "recipient"},
+        "default_tz": "Asia/Shanghai",
+        "messages": [
+            {"to": "newyork", "body": "b", "tz": "America/New_York"},
+            {"to": "berlin", "body": "b", "tz": "Europe/Berlin"},
+            {"to": "default", "body": "b"},
+            {"to": "lordhowe", "body": "b", "tz": "Australia/Lord_Howe"},
+            {"to": "shanghai", "body": "b", "tz": "Asia/Shanghai"},
+        ]}))
+        .await;
+    // The run fires at the earliest zone's instant.
+    assert_eq!(t["next_fire_at"], "2026-04-04T22:30:00Z", "{t}");
+    h.run_until(utc_ms("2026-04-05T14:00:00Z")).await;
+    let sent = h.sent();
+    let got: Vec<(String, u64)> = sent
+        .iter()
+        .map(|v| (v["to"].as_str().unwrap().to_string(), sent_at(v)))
+        .collect();
+    let want: Vec<(String, u64)> = AT_0405
+        .iter()
+        .map(|(to, at)| (to.to_string(), utc_ms(at)))
+        .collect();
+    assert_eq!(got, want, "{sent:?}");
+    let t = h.task("notice").await;
+    assert_eq!(t["state"], "completed", "{t}");
+    assert_eq!(
+        t["runs"], 1,
+        "one run for the slot, whatever the zones: {t}"
+    );
+}
+
+#[tokio::test]
+async fn a_daily_cron_in_recipient_time_across_berlins_dst_change() {
+    let h = ManualHerald::start(utc_ms("2026-03-27T12:00:00Z"), "").await;
+    h.post(&json!({"id": "daily", "channel": "out",
+    "schedule": {"cron": "0 9 * * *", "tz": "recipient"},
+    "messages": [
+        {"to": "berlin", "body": "b", "tz": "Europe/Berlin"},
+        {"to": "shanghai", "body": "b", "tz": "Asia/Shanghai"},
+        {"to": "lordhowe", "body": "b", "tz": "Australia/Lord_Howe"},
+        {"to": "newyork", "body": "b", "tz": "America/New_York"},
+    ]}))
+    .await;
+    h.run_until(utc_ms("2026-03-30T14:00:00Z")).await;
+    // 09:00 local on 28, 29 and 30 March (Berlin +1 on the 28th, +2 from the 29th).
+    let want = [
+        ("lordhowe", "2026-03-27T22:00:00Z"),
+        ("shanghai", "2026-03-28T01:00:00Z"),
+        ("berlin", "2026-03-28T08:00:00Z"),
+        ("newyork", "2026-03-28T13:00:00Z"),
+        ("lordhowe", "2026-03-28T22:00:00Z"),
+        ("shanghai", "2026-03-29T01:00:00Z"),
+        ("berlin", "2026-03-29T07:00:00Z"),
+        ("newyork", "2026-03-29T13:00:00Z"),
+        ("lordhowe", "2026-03-29T22:00:00Z"),
+        ("shanghai", "2026-03-30T01:00:00Z"),
+        ("berlin", "2026-03-30T07:00:00Z"),
+        ("newyork", "2026-03-30T13:00:00Z"),
+    ];
+    let sent = h.sent();
+    let got: Vec<(String, u64)> = sent
+        .iter()
+        .map(|v| (v["to"].as_str().unwrap().to_string(), sent_at(v)))
+        .collect();
+    let want: Vec<(String, u64)> = want
+        .iter()
+        .map(|(to, at)| (to.to_string(), utc_ms(at)))
+        .collect();
+    assert_eq!(got, want, "{sent:?}");
+    // One run per day (each spans 15 hours of zones), none skipped.
+    let runs = h.runs("daily").await;
+    let states: Vec<&str> = runs.iter().map(|r| r["state"].as_str().unwrap()).collect();
+    assert_eq!(states, ["completed", "completed", "completed"], "{runs:?}");
+}
+
+#[tokio::test]
+async fn validation_names_the_message_of_a_missing_or_unknown_zone() {
+    let h = ManualHerald::start(utc_ms("2026-04-04T00:00:00Z"), "").await;
+    let base = |messages: Value, extra: Value| {
+        let mut v = json!({"channel": "out",
+            "schedule": {"at": "2026-04-05T09:00:00", "tz": "recipient"}, "messages": messages});
+        for (k, val) in extra.as_object().unwrap() {
+            v[k] = val.clone();
+        }
+        v
+    };
+    let cases = [
+        (
+            base(
+                json!([{"to": "a", "body": "b", "tz": "Asia/Shanghai"}, {"to": "c", "body": "d"}]),
+                json!({}),
+            ),
+            "messages[1].tz",
+        ),
+        (
+            base(
+                json!([{"to": "a", "body": "b", "tz": "Asia/Shanghai"}, {"to": "c", "body": "d", "tz": "Mars/Olympus"}]),
+                json!({}),
+            ),
+            "messages[1].tz",
+        ),
+        (
+            base(
+                json!([{"to": "a", "body": "b"}]),
+                json!({"default_tz": "Nowhere"}),
+            ),
+            "default_tz",
+        ),
+        (
+            json!({"channel": "out", "schedule": {"after": "1m", "tz": "recipient"},
+                "messages": [{"to": "a", "body": "b", "tz": "Asia/Shanghai"}]}),
+            "schedule.tz",
+        ),
+        (
+            json!({"channel": "out", "schedule": {"at": "2026-04-05T09:00:00+08:00", "tz": "recipient"},
+                "messages": [{"to": "a", "body": "b", "tz": "Asia/Shanghai"}]}),
+            "schedule.at",
+        ),
+    ];
+    for (body, field) in cases {
+        let r = http::post_json(&h.url("/v1/tasks"), &body).await;
+        assert_eq!(r.status, 422, "{body}: {}", r.text());
+        assert_eq!(r.json()["field"], field, "{body}: {}", r.text());
+    }
+}
