@@ -33,6 +33,8 @@ pub enum StartError {
     Engine(#[from] EngineError),
     #[error("{0}")]
     Descriptors(String),
+    #[error("telemetry.otlp_endpoint: {0}")]
+    Telemetry(String),
     #[error("cannot listen on {addr}: {error}")]
     Listen {
         addr: SocketAddr,
@@ -192,6 +194,11 @@ pub async fn start_with(
             }
         })?,
     };
+    store.set_timeline_max(config.store.timeline_max);
+    let telemetry = match &config.otlp_endpoint {
+        Some(e) => crate::trace::otlp::Telemetry::start(e).map_err(StartError::Telemetry)?,
+        None => crate::trace::otlp::Telemetry::off(),
+    };
     let channels = build_channels_with(&config, Durations::of(clock.clone()))?;
     // Bind before recovering so a port clash fails fast.
     let listener = listen(config.listen).map_err(|error| StartError::Listen {
@@ -234,6 +241,7 @@ pub async fn start_with(
         metrics: Default::default(),
         conns,
         clock: clock.clone(),
+        telemetry,
     });
     // Serve first: while recovery runs, /healthz and /v1 answer 503 instead of hanging.
     tokio::spawn(api::serve(listener, state, rx));

@@ -178,6 +178,8 @@ pub struct TaskDoc<'a> {
     runs: u32,
     schedule: Value,
     state: &'static str,
+    /// The task's W3C trace id (32 hex digits); from its id for tasks made before traces.
+    trace_id: String,
     updated_at: String,
 }
 
@@ -229,8 +231,15 @@ pub fn task_doc(
         runs: t.runs,
         schedule: schedule(&t.schedule),
         state: t.state.as_str(),
+        trace_id: crate::model::timeline::hex(&trace_id_of(t)),
         updated_at: format_utc(t.updated_at_ms),
     }
+}
+
+/// A task's trace id: the one stored, or for a task made before traces one derived from its id.
+pub fn trace_id_of(t: &crate::model::Task) -> [u8; 16] {
+    t.trace_id
+        .unwrap_or_else(|| crate::model::timeline::fallback_trace_id(&t.id))
 }
 
 pub fn run(r: &Run) -> Value {
@@ -438,6 +447,7 @@ mod tests {
             "overlap": match t.overlap { Overlap::Skip => "skip", Overlap::Queue => "queue", Overlap::Allow => "allow" },
             "metadata": t.metadata,
             "failed_reason": t.failed_reason,
+            "trace_id": crate::model::timeline::hex(&trace_id_of(t)),
         })
     }
 

@@ -50,6 +50,10 @@ pub struct TaskRequest {
     pub metadata: Option<BTreeMap<String, String>>,
     /// `en` (default) or `zh`.
     pub lang: Option<String>,
+    /// The trace the task joins (the API sets it from `traceparent`, or starts one); never
+    /// read from the body.
+    #[serde(skip)]
+    pub trace_id: Option<[u8; 16]>,
 }
 
 #[derive(Deserialize, Debug, Clone, Default)]
@@ -240,6 +244,7 @@ impl TaskRequest {
             watched_since_ms: cx.now_ms,
             failed_reason: None,
             lang,
+            trace_id: self.trace_id,
         };
         task.next_fire_at_ms = crate::schedule::next_fire(&task, cx.now_ms);
         check_fires(&task, cx)?;

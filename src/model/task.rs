@@ -211,6 +211,11 @@ pub struct Task {
     /// names none). Defaulted: exports made before it existed import as `en`.
     #[serde(default)]
     pub lang: super::Lang,
+    /// The W3C trace this task belongs to (issue 25): the caller's `traceparent` at create,
+    /// or one herald started. `None` for tasks made before traces existed (their deliveries
+    /// use [`crate::model::timeline::fallback_trace_id`]). Hex in exports.
+    #[serde(default, with = "crate::model::timeline::hex_trace")]
+    pub trace_id: Option<[u8; 16]>,
 }
 
 impl Task {

@@ -99,3 +99,79 @@ impl TimelineEvent {
         self
     }
 }
+
+/// The trace id of a task made before traces existed (no `trace_id` stored): derived from
+/// its id, so every attempt of it still shares one trace.
+pub fn fallback_trace_id(task_id: &str) -> [u8; 16] {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(task_id.as_bytes());
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d[..16]);
+    out
+}
+
+/// Lowercase hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+/// The bytes of exactly `N * 2` lowercase or uppercase hex digits.
+pub fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    let b = s.as_bytes();
+    if b.len() != N * 2 {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = [0u8; N];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = digit(b[2 * i])? << 4 | digit(b[2 * i + 1])?;
+    }
+    Some(out)
+}
+
+/// A task's `trace_id` as 32 hex digits in JSON (exports), `null` when none.
+pub mod hex_trace {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<[u8; 16]>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(b) => s.serialize_some(&super::hex(b)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<[u8; 16]>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(s) => super::unhex::<16>(&s)
+                .map(Some)
+                .ok_or_else(|| serde::de::Error::custom("trace_id: expected 32 hex digits")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_round_trips_and_refuses_junk() {
+        let b: [u8; 16] = std::array::from_fn(|i| (i * 17) as u8);
+        assert_eq!(unhex::<16>(&hex(&b)), Some(b));
+        assert_eq!(unhex::<16>("00"), None);
+        assert_eq!(unhex::<2>("zz00"), None);
+        assert_eq!(unhex::<2>("aB09"), Some([0xab, 0x09]));
+    }
+
+    #[test]
+    fn the_fallback_trace_is_stable_per_task() {
+        assert_eq!(fallback_trace_id("a"), fallback_trace_id("a"));
+        assert_ne!(fallback_trace_id("a"), fallback_trace_id("b"));
+    }
+}

@@ -113,6 +113,7 @@ pub fn preview(req: PreviewRequest, now_ms: u64, limits: &Limits) -> Result<Prev
         overlap: None,
         metadata: None,
         lang: None,
+        trace_id: None,
     };
     let (mut task, _messages) = probe.into_task(&Context {
         now_ms,

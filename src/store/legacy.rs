@@ -92,6 +92,7 @@ impl TaskV1 {
             watched_since_ms: self.updated_at_ms,
             failed_reason: None,
             lang: Default::default(),
+            trace_id: None,
         };
         (task, messages)
     }

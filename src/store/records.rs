@@ -39,6 +39,9 @@ pub struct SpecRecord {
     /// before it (see [`trailing_or_default`]), so specs written before it still decode.
     #[serde(default, deserialize_with = "trailing_or_default")]
     pub lang: Lang,
+    /// Added with the timeline (issue 25), after `lang`: read as none from older records.
+    #[serde(default, deserialize_with = "trailing_or_default")]
+    pub trace_id: Option<[u8; 16]>,
 }
 
 /// A field added at the end of a bincode record: its default when the record's bytes end
@@ -93,6 +96,7 @@ pub fn spec_of(t: &Task) -> SpecRecord {
         metadata: t.metadata.clone(),
         created_at_ms: t.created_at_ms,
         lang: t.lang,
+        trace_id: t.trace_id,
     }
 }
 
@@ -189,6 +193,7 @@ pub fn join(s: SpecRecord, p: ProgressRecord) -> Task {
         watched_since_ms: p.watched_since_ms,
         failed_reason: p.failed_reason,
         lang: s.lang,
+        trace_id: s.trace_id,
     }
 }
 
@@ -233,6 +238,7 @@ mod tests {
             metadata: BTreeMap::from([("k".into(), "v".into())]),
             created_at_ms: 7,
             lang,
+            trace_id: None,
         }
     }
 
@@ -264,5 +270,20 @@ mod tests {
         assert_eq!(decode::<SpecRecord>("specs", b"t", &bytes).unwrap(), s);
         bytes.extend_from_slice(&[1, 2]);
         assert!(decode::<SpecRecord>("specs", b"t", &bytes).is_err());
+    }
+
+    #[test]
+    fn a_spec_written_before_trace_id_decodes_without_one_and_trace_id_round_trips() {
+        let s = spec(Lang::Zh);
+        let mut bytes = encode(&s).unwrap();
+        // What a build before issue 25 wrote: the record ends after `lang`.
+        assert_eq!(bytes.pop(), Some(0), "None is one 0 byte");
+        assert_eq!(decode::<SpecRecord>("specs", b"t", &bytes).unwrap(), s);
+        let traced = SpecRecord {
+            trace_id: Some([7; 16]),
+            ..s
+        };
+        let bytes = encode(&traced).unwrap();
+        assert_eq!(decode::<SpecRecord>("specs", b"t", &bytes).unwrap(), traced);
     }
 }

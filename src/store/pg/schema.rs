@@ -8,7 +8,7 @@ use tokio_postgres::Client;
 use crate::store::backend::TreeId;
 
 /// The schema this build writes. Each version's statements are in [`MIGRATIONS`].
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 /// S for a schema created without another choice (HA.md).
 pub const DEFAULT_SHARDS: u32 = 64;
 /// Most shards a schema may have: S goes into an `int` column.
@@ -28,7 +28,7 @@ fn migration(version: i32, shards: u32) -> Vec<String> {
     match version {
         1 => {
             let mut s = Vec::new();
-            for t in TreeId::ALL {
+            for t in TreeId::ALL.into_iter().filter(|t| *t != TreeId::Timeline) {
                 // `shard` is the task's (shard.rs): issue 24 fences writes and loads a shard's
                 // tasks by it, so it is here from the first version.
                 s.push(format!(
@@ -57,6 +57,11 @@ fn migration(version: i32, shards: u32) -> Vec<String> {
             ));
             s
         }
+        // Issue 25: a task's timeline events (`store/timeline.rs`), a tree like the others.
+        2 => vec![format!(
+            "CREATE TABLE {} (shard int NOT NULL, key bytea PRIMARY KEY, value bytea NOT NULL)",
+            table(TreeId::Timeline)
+        )],
         _ => Vec::new(),
     }
 }
