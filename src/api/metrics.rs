@@ -264,7 +264,7 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
         "Entries on the timing wheel (pending fires, active run steps, failure retries)",
         engine.wheel_entries() as i64,
     );
-    if let Some(x) = state.telemetry.stats() {
+    if let Some(x) = state.tracing.telemetry().and_then(|t| t.stats()) {
         use std::sync::atomic::Ordering::Relaxed;
         s.counter(
             "herald_otlp_spans_exported",

@@ -60,8 +60,9 @@ pub struct ApiState {
     pub conns: Arc<conns::Conns>,
     /// The engine's clock (wall jumps for `/metrics`).
     pub clock: Arc<dyn crate::clock::Clock>,
-    /// OTLP span export (`[telemetry] otlp_endpoint`); off: no cost.
-    pub telemetry: crate::trace::otlp::Telemetry,
+    /// Each task's trace as deliveries see it, and the OTLP span export (`[telemetry]
+    /// otlp_endpoint`; off: no cost). Shared with the channels.
+    pub tracing: Arc<crate::trace::Tracing>,
 }
 
 const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
@@ -530,6 +531,10 @@ async fn create_task(
     } else {
         200
     };
+    if let Some(t) = v.task.trace_id {
+        // The deliveries of a new task find its trace without reading its spec.
+        state.tracing.book.note(&v.task.id, t);
+    }
     request_span(
         state,
         caller.as_ref(),
@@ -655,9 +660,9 @@ fn request_span(
     started_ns: u64,
     status: u16,
 ) {
-    if !state.telemetry.on() {
+    let Some(telemetry) = state.tracing.telemetry() else {
         return;
-    }
+    };
     let trace_id = views::trace_id_of(task);
     let (parent, links) = match caller {
         Some(c) if c.trace_id == trace_id => (Some(c.parent_span), vec![]),
@@ -679,7 +684,7 @@ fn request_span(
     .attr("herald.task.id", task.id.as_str())
     .attr("http.response.status_code", status)
     .attr("herald.task.state", task.state.as_str());
-    state.telemetry.export(span);
+    telemetry.export(span);
 }
 
 fn list_failures(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {

@@ -4,9 +4,48 @@
 //!
 //! Parsing is pure; a malformed header is the caller's warning, never a refused request.
 
+pub mod book;
 pub mod otlp;
 
 use crate::model::timeline::{hex, unhex};
+use crate::model::Outcome;
+
+/// What the delivery layer needs to trace its attempts, shared by every channel: the task →
+/// trace map and the exporter (set once the server has started it).
+#[derive(Default)]
+pub struct Tracing {
+    pub book: book::TraceBook,
+    telemetry: std::sync::OnceLock<otlp::Telemetry>,
+}
+
+impl Tracing {
+    pub fn set_telemetry(&self, t: otlp::Telemetry) {
+        let _ = self.telemetry.set(t);
+    }
+
+    /// The exporter, if export is on.
+    pub fn telemetry(&self) -> Option<&otlp::Telemetry> {
+        self.telemetry.get().filter(|t| t.on())
+    }
+}
+
+/// An attempt's outcome in the words spans and timeline events use: its name (`sent`,
+/// `retry`, `permanent`, `held`), the platform's code when the answer carried one (the
+/// success rule writes it as `platform code N`), and the error.
+pub fn attempt_facts(o: &Outcome) -> (&'static str, Option<&str>, Option<&str>) {
+    let (name, error) = match o {
+        Outcome::Sent => ("sent", None),
+        Outcome::Retry { error, .. } => ("retry", Some(error.as_str())),
+        Outcome::Permanent { error } => ("permanent", Some(error.as_str())),
+        Outcome::Held { error, .. } => ("held", Some(error.as_str())),
+    };
+    let code = error.and_then(|e| {
+        let rest = &e[e.find("platform code ")? + "platform code ".len()..];
+        let end = rest.find([':', ' ', ',']).unwrap_or(rest.len());
+        Some(&rest[..end]).filter(|c| !c.is_empty())
+    });
+    (name, code, error)
+}
 
 /// A W3C trace context as read from `traceparent` (and `tracestate`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -161,6 +200,23 @@ mod tests {
         ] {
             assert!(parse_traceparent(bad).is_err(), "{bad:?} was accepted");
         }
+    }
+
+    #[test]
+    fn attempt_facts_find_the_platform_code() {
+        let o = Outcome::Permanent {
+            error: "platform code 40014: invalid access_token".into(),
+        };
+        assert_eq!(
+            attempt_facts(&o),
+            ("permanent", Some("40014"), Some("platform code 40014: invalid access_token"))
+        );
+        let o = Outcome::Retry {
+            error: "HTTP 500".into(),
+            not_before_ms: None,
+        };
+        assert_eq!(attempt_facts(&o), ("retry", None, Some("HTTP 500")));
+        assert_eq!(attempt_facts(&Outcome::Sent), ("sent", None, None));
     }
 
     #[test]
