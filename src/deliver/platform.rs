@@ -863,7 +863,12 @@ mod tests {
         let p = platform("body = '{}'", "http://h/{{ data.path }}", &[]);
         // Message data lands in the path, never in the host the operator wrote.
         let r = p
-            .prepare(&delivery(Some(r#"{"path":"@evil.example/x"}"#)), "", None, 0)
+            .prepare(
+                &delivery(Some(r#"{"path":"@evil.example/x"}"#)),
+                "",
+                None,
+                0,
+            )
             .unwrap();
         assert_eq!(r.uri.host(), Some("h"));
         // Method and headers render too; a header may not carry a newline.

@@ -158,7 +158,10 @@ impl WebhookSink {
     ) -> Outcome {
         let tp = trace.traceparent.as_deref().unwrap_or("");
         match &self.platform {
-            None => self.post_default(d, &d.idempotency_key, trace, &now_ms).await,
+            None => {
+                self.post_default(d, &d.idempotency_key, trace, &now_ms)
+                    .await
+            }
             Some(p) => {
                 self.post_platform(p, &d.idempotency_key, trace, &now_ms, |tok, now| {
                     p.prepare(d, tp, tok, now)

@@ -27,7 +27,10 @@ pub struct TraceBook {
 }
 
 impl TraceBook {
-    pub fn set_resolver(&self, f: impl Fn(&str) -> Option<Option<[u8; 16]>> + Send + Sync + 'static) {
+    pub fn set_resolver(
+        &self,
+        f: impl Fn(&str) -> Option<Option<[u8; 16]>> + Send + Sync + 'static,
+    ) {
         let _ = self.resolver.set(Box::new(f));
     }
 

@@ -209,7 +209,11 @@ mod tests {
         };
         assert_eq!(
             attempt_facts(&o),
-            ("permanent", Some("40014"), Some("platform code 40014: invalid access_token"))
+            (
+                "permanent",
+                Some("40014"),
+                Some("platform code 40014: invalid access_token")
+            )
         );
         let o = Outcome::Retry {
             error: "HTTP 500".into(),
