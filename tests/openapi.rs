@@ -24,6 +24,7 @@ const SERVED: &[(&str, &str)] = &[
     ("POST", "/v1/tasks/{id}/resume"),
     ("POST", "/v1/tasks/{id}/trigger"),
     ("GET", "/v1/tasks/{id}/runs"),
+    ("GET", "/v1/tasks/{id}/timeline"),
     ("GET", "/v1/failures"),
     ("POST", "/v1/failures/{id}/retry"),
     ("DELETE", "/v1/failures/{id}"),
@@ -39,6 +40,7 @@ const SERVED: &[(&str, &str)] = &[
     ("GET", "/dashboard/format.js"),
     ("GET", "/dashboard/metrics.js"),
     ("GET", "/dashboard/chart.js"),
+    ("GET", "/dashboard/timeline.js"),
     ("GET", "/dashboard/app.css"),
 ];
 
@@ -50,6 +52,7 @@ const OPEN: &[&str] = &[
     "/dashboard/format.js",
     "/dashboard/metrics.js",
     "/dashboard/chart.js",
+    "/dashboard/timeline.js",
     "/dashboard/app.css",
 ];
 
