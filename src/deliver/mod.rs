@@ -91,6 +91,17 @@ impl AttemptTrace {
     }
 }
 
+/// What an attempt's timeline event records beyond its outcome ([`Channel::send_traced`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttemptReport {
+    /// The answer's HTTP status (`None`: no answer, or a local sink).
+    pub status: Option<u16>,
+    /// How long the sink took (request to judged answer).
+    pub duration_ms: u64,
+    /// The attempt's span (in its `traceparent`).
+    pub span_id: [u8; 8],
+}
+
 /// An alert event: a message entered the failure list, a breaker opened or closed.
 #[derive(Debug, Clone, Serialize)]
 pub struct Alert {
@@ -283,6 +294,16 @@ impl Channel {
 
     /// Delivers once; waits for a concurrency permit first.
     pub async fn send(&self, d: &Delivery, now_ms: impl Fn() -> u64) -> Outcome {
+        self.send_traced(d, now_ms).await.0
+    }
+
+    /// [`Channel::send`] with what the attempt's timeline event says about it: the answer's
+    /// status, how long the sink took, the attempt's span.
+    pub async fn send_traced(
+        &self,
+        d: &Delivery,
+        now_ms: impl Fn() -> u64,
+    ) -> (Outcome, AttemptReport) {
         // `sent_at` is when the request is written: if the channel has to wait for a
         // concurrency slot, the attempt is stamped again once it has one. Without a wait the
         // stamp made at admission stands (it is what the rate limit spaced).
@@ -291,10 +312,11 @@ impl Channel {
             Err(_) => match self.concurrency.acquire().await {
                 Ok(p) => (p, true),
                 Err(_) => {
-                    return Outcome::Retry {
+                    let o = Outcome::Retry {
                         error: "channel closed".into(),
                         not_before_ms: None,
-                    }
+                    };
+                    return (o, AttemptReport::default());
                 }
             },
         };
@@ -323,9 +345,15 @@ impl Channel {
             Sink::File(f) => f.write(d).await,
             Sink::Webhook(w) => w.deliver(d, &trace, now_ms).await,
         };
-        self.stats.latency[outcome_index(&outcome)].observe(started.elapsed().as_secs_f64());
+        let took = started.elapsed();
+        self.stats.latency[outcome_index(&outcome)].observe(took.as_secs_f64());
         self.export_attempt(d, &outcome, trace_id, span_id, started_ns, trace.status());
-        outcome
+        let report = AttemptReport {
+            status: trace.status(),
+            duration_ms: took.as_millis() as u64,
+            span_id,
+        };
+        (outcome, report)
     }
 
     /// The span of one attempt (only with `[telemetry] otlp_endpoint`): task, run, message,

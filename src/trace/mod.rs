@@ -8,7 +8,6 @@ pub mod book;
 pub mod otlp;
 
 use crate::model::timeline::{hex, unhex};
-use crate::model::Outcome;
 
 /// What the delivery layer needs to trace its attempts, shared by every channel: the task →
 /// trace map and the exporter (set once the server has started it).
@@ -29,23 +28,7 @@ impl Tracing {
     }
 }
 
-/// An attempt's outcome in the words spans and timeline events use: its name (`sent`,
-/// `retry`, `permanent`, `held`), the platform's code when the answer carried one (the
-/// success rule writes it as `platform code N`), and the error.
-pub fn attempt_facts(o: &Outcome) -> (&'static str, Option<&str>, Option<&str>) {
-    let (name, error) = match o {
-        Outcome::Sent => ("sent", None),
-        Outcome::Retry { error, .. } => ("retry", Some(error.as_str())),
-        Outcome::Permanent { error } => ("permanent", Some(error.as_str())),
-        Outcome::Held { error, .. } => ("held", Some(error.as_str())),
-    };
-    let code = error.and_then(|e| {
-        let rest = &e[e.find("platform code ")? + "platform code ".len()..];
-        let end = rest.find([':', ' ', ',']).unwrap_or(rest.len());
-        Some(&rest[..end]).filter(|c| !c.is_empty())
-    });
-    (name, code, error)
-}
+pub use crate::model::timeline::attempt_facts;
 
 /// A W3C trace context as read from `traceparent` (and `tracestate`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,27 +183,6 @@ mod tests {
         ] {
             assert!(parse_traceparent(bad).is_err(), "{bad:?} was accepted");
         }
-    }
-
-    #[test]
-    fn attempt_facts_find_the_platform_code() {
-        let o = Outcome::Permanent {
-            error: "platform code 40014: invalid access_token".into(),
-        };
-        assert_eq!(
-            attempt_facts(&o),
-            (
-                "permanent",
-                Some("40014"),
-                Some("platform code 40014: invalid access_token")
-            )
-        );
-        let o = Outcome::Retry {
-            error: "HTTP 500".into(),
-            not_before_ms: None,
-        };
-        assert_eq!(attempt_facts(&o), ("retry", None, Some("HTTP 500")));
-        assert_eq!(attempt_facts(&Outcome::Sent), ("sent", None, None));
     }
 
     #[test]
