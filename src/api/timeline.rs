@@ -11,7 +11,6 @@ use super::input::{page_params, param, query};
 use super::problem::Problem;
 use super::{json_response, ApiState, Resp};
 use crate::model::timeline::TimelineEvent;
-use crate::schedule::format_utc;
 
 pub async fn handle(state: &ApiState, id: &str, req: &Request<Incoming>) -> Result<Resp, Problem> {
     let q = query(req, &["limit", "after", "run"])?;
@@ -62,15 +61,7 @@ fn number<T: std::str::FromStr>(
 
 /// One event as API.md shows it.
 pub fn event(e: &TimelineEvent) -> Value {
-    json!({
-        "seq": e.seq,
-        "at": format_utc(e.at_ms),
-        "kind": e.kind.name(),
-        "run": e.run,
-        "msg": e.msg,
-        "attempt": e.attempt,
-        "detail": if e.detail.is_null() { json!({}) } else { e.detail.clone() },
-    })
+    e.view()
 }
 
 #[cfg(test)]

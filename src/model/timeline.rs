@@ -101,6 +101,19 @@ impl TimelineEvent {
         self.detail = detail;
         self
     }
+
+    /// The event as API.md shows it (the timeline page and the event bus).
+    pub fn view(&self) -> serde_json::Value {
+        json!({
+            "seq": self.seq,
+            "at": crate::schedule::format_utc(self.at_ms),
+            "kind": self.kind.name(),
+            "run": self.run,
+            "msg": self.msg,
+            "attempt": self.attempt,
+            "detail": if self.detail.is_null() { json!({}) } else { self.detail.clone() },
+        })
+    }
 }
 
 /// Why a send waited without burning an attempt (`held` events).

@@ -180,7 +180,8 @@ impl Seqs {
     }
 }
 
-/// The writes of `events` for a task whose counter is `s` (seqs `s.next..`), and the counter
+/// The writes of `events` for a task whose counter is `s` (seqs `s.next..` for events not
+/// numbered yet; an event with a seq keeps it, see [`Store::write_numbered`]), and the counter
 /// after them: a put per event, then the deletes that keep at most `max` events. Pure.
 pub(crate) fn plan_writes(
     task_id: &str,
@@ -191,12 +192,13 @@ pub(crate) fn plan_writes(
 ) -> Result<Seq, StoreError> {
     let mut next = s.next;
     for e in events {
+        let seq = if e.seq == 0 { next } else { e.seq };
         ops.push(RawOp::Put(
             TreeId::Timeline,
-            timeline_key(task_id, next),
+            timeline_key(task_id, seq),
             encode(&TimelineRecord::of(e))?,
         ));
-        next += 1;
+        next = next.max(seq + 1);
     }
     // Keep seqs `next - max ..`; delete from the oldest stored, a bounded number per write.
     let keep_from = next.saturating_sub(u64::from(max));
@@ -274,6 +276,32 @@ impl Store {
         // this one is answered, and a failed one forgets it ([`Store::write`]).
         self.seqs.put(task_id, after);
         Ok(())
+    }
+
+    /// Gives the timeline events of `batch` their seqs (in place), then writes it like
+    /// [`Store::write`]: for a caller that publishes the events with their seqs once durable
+    /// (the event bus).
+    pub async fn write_numbered(&self, batch: &mut super::Batch) -> Result<(), StoreError> {
+        if self.timeline_max() > 0 {
+            for op in &mut batch.ops {
+                if let super::Op::Timeline { task_id, events } = op {
+                    let mut s = self.timeline_seq(task_id, false)?;
+                    for e in events.iter_mut() {
+                        e.seq = s.next;
+                        s.next += 1;
+                    }
+                    // The counter goes on after these; the write below trims from `oldest`.
+                    self.seqs.put(
+                        task_id,
+                        Seq {
+                            next: s.next - events.len() as u64,
+                            ..s
+                        },
+                    );
+                }
+            }
+        }
+        self.write(batch).await
     }
 
     /// The deletes of every event of a task (it is being deleted).
@@ -485,6 +513,35 @@ mod tests {
             .unwrap();
         let seqs: Vec<u64> = s.timeline_all("t").unwrap().iter().map(|e| e.seq).collect();
         assert_eq!(seqs, [1]);
+    }
+
+    #[tokio::test]
+    async fn numbered_writes_say_the_seqs_they_were_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        s.set_timeline_max(3);
+        for round in 0..3u64 {
+            let mut b = Batch::new();
+            b.timeline(
+                "n",
+                vec![ev(TimelineKind::Fired, 1), ev(TimelineKind::Paused, 2)],
+            );
+            s.write_numbered(&mut b).await.unwrap();
+            let Op::Timeline { events, .. } = &b.ops[0] else {
+                panic!("{b:?}")
+            };
+            assert_eq!(
+                events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+                [2 * round + 1, 2 * round + 2]
+            );
+        }
+        let seqs: Vec<u64> = s.timeline_all("n").unwrap().iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [4, 5, 6], "numbered or not, the bound holds");
+        let mut b = Batch::new();
+        b.timeline("n", vec![ev(TimelineKind::Fired, 3)]);
+        s.write(&b).await.unwrap();
+        let seqs: Vec<u64> = s.timeline_all("n").unwrap().iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [5, 6, 7]);
     }
 
     #[tokio::test]
