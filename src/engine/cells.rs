@@ -106,7 +106,7 @@ pub(crate) fn adopt(inner: &Inner, live: &mut LiveMap, id: &str) -> bool {
     match inner.store.live_entry(id) {
         Ok(Some(entry)) if !entry.state.is_terminal() => {
             let id: Arc<str> = Arc::from(id);
-            super::recovery::arm_entry(inner, &id, &entry);
+            super::arm::arm_entry(inner, &id, &entry);
             live.claim(id, None);
             true
         }
@@ -189,46 +189,55 @@ pub(crate) fn cell_of(inner: &Inner, id: &str) -> Option<(Arc<str>, Arc<LiveTask
     live.cell_or_new(id)
 }
 
-/// Locks a live task's cell and loads it if needed. `Ok(None)`: the task is not live (or it
-/// finished while we waited).
-pub(crate) async fn lock(inner: &Arc<Inner>, id: &str) -> Result<Option<Locked>, EngineError> {
+/// What [`lock`] found.
+pub(crate) enum Got {
+    Ready(Locked),
+    /// Loaded, but its runs cannot be read: the caller (`commit::lock`) parks it `failed`.
+    Park(Locked, String),
+    /// The task is not live (or it finished while we waited).
+    Gone,
+}
+
+/// Locks a live task's cell and loads it if needed.
+pub(crate) async fn lock(inner: &Arc<Inner>, id: &str) -> Result<Got, EngineError> {
     let Some((id, cell)) = cell_of(inner, id) else {
-        return Ok(None);
+        return Ok(Got::Gone);
     };
     let guard = cell.lock_owned().await;
-    loaded(inner, id, guard).await
+    loaded(inner, id, guard)
 }
 
 /// What [`try_lock`] found.
-pub(crate) enum TryLocked {
-    Locked(Locked),
+pub(crate) enum TryGot {
+    Ready(Locked),
+    Park(Locked, String),
     /// Someone else holds the cell now.
     Busy,
-    /// The task is not live (or it finished).
     Gone,
 }
 
 /// Like [`lock`], but never waits for the cell: a caller that holds other cells (a chunk of
 /// sends, `chunk.rs`) must not wait for one, or two such callers could wait for each other.
-pub(crate) async fn try_lock(inner: &Arc<Inner>, id: &str) -> Result<TryLocked, EngineError> {
+pub(crate) async fn try_lock(inner: &Arc<Inner>, id: &str) -> Result<TryGot, EngineError> {
     let Some((id, cell)) = cell_of(inner, id) else {
-        return Ok(TryLocked::Gone);
+        return Ok(TryGot::Gone);
     };
     let Ok(guard) = cell.try_lock_owned() else {
-        return Ok(TryLocked::Busy);
+        return Ok(TryGot::Busy);
     };
-    Ok(match loaded(inner, id, guard).await? {
-        Some(l) => TryLocked::Locked(l),
-        None => TryLocked::Gone,
+    Ok(match loaded(inner, id, guard)? {
+        Got::Ready(l) => TryGot::Ready(l),
+        Got::Park(l, why) => TryGot::Park(l, why),
+        Got::Gone => TryGot::Gone,
     })
 }
 
 /// A cell's guard, loaded from the store if it was not (see [`lock`]).
-async fn loaded(
-    inner: &Arc<Inner>,
+fn loaded(
+    inner: &Inner,
     id: Arc<str>,
     mut guard: OwnedMutexGuard<Slot>,
-) -> Result<Option<Locked>, EngineError> {
+) -> Result<Got, EngineError> {
     let mut park = None;
     if let Slot::Unloaded = &*guard {
         match load(inner, &id) {
@@ -238,7 +247,7 @@ async fn loaded(
             }
             Ok(None) => {
                 forget(inner, &id);
-                return Ok(None);
+                return Ok(Got::Gone);
             }
             Err(e) => {
                 // The task's own record cannot be read: it leaves the live map so that nothing
@@ -251,16 +260,13 @@ async fn loaded(
     }
     let mut l = Locked { id, guard };
     if let Some(reason) = park {
-        let r = super::dispatch::park_boxed(inner, &mut l, reason.clone()).await;
-        l.release(inner);
-        r?;
-        return Err(EngineError::Internal(reason));
+        return Ok(Got::Park(l, reason));
     }
     if l.st().task.state.is_terminal() {
         // Finished while we waited for the lock; the finisher took it out of the map.
-        return Ok(None);
+        return Ok(Got::Gone);
     }
-    Ok(Some(l))
+    Ok(Got::Ready(l))
 }
 
 /// Locks `cell` again after a send. Unlike [`lock`] it does not go through the live map: a

@@ -3,14 +3,14 @@
 //! The timer hands over the keys due in a round in batches of up to 256 (so keys due together
 //! arrive together); the run steps among them come here. Each key's cell is locked without waiting ([`cells::try_lock`]) and, when its
 //! run is armed, due now and on a local channel (file or log: no round trip to wait for), its
-//! send is prepared as in [`dispatch::run_step`]. Then the whole chunk is handed to each
+//! send is prepared as in the one-key path (`step.rs`). Then the whole chunk is handed to each
 //! channel at once ([`crate::deliver::Channel::send_local`]: one append for a file), every
-//! outcome is planned with [`dispatch::settle_plan`], and all the settles are made durable in
-//! one write. Only then does memory follow ([`dispatch::settle_done`]) and the locks go.
+//! outcome is planned with [`step::settle_plan`], and all the settles are made durable in
+//! one write (`commit::apply_chunk`). Only then does memory follow and the locks go.
 //!
 //! Any other key (a run to arm, a webhook, a cell someone else holds, a second run of a task
-//! already in the chunk) takes the one-key path in a task of its own ([`dispatch::spawn_step`],
-//! or [`dispatch::spawn_locked`] with the lock the chunk took). So the chunk never waits for a cell while it holds others (two chunks cannot wait for
+//! already in the chunk) takes the one-key path in a task of its own ([`step::spawn`],
+//! or [`step::spawn_locked`] with the lock the chunk took). So the chunk never waits for a cell while it holds others (two chunks cannot wait for
 //! each other), a slow receiver never holds a chunk, and the rules of the one-key path hold
 //! here too: a send starts only after its own in-flight mark is durable (it was armed before
 //! it reached here); the settle is durable before the lock is released; a failed write
@@ -24,13 +24,13 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use super::cells::{self, Locked, TryLocked};
-use super::dispatch::{self, Prepared, SendInFlight};
+use super::cells::Locked;
+use super::commit::{self, TryLocked};
+use super::step::{self, Prepared, SendInFlight, Step};
 use super::timer::{RunKey, StepGuard};
 use super::Inner;
 use crate::deliver::Channel;
 use crate::model::{Outcome, TaskState};
-use crate::store::Batch;
 
 /// One prepared send of the chunk, its task locked.
 struct Item {
@@ -44,7 +44,7 @@ struct Item {
 /// Carries out the steps of `keys` (run keys, in deadline order).
 pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>) {
     let mut items = prepare(&inner, keys).await;
-    if dispatch::draining(&inner) {
+    if step::draining(&inner) {
         // A drain began while the chunk was being prepared: nothing is sent. Each task is
         // read back from disk, where its attempt is armed: the next boot sends it (once).
         for mut it in items.drain(..) {
@@ -70,27 +70,27 @@ async fn prepare(inner: &Arc<Inner>, keys: Vec<(RunKey, StepGuard)>) -> Vec<Item
     for (key, guard) in keys {
         if !tasks.insert(key.task.clone()) {
             // Its task is locked by this chunk: the one-key path waits for it.
-            dispatch::spawn_step(inner, key, guard, None);
+            step::spawn(inner, Step::Run(key), guard);
             continue;
         }
-        let mut l = match cells::try_lock(inner, &key.task).await {
+        let mut l = match commit::try_lock(inner, &key.task).await {
             Ok(TryLocked::Locked(l)) => l,
             Ok(TryLocked::Busy) => {
-                dispatch::spawn_step(inner, key, guard, None);
+                step::spawn(inner, Step::Run(key), guard);
                 continue;
             }
             Ok(TryLocked::Gone) => continue,
             Err(e) => {
-                dispatch::step_error(inner, key, &e);
+                step::step_error(inner, key.key(), &e);
                 continue;
             }
         };
         let Some(channel) = local_send_due(inner, &mut l, &key) else {
-            dispatch::spawn_locked(inner, key, guard, l);
+            step::spawn_locked(inner, key, guard, l);
             continue;
         };
         // Armed already: `prepare` writes nothing here, it checks and builds the delivery.
-        match dispatch::prepare(inner, &mut l, &key).await {
+        match step::prepare(inner, &mut l, &key).await {
             Ok(Some(p)) => items.push(Item {
                 key,
                 l,
@@ -100,8 +100,8 @@ async fn prepare(inner: &Arc<Inner>, keys: Vec<(RunKey, StepGuard)>) -> Vec<Item
             }),
             Ok(None) => l.release(inner),
             Err(e) => {
-                if let Err(e) = dispatch::step_failed(inner, l, e).await {
-                    dispatch::step_error(inner, key, &e);
+                if let Err(e) = step::step_failed(inner, l, e).await {
+                    step::step_error(inner, key.key(), &e);
                 }
             }
         }
@@ -151,7 +151,7 @@ async fn send(inner: &Arc<Inner>, mut items: Vec<Item>) -> (Vec<Item>, Vec<Outco
                     error: "no outcome for this send".into(),
                     not_before_ms: None,
                 });
-                dispatch::record(inner, &channel, &o, items[i].p.probe);
+                step::record(inner, &channel, &o, items[i].p.probe);
                 outcomes[i] = Some(o);
             }
         }
@@ -165,35 +165,22 @@ async fn send(inner: &Arc<Inner>, mut items: Vec<Item>) -> (Vec<Item>, Vec<Outco
 
 /// Plans every settle, writes them all at once, then lets memory follow and the locks go.
 async fn settle(inner: &Arc<Inner>, items: Vec<Item>, outcomes: Vec<Outcome>) {
-    let mut batch = Batch::new();
     let mut planned = Vec::with_capacity(items.len());
+    // Each step is outstanding until its settle is durable (`Engine::idle` counts on it).
+    let mut guards = Vec::with_capacity(items.len());
     for (mut it, outcome) in items.into_iter().zip(outcomes) {
-        match dispatch::settle_plan(inner, &mut it.l, &it.key, &it.p, &outcome) {
-            Ok(Some((plan, b))) => {
-                batch.ops.extend(b.ops);
-                planned.push((it, plan));
-            }
+        guards.push(it._guard);
+        match step::settle_plan(inner, &mut it.l, &it.key, &it.p, &outcome) {
+            Ok(Some(change)) => planned.push((it.l, it.key, change)),
             Ok(None) => it.l.release(inner),
             Err(e) => {
                 // A bug: this task is parked; the others settle.
-                if let Err(e) = dispatch::step_failed(inner, it.l, e).await {
-                    dispatch::step_error(inner, it.key, &e);
+                if let Err(e) = step::step_failed(inner, it.l, e).await {
+                    step::step_error(inner, it.key.key(), &e);
                 }
             }
         }
     }
-    match inner.store.write(&batch).await {
-        Ok(()) => {
-            for (mut it, plan) in planned {
-                dispatch::settle_done(inner, &mut it.l, &it.key, plan);
-                it.l.release(inner);
-            }
-        }
-        Err(e) => {
-            for (mut it, _) in planned {
-                dispatch::settle_lost(inner, &mut it.l, &it.key, &e);
-                it.l.release(inner);
-            }
-        }
-    }
+    commit::apply_chunk(inner, planned).await;
+    drop(guards);
 }

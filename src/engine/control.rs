@@ -1,14 +1,14 @@
 //! The control commands: cancel, pause, resume, trigger, patch. Each takes the task's lock,
-//! asks `plan.rs` for the new task and runs (pure), makes them durable, and only then changes
-//! memory and the wheel — so once a command answers, the dispatcher (which checks state under the same lock)
-//! acts on it.
+//! asks `plan.rs` for the change (pure), and `commit.rs` makes it durable and only then
+//! changes memory and the wheel — so once a command answers, the dispatcher (which checks
+//! state under the same lock) acts on it.
 
-use super::cells::{self, Locked};
-use super::dispatch;
+use super::cells::Locked;
+use super::change::Change;
+use super::commit;
 use super::plan::{self, Refused};
-use super::timer::RunKey;
 use super::{derive_state, Engine, EngineError, LiveState, TaskView};
-use crate::model::{Context, Message, PatchRequest, Run, RunState, Task, TaskState};
+use crate::model::{Context, PatchRequest, TaskState};
 
 fn refused(r: Refused) -> EngineError {
     match r {
@@ -16,14 +16,13 @@ fn refused(r: Refused) -> EngineError {
         Refused::Bug(e) => EngineError::Transition(e),
     }
 }
-use crate::store::{Batch, Op};
 
 impl Engine {
     /// The locked live task, or the right error: 404 if unknown, 409 if finished (every
     /// unfinished task is live). Refused while storage fails (nothing could be made durable).
     async fn locked(&self, id: &str) -> Result<Locked, EngineError> {
         self.check_storage()?;
-        if let Some(l) = cells::lock(&self.inner, id).await? {
+        if let Some(l) = commit::lock(&self.inner, id).await? {
             return Ok(l);
         }
         match self.inner.store.get_task(id)? {
@@ -47,7 +46,7 @@ impl Engine {
         let r = match r {
             Err(EngineError::Transition(e)) => {
                 let reason = format!("bug: {e}");
-                let parked = dispatch::park(&self.inner, &mut l, &reason).await;
+                let parked = commit::park(&self.inner, &mut l, &reason).await;
                 l.release(&self.inner);
                 parked?;
                 return Err(EngineError::Internal(reason));
@@ -58,56 +57,6 @@ impl Engine {
         r
     }
 
-    /// Writes the task and the given runs durably, then takes the task's wheel entries off
-    /// or puts them on according to its new state.
-    async fn commit(
-        &self,
-        st: &mut LiveState,
-        task: Task,
-        runs: Vec<Run>,
-        messages: Option<Vec<Message>>,
-    ) -> Result<(), EngineError> {
-        let mut batch = Batch::new();
-        if let Some(m) = messages {
-            batch.ops.push(Op::Messages {
-                task_id: task.id.clone(),
-                old_count: st.task.message_count,
-                messages: m,
-            });
-            batch.task(&task);
-        } else if crate::store::records::spec_of(&task) != crate::store::records::spec_of(&st.task)
-        {
-            batch.task(&task);
-        } else {
-            batch.progress(&task);
-        }
-        for r in &runs {
-            batch.run(&task.id, r);
-        }
-        self.inner.store.write(&batch).await?;
-        self.inner.events.committed(&task, &runs); // events (issue 11)
-        for r in runs {
-            if r.state == RunState::Running {
-                st.runs.insert(r.run, r);
-            } else {
-                st.runs.remove(&r.run);
-            }
-        }
-        st.task = task;
-        let inner = &self.inner;
-        if st.task.state == TaskState::Running {
-            for r in st.runs.values() {
-                dispatch::plan_run(inner, &st.task.id, r);
-            }
-        } else {
-            for r in st.runs.keys() {
-                inner.timer.cancel(RunKey::new(&st.task.id, *r));
-            }
-        }
-        dispatch::plan_fire(inner, &st.task);
-        Ok(())
-    }
-
     /// Cancels a task: no send of it starts after this returns. Durable before it returns.
     pub async fn cancel(&self, id: &str) -> Result<TaskView, EngineError> {
         let view = self
@@ -115,21 +64,12 @@ impl Engine {
                 let st = l.st();
                 let now = this.inner.clock.now_ms();
                 let p = plan::cancel(&st.task, &st.runs, &st.sending, now).map_err(refused)?;
-                // Keep sending runs in memory (their outcome is still settled); drop the rest.
-                let sending: Vec<Run> = p
-                    .runs
-                    .iter()
-                    .filter(|r| st.sending.contains(&r.run))
-                    .cloned()
-                    .collect();
                 let view_run = p.runs.iter().max_by_key(|r| r.run).cloned();
-                this.commit(st, p.task, p.runs, None).await?;
-                for r in sending {
-                    st.runs.insert(r.run, r);
-                }
+                // Sending runs stay in memory (their outcome is still settled): commit's rule.
+                commit::apply(&this.inner, l, p.change()).await?;
                 tracing::info!(task = %id, "task cancelled");
                 Ok(TaskView {
-                    task: st.task.clone(),
+                    task: l.st().task.clone(),
                     run: view_run,
                 })
             })
@@ -150,9 +90,9 @@ impl Engine {
             let st = l.st();
             let now = this.inner.clock.now_ms();
             let p = plan::pause(&st.task, &st.runs, &st.sending, now).map_err(refused)?;
-            this.commit(st, p.task, p.runs, None).await?;
+            commit::apply(&this.inner, l, p.change()).await?;
             tracing::info!(task = %id, "task paused");
-            Ok(this.view_of(st))
+            Ok(this.view_of(l.st()))
         })
         .await
     }
@@ -164,9 +104,9 @@ impl Engine {
             let st = l.st();
             let now = this.inner.clock.now_ms();
             let p = plan::resume(&st.task, &st.runs, now).map_err(refused)?;
-            this.commit(st, p.task, p.runs, None).await?;
-            tracing::info!(task = %id, state = %st.task.state, "task resumed");
-            Ok(this.view_of(st))
+            commit::apply(&this.inner, l, p.change()).await?;
+            tracing::info!(task = %id, state = %l.st().task.state, "task resumed");
+            Ok(this.view_of(l.st()))
         })
         .await
     }
@@ -178,8 +118,8 @@ impl Engine {
             let now = this.inner.clock.now_ms();
             let p = plan::trigger(&st.task, now).map_err(refused)?;
             tracing::info!(task = %id, run = p.task.fires, "run triggered");
-            this.commit(st, p.task, p.runs, None).await?;
-            Ok(this.view_of(st))
+            commit::apply(&this.inner, l, p.change()).await?;
+            Ok(this.view_of(l.st()))
         })
         .await
     }
@@ -218,7 +158,14 @@ impl Engine {
             }
             let to = derive_state(&task, !st.runs.is_empty());
             task.set_state(to, now)?;
-            this.commit(st, task, vec![], messages).await?;
+            let change = Change {
+                task: Some(task),
+                spec: true,
+                messages,
+                ..Change::default()
+            };
+            commit::apply(&this.inner, l, change).await?;
+            let st = l.st();
             tracing::info!(task = %id, next_fire_at = %crate::schedule::format_opt(st.task.next_fire_at_ms), "task changed");
             Ok(this.view_of(st))
         })

@@ -7,8 +7,8 @@
 //! reloads what it shows). Events are hints about state that is already durable: a client can
 //! always re-read the task, run or failure list through the API.
 //!
-//! The engine publishes at the few places where a task's state or a run's cursor changes (each
-//! such line is marked `// events (issue 11)`).
+//! The engine publishes from its one commit place (`commit.rs`), after each durable write:
+//! every step of every task (fire, settle, control, recovery, retention) publishes there.
 
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
@@ -113,13 +113,13 @@ impl Bus {
         self.send("progress", &t.id, data);
     }
 
-    /// A control command committed `t` with these runs: one `task` event and a `progress`
-    /// event per run.
-    pub fn committed(&self, t: &Task, runs: &[Run]) {
-        self.task(t);
-        for r in runs {
-            self.progress(t, r);
+    /// `deleted`: a finished task was deleted (retention, or `DELETE /v1/tasks/{id}`) with
+    /// everything of it.
+    pub fn deleted(&self, task_id: &str) {
+        if !self.listening() {
+            return;
         }
+        self.send("deleted", task_id, json!({ "id": task_id }));
     }
 
     /// `timeline`: events of a task's timeline, once durable (the same as `GET

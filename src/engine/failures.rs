@@ -1,9 +1,8 @@
 //! The failure list commands: retry (the work is in `retry.rs`) and dismiss.
 
-use super::timer::{self, RunKey};
+use super::commit::{self, RetryWheel};
 use super::{Engine, EngineError};
 use crate::model::Failure;
-use crate::store::{Batch, Op};
 
 impl Engine {
     /// Retries a message from the failure list (202): new attempts, same idempotency key.
@@ -14,19 +13,12 @@ impl Engine {
             .store
             .get_failure(id)?
             .ok_or_else(|| EngineError::NotFound(format!("failure {id:?}")))?;
-        if !f.retrying {
-            f.retrying = true;
-            f.retries = 0;
-            let mut b = Batch::new();
-            b.failure(f.clone());
-            inner.store.write(&b).await?;
-        }
-        inner.timer.at(
-            RunKey::new(id, timer::FAILURE_RETRY_RUN),
-            inner.clock.now_ms(),
-        );
+        // Saved again even when a retry is under way already: the step goes on the wheel now.
+        f.retries = if f.retrying { f.retries } else { 0 };
+        f.retrying = true;
+        let now = inner.clock.now_ms();
+        commit::failure_saved(inner, &f, RetryWheel::At(now), Some("retrying"), None).await?;
         tracing::info!(failure = %id, "failure retry requested");
-        inner.events.failure(&f, "retrying"); // events (issue 11)
         Ok(f)
     }
 
@@ -38,14 +30,8 @@ impl Engine {
             .store
             .get_failure(id)?
             .ok_or_else(|| EngineError::NotFound(format!("failure {id:?}")))?;
-        let mut b = Batch::new();
-        b.ops.push(Op::DeleteFailure(id.to_string()));
-        inner.store.write(&b).await?;
-        inner
-            .timer
-            .cancel(RunKey::new(id, timer::FAILURE_RETRY_RUN));
+        commit::failure_removed(inner, &f, "dismissed").await?;
         tracing::info!(failure = %id, "failure dismissed");
-        inner.events.failure(&f, "dismissed"); // events (issue 11)
         Ok(f)
     }
 }

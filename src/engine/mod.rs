@@ -9,8 +9,11 @@
 //! blocks cancel.
 
 mod alerts;
+mod arm;
 mod cells;
+mod change;
 mod chunk;
+mod commit;
 mod control;
 mod dispatch;
 pub mod events; // events (issue 11)
@@ -21,6 +24,7 @@ mod recovery;
 pub mod retention;
 mod retry;
 pub mod stats;
+mod step;
 pub mod timer;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -480,14 +484,13 @@ impl Engine {
         } else {
             let mut freed_key = false;
             loop {
-                let r = inner
-                    .store
-                    .insert_new_task(
-                        &task,
-                        &messages,
-                        idem.as_ref().map(|(k, h)| (k.as_str(), *h)),
-                    )
-                    .await;
+                let r = commit::insert(
+                    inner,
+                    &task,
+                    &messages,
+                    idem.as_ref().map(|(k, h)| (k.as_str(), *h)),
+                )
+                .await;
                 let r = match r {
                     // The key's task was deleted (retention, DELETE): the key is free again.
                     // The background sweep removes such keys too; this covers the time until.
@@ -495,12 +498,8 @@ impl Engine {
                         if !freed_key && !inner.store.task_exists(&rec.task_id).unwrap_or(true) =>
                     {
                         freed_key = true;
-                        let mut b = crate::store::Batch::new();
-                        b.ops.extend(
-                            idem.as_ref()
-                                .map(|(k, _)| crate::store::Op::DeleteIdem(k.clone())),
-                        );
-                        match inner.store.write(&b).await {
+                        let keys = idem.iter().map(|(k, _)| k.clone()).collect();
+                        match commit::delete_idem_keys(inner, keys).await {
                             Ok(()) => continue,
                             Err(e) => Err(e),
                         }
@@ -519,8 +518,6 @@ impl Engine {
         };
         match inserted {
             Inserted::Created => {
-                dispatch::plan_fire(inner, &task);
-                inner.events.task(&task); // events (issue 11)
                 tracing::info!(task = %task.id, channel = %task.channel, messages = task.message_count,
                     next_fire_at = %crate::schedule::format_opt(task.next_fire_at_ms), "task created");
                 let view = TaskView { task, run: None };
@@ -548,7 +545,7 @@ impl Engine {
                 // The original create is durable: its key is only visible once its group is
                 // applied, and the group is answered only after its flush. A create still in
                 // flight holds its cell's lock; wait for it so the view is complete.
-                if let Some(l) = cells::lock(inner, &rec.task_id).await? {
+                if let Some(l) = commit::lock(inner, &rec.task_id).await? {
                     l.release(inner);
                 }
                 let view = self

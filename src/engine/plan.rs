@@ -1,8 +1,8 @@
 //! The engine's decisions, as pure functions: from a task's progress, an event and `now` to a
-//! plan (the records to write, the runs to put on the wheel, the failure to list). No IO, no
-//! clock, no locks: `dispatch.rs` carries a plan out (write it durably, then change memory and
-//! the wheel), and the seeded simulation in `tests/simulation.rs` drives these functions
-//! through the real engine on a manual clock.
+//! plan, and from the plan to one [`Change`] (the records to write, the runs to put on the
+//! wheel, the failure to list). No IO, no clock, no locks: `commit.rs` carries a change out
+//! (write it durably, then change memory and the wheel), and the seeded simulation in
+//! `tests/simulation.rs` drives these functions through the real engine on a manual clock.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,6 +14,7 @@ use crate::schedule::misfire::{judge, Decision, MISSED_LIST_MAX};
 use crate::schedule::plan::may_run_more;
 use crate::schedule::{mark_fired, next_fire};
 
+use super::change::{Change, WheelOp};
 use super::derive_state;
 
 /// Expired fires recorded one by one per fire step; more are only counted (a year-long outage
@@ -32,6 +33,27 @@ pub struct FirePlan {
     pub started: Vec<Run>,
     /// How many of the handled fires were missed (herald down or the task paused).
     pub missed: usize,
+}
+
+impl FirePlan {
+    /// The change: the new runs (started ones armed, straight to their send at the instant)
+    /// and the fires that did not start, the task, and the oldest history beyond `runs_max`
+    /// trimmed (the store skips a run still running, and deletes at most `store::TRIM_MAX`).
+    pub fn change(self, runs_max: Option<u32>) -> Change {
+        let trim_runs_below = runs_max
+            .filter(|max| self.task.fires > *max)
+            .map(|max| self.task.fires - max + 1);
+        let wheel = self.started.iter().map(|r| WheelOp::Step(r.run)).collect();
+        let mut runs = self.not_started;
+        runs.extend(self.started);
+        Change {
+            task: Some(self.task),
+            runs,
+            trim_runs_below,
+            wheel,
+            ..Change::default()
+        }
+    }
 }
 
 /// Handles the fire due at `due` (and, if it was missed, every fire missed with it).
@@ -182,6 +204,19 @@ pub struct RecoverPlan {
     pub started: Option<Run>,
 }
 
+impl RecoverPlan {
+    pub fn change(self) -> Change {
+        if !self.write {
+            return Change::default();
+        }
+        Change {
+            task: Some(self.task),
+            runs: self.started.into_iter().collect(),
+            ..Change::default()
+        }
+    }
+}
+
 /// Start-up of a task whose live entry says `running`, with its active runs: a queued fire
 /// whose run never started (the crash fell between the end of one run and the start of the
 /// next) starts now, and the state is derived again from what is active.
@@ -220,9 +255,29 @@ pub struct SettlePlan {
     pub next_run: Option<Run>,
     /// The message given up on, for the failure list.
     pub failure: Option<Failure>,
-    /// The next attempt is due within `arm_lead_ms` and is armed in this same write (a short
-    /// interval then costs one durable write per message, not two).
-    pub armed_next: bool,
+    /// The task's record changes (its state, or a queued run started): written with the run.
+    pub task_changed: bool,
+}
+
+impl SettlePlan {
+    /// The change: the run (and a queued run that starts now) written with the task when it
+    /// changed (a settle that only moved a cursor writes no task record); the failure listed.
+    pub fn change(self) -> Change {
+        let task_changed = self.task_changed;
+        let mut wheel = vec![WheelOp::Step(self.run.run)];
+        let mut runs = vec![self.run];
+        if let Some(r) = self.next_run {
+            wheel.push(WheelOp::Step(r.run));
+            runs.push(r);
+        }
+        Change {
+            task: task_changed.then_some(self.task),
+            runs,
+            failure: self.failure,
+            wheel,
+            ..Change::default()
+        }
+    }
 }
 
 /// Facts about the attempt being settled that the plan needs.
@@ -269,6 +324,8 @@ pub fn settle(
             .next_at_ms
             .is_some_and(|at| at.saturating_sub(arm_lead_ms) <= now);
     if armed_next {
+        // Due within `arm_lead_ms`: armed in this same write (a short interval then costs one
+        // durable write per message, not two).
         run.begin_attempt(now);
     }
     let mut next_run = None;
@@ -281,10 +338,15 @@ pub fn settle(
         let (n, at) = task.queued.remove(0);
         next_run = Some(start_run(&mut task, n, at, now));
     }
+    let mut task_changed = next_run.is_some();
     if task.state == TaskState::Running {
         let active = other_active || !finished || next_run.is_some();
         let to = derive_state(&task, active);
-        task.set_state(to, now)?;
+        // Only a new state is a change of the task: a cursor that moved is the run's.
+        if to != task.state {
+            task.set_state(to, now)?;
+            task_changed = true;
+        }
     }
     Ok(SettlePlan {
         task,
@@ -292,7 +354,7 @@ pub fn settle(
         finished,
         next_run,
         failure,
-        armed_next,
+        task_changed,
     })
 }
 
@@ -302,6 +364,63 @@ pub fn settle(
 pub struct ControlPlan {
     pub task: Task,
     pub runs: Vec<Run>,
+}
+
+impl ControlPlan {
+    /// The change: the task and its runs written; the runs' steps follow the task's state
+    /// (on the wheel while it runs, off it otherwise).
+    pub fn change(self) -> Change {
+        let op = if self.task.state == TaskState::Running {
+            WheelOp::Steps
+        } else {
+            WheelOp::DropSteps
+        };
+        Change {
+            task: Some(self.task),
+            runs: self.runs,
+            wheel: vec![op],
+            ..Change::default()
+        }
+    }
+}
+
+/// Parks a task `failed` with `reason` (a bug or a corrupt record): its runs stop (a run
+/// sending right now is settled when its send returns), its fire is dropped. `None`: the task
+/// is finished already.
+pub fn park(
+    task: &Task,
+    runs: &BTreeMap<u32, Run>,
+    sending: &BTreeSet<u32>,
+    reason: &str,
+    now: u64,
+) -> Option<Change> {
+    let mut task = task.clone();
+    let to = task.state.park().ok()?;
+    task.state = to;
+    task.updated_at_ms = now;
+    task.failed_reason = Some(reason.to_string());
+    task.next_fire_at_ms = None;
+    task.queued.clear();
+    let runs = runs
+        .values()
+        .filter(|r| !sending.contains(&r.run))
+        .map(|r| {
+            let mut r = r.clone();
+            r.disarm();
+            r.state = RunState::Cancelled;
+            r.finished_at_ms = Some(now);
+            r.next_at_ms = None;
+            r.reason = Some(format!("task failed: {reason}"));
+            r
+        })
+        .collect();
+    Some(Change {
+        task: Some(task),
+        runs,
+        parked: Some(reason.to_string()),
+        wheel: vec![WheelOp::DropSteps],
+        ..Change::default()
+    })
 }
 
 /// Why a control command does not apply: a conflict with the task's state (409), or a bug
@@ -571,7 +690,7 @@ mod tests {
             channel: "log",
         };
         let s = settle(&t, &run, false, a, NOW + 1, 100).unwrap();
-        assert!(s.armed_next && !s.finished);
+        assert!(!s.finished);
         assert_eq!((s.run.cursor, s.run.in_flight), (1, Some(1)));
         assert_eq!(s.task.state, TaskState::Running);
     }

@@ -25,42 +25,18 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 
-use super::cells;
-use super::dispatch::{fire_step_at, plan_fire, plan_run};
-use super::timer::RunKey;
+use super::arm::{arm_entry, entry_fire};
+use super::commit;
+use super::timer::Key;
 use super::{EngineError, Inner};
 use crate::model::TaskState;
 use crate::store::records::{LiveEntry, DUE_PENDING, DUE_RUNNING};
-use crate::store::Batch;
 
 /// Pending tasks due within this much of start-up are on the wheel before herald reports
 /// ready; later ones are loaded in the background.
 pub const READY_HORIZON_MS: u64 = 60_000;
 /// Entries the background load reads, then inserts under one lock of the live map.
 const LOAD_CHUNK: usize = 4096;
-
-/// Puts a live entry's next fire on the wheel (pending tasks only: running ones are loaded,
-/// paused ones wait for a resume).
-pub(crate) fn arm_entry(inner: &Inner, id: &Arc<str>, entry: &LiveEntry) {
-    if let Some((key, at)) = wheel_entry(inner, id, entry) {
-        inner.timer.at(key, at);
-    }
-}
-
-/// The wheel entry of a live entry, if it has one.
-fn wheel_entry(inner: &Inner, id: &Arc<str>, entry: &LiveEntry) -> Option<(RunKey, u64)> {
-    if entry.state != TaskState::Pending {
-        return None;
-    }
-    let at = entry.next_fire_at_ms?;
-    Some((
-        RunKey {
-            task: id.clone(),
-            run: 0,
-        },
-        fire_step_at(inner, at, entry.one_shot),
-    ))
-}
 
 /// Is this due-index key past what phase 1 reads (pending due after `until`, or paused)?
 fn beyond(key: &[u8], until: u64) -> bool {
@@ -116,7 +92,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
     let index_ms = started.elapsed().as_millis() as u64;
     let running = running_ids.len();
     for id in running_ids {
-        let mut l = match cells::lock(inner, &id).await {
+        let mut l = match commit::lock(inner, &id).await {
             Ok(Some(l)) => l,
             Ok(None) => continue,
             Err(e) => {
@@ -127,24 +103,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
         };
         let st = l.st();
         let plan = super::plan::recover_running(&st.task, st.runs.len(), now)?;
-        if plan.write {
-            let mut batch = Batch::new();
-            batch.progress(&plan.task);
-            if let Some(r) = &plan.started {
-                batch.run(&plan.task.id, r);
-            }
-            inner.store.write(&batch).await?;
-            if let Some(r) = plan.started {
-                st.runs.insert(r.run, r);
-            }
-            st.task = plan.task;
-        }
-        if st.task.state == TaskState::Running {
-            for r in st.runs.values() {
-                plan_run(inner, &st.task.id, r);
-            }
-        }
-        plan_fire(inner, &st.task);
+        commit::resumed(inner, &mut l, plan.change()).await?;
         l.release(inner);
     }
     // Failure-list retries that were under way go on.
@@ -153,9 +112,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
         match item {
             Ok(f) if f.retrying => {
                 retries += 1;
-                inner
-                    .timer
-                    .at(RunKey::new(&f.id, super::timer::FAILURE_RETRY_RUN), now);
+                inner.timer.at(Key::retry(&f.id), now);
             }
             Ok(_) => {}
             Err(e) => {
@@ -226,7 +183,7 @@ fn load_rest(inner: Weak<Inner>, from: Vec<u8>) {
             for (id, entry) in &chunk {
                 // Running tasks were all read before ready; finished ones have no entry.
                 if matches!(entry.state, TaskState::Pending | TaskState::Paused) && live.load(id) {
-                    arm.extend(wheel_entry(&inner, id, entry));
+                    arm.extend(entry_fire(&inner, id, entry));
                     loaded += 1;
                 }
             }

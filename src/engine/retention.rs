@@ -12,11 +12,11 @@
 
 use std::sync::Arc;
 
-use super::timer::{self, RunKey};
+use super::commit;
 use super::{Engine, EngineError, Inner, TaskView};
 use crate::store::purge::Footprint;
 use crate::store::records::ProgressRecord;
-use crate::store::{Batch, IdemRecord, Op, StoreError};
+use crate::store::{IdemRecord, StoreError};
 
 /// Records read per page of a sweep.
 const PAGE: usize = 1_000;
@@ -122,12 +122,8 @@ impl Engine {
             })
             .await?;
             let (keys, next) = stale;
-            if !keys.is_empty() {
-                swept.keys += keys.len();
-                let mut b = Batch::new();
-                b.ops.extend(keys.into_iter().map(Op::DeleteIdem));
-                inner.store.write(&b).await?;
-            }
+            swept.keys += keys.len();
+            commit::delete_idem_keys(inner, keys).await?;
             match next {
                 Some(n) => after = Some(n),
                 None => break,
@@ -158,14 +154,7 @@ impl Engine {
         let fps: Vec<Footprint> = fps.into_iter().filter(|f| !f.settling).collect();
         let n = fps.len();
         for group in batches(fps, BATCH_OPS_MAX) {
-            let mut b = Batch::new();
-            for fp in group {
-                for f in &fp.failures {
-                    inner.timer.cancel(RunKey::new(f, timer::FAILURE_RETRY_RUN));
-                }
-                b.ops.push(Op::DeleteTask(fp));
-            }
-            inner.store.write(&b).await?;
+            commit::delete_tasks(inner, group).await?;
         }
         Ok(n)
     }
@@ -190,14 +179,7 @@ impl Engine {
                 "task {id:?} is {state} but a send of it is still settling; try again shortly"
             )));
         }
-        for f in &fp.failures {
-            self.inner
-                .timer
-                .cancel(RunKey::new(f, timer::FAILURE_RETRY_RUN));
-        }
-        let mut b = Batch::new();
-        b.ops.push(Op::DeleteTask(fp));
-        self.inner.store.write(&b).await?;
+        commit::delete_tasks(&self.inner, vec![fp]).await?;
         tracing::info!(task = %id, "task deleted");
         Ok(view)
     }

@@ -1,7 +1,7 @@
 //! Retrying a message from the failure list (`POST /v1/failures/{id}/retry`).
 //!
 //! The retry is a fresh series of attempts (up to the task's retry policy), each a wheel entry
-//! `(failure id, FAILURE_RETRY_RUN)`; it carries the same idempotency key as the original
+//! `Key::Retry(failure id)`; it carries the same idempotency key as the original
 //! message and the next attempt number. Rate limits and the breaker apply as for any send.
 //! Success removes the entry from the failure list; exhausting the attempts leaves it there
 //! (with the new attempts and error) and raises an alert. The run's own counters are history
@@ -10,16 +10,20 @@
 
 use std::sync::Arc;
 
+use super::commit::{self, RetryWheel};
 use super::plan::RetryPlan;
-use super::timer::RunKey;
+use super::timer::Key;
 use super::{alerts, EngineError, Inner};
 use crate::deliver::{backoff, Admission, Delivery};
 use crate::model::Outcome;
 use crate::schedule::{format_utc, minutes_left};
-use crate::store::Batch;
 
-pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<(), EngineError> {
-    let id = &*key.task;
+pub(crate) async fn failure_retry(
+    inner: &Arc<Inner>,
+    failure_id: &Arc<str>,
+) -> Result<(), EngineError> {
+    let id = &**failure_id;
+    let key = Key::Retry(failure_id.clone());
     let guard = inner.failures_lock.lock().await;
     let Some(mut f) = inner.store.get_failure(id)? else {
         return Ok(()); // dismissed
@@ -45,7 +49,7 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
     };
     let probe = match channel.admit(now) {
         Admission::Hold { until_ms, .. } => {
-            inner.timer.at(key.clone(), until_ms);
+            inner.timer.at(key, until_ms);
             return Ok(());
         }
         Admission::Go { probe } => probe,
@@ -87,7 +91,7 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
     // A local resource shortage (EMFILE, ENOBUFS): nothing left this host; try again later
     // without counting an attempt (issue 9).
     if let Outcome::Held { until_ms, .. } = outcome {
-        inner.timer.at(key.clone(), until_ms);
+        inner.timer.at(key, until_ms);
         return Ok(());
     }
     let _guard = inner.failures_lock.lock().await;
@@ -106,29 +110,28 @@ pub(crate) async fn failure_retry(inner: &Arc<Inner>, key: &RunKey) -> Result<()
     match plan {
         RetryPlan::Resolved(f) => {
             tracing::info!(failure = %f.id, attempts = f.attempts, "failure retried: sent");
-            let mut b = Batch::new();
-            b.ops.push(crate::store::Op::DeleteFailure(f.id.clone()));
-            inner.store.write(&b).await?;
-            inner.events.failure(&f, "resolved"); // events (issue 11)
+            commit::failure_removed(inner, &f, "resolved").await?;
         }
         RetryPlan::Again { failure, at } => {
-            save(inner, &failure).await?;
-            inner.timer.at(key.clone(), at);
+            commit::failure_saved(inner, &failure, RetryWheel::At(at), None, None).await?;
         }
         RetryPlan::GaveUp(f) => {
             tracing::warn!(failure = %f.id, attempts = f.attempts, error = %crate::logsafe::Escaped(&f.last_error),
                 "failure retry gave up; it stays in the failure list");
-            save(inner, &f).await?;
-            alerts::failure(inner, &f, "failure_retry_failed");
-            inner.events.failure(&f, "failed"); // events (issue 11)
+            commit::failure_saved(
+                inner,
+                &f,
+                RetryWheel::Keep,
+                Some("failed"),
+                Some("failure_retry_failed"),
+            )
+            .await?;
         }
     }
     Ok(())
 }
 
-async fn save(inner: &Inner, f: &crate::model::Failure) -> Result<(), EngineError> {
-    let mut b = Batch::new();
-    b.failure(f.clone());
-    inner.store.write(&b).await?;
+async fn save(inner: &Arc<Inner>, f: &crate::model::Failure) -> Result<(), EngineError> {
+    commit::failure_saved(inner, f, RetryWheel::Keep, None, None).await?;
     Ok(())
 }

@@ -2,7 +2,7 @@
 //!
 //! It receives `At`/`Cancel` commands through its [`Inbox`], sleeps until the wheel's next
 //! deadline (or until a command needs it sooner; it never spins when idle), advances the wheel
-//! to the clock's current tick and hands the due [`RunKey`]s to the dispatcher over a tokio
+//! to the clock's current tick and hands the due [`Key`]s to the dispatcher over a tokio
 //! channel,
 //! in batches of at most [`HAND_OVER_MAX`] (everything due in one round, in deadline order):
 //! sends due together then reach the dispatcher together and go in chunks (`chunk.rs`).
@@ -35,11 +35,44 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::clock::Clock;
 use crate::wheel::{Handle, Wheel};
 
-/// `run` of a [`RunKey`] that marks a failure-list retry; `task` is then the failure id.
-pub const FAILURE_RETRY_RUN: u32 = u32::MAX;
+/// A wheel entry, by kind: a task's next fire, a run's next step, a failure-list retry.
+/// A closed enum (no sentinel run numbers): each kind is routed by the dispatcher on its own.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Key {
+    /// The schedule's next fire of this task.
+    Fire(Arc<str>),
+    /// The next step (arm, or send) of run `n` (`n >= 1`) of this task.
+    Run(Arc<str>, u32),
+    /// A failure-list retry of this failure id.
+    Retry(Arc<str>),
+}
 
-/// A wheel entry: `(task, 0)` the schedule's next fire, `(task, n)` run `n`'s next step,
-/// `(failure id, FAILURE_RETRY_RUN)` a failure-list retry.
+impl Key {
+    pub fn fire(task: &str) -> Key {
+        Key::Fire(Arc::from(task))
+    }
+
+    pub fn run(task: &str, run: u32) -> Key {
+        Key::Run(Arc::from(task), run)
+    }
+
+    pub fn retry(failure: &str) -> Key {
+        Key::Retry(Arc::from(failure))
+    }
+
+    /// The task id (or, for a retry, the failure id).
+    pub fn id(&self) -> &Arc<str> {
+        match self {
+            Key::Fire(t) | Key::Run(t, _) | Key::Retry(t) => t,
+        }
+    }
+
+    fn is_fire(&self) -> bool {
+        matches!(self, Key::Fire(_))
+    }
+}
+
+/// A run's step key, as the step code handles it (`Key::Run` taken apart).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RunKey {
     pub task: Arc<str>,
@@ -47,19 +80,16 @@ pub struct RunKey {
 }
 
 impl RunKey {
-    pub fn new(task: &str, run: u32) -> RunKey {
-        RunKey {
-            task: Arc::from(task),
-            run,
-        }
+    pub fn key(&self) -> Key {
+        Key::Run(self.task.clone(), self.run)
     }
 }
 
 enum Cmd {
-    At(RunKey, u64),
+    At(Key, u64),
     /// Many `At`s in one command (start-up's load: one channel message per chunk).
-    AtMany(Vec<(RunKey, u64)>),
-    Cancel(RunKey),
+    AtMany(Vec<(Key, u64)>),
+    Cancel(Key),
     /// Re-read the clock (a manual clock moved).
     Wake,
     /// Answer with the wheel's next deadline, and how many keys this round handed over, once
@@ -153,10 +183,7 @@ pub const HAND_OVER_MAX: usize = 256;
 const IDLE_SLEEP: Duration = Duration::from_secs(3600);
 
 impl Timer {
-    pub fn start(
-        clock: Arc<dyn Clock>,
-        due: UnboundedSender<Vec<RunKey>>,
-    ) -> std::io::Result<Timer> {
+    pub fn start(clock: Arc<dyn Clock>, due: UnboundedSender<Vec<Key>>) -> std::io::Result<Timer> {
         let inbox = Arc::new(Inbox {
             q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
@@ -183,19 +210,19 @@ impl Timer {
     }
 
     /// Puts `key` on the wheel at `at_ms` (replacing its previous deadline, if any).
-    pub fn at(&self, key: RunKey, at_ms: u64) {
+    pub fn at(&self, key: Key, at_ms: u64) {
         self.send(Cmd::At(key, at_ms));
     }
 
     /// Like [`Timer::at`] for many keys at once.
-    pub fn at_many(&self, keys: Vec<(RunKey, u64)>) {
+    pub fn at_many(&self, keys: Vec<(Key, u64)>) {
         if !keys.is_empty() {
             self.send(Cmd::AtMany(keys));
         }
     }
 
     /// Removes `key` from the wheel; a no-op if it is not there.
-    pub fn cancel(&self, key: RunKey) {
+    pub fn cancel(&self, key: Key) {
         self.send(Cmd::Cancel(key));
     }
 
@@ -238,31 +265,32 @@ impl Drop for Timer {
 #[derive(Default)]
 struct Handles {
     fires: HashMap<Arc<str>, Handle>,
-    steps: HashMap<RunKey, Handle>,
+    steps: HashMap<Key, Handle>,
 }
 
 impl Handles {
-    fn get(&self, key: &RunKey) -> Option<Handle> {
-        if key.run == 0 {
-            self.fires.get(&key.task).copied()
-        } else {
-            self.steps.get(key).copied()
+    fn get(&self, key: &Key) -> Option<Handle> {
+        match key {
+            Key::Fire(t) => self.fires.get(t).copied(),
+            _ => self.steps.get(key).copied(),
         }
     }
 
-    fn insert(&mut self, key: &RunKey, h: Handle) {
-        if key.run == 0 {
-            self.fires.insert(key.task.clone(), h);
-        } else {
-            self.steps.insert(key.clone(), h);
+    fn insert(&mut self, key: &Key, h: Handle) {
+        match key {
+            Key::Fire(t) => {
+                self.fires.insert(t.clone(), h);
+            }
+            _ => {
+                self.steps.insert(key.clone(), h);
+            }
         }
     }
 
-    fn remove(&mut self, key: &RunKey) -> Option<Handle> {
-        if key.run == 0 {
-            self.fires.remove(&key.task)
-        } else {
-            self.steps.remove(key)
+    fn remove(&mut self, key: &Key) -> Option<Handle> {
+        match key {
+            Key::Fire(t) => self.fires.remove(t),
+            _ => self.steps.remove(key),
         }
     }
 }
@@ -276,15 +304,15 @@ const CONTINUITY_MS: u64 = 10_000;
 #[derive(Default)]
 struct Guards {
     /// Per run key on the wheel: its wall deadline and the monotonic instant it is due at.
-    due: HashMap<RunKey, (u64, u64)>,
+    due: HashMap<Key, (u64, u64)>,
     /// Per run key handed over recently: the same pair (for [`CONTINUITY_MS`]).
-    fired: HashMap<RunKey, (u64, u64)>,
+    fired: HashMap<Key, (u64, u64)>,
     swept_mono: u64,
 }
 
 impl Guards {
     /// `key` is set to wall deadline `at`, read at (`wall`, `mono`).
-    fn set(&mut self, key: &RunKey, at: u64, wall: u64, mono: u64) {
+    fn set(&mut self, key: &Key, at: u64, wall: u64, mono: u64) {
         let mut due = mono.saturating_add(at.saturating_sub(wall));
         if let Some((w1, m1)) = self.fired.remove(key) {
             if at >= w1 && at - w1 <= CONTINUITY_MS {
@@ -294,14 +322,14 @@ impl Guards {
         self.due.insert(key.clone(), (at, due));
     }
 
-    fn cancel(&mut self, key: &RunKey) {
+    fn cancel(&mut self, key: &Key) {
         self.due.remove(key);
         self.fired.remove(key);
     }
 
     /// A run key the wall wheel handed over at (`wall`, `mono`): `Some(wall instant)` to put it
     /// back at when the monotonic clock has not reached its due yet, `None` to hand it over.
-    fn check(&mut self, key: &RunKey, wall: u64, mono: u64) -> Option<u64> {
+    fn check(&mut self, key: &Key, wall: u64, mono: u64) -> Option<u64> {
         let (at, due) = self.due.remove(key)?;
         if mono < due {
             self.due.insert(key.clone(), (at, due));
@@ -324,11 +352,11 @@ impl Guards {
 fn run(
     clock: Arc<dyn Clock>,
     inbox: Arc<Inbox>,
-    due: UnboundedSender<Vec<RunKey>>,
+    due: UnboundedSender<Vec<Key>>,
     outstanding: Arc<AtomicUsize>,
     entries: Arc<AtomicUsize>,
 ) {
-    let mut wheel: Wheel<RunKey> = Wheel::new(clock.now_ms());
+    let mut wheel: Wheel<Key> = Wheel::new(clock.now_ms());
     let mut handles = Handles::default();
     let mut guards = Guards::default();
     // Whether the last round had commands: then the next sleep is at most COALESCE_MS.
@@ -366,11 +394,11 @@ fn run(
         let mut syncs = Vec::new();
         let (wall, mono) = (clock.now_ms(), clock.mono_ms());
         for cmd in cmds {
-            let mut put = |key: RunKey, at: u64| {
+            let mut put = |key: Key, at: u64| {
                 if let Some(old) = handles.remove(&key) {
                     wheel.cancel(old);
                 }
-                if key.run != 0 {
+                if !key.is_fire() {
                     guards.set(&key, at, wall, mono);
                 }
                 let h = wheel.insert(at, key.clone());
@@ -387,7 +415,7 @@ fn run(
                     if let Some(old) = handles.remove(&key) {
                         wheel.cancel(old);
                     }
-                    if key.run != 0 {
+                    if !key.is_fire() {
                         guards.cancel(&key);
                     }
                 }
@@ -398,7 +426,7 @@ fn run(
         let mut fired = 0usize;
         // Counted before they are handed over, so a sync never sees a key in transit as idle.
         // The dispatcher is gone only at shutdown.
-        let hand_over = |batch: Vec<RunKey>| {
+        let hand_over = |batch: Vec<Key>| {
             let n = batch.len();
             outstanding.fetch_add(n, Ordering::AcqRel);
             if due.send(batch).is_err() {
@@ -408,11 +436,11 @@ fn run(
         let mut batch = Vec::new();
         let mut put_back = Vec::new();
         let (wall, mono) = (clock.now_ms(), clock.mono_ms());
-        wheel.advance(wall, &mut |h, key: RunKey| {
+        wheel.advance(wall, &mut |h, key: Key| {
             if handles.get(&key) == Some(h) {
                 handles.remove(&key);
                 // The wall reached it, the monotonic clock not yet: the wall jumped forward.
-                if key.run != 0 {
+                if !key.is_fire() {
                     if let Some(at) = guards.check(&key, wall, mono) {
                         put_back.push((key, at));
                         return;
@@ -453,23 +481,23 @@ mod tests {
         let clock = Arc::new(ManualClock::new(1_000));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let timer = Timer::start(clock.clone(), tx).unwrap();
-        timer.at(RunKey::new("b", 1), 1_020);
-        timer.at(RunKey::new("a", 1), 1_010);
-        timer.at(RunKey::new("c", 1), 1_030);
-        timer.cancel(RunKey::new("c", 1));
-        timer.at(RunKey::new("d", 1), 1_005);
-        timer.at(RunKey::new("d", 1), 1_040); // moved: must fire once, at 1_040
+        timer.at(Key::run("b", 1), 1_020);
+        timer.at(Key::run("a", 1), 1_010);
+        timer.at(Key::run("c", 1), 1_030);
+        timer.cancel(Key::run("c", 1));
+        timer.at(Key::run("d", 1), 1_005);
+        timer.at(Key::run("d", 1), 1_040); // moved: must fire once, at 1_040
         clock.set(1_025);
         timer.wake();
         // Due in one round: handed over together, in deadline order.
         let ab = rx.recv().await.unwrap();
-        let names: Vec<&str> = ab.iter().map(|k| &*k.task).collect();
+        let names: Vec<&str> = ab.iter().map(|k| &**k.id()).collect();
         assert_eq!(names, ["a", "b"]);
         clock.set(1_100);
         timer.wake();
         let d = rx.recv().await.unwrap();
         assert_eq!(d.len(), 1);
-        assert_eq!(&*d[0].task, "d");
+        assert_eq!(&**d[0].id(), "d");
         // Nothing else is due: c was cancelled, d fired once.
         timer.wake();
         let extra = tokio::time::timeout(Duration::from_millis(50), rx.recv()).await;
@@ -485,8 +513,8 @@ mod tests {
         let clock = Arc::new(ManualClock::new(1_000_000));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let timer = Timer::start(clock.clone(), tx).unwrap();
-        timer.at(RunKey::new("cron", 0), 1_060_000);
-        timer.at(RunKey::new("paced", 1), 1_002_900); // arm, 100 ms before its 3 s send
+        timer.at(Key::fire("cron"), 1_060_000);
+        timer.at(Key::run("paced", 1), 1_002_900); // arm, 100 ms before its 3 s send
         timer.sync();
         clock.advance(1_000);
         clock.jump_wall(3_600_000);
@@ -494,7 +522,7 @@ mod tests {
         let k = rx.recv().await.unwrap();
         assert_eq!(
             k,
-            vec![RunKey::new("cron", 0)],
+            vec![Key::fire("cron")],
             "the schedule's instant was jumped over"
         );
         let (next, n) = timer.sync();
@@ -509,9 +537,9 @@ mod tests {
         assert_eq!(timer.sync().1, 0);
         clock.advance(1);
         timer.wake();
-        assert_eq!(rx.recv().await.unwrap(), vec![RunKey::new("paced", 1)]);
+        assert_eq!(rx.recv().await.unwrap(), vec![Key::run("paced", 1)]);
         // The send, at the deadline stored before the jump (1 h in the wall's past now).
-        timer.at(RunKey::new("paced", 1), 1_003_000);
+        timer.at(Key::run("paced", 1), 1_003_000);
         let (next, n) = timer.sync();
         assert_eq!(
             (next, n),
@@ -520,7 +548,7 @@ mod tests {
         );
         clock.advance(100);
         timer.wake();
-        assert_eq!(rx.recv().await.unwrap(), vec![RunKey::new("paced", 1)]);
+        assert_eq!(rx.recv().await.unwrap(), vec![Key::run("paced", 1)]);
     }
 
     #[tokio::test]
@@ -531,7 +559,7 @@ mod tests {
         let n = HAND_OVER_MAX * 2 + 10;
         timer.at_many(
             (0..n)
-                .map(|i| (RunKey::new(&format!("t{i:04}"), 1), 1_001 + i as u64))
+                .map(|i| (Key::run(&format!("t{i:04}"), 1), 1_001 + i as u64))
                 .collect(),
         );
         clock.set(5_000);
@@ -540,7 +568,7 @@ mod tests {
         while got.len() < n {
             let b = rx.recv().await.unwrap();
             assert!(b.len() <= HAND_OVER_MAX);
-            got.extend(b.into_iter().map(|k| k.task.to_string()));
+            got.extend(b.into_iter().map(|k| k.id().to_string()));
         }
         let want: Vec<String> = (0..n).map(|i| format!("t{i:04}")).collect();
         assert_eq!(got, want);
@@ -552,14 +580,14 @@ mod tests {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let timer = Timer::start(clock.clone(), tx).unwrap();
         let due = clock.now_ms() + 30;
-        timer.at(RunKey::new("x", 1), due);
+        timer.at(Key::run("x", 1), due);
         let k = tokio::time::timeout(Duration::from_secs(5), rx.recv())
             .await
             .expect("fired within the deadline")
             .unwrap();
         let fired_at = clock.now_ms();
         assert_eq!(k.len(), 1);
-        assert_eq!(&*k[0].task, "x");
+        assert_eq!(&**k[0].id(), "x");
         assert!(fired_at >= due, "fired {} ms early", due - fired_at);
     }
 
@@ -575,7 +603,7 @@ mod tests {
         // A quiet thread is woken by the first `At`; the thread is then busy and sleeps at
         // most COALESCE_MS, so the rest reach the wheel without each waking it.
         for i in 0..100 {
-            timer.at(RunKey::new(&format!("far{i}"), 0), far + i);
+            timer.at(Key::fire(&format!("far{i}")), far + i);
         }
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         while timer.entries.load(Ordering::Relaxed) < 100 {
@@ -588,19 +616,19 @@ mod tests {
         }
         // An entry due soon, cancelled by a command that wakes nothing: it never fires.
         let soon = clock.now_ms() + 40;
-        timer.at(RunKey::new("cancelled", 1), soon);
-        timer.cancel(RunKey::new("cancelled", 1));
+        timer.at(Key::run("cancelled", 1), soon);
+        timer.cancel(Key::run("cancelled", 1));
         // A near one while the thread sleeps long (the far entries are its next deadline).
         // Setup, not a wait for a result: a busy thread turns quiet after one empty round.
         tokio::time::sleep(Duration::from_millis(3 * COALESCE_MS)).await;
         let due = clock.now_ms() + 20;
-        timer.at(RunKey::new("near", 1), due);
+        timer.at(Key::run("near", 1), due);
         let k = tokio::time::timeout(Duration::from_secs(5), rx.recv())
             .await
             .expect("the near entry fired within the deadline")
             .unwrap();
         let fired_at = clock.now_ms();
-        let names: Vec<&str> = k.iter().map(|k| &*k.task).collect();
+        let names: Vec<&str> = k.iter().map(|k| &**k.id()).collect();
         assert_eq!(names, ["near"]);
         assert!(fired_at >= due, "fired {} ms early", due - fired_at);
         // Once the cancelled entry's deadline has passed, a sync round hands over everything

@@ -1,0 +1,55 @@
+//! What one decision changes about one task, as plain data: `plan.rs` builds it (pure), and
+//! `commit.rs` carries it out: one store write, then memory, the wheel, events and alerts, in
+//! that order, in one place. Nothing else writes a task.
+
+use crate::model::{Failure, Message, Run, Task, TimelineEvent};
+
+/// The wheel moves a change asks for, besides the task's fire (which [`super::commit`] always
+/// brings in line with the task's next fire). A closed set: the instants follow from the run
+/// in memory after the change (`arm.rs`), so a plan never computes a wheel deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WheelOp {
+    /// Run `n`'s next step: its send at its instant when it is armed, else its arm
+    /// `ARM_LEAD_MS` ahead of it; off the wheel if the run is no longer active or the task
+    /// is not running.
+    Step(u32),
+    /// [`WheelOp::Step`] for every active run of the task (a resume, a trigger, recovery).
+    Steps,
+    /// Every run of the task off the wheel (pause, cancel, park).
+    DropSteps,
+}
+
+/// One task's change. `Change::default()` changes nothing.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Change {
+    /// The task after the step; `None`: unchanged.
+    pub task: Option<Task>,
+    /// The task's spec changed (a patch): its whole record is written, not only its progress.
+    pub spec: bool,
+    /// New messages (a patch that replaced them); implies `spec`.
+    pub messages: Option<Vec<Message>>,
+    /// Run records to write. After the write a run in state `Running` that is not done stays
+    /// in memory (active); any other leaves it, unless it is sending right now (its outcome is
+    /// still settled when the send returns).
+    pub runs: Vec<Run>,
+    /// Delete the task's finished runs numbered below this (history bound, `[store] runs_max`).
+    pub trim_runs_below: Option<u32>,
+    /// A message given up on: listed in the failure list, alerted, published.
+    pub failure: Option<Failure>,
+    /// The task was parked `failed` for this reason (a bug or a corrupt record): alerted.
+    pub parked: Option<String>,
+    pub wheel: Vec<WheelOp>,
+    /// Timeline events of this step (issue 25), written in the same durable write.
+    pub timeline: Vec<TimelineEvent>,
+}
+
+impl Change {
+    /// The change writes nothing (memory, wheel and events may still follow it).
+    pub fn writes_nothing(&self) -> bool {
+        self.task.is_none()
+            && self.runs.is_empty()
+            && self.trim_runs_below.is_none()
+            && self.failure.is_none()
+            && self.timeline.is_empty()
+    }
+}

@@ -1,0 +1,331 @@
+//! The one place that writes a task: it carries a [`Change`] out (or a chunk of them) in a
+//! fixed order, and nothing else in the engine calls the store's write methods.
+//!
+//! 1. **Write**: the change's records go into one batch (a chunk: one batch for all of its
+//!    changes) and the store makes it durable (`Store::write`).
+//! 2. **Memory** follows only a durable write: the task, its active runs.
+//! 3. **Wheel**: the change's [`WheelOp`]s, then the task's fire entry brought in line with
+//!    its next fire (`arm.rs` turns runs into instants).
+//! 4. **Events and alerts**: a `task` event when the task changed, a `progress` event per
+//!    written run, the failure list's `added` and its alert, a parked task's alert.
+//!
+//! A failed write changes nothing in memory (the caller tries the step again), except after a
+//! send ([`lost`]): then the task is unloaded so that it is read back from what is on disk.
+//! This is also where cluster mode's fence and the timeline's writes go (issues 24, 25): one
+//! place for every write of a task.
+//!
+//! Layers (no circles): dispatch → chunk → step → commit → cells → arm → timer; `plan.rs`
+//! and `change.rs` are pure, beside them.
+
+use std::sync::Arc;
+
+use super::arm;
+use super::cells::{self, Got, Locked, TryGot};
+use super::change::{Change, WheelOp};
+use super::timer::{Key, RunKey};
+use super::{alerts, plan, EngineError, Inner, LiveState};
+use crate::model::{Failure, Message, RunState, Task};
+use crate::store::purge::Footprint;
+use crate::store::{Batch, Inserted, Op, StoreError};
+
+/// How long before a step is tried again after a storage error.
+pub(crate) const STORAGE_RETRY_MS: u64 = 1_000;
+
+/// Carries one change of a locked task out: durable first, then memory, wheel, events.
+pub(crate) async fn apply(inner: &Arc<Inner>, l: &mut Locked, c: Change) -> Result<(), StoreError> {
+    if !c.writes_nothing() {
+        let mut batch = Batch::new();
+        batch_into(l.st(), &c, &mut batch);
+        inner.store.write(&batch).await?;
+    }
+    after(inner, l, c);
+    Ok(())
+}
+
+/// Carries a chunk of changes out with one durable write (`chunk.rs`). On success each task
+/// follows its change; on failure every task of the chunk is unloaded ([`lost`]). The locks
+/// are released either way.
+pub(crate) async fn apply_chunk(inner: &Arc<Inner>, items: Vec<(Locked, RunKey, Change)>) {
+    let mut batch = Batch::new();
+    let mut items = items;
+    for (l, _, c) in &mut items {
+        batch_into(l.st(), c, &mut batch);
+    }
+    match inner.store.write(&batch).await {
+        Ok(()) => {
+            for (mut l, _, c) in items {
+                after(inner, &mut l, c);
+                l.release(inner);
+            }
+        }
+        Err(e) => {
+            for (mut l, key, _) in items {
+                lost(inner, &mut l, &key, &e);
+                l.release(inner);
+            }
+        }
+    }
+}
+
+/// The records of `c` (for the task `st` holds now), appended to `batch`.
+fn batch_into(st: &LiveState, c: &Change, batch: &mut Batch) {
+    let id = &st.task.id;
+    if let Some(f) = &c.failure {
+        batch.failure(f.clone());
+    }
+    for r in &c.runs {
+        batch.run(id, r);
+    }
+    if let Some(below) = c.trim_runs_below {
+        batch.trim_runs(id, below);
+    }
+    if let Some(t) = &c.task {
+        if let Some(m) = &c.messages {
+            batch.ops.push(Op::Messages {
+                task_id: t.id.clone(),
+                old_count: st.task.message_count,
+                messages: m.clone(),
+            });
+            batch.task(t);
+        } else if c.spec {
+            batch.task(t);
+        } else {
+            batch.progress(t);
+        }
+    }
+}
+
+/// After the durable write: memory, the wheel, events and alerts.
+fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
+    let st = l.st();
+    let dropped: Vec<u32> = if c.wheel.contains(&WheelOp::DropSteps) {
+        st.runs.keys().copied().collect()
+    } else {
+        Vec::new()
+    };
+    let task_changed = c.task.is_some();
+    if let Some(t) = c.task {
+        st.task = t;
+    }
+    for r in &c.runs {
+        inner.events.progress(&st.task, r); // events (issue 11)
+    }
+    for r in c.runs {
+        if (r.state == RunState::Running && !r.is_done()) || st.sending.contains(&r.run) {
+            st.runs.insert(r.run, r);
+        } else {
+            st.runs.remove(&r.run);
+        }
+    }
+    let id = st.task.id.clone();
+    let running = st.task.state == crate::model::TaskState::Running;
+    for op in &c.wheel {
+        match *op {
+            WheelOp::Step(n) => match st.runs.get(&n) {
+                Some(r) if running && !st.sending.contains(&n) => arm::step(inner, &id, r),
+                Some(_) if running => {} // sending: its settle puts its next step on
+                _ => inner.timer.cancel(Key::run(&id, n)),
+            },
+            WheelOp::Steps if running => {
+                for r in st.runs.values().filter(|r| !st.sending.contains(&r.run)) {
+                    arm::step(inner, &id, r);
+                }
+            }
+            WheelOp::Steps | WheelOp::DropSteps => {
+                for n in dropped.iter().chain(st.runs.keys()) {
+                    inner.timer.cancel(Key::run(&id, *n));
+                }
+            }
+        }
+    }
+    arm::sync_fire(inner, &st.task);
+    if task_changed {
+        inner.events.task(&st.task); // events (issue 11)
+    }
+    if let Some(f) = &c.failure {
+        alerts::failure(inner, f, "failure");
+        inner.events.failure(f, "added"); // events (issue 11)
+    }
+    if let Some(reason) = &c.parked {
+        let channel = st.task.channel.clone();
+        alerts::parked(inner, &id, &channel, reason);
+    }
+}
+
+/// A settle's write failed: the send happened (or not) but its outcome is not on disk.
+/// Memory is forgotten and read back from what is there (the message in flight), so nothing
+/// runs ahead of the disk; the step is tried again.
+pub(crate) fn lost(inner: &Inner, l: &mut Locked, key: &RunKey, e: &StoreError) {
+    tracing::warn!(task = %l.id, run = key.run, error = %e,
+        "could not record the outcome; the task is reloaded from disk and its in-flight message goes again");
+    l.unload();
+    inner
+        .timer
+        .at(key.key(), inner.clock.now_ms() + STORAGE_RETRY_MS);
+}
+
+/// Start-up put this running task back (`recovery.rs`): its runs go on the wheel and a
+/// subscriber hears that they are active again. Nothing is written unless `c` writes.
+pub(crate) async fn resumed(
+    inner: &Arc<Inner>,
+    l: &mut Locked,
+    mut c: Change,
+) -> Result<(), StoreError> {
+    c.wheel.push(WheelOp::Steps);
+    let written: Vec<u32> = c.runs.iter().map(|r| r.run).collect();
+    apply(inner, l, c).await?;
+    let st = l.st();
+    for r in st.runs.values().filter(|r| !written.contains(&r.run)) {
+        inner.events.progress(&st.task, r); // events (issue 11)
+    }
+    Ok(())
+}
+
+/// Parks a task `failed` with `reason` (a bug or a corrupt record): its runs stop, nothing of
+/// it is sent again, an alert is raised. Durable before it returns.
+pub(crate) async fn park(
+    inner: &Arc<Inner>,
+    l: &mut Locked,
+    reason: &str,
+) -> Result<(), EngineError> {
+    let now = inner.clock.now_ms();
+    let st = l.st();
+    let Some(c) = plan::park(&st.task, &st.runs, &st.sending, reason, now) else {
+        return Ok(());
+    };
+    apply(inner, l, c).await?;
+    tracing::error!(task = %l.id, reason, "task parked as failed");
+    Ok(())
+}
+
+/// A task's cell, locked and loaded (see `cells::lock`); a task whose runs cannot be read is
+/// parked here, and the caller gets the error.
+pub(crate) async fn lock(inner: &Arc<Inner>, id: &str) -> Result<Option<Locked>, EngineError> {
+    match cells::lock(inner, id).await? {
+        Got::Ready(l) => Ok(Some(l)),
+        Got::Gone => Ok(None),
+        Got::Park(l, reason) => Err(park_loaded(inner, l, reason).await),
+    }
+}
+
+/// What [`try_lock`] found.
+pub(crate) enum TryLocked {
+    Locked(Locked),
+    /// Someone else holds the cell now.
+    Busy,
+    /// The task is not live (or it finished).
+    Gone,
+}
+
+/// Like [`lock`], but never waits for the cell (`cells::try_lock`).
+pub(crate) async fn try_lock(inner: &Arc<Inner>, id: &str) -> Result<TryLocked, EngineError> {
+    match cells::try_lock(inner, id).await? {
+        TryGot::Ready(l) => Ok(TryLocked::Locked(l)),
+        TryGot::Busy => Ok(TryLocked::Busy),
+        TryGot::Gone => Ok(TryLocked::Gone),
+        TryGot::Park(l, reason) => Err(park_loaded(inner, l, reason).await),
+    }
+}
+
+async fn park_loaded(inner: &Arc<Inner>, mut l: Locked, reason: String) -> EngineError {
+    let r = park(inner, &mut l, &reason).await;
+    l.release(inner);
+    match r {
+        Ok(()) => EngineError::Internal(reason),
+        Err(e) => e,
+    }
+}
+
+/// Writes a new task (with its messages and idempotency key, preconditions checked by the
+/// store); when it is created, its fire goes on the wheel and subscribers hear of it.
+pub(crate) async fn insert(
+    inner: &Arc<Inner>,
+    task: &Task,
+    messages: &[Message],
+    idem: Option<(&str, [u8; 32])>,
+) -> Result<Inserted, StoreError> {
+    let r = inner.store.insert_new_task(task, messages, idem).await?;
+    if let Inserted::Created = r {
+        arm::sync_fire(inner, task);
+        inner.events.task(task); // events (issue 11)
+    }
+    Ok(r)
+}
+
+/// Deletes idempotency keys whose tasks are gone (retention, or a create reusing the key).
+pub(crate) async fn delete_idem_keys(inner: &Inner, keys: Vec<String>) -> Result<(), StoreError> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let mut b = Batch::new();
+    b.ops.extend(keys.into_iter().map(Op::DeleteIdem));
+    inner.store.write(&b).await
+}
+
+/// Deletes finished tasks whole (messages, runs, failure entries, keys): their failure
+/// retries leave the wheel, and subscribers hear `deleted`.
+pub(crate) async fn delete_tasks(inner: &Inner, fps: Vec<Footprint>) -> Result<(), StoreError> {
+    if fps.is_empty() {
+        return Ok(());
+    }
+    let mut b = Batch::new();
+    let mut ids = Vec::with_capacity(fps.len());
+    for fp in fps {
+        for f in &fp.failures {
+            inner.timer.cancel(Key::retry(f));
+        }
+        ids.push(fp.id.clone());
+        b.ops.push(Op::DeleteTask(fp));
+    }
+    inner.store.write(&b).await?;
+    for id in ids {
+        inner.events.deleted(&id); // events (issue 11)
+    }
+    Ok(())
+}
+
+/// What a change to a failure-list entry does on the wheel.
+pub(crate) enum RetryWheel {
+    /// Nothing.
+    Keep,
+    /// Its retry step at this instant.
+    At(u64),
+}
+
+/// Saves a failure-list entry; then its retry step, its event (`action`) and alert.
+pub(crate) async fn failure_saved(
+    inner: &Arc<Inner>,
+    f: &Failure,
+    wheel: RetryWheel,
+    action: Option<&'static str>,
+    alert: Option<&'static str>,
+) -> Result<(), StoreError> {
+    let mut b = Batch::new();
+    b.failure(f.clone());
+    inner.store.write(&b).await?;
+    if let RetryWheel::At(at) = wheel {
+        inner.timer.at(Key::retry(&f.id), at);
+    }
+    if let Some(a) = alert {
+        alerts::failure(inner, f, a);
+    }
+    if let Some(a) = action {
+        inner.events.failure(f, a); // events (issue 11)
+    }
+    Ok(())
+}
+
+/// Removes a failure-list entry (resolved by a retry, or dismissed); its retry step leaves
+/// the wheel and subscribers hear `action`.
+pub(crate) async fn failure_removed(
+    inner: &Inner,
+    f: &Failure,
+    action: &'static str,
+) -> Result<(), StoreError> {
+    let mut b = Batch::new();
+    b.ops.push(Op::DeleteFailure(f.id.clone()));
+    inner.store.write(&b).await?;
+    inner.timer.cancel(Key::retry(&f.id));
+    inner.events.failure(f, action); // events (issue 11)
+    Ok(())
+}

@@ -1,0 +1,507 @@
+//! One key's step, the one-key path: a task's fire, a run's arm or its send and settle, a
+//! failure-list retry. Each decision comes from `plan.rs` as a [`Change`](super::change::Change)
+//! and is carried out by `commit.rs`; this module reads, sends, and routes errors.
+//!
+//! A run's step is two phases:
+//! 1. **arm** ([`ARM_LEAD_MS`] before the message is due, under the task lock): check the task
+//!    may send, mark the attempt in flight and make that durable;
+//! 2. **send** (at the due instant): check again under the lock (pause and cancel win here),
+//!    read the message, send outside the lock, then **settle** under the lock with
+//!    [`plan::settle`]: cursor / retry / failure list, durable, and only then the run's next
+//!    step.
+//!
+//! Failure rules:
+//! - A send starts only after the durable write of its *own* in-flight mark succeeded.
+//! - A failed write changes nothing in memory, or (when the send already happened) unloads the
+//!   task so that it is read back from what is on disk; the step is tried again later. On disk
+//!   the message is still in flight, so it goes again with the next attempt number and the same
+//!   idempotency key: the only duplicate herald allows.
+//! - A bug (an invalid transition, a cursor past the messages) or a record that cannot be read
+//!   parks the task `failed` with the reason and an alert; it is never retried forever.
+
+use std::sync::Arc;
+
+use super::arm::{fire_step_at, lead_max_ms, ARM_LEAD_MS};
+use super::cells::Locked;
+use super::change::Change;
+use super::commit::{self, STORAGE_RETRY_MS};
+use super::plan::{self, Attempt};
+use super::timer::{Key, RunKey, StepGuard};
+use super::{alerts, retry, EngineError, Inner};
+use crate::deliver::{backoff, Admission, Delivery};
+use crate::logsafe::Escaped;
+use crate::model::{delivery_key, Outcome, TaskState};
+use crate::schedule::{format_utc, minutes_left};
+
+/// A due key's step, as the dispatcher routes it.
+pub(crate) enum Step {
+    /// A fire step, with its permit of the dispatcher's bound on fires at once.
+    Fire(Arc<str>, tokio::sync::OwnedSemaphorePermit),
+    Run(RunKey),
+    Retry(Arc<str>),
+}
+
+/// Runs one due key's step in a task of its own.
+pub(super) fn spawn(inner: &Arc<Inner>, step: Step, guard: StepGuard) {
+    let inner = inner.clone();
+    tokio::spawn(async move {
+        let _guard = guard;
+        match step {
+            Step::Fire(task, permit) => {
+                let _permit = permit;
+                if let Err(e) = fire(&inner, &task).await {
+                    step_error(&inner, Key::Fire(task), &e);
+                }
+            }
+            Step::Retry(id) => {
+                if let Err(e) = retry::failure_retry(&inner, &id).await {
+                    tracing::error!(failure = %id, error = %e,
+                        "failure retry step failed; trying again in {STORAGE_RETRY_MS} ms");
+                    inner
+                        .timer
+                        .at(Key::Retry(id), inner.clock.now_ms() + STORAGE_RETRY_MS);
+                }
+            }
+            Step::Run(key) => {
+                if let Err(e) = run_step(&inner, &key).await {
+                    step_error(&inner, key.key(), &e);
+                }
+            }
+        }
+    });
+}
+
+/// After a step failed: storage errors are tried again later; anything else was parked (or
+/// the task is gone), logged and alerted where it happened.
+pub(super) fn step_error(inner: &Inner, key: Key, e: &EngineError) {
+    if is_retryable(e) {
+        tracing::debug!(task = %key.id(), error = %e,
+            "step failed; trying again in {STORAGE_RETRY_MS} ms");
+        inner.timer.at(key, inner.clock.now_ms() + STORAGE_RETRY_MS);
+    }
+}
+
+pub(super) fn draining(inner: &Inner) -> bool {
+    inner.draining.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// Counts a send from its start until its outcome is settled (or the step gave up).
+pub(super) struct SendInFlight<'a>(&'a Inner);
+
+impl<'a> SendInFlight<'a> {
+    pub(super) fn new(inner: &'a Inner) -> Self {
+        inner
+            .sends_in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        SendInFlight(inner)
+    }
+}
+
+impl Drop for SendInFlight<'_> {
+    fn drop(&mut self) {
+        self.0
+            .sends_in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// Storage errors (and a full queue) pass; a step that failed on them is tried again.
+fn is_retryable(e: &EngineError) -> bool {
+    match e {
+        EngineError::Store(s) => s.is_storage() || matches!(s, crate::store::StoreError::Busy),
+        EngineError::Storage(_) => true,
+        _ => false,
+    }
+}
+
+/// Handles the due fire(s) of a task's schedule.
+async fn fire(inner: &Arc<Inner>, task: &Arc<str>) -> Result<(), EngineError> {
+    let Some(mut l) = commit::lock(inner, task).await? else {
+        return Ok(()); // finished or cancelled: nothing to do
+    };
+    match fire_locked(inner, &mut l).await {
+        Ok(()) => {
+            l.release(inner);
+            Ok(())
+        }
+        Err(e) => step_failed(inner, l, e).await,
+    }
+}
+
+async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineError> {
+    let st = l.st();
+    if !matches!(st.task.state, TaskState::Pending | TaskState::Running) {
+        return Ok(()); // paused or finished: a stale wheel entry
+    }
+    if draining(inner) {
+        return Ok(()); // the next boot fires it
+    }
+    let now = inner.clock.now_ms();
+    let Some(due) = st.task.next_fire_at_ms else {
+        return Ok(());
+    };
+    let one_shot = st.task.schedule.is_one_shot();
+    if due > now + lead_max_ms(one_shot) {
+        inner
+            .timer
+            .at(Key::Fire(l.id.clone()), fire_step_at(inner, due, one_shot));
+        return Ok(());
+    }
+    let watched = st.task.watched_since_ms.max(inner.boot_ms);
+    // Issue 26, a wall jump forward (clock.rs) is judged like an outage that took no real
+    // time: fires due before the jump's end were jumped over, so the misfire policy decides
+    // (default: one coalesced run, never a burst of catch-up runs); their lateness against
+    // misfire_grace leaves the jumped span out (the jump adds its size to the grace here,
+    // and the task keeps its own grace).
+    let jump = inner.clock.wall_jumps();
+    let p = if due < jump.end_ms && jump.end_ms > watched {
+        let mut t = st.task.clone();
+        t.misfire_grace_ms = t.misfire_grace_ms.saturating_add(jump.size_ms);
+        let mut p = plan::fire(&t, st.runs.len(), due, now, jump.end_ms)?;
+        p.task.misfire_grace_ms = st.task.misfire_grace_ms;
+        tracing::warn!(task = %p.task.id, missed = p.missed, policy = ?p.task.misfire, jump_ms = jump.size_ms,
+            "fires were jumped over by the wall clock; judged by the misfire policy");
+        p
+    } else {
+        let p = plan::fire(&st.task, st.runs.len(), due, now, watched)?;
+        if p.missed > 0 {
+            tracing::warn!(task = %p.task.id, missed = p.missed, policy = ?p.task.misfire,
+                "fires were missed (herald down or task paused); judged by the misfire policy");
+        }
+        p
+    };
+    for r in &p.not_started {
+        tracing::info!(task = %p.task.id, run = r.run, state = ?r.state,
+            reason = %crate::logsafe::Opt(r.reason.as_deref()), "fire not started");
+    }
+    for r in &p.started {
+        tracing::info!(task = %p.task.id, run = r.run, late_ms = now.saturating_sub(r.scheduled_at_ms),
+            "run started");
+    }
+    // Armed ahead: its message is read after the write, while the instant is still to come
+    // (a read that fails is left to the send, which reads again).
+    let prefetch = p
+        .started
+        .iter()
+        .filter(|r| r.next_at_ms.is_some_and(|at| at > now))
+        .find_map(|r| r.in_flight.map(|seq| (r.run, seq)));
+    let change = p.change(inner.config.runs_max);
+    commit::apply(inner, l, change).await?;
+    if let Some((run, seq)) = prefetch {
+        if let Ok(Some(m)) = inner.store.get_message(&l.id, seq) {
+            l.st().prefetched = Some((run, seq, m));
+        }
+    }
+    Ok(())
+}
+
+/// One step of run `key.run`: arm, or send and settle.
+async fn run_step(inner: &Arc<Inner>, key: &RunKey) -> Result<(), EngineError> {
+    let Some(l) = commit::lock(inner, &key.task).await? else {
+        return Ok(()); // finished or cancelled: nothing to do
+    };
+    run_step_locked(inner, key, l).await
+}
+
+/// Runs [`run_step`] in a task of its own for a key whose cell the caller has locked already
+/// (a chunk that cannot send it, `chunk.rs`).
+pub(super) fn spawn_locked(inner: &Arc<Inner>, key: RunKey, guard: StepGuard, l: Locked) {
+    let inner = inner.clone();
+    tokio::spawn(async move {
+        let _guard = guard;
+        if let Err(e) = run_step_locked(&inner, &key, l).await {
+            step_error(&inner, key.key(), &e);
+        }
+    });
+}
+
+async fn run_step_locked(
+    inner: &Arc<Inner>,
+    key: &RunKey,
+    mut l: Locked,
+) -> Result<(), EngineError> {
+    let prepared = match prepare(inner, &mut l, key).await {
+        Ok(Some(p)) => p,
+        Ok(None) => {
+            l.release(inner);
+            return Ok(());
+        }
+        Err(e) => return step_failed(inner, l, e).await,
+    };
+    // ---- send, outside the lock: a slow receiver never blocks cancel or pause. The cell
+    // stays loaded meanwhile (a sending run is never idle), and a cancel keeps the sending run
+    // so its outcome is settled here even if the task left the live map.
+    let cell = l.cell();
+    l.release(inner);
+    let _in_flight = SendInFlight::new(inner);
+    let outcome = send(inner, &prepared).await;
+    let Some(mut l) = super::cells::relock(inner, &key.task, cell).await? else {
+        return Ok(());
+    };
+    match settle(inner, &mut l, key, prepared, outcome).await {
+        Ok(()) => {
+            l.release(inner);
+            Ok(())
+        }
+        Err(e) => step_failed(inner, l, e).await,
+    }
+}
+
+/// A step's error: storage errors pass (the step is tried again), anything else parks the task.
+pub(super) async fn step_failed(
+    inner: &Arc<Inner>,
+    mut l: Locked,
+    e: EngineError,
+) -> Result<(), EngineError> {
+    if is_retryable(&e) || !l.is_loaded() {
+        l.release(inner);
+        return Err(e);
+    }
+    let reason = e.to_string();
+    let parked = commit::park(inner, &mut l, &reason).await;
+    l.release(inner);
+    parked?;
+    Err(EngineError::Internal(reason))
+}
+
+/// What the send phase needs once the lock is released.
+pub(super) struct Prepared {
+    pub delivery: Delivery,
+    pub channel: Option<Arc<crate::deliver::Channel>>,
+    channel_name: String,
+    policy: crate::model::RetryPolicy,
+    pacing: crate::model::Pacing,
+    pub probe: bool,
+}
+
+/// Arms the attempt (durably) if it is not armed yet, and prepares the send if it is due.
+pub(super) async fn prepare(
+    inner: &Arc<Inner>,
+    l: &mut Locked,
+    key: &RunKey,
+) -> Result<Option<Prepared>, EngineError> {
+    let st = l.st();
+    if st.task.state != TaskState::Running || st.sending.contains(&key.run) || draining(inner) {
+        return Ok(None); // paused, finished, this run is sending right now, or draining
+    }
+    let Some(mut run) = st.runs.get(&key.run).cloned() else {
+        return Ok(None);
+    };
+    let now = inner.clock.now_ms();
+    let due = run.next_at_ms.unwrap_or(now);
+    let arming = run.in_flight.is_none();
+    if arming {
+        // ---- arm
+        if due > now + ARM_LEAD_MS {
+            inner.timer.at(key.key(), due - ARM_LEAD_MS);
+            return Ok(None);
+        }
+        if run.begin_attempt(now).is_none() {
+            return Ok(None);
+        }
+        // Memory changes only once the mark is durable: a failed write sends nothing.
+        let arm = Change {
+            runs: vec![run.clone()],
+            ..Change::default()
+        };
+        commit::apply(inner, l, arm).await?;
+    }
+    let st = l.st();
+    let now = inner.clock.now_ms();
+    // Issue 26: a due stored before a forward wall jump looks long past now, but it was one
+    // pacing/backoff duration ahead on the monotonic clock; the wheel (timer.rs, its
+    // continuity rule) keeps the send ARM_LEAD_MS after the arm just made, instead of sending
+    // at once. (Once the wheel hands it back, the run is armed already: it is sent.)
+    if due > now || (arming && due < inner.clock.wall_jumps().end_ms) {
+        inner.timer.at(key.key(), due);
+        return Ok(None);
+    }
+    if draining(inner) {
+        // Armed on disk but not sent: the next boot sends it (once).
+        return Ok(None);
+    }
+    let Some(seq) = run.in_flight else {
+        return Ok(None);
+    };
+    // The message read when the run was armed ahead, if it is this attempt's.
+    let prefetched = match &st.prefetched {
+        Some((r, s, _)) if *r == key.run && *s == seq => st.prefetched.take().map(|p| p.2),
+        _ => None,
+    };
+    let t = &st.task;
+    let msg = match prefetched {
+        Some(m) => Some(m),
+        None => inner.store.get_message(&t.id, seq)?,
+    };
+    let msg = match msg {
+        Some(m) if seq < t.message_count => m,
+        _ => {
+            return Err(EngineError::Internal(format!(
+                "run {} has cursor {seq} but the task has {} messages",
+                key.run, t.message_count
+            )))
+        }
+    };
+    let channel = inner.channels.get(&t.channel).cloned();
+    // Rate limit and breaker: a send that may not go now waits on the wheel, still armed;
+    // nothing is failed and no attempt is burned.
+    let probe = match channel.as_ref().map(|c| c.admit(now)) {
+        Some(Admission::Hold { until_ms, breaker }) => {
+            tracing::debug!(task = %t.id, run = key.run, seq, until = %format_utc(until_ms), breaker, "send held");
+            inner.timer.at(key.key(), until_ms);
+            return Ok(None);
+        }
+        Some(Admission::Go { probe }) => probe,
+        None => false,
+    };
+    // The schedule's instant for the run's first message, however late herald got to it;
+    // for the rest, the instant pacing (or a retry) planned it for.
+    let scheduled = if seq == 0 { run.scheduled_at_ms } else { due };
+    inner
+        .lateness
+        .observe(now.saturating_sub(scheduled) as f64 / 1000.0);
+    let minutes = minutes_left(&t.schedule, run.scheduled_at_ms);
+    let body = match minutes {
+        Some(m) => msg.body.replace("{{minutes_left}}", &m.to_string()),
+        None => msg.body,
+    };
+    let delivery = Delivery {
+        task_id: t.id.clone(),
+        run: key.run,
+        seq,
+        to: msg.to,
+        body,
+        scheduled_at: format_utc(scheduled),
+        attempt: run.attempts,
+        idempotency_key: delivery_key(&t.id, key.run, seq),
+        sent_at: format_utc(now),
+        // For channel templates.
+        data: msg.data,
+        scheduled_at_ms: scheduled,
+        minutes_left: minutes,
+        metadata: t.metadata.clone(),
+    };
+    let policy = t
+        .retry
+        .or(channel.as_ref().map(|c| c.retry))
+        .unwrap_or_default();
+    run.last_attempt_at_ms = Some(now);
+    let prepared = Prepared {
+        delivery,
+        channel,
+        channel_name: t.channel.clone(),
+        policy,
+        pacing: t.pacing,
+        probe,
+    };
+    st.runs.insert(key.run, run);
+    st.sending.insert(key.run);
+    Ok(Some(prepared))
+}
+
+async fn send(inner: &Arc<Inner>, p: &Prepared) -> Outcome {
+    let d = &p.delivery;
+    tracing::debug!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, "attempt");
+    match &p.channel {
+        Some(c) => {
+            let o = c.send(d, || inner.clock.now_ms()).await;
+            record(inner, c, &o, p.probe);
+            o
+        }
+        None => Outcome::Permanent {
+            error: format!("channel {:?} is no longer configured", p.channel_name),
+        },
+    }
+}
+
+/// Counts an admitted send's outcome on its channel (and its breaker, alerting on a change).
+pub(super) fn record(inner: &Arc<Inner>, c: &crate::deliver::Channel, o: &Outcome, probe: bool) {
+    if let Some(tr) = c.record(inner.clock.now_ms(), o, probe) {
+        alerts::breaker(inner, &c.name, tr);
+    }
+}
+
+/// Settles the attempt under the lock: plan, then `commit` (write, memory, wheel).
+async fn settle(
+    inner: &Arc<Inner>,
+    l: &mut Locked,
+    key: &RunKey,
+    p: Prepared,
+    outcome: Outcome,
+) -> Result<(), EngineError> {
+    let Some(change) = settle_plan(inner, l, key, &p, &outcome)? else {
+        return Ok(());
+    };
+    if let Err(e) = commit::apply(inner, l, change).await {
+        commit::lost(inner, l, key, &e);
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+/// The settle's decision as a change; memory is untouched but for the run no longer sending.
+/// `None`: the run is gone (nothing to settle).
+pub(super) fn settle_plan(
+    inner: &Arc<Inner>,
+    l: &mut Locked,
+    key: &RunKey,
+    p: &Prepared,
+    outcome: &Outcome,
+) -> Result<Option<Change>, EngineError> {
+    let st = l.st();
+    st.sending.remove(&key.run);
+    let now = inner.clock.now_ms();
+    let Some(run) = st.runs.get(&key.run).cloned() else {
+        return Ok(None);
+    };
+    let delay = backoff::retry_delay_ms(
+        &p.policy,
+        run.attempts,
+        inner.config.jitter_seed,
+        &p.delivery.idempotency_key,
+    );
+    let plan = plan::settle(
+        &st.task,
+        &run,
+        st.runs.len() > 1,
+        Attempt {
+            outcome: outcome.clone(),
+            max_attempts: p.policy.max_attempts,
+            retry_delay_ms: delay,
+            pacing: p.pacing,
+            to: &p.delivery.to,
+            channel: &p.channel_name,
+        },
+        now,
+        ARM_LEAD_MS,
+    )?;
+    log_outcome(&p.delivery, outcome, &plan);
+    if plan.finished {
+        tracing::info!(task = %plan.task.id, run = key.run, sent = plan.run.sent, failed = plan.run.failed,
+            "run finished");
+    }
+    if let Some(r) = &plan.next_run {
+        tracing::info!(task = %plan.task.id, run = r.run, "queued run started");
+    }
+    Ok(Some(plan.change()))
+}
+
+fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan) {
+    match outcome {
+        Outcome::Sent => {
+            tracing::info!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, "sent")
+        }
+        // `Held` (local resource shortage) settles like a retry that burned no attempt.
+        Outcome::Retry { error, .. }
+        | Outcome::Permanent { error }
+        | Outcome::Held { error, .. } => {
+            if let Some(f) = &plan.failure {
+                tracing::warn!(task = %d.task_id, run = d.run, seq = d.seq, attempts = f.attempts,
+                    error = %Escaped(error), failure = %d.idempotency_key, "gave up: message moved to the failure list");
+            } else {
+                tracing::info!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt,
+                    error = %Escaped(error), next_at = %crate::schedule::format_opt(plan.run.next_at_ms), "attempt failed; will retry");
+            }
+        }
+    }
+}
