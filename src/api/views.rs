@@ -236,11 +236,7 @@ pub fn task_doc(
     }
 }
 
-/// A task's trace id: the one stored, or for a task made before traces one derived from its id.
-pub fn trace_id_of(t: &crate::model::Task) -> [u8; 16] {
-    t.trace_id
-        .unwrap_or_else(|| crate::model::timeline::fallback_trace_id(&t.id))
-}
+pub use crate::model::timeline::trace_id_of;
 
 pub fn run(r: &Run) -> Value {
     json!({

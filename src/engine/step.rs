@@ -234,7 +234,9 @@ async fn run_step_locked(
     let cell = l.cell();
     l.release(inner);
     let _in_flight = SendInFlight::new(inner);
-    let outcome = send(inner, &prepared).await;
+    let mut prepared = prepared;
+    let (outcome, report) = send(inner, &prepared).await;
+    prepared.report = report;
     let Some(mut l) = super::cells::relock(inner, &key.task, cell).await? else {
         return Ok(());
     };
@@ -272,6 +274,8 @@ pub(super) struct Prepared {
     policy: crate::model::RetryPolicy,
     pacing: crate::model::Pacing,
     pub probe: bool,
+    /// What the send learnt for its timeline event (status, duration); set once it returns.
+    pub report: crate::deliver::AttemptReport,
 }
 
 /// Arms the attempt (durably) if it is not armed yet, and prepares the send if it is due.
@@ -300,11 +304,25 @@ pub(super) async fn prepare(
             return Ok(None);
         }
         // Memory changes only once the mark is durable: a failed write sends nothing.
-        let arm = Change {
+        let mut arm = Change {
             runs: vec![run.clone()],
             ..Change::default()
         };
+        let resent = st.resent.contains(&key.run);
+        if let (true, Some(seq)) = (resent, run.in_flight) {
+            // Its message was in flight when the task was last read from disk: it goes again.
+            arm.timeline
+                .push(crate::model::TimelineEvent::resumed_after_restart(
+                    now,
+                    key.run,
+                    seq,
+                    run.attempts,
+                ));
+        }
         commit::apply(inner, l, arm).await?;
+        if resent {
+            l.st().resent.remove(&key.run);
+        }
     }
     let st = l.st();
     let now = inner.clock.now_ms();
@@ -349,6 +367,22 @@ pub(super) async fn prepare(
         Some(Admission::Hold { until_ms, breaker }) => {
             tracing::debug!(task = %t.id, run = key.run, seq, until = %format_utc(until_ms), breaker, "send held");
             inner.timer.at(key.key(), until_ms);
+            // The hold on the timeline: its own write (nothing else is written for it), and
+            // a failure of it changes nothing (memory is untouched; the send goes at until).
+            let why = if breaker {
+                crate::model::timeline::HeldWhy::Breaker
+            } else {
+                crate::model::timeline::HeldWhy::RateLimit
+            };
+            let held = Change {
+                timeline: vec![crate::model::TimelineEvent::held(
+                    now, key.run, seq, until_ms, why,
+                )],
+                ..Change::default()
+            };
+            if let Err(e) = commit::apply(inner, l, held).await {
+                tracing::debug!(task = %l.id, error = %e, "the hold's timeline event was not written");
+            }
             return Ok(None);
         }
         Some(Admission::Go { probe }) => probe,
@@ -393,24 +427,28 @@ pub(super) async fn prepare(
         policy,
         pacing: t.pacing,
         probe,
+        report: Default::default(),
     };
     st.runs.insert(key.run, run);
     st.sending.insert(key.run);
     Ok(Some(prepared))
 }
 
-async fn send(inner: &Arc<Inner>, p: &Prepared) -> Outcome {
+async fn send(inner: &Arc<Inner>, p: &Prepared) -> (Outcome, crate::deliver::AttemptReport) {
     let d = &p.delivery;
     tracing::debug!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, "attempt");
     match &p.channel {
         Some(c) => {
-            let o = c.send(d, || inner.clock.now_ms()).await;
+            let (o, report) = c.send_traced(d, || inner.clock.now_ms()).await;
             record(inner, c, &o, p.probe);
-            o
+            (o, report)
         }
-        None => Outcome::Permanent {
-            error: format!("channel {:?} is no longer configured", p.channel_name),
-        },
+        None => (
+            Outcome::Permanent {
+                error: format!("channel {:?} is no longer configured", p.channel_name),
+            },
+            Default::default(),
+        ),
     }
 }
 
@@ -483,7 +521,21 @@ pub(super) fn settle_plan(
     if let Some(r) = &plan.next_run {
         tracing::info!(task = %plan.task.id, run = r.run, "queued run started");
     }
-    Ok(Some(plan.change()))
+    let mut timeline = plan::settle_events(
+        &plan,
+        p.delivery.seq,
+        p.delivery.attempt,
+        outcome,
+        p.report.status,
+        p.report.duration_ms,
+        now,
+    );
+    if let Some(r) = &plan.next_run {
+        timeline.extend(plan::fire_events(&[], std::slice::from_ref(r)));
+    }
+    let mut change = plan.change();
+    change.timeline = timeline;
+    Ok(Some(change))
 }
 
 fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan) {

@@ -237,6 +237,11 @@ pub fn fallback_trace_id(task_id: &str) -> [u8; 16] {
     out
 }
 
+/// A task's trace id: the one stored, or for a task made before traces one derived from its id.
+pub fn trace_id_of(t: &super::Task) -> [u8; 16] {
+    t.trace_id.unwrap_or_else(|| fallback_trace_id(&t.id))
+}
+
 /// Lowercase hex of bytes.
 pub fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
