@@ -518,22 +518,8 @@ async fn dashboard_in_headless_chromium() {
         "{row_text}"
     );
 
-    // ---- the failure's link opens its task's timeline: newest first, attempts expandable
-    {
-        use herald::model::timeline::{TimelineEvent, TimelineKind};
-        let now = h.server.engine.now_ms();
-        let mut b = herald::store::Batch::new();
-        b.timeline(
-            "seq",
-            vec![
-                TimelineEvent::run(TimelineKind::Attempt, now, 1, Some(2))
-                    .with_attempt(1)
-                    .with_detail(json!({"status": 400, "duration_ms": 3, "outcome": "permanent", "error": "HTTP 400"})),
-                TimelineEvent::run(TimelineKind::Failed, now, 1, Some(2)).with_attempt(1),
-            ],
-        );
-        h.server.engine.store().write(&b).await.unwrap();
-    }
+    // ---- the failure's link opens its task's timeline (the engine's events of the run):
+    // newest first, attempts expandable
     click(&c, &format!("{failed} button[data-action='timeline']")).await;
     let order = until(&c, "the timeline of seq", t, || async {
         let v = js(
@@ -551,7 +537,9 @@ async fn dashboard_in_headless_chromium() {
     );
     let opened = js(
         &c,
-        r#"const d = document.querySelector('#timeline li[data-kind="attempt"] details');
+        r#"const li = [...document.querySelectorAll('#timeline li[data-kind="attempt"]')]
+             .find(li => li.textContent.includes('message 2'));
+           const d = li && li.querySelector('details');
            if (!d) return null;
            d.open = true;
            return [d.querySelector('summary').textContent, d.querySelector('dl').innerText];"#,
