@@ -1,6 +1,6 @@
 //! OpenTelemetry export (issue 25): with `[telemetry] otlp_endpoint` pointing at a loopback
 //! OTLP/HTTP receiver in the test, the spans herald exports decode as OTLP JSON, a task's
-//! spans (its create request and every attempt) share its trace id and carry the attributes
+//! spans (its create request, its fire and every attempt) share its trace id and carry the attributes
 //! an operator filters on; with the collector down, deliveries are on time and the dropped
 //! spans are counted in `/metrics`.
 
@@ -89,7 +89,9 @@ async fn a_tasks_spans_share_its_trace_id_and_carry_the_attributes() {
     let all = poll(Duration::from_secs(20), || {
         let s = spans(&collector);
         let attempts = s.iter().filter(|s| s["kind"] == 3).count();
-        let ready = attempts >= 3 && s.iter().any(|s| s["name"] == "POST /v1/tasks");
+        let ready = attempts >= 3
+            && s.iter().any(|s| s["name"] == "POST /v1/tasks")
+            && s.iter().any(|s| s["name"] == "fire");
         async move { ready.then_some(s) }
     })
     .await
@@ -108,6 +110,9 @@ async fn a_tasks_spans_share_its_trace_id_and_carry_the_attributes() {
                 > 0
         );
     }
+    let fire = all.iter().find(|s| s["name"] == "fire").unwrap();
+    assert_eq!(attrs(fire)["herald.task.id"], "otel");
+    assert_eq!(attrs(fire)["herald.run"], "1");
     let create = all.iter().find(|s| s["name"] == "POST /v1/tasks").unwrap();
     assert_eq!(
         create["parentSpanId"], "b7ad6b7169203331",

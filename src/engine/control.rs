@@ -69,7 +69,7 @@ impl Engine {
                 // Sending runs stay in memory (their outcome is still settled): commit's rule.
                 let c = with_event(p.change(), TimelineKind::Cancelled, now);
                 commit::apply(&this.inner, l, c).await?;
-                tracing::info!(task = %id, "task cancelled");
+                tracing::info!(task = %id, trace_id = %crate::model::timeline::hex(&crate::model::timeline::trace_id_of(&l.st().task)), "task cancelled");
                 Ok(TaskView {
                     task: l.st().task.clone(),
                     run: view_run,
@@ -94,7 +94,7 @@ impl Engine {
             let p = plan::pause(&st.task, &st.runs, &st.sending, now).map_err(refused)?;
             let c = with_event(p.change(), TimelineKind::Paused, now);
             commit::apply(&this.inner, l, c).await?;
-            tracing::info!(task = %id, "task paused");
+            tracing::info!(task = %id, trace_id = %crate::model::timeline::hex(&crate::model::timeline::trace_id_of(&l.st().task)), "task paused");
             Ok(this.view_of(l.st()))
         })
         .await

@@ -174,10 +174,17 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineErr
         tracing::info!(task = %p.task.id, run = r.run, state = ?r.state,
             reason = %crate::logsafe::Opt(r.reason.as_deref()), "fire not started");
     }
+    let trace_id = crate::model::timeline::trace_id_of(&p.task);
     for r in &p.started {
         tracing::info!(task = %p.task.id, run = r.run, late_ms = now.saturating_sub(r.scheduled_at_ms),
-            "run started");
+            trace_id = %crate::model::timeline::hex(&trace_id), "run started");
     }
+    let fire_spans: Vec<_> = p
+        .started
+        .iter()
+        .map(|r| (r.run, r.scheduled_at_ms))
+        .collect();
+    let started_ns = crate::trace::otlp::now_unix_ns();
     // Armed ahead: its message is read after the write, while the instant is still to come
     // (a read that fails is left to the send, which reads again).
     let prefetch = p
@@ -187,12 +194,47 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineErr
         .find_map(|r| r.in_flight.map(|seq| (r.run, seq)));
     let change = p.change(inner.config.runs_max);
     commit::apply(inner, l, change).await?;
+    export_fire_spans(inner, &l.id, trace_id, &fire_spans, started_ns, now);
     if let Some((run, seq)) = prefetch {
         if let Ok(Some(m)) = inner.store.get_message(&l.id, seq) {
             l.st().prefetched = Some((run, seq, m));
         }
     }
     Ok(())
+}
+
+/// The span of each run a fire started (only with `[telemetry] otlp_endpoint`): task, run,
+/// how late the fire was handled.
+fn export_fire_spans(
+    inner: &Inner,
+    task: &str,
+    trace_id: [u8; 16],
+    runs: &[(u32, u64)],
+    started_ns: u64,
+    now: u64,
+) {
+    let Some(t) = inner.channels.tracing().telemetry() else {
+        return;
+    };
+    for (run, scheduled) in runs {
+        let span = crate::trace::otlp::Span {
+            trace_id,
+            span_id: crate::trace::new_span_id(),
+            parent: None,
+            name: "fire".into(),
+            kind: crate::trace::otlp::SpanKind::Internal,
+            start_unix_ns: started_ns,
+            end_unix_ns: crate::trace::otlp::now_unix_ns(),
+            attrs: Vec::new(),
+            error: None,
+            links: Vec::new(),
+        }
+        .attr("herald.task.id", task)
+        .attr("herald.run", *run)
+        .attr("herald.scheduled_at", format_utc(*scheduled))
+        .attr("herald.late_ms", now.saturating_sub(*scheduled));
+        t.export(span);
+    }
 }
 
 /// One step of run `key.run`: arm, or send and settle.
@@ -513,7 +555,7 @@ pub(super) fn settle_plan(
         now,
         ARM_LEAD_MS,
     )?;
-    log_outcome(&p.delivery, outcome, &plan);
+    log_outcome(&p.delivery, outcome, &plan, &st.task);
     if plan.finished {
         tracing::info!(task = %plan.task.id, run = key.run, sent = plan.run.sent, failed = plan.run.failed,
             "run finished");
@@ -538,10 +580,11 @@ pub(super) fn settle_plan(
     Ok(Some(change))
 }
 
-fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan) {
+fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan, t: &crate::model::Task) {
+    let trace_id = crate::model::timeline::hex(&crate::model::timeline::trace_id_of(t));
     match outcome {
         Outcome::Sent => {
-            tracing::info!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, "sent")
+            tracing::info!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, %trace_id, "sent")
         }
         // `Held` (local resource shortage) settles like a retry that burned no attempt.
         Outcome::Retry { error, .. }
@@ -549,10 +592,10 @@ fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan) {
         | Outcome::Held { error, .. } => {
             if let Some(f) = &plan.failure {
                 tracing::warn!(task = %d.task_id, run = d.run, seq = d.seq, attempts = f.attempts,
-                    error = %Escaped(error), failure = %d.idempotency_key, "gave up: message moved to the failure list");
+                    error = %Escaped(error), failure = %d.idempotency_key, %trace_id, "gave up: message moved to the failure list");
             } else {
                 tracing::info!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt,
-                    error = %Escaped(error), next_at = %crate::schedule::format_opt(plan.run.next_at_ms), "attempt failed; will retry");
+                    error = %Escaped(error), next_at = %crate::schedule::format_opt(plan.run.next_at_ms), %trace_id, "attempt failed; will retry");
             }
         }
     }
