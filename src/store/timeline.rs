@@ -364,6 +364,18 @@ impl Store {
         Ok((out, None))
     }
 
+    /// Every timeline record in the store and their key + value bytes (benches: what the
+    /// timeline costs on disk per delivered message, before the storage engine's own overhead).
+    pub fn timeline_footprint(&self) -> Result<(u64, u64), StoreError> {
+        let (mut n, mut bytes) = (0u64, 0u64);
+        for item in bounded(self.backend.scan(TreeId::Timeline, &[], None)) {
+            let (k, v) = item?;
+            n += 1;
+            bytes += (k.len() + v.len()) as u64;
+        }
+        Ok((n, bytes))
+    }
+
     /// Every event of a task, oldest first (export; at most `timeline_max` of them).
     pub fn timeline_all(&self, task_id: &str) -> Result<Vec<TimelineEvent>, StoreError> {
         let p = id_prefix(task_id);
