@@ -287,3 +287,40 @@ async fn kill_9_during_a_send_shows_resumed_after_restart_and_no_event_for_the_c
         .collect();
     assert_eq!(keys, ["k:1:0", "k:1:0", "k:1:1"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_the_rate_limit_holds_has_one_held_event_saying_until_when() {
+    let rx = Receiver::start().await;
+    let h = TestHerald::start(&webhook_channel("hook", &rx.url(), "rate = \"1/400ms\"")).await;
+    let r = http::post_json(
+        &h.url("/v1/tasks"),
+        &json!({"id": "rl", "channel": "hook", "schedule": {"after": "0s"},
+                "messages": [{"to": "a", "body": "1"}, {"to": "b", "body": "2"}, {"to": "c", "body": "3"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    wait_state(&h.server.url(), "rl", "completed", Duration::from_secs(20)).await;
+    let events = timeline(&h.server.url(), "rl").await;
+    for m in 1..3u64 {
+        let held: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["kind"] == "held" && e["msg"] == m)
+            .collect();
+        assert_eq!(held.len(), 1, "message {m}: one held event: {events:#?}");
+        assert_eq!(held[0]["detail"]["why"], "rate_limit");
+        let until = ms_of(held[0]["detail"]["until"].as_str().unwrap());
+        let attempt = events
+            .iter()
+            .find(|e| e["kind"] == "attempt" && e["msg"] == m)
+            .expect("then its attempt");
+        assert!(held[0]["seq"].as_u64() < attempt["seq"].as_u64());
+        assert!(
+            ms_of(attempt["at"].as_str().unwrap()) + 1.0 >= until,
+            "sent no earlier than the hold said"
+        );
+    }
+    assert_eq!(
+        events.iter().filter(|e| e["kind"] == "delivered").count(),
+        3
+    );
+}

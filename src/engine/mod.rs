@@ -120,6 +120,9 @@ pub(crate) struct LiveState {
     /// or a write that failed after a send): the next arm of each writes a
     /// `resumed_after_restart` timeline event with it (issue 25).
     pub resent: BTreeSet<u32>,
+    /// Per run, the (message, attempt) whose `held` event is written already: a send the rate
+    /// limit refuses again and again gets one event (and one write), not one per refusal.
+    pub held_noted: BTreeMap<u32, (u32, u32)>,
 }
 
 impl LiveState {
@@ -130,6 +133,7 @@ impl LiveState {
             sending: BTreeSet::new(),
             prefetched: None,
             resent: BTreeSet::new(),
+            held_noted: BTreeMap::new(),
         }
     }
 

@@ -416,14 +416,22 @@ pub(super) async fn prepare(
             } else {
                 crate::model::timeline::HeldWhy::RateLimit
             };
-            let held = Change {
-                timeline: vec![crate::model::TimelineEvent::held(
-                    now, key.run, seq, until_ms, why,
-                )],
-                ..Change::default()
-            };
-            if let Err(e) = commit::apply(inner, l, held).await {
-                tracing::debug!(task = %l.id, error = %e, "the hold's timeline event was not written");
+            let attempt = run.attempts;
+            if st.held_noted.get(&key.run) != Some(&(seq, attempt)) {
+                let held = Change {
+                    timeline: vec![crate::model::TimelineEvent::held(
+                        now, key.run, seq, until_ms, why,
+                    )],
+                    ..Change::default()
+                };
+                match commit::apply(inner, l, held).await {
+                    Ok(()) => {
+                        l.st().held_noted.insert(key.run, (seq, attempt));
+                    }
+                    Err(e) => {
+                        tracing::debug!(task = %l.id, error = %e, "the hold's timeline event was not written")
+                    }
+                }
             }
             return Ok(None);
         }
