@@ -43,6 +43,7 @@ pub const ENV_KEYS: &[(&str, Kind)] = &[
     ("store.cache_mb", Kind::Int),
     ("store.retention", Kind::Str),
     ("store.runs_max", Kind::Int),
+    ("store.failures_max", Kind::Int),
     ("store.url", Kind::Str),
     ("store.pool_size", Kind::Int),
     ("store.statement_timeout", Kind::Str),
@@ -119,6 +120,8 @@ struct StoreFile {
     retention: Option<String>,
     /// Most run records an unfinished task keeps (default 1000); the oldest finished go first.
     runs_max: Option<u64>,
+    /// Most entries the failure list holds (default 100000).
+    failures_max: Option<u64>,
     /// A PostgreSQL database instead of the embedded store (`postgres://user@host:port/db`).
     url: Option<String>,
     /// Connections to it (default 8).
@@ -509,6 +512,11 @@ impl Config {
             if let Some(n) = st.timeline_max {
                 store.timeline_max = u32::try_from(n)
                     .map_err(|_| invalid("store.timeline_max", "must be at most 4294967295"))?;
+            }
+            match st.failures_max {
+                Some(0) => return Err(invalid("store.failures_max", "must be at least 1")),
+                Some(n) => store.failures_max = n,
+                None => {}
             }
         }
         // `HERALD_OTLP_ENDPOINT` is the short name API.md gives (the table's own variable,

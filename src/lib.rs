@@ -4,6 +4,7 @@ pub mod api;
 pub mod backup;
 pub mod cli;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod deliver;
 pub mod engine;

@@ -232,6 +232,7 @@ pub async fn start_with(
     engine_config.alerts_channel = config.alerts_channel.clone();
     engine_config.retention_ms = config.store.retention_ms;
     engine_config.runs_max = Some(config.store.runs_max);
+    engine_config.failures_max = Some(config.store.failures_max);
     let engine = Engine::new(store, channels, clock.clone(), engine_config)?;
     let (tx, rx) = watch::channel(false);
     let state = Arc::new(ApiState {

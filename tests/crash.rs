@@ -170,8 +170,8 @@ async fn a_corrupt_record_is_reported_and_skipped_not_fatal() {
         let store = herald::store::Store::open(&data).unwrap();
         store
             .raw_insert_task_bytes("broken", &[1, 0xde, 0xad, 0xbe, 0xef])
+            .await
             .unwrap();
-        store.flush_now().unwrap();
     }
     let p = Proc::spawn(&config, &data);
     let h = http::get(&format!("{}/healthz", p.url)).await;

@@ -282,6 +282,16 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
             x.failed_posts.load(Relaxed),
         );
     }
+    s.counter(
+        "herald_failures_unlisted",
+        "Messages given up on that the full failure list did not take ([store] failures_max); their runs count them failed",
+        engine.failures_unlisted(),
+    );
+    s.counter(
+        "herald_response_drains_dropped",
+        "Webhook response bodies dropped undrained (connection closed) because 256 drains were running",
+        crate::deliver::webhook::DRAINS_DROPPED.load(Ordering::Relaxed),
+    );
     let (raised, failed) = engine.alert_counts();
     s.counter(
         "herald_alerts",

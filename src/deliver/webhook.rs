@@ -476,10 +476,29 @@ pub fn is_local_resource_error(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// Response bodies drained in the background at once, across every channel. Past it a body
+/// still on its way is dropped instead: its connection closes rather than going back to the
+/// pool (a slow receiver then costs a new connection, never an unbounded number of tasks).
+pub const DRAINS_MAX: usize = 256;
+
+static DRAINS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(DRAINS_MAX);
+
+/// Bodies dropped undrained because [`DRAINS_MAX`] drains were running (a metric).
+pub static DRAINS_DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A permit to drain one body in the background, if fewer than [`DRAINS_MAX`] run.
+fn drain_permit() -> Option<tokio::sync::SemaphorePermit<'static>> {
+    let p = DRAINS.try_acquire().ok();
+    if p.is_none() {
+        DRAINS_DROPPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    p
+}
+
 /// Reads the rest of a body the outcome does not depend on, so hyper can put the connection
 /// back in the pool: what has already arrived is read now, without waiting (a small answer
 /// usually comes with its head); a body still on its way is read in a task of its own
-/// (bounded in size and time) that nothing waits for.
+/// (bounded in size and time, and in number: [`DRAINS_MAX`]) that nothing waits for.
 async fn finish_or_drain(mut body: Incoming) {
     for _ in 0..8 {
         if body.is_end_stream() {
@@ -492,7 +511,11 @@ async fn finish_or_drain(mut body: Incoming) {
             Err(_) => break,
         }
     }
+    let Some(permit) = drain_permit() else {
+        return; // dropped: the connection closes
+    };
     tokio::spawn(async move {
+        let _permit = permit;
         let _ = read_bounded(body, 1 << 20, Duration::from_secs(30)).await;
     });
 }
@@ -585,6 +608,19 @@ mod tests {
         std::thread::sleep(Duration::from_millis(300)); // the freeze itself, not a wait
         let _ = tx.send(7);
         assert_eq!(t.await.unwrap(), Some(Some(7)));
+    }
+
+    #[test]
+    fn background_drains_are_bounded_and_the_rest_counted() {
+        let before = DRAINS_DROPPED.load(std::sync::atomic::Ordering::Relaxed);
+        let held: Vec<_> = std::iter::from_fn(drain_permit)
+            .take(DRAINS_MAX + 1)
+            .collect();
+        assert_eq!(held.len(), DRAINS_MAX, "at most DRAINS_MAX drains at once");
+        assert!(drain_permit().is_none());
+        assert!(DRAINS_DROPPED.load(std::sync::atomic::Ordering::Relaxed) >= before + 2);
+        drop(held);
+        assert!(drain_permit().is_some(), "a finished drain frees its place");
     }
 
     #[test]

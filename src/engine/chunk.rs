@@ -129,13 +129,18 @@ fn local_send_due(inner: &Inner, l: &mut Locked, key: &RunKey) -> Option<Arc<Cha
 
 /// Sends every item, a channel's items together (in deadline order), and counts the outcomes.
 async fn send(inner: &Arc<Inner>, mut items: Vec<Item>) -> (Vec<Item>, Vec<Outcome>) {
+    // The chunk's channels, in the order their first item comes.
+    let mut channels: Vec<Arc<Channel>> = Vec::new();
+    for it in &items {
+        if !channels.iter().any(|c| Arc::ptr_eq(c, &it.channel)) {
+            channels.push(it.channel.clone());
+        }
+    }
     let mut outcomes: Vec<Option<Outcome>> = items.iter().map(|_| None).collect();
-    let mut start = 0;
-    while let Some(first) = (start..items.len()).find(|&i| outcomes[i].is_none()) {
-        start = first + 1;
-        let channel = items[first].channel.clone();
-        let mine: Vec<bool> = (0..items.len())
-            .map(|i| outcomes[i].is_none() && Arc::ptr_eq(&items[i].channel, &channel))
+    for channel in channels {
+        let mine: Vec<bool> = items
+            .iter()
+            .map(|it| Arc::ptr_eq(&it.channel, &channel))
             .collect();
         let ds = items
             .iter_mut()
@@ -143,22 +148,34 @@ async fn send(inner: &Arc<Inner>, mut items: Vec<Item>) -> (Vec<Item>, Vec<Outco
             .filter(|(_, m)| **m)
             .map(|(it, _)| &mut it.p.delivery)
             .collect();
-        let sent = channel.send_local(ds, || inner.clock.now_ms()).await;
-        let mut sent = sent.into_iter();
-        for (i, m) in mine.iter().enumerate() {
-            if *m {
-                let o = sent.next().unwrap_or_else(|| Outcome::Retry {
-                    error: "no outcome for this send".into(),
-                    not_before_ms: None,
-                });
-                step::record(inner, &channel, &o, items[i].p.probe);
-                outcomes[i] = Some(o);
-            }
+        let mut sent = channel
+            .send_local(ds, || inner.clock.now_ms())
+            .await
+            .into_iter();
+        for ((slot, it), _) in outcomes
+            .iter_mut()
+            .zip(&items)
+            .zip(&mine)
+            .filter(|(_, m)| **m)
+        {
+            let o = sent.next().unwrap_or_else(|| Outcome::Retry {
+                error: "no outcome for this send".into(),
+                not_before_ms: None,
+            });
+            step::record(inner, &channel, &o, it.p.probe);
+            *slot = Some(o);
         }
     }
+    // Every item's channel was one of `channels`, so every slot is filled; a missing one
+    // would settle as a retry rather than panic.
     let outcomes = outcomes
         .into_iter()
-        .map(|o| o.expect("every item sent"))
+        .map(|o| {
+            o.unwrap_or_else(|| Outcome::Retry {
+                error: "no outcome for this send".into(),
+                not_before_ms: None,
+            })
+        })
         .collect();
     (items, outcomes)
 }

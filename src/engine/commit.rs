@@ -17,6 +17,7 @@
 //! Layers (no circles): dispatch → chunk → step → commit → cells → arm → timer; `plan.rs`
 //! and `change.rs` are pure, beside them.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::arm;
@@ -157,6 +158,7 @@ fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
         inner.events.task(&st.task); // events (issue 11)
     }
     if let Some(f) = &c.failure {
+        inner.failures.fetch_add(1, Ordering::Relaxed);
         alerts::failure(inner, f, "failure");
         inner.events.failure(f, "added"); // events (issue 11)
     }
@@ -300,7 +302,9 @@ pub(crate) async fn delete_tasks(inner: &Inner, fps: Vec<Footprint>) -> Result<(
     }
     let mut b = Batch::new();
     let mut ids = Vec::with_capacity(fps.len());
+    let mut listed = 0u64;
     for fp in fps {
+        listed += fp.failures.len() as u64;
         for f in &fp.failures {
             inner.timer.cancel(Key::retry(f));
         }
@@ -308,6 +312,7 @@ pub(crate) async fn delete_tasks(inner: &Inner, fps: Vec<Footprint>) -> Result<(
         b.ops.push(Op::DeleteTask(fp));
     }
     inner.store.write(&b).await?;
+    forget_failures(inner, listed);
     for id in ids {
         inner.events.deleted(&id); // events (issue 11)
     }
@@ -391,7 +396,40 @@ pub(crate) async fn failure_removed(
     b.timeline(&f.task_id, vec![event]);
     inner.store.write_numbered(&mut b).await?;
     publish_timeline(inner, &b);
+    forget_failures(inner, 1);
     inner.timer.cancel(Key::retry(&f.id));
     inner.events.failure(f, action); // events (issue 11)
     Ok(())
+}
+
+fn forget_failures(inner: &Inner, n: u64) {
+    // Saturating: a count read at start-up that missed an unreadable entry never wraps.
+    let _ = inner
+        .failures
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+            Some(c.saturating_sub(n))
+        });
+    if n > 0 {
+        inner.failures_full.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Whether the failure list has room for one more entry (`[store] failures_max`). A full
+/// list does not take it: the message is still counted failed on its run; the first one
+/// refused after room was seen raises the alert.
+pub(crate) fn failure_list_has_room(inner: &Arc<Inner>, f: &Failure) -> bool {
+    let Some(max) = inner.config.failures_max else {
+        return true;
+    };
+    if inner.failures.load(Ordering::Relaxed) < max {
+        return true;
+    }
+    inner.failures_unlisted.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(failure = %f.id, task = %f.task_id, max,
+        "the failure list is full ([store] failures_max): this message is not listed; its run counts it failed");
+    // One alert per time the list fills up (it has room again once an entry leaves).
+    if !inner.failures_full.swap(true, Ordering::Relaxed) {
+        alerts::failure(inner, f, "failure_list_full");
+    }
+    false
 }

@@ -89,6 +89,10 @@ pub struct EngineConfig {
     /// Most run records an unfinished task keeps (`[store] runs_max`): each fire deletes the
     /// oldest finished ones beyond it (a bounded number per fire). `None` keeps every run.
     pub runs_max: Option<u32>,
+    /// Most entries the failure list holds (`[store] failures_max`); `None`: no bound. Past
+    /// it a message given up on is not listed: its run still counts it failed, the log says
+    /// so, `herald_failures_unlisted` counts it, and one alert says the list is full.
+    pub failures_max: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -100,6 +104,7 @@ impl Default for EngineConfig {
             hold_index_load: None,
             retention_ms: None,
             runs_max: None,
+            failures_max: None,
         }
     }
 }
@@ -207,6 +212,12 @@ pub(crate) struct Inner {
     /// The last census of tasks by state (see `stats.rs`).
     pub census: Mutex<Option<stats::Census>>,
     pub alerts_failed: AtomicU64,
+    /// Entries in the failure list: counted at start-up, kept by `commit.rs`.
+    pub failures: AtomicU64,
+    /// Messages given up on that the full failure list did not take.
+    pub failures_unlisted: AtomicU64,
+    /// The failure list was full when a message was last given up on (one alert per filling).
+    pub failures_full: AtomicBool,
     /// Permits for alert deliveries in flight (`alerts::DELIVERIES_MAX`).
     pub alert_sends: Arc<tokio::sync::Semaphore>,
     /// Serialises changes to failure records (retry steps against dismissals).
@@ -308,6 +319,9 @@ impl Engine {
             lateness: stats::lateness_histogram(),
             census: Mutex::new(None),
             alerts_failed: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            failures_unlisted: AtomicU64::new(0),
+            failures_full: AtomicBool::new(false),
             alert_sends: Arc::new(tokio::sync::Semaphore::new(alerts::DELIVERIES_MAX)),
             failures_lock: tokio::sync::Mutex::new(()),
             herd: Mutex::new(herd::HerdLeads::default()),
@@ -708,6 +722,11 @@ impl Engine {
         c.took = now.elapsed();
         *self.inner.census.lock() = Some(c);
         Ok(c)
+    }
+
+    /// Messages given up on that the full failure list did not take (`[store] failures_max`).
+    pub fn failures_unlisted(&self) -> u64 {
+        self.inner.failures_unlisted.load(Ordering::Relaxed)
     }
 
     /// Alerts raised and alert deliveries that failed, since start.

@@ -108,7 +108,11 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
     }
     // Failure-list retries that were under way go on.
     let mut retries = 0usize;
+    let mut listed = 0u64;
     for item in inner.store.all_failures() {
+        if item.is_ok() {
+            listed += 1;
+        }
         match item {
             Ok(f) if f.retrying => {
                 retries += 1;
@@ -121,6 +125,9 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
             }
         }
     }
+    inner
+        .failures
+        .store(listed, std::sync::atomic::Ordering::Relaxed);
     tracing::info!(
         pending,
         running,

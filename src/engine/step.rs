@@ -585,6 +585,11 @@ pub(super) fn settle_plan(
     }
     let mut change = plan.change();
     change.timeline = timeline;
+    if let Some(f) = &change.failure {
+        if !commit::failure_list_has_room(inner, f) {
+            change.failure = None;
+        }
+    }
     Ok(Some(change))
 }
 

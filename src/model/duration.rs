@@ -23,7 +23,7 @@ pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
     let mut last_unit: Option<usize> = None;
     while i < bytes.len() {
         let start = i;
-        while i < bytes.len() && bytes[i].is_ascii_digit() {
+        while bytes.get(i).is_some_and(u8::is_ascii_digit) {
             i += 1;
         }
         if i == start {
@@ -31,21 +31,22 @@ pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
                 "invalid duration {s:?}: expected a number at position {start}"
             ));
         }
-        let digits = &s[start..i];
+        let digits = s.get(start..i).unwrap_or_default();
         let n: u64 = digits
             .parse()
             .map_err(|_| format!("invalid duration {s:?}: number {digits} is too large"))?;
         let ustart = i;
-        while i < bytes.len() && bytes[i].is_ascii_alphabetic() {
+        while bytes.get(i).is_some_and(u8::is_ascii_alphabetic) {
             i += 1;
         }
-        let unit = &s[ustart..i];
+        let unit = s.get(ustart..i).unwrap_or_default();
         if unit.is_empty() {
             return Err(format!(
                 "invalid duration {s:?}: expected a unit (ms, s, m, h, d) right after {digits}"
             ));
         }
-        let Some(idx) = UNITS.iter().position(|(u, _)| *u == unit) else {
+        let Some((idx, &(_, size))) = UNITS.iter().enumerate().find(|(_, (u, _))| *u == unit)
+        else {
             return Err(format!(
                 "invalid duration {s:?}: unknown unit {unit:?} (use ms, s, m, h, d)"
             ));
@@ -59,7 +60,7 @@ pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
         }
         last_unit = Some(idx);
         let part = n
-            .checked_mul(UNITS[idx].1)
+            .checked_mul(size)
             .ok_or_else(|| format!("invalid duration {s:?}: too large"))?;
         total = total
             .checked_add(part)
@@ -98,9 +99,10 @@ pub fn format_duration_ms(ms: u64) -> String {
 pub fn push_digits(out: &mut String, mut n: u64, width: usize) {
     let mut buf = [b'0'; 20];
     let mut i = buf.len();
-    loop {
+    // Every slot is written right to left; a u64 has at most 20 digits, so `i` never wraps.
+    for slot in buf.iter_mut().rev() {
+        *slot = b'0' + (n % 10) as u8;
         i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
         n /= 10;
         if n == 0 {
             break;
@@ -108,7 +110,8 @@ pub fn push_digits(out: &mut String, mut n: u64, width: usize) {
     }
     let start = i.min(buf.len() - width.min(buf.len()));
     // Only ASCII digits are in `buf`.
-    out.push_str(std::str::from_utf8(&buf[start..]).unwrap_or_default());
+    let digits = buf.get(start..).unwrap_or_default();
+    out.push_str(std::str::from_utf8(digits).unwrap_or_default());
 }
 
 #[cfg(test)]

@@ -276,7 +276,14 @@ pub struct StoreOptions {
     pub runs_max: u32,
     /// Most timeline events a task keeps (`[store] timeline_max`; 0: none are written).
     pub timeline_max: u32,
+    /// Most entries the failure list holds (`[store] failures_max`); past it a message given
+    /// up on is not listed (its run still counts it failed), counted and alerted. Applied by
+    /// the engine.
+    pub failures_max: u64,
 }
+
+/// `[store] failures_max` when the config does not say.
+pub const DEFAULT_FAILURES_MAX: u64 = 100_000;
 
 /// `[store] retention` when the config does not say.
 pub const DEFAULT_RETENTION_MS: u64 = 7 * 86_400_000;
@@ -290,6 +297,7 @@ impl Default for StoreOptions {
             retention_ms: Some(DEFAULT_RETENTION_MS),
             runs_max: DEFAULT_RUNS_MAX,
             timeline_max: timeline::DEFAULT_TIMELINE_MAX,
+            failures_max: DEFAULT_FAILURES_MAX,
         }
     }
 }
@@ -798,24 +806,27 @@ impl Store {
     }
 
     /// Raw access for tests that need to plant a corrupt record (in the spec tree, with a
-    /// live entry so that start-up meets it).
+    /// live entry so that start-up meets it). Through the write queue like every write, so it
+    /// is durable when it returns and never races the commit thread.
     #[doc(hidden)]
-    pub fn raw_insert_task_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+    pub async fn raw_insert_task_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
         let live = encode(&LiveEntry {
             state: crate::model::TaskState::Pending,
             next_fire_at_ms: None,
             one_shot: true,
         })?;
         let k = key.as_bytes().to_vec();
-        self.backend.apply(vec![vec![
+        let ops = vec![
             RawOp::Put(TreeId::Specs, k.clone(), bytes.to_vec()),
             live_write(k, Some(live), false),
-        ]])?;
-        self.backend.sync()
-    }
-
-    pub fn flush_now(&self) -> Result<(), StoreError> {
-        self.backend.sync()
+        ];
+        match self.commit.write(ops, true).await? {
+            Ok(()) => Ok(()),
+            Err(r) => Err(StoreError::Write(format!(
+                "unexpected precondition failure in {}",
+                r.tree.name()
+            ))),
+        }
     }
 }
 
@@ -1391,7 +1402,9 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let s = Store::open(dir.path()).unwrap();
         insert(&s, "good").await;
-        s.raw_insert_task_bytes("bad", &[1, 0xff, 0xff]).unwrap();
+        s.raw_insert_task_bytes("bad", &[1, 0xff, 0xff])
+            .await
+            .unwrap();
         let (p, _, bad) = s.task_page(None, 10, Walk::All, |_| true).unwrap();
         assert_eq!(p.len(), 1);
         assert_eq!(bad.len(), 1);

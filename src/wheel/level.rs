@@ -1,6 +1,12 @@
 //! One level of the wheel: 64 slot lists plus a `u64` occupancy bitmap, and
 //! the tick arithmetic that maps deadlines to (level, slot).
 
+#![allow(
+    clippy::indexing_slicing,
+    clippy::expect_used,
+    reason = "slots are `deadline >> shift & 63` or a bit of the occupancy bitmap: always < 64, the length of every array here"
+)]
+
 use super::slab::{Slab, NIL};
 
 /// log2 of the slots per level.

@@ -11,6 +11,12 @@
 //! "occupied" flag is needed (the `Option` around the value is only there so
 //! the value can be moved out without `unsafe`).
 
+#![allow(
+    clippy::indexing_slicing,
+    clippy::expect_used,
+    reason = "indices come only from this arena (`alloc`, or a handle checked by `resolve`); a bad one is a bug in the wheel, never input, and must stop loudly"
+)]
+
 use super::Handle;
 
 /// "No entry" marker for the intrusive links and list heads.

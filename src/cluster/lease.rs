@@ -1,0 +1,319 @@
+//! A node's shard leases as it may trust them (HA.md "Trust window"). Pure: every instant is
+//! passed in, on the node's monotonic clock (ms); the database's own time decides who owns a
+//! row, this decides how long *this process* may act on what it was granted.
+//!
+//! Rules:
+//! - A grant or a renewal is trusted until `sent + ttl − safety`, where `sent` is when the
+//!   statement that granted it was *sent* (not answered): the database may have started the
+//!   lease any time after that, so the window never outlives the row.
+//! - Only one renewal is in flight at a time; an ambiguous one (timeout, lost connection, an
+//!   error) drops every shard it covered at once — trust is never extended on a guess.
+//! - A renewal that answers without a shard (its epoch or incarnation no longer matched) drops
+//!   that shard: someone took it over.
+//! - A send may start on a shard only with at least `safety` of trust left, and its request
+//!   deadline must end inside the window ([`Leases::may_send`]).
+
+use std::collections::BTreeMap;
+
+/// The timing of leases (`[cluster] lease`, `renew`, `safety`), in ms.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    pub ttl_ms: u64,
+    pub renew_ms: u64,
+    pub safety_ms: u64,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing {
+            ttl_ms: 10_000,
+            renew_ms: 2_000,
+            safety_ms: 1_000,
+        }
+    }
+}
+
+impl Timing {
+    /// Why this timing cannot hold a lease safely, if it cannot: a renewal must come well
+    /// inside the trust window, or one slow round trip ends trust.
+    pub fn check(&self) -> Result<(), String> {
+        if self.safety_ms == 0 {
+            return Err("cluster.safety must be more than 0".into());
+        }
+        if self.ttl_ms <= self.safety_ms {
+            return Err("cluster.lease must be longer than cluster.safety".into());
+        }
+        if self.renew_ms == 0 || self.renew_ms.saturating_mul(2) > self.ttl_ms - self.safety_ms {
+            return Err(
+                "cluster.renew must be at most half of (cluster.lease - cluster.safety)".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// One owned shard: the epoch it was granted at and until when it is trusted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub epoch: u64,
+    pub trusted_until_ms: u64,
+}
+
+/// Why a shard was dropped (the engine then stops its sends, drops its wheel entries and
+/// unloads it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dropped {
+    /// Trust ran out before a renewal answered.
+    Expired,
+    /// A renewal's outcome is unknown.
+    Ambiguous,
+    /// A renewal came back without it: its row has another epoch or incarnation now.
+    Lost,
+    /// A fenced write was refused (`OwnershipLost`), or a commit's outcome is unknown.
+    Fenced,
+}
+
+/// The shards this process holds.
+#[derive(Debug, Default)]
+pub struct Leases {
+    timing: Timing,
+    held: BTreeMap<u32, Held>,
+    /// The renewal in flight: when it was sent, and the shards (with epochs) it covers.
+    renewing: Option<(u64, Vec<(u32, u64)>)>,
+    last_renew_sent_ms: Option<u64>,
+}
+
+impl Leases {
+    pub fn new(timing: Timing) -> Leases {
+        Leases {
+            timing,
+            ..Leases::default()
+        }
+    }
+
+    pub fn held(&self) -> impl Iterator<Item = (u32, Held)> + '_ {
+        self.held.iter().map(|(s, h)| (*s, *h))
+    }
+
+    pub fn owns(&self, shard: u32) -> Option<Held> {
+        self.held.get(&shard).copied()
+    }
+
+    pub fn count(&self) -> usize {
+        self.held.len()
+    }
+
+    fn window_end(&self, sent_ms: u64) -> u64 {
+        sent_ms.saturating_add(self.timing.ttl_ms - self.timing.safety_ms)
+    }
+
+    /// An acquisition statement sent at `sent_ms` granted `shard` at `epoch`.
+    pub fn granted(&mut self, shard: u32, epoch: u64, sent_ms: u64) {
+        let trusted_until_ms = self.window_end(sent_ms);
+        self.held.insert(
+            shard,
+            Held {
+                epoch,
+                trusted_until_ms,
+            },
+        );
+    }
+
+    /// Whether a renewal is due now (none in flight, and `renew` passed since the last one).
+    pub fn renew_due(&self, now_ms: u64) -> bool {
+        self.renewing.is_none()
+            && !self.held.is_empty()
+            && self
+                .last_renew_sent_ms
+                .is_none_or(|t| now_ms >= t.saturating_add(self.timing.renew_ms))
+    }
+
+    /// A renewal of every held shard is being sent now: the shards and epochs it names.
+    pub fn renew_sent(&mut self, now_ms: u64) -> Vec<(u32, u64)> {
+        let covers: Vec<(u32, u64)> = self.held.iter().map(|(s, h)| (*s, h.epoch)).collect();
+        self.renewing = Some((now_ms, covers.clone()));
+        self.last_renew_sent_ms = Some(now_ms);
+        covers
+    }
+
+    /// The renewal in flight answered: `renewed` are the shards whose rows it extended (epoch
+    /// and incarnation matched). Trust of those moves to the window of the renewal's send;
+    /// the others it covered are lost. Returns the shards dropped.
+    pub fn renew_answered(&mut self, renewed: &[u32]) -> Vec<(u32, Dropped)> {
+        let Some((sent, covers)) = self.renewing.take() else {
+            return Vec::new();
+        };
+        let until = self.window_end(sent);
+        let mut dropped = Vec::new();
+        for (shard, epoch) in covers {
+            match self.held.get_mut(&shard) {
+                // Re-granted at another epoch meanwhile: that grant's own window stands.
+                Some(h) if h.epoch != epoch => {}
+                Some(h) if renewed.contains(&shard) => {
+                    h.trusted_until_ms = h.trusted_until_ms.max(until);
+                }
+                Some(_) => {
+                    self.held.remove(&shard);
+                    dropped.push((shard, Dropped::Lost));
+                }
+                None => {}
+            }
+        }
+        dropped
+    }
+
+    /// The renewal in flight failed or timed out: nobody knows whether it extended the rows,
+    /// so every shard it covered is dropped now.
+    pub fn renew_ambiguous(&mut self) -> Vec<(u32, Dropped)> {
+        let Some((_, covers)) = self.renewing.take() else {
+            return Vec::new();
+        };
+        let mut dropped = Vec::new();
+        for (s, e) in covers {
+            if self.held.get(&s).is_some_and(|h| h.epoch == e) {
+                self.held.remove(&s);
+                dropped.push((s, Dropped::Ambiguous));
+            }
+        }
+        dropped
+    }
+
+    /// A fenced write on `shard` was refused, or its outcome is unknown.
+    pub fn fenced(&mut self, shard: u32) -> Option<(u32, Dropped)> {
+        self.held.remove(&shard).map(|_| (shard, Dropped::Fenced))
+    }
+
+    /// Released on purpose (handoff, SIGTERM).
+    pub fn released(&mut self, shard: u32) {
+        self.held.remove(&shard);
+    }
+
+    /// Shards whose trust has ended by `now_ms`, dropped.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<(u32, Dropped)> {
+        let gone: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|(_, h)| now_ms >= h.trusted_until_ms)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in &gone {
+            self.held.remove(s);
+        }
+        gone.into_iter().map(|s| (s, Dropped::Expired)).collect()
+    }
+
+    /// Whether a send on `shard` may start at `now_ms` with a request deadline `timeout_ms`
+    /// later: at least `safety` of trust left, and the whole request inside the window.
+    pub fn may_send(&self, shard: u32, now_ms: u64, timeout_ms: u64) -> bool {
+        self.held.get(&shard).is_some_and(|h| {
+            h.trusted_until_ms.saturating_sub(now_ms) >= self.timing.safety_ms
+                && now_ms.saturating_add(timeout_ms) <= h.trusted_until_ms
+        })
+    }
+
+    /// The next instant something must happen (a renewal due, or a shard's trust ending).
+    pub fn next_deadline(&self) -> Option<u64> {
+        let expiry = self.held.values().map(|h| h.trusted_until_ms).min();
+        let renew = match (self.renewing.is_none(), self.last_renew_sent_ms) {
+            (true, Some(t)) if !self.held.is_empty() => Some(t + self.timing.renew_ms),
+            _ => None,
+        };
+        expiry.into_iter().chain(renew).min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leases() -> Leases {
+        Leases::new(Timing::default())
+    }
+
+    #[test]
+    fn trust_runs_from_the_send_of_the_grant_not_its_answer() {
+        let mut l = leases();
+        l.granted(3, 7, 1_000);
+        let h = l.owns(3).unwrap();
+        assert_eq!((h.epoch, h.trusted_until_ms), (7, 1_000 + 10_000 - 1_000));
+        assert!(l.may_send(3, 2_000, 5_000));
+        // Less than `safety` left, or a deadline past the window: no send.
+        assert!(!l.may_send(3, 9_500, 100));
+        assert!(
+            l.may_send(3, 5_000, 5_000),
+            "a deadline at the window end is inside it"
+        );
+        assert!(!l.may_send(3, 5_000, 5_001));
+        assert!(!l.may_send(4, 2_000, 10), "not held");
+    }
+
+    #[test]
+    fn a_renewal_extends_from_its_send_and_loses_what_it_did_not_renew() {
+        let mut l = leases();
+        l.granted(1, 1, 0);
+        l.granted(2, 5, 0);
+        assert!(l.renew_due(0), "never renewed yet");
+        let covers = l.renew_sent(2_000);
+        assert_eq!(covers, [(1, 1), (2, 5)]);
+        assert!(!l.renew_due(4_500), "one renewal in flight at a time");
+        // Shard 2's row was taken over: the answer does not name it.
+        let dropped = l.renew_answered(&[1]);
+        assert_eq!(dropped, [(2, Dropped::Lost)]);
+        assert_eq!(l.owns(1).unwrap().trusted_until_ms, 2_000 + 9_000);
+        assert!(l.owns(2).is_none());
+        assert!(!l.renew_due(3_999));
+        assert!(l.renew_due(4_000));
+    }
+
+    #[test]
+    fn an_ambiguous_renewal_drops_every_shard_it_covered() {
+        let mut l = leases();
+        l.granted(1, 1, 0);
+        l.granted(2, 1, 0);
+        l.renew_sent(2_000);
+        // Granted again during the renewal (a new epoch): its own grant stands.
+        l.granted(2, 2, 2_500);
+        let dropped = l.renew_ambiguous();
+        assert_eq!(dropped, [(1, Dropped::Ambiguous)]);
+        assert_eq!(l.owns(2).map(|h| h.epoch), Some(2));
+    }
+
+    #[test]
+    fn trust_ends_by_itself_when_renewals_stall() {
+        let mut l = leases();
+        l.granted(9, 4, 0);
+        l.renew_sent(2_000); // never answered: a hung connection
+        assert_eq!(l.next_deadline(), Some(9_000));
+        assert!(l.expire(8_999).is_empty());
+        assert_eq!(l.expire(9_000), [(9, Dropped::Expired)]);
+        assert_eq!(l.count(), 0);
+        // The late answer changes nothing: the shard is gone.
+        assert!(l.renew_answered(&[9]).is_empty());
+        assert!(l.owns(9).is_none());
+    }
+
+    #[test]
+    fn a_refused_fenced_write_drops_its_shard() {
+        let mut l = leases();
+        l.granted(5, 3, 0);
+        assert_eq!(l.fenced(5), Some((5, Dropped::Fenced)));
+        assert_eq!(l.fenced(5), None);
+    }
+
+    #[test]
+    fn unsafe_timings_are_refused() {
+        assert!(Timing::default().check().is_ok());
+        let bad = |ttl_ms, renew_ms, safety_ms| {
+            Timing {
+                ttl_ms,
+                renew_ms,
+                safety_ms,
+            }
+            .check()
+            .is_err()
+        };
+        assert!(bad(1_000, 200, 1_000), "lease not longer than safety");
+        assert!(bad(10_000, 5_000, 1_000), "renew over half the window");
+        assert!(bad(10_000, 2_000, 0), "no safety");
+    }
+}
