@@ -40,6 +40,10 @@
 //!   all timed iterations of both) is printed at the end: the template engine's cost.
 //! * `herald_unsigned_disk`: as `herald_unsigned` with the data dir on the real disk (under
 //!   the target dir), where each group flush is an fsync.
+//! * `herald_no_timeline`: as `herald_unsigned` with `[store] timeline_max = 0` (no timeline
+//!   events written; issue 25). The ratio to `herald_unsigned` is printed at the end: what
+//!   the timeline costs; and after `herald_unsigned`, the timeline's records and bytes (keys
+//!   and values, before sled's own overhead) per delivered message.
 //!
 //! After each herald contender the number of durable flushes per message is printed.
 //!
@@ -295,11 +299,16 @@ impl Herald {
         receiver_url: &str,
         signed: bool,
         templated: bool,
+        timeline: bool,
         dir: tempfile::TempDir,
     ) -> Herald {
-        let mut toml = format!(
+        let mut toml = String::new();
+        if !timeline {
+            toml.push_str("[store]\ntimeline_max = 0\n");
+        }
+        toml.push_str(&format!(
             "[channels.hook]\nkind = \"webhook\"\nurl = \"{receiver_url}\"\nconcurrency = 64\n"
-        );
+        ));
         if signed {
             toml.push_str(&format!("secret = \"{SECRET}\"\n"));
         }
@@ -423,16 +432,18 @@ fn delivery(c: &mut Criterion) {
         })
     });
 
-    // (name, signed, templated, data dir on the real disk)
+    // (name, signed, templated, data dir on the real disk, timeline on)
     let variants = [
-        ("herald_unsigned", false, false, false),
-        ("herald_templated", false, true, false),
-        ("herald_signed", true, false, false),
-        ("herald_unsigned_disk", false, false, true),
+        ("herald_unsigned", false, false, false, true),
+        ("herald_no_timeline", false, false, false, false),
+        ("herald_templated", false, true, false, true),
+        ("herald_signed", true, false, false, true),
+        ("herald_unsigned_disk", false, false, true, true),
     ];
     // Timed messages and time per contender, for the templated / plain ratio.
     let mut measured: Vec<(&str, u64, Duration)> = Vec::new();
-    for (name, signed, templated, on_disk) in variants {
+    for (name, signed, templated, on_disk, timeline) in variants {
+        let mut footprint = (0u64, 0u64, 0u64);
         if on_disk {
             // Iterations take ~0.6 s there: a little more time for 10 samples.
             g.measurement_time(Duration::from_secs(15));
@@ -449,7 +460,8 @@ fn delivery(c: &mut Criterion) {
                     // one round to open its connections and warm the store.
                     let dir = if on_disk { disk_dir() } else { tmpfs_dir() };
                     on = data_dir_kind(dir.path());
-                    let herald = Herald::start(&receiver.url(), signed, templated, dir).await;
+                    let herald =
+                        Herald::start(&receiver.url(), signed, templated, timeline, dir).await;
                     herald.round(&counter, &requests).await;
                     let (f0, m0) = (herald.flushes(), counter.requests.load(Ordering::Acquire));
                     let mut total = Duration::ZERO;
@@ -459,6 +471,16 @@ fn delivery(c: &mut Criterion) {
                     flushes += herald.flushes() - f0;
                     messages += counter.requests.load(Ordering::Acquire) - m0;
                     timed += total;
+                    // Untimed: the timeline's records and bytes for every message delivered
+                    // by this instance (the warm-up round's too).
+                    if let Ok((n, bytes)) = herald.engine().store().timeline_footprint() {
+                        let delivered = (iters + 1) * N;
+                        footprint = (
+                            footprint.0 + n,
+                            footprint.1 + bytes,
+                            footprint.2 + delivered,
+                        );
+                    }
                     assert!(
                         herald.server.stop(Duration::from_secs(30)).await,
                         "herald stopped"
@@ -471,6 +493,13 @@ fn delivery(c: &mut Criterion) {
             "{name}: data dir on {on}; {messages} timed messages, {:.3} durable flushes per message",
             flushes as f64 / messages.max(1) as f64
         );
+        if footprint.2 > 0 && footprint.0 > 0 {
+            println!(
+                "{name}: timeline {:.2} records and {:.0} bytes (keys + values) per delivered message",
+                footprint.0 as f64 / footprint.2 as f64,
+                footprint.1 as f64 / footprint.2 as f64
+            );
+        }
         measured.push((name, messages, timed));
     }
     g.finish();
@@ -486,6 +515,14 @@ fn delivery(c: &mut Criterion) {
              over all timed iterations = {:.3} (cost {:.1} % of throughput)",
             templated / plain,
             (1.0 - templated / plain) * 100.0
+        );
+    }
+    if let (Some(on), Some(off)) = (rate("herald_unsigned"), rate("herald_no_timeline")) {
+        println!(
+            "timeline on vs off (timeline_max = 0): {on:.0} vs {off:.0} messages/s over all timed \
+             iterations = {:.3} (cost {:.1} % of throughput)",
+            on / off,
+            (1.0 - on / off) * 100.0
         );
     }
     if criterion_filter_allows("paired") {
@@ -519,8 +556,8 @@ async fn paired_template_cost(receiver: &Receiver, requests: &[TaskRequest]) {
     let counter = &receiver.counter;
     let mut ratios = Vec::with_capacity(pairs);
     for p in 0..pairs {
-        let plain = Herald::start(&receiver.url(), false, false, tmpfs_dir()).await;
-        let templated = Herald::start(&receiver.url(), false, true, tmpfs_dir()).await;
+        let plain = Herald::start(&receiver.url(), false, false, true, tmpfs_dir()).await;
+        let templated = Herald::start(&receiver.url(), false, true, true, tmpfs_dir()).await;
         plain.round(counter, requests).await;
         templated.round(counter, requests).await;
         let (mut t_plain, mut t_templated) = (Duration::ZERO, Duration::ZERO);

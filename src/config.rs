@@ -47,6 +47,8 @@ pub const ENV_KEYS: &[(&str, Kind)] = &[
     ("store.url", Kind::Str),
     ("store.pool_size", Kind::Int),
     ("store.statement_timeout", Kind::Str),
+    ("store.timeline_max", Kind::Int),
+    ("telemetry.otlp_endpoint", Kind::Str),
 ];
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
@@ -97,6 +99,15 @@ struct FileConfig {
     alerts: Option<AlertsFile>,
     limits: Option<LimitsFile>,
     store: Option<StoreFile>,
+    telemetry: Option<TelemetryFile>,
+}
+
+/// `[telemetry]`: OpenTelemetry export (issue 25).
+#[derive(Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct TelemetryFile {
+    /// An OTLP/HTTP collector (`http://127.0.0.1:4318`); absent: no export.
+    otlp_endpoint: Option<String>,
 }
 
 /// `[store]`: the embedded database.
@@ -117,6 +128,8 @@ struct StoreFile {
     pool_size: Option<u64>,
     /// Longest a statement may run before the server cancels it (default 30s).
     statement_timeout: Option<String>,
+    /// Most timeline events a task keeps (default 10000; 0 keeps none).
+    timeline_max: Option<u64>,
 }
 
 /// `[store] url`: herald on PostgreSQL (`store/pg`). `Debug` shows no password.
@@ -289,6 +302,8 @@ pub struct Config {
     pub connections_max: Option<usize>,
     pub body_read_timeout_ms: u64,
     pub header_read_timeout_ms: u64,
+    /// `[telemetry] otlp_endpoint`: where spans are exported over OTLP/HTTP; `None`: not at all.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Overrides from the command line and environment.
@@ -499,12 +514,31 @@ impl Config {
                 }
                 None => {}
             }
+            if let Some(n) = st.timeline_max {
+                store.timeline_max = u32::try_from(n)
+                    .map_err(|_| invalid("store.timeline_max", "must be at most 4294967295"))?;
+            }
             match st.failures_max {
                 Some(0) => return Err(invalid("store.failures_max", "must be at least 1")),
                 Some(n) => store.failures_max = n,
                 None => {}
             }
         }
+        // `HERALD_OTLP_ENDPOINT` is the short name API.md gives (the table's own variable,
+        // `HERALD_TELEMETRY_OTLP_ENDPOINT`, was merged into the file's table already).
+        let otlp_endpoint = match file
+            .telemetry
+            .and_then(|t| t.otlp_endpoint)
+            .or_else(|| env("HERALD_OTLP_ENDPOINT"))
+        {
+            Some(e) if e.trim().is_empty() => None,
+            Some(e) => {
+                crate::trace::otlp::check_endpoint(&e)
+                    .map_err(|m| invalid("telemetry.otlp_endpoint", m))?;
+                Some(e)
+            }
+            None => None,
+        };
         Ok(Config {
             listen,
             data_dir,
@@ -519,6 +553,7 @@ impl Config {
             connections_max,
             body_read_timeout_ms,
             header_read_timeout_ms,
+            otlp_endpoint,
         })
     }
 }
@@ -1210,6 +1245,7 @@ secret = "${DT_SECRET}"
                 (&"token", _) => "0123456789abcdef",
                 (&"data_dir", _) => "d",
                 (&"store.url", _) => "postgres://herald@127.0.0.1:5432/herald",
+                (&"telemetry.otlp_endpoint", _) => "http://127.0.0.1:4318",
                 _ => "3s",
             };
             let name = var_name(key);
@@ -1217,5 +1253,28 @@ secret = "${DT_SECRET}"
             Config::load_with_env(None, Overrides::default(), &one)
                 .unwrap_or_else(|e| panic!("{name}={value}: {e}"));
         }
+    }
+
+    #[test]
+    fn telemetry_and_timeline_keys_are_read_and_checked() {
+        let c = Config::from_toml("", Overrides::default()).unwrap();
+        assert_eq!((c.otlp_endpoint, c.store.timeline_max), (None, 10_000));
+        let c = Config::from_toml(
+            "[store]\ntimeline_max = 0\n[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318\"",
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.store.timeline_max, 0);
+        assert_eq!(c.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4318"));
+        let e = Config::from_toml(
+            "[telemetry]\notlp_endpoint = \"https://x\"",
+            Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().starts_with("telemetry.otlp_endpoint:"), "{e}");
+        // API.md's short variable.
+        let env = |n: &str| (n == "HERALD_OTLP_ENDPOINT").then(|| "http://c:4318".to_string());
+        let c = Config::load_with_env(None, Overrides::default(), &env).unwrap();
+        assert_eq!(c.otlp_endpoint.as_deref(), Some("http://c:4318"));
     }
 }

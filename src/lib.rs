@@ -14,4 +14,5 @@ pub mod model;
 pub mod schedule;
 pub mod server;
 pub mod store;
+pub mod trace;
 pub mod wheel;

@@ -33,6 +33,8 @@ pub enum StartError {
     Engine(#[from] EngineError),
     #[error("{0}")]
     Descriptors(String),
+    #[error("telemetry.otlp_endpoint: {0}")]
+    Telemetry(String),
     #[error("cannot listen on {addr}: {error}")]
     Listen {
         addr: SocketAddr,
@@ -193,7 +195,14 @@ pub async fn start_with(
             }
         })?,
     };
+    store.set_timeline_max(config.store.timeline_max);
+    let telemetry = match &config.otlp_endpoint {
+        Some(e) => crate::trace::otlp::Telemetry::start(e).map_err(StartError::Telemetry)?,
+        None => crate::trace::otlp::Telemetry::off(),
+    };
     let channels = build_channels_with(&config, Durations::of(clock.clone()))?;
+    let tracing = channels.tracing().clone();
+    tracing.set_telemetry(telemetry);
     // Bind before recovering so a port clash fails fast.
     let listener = listen(config.listen).map_err(|error| StartError::Listen {
         addr: config.listen,
@@ -236,7 +245,19 @@ pub async fn start_with(
         metrics: Default::default(),
         conns,
         clock: clock.clone(),
+        tracing: tracing.clone(),
     });
+    // A task made before this boot: its deliveries read its trace id from its spec, once.
+    // Through the API state, weakly: the channels (which hold the book) are the engine's, and
+    // a strong engine here would keep it, and its store, alive for good.
+    let reader = Arc::downgrade(&state);
+    tracing.book.set_resolver(
+        move |id| match reader.upgrade()?.engine.store().get_task(id) {
+            Ok(Some(t)) => Some(t.trace_id),
+            Ok(None) => Some(None),
+            Err(_) => None,
+        },
+    );
     // Serve first: while recovery runs, /healthz and /v1 answer 503 instead of hanging.
     tokio::spawn(api::serve(listener, state, rx));
     engine.recover().await?;

@@ -517,6 +517,41 @@ async fn dashboard_in_headless_chromium() {
         row_text.contains("r2") && row_text.contains("HTTP 400"),
         "{row_text}"
     );
+
+    // ---- the failure's link opens its task's timeline (the engine's events of the run):
+    // newest first, attempts expandable
+    click(&c, &format!("{failed} button[data-action='timeline']")).await;
+    let order = until(&c, "the timeline of seq", t, || async {
+        let v = js(
+            &c,
+            "return [...document.querySelectorAll('#timeline li[data-seq]')].map(li => [Number(li.dataset.seq), li.dataset.kind])",
+        )
+        .await;
+        let v: Vec<(u64, String)> = serde_json::from_value(v).unwrap_or_default();
+        v.iter().any(|(_, k)| k == "failed").then_some(v)
+    })
+    .await;
+    assert!(
+        order.windows(2).all(|w| w[0].0 > w[1].0),
+        "newest first: {order:?}"
+    );
+    let opened = js(
+        &c,
+        r#"const li = [...document.querySelectorAll('#timeline li[data-kind="attempt"]')]
+             .find(li => li.textContent.includes('message 2'));
+           const d = li && li.querySelector('details');
+           if (!d) return null;
+           d.open = true;
+           return [d.querySelector('summary').textContent, d.querySelector('dl').innerText];"#,
+    )
+    .await;
+    let opened: Vec<String> = serde_json::from_value(opened.clone())
+        .unwrap_or_else(|_| panic!("an attempt is expandable: {opened}"));
+    assert!(opened[0].contains("HTTP 400"), "{opened:?}");
+    assert!(
+        opened[1].contains("duration_ms") && opened[1].contains("permanent"),
+        "{opened:?}"
+    );
     let progress_text = text_of(&c, "#task-rows tr[data-task='seq'] .progress .text").await;
     assert!(progress_text.contains("1 failed"), "{progress_text}");
     until(&c, "the overview's charts drawing the sends and their lateness", t, || async {
@@ -690,6 +725,7 @@ async fn page_and_assets_are_embedded_and_locked_down() {
         ("/dashboard/format.js", "text/javascript; charset=utf-8"),
         ("/dashboard/metrics.js", "text/javascript; charset=utf-8"),
         ("/dashboard/chart.js", "text/javascript; charset=utf-8"),
+        ("/dashboard/timeline.js", "text/javascript; charset=utf-8"),
     ] {
         let r = http::get(&h.url(path)).await;
         assert_eq!(r.status, 200, "{path}");
@@ -707,7 +743,14 @@ async fn page_and_assets_are_embedded_and_locked_down() {
         );
     }
     let page = http::get(&h.url("/")).await.text();
-    for asset in ["app.js", "app.css", "format.js", "metrics.js", "chart.js"] {
+    for asset in [
+        "app.js",
+        "app.css",
+        "format.js",
+        "metrics.js",
+        "chart.js",
+        "timeline.js",
+    ] {
         assert!(page.contains(&format!("/dashboard/{asset}")), "{asset}");
     }
     // Every form control has a label.

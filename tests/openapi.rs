@@ -25,6 +25,7 @@ const SERVED: &[(&str, &str)] = &[
     ("POST", "/v1/tasks/{id}/trigger"),
     ("POST", "/v1/tasks/{id}/backfill"),
     ("GET", "/v1/tasks/{id}/runs"),
+    ("GET", "/v1/tasks/{id}/timeline"),
     ("GET", "/v1/failures"),
     ("POST", "/v1/failures/{id}/retry"),
     ("DELETE", "/v1/failures/{id}"),
@@ -40,6 +41,7 @@ const SERVED: &[(&str, &str)] = &[
     ("GET", "/dashboard/format.js"),
     ("GET", "/dashboard/metrics.js"),
     ("GET", "/dashboard/chart.js"),
+    ("GET", "/dashboard/timeline.js"),
     ("GET", "/dashboard/app.css"),
 ];
 
@@ -51,6 +53,7 @@ const OPEN: &[&str] = &[
     "/dashboard/format.js",
     "/dashboard/metrics.js",
     "/dashboard/chart.js",
+    "/dashboard/timeline.js",
     "/dashboard/app.css",
 ];
 

@@ -77,6 +77,7 @@ fn start(dir: &std::path::Path, sled: SledBackend) -> Herald {
                 metrics: Default::default(),
                 conns: herald::api::conns::Conns::new(256),
                 clock,
+                tracing: Default::default(),
             });
             tokio::spawn(serve(listener, state, rx));
             let e = engine.clone();

@@ -17,6 +17,7 @@
 //! event: failure                     the failure list changed: added | retrying | resolved | failed | dismissed
 //! data: {"id":"t1:1:4","task":"t1","run":1,"seq":4,"action":"added","attempts":4,"last_error":"..."}
 //!
+//! event: timeline                    an event of a task's timeline (as GET /v1/tasks/{id}/timeline shows it, with "task")
 //! event: resync                      this client fell behind and missed events: re-read what it shows
 //! data: {"missed":12}
 //!

@@ -264,6 +264,24 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
         "Entries on the timing wheel (pending fires, active run steps, failure retries)",
         engine.wheel_entries() as i64,
     );
+    if let Some(x) = state.tracing.telemetry().and_then(|t| t.stats()) {
+        use std::sync::atomic::Ordering::Relaxed;
+        s.counter(
+            "herald_otlp_spans_exported",
+            "Spans an OTLP collector accepted ([telemetry] otlp_endpoint)",
+            x.exported.load(Relaxed),
+        );
+        s.counter(
+            "herald_otlp_spans_dropped",
+            "Spans not exported: the bounded export queue was full, or their POST to the collector failed",
+            x.dropped.load(Relaxed),
+        );
+        s.counter(
+            "herald_otlp_export_failures",
+            "POSTs to the OTLP collector that failed (no connection, a timeout, a non-2xx answer)",
+            x.failed_posts.load(Relaxed),
+        );
+    }
     s.counter(
         "herald_failures_unlisted",
         "Messages given up on that the full failure list did not take ([store] failures_max); their runs count them failed",

@@ -14,6 +14,7 @@ mod preview;
 pub mod problem;
 mod rejections;
 mod runs;
+pub mod timeline;
 pub mod views;
 
 /// The OpenAPI 3.1 document of this API, served at `/v1/openapi.json`.
@@ -60,6 +61,9 @@ pub struct ApiState {
     pub conns: Arc<conns::Conns>,
     /// The engine's clock (wall jumps for `/metrics`).
     pub clock: Arc<dyn crate::clock::Clock>,
+    /// Each task's trace as deliveries see it, and the OTLP span export (`[telemetry]
+    /// otlp_endpoint`; off: no cost). Shared with the channels.
+    pub tracing: Arc<crate::trace::Tracing>,
 }
 
 const IDEMPOTENCY_KEY_BYTES_MAX: usize = 255;
@@ -342,13 +346,16 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
             if m != Method::POST {
                 return Err(method_not_allowed("POST"));
             }
+            let caller = caller_trace(&req);
+            let started = crate::trace::otlp::now_unix_ns();
             let e = &state.engine;
-            let v = match action {
-                "cancel" => e.cancel(&id).await?,
-                "pause" => e.pause(&id).await?,
-                "resume" => e.resume(&id).await?,
-                _ => e.trigger(&id).await?,
+            let (v, name) = match action {
+                "cancel" => (e.cancel(&id).await?, "POST /v1/tasks/{id}/cancel"),
+                "pause" => (e.pause(&id).await?, "POST /v1/tasks/{id}/pause"),
+                "resume" => (e.resume(&id).await?, "POST /v1/tasks/{id}/resume"),
+                _ => (e.trigger(&id).await?, "POST /v1/tasks/{id}/trigger"),
             };
+            request_span(state, caller.as_ref(), &v.task, name, started, 200);
             Ok(json_response(StatusCode::OK, &task_json(state, &v, lang)))
         }
         ["tasks", id, "backfill"] => {
@@ -362,6 +369,13 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
             let id = path_id(id)?;
             match m {
                 Method::GET => runs::handle(state, &id, &req).await,
+                _ => Err(method_not_allowed("GET")),
+            }
+        }
+        ["tasks", id, "timeline"] => {
+            let id = path_id(id)?;
+            match m {
+                Method::GET => timeline::handle(state, &id, &req).await,
                 _ => Err(method_not_allowed("GET")),
             }
         }
@@ -507,10 +521,37 @@ async fn create_task(
         }
         None => None,
     };
+    let caller = caller_trace(&req);
+    let started = crate::trace::otlp::now_unix_ns();
     let body = read_body(state, req).await?;
-    let task_req: TaskRequest = parse_json(&body)?;
+    let mut task_req: TaskRequest = parse_json(&body)?;
+    // The caller's trace, or a new one (API.md "Trace and timeline").
+    task_req.trace_id = Some(
+        caller
+            .as_ref()
+            .map_or_else(crate::trace::new_trace_id, |c| c.trace_id),
+    );
     let idem = key.map(|k| (k, Sha256::digest(&body).into()));
-    match state.engine.create(task_req, idem).await? {
+    let created = state.engine.create(task_req, idem).await?;
+    let (Created::New(v) | Created::Replayed(v)) = &created;
+    let status = if matches!(created, Created::New(_)) {
+        201
+    } else {
+        200
+    };
+    if let Some(t) = v.task.trace_id {
+        // The deliveries of a new task find its trace without reading its spec.
+        state.tracing.book.note(&v.task.id, t);
+    }
+    request_span(
+        state,
+        caller.as_ref(),
+        &v.task,
+        "POST /v1/tasks",
+        started,
+        status,
+    );
+    match created {
         Created::New(v) => {
             let mut r = json_response(StatusCode::CREATED, &task_json(state, &v, lang));
             if let Ok(loc) =
@@ -587,10 +628,71 @@ async fn patch_task(
     req: Request<Incoming>,
     lang: Option<Lang>,
 ) -> Result<Resp, Problem> {
+    let caller = caller_trace(&req);
+    let started = crate::trace::otlp::now_unix_ns();
     let body = read_body(state, req).await?;
     let patch: PatchRequest = parse_json(&body)?;
     let v = state.engine.patch(id, patch).await?;
+    request_span(
+        state,
+        caller.as_ref(),
+        &v.task,
+        "PATCH /v1/tasks/{id}",
+        started,
+        200,
+    );
     Ok(json_response(StatusCode::OK, &task_json(state, &v, lang)))
+}
+
+/// The caller's W3C trace context; a malformed `traceparent` is logged and ignored, never
+/// refused (API.md).
+fn caller_trace(req: &Request<Incoming>) -> Option<crate::trace::TraceContext> {
+    match crate::trace::from_headers(req.headers()) {
+        Ok(cx) => cx,
+        Err(why) => {
+            tracing::warn!(error = %why, path = %crate::logsafe::Escaped(req.uri().path()),
+                "ignoring a malformed traceparent header");
+            None
+        }
+    }
+}
+
+/// The span of a request that created or changed `task` (exported only with
+/// `[telemetry] otlp_endpoint`). It is in the task's trace: a child of the caller's span when
+/// the caller is in that trace, linked to it when the caller's trace is another.
+fn request_span(
+    state: &ApiState,
+    caller: Option<&crate::trace::TraceContext>,
+    task: &crate::model::Task,
+    name: &'static str,
+    started_ns: u64,
+    status: u16,
+) {
+    let Some(telemetry) = state.tracing.telemetry() else {
+        return;
+    };
+    let trace_id = views::trace_id_of(task);
+    let (parent, links) = match caller {
+        Some(c) if c.trace_id == trace_id => (Some(c.parent_span), vec![]),
+        Some(c) => (None, vec![(c.trace_id, c.parent_span)]),
+        None => (None, vec![]),
+    };
+    let span = crate::trace::otlp::Span {
+        trace_id,
+        span_id: crate::trace::new_span_id(),
+        parent,
+        name: name.to_string(),
+        kind: crate::trace::otlp::SpanKind::Server,
+        start_unix_ns: started_ns,
+        end_unix_ns: crate::trace::otlp::now_unix_ns(),
+        attrs: vec![],
+        error: None,
+        links,
+    }
+    .attr("herald.task.id", task.id.as_str())
+    .attr("http.response.status_code", status)
+    .attr("herald.task.state", task.state.as_str());
+    telemetry.export(span);
 }
 
 fn list_failures(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {

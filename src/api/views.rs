@@ -184,6 +184,8 @@ pub struct TaskDoc<'a> {
     runs: u32,
     schedule: Value,
     state: &'static str,
+    /// The task's W3C trace id (32 hex digits); from its id for tasks made before traces.
+    trace_id: String,
     updated_at: String,
 }
 
@@ -248,9 +250,12 @@ pub fn task_doc(
         runs: t.runs,
         schedule: schedule(&t.schedule),
         state: t.state.as_str(),
+        trace_id: crate::model::timeline::hex(&trace_id_of(t)),
         updated_at: format_utc(t.updated_at_ms),
     }
 }
+
+pub use crate::model::timeline::trace_id_of;
 
 pub fn run(r: &Run) -> Value {
     json!({
@@ -457,6 +462,7 @@ mod tests {
             "overlap": match t.overlap { Overlap::Skip => "skip", Overlap::Queue => "queue", Overlap::Allow => "allow" },
             "metadata": t.metadata,
             "failed_reason": t.failed_reason,
+            "trace_id": crate::model::timeline::hex(&trace_id_of(t)),
         })
     }
 

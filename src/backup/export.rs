@@ -55,6 +55,9 @@ pub fn export(
                 run,
             })?;
         }
+        for e in img.timeline {
+            o.emit(&Line::timeline(&id, e))?;
+        }
     }
     for f in store.all_failures() {
         o.emit(&Line::Failure { failure: f? })?;

@@ -7,6 +7,7 @@ use std::io::BufRead;
 use std::path::Path;
 
 use super::{unhex32, BackupError, Line, FORMAT, VERSION};
+use crate::model::timeline::TimelineEvent;
 use crate::model::Message;
 use crate::store::{Batch, IdemRecord, Op, Store};
 
@@ -46,6 +47,8 @@ struct Current {
     id: String,
     message_count: u32,
     messages: Vec<Message>,
+    /// The seq of its last timeline event read.
+    last_seq: Option<u64>,
 }
 
 /// Reads an export from `r` into `store` (which should be empty; see [`check_empty`]).
@@ -97,6 +100,7 @@ pub async fn import(store: &Store, r: impl BufRead) -> Result<Imported, BackupEr
                     id: task.id.clone(),
                     message_count: task.message_count,
                     messages: Vec::new(),
+                    last_seq: None,
                 });
                 batch.task(&task);
                 ops += 1;
@@ -130,6 +134,48 @@ pub async fn import(store: &Store, r: impl BufRead) -> Result<Imported, BackupEr
                     )));
                 }
                 batch.run(&task_id, &run);
+                ops += 1;
+            }
+            Line::Timeline {
+                task_id,
+                seq,
+                at_ms,
+                event,
+                run,
+                msg,
+                attempt,
+                detail,
+            } => {
+                let c = current
+                    .as_mut()
+                    .filter(|c| c.id == task_id)
+                    .ok_or_else(|| {
+                        err(format!(
+                            "timeline event of task {task_id:?} is not right after that task"
+                        ))
+                    })?;
+                if c.last_seq.is_some_and(|l| l >= seq) || seq == 0 {
+                    return Err(err(format!(
+                        "timeline event {seq} of task {task_id:?} is out of order (or repeated)"
+                    )));
+                }
+                c.last_seq = Some(seq);
+                let e = TimelineEvent {
+                    seq,
+                    at_ms,
+                    kind: event,
+                    run,
+                    msg,
+                    attempt,
+                    detail,
+                };
+                match batch.ops.last_mut() {
+                    Some(Op::PutTimeline { task_id: t, events }) if *t == task_id => events.push(e),
+                    _ => batch.ops.push(Op::PutTimeline {
+                        task_id,
+                        events: vec![e],
+                    }),
+                }
                 ops += 1;
             }
             Line::Failure { failure } => {

@@ -6,7 +6,9 @@
 //!
 //! The format (one JSON object per line, `kind` says which):
 //! 1. `header`: `{"kind":"header","format":"herald-export","version":1,"exported_at":"..."}`
-//! 2. per task, in id order: `task`, then its `message`s (seq 0, 1, ...), then its `run`s
+//! 2. per task, in id order: `task`, then its `message`s (seq 0, 1, ...), then its `run`s,
+//!    then its `timeline` events (oldest first, with their seqs; exports made before the
+//!    timeline have none, and import as tasks without events)
 //! 3. every `failure`, then every `idempotency` key
 //! 4. `end` with the counts: a file without it was cut short and is refused.
 //!
@@ -19,6 +21,7 @@ pub mod import;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::timeline::{TimelineEvent, TimelineKind};
 use crate::model::{Failure, Message, Run, Task};
 
 /// `format` of the header line.
@@ -47,6 +50,20 @@ pub enum Line {
         task_id: String,
         run: Run,
     },
+    Timeline {
+        task_id: String,
+        seq: u64,
+        at_ms: u64,
+        event: TimelineKind,
+        #[serde(default)]
+        run: Option<u32>,
+        #[serde(default)]
+        msg: Option<u32>,
+        #[serde(default)]
+        attempt: Option<u32>,
+        #[serde(default)]
+        detail: serde_json::Value,
+    },
     Failure {
         failure: Failure,
     },
@@ -72,6 +89,22 @@ pub enum BackupError {
     Format { line: u64, detail: String },
     #[error("{0}")]
     Refused(String),
+}
+
+impl Line {
+    /// The line of one timeline event of `task_id`.
+    pub fn timeline(task_id: &str, e: TimelineEvent) -> Line {
+        Line::Timeline {
+            task_id: task_id.to_string(),
+            seq: e.seq,
+            at_ms: e.at_ms,
+            event: e.kind,
+            run: e.run,
+            msg: e.msg,
+            attempt: e.attempt,
+            detail: e.detail,
+        }
+    }
 }
 
 /// Lowercase hex of bytes.

@@ -13,6 +13,7 @@ mod next;
 pub mod output;
 mod table;
 mod tasks;
+mod timeline;
 mod watch;
 
 use clap::{Args, Subcommand};
@@ -147,6 +148,20 @@ pub enum TasksCmd {
     },
     /// Delete a finished task with its runs (an unfinished one must be cancelled first).
     Delete { id: String },
+    /// Every step herald took for the task, oldest first: created, fired, each attempt with
+    /// its answer, retries and holds, delivered or failed.
+    Timeline {
+        id: String,
+        /// Only the events of this run.
+        #[arg(long)]
+        run: Option<u32>,
+        /// Events per page (1-1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Start after this seq (the `next` of the previous page).
+        #[arg(long)]
+        after: Option<u64>,
+    },
 }
 
 #[derive(Subcommand, Debug)]

@@ -157,6 +157,12 @@ pub async fn run(c: &Client, json: bool, cmd: TasksCmd) -> Result<(), CliError> 
             }
             Ok(())
         }
+        TasksCmd::Timeline {
+            id,
+            run,
+            limit,
+            after,
+        } => super::timeline::run(c, json, &id, run, limit, after).await,
         TasksCmd::Delete { id } => {
             // The API's DELETE: an unfinished task is cancelled (and stays readable), a
             // finished one is deleted. The state is read first only to say which happened.

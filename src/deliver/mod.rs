@@ -77,6 +77,36 @@ fn data_as_object<S: serde::Serializer>(data: &Option<String>, s: S) -> Result<S
     serde::Serialize::serialize(&v, s)
 }
 
+/// What one attempt carries besides its delivery, and what it learnt (issue 25).
+#[derive(Debug, Default)]
+pub struct AttemptTrace {
+    /// The `traceparent` header of this attempt (the task's trace, the attempt's own span);
+    /// `None`: no header (alerts).
+    pub traceparent: Option<String>,
+    /// The answer's HTTP status; 0 when there was none (no answer, a local sink).
+    pub status: std::sync::atomic::AtomicU32,
+}
+
+impl AttemptTrace {
+    pub fn status(&self) -> Option<u16> {
+        match self.status.load(Ordering::Relaxed) {
+            0 => None,
+            s => u16::try_from(s).ok(),
+        }
+    }
+}
+
+/// What an attempt's timeline event records beyond its outcome ([`Channel::send_traced`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttemptReport {
+    /// The answer's HTTP status (`None`: no answer, or a local sink).
+    pub status: Option<u16>,
+    /// How long the sink took (request to judged answer).
+    pub duration_ms: u64,
+    /// The attempt's span (in its `traceparent`).
+    pub span_id: [u8; 8],
+}
+
 /// An alert event: a message entered the failure list, a breaker opened or closed.
 #[derive(Debug, Clone, Serialize)]
 pub struct Alert {
@@ -174,6 +204,9 @@ pub struct Channel {
     /// Quiet hours of the channel (`quiet_hours`): tasks without their own window wait for
     /// its end (`schedule::quiet`).
     pub quiet_hours: Option<crate::schedule::quiet::QuietHours>,
+    /// The trace of each task's attempts and the span export (shared by all channels:
+    /// [`Channels::new`]).
+    pub tracing: Arc<crate::trace::Tracing>,
 }
 
 impl Channel {
@@ -189,6 +222,7 @@ impl Channel {
             breaker: None,
             stats: ChannelStats::default(),
             quiet_hours: None,
+            tracing: Arc::default(),
         }
     }
 
@@ -269,6 +303,16 @@ impl Channel {
 
     /// Delivers once; waits for a concurrency permit first.
     pub async fn send(&self, d: &Delivery, now_ms: impl Fn() -> u64) -> Outcome {
+        self.send_traced(d, now_ms).await.0
+    }
+
+    /// [`Channel::send`] with what the attempt's timeline event says about it: the answer's
+    /// status, how long the sink took, the attempt's span.
+    pub async fn send_traced(
+        &self,
+        d: &Delivery,
+        now_ms: impl Fn() -> u64,
+    ) -> (Outcome, AttemptReport) {
         // `sent_at` is when the request is written: if the channel has to wait for a
         // concurrency slot, the attempt is stamped again once it has one. Without a wait the
         // stamp made at admission stands (it is what the rate limit spaced).
@@ -277,10 +321,11 @@ impl Channel {
             Err(_) => match self.concurrency.acquire().await {
                 Ok(p) => (p, true),
                 Err(_) => {
-                    return Outcome::Retry {
+                    let o = Outcome::Retry {
                         error: "channel closed".into(),
                         not_before_ms: None,
-                    }
+                    };
+                    return (o, AttemptReport::default());
                 }
             },
         };
@@ -294,21 +339,80 @@ impl Channel {
         } else {
             d
         };
+        // The task's trace and a span of this attempt's own (API.md "Trace and timeline").
+        let trace_id = self.tracing.book.trace_of(&d.task_id);
+        let span_id = crate::trace::new_span_id();
+        let trace = AttemptTrace {
+            traceparent: Some(crate::trace::traceparent(&trace_id, &span_id)),
+            ..Default::default()
+        };
         // Real time, not the engine's clock: this measures the channel, not the schedule.
         let started = std::time::Instant::now();
+        let started_ns = crate::trace::otlp::now_unix_ns();
         let outcome = match &self.sink {
-            Sink::Log => self.log_delivery(d),
+            Sink::Log => self.log_delivery(d, &trace_id),
             Sink::File(f) => f.write(d).await,
-            Sink::Webhook(w) => w.deliver(d, now_ms).await,
+            Sink::Webhook(w) => w.deliver(d, &trace, now_ms).await,
         };
-        self.stats.latency[outcome_index(&outcome)].observe(started.elapsed().as_secs_f64());
-        outcome
+        let took = started.elapsed();
+        self.stats.latency[outcome_index(&outcome)].observe(took.as_secs_f64());
+        self.export_attempt(d, &outcome, trace_id, span_id, started_ns, trace.status());
+        let report = AttemptReport {
+            status: trace.status(),
+            duration_ms: took.as_millis() as u64,
+            span_id,
+        };
+        (outcome, report)
     }
 
-    /// The log sink's send: the delivery as a log line (target `herald::delivery`).
-    fn log_delivery(&self, d: &Delivery) -> Outcome {
+    /// The span of one attempt (only with `[telemetry] otlp_endpoint`): task, run, message,
+    /// attempt, channel, the answer's status and platform code, the outcome.
+    fn export_attempt(
+        &self,
+        d: &Delivery,
+        outcome: &Outcome,
+        trace_id: [u8; 16],
+        span_id: [u8; 8],
+        started_ns: u64,
+        status: Option<u16>,
+    ) {
+        let Some(t) = self.tracing.telemetry() else {
+            return;
+        };
+        let (name, code, error) = crate::trace::attempt_facts(outcome);
+        let mut span = crate::trace::otlp::Span {
+            trace_id,
+            span_id,
+            parent: None,
+            name: format!("attempt {}", self.name),
+            kind: crate::trace::otlp::SpanKind::Client,
+            start_unix_ns: started_ns,
+            end_unix_ns: crate::trace::otlp::now_unix_ns(),
+            attrs: Vec::with_capacity(9),
+            error: error.filter(|_| name != "sent").map(str::to_string),
+            links: Vec::new(),
+        }
+        .attr("herald.task.id", d.task_id.as_str())
+        .attr("herald.run", d.run)
+        .attr("herald.seq", d.seq)
+        .attr("herald.attempt", d.attempt)
+        .attr("herald.channel", self.name.as_str())
+        .attr("herald.outcome", name);
+        if let Some(s) = status {
+            span = span.attr("http.response.status_code", s);
+        }
+        if let Some(c) = code {
+            span = span.attr("herald.platform.code", c);
+        }
+        t.export(span);
+    }
+
+    /// The log sink's send: the delivery as a log line (target `herald::delivery`), with its
+    /// task's trace id.
+    fn log_delivery(&self, d: &Delivery, trace_id: &[u8; 16]) -> Outcome {
         tracing::info!(target: "herald::delivery", channel = %self.name, task = %d.task_id,
             run = d.run, seq = d.seq, to = %Escaped(&d.to), attempt = d.attempt,
+            trace_id = %crate::model::timeline::hex(trace_id),
             body = %Escaped(&d.body), "delivered to log");
         Outcome::Sent
     }
@@ -354,8 +458,12 @@ impl Channel {
                 },
             };
             let started = std::time::Instant::now();
-            let outcomes = match &self.sink {
-                Sink::Log => chunk.iter().map(|d| self.log_delivery(d)).collect(),
+            let started_ns = crate::trace::otlp::now_unix_ns();
+            let outcomes: Vec<Outcome> = match &self.sink {
+                Sink::Log => chunk
+                    .iter()
+                    .map(|d| self.log_delivery(d, &self.tracing.book.trace_of(&d.task_id)))
+                    .collect(),
                 Sink::File(f) => {
                     let refs: Vec<&Delivery> = chunk.iter().map(|d| &**d).collect();
                     f.write_many(&refs).await
@@ -371,6 +479,13 @@ impl Channel {
             let took = started.elapsed().as_secs_f64();
             for o in &outcomes {
                 self.stats.latency[outcome_index(o)].observe(took);
+            }
+            if self.tracing.telemetry().is_some() {
+                for (d, o) in chunk.iter().zip(&outcomes) {
+                    let trace_id = self.tracing.book.trace_of(&d.task_id);
+                    let span_id = crate::trace::new_span_id();
+                    self.export_attempt(d, o, trace_id, span_id, started_ns, None);
+                }
             }
             out.extend(outcomes);
         }
@@ -405,18 +520,31 @@ impl Channel {
 #[derive(Clone)]
 pub struct Channels {
     map: Arc<BTreeMap<String, Arc<Channel>>>,
+    tracing: Arc<crate::trace::Tracing>,
 }
 
 impl Channels {
     pub fn new(list: Vec<Channel>) -> Channels {
+        let tracing: Arc<crate::trace::Tracing> = Arc::default();
         let mut map = BTreeMap::new();
-        for c in list {
+        for mut c in list {
+            c.tracing = tracing.clone();
             map.insert(c.name.clone(), Arc::new(c));
         }
         map.entry("log".to_string()).or_insert_with(|| {
-            Arc::new(Channel::plain("log", Sink::Log, RetryPolicy::default(), 64))
+            let mut log = Channel::plain("log", Sink::Log, RetryPolicy::default(), 64);
+            log.tracing = tracing.clone();
+            Arc::new(log)
         });
-        Channels { map: Arc::new(map) }
+        Channels {
+            map: Arc::new(map),
+            tracing,
+        }
+    }
+
+    /// What every channel traces its attempts with.
+    pub fn tracing(&self) -> &Arc<crate::trace::Tracing> {
+        &self.tracing
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<Channel>> {

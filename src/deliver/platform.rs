@@ -558,6 +558,7 @@ impl Platform {
     pub fn prepare(
         &self,
         d: &Delivery,
+        traceparent: &str,
         token: Option<&str>,
         now_ms: u64,
     ) -> Result<Prepared, String> {
@@ -579,6 +580,7 @@ impl Platform {
             seq: d.seq,
             attempt: d.attempt,
             idempotency_key: &d.idempotency_key,
+            traceparent,
             scheduled_at: &d.scheduled_at,
             scheduled_at_ms: d.scheduled_at_ms,
             minutes_left: d.minutes_left,
@@ -618,6 +620,7 @@ impl Platform {
             seq: 0,
             attempt: 1,
             idempotency_key: &a.id,
+            traceparent: "",
             scheduled_at: &a.at,
             scheduled_at_ms: now_ms,
             minutes_left: None,
@@ -820,7 +823,7 @@ mod tests {
             "https://oapi.dingtalk.com/robot/send?access_token=abc",
             &["SECxyz".into()],
         );
-        let r = p.prepare(&delivery(None), None, now).unwrap();
+        let r = p.prepare(&delivery(None), "", None, now).unwrap();
         let sign = percent_encode(&dingtalk_sign("SECxyz", now));
         assert_eq!(
             r.uri.to_string(),
@@ -833,7 +836,7 @@ mod tests {
             "https://open.feishu.cn/open-apis/bot/v2/hook/x",
             &["fs".into()],
         );
-        let r = p.prepare(&delivery(None), None, now).unwrap();
+        let r = p.prepare(&delivery(None), "", None, now).unwrap();
         let body: Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(body["timestamp"], "1700000000");
         assert_eq!(body["sign"], feishu_sign("fs", 1_700_000_000));
@@ -851,10 +854,10 @@ mod tests {
             &[],
         );
         let e = p
-            .prepare(&delivery(Some(r#"{"path":"ok"}"#)), None, 0)
+            .prepare(&delivery(Some(r#"{"path":"ok"}"#)), "", None, 0)
             .unwrap_err();
         assert!(e.contains("rendered invalid JSON"), "{e}");
-        let e = p.prepare(&delivery(None), None, 0).unwrap_err();
+        let e = p.prepare(&delivery(None), "", None, 0).unwrap_err();
         assert_eq!(
             e,
             "template channels.c.url: undefined variable data.path (line 1)"
@@ -862,7 +865,12 @@ mod tests {
         let p = platform("body = '{}'", "http://h/{{ data.path }}", &[]);
         // Message data lands in the path, never in the host the operator wrote.
         let r = p
-            .prepare(&delivery(Some(r#"{"path":"@evil.example/x"}"#)), None, 0)
+            .prepare(
+                &delivery(Some(r#"{"path":"@evil.example/x"}"#)),
+                "",
+                None,
+                0,
+            )
             .unwrap();
         assert_eq!(r.uri.host(), Some("h"));
         // Method and headers render too; a header may not carry a newline.
@@ -871,13 +879,13 @@ mod tests {
             "http://h/x",
             &[],
         );
-        let r = p.prepare(&delivery(None), None, 0).unwrap();
+        let r = p.prepare(&delivery(None), "", None, 0).unwrap();
         assert_eq!(r.method, Method::PUT);
         assert_eq!(r.headers[0].1, "u1");
         let mut d = delivery(None);
         d.to = "a\r\nX-Evil: 1".into();
         assert!(p
-            .prepare(&d, None, 0)
+            .prepare(&d, "", None, 0)
             .unwrap_err()
             .contains("invalid header value"));
     }

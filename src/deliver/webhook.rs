@@ -21,7 +21,7 @@ use rustls::{ClientConfig, RootCertStore};
 use super::platform::{Platform, Prepared};
 use super::sign::{Signer, HEADER_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP};
 use super::success::{Answer, SuccessRule, Verdict};
-use super::{Alert, Delivery};
+use super::{Alert, AttemptTrace, Delivery};
 use crate::model::Outcome;
 
 /// How much of a failed answer's body we read (for the failure list) when no rule needs more.
@@ -150,12 +150,21 @@ impl WebhookSink {
     }
 
     /// Delivers one message.
-    pub async fn deliver(&self, d: &Delivery, now_ms: impl Fn() -> u64) -> Outcome {
+    pub async fn deliver(
+        &self,
+        d: &Delivery,
+        trace: &AttemptTrace,
+        now_ms: impl Fn() -> u64,
+    ) -> Outcome {
+        let tp = trace.traceparent.as_deref().unwrap_or("");
         match &self.platform {
-            None => self.post_default(d, &d.idempotency_key, &now_ms).await,
+            None => {
+                self.post_default(d, &d.idempotency_key, trace, &now_ms)
+                    .await
+            }
             Some(p) => {
-                self.post_platform(p, &d.idempotency_key, &now_ms, |tok, now| {
-                    p.prepare(d, tok, now)
+                self.post_platform(p, &d.idempotency_key, trace, &now_ms, |tok, now| {
+                    p.prepare(d, tp, tok, now)
                 })
                 .await
             }
@@ -164,11 +173,14 @@ impl WebhookSink {
 
     /// Delivers one alert.
     pub async fn alert(&self, a: &Alert, now_ms: impl Fn() -> u64) -> Outcome {
+        let trace = AttemptTrace::default();
         match &self.platform {
-            None => self.post_default(a, &a.id, &now_ms).await,
+            None => self.post_default(a, &a.id, &trace, &now_ms).await,
             Some(p) => {
-                self.post_platform(p, &a.id, &now_ms, |tok, now| p.prepare_alert(a, tok, now))
-                    .await
+                self.post_platform(p, &a.id, &trace, &now_ms, |tok, now| {
+                    p.prepare_alert(a, tok, now)
+                })
+                .await
             }
         }
     }
@@ -178,6 +190,7 @@ impl WebhookSink {
         &self,
         payload: &T,
         key: &str,
+        trace: &AttemptTrace,
         now_ms: &impl Fn() -> u64,
     ) -> Outcome {
         let body = match serde_json::to_vec(payload) {
@@ -195,7 +208,7 @@ impl WebhookSink {
             body,
             has_content_type: false,
         };
-        match self.exchange(prepared, key, now_ms).await {
+        match self.exchange(prepared, key, trace, now_ms).await {
             Verdict::Done(o) => o,
             Verdict::RefreshToken { error } => Outcome::Retry {
                 error,
@@ -210,6 +223,7 @@ impl WebhookSink {
         &self,
         p: &Platform,
         key: &str,
+        trace: &AttemptTrace,
         now_ms: &impl Fn() -> u64,
         prepare: impl Fn(Option<&str>, u64) -> Result<Prepared, String>,
     ) -> Outcome {
@@ -231,7 +245,7 @@ impl WebhookSink {
                 Ok(r) => r,
                 Err(error) => return Outcome::Permanent { error },
             };
-            match self.exchange(prepared, key, now_ms).await {
+            match self.exchange(prepared, key, trace, now_ms).await {
                 Verdict::Done(o) => return o,
                 Verdict::RefreshToken { error } => match (&p.token, token) {
                     (Some(cache), Some((_, generation))) if !refreshed => {
@@ -295,12 +309,23 @@ impl WebhookSink {
     /// Sends one request and judges the answer on its status line and headers; the body is
     /// read (bounded, with its own timeout) only when the rule needs it or for the failure
     /// list, so a 2xx whose body is slow or trickles is not a timeout.
-    async fn exchange(&self, p: Prepared, key: &str, now_ms: &impl Fn() -> u64) -> Verdict {
+    async fn exchange(
+        &self,
+        p: Prepared,
+        key: &str,
+        trace: &AttemptTrace,
+        now_ms: &impl Fn() -> u64,
+    ) -> Verdict {
         let mut req = Request::builder()
             .method(p.method)
             .uri(p.uri)
             .header("user-agent", concat!("herald/", env!("CARGO_PKG_VERSION")))
             .header("idempotency-key", key);
+        if let Some(tp) = &trace.traceparent {
+            // W3C trace context: the task's trace, this attempt's span (a channel header of
+            // the same name still wins, below).
+            req = req.header("traceparent", tp.as_str());
+        }
         if !p.has_content_type {
             req = req.header("content-type", "application/json");
         }
@@ -348,6 +373,9 @@ impl WebhookSink {
             }
         };
         let status = resp.status().as_u16();
+        trace
+            .status
+            .store(u32::from(status), std::sync::atomic::Ordering::Relaxed);
         let retry_after = resp
             .headers()
             .get("retry-after")

@@ -356,6 +356,7 @@ fn load(inner: &Inner, id: &str) -> Result<Option<(LiveState, Option<String>)>, 
             return Ok(Some((LiveState::new(task, BTreeMap::new()), Some(reason))));
         }
     };
+    let mut resent_runs = std::collections::BTreeSet::new();
     let runs: BTreeMap<u32, _> = runs
         .into_iter()
         .filter(|r| r.state == RunState::Running)
@@ -363,12 +364,16 @@ fn load(inner: &Inner, id: &str) -> Result<Option<(LiveState, Option<String>)>, 
             let (r, resent) = super::plan::reload_run(r, now_ms);
             if resent {
                 tracing::warn!(task = %id, run = r.run, seq = r.cursor,
+                    trace_id = %crate::model::timeline::hex(&crate::model::timeline::trace_id_of(&task)),
                     "message was in flight when herald stopped or a write failed; sending it again with the same idempotency key");
+                resent_runs.insert(r.run);
             }
             (r.run, r)
         })
         .collect();
-    Ok(Some((LiveState::new(task, runs), None)))
+    let mut st = LiveState::new(task, runs);
+    st.resent = resent_runs;
+    Ok(Some((st, None)))
 }
 
 /// Takes a task out of the live map (it finished, or its record is gone).

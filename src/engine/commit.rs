@@ -34,13 +34,24 @@ pub(crate) const STORAGE_RETRY_MS: u64 = 1_000;
 
 /// Carries one change of a locked task out: durable first, then memory, wheel, events.
 pub(crate) async fn apply(inner: &Arc<Inner>, l: &mut Locked, c: Change) -> Result<(), StoreError> {
+    let mut batch = Batch::new();
     if !c.writes_nothing() {
-        let mut batch = Batch::new();
         batch_into(l.st(), &c, &mut batch);
-        inner.store.write(&batch).await?;
+        // Numbered: the bus publishes the events with the seqs the store gave them.
+        inner.store.write_numbered(&mut batch).await?;
     }
     after(inner, l, c);
+    publish_timeline(inner, &batch);
     Ok(())
+}
+
+/// The timeline events of a durable batch, on the event bus (issue 25).
+fn publish_timeline(inner: &Inner, batch: &Batch) {
+    for op in &batch.ops {
+        if let Op::Timeline { task_id, events } = op {
+            inner.events.timeline(task_id, events); // events (issue 11)
+        }
+    }
 }
 
 /// Carries a chunk of changes out with one durable write (`chunk.rs`). On success each task
@@ -52,12 +63,13 @@ pub(crate) async fn apply_chunk(inner: &Arc<Inner>, items: Vec<(Locked, RunKey, 
     for (l, _, c) in &mut items {
         batch_into(l.st(), c, &mut batch);
     }
-    match inner.store.write(&batch).await {
+    match inner.store.write_numbered(&mut batch).await {
         Ok(()) => {
             for (mut l, _, c) in items {
                 after(inner, &mut l, c);
                 l.release(inner);
             }
+            publish_timeline(inner, &batch);
         }
         Err(e) => {
             for (mut l, key, _) in items {
@@ -80,6 +92,8 @@ fn batch_into(st: &LiveState, c: &Change, batch: &mut Batch) {
     if let Some(below) = c.trim_runs_below {
         batch.trim_runs(id, below);
     }
+    // The step's timeline events, in the same durable write as the step (issue 25).
+    batch.timeline(id, c.timeline.clone());
     if let Some(t) = &c.task {
         if let Some(m) = &c.messages {
             batch.ops.push(Op::Messages {
@@ -284,10 +298,26 @@ pub(crate) async fn insert(
     messages: &[Message],
     idem: Option<(&str, [u8; 32])>,
 ) -> Result<Inserted, StoreError> {
-    let r = inner.store.insert_new_task(task, messages, idem).await?;
+    let created = [crate::model::TimelineEvent::task(
+        crate::model::timeline::TimelineKind::Created,
+        task.created_at_ms,
+    )
+    .with_detail(serde_json::json!({
+        "trace_id": crate::model::timeline::hex(&crate::model::timeline::trace_id_of(task)),
+        "messages": task.message_count,
+    }))];
+    let r = inner
+        .store
+        .insert_new_task_with(task, messages, idem, &created)
+        .await?;
     if let Inserted::Created = r {
         arm::sync_fire(inner, task);
         inner.events.task(task); // events (issue 11)
+        let mut numbered = created;
+        numbered[0].seq = 1;
+        if inner.store.timeline_max() > 0 {
+            inner.events.timeline(&task.id, &numbered); // events (issue 11)
+        }
     }
     Ok(r)
 }
@@ -345,7 +375,29 @@ pub(crate) async fn failure_saved(
 ) -> Result<(), StoreError> {
     let mut b = Batch::new();
     b.failure(f.clone());
-    inner.store.write(&b).await?;
+    let now = inner.clock.now_ms();
+    let event = match action {
+        Some("retrying") => Some(
+            crate::model::TimelineEvent::run(
+                crate::model::timeline::TimelineKind::FailureRetried,
+                now,
+                f.run,
+                Some(f.seq),
+            )
+            .with_detail(serde_json::json!({ "failure": f.id, "retries": f.retries })),
+        ),
+        Some("failed") => Some(crate::model::TimelineEvent::failed(
+            now,
+            f.run,
+            f.seq,
+            f.attempts,
+            &f.last_error,
+        )),
+        _ => None,
+    };
+    b.timeline(&f.task_id, event.into_iter().collect());
+    inner.store.write_numbered(&mut b).await?;
+    publish_timeline(inner, &b);
     if let RetryWheel::At(at) = wheel {
         inner.timer.at(Key::retry(&f.id), at);
     }
@@ -367,7 +419,21 @@ pub(crate) async fn failure_removed(
 ) -> Result<(), StoreError> {
     let mut b = Batch::new();
     b.ops.push(Op::DeleteFailure(f.id.clone()));
-    inner.store.write(&b).await?;
+    let now = inner.clock.now_ms();
+    let event = match action {
+        "dismissed" => crate::model::TimelineEvent::run(
+            crate::model::timeline::TimelineKind::FailureDismissed,
+            now,
+            f.run,
+            Some(f.seq),
+        )
+        .with_detail(serde_json::json!({ "failure": f.id })),
+        // Resolved: a retry delivered it.
+        _ => crate::model::TimelineEvent::delivered(now, f.run, f.seq, f.attempts),
+    };
+    b.timeline(&f.task_id, vec![event]);
+    inner.store.write_numbered(&mut b).await?;
+    publish_timeline(inner, &b);
     forget_failures(inner, 1);
     inner.timer.cancel(Key::retry(&f.id));
     inner.events.failure(f, action); // events (issue 11)

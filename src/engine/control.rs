@@ -8,6 +8,7 @@ use super::change::Change;
 use super::commit;
 use super::plan::{self, Refused};
 use super::{derive_state, Engine, EngineError, LiveState, TaskView};
+use crate::model::timeline::TimelineKind;
 use crate::model::{Context, FieldError, PatchRequest, RunState, TaskState};
 
 fn refused(r: Refused) -> EngineError {
@@ -74,8 +75,9 @@ impl Engine {
                 let p = plan::cancel(&st.task, &st.runs, &st.sending, now).map_err(refused)?;
                 let view_run = p.runs.iter().max_by_key(|r| r.run).cloned();
                 // Sending runs stay in memory (their outcome is still settled): commit's rule.
-                commit::apply(&this.inner, l, p.change()).await?;
-                tracing::info!(task = %id, "task cancelled");
+                let c = with_event(p.change(), TimelineKind::Cancelled, now);
+                commit::apply(&this.inner, l, c).await?;
+                tracing::info!(task = %id, trace_id = %crate::model::timeline::hex(&crate::model::timeline::trace_id_of(&l.st().task)), "task cancelled");
                 Ok(TaskView {
                     task: l.st().task.clone(),
                     run: view_run,
@@ -98,8 +100,9 @@ impl Engine {
             let st = l.st();
             let now = this.inner.clock.now_ms();
             let p = plan::pause(&st.task, &st.runs, &st.sending, now).map_err(refused)?;
-            commit::apply(&this.inner, l, p.change()).await?;
-            tracing::info!(task = %id, "task paused");
+            let c = with_event(p.change(), TimelineKind::Paused, now);
+            commit::apply(&this.inner, l, c).await?;
+            tracing::info!(task = %id, trace_id = %crate::model::timeline::hex(&crate::model::timeline::trace_id_of(&l.st().task)), "task paused");
             Ok(this.view_of(l.st()))
         })
         .await
@@ -112,7 +115,8 @@ impl Engine {
             let st = l.st();
             let now = this.inner.clock.now_ms();
             let p = plan::resume(&st.task, &st.runs, now).map_err(refused)?;
-            commit::apply(&this.inner, l, p.change()).await?;
+            let c = with_event(p.change(), TimelineKind::Resumed, now);
+            commit::apply(&this.inner, l, c).await?;
             tracing::info!(task = %id, state = %l.st().task.state, "task resumed");
             Ok(this.view_of(l.st()))
         })
@@ -126,7 +130,16 @@ impl Engine {
             let now = this.inner.clock.now_ms();
             let p = plan::trigger(&st.task, now).map_err(refused)?;
             tracing::info!(task = %id, run = p.task.fires, "run triggered");
-            commit::apply(&this.inner, l, p.change()).await?;
+            let mut c = with_event(p.change(), TimelineKind::Triggered, now);
+            // The run the trigger started, as a fire would record it.
+            let started: Vec<_> = c
+                .runs
+                .iter()
+                .filter(|r| r.started_at_ms == now && r.state == crate::model::RunState::Running)
+                .cloned()
+                .collect();
+            c.timeline.extend(plan::fire_events(&[], &started));
+            commit::apply(&this.inner, l, c).await?;
             Ok(this.view_of(l.st()))
         })
         .await
@@ -172,12 +185,16 @@ impl Engine {
             }
             let to = derive_state(&task, !st.runs.is_empty());
             task.set_state(to, now)?;
-            let change = Change {
-                task: Some(task),
-                spec: true,
-                messages,
-                ..Change::default()
-            };
+            let change = with_event(
+                Change {
+                    task: Some(task),
+                    spec: true,
+                    messages,
+                    ..Change::default()
+                },
+                TimelineKind::Patched,
+                now,
+            );
             commit::apply(&this.inner, l, change).await?;
             let st = l.st();
             tracing::info!(task = %id, next_fire_at = %crate::schedule::format_opt(st.task.next_fire_at_ms), "task changed");
@@ -228,4 +245,11 @@ impl Engine {
         }
         v
     }
+}
+
+/// A control command's change with its timeline event (issue 25), written with it.
+fn with_event(mut c: Change, kind: TimelineKind, now: u64) -> Change {
+    c.timeline
+        .insert(0, crate::model::TimelineEvent::task(kind, now));
+    c
 }

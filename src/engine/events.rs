@@ -122,6 +122,20 @@ impl Bus {
         self.send("deleted", task_id, json!({ "id": task_id }));
     }
 
+    /// `timeline`: events of a task's timeline, once durable (the same as `GET
+    /// /v1/tasks/{id}/timeline` shows, with the task's id). The seqs are those the store gave
+    /// (0 when the store writes no events: `[store] timeline_max = 0`).
+    pub fn timeline(&self, task_id: &str, events: &[crate::model::timeline::TimelineEvent]) {
+        if !self.listening() {
+            return;
+        }
+        for e in events {
+            let mut data = e.view();
+            data["task"] = json!(task_id);
+            self.send("timeline", task_id, data);
+        }
+    }
+
     /// `failure`: an entry of the failure list was `added`, `retrying`, `resolved` (a retry
     /// delivered it), `failed` again (a retry gave up) or `dismissed`.
     pub fn failure(&self, f: &Failure, action: &'static str) {

@@ -122,6 +122,13 @@ pub(crate) struct LiveState {
     /// read then so that the send at the instant does not: a herd's sends are what is short
     /// of CPU. `(run, seq, message)`; a task's messages cannot change while it has a run.
     pub prefetched: Option<(u32, u32, crate::model::Message)>,
+    /// Runs whose message was in flight when the task was last read from disk (after a crash,
+    /// or a write that failed after a send): the next arm of each writes a
+    /// `resumed_after_restart` timeline event with it (issue 25).
+    pub resent: BTreeSet<u32>,
+    /// Per run, the (message, attempt) whose `held` event is written already: a send the rate
+    /// limit refuses again and again gets one event (and one write), not one per refusal.
+    pub held_noted: BTreeMap<u32, (u32, u32)>,
 }
 
 impl LiveState {
@@ -131,6 +138,8 @@ impl LiveState {
             runs,
             sending: BTreeSet::new(),
             prefetched: None,
+            resent: BTreeSet::new(),
+            held_noted: BTreeMap::new(),
         }
     }
 

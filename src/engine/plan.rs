@@ -17,6 +17,9 @@ use crate::schedule::{mark_fired, next_fire};
 
 use super::change::{Change, WheelOp};
 use super::derive_state;
+use crate::model::timeline::{HeldWhy, TimelineEvent, TimelineKind};
+use crate::schedule::format_utc;
+use serde_json::json;
 
 /// Expired fires recorded one by one per fire step; more are only counted (a year-long outage
 /// of a per-minute cron must not write half a million records).
@@ -45,6 +48,7 @@ impl FirePlan {
             .filter(|max| self.task.fires > *max)
             .map(|max| self.task.fires - max + 1);
         let wheel = self.started.iter().map(|r| WheelOp::Step(r.run)).collect();
+        let timeline = fire_events(&self.not_started, &self.started);
         let mut runs = self.not_started;
         runs.extend(self.started);
         Change {
@@ -52,9 +56,101 @@ impl FirePlan {
             runs,
             trim_runs_below,
             wheel,
+            timeline,
             ..Change::default()
         }
     }
+}
+
+/// The timeline of a fire step: `fired` for each run started, `skipped` or `expired` (with
+/// the run's reason) for each fire that did not start one.
+pub fn fire_events(not_started: &[Run], started: &[Run]) -> Vec<TimelineEvent> {
+    let mut out = Vec::with_capacity(not_started.len() + started.len());
+    for r in not_started {
+        let kind = match r.state {
+            RunState::Expired => TimelineKind::Expired,
+            _ => TimelineKind::Skipped,
+        };
+        out.push(
+            TimelineEvent::run(kind, r.started_at_ms, r.run, None).with_detail(json!({
+                "scheduled_at": format_utc(r.scheduled_at_ms),
+                "reason": r.reason,
+            })),
+        );
+    }
+    for r in started {
+        out.push(
+            TimelineEvent::run(TimelineKind::Fired, r.started_at_ms, r.run, None).with_detail(
+                json!({
+                    "scheduled_at": format_utc(r.scheduled_at_ms),
+                    "messages": r.total,
+                }),
+            ),
+        );
+    }
+    out
+}
+
+/// The timeline of a settled attempt (pure): the `attempt` with its answer, then what
+/// followed: `delivered`, `failed` (to the failure list) or `retry_scheduled` (when and
+/// why). A send held for a local resource shortage never left the host: `held` instead.
+pub fn settle_events(
+    plan: &SettlePlan,
+    seq: u32,
+    attempt: u32,
+    outcome: &Outcome,
+    status: Option<u16>,
+    duration_ms: u64,
+    now: u64,
+) -> Vec<TimelineEvent> {
+    let run = plan.run.run;
+    if let Outcome::Held { until_ms, .. } = outcome {
+        return vec![TimelineEvent::held(
+            now,
+            run,
+            seq,
+            *until_ms,
+            HeldWhy::LocalResource,
+        )];
+    }
+    let mut out = vec![TimelineEvent::attempt(
+        now,
+        run,
+        seq,
+        attempt,
+        outcome,
+        status,
+        duration_ms,
+    )];
+    let (error, not_before) = match outcome {
+        Outcome::Sent => {
+            out.push(TimelineEvent::delivered(now, run, seq, attempt));
+            return out;
+        }
+        Outcome::Retry {
+            error,
+            not_before_ms,
+        } => (error, *not_before_ms),
+        Outcome::Permanent { error } | Outcome::Held { error, .. } => (error, None),
+    };
+    if let Some(f) = &plan.failure {
+        out.push(TimelineEvent::failed(
+            now,
+            run,
+            seq,
+            f.attempts,
+            &f.last_error,
+        ));
+    } else if let (Some(at), false) = (plan.run.next_at_ms, plan.finished) {
+        let reason = match not_before {
+            Some(_) => format!("Retry-After ({error})"),
+            None => error.clone(),
+        };
+        out.push(TimelineEvent::retry_scheduled(
+            now, run, seq, attempt, at, &reason,
+        ));
+    }
+    out
 }
 
 /// Handles the fire due at `due` (and, if it was missed, every fire missed with it).

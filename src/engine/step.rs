@@ -174,10 +174,17 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineErr
         tracing::info!(task = %p.task.id, run = r.run, state = ?r.state,
             reason = %crate::logsafe::Opt(r.reason.as_deref()), "fire not started");
     }
+    let trace_id = crate::model::timeline::trace_id_of(&p.task);
     for r in &p.started {
         tracing::info!(task = %p.task.id, run = r.run, late_ms = now.saturating_sub(r.scheduled_at_ms),
-            "run started");
+            trace_id = %crate::model::timeline::hex(&trace_id), "run started");
     }
+    let fire_spans: Vec<_> = p
+        .started
+        .iter()
+        .map(|r| (r.run, r.scheduled_at_ms))
+        .collect();
+    let started_ns = crate::trace::otlp::now_unix_ns();
     // Armed ahead: its message is read after the write, while the instant is still to come
     // (a read that fails is left to the send, which reads again).
     let prefetch = p
@@ -187,12 +194,47 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineErr
         .find_map(|r| r.in_flight.map(|seq| (r.run, seq)));
     let change = p.change(inner.config.runs_max);
     commit::apply(inner, l, change).await?;
+    export_fire_spans(inner, &l.id, trace_id, &fire_spans, started_ns, now);
     if let Some((run, seq)) = prefetch {
         if let Ok(Some(m)) = inner.store.get_message(&l.id, seq) {
             l.st().prefetched = Some((run, seq, m));
         }
     }
     Ok(())
+}
+
+/// The span of each run a fire started (only with `[telemetry] otlp_endpoint`): task, run,
+/// how late the fire was handled.
+fn export_fire_spans(
+    inner: &Inner,
+    task: &str,
+    trace_id: [u8; 16],
+    runs: &[(u32, u64)],
+    started_ns: u64,
+    now: u64,
+) {
+    let Some(t) = inner.channels.tracing().telemetry() else {
+        return;
+    };
+    for (run, scheduled) in runs {
+        let span = crate::trace::otlp::Span {
+            trace_id,
+            span_id: crate::trace::new_span_id(),
+            parent: None,
+            name: "fire".into(),
+            kind: crate::trace::otlp::SpanKind::Internal,
+            start_unix_ns: started_ns,
+            end_unix_ns: crate::trace::otlp::now_unix_ns(),
+            attrs: Vec::new(),
+            error: None,
+            links: Vec::new(),
+        }
+        .attr("herald.task.id", task)
+        .attr("herald.run", *run)
+        .attr("herald.scheduled_at", format_utc(*scheduled))
+        .attr("herald.late_ms", now.saturating_sub(*scheduled));
+        t.export(span);
+    }
 }
 
 /// One step of run `key.run`: arm, or send and settle.
@@ -234,7 +276,9 @@ async fn run_step_locked(
     let cell = l.cell();
     l.release(inner);
     let _in_flight = SendInFlight::new(inner);
-    let outcome = send(inner, &prepared).await;
+    let mut prepared = prepared;
+    let (outcome, report) = send(inner, &prepared).await;
+    prepared.report = report;
     let Some(mut l) = super::cells::relock(inner, &key.task, cell).await? else {
         return Ok(());
     };
@@ -272,6 +316,8 @@ pub(super) struct Prepared {
     policy: crate::model::RetryPolicy,
     pacing: crate::model::Pacing,
     pub probe: bool,
+    /// What the send learnt for its timeline event (status, duration); set once it returns.
+    pub report: crate::deliver::AttemptReport,
 }
 
 /// Arms the attempt (durably) if it is not armed yet, and prepares the send if it is due.
@@ -300,11 +346,25 @@ pub(super) async fn prepare(
             return Ok(None);
         }
         // Memory changes only once the mark is durable: a failed write sends nothing.
-        let arm = Change {
+        let mut arm = Change {
             runs: vec![run.clone()],
             ..Change::default()
         };
+        let resent = st.resent.contains(&key.run);
+        if let (true, Some(seq)) = (resent, run.in_flight) {
+            // Its message was in flight when the task was last read from disk: it goes again.
+            arm.timeline
+                .push(crate::model::TimelineEvent::resumed_after_restart(
+                    now,
+                    key.run,
+                    seq,
+                    run.attempts,
+                ));
+        }
         commit::apply(inner, l, arm).await?;
+        if resent {
+            l.st().resent.remove(&key.run);
+        }
     }
     let st = l.st();
     let now = inner.clock.now_ms();
@@ -376,6 +436,30 @@ pub(super) async fn prepare(
         Some(Admission::Hold { until_ms, breaker }) => {
             tracing::debug!(task = %t.id, run = key.run, seq, until = %format_utc(until_ms), breaker, "send held");
             inner.timer.at(key.key(), until_ms);
+            // The hold on the timeline: its own write (nothing else is written for it), and
+            // a failure of it changes nothing (memory is untouched; the send goes at until).
+            let why = if breaker {
+                crate::model::timeline::HeldWhy::Breaker
+            } else {
+                crate::model::timeline::HeldWhy::RateLimit
+            };
+            let attempt = run.attempts;
+            if st.held_noted.get(&key.run) != Some(&(seq, attempt)) {
+                let held = Change {
+                    timeline: vec![crate::model::TimelineEvent::held(
+                        now, key.run, seq, until_ms, why,
+                    )],
+                    ..Change::default()
+                };
+                match commit::apply(inner, l, held).await {
+                    Ok(()) => {
+                        l.st().held_noted.insert(key.run, (seq, attempt));
+                    }
+                    Err(e) => {
+                        tracing::debug!(task = %l.id, error = %e, "the hold's timeline event was not written")
+                    }
+                }
+            }
             return Ok(None);
         }
         Some(Admission::Go { probe }) => probe,
@@ -422,24 +506,28 @@ pub(super) async fn prepare(
         policy,
         pacing: t.pacing,
         probe,
+        report: Default::default(),
     };
     st.runs.insert(key.run, run);
     st.sending.insert(key.run);
     Ok(Some(prepared))
 }
 
-async fn send(inner: &Arc<Inner>, p: &Prepared) -> Outcome {
+async fn send(inner: &Arc<Inner>, p: &Prepared) -> (Outcome, crate::deliver::AttemptReport) {
     let d = &p.delivery;
     tracing::debug!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, "attempt");
     match &p.channel {
         Some(c) => {
-            let o = c.send(d, || inner.clock.now_ms()).await;
+            let (o, report) = c.send_traced(d, || inner.clock.now_ms()).await;
             record(inner, c, &o, p.probe);
-            o
+            (o, report)
         }
-        None => Outcome::Permanent {
-            error: format!("channel {:?} is no longer configured", p.channel_name),
-        },
+        None => (
+            Outcome::Permanent {
+                error: format!("channel {:?} is no longer configured", p.channel_name),
+            },
+            Default::default(),
+        ),
     }
 }
 
@@ -504,7 +592,7 @@ pub(super) fn settle_plan(
         now,
         ARM_LEAD_MS,
     )?;
-    log_outcome(&p.delivery, outcome, &plan);
+    log_outcome(&p.delivery, outcome, &plan, &st.task);
     if plan.finished {
         tracing::info!(task = %plan.task.id, run = key.run, sent = plan.run.sent, failed = plan.run.failed,
             "run finished");
@@ -512,7 +600,20 @@ pub(super) fn settle_plan(
     if let Some(r) = &plan.next_run {
         tracing::info!(task = %plan.task.id, run = r.run, "queued run started");
     }
+    let mut timeline = plan::settle_events(
+        &plan,
+        p.delivery.seq,
+        p.delivery.attempt,
+        outcome,
+        p.report.status,
+        p.report.duration_ms,
+        now,
+    );
+    if let Some(r) = &plan.next_run {
+        timeline.extend(plan::fire_events(&[], std::slice::from_ref(r)));
+    }
     let mut change = plan.change();
+    change.timeline = timeline;
     if let Some(f) = &change.failure {
         if !commit::failure_list_has_room(inner, f) {
             change.failure = None;
@@ -521,10 +622,11 @@ pub(super) fn settle_plan(
     Ok(Some(change))
 }
 
-fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan) {
+fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan, t: &crate::model::Task) {
+    let trace_id = crate::model::timeline::hex(&crate::model::timeline::trace_id_of(t));
     match outcome {
         Outcome::Sent => {
-            tracing::info!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, "sent")
+            tracing::info!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, %trace_id, "sent")
         }
         // `Held` (local resource shortage) settles like a retry that burned no attempt.
         Outcome::Retry { error, .. }
@@ -532,10 +634,10 @@ fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan) {
         | Outcome::Held { error, .. } => {
             if let Some(f) = &plan.failure {
                 tracing::warn!(task = %d.task_id, run = d.run, seq = d.seq, attempts = f.attempts,
-                    error = %Escaped(error), failure = %d.idempotency_key, "gave up: message moved to the failure list");
+                    error = %Escaped(error), failure = %d.idempotency_key, %trace_id, "gave up: message moved to the failure list");
             } else {
                 tracing::info!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt,
-                    error = %Escaped(error), next_at = %crate::schedule::format_opt(plan.run.next_at_ms), "attempt failed; will retry");
+                    error = %Escaped(error), next_at = %crate::schedule::format_opt(plan.run.next_at_ms), %trace_id, "attempt failed; will retry");
             }
         }
     }

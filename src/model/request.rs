@@ -56,6 +56,10 @@ pub struct TaskRequest {
     #[serde(default, deserialize_with = "present")]
     pub quiet_hours: Option<Option<QuietHoursRequest>>,
     pub notify: Option<NotifyRequest>,
+    /// The trace the task joins (the API sets it from `traceparent`, or starts one); never
+    /// read from the body.
+    #[serde(skip)]
+    pub trace_id: Option<[u8; 16]>,
 }
 
 #[derive(Deserialize, Debug, Clone)]
@@ -344,6 +348,7 @@ impl TaskRequest {
             recipient_zones: zones,
             quiet_hours,
             notify,
+            trace_id: self.trace_id,
         };
         task.next_fire_at_ms = crate::schedule::next_fire(&task, cx.now_ms);
         check_fires(&task, cx)?;

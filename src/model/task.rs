@@ -237,6 +237,11 @@ pub struct Task {
     /// Whom to tell when a message lands in the failure list or a fire expires.
     #[serde(default)]
     pub notify: Option<Notify>,
+    /// The W3C trace this task belongs to (issue 25): the caller's `traceparent` at create,
+    /// or one herald started. `None` for tasks made before traces existed (their deliveries
+    /// use [`crate::model::timeline::fallback_trace_id`]). Hex in exports.
+    #[serde(default, with = "crate::model::timeline::hex_trace")]
+    pub trace_id: Option<[u8; 16]>,
 }
 
 /// A task's quiet hours (API.md "People's time"): a task's own window wins over its channel's.

@@ -120,6 +120,7 @@ pub fn preview(req: PreviewRequest, now_ms: u64, limits: &Limits) -> Result<Prev
         default_tz,
         quiet_hours: None,
         notify: None,
+        trace_id: None,
     };
     let (mut task, _messages) = probe.into_task(&Context {
         now_ms,

@@ -27,10 +27,13 @@ pub enum TreeId {
     Due,
     /// The runs that are `running`, keyed like `Runs`, with empty values (`store/mod.rs`).
     Active,
+    /// A task's timeline events, `id ‖ 0x00 ‖ seq (u64)` (`store/timeline.rs`). Last: the
+    /// log names trees by their place in [`TreeId::ALL`].
+    Timeline,
 }
 
 /// How many trees there are.
-pub const TREES: usize = 9;
+pub const TREES: usize = 10;
 
 impl TreeId {
     pub const ALL: [TreeId; TREES] = [
@@ -43,6 +46,7 @@ impl TreeId {
         TreeId::Idem,
         TreeId::Due,
         TreeId::Active,
+        TreeId::Timeline,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,6 +60,7 @@ impl TreeId {
             TreeId::Idem => "idempotency",
             TreeId::Due => "due",
             TreeId::Active => "active_runs",
+            TreeId::Timeline => "timeline",
         }
     }
 

@@ -10,6 +10,7 @@
 use super::backend::TreeId;
 use super::codec::decode;
 use super::records::{join, ProgressRecord, SpecRecord};
+use super::timeline::{seq_of_key, timeline_key, TimelineRecord};
 use super::{bounded, id_prefix, run_key, IdemRecord, Store, StoreError};
 use crate::model::{Message, Run};
 
@@ -19,6 +20,8 @@ pub struct TaskImage {
     pub task: crate::model::Task,
     pub messages: Vec<Message>,
     pub runs: Vec<Run>,
+    /// Its timeline events, oldest first (`store/timeline.rs`).
+    pub timeline: Vec<crate::model::timeline::TimelineEvent>,
 }
 
 /// Times a task may change under the reader before the export gives up on it.
@@ -65,6 +68,14 @@ impl Store {
                 run_nos.push(n);
             }
             let next_run = run_nos.last().map_or(1, |n| n.saturating_add(1));
+            let mut seqs = Vec::new();
+            for item in bounded(self.backend.scan(TreeId::Timeline, &prefix, Some(&prefix))) {
+                let (k, _) = item?;
+                if let Some(seq) = seq_of_key(id, &k) {
+                    seqs.push(seq);
+                }
+            }
+            let next_seq = seqs.last().map_or(1, |n| n.saturating_add(1));
             // A message inside the spec (format 6) is read with it.
             let count = if spec.message.is_some() {
                 0
@@ -80,7 +91,20 @@ impl Store {
             ];
             keys.extend((0..count).map(|s| (TreeId::Messages, run_key(id, s))));
             keys.extend(run_nos.iter().map(|n| (TreeId::Runs, run_key(id, *n))));
+            // The events after the runs: an event past the last one scanned means the task
+            // took a step meanwhile (read again); one of those scanned may have been trimmed.
+            keys.push((TreeId::Timeline, timeline_key(id, next_seq)));
+            keys.extend(
+                seqs.iter()
+                    .map(|n| (TreeId::Timeline, timeline_key(id, *n))),
+            );
             let vals = self.backend.get_atomic(&keys)?;
+            // spec, progress, the next run, live; then messages and runs; then the events.
+            let runs_end = 4 + count as usize + run_nos.len();
+            let (vals, events_vals) = vals.split_at(runs_end.min(vals.len()));
+            if events_vals.first().is_some_and(Option::is_some) {
+                continue;
+            }
             let Some(spec_bytes) = &vals[0] else {
                 return Ok(None); // deleted meanwhile
             };
@@ -119,10 +143,19 @@ impl Store {
                     runs.push(decode("runs", &run_key(id, *n), v)?);
                 }
             }
+            let mut timeline = Vec::with_capacity(seqs.len());
+            for (seq, v) in seqs.iter().zip(&events_vals[1..]) {
+                if let Some(v) = v {
+                    let key = timeline_key(id, *seq);
+                    let rec: TimelineRecord = decode("timeline", &key, v)?;
+                    timeline.push(rec.into_event(*seq, &key)?);
+                }
+            }
             return Ok(Some(TaskImage {
                 task: join(spec, progress),
                 messages,
                 runs,
+                timeline,
             }));
         }
         Err(StoreError::Write(format!(

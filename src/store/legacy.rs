@@ -96,6 +96,7 @@ impl TaskV1 {
             recipient_zones: Vec::new(),
             quiet_hours: Default::default(),
             notify: None,
+            trace_id: None,
         };
         (task, messages)
     }

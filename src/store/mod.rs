@@ -14,6 +14,8 @@
 //! - `active_runs`: the same key → empty, exactly for the runs whose record says `running`
 //!   (written with every run record, [`encode_batch`]): loading a task reads its active runs
 //!   through it, never its whole history ([`Store::active_runs_of`])
+//! - `timeline`: task id ‖ 0x00 ‖ seq (u64 big-endian) → [`timeline::TimelineRecord`], a
+//!   task's events, written in the batch of the step they record (`timeline.rs`)
 //! - `failures`: failure id (the delivery key) → [`Failure`]
 //! - `idempotency`: client key → [`IdemRecord`]
 //! - `meta` (sled only): `format` → data-directory format ([`DIR_FORMAT`])
@@ -36,6 +38,7 @@ pub mod pg;
 pub mod purge;
 pub mod records;
 pub mod space;
+pub mod timeline;
 pub mod wal;
 
 use std::path::Path;
@@ -43,6 +46,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::timeline::TimelineEvent;
 use crate::model::{Failure, Message, Run, RunState, Task};
 use backend::{Backend, IndexedWrite, RawOp, TreeId};
 use codec::{decode, encode};
@@ -159,6 +163,17 @@ pub enum Op {
     },
     /// Writes an idempotency key as it was (import of an export).
     PutIdem(String, IdemRecord),
+    /// Appends events to a task's timeline; their seqs are given at [`Store::write`]
+    /// (`timeline.rs`), and the oldest beyond `[store] timeline_max` are deleted.
+    Timeline {
+        task_id: String,
+        events: Vec<TimelineEvent>,
+    },
+    /// Writes timeline events with the seqs they carry (import of an export).
+    PutTimeline {
+        task_id: String,
+        events: Vec<TimelineEvent>,
+    },
 }
 
 /// Writes applied atomically together.
@@ -193,6 +208,16 @@ impl Batch {
     }
     pub fn failure(&mut self, f: Failure) -> &mut Self {
         self.ops.push(Op::Failure(f));
+        self
+    }
+    /// See [`Op::Timeline`]. No events: nothing is written.
+    pub fn timeline(&mut self, task_id: &str, events: Vec<TimelineEvent>) -> &mut Self {
+        if !events.is_empty() {
+            self.ops.push(Op::Timeline {
+                task_id: task_id.to_string(),
+                events,
+            });
+        }
         self
     }
     pub fn is_empty(&self) -> bool {
@@ -261,6 +286,8 @@ pub struct StoreOptions {
     /// Most run records an unfinished task keeps (`[store] runs_max`); older finished ones
     /// are deleted as it fires. Applied by the engine.
     pub runs_max: u32,
+    /// Most timeline events a task keeps (`[store] timeline_max`; 0: none are written).
+    pub timeline_max: u32,
     /// Most entries the failure list holds (`[store] failures_max`); past it a message given
     /// up on is not listed (its run still counts it failed), counted and alerted. Applied by
     /// the engine.
@@ -281,6 +308,7 @@ impl Default for StoreOptions {
             cache_bytes: DEFAULT_CACHE_BYTES,
             retention_ms: Some(DEFAULT_RETENTION_MS),
             runs_max: DEFAULT_RUNS_MAX,
+            timeline_max: timeline::DEFAULT_TIMELINE_MAX,
             failures_max: DEFAULT_FAILURES_MAX,
         }
     }
@@ -291,6 +319,10 @@ pub struct Store {
     commit: GroupCommit,
     /// Run records decoded by the run readers ([`Store::run_records_read`]).
     run_reads: std::sync::atomic::AtomicU64,
+    /// `[store] timeline_max` (`timeline.rs`).
+    timeline_max: std::sync::atomic::AtomicU32,
+    /// Each task's next timeline seq (`timeline.rs`).
+    seqs: timeline::Seqs,
     /// Declared last, so dropped last: set once everything above is closed (the commit thread
     /// joined, sled's lock on the directory released).
     closed: Closed,
@@ -343,7 +375,9 @@ impl Store {
         drop((meta, db));
         backend.written_directly();
         let backend: Arc<dyn Backend> = Arc::new(backend);
-        Store::with_backend(backend)
+        let store = Store::with_backend(backend)?;
+        store.set_timeline_max(opts.timeline_max);
+        Ok(store)
     }
 
     /// A store over any backend (tests wrap sled to inject faults).
@@ -361,6 +395,8 @@ impl Store {
             backend,
             commit,
             run_reads: Default::default(),
+            timeline_max: timeline::DEFAULT_TIMELINE_MAX.into(),
+            seqs: Default::default(),
             closed: Closed(Arc::default()),
         })
     }
@@ -399,19 +435,47 @@ impl Store {
             return Ok(());
         }
         let mut ops = encode_batch(batch)?;
-        for op in &batch.ops {
-            if let Op::TrimRuns { task_id, below } = op {
-                self.push_trim(&mut ops, task_id, *below)?;
-            }
-        }
-        self.keep_inline_messages(batch, &mut ops)?;
-        match self.commit.write(ops, true).await? {
-            Ok(()) => Ok(()),
-            Err(r) => Err(StoreError::Write(format!(
+        let written = self
+            .expand_reads(&mut ops, batch)
+            .and_then(|()| self.keep_inline_messages(batch, &mut ops));
+        let r = match written {
+            Ok(()) => self.commit.write(ops, true).await,
+            Err(e) => Err(e),
+        };
+        let r = match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(r)) => Err(StoreError::Write(format!(
                 "unexpected precondition failure in {}",
                 r.tree.name()
             ))),
+            Err(e) => Err(e),
+        };
+        if r.is_err() {
+            // The seqs given to its events were not written: read again next time.
+            for op in &batch.ops {
+                if let Op::Timeline { task_id, .. } = op {
+                    self.seqs.forget(task_id);
+                }
+            }
         }
+        r
+    }
+
+    /// The ops of a batch that depend on what is stored: run trims, timeline seqs and the
+    /// timeline of a deleted task.
+    fn expand_reads(&self, ops: &mut Vec<RawOp>, batch: &Batch) -> Result<(), StoreError> {
+        for op in &batch.ops {
+            match op {
+                Op::TrimRuns { task_id, below } => self.push_trim(ops, task_id, *below)?,
+                Op::Timeline { task_id, events } => {
+                    self.push_timeline(ops, task_id, events, false)?
+                }
+                Op::DeleteTask(fp) => self.push_timeline_delete(ops, &fp.id)?,
+                Op::PutTimeline { task_id, .. } => self.seqs.forget(task_id),
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Inserts a new task (its messages and idempotency key) unless the id or the key is
@@ -423,10 +487,28 @@ impl Store {
         messages: &[Message],
         idem: Option<(&str, [u8; 32])>,
     ) -> Result<Inserted, StoreError> {
+        self.insert_new_task_with(task, messages, idem, &[]).await
+    }
+
+    /// [`Store::insert_new_task`] with the task's first timeline events (`created`), in the
+    /// same write.
+    pub async fn insert_new_task_with(
+        &self,
+        task: &Task,
+        messages: &[Message],
+        idem: Option<(&str, [u8; 32])>,
+        events: &[TimelineEvent],
+    ) -> Result<Inserted, StoreError> {
         // Encoded from the borrowed task: a `Batch` would take a copy of it and its messages.
-        let mut ops = Vec::with_capacity(8);
+        let mut ops = Vec::with_capacity(8 + events.len());
         push_new_task(&mut ops, task, messages, idem)?;
-        match self.commit.write(ops, false).await? {
+        self.push_timeline(&mut ops, &task.id, events, true)?;
+        let r = self.commit.write(ops, false).await;
+        if !events.is_empty() && !matches!(r, Ok(Ok(()))) {
+            // Not created (or the id was taken): the counter set for a new task is wrong.
+            self.seqs.forget(&task.id);
+        }
+        match r? {
             Ok(()) => Ok(Inserted::Created),
             Err(r) if r.tree == TreeId::Idem => {
                 let key = String::from_utf8_lossy(&r.key).into_owned();
@@ -925,6 +1007,17 @@ fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
                 }
             }
             Op::DeleteIdem(key) => ops.push(RawOp::Delete(TreeId::Idem, key.as_bytes().to_vec())),
+            // Expanded by `Store::write`, which gives the seqs (`timeline.rs`).
+            Op::Timeline { .. } => {}
+            Op::PutTimeline { task_id, events } => {
+                for e in events {
+                    ops.push(RawOp::Put(
+                        TreeId::Timeline,
+                        timeline::timeline_key(task_id, e.seq),
+                        encode(&timeline::TimelineRecord::of(e))?,
+                    ));
+                }
+            }
             Op::PutIdem(key, rec) => ops.push(RawOp::Put(
                 TreeId::Idem,
                 key.as_bytes().to_vec(),

@@ -61,6 +61,9 @@ pub struct SpecRecord {
     /// Added after format 5 (issue 28): none from a record before it.
     #[serde(default, deserialize_with = "trailing_or_default")]
     pub notify: Option<Notify>,
+    /// Added with the timeline (issue 25), after `lang`: read as none from older records.
+    #[serde(default, deserialize_with = "trailing_or_default")]
+    pub trace_id: Option<[u8; 16]>,
 }
 
 /// A field added at the end of a bincode record: its default when the record's bytes end
@@ -143,6 +146,7 @@ pub fn spec_of(t: &Task) -> SpecRecord {
         recipient_zones: t.recipient_zones.clone(),
         quiet_hours: t.quiet_hours.clone(),
         notify: t.notify.clone(),
+        trace_id: t.trace_id,
     }
 }
 
@@ -242,6 +246,7 @@ pub fn join(s: SpecRecord, p: ProgressRecord) -> Task {
         recipient_zones: s.recipient_zones,
         quiet_hours: s.quiet_hours,
         notify: s.notify,
+        trace_id: s.trace_id,
     }
 }
 
@@ -290,6 +295,7 @@ mod tests {
             recipient_zones: Vec::new(),
             quiet_hours: QuietSetting::Channel,
             notify: None,
+            trace_id: None,
         }
     }
 
@@ -392,5 +398,20 @@ mod tests {
         assert_eq!(decode::<SpecRecord>("specs", b"t", &bytes).unwrap(), s);
         bytes.extend_from_slice(&[1, 2]);
         assert!(decode::<SpecRecord>("specs", b"t", &bytes).is_err());
+    }
+
+    #[test]
+    fn a_spec_written_before_trace_id_decodes_without_one_and_trace_id_round_trips() {
+        let s = spec(Lang::Zh);
+        let mut bytes = encode(&s).unwrap();
+        // What a build before issue 25 wrote: the record ends after `lang`.
+        assert_eq!(bytes.pop(), Some(0), "None is one 0 byte");
+        assert_eq!(decode::<SpecRecord>("specs", b"t", &bytes).unwrap(), s);
+        let traced = SpecRecord {
+            trace_id: Some([7; 16]),
+            ..s
+        };
+        let bytes = encode(&traced).unwrap();
+        assert_eq!(decode::<SpecRecord>("specs", b"t", &bytes).unwrap(), traced);
     }
 }

@@ -425,6 +425,7 @@
     ui.detailTask = { ...t, progress: freshest(id, t.progress) };
     ui.detailRuns = new Map(runs.runs.map((r) => [r.run, freshest(id, r)]));
     drawDetail();
+    loadTimeline(id);
     const sec = $('#detail');
     const wasHidden = sec.hidden;
     sec.hidden = false;
@@ -550,6 +551,49 @@
     return form;
   }
 
+  // ---- timeline -----------------------------------------------------------------------------
+
+  // The timeline is paged oldest first: read pages (at most 10 of 1 000, a task's default
+  // bound) and show the newest 200, newest first.
+  const TIMELINE_SHOWN = 200;
+  async function loadTimeline(id) {
+    let events = [];
+    let after = null;
+    try {
+      for (let i = 0; i < 10; i++) {
+        const q = new URLSearchParams({ limit: '1000' });
+        if (after) q.set('after', after);
+        const page = await api('GET', `/v1/tasks/${encodeURIComponent(id)}/timeline?${q}`);
+        events = events.concat(page.events).slice(-TIMELINE_SHOWN);
+        if (!page.next) break;
+        after = page.next;
+      }
+    } catch (e) {
+      notice(`Timeline of ${id}: ${e.message}`);
+      return;
+    }
+    if (ui.detail !== id) return;
+    drawTimeline(events, H.fmt.zoneOf(ui.detailTask || {}));
+  }
+  function drawTimeline(events, tz) {
+    const list = $('#timeline');
+    const T = H.timeline;
+    const items = T.newestFirst(events).map((e) => {
+      const when = el('time', { datetime: e.at, text: H.fmt.at(e.at, tz) });
+      const line = el('span', { class: 'what', text: T.summary(e) });
+      const where = el('span', { class: 'where muted', text: T.where(e) });
+      if (e.kind !== 'attempt' && e.kind !== 'failed' && e.kind !== 'retry_scheduled') {
+        return el('li', { 'data-kind': e.kind, 'data-seq': e.seq }, when, ' ', line, ' ', where);
+      }
+      // Attempts (and what followed them) open to their whole detail.
+      const dl = el('dl', { class: 'fields' }, ...T.pairs(e).flatMap(([k, v]) => [el('dt', { text: k }), el('dd', { text: v })]));
+      return el('li', { 'data-kind': e.kind, 'data-seq': e.seq },
+        el('details', {}, el('summary', {}, when, ' ', line, ' ', where), dl));
+    });
+    if (!items.length) items.push(el('li', { class: 'empty', text: 'No events yet.' }));
+    list.replaceChildren(...items);
+  }
+
   // ---- failures -----------------------------------------------------------------------------
 
   async function loadFailures() {
@@ -570,6 +614,7 @@
       whenCell(f.failed_at, null),
       el('td', { text: f.last_error }),
       el('td', {}, el('div', { class: 'actions' },
+        el('button', { type: 'button', class: 'quiet', 'data-action': 'timeline', 'aria-label': `Timeline of task ${f.task_id}`, text: 'Timeline', onclick: () => showTimelineOf(f.task_id) }),
         el('button', { type: 'button', class: 'quiet', 'data-action': 'retry', 'aria-label': `Retry message ${f.id}`, disabled: f.retrying, text: f.retrying ? 'Retrying…' : 'Retry', onclick: () => retryFailure(f.id) }),
         el('button', { type: 'button', class: 'danger', 'data-action': 'dismiss', 'aria-label': `Dismiss message ${f.id}`, text: 'Dismiss', onclick: () => dismissFailure(f.id) }))))));
     if (!page.failures.length) body.append(el('tr', {}, el('td', { colspan: 6, class: 'empty', text: 'No failures.' })));
@@ -586,6 +631,13 @@
     };
   }
   const reloadFailures = debounce(loadFailures, 200);
+
+  // A failure's link to its task's timeline: the task's detail, scrolled to the timeline.
+  async function showTimelineOf(taskId) {
+    await showDetail(taskId);
+    const h = $('#timeline-h');
+    if (h && !$('#detail').hidden) h.scrollIntoView({ block: 'start' });
+  }
 
   async function retryFailure(id) {
     try {

@@ -8,7 +8,7 @@ use tokio_postgres::Client;
 use crate::store::backend::TreeId;
 
 /// The schema this build writes. Each version's statements are in [`MIGRATIONS`].
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 /// S for a schema created without another choice (HA.md).
 pub const DEFAULT_SHARDS: u32 = 64;
 /// Most shards a schema may have: S goes into an `int` column.
@@ -28,7 +28,7 @@ fn migration(version: i32, shards: u32) -> Vec<String> {
     match version {
         1 => {
             let mut s = Vec::new();
-            for t in TreeId::ALL {
+            for t in TreeId::ALL.into_iter().filter(|t| *t != TreeId::Timeline) {
                 // `shard` is the task's (shard.rs): issue 24 fences writes and loads a shard's
                 // tasks by it, so it is here from the first version.
                 s.push(format!(
@@ -61,9 +61,14 @@ fn migration(version: i32, shards: u32) -> Vec<String> {
         // COMMIT got no answer is read back by its token, and a read-back that inserts the
         // token first keeps that group from ever committing.
         2 => vec![
-            "CREATE TABLE herald_commit (token bytea PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"
+            "CREATE TABLE IF NOT EXISTS herald_commit (token bytea PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"
                 .into(),
         ],
+        // Issue 25: a task's timeline events (`store/timeline.rs`), a tree like the others.
+        3 => vec![format!(
+            "CREATE TABLE IF NOT EXISTS {} (shard int NOT NULL, key bytea PRIMARY KEY, value bytea NOT NULL)",
+            table(TreeId::Timeline)
+        )],
         _ => Vec::new(),
     }
 }

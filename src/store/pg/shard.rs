@@ -37,7 +37,7 @@ pub fn task_id_of<'a>(tree: TreeId, key: &'a [u8], value: Option<&[u8]>) -> Cow<
     Cow::Borrowed(match tree {
         TreeId::Specs | TreeId::Progress | TreeId::Live => key,
         // `id ‖ 0x00 ‖ n`: ids never contain 0x00.
-        TreeId::Messages | TreeId::Runs | TreeId::Active => {
+        TreeId::Messages | TreeId::Runs | TreeId::Active | TreeId::Timeline => {
             key.split(|b| *b == 0).next().unwrap_or(key)
         }
         // `class ‖ u64 ‖ id` (`records::due_key`).

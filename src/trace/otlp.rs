@@ -1,0 +1,455 @@
+//! Span export over OTLP/HTTP with the JSON encoding (`[telemetry] otlp_endpoint`,
+//! `HERALD_OTLP_ENDPOINT`), written here over a plain TCP connection on a thread of its own.
+//!
+//! Why not the `opentelemetry` crates: their OTLP exporter needs protobuf (`prost`,
+//! `opentelemetry-proto`) and an HTTP client of its own (reqwest, or hyper through
+//! `opentelemetry-http` on a runtime it drives), a large build on this 2-core machine for
+//! what is a few hundred lines: a bounded queue, a batch, one POST. OTLP/HTTP accepts JSON
+//! (`Content-Type: application/json`, ids in hex) on the same `/v1/traces` path as protobuf,
+//! and every collector (the OpenTelemetry Collector, Jaeger, Tempo) reads it.
+//!
+//! Cost and failure: with no endpoint there is no exporter and nothing is built
+//! ([`Telemetry::off`]: every call site checks [`Telemetry::on`] first). With one, a span is
+//! handed to a bounded queue with `try_send` ([`QUEUE_SPANS`]); a full queue drops the span and
+//! counts it ([`ExportStats::dropped`], `/metrics`). The exporter thread batches what is queued
+//! and POSTs it with short timeouts; a collector that is down costs that thread a refused
+//! connect (and then a pause, [`RETRY_PAUSE`]), never a send or a request: they only ever
+//! touch the queue.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::model::timeline::hex;
+
+/// Spans waiting for the exporter thread; past it new spans are dropped (and counted).
+pub const QUEUE_SPANS: usize = 4_096;
+/// Most spans in one POST.
+pub const BATCH_SPANS: usize = 512;
+/// How long a span may wait for its batch to fill.
+pub const BATCH_WAIT: Duration = Duration::from_millis(200);
+/// Connect, write and read bounds of one POST.
+pub const POST_TIMEOUT: Duration = Duration::from_secs(2);
+/// After a failed POST the thread waits this long before trying again (spans keep queueing,
+/// and are dropped once the queue is full).
+pub const RETRY_PAUSE: Duration = Duration::from_secs(1);
+
+/// OTLP span kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpanKind {
+    Internal = 1,
+    Server = 2,
+    Client = 3,
+}
+
+/// An attribute value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Attr {
+    Str(String),
+    Int(i64),
+}
+
+impl From<&str> for Attr {
+    fn from(s: &str) -> Attr {
+        Attr::Str(s.to_string())
+    }
+}
+impl From<String> for Attr {
+    fn from(s: String) -> Attr {
+        Attr::Str(s)
+    }
+}
+impl From<u32> for Attr {
+    fn from(n: u32) -> Attr {
+        Attr::Int(i64::from(n))
+    }
+}
+impl From<u64> for Attr {
+    fn from(n: u64) -> Attr {
+        Attr::Int(n.min(i64::MAX as u64) as i64)
+    }
+}
+impl From<u16> for Attr {
+    fn from(n: u16) -> Attr {
+        Attr::Int(i64::from(n))
+    }
+}
+
+/// One finished span.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Span {
+    pub trace_id: [u8; 16],
+    pub span_id: [u8; 8],
+    pub parent: Option<[u8; 8]>,
+    pub name: String,
+    pub kind: SpanKind,
+    pub start_unix_ns: u64,
+    pub end_unix_ns: u64,
+    pub attrs: Vec<(&'static str, Attr)>,
+    /// An error status with its message (`None`: unset, i.e. fine).
+    pub error: Option<String>,
+    /// Spans of other traces this one is linked to (a control call made in the caller's
+    /// trace on a task of another).
+    pub links: Vec<([u8; 16], [u8; 8])>,
+}
+
+impl Span {
+    pub fn attr(mut self, key: &'static str, v: impl Into<Attr>) -> Span {
+        self.attrs.push((key, v.into()));
+        self
+    }
+}
+
+/// Nanoseconds since the Unix epoch now (span stamps are wall time, as OTLP wants).
+pub fn now_unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// What the exporter did, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct ExportStats {
+    /// Spans a collector accepted.
+    pub exported: AtomicU64,
+    /// Spans lost: the queue was full, or their POST failed.
+    pub dropped: AtomicU64,
+    /// POSTs that failed (no connection, a timeout, a status other than 2xx).
+    pub failed_posts: AtomicU64,
+}
+
+/// The exporter as the rest of herald holds it: cheap to clone, a no-op when off.
+#[derive(Clone, Default)]
+pub struct Telemetry(Option<Arc<Exporter>>);
+
+impl Telemetry {
+    /// No export: every call costs one branch.
+    pub fn off() -> Telemetry {
+        Telemetry(None)
+    }
+
+    /// Exports to `endpoint` (see [`check_endpoint`]).
+    pub fn start(endpoint: &str) -> Result<Telemetry, String> {
+        Ok(Telemetry(Some(Arc::new(Exporter::start(endpoint)?))))
+    }
+
+    pub fn on(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Queues a finished span (dropped and counted when the queue is full).
+    pub fn export(&self, span: Span) {
+        if let Some(x) = &self.0 {
+            x.export(span);
+        }
+    }
+
+    pub fn stats(&self) -> Option<&ExportStats> {
+        self.0.as_ref().map(|x| &*x.stats)
+    }
+}
+
+pub struct Exporter {
+    tx: crossbeam_channel::Sender<Span>,
+    stats: Arc<ExportStats>,
+}
+
+impl Exporter {
+    fn start(endpoint: &str) -> Result<Exporter, String> {
+        let target = Target::parse(endpoint)?;
+        let (tx, rx) = crossbeam_channel::bounded(QUEUE_SPANS);
+        let stats = Arc::new(ExportStats::default());
+        let st = stats.clone();
+        std::thread::Builder::new()
+            .name("herald-otlp".into())
+            .spawn(move || run(target, rx, st))
+            .map_err(|e| format!("cannot start the exporter thread: {e}"))?;
+        Ok(Exporter { tx, stats })
+    }
+
+    fn export(&self, span: Span) {
+        if self.tx.try_send(span).is_err() {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// `http://host:port[/path]`: OTLP/HTTP's base endpoint (`/v1/traces` is added unless the
+/// path already ends with it). https is not spoken by this exporter: a collector on another
+/// host is reached through a local agent or collector.
+pub fn check_endpoint(e: &str) -> Result<(), String> {
+    Target::parse(e).map(|_| ())
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Target {
+    host: String,
+    port: u16,
+    path: String,
+}
+
+impl Target {
+    fn parse(e: &str) -> Result<Target, String> {
+        let rest = e.trim().strip_prefix("http://").ok_or_else(|| {
+            format!("{e:?}: expected http://host:port (OTLP/HTTP; https is not supported, use a local collector)")
+        })?;
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
+                h,
+                p.parse::<u16>()
+                    .map_err(|_| format!("{e:?}: {p:?} is not a port"))?,
+            ),
+            _ => (authority, 4318),
+        };
+        if host.is_empty() {
+            return Err(format!("{e:?}: no host"));
+        }
+        let path = path.trim_end_matches('/');
+        let path = if path.ends_with("/v1/traces") {
+            path.to_string()
+        } else {
+            format!("{path}/v1/traces")
+        };
+        Ok(Target {
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+            port,
+            path,
+        })
+    }
+}
+
+/// The exporter thread: batches, POSTs, pauses after a failure; ends when every sender is gone.
+fn run(target: Target, rx: crossbeam_channel::Receiver<Span>, stats: Arc<ExportStats>) {
+    let mut batch: Vec<Span> = Vec::with_capacity(BATCH_SPANS);
+    let mut warned_at: Option<Instant> = None;
+    loop {
+        let first = match rx.recv() {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        batch.push(first);
+        let deadline = Instant::now() + BATCH_WAIT;
+        while batch.len() < BATCH_SPANS {
+            match rx.recv_deadline(deadline) {
+                Ok(s) => batch.push(s),
+                Err(_) => break,
+            }
+        }
+        let n = batch.len() as u64;
+        match post(&target, &encode(&batch)) {
+            Ok(()) => {
+                stats.exported.fetch_add(n, Ordering::Relaxed);
+            }
+            Err(why) => {
+                stats.dropped.fetch_add(n, Ordering::Relaxed);
+                stats.failed_posts.fetch_add(1, Ordering::Relaxed);
+                // One line a minute at most: a collector that is down is not news every second.
+                if warned_at.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+                    tracing::warn!(endpoint = %format!("http://{}:{}{}", target.host, target.port, target.path),
+                        error = %why, spans = n, "OTLP export failed; spans dropped");
+                    warned_at = Some(Instant::now());
+                }
+                std::thread::sleep(RETRY_PAUSE);
+            }
+        }
+        batch.clear();
+    }
+}
+
+/// One POST of an encoded batch; `Ok` on a 2xx answer.
+fn post(t: &Target, body: &[u8]) -> Result<(), String> {
+    let addrs: Vec<SocketAddr> = (t.host.as_str(), t.port)
+        .to_socket_addrs()
+        .map_err(|e| format!("resolve {}: {e}", t.host))?
+        .collect();
+    let addr = addrs.first().ok_or("the host resolves to no address")?;
+    let mut s = TcpStream::connect_timeout(addr, POST_TIMEOUT).map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(POST_TIMEOUT))
+        .and_then(|_| s.set_read_timeout(Some(POST_TIMEOUT)))
+        .map_err(|e| e.to_string())?;
+    let host = if t.host.contains(':') {
+        format!("[{}]:{}", t.host, t.port)
+    } else {
+        format!("{}:{}", t.host, t.port)
+    };
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\nUser-Agent: herald\r\n\r\n",
+        t.path,
+        body.len()
+    );
+    s.write_all(head.as_bytes())
+        .and_then(|_| s.write_all(body))
+        .map_err(|e| e.to_string())?;
+    // The status line is all that is needed; a short read bounded by the timeout.
+    let mut buf = [0u8; 64];
+    let mut got = 0;
+    while got < 12 {
+        match s.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    let line = String::from_utf8_lossy(&buf[..got]);
+    match line.split(' ').nth(1) {
+        Some(code) if code.starts_with('2') => Ok(()),
+        Some(code) => Err(format!("the collector answered {code}")),
+        None => Err("the collector sent no status line".into()),
+    }
+}
+
+/// A batch as an OTLP `ExportTraceServiceRequest` in its JSON mapping (ids hex, 64-bit
+/// integers as strings).
+pub fn encode(spans: &[Span]) -> Vec<u8> {
+    use serde_json::{json, Value};
+    let attr = |(k, v): &(&'static str, Attr)| -> Value {
+        let value = match v {
+            Attr::Str(s) => json!({ "stringValue": s }),
+            Attr::Int(n) => json!({ "intValue": n.to_string() }),
+        };
+        json!({ "key": k, "value": value })
+    };
+    let list: Vec<Value> = spans
+        .iter()
+        .map(|s| {
+            let mut o = json!({
+                "traceId": hex(&s.trace_id),
+                "spanId": hex(&s.span_id),
+                "name": s.name,
+                "kind": s.kind as u8,
+                "startTimeUnixNano": s.start_unix_ns.to_string(),
+                "endTimeUnixNano": s.end_unix_ns.max(s.start_unix_ns).to_string(),
+                "attributes": s.attrs.iter().map(attr).collect::<Vec<_>>(),
+            });
+            if let Some(p) = &s.parent {
+                o["parentSpanId"] = json!(hex(p));
+            }
+            if let Some(e) = &s.error {
+                o["status"] = json!({ "code": 2, "message": e });
+            }
+            if !s.links.is_empty() {
+                o["links"] = s
+                    .links
+                    .iter()
+                    .map(|(t, sp)| json!({ "traceId": hex(t), "spanId": hex(sp) }))
+                    .collect();
+            }
+            o
+        })
+        .collect();
+    let doc = json!({
+        "resourceSpans": [{
+            "resource": { "attributes": [
+                { "key": "service.name", "value": { "stringValue": "herald" } },
+                { "key": "service.version", "value": { "stringValue": env!("CARGO_PKG_VERSION") } },
+            ]},
+            "scopeSpans": [{ "scope": { "name": "herald" }, "spans": list }],
+        }]
+    });
+    serde_json::to_vec(&doc).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_and_https_is_refused_with_a_reason() {
+        let t = Target::parse("http://127.0.0.1:4318").unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.port, t.path.as_str()),
+            ("127.0.0.1", 4318, "/v1/traces")
+        );
+        let t = Target::parse("http://collector/otlp/").unwrap();
+        assert_eq!((t.port, t.path.as_str()), (4318, "/otlp/v1/traces"));
+        let t = Target::parse("http://[::1]:9/v1/traces").unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.port, t.path.as_str()),
+            ("::1", 9, "/v1/traces")
+        );
+        assert!(check_endpoint("https://x:4318")
+            .unwrap_err()
+            .contains("https"));
+        assert!(check_endpoint("http://x:port").is_err());
+        assert!(check_endpoint("http://:1").is_err());
+    }
+
+    #[test]
+    fn a_span_encodes_as_otlp_json() {
+        let s = Span {
+            trace_id: [1; 16],
+            span_id: [2; 8],
+            parent: Some([3; 8]),
+            name: "attempt".into(),
+            kind: SpanKind::Client,
+            start_unix_ns: 5,
+            end_unix_ns: 9,
+            attrs: vec![],
+            error: Some("HTTP 500".into()),
+            links: vec![],
+        }
+        .attr("herald.task.id", "t")
+        .attr("herald.run", 2u32);
+        let v: serde_json::Value = serde_json::from_slice(&encode(&[s])).unwrap();
+        let span = &v["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+        assert_eq!(span["traceId"], "01".repeat(16));
+        assert_eq!(span["parentSpanId"], "03".repeat(8));
+        assert_eq!(span["kind"], 3);
+        assert_eq!(span["startTimeUnixNano"], "5");
+        assert_eq!(span["attributes"][1]["value"]["intValue"], "2");
+        assert_eq!(span["status"]["code"], 2);
+    }
+
+    #[test]
+    fn with_no_collector_spans_are_dropped_and_counted_and_export_never_blocks() {
+        // A port nobody listens on: bind one, learn its number, close it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let t = Telemetry::start(&format!("http://127.0.0.1:{port}")).unwrap();
+        let span = Span {
+            trace_id: [1; 16],
+            span_id: [2; 8],
+            parent: None,
+            name: "x".into(),
+            kind: SpanKind::Internal,
+            start_unix_ns: 1,
+            end_unix_ns: 2,
+            attrs: vec![],
+            error: None,
+            links: vec![],
+        };
+        let started = Instant::now();
+        let n = QUEUE_SPANS as u64 * 3;
+        for _ in 0..n {
+            t.export(span.clone());
+        }
+        // Bounded: 12 288 spans queued or dropped well under the time of one POST.
+        assert!(started.elapsed() < POST_TIMEOUT, "{:?}", started.elapsed());
+        let stats = t.stats().unwrap();
+        assert!(
+            stats.dropped.load(Ordering::Relaxed) >= n - QUEUE_SPANS as u64 - BATCH_SPANS as u64
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while stats.failed_posts.load(Ordering::Relaxed) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the refused POST was never counted"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(stats.exported.load(Ordering::Relaxed), 0);
+    }
+}
