@@ -903,19 +903,11 @@ pub fn failure_retry(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Context, Limits, TaskRequest};
 
     const NOW: u64 = 1_796_083_200_000;
 
     fn task(v: serde_json::Value) -> Task {
-        let req: TaskRequest = serde_json::from_value(v).unwrap();
-        req.into_task(&Context {
-            now_ms: NOW,
-            limits: &Limits::default(),
-            channel_exists: &|_| true,
-        })
-        .unwrap()
-        .0
+        crate::model::request::test_task(v, NOW)
     }
 
     #[test]

@@ -1049,6 +1049,20 @@ fn validate_metadata(m: &BTreeMap<String, String>, limits: &Limits) -> Result<()
     Ok(())
 }
 
+/// A task as a create would make it from this JSON at `now_ms` (default limits, every channel
+/// known): the fixture of the engine's and schedule's unit tests.
+#[cfg(test)]
+pub(crate) fn test_task(v: serde_json::Value, now_ms: u64) -> Task {
+    let req: TaskRequest = serde_json::from_value(v).expect("a valid test request");
+    req.into_task(&Context {
+        now_ms,
+        limits: &Limits::default(),
+        channel_exists: &|_| true,
+    })
+    .expect("a valid test task")
+    .0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
