@@ -365,13 +365,16 @@ pub(crate) enum RetryWheel {
     At(u64),
 }
 
-/// Saves a failure-list entry; then its retry step, its event (`action`) and alert.
+/// Saves a failure-list entry; then its retry step, its event (`action`) and alert. `steps`:
+/// the timeline events of the retry attempt that led here (issue 25), written first, in the
+/// same write.
 pub(crate) async fn failure_saved(
     inner: &Arc<Inner>,
     f: &Failure,
     wheel: RetryWheel,
     action: Option<&'static str>,
     alert: Option<&'static str>,
+    steps: Vec<crate::model::TimelineEvent>,
 ) -> Result<(), StoreError> {
     let mut b = Batch::new();
     b.failure(f.clone());
@@ -395,7 +398,9 @@ pub(crate) async fn failure_saved(
         )),
         _ => None,
     };
-    b.timeline(&f.task_id, event.into_iter().collect());
+    let mut events = steps;
+    events.extend(event);
+    b.timeline(&f.task_id, events);
     inner.store.write_numbered(&mut b).await?;
     publish_timeline(inner, &b);
     if let RetryWheel::At(at) = wheel {
@@ -411,11 +416,12 @@ pub(crate) async fn failure_saved(
 }
 
 /// Removes a failure-list entry (resolved by a retry, or dismissed); its retry step leaves
-/// the wheel and subscribers hear `action`.
+/// the wheel and subscribers hear `action`. `steps`: as for [`failure_saved`].
 pub(crate) async fn failure_removed(
     inner: &Inner,
     f: &Failure,
     action: &'static str,
+    steps: Vec<crate::model::TimelineEvent>,
 ) -> Result<(), StoreError> {
     let mut b = Batch::new();
     b.ops.push(Op::DeleteFailure(f.id.clone()));
@@ -431,7 +437,9 @@ pub(crate) async fn failure_removed(
         // Resolved: a retry delivered it.
         _ => crate::model::TimelineEvent::delivered(now, f.run, f.seq, f.attempts),
     };
-    b.timeline(&f.task_id, vec![event]);
+    let mut events = steps;
+    events.push(event);
+    b.timeline(&f.task_id, events);
     inner.store.write_numbered(&mut b).await?;
     publish_timeline(inner, &b);
     forget_failures(inner, 1);

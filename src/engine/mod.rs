@@ -22,6 +22,7 @@ mod herd;
 mod notify;
 mod plan;
 mod recovery;
+mod render;
 pub mod retention;
 mod retry;
 pub mod stats;

@@ -30,8 +30,8 @@ use super::timer::{Key, RunKey, StepGuard};
 use super::{alerts, retry, EngineError, Inner};
 use crate::deliver::{backoff, Admission, Delivery};
 use crate::logsafe::Escaped;
-use crate::model::{delivery_key, Outcome, TaskState};
-use crate::schedule::{format_utc, minutes_left};
+use crate::model::{Outcome, TaskState};
+use crate::schedule::format_utc;
 
 /// A due key's step, as the dispatcher routes it.
 pub(crate) enum Step {
@@ -471,29 +471,18 @@ pub(super) async fn prepare(
     inner
         .lateness
         .observe(now.saturating_sub(scheduled) as f64 / 1000.0);
-    let minutes = minutes_left(&t.schedule, run.scheduled_at_ms);
-    let body = match minutes {
-        Some(m) => msg.body.replace("{{minutes_left}}", &m.to_string()),
-        None => msg.body,
-    };
-    let delivery = Delivery {
-        task_id: t.id.clone(),
-        run: key.run,
-        seq,
-        to: msg.to,
-        body,
-        scheduled_at: format_utc(scheduled),
-        attempt: run.attempts,
-        idempotency_key: delivery_key(&t.id, key.run, seq),
-        sent_at: format_utc(now),
-        // For channel templates.
-        data: msg.data,
-        scheduled_at_ms: scheduled,
-        minutes_left: minutes,
-        metadata: t.metadata.clone(),
-        kind: super::notify::about_of(&t.metadata).map(|a| a.0),
-        about: super::notify::about_of(&t.metadata).map(|a| a.1),
-    };
+    let delivery = super::render::delivery(
+        t,
+        msg,
+        &super::render::Attempt {
+            run: key.run,
+            seq,
+            attempt: run.attempts,
+            due_ms: scheduled,
+            run_at_ms: run.scheduled_at_ms,
+            now_ms: now,
+        },
+    );
     let policy = t
         .retry
         .or(channel.as_ref().map(|c| c.retry))
