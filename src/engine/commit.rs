@@ -17,6 +17,7 @@
 //! Layers (no circles): dispatch → chunk → step → commit → cells → arm → timer; `plan.rs`
 //! and `change.rs` are pure, beside them.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -24,7 +25,7 @@ use super::arm;
 use super::cells::{self, Got, Locked, TryGot};
 use super::change::{Change, WheelOp};
 use super::timer::{Key, RunKey};
-use super::{alerts, plan, EngineError, Inner, LiveState};
+use super::{alerts, plan, EngineError, Inner, LiveState, LiveTask, Slot};
 use crate::model::{Failure, Message, RunState, Task};
 use crate::store::purge::Footprint;
 use crate::store::{Batch, Inserted, Op, StoreError};
@@ -35,12 +36,23 @@ pub(crate) const STORAGE_RETRY_MS: u64 = 1_000;
 /// Carries one change of a locked task out: durable first, then memory, wheel, events.
 pub(crate) async fn apply(inner: &Arc<Inner>, l: &mut Locked, c: Change) -> Result<(), StoreError> {
     let mut batch = Batch::new();
+    let mut born = Vec::new();
     if !c.writes_nothing() {
         batch_into(l.st(), &c, &mut batch);
+        born = notifications(
+            inner,
+            c.task.as_ref().unwrap_or(&l.st().task),
+            &c,
+            &mut batch,
+        );
         // Numbered: the bus publishes the events with the seqs the store gave them.
-        inner.store.write_numbered(&mut batch).await?;
+        if let Err(e) = inner.store.write_numbered(&mut batch).await {
+            unborn(inner, born);
+            return Err(e);
+        }
     }
     after(inner, l, c);
+    created(inner, born);
     publish_timeline(inner, &batch);
     Ok(())
 }
@@ -60,8 +72,11 @@ fn publish_timeline(inner: &Inner, batch: &Batch) {
 pub(crate) async fn apply_chunk(inner: &Arc<Inner>, items: Vec<(Locked, RunKey, Change)>) {
     let mut batch = Batch::new();
     let mut items = items;
+    let mut born = Vec::new();
     for (l, _, c) in &mut items {
         batch_into(l.st(), c, &mut batch);
+        let task = c.task.as_ref().unwrap_or(&l.st().task);
+        born.extend(notifications(inner, task, c, &mut batch));
     }
     match inner.store.write_numbered(&mut batch).await {
         Ok(()) => {
@@ -69,9 +84,11 @@ pub(crate) async fn apply_chunk(inner: &Arc<Inner>, items: Vec<(Locked, RunKey, 
                 after(inner, &mut l, c);
                 l.release(inner);
             }
+            created(inner, born);
             publish_timeline(inner, &batch);
         }
         Err(e) => {
+            unborn(inner, born);
             for (mut l, key, _) in items {
                 lost(inner, &mut l, &key, &e);
                 l.release(inner);
@@ -112,10 +129,6 @@ fn batch_into(st: &LiveState, c: &Change, batch: &mut Batch) {
 
 /// After the durable write: memory, the wheel, events and alerts.
 fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
-    let notes = super::notify::requests(c.task.as_ref().unwrap_or(&l.st().task), &c);
-    if !notes.is_empty() {
-        notify(inner, notes);
-    }
     let st = l.st();
     let dropped: Vec<u32> = if c.wheel.contains(&WheelOp::DropSteps) {
         st.runs.keys().copied().collect()
@@ -172,24 +185,111 @@ fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
     }
 }
 
-/// Creates the notifications a durable change called for (`notify.rs`), each a task of its
-/// own, through the create path (after this change's lock is let go: it takes its own cell).
-/// One that exists already (the same event, seen again after a restart) is not made twice.
-fn notify(inner: &Arc<Inner>, notes: Vec<crate::model::TaskRequest>) {
-    for req in notes {
-        let engine = super::Engine {
-            inner: inner.clone(),
-        };
-        // Outstanding until it is created, like a step: `Engine::idle` and the drain wait
-        // for it.
-        let guard = inner.timer.extra_step();
-        tokio::spawn(async move {
-            let _guard = guard;
-            match engine.create(req, None).await {
-                Ok(_) | Err(EngineError::IdTaken(_)) => {}
-                Err(e) => tracing::warn!(error = %e, "a notification could not be created"),
+/// A notification made a new task inside a change's write (issue 28): its cell was claimed in
+/// the live map, locked, before the write, as a create claims its own, so that a create or a
+/// command of the same id waits for the write instead of racing it.
+pub(crate) struct Born {
+    task: Task,
+    locked: Locked,
+    cell: Arc<LiveTask>,
+}
+
+/// The notifications `c` calls for (`notify.rs`), for `task` as it is after the change, made
+/// new tasks whose records go into `batch`: the change's own write. The event and its
+/// notification are durable together, so a crash never keeps one without the other.
+/// One whose id exists already (the same event seen again, e.g. a step done again after a
+/// restart) is left out; one that cannot be made (invalid: its channel was deleted; no room
+/// among the live tasks) is logged and counted (`herald_notifications_refused`), and the
+/// change goes on without it.
+fn notifications(inner: &Arc<Inner>, task: &Task, c: &Change, batch: &mut Batch) -> Vec<Born> {
+    super::notify::requests(task, c)
+        .into_iter()
+        .filter_map(|req| match born(inner, req, batch) {
+            Ok(b) => b,
+            Err(e) => {
+                inner.notify_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(task = %task.id, error = %e,
+                    "a notification could not be made; the change goes on without it");
+                None
             }
+        })
+        .collect()
+}
+
+/// One notification's records into `batch`, its cell claimed; `Ok(None)` if its id exists.
+fn born(
+    inner: &Arc<Inner>,
+    req: crate::model::TaskRequest,
+    batch: &mut Batch,
+) -> Result<Option<Born>, EngineError> {
+    let (task, messages) = inner.task_of(req)?;
+    // A finished one is only on disk; a live one is in the map (checked below, under its
+    // lock, where a create claims its id too).
+    if inner.store.task_exists(&task.id)? {
+        return Ok(None);
+    }
+    let id: Arc<str> = Arc::from(task.id.as_str());
+    let cell: Arc<LiveTask> = Arc::new(tokio::sync::Mutex::new(Slot::Loaded(Box::new(
+        LiveState::new(task.clone(), BTreeMap::new()),
+    ))));
+    let Ok(guard) = cell.clone().try_lock_owned() else {
+        return Ok(None); // a new mutex is never locked: unreachable
+    };
+    {
+        let mut live = inner.live.lock();
+        if live.contains_key(&id) {
+            return Ok(None);
+        }
+        let max = inner.config.limits.live_tasks_max;
+        if live.len() >= max {
+            return Err(EngineError::Limit(format!(
+                "herald already holds {max} unfinished tasks (limits.live_tasks_max)"
+            )));
+        }
+        live.claim(id.clone(), Some(cell.clone()));
+    }
+    // What `insert` writes, without its precondition (the id was checked above: a taken id
+    // must not fail the change's whole write).
+    batch.task(&task);
+    if !messages.is_empty() {
+        batch.ops.push(Op::Messages {
+            task_id: task.id.clone(),
+            old_count: 0,
+            messages,
         });
+    }
+    batch.timeline(&task.id, created_events(&task).to_vec());
+    Ok(Some(Born {
+        task,
+        locked: Locked { id, guard },
+        cell,
+    }))
+}
+
+/// The notifications of a durable write: on the wheel, heard of, their cells let go.
+fn created(inner: &Arc<Inner>, born: Vec<Born>) {
+    for b in born {
+        tracing::info!(task = %b.task.id, channel = %b.task.channel, "notification created");
+        arm::sync_fire(inner, &b.task);
+        inner.events.task(&b.task); // events (issue 11)
+
+        // Only the map and the guard may hold the cell for it to be unloaded.
+        drop(b.cell);
+        b.locked.release(inner);
+    }
+}
+
+/// The notifications of a write that failed: not made (the step, tried again, makes them).
+fn unborn(inner: &Inner, born: Vec<Born>) {
+    for b in born {
+        drop(b.locked);
+        let mut live = inner.live.lock();
+        if live
+            .cell(&b.task.id)
+            .is_some_and(|c| Arc::ptr_eq(c, &b.cell))
+        {
+            live.remove(&b.task.id);
+        }
     }
 }
 
@@ -298,14 +398,7 @@ pub(crate) async fn insert(
     messages: &[Message],
     idem: Option<(&str, [u8; 32])>,
 ) -> Result<Inserted, StoreError> {
-    let created = [crate::model::TimelineEvent::task(
-        crate::model::timeline::TimelineKind::Created,
-        task.created_at_ms,
-    )
-    .with_detail(serde_json::json!({
-        "trace_id": crate::model::timeline::hex(&crate::model::timeline::trace_id_of(task)),
-        "messages": task.message_count,
-    }))];
+    let created = created_events(task);
     let r = inner
         .store
         .insert_new_task_with(task, messages, idem, &created)
@@ -320,6 +413,18 @@ pub(crate) async fn insert(
         }
     }
     Ok(r)
+}
+
+/// A new task's first timeline events (`created`).
+fn created_events(task: &Task) -> [crate::model::TimelineEvent; 1] {
+    [crate::model::TimelineEvent::task(
+        crate::model::timeline::TimelineKind::Created,
+        task.created_at_ms,
+    )
+    .with_detail(serde_json::json!({
+        "trace_id": crate::model::timeline::hex(&crate::model::timeline::trace_id_of(task)),
+        "messages": task.message_count,
+    }))]
 }
 
 /// Deletes idempotency keys whose tasks are gone (retention, or a create reusing the key).

@@ -220,6 +220,9 @@ pub(crate) struct Inner {
     pub failures_unlisted: AtomicU64,
     /// The failure list was full when a message was last given up on (one alert per filling).
     pub failures_full: AtomicBool,
+    /// Notifications a change called for that could not be made (invalid, e.g. their channel
+    /// was deleted, or no room among the live tasks): logged, the change goes on without them.
+    pub notify_refused: AtomicU64,
     /// Permits for alert deliveries in flight (`alerts::DELIVERIES_MAX`).
     pub alert_sends: Arc<tokio::sync::Semaphore>,
     /// Serialises changes to failure records (retry steps against dismissals).
@@ -227,6 +230,23 @@ pub(crate) struct Inner {
     /// One-shots counted per second they are due in: a herd's fires are handled earlier.
     pub herd: Mutex<herd::HerdLeads>,
     pub events: events::Bus, // events (issue 11)
+}
+
+impl Inner {
+    /// A request validated and built into a new task with its messages, as of now: what a
+    /// create checks (the API's and a notification's, `commit.rs`).
+    pub(crate) fn task_of(
+        &self,
+        req: TaskRequest,
+    ) -> Result<(Task, Vec<crate::model::Message>), EngineError> {
+        let channels = self.channels.clone();
+        let exists = move |c: &str| channels.contains(c);
+        Ok(req.into_task(&Context {
+            now_ms: self.clock.now_ms(),
+            limits: &self.config.limits,
+            channel_exists: &exists,
+        })?)
+    }
 }
 
 /// Raises an alert when storage starts failing and when it works again. (The commit thread
@@ -323,6 +343,7 @@ impl Engine {
             alerts_failed: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             failures_unlisted: AtomicU64::new(0),
+            notify_refused: AtomicU64::new(0),
             failures_full: AtomicBool::new(false),
             alert_sends: Arc::new(tokio::sync::Semaphore::new(alerts::DELIVERIES_MAX)),
             failures_lock: tokio::sync::Mutex::new(()),
@@ -466,13 +487,7 @@ impl Engine {
     ) -> Result<Created, EngineError> {
         let inner = &self.inner;
         self.check_storage()?;
-        let channels = inner.channels.clone();
-        let exists = move |c: &str| channels.contains(c);
-        let (task, messages) = req.into_task(&Context {
-            now_ms: inner.clock.now_ms(),
-            limits: &inner.config.limits,
-            channel_exists: &exists,
-        })?;
+        let (task, messages) = inner.task_of(req)?;
         // Register the cell (locked) before the task is in the store, so that a cancel racing
         // with this create waits for it instead of missing it.
         let id: Arc<str> = Arc::from(task.id.as_str());
@@ -729,6 +744,11 @@ impl Engine {
     /// Messages given up on that the full failure list did not take (`[store] failures_max`).
     pub fn failures_unlisted(&self) -> u64 {
         self.inner.failures_unlisted.load(Ordering::Relaxed)
+    }
+
+    /// Notifications a change called for that could not be made, since start.
+    pub fn notify_refused(&self) -> u64 {
+        self.inner.notify_refused.load(Ordering::Relaxed)
     }
 
     /// Alerts raised and alert deliveries that failed, since start.

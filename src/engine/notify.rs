@@ -1,13 +1,15 @@
 //! Telling the person (issue 28, API.md "Telling the person"): the notifications a change
-//! calls for, as task requests. Pure: `commit.rs` creates them after the change is durable.
+//! calls for, as task requests. Pure: `commit.rs` makes them tasks whose records go into the
+//! change's own write.
 //!
 //! A notification is a task of its own (a one-shot due now on the named channel, one message
 //! to `notify.to`), so it is delivered like any message: pacing, retries, the failure list.
 //! It carries no `notify`, so it never notifies about itself; its id is derived from what it
 //! is about (`{task}.notify.{run}.{seq|expired}`), so the same event never makes two.
 //! Metadata `herald.kind = notify` and `herald.about.*` become the delivery's `kind` and
-//! `about` (webhook body). Known limit: it is created after the write that records the event,
-//! not in it, so a crash between the two loses the notification (never the event).
+//! `about` (webhook body). It is durable with the event it is about (the same store write,
+//! `commit.rs`): a crash keeps both or neither. One that cannot be made (its channel was
+//! deleted, no room among the live tasks) is logged and counted, and never blocks the change.
 
 use serde_json::json;
 
