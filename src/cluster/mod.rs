@@ -2,10 +2,12 @@
 //! how long a lease may be trusted (`lease.rs`), which shards a node takes and hands over
 //! (`balance.rs`), and this node's clock against the database's (`offset.rs`); then the lease
 //! rows' statements on PostgreSQL: acquire, renew, release, the commit group's fence, the
-//! database's clock (`rows.rs`). The lease loop, the fence in the commit path and the nodes'
-//! forwarding build on these.
+//! database's clock (`rows.rs`); and one process's lease loop that carries them out on its own
+//! connection and reports each shard gained or lost (`node.rs`). The engine's use of it (load
+//! and unload by shard, the fence in the commit path) and the nodes' forwarding come next.
 
 pub mod balance;
 pub mod lease;
+pub mod node;
 pub mod offset;
 pub mod rows;

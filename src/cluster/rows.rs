@@ -231,3 +231,50 @@ pub async fn db_now_ms(c: &impl GenericClient) -> Result<u64, tokio_postgres::Er
         .await?;
     Ok(to_u64(r.get(0)))
 }
+
+/// Says this process is alive until `ttl_ms` from the database's now (`herald_node`, one row
+/// per incarnation), with the address other nodes forward to.
+pub async fn heartbeat(
+    c: &impl GenericClient,
+    node: &str,
+    incarnation: &str,
+    advertise: Option<&str>,
+    ttl_ms: u64,
+) -> Result<(), tokio_postgres::Error> {
+    c.execute(
+        "INSERT INTO herald_node (incarnation, node_id, advertise, expires) \
+         VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond') \
+         ON CONFLICT (incarnation) DO UPDATE SET node_id = EXCLUDED.node_id, \
+           advertise = EXCLUDED.advertise, expires = EXCLUDED.expires",
+        &[&incarnation, &node, &advertise, &ttl_param(ttl_ms)],
+    )
+    .await?;
+    Ok(())
+}
+
+/// How many processes are alive now (database time), this one included if its heartbeat
+/// is current. Rows long dead are swept on the way.
+pub async fn live_nodes(c: &impl GenericClient) -> Result<usize, tokio_postgres::Error> {
+    c.execute(
+        "DELETE FROM herald_node WHERE expires < now() - interval '1 hour'",
+        &[],
+    )
+    .await?;
+    let r = c
+        .query_one(
+            "SELECT count(*) FROM herald_node WHERE expires >= now()",
+            &[],
+        )
+        .await?;
+    Ok(usize::try_from(r.get::<_, i64>(0)).unwrap_or(0))
+}
+
+/// This process leaves (SIGTERM): its node row goes at once.
+pub async fn leave(c: &impl GenericClient, incarnation: &str) -> Result<(), tokio_postgres::Error> {
+    c.execute(
+        "DELETE FROM herald_node WHERE incarnation = $1",
+        &[&incarnation],
+    )
+    .await?;
+    Ok(())
+}
