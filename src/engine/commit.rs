@@ -26,7 +26,7 @@ use super::cells::{self, Got, Locked, TryGot};
 use super::change::{Change, WheelOp};
 use super::timer::{Key, RunKey};
 use super::{alerts, plan, EngineError, Inner, LiveState, LiveTask, Slot};
-use crate::model::{Failure, Message, RunState, Task};
+use crate::model::{Failure, Message, RunState, Task, TaskSpec};
 use crate::store::purge::Footprint;
 use crate::store::{Batch, Inserted, Op, StoreError};
 
@@ -41,7 +41,7 @@ pub(crate) async fn apply(inner: &Arc<Inner>, l: &mut Locked, c: Change) -> Resu
         batch_into(l.st(), &c, &mut batch);
         born = notifications(
             inner,
-            c.task.as_ref().unwrap_or(&l.st().task),
+            &c.spec.clone().unwrap_or_else(|| l.st().spec.clone()),
             &c,
             &mut batch,
         );
@@ -75,8 +75,8 @@ pub(crate) async fn apply_chunk(inner: &Arc<Inner>, items: Vec<(Locked, RunKey, 
     let mut born = Vec::new();
     for (l, _, c) in &mut items {
         batch_into(l.st(), c, &mut batch);
-        let task = c.task.as_ref().unwrap_or(&l.st().task);
-        born.extend(notifications(inner, task, c, &mut batch));
+        let spec = c.spec.clone().unwrap_or_else(|| l.st().spec.clone());
+        born.extend(notifications(inner, &spec, c, &mut batch));
     }
     match inner.store.write_numbered(&mut batch).await {
         Ok(()) => {
@@ -99,7 +99,7 @@ pub(crate) async fn apply_chunk(inner: &Arc<Inner>, items: Vec<(Locked, RunKey, 
 
 /// The records of `c` (for the task `st` holds now), appended to `batch`.
 fn batch_into(st: &LiveState, c: &Change, batch: &mut Batch) {
-    let id = &st.task.id;
+    let id = &st.spec.id;
     if let Some(f) = &c.failure {
         batch.failure(f.clone());
     }
@@ -111,19 +111,19 @@ fn batch_into(st: &LiveState, c: &Change, batch: &mut Batch) {
     }
     // The step's timeline events, in the same durable write as the step (issue 25).
     batch.timeline(id, c.timeline.clone());
-    if let Some(t) = &c.task {
+    let progress = c.progress.as_ref().unwrap_or(&st.progress);
+    if let Some(spec) = &c.spec {
         if let Some(m) = &c.messages {
             batch.ops.push(Op::Messages {
-                task_id: t.id.clone(),
-                old_count: st.task.message_count,
+                task_id: spec.id.clone(),
+                old_count: st.spec.message_count,
                 messages: m.clone(),
             });
-            batch.task(t);
-        } else if c.spec {
-            batch.task(t);
-        } else {
-            batch.progress(t);
         }
+        // A patch: the whole record (its wire shape, copied once per patch).
+        batch.task(&Task::join(spec, progress));
+    } else if c.progress.is_some() {
+        batch.progress_of(&st.spec, progress);
     }
 }
 
@@ -135,12 +135,15 @@ fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
     } else {
         Vec::new()
     };
-    let task_changed = c.task.is_some();
-    if let Some(t) = c.task {
-        st.task = t;
+    let task_changed = c.progress.is_some() || c.spec.is_some();
+    if let Some(spec) = c.spec {
+        st.spec = spec;
+    }
+    if let Some(p) = c.progress {
+        st.progress = p;
     }
     for r in &c.runs {
-        inner.events.progress(&st.task, r); // events (issue 11)
+        inner.events.progress(&st.spec.id, st.progress.state, r); // events (issue 11)
     }
     for r in c.runs {
         if (r.state == RunState::Running && !r.is_done()) || st.sending.contains(&r.run) {
@@ -149,8 +152,8 @@ fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
             st.runs.remove(&r.run);
         }
     }
-    let id = st.task.id.clone();
-    let running = st.task.state == crate::model::TaskState::Running;
+    let id = st.spec.id.clone();
+    let running = st.progress.state == crate::model::TaskState::Running;
     for op in &c.wheel {
         match *op {
             WheelOp::Step(n) => match st.runs.get(&n) {
@@ -170,9 +173,9 @@ fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
             }
         }
     }
-    arm::sync_fire(inner, &st.task);
+    arm::sync_fire(inner, &st.spec, &st.progress);
     if task_changed {
-        inner.events.task(&st.task); // events (issue 11)
+        inner.events.task(&st.spec, &st.progress); // events (issue 11)
     }
     if let Some(f) = &c.failure {
         inner.failures.fetch_add(1, Ordering::Relaxed);
@@ -180,7 +183,7 @@ fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
         inner.events.failure(f, "added"); // events (issue 11)
     }
     if let Some(reason) = &c.parked {
-        let channel = st.task.channel.clone();
+        let channel = st.spec.channel.clone();
         alerts::parked(inner, &id, &channel, reason);
     }
 }
@@ -201,7 +204,7 @@ pub(crate) struct Born {
 /// restart) is left out; one that cannot be made (invalid: its channel was deleted; no room
 /// among the live tasks) is logged and counted (`herald_notifications_refused`), and the
 /// change goes on without it.
-fn notifications(inner: &Arc<Inner>, task: &Task, c: &Change, batch: &mut Batch) -> Vec<Born> {
+fn notifications(inner: &Arc<Inner>, task: &TaskSpec, c: &Change, batch: &mut Batch) -> Vec<Born> {
     super::notify::requests(task, c)
         .into_iter()
         .filter_map(|req| match born(inner, req, batch) {
@@ -270,8 +273,8 @@ fn born(
 fn created(inner: &Arc<Inner>, born: Vec<Born>) {
     for b in born {
         tracing::info!(task = %b.task.id, channel = %b.task.channel, "notification created");
-        arm::sync_fire(inner, &b.task);
-        inner.events.task(&b.task); // events (issue 11)
+        arm::sync_fire_new(inner, &b.task);
+        inner.events.created(&b.task); // events (issue 11)
 
         // Only the map and the guard may hold the cell for it to be unloaded.
         drop(b.cell);
@@ -317,7 +320,7 @@ pub(crate) async fn resumed(
     apply(inner, l, c).await?;
     let st = l.st();
     for r in st.runs.values().filter(|r| !written.contains(&r.run)) {
-        inner.events.progress(&st.task, r); // events (issue 11)
+        inner.events.progress(&st.spec.id, st.progress.state, r); // events (issue 11)
     }
     Ok(())
 }
@@ -331,7 +334,7 @@ pub(crate) async fn park(
 ) -> Result<(), EngineError> {
     let now = inner.clock.now_ms();
     let st = l.st();
-    let Some(c) = plan::park(&st.task, &st.runs, &st.sending, reason, now) else {
+    let Some(c) = plan::park(&st.progress, &st.runs, &st.sending, reason, now) else {
         return Ok(());
     };
     apply(inner, l, c).await?;
@@ -404,8 +407,8 @@ pub(crate) async fn insert(
         .insert_new_task_with(task, messages, idem, &created)
         .await?;
     if let Inserted::Created = r {
-        arm::sync_fire(inner, task);
-        inner.events.task(task); // events (issue 11)
+        arm::sync_fire_new(inner, task);
+        inner.events.created(task); // events (issue 11)
         let mut numbered = created;
         numbered[0].seq = 1;
         if inner.store.timeline_max() > 0 {

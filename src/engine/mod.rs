@@ -39,7 +39,8 @@ use tokio::sync::mpsc;
 use crate::clock::Clock;
 use crate::deliver::Channels;
 use crate::model::{
-    Context, Failure, FieldError, InvalidTransition, Limits, Run, Task, TaskRequest, TaskState,
+    Context, Failure, FieldError, InvalidTransition, Limits, Run, Task, TaskProgress, TaskRequest,
+    TaskSpec, TaskState,
 };
 use crate::store::{Inserted, Store, StoreError, Walk};
 use timer::Timer;
@@ -113,8 +114,11 @@ impl Default for EngineConfig {
 
 /// A loaded live task and its active runs, guarded by the task's lock.
 pub(crate) struct LiveState {
-    /// The task without its messages (those are read one at a time when sent).
-    pub task: Task,
+    /// What the user asked for (without the messages: those are read one at a time when
+    /// sent). Shared, never copied by a step; replaced whole by a patch.
+    pub spec: Arc<TaskSpec>,
+    /// What happened to it so far: what the steps change.
+    pub progress: TaskProgress,
     /// Runs in state `Running` (sending or waiting between sends).
     pub runs: BTreeMap<u32, Run>,
     /// Runs whose send is in progress outside the lock; their in-flight attempt is real.
@@ -134,8 +138,10 @@ pub(crate) struct LiveState {
 
 impl LiveState {
     pub fn new(task: Task, runs: BTreeMap<u32, Run>) -> LiveState {
+        let (spec, progress) = task.split();
         LiveState {
-            task,
+            spec: Arc::new(spec),
+            progress,
             runs,
             sending: BTreeSet::new(),
             prefetched: None,
@@ -146,9 +152,14 @@ impl LiveState {
 
     fn view(&self) -> TaskView {
         TaskView {
-            task: self.task.clone(),
+            task: self.task(),
             run: self.runs.values().next_back().cloned(),
         }
+    }
+
+    /// The task in its wire shape (a copy of the spec: for views, not steps).
+    pub fn task(&self) -> Task {
+        Task::join(&self.spec, &self.progress)
     }
 
     /// Nothing of it runs or sends: it can leave memory until its next fire or command.
@@ -165,7 +176,7 @@ pub(crate) enum Slot {
 }
 
 /// The state a task's runs and schedule call for: sending beats waiting for a fire beats done.
-pub(crate) fn state_for(task: &Task, has_active_runs: bool) -> TaskState {
+pub(crate) fn state_for(task: &TaskProgress, has_active_runs: bool) -> TaskState {
     if has_active_runs {
         TaskState::Running
     } else if task.next_fire_at_ms.is_some() || !task.queued.is_empty() {
@@ -176,7 +187,7 @@ pub(crate) fn state_for(task: &Task, has_active_runs: bool) -> TaskState {
 }
 
 /// Like [`state_for`], but paused and finished tasks keep their state.
-pub(crate) fn derive_state(task: &Task, has_active_runs: bool) -> TaskState {
+pub(crate) fn derive_state(task: &TaskProgress, has_active_runs: bool) -> TaskState {
     match task.state {
         TaskState::Paused | TaskState::Completed | TaskState::Cancelled | TaskState::Failed => {
             task.state

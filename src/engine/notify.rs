@@ -14,7 +14,7 @@
 use serde_json::json;
 
 use super::change::Change;
-use crate::model::{NotifyOn, RunState, Task, TaskRequest};
+use crate::model::{NotifyOn, RunState, TaskRequest, TaskSpec};
 use crate::schedule::notify::{body, About};
 
 /// Metadata key that marks a notification task.
@@ -22,7 +22,7 @@ pub const KIND_KEY: &str = "herald.kind";
 
 /// The notifications `c` calls for, for `task` (as it is after the change): one per message
 /// given up on (the failure list), and one per change that expired fires (the first of them).
-pub fn requests(task: &Task, c: &Change) -> Vec<TaskRequest> {
+pub fn requests(task: &TaskSpec, c: &Change) -> Vec<TaskRequest> {
     let Some(n) = &task.notify else {
         return Vec::new();
     };
@@ -73,7 +73,7 @@ pub fn requests(task: &Task, c: &Change) -> Vec<TaskRequest> {
     out
 }
 
-fn request(task: &Task, n: &crate::model::Notify, a: &About<'_>, what: &str) -> TaskRequest {
+fn request(task: &TaskSpec, n: &crate::model::Notify, a: &About<'_>, what: &str) -> TaskRequest {
     let mut id = format!("{}.notify.{}.{what}", task.id, a.run);
     // Ids are at most 128 bytes; a long task id keeps its notification ids unique by run.
     if id.len() > 128 {
@@ -127,8 +127,8 @@ mod tests {
 
     const NOW: u64 = 1_796_083_200_000;
 
-    fn task(v: serde_json::Value) -> Task {
-        crate::model::request::test_task(v, NOW)
+    fn task(v: serde_json::Value) -> TaskSpec {
+        crate::model::request::test_task(v, NOW).split().0
     }
 
     #[test]
@@ -182,6 +182,6 @@ mod tests {
             json!({"task_id": "t", "run": 1, "seq": 1, "event": "failed"})
         );
         // And a notification's own failure makes none.
-        assert!(requests(&n, &c).is_empty());
+        assert!(requests(&n.split().0, &c).is_empty());
     }
 }

@@ -8,12 +8,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::Schedule;
 use crate::model::{
-    delivery_key, Failure, InvalidTransition, Outcome, Overlap, Pacing, Run, RunState, Task,
-    TaskState,
+    delivery_key, Failure, InvalidTransition, Outcome, Overlap, Pacing, Run, RunState,
+    TaskProgress, TaskSpec, TaskState,
 };
 use crate::schedule::misfire::{judge, judge_started, Decision, MISSED_LIST_MAX};
 use crate::schedule::plan::may_run_more;
-use crate::schedule::{mark_fired, next_fire};
+use crate::schedule::{mark_fired_of, next_fire_of};
 
 use super::change::{Change, WheelOp};
 use super::derive_state;
@@ -29,7 +29,7 @@ pub const EXPIRED_RECORDS_MAX: usize = 100;
 #[derive(Debug, Clone)]
 pub struct FirePlan {
     /// The task after the fire(s): counters, next fire, state.
-    pub task: Task,
+    pub task: TaskProgress,
     /// Records of fires that did not start a run (skipped, expired), with their reasons.
     pub not_started: Vec<Run>,
     /// Runs started now, their first attempt armed (in-flight mark set): written with the
@@ -52,7 +52,7 @@ impl FirePlan {
         let mut runs = self.not_started;
         runs.extend(self.started);
         Change {
-            task: Some(self.task),
+            progress: Some(self.task),
             runs,
             trim_runs_below,
             wheel,
@@ -161,30 +161,31 @@ pub fn settle_events(
 /// A fire due while herald was watching is never missed, however late it is handled (herald's
 /// own backlog, a wall-clock jump): it runs.
 pub fn fire(
-    task: &Task,
+    spec: &TaskSpec,
+    task: &TaskProgress,
     active_runs: usize,
     due: u64,
     now: u64,
     watched_ms: u64,
 ) -> Result<FirePlan, InvalidTransition> {
     let mut task = task.clone();
-    let total = task.message_count;
+    let total = spec.message_count;
     let (decisions, missed) = if due < watched_ms {
         let mut missed = vec![due];
         let mut probe = task.clone();
-        mark_fired(&mut probe, due);
+        mark_fired_of(&spec.schedule, &mut probe, due);
         while missed.len() < MISSED_LIST_MAX {
-            match next_fire(&probe, now) {
+            match next_fire_of(spec, &probe, now) {
                 Some(n) if n < watched_ms => {
                     missed.push(n);
-                    mark_fired(&mut probe, n);
+                    mark_fired_of(&spec.schedule, &mut probe, n);
                 }
                 _ => break,
             }
         }
         let n = missed.len();
         (
-            judge(task.misfire, task.misfire_grace_ms, &missed, watched_ms),
+            judge(spec.misfire, spec.misfire_grace_ms, &missed, watched_ms),
             n,
         )
     } else {
@@ -198,7 +199,7 @@ pub fn fire(
         let run_no = task.fires + 1;
         match d {
             Decision::Expire(t, why) => {
-                mark_fired(&mut task, t);
+                mark_fired_of(&spec.schedule, &mut task, t);
                 task.expired += 1;
                 if expired_recorded < EXPIRED_RECORDS_MAX {
                     expired_recorded += 1;
@@ -213,41 +214,49 @@ pub fn fire(
                 }
             }
             Decision::Skip(t, why) => {
-                mark_fired(&mut task, t);
-                not_started.push(skip(&mut task, run_no, t, now, why));
+                mark_fired_of(&spec.schedule, &mut task, t);
+                not_started.push(skip(spec, &mut task, run_no, t, now, why));
             }
             Decision::Run(t) => {
-                mark_fired(&mut task, t);
-                if !may_run_more(&task) {
-                    not_started.push(skip(&mut task, run_no, t, now, "max_runs reached".into()));
+                mark_fired_of(&spec.schedule, &mut task, t);
+                if !may_run_more(spec, &task) {
+                    not_started.push(skip(
+                        spec,
+                        &mut task,
+                        run_no,
+                        t,
+                        now,
+                        "max_runs reached".into(),
+                    ));
                     continue;
                 }
                 // In recipient time a slot's run spans its zones (a day and more for a daily
                 // cron around the world): the next slot's run goes beside it, never an overlap.
-                let others = active_runs > 0 && task.recipient_zones.is_empty();
+                let others = active_runs > 0 && spec.recipient_zones.is_empty();
                 let busy = others || !started.is_empty();
-                if busy && task.overlap != Overlap::Allow {
+                if busy && spec.overlap != Overlap::Allow {
                     // Misfire catch-up (several runs from one outage) queues behind the first
                     // whatever the policy; a regular fire follows the overlap policy.
                     let catching_up = !started.is_empty();
-                    if catching_up || (task.overlap == Overlap::Queue && task.queued.is_empty()) {
+                    if catching_up || (spec.overlap == Overlap::Queue && task.queued.is_empty()) {
                         task.queued.push((run_no, t));
                     } else {
-                        let why = if task.overlap == Overlap::Queue {
+                        let why = if spec.overlap == Overlap::Queue {
                             "overlap queue: a run is already waiting".to_string()
                         } else {
                             "overlap skip: the previous run was still sending".to_string()
                         };
-                        not_started.push(skip(&mut task, run_no, t, now, why));
+                        not_started.push(skip(spec, &mut task, run_no, t, now, why));
                     }
                     continue;
                 }
-                started.push(start_run(&mut task, run_no, t, now));
+                started.push(start_run(spec, &mut task, run_no, t, now));
             }
         }
     }
-    task.next_fire_at_ms = next_fire(&task, now);
+    task.next_fire_at_ms = next_fire_of(spec, &task, now);
     let to = finished_as(
+        spec,
         &task,
         derive_state(&task, active_runs > 0 || !started.is_empty()),
     );
@@ -267,9 +276,9 @@ pub fn fire(
 /// A one-shot or reminders task that would complete without having sent anything because its
 /// every fire expired ends `expired` instead, so a client can tell it from one that was sent
 /// (and re-arm it). Every other state passes through.
-pub fn finished_as(task: &Task, to: TaskState) -> TaskState {
+pub fn finished_as(spec: &TaskSpec, task: &TaskProgress, to: TaskState) -> TaskState {
     let once = matches!(
-        task.schedule,
+        spec.schedule,
         Schedule::At { .. } | Schedule::After { .. } | Schedule::Reminders { .. }
     );
     if to == TaskState::Completed && once && task.runs == 0 && task.expired > 0 {
@@ -295,7 +304,8 @@ fn first_send_pending(r: &Run) -> bool {
 /// expired fire: `runs` gives it back, `expired` counts it). `send_ms`: when the send would
 /// start. The run record to write, or `None` when it goes on.
 pub fn expire_started(
-    task: &mut Task,
+    spec: &TaskSpec,
+    task: &mut TaskProgress,
     r: &Run,
     send_ms: u64,
     watched_ms: u64,
@@ -308,7 +318,7 @@ pub fn expire_started(
         r.scheduled_at_ms,
         send_ms,
         watched_ms,
-        task.misfire_grace_ms,
+        spec.misfire_grace_ms,
     )?;
     let mut r = r.clone();
     r.disarm();
@@ -329,27 +339,40 @@ pub fn expire_started(
 /// caller reloads the others with [`reload_run`] and then derives the state with
 /// [`recover_running`] over the runs left (which also starts a queued fire that waited for
 /// an expired run).
-pub fn recover_started(task: &Task, runs: &[Run], now: u64, watched_ms: u64) -> (Task, Vec<Run>) {
+pub fn recover_started(
+    spec: &TaskSpec,
+    task: &TaskProgress,
+    runs: &[Run],
+    now: u64,
+    watched_ms: u64,
+) -> (TaskProgress, Vec<Run>) {
     let mut t = task.clone();
     let mut expired = Vec::new();
     for r in runs {
         let send_ms = r.next_at_ms.unwrap_or(now).max(now);
-        if let Some(e) = expire_started(&mut t, r, send_ms, watched_ms, now) {
+        if let Some(e) = expire_started(spec, &mut t, r, send_ms, watched_ms, now) {
             expired.push(e);
         }
     }
     (t, expired)
 }
 
-fn skip(task: &mut Task, run_no: u32, t: u64, now: u64, why: String) -> Run {
+fn skip(
+    spec: &TaskSpec,
+    task: &mut TaskProgress,
+    run_no: u32,
+    t: u64,
+    now: u64,
+    why: String,
+) -> Run {
     task.skipped += 1;
-    Run::not_started(run_no, t, now, task.message_count, RunState::Skipped, why)
+    Run::not_started(run_no, t, now, spec.message_count, RunState::Skipped, why)
 }
 
 /// A new run of `task` for the fire at `t` (run number already allocated by `mark_fired`).
-pub fn start_run(task: &mut Task, run_no: u32, t: u64, now: u64) -> Run {
+pub fn start_run(spec: &TaskSpec, task: &mut TaskProgress, run_no: u32, t: u64, now: u64) -> Run {
     task.runs += 1;
-    Run::new(run_no, t, now, task.message_count)
+    Run::new(run_no, t, now, spec.message_count)
 }
 
 /// A run read back from the store by a process that is not sending it (start-up, or a reload
@@ -377,7 +400,7 @@ pub fn reload_run(mut r: Run, now: u64) -> (Run, bool) {
 /// run to start.
 #[derive(Debug, Clone)]
 pub struct RecoverPlan {
-    pub task: Task,
+    pub task: TaskProgress,
     /// Write `task` (and `started`): something changed.
     pub write: bool,
     /// A fire that was queued behind a run that has since finished: its run starts now.
@@ -390,7 +413,7 @@ impl RecoverPlan {
             return Change::default();
         }
         Change {
-            task: Some(self.task),
+            progress: Some(self.task),
             runs: self.started.into_iter().collect(),
             ..Change::default()
         }
@@ -401,7 +424,8 @@ impl RecoverPlan {
 /// whose run never started (the crash fell between the end of one run and the start of the
 /// next) starts now, and the state is derived again from what is active.
 pub fn recover_running(
-    task: &Task,
+    spec: &TaskSpec,
+    task: &TaskProgress,
     active_runs: usize,
     now: u64,
 ) -> Result<RecoverPlan, InvalidTransition> {
@@ -409,9 +433,13 @@ pub fn recover_running(
     let mut started = None;
     if active_runs == 0 && !t.queued.is_empty() {
         let (n, at) = t.queued.remove(0);
-        started = Some(start_run(&mut t, n, at, now));
+        started = Some(start_run(spec, &mut t, n, at, now));
     }
-    let to = finished_as(&t, derive_state(&t, active_runs > 0 || started.is_some()));
+    let to = finished_as(
+        spec,
+        &t,
+        derive_state(&t, active_runs > 0 || started.is_some()),
+    );
     let write = to != t.state || started.is_some();
     if to != t.state {
         t.set_state(to, now)?;
@@ -427,22 +455,23 @@ pub fn recover_running(
 /// are on disk (`raw`: before `reload_run` gave an interrupted attempt back), then
 /// [`recover_running`] over the runs left. `active`: the task's active runs in memory.
 pub fn recover(
-    task: &Task,
+    spec: &TaskSpec,
+    task: &TaskProgress,
     raw: &[Run],
     active: usize,
     now: u64,
     boot_ms: u64,
 ) -> Result<Change, InvalidTransition> {
     let watched = task.watched_since_ms.max(boot_ms);
-    let (t, expired) = recover_started(task, raw, now, watched);
-    let p = recover_running(&t, active.saturating_sub(expired.len()), now)?;
+    let (t, expired) = recover_started(spec, task, raw, now, watched);
+    let p = recover_running(spec, &t, active.saturating_sub(expired.len()), now)?;
     if expired.is_empty() {
         return Ok(p.change());
     }
     let mut runs = expired;
     runs.extend(p.started);
     Ok(Change {
-        task: Some(p.task),
+        progress: Some(p.task),
         runs,
         ..Change::default()
     })
@@ -451,7 +480,7 @@ pub fn recover(
 /// What settling one attempt does.
 #[derive(Debug, Clone)]
 pub struct SettlePlan {
-    pub task: Task,
+    pub task: TaskProgress,
     /// The run after the attempt (cursor, retry, counters); armed again if `armed_next`.
     pub run: Run,
     /// The run is done (every message sent or given up on, or it was cancelled).
@@ -476,7 +505,7 @@ impl SettlePlan {
             runs.push(r);
         }
         Change {
-            task: task_changed.then_some(self.task),
+            progress: task_changed.then_some(self.task),
             runs,
             failure: self.failure,
             wheel,
@@ -499,7 +528,8 @@ pub struct Attempt<'a> {
 /// Settles the attempt in flight on `run` (O(1) in the number of messages).
 /// `other_active`: the task has active runs besides this one.
 pub fn settle(
-    task: &Task,
+    spec: &TaskSpec,
+    task: &TaskProgress,
     run: &Run,
     other_active: bool,
     a: Attempt<'_>,
@@ -510,8 +540,8 @@ pub fn settle(
     let mut run = run.clone();
     let settled = run.settle(a.outcome, a.max_attempts, a.retry_delay_ms, &a.pacing, now);
     let failure = settled.gave_up.as_ref().map(|g| Failure {
-        id: delivery_key(&task.id, run.run, g.seq),
-        task_id: task.id.clone(),
+        id: delivery_key(&spec.id, run.run, g.seq),
+        task_id: spec.id.clone(),
         run: run.run,
         seq: g.seq,
         to: a.to.to_string(),
@@ -536,12 +566,12 @@ pub fn settle(
     let mut next_run = None;
     if finished
         && !task.queued.is_empty()
-        && (!other_active || task.overlap == Overlap::Allow)
+        && (!other_active || spec.overlap == Overlap::Allow)
         && !task.state.is_terminal()
     {
         // A queued fire starts when the run it waited for is done.
         let (n, at) = task.queued.remove(0);
-        next_run = Some(start_run(&mut task, n, at, now));
+        next_run = Some(start_run(spec, &mut task, n, at, now));
     }
     let mut task_changed = next_run.is_some();
     if task.state == TaskState::Running {
@@ -567,7 +597,7 @@ pub fn settle(
 /// whose records change. Runs in state `Running` stay active; the others leave memory.
 #[derive(Debug, Clone)]
 pub struct ControlPlan {
-    pub task: Task,
+    pub task: TaskProgress,
     pub runs: Vec<Run>,
 }
 
@@ -581,7 +611,7 @@ impl ControlPlan {
             WheelOp::DropSteps
         };
         Change {
-            task: Some(self.task),
+            progress: Some(self.task),
             runs: self.runs,
             wheel: vec![op],
             ..Change::default()
@@ -593,7 +623,7 @@ impl ControlPlan {
 /// sending right now is settled when its send returns), its fire is dropped. `None`: the task
 /// is finished already.
 pub fn park(
-    task: &Task,
+    task: &TaskProgress,
     runs: &BTreeMap<u32, Run>,
     sending: &BTreeSet<u32>,
     reason: &str,
@@ -620,7 +650,7 @@ pub fn park(
         })
         .collect();
     Some(Change {
-        task: Some(task),
+        progress: Some(task),
         runs,
         parked: Some(reason.to_string()),
         wheel: vec![WheelOp::DropSteps],
@@ -657,7 +687,8 @@ fn disarmed(runs: &BTreeMap<u32, Run>, sending: &BTreeSet<u32>) -> Vec<Run> {
 /// Cancel: the task and every active run end; a run sending right now keeps its attempt (its
 /// outcome is still settled) but is marked cancelled.
 pub fn cancel(
-    task: &Task,
+    spec: &TaskSpec,
+    task: &TaskProgress,
     runs: &BTreeMap<u32, Run>,
     sending: &BTreeSet<u32>,
     now: u64,
@@ -665,7 +696,7 @@ pub fn cancel(
     if task.state.is_terminal() {
         return Err(Refused::Conflict(format!(
             "task {:?} is already {}",
-            task.id, task.state
+            spec.id, task.state
         )));
     }
     let mut task = task.clone();
@@ -684,7 +715,8 @@ pub fn cancel(
 
 /// Pause: nothing more is sent; armed attempts are given back; cursors stay.
 pub fn pause(
-    task: &Task,
+    spec: &TaskSpec,
+    task: &TaskProgress,
     runs: &BTreeMap<u32, Run>,
     sending: &BTreeSet<u32>,
     now: u64,
@@ -692,7 +724,7 @@ pub fn pause(
     if !matches!(task.state, TaskState::Pending | TaskState::Running) {
         return Err(Refused::Conflict(format!(
             "task {:?} is {}; only pending or running tasks can be paused",
-            task.id, task.state
+            spec.id, task.state
         )));
     }
     let mut task = task.clone();
@@ -705,11 +737,16 @@ pub fn pause(
 
 /// Resume: runs go on at their cursor (not before now); fires due while paused count as missed
 /// (judged by the misfire policy at the next fire step).
-pub fn resume(task: &Task, runs: &BTreeMap<u32, Run>, now: u64) -> Result<ControlPlan, Refused> {
+pub fn resume(
+    spec: &TaskSpec,
+    task: &TaskProgress,
+    runs: &BTreeMap<u32, Run>,
+    now: u64,
+) -> Result<ControlPlan, Refused> {
     if task.state != TaskState::Paused {
         return Err(Refused::Conflict(format!(
             "task {:?} is {}; only paused tasks can be resumed",
-            task.id, task.state
+            spec.id, task.state
         )));
     }
     let mut task = task.clone();
@@ -719,7 +756,7 @@ pub fn resume(task: &Task, runs: &BTreeMap<u32, Run>, now: u64) -> Result<Contro
     let mut active = 0usize;
     for r in runs.values() {
         let send_ms = r.next_at_ms.unwrap_or(now).max(now);
-        match expire_started(&mut task, r, send_ms, now, now) {
+        match expire_started(spec, &mut task, r, send_ms, now, now) {
             Some(e) => out.push(e),
             None => {
                 let mut r = r.clone();
@@ -732,10 +769,10 @@ pub fn resume(task: &Task, runs: &BTreeMap<u32, Run>, now: u64) -> Result<Contro
     if active == 0 && !task.queued.is_empty() {
         // What the queued fire waited for expired: it starts now.
         let (n, at) = task.queued.remove(0);
-        out.push(start_run(&mut task, n, at, now));
+        out.push(start_run(spec, &mut task, n, at, now));
         active += 1;
     }
-    let to = finished_as(&task, super::state_for(&task, active > 0));
+    let to = finished_as(spec, &task, super::state_for(&task, active > 0));
     if matches!(to, TaskState::Completed | TaskState::Expired) {
         // Nothing left to do (its last run ended while it was paused, e.g. a cron at its
         // `max_runs`): it finishes, by way of pending, as the transition table says.
@@ -747,26 +784,26 @@ pub fn resume(task: &Task, runs: &BTreeMap<u32, Run>, now: u64) -> Result<Contro
 }
 
 /// Trigger ("send now"): a new run starts now; for a one-shot it replaces the scheduled time.
-pub fn trigger(task: &Task, now: u64) -> Result<ControlPlan, Refused> {
+pub fn trigger(spec: &TaskSpec, task: &TaskProgress, now: u64) -> Result<ControlPlan, Refused> {
     match task.state {
         // An expired task is re-armed by a trigger: its message goes now (API.md "Expired").
         TaskState::Pending | TaskState::Expired => {}
-        TaskState::Running if task.overlap == Overlap::Allow => {}
+        TaskState::Running if spec.overlap == Overlap::Allow => {}
         s => {
             return Err(Refused::Conflict(format!(
                 "task {:?} is {s}; trigger needs a pending task (or overlap allow)",
-                task.id
+                spec.id
             )))
         }
     }
     let mut task = task.clone();
     task.fires += 1;
     let run_no = task.fires;
-    if task.schedule.is_one_shot() {
+    if spec.schedule.is_one_shot() {
         task.last_fire_ms = Some(now);
     }
-    let run = start_run(&mut task, run_no, now, now);
-    task.next_fire_at_ms = next_fire(&task, now);
+    let run = start_run(spec, &mut task, run_no, now, now);
+    task.next_fire_at_ms = next_fire_of(spec, &task, now);
     task.set_state(TaskState::Running, now)?;
     Ok(ControlPlan {
         task,
@@ -781,7 +818,8 @@ pub fn trigger(task: &Task, now: u64) -> Result<ControlPlan, Refused> {
 /// overlap. `last_fire_ms` stays: the schedule goes on from where it was. The plan and the run
 /// numbers, in slot order.
 pub fn backfill(
-    task: &Task,
+    spec: &TaskSpec,
+    task: &TaskProgress,
     active_runs: usize,
     slots: &[u64],
     now: u64,
@@ -792,7 +830,7 @@ pub fn backfill(
     ) {
         return Err(Refused::Conflict(format!(
             "task {:?} is {}; only pending, running or paused tasks can be backfilled",
-            task.id, task.state
+            spec.id, task.state
         )));
     }
     let mut task = task.clone();
@@ -805,7 +843,7 @@ pub fn backfill(
     let mut runs = Vec::new();
     if task.state == TaskState::Pending && active_runs == 0 && !task.queued.is_empty() {
         let (n, at) = task.queued.remove(0);
-        runs.push(start_run(&mut task, n, at, now));
+        runs.push(start_run(spec, &mut task, n, at, now));
         task.set_state(TaskState::Running, now)?;
     } else {
         task.updated_at_ms = now;
@@ -827,22 +865,22 @@ pub enum Hold {
 }
 
 pub fn hold(
-    task: &Task,
+    spec: &TaskSpec,
     msg: &crate::model::Message,
     fire_ms: u64,
     channel_quiet: Option<&crate::schedule::quiet::QuietHours>,
     now: u64,
 ) -> Option<Hold> {
     use crate::schedule::recipient::{message_due, parse_zones};
-    if let (Some(tz), false) = (msg.tz.as_deref(), task.recipient_zones.is_empty()) {
-        let zones = parse_zones(&task.recipient_zones);
-        if let Some(at) = message_due(&task.schedule, &zones, fire_ms, tz).filter(|at| *at > now) {
+    if let (Some(tz), false) = (msg.tz.as_deref(), spec.recipient_zones.is_empty()) {
+        let zones = parse_zones(&spec.recipient_zones);
+        if let Some(at) = message_due(&spec.schedule, &zones, fire_ms, tz).filter(|at| *at > now) {
             return Some(Hold::Recipient(at));
         }
     }
-    let fallback = crate::schedule::zone_of(&task.schedule);
+    let fallback = crate::schedule::zone_of(&spec.schedule);
     crate::schedule::quiet::hold(
-        &task.quiet_hours,
+        &spec.quiet_hours,
         channel_quiet,
         msg.tz.as_deref(),
         fallback,
@@ -906,8 +944,8 @@ mod tests {
 
     const NOW: u64 = 1_796_083_200_000;
 
-    fn task(v: serde_json::Value) -> Task {
-        crate::model::request::test_task(v, NOW)
+    fn task(v: serde_json::Value) -> (TaskSpec, TaskProgress) {
+        crate::model::request::test_task(v, NOW).split()
     }
 
     #[test]
@@ -926,38 +964,38 @@ mod tests {
 
     #[test]
     fn a_running_task_with_nothing_active_starts_its_queued_fire_or_settles_its_state() {
-        let mut t =
+        let (s, mut t) =
             task(serde_json::json!({"schedule": {"cron": "* * * * *"}, "to": ["a"], "body": "b"}));
         t.state = TaskState::Running;
         t.queued = vec![(7, NOW)];
-        let p = recover_running(&t, 0, NOW + 1).unwrap();
+        let p = recover_running(&s, &t, 0, NOW + 1).unwrap();
         assert!(p.write);
         assert_eq!(p.started.as_ref().map(|r| r.run), Some(7));
         assert_eq!(p.task.state, TaskState::Running);
         assert!(p.task.queued.is_empty());
         // Nothing queued, nothing active: back to pending (it has a next fire).
         t.queued.clear();
-        let p = recover_running(&t, 0, NOW + 1).unwrap();
+        let p = recover_running(&s, &t, 0, NOW + 1).unwrap();
         assert!(p.write && p.started.is_none());
         assert_eq!(p.task.state, TaskState::Pending);
         // A run still active: nothing to change.
-        let p = recover_running(&t, 1, NOW + 1).unwrap();
+        let p = recover_running(&s, &t, 1, NOW + 1).unwrap();
         assert!(!p.write);
     }
 
     #[test]
     fn a_fire_due_while_watching_runs_however_late() {
-        let t = task(
+        let (s, t) = task(
             serde_json::json!({"schedule": {"after": "1m"}, "misfire": "skip",
             "misfire_grace": "1s", "to": ["a"], "body": "b"}),
         );
         let due = NOW + 60_000;
         // Handled an hour late (a wall-clock jump, a backlog): not missed.
-        let p = fire(&t, 0, due, due + 3_600_000, NOW).unwrap();
+        let p = fire(&s, &t, 0, due, due + 3_600_000, NOW).unwrap();
         assert_eq!((p.missed, p.started.len(), p.not_started.len()), (0, 1, 0));
         assert_eq!(p.started[0].in_flight, Some(0), "armed in the same write");
         // Due before herald came back (boot after the due time): missed by 2.5 s, grace 1 s.
-        let p = fire(&t, 0, due, due + 2_600, due + 2_500).unwrap();
+        let p = fire(&s, &t, 0, due, due + 2_600, due + 2_500).unwrap();
         assert_eq!((p.missed, p.started.len()), (1, 0));
         assert_eq!(p.not_started[0].state, RunState::Expired);
         assert_eq!(p.task.state, TaskState::Expired, "nothing was sent");
@@ -974,11 +1012,11 @@ mod tests {
                 "to": ["a", "b"], "body": "b"}),
             )
         };
-        let t = once("1s");
-        let p = fire(&t, 0, at, at - 2_000, NOW).unwrap();
+        let (s, t) = once("1s");
+        let p = fire(&s, &t, 0, at, at - 2_000, NOW).unwrap();
         assert_eq!(p.started[0].in_flight, Some(0), "armed ahead, durable");
         let boot = at + 2_500;
-        let (t2, expired) = recover_started(&p.task, &p.started, boot, boot);
+        let (t2, expired) = recover_started(&s, &p.task, &p.started, boot, boot);
         assert_eq!(expired.len(), 1);
         let e = &expired[0];
         assert_eq!(
@@ -987,37 +1025,37 @@ mod tests {
         );
         assert!(e.reason.as_deref().unwrap().contains("2s500ms"), "{e:?}");
         assert_eq!((t2.runs, t2.expired), (0, 1));
-        let r = recover_running(&t2, 0, boot).unwrap();
+        let r = recover_running(&s, &t2, 0, boot).unwrap();
         assert!(r.write && r.started.is_none());
         assert_eq!(r.task.state, TaskState::Expired);
         // With a 3 s grace the same outage sends it at restart.
-        let t = once("3s");
-        let p = fire(&t, 0, at, at - 2_000, NOW).unwrap();
-        let (t2, expired) = recover_started(&p.task, &p.started, boot, boot);
+        let (s, t) = once("3s");
+        let p = fire(&s, &t, 0, at, at - 2_000, NOW).unwrap();
+        let (t2, expired) = recover_started(&s, &p.task, &p.started, boot, boot);
         assert!(expired.is_empty());
         assert_eq!(t2.runs, 1);
         // Back before the instant: nothing was missed.
-        let (_, expired) = recover_started(&p.task, &p.started, at - 500, at - 500);
+        let (_, expired) = recover_started(&s, &p.task, &p.started, at - 500, at - 500);
         assert!(expired.is_empty());
         // A run that has sent its first message is never expired (a sequence goes on).
         let mut sending = p.started[0].clone();
         sending.cursor = 1;
         sending.sent = 1;
         sending.in_flight = Some(1);
-        let (_, expired) = recover_started(&p.task, &[sending], at + 3_600_000, at + 3_600_000);
+        let (_, expired) = recover_started(&s, &p.task, &[sending], at + 3_600_000, at + 3_600_000);
         assert!(expired.is_empty());
     }
 
     #[test]
     fn a_cron_run_armed_before_an_outage_expires_and_the_schedule_goes_on() {
-        let t = task(serde_json::json!({"schedule": {"cron": "* * * * *"},
+        let (s, t) = task(serde_json::json!({"schedule": {"cron": "* * * * *"},
             "misfire_grace": "1s", "to": ["a"], "body": "b"}));
         let due = t.next_fire_at_ms.unwrap();
-        let p = fire(&t, 0, due, due - 100, NOW).unwrap();
+        let p = fire(&s, &t, 0, due, due - 100, NOW).unwrap();
         let boot = due + 5_000;
-        let (t2, expired) = recover_started(&p.task, &p.started, boot, boot);
+        let (t2, expired) = recover_started(&s, &p.task, &p.started, boot, boot);
         assert_eq!(expired.len(), 1);
-        let r = recover_running(&t2, 0, boot).unwrap();
+        let r = recover_running(&s, &t2, 0, boot).unwrap();
         assert_eq!(
             r.task.state,
             TaskState::Pending,
@@ -1028,23 +1066,23 @@ mod tests {
 
     #[test]
     fn an_expired_task_is_re_armed_by_a_trigger_and_a_pause_over_the_instant_expires_it() {
-        let t = task(
+        let (s, t) = task(
             serde_json::json!({"schedule": {"after": "0s"}, "misfire_grace": "1s",
             "to": ["a"], "body": "b"}),
         );
-        let p = fire(&t, 0, NOW, NOW, NOW).unwrap();
+        let p = fire(&s, &t, 0, NOW, NOW, NOW).unwrap();
         let runs: BTreeMap<u32, Run> = p.started.iter().map(|r| (r.run, r.clone())).collect();
-        let paused = pause(&p.task, &runs, &BTreeSet::new(), NOW + 1).unwrap();
+        let paused = pause(&s, &p.task, &runs, &BTreeSet::new(), NOW + 1).unwrap();
         let again: BTreeMap<u32, Run> = paused.runs.iter().map(|r| (r.run, r.clone())).collect();
         // Resumed within the grace: it goes on.
-        let r = resume(&paused.task, &again, NOW + 900).unwrap();
+        let r = resume(&s, &paused.task, &again, NOW + 900).unwrap();
         assert_eq!(r.task.state, TaskState::Running);
         // Resumed 5 s after its instant: it expires, nothing is sent.
-        let r = resume(&paused.task, &again, NOW + 5_000).unwrap();
+        let r = resume(&s, &paused.task, &again, NOW + 5_000).unwrap();
         assert_eq!(r.task.state, TaskState::Expired);
         assert_eq!(r.runs[0].state, RunState::Expired);
         // A trigger re-arms it: a new run, now.
-        let tr = trigger(&r.task, NOW + 6_000).unwrap();
+        let tr = trigger(&s, &r.task, NOW + 6_000).unwrap();
         assert_eq!(tr.task.state, TaskState::Running);
         assert_eq!(
             (tr.runs[0].run, tr.runs[0].scheduled_at_ms),
@@ -1054,20 +1092,20 @@ mod tests {
 
     #[test]
     fn settle_is_o1_and_arms_the_next_attempt_when_due_soon() {
-        let mut t = task(serde_json::json!({"schedule": {"after": "0s"},
+        let (s, mut t) = task(serde_json::json!({"schedule": {"after": "0s"},
             "to": ["a", "b", "c"], "body": "b", "pacing": {"interval": "50ms"}}));
-        let p = fire(&t, 0, NOW, NOW, NOW).unwrap();
+        let p = fire(&s, &t, 0, NOW, NOW, NOW).unwrap();
         t = p.task;
         let run = p.started[0].clone();
         let a = Attempt {
             outcome: Outcome::Sent,
             max_attempts: 3,
             retry_delay_ms: 1_000,
-            pacing: t.pacing,
+            pacing: s.pacing,
             to: "a",
             channel: "log",
         };
-        let s = settle(&t, &run, false, a, NOW + 1, 100).unwrap();
+        let s = settle(&s, &t, &run, false, a, NOW + 1, 100).unwrap();
         assert!(!s.finished);
         assert_eq!((s.run.cursor, s.run.in_flight), (1, Some(1)));
         assert_eq!(s.task.state, TaskState::Running);
@@ -1075,10 +1113,10 @@ mod tests {
 
     #[test]
     fn a_backfill_queues_one_run_per_slot_in_order_and_starts_the_first() {
-        let t =
+        let (s, t) =
             task(serde_json::json!({"schedule": {"cron": "* * * * *"}, "to": ["a"], "body": "b"}));
         let slots = [NOW - 180_000, NOW - 120_000, NOW - 60_000];
-        let (p, numbers) = backfill(&t, 0, &slots, NOW).unwrap();
+        let (p, numbers) = backfill(&s, &t, 0, &slots, NOW).unwrap();
         assert_eq!(numbers, vec![1, 2, 3]);
         assert_eq!(p.task.state, TaskState::Running);
         assert_eq!(
@@ -1095,12 +1133,12 @@ mod tests {
         // A paused task keeps them queued for its resume; a finished one refuses.
         let mut paused = t.clone();
         paused.state = TaskState::Paused;
-        let (p, _) = backfill(&paused, 0, &slots, NOW).unwrap();
+        let (p, _) = backfill(&s, &paused, 0, &slots, NOW).unwrap();
         assert!(p.runs.is_empty() && p.task.queued.len() == 3);
         let mut done = t.clone();
         done.state = TaskState::Completed;
         assert!(matches!(
-            backfill(&done, 0, &slots, NOW),
+            backfill(&s, &done, 0, &slots, NOW),
             Err(Refused::Conflict(_))
         ));
     }
@@ -1154,44 +1192,44 @@ mod tests {
 
     #[test]
     fn control_plans() {
-        let t =
+        let (s, t) =
             task(serde_json::json!({"schedule": {"after": "0s"}, "to": ["a", "b"], "body": "b"}));
-        let p = fire(&t, 0, NOW, NOW, NOW).unwrap();
+        let p = fire(&s, &t, 0, NOW, NOW, NOW).unwrap();
         let runs: BTreeMap<u32, Run> = p.started.iter().map(|r| (r.run, r.clone())).collect();
         let none = BTreeSet::new();
         // Pause gives the armed attempt back; resume continues at the cursor.
-        let paused = pause(&p.task, &runs, &none, NOW + 1).unwrap();
+        let paused = pause(&s, &p.task, &runs, &none, NOW + 1).unwrap();
         assert_eq!(paused.task.state, TaskState::Paused);
         assert_eq!(
             (paused.runs[0].in_flight, paused.runs[0].attempts),
             (None, 0)
         );
         let again: BTreeMap<u32, Run> = paused.runs.iter().map(|r| (r.run, r.clone())).collect();
-        let resumed = resume(&paused.task, &again, NOW + 5).unwrap();
+        let resumed = resume(&s, &paused.task, &again, NOW + 5).unwrap();
         assert_eq!(resumed.task.state, TaskState::Running);
         assert_eq!(resumed.task.watched_since_ms, NOW + 5);
         assert_eq!(resumed.runs[0].next_at_ms, Some(NOW + 5));
         // A sending run keeps its attempt when cancelled.
         let sending: BTreeSet<u32> = runs.keys().copied().collect();
-        let c = cancel(&p.task, &runs, &sending, NOW + 2).unwrap();
+        let c = cancel(&s, &p.task, &runs, &sending, NOW + 2).unwrap();
         assert_eq!(c.task.state, TaskState::Cancelled);
         assert_eq!(c.runs[0].state, RunState::Cancelled);
         assert_eq!(c.runs[0].in_flight, Some(0));
         assert!(matches!(
-            cancel(&c.task, &runs, &none, NOW + 3),
+            cancel(&s, &c.task, &runs, &none, NOW + 3),
             Err(Refused::Conflict(_))
         ));
         assert!(matches!(
-            resume(&p.task, &runs, NOW),
+            resume(&s, &p.task, &runs, NOW),
             Err(Refused::Conflict(_))
         ));
         // A paused task with nothing left completes on resume (found by simulation seed 1018).
         let mut done = paused.task.clone();
         done.next_fire_at_ms = None;
-        let r = resume(&done, &BTreeMap::new(), NOW + 6).unwrap();
+        let r = resume(&s, &done, &BTreeMap::new(), NOW + 6).unwrap();
         assert_eq!(r.task.state, TaskState::Completed);
         // Trigger on a pending task starts a new run now.
-        let tr = trigger(&t, NOW + 7).unwrap();
+        let tr = trigger(&s, &t, NOW + 7).unwrap();
         assert_eq!((tr.runs[0].run, tr.runs[0].scheduled_at_ms), (1, NOW + 7));
     }
 }

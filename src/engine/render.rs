@@ -4,8 +4,7 @@
 //! `{{minutes_left}}` substitution and the same trace whichever path sends it.
 
 use crate::deliver::Delivery;
-use crate::model::timeline::trace_id_of;
-use crate::model::{delivery_key, Message, Task};
+use crate::model::{delivery_key, Message, TaskSpec};
 use crate::schedule::{format_utc, minutes_left};
 
 /// Which attempt of which message, and when.
@@ -25,7 +24,7 @@ pub(crate) struct Attempt {
 /// The delivery of `msg` (message `a.seq` of `task`) for attempt `a`. Its idempotency key is
 /// `{task}:{run}:{seq}` on every attempt, and its trace is the task's (DESIGN.md "Delivery
 /// semantics", API.md "Trace and timeline").
-pub(crate) fn delivery(task: &Task, msg: Message, a: &Attempt) -> Delivery {
+pub(crate) fn delivery(task: &TaskSpec, msg: Message, a: &Attempt) -> Delivery {
     let minutes = minutes_left(&task.schedule, a.run_at_ms);
     let body = match minutes {
         Some(m) => msg.body.replace("{{minutes_left}}", &m.to_string()),
@@ -48,7 +47,7 @@ pub(crate) fn delivery(task: &Task, msg: Message, a: &Attempt) -> Delivery {
         metadata: task.metadata.clone(),
         kind: about.as_ref().map(|a| a.0),
         about: about.map(|a| a.1),
-        trace_id: trace_id_of(task),
+        trace_id: task.trace(),
     }
 }
 
@@ -79,7 +78,7 @@ mod tests {
             run_at_ms: 0,
             now_ms: 61_000,
         };
-        let d = delivery(&t, msg(), &a);
+        let d = delivery(&t.clone().split().0, msg(), &a);
         assert_eq!(d.idempotency_key, "t1:3:2");
         assert_eq!((d.run, d.seq, d.attempt), (3, 2, 4));
         assert_eq!(d.scheduled_at, "1970-01-01T00:01:00Z");
@@ -88,7 +87,7 @@ mod tests {
         assert_eq!(d.kind, None);
         // A task made before traces existed gets the trace derived from its id, as its view.
         t.trace_id = None;
-        let d = delivery(&t, msg(), &a);
+        let d = delivery(&t.clone().split().0, msg(), &a);
         assert_eq!(d.trace_id, crate::model::timeline::fallback_trace_id("t1"));
     }
 }

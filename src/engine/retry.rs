@@ -58,8 +58,9 @@ pub(crate) async fn failure_retry(
         .get_run(&f.task_id, f.run)?
         .map(|r| r.scheduled_at_ms)
         .unwrap_or(now);
+    let (spec, _) = task.split();
     let delivery = super::render::delivery(
-        &task,
+        &spec,
         msg,
         &super::render::Attempt {
             run: f.run,
@@ -70,7 +71,7 @@ pub(crate) async fn failure_retry(
             now_ms: now,
         },
     );
-    let policy = task.retry.unwrap_or(channel.retry);
+    let policy = spec.retry.unwrap_or(channel.retry);
     drop(guard);
 
     // Traced like a run's attempt: the task's trace with a span of its own, and an `attempt`
