@@ -2,8 +2,11 @@
 //! fixed order, and nothing else in the engine calls the store's write methods.
 //!
 //! 1. **Write**: the change's records go into one batch (a chunk: one batch for all of its
-//!    changes) and the store makes it durable (`Store::write`).
-//! 2. **Memory** follows only a durable write: the task, its active runs.
+//!    changes), with the notifications it calls for (`notify.rs`, new tasks in the same
+//!    write), and the store makes it durable (`Store::write`). A step writes the progress
+//!    only (the spec shared, never copied); a patch the whole task.
+//! 2. **Memory** follows only a durable write: the task's progress (and its spec after a
+//!    patch: a new `Arc`), its active runs.
 //! 3. **Wheel**: the change's [`WheelOp`]s, then the task's fire entry brought in line with
 //!    its next fire (`arm.rs` turns runs into instants).
 //! 4. **Events and alerts**: a `task` event when the task changed, a `progress` event per
@@ -39,12 +42,8 @@ pub(crate) async fn apply(inner: &Arc<Inner>, l: &mut Locked, c: Change) -> Resu
     let mut born = Vec::new();
     if !c.writes_nothing() {
         batch_into(l.st(), &c, &mut batch);
-        born = notifications(
-            inner,
-            &c.spec.clone().unwrap_or_else(|| l.st().spec.clone()),
-            &c,
-            &mut batch,
-        );
+        let spec = c.spec.clone().unwrap_or_else(|| l.st().spec.clone());
+        born = notifications(inner, &spec, &c, &mut batch);
         // Numbered: the bus publishes the events with the seqs the store gave them.
         if let Err(e) = inner.store.write_numbered(&mut batch).await {
             unborn(inner, born);

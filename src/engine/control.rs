@@ -131,7 +131,7 @@ impl Engine {
             let st = l.st();
             let now = this.inner.clock.now_ms();
             let p = plan::trigger(&st.spec, &st.progress, now).map_err(refused)?;
-            tracing::info!(task = %id, run = p.task.fires, "run triggered");
+            tracing::info!(task = %id, run = p.progress.fires, "run triggered");
             let mut c = with_event(p.change(), TimelineKind::Triggered, now);
             // The run the trigger started, as a fire would record it.
             let started: Vec<_> = c

@@ -156,11 +156,9 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineErr
     // and the task keeps its own grace).
     let jump = inner.clock.wall_jumps();
     let p = if due < jump.end_ms && jump.end_ms > watched {
-        // A copy of the spec with the jump added to its grace: rare (a wall jump), and the
-        // task keeps its own spec.
-        let mut s = (*st.spec).clone();
-        s.misfire_grace_ms = s.misfire_grace_ms.saturating_add(jump.size_ms);
-        let p = plan::fire(&s, &st.progress, st.runs.len(), due, now, jump.end_ms)?;
+        let grace = st.spec.misfire_grace_ms.saturating_add(jump.size_ms);
+        let (spec, progress, active) = (&st.spec, &st.progress, st.runs.len());
+        let p = plan::fire_with_grace(spec, progress, active, due, now, jump.end_ms, grace)?;
         tracing::warn!(task = %st.spec.id, missed = p.missed, policy = ?st.spec.misfire, jump_ms = jump.size_ms,
             "fires were jumped over by the wall clock; judged by the misfire policy");
         p
