@@ -16,8 +16,8 @@ use crate::deliver::platform::{expand_env, resolve_preset, uses_platform, Platfo
 use crate::deliver::preset::{PlatformKeys, SuccessKeys, TokenKeys};
 use crate::deliver::ratelimit::{parse_rate, Rate};
 use crate::deliver::sign::Signer;
-use crate::model::request::{validate_retry, RetryRequest};
 use crate::model::{parse_duration_ms, Limits, RetryPolicy};
+use crate::request::{validate_retry, RetryRequest};
 
 mod env;
 pub use env::{var_name, Kind};
@@ -245,7 +245,7 @@ struct ChannelFile {
     answer_timeout: Option<String>,
     answer_bytes_max: Option<usize>,
     /// A daily window in which no send of the channel starts (a task's own wins).
-    quiet_hours: Option<crate::model::request::QuietHoursRequest>,
+    quiet_hours: Option<crate::request::QuietHoursRequest>,
 }
 
 /// Where a channel sends.
@@ -796,7 +796,7 @@ fn channel(
             ))
         }
     };
-    let quiet_hours = match crate::model::request::validate_quiet(&Some(quiet)) {
+    let quiet_hours = match crate::request::validate_quiet(&Some(quiet)) {
         Ok(crate::model::QuietSetting::Own(q)) => Some(q),
         Ok(_) => None,
         Err(e) => return Err(invalid(key(&e.field), e.detail)),

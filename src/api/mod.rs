@@ -38,7 +38,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::engine::{Created, Engine, TaskView};
-use crate::model::{check_id, Lang, PatchRequest, RetryPolicy, TaskRequest};
+use crate::model::{check_id, Lang, RetryPolicy};
+use crate::request::{PatchRequest, TaskRequest};
 use input::{
     failure_path_id, page_params, param, parse_json, path_id, query, read_body, FAILURE_ID_LEN_MAX,
 };

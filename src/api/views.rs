@@ -413,7 +413,8 @@ pub fn parse_state(s: &str) -> Option<TaskState> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Context, Limits, TaskRequest};
+    use crate::model::Limits;
+    use crate::request::{Context, TaskRequest};
 
     const NOW: u64 = 1_796_083_200_000;
 

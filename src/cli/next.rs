@@ -10,8 +10,8 @@ use serde_json::json;
 use super::client::CliError;
 use super::print_json;
 use super::table::{self, Table};
-use crate::model::request::{DstRequest, ScheduleRequest};
 use crate::model::Limits;
+use crate::request::{DstRequest, ScheduleRequest};
 use crate::schedule::parse_instant;
 use crate::schedule::preview::{preview, PreviewRequest};
 

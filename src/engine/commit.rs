@@ -175,7 +175,7 @@ fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
 /// Creates the notifications a durable change called for (`notify.rs`), each a task of its
 /// own, through the create path (after this change's lock is let go: it takes its own cell).
 /// One that exists already (the same event, seen again after a restart) is not made twice.
-fn notify(inner: &Arc<Inner>, notes: Vec<crate::model::TaskRequest>) {
+fn notify(inner: &Arc<Inner>, notes: Vec<crate::request::TaskRequest>) {
     for req in notes {
         let engine = super::Engine {
             inner: inner.clone(),

@@ -37,9 +37,8 @@ use tokio::sync::mpsc;
 
 use crate::clock::Clock;
 use crate::deliver::Channels;
-use crate::model::{
-    Context, Failure, FieldError, InvalidTransition, Limits, Run, Task, TaskRequest, TaskState,
-};
+use crate::model::{Failure, InvalidTransition, Limits, Run, Task, TaskState};
+use crate::request::{Context, FieldError, TaskRequest};
 use crate::store::{Inserted, Store, StoreError, Walk};
 use timer::Timer;
 

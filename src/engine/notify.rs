@@ -12,7 +12,8 @@
 use serde_json::json;
 
 use super::change::Change;
-use crate::model::{NotifyOn, RunState, Task, TaskRequest};
+use crate::model::{NotifyOn, RunState, Task};
+use crate::request::TaskRequest;
 use crate::schedule::notify::{body, About};
 
 /// Metadata key that marks a notification task.
@@ -121,12 +122,13 @@ pub fn about_of(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Context, Failure, Limits, Run};
+    use crate::model::{Failure, Limits, Run};
+    use crate::request::Context;
 
     const NOW: u64 = 1_796_083_200_000;
 
     fn task(v: serde_json::Value) -> Task {
-        crate::model::request::test_task(v, NOW)
+        crate::request::test_task(v, NOW)
     }
 
     #[test]

@@ -907,7 +907,7 @@ mod tests {
     const NOW: u64 = 1_796_083_200_000;
 
     fn task(v: serde_json::Value) -> Task {
-        crate::model::request::test_task(v, NOW)
+        crate::request::test_task(v, NOW)
     }
 
     #[test]

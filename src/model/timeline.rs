@@ -106,7 +106,7 @@ impl TimelineEvent {
     pub fn view(&self) -> serde_json::Value {
         json!({
             "seq": self.seq,
-            "at": crate::schedule::format_utc(self.at_ms),
+            "at": super::instant::format_utc(self.at_ms),
             "kind": self.kind.name(),
             "run": self.run,
             "msg": self.msg,
@@ -176,7 +176,7 @@ impl TimelineEvent {
         TimelineEvent::run(TimelineKind::RetryScheduled, at_ms, run, Some(seq))
             .with_attempt(attempt)
             .with_detail(json!({
-                "at": crate::schedule::format_utc(next_at_ms),
+                "at": super::instant::format_utc(next_at_ms),
                 "reason": reason,
             }))
     }
@@ -184,7 +184,7 @@ impl TimelineEvent {
     /// A send waits until `until_ms` (no attempt burned).
     pub fn held(at_ms: u64, run: u32, seq: u32, until_ms: u64, why: HeldWhy) -> TimelineEvent {
         TimelineEvent::run(TimelineKind::Held, at_ms, run, Some(seq)).with_detail(json!({
-            "until": crate::schedule::format_utc(until_ms),
+            "until": super::instant::format_utc(until_ms),
             "why": why.name(),
         }))
     }

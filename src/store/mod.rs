@@ -1245,6 +1245,7 @@ mod quiet_panics {
 pub(crate) mod tests {
     use super::*;
     use crate::model::*;
+    use crate::request::{Context, TaskRequest};
 
     /// A one-hour one-shot with two messages (shared by the store's test modules).
     pub(crate) fn task(id: &str) -> (Task, Vec<Message>) {
