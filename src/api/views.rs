@@ -30,13 +30,21 @@ fn dst(d: &DstPolicy) -> Value {
     })
 }
 
+/// Sets `key` of a JSON object (the views build objects with `json!({..})`; anything else
+/// is left as it is).
+pub(crate) fn put(v: &mut Value, key: &str, x: Value) {
+    if let Some(o) = v.as_object_mut() {
+        o.insert(key.to_string(), x);
+    }
+}
+
 /// The schedule as created (optional parts only when given), plus the DST policy in force.
 pub fn schedule(s: &Schedule) -> Value {
     match s {
         Schedule::At { at, tz, dst: d, .. } => {
             let mut v = json!({ "at": at, "dst": dst(d) });
             if let Some(tz) = tz {
-                v["tz"] = json!(tz);
+                put(&mut v, "tz", json!(tz));
             }
             v
         }
@@ -53,13 +61,13 @@ pub fn schedule(s: &Schedule) -> Value {
             let mut v =
                 json!({ "cron": cron, "tz": tz.as_deref().unwrap_or("UTC"), "dst": dst(d) });
             if let Some(x) = start {
-                v["start"] = json!(x);
+                put(&mut v, "start", json!(x));
             }
             if let Some(x) = end {
-                v["end"] = json!(x);
+                put(&mut v, "end", json!(x));
             }
             if let Some(x) = max_runs {
-                v["max_runs"] = json!(x);
+                put(&mut v, "max_runs", json!(x));
             }
             v
         }
@@ -72,7 +80,7 @@ pub fn schedule(s: &Schedule) -> Value {
         } => {
             let mut r = json!({ "event_at": event_at, "before": before });
             if let Some(tz) = tz {
-                r["tz"] = json!(tz);
+                put(&mut r, "tz", json!(tz));
             }
             json!({ "reminders": r, "dst": dst(d) })
         }
@@ -421,8 +429,8 @@ mod tests {
     fn pacing(p: &Pacing) -> Value {
         let mut v = json!({ "interval": format_duration_ms(p.interval_ms) });
         if let Some(b) = p.batch_size {
-            v["batch_size"] = json!(b);
-            v["batch_pause"] = json!(format_duration_ms(p.batch_pause_ms));
+            put(&mut v, "batch_size", json!(b));
+            put(&mut v, "batch_pause", json!(format_duration_ms(p.batch_pause_ms)));
         }
         v
     }
