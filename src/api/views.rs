@@ -329,7 +329,32 @@ pub fn channel(c: &Channel, now_ms: u64) -> Value {
         })
     });
     let s = &c.stats;
-    let (preset, success, token, sign, templates) = match &c.sink {
+    let (preset, success, token, sign, templates) = delivery_rules(c, now_ms);
+    json!({
+        "name": c.name,
+        "kind": c.kind(),
+        "preset": preset,
+        "success": success,
+        "token": token,
+        "sign": sign,
+        "templates": templates,
+        "held_local": s.held_local.load(Ordering::Relaxed),
+        "concurrency": c.concurrency_max,
+        "in_flight": c.in_flight(),
+        "rate": rate,
+        "breaker": breaker,
+        "retry": retry_doc(&c.retry),
+        "sent": s.sent.load(Ordering::Relaxed),
+        "retryable_failures": s.retryable_failures.load(Ordering::Relaxed),
+        "permanent_failures": s.permanent_failures.load(Ordering::Relaxed),
+        "held": s.held.load(Ordering::Relaxed),
+    })
+}
+
+/// A channel's preset, success rule, token, signing and templated fields (a webhook's; null
+/// for other sinks).
+fn delivery_rules(c: &Channel, now_ms: u64) -> (Value, Value, Value, Value, Value) {
+    match &c.sink {
         Sink::Webhook(w) => match w.platform() {
             Some(p) => (
                 json!(p.spec.preset),
@@ -360,26 +385,7 @@ pub fn channel(c: &Channel, now_ms: u64) -> Value {
             Value::Null,
             Value::Null,
         ),
-    };
-    json!({
-        "name": c.name,
-        "kind": c.kind(),
-        "preset": preset,
-        "success": success,
-        "token": token,
-        "sign": sign,
-        "templates": templates,
-        "held_local": s.held_local.load(Ordering::Relaxed),
-        "concurrency": c.concurrency_max,
-        "in_flight": c.in_flight(),
-        "rate": rate,
-        "breaker": breaker,
-        "retry": retry_doc(&c.retry),
-        "sent": s.sent.load(Ordering::Relaxed),
-        "retryable_failures": s.retryable_failures.load(Ordering::Relaxed),
-        "permanent_failures": s.permanent_failures.load(Ordering::Relaxed),
-        "held": s.held.load(Ordering::Relaxed),
-    })
+    }
 }
 
 /// A channel's success rule (platform channels: API.md "Platform channels").
@@ -430,7 +436,11 @@ mod tests {
         let mut v = json!({ "interval": format_duration_ms(p.interval_ms) });
         if let Some(b) = p.batch_size {
             put(&mut v, "batch_size", json!(b));
-            put(&mut v, "batch_pause", json!(format_duration_ms(p.batch_pause_ms)));
+            put(
+                &mut v,
+                "batch_pause",
+                json!(format_duration_ms(p.batch_pause_ms)),
+            );
         }
         v
     }

@@ -87,7 +87,11 @@ pub(super) fn choice<T: Copy>(
     options: &[(&str, T)],
 ) -> Result<T, FieldError> {
     let Some(name) = given else {
-        return Ok(options[0].1);
+        // Every caller gives at least one option; none would be a default nobody can pick.
+        return options
+            .first()
+            .map(|(_, v)| *v)
+            .ok_or_else(|| FieldError::new(field, "has no value to default to"));
     };
     match options.iter().find(|(n, _)| *n == name) {
         Some((_, v)) => Ok(*v),

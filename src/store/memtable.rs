@@ -83,7 +83,8 @@ impl Layer {
         tree: TreeId,
         lower: &'a Bound<Vec<u8>>,
     ) -> impl DoubleEndedIterator<Item = (&'a Vec<u8>, &'a Option<Vec<u8>>)> + 'a {
-        tree.of(&self.trees).range::<Vec<u8>, _>((lower.as_ref(), Bound::Unbounded))
+        tree.of(&self.trees)
+            .range::<Vec<u8>, _>((lower.as_ref(), Bound::Unbounded))
     }
 }
 

@@ -692,7 +692,8 @@ impl Store {
                     break;
                 }
             };
-            let id = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
+            let id =
+                String::from_utf8_lossy(k.get(prefix.len()..).unwrap_or_default()).into_owned();
             if scanned == SCAN_MAX {
                 // More records follow: the next page starts after the last one examined.
                 return Ok((out, last_examined, bad));

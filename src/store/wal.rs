@@ -214,10 +214,7 @@ impl Reader<'_> {
         }
     }
     fn u32(&mut self) -> Result<u32, String> {
-        let b: [u8; 4] = self
-            .bytes(4)?
-            .try_into()
-            .map_err(|_| "record ends early")?;
+        let b: [u8; 4] = self.bytes(4)?.try_into().map_err(|_| "record ends early")?;
         Ok(u32::from_le_bytes(b))
     }
 }

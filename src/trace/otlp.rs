@@ -294,7 +294,9 @@ fn post(t: &Target, body: &[u8]) -> Result<(), String> {
     let mut buf = [0u8; 64];
     let mut got = 0;
     while got < 12 {
-        let Some(room) = buf.get_mut(got..) else { break };
+        let Some(room) = buf.get_mut(got..) else {
+            break;
+        };
         match s.read(room) {
             Ok(0) => break,
             Ok(n) => got += n,

@@ -44,7 +44,8 @@ impl Resolver<'_> {
     }
 
     fn put(&mut self, tree: TreeId, key: Vec<u8>, value: Option<Vec<u8>>) {
-        tree.of_mut(&mut self.seen).insert(key.clone(), self.writes.len());
+        tree.of_mut(&mut self.seen)
+            .insert(key.clone(), self.writes.len());
         self.writes.push(Write { tree, key, value });
     }
 

@@ -112,7 +112,9 @@ fn indexed(w: IndexedWrite, stored: &Stored, writes: &mut Writes) {
         index.of_mut(writes).insert(index_key(&key, old), None);
     }
     if let Some(v) = &value {
-        index.of_mut(writes).insert(index_key(&key, v), Some(v.clone()));
+        index
+            .of_mut(writes)
+            .insert(index_key(&key, v), Some(v.clone()));
     }
     tree.of_mut(writes).insert(key, value);
 }
