@@ -2,13 +2,13 @@
 //! `schedule.rs`), the task's fields filled in, its first fire worked out and checked.
 
 use crate::model::{
-    check_id, format_duration_ms, new_id, Lang, Message, Misfire, Overlap, Schedule, Task,
-    TaskState, DEFAULT_MISFIRE_GRACE_MS,
+    format_duration_ms, Lang, Message, Schedule, Task, TaskState, DEFAULT_MISFIRE_GRACE_MS,
 };
 
 use super::schedule::{recipient_zones, validate_schedule};
 use super::validate::{
-    choice, duration, validate_messages, validate_metadata, validate_notify, validate_pacing,
+    choice, duration, validate_channel, validate_id, validate_messages, validate_metadata,
+    validate_misfire, validate_name, validate_notify, validate_overlap, validate_pacing,
     validate_quiet, validate_retry,
 };
 use super::{Context, FieldError, PatchRequest, ScheduleRequest, TaskRequest};
@@ -17,50 +17,15 @@ impl TaskRequest {
     /// Validates the request into a new pending task and its messages. Nothing is stored here.
     pub fn into_task(self, cx: &Context) -> Result<(Task, Vec<Message>), FieldError> {
         let limits = cx.limits;
-        let id = match self.id {
-            Some(id) => {
-                check_id(&id).map_err(|e| FieldError::new("id", e))?;
-                id
-            }
-            None => new_id(cx.now_ms),
-        };
-        if let Some(name) = &self.name {
-            if name.len() > limits.name_bytes_max {
-                return Err(FieldError::new(
-                    "name",
-                    format!("must be at most {} bytes", limits.name_bytes_max),
-                ));
-            }
-        }
-        let channel = self.channel.unwrap_or_else(|| "log".to_string());
-        if !(cx.channel_exists)(&channel) {
-            return Err(FieldError::new(
-                "channel",
-                format!("unknown channel {channel:?}; configure it under [channels.{channel}]"),
-            ));
-        }
+        let id = validate_id(self.id, cx.now_ms)?;
+        validate_name(self.name.as_deref(), limits)?;
+        let channel = validate_channel(self.channel, cx)?;
         let misfire_grace_ms = match &self.misfire_grace {
             Some(s) => duration("misfire_grace", s)?,
             None => DEFAULT_MISFIRE_GRACE_MS,
         };
-        let misfire = choice(
-            "misfire",
-            self.misfire.as_deref(),
-            &[
-                ("fire_now", Misfire::FireNow),
-                ("skip", Misfire::Skip),
-                ("fire_all", Misfire::FireAll),
-            ],
-        )?;
-        let overlap = choice(
-            "overlap",
-            self.overlap.as_deref(),
-            &[
-                ("skip", Overlap::Skip),
-                ("queue", Overlap::Queue),
-                ("allow", Overlap::Allow),
-            ],
-        )?;
+        let misfire = validate_misfire(self.misfire.as_deref())?;
+        let overlap = validate_overlap(self.overlap.as_deref())?;
         let mut messages = validate_messages(self.messages, self.to, self.body, limits)?;
         let zones = recipient_zones(&self.schedule, &mut messages, self.default_tz.as_deref())?;
         let schedule = validate_schedule(&self.schedule, cx, misfire_grace_ms, &zones)?;
@@ -150,12 +115,7 @@ impl PatchRequest {
         let limits = cx.limits;
         let mut t = task.clone();
         if let Some(name) = self.name {
-            if name.len() > limits.name_bytes_max {
-                return Err(FieldError::new(
-                    "name",
-                    format!("must be at most {} bytes", limits.name_bytes_max),
-                ));
-            }
+            validate_name(Some(&name), limits)?;
             t.name = Some(name);
         }
         let mut messages = None;
@@ -164,32 +124,12 @@ impl PatchRequest {
             t.message_count = m.len() as u32;
             messages = Some(m);
         }
-        // Recipient time needs every message's zone, and a task in memory holds no messages:
-        // the zones are worked out again only from new messages.
-        let recipient_after = match &self.schedule {
-            Some(s) => crate::schedule::recipient::is_recipient(s.tz.as_deref()),
-            None => !t.recipient_zones.is_empty(),
-        };
-        if recipient_after {
-            match messages.as_mut() {
-                Some(m) => {
-                    let s = self.schedule.clone().unwrap_or_else(|| ScheduleRequest {
-                        tz: Some(crate::schedule::recipient::RECIPIENT.into()),
-                        ..ScheduleRequest::default()
-                    });
-                    t.recipient_zones = recipient_zones(&s, m, self.default_tz.as_deref())?;
-                }
-                None if t.recipient_zones.is_empty() => {
-                    return Err(FieldError::new(
-                        "messages",
-                        "required when the schedule changes to recipient time (each message's tz)",
-                    ))
-                }
-                None => {}
-            }
-        } else {
-            t.recipient_zones.clear();
-        }
+        repatch_zones(
+            &mut t,
+            self.schedule.as_ref(),
+            messages.as_mut(),
+            self.default_tz.as_deref(),
+        )?;
         if let Some(p) = self.pacing {
             t.pacing = validate_pacing(p, limits)?;
         }
@@ -234,6 +174,41 @@ impl PatchRequest {
         }
         Ok((t, messages))
     }
+}
+
+/// A patched task's recipient zones. Recipient time needs every message's zone, and a task in
+/// memory holds no messages: the zones are worked out again only from new messages.
+fn repatch_zones(
+    t: &mut Task,
+    schedule: Option<&ScheduleRequest>,
+    messages: Option<&mut Vec<Message>>,
+    default_tz: Option<&str>,
+) -> Result<(), FieldError> {
+    let recipient_after = match schedule {
+        Some(s) => crate::schedule::recipient::is_recipient(s.tz.as_deref()),
+        None => !t.recipient_zones.is_empty(),
+    };
+    if recipient_after {
+        match messages {
+            Some(m) => {
+                let s = schedule.cloned().unwrap_or_else(|| ScheduleRequest {
+                    tz: Some(crate::schedule::recipient::RECIPIENT.into()),
+                    ..ScheduleRequest::default()
+                });
+                t.recipient_zones = recipient_zones(&s, m, default_tz)?;
+            }
+            None if t.recipient_zones.is_empty() => {
+                return Err(FieldError::new(
+                    "messages",
+                    "required when the schedule changes to recipient time (each message's tz)",
+                ))
+            }
+            None => {}
+        }
+    } else {
+        t.recipient_zones.clear();
+    }
+    Ok(())
 }
 
 /// In recipient time a run's messages go in order of their own instants: they are stored in

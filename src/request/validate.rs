@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 
 use crate::model::{
-    format_duration_ms, parse_duration_ms, Backoff, DstGap, DstPolicy, DstRepeat, Limits, Message,
-    Notify, NotifyOn, Pacing, QuietHours, QuietSetting, RetryPolicy,
+    check_id, format_duration_ms, new_id, parse_duration_ms, Backoff, DstGap, DstPolicy, DstRepeat,
+    Limits, Message, Misfire, Notify, NotifyOn, Overlap, Pacing, QuietHours, QuietSetting,
+    RetryPolicy,
 };
 use crate::schedule::parse_tz;
 
@@ -80,6 +81,66 @@ pub(super) fn validate_notify(
     }))
 }
 
+/// The task's id as given (checked), or a new one.
+pub(super) fn validate_id(id: Option<String>, now_ms: u64) -> Result<String, FieldError> {
+    match id {
+        Some(id) => {
+            check_id(&id).map_err(|e| FieldError::new("id", e))?;
+            Ok(id)
+        }
+        None => Ok(new_id(now_ms)),
+    }
+}
+
+pub(super) fn validate_name(name: Option<&str>, limits: &Limits) -> Result<(), FieldError> {
+    match name {
+        Some(name) if name.len() > limits.name_bytes_max => Err(FieldError::new(
+            "name",
+            format!("must be at most {} bytes", limits.name_bytes_max),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The channel named (`log` by default), which must exist.
+pub(super) fn validate_channel(
+    channel: Option<String>,
+    cx: &Context,
+) -> Result<String, FieldError> {
+    let channel = channel.unwrap_or_else(|| "log".to_string());
+    if !(cx.channel_exists)(&channel) {
+        return Err(FieldError::new(
+            "channel",
+            format!("unknown channel {channel:?}; configure it under [channels.{channel}]"),
+        ));
+    }
+    Ok(channel)
+}
+
+pub(super) fn validate_misfire(given: Option<&str>) -> Result<Misfire, FieldError> {
+    choice(
+        "misfire",
+        given,
+        &[
+            ("fire_now", Misfire::FireNow),
+            ("skip", Misfire::Skip),
+            ("fire_all", Misfire::FireAll),
+        ],
+    )
+}
+
+pub(super) fn validate_overlap(given: Option<&str>) -> Result<Overlap, FieldError> {
+    choice(
+        "overlap",
+        given,
+        &[
+            ("skip", Overlap::Skip),
+            ("queue", Overlap::Queue),
+            ("allow", Overlap::Allow),
+        ],
+    )
+}
+
 /// One of a fixed set of names; the first option is the default when the field is absent.
 pub(super) fn choice<T: Copy>(
     field: &str,
@@ -150,7 +211,19 @@ pub(super) fn validate_messages(
     body: Option<String>,
     limits: &Limits,
 ) -> Result<Vec<Message>, FieldError> {
-    let (list, field): (Vec<Message>, &str) = match (messages, to, body) {
+    let (list, field) = messages_given(messages, to, body)?;
+    check_messages(&list, field, limits)?;
+    Ok(list)
+}
+
+/// The messages as given: a list, or the broadcast shorthand `to` + `body`; and the field
+/// errors about them name (`messages` or `to`).
+fn messages_given(
+    messages: Option<Vec<MessageRequest>>,
+    to: Option<Vec<String>>,
+    body: Option<String>,
+) -> Result<(Vec<Message>, &'static str), FieldError> {
+    Ok(match (messages, to, body) {
         (Some(m), None, None) => {
             let mut list = Vec::with_capacity(m.len());
             for (i, m) in m.into_iter().enumerate() {
@@ -198,7 +271,11 @@ pub(super) fn validate_messages(
                 "give either messages or to + body, not both",
             ))
         }
-    };
+    })
+}
+
+/// The count and sizes of the messages within the limits.
+fn check_messages(list: &[Message], field: &str, limits: &Limits) -> Result<(), FieldError> {
     if list.is_empty() {
         return Err(FieldError::new(field, "must not be empty"));
     }
@@ -248,7 +325,7 @@ pub(super) fn validate_messages(
             }
         }
     }
-    Ok(list)
+    Ok(())
 }
 
 pub(super) fn validate_pacing(p: PacingRequest, limits: &Limits) -> Result<Pacing, FieldError> {
