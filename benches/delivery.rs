@@ -76,7 +76,7 @@ use tokio::task::JoinSet;
 use herald::config::{Config, Overrides};
 use herald::deliver::Delivery;
 use herald::engine::Engine;
-use herald::model::TaskRequest;
+use herald::request::TaskRequest;
 use herald::server::Server;
 
 /// As in `src/main.rs`: measure herald with the allocator it ships with.

@@ -17,7 +17,8 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use herald::clock::ManualClock;
 use herald::config::{Config, Overrides};
 use herald::engine::EngineConfig;
-use herald::model::{Run, RunState, TaskRequest};
+use herald::model::{Run, RunState};
+use herald::request::TaskRequest;
 use herald::server::Server;
 use herald::store::{Batch, Store};
 

@@ -16,7 +16,7 @@ use std::time::Instant;
 use herald::clock::SystemClock;
 use herald::config::{Config, Overrides};
 use herald::engine::{Engine, EngineConfig};
-use herald::model::TaskRequest;
+use herald::request::TaskRequest;
 use herald::store::{Store, StoreOptions};
 
 fn rss() -> String {

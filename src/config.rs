@@ -16,8 +16,8 @@ use crate::deliver::platform::{expand_env, resolve_preset, uses_platform, Platfo
 use crate::deliver::preset::{PlatformKeys, SuccessKeys, TokenKeys};
 use crate::deliver::ratelimit::{parse_rate, Rate};
 use crate::deliver::sign::Signer;
-use crate::model::request::{validate_retry, RetryRequest};
 use crate::model::{parse_duration_ms, Limits, RetryPolicy};
+use crate::request::{validate_retry, RetryRequest};
 
 mod env;
 pub use env::{var_name, Kind};
@@ -245,7 +245,7 @@ struct ChannelFile {
     answer_timeout: Option<String>,
     answer_bytes_max: Option<usize>,
     /// A daily window in which no send of the channel starts (a task's own wins).
-    quiet_hours: Option<crate::model::request::QuietHoursRequest>,
+    quiet_hours: Option<crate::request::QuietHoursRequest>,
 }
 
 /// Where a channel sends.
@@ -316,6 +316,10 @@ pub struct Overrides {
 
 impl Config {
     /// The embedded defaults.
+    #[allow(
+        clippy::expect_used,
+        reason = "no input: the defaults are constants, and the unit tests build them"
+    )]
     pub fn defaults() -> Config {
         Config::from_parts(FileConfig::default(), Overrides::default(), &process_env)
             .expect("the embedded defaults are valid")
@@ -398,46 +402,13 @@ impl Config {
         o: Overrides,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
-        let mut limits = Limits::default();
-        let mut body_bytes_max = BODY_BYTES_MAX;
-        let mut connections_max = None;
-        let mut body_read_timeout_ms = DEFAULT_BODY_READ_TIMEOUT_MS;
-        let mut header_read_timeout_ms = DEFAULT_HEADER_READ_TIMEOUT_MS;
-        if let Some(l) = &file.limits {
-            let positive = |key: &str, v: Option<usize>, current: usize| match v {
-                Some(0) => Err(invalid(format!("limits.{key}"), "must be more than 0")),
-                Some(n) => Ok(n),
-                None => Ok(current),
-            };
-            body_bytes_max = positive("body_bytes_max", l.body_bytes_max, body_bytes_max)?;
-            limits.messages_max = positive("messages_max", l.messages_max, limits.messages_max)?;
-            limits.message_body_bytes_max = positive(
-                "message_body_bytes_max",
-                l.message_body_bytes_max,
-                limits.message_body_bytes_max,
-            )?;
-            limits.live_tasks_max =
-                positive("live_tasks_max", l.live_tasks_max, limits.live_tasks_max)?;
-            if let Some(h) = &l.horizon {
-                limits.horizon_ms = parse_duration_ms(h)
-                    .map_err(|e| invalid("limits.horizon", e))?
-                    .max(1);
-            }
-            connections_max = match l.connections_max {
-                Some(0) => return Err(invalid("limits.connections_max", "must be more than 0")),
-                v => v,
-            };
-            body_read_timeout_ms = positive_ms(
-                "limits.body_read_timeout",
-                &l.body_read_timeout,
-                body_read_timeout_ms,
-            )?;
-            header_read_timeout_ms = positive_ms(
-                "limits.header_read_timeout",
-                &l.header_read_timeout,
-                header_read_timeout_ms,
-            )?;
-        }
+        let HttpLimits {
+            limits,
+            body_bytes_max,
+            connections_max,
+            body_read_timeout_ms,
+            header_read_timeout_ms,
+        } = http_limits(file.limits.as_ref())?;
         let shutdown_timeout_ms = positive_ms(
             "shutdown_timeout",
             &file.shutdown_timeout,
@@ -460,21 +431,7 @@ impl Config {
             .data_dir
             .or(file.data_dir)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
-        let mut channels = Vec::new();
-        for (name, c) in file.channels {
-            channels.push(channel(&name, c, &limits, env)?);
-        }
-        if !channels.iter().any(|c| c.name == "log") {
-            channels.push(ChannelConfig {
-                name: "log".into(),
-                kind: ChannelKind::Log,
-                retry: RetryPolicy::default(),
-                concurrency: 64,
-                rate: None,
-                breaker: None,
-                quiet_hours: None,
-            });
-        }
+        let channels = channels(file.channels, &limits, env)?;
         let alerts_channel = match file.alerts {
             Some(a) => {
                 if !channels.iter().any(|c| c.name == a.channel) {
@@ -490,55 +447,14 @@ impl Config {
             }
             None => None,
         };
-        let mut store = crate::store::StoreOptions::default();
-        let mut database_config = None;
-        if let Some(st) = &file.store {
-            database_config = database(st, env)?;
-            match st.cache_mb {
-                Some(0) => return Err(invalid("store.cache_mb", "must be more than 0")),
-                Some(mb) if mb > 1 << 20 => {
-                    return Err(invalid("store.cache_mb", "must be at most 1048576 (1 TiB)"))
-                }
-                Some(mb) => store.cache_bytes = mb << 20,
-                None => {}
+        let (store, database_config) = match &file.store {
+            Some(st) => {
+                let database = database(st, env)?;
+                (store_options(st)?, database)
             }
-            if let Some(r) = &st.retention {
-                store.retention_ms =
-                    parse_retention(r).map_err(|e| invalid("store.retention", e))?;
-            }
-            match st.runs_max {
-                Some(0) => return Err(invalid("store.runs_max", "must be at least 1")),
-                Some(n) => {
-                    store.runs_max = u32::try_from(n)
-                        .map_err(|_| invalid("store.runs_max", "must be at most 4294967295"))?
-                }
-                None => {}
-            }
-            if let Some(n) = st.timeline_max {
-                store.timeline_max = u32::try_from(n)
-                    .map_err(|_| invalid("store.timeline_max", "must be at most 4294967295"))?;
-            }
-            match st.failures_max {
-                Some(0) => return Err(invalid("store.failures_max", "must be at least 1")),
-                Some(n) => store.failures_max = n,
-                None => {}
-            }
-        }
-        // `HERALD_OTLP_ENDPOINT` is the short name API.md gives (the table's own variable,
-        // `HERALD_TELEMETRY_OTLP_ENDPOINT`, was merged into the file's table already).
-        let otlp_endpoint = match file
-            .telemetry
-            .and_then(|t| t.otlp_endpoint)
-            .or_else(|| env("HERALD_OTLP_ENDPOINT"))
-        {
-            Some(e) if e.trim().is_empty() => None,
-            Some(e) => {
-                crate::trace::otlp::check_endpoint(&e)
-                    .map_err(|m| invalid("telemetry.otlp_endpoint", m))?;
-                Some(e)
-            }
-            None => None,
+            None => (crate::store::StoreOptions::default(), None),
         };
+        let otlp_endpoint = otlp_endpoint(file.telemetry, env)?;
         Ok(Config {
             listen,
             data_dir,
@@ -556,6 +472,146 @@ impl Config {
             otlp_endpoint,
         })
     }
+}
+
+/// The HTTP and task limits of `[limits]`, each checked.
+struct HttpLimits {
+    limits: Limits,
+    body_bytes_max: usize,
+    connections_max: Option<usize>,
+    body_read_timeout_ms: u64,
+    header_read_timeout_ms: u64,
+}
+
+fn http_limits(file: Option<&LimitsFile>) -> Result<HttpLimits, ConfigError> {
+    let mut limits = Limits::default();
+    let mut body_bytes_max = BODY_BYTES_MAX;
+    let mut connections_max = None;
+    let mut body_read_timeout_ms = DEFAULT_BODY_READ_TIMEOUT_MS;
+    let mut header_read_timeout_ms = DEFAULT_HEADER_READ_TIMEOUT_MS;
+    if let Some(l) = file {
+        let positive = |key: &str, v: Option<usize>, current: usize| match v {
+            Some(0) => Err(invalid(format!("limits.{key}"), "must be more than 0")),
+            Some(n) => Ok(n),
+            None => Ok(current),
+        };
+        body_bytes_max = positive("body_bytes_max", l.body_bytes_max, body_bytes_max)?;
+        limits.messages_max = positive("messages_max", l.messages_max, limits.messages_max)?;
+        limits.message_body_bytes_max = positive(
+            "message_body_bytes_max",
+            l.message_body_bytes_max,
+            limits.message_body_bytes_max,
+        )?;
+        limits.live_tasks_max =
+            positive("live_tasks_max", l.live_tasks_max, limits.live_tasks_max)?;
+        if let Some(h) = &l.horizon {
+            limits.horizon_ms = parse_duration_ms(h)
+                .map_err(|e| invalid("limits.horizon", e))?
+                .max(1);
+        }
+        connections_max = match l.connections_max {
+            Some(0) => return Err(invalid("limits.connections_max", "must be more than 0")),
+            v => v,
+        };
+        body_read_timeout_ms = positive_ms(
+            "limits.body_read_timeout",
+            &l.body_read_timeout,
+            body_read_timeout_ms,
+        )?;
+        header_read_timeout_ms = positive_ms(
+            "limits.header_read_timeout",
+            &l.header_read_timeout,
+            header_read_timeout_ms,
+        )?;
+    }
+    Ok(HttpLimits {
+        limits,
+        body_bytes_max,
+        connections_max,
+        body_read_timeout_ms,
+        header_read_timeout_ms,
+    })
+}
+
+/// The configured channels, and `log` when none is named so.
+fn channels(
+    file: BTreeMap<String, ChannelFile>,
+    limits: &Limits,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<ChannelConfig>, ConfigError> {
+    let mut channels = Vec::new();
+    for (name, c) in file {
+        channels.push(channel(&name, c, limits, env)?);
+    }
+    if !channels.iter().any(|c| c.name == "log") {
+        channels.push(ChannelConfig {
+            name: "log".into(),
+            kind: ChannelKind::Log,
+            retry: RetryPolicy::default(),
+            concurrency: 64,
+            rate: None,
+            breaker: None,
+            quiet_hours: None,
+        });
+    }
+    Ok(channels)
+}
+
+/// `[store]` but its database: cache, retention and the bounds.
+fn store_options(st: &StoreFile) -> Result<crate::store::StoreOptions, ConfigError> {
+    let mut store = crate::store::StoreOptions::default();
+    match st.cache_mb {
+        Some(0) => return Err(invalid("store.cache_mb", "must be more than 0")),
+        Some(mb) if mb > 1 << 20 => {
+            return Err(invalid("store.cache_mb", "must be at most 1048576 (1 TiB)"))
+        }
+        Some(mb) => store.cache_bytes = mb << 20,
+        None => {}
+    }
+    if let Some(r) = &st.retention {
+        store.retention_ms = parse_retention(r).map_err(|e| invalid("store.retention", e))?;
+    }
+    match st.runs_max {
+        Some(0) => return Err(invalid("store.runs_max", "must be at least 1")),
+        Some(n) => {
+            store.runs_max = u32::try_from(n)
+                .map_err(|_| invalid("store.runs_max", "must be at most 4294967295"))?
+        }
+        None => {}
+    }
+    if let Some(n) = st.timeline_max {
+        store.timeline_max = u32::try_from(n)
+            .map_err(|_| invalid("store.timeline_max", "must be at most 4294967295"))?;
+    }
+    match st.failures_max {
+        Some(0) => return Err(invalid("store.failures_max", "must be at least 1")),
+        Some(n) => store.failures_max = n,
+        None => {}
+    }
+    Ok(store)
+}
+
+/// The OTLP collector's endpoint, if one is given.
+fn otlp_endpoint(
+    telemetry: Option<TelemetryFile>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<String>, ConfigError> {
+    // `HERALD_OTLP_ENDPOINT` is the short name API.md gives (the table's own variable,
+    // `HERALD_TELEMETRY_OTLP_ENDPOINT`, was merged into the file's table already).
+    Ok(
+        match telemetry
+            .and_then(|t| t.otlp_endpoint)
+            .or_else(|| env("HERALD_OTLP_ENDPOINT"))
+        {
+            Some(e) if e.trim().is_empty() => None,
+            Some(e) => {
+                crate::trace::otlp::check_endpoint(&e)
+                    .map_err(|m| invalid("telemetry.otlp_endpoint", m))?;
+                Some(e)
+            }
+            None => None,
+        },
+    )
 }
 
 /// A duration key that must be more than 0.
@@ -623,59 +679,212 @@ fn process_env(name: &str) -> Option<String> {
     std::env::var(name).ok()
 }
 
+/// A channel's signing secrets (`secret` or `secrets`), `${VAR}`s expanded.
+fn channel_secrets(
+    secret: Option<String>,
+    secrets: Option<Vec<String>>,
+    key: &dyn Fn(&str) -> String,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<String>, ConfigError> {
+    let (secret_key, secrets) = match (secret, secrets) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(key("secrets"), "give secret or secrets, not both"))
+        }
+        (Some(one), None) => ("secret", vec![one]),
+        (None, Some(list)) => ("secrets", list),
+        (None, None) => ("secrets", vec![]),
+    };
+    secrets
+        .iter()
+        .map(|s| expand_env(s, env))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(key(secret_key), e))
+}
+
+/// What a webhook channel's own keys need besides the channel file.
+struct Webhook<'a> {
+    key: &'a dyn Fn(&str) -> String,
+    keys: &'a PlatformKeys,
+    /// A platform key was given (a preset or a template): the channel is a platform channel.
+    platform: bool,
+    sign_explicit: bool,
+    env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Webhook<'_> {
+    /// The webhook's URL checked, its platform spec built and its CA file read.
+    fn kind(
+        self,
+        secrets: Vec<String>,
+        (timeout_ms, connect_timeout_ms): (u64, u64),
+        ca_file: Option<PathBuf>,
+    ) -> Result<ChannelKind, ConfigError> {
+        let key = self.key;
+        let env = self.env;
+        let raw = self
+            .keys
+            .url
+            .clone()
+            .ok_or_else(|| invalid(key("url"), "required for kind = \"webhook\""))?;
+        let url = expand_env(&raw, env).map_err(|e| invalid(key("url"), e))?;
+        let shown = if raw.contains("${") { &raw } else { &url };
+        let uri = if self.platform {
+            // Checked with the URL as written: the error must not show a secret.
+            crate::deliver::platform::check_url(&url).map_err(|_| {
+                    invalid(
+                        key("url"),
+                        format!("{shown:?}: only http(s)://host[:port]/path URLs are supported, with the scheme and host written out"),
+                    )
+                })?
+        } else {
+            let uri: hyper::Uri = url
+                .parse()
+                .map_err(|e| invalid(key("url"), format!("{shown:?} is not a URL: {e}")))?;
+            if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
+                return Err(invalid(
+                    key("url"),
+                    format!("{shown:?}: only http(s)://host[:port]/path URLs are supported"),
+                ));
+            }
+            uri
+        };
+        let platform = if self.platform {
+            Some(Box::new(
+                PlatformSpec::build(self.keys, &url, &secrets, self.sign_explicit, env)
+                    .map_err(|(k, m)| invalid(key(&k), m))?,
+            ))
+        } else {
+            None
+        };
+        let standard = platform
+            .as_ref()
+            .is_none_or(|p| p.sign == SignKind::StandardWebhooks);
+        if !secrets.is_empty() && standard {
+            Signer::new(&secrets).map_err(|e| invalid(key("secrets"), e))?;
+        }
+        let ca_certs = match &ca_file {
+            Some(path) => crate::deliver::webhook::load_ca_file(path)
+                .map_err(|e| invalid(key("ca_file"), e))?,
+            None => Vec::new(),
+        };
+        Ok(ChannelKind::Webhook {
+            url: uri,
+            timeout_ms,
+            connect_timeout_ms,
+            ca_file,
+            ca_certs,
+            secrets,
+            platform,
+        })
+    }
+}
+
+/// The platform keys of a channel file (taken out of it: the rest reads the other keys).
+fn platform_keys(c: &mut ChannelFile) -> PlatformKeys {
+    PlatformKeys {
+        preset: c.preset.take(),
+        url: c.url.take(),
+        rate: c.rate.take(),
+        method: c.method.take(),
+        headers: c.headers.take(),
+        body: c.body.take(),
+        success: c.success.take(),
+        retry_codes: c.retry_codes.take(),
+        retry_after_json: c.retry_after_json.take(),
+        token: c.token.take(),
+        sign: c.sign.take(),
+        vars: c.vars.take(),
+        answer_timeout: c.answer_timeout.take(),
+        answer_bytes_max: c.answer_bytes_max.take(),
+    }
+}
+
+/// What a channel sends to: the log, a file, or a webhook.
+fn channel_kind(
+    kind: &str,
+    path: Option<PathBuf>,
+    webhook: Webhook<'_>,
+    webhook_parts: (Vec<String>, (u64, u64), Option<PathBuf>),
+) -> Result<ChannelKind, ConfigError> {
+    let key = webhook.key;
+    Ok(match kind {
+        "log" => ChannelKind::Log,
+        "file" => ChannelKind::File {
+            path: path.ok_or_else(|| invalid(key("path"), "required for kind = \"file\""))?,
+        },
+        "webhook" => {
+            let (secrets, timing, ca_file) = webhook_parts;
+            webhook.kind(secrets, timing, ca_file)?
+        }
+        other => {
+            return Err(invalid(
+                key("kind"),
+                format!("unknown kind {other:?}; expected webhook, log or file"),
+            ))
+        }
+    })
+}
+
+/// Refuses the first webhook key (in `given`, with whether it was given) on another kind.
+fn webhook_only(given: &[(&str, bool)], key: &dyn Fn(&str) -> String) -> Result<(), ConfigError> {
+    match given.iter().find(|(_, g)| *g) {
+        Some((k, _)) => Err(invalid(key(k), "only for kind = \"webhook\"")),
+        None => Ok(()),
+    }
+}
+
+/// A channel's quiet hours, read like a task's.
+fn channel_quiet(
+    quiet: Option<crate::request::QuietHoursRequest>,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Option<crate::model::QuietHours>, ConfigError> {
+    match crate::request::validate_quiet(&Some(quiet)) {
+        Ok(crate::model::QuietSetting::Own(q)) => Ok(Some(q)),
+        Ok(_) => Ok(None),
+        Err(e) => Err(invalid(key(&e.field), e.detail)),
+    }
+}
+
+/// What a channel name may hold.
+const CHANNEL_NAMES: &str = "channel names use A-Z a-z 0-9 . _ : -";
+
+/// A channel's `concurrency`: given, or the default of its kind; 1 to 10 000.
+fn concurrency(
+    given: Option<u32>,
+    kind: &str,
+    key: &dyn Fn(&str) -> String,
+) -> Result<u32, ConfigError> {
+    let n = given.unwrap_or(if kind == "webhook" {
+        DEFAULT_CONCURRENCY
+    } else {
+        LOCAL_CONCURRENCY
+    });
+    if n == 0 || n > 10_000 {
+        return Err(invalid(key("concurrency"), "must be between 1 and 10000"));
+    }
+    Ok(n)
+}
+
 fn channel(
     name: &str,
-    c: ChannelFile,
+    mut c: ChannelFile,
     limits: &Limits,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<ChannelConfig, ConfigError> {
     let key = |k: &str| format!("channels.{name}.{k}");
-    let quiet = c.quiet_hours.clone();
     if crate::model::check_id(name).is_err() {
-        return Err(invalid(
-            format!("channels.{name}"),
-            "channel names use A-Z a-z 0-9 . _ : -",
-        ));
+        return Err(invalid(format!("channels.{name}"), CHANNEL_NAMES));
     }
-    let positive = |k: &str, v: &Option<String>, default: u64| -> Result<u64, ConfigError> {
-        match v {
-            Some(t) => {
-                let ms = parse_duration_ms(t).map_err(|e| invalid(key(k), e))?;
-                if ms == 0 {
-                    return Err(invalid(key(k), "must be more than 0"));
-                }
-                Ok(ms)
-            }
-            None => Ok(default),
-        }
-    };
-    let user = PlatformKeys {
-        preset: c.preset,
-        url: c.url,
-        rate: c.rate,
-        method: c.method,
-        headers: c.headers,
-        body: c.body,
-        success: c.success,
-        retry_codes: c.retry_codes,
-        retry_after_json: c.retry_after_json,
-        token: c.token,
-        sign: c.sign,
-        vars: c.vars,
-        answer_timeout: c.answer_timeout,
-        answer_bytes_max: c.answer_bytes_max,
-    };
+    let user = platform_keys(&mut c);
     let platform_key = uses_platform(&user);
-    if let Some(k) = platform_key {
-        if c.kind != "webhook" {
-            return Err(invalid(key(k), "only for kind = \"webhook\""));
-        }
+    if let (Some(k), false) = (platform_key, c.kind == "webhook") {
+        return Err(invalid(key(k), "only for kind = \"webhook\""));
     }
     let sign_explicit = user.sign.is_some();
     let keys = resolve_preset(user).map_err(|(k, m)| invalid(key(&k), m))?;
-    let timeout_ms = positive("timeout", &c.timeout, DEFAULT_TIMEOUT_MS)?;
-    let connect_timeout_ms = positive(
-        "connect_timeout",
+    let timeout_ms = positive_ms(&key("timeout"), &c.timeout, DEFAULT_TIMEOUT_MS)?;
+    let connect_timeout_ms = positive_ms(
+        &key("connect_timeout"),
         &c.connect_timeout,
         timeout_ms.min(DEFAULT_CONNECT_TIMEOUT_MS),
     )?;
@@ -691,116 +900,35 @@ fn channel(
         .map(parse_breaker)
         .transpose()
         .map_err(|e| invalid(key("breaker"), e))?;
-    let (secret_key, secrets) = match (c.secret, c.secrets) {
-        (Some(_), Some(_)) => {
-            return Err(invalid(key("secrets"), "give secret or secrets, not both"))
-        }
-        (Some(one), None) => ("secret", vec![one]),
-        (None, Some(list)) => ("secrets", list),
-        (None, None) => ("secrets", vec![]),
-    };
-    let secrets = secrets
-        .iter()
-        .map(|s| expand_env(s, env))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| invalid(key(secret_key), e))?;
-    if !secrets.is_empty() && c.kind != "webhook" {
-        return Err(invalid(key("secret"), "only for kind = \"webhook\""));
-    }
-    let concurrency = c.concurrency.unwrap_or(if c.kind == "webhook" {
-        DEFAULT_CONCURRENCY
-    } else {
-        LOCAL_CONCURRENCY
-    });
-    if concurrency == 0 || concurrency > 10_000 {
-        return Err(invalid(key("concurrency"), "must be between 1 and 10000"));
-    }
+    let secrets = channel_secrets(c.secret, c.secrets, &key, env)?;
+    let concurrency = concurrency(c.concurrency, &c.kind, &key)?;
     let retry = match c.retry {
         Some(r) => {
             validate_retry(r, &key("retry"), limits).map_err(|e| invalid(e.field, e.detail))?
         }
         None => RetryPolicy::default(),
     };
-    if c.kind != "webhook" && keys.url.is_some() {
-        return Err(invalid(key("url"), "only for kind = \"webhook\""));
+    if c.kind != "webhook" {
+        let given = [
+            ("secret", !secrets.is_empty()),
+            ("url", keys.url.is_some()),
+            ("ca_file", c.ca_file.is_some()),
+        ];
+        webhook_only(&given, &key)?;
     }
-    if c.kind != "webhook" && c.ca_file.is_some() {
-        return Err(invalid(key("ca_file"), "only for kind = \"webhook\""));
-    }
-    let kind = match c.kind.as_str() {
-        "log" => ChannelKind::Log,
-        "file" => ChannelKind::File {
-            path: c
-                .path
-                .ok_or_else(|| invalid(key("path"), "required for kind = \"file\""))?,
+    let kind = channel_kind(
+        &c.kind,
+        c.path.take(),
+        Webhook {
+            key: &key,
+            keys: &keys,
+            platform: platform_key.is_some(),
+            sign_explicit,
+            env,
         },
-        "webhook" => {
-            let raw = keys
-                .url
-                .clone()
-                .ok_or_else(|| invalid(key("url"), "required for kind = \"webhook\""))?;
-            let url = expand_env(&raw, env).map_err(|e| invalid(key("url"), e))?;
-            let shown = if raw.contains("${") { &raw } else { &url };
-            let uri = if platform_key.is_some() {
-                // Checked with the URL as written: the error must not show a secret.
-                crate::deliver::platform::check_url(&url).map_err(|_| {
-                    invalid(
-                        key("url"),
-                        format!("{shown:?}: only http(s)://host[:port]/path URLs are supported, with the scheme and host written out"),
-                    )
-                })?
-            } else {
-                let uri: hyper::Uri = url
-                    .parse()
-                    .map_err(|e| invalid(key("url"), format!("{shown:?} is not a URL: {e}")))?;
-                if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.host().is_none() {
-                    return Err(invalid(
-                        key("url"),
-                        format!("{shown:?}: only http(s)://host[:port]/path URLs are supported"),
-                    ));
-                }
-                uri
-            };
-            let platform = match platform_key {
-                Some(_) => Some(Box::new(
-                    PlatformSpec::build(&keys, &url, &secrets, sign_explicit, env)
-                        .map_err(|(k, m)| invalid(key(&k), m))?,
-                )),
-                None => None,
-            };
-            let standard = platform
-                .as_ref()
-                .is_none_or(|p| p.sign == SignKind::StandardWebhooks);
-            if !secrets.is_empty() && standard {
-                Signer::new(&secrets).map_err(|e| invalid(key("secrets"), e))?;
-            }
-            let ca_certs = match &c.ca_file {
-                Some(path) => crate::deliver::webhook::load_ca_file(path)
-                    .map_err(|e| invalid(key("ca_file"), e))?,
-                None => Vec::new(),
-            };
-            ChannelKind::Webhook {
-                url: uri,
-                timeout_ms,
-                connect_timeout_ms,
-                ca_file: c.ca_file,
-                ca_certs,
-                secrets,
-                platform,
-            }
-        }
-        other => {
-            return Err(invalid(
-                key("kind"),
-                format!("unknown kind {other:?}; expected webhook, log or file"),
-            ))
-        }
-    };
-    let quiet_hours = match crate::model::request::validate_quiet(&Some(quiet)) {
-        Ok(crate::model::QuietSetting::Own(q)) => Some(q),
-        Ok(_) => None,
-        Err(e) => return Err(invalid(key(&e.field), e.detail)),
-    };
+        (secrets, (timeout_ms, connect_timeout_ms), c.ca_file.take()),
+    )?;
+    let quiet_hours = channel_quiet(c.quiet_hours, &key)?;
     Ok(ChannelConfig {
         name: name.to_string(),
         kind,

@@ -180,6 +180,27 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
     .await
 }
 
+/// How many HTTP connections herald serves at once, the descriptor limit and what it keeps
+/// back: HTTP clients get what the limit leaves after the store and every webhook send that
+/// may be in flight at once (and its token fetch).
+fn connection_budget(config: &Config) -> Result<(usize, u64, u64), StartError> {
+    let outgoing: u64 = config
+        .channels
+        .iter()
+        .filter(|c| matches!(c.kind, ChannelKind::Webhook { .. }))
+        .map(|c| u64::from(c.concurrency) + 1)
+        .sum();
+    let reserve = fdlimit::RESERVE_BASE + outgoing;
+    let limit = fdlimit::nofile().unwrap_or(1024);
+    let (connections_max, warning) =
+        fdlimit::connections_max(limit, reserve, config.connections_max)
+            .map_err(StartError::Descriptors)?;
+    if let Some(w) = warning {
+        tracing::warn!("{w}");
+    }
+    Ok((connections_max, limit, reserve))
+}
+
 /// Starts herald with a given clock and engine settings (tests use a manual clock).
 pub async fn start_with(
     config: Config,
@@ -212,22 +233,7 @@ pub async fn start_with(
         addr: config.listen,
         error,
     })?;
-    // Descriptors: HTTP clients get what the limit leaves after the store and every webhook
-    // send that may be in flight at once (and its token fetch).
-    let outgoing: u64 = config
-        .channels
-        .iter()
-        .filter(|c| matches!(c.kind, ChannelKind::Webhook { .. }))
-        .map(|c| u64::from(c.concurrency) + 1)
-        .sum();
-    let reserve = fdlimit::RESERVE_BASE + outgoing;
-    let limit = fdlimit::nofile().unwrap_or(1024);
-    let (connections_max, warning) =
-        fdlimit::connections_max(limit, reserve, config.connections_max)
-            .map_err(StartError::Descriptors)?;
-    if let Some(w) = warning {
-        tracing::warn!("{w}");
-    }
+    let (connections_max, limit, reserve) = connection_budget(&config)?;
     let conns = Conns::new(connections_max);
     engine_config.limits = config.limits.clone();
     engine_config.alerts_channel = config.alerts_channel.clone();

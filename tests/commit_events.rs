@@ -12,7 +12,7 @@ use herald::clock::{Clock, ManualClock};
 use herald::config::{Config, Overrides};
 use herald::engine::events::Event;
 use herald::engine::{Engine, EngineConfig};
-use herald::model::TaskRequest;
+use herald::request::TaskRequest;
 use herald::store::Store;
 use serde_json::json;
 use tokio::sync::broadcast::error::TryRecvError;

@@ -98,3 +98,75 @@ fn the_checker_sees_imports() {
     let step = uses(&engine_file("step"));
     assert!(step.contains(&"commit".to_string()), "{step:?}");
 }
+
+/// The `crate::` paths a file names outside `crate::model` (comments left out): `use
+/// crate::x`, `crate::x::y(..)`, and the heads of `use crate::{a, b}` groups.
+fn crate_paths_outside_model(src: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in src.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(i) = rest.find("crate::") {
+            rest = &rest[i + "crate::".len()..];
+            let heads: Vec<String> = if let Some(group) = rest.strip_prefix('{') {
+                group
+                    .split('}')
+                    .next()
+                    .unwrap_or("")
+                    .split(',')
+                    .map(|p| p.trim().to_string())
+                    .collect()
+            } else {
+                vec![rest.to_string()]
+            };
+            for head in heads {
+                let name: String = head
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() && name != "model" {
+                    out.push(name);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_model_imports_nothing_above_it() {
+    // model/ is the bottom layer (ARCHITECTURE.md): the data and its rules, named by every
+    // other module and naming none of them.
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/model");
+    let mut found = Vec::new();
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        files += 1;
+        let src = std::fs::read_to_string(&path).unwrap();
+        for used in crate_paths_outside_model(&src) {
+            found.push(format!(
+                "{}: crate::{used}",
+                path.file_name().unwrap().to_string_lossy()
+            ));
+        }
+    }
+    assert!(files >= 10, "read only {files} files of src/model");
+    assert_eq!(
+        found,
+        Vec::<String>::new(),
+        "src/model imports from above it"
+    );
+}
+
+#[test]
+fn the_model_checker_sees_imports() {
+    let src = "use crate::schedule::quiet::QuietHours;\nuse crate::model::Task;\n// crate::api\nlet s = crate::schedule::format_utc(1);\nuse crate::{model::Lang, store, config::Config};";
+    assert_eq!(
+        crate_paths_outside_model(src),
+        ["schedule", "schedule", "store", "config"]
+    );
+}

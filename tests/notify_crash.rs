@@ -19,7 +19,7 @@ use common::receiver::{Behavior, Receiver};
 use herald::clock::ManualClock;
 use herald::config::{Config, Overrides};
 use herald::engine::{Engine, EngineConfig};
-use herald::model::TaskRequest;
+use herald::request::TaskRequest;
 use herald::store::embedded::SledBackend;
 use herald::store::fault::{Faults, FaultyBackend};
 use herald::store::Store;

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::contract::contract;
 use common::pg::PgServer;
-use herald::model::{Context, Limits, Message, Run, Task, TaskRequest, TaskState};
+use herald::model::{Limits, Message, Run, Task, TaskState};
+use herald::request::{Context, TaskRequest};
 use herald::store::backend::{Backend, RawOp, TreeId};
 use herald::store::embedded::SledBackend;
 use herald::store::pg::backend::scan_sql;

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::pg::PgServer;
 use common::pgproxy::{Fault, PgProxy};
-use herald::model::{Context, Limits, Message, Task, TaskRequest};
+use herald::model::{Limits, Message, Task};
+use herald::request::{Context, TaskRequest};
 use herald::store::backend::{Backend, RawOp, TreeId};
 use herald::store::pg::{PgBackend, PgOptions};
 use herald::store::{Inserted, Store};

@@ -100,7 +100,7 @@ breaker = {{ window = "60s", min_requests = 1, failure_ratio = 0.5, cool_down = 
     };
     top_up();
     // Create the task in-process (the HTTP API would need a socket).
-    let req: herald::model::TaskRequest = serde_json::from_value(json!({
+    let req: herald::request::TaskRequest = serde_json::from_value(json!({
         "id": "e", "channel": "hook", "schedule": {"after": "0s"},
         "messages": [{"to": "room", "body": "sent once the descriptors are back"}]}))
     .expect("task request");

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use herald::clock::{Clock, ManualClock};
 use herald::config::{Config, Overrides};
 use herald::engine::{Engine, EngineConfig, EngineError};
-use herald::model::TaskRequest;
+use herald::request::TaskRequest;
 use herald::store::embedded::SledBackend;
 use herald::store::fault::{Faults, FaultyBackend};
 use herald::store::Store;

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use herald::model::{Context, Limits, TaskRequest};
+use herald::model::Limits;
+use herald::request::{Context, TaskRequest};
 use herald::store::embedded::SledBackend;
 use herald::store::pace::{ADMIT_DELAY_MAX, ADMIT_SOFT_BYTES};
 use herald::store::{Inserted, Store, StoreError};

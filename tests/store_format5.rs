@@ -12,7 +12,8 @@ mod common;
 
 use std::path::Path;
 
-use herald::model::{Context, Limits, Message, TaskRequest, TaskState};
+use herald::model::{Limits, Message, TaskState};
+use herald::request::{Context, TaskRequest};
 use herald::store::{Batch, Inserted, Op, Store};
 
 fn copy_dir(from: &Path, to: &Path) {

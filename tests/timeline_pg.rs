@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use common::pg::PgServer;
 use herald::model::timeline::{TimelineEvent, TimelineKind};
-use herald::model::{Context, Limits, TaskRequest};
+use herald::model::Limits;
+use herald::request::{Context, TaskRequest};
 use herald::store::pg::{PgBackend, PgOptions};
 use herald::store::{purge, Batch, Op, Store};
 

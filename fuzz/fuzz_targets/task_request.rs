@@ -2,7 +2,8 @@
 //! never panic.
 #![no_main]
 
-use herald::model::{Context, Limits, TaskRequest};
+use herald::model::Limits;
+use herald::request::{Context, TaskRequest};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -21,8 +21,8 @@ pub fn percent_decode(s: &str) -> Option<String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
-    while i < b.len() {
-        match b[i] {
+    while let Some(&c) = b.get(i) {
+        match c {
             b'%' => {
                 let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
                 out.push(u8::from_str_radix(hex, 16).ok()?);

@@ -67,13 +67,13 @@ pub fn route_of(path: &str) -> &'static str {
     let mut buf = [""; 6];
     let mut len = 0;
     for s in path.trim_end_matches('/').split('/').skip(1) {
-        if len == buf.len() {
+        let Some(slot) = buf.get_mut(len) else {
             return "other";
-        }
-        buf[len] = s;
+        };
+        *slot = s;
         len += 1;
     }
-    match &buf[..len] {
+    match buf.get(..len).unwrap_or_default() {
         [] | [""] => "/",
         ["healthz"] => "/healthz",
         ["metrics"] => "/metrics",
@@ -217,8 +217,39 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
     let census = tokio::task::spawn_blocking(move || engine.census())
         .await
         .map_err(|e| Problem::internal(format!("metrics: {e}")))?;
-    let engine = &state.engine;
     let mut s = Scrape::default();
+    tasks(&mut s, state, census);
+    otlp(&mut s, state);
+    losses(&mut s, state);
+    store(&mut s, state);
+    connections(&mut s, state);
+    channels(&mut s, state);
+    let engine = &state.engine;
+    s.histogram(
+        "herald_send_lateness_seconds",
+        "How late sends start: from the instant the schedule (or pacing) planned the message to the start of its attempt",
+        engine.lateness(),
+    );
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(s));
+    registry.register(
+        "herald_http_request_duration_seconds",
+        "API request time (to the answer's head) by route template, method and status class",
+        state.metrics.requests.clone(),
+    );
+    let mut out = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
+        .map_err(|e| Problem::internal(format!("metrics: {e}")))?;
+    Ok(out)
+}
+
+/// Readiness, and the tasks by state (`census`: the live index counted off the runtime).
+fn tasks(
+    s: &mut Scrape,
+    state: &ApiState,
+    census: Result<crate::engine::stats::Census, crate::engine::EngineError>,
+) {
+    let engine = &state.engine;
     s.gauge(
         "herald_ready",
         "1 once start-up recovery is done",
@@ -264,6 +295,10 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
         "Entries on the timing wheel (pending fires, active run steps, failure retries)",
         engine.wheel_entries() as i64,
     );
+}
+
+/// The OTLP exporter's counts, when one is configured.
+fn otlp(s: &mut Scrape, state: &ApiState) {
     if let Some(x) = state.tracing.telemetry().and_then(|t| t.stats()) {
         use std::sync::atomic::Ordering::Relaxed;
         s.counter(
@@ -282,6 +317,11 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
             x.failed_posts.load(Relaxed),
         );
     }
+}
+
+/// What was given up or dropped at a bound, and the alerts.
+fn losses(s: &mut Scrape, state: &ApiState) {
+    let engine = &state.engine;
     s.counter(
         "herald_failures_unlisted",
         "Messages given up on that the full failure list did not take ([store] failures_max); their runs count them failed",
@@ -308,6 +348,11 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
         "Alerts that could not be delivered to the alert channel",
         failed,
     );
+}
+
+/// The store's group commit and memtable, storage health, and the wall clock.
+fn store(s: &mut Scrape, state: &ApiState) {
+    let engine = &state.engine;
     let st = engine.store().commit_stats();
     s.counter(
         "herald_store_flushes",
@@ -368,6 +413,10 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
         "Forward jumps of the wall clock (5 s or more beyond the monotonic clock): jumped-over fires judged like an outage",
         state.clock.wall_jumps().count,
     );
+}
+
+/// HTTP connections and event streams at their caps.
+fn connections(s: &mut Scrape, state: &ApiState) {
     let cs = &state.conns.stats;
     s.gauge(
         "herald_http_connections_open",
@@ -404,6 +453,11 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
         "Event streams answered 503: over the total cap or the cap per client address",
         cs.streams_refused.load(Ordering::Relaxed),
     );
+}
+
+/// Per channel: attempts, latency, held sends, in flight, the breaker.
+fn channels(s: &mut Scrape, state: &ApiState) {
+    let engine = &state.engine;
     let channels: Vec<_> = engine.channels().iter().cloned().collect();
     let ch = |c: &crate::deliver::Channel| vec![("channel", c.name.clone())];
     let mut attempts = Vec::new();
@@ -470,22 +524,6 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
             breaker,
         );
     }
-    s.histogram(
-        "herald_send_lateness_seconds",
-        "How late sends start: from the instant the schedule (or pacing) planned the message to the start of its attempt",
-        engine.lateness(),
-    );
-    let mut registry = prometheus_client::registry::Registry::default();
-    registry.register_collector(Box::new(s));
-    registry.register(
-        "herald_http_request_duration_seconds",
-        "API request time (to the answer's head) by route template, method and status class",
-        state.metrics.requests.clone(),
-    );
-    let mut out = String::new();
-    prometheus_client::encoding::prometheus_text::encode(&mut out, &registry)
-        .map_err(|e| Problem::internal(format!("metrics: {e}")))?;
-    Ok(out)
 }
 
 /// The `Content-Type` of `/metrics`.

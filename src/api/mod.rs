@@ -38,7 +38,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::engine::{Created, Engine, TaskView};
-use crate::model::{check_id, Lang, PatchRequest, RetryPolicy, TaskRequest};
+use crate::model::{check_id, Lang, RetryPolicy};
+use crate::request::{PatchRequest, TaskRequest};
 use input::{
     failure_path_id, page_params, param, parse_json, path_id, query, read_body, FAILURE_ID_LEN_MAX,
 };
@@ -89,19 +90,7 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let conns = state.conns.clone();
-    loop {
-        let (stream, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off briefly, keep serving.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.changed() => return,
-        };
+    while let Some((stream, peer)) = next_conn(&listener, &mut shutdown).await {
         let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
         let mut first = true;
         let slot = loop {
@@ -161,6 +150,26 @@ pub async fn serve(
             }
             drop(slot);
         });
+    }
+}
+
+/// The next connection, or `None` once `shutdown` turns true.
+async fn next_conn(
+    listener: &TcpListener,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<(tokio::net::TcpStream, std::net::SocketAddr)> {
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => return Some(x),
+                Err(e) => {
+                    // Out of file descriptors and the like: back off briefly, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = shutdown.changed() => return None,
+        }
     }
 }
 
@@ -265,50 +274,70 @@ fn method_not_allowed(allow: &'static str) -> Problem {
 async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem> {
     let path = req.uri().path().to_string();
     let segs: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
-    if segs.as_slice() == ["healthz"] {
-        if !matches!(*req.method(), Method::GET | Method::HEAD) {
-            return Err(method_not_allowed("GET, HEAD"));
-        }
-        return Ok(if state.engine.is_draining() {
-            json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"status": "draining", "in_flight": state.engine.sends_in_flight()}),
-            )
-        } else if let Some(e) = state.engine.storage_failing() {
-            json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"status": "storage_failing", "reason": format!("storage: {e}")}),
-            )
-        } else if state.engine.is_ready() {
-            json_response(StatusCode::OK, &json!({"status": "ok"}))
-        } else {
-            json_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &json!({"status": "recovering"}),
-            )
-        });
+    match segs.as_slice() {
+        ["healthz"] => healthz(state, &req),
+        ["metrics"] => metrics_page(state, &req).await,
+        _ => match dashboard::asset(&path) {
+            Some(_) if req.method() != Method::GET => Err(method_not_allowed("GET")),
+            Some(page) => Ok(page),
+            None => match segs.split_first() {
+                Some((&"v1", rest)) => v1(state, req, rest, &path).await,
+                _ => Err(Problem::not_found(format!("no route for {path}"))),
+            },
+        },
     }
-    if segs.as_slice() == ["metrics"] {
-        authorize(state, &req)?;
-        if req.method() != Method::GET {
-            return Err(method_not_allowed("GET"));
-        }
-        let mut r = Response::new(Full::new(Bytes::from(metrics::render(state).await?)));
-        r.headers_mut().insert(
-            hyper::header::CONTENT_TYPE,
-            hyper::header::HeaderValue::from_static(metrics::CONTENT_TYPE),
-        );
-        return Ok(r);
+}
+
+/// `GET /healthz`: ready, draining, failing storage or still recovering (no authorization).
+fn healthz(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
+    if !matches!(*req.method(), Method::GET | Method::HEAD) {
+        return Err(method_not_allowed("GET, HEAD"));
     }
-    if let Some(page) = dashboard::asset(&path) {
-        if req.method() != Method::GET {
-            return Err(method_not_allowed("GET"));
-        }
-        return Ok(page);
+    Ok(if state.engine.is_draining() {
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "draining", "in_flight": state.engine.sends_in_flight()}),
+        )
+    } else if let Some(e) = state.engine.storage_failing() {
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "storage_failing", "reason": format!("storage: {e}")}),
+        )
+    } else if state.engine.is_ready() {
+        json_response(StatusCode::OK, &json!({"status": "ok"}))
+    } else {
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "recovering"}),
+        )
+    })
+}
+
+/// `GET /metrics` in the Prometheus text format.
+async fn metrics_page(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
+    authorize(state, req)?;
+    if req.method() != Method::GET {
+        return Err(method_not_allowed("GET"));
     }
-    if segs.first() != Some(&"v1") {
-        return Err(Problem::not_found(format!("no route for {path}")));
-    }
+    let mut r = Response::new(Full::new(Bytes::from(metrics::render(state).await?)));
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(metrics::CONTENT_TYPE),
+    );
+    Ok(r)
+}
+
+/// The `/v1/...` routes (`rest`: the segments after `v1`).
+#[allow(
+    clippy::too_many_lines,
+    reason = "the route table of API.md: one arm per path, each a method match and a call"
+)]
+async fn v1(
+    state: &ApiState,
+    req: Request<Incoming>,
+    rest: &[&str],
+    path: &str,
+) -> Result<Resp, Problem> {
     authorize(state, &req)?;
     ready(state)?;
     // The language of texts for people in task views and previews.
@@ -316,7 +345,7 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
     let m = req.method().clone();
     if state.engine.is_draining()
         && !matches!(m, Method::GET | Method::HEAD)
-        && segs[1..] != ["schedules", "preview"]
+        && rest != ["schedules", "preview"]
     {
         // Nothing new is accepted once herald drains: a write now could arm a send that
         // would only start after the restart anyway, and the client should go to the next
@@ -326,7 +355,7 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
         )
         .kind("draining", "Shutting down"));
     }
-    match segs[1..] {
+    match rest {
         ["tasks"] => match m {
             Method::POST => create_task(state, req, lang).await,
             Method::GET => list_tasks(state, &req, lang).await,
@@ -346,17 +375,7 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
             if m != Method::POST {
                 return Err(method_not_allowed("POST"));
             }
-            let caller = caller_trace(&req);
-            let started = crate::trace::otlp::now_unix_ns();
-            let e = &state.engine;
-            let (v, name) = match action {
-                "cancel" => (e.cancel(&id).await?, "POST /v1/tasks/{id}/cancel"),
-                "pause" => (e.pause(&id).await?, "POST /v1/tasks/{id}/pause"),
-                "resume" => (e.resume(&id).await?, "POST /v1/tasks/{id}/resume"),
-                _ => (e.trigger(&id).await?, "POST /v1/tasks/{id}/trigger"),
-            };
-            request_span(state, caller.as_ref(), &v.task, name, started, 200);
-            Ok(json_response(StatusCode::OK, &task_json(state, &v, lang)))
+            control(state, &req, &id, action, lang).await
         }
         ["tasks", id, "backfill"] => {
             let id = path_id(id)?;
@@ -408,35 +427,62 @@ async fn route(state: &ApiState, req: Request<Incoming>) -> Result<Resp, Problem
             _ => Err(method_not_allowed("POST")),
         },
         ["openapi.json"] => match m {
-            Method::GET => {
-                let mut r = Response::new(Full::new(Bytes::from_static(OPENAPI.as_bytes())));
-                r.headers_mut().insert(
-                    hyper::header::CONTENT_TYPE,
-                    hyper::header::HeaderValue::from_static("application/json"),
-                );
-                Ok(r)
-            }
+            Method::GET => Ok(openapi()),
             _ => Err(method_not_allowed("GET")),
         },
         ["channels"] => match m {
-            Method::GET => {
-                let now = state.engine.now_ms();
-                let list: Vec<Value> = state
-                    .engine
-                    .channels()
-                    .iter()
-                    .map(|c| views::channel(c, now))
-                    .collect();
-                let (raised, failed) = state.engine.alert_counts();
-                Ok(json_response(
-                    StatusCode::OK,
-                    &json!({"channels": list, "alerts": {"raised": raised, "delivery_failed": failed}}),
-                ))
-            }
+            Method::GET => Ok(channels(state)),
             _ => Err(method_not_allowed("GET")),
         },
         _ => Err(Problem::not_found(format!("no route for {path}"))),
     }
+}
+
+/// `POST /v1/tasks/{id}/{cancel,pause,resume,trigger}`, with its request span.
+async fn control(
+    state: &ApiState,
+    req: &Request<Incoming>,
+    id: &str,
+    action: &str,
+    lang: Option<Lang>,
+) -> Result<Resp, Problem> {
+    let caller = caller_trace(req);
+    let started = crate::trace::otlp::now_unix_ns();
+    let e = &state.engine;
+    let (v, name) = match action {
+        "cancel" => (e.cancel(id).await?, "POST /v1/tasks/{id}/cancel"),
+        "pause" => (e.pause(id).await?, "POST /v1/tasks/{id}/pause"),
+        "resume" => (e.resume(id).await?, "POST /v1/tasks/{id}/resume"),
+        _ => (e.trigger(id).await?, "POST /v1/tasks/{id}/trigger"),
+    };
+    request_span(state, caller.as_ref(), &v.task, name, started, 200);
+    Ok(json_response(StatusCode::OK, &task_json(state, &v, lang)))
+}
+
+/// `GET /v1/openapi.json`: the contract this build serves.
+fn openapi() -> Resp {
+    let mut r = Response::new(Full::new(Bytes::from_static(OPENAPI.as_bytes())));
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// `GET /v1/channels`: every channel's state and the alert counts.
+fn channels(state: &ApiState) -> Resp {
+    let now = state.engine.now_ms();
+    let list: Vec<Value> = state
+        .engine
+        .channels()
+        .iter()
+        .map(|c| views::channel(c, now))
+        .collect();
+    let (raised, failed) = state.engine.alert_counts();
+    json_response(
+        StatusCode::OK,
+        &json!({"channels": list, "alerts": {"raised": raised, "delivery_failed": failed}}),
+    )
 }
 
 /// 503 until recovery is done.

@@ -118,7 +118,7 @@ impl Problem {
             "detail": self.detail,
         });
         if let Some(f) = &self.field {
-            doc["field"] = json!(f);
+            super::views::put(&mut doc, "field", json!(f));
         }
         doc
     }

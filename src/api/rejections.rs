@@ -36,10 +36,10 @@ impl<T> ProblemIo<T> {
 
 /// The problem document answer for hyper's answer `head`, if that is what `head` is.
 fn replacement(head: &[u8]) -> Option<Vec<u8>> {
-    if !head.starts_with(b"HTTP/1.") || head.len() < 12 || !head.ends_with(b"\r\n\r\n") {
+    if !head.starts_with(b"HTTP/1.") || !head.ends_with(b"\r\n\r\n") {
         return None;
     }
-    let (status, kind, title, detail) = match &head[9..12] {
+    let (status, kind, title, detail) = match head.get(9..12)? {
         b"400" => (
             StatusCode::BAD_REQUEST,
             "bad-request",
@@ -120,7 +120,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ProblemIo<T> {
             return Poll::Ready(Ok(0));
         };
         while *written < bytes.len() {
-            match ready!(Pin::new(&mut this.inner).poll_write(cx, &bytes[*written..])) {
+            let rest = bytes.get(*written..).unwrap_or_default();
+            match ready!(Pin::new(&mut this.inner).poll_write(cx, rest)) {
                 Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
                 Ok(n) => *written += n,
                 Err(e) => return Poll::Ready(Err(e)),

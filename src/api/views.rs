@@ -30,13 +30,21 @@ fn dst(d: &DstPolicy) -> Value {
     })
 }
 
+/// Sets `key` of a JSON object (the views build objects with `json!({..})`; anything else
+/// is left as it is).
+pub(crate) fn put(v: &mut Value, key: &str, x: Value) {
+    if let Some(o) = v.as_object_mut() {
+        o.insert(key.to_string(), x);
+    }
+}
+
 /// The schedule as created (optional parts only when given), plus the DST policy in force.
 pub fn schedule(s: &Schedule) -> Value {
     match s {
         Schedule::At { at, tz, dst: d, .. } => {
             let mut v = json!({ "at": at, "dst": dst(d) });
             if let Some(tz) = tz {
-                v["tz"] = json!(tz);
+                put(&mut v, "tz", json!(tz));
             }
             v
         }
@@ -53,13 +61,13 @@ pub fn schedule(s: &Schedule) -> Value {
             let mut v =
                 json!({ "cron": cron, "tz": tz.as_deref().unwrap_or("UTC"), "dst": dst(d) });
             if let Some(x) = start {
-                v["start"] = json!(x);
+                put(&mut v, "start", json!(x));
             }
             if let Some(x) = end {
-                v["end"] = json!(x);
+                put(&mut v, "end", json!(x));
             }
             if let Some(x) = max_runs {
-                v["max_runs"] = json!(x);
+                put(&mut v, "max_runs", json!(x));
             }
             v
         }
@@ -72,7 +80,7 @@ pub fn schedule(s: &Schedule) -> Value {
         } => {
             let mut r = json!({ "event_at": event_at, "before": before });
             if let Some(tz) = tz {
-                r["tz"] = json!(tz);
+                put(&mut r, "tz", json!(tz));
             }
             json!({ "reminders": r, "dst": dst(d) })
         }
@@ -321,7 +329,32 @@ pub fn channel(c: &Channel, now_ms: u64) -> Value {
         })
     });
     let s = &c.stats;
-    let (preset, success, token, sign, templates) = match &c.sink {
+    let (preset, success, token, sign, templates) = delivery_rules(c, now_ms);
+    json!({
+        "name": c.name,
+        "kind": c.kind(),
+        "preset": preset,
+        "success": success,
+        "token": token,
+        "sign": sign,
+        "templates": templates,
+        "held_local": s.held_local.load(Ordering::Relaxed),
+        "concurrency": c.concurrency_max,
+        "in_flight": c.in_flight(),
+        "rate": rate,
+        "breaker": breaker,
+        "retry": retry_doc(&c.retry),
+        "sent": s.sent.load(Ordering::Relaxed),
+        "retryable_failures": s.retryable_failures.load(Ordering::Relaxed),
+        "permanent_failures": s.permanent_failures.load(Ordering::Relaxed),
+        "held": s.held.load(Ordering::Relaxed),
+    })
+}
+
+/// A channel's preset, success rule, token, signing and templated fields (a webhook's; null
+/// for other sinks).
+fn delivery_rules(c: &Channel, now_ms: u64) -> (Value, Value, Value, Value, Value) {
+    match &c.sink {
         Sink::Webhook(w) => match w.platform() {
             Some(p) => (
                 json!(p.spec.preset),
@@ -352,26 +385,7 @@ pub fn channel(c: &Channel, now_ms: u64) -> Value {
             Value::Null,
             Value::Null,
         ),
-    };
-    json!({
-        "name": c.name,
-        "kind": c.kind(),
-        "preset": preset,
-        "success": success,
-        "token": token,
-        "sign": sign,
-        "templates": templates,
-        "held_local": s.held_local.load(Ordering::Relaxed),
-        "concurrency": c.concurrency_max,
-        "in_flight": c.in_flight(),
-        "rate": rate,
-        "breaker": breaker,
-        "retry": retry_doc(&c.retry),
-        "sent": s.sent.load(Ordering::Relaxed),
-        "retryable_failures": s.retryable_failures.load(Ordering::Relaxed),
-        "permanent_failures": s.permanent_failures.load(Ordering::Relaxed),
-        "held": s.held.load(Ordering::Relaxed),
-    })
+    }
 }
 
 /// A channel's success rule (platform channels: API.md "Platform channels").
@@ -413,15 +427,20 @@ pub fn parse_state(s: &str) -> Option<TaskState> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Context, Limits, TaskRequest};
+    use crate::model::Limits;
+    use crate::request::{Context, TaskRequest};
 
     const NOW: u64 = 1_796_083_200_000;
 
     fn pacing(p: &Pacing) -> Value {
         let mut v = json!({ "interval": format_duration_ms(p.interval_ms) });
         if let Some(b) = p.batch_size {
-            v["batch_size"] = json!(b);
-            v["batch_pause"] = json!(format_duration_ms(p.batch_pause_ms));
+            put(&mut v, "batch_size", json!(b));
+            put(
+                &mut v,
+                "batch_pause",
+                json!(format_duration_ms(p.batch_pause_ms)),
+            );
         }
         v
     }

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::{unhex32, BackupError, Line, FORMAT, VERSION};
 use crate::model::timeline::TimelineEvent;
-use crate::model::Message;
+use crate::model::{Message, Task};
 use crate::store::{Batch, IdemRecord, Op, Store};
 
 /// Writes per batch (the messages of one task count as one op but are bounded by the task
@@ -53,13 +53,8 @@ struct Current {
 
 /// Reads an export from `r` into `store` (which should be empty; see [`check_empty`]).
 pub async fn import(store: &Store, r: impl BufRead) -> Result<Imported, BackupError> {
-    let mut batch = Batch::new();
-    let mut ops = 0usize;
-    let mut current: Option<Current> = None;
-    let mut last_id: Option<String> = None;
-    let mut tasks = 0u64;
+    let mut st = Reading::default();
     let mut n = 0u64;
-    let mut ended = false;
     for text in r.lines() {
         let text = text?;
         n += 1;
@@ -67,74 +62,94 @@ pub async fn import(store: &Store, r: impl BufRead) -> Result<Imported, BackupEr
         if text.trim().is_empty() {
             continue;
         }
-        if ended {
+        if st.ended {
             return Err(err("text after the end line".into()));
         }
         let line: Line =
             serde_json::from_str(&text).map_err(|e| err(format!("not an export line: {e}")))?;
         if n == 1 {
-            match &line {
-                Line::Header { format, version, .. } if format == FORMAT && *version == VERSION => continue,
-                Line::Header { format, version, .. } => {
-                    return Err(err(format!(
-                        "format {format:?} version {version}; this build reads {FORMAT:?} version {VERSION}"
-                    )))
-                }
-                _ => return Err(err("the first line must be the header".into())),
-            }
+            header(&line).map_err(err)?;
+            continue;
         }
+        st.line(line, n).map_err(err)?;
+        if st.ops >= BATCH_OPS {
+            store.write(&st.batch).await?;
+            st.batch = Batch::new();
+            st.ops = 0;
+        }
+    }
+    if !st.ended {
+        return Err(BackupError::Format {
+            line: n,
+            detail: "the file ends without its end line: it was cut short".into(),
+        });
+    }
+    store.write(&st.batch).await?;
+    Ok(Imported {
+        tasks: st.tasks,
+        lines: n,
+    })
+}
+
+/// The first line: the header of a format and version this build reads.
+fn header(line: &Line) -> Result<(), String> {
+    match line {
+        Line::Header {
+            format, version, ..
+        } if format == FORMAT && *version == VERSION => Ok(()),
+        Line::Header {
+            format, version, ..
+        } => Err(format!(
+            "format {format:?} version {version}; this build reads {FORMAT:?} version {VERSION}"
+        )),
+        _ => Err("the first line must be the header".into()),
+    }
+}
+
+/// An import under way: the batch being filled and what the order checks need.
+struct Reading {
+    batch: Batch,
+    /// Writes in `batch` (it is written at [`BATCH_OPS`]).
+    ops: usize,
+    current: Option<Current>,
+    last_id: Option<String>,
+    tasks: u64,
+    ended: bool,
+}
+
+impl Default for Reading {
+    fn default() -> Self {
+        Reading {
+            batch: Batch::new(),
+            ops: 0,
+            current: None,
+            last_id: None,
+            tasks: 0,
+            ended: false,
+        }
+    }
+}
+
+impl Reading {
+    /// One line after the header (`n`: its number, which the end line counts).
+    fn line(&mut self, line: Line, n: u64) -> Result<(), String> {
         match line {
-            Line::Header { .. } => return Err(err("a second header".into())),
-            Line::Task { task } => {
-                finish(&mut current, &mut batch, &mut ops).map_err(err)?;
-                crate::model::check_id(&task.id).map_err(|e| err(format!("task.id: {e}")))?;
-                if last_id.as_deref().is_some_and(|l| l >= task.id.as_str()) {
-                    return Err(err(format!(
-                        "task {:?} is out of id order (or repeated)",
-                        task.id
-                    )));
-                }
-                last_id = Some(task.id.clone());
-                tasks += 1;
-                current = Some(Current {
-                    id: task.id.clone(),
-                    message_count: task.message_count,
-                    messages: Vec::new(),
-                    last_seq: None,
-                });
-                batch.task(&task);
-                ops += 1;
-            }
+            Line::Header { .. } => Err("a second header".into()),
+            Line::Task { task } => self.task(task),
             Line::Message {
                 task_id,
                 seq,
                 message,
-            } => {
-                let c = current
-                    .as_mut()
-                    .filter(|c| c.id == task_id)
-                    .ok_or_else(|| {
-                        err(format!(
-                            "message of task {task_id:?} is not right after that task"
-                        ))
-                    })?;
-                if seq as usize != c.messages.len() || seq >= c.message_count {
-                    return Err(err(format!(
-                        "message {seq} of task {task_id:?}: expected message {} of {}",
-                        c.messages.len(),
-                        c.message_count
-                    )));
-                }
-                c.messages.push(message);
-            }
+            } => self.message(task_id, seq, message),
             Line::Run { task_id, run } => {
-                if current.as_ref().is_none_or(|c| c.id != task_id) {
-                    return Err(err(format!(
+                if self.current.as_ref().is_none_or(|c| c.id != task_id) {
+                    return Err(format!(
                         "run of task {task_id:?} is not right after that task"
-                    )));
+                    ));
                 }
-                batch.run(&task_id, &run);
-                ops += 1;
+                self.batch.run(&task_id, &run);
+                self.ops += 1;
+                Ok(())
             }
             Line::Timeline {
                 task_id,
@@ -146,20 +161,6 @@ pub async fn import(store: &Store, r: impl BufRead) -> Result<Imported, BackupEr
                 attempt,
                 detail,
             } => {
-                let c = current
-                    .as_mut()
-                    .filter(|c| c.id == task_id)
-                    .ok_or_else(|| {
-                        err(format!(
-                            "timeline event of task {task_id:?} is not right after that task"
-                        ))
-                    })?;
-                if c.last_seq.is_some_and(|l| l >= seq) || seq == 0 {
-                    return Err(err(format!(
-                        "timeline event {seq} of task {task_id:?} is out of order (or repeated)"
-                    )));
-                }
-                c.last_seq = Some(seq);
                 let e = TimelineEvent {
                     seq,
                     at_ms,
@@ -169,61 +170,125 @@ pub async fn import(store: &Store, r: impl BufRead) -> Result<Imported, BackupEr
                     attempt,
                     detail,
                 };
-                match batch.ops.last_mut() {
-                    Some(Op::PutTimeline { task_id: t, events }) if *t == task_id => events.push(e),
-                    _ => batch.ops.push(Op::PutTimeline {
-                        task_id,
-                        events: vec![e],
-                    }),
-                }
-                ops += 1;
+                self.timeline(task_id, e)
             }
             Line::Failure { failure } => {
-                finish(&mut current, &mut batch, &mut ops).map_err(err)?;
-                batch.failure(failure);
-                ops += 1;
+                self.finish()?;
+                self.batch.failure(failure);
+                self.ops += 1;
+                Ok(())
             }
             Line::Idempotency {
                 key,
                 task_id,
                 body_sha256,
             } => {
-                finish(&mut current, &mut batch, &mut ops).map_err(err)?;
+                self.finish()?;
                 let hash = unhex32(&body_sha256)
-                    .ok_or_else(|| err("body_sha256: expected 64 hex digits".into()))?;
-                batch.ops.push(Op::PutIdem(
+                    .ok_or_else(|| "body_sha256: expected 64 hex digits".to_string())?;
+                self.batch.ops.push(Op::PutIdem(
                     key,
                     IdemRecord {
                         task_id,
                         body_sha256: hash,
                     },
                 ));
-                ops += 1;
+                self.ops += 1;
+                Ok(())
             }
-            Line::End { tasks: t, lines } => {
-                finish(&mut current, &mut batch, &mut ops).map_err(err)?;
-                if t != tasks || lines != n {
-                    return Err(err(format!(
-                        "the end line counts {t} tasks in {lines} lines, the file has {tasks} in {n}"
-                    )));
-                }
-                ended = true;
-            }
-        }
-        if ops >= BATCH_OPS {
-            store.write(&batch).await?;
-            batch = Batch::new();
-            ops = 0;
+            Line::End { tasks, lines } => self.end(tasks, lines, n),
         }
     }
-    if !ended {
-        return Err(BackupError::Format {
-            line: n,
-            detail: "the file ends without its end line: it was cut short".into(),
+
+    /// The end line: its counts must be the file's.
+    fn end(&mut self, tasks: u64, lines: u64, n: u64) -> Result<(), String> {
+        self.finish()?;
+        if tasks != self.tasks || lines != n {
+            return Err(format!(
+                "the end line counts {tasks} tasks in {lines} lines, the file has {} in {n}",
+                self.tasks
+            ));
+        }
+        self.ended = true;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), String> {
+        finish(&mut self.current, &mut self.batch, &mut self.ops)
+    }
+
+    /// A task: in id order, after the previous task's messages.
+    fn task(&mut self, task: Box<Task>) -> Result<(), String> {
+        self.finish()?;
+        crate::model::check_id(&task.id).map_err(|e| format!("task.id: {e}"))?;
+        if self
+            .last_id
+            .as_deref()
+            .is_some_and(|l| l >= task.id.as_str())
+        {
+            return Err(format!(
+                "task {:?} is out of id order (or repeated)",
+                task.id
+            ));
+        }
+        self.last_id = Some(task.id.clone());
+        self.tasks += 1;
+        self.current = Some(Current {
+            id: task.id.clone(),
+            message_count: task.message_count,
+            messages: Vec::new(),
+            last_seq: None,
         });
+        self.batch.task(&task);
+        self.ops += 1;
+        Ok(())
     }
-    store.write(&batch).await?;
-    Ok(Imported { tasks, lines: n })
+
+    /// A message of the current task, in order.
+    fn message(&mut self, task_id: String, seq: u32, message: Message) -> Result<(), String> {
+        let c = self
+            .current
+            .as_mut()
+            .filter(|c| c.id == task_id)
+            .ok_or_else(|| format!("message of task {task_id:?} is not right after that task"))?;
+        if seq as usize != c.messages.len() || seq >= c.message_count {
+            return Err(format!(
+                "message {seq} of task {task_id:?}: expected message {} of {}",
+                c.messages.len(),
+                c.message_count
+            ));
+        }
+        c.messages.push(message);
+        Ok(())
+    }
+
+    /// A timeline event of the current task, in seq order; consecutive events of one task
+    /// are written in one op.
+    fn timeline(&mut self, task_id: String, e: TimelineEvent) -> Result<(), String> {
+        let c = self
+            .current
+            .as_mut()
+            .filter(|c| c.id == task_id)
+            .ok_or_else(|| {
+                format!("timeline event of task {task_id:?} is not right after that task")
+            })?;
+        let seq = e.seq;
+        if c.last_seq.is_some_and(|l| l >= seq) || seq == 0 {
+            return Err(format!(
+                "timeline event {seq} of task {task_id:?} is out of order (or repeated)"
+            ));
+        }
+        c.last_seq = Some(seq);
+        match self.batch.ops.last_mut() {
+            Some(Op::PutTimeline { task_id: t, events }) if *t == task_id => events.push(e),
+            _ => self.batch.ops.push(Op::PutTimeline {
+                task_id,
+                events: vec![e],
+            }),
+        }
+        self.ops += 1;
+        Ok(())
+    }
 }
 
 /// Ends the current task: all its messages must have come.

@@ -171,6 +171,21 @@ impl Client {
         if resp.status().is_success() {
             return Ok(resp);
         }
+        Err(self.refusal(method, path, resp).await)
+    }
+
+    /// The error for an answer that is not a success: the problem's `detail` (or the body's
+    /// first line, or the status's reason) and a hint about the token.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "reads herald's JSON answer with serde_json::Value's Index, which gives Null for a missing key and never panics"
+    )]
+    async fn refusal(
+        &self,
+        method: Method,
+        path: &str,
+        resp: hyper::Response<Incoming>,
+    ) -> CliError {
         let status = resp.status();
         let bytes = read_all(resp.into_body()).await.unwrap_or_default();
         let detail = serde_json::from_slice::<Value>(&bytes)
@@ -191,13 +206,13 @@ impl Client {
             StatusCode::UNAUTHORIZED => " (check HERALD_TOKEN)",
             _ => "",
         };
-        Err(CliError::Api {
+        CliError::Api {
             method: method.to_string(),
             path: path.to_string(),
             status: status.as_u16(),
             detail,
             hint,
-        })
+        }
     }
 
     /// A request whose answer is JSON.

@@ -10,8 +10,8 @@ use serde_json::json;
 use super::client::CliError;
 use super::print_json;
 use super::table::{self, Table};
-use crate::model::request::{DstRequest, ScheduleRequest};
 use crate::model::Limits;
+use crate::request::{DstRequest, ScheduleRequest};
 use crate::schedule::parse_instant;
 use crate::schedule::preview::{preview, PreviewRequest};
 
@@ -48,6 +48,20 @@ pub struct NextArgs {
     pub lang: Option<String>,
 }
 
+/// A preview's error naming the flag the user typed rather than the API's field path.
+fn flag_error(e: crate::request::FieldError) -> CliError {
+    let flag = match e.field.as_str() {
+        "schedule.cron" => "CRON",
+        "schedule.at" => "--at",
+        "schedule.tz" => "--tz",
+        "schedule.dst.gap" => "--gap",
+        "schedule.dst.repeat" => "--repeat",
+        "n" => "-n",
+        f => f,
+    };
+    CliError::Local(format!("{flag}: {}", e.detail))
+}
+
 pub fn run(a: NextArgs) -> Result<(), CliError> {
     let lang = super::lang::from_env(a.lang.as_deref())?.unwrap_or_default();
     let now_ms = match &a.from {
@@ -73,19 +87,7 @@ pub fn run(a: NextArgs) -> Result<(), CliError> {
         dst: None,
         n: Some(a.n),
     };
-    let p = preview(req, now_ms, &Limits::default()).map_err(|e| {
-        // Name the flag the user typed rather than the API's field path.
-        let flag = match e.field.as_str() {
-            "schedule.cron" => "CRON".to_string(),
-            "schedule.at" => "--at".into(),
-            "schedule.tz" => "--tz".into(),
-            "schedule.dst.gap" => "--gap".into(),
-            "schedule.dst.repeat" => "--repeat".into(),
-            "n" => "-n".into(),
-            f => f.to_string(),
-        };
-        CliError::Local(format!("{flag}: {}", e.detail))
-    })?;
+    let p = preview(req, now_ms, &Limits::default()).map_err(flag_error)?;
     if a.json {
         let fires: Vec<_> = p
             .fires

@@ -28,19 +28,17 @@ impl Table {
         let n = self.header.len();
         let mut width = vec![0usize; n];
         for r in std::iter::once(&self.header).chain(&self.rows) {
-            for (i, c) in r.iter().enumerate().take(n) {
-                width[i] = width[i].max(columns(c));
+            for (w, c) in width.iter_mut().zip(r) {
+                *w = (*w).max(columns(c));
             }
         }
         let mut out = String::new();
         for r in std::iter::once(&self.header).chain(&self.rows) {
             let mut line = String::new();
-            for (i, c) in r.iter().enumerate().take(n) {
-                if i + 1 == n {
-                    line.push_str(c);
-                } else {
-                    line.push_str(c);
-                    let pad = width[i] - columns(c) + 2;
+            for (i, (c, w)) in r.iter().zip(&width).enumerate() {
+                line.push_str(c);
+                if i + 1 != n {
+                    let pad = w.saturating_sub(columns(c)) + 2;
                     line.extend(std::iter::repeat_n(' ', pad));
                 }
             }

@@ -18,173 +18,244 @@ pub async fn run(c: &Client, json: bool, cmd: TasksCmd) -> Result<(), CliError> 
             channel,
             limit,
             after,
-        } => {
-            let mut q = vec![format!("limit={limit}")];
-            if let Some(s) = state {
-                q.push(format!("state={}", enc(&s)));
-            }
-            if let Some(ch) = channel {
-                q.push(format!("channel={}", enc(&ch)));
-            }
-            if let Some(a) = after {
-                q.push(format!("after={}", enc(&a)));
-            }
-            let v = c.get(&format!("/v1/tasks?{}", q.join("&"))).await?;
-            if json {
-                print_json(&v);
-            } else {
-                print_list(&v);
-            }
-            Ok(())
-        }
-        TasksCmd::Show { id } => {
-            let v = c.get(&format!("/v1/tasks/{}", enc(&id))).await?;
-            if json {
-                print_json(&v);
-            } else {
-                out!("{}", show(&v));
-            }
-            Ok(())
-        }
+        } => list(c, json, state, channel, limit, after).await,
+        TasksCmd::Show { id } => show_one(c, json, id).await,
         TasksCmd::Watch { id } => super::watch::watch(c, json, &id).await,
         TasksCmd::Create {
             file,
             idempotency_key,
-        } => {
-            let body = read_input(&file)?;
-            // Refuse what is not JSON here, with the file's name; herald checks the rest.
-            serde_json::from_slice::<Value>(&body)
-                .map_err(|e| CliError::Local(format!("{file}: not JSON: {e}")))?;
-            let headers: Vec<(&str, &str)> = idempotency_key
-                .as_deref()
-                .map(|k| vec![("idempotency-key", k)])
-                .unwrap_or_default();
-            let v = c
-                .json(Method::POST, "/v1/tasks", Some(body), &headers)
-                .await?;
-            if json {
-                print_json(&v);
-            } else {
-                outln!(
-                    "created {} ({}): {}; next fire {}",
-                    table::cell(&v["id"]),
-                    table::cell(&v["state"]),
-                    table::cell(&v["description"]),
-                    table::when(&v["next_fire_at"], Utc::now())
-                );
-            }
-            Ok(())
-        }
-        TasksCmd::Reschedule { id, at, tz } => {
-            let mut schedule = serde_json::json!({ "at": at });
-            if let Some(tz) = tz {
-                schedule["tz"] = Value::String(tz);
-            }
-            let body = serde_json::to_vec(&serde_json::json!({ "schedule": schedule }))
-                .map_err(|e| CliError::Local(format!("encoding the request: {e}")))?;
-            let v = c
-                .json(
-                    Method::PATCH,
-                    &format!("/v1/tasks/{}", enc(&id)),
-                    Some(body),
-                    &[],
-                )
-                .await?;
-            if json {
-                print_json(&v);
-            } else {
-                outln!(
-                    "rescheduled {}: state {}, next fire {}",
-                    table::cell(&v["id"]),
-                    table::cell(&v["state"]),
-                    table::when(&v["next_fire_at"], Utc::now())
-                );
-            }
-            Ok(())
-        }
-        TasksCmd::Backfill { id, from, to } => {
-            let body = serde_json::to_vec(&serde_json::json!({ "from": from, "to": to }))
-                .map_err(|e| CliError::Local(format!("encoding the request: {e}")))?;
-            let v = c
-                .json(
-                    Method::POST,
-                    &format!("/v1/tasks/{}/backfill", enc(&id)),
-                    Some(body),
-                    &[],
-                )
-                .await?;
-            if json {
-                print_json(&v);
-            } else {
-                let runs: Vec<String> = v["runs"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(table::cell)
-                    .collect();
-                if runs.is_empty() {
-                    outln!("nothing to backfill: every slot of the range has a completed run");
-                } else {
-                    outln!("backfilling {id}: runs {}", runs.join(", "));
-                }
-            }
-            Ok(())
-        }
+        } => create(c, json, file, idempotency_key).await,
+        TasksCmd::Reschedule { id, at, tz } => reschedule(c, json, id, at, tz).await,
+        TasksCmd::Backfill { id, from, to } => backfill(c, json, id, from, to).await,
         TasksCmd::Cancel { id } => action(c, json, &id, "cancel").await,
         TasksCmd::Pause { id } => action(c, json, &id, "pause").await,
         TasksCmd::Resume { id } => action(c, json, &id, "resume").await,
         TasksCmd::Trigger { id } => action(c, json, &id, "trigger").await,
-        TasksCmd::Runs { id, limit, after } => {
-            let mut path = format!("/v1/tasks/{}/runs?limit={limit}", enc(&id));
-            if let Some(a) = after {
-                path.push_str(&format!("&after={a}"));
-            }
-            let v = c.get(&path).await?;
-            if json {
-                print_json(&v);
-            } else {
-                // A run's record says `running` while its task is paused (the run is not over:
-                // resume continues it at its cursor); show the run as it is.
-                let has_running = v["runs"]
-                    .as_array()
-                    .is_some_and(|rs| rs.iter().any(|r| r["state"] == "running"));
-                let paused = has_running
-                    && c.get(&format!("/v1/tasks/{}", enc(&id))).await?["state"] == "paused";
-                print_runs(&v, paused);
-                if let Some(next) = v["next"].as_str() {
-                    outln!("more: herald tasks runs {id} --after {next}");
-                }
-            }
-            Ok(())
-        }
+        TasksCmd::Runs { id, limit, after } => runs(c, json, id, limit, after).await,
         TasksCmd::Timeline {
             id,
             run,
             limit,
             after,
         } => super::timeline::run(c, json, &id, run, limit, after).await,
-        TasksCmd::Delete { id } => {
-            // The API's DELETE: an unfinished task is cancelled (and stays readable), a
-            // finished one is deleted. The state is read first only to say which happened.
-            let path = format!("/v1/tasks/{}", enc(&id));
-            let before = c.get(&path).await?["state"]
-                .as_str()
-                .unwrap_or("")
-                .to_string();
-            let v = c.delete(&path).await?;
-            if json {
-                print_json(&v);
-            } else if finished(&before) {
-                outln!("deleted {} (it was {before})", table::cell(&v["id"]));
-            } else {
-                outln!(
-                    "cancelled {} (it was {before}; it stays readable; delete it again to remove it)",
-                    table::cell(&v["id"])
-                );
-            }
-            Ok(())
+        TasksCmd::Delete { id } => delete(c, json, id).await,
+    }
+}
+
+/// `herald tasks list`.
+async fn list(
+    c: &Client,
+    json: bool,
+    state: Option<String>,
+    channel: Option<String>,
+    limit: u32,
+    after: Option<String>,
+) -> Result<(), CliError> {
+    let mut q = vec![format!("limit={limit}")];
+    if let Some(s) = state {
+        q.push(format!("state={}", enc(&s)));
+    }
+    if let Some(ch) = channel {
+        q.push(format!("channel={}", enc(&ch)));
+    }
+    if let Some(a) = after {
+        q.push(format!("after={}", enc(&a)));
+    }
+    let v = c.get(&format!("/v1/tasks?{}", q.join("&"))).await?;
+    if json {
+        print_json(&v);
+    } else {
+        print_list(&v);
+    }
+    Ok(())
+}
+
+/// `herald tasks show`.
+async fn show_one(c: &Client, json: bool, id: String) -> Result<(), CliError> {
+    let v = c.get(&format!("/v1/tasks/{}", enc(&id))).await?;
+    if json {
+        print_json(&v);
+    } else {
+        out!("{}", show(&v));
+    }
+    Ok(())
+}
+
+/// `herald tasks create`.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "reads herald's JSON answer with serde_json::Value's Index, which gives Null for a missing key and never panics"
+)]
+async fn create(
+    c: &Client,
+    json: bool,
+    file: String,
+    idempotency_key: Option<String>,
+) -> Result<(), CliError> {
+    let body = read_input(&file)?;
+    // Refuse what is not JSON here, with the file's name; herald checks the rest.
+    serde_json::from_slice::<Value>(&body)
+        .map_err(|e| CliError::Local(format!("{file}: not JSON: {e}")))?;
+    let headers: Vec<(&str, &str)> = idempotency_key
+        .as_deref()
+        .map(|k| vec![("idempotency-key", k)])
+        .unwrap_or_default();
+    let v = c
+        .json(Method::POST, "/v1/tasks", Some(body), &headers)
+        .await?;
+    if json {
+        print_json(&v);
+    } else {
+        outln!(
+            "created {} ({}): {}; next fire {}",
+            table::cell(&v["id"]),
+            table::cell(&v["state"]),
+            table::cell(&v["description"]),
+            table::when(&v["next_fire_at"], Utc::now())
+        );
+    }
+    Ok(())
+}
+
+/// `herald tasks reschedule`.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "reads herald's JSON answer with serde_json::Value's Index, which gives Null for a missing key and never panics"
+)]
+async fn reschedule(
+    c: &Client,
+    json: bool,
+    id: String,
+    at: String,
+    tz: Option<String>,
+) -> Result<(), CliError> {
+    let schedule = match tz {
+        Some(tz) => serde_json::json!({ "at": at, "tz": tz }),
+        None => serde_json::json!({ "at": at }),
+    };
+    let body = serde_json::to_vec(&serde_json::json!({ "schedule": schedule }))
+        .map_err(|e| CliError::Local(format!("encoding the request: {e}")))?;
+    let v = c
+        .json(
+            Method::PATCH,
+            &format!("/v1/tasks/{}", enc(&id)),
+            Some(body),
+            &[],
+        )
+        .await?;
+    if json {
+        print_json(&v);
+    } else {
+        outln!(
+            "rescheduled {}: state {}, next fire {}",
+            table::cell(&v["id"]),
+            table::cell(&v["state"]),
+            table::when(&v["next_fire_at"], Utc::now())
+        );
+    }
+    Ok(())
+}
+
+/// `herald tasks backfill`.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "reads herald's JSON answer with serde_json::Value's Index, which gives Null for a missing key and never panics"
+)]
+async fn backfill(
+    c: &Client,
+    json: bool,
+    id: String,
+    from: String,
+    to: String,
+) -> Result<(), CliError> {
+    let body = serde_json::to_vec(&serde_json::json!({ "from": from, "to": to }))
+        .map_err(|e| CliError::Local(format!("encoding the request: {e}")))?;
+    let v = c
+        .json(
+            Method::POST,
+            &format!("/v1/tasks/{}/backfill", enc(&id)),
+            Some(body),
+            &[],
+        )
+        .await?;
+    if json {
+        print_json(&v);
+    } else {
+        let runs: Vec<String> = v["runs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(table::cell)
+            .collect();
+        if runs.is_empty() {
+            outln!("nothing to backfill: every slot of the range has a completed run");
+        } else {
+            outln!("backfilling {id}: runs {}", runs.join(", "));
         }
     }
+    Ok(())
+}
+
+/// `herald tasks runs`.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "reads herald's JSON answer with serde_json::Value's Index, which gives Null for a missing key and never panics"
+)]
+async fn runs(
+    c: &Client,
+    json: bool,
+    id: String,
+    limit: u32,
+    after: Option<u32>,
+) -> Result<(), CliError> {
+    let mut path = format!("/v1/tasks/{}/runs?limit={limit}", enc(&id));
+    if let Some(a) = after {
+        path.push_str(&format!("&after={a}"));
+    }
+    let v = c.get(&path).await?;
+    if json {
+        print_json(&v);
+    } else {
+        // A run's record says `running` while its task is paused (the run is not over:
+        // resume continues it at its cursor); show the run as it is.
+        let has_running = v["runs"]
+            .as_array()
+            .is_some_and(|rs| rs.iter().any(|r| r["state"] == "running"));
+        let paused =
+            has_running && c.get(&format!("/v1/tasks/{}", enc(&id))).await?["state"] == "paused";
+        print_runs(&v, paused);
+        if let Some(next) = v["next"].as_str() {
+            outln!("more: herald tasks runs {id} --after {next}");
+        }
+    }
+    Ok(())
+}
+
+/// `herald tasks delete`.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "reads herald's JSON answer with serde_json::Value's Index, which gives Null for a missing key and never panics"
+)]
+async fn delete(c: &Client, json: bool, id: String) -> Result<(), CliError> {
+    // The API's DELETE: an unfinished task is cancelled (and stays readable), a
+    // finished one is deleted. The state is read first only to say which happened.
+    let path = format!("/v1/tasks/{}", enc(&id));
+    let before = c.get(&path).await?["state"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    let v = c.delete(&path).await?;
+    if json {
+        print_json(&v);
+    } else if finished(&before) {
+        outln!("deleted {} (it was {before})", table::cell(&v["id"]));
+    } else {
+        outln!(
+            "cancelled {} (it was {before}; it stays readable; delete it again to remove it)",
+            table::cell(&v["id"])
+        );
+    }
+    Ok(())
 }
 
 /// A state no run follows (the API's DELETE deletes such a task instead of cancelling it).
@@ -213,6 +284,10 @@ fn read_input(file: &str) -> Result<Vec<u8>, CliError> {
     Ok(buf)
 }
 
+#[allow(
+    clippy::indexing_slicing,
+    reason = "reads herald's JSON answer with serde_json::Value's Index, which gives Null for a missing key and never panics"
+)]
 async fn action(c: &Client, json: bool, id: &str, what: &str) -> Result<(), CliError> {
     let v = c.post(&format!("/v1/tasks/{}/{what}", enc(id))).await?;
     if json {
@@ -257,6 +332,10 @@ fn print_list(v: &Value) {
 }
 
 /// The detail view of one task.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "reads herald's JSON answer with serde_json::Value's Index, which gives Null for a missing key and never panics"
+)]
 pub fn show(v: &Value) -> String {
     let now = Utc::now();
     let mut out = String::new();

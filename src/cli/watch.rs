@@ -146,6 +146,28 @@ impl Bars {
     }
 }
 
+/// A snapshot's progress for its bar: `running`, or `stopped` when the task's run is not.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "reads herald's JSON answer with serde_json::Value's Index, which gives Null for a missing key and never panics"
+)]
+fn snapshot_progress(t: &Value, state: &str) -> Value {
+    let mut p = t["progress"].clone();
+    if let Some(o) = p.as_object_mut() {
+        let shown = if state == "running" {
+            "running"
+        } else {
+            "stopped"
+        };
+        o.insert("state".into(), json!(shown));
+    }
+    p
+}
+
+#[allow(
+    clippy::indexing_slicing,
+    reason = "reads herald's JSON answer with serde_json::Value's Index, which gives Null for a missing key and never panics"
+)]
 pub async fn watch(c: &Client, json: bool, id: &str) -> Result<(), CliError> {
     let body = c.stream(&format!("/v1/events?task={}", enc(id))).await?;
     let mut sse = Sse {
@@ -179,13 +201,7 @@ pub async fn watch(c: &Client, json: bool, id: &str) -> Result<(), CliError> {
                     return Ok(());
                 }
                 if !t["progress"].is_null() && (state == "running" || !bars.bars.is_empty()) {
-                    let mut p = t["progress"].clone();
-                    p["state"] = json!(if state == "running" {
-                        "running"
-                    } else {
-                        "stopped"
-                    });
-                    bars.update(id, &p);
+                    bars.update(id, &snapshot_progress(&t, &state));
                 }
                 if name == "ready" && state != "running" && !json {
                     outln!(

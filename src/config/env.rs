@@ -94,7 +94,7 @@ fn insert(table: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), 
             _ => {
                 return Err(format!(
                     "{} in the config file is not a table",
-                    parts[..=i].join(".")
+                    parts.get(..=i).unwrap_or_default().join(".")
                 ))
             }
         };

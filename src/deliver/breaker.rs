@@ -300,7 +300,10 @@ impl Breaker {
 
     fn count(&mut self, now: u64, success: bool) {
         let epoch = now / self.width_ms;
-        let b = &mut self.buckets[(epoch % BUCKETS as u64) as usize];
+        // `epoch % BUCKETS` is below BUCKETS, the length of `buckets`: the slot always exists.
+        let Some(b) = self.buckets.get_mut((epoch % BUCKETS as u64) as usize) else {
+            return;
+        };
         if b.epoch != epoch {
             // The slot held an epoch at least BUCKETS old: it has left the window.
             *b = Bucket {

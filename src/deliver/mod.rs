@@ -175,13 +175,16 @@ impl Default for ChannelStats {
     }
 }
 
-/// Index of an outcome in [`OUTCOMES`].
-fn outcome_index(o: &Outcome) -> usize {
-    match o {
-        Outcome::Sent => 0,
-        Outcome::Retry { .. } => 1,
-        Outcome::Permanent { .. } => 2,
-        Outcome::Held { .. } => 3,
+impl ChannelStats {
+    /// The latency histogram of an outcome ([`OUTCOMES`] order).
+    fn latency_of(&self, o: &Outcome) -> &Histogram {
+        let [sent, retry, permanent, held] = &self.latency;
+        match o {
+            Outcome::Sent => sent,
+            Outcome::Retry { .. } => retry,
+            Outcome::Permanent { .. } => permanent,
+            Outcome::Held { .. } => held,
+        }
     }
 }
 
@@ -359,7 +362,7 @@ impl Channel {
             Sink::Webhook(w) => w.deliver(d, &trace, now_ms).await,
         };
         let took = started.elapsed();
-        self.stats.latency[outcome_index(&outcome)].observe(took.as_secs_f64());
+        self.stats.latency_of(&outcome).observe(took.as_secs_f64());
         self.export_attempt(d, &outcome, trace_id, span_id, started_ns, trace.status());
         let report = AttemptReport {
             status: trace.status(),
@@ -482,7 +485,7 @@ impl Channel {
             };
             let took = started.elapsed().as_secs_f64();
             for o in &outcomes {
-                self.stats.latency[outcome_index(o)].observe(took);
+                self.stats.latency_of(o).observe(took);
             }
             if self.tracing.telemetry().is_some() {
                 for (d, o) in chunk.iter().zip(&outcomes) {

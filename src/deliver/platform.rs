@@ -215,187 +215,11 @@ impl PlatformSpec {
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<PlatformSpec, KeyError> {
         let expand = |key: &str, text: &str| expand_env(text, env).map_err(|e| kerr(key, e));
-        let method = expand("method", keys.method.as_deref().unwrap_or("POST"))?;
-        if !is_template(&method) {
-            check_method(&method).map_err(|e| kerr("method", e))?;
-        }
-        let mut headers = Vec::new();
-        for (name, value) in keys.headers.iter().flatten() {
-            let key = format!("headers.{name}");
-            HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| kerr(&key, format!("{name:?} is not a header name")))?;
-            let value = expand(&key, value)?;
-            if !is_template(&value) {
-                HeaderValue::from_str(&value)
-                    .map_err(|_| kerr(&key, "not a valid header value"))?;
-            }
-            headers.push((name.to_ascii_lowercase(), value));
-        }
-        let body = keys
-            .body
-            .as_deref()
-            .map(|b| expand("body", b))
-            .transpose()?;
-
-        let s = keys.success.clone().unwrap_or_default();
-        let status = match &s.status {
-            Some(t) => StatusSet::parse(t).map_err(|e| kerr("success.status", e))?,
-            None => StatusSet::default(),
-        };
-        let pointer = |key: &str, p: &Option<String>| -> Result<Option<String>, KeyError> {
-            if let Some(p) = p {
-                check_pointer(p).map_err(|e| kerr(key, e))?;
-            }
-            Ok(p.clone())
-        };
-        let json_rule = match (pointer("success.json", &s.json)?, &s.equals) {
-            (Some(p), Some(eq)) => Some(JsonRule {
-                pointer: p,
-                equals: toml_to_json(eq).map_err(|e| kerr("success.equals", e))?,
-            }),
-            (Some(_), None) => {
-                return Err(kerr(
-                    "success.equals",
-                    "required with success.json (the value that means success, e.g. 0)",
-                ))
-            }
-            (None, Some(_)) => {
-                return Err(kerr(
-                    "success.json",
-                    "required with success.equals (a JSON pointer, e.g. \"/errcode\")",
-                ))
-            }
-            (None, None) => None,
-        };
-        let code = pointer("success.code", &s.code)?;
-        let message = pointer("success.message", &s.message)?;
-        let retry_after_json = pointer("retry_after_json", &keys.retry_after_json)?;
-        let code_pointer = code
-            .clone()
-            .or(json_rule.as_ref().map(|j| j.pointer.clone()));
-
-        let token = match &keys.token {
-            None => None,
-            Some(t) => {
-                let url = t
-                    .url
-                    .as_deref()
-                    .ok_or_else(|| kerr("token.url", "required with token"))?;
-                let url = expand("token.url", url)?;
-                if is_template(&url) {
-                    return Err(kerr(
-                        "token.url",
-                        "is not a template: give the URL (with ${VAR} for secrets)",
-                    ));
-                }
-                check_url(&url).map_err(|e| {
-                    // The URL may hold a secret: do not echo it.
-                    let _ = e;
-                    kerr(
-                        "token.url",
-                        "only http(s)://host[:port]/path URLs are supported",
-                    )
-                })?;
-                let method = t.method.clone().unwrap_or_else(|| "GET".into());
-                check_method(&method).map_err(|e| kerr("token.method", e))?;
-                let json = pointer("token.json", &t.json)?.ok_or_else(|| {
-                    kerr("token.json", "required with token (e.g. \"/access_token\")")
-                })?;
-                let lifetime_ms = match &t.lifetime {
-                    Some(d) => parse_duration_ms(d)
-                        .map_err(|e| kerr("token.lifetime", e))?
-                        .max(1_000),
-                    None => TOKEN_LIFETIME_MS,
-                };
-                Some(TokenSpec {
-                    method,
-                    url,
-                    body: t
-                        .body
-                        .as_deref()
-                        .map(|b| expand("token.body", b))
-                        .transpose()?,
-                    json,
-                    expires_json: pointer("token.expires_json", &t.expires_json)?,
-                    refresh_codes: t.refresh_codes.clone().unwrap_or_default(),
-                    lifetime_ms,
-                    code_json: code_pointer.clone(),
-                    message_json: message.clone(),
-                })
-            }
-        };
-        let success = SuccessRule {
-            status,
-            json: json_rule,
-            code,
-            message,
-            retry_codes: keys.retry_codes.clone().unwrap_or_default(),
-            refresh_codes: token
-                .as_ref()
-                .map(|t| t.refresh_codes.clone())
-                .unwrap_or_default(),
-            retry_after_json,
-        };
-
-        let sign = match keys.sign.as_deref() {
-            None if secrets.is_empty() => SignKind::None,
-            None | Some("standard-webhooks") => SignKind::StandardWebhooks,
-            Some("none") => SignKind::None,
-            Some("dingtalk") => SignKind::DingTalk,
-            Some("feishu") => SignKind::Feishu,
-            Some(other) => {
-                return Err(kerr(
-                    "sign",
-                    format!("unknown signer {other:?}; expected standard-webhooks, dingtalk, feishu or none"),
-                ))
-            }
-        };
-        let sign = match sign {
-            SignKind::None => SignKind::None,
-            // A preset's signer applies when a secret is given (DingTalk and Feishu robots
-            // may run without signing); one the channel chose needs its secret.
-            s if secrets.is_empty() && !sign_explicit => {
-                let _ = s;
-                SignKind::None
-            }
-            s if secrets.is_empty() => {
-                return Err(kerr(
-                    "secret",
-                    format!("required by sign = {:?}", s.as_str()),
-                ))
-            }
-            s => s,
-        };
-        if matches!(sign, SignKind::DingTalk | SignKind::Feishu) && secrets.len() > 1 {
-            return Err(kerr(
-                "secrets",
-                "dingtalk and feishu signing take one secret",
-            ));
-        }
-
-        let mut vars = serde_json::Map::new();
-        for (k, v) in keys.vars.iter().flatten() {
-            let key = format!("vars.{k}");
-            let v = match v {
-                toml::Value::String(s) => Value::String(expand(&key, s)?),
-                other => toml_to_json(other).map_err(|e| kerr(&key, e))?,
-            };
-            vars.insert(k.clone(), v);
-        }
-        let answer_timeout_ms = match &keys.answer_timeout {
-            Some(d) => match parse_duration_ms(d).map_err(|e| kerr("answer_timeout", e))? {
-                0 => return Err(kerr("answer_timeout", "must be more than 0")),
-                ms => ms,
-            },
-            None => ANSWER_TIMEOUT_MS,
-        };
-        let answer_bytes_max = match keys.answer_bytes_max {
-            Some(n) if n == 0 || n > 16 << 20 => {
-                return Err(kerr("answer_bytes_max", "must be between 1 and 16777216"))
-            }
-            Some(n) => n,
-            None => ANSWER_BYTES_MAX,
-        };
+        let (method, headers, body) = request_keys(keys, &expand)?;
+        let (success, token) = success_and_token(keys, &expand)?;
+        let sign = sign_kind(keys.sign.as_deref(), secrets, sign_explicit)?;
+        let vars = vars(keys, &expand)?;
+        let (answer_timeout_ms, answer_bytes_max) = answer_limits(keys)?;
         let spec = PlatformSpec {
             preset: keys.preset.clone(),
             method,
@@ -413,6 +237,242 @@ impl PlatformSpec {
         Platform::new("check", spec.clone(), secrets)?;
         Ok(spec)
     }
+}
+
+/// Expands `${VAR}`s in a key's text; errors name the key.
+type Expand<'a> = dyn Fn(&str, &str) -> Result<String, KeyError> + 'a;
+
+/// A JSON pointer key, checked.
+fn pointer(key: &str, p: &Option<String>) -> Result<Option<String>, KeyError> {
+    if let Some(p) = p {
+        check_pointer(p).map_err(|e| kerr(key, e))?;
+    }
+    Ok(p.clone())
+}
+
+/// The request's `method`, `headers` and `body`, expanded and checked where not templates.
+#[allow(
+    clippy::type_complexity,
+    reason = "the three parts of a request, named where built"
+)]
+fn request_keys(
+    keys: &PlatformKeys,
+    expand: &Expand<'_>,
+) -> Result<(String, Vec<(String, String)>, Option<String>), KeyError> {
+    let method = expand("method", keys.method.as_deref().unwrap_or("POST"))?;
+    if !is_template(&method) {
+        check_method(&method).map_err(|e| kerr("method", e))?;
+    }
+    let mut headers = Vec::new();
+    for (name, value) in keys.headers.iter().flatten() {
+        let key = format!("headers.{name}");
+        HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| kerr(&key, format!("{name:?} is not a header name")))?;
+        let value = expand(&key, value)?;
+        if !is_template(&value) {
+            HeaderValue::from_str(&value).map_err(|_| kerr(&key, "not a valid header value"))?;
+        }
+        headers.push((name.to_ascii_lowercase(), value));
+    }
+    let body = keys
+        .body
+        .as_deref()
+        .map(|b| expand("body", b))
+        .transpose()?;
+
+    Ok((method, headers, body))
+}
+
+/// The `success` rule and the `token` it may refresh.
+fn success_and_token(
+    keys: &PlatformKeys,
+    expand: &Expand<'_>,
+) -> Result<(SuccessRule, Option<TokenSpec>), KeyError> {
+    let s = keys.success.clone().unwrap_or_default();
+    let status = match &s.status {
+        Some(t) => StatusSet::parse(t).map_err(|e| kerr("success.status", e))?,
+        None => StatusSet::default(),
+    };
+    let json_rule = match (pointer("success.json", &s.json)?, &s.equals) {
+        (Some(p), Some(eq)) => Some(JsonRule {
+            pointer: p,
+            equals: toml_to_json(eq).map_err(|e| kerr("success.equals", e))?,
+        }),
+        (Some(_), None) => {
+            return Err(kerr(
+                "success.equals",
+                "required with success.json (the value that means success, e.g. 0)",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(kerr(
+                "success.json",
+                "required with success.equals (a JSON pointer, e.g. \"/errcode\")",
+            ))
+        }
+        (None, None) => None,
+    };
+    let code = pointer("success.code", &s.code)?;
+    let message = pointer("success.message", &s.message)?;
+    let retry_after_json = pointer("retry_after_json", &keys.retry_after_json)?;
+    let code_pointer = code
+        .clone()
+        .or(json_rule.as_ref().map(|j| j.pointer.clone()));
+
+    let token = match &keys.token {
+        None => None,
+        Some(t) => Some(token_spec(t, expand, code_pointer, message.clone())?),
+    };
+    let success = SuccessRule {
+        status,
+        json: json_rule,
+        code,
+        message,
+        retry_codes: keys.retry_codes.clone().unwrap_or_default(),
+        refresh_codes: token
+            .as_ref()
+            .map(|t| t.refresh_codes.clone())
+            .unwrap_or_default(),
+        retry_after_json,
+    };
+
+    Ok((success, token))
+}
+
+/// A `token` block: where and how to fetch the access token, and where the answer holds it.
+fn token_spec(
+    t: &crate::deliver::preset::TokenKeys,
+    expand: &Expand<'_>,
+    code_json: Option<String>,
+    message_json: Option<String>,
+) -> Result<TokenSpec, KeyError> {
+    let url = t
+        .url
+        .as_deref()
+        .ok_or_else(|| kerr("token.url", "required with token"))?;
+    let url = expand("token.url", url)?;
+    if is_template(&url) {
+        return Err(kerr(
+            "token.url",
+            "is not a template: give the URL (with ${VAR} for secrets)",
+        ));
+    }
+    check_url(&url).map_err(|e| {
+        // The URL may hold a secret: do not echo it.
+        let _ = e;
+        kerr(
+            "token.url",
+            "only http(s)://host[:port]/path URLs are supported",
+        )
+    })?;
+    let method = t.method.clone().unwrap_or_else(|| "GET".into());
+    check_method(&method).map_err(|e| kerr("token.method", e))?;
+    let json = pointer("token.json", &t.json)?
+        .ok_or_else(|| kerr("token.json", "required with token (e.g. \"/access_token\")"))?;
+    let lifetime_ms = match &t.lifetime {
+        Some(d) => parse_duration_ms(d)
+            .map_err(|e| kerr("token.lifetime", e))?
+            .max(1_000),
+        None => TOKEN_LIFETIME_MS,
+    };
+    Ok(TokenSpec {
+        method,
+        url,
+        body: t
+            .body
+            .as_deref()
+            .map(|b| expand("token.body", b))
+            .transpose()?,
+        json,
+        expires_json: pointer("token.expires_json", &t.expires_json)?,
+        refresh_codes: t.refresh_codes.clone().unwrap_or_default(),
+        lifetime_ms,
+        code_json,
+        message_json,
+    })
+}
+
+/// The signer: the one chosen, the preset's when a secret is given, or none.
+fn sign_kind(
+    sign: Option<&str>,
+    secrets: &[String],
+    sign_explicit: bool,
+) -> Result<SignKind, KeyError> {
+    let sign = match sign {
+        None if secrets.is_empty() => SignKind::None,
+        None | Some("standard-webhooks") => SignKind::StandardWebhooks,
+        Some("none") => SignKind::None,
+        Some("dingtalk") => SignKind::DingTalk,
+        Some("feishu") => SignKind::Feishu,
+        Some(other) => {
+            return Err(kerr(
+                "sign",
+                format!(
+                "unknown signer {other:?}; expected standard-webhooks, dingtalk, feishu or none"
+            ),
+            ))
+        }
+    };
+    let sign = match sign {
+        SignKind::None => SignKind::None,
+        // A preset's signer applies when a secret is given (DingTalk and Feishu robots
+        // may run without signing); one the channel chose needs its secret.
+        s if secrets.is_empty() && !sign_explicit => {
+            let _ = s;
+            SignKind::None
+        }
+        s if secrets.is_empty() => {
+            return Err(kerr(
+                "secret",
+                format!("required by sign = {:?}", s.as_str()),
+            ))
+        }
+        s => s,
+    };
+    if matches!(sign, SignKind::DingTalk | SignKind::Feishu) && secrets.len() > 1 {
+        return Err(kerr(
+            "secrets",
+            "dingtalk and feishu signing take one secret",
+        ));
+    }
+
+    Ok(sign)
+}
+
+/// `vars`, with `${VAR}`s in their strings expanded.
+fn vars(
+    keys: &PlatformKeys,
+    expand: &Expand<'_>,
+) -> Result<serde_json::Map<String, Value>, KeyError> {
+    let mut vars = serde_json::Map::new();
+    for (k, v) in keys.vars.iter().flatten() {
+        let key = format!("vars.{k}");
+        let v = match v {
+            toml::Value::String(s) => Value::String(expand(&key, s)?),
+            other => toml_to_json(other).map_err(|e| kerr(&key, e))?,
+        };
+        vars.insert(k.clone(), v);
+    }
+    Ok(vars)
+}
+
+/// How long an answer may take and how large it may be.
+fn answer_limits(keys: &PlatformKeys) -> Result<(u64, usize), KeyError> {
+    let answer_timeout_ms = match &keys.answer_timeout {
+        Some(d) => match parse_duration_ms(d).map_err(|e| kerr("answer_timeout", e))? {
+            0 => return Err(kerr("answer_timeout", "must be more than 0")),
+            ms => ms,
+        },
+        None => ANSWER_TIMEOUT_MS,
+    };
+    let answer_bytes_max = match keys.answer_bytes_max {
+        Some(n) if n == 0 || n > 16 << 20 => {
+            return Err(kerr("answer_bytes_max", "must be between 1 and 16777216"))
+        }
+        Some(n) => n,
+        None => ANSWER_BYTES_MAX,
+    };
+    Ok((answer_timeout_ms, answer_bytes_max))
 }
 
 /// One request, ready to send.
@@ -441,6 +501,25 @@ pub struct Platform {
     origin: String,
     pub token: Option<TokenCache>,
     sign_secret: Option<String>,
+}
+
+/// Every `vars.NAME` a template uses must be configured.
+fn check_vars_configured(spec: &PlatformSpec, used: Vec<String>) -> Result<(), KeyError> {
+    for name in used {
+        if spec.vars.get(&name).is_none() {
+            return Err(kerr(
+                &format!("vars.{name}"),
+                format!(
+                    "required: the templates use vars.{name}{}",
+                    spec.preset
+                        .as_deref()
+                        .map(|p| format!(" (preset {p})"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 static EMPTY_OBJECT: std::sync::LazyLock<Value> =
@@ -477,7 +556,6 @@ impl Platform {
             headers.push((hn, add(&key, value)?));
         }
         let body = spec.body.as_deref().map(|b| add("body", b)).transpose()?;
-        // Every `vars.NAME` a template uses must be configured.
         let mut used = Vec::new();
         for t in [&method, &url]
             .into_iter()
@@ -486,20 +564,7 @@ impl Platform {
         {
             used.extend(templates.vars_used(t));
         }
-        for name in used {
-            if spec.vars.get(&name).is_none() {
-                return Err(kerr(
-                    &format!("vars.{name}"),
-                    format!(
-                        "required: the templates use vars.{name}{}",
-                        spec.preset
-                            .as_deref()
-                            .map(|p| format!(" (preset {p})"))
-                            .unwrap_or_default()
-                    ),
-                ));
-            }
-        }
+        check_vars_configured(&spec, used)?;
         if spec.sign == SignKind::Feishu && body.is_none() {
             return Err(kerr(
                 "sign",
@@ -667,49 +732,14 @@ impl Platform {
                 ));
             }
         }
-        match (self.spec.sign, &self.sign_secret) {
-            (SignKind::DingTalk, Some(secret)) => {
-                let sign = dingtalk_sign(secret, now_ms);
-                let sep = if url.contains('?') { '&' } else { '?' };
-                url.push_str(&format!(
-                    "{sep}timestamp={now_ms}&sign={}",
-                    percent_encode(&sign)
-                ));
-            }
-            (SignKind::Feishu, Some(secret)) => {
-                let ts = now_ms / 1_000;
-                let mut v: Value = serde_json::from_slice(&body)
-                    .map_err(|e| format!("sign = feishu: the body is not JSON: {e}"))?;
-                let Some(obj) = v.as_object_mut() else {
-                    return Err("sign = feishu: the body must be a JSON object".into());
-                };
-                obj.insert("timestamp".into(), Value::String(ts.to_string()));
-                obj.insert("sign".into(), Value::String(feishu_sign(secret, ts)));
-                body = serde_json::to_vec(&v).map_err(|e| format!("encode: {e}"))?;
-            }
-            _ => {}
-        }
+        self.sign(&mut url, &mut body, now_ms)?;
         let uri: Uri = url.parse().map_err(|e| {
             format!(
                 "template channels.{}.url rendered an invalid URL: {e}",
                 self.channel
             )
         })?;
-        let origin_ok = match (uri.scheme_str(), uri.authority()) {
-            (Some(s), Some(a)) => {
-                self.origin
-                    .strip_prefix(s)
-                    .and_then(|rest| rest.strip_prefix("://"))
-                    == Some(a.as_str())
-            }
-            _ => false,
-        };
-        if !origin_ok {
-            return Err(format!(
-                "template channels.{}.url rendered a URL for another host",
-                self.channel
-            ));
-        }
+        self.check_origin(&uri)?;
         let mut headers = Vec::with_capacity(self.headers.len());
         let mut has_content_type = false;
         for (name, t) in &self.headers {
@@ -730,6 +760,54 @@ impl Platform {
             body,
             has_content_type,
         })
+    }
+
+    /// Signs a rendered request the platform's way: DingTalk in the query, Feishu in the body.
+    fn sign(&self, url: &mut String, body: &mut Vec<u8>, now_ms: u64) -> Result<(), String> {
+        match (self.spec.sign, &self.sign_secret) {
+            (SignKind::DingTalk, Some(secret)) => {
+                let sign = dingtalk_sign(secret, now_ms);
+                let sep = if url.contains('?') { '&' } else { '?' };
+                url.push_str(&format!(
+                    "{sep}timestamp={now_ms}&sign={}",
+                    percent_encode(&sign)
+                ));
+            }
+            (SignKind::Feishu, Some(secret)) => {
+                let ts = now_ms / 1_000;
+                let mut v: Value = serde_json::from_slice(body)
+                    .map_err(|e| format!("sign = feishu: the body is not JSON: {e}"))?;
+                let Some(obj) = v.as_object_mut() else {
+                    return Err("sign = feishu: the body must be a JSON object".into());
+                };
+                obj.insert("timestamp".into(), Value::String(ts.to_string()));
+                obj.insert("sign".into(), Value::String(feishu_sign(secret, ts)));
+                *body = serde_json::to_vec(&v).map_err(|e| format!("encode: {e}"))?;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// A rendered URL must keep the configured scheme and host (a template may not send
+    /// elsewhere).
+    fn check_origin(&self, uri: &Uri) -> Result<(), String> {
+        let origin_ok = match (uri.scheme_str(), uri.authority()) {
+            (Some(s), Some(a)) => {
+                self.origin
+                    .strip_prefix(s)
+                    .and_then(|rest| rest.strip_prefix("://"))
+                    == Some(a.as_str())
+            }
+            _ => false,
+        };
+        if !origin_ok {
+            return Err(format!(
+                "template channels.{}.url rendered a URL for another host",
+                self.channel
+            ));
+        }
+        Ok(())
     }
 }
 

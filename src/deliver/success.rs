@@ -164,6 +164,25 @@ pub fn loose_eq(a: &Value, b: &Value) -> bool {
     }
 }
 
+/// An answer as a failure verdict reads it.
+struct Reading<'a> {
+    status: u16,
+    retry_after: Option<&'a str>,
+    now_ms: u64,
+    json: Option<Value>,
+    /// Why the answer was cut short, if it was.
+    partial: Option<&'a str>,
+    /// The answer's start on one line, for error texts.
+    excerpt: String,
+    code: Option<i64>,
+    /// "platform code …: message (HTTP n)" when the answer has a code.
+    platform_error: Option<String>,
+    /// The delay the body asks for (`retry_after_json`), as an instant.
+    body_delay: Option<u64>,
+    /// The delay the `Retry-After` header asks for, as an instant.
+    header_delay: Option<u64>,
+}
+
 fn as_code(v: &Value) -> Option<i64> {
     match v {
         Value::Number(n) => n.as_i64(),
@@ -240,6 +259,23 @@ impl SuccessRule {
                 _ => {}
             }
         }
+        let r = self.read(status, retry_after, bytes, partial, json, now_ms);
+        if !self.status.contains(status) {
+            return self.outside_status(&r);
+        }
+        self.by_rule(&r)
+    }
+
+    /// What a verdict other than the common success needs from the answer.
+    fn read<'a>(
+        &self,
+        status: u16,
+        retry_after: Option<&'a str>,
+        bytes: Option<&[u8]>,
+        partial: Option<&'a str>,
+        json: Option<Value>,
+        now_ms: u64,
+    ) -> Reading<'a> {
         let excerpt = bytes
             .map(|b| one_line(&String::from_utf8_lossy(b), 512))
             .unwrap_or_default();
@@ -277,65 +313,85 @@ impl SuccessRule {
                 let ms = (s * 1000.0).min(RETRY_AFTER_MS_MAX as f64) as u64;
                 now_ms.saturating_add(ms)
             });
-        let header_delay = retry_after.and_then(|v| parse_retry_after(v, now_ms));
-        let by_code = |error: String| -> Option<Verdict> {
-            let c = code?;
-            if self.refresh_codes.contains(&c) {
-                return Some(Verdict::RefreshToken { error });
-            }
-            if self.retry_codes.contains(&c) {
-                return Some(Verdict::Done(Outcome::Retry {
-                    error,
-                    not_before_ms: body_delay.or(header_delay),
-                }));
-            }
-            None
-        };
-
-        if !self.status.contains(status) {
-            if let Some(e) = &platform_error {
-                if let Some(v) = by_code(e.clone()) {
-                    return v;
-                }
-            }
-            let mut outcome = classify(status, retry_after, &excerpt, now_ms);
-            match &mut outcome {
-                Outcome::Retry {
-                    error,
-                    not_before_ms,
-                } => {
-                    if let Some(e) = &platform_error {
-                        *error = e.clone();
-                    }
-                    if not_before_ms.is_none() {
-                        *not_before_ms = body_delay;
-                    }
-                }
-                Outcome::Permanent { error } => {
-                    if let Some(e) = &platform_error {
-                        *error = e.clone();
-                    }
-                }
-                // A status outside the set that `classify` takes for success (e.g. the set is
-                // "200" and the answer 204): the operator said only the set counts.
-                Outcome::Sent => {
-                    outcome = Outcome::Permanent {
-                        error: format!(
-                            "HTTP {status} is not a success status for this channel (success.status = {:?})",
-                            self.status.as_str()
-                        ),
-                    };
-                }
-                Outcome::Held { .. } => {}
-            }
-            return Verdict::Done(outcome);
+        Reading {
+            status,
+            retry_after,
+            now_ms,
+            partial,
+            excerpt,
+            code,
+            platform_error,
+            body_delay,
+            header_delay: retry_after.and_then(|v| parse_retry_after(v, now_ms)),
+            json,
         }
+    }
 
+    /// A platform code this channel retries on or refreshes its token for.
+    fn by_code(&self, r: &Reading<'_>, error: String) -> Option<Verdict> {
+        let c = r.code?;
+        if self.refresh_codes.contains(&c) {
+            return Some(Verdict::RefreshToken { error });
+        }
+        if self.retry_codes.contains(&c) {
+            return Some(Verdict::Done(Outcome::Retry {
+                error,
+                not_before_ms: r.body_delay.or(r.header_delay),
+            }));
+        }
+        None
+    }
+
+    /// A status outside the success set: the platform's code if it names a retry or refresh,
+    /// else as a plain webhook's answer, with the platform's error text.
+    fn outside_status(&self, r: &Reading<'_>) -> Verdict {
+        let status = r.status;
+        if let Some(e) = &r.platform_error {
+            if let Some(v) = self.by_code(r, e.clone()) {
+                return v;
+            }
+        }
+        let mut outcome = classify(status, r.retry_after, &r.excerpt, r.now_ms);
+        match &mut outcome {
+            Outcome::Retry {
+                error,
+                not_before_ms,
+            } => {
+                if let Some(e) = &r.platform_error {
+                    *error = e.clone();
+                }
+                if not_before_ms.is_none() {
+                    *not_before_ms = r.body_delay;
+                }
+            }
+            Outcome::Permanent { error } => {
+                if let Some(e) = &r.platform_error {
+                    *error = e.clone();
+                }
+            }
+            // A status outside the set that `classify` takes for success (e.g. the set is
+            // "200" and the answer 204): the operator said only the set counts.
+            Outcome::Sent => {
+                outcome = Outcome::Permanent {
+                error: format!(
+                    "HTTP {status} is not a success status for this channel (success.status = {:?})",
+                    self.status.as_str()
+                ),
+            };
+            }
+            Outcome::Held { .. } => {}
+        }
+        Verdict::Done(outcome)
+    }
+
+    /// A success status: the JSON rule decides.
+    fn by_rule(&self, r: &Reading<'_>) -> Verdict {
+        let (status, excerpt) = (r.status, &r.excerpt);
         let Some(rule) = &self.json else {
             return Verdict::Done(Outcome::Sent);
         };
-        let Some(json) = json else {
-            let error = match partial {
+        let Some(json) = &r.json else {
+            let error = match r.partial {
                 // The platform accepted the request but its verdict could not be read: the
                 // rule is unchecked, so try again rather than call it delivered.
                 Some(why) => {
@@ -347,7 +403,7 @@ impl SuccessRule {
                         not_before_ms: None,
                     })
                 }
-                None if excerpt.is_empty() => {
+                None if r.excerpt.is_empty() => {
                     format!("HTTP {status} with an empty answer; expected JSON with {}", rule.pointer)
                 }
                 None => format!("HTTP {status}, answer is not JSON: {excerpt}"),
@@ -357,7 +413,7 @@ impl SuccessRule {
         match json.pointer(&rule.pointer) {
             Some(v) if loose_eq(v, &rule.equals) => Verdict::Done(Outcome::Sent),
             found => {
-                let error = platform_error.unwrap_or_else(|| match found {
+                let error = r.platform_error.clone().unwrap_or_else(|| match found {
                     Some(v) => format!(
                         "HTTP {status}: {} is {} (success needs {}): {excerpt}",
                         rule.pointer,
@@ -369,7 +425,8 @@ impl SuccessRule {
                         rule.pointer, rule.pointer, rule.equals
                     ),
                 });
-                by_code(error.clone()).unwrap_or(Verdict::Done(Outcome::Permanent { error }))
+                self.by_code(r, error.clone())
+                    .unwrap_or(Verdict::Done(Outcome::Permanent { error }))
             }
         }
     }

@@ -316,6 +316,43 @@ impl WebhookSink {
         trace: &AttemptTrace,
         now_ms: &impl Fn() -> u64,
     ) -> Verdict {
+        let req = match self.request(p, key, trace, now_ms) {
+            Ok(r) => r,
+            Err(v) => return v,
+        };
+        let resp = match within(self.timeout, self.client.request(req)).await {
+            Some(Ok(r)) => r,
+            Some(Err(e)) => {
+                let error = error_text(&e);
+                if is_local_resource_error(&e) {
+                    return Verdict::Done(Outcome::Held {
+                        error: format!("held, not sent: {error}"),
+                        until_ms: now_ms().saturating_add(LOCAL_RESOURCE_HOLD_MS),
+                    });
+                }
+                return Verdict::Done(Outcome::Retry {
+                    error,
+                    not_before_ms: None,
+                });
+            }
+            None => {
+                return Verdict::Done(Outcome::Retry {
+                    error: format!("timed out after {} ms", self.timeout.as_millis()),
+                    not_before_ms: None,
+                })
+            }
+        };
+        self.judge_answer(resp, trace, now_ms).await
+    }
+
+    /// The request: herald's headers, the channel's (which replace them), the signature.
+    fn request(
+        &self,
+        p: Prepared,
+        key: &str,
+        trace: &AttemptTrace,
+        now_ms: &impl Fn() -> u64,
+    ) -> Result<Request<Full<Bytes>>, Verdict> {
         let mut req = Request::builder()
             .method(p.method)
             .uri(p.uri)
@@ -342,36 +379,21 @@ impl WebhookSink {
                 .header(HEADER_TIMESTAMP, ts.to_string())
                 .header(HEADER_SIGNATURE, signer.signature_header(key, ts, &p.body));
         }
-        let req = match req.body(Full::new(Bytes::from(p.body))) {
-            Ok(r) => r,
-            Err(e) => {
-                return Verdict::Done(Outcome::Permanent {
-                    error: format!("request: {e}"),
-                })
-            }
-        };
-        let resp = match within(self.timeout, self.client.request(req)).await {
-            Some(Ok(r)) => r,
-            Some(Err(e)) => {
-                let error = error_text(&e);
-                if is_local_resource_error(&e) {
-                    return Verdict::Done(Outcome::Held {
-                        error: format!("held, not sent: {error}"),
-                        until_ms: now_ms().saturating_add(LOCAL_RESOURCE_HOLD_MS),
-                    });
-                }
-                return Verdict::Done(Outcome::Retry {
-                    error,
-                    not_before_ms: None,
-                });
-            }
-            None => {
-                return Verdict::Done(Outcome::Retry {
-                    error: format!("timed out after {} ms", self.timeout.as_millis()),
-                    not_before_ms: None,
-                })
-            }
-        };
+        req.body(Full::new(Bytes::from(p.body))).map_err(|e| {
+            Verdict::Done(Outcome::Permanent {
+                error: format!("request: {e}"),
+            })
+        })
+    }
+
+    /// Judges an answer on its status line and headers, reading its body (bounded) only when
+    /// the rule needs it or for the failure list's excerpt.
+    async fn judge_answer(
+        &self,
+        resp: hyper::Response<Incoming>,
+        trace: &AttemptTrace,
+        now_ms: &impl Fn() -> u64,
+    ) -> Verdict {
         let status = resp.status().as_u16();
         trace
             .status

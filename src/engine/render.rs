@@ -54,7 +54,7 @@ pub(crate) fn delivery(task: &TaskSpec, msg: Message, a: &Attempt) -> Delivery {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::request::test_task;
+    use crate::request::test_task;
 
     #[test]
     fn an_attempt_carries_its_key_instants_and_the_tasks_trace() {

@@ -253,7 +253,7 @@ pub enum QuietSetting {
     /// None at all, whatever the channel says (`"quiet_hours": null`).
     Off,
     /// The task's own window.
-    Own(crate::schedule::quiet::QuietHours),
+    Own(super::quiet::QuietHours),
 }
 
 /// What a notification is about.

@@ -106,7 +106,7 @@ impl TimelineEvent {
     pub fn view(&self) -> serde_json::Value {
         json!({
             "seq": self.seq,
-            "at": crate::schedule::format_utc(self.at_ms),
+            "at": super::instant::format_utc(self.at_ms),
             "kind": self.kind.name(),
             "run": self.run,
             "msg": self.msg,
@@ -176,7 +176,7 @@ impl TimelineEvent {
         TimelineEvent::run(TimelineKind::RetryScheduled, at_ms, run, Some(seq))
             .with_attempt(attempt)
             .with_detail(json!({
-                "at": crate::schedule::format_utc(next_at_ms),
+                "at": super::instant::format_utc(next_at_ms),
                 "reason": reason,
             }))
     }
@@ -184,7 +184,7 @@ impl TimelineEvent {
     /// A send waits until `until_ms` (no attempt burned).
     pub fn held(at_ms: u64, run: u32, seq: u32, until_ms: u64, why: HeldWhy) -> TimelineEvent {
         TimelineEvent::run(TimelineKind::Held, at_ms, run, Some(seq)).with_detail(json!({
-            "until": crate::schedule::format_utc(until_ms),
+            "until": super::instant::format_utc(until_ms),
             "why": why.name(),
         }))
     }
@@ -232,8 +232,11 @@ pub fn attempt_facts(o: &Outcome) -> (&'static str, Option<&str>, Option<&str>) 
 pub fn fallback_trace_id(task_id: &str) -> [u8; 16] {
     use sha2::Digest;
     let d = sha2::Sha256::digest(task_id.as_bytes());
+    // The first 16 of the digest's 32 bytes.
     let mut out = [0u8; 16];
-    out.copy_from_slice(&d[..16]);
+    for (o, b) in out.iter_mut().zip(d.iter()) {
+        *o = *b;
+    }
     out
 }
 
@@ -244,11 +247,12 @@ pub fn trace_id_of(t: &super::Task) -> [u8; 16] {
 
 /// Lowercase hex of bytes.
 pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
     for b in bytes {
-        s.push(DIGITS[(b >> 4) as usize] as char);
-        s.push(DIGITS[(b & 15) as usize] as char);
+        // A nibble is below 16, so `from_digit` always gives a digit.
+        for nibble in [b >> 4, b & 15] {
+            s.push(char::from_digit(nibble.into(), 16).unwrap_or('0'));
+        }
     }
     s
 }
@@ -261,8 +265,9 @@ pub fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
     }
     let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
     let mut out = [0u8; N];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = digit(b[2 * i])? << 4 | digit(b[2 * i + 1])?;
+    for (o, pair) in out.iter_mut().zip(b.chunks_exact(2)) {
+        let &[hi, lo] = pair else { return None };
+        *o = digit(hi)? << 4 | digit(lo)?;
     }
     Some(out)
 }

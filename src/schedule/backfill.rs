@@ -112,7 +112,7 @@ mod tests {
     const NOW: u64 = 1_796_083_200_000; // 2026-12-01T00:00:00Z
 
     fn task(v: serde_json::Value) -> TaskSpec {
-        crate::model::request::test_task(v, NOW).split().0
+        crate::request::test_task(v, NOW).split().0
     }
 
     #[test]

@@ -64,7 +64,7 @@ impl CronSchedule {
         if !(5..=6).contains(&fields.len()) {
             return Err(format!("expected 5 or 6 fields, got {}", fields.len()));
         }
-        let specs = &FIELDS[6 - fields.len()..];
+        let specs = FIELDS.get(6 - fields.len()..).unwrap_or_default();
         for (text, spec) in fields.iter().zip(specs) {
             check_numbers(text, *spec)?;
         }
@@ -191,8 +191,8 @@ impl CronSchedule {
         while t < to {
             let next = (t + HOUR_MS).min(to);
             let off = self.offset_ms(next);
-            let last = runs.len() - 1;
-            if off != runs[last].2 {
+            let Some(last) = runs.last_mut() else { break };
+            if off != last.2 {
                 // The offset is the old one at `lo` and the new one at `hi`.
                 let (mut lo, mut hi) = (t, next);
                 while hi - lo > 1 {
@@ -203,7 +203,7 @@ impl CronSchedule {
                         lo = mid;
                     }
                 }
-                runs[last].1 = hi;
+                last.1 = hi;
                 runs.push((hi, to, off));
             }
             t = next;
@@ -263,7 +263,9 @@ fn check_numbers(text: &str, (name, lo, hi): (&str, u32, u32)) -> Result<(), Str
 fn explain(fields: &[&str], specs: &[(&str, u32, u32)], err: CronError) -> String {
     for (i, (text, (name, _, _))) in fields.iter().zip(specs).enumerate() {
         let mut alone = ["0", "*", "*", "*", "*", "*"];
-        alone[6 - fields.len() + i] = text;
+        if let Some(slot) = alone.get_mut(6usize.saturating_sub(fields.len()) + i) {
+            *slot = text;
+        }
         if let Err(e) = parser().parse(&alone.join(" ")) {
             return format!("{name}: {}", reason(text, &e));
         }

@@ -4,10 +4,12 @@
 //! `gap: shift` takes the first valid instant after the gap (the transition itself), `gap: skip`
 //! drops it. Two (fall back): `repeat` picks the first, the last, or both.
 
-use chrono::{DateTime, Datelike, LocalResult, NaiveDateTime, SecondsFormat, TimeZone, Timelike};
+use chrono::{DateTime, Datelike, LocalResult, NaiveDateTime, TimeZone, Timelike};
 use chrono_tz::Tz;
 
 use crate::model::duration::push_digits;
+pub use crate::model::instant::format_utc;
+use crate::model::instant::push_date_time;
 use crate::model::{DstGap, DstPolicy, DstRepeat};
 
 /// Parses an IANA zone name.
@@ -84,44 +86,6 @@ pub fn parse_instant(s: &str, tz: Option<Tz>, dst: DstPolicy) -> Result<Vec<u64>
     Ok(resolve_local(naive, tz, dst))
 }
 
-/// Formats an instant for responses: RFC 3339 in UTC (`Z`), with milliseconds only when non-zero.
-pub fn format_utc(ms: u64) -> String {
-    let Some(t) = i64::try_from(ms)
-        .ok()
-        .and_then(DateTime::from_timestamp_millis)
-    else {
-        return ms.to_string();
-    };
-    if t.year() > 9999 {
-        return t.to_rfc3339_opts(SecondsFormat::AutoSi, true);
-    }
-    // The digits directly (every create's 201 body has two or three instants); the same bytes
-    // as chrono's `to_rfc3339_opts(AutoSi, true)` (a test compares them).
-    let mut s = String::with_capacity(24);
-    push_date_time(&mut s, &t.naive_utc(), 'T');
-    s.push(':');
-    push_digits(&mut s, t.second().into(), 2);
-    if !ms.is_multiple_of(1000) {
-        s.push('.');
-        push_digits(&mut s, ms % 1000, 3);
-    }
-    s.push('Z');
-    s
-}
-
-/// `2026-12-01{sep}09:00`: a date and the hour and minute of a wall time (year 0–9999).
-fn push_date_time(s: &mut String, t: &NaiveDateTime, sep: char) {
-    push_digits(s, t.year().max(0) as u64, 4);
-    s.push('-');
-    push_digits(s, t.month().into(), 2);
-    s.push('-');
-    push_digits(s, t.day().into(), 2);
-    s.push(sep);
-    push_digits(s, t.hour().into(), 2);
-    s.push(':');
-    push_digits(s, t.minute().into(), 2);
-}
-
 /// An optional instant for log lines: RFC 3339, or `none`.
 pub fn format_opt(ms: Option<u64>) -> String {
     ms.map_or_else(|| "none".to_string(), format_utc)
@@ -156,6 +120,7 @@ pub fn format_local(ms: u64, tz: Tz) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::SecondsFormat;
     use chrono::Utc;
 
     fn utc(s: &str) -> u64 {

@@ -9,8 +9,10 @@ use chrono_tz::Tz;
 use serde::Deserialize;
 
 use super::{describe, describe_in, format_utc, mark_fired, next_fire, next_fire_human, zone_of};
-use crate::model::request::{DstRequest, MessageRequest, ScheduleRequest};
-use crate::model::{Context, FieldError, Lang, Limits, Schedule, TaskRequest};
+use crate::model::{Lang, Limits, Schedule};
+use crate::request::{
+    Context, DstRequest, FieldError, MessageRequest, ScheduleRequest, TaskRequest,
+};
 
 /// Fires shown when the request does not say.
 pub const PREVIEW_N_DEFAULT: u32 = 5;

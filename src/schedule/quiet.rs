@@ -4,22 +4,12 @@
 //! channel's rate limit and the run's pacing then apply from that instant as they would have,
 //! so the morning is not a burst.
 
+pub use crate::model::QuietHours;
+use crate::model::{DstGap, DstPolicy, DstRepeat};
 use chrono::{DateTime, Duration, NaiveTime, Timelike};
 use chrono_tz::Tz;
-use serde::{Deserialize, Serialize};
-
-use crate::model::{DstGap, DstPolicy, DstRepeat};
 
 use super::local::resolve_local;
-
-/// A daily window `[from, to)` of local wall-clock minutes; `from > to` crosses midnight
-/// (22:00–08:00). `zone`: an IANA name, or `recipient` (each message's own `tz`).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-pub struct QuietHours {
-    pub from_min: u16,
-    pub to_min: u16,
-    pub tz: String,
-}
 
 /// Reads "HH:MM" (00:00–23:59) as minutes of the day.
 pub fn parse_hhmm(s: &str) -> Result<u16, String> {
@@ -29,15 +19,6 @@ pub fn parse_hhmm(s: &str) -> Result<u16, String> {
 }
 
 impl QuietHours {
-    /// Whether the local minute of the day `m` is inside the window.
-    fn inside(&self, m: u16) -> bool {
-        match self.from_min.cmp(&self.to_min) {
-            std::cmp::Ordering::Less => (self.from_min..self.to_min).contains(&m),
-            std::cmp::Ordering::Greater => m >= self.from_min || m < self.to_min,
-            std::cmp::Ordering::Equal => false,
-        }
-    }
-
     /// The zone the window is read in for a message whose own zone is `message_tz`.
     pub fn zone_for(&self, message_tz: Option<&str>) -> Option<Tz> {
         let name = if super::recipient::is_recipient(Some(&self.tz)) {

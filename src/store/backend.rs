@@ -67,6 +67,24 @@ impl TreeId {
     pub(crate) fn index(self) -> usize {
         self as usize
     }
+
+    /// This tree's slot in a per-tree array.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "a TreeId's place (its discriminant, its index in ALL) is below TREES"
+    )]
+    pub(crate) fn of<T>(self, per_tree: &[T; TREES]) -> &T {
+        &per_tree[self as usize]
+    }
+
+    /// [`TreeId::of`], to change the slot.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "a TreeId's place (its discriminant, its index in ALL) is below TREES"
+    )]
+    pub(crate) fn of_mut<T>(self, per_tree: &mut [T; TREES]) -> &mut T {
+        &mut per_tree[self as usize]
+    }
 }
 
 /// One write of a job, already encoded.

@@ -54,23 +54,23 @@ impl Layer {
     pub fn insert(&mut self, w: Write, now: std::time::Instant) {
         self.since.get_or_insert(now);
         self.bytes += w.key.len() + w.value.as_ref().map_or(0, |v| v.len()) + ENTRY_OVERHEAD;
-        self.trees[w.tree as usize].insert(w.key, w.value);
+        w.tree.of_mut(&mut self.trees).insert(w.key, w.value);
     }
 
     pub fn get(&self, tree: TreeId, key: &[u8]) -> Option<&Option<Vec<u8>>> {
-        self.trees[tree as usize].get(key)
+        tree.of(&self.trees).get(key)
     }
 
     /// The largest key of `tree` this layer holds, a deletion included.
     pub fn last_key(&self, tree: TreeId) -> Option<&[u8]> {
-        self.trees[tree as usize]
+        tree.of(&self.trees)
             .last_key_value()
             .map(|(k, _)| k.as_slice())
     }
 
     /// Every entry of `tree` in key order (what the applier writes to sled).
     pub fn entries(&self, tree: TreeId) -> impl Iterator<Item = (&Vec<u8>, &Option<Vec<u8>>)> {
-        self.trees[tree as usize].iter()
+        tree.of(&self.trees).iter()
     }
 
     /// Distinct keys held, over all trees.
@@ -83,7 +83,8 @@ impl Layer {
         tree: TreeId,
         lower: &'a Bound<Vec<u8>>,
     ) -> impl DoubleEndedIterator<Item = (&'a Vec<u8>, &'a Option<Vec<u8>>)> + 'a {
-        self.trees[tree as usize].range::<Vec<u8>, _>((lower.as_ref(), Bound::Unbounded))
+        tree.of(&self.trees)
+            .range::<Vec<u8>, _>((lower.as_ref(), Bound::Unbounded))
     }
 }
 

@@ -702,7 +702,8 @@ impl Store {
                     break;
                 }
             };
-            let id = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
+            let id =
+                String::from_utf8_lossy(k.get(prefix.len()..).unwrap_or_default()).into_owned();
             if scanned == SCAN_MAX {
                 // More records follow: the next page starts after the last one examined.
                 return Ok((out, last_examined, bad));
@@ -1263,6 +1264,7 @@ mod quiet_panics {
 pub(crate) mod tests {
     use super::*;
     use crate::model::*;
+    use crate::request::{Context, TaskRequest};
 
     /// A one-hour one-shot with two messages (shared by the store's test modules).
     pub(crate) fn task(id: &str) -> (Task, Vec<Message>) {

@@ -402,12 +402,12 @@ mod tests {
 
     #[test]
     fn the_initial_progress_is_what_a_create_makes() {
-        let req: crate::model::TaskRequest = serde_json::from_value(serde_json::json!({
+        let req: crate::request::TaskRequest = serde_json::from_value(serde_json::json!({
             "id": "t", "schedule": {"after": "1h"}, "to": ["a"], "body": "hello"
         }))
         .unwrap();
         let (t, _) = req
-            .into_task(&crate::model::Context {
+            .into_task(&crate::request::Context {
                 now_ms: 1_800_000_000_000,
                 limits: &crate::model::Limits::default(),
                 channel_exists: &|_| true,

@@ -100,10 +100,18 @@ pub fn encode_record(writes: &[Write], out: &mut Vec<u8>) {
             out.extend_from_slice(v);
         }
     }
-    let payload_len = (out.len() - start - 8) as u32;
-    let crc = crc32fast::hash(&out[start + 8..]);
-    out[start..start + 4].copy_from_slice(&payload_len.to_le_bytes());
-    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    // `start + 8 <= out.len()`: the header was pushed above; split there so no index can panic.
+    let Some((_, framed)) = out.split_at_mut_checked(start) else {
+        return;
+    };
+    let Some((header, payload)) = framed.split_at_mut_checked(8) else {
+        return;
+    };
+    let payload_len = payload.len() as u32;
+    let crc = crc32fast::hash(payload);
+    let (len_field, crc_field) = header.split_at_mut(4);
+    len_field.copy_from_slice(&payload_len.to_le_bytes());
+    crc_field.copy_from_slice(&crc.to_le_bytes());
 }
 
 /// How a segment's bytes end.
@@ -123,20 +131,20 @@ pub fn decode_segment(bytes: &[u8]) -> (Vec<Vec<Write>>, End) {
     let mut records = Vec::new();
     let mut at = 0usize;
     while at < bytes.len() {
-        let rest = &bytes[at..];
+        let rest = bytes.get(at..).unwrap_or_default();
         if rest.iter().all(|b| *b == 0) {
             break;
         }
-        if rest.len() < 8 {
+        let Some((&[l0, l1, l2, l3, c0, c1, c2, c3], body)) = rest.split_first_chunk::<8>() else {
             return (records, End::Torn { at: at as u64 });
-        }
-        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
-        let Some(payload) = rest.get(8..8 + len) else {
+        };
+        let len = u32::from_le_bytes([l0, l1, l2, l3]) as usize;
+        let crc = u32::from_le_bytes([c0, c1, c2, c3]);
+        let Some((payload, after)) = body.split_at_checked(len) else {
             return (records, End::Torn { at: at as u64 });
         };
         // Nothing but zeros after it (a preallocated segment's unused end): the last record.
-        let last = rest[8 + len..].iter().all(|b| *b == 0);
+        let last = after.iter().all(|b| *b == 0);
         let bad = |why: String| {
             if last {
                 End::Torn { at: at as u64 }
@@ -200,11 +208,14 @@ impl Reader<'_> {
         Ok(b)
     }
     fn u8(&mut self) -> Result<u8, String> {
-        Ok(self.bytes(1)?[0])
+        match self.bytes(1)? {
+            [b] => Ok(*b),
+            _ => Err("record ends early".into()),
+        }
     }
     fn u32(&mut self) -> Result<u32, String> {
-        let b = self.bytes(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        let b: [u8; 4] = self.bytes(4)?.try_into().map_err(|_| "record ends early")?;
+        Ok(u32::from_le_bytes(b))
     }
 }
 

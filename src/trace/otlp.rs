@@ -294,13 +294,16 @@ fn post(t: &Target, body: &[u8]) -> Result<(), String> {
     let mut buf = [0u8; 64];
     let mut got = 0;
     while got < 12 {
-        match s.read(&mut buf[got..]) {
+        let Some(room) = buf.get_mut(got..) else {
+            break;
+        };
+        match s.read(room) {
             Ok(0) => break,
             Ok(n) => got += n,
             Err(e) => return Err(e.to_string()),
         }
     }
-    let line = String::from_utf8_lossy(&buf[..got]);
+    let line = String::from_utf8_lossy(buf.get(..got).unwrap_or_default());
     match line.split(' ').nth(1) {
         Some(code) if code.starts_with('2') => Ok(()),
         Some(code) => Err(format!("the collector answered {code}")),
@@ -322,29 +325,40 @@ pub fn encode(spans: &[Span]) -> Vec<u8> {
     let list: Vec<Value> = spans
         .iter()
         .map(|s| {
-            let mut o = json!({
-                "traceId": hex(&s.trace_id),
-                "spanId": hex(&s.span_id),
-                "name": s.name,
-                "kind": s.kind as u8,
-                "startTimeUnixNano": s.start_unix_ns.to_string(),
-                "endTimeUnixNano": s.end_unix_ns.max(s.start_unix_ns).to_string(),
-                "attributes": s.attrs.iter().map(attr).collect::<Vec<_>>(),
-            });
+            let mut o = serde_json::Map::new();
+            let fields = [
+                ("traceId", json!(hex(&s.trace_id))),
+                ("spanId", json!(hex(&s.span_id))),
+                ("name", json!(s.name)),
+                ("kind", json!(s.kind as u8)),
+                ("startTimeUnixNano", json!(s.start_unix_ns.to_string())),
+                (
+                    "endTimeUnixNano",
+                    json!(s.end_unix_ns.max(s.start_unix_ns).to_string()),
+                ),
+                (
+                    "attributes",
+                    json!(s.attrs.iter().map(attr).collect::<Vec<_>>()),
+                ),
+            ];
+            for (k, v) in fields {
+                o.insert(k.into(), v);
+            }
             if let Some(p) = &s.parent {
-                o["parentSpanId"] = json!(hex(p));
+                o.insert("parentSpanId".into(), json!(hex(p)));
             }
             if let Some(e) = &s.error {
-                o["status"] = json!({ "code": 2, "message": e });
+                o.insert("status".into(), json!({ "code": 2, "message": e }));
             }
             if !s.links.is_empty() {
-                o["links"] = s
+                let links = s
                     .links
                     .iter()
                     .map(|(t, sp)| json!({ "traceId": hex(t), "spanId": hex(sp) }))
                     .collect();
+                o.insert("links".into(), links);
             }
-            o
+            Value::Object(o)
         })
         .collect();
     let doc = json!({

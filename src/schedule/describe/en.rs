@@ -16,6 +16,11 @@ const WEEKDAYS: [&str; 7] = [
     "Friday",
     "Saturday",
 ];
+
+/// A day of the week by its number, Sunday 0 (7 is Sunday again, as cron reads it).
+fn day_name(d: usize) -> &'static str {
+    WEEKDAYS.get(d % 7).copied().unwrap_or_default()
+}
 const MONTHS: [&str; 12] = [
     "January",
     "February",
@@ -48,7 +53,7 @@ pub fn cron(s: &Shape) -> String {
         (Days::Every, Text::At(t)) => format!("every day at {t}{in_months}"),
         (Days::Every, Text::Every(e)) => format!("{e}{in_months}"),
         (d @ Days::Week(days), time) => {
-            let names = join(days.iter().map(|d| WEEKDAYS[*d as usize % 7].to_string()));
+            let names = join(days.iter().map(|d| day_name(*d as usize).to_string()));
             match (d.is_workweek(), days.len(), time) {
                 (true, _, Text::At(t)) => format!("every weekday at {t}{in_months}"),
                 (true, _, Text::Every(e)) => format!("{e} on weekdays{in_months}"),
@@ -135,7 +140,7 @@ pub fn relative(day: Day, at: &Local) -> String {
         Day::Tomorrow => format!("tomorrow at {clock}"),
         Day::Yesterday => format!("yesterday at {clock}"),
         Day::InTwoDays | Day::ThisWeek | Day::NextWeek => {
-            let name = WEEKDAYS[at.date.weekday().num_days_from_sunday() as usize];
+            let name = day_name(at.date.weekday().num_days_from_sunday() as usize);
             format!("on {name} at {clock}")
         }
         Day::Other => format!("on {} at {clock}", date(at.date)),

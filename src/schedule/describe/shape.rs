@@ -114,7 +114,7 @@ pub fn shape(normalized: &str) -> Option<Shape> {
 fn time(sec: Field, min: Field, hour: Field) -> Option<Time> {
     use Field::*;
     let sec_one = match &sec {
-        Values(v) if v.len() == 1 => Some(v[0]),
+        Values(v) if v.len() == 1 => Some(first(v)),
         _ => None,
     };
     let clock = |h, m, s| Clock { h, m, s };
@@ -127,8 +127,8 @@ fn time(sec: Field, min: Field, hour: Field) -> Option<Time> {
         ),
         // Once an hour over a span of hours.
         (Some(s), Values(m), Values(h)) if m.len() == 1 && contiguous(&h) => Time::HourSpan {
-            from: clock(h[0], m[0], s),
-            to: clock(h[h.len() - 1], m[0], s),
+            from: clock(first(&h), first(&m), s),
+            to: clock(last(&h), first(&m), s),
         },
         // Once an hour, or every n hours.
         (Some(s), Values(m), hour @ (Any | Every(_))) if m.len() == 1 => Time::Hours {
@@ -137,7 +137,7 @@ fn time(sec: Field, min: Field, hour: Field) -> Option<Time> {
                 Every(_) => return None,
                 _ => 1,
             },
-            minute: m[0],
+            minute: first(&m),
             second: s,
         },
         // Every n minutes, all day or over a span of hours.
@@ -156,7 +156,7 @@ fn time(sec: Field, min: Field, hour: Field) -> Option<Time> {
                 Values(h) if s == 0 && (h.len() == 1 || contiguous(&h)) => Time::Minutes {
                     every: n,
                     second: 0,
-                    span: Some((clock(h[0], 0, 0), clock(h[h.len() - 1], 60 - n, 0))),
+                    span: Some((clock(first(&h), 0, 0), clock(last(&h), 60 - n, 0))),
                 },
                 _ => return None,
             }
@@ -201,6 +201,16 @@ fn field(text: &str) -> Option<Field> {
     Some(Field::Values(values))
 }
 
+/// The first of a field's values (the callers' guards know there is one; 0 otherwise).
+fn first(v: &[u32]) -> u32 {
+    v.first().copied().unwrap_or(0)
+}
+
+/// The last of a field's values (as [`first`]).
+fn last(v: &[u32]) -> u32 {
+    v.last().copied().unwrap_or(0)
+}
+
 fn contiguous(v: &[u32]) -> bool {
-    v.len() >= 2 && v.windows(2).all(|w| w[1] == w[0] + 1)
+    v.len() >= 2 && v.windows(2).all(|w| matches!(w, [a, b] if *b == a + 1))
 }

@@ -12,6 +12,11 @@ use crate::model::{DstGap, DstPolicy, DstRepeat};
 /// Sunday first, as chrono's `num_days_from_sunday` counts.
 const WEEKDAYS: [&str; 7] = ["日", "一", "二", "三", "四", "五", "六"];
 
+/// A day of the week by its number, Sunday 0 (7 is Sunday again, as cron reads it).
+fn day_name(d: usize) -> &'static str {
+    WEEKDAYS.get(d % 7).copied().unwrap_or_default()
+}
+
 /// "（Asia/Shanghai）": full-width parentheses, no space before.
 pub fn zone(name: &str) -> String {
     ["（", name, "）"].concat()
@@ -29,17 +34,14 @@ pub fn cron(s: &Shape) -> String {
             format!("{}每个工作日", months.as_deref().unwrap_or(""))
         }
         Days::Week(days) => {
-            let names = join(
-                days.iter()
-                    .map(|d| format!("周{}", WEEKDAYS[*d as usize % 7])),
-            );
+            let names = join(days.iter().map(|d| format!("周{}", day_name(*d as usize))));
             // "每周一和周五": one 每 for the list.
             format!("{}每{names}", months.as_deref().unwrap_or(""))
         }
         Days::Month(days) => {
             let days = join(days.iter().map(|d| format!("{d}日")));
-            match (&s.months, &months) {
-                (Some(m), Some(_)) if m.len() == 1 => format!("{}月{days}", m[0]),
+            match (s.months.as_deref(), &months) {
+                (Some([m]), Some(_)) => format!("{m}月{days}"),
                 (_, Some(m)) => format!("{m}的{days}"),
                 _ => format!("每月{days}"),
             }
@@ -122,7 +124,7 @@ pub fn relative(day: Day, at: &Local, now: NaiveDate) -> String {
 }
 
 fn weekday(d: NaiveDate) -> &'static str {
-    WEEKDAYS[d.weekday().num_days_from_sunday() as usize]
+    day_name(d.weekday().num_days_from_sunday() as usize)
 }
 
 /// The part of the day and a 12-hour time, as Chinese clocks and chat apps say it:

@@ -32,8 +32,8 @@ impl Resolver<'_> {
 
     /// What the group wrote to `key`, if it did.
     fn written(&self, tree: TreeId, key: &[u8]) -> Option<Option<Vec<u8>>> {
-        let i = *self.seen[tree.index()].get(key)?;
-        Some(self.writes[i].value.clone())
+        let i = *tree.of(&self.seen).get(key)?;
+        self.writes.get(i).map(|w| w.value.clone())
     }
 
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
@@ -44,7 +44,8 @@ impl Resolver<'_> {
     }
 
     fn put(&mut self, tree: TreeId, key: Vec<u8>, value: Option<Vec<u8>>) {
-        self.seen[tree.index()].insert(key.clone(), self.writes.len());
+        tree.of_mut(&mut self.seen)
+            .insert(key.clone(), self.writes.len());
         self.writes.push(Write { tree, key, value });
     }
 

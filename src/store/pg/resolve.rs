@@ -25,8 +25,8 @@ pub fn reads_needed(jobs: &[Vec<RawOp>]) -> [Vec<Vec<u8>>; TREES] {
             RawOp::Indexed(w) if !w.stored_absent => (w.tree, w.key.as_slice()),
             _ => continue,
         };
-        if seen[tree as usize].insert(key) {
-            out[tree as usize].push(key.to_vec());
+        if tree.of_mut(&mut seen).insert(key) {
+            tree.of_mut(&mut out).push(key.to_vec());
         }
     }
     out
@@ -48,7 +48,7 @@ pub fn resolve(jobs: Vec<Vec<RawOp>>, stored: &Stored) -> (Vec<Result<(), Reject
 /// The value of `key` as the group's writes so far leave it; `Some(None)` means deleted, and
 /// `None` that the group has not written it.
 fn written<'a>(writes: &'a Writes, tree: TreeId, key: &[u8]) -> Option<Option<&'a Vec<u8>>> {
-    writes[tree as usize].get(key).map(Option::as_ref)
+    tree.of(writes).get(key).map(Option::as_ref)
 }
 
 fn current<'a>(
@@ -59,7 +59,7 @@ fn current<'a>(
 ) -> Option<&'a Vec<u8>> {
     match written(writes, tree, key) {
         Some(v) => v,
-        None => stored[tree as usize].get(key),
+        None => tree.of(stored).get(key),
     }
 }
 
@@ -77,10 +77,10 @@ fn job(ops: Vec<RawOp>, stored: &Stored, writes: &mut Writes) -> Result<(), Reje
     for op in ops {
         match op {
             RawOp::Put(t, k, v) => {
-                writes[t as usize].insert(k, Some(v));
+                t.of_mut(writes).insert(k, Some(v));
             }
             RawOp::Delete(t, k) => {
-                writes[t as usize].insert(k, None);
+                t.of_mut(writes).insert(k, None);
             }
             RawOp::Absent(..) => {}
             RawOp::Indexed(w) => indexed(*w, stored, writes),
@@ -103,18 +103,20 @@ fn indexed(w: IndexedWrite, stored: &Stored, writes: &mut Writes) {
     let old = match (written(writes, tree, &key), stored_absent) {
         (Some(v), _) => v.cloned(),
         (None, true) => None,
-        (None, false) => stored[tree as usize].get(&key).cloned(),
+        (None, false) => tree.of(stored).get(&key).cloned(),
     };
     if old == value {
         return;
     }
     if let Some(old) = &old {
-        writes[index as usize].insert(index_key(&key, old), None);
+        index.of_mut(writes).insert(index_key(&key, old), None);
     }
     if let Some(v) = &value {
-        writes[index as usize].insert(index_key(&key, v), Some(v.clone()));
+        index
+            .of_mut(writes)
+            .insert(index_key(&key, v), Some(v.clone()));
     }
-    writes[tree as usize].insert(key, value);
+    tree.of_mut(writes).insert(key, value);
 }
 
 #[cfg(test)]

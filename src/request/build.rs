@@ -1,0 +1,229 @@
+//! A validated create or patch as the task it makes: the blocks checked (`validate.rs`,
+//! `schedule.rs`), the task's fields filled in, its first fire worked out and checked.
+
+use crate::model::{
+    format_duration_ms, Lang, Message, Schedule, Task, TaskState, DEFAULT_MISFIRE_GRACE_MS,
+};
+
+use super::schedule::{recipient_zones, validate_schedule};
+use super::validate::{
+    choice, duration, validate_channel, validate_id, validate_messages, validate_metadata,
+    validate_misfire, validate_name, validate_notify, validate_overlap, validate_pacing,
+    validate_quiet, validate_retry,
+};
+use super::{Context, FieldError, PatchRequest, ScheduleRequest, TaskRequest};
+
+impl TaskRequest {
+    /// Validates the request into a new pending task and its messages. Nothing is stored here.
+    pub fn into_task(self, cx: &Context) -> Result<(Task, Vec<Message>), FieldError> {
+        let limits = cx.limits;
+        let id = validate_id(self.id, cx.now_ms)?;
+        validate_name(self.name.as_deref(), limits)?;
+        let channel = validate_channel(self.channel, cx)?;
+        let misfire_grace_ms = match &self.misfire_grace {
+            Some(s) => duration("misfire_grace", s)?,
+            None => DEFAULT_MISFIRE_GRACE_MS,
+        };
+        let misfire = validate_misfire(self.misfire.as_deref())?;
+        let overlap = validate_overlap(self.overlap.as_deref())?;
+        let mut messages = validate_messages(self.messages, self.to, self.body, limits)?;
+        let zones = recipient_zones(&self.schedule, &mut messages, self.default_tz.as_deref())?;
+        let schedule = validate_schedule(&self.schedule, cx, misfire_grace_ms, &zones)?;
+        let pacing = validate_pacing(self.pacing.unwrap_or_default(), limits)?;
+        let retry = self
+            .retry
+            .map(|r| validate_retry(r, "retry", limits))
+            .transpose()?;
+        let metadata = self.metadata.unwrap_or_default();
+        validate_metadata(&metadata, limits)?;
+        let lang = choice("lang", self.lang.as_deref(), &Lang::NAMES)?;
+        let quiet_hours = validate_quiet(&self.quiet_hours)?;
+        let notify = validate_notify(self.notify, cx)?;
+        let mut task = Task {
+            id,
+            name: self.name,
+            channel,
+            schedule,
+            message_count: messages.len() as u32,
+            pacing,
+            retry,
+            misfire,
+            misfire_grace_ms,
+            overlap,
+            metadata,
+            state: TaskState::Pending,
+            created_at_ms: cx.now_ms,
+            updated_at_ms: cx.now_ms,
+            next_fire_at_ms: None,
+            runs: 0,
+            fires: 0,
+            last_fire_ms: None,
+            done_offsets_ms: Vec::new(),
+            queued: Vec::new(),
+            skipped: 0,
+            expired: 0,
+            watched_since_ms: cx.now_ms,
+            failed_reason: None,
+            lang,
+            recipient_zones: zones,
+            quiet_hours,
+            notify,
+            trace_id: self.trace_id,
+        };
+        task.next_fire_at_ms = crate::schedule::next_fire(&task, cx.now_ms);
+        check_fires(&task, cx)?;
+        sort_by_instant(&task, &mut messages);
+        Ok((task, messages))
+    }
+}
+
+/// A schedule must fire at least once, within the horizon.
+fn check_fires(task: &Task, cx: &Context) -> Result<(), FieldError> {
+    let field = match &task.schedule {
+        Schedule::Cron { .. } => "schedule.cron",
+        Schedule::Reminders { .. } => "schedule.reminders",
+        _ => "schedule",
+    };
+    match task.next_fire_at_ms {
+        None => Err(FieldError::new(
+            field,
+            "never fires (check start, end and max_runs)",
+        )),
+        Some(at) if at > cx.now_ms.saturating_add(cx.limits.horizon_ms) => Err(FieldError::new(
+            field,
+            format!(
+                "first fire is beyond the scheduling horizon ({})",
+                format_duration_ms(cx.limits.horizon_ms)
+            ),
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
+impl PatchRequest {
+    pub fn changes_messages(&self) -> bool {
+        self.messages.is_some() || self.to.is_some() || self.body.is_some()
+    }
+
+    /// The task with the changes applied and its next fire recomputed, and the new messages if
+    /// they change. Validated like a create.
+    pub fn apply(
+        self,
+        task: &Task,
+        cx: &Context,
+    ) -> Result<(Task, Option<Vec<Message>>), FieldError> {
+        let limits = cx.limits;
+        let mut t = task.clone();
+        if let Some(name) = self.name {
+            validate_name(Some(&name), limits)?;
+            t.name = Some(name);
+        }
+        let mut messages = None;
+        if self.messages.is_some() || self.to.is_some() || self.body.is_some() {
+            let m = validate_messages(self.messages, self.to, self.body, limits)?;
+            t.message_count = m.len() as u32;
+            messages = Some(m);
+        }
+        repatch_zones(
+            &mut t,
+            self.schedule.as_ref(),
+            messages.as_mut(),
+            self.default_tz.as_deref(),
+        )?;
+        if let Some(p) = self.pacing {
+            t.pacing = validate_pacing(p, limits)?;
+        }
+        if let Some(r) = self.retry {
+            t.retry = Some(validate_retry(r, "retry", limits)?);
+        }
+        if let Some(m) = self.metadata {
+            validate_metadata(&m, limits)?;
+            t.metadata = m;
+        }
+        if let Some(l) = self.lang.as_deref() {
+            t.lang = choice("lang", Some(l), &Lang::NAMES)?;
+        }
+        let new_schedule = self.schedule.is_some();
+        if let Some(s) = self.schedule {
+            let new = validate_schedule(&s, cx, t.misfire_grace_ms, &t.recipient_zones)?;
+            let same_kind = std::mem::discriminant(&new) == std::mem::discriminant(&t.schedule);
+            // A new one-shot time or cron expression starts afresh from now; reminders keep
+            // the record of which offsets already fired, so a moved event re-plans only the
+            // reminders that have not fired.
+            match (&new, same_kind) {
+                (Schedule::Reminders { .. }, true) => {}
+                _ => {
+                    t.last_fire_ms = None;
+                    t.done_offsets_ms.clear();
+                }
+            }
+            if t.schedule.is_one_shot() && new.is_one_shot() {
+                t.last_fire_ms = None;
+            }
+            t.schedule = new;
+        }
+        t.updated_at_ms = cx.now_ms;
+        t.next_fire_at_ms = crate::schedule::next_fire(&t, cx.now_ms);
+        // A new schedule must fire; a change of anything else keeps the schedule as it is, even
+        // one that has no fires left (a cron whose `max_runs` were all started).
+        if new_schedule && t.next_fire_at_ms.is_none() && !task.schedule.is_one_shot() {
+            check_fires(&t, cx)?;
+        }
+        if let Some(m) = messages.as_mut() {
+            sort_by_instant(&t, m);
+        }
+        Ok((t, messages))
+    }
+}
+
+/// A patched task's recipient zones. Recipient time needs every message's zone, and a task in
+/// memory holds no messages: the zones are worked out again only from new messages.
+fn repatch_zones(
+    t: &mut Task,
+    schedule: Option<&ScheduleRequest>,
+    messages: Option<&mut Vec<Message>>,
+    default_tz: Option<&str>,
+) -> Result<(), FieldError> {
+    let recipient_after = match schedule {
+        Some(s) => crate::schedule::recipient::is_recipient(s.tz.as_deref()),
+        None => !t.recipient_zones.is_empty(),
+    };
+    if recipient_after {
+        match messages {
+            Some(m) => {
+                let s = schedule.cloned().unwrap_or_else(|| ScheduleRequest {
+                    tz: Some(crate::schedule::recipient::RECIPIENT.into()),
+                    ..ScheduleRequest::default()
+                });
+                t.recipient_zones = recipient_zones(&s, m, default_tz)?;
+            }
+            None if t.recipient_zones.is_empty() => {
+                return Err(FieldError::new(
+                    "messages",
+                    "required when the schedule changes to recipient time (each message's tz)",
+                ))
+            }
+            None => {}
+        }
+    } else {
+        t.recipient_zones.clear();
+    }
+    Ok(())
+}
+
+/// In recipient time a run's messages go in order of their own instants: they are stored in
+/// that order (stable: messages of one zone keep the order given), taken at the first fire.
+/// Zones' offsets keep their order through DST almost everywhere, so later slots keep it too;
+/// where two zones' offsets cross, a message may wait for the one before it (late, never early).
+fn sort_by_instant(task: &Task, messages: &mut [Message]) {
+    let (Some(fire), false) = (task.next_fire_at_ms, task.recipient_zones.is_empty()) else {
+        return;
+    };
+    use crate::schedule::recipient::{message_due, parse_zones};
+    let zones = parse_zones(&task.recipient_zones);
+    messages.sort_by_key(|m| {
+        m.tz.as_deref()
+            .and_then(|z| message_due(&task.schedule, &zones, fire, z))
+            .unwrap_or(fire)
+    });
+}

@@ -1,0 +1,338 @@
+//! The schedule block of a request: exactly one of `at`, `after`, `cron`, `reminders`, its zone
+//! and DST policy, read into a [`Schedule`] that fires within the horizon; and recipient time
+//! (each message in its own zone).
+
+use crate::model::{format_duration_ms, DstPolicy, Message, Schedule};
+use crate::schedule::{parse_instant, parse_tz};
+
+use super::validate::{duration, validate_dst};
+use super::{Context, FieldError, RemindersRequest, ScheduleRequest, REMINDERS_MAX};
+
+/// Recipient time (`"tz": "recipient"`): every message's zone, from its own `tz` or the task's
+/// `default_tz`, checked and filled in; the distinct zones, sorted (empty for any other
+/// schedule). A message's zone is checked whatever the schedule, so a typo is never kept.
+pub(super) fn recipient_zones(
+    s: &ScheduleRequest,
+    messages: &mut [Message],
+    default_tz: Option<&str>,
+) -> Result<Vec<String>, FieldError> {
+    use crate::schedule::recipient::is_recipient;
+    if let Some(d) = default_tz {
+        parse_tz(d).map_err(|e| FieldError::new("default_tz", e))?;
+    }
+    for (i, m) in messages.iter().enumerate() {
+        if let Some(z) = &m.tz {
+            parse_tz(z).map_err(|e| FieldError::new(format!("messages[{i}].tz"), e))?;
+        }
+    }
+    if !is_recipient(s.tz.as_deref()) {
+        if default_tz.is_some() {
+            return Err(FieldError::new(
+                "default_tz",
+                "only with a schedule in recipient time (\"tz\": \"recipient\")",
+            ));
+        }
+        return Ok(Vec::new());
+    }
+    if s.at.is_none() && s.cron.is_none() {
+        return Err(FieldError::new(
+            "schedule.tz",
+            "recipient time is for at and cron schedules",
+        ));
+    }
+    let mut zones = Vec::new();
+    for (i, m) in messages.iter_mut().enumerate() {
+        let zone = match (&m.tz, default_tz) {
+            (Some(z), _) => z.clone(),
+            (None, Some(d)) => d.to_string(),
+            (None, None) => {
+                return Err(FieldError::new(
+                    format!("messages[{i}].tz"),
+                    "required in recipient time (or give the task a default_tz)",
+                ))
+            }
+        };
+        if !zones.contains(&zone) {
+            zones.push(zone.clone());
+        }
+        m.tz = Some(zone);
+    }
+    zones.sort();
+    Ok(zones)
+}
+
+pub(super) fn validate_schedule(
+    s: &ScheduleRequest,
+    cx: &Context,
+    misfire_grace_ms: u64,
+    recipient_zones: &[String],
+) -> Result<Schedule, FieldError> {
+    let kinds = [
+        s.at.is_some(),
+        s.after.is_some(),
+        s.cron.is_some(),
+        s.reminders.is_some(),
+    ]
+    .iter()
+    .filter(|k| **k)
+    .count();
+    if kinds != 1 {
+        return Err(FieldError::new(
+            "schedule",
+            "give exactly one of at, after, cron, reminders",
+        ));
+    }
+    let dst = validate_dst(&s.dst)?;
+    if let Some(expr) = &s.cron {
+        return cron(s, expr, dst);
+    }
+    for (name, present) in [
+        ("schedule.start", s.start.is_some()),
+        ("schedule.end", s.end.is_some()),
+        ("schedule.max_runs", s.max_runs.is_some()),
+    ] {
+        if present {
+            return Err(FieldError::new(name, "only allowed with cron"));
+        }
+    }
+    if let Some(r) = &s.reminders {
+        return reminders(s, r, dst, cx, misfire_grace_ms);
+    }
+    if let Some(after) = &s.after {
+        return after_now(s, after, cx);
+    }
+    at(s, dst, cx, misfire_grace_ms, recipient_zones)
+}
+
+/// A zone field: `None` when absent, else an IANA name.
+fn zone(field: &str, tz: &Option<String>) -> Result<Option<chrono_tz::Tz>, FieldError> {
+    match tz {
+        Some(name) => parse_tz(name)
+            .map(Some)
+            .map_err(|e| FieldError::new(field, e)),
+        None => Ok(None),
+    }
+}
+
+/// `cron`, with its optional `start`, `end` and `max_runs`.
+fn cron(s: &ScheduleRequest, expr: &str, dst: DstPolicy) -> Result<Schedule, FieldError> {
+    let recipient = crate::schedule::recipient::is_recipient(s.tz.as_deref());
+    // In recipient time the cron's matches are wall times, read in each message's zone;
+    // start and end are instants (with an offset).
+    let tz = if recipient {
+        None
+    } else {
+        zone("schedule.tz", &s.tz)?
+    };
+    crate::schedule::cron::CronSchedule::parse(expr, tz.unwrap_or(chrono_tz::UTC), dst)
+        .map_err(|e| FieldError::new("schedule.cron", e))?;
+    let instant = |field: &str, v: &Option<String>| -> Result<Option<u64>, FieldError> {
+        match v {
+            Some(text) => parse_instant(text, tz, dst)
+                .map_err(|e| FieldError::new(field, e))?
+                .first()
+                .copied()
+                .map(Some)
+                .ok_or_else(|| FieldError::new(field, "does not exist in the zone (DST gap)")),
+            None => Ok(None),
+        }
+    };
+    let start_ms = instant("schedule.start", &s.start)?;
+    let end_ms = instant("schedule.end", &s.end)?;
+    if let (Some(a), Some(b)) = (start_ms, end_ms) {
+        if b <= a {
+            return Err(FieldError::new("schedule.end", "must be after start"));
+        }
+    }
+    if s.max_runs == Some(0) {
+        return Err(FieldError::new("schedule.max_runs", "must be at least 1"));
+    }
+    Ok(Schedule::Cron {
+        cron: expr.to_string(),
+        tz: s.tz.clone(),
+        dst,
+        start: s.start.clone(),
+        start_ms,
+        end: s.end.clone(),
+        end_ms,
+        max_runs: s.max_runs,
+    })
+}
+
+/// `reminders`: offsets before an event, each fired once.
+fn reminders(
+    s: &ScheduleRequest,
+    r: &RemindersRequest,
+    dst: DstPolicy,
+    cx: &Context,
+    misfire_grace_ms: u64,
+) -> Result<Schedule, FieldError> {
+    if s.tz.is_some() {
+        return Err(FieldError::new(
+            "schedule.tz",
+            "give the zone of reminders as schedule.reminders.tz",
+        ));
+    }
+    let tz = zone("schedule.reminders.tz", &r.tz)?;
+    let event_ms = *parse_instant(&r.event_at, tz, dst)
+        .map_err(|e| FieldError::new("schedule.reminders.event_at", e))?
+        .first()
+        .ok_or_else(|| {
+            FieldError::new(
+                "schedule.reminders.event_at",
+                "does not exist in the zone (DST gap) and dst.gap is skip",
+            )
+        })?;
+    if r.before.is_empty() || r.before.len() > REMINDERS_MAX {
+        return Err(FieldError::new(
+            "schedule.reminders.before",
+            format!("give 1 to {REMINDERS_MAX} offsets"),
+        ));
+    }
+    let mut before_ms = Vec::with_capacity(r.before.len());
+    for (i, b) in r.before.iter().enumerate() {
+        let field = format!("schedule.reminders.before[{i}]");
+        let ms = duration(&field, b)?;
+        if ms == 0 || ms > event_ms {
+            return Err(FieldError::new(
+                field,
+                "must be more than 0 and before the event",
+            ));
+        }
+        if before_ms.contains(&ms) {
+            return Err(FieldError::new(field, "appears twice"));
+        }
+        before_ms.push(ms);
+    }
+    if event_ms > cx.now_ms.saturating_add(cx.limits.horizon_ms) {
+        return Err(FieldError::new(
+            "schedule.reminders.event_at",
+            format!(
+                "is beyond the scheduling horizon ({})",
+                format_duration_ms(cx.limits.horizon_ms)
+            ),
+        ));
+    }
+    // Reminders already past follow the misfire rules; but if every one of them is past
+    // by more than the grace, nothing would ever be sent: that is a mistake to report.
+    let latest = event_ms - before_ms.iter().min().copied().unwrap_or(0);
+    if latest.saturating_add(misfire_grace_ms) < cx.now_ms {
+        return Err(FieldError::new(
+            "schedule.reminders.event_at",
+            "every reminder is in the past by more than misfire_grace",
+        ));
+    }
+    Ok(Schedule::Reminders {
+        event_at: r.event_at.clone(),
+        tz: r.tz.clone(),
+        dst,
+        event_ms,
+        before: r.before.clone(),
+        before_ms,
+    })
+}
+
+/// `after`: a delay from now.
+fn after_now(s: &ScheduleRequest, after: &str, cx: &Context) -> Result<Schedule, FieldError> {
+    let horizon_end = cx.now_ms.saturating_add(cx.limits.horizon_ms);
+    if s.tz.is_some() {
+        return Err(FieldError::new("schedule.tz", "not allowed with after"));
+    }
+    let after_ms = duration("schedule.after", after)?;
+    let at_ms = cx.now_ms.saturating_add(after_ms);
+    if at_ms > horizon_end {
+        return Err(FieldError::new(
+            "schedule.after",
+            format!(
+                "is beyond the scheduling horizon ({})",
+                format_duration_ms(cx.limits.horizon_ms)
+            ),
+        ));
+    }
+    Ok(Schedule::After {
+        after: after.to_string(),
+        after_ms,
+        at_ms,
+    })
+}
+
+/// `at`: one instant, in a zone or in recipient time.
+fn at(
+    s: &ScheduleRequest,
+    dst: DstPolicy,
+    cx: &Context,
+    misfire_grace_ms: u64,
+    recipient_zones: &[String],
+) -> Result<Schedule, FieldError> {
+    let recipient = crate::schedule::recipient::is_recipient(s.tz.as_deref());
+    let zones = crate::schedule::recipient::parse_zones(recipient_zones);
+    let horizon_end = cx.now_ms.saturating_add(cx.limits.horizon_ms);
+    let at = s.at.as_deref().unwrap_or_default();
+    let instants = if recipient {
+        recipient_at(at, &zones, dst)?
+    } else {
+        let tz = match &s.tz {
+            Some(name) => Some(parse_tz(name).map_err(|e| FieldError::new("schedule.tz", e))?),
+            None => None,
+        };
+        parse_instant(at, tz, dst).map_err(|e| FieldError::new("schedule.at", e))?
+    };
+    // A one-shot fires once: with `repeat: both` it takes the first of the two instants.
+    let Some(&at_ms) = instants.first() else {
+        return Err(FieldError::new(
+            "schedule.at",
+            format!(
+                "{at:?} does not exist in {} (DST gap) and dst.gap is skip",
+                s.tz.as_deref().unwrap_or("UTC")
+            ),
+        ));
+    };
+    if at_ms.saturating_add(misfire_grace_ms) < cx.now_ms {
+        return Err(FieldError::new(
+            "schedule.at",
+            format!(
+                "{at:?} is in the past by more than misfire_grace ({})",
+                format_duration_ms(misfire_grace_ms)
+            ),
+        ));
+    }
+    if at_ms > horizon_end {
+        return Err(FieldError::new(
+            "schedule.at",
+            format!(
+                "is beyond the scheduling horizon ({})",
+                format_duration_ms(cx.limits.horizon_ms)
+            ),
+        ));
+    }
+    Ok(Schedule::At {
+        at: at.to_string(),
+        tz: s.tz.clone(),
+        dst,
+        at_ms,
+    })
+}
+
+/// A one-shot in recipient time: `at` is a wall time (no offset); its run fires at the
+/// earliest of the zones' instants.
+fn recipient_at(at: &str, zones: &[chrono_tz::Tz], dst: DstPolicy) -> Result<Vec<u64>, FieldError> {
+    use crate::schedule::recipient::{first_instant, wall_of};
+    if chrono::DateTime::parse_from_rfc3339(at).is_ok() {
+        return Err(FieldError::new(
+            "schedule.at",
+            "in recipient time give a local time without offset (\"2026-12-02T09:00:00\"): each message goes at it in its own zone",
+        ));
+    }
+    let naive = ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%dT%H:%M"]
+        .iter()
+        .find_map(|f| chrono::NaiveDateTime::parse_from_str(at, f).ok())
+        .ok_or_else(|| {
+            FieldError::new(
+                "schedule.at",
+                format!("invalid local time {at:?}: expected e.g. \"2026-12-02T09:00:00\""),
+            )
+        })?;
+    let wall = wall_of(naive)
+        .ok_or_else(|| FieldError::new("schedule.at", format!("{at:?} is before 1970")))?;
+    Ok(first_instant(wall, zones, dst).into_iter().collect())
+}

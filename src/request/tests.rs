@@ -1,0 +1,237 @@
+//! Validation of creates and patches, field by field.
+
+use super::*;
+use crate::model::*;
+use serde_json::json;
+
+const NOW: u64 = 1_780_000_000_000; // 2026-05-28
+
+fn task(v: serde_json::Value) -> Result<Task, FieldError> {
+    task_and_messages(v).map(|(t, _)| t)
+}
+
+fn task_and_messages(v: serde_json::Value) -> Result<(Task, Vec<Message>), FieldError> {
+    let req: TaskRequest = serde_json::from_value(v).expect("shape");
+    let limits = Limits::default();
+    let exists = |c: &str| c == "log" || c == "hook";
+    req.into_task(&Context {
+        now_ms: NOW,
+        limits: &limits,
+        channel_exists: &exists,
+    })
+}
+
+fn err_field(v: serde_json::Value) -> String {
+    task(v).expect_err("should be invalid").field
+}
+
+#[test]
+fn minimal_task_gets_defaults() {
+    let t = task(json!({"schedule": {"after": "5s"}, "messages": [{"to": "a", "body": "hi"}]}))
+        .unwrap();
+    assert_eq!(t.channel, "log");
+    assert_eq!(t.state, TaskState::Pending);
+    assert_eq!(t.next_fire_at_ms, Some(NOW + 5_000));
+    assert_eq!(t.misfire_grace_ms, DEFAULT_MISFIRE_GRACE_MS);
+    assert_eq!(t.retry, None);
+    assert_eq!(t.id.len(), 20);
+}
+
+#[test]
+fn a_patch_that_keeps_the_schedule_is_fine_when_no_fires_are_left() {
+    // Found by the simulation: a paused cron whose max_runs were all started.
+    let mut t = task(json!({"schedule": {"cron": "*/5 * * * * *", "max_runs": 1},
+        "to": ["a"], "body": "b"}))
+    .unwrap();
+    t.runs = 1;
+    t.next_fire_at_ms = None;
+    let limits = Limits::default();
+    let cx = Context {
+        now_ms: NOW,
+        limits: &limits,
+        channel_exists: &|_| true,
+    };
+    let p: PatchRequest = serde_json::from_value(json!({"metadata": {"k": "v"}})).unwrap();
+    let (patched, messages) = p.apply(&t, &cx).unwrap();
+    assert_eq!(patched.metadata.get("k").map(String::as_str), Some("v"));
+    assert!(messages.is_none());
+    // A new schedule that never fires is still refused.
+    let p: PatchRequest = serde_json::from_value(json!({"schedule":
+        {"cron": "*/5 * * * * *", "end": "2020-01-01T00:00:00Z"}}))
+    .unwrap();
+    assert!(p.apply(&t, &cx).is_err());
+}
+
+#[test]
+fn message_data_is_an_object_counted_in_the_size_limit() {
+    let (_, messages) = task_and_messages(json!({"schedule": {"after": "1s"},
+        "messages": [{"to": "a", "body": "b", "data": {"template_id": "T1", "n": [1, 2]}},
+                     {"to": "c", "body": "d", "data": null}]}))
+    .unwrap();
+    let d: serde_json::Value = serde_json::from_str(messages[0].data.as_deref().unwrap()).unwrap();
+    assert_eq!(d, json!({"template_id": "T1", "n": [1, 2]}));
+    assert_eq!(messages[1].data, None);
+    assert_eq!(
+        err_field(json!({"schedule": {"after": "1s"},
+            "messages": [{"to": "a", "body": "b"}, {"to": "a", "body": "b", "data": [1]}]})),
+        "messages[1].data"
+    );
+    let big = "x".repeat(64 * 1024 - 10);
+    assert_eq!(
+        err_field(json!({"schedule": {"after": "1s"},
+            "messages": [{"to": "a", "body": big, "data": {"k": "0123456789"}}]})),
+        "messages[0].data"
+    );
+}
+
+#[test]
+fn broadcast_shorthand_expands() {
+    let (t, messages) = task_and_messages(
+        json!({"schedule": {"after": "1s"}, "to": ["a", "b", "c"], "body": "x",
+                        "pacing": {"interval": "3s"}}),
+    )
+    .unwrap();
+    assert_eq!(t.message_count, 3);
+    assert_eq!(
+        messages[2],
+        Message {
+            to: "c".into(),
+            body: "x".into(),
+            data: None,
+            tz: None,
+        }
+    );
+    assert_eq!(t.pacing.interval_ms, 3_000);
+}
+
+#[test]
+fn at_with_zone_and_grace() {
+    let t = task(
+        json!({"schedule": {"at": "2026-12-01T09:00:00", "tz": "Asia/Shanghai"},
+                        "messages": [{"to": "a", "body": "b"}]}),
+    )
+    .unwrap();
+    assert_eq!(t.next_fire_at_ms, Some(1_796_086_800_000));
+    // Five minutes ago is within the default 10m grace: accepted, fires at once.
+    let five_ago = crate::schedule::format_utc(NOW - 300_000);
+    assert!(
+        task(json!({"schedule": {"at": five_ago}, "messages": [{"to": "a", "body": "b"}]})).is_ok()
+    );
+}
+
+#[test]
+fn each_error_names_its_field() {
+    let m = json!([{"to": "a", "body": "b"}]);
+    assert_eq!(
+        err_field(json!({"id": "a b", "schedule": {"after": "1s"}, "messages": m})),
+        "id"
+    );
+    assert_eq!(
+        err_field(json!({"channel": "nope", "schedule": {"after": "1s"}, "messages": m})),
+        "channel"
+    );
+    assert_eq!(
+        err_field(json!({"schedule": {"after": "soon"}, "messages": m})),
+        "schedule.after"
+    );
+    assert_eq!(
+        err_field(json!({"schedule": {"at": "2020-01-01T00:00:00Z"}, "messages": m})),
+        "schedule.at"
+    );
+    assert_eq!(
+        err_field(
+            json!({"schedule": {"at": "2026-12-01T09:00:00", "tz": "Nowhere/X"}, "messages": m})
+        ),
+        "schedule.tz"
+    );
+    assert_eq!(
+        err_field(json!({"schedule": {"at": "2100-01-01T00:00:00Z"}, "messages": m})),
+        "schedule.at"
+    );
+    assert_eq!(
+        err_field(json!({"schedule": {}, "messages": m})),
+        "schedule"
+    );
+    assert_eq!(
+        err_field(
+            json!({"schedule": {"after": "1s", "at": "2026-12-01T00:00:00Z"}, "messages": m})
+        ),
+        "schedule"
+    );
+    assert_eq!(
+        err_field(json!({"schedule": {"after": "1s"}, "messages": []})),
+        "messages"
+    );
+    assert_eq!(err_field(json!({"schedule": {"after": "1s"}})), "messages");
+    assert_eq!(
+        err_field(json!({"schedule": {"after": "1s"}, "messages": [{"to": "", "body": "b"}]})),
+        "messages[0].to"
+    );
+    assert_eq!(
+        err_field(
+            json!({"schedule": {"after": "1s"}, "messages": m, "pacing": {"interval": "3x"}})
+        ),
+        "pacing.interval"
+    );
+    assert_eq!(
+        err_field(
+            json!({"schedule": {"after": "1s"}, "messages": m, "retry": {"max_attempts": 0}})
+        ),
+        "retry.max_attempts"
+    );
+    assert_eq!(
+        err_field(
+            json!({"schedule": {"after": "1s"}, "messages": m, "retry": {"initial": "1m", "max": "1s"}})
+        ),
+        "retry.max"
+    );
+    assert_eq!(
+        err_field(json!({"schedule": {"after": "1s"}, "messages": m, "misfire": "later"})),
+        "misfire"
+    );
+    assert_eq!(
+        err_field(json!({"schedule": {"after": "1s"}, "messages": m, "overlap": "x"})),
+        "overlap"
+    );
+    assert_eq!(
+        err_field(
+            json!({"schedule": {"after": "1s"}, "messages": m, "metadata": {"k": "v".repeat(2000)}})
+        ),
+        "metadata.k"
+    );
+    assert_eq!(
+        err_field(
+            json!({"schedule": {"at": "2026-12-01T09:00:00", "tz": "UTC", "dst": {"gap": "x"}}, "messages": m})
+        ),
+        "schedule.dst.gap"
+    );
+    assert_eq!(
+        err_field(json!({"schedule": {"after": "1s"}, "to": ["a"]})),
+        "body"
+    );
+    let big = "x".repeat(64 * 1024 + 1);
+    assert_eq!(
+        err_field(json!({"schedule": {"after": "1s"}, "messages": [{"to": "a", "body": big}]})),
+        "messages[0].body"
+    );
+}
+
+#[test]
+fn dst_gap_skip_on_a_one_shot_is_an_error() {
+    let e = task(
+        json!({"schedule": {"at": "2027-03-14T02:30:00", "tz": "America/New_York",
+                                      "dst": {"gap": "skip"}},
+                        "messages": [{"to": "a", "body": "b"}]}),
+    )
+    .unwrap_err();
+    assert_eq!(e.field, "schedule.at");
+    assert!(e.detail.contains("DST gap"), "{}", e.detail);
+}
+
+#[test]
+fn unknown_fields_are_rejected_by_shape() {
+    let r: Result<TaskRequest, _> = serde_json::from_value(
+        json!({"schedule": {"after": "1s"}, "messages": [], "colour": "red"}),
+    );
+    assert!(r.unwrap_err().to_string().contains("unknown field"));
+}
