@@ -116,7 +116,12 @@ fn fixture() -> Fixture {
     cron.updated_at_ms = T0 + 130_000;
 
     let paced_msgs = [
-        msg("u1", "m0", Some(r#"{"template":"a"}"#), Some("Europe/Berlin")),
+        msg(
+            "u1",
+            "m0",
+            Some(r#"{"template":"a"}"#),
+            Some("Europe/Berlin"),
+        ),
         msg("u2", "m1", None, Some("America/New_York")),
         msg("u3", "m2", Some("{}"), Some("Europe/Berlin")),
     ];
@@ -280,7 +285,11 @@ fn fixture() -> Fixture {
         tasks: vec![
             (cron, cron_msgs.to_vec(), None),
             (paced, paced_msgs.to_vec(), None),
-            (notify, notify_msgs.to_vec(), Some(("idem-notify".into(), [7; 32]))),
+            (
+                notify,
+                notify_msgs.to_vec(),
+                Some(("idem-notify".into(), [7; 32])),
+            ),
             (reminders, rem_msgs.to_vec(), None),
             (done, done_msgs.to_vec(), None),
         ],
@@ -342,7 +351,10 @@ async fn write_the_format_6_fixture() {
         let s = common::herald::reopen(|| Store::open(Path::new(&out)));
         let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while s.memtable_bytes() > 0 {
-            assert!(std::time::Instant::now() < end, "the log never reached sled");
+            assert!(
+                std::time::Instant::now() < end,
+                "the log never reached sled"
+            );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
     }
@@ -388,7 +400,12 @@ fn opened_fixture() -> tempfile::TempDir {
 fn assert_reads_the_fixture(s: &Store) {
     let f = fixture();
     for (t, m, idem) in &f.tasks {
-        assert_eq!(s.get_task(&t.id).unwrap().as_ref(), Some(t), "task {}", t.id);
+        assert_eq!(
+            s.get_task(&t.id).unwrap().as_ref(),
+            Some(t),
+            "task {}",
+            t.id
+        );
         for (i, want) in m.iter().enumerate() {
             let got = s.get_message(&t.id, i as u32).unwrap();
             assert_eq!(got.as_ref(), Some(want), "message {i} of {}", t.id);
@@ -396,14 +413,22 @@ fn assert_reads_the_fixture(s: &Store) {
         assert!(s.get_message(&t.id, m.len() as u32).unwrap().is_none());
         if let Some((key, hash)) = idem {
             let rec = s.idem_get(key).unwrap().unwrap();
-            assert_eq!((rec.task_id.as_str(), rec.body_sha256), (t.id.as_str(), *hash));
+            assert_eq!(
+                (rec.task_id.as_str(), rec.body_sha256),
+                (t.id.as_str(), *hash)
+            );
         }
         let image = s.task_image(&t.id).unwrap().unwrap();
         assert_eq!(&image.task, t);
         assert_eq!(&image.messages, m);
     }
     for (id, r) in &f.runs {
-        assert_eq!(s.get_run(id, r.run).unwrap().as_ref(), Some(r), "run {id}/{}", r.run);
+        assert_eq!(
+            s.get_run(id, r.run).unwrap().as_ref(),
+            Some(r),
+            "run {id}/{}",
+            r.run
+        );
     }
     let cron_runs: Vec<Run> = f
         .runs
@@ -423,8 +448,22 @@ fn assert_reads_the_fixture(s: &Store) {
     assert_eq!(events.len(), want.len());
     for (got, want) in events.iter().zip(want) {
         assert_eq!(
-            (got.at_ms, got.kind, got.run, got.msg, got.attempt, &got.detail),
-            (want.at_ms, want.kind, want.run, want.msg, want.attempt, &want.detail)
+            (
+                got.at_ms,
+                got.kind,
+                got.run,
+                got.msg,
+                got.attempt,
+                &got.detail
+            ),
+            (
+                want.at_ms,
+                want.kind,
+                want.run,
+                want.msg,
+                want.attempt,
+                &want.detail
+            )
         );
     }
     // The live index: every unfinished task, with its state and next fire.
@@ -440,7 +479,14 @@ fn assert_reads_the_fixture(s: &Store) {
         .tasks
         .iter()
         .filter(|(t, _, _)| !t.state.is_terminal())
-        .map(|(t, _, _)| (t.id.clone(), t.state, t.next_fire_at_ms, t.schedule.is_one_shot()))
+        .map(|(t, _, _)| {
+            (
+                t.id.clone(),
+                t.state,
+                t.next_fire_at_ms,
+                t.schedule.is_one_shot(),
+            )
+        })
         .collect();
     want.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(live, want);

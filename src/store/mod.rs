@@ -522,7 +522,7 @@ impl Store {
         }
     }
 
-    fn get_decoded<T: serde::de::DeserializeOwned>(
+    fn get_decoded<T: codec::Stored>(
         &self,
         tree: TreeId,
         key: &[u8],
