@@ -26,6 +26,25 @@ pub trait Stored: Sized {
     const VERSION: u8 = FORMAT_VERSION;
     fn to_disk(&self) -> Cow<'_, Self::Disk>;
     fn from_disk(disk: Self::Disk) -> Self;
+    /// A record of this family written with an older version byte: its body decoded (with
+    /// [`decode_body`]) into the older frozen type and converted. `None`: no such version.
+    /// Every family is at its first version so far.
+    fn from_older(_version: u8, _body: &[u8]) -> Option<Result<Self, String>> {
+        None
+    }
+}
+
+/// The body of a record (after its version byte) as `T`, every byte used.
+pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    let (value, used) =
+        bincode::serde::decode_from_slice::<T, _>(body, config()).map_err(|e| e.to_string())?;
+    if used != body.len() {
+        return Err(format!(
+            "{} trailing bytes after the record",
+            body.len() - used
+        ));
+    }
+    Ok(value)
 }
 
 /// Version of the record layout written by this build.
@@ -74,21 +93,18 @@ pub fn decode<T: Stored>(tree: &str, key: &[u8], bytes: &[u8]) -> Result<T, Stor
     let Some((&version, body)) = bytes.split_first() else {
         return Err(corrupt("empty record".into()));
     };
-    if version != T::VERSION {
-        return Err(corrupt(format!(
+    if version == T::VERSION {
+        return decode_body::<T::Disk>(body)
+            .map(T::from_disk)
+            .map_err(corrupt);
+    }
+    match T::from_older(version, body) {
+        Some(r) => r.map_err(corrupt),
+        None => Err(corrupt(format!(
             "record format version {version}, this build reads {}",
             T::VERSION
-        )));
+        ))),
     }
-    let (value, used) = bincode::serde::decode_from_slice::<T::Disk, _>(body, config())
-        .map_err(|e| corrupt(e.to_string()))?;
-    if used != body.len() {
-        return Err(corrupt(format!(
-            "{} trailing bytes after the record",
-            body.len() - used
-        )));
-    }
-    Ok(T::from_disk(value))
 }
 
 #[cfg(test)]
@@ -103,6 +119,59 @@ mod tests {
         assert_eq!(bytes[0], FORMAT_VERSION);
         let back: Run = decode("runs", b"k", &bytes).unwrap();
         assert_eq!(back, r);
+    }
+
+    /// A family's second shape: written with byte 2, and its decode still reads byte 1.
+    #[derive(Debug, PartialEq)]
+    struct Grown {
+        a: u32,
+        b: String,
+    }
+    #[derive(serde::Serialize, serde::Deserialize, Clone)]
+    struct GrownV1 {
+        a: u32,
+    }
+    #[derive(serde::Serialize, serde::Deserialize, Clone)]
+    struct GrownV2 {
+        a: u32,
+        b: String,
+    }
+    impl Stored for Grown {
+        type Disk = GrownV2;
+        const VERSION: u8 = 2;
+        fn to_disk(&self) -> Cow<'_, GrownV2> {
+            Cow::Owned(GrownV2 {
+                a: self.a,
+                b: self.b.clone(),
+            })
+        }
+        fn from_disk(d: GrownV2) -> Grown {
+            Grown { a: d.a, b: d.b }
+        }
+        fn from_older(version: u8, body: &[u8]) -> Option<Result<Grown, String>> {
+            (version == 1).then(|| {
+                decode_body::<GrownV1>(body).map(|d| Grown {
+                    a: d.a,
+                    b: "default".into(),
+                })
+            })
+        }
+    }
+
+    #[test]
+    fn a_new_version_is_written_with_its_byte_and_old_records_still_read() {
+        let mut old = vec![1];
+        old.extend(bincode::serde::encode_to_vec(GrownV1 { a: 7 }, config()).unwrap());
+        let want = Grown {
+            a: 7,
+            b: "default".into(),
+        };
+        assert_eq!(decode::<Grown>("t", b"k", &old).unwrap(), want);
+        let new = encode(&want).unwrap();
+        assert_eq!(new[0], 2);
+        assert_eq!(decode::<Grown>("t", b"k", &new).unwrap(), want);
+        assert!(decode::<Grown>("t", b"k", &[3, 7]).is_err());
+        assert!(decode::<Grown>("t", b"k", &[old.clone(), vec![0]].concat()).is_err());
     }
 
     #[test]
