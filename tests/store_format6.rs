@@ -71,9 +71,12 @@ fn task(id: &str, schedule: Schedule, state: TaskState, messages: &[Message]) ->
     }
 }
 
+/// An idempotency key and the hash of its request body.
+type Idem = Option<(String, [u8; 32])>;
+
 struct Fixture {
     /// Each task, its messages, its idempotency key (key, body hash), its runs and timeline.
-    tasks: Vec<(Task, Vec<Message>, Option<(String, [u8; 32])>)>,
+    tasks: Vec<(Task, Vec<Message>, Idem)>,
     runs: Vec<(String, Run)>,
     failures: Vec<Failure>,
     timeline: Vec<(String, Vec<TimelineEvent>)>,
