@@ -73,6 +73,7 @@ fn each_writer_gets_the_storage_errors_typed_and_the_rest_as_write_failures() {
     let copy = eio.for_each_writer();
     assert_eq!(copy.io_kind(), Some(ErrorKind::Other));
     assert!(!copy.is_disk_full() && copy.is_storage());
+    assert_eq!(copy.to_string(), eio.to_string());
 
     // Not the storage's own: a write failure with its text, a storage error as before.
     let corrupt = StoreError::Corrupt {

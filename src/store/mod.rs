@@ -133,6 +133,10 @@ impl StoreError {
                 reserve_mib: *reserve_mib,
             },
             StoreError::Io(e) => StoreError::Io(std::io::Error::new(e.kind(), e.to_string())),
+            // sled's own `clone` of an I/O error keeps its kind but writes its `Debug` text.
+            StoreError::Sled(sled::Error::Io(e)) => StoreError::Sled(sled::Error::Io(
+                std::io::Error::new(e.kind(), e.to_string()),
+            )),
             StoreError::Sled(e) => StoreError::Sled(e.clone()),
             StoreError::Unavailable(s) => StoreError::Unavailable(s.clone()),
             StoreError::Write(s) => StoreError::Write(s.clone()),
