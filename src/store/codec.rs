@@ -1,12 +1,51 @@
-//! Versioned record encoding: one format-version byte, then bincode (standard config).
+//! Versioned record encoding: one format-version byte, then bincode (standard config) of the
+//! value's frozen on-disk type ([`Stored::Disk`], `store/records/`).
+//!
+//! Only [`Stored`] values are encoded: a model type is converted to its frozen type first, so
+//! a change to the model never changes the bytes by accident (bincode is not self-describing:
+//! a field added to a type changes what every old record must hold). A new shape of a family
+//! is a new frozen type written with the next version byte ([`Stored::VERSION`]); its decode
+//! then reads the older bytes too, by their byte.
 //!
 //! Decoding never panics. A record that is too short, has an unknown version or does not decode
 //! is an error naming the tree and key, so the caller can report it and keep serving the rest.
 //! A byte limit stops a corrupt length prefix from allocating gigabytes.
 
+use std::borrow::Cow;
+
 use serde::{de::DeserializeOwned, Serialize};
 
 use super::StoreError;
+
+/// A value the store writes, and the frozen type its bytes are (`store/records/`). The
+/// conversions live in `store/records/convert.rs`; a frozen type is its own `Disk`.
+pub trait Stored: Sized {
+    /// The on-disk shape: never changed once released.
+    type Disk: Serialize + DeserializeOwned + Clone;
+    /// The version byte written before it (and the only one read, until a family has two).
+    const VERSION: u8 = FORMAT_VERSION;
+    fn to_disk(&self) -> Cow<'_, Self::Disk>;
+    fn from_disk(disk: Self::Disk) -> Self;
+    /// A record of this family written with an older version byte: its body decoded (with
+    /// [`decode_body`]) into the older frozen type and converted. `None`: no such version.
+    /// Every family is at its first version so far.
+    fn from_older(_version: u8, _body: &[u8]) -> Option<Result<Self, String>> {
+        None
+    }
+}
+
+/// The body of a record (after its version byte) as `T`, every byte used.
+pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    let (value, used) =
+        bincode::serde::decode_from_slice::<T, _>(body, config()).map_err(|e| e.to_string())?;
+    if used != body.len() {
+        return Err(format!(
+            "{} trailing bytes after the record",
+            body.len() - used
+        ));
+    }
+    Ok(value)
+}
 
 /// Version of the record layout written by this build.
 pub const FORMAT_VERSION: u8 = 1;
@@ -19,7 +58,8 @@ fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<DECODE_LIMIT_BYTES>()
 }
 
-pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
+pub fn encode<T: Stored>(value: &T) -> Result<Vec<u8>, StoreError> {
+    let disk = value.to_disk();
     // Encoded into a reused buffer, then copied into an exact-sized one: the record lives on
     // in the memtable, which counts its length, not its capacity. (Encoding to a vector of its
     // own and copying that behind the version byte cost two growing allocations per record.)
@@ -29,8 +69,8 @@ pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
     SCRATCH.with(|scratch| {
         let mut buf = scratch.borrow_mut();
         buf.clear();
-        buf.push(FORMAT_VERSION);
-        bincode::serde::encode_into_std_write(value, &mut *buf, config())
+        buf.push(T::VERSION);
+        bincode::serde::encode_into_std_write(&*disk, &mut *buf, config())
             .map_err(|e| StoreError::Encode(e.to_string()))?;
         let out = buf.as_slice().to_vec();
         // A huge record (a task of 10 000 messages) does not keep its buffer for good.
@@ -44,7 +84,7 @@ pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
 /// Largest scratch buffer a thread keeps between records.
 const SCRATCH_KEEP: usize = 64 << 10;
 
-pub fn decode<T: DeserializeOwned>(tree: &str, key: &[u8], bytes: &[u8]) -> Result<T, StoreError> {
+pub fn decode<T: Stored>(tree: &str, key: &[u8], bytes: &[u8]) -> Result<T, StoreError> {
     let corrupt = |detail: String| StoreError::Corrupt {
         tree: tree.to_string(),
         key: String::from_utf8_lossy(key).into_owned(),
@@ -53,20 +93,18 @@ pub fn decode<T: DeserializeOwned>(tree: &str, key: &[u8], bytes: &[u8]) -> Resu
     let Some((&version, body)) = bytes.split_first() else {
         return Err(corrupt("empty record".into()));
     };
-    if version != FORMAT_VERSION {
-        return Err(corrupt(format!(
-            "record format version {version}, this build reads {FORMAT_VERSION}"
-        )));
+    if version == T::VERSION {
+        return decode_body::<T::Disk>(body)
+            .map(T::from_disk)
+            .map_err(corrupt);
     }
-    let (value, used) = bincode::serde::decode_from_slice::<T, _>(body, config())
-        .map_err(|e| corrupt(e.to_string()))?;
-    if used != body.len() {
-        return Err(corrupt(format!(
-            "{} trailing bytes after the record",
-            body.len() - used
-        )));
+    match T::from_older(version, body) {
+        Some(r) => r.map_err(corrupt),
+        None => Err(corrupt(format!(
+            "record format version {version}, this build reads {}",
+            T::VERSION
+        ))),
     }
-    Ok(value)
 }
 
 #[cfg(test)]
@@ -81,6 +119,59 @@ mod tests {
         assert_eq!(bytes[0], FORMAT_VERSION);
         let back: Run = decode("runs", b"k", &bytes).unwrap();
         assert_eq!(back, r);
+    }
+
+    /// A family's second shape: written with byte 2, and its decode still reads byte 1.
+    #[derive(Debug, PartialEq)]
+    struct Grown {
+        a: u32,
+        b: String,
+    }
+    #[derive(serde::Serialize, serde::Deserialize, Clone)]
+    struct GrownV1 {
+        a: u32,
+    }
+    #[derive(serde::Serialize, serde::Deserialize, Clone)]
+    struct GrownV2 {
+        a: u32,
+        b: String,
+    }
+    impl Stored for Grown {
+        type Disk = GrownV2;
+        const VERSION: u8 = 2;
+        fn to_disk(&self) -> Cow<'_, GrownV2> {
+            Cow::Owned(GrownV2 {
+                a: self.a,
+                b: self.b.clone(),
+            })
+        }
+        fn from_disk(d: GrownV2) -> Grown {
+            Grown { a: d.a, b: d.b }
+        }
+        fn from_older(version: u8, body: &[u8]) -> Option<Result<Grown, String>> {
+            (version == 1).then(|| {
+                decode_body::<GrownV1>(body).map(|d| Grown {
+                    a: d.a,
+                    b: "default".into(),
+                })
+            })
+        }
+    }
+
+    #[test]
+    fn a_new_version_is_written_with_its_byte_and_old_records_still_read() {
+        let mut old = vec![1];
+        old.extend(bincode::serde::encode_to_vec(GrownV1 { a: 7 }, config()).unwrap());
+        let want = Grown {
+            a: 7,
+            b: "default".into(),
+        };
+        assert_eq!(decode::<Grown>("t", b"k", &old).unwrap(), want);
+        let new = encode(&want).unwrap();
+        assert_eq!(new[0], 2);
+        assert_eq!(decode::<Grown>("t", b"k", &new).unwrap(), want);
+        assert!(decode::<Grown>("t", b"k", &[3, 7]).is_err());
+        assert!(decode::<Grown>("t", b"k", &[old.clone(), vec![0]].concat()).is_err());
     }
 
     #[test]
@@ -104,6 +195,6 @@ mod tests {
         // A huge length prefix must not allocate or panic.
         bytes.truncate(1);
         bytes.extend_from_slice(&[0xff; 12]);
-        assert!(decode::<crate::model::Task>("tasks", b"x", &bytes).is_err());
+        assert!(decode::<crate::store::records::SpecRecord>("specs", b"x", &bytes).is_err());
     }
 }

@@ -51,7 +51,7 @@ pub const PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(50
 /// Jobs that may wait for the commit thread (default; tests use a small queue).
 pub const QUEUE_JOBS: usize = 16_384;
 
-type Reply = oneshot::Sender<Result<Result<(), Rejected>, String>>;
+type Reply = oneshot::Sender<Result<Result<(), Rejected>, StoreError>>;
 
 struct Job {
     ops: Vec<RawOp>,
@@ -214,7 +214,7 @@ impl GroupCommit {
                 mpsc::error::TrySendError::Closed(_) => stopped(),
             })?;
         }
-        rx.await.map_err(|_| stopped())?.map_err(StoreError::Write)
+        rx.await.map_err(|_| stopped())?
     }
 
     /// Jobs waiting for the commit thread right now.
@@ -265,10 +265,7 @@ fn run(
         let started = Instant::now();
         let (ops, replies): (Vec<Vec<RawOp>>, Vec<Reply>) =
             jobs.into_iter().map(|j| (j.ops, j.reply)).unzip();
-        let result = backend
-            .apply(ops)
-            .and_then(|r| backend.sync().map(|()| r))
-            .map_err(|e| e.to_string());
+        let result = backend.apply(ops).and_then(|r| backend.sync().map(|()| r));
         let took = started.elapsed();
         stats
             .busy_us
@@ -292,9 +289,9 @@ fn run(
             }
             Err(e) => {
                 stats.failures.fetch_add(1, Ordering::Relaxed);
-                health.set(Some(e.clone()));
+                health.set(Some(e.to_string()));
                 for reply in replies {
-                    let _ = reply.send(Err(e.clone()));
+                    let _ = reply.send(Err(e.for_each_writer()));
                 }
                 // Some backends keep failing once they failed (sled remembers an I/O error):
                 // let them start afresh, at most once a second, so herald recovers by itself

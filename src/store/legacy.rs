@@ -6,7 +6,9 @@
 //! the new format: an interrupted migration simply runs again. Runs, failures and idempotency
 //! records did not change shape and are read as they are.
 //!
-//! The types here are frozen: they describe bytes already on disk and must never change.
+//! The types here are frozen: they describe bytes already on disk and must never change. They
+//! hold the frozen value types of `records/spec.rs` (whose shapes format 1 already had), and
+//! convert to the model in `records/convert.rs` ([`upgrade_v1`]).
 //! `tests/fixtures/v1-data` is a data directory written by format-1 herald; `tests/upgrade.rs`
 //! opens it.
 
@@ -17,30 +19,32 @@ use serde::{Deserialize, Serialize};
 use super::backend::{Backend, RawOp};
 use super::codec::decode;
 use super::embedded::SledBackend;
+use super::records::convert::upgrade_v1;
+use super::records::progress::TaskStateV1;
+use super::records::spec::{MisfireV1, OverlapV1, PacingV1, RetryPolicyV1, ScheduleV1};
 use super::{Batch, Op, StoreError};
-use crate::model::{Message, Misfire, Overlap, Pacing, RetryPolicy, Schedule, Task, TaskState};
 
-#[derive(Serialize, Deserialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct MessageV1 {
     pub to: String,
     pub body: String,
 }
 
 /// The format-1 task record, field for field.
-#[derive(Serialize, Deserialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct TaskV1 {
     pub id: String,
     pub name: Option<String>,
     pub channel: String,
-    pub schedule: Schedule,
+    pub schedule: ScheduleV1,
     pub messages: Vec<MessageV1>,
-    pub pacing: Pacing,
-    pub retry: Option<RetryPolicy>,
-    pub misfire: Misfire,
+    pub pacing: PacingV1,
+    pub retry: Option<RetryPolicyV1>,
+    pub misfire: MisfireV1,
     pub misfire_grace_ms: u64,
-    pub overlap: Overlap,
+    pub overlap: OverlapV1,
     pub metadata: BTreeMap<String, String>,
-    pub state: TaskState,
+    pub state: TaskStateV1,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
     pub next_fire_at_ms: Option<u64>,
@@ -51,55 +55,6 @@ pub struct TaskV1 {
     pub queued: Vec<(u32, u64)>,
     pub skipped: u32,
     pub expired: u32,
-}
-
-impl TaskV1 {
-    /// The current task and its messages. `watched_since_ms` becomes the last update: the best
-    /// lower bound of when herald last watched the task.
-    pub fn upgrade(self) -> (Task, Vec<Message>) {
-        let messages: Vec<Message> = self
-            .messages
-            .into_iter()
-            .map(|m| Message {
-                to: m.to,
-                body: m.body,
-                data: None,
-                tz: None,
-            })
-            .collect();
-        let task = Task {
-            id: self.id,
-            name: self.name,
-            channel: self.channel,
-            schedule: self.schedule,
-            message_count: messages.len() as u32,
-            pacing: self.pacing,
-            retry: self.retry,
-            misfire: self.misfire,
-            misfire_grace_ms: self.misfire_grace_ms,
-            overlap: self.overlap,
-            metadata: self.metadata,
-            state: self.state,
-            created_at_ms: self.created_at_ms,
-            updated_at_ms: self.updated_at_ms,
-            next_fire_at_ms: self.next_fire_at_ms,
-            runs: self.runs,
-            fires: self.fires,
-            last_fire_ms: self.last_fire_ms,
-            done_offsets_ms: self.done_offsets_ms,
-            queued: self.queued,
-            skipped: self.skipped,
-            expired: self.expired,
-            watched_since_ms: self.updated_at_ms,
-            failed_reason: None,
-            lang: Default::default(),
-            recipient_zones: Vec::new(),
-            quiet_hours: Default::default(),
-            notify: None,
-            trace_id: None,
-        };
-        (task, messages)
-    }
 }
 
 /// Rewrites a format-1 `tasks` tree into specs, progress, live entries and messages, in chunks
@@ -127,7 +82,7 @@ pub fn migrate_v1(db: &sled::Db, backend: &SledBackend) -> Result<(), StoreError
                 continue;
             }
         };
-        let (task, messages) = v1.upgrade();
+        let (task, messages) = upgrade_v1(v1);
         let mut b = Batch::new();
         b.ops.push(Op::Task(Box::new(task.clone())));
         b.ops.push(Op::Messages {

@@ -118,6 +118,53 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The error a failed group gives each of its writers (the commit thread answers them
+    /// all with one). The storage's own errors keep their type: a full disk stays
+    /// [`StoreError::DiskFull`], an I/O error keeps its [`std::io::ErrorKind`] (sled's too),
+    /// so a caller can tell ENOSPC from EIO. Anything else becomes a [`StoreError::Write`]
+    /// with its text, as every group failure was before, so [`StoreError::is_storage`]
+    /// answers as it did.
+    pub fn for_each_writer(&self) -> StoreError {
+        match self {
+            StoreError::DiskFull {
+                dir,
+                free_mib,
+                reserve_mib,
+            } => StoreError::DiskFull {
+                dir: dir.clone(),
+                free_mib: *free_mib,
+                reserve_mib: *reserve_mib,
+            },
+            StoreError::Io(e) => StoreError::Io(std::io::Error::new(e.kind(), e.to_string())),
+            // sled's own `clone` of an I/O error keeps its kind but writes its `Debug` text.
+            StoreError::Sled(sled::Error::Io(e)) => StoreError::Sled(sled::Error::Io(
+                std::io::Error::new(e.kind(), e.to_string()),
+            )),
+            StoreError::Sled(e) => StoreError::Sled(e.clone()),
+            StoreError::Unavailable(s) => StoreError::Unavailable(s.clone()),
+            StoreError::Write(s) => StoreError::Write(s.clone()),
+            other => StoreError::Write(other.to_string()),
+        }
+    }
+
+    /// The kind of the I/O error underneath, if it is one (ours or sled's).
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        match self {
+            StoreError::Io(e) => Some(e.kind()),
+            StoreError::Sled(sled::Error::Io(e)) => Some(e.kind()),
+            _ => None,
+        }
+    }
+
+    /// A full disk: under herald's reserve, or the filesystem said so (ENOSPC, EDQUOT).
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, StoreError::DiskFull { .. })
+            || matches!(
+                self.io_kind(),
+                Some(std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded)
+            )
+    }
+
     /// Errors of the storage itself (disk, sled), as opposed to one bad record or a full queue.
     pub fn is_storage(&self) -> bool {
         matches!(
@@ -532,7 +579,7 @@ impl Store {
         }
     }
 
-    fn get_decoded<T: serde::de::DeserializeOwned>(
+    fn get_decoded<T: codec::Stored>(
         &self,
         tree: TreeId,
         key: &[u8],

@@ -5,7 +5,9 @@
 //!
 //! Lock order (a thread holding one may take only those after it; `try_*` calls excepted, they
 //! never wait): `log` → `sled_fences` → `applier` (the inbox, with its condvars) → `mem` →
-//! `inner` → `pacer`; `closing` and the space gauge are taken alone. The applier's `hold_back` runs under
+//! `closing` → `inner` → `pacer`; `closing` is held by a reopen across its swap of `inner`,
+//! and the space gauge is taken alone. Debug builds assert it on every blocking acquire
+//! (`order.rs`: a lock taken out of order panics naming both). The applier's `hold_back` runs under
 //! `inner.read()` and so takes `mem` with `try_read` only. No lock is held across a call into
 //! sled that can block on I/O for good (closing an old handle: `SledBackend::reopen_sled`),
 //! and `inner.write()` is only ever held for a swap.
@@ -24,7 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::Condvar;
 
 use super::backend::{Backend, Kv, KvIter, RawOp, Rejected, TreeId, TREES};
 use super::memtable::{Layer, Mem, ACTIVE_MAX_BYTES, FREEZE_AGE, FREEZE_BYTES};
@@ -33,11 +35,13 @@ use super::space;
 use super::wal::{self, Segment, Write};
 use super::StoreError;
 
+mod order;
 mod resolve;
 mod scan;
 #[cfg(test)]
 mod tests;
 
+use order::{OMutex, ORwLock, Rank};
 use resolve::Resolver;
 use scan::MergedScan;
 
@@ -73,13 +77,13 @@ struct Shared {
     dir: PathBuf,
     cache_bytes: u64,
     /// `None` only while a reopen failed; every operation then fails until the next one.
-    inner: RwLock<Option<SledInner>>,
+    inner: ORwLock<Option<SledInner>>,
     /// The segment being appended to and the group `apply` resolved for `sync`.
-    log: Mutex<Log>,
-    mem: RwLock<Mem>,
+    log: OMutex<Log>,
+    mem: ORwLock<Mem>,
     /// The applier's inbox; `done` is signalled (under this lock) when a frozen layer is
     /// dropped, `work` when there is something for the applier.
-    applier: Mutex<Inbox>,
+    applier: OMutex<Inbox>,
     work: Condvar,
     done: Condvar,
     /// The applier met a sled error: writes are refused until `recover` reopened sled.
@@ -92,15 +96,15 @@ struct Shared {
     /// A write waited for room since the applier last looked: it must not hold back.
     pressed: AtomicBool,
     /// The applier's pacing state (only the applier thread takes it).
-    pacer: Mutex<pace::Pacer>,
+    pacer: OMutex<pace::Pacer>,
     /// Per tree, no key in sled is above this (see [`SledFences`]).
-    sled_fences: Mutex<SledFences>,
+    sled_fences: OMutex<SledFences>,
     /// The applier waits for free space before it writes a layer into sled (`store/space.rs`):
     /// a write that would wait for room fails at once instead.
     low_space: AtomicBool,
     /// An old sled handle being closed on its own thread (see [`SledBackend::reopen_sled`]):
     /// answers once the close is done. Until then sled's lock on the directory is held.
-    closing: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+    closing: OMutex<Option<std::sync::mpsc::Receiver<()>>>,
     /// Free space as the commit thread last read it.
     gauge: space::Gauge,
     /// The applier's progress: chunks of keys written into sled and layers done (a write
@@ -386,7 +390,8 @@ impl Shared {
             }
             self.pressed.store(true, Ordering::Relaxed);
             tracing::debug!("memtable full: the write waits for the applier");
-            self.done.wait_for(&mut inbox, Duration::from_millis(100));
+            self.done
+                .wait_for(inbox.guard_mut(), Duration::from_millis(100));
         }
     }
 
@@ -459,7 +464,8 @@ impl Shared {
                     self.sled_failed.store(true, Ordering::SeqCst);
                     let mut inbox = self.applier.lock();
                     while self.sled_failed.load(Ordering::SeqCst) && !inbox.stop {
-                        self.work.wait_for(&mut inbox, Duration::from_millis(100));
+                        self.work
+                            .wait_for(inbox.guard_mut(), Duration::from_millis(100));
                     }
                     if inbox.stop {
                         return false;
@@ -530,7 +536,7 @@ impl Shared {
             if inbox.stop {
                 return false;
             }
-            self.work.wait_for(&mut inbox, SPACE_POLL);
+            self.work.wait_for(inbox.guard_mut(), SPACE_POLL);
         }
     }
 
@@ -546,7 +552,10 @@ impl Shared {
     /// stopping.
     fn hold_back(&self, waited: &std::cell::Cell<Duration>) -> bool {
         loop {
-            if self.applier.lock().stop {
+            // `try_lock`: the caller holds `inner.read()`, which comes after `applier` (a
+            // blocking lock here broke the order; `order.rs` caught it). A contended inbox
+            // reads as "not stopping": the next chunk, or the next poll, looks again.
+            if self.applier.try_lock().is_some_and(|inbox| inbox.stop) {
                 return true;
             }
             // No group for a whole poll: quiet, no need to watch.
@@ -604,7 +613,7 @@ fn applier(shared: Arc<Shared>) {
         let (layer, make_spare) = {
             let mut inbox = shared.applier.lock();
             if inbox.layer.is_none() && !inbox.spare && !inbox.stop {
-                shared.work.wait_for(&mut inbox, FREEZE_AGE / 4);
+                shared.work.wait_for(inbox.guard_mut(), FREEZE_AGE / 4);
             }
             if inbox.stop {
                 return;
@@ -670,14 +679,17 @@ impl SledBackend {
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             cache_bytes,
-            inner: RwLock::new(Some(inner)),
-            log: Mutex::new(Log {
-                seg: Some(seg),
-                pending: None,
-                closed: segs.into_iter().map(|(_, p)| p).collect(),
-            }),
-            mem: RwLock::new(mem),
-            applier: Mutex::new(Inbox::default()),
+            inner: ORwLock::new(Rank::Inner, Some(inner)),
+            log: OMutex::new(
+                Rank::Log,
+                Log {
+                    seg: Some(seg),
+                    pending: None,
+                    closed: segs.into_iter().map(|(_, p)| p).collect(),
+                },
+            ),
+            mem: ORwLock::new(Rank::Mem, mem),
+            applier: OMutex::new(Rank::Applier, Inbox::default()),
             work: Condvar::new(),
             done: Condvar::new(),
             sled_failed: AtomicBool::new(false),
@@ -685,10 +697,10 @@ impl SledBackend {
             last_group_us: AtomicU64::new(0),
             epoch: Instant::now(),
             pressed: AtomicBool::new(false),
-            pacer: Mutex::new(pace::Pacer::default()),
-            sled_fences: Mutex::new(Default::default()),
+            pacer: OMutex::new(Rank::Pacer, pace::Pacer::default()),
+            sled_fences: OMutex::new(Rank::SledFences, Default::default()),
             low_space: AtomicBool::new(false),
-            closing: Mutex::new(None),
+            closing: OMutex::new(Rank::Closing, None),
             gauge: space::Gauge::default(),
             applied: AtomicU64::new(0),
             active_bytes: AtomicUsize::new(0),

@@ -18,18 +18,33 @@
 //!   rest in the background. The backend keeps it in step with `live` (`RawOp::Indexed`).
 //!
 //! In memory the engine holds a [`TaskSpec`] and a [`TaskProgress`]; the API and exports the
-//! flat [`Task`]. These types are what is on disk, converted from and to both.
+//! flat [`Task`]. [`SpecRecord`], [`ProgressRecord`] and
+//! [`LiveEntry`] only exist to split and join them, in the model's types (they may change with
+//! the model). What is on disk are the **frozen** types beside them, never changed once
+//! released: `spec.rs` (spec, message and the values a spec holds), `progress.rs` (progress,
+//! live entry), `run.rs` (runs, failures, idempotency records), the timeline's
+//! `timeline::TimelineRecord` and format 1's `legacy::TaskV1`. `convert.rs` is the one place
+//! that converts between the two; the codec encodes only through it (`codec::Stored`).
+//! `golden.rs` pins every family's bytes.
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
+#[cfg(doc)]
+use crate::model::Task;
 use crate::model::{
-    Lang, Message, Misfire, Notify, Overlap, Pacing, QuietSetting, RetryPolicy, Schedule, Task,
+    Lang, Message, Misfire, Notify, Overlap, Pacing, QuietSetting, RetryPolicy, Schedule,
     TaskProgress, TaskSpec, TaskState,
 };
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub mod convert;
+pub mod progress;
+pub mod run;
+pub mod spec;
+
+pub use convert::{join, live_of, progress_of, spec_of};
+
+/// What the user asked for, as the `specs` tree holds it (frozen: [`spec::SpecV1`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SpecRecord {
     pub id: String,
     pub name: Option<String>,
@@ -43,43 +58,25 @@ pub struct SpecRecord {
     pub overlap: Overlap,
     pub metadata: BTreeMap<String, String>,
     pub created_at_ms: u64,
-    /// Added after format 4 was released: last, and read as `en` from a record that ends
-    /// before it (see [`trailing_or_default`]), so specs written before it still decode.
-    #[serde(default, deserialize_with = "trailing_or_default")]
+    /// `en` from a spec written before format 5.
     pub lang: Lang,
     /// Format 6: the task's only message, kept here instead of in `messages` when a create
     /// has exactly one (one key fewer per task; most tasks have one). `None` in a record
     /// written before (read as such: its messages are in `messages`), and whenever the
     /// messages are in `messages` (more than one, or replaced by a patch).
-    #[serde(default, deserialize_with = "trailing_or_default")]
     pub message: Option<Message>,
-    /// Added after format 5 (issue 28, recipient time): last, empty from a record before it.
-    #[serde(default, deserialize_with = "trailing_or_default")]
+    /// Empty from a spec written before issue 28 (recipient time).
     pub recipient_zones: Vec<String>,
-    /// Added after format 5 (issue 28): the channel's quiet hours from a record before it.
-    #[serde(default, deserialize_with = "trailing_or_default")]
+    /// The channel's quiet hours from a spec written before issue 28.
     pub quiet_hours: QuietSetting,
-    /// Added after format 5 (issue 28): none from a record before it.
-    #[serde(default, deserialize_with = "trailing_or_default")]
+    /// None from a spec written before issue 28.
     pub notify: Option<Notify>,
-    /// Added with the timeline (issue 25), after `lang`: read as none from older records.
-    #[serde(default, deserialize_with = "trailing_or_default")]
+    /// None from a spec written before the timeline (issue 25).
     pub trace_id: Option<[u8; 16]>,
 }
 
-/// A field added at the end of a bincode record: its default when the record's bytes end
-/// before it. bincode is not self-describing, so `#[serde(default)]` alone would not do:
-/// reading past the end is an error, which this turns into the default. Bytes left unread
-/// still fail the record, through the codec's check that every byte was used.
-fn trailing_or_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de> + Default,
-{
-    Ok(T::deserialize(d).unwrap_or_default())
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+/// What the engine rewrites, as the `progress` tree holds it (frozen: [`progress::ProgressV1`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProgressRecord {
     pub state: TaskState,
     pub updated_at_ms: u64,
@@ -119,53 +116,14 @@ impl ProgressRecord {
     }
 }
 
-/// The `live` index entry of an unfinished task: enough to put it back on the wheel.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+/// The `live` index entry of an unfinished task: enough to put it back on the wheel (frozen:
+/// [`progress::LiveV1`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LiveEntry {
     pub state: TaskState,
     pub next_fire_at_ms: Option<u64>,
     /// An `at`/`after` task: its fire is handled earlier than a cron's (`dispatch::fire_lead_ms`).
     pub one_shot: bool,
-}
-
-pub fn spec_of(t: &Task) -> SpecRecord {
-    SpecRecord {
-        id: t.id.clone(),
-        name: t.name.clone(),
-        channel: t.channel.clone(),
-        schedule: t.schedule.clone(),
-        message_count: t.message_count,
-        pacing: t.pacing,
-        retry: t.retry,
-        misfire: t.misfire,
-        misfire_grace_ms: t.misfire_grace_ms,
-        overlap: t.overlap,
-        metadata: t.metadata.clone(),
-        created_at_ms: t.created_at_ms,
-        lang: t.lang,
-        message: None,
-        recipient_zones: t.recipient_zones.clone(),
-        quiet_hours: t.quiet_hours.clone(),
-        notify: t.notify.clone(),
-        trace_id: t.trace_id,
-    }
-}
-
-pub fn progress_of(t: &Task) -> ProgressRecord {
-    ProgressRecord {
-        state: t.state,
-        updated_at_ms: t.updated_at_ms,
-        next_fire_at_ms: t.next_fire_at_ms,
-        runs: t.runs,
-        fires: t.fires,
-        last_fire_ms: t.last_fire_ms,
-        done_offsets_ms: t.done_offsets_ms.clone(),
-        queued: t.queued.clone(),
-        skipped: t.skipped,
-        expired: t.expired,
-        watched_since_ms: t.watched_since_ms,
-        failed_reason: t.failed_reason.clone(),
-    }
 }
 
 /// The progress record of the engine's in-memory progress (the same fields).
@@ -236,52 +194,22 @@ pub fn due_key_id(key: &[u8]) -> Option<&[u8]> {
     key.get(9..)
 }
 
-pub fn live_of(t: &Task) -> LiveEntry {
-    LiveEntry {
-        state: t.state,
-        next_fire_at_ms: t.next_fire_at_ms,
-        one_shot: t.schedule.is_one_shot(),
-    }
-}
-
-pub fn join(s: SpecRecord, p: ProgressRecord) -> Task {
-    Task {
-        id: s.id,
-        name: s.name,
-        channel: s.channel,
-        schedule: s.schedule,
-        message_count: s.message_count,
-        pacing: s.pacing,
-        retry: s.retry,
-        misfire: s.misfire,
-        misfire_grace_ms: s.misfire_grace_ms,
-        overlap: s.overlap,
-        metadata: s.metadata,
-        state: p.state,
-        created_at_ms: s.created_at_ms,
-        updated_at_ms: p.updated_at_ms,
-        next_fire_at_ms: p.next_fire_at_ms,
-        runs: p.runs,
-        fires: p.fires,
-        last_fire_ms: p.last_fire_ms,
-        done_offsets_ms: p.done_offsets_ms,
-        queued: p.queued,
-        skipped: p.skipped,
-        expired: p.expired,
-        watched_since_ms: p.watched_since_ms,
-        failed_reason: p.failed_reason,
-        lang: s.lang,
-        recipient_zones: s.recipient_zones,
-        quiet_hours: s.quiet_hours,
-        notify: s.notify,
-        trace_id: s.trace_id,
-    }
-}
+#[cfg(test)]
+mod golden;
 
 #[cfg(test)]
 mod tests {
+    use super::spec::{LangV1, MisfireV1, OverlapV1, PacingV1, RetryPolicyV1, ScheduleV1};
     use super::*;
-    use crate::store::codec::{decode, encode};
+    use crate::store::codec::{decode, encode, Stored, FORMAT_VERSION};
+    use serde::Serialize;
+
+    /// Bytes as an older build wrote them: the version byte, then bincode of an older shape.
+    fn raw<T: Serialize>(old: &T) -> Vec<u8> {
+        let mut b = vec![FORMAT_VERSION];
+        b.extend(bincode::serde::encode_to_vec(old, bincode::config::standard()).unwrap());
+        b
+    }
 
     /// The spec record as format 4 first wrote it, before `lang`.
     #[derive(Serialize)]
@@ -289,13 +217,13 @@ mod tests {
         id: String,
         name: Option<String>,
         channel: String,
-        schedule: Schedule,
+        schedule: ScheduleV1,
         message_count: u32,
-        pacing: Pacing,
-        retry: Option<RetryPolicy>,
-        misfire: Misfire,
+        pacing: PacingV1,
+        retry: Option<RetryPolicyV1>,
+        misfire: MisfireV1,
         misfire_grace_ms: u64,
-        overlap: Overlap,
+        overlap: OverlapV1,
         metadata: BTreeMap<String, String>,
         created_at_ms: u64,
     }
@@ -330,21 +258,22 @@ mod tests {
     #[test]
     fn a_spec_written_before_lang_decodes_as_english() {
         let s = spec(Lang::En);
+        let d = s.to_disk().into_owned();
         let old = SpecBeforeLang {
-            id: s.id.clone(),
-            name: s.name.clone(),
-            channel: s.channel.clone(),
-            schedule: s.schedule.clone(),
-            message_count: s.message_count,
-            pacing: s.pacing,
-            retry: s.retry,
-            misfire: s.misfire,
-            misfire_grace_ms: s.misfire_grace_ms,
-            overlap: s.overlap,
-            metadata: s.metadata.clone(),
-            created_at_ms: s.created_at_ms,
+            id: d.id.clone(),
+            name: d.name.clone(),
+            channel: d.channel.clone(),
+            schedule: d.schedule.clone(),
+            message_count: d.message_count,
+            pacing: d.pacing,
+            retry: d.retry,
+            misfire: d.misfire,
+            misfire_grace_ms: d.misfire_grace_ms,
+            overlap: d.overlap,
+            metadata: d.metadata.clone(),
+            created_at_ms: d.created_at_ms,
         };
-        let bytes = encode(&old).unwrap();
+        let bytes = raw(&old);
         assert_eq!(decode::<SpecRecord>("specs", b"t", &bytes).unwrap(), s);
     }
 
@@ -354,37 +283,38 @@ mod tests {
         id: String,
         name: Option<String>,
         channel: String,
-        schedule: Schedule,
+        schedule: ScheduleV1,
         message_count: u32,
-        pacing: Pacing,
-        retry: Option<RetryPolicy>,
-        misfire: Misfire,
+        pacing: PacingV1,
+        retry: Option<RetryPolicyV1>,
+        misfire: MisfireV1,
         misfire_grace_ms: u64,
-        overlap: Overlap,
+        overlap: OverlapV1,
         metadata: BTreeMap<String, String>,
         created_at_ms: u64,
-        lang: Lang,
+        lang: LangV1,
     }
 
     #[test]
     fn a_format_5_spec_decodes_without_a_message_and_one_kept_inside_round_trips() {
         let s = spec(Lang::Zh);
+        let d = s.to_disk().into_owned();
         let old = SpecFormat5 {
-            id: s.id.clone(),
-            name: s.name.clone(),
-            channel: s.channel.clone(),
-            schedule: s.schedule.clone(),
-            message_count: s.message_count,
-            pacing: s.pacing,
-            retry: s.retry,
-            misfire: s.misfire,
-            misfire_grace_ms: s.misfire_grace_ms,
-            overlap: s.overlap,
-            metadata: s.metadata.clone(),
-            created_at_ms: s.created_at_ms,
-            lang: s.lang,
+            id: d.id.clone(),
+            name: d.name.clone(),
+            channel: d.channel.clone(),
+            schedule: d.schedule.clone(),
+            message_count: d.message_count,
+            pacing: d.pacing,
+            retry: d.retry,
+            misfire: d.misfire,
+            misfire_grace_ms: d.misfire_grace_ms,
+            overlap: d.overlap,
+            metadata: d.metadata.clone(),
+            created_at_ms: d.created_at_ms,
+            lang: d.lang,
         };
-        let bytes = encode(&old).unwrap();
+        let bytes = raw(&old);
         assert_eq!(decode::<SpecRecord>("specs", b"t", &bytes).unwrap(), s);
         let mut with = spec(Lang::En);
         with.message = Some(Message {

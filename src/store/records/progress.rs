@@ -1,0 +1,41 @@
+//! The progress record (tree `progress`) and the live entry (trees `live` and `due`) as they
+//! are on disk. Frozen, like `spec.rs`: never changed; a new shape is a new version.
+
+use serde::{Deserialize, Serialize};
+
+/// A task's state. Variant order is the on-disk code: never reorder, never insert.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaskStateV1 {
+    Pending,
+    Running,
+    Paused,
+    Completed,
+    Cancelled,
+    Failed,
+    Expired,
+}
+
+/// The progress record, version 1 (formats 4 to 6).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ProgressV1 {
+    pub state: TaskStateV1,
+    pub updated_at_ms: u64,
+    pub next_fire_at_ms: Option<u64>,
+    pub runs: u32,
+    pub fires: u32,
+    pub last_fire_ms: Option<u64>,
+    pub done_offsets_ms: Vec<u64>,
+    pub queued: Vec<(u32, u64)>,
+    pub skipped: u32,
+    pub expired: u32,
+    pub watched_since_ms: u64,
+    pub failed_reason: Option<String>,
+}
+
+/// The live entry, version 1 (formats 4 to 6).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveV1 {
+    pub state: TaskStateV1,
+    pub next_fire_at_ms: Option<u64>,
+    pub one_shot: bool,
+}
