@@ -1,7 +1,8 @@
-//! The task record: what a user created, resolved and validated, plus its durable state.
+//! The task: what a user created, resolved and validated (`TaskSpec`), plus what happened to
+//! it so far (`TaskProgress`); the flat `Task` joins both for the API and exports.
 //!
-//! These types are stored with bincode (see `store::codec`), so they use only shapes bincode's
-//! serde support can round-trip: no untagged enums, no flattening, no skipped fields.
+//! These are the model's types: they may change freely. What is on disk are the frozen types
+//! of `store/records/` with explicit conversions (`records/convert.rs`), never these.
 
 use std::collections::BTreeMap;
 
@@ -14,25 +15,13 @@ use super::state::TaskState;
 pub struct Message {
     pub to: String,
     pub body: String,
-    /// Free JSON object for platform fields (e.g. a template id), as JSON text: bincode's serde
-    /// support cannot round-trip `serde_json::Value`. Available to channel templates as `data`.
+    /// Free JSON object for platform fields (e.g. a template id), as JSON text (so the frozen
+    /// record holds a string). Available to channel templates as `data`.
     pub data: Option<String>,
     /// The recipient's IANA zone, for schedules in recipient time (`"tz": "recipient"`); the
-    /// task's `default_tz` was filled in at validation. Added after format 5: last, and `None`
-    /// from a record that ends before it.
-    #[serde(default, deserialize_with = "trailing_or_default")]
+    /// task's `default_tz` was filled in at validation. `None` in exports made before it.
+    #[serde(default)]
     pub tz: Option<String>,
-}
-
-/// A field added at the end of a bincode record: its default when the record's bytes end
-/// before it (bincode is not self-describing: reading past the end is an error, which this
-/// turns into the default; bytes left unread still fail the record in the codec).
-pub fn trailing_or_default<'de, D, T>(d: D) -> Result<T, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de> + Default,
-{
-    Ok(T::deserialize(d).unwrap_or_default())
 }
 
 /// What to do with a local time that does not exist (spring forward).
