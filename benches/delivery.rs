@@ -240,6 +240,7 @@ impl Baseline {
                             metadata: Default::default(),
                             kind: None,
                             about: None,
+                            trace_id: [0; 16],
                         };
                         (key, Bytes::from(serde_json::to_vec(&d).expect("json")))
                     })
@@ -525,8 +526,26 @@ fn delivery(c: &mut Criterion) {
             (1.0 - on / off) * 100.0
         );
     }
-    if criterion_filter_allows("paired") {
-        rt.block_on(paired_template_cost(&receiver, &requests));
+    // (signed, templated, timeline)
+    if criterion_filter_allows("paired_template") {
+        let (plain, templated) = ((false, false, true), (false, true, true));
+        rt.block_on(paired_cost(
+            &receiver,
+            &requests,
+            "templated / plain",
+            plain,
+            templated,
+        ));
+    }
+    if criterion_filter_allows("paired_timeline") {
+        let (off, on) = ((false, false, false), (false, false, true));
+        rt.block_on(paired_cost(
+            &receiver,
+            &requests,
+            "timeline on / off",
+            off,
+            on,
+        ));
     }
 }
 
@@ -539,14 +558,24 @@ fn criterion_filter_allows(name: &str) -> bool {
     filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))
 }
 
-/// The template engine's cost measured in pairs: the criterion contenders above run one after
-/// the other, so anything that drifts over the run (page cache, another process, CPU
-/// frequency) lands on one of them only; on this 2-core VM that drift was as large as the cost
-/// being measured (the ratio read 0.81 in one quiet run and 0.93 in another). Here each pair is
-/// a fresh plain and a fresh templated herald, run round for round alternately (which one goes
-/// first alternates too), and the figure is the median over pairs of the pair's ratio.
-/// `HERALD_DELIVERY_PAIRS` sets the number of pairs (default 9), 6 timed rounds per contender.
-async fn paired_template_cost(receiver: &Receiver, requests: &[TaskRequest]) {
+/// A contender of a paired cost: `(signed, templated, timeline)` as for [`Herald::start`].
+type Shape = (bool, bool, bool);
+
+/// A cost measured in pairs (the template engine's, the timeline's): the criterion contenders
+/// above run one after the other, so anything that drifts over the run (page cache, another
+/// process, CPU frequency) lands on one of them only; on this 2-core VM that drift was as
+/// large as the cost being measured (the template's ratio read 0.81 in one quiet run and 0.93
+/// in another). Here each pair is a fresh `base` and a fresh `with` herald, run round for round
+/// alternately (which one goes first alternates too), and the figure is the median over pairs
+/// of the pair's throughput ratio `with / base`. `HERALD_DELIVERY_PAIRS` sets the number of
+/// pairs (default 9), 6 timed rounds per contender.
+async fn paired_cost(
+    receiver: &Receiver,
+    requests: &[TaskRequest],
+    what: &str,
+    base: Shape,
+    with: Shape,
+) {
     let pairs: usize = std::env::var("HERALD_DELIVERY_PAIRS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -556,23 +585,23 @@ async fn paired_template_cost(receiver: &Receiver, requests: &[TaskRequest]) {
     let counter = &receiver.counter;
     let mut ratios = Vec::with_capacity(pairs);
     for p in 0..pairs {
-        let plain = Herald::start(&receiver.url(), false, false, true, tmpfs_dir()).await;
-        let templated = Herald::start(&receiver.url(), false, true, true, tmpfs_dir()).await;
+        let plain = Herald::start(&receiver.url(), base.0, base.1, base.2, tmpfs_dir()).await;
+        let other = Herald::start(&receiver.url(), with.0, with.1, with.2, tmpfs_dir()).await;
         plain.round(counter, requests).await;
-        templated.round(counter, requests).await;
-        let (mut t_plain, mut t_templated) = (Duration::ZERO, Duration::ZERO);
+        other.round(counter, requests).await;
+        let (mut t_plain, mut t_other) = (Duration::ZERO, Duration::ZERO);
         for r in 0..ROUNDS {
             if (p + r) % 2 == 0 {
                 t_plain += plain.round(counter, requests).await;
-                t_templated += templated.round(counter, requests).await;
+                t_other += other.round(counter, requests).await;
             } else {
-                t_templated += templated.round(counter, requests).await;
+                t_other += other.round(counter, requests).await;
                 t_plain += plain.round(counter, requests).await;
             }
         }
         // Same messages on both sides: the throughput ratio is the inverse time ratio.
-        ratios.push(t_plain.as_secs_f64() / t_templated.as_secs_f64().max(1e-9));
-        for h in [plain, templated] {
+        ratios.push(t_plain.as_secs_f64() / t_other.as_secs_f64().max(1e-9));
+        for h in [plain, other] {
             assert!(
                 h.server.stop(Duration::from_secs(30)).await,
                 "herald stopped"
@@ -582,7 +611,7 @@ async fn paired_template_cost(receiver: &Receiver, requests: &[TaskRequest]) {
     ratios.sort_by(f64::total_cmp);
     let median = ratios[ratios.len() / 2];
     println!(
-        "paired (templated / plain throughput, {pairs} pairs x {ROUNDS} alternating rounds): \
+        "paired ({what} throughput, {pairs} pairs x {ROUNDS} alternating rounds): \
          median {median:.3} (cost {:.1} %), range {:.3}..{:.3}",
         (1.0 - median) * 100.0,
         ratios[0],

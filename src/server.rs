@@ -253,17 +253,6 @@ pub async fn start_with(
         clock: clock.clone(),
         tracing: tracing.clone(),
     });
-    // A task made before this boot: its deliveries read its trace id from its spec, once.
-    // Through the API state, weakly: the channels (which hold the book) are the engine's, and
-    // a strong engine here would keep it, and its store, alive for good.
-    let reader = Arc::downgrade(&state);
-    tracing.book.set_resolver(
-        move |id| match reader.upgrade()?.engine.store().get_task(id) {
-            Ok(Some(t)) => Some(t.trace_id),
-            Ok(None) => Some(None),
-            Err(_) => None,
-        },
-    );
     // Serve first: while recovery runs, /healthz and /v1 answer 503 instead of hanging.
     tokio::spawn(api::serve(listener, state, rx));
     engine.recover().await?;

@@ -178,3 +178,99 @@ body = '{{"tp":{{{{ traceparent | tojson }}}},"to":{{{{ to | tojson }}}}}}'
         "the header and the variable agree"
     );
 }
+
+async fn timeline(h: &TestHerald, id: &str) -> Vec<serde_json::Value> {
+    let r = http::get(&h.url(&format!("/v1/tasks/{id}/timeline?limit=1000"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["events"].as_array().cloned().unwrap_or_default()
+}
+
+/// A failure-list retry is an attempt like any other: it carries the task's trace with a span
+/// of its own, and the timeline records it (`attempt`, then `delivered`) in the retry's write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_list_retry_is_traced_and_on_the_timeline() {
+    let rx = Receiver::start().await;
+    rx.script(vec![Behavior::Status(400)]);
+    let h = TestHerald::start(&webhook_channel("hook", &rx.url(), "")).await;
+    let caller = format!("00-{TRACE}-00f067aa0ba902b7-01");
+    create(
+        &h,
+        json!({"id": "fr", "channel": "hook", "schedule": {"after": "0s"},
+               "to": ["a"], "body": "hi"}),
+        &[("traceparent", &caller)],
+    )
+    .await;
+    common::herald::poll(Duration::from_secs(10), || async {
+        let r = http::get(&h.url("/v1/failures?task=fr")).await.json();
+        (r["failures"].as_array().map(Vec::len) == Some(1)).then_some(())
+    })
+    .await
+    .expect("the 400 put the message in the failure list");
+    let r = http::request("POST", &h.url("/v1/failures/fr:1:0/retry"), &[], None).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let got = rx.wait_for(2, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 2, "the attempt and the retry");
+    let (t0, s0) = parts(got[0].header("traceparent").expect("first attempt traced"));
+    let (t1, s1) = parts(got[1].header("traceparent").expect("the retry is traced"));
+    assert_eq!((t0.as_str(), t1.as_str()), (TRACE, TRACE));
+    assert_ne!(s0, s1, "the retry has a span of its own");
+    let events = common::herald::poll(Duration::from_secs(10), || async {
+        let ev = timeline(&h, "fr").await;
+        ev.iter().any(|e| e["kind"] == "delivered").then_some(ev)
+    })
+    .await
+    .expect("the retry's delivery is on the timeline");
+    let kinds: Vec<&str> = events.iter().filter_map(|e| e["kind"].as_str()).collect();
+    let at = kinds
+        .iter()
+        .position(|k| *k == "failure_retried")
+        .unwrap_or_else(|| panic!("failure_retried in {kinds:?}"));
+    assert_eq!(
+        &kinds[at..],
+        ["failure_retried", "attempt", "delivered"],
+        "{kinds:?}"
+    );
+    let retry_attempt = &events[at + 1];
+    assert_eq!(retry_attempt["attempt"], 2, "{retry_attempt}");
+    assert_eq!(retry_attempt["detail"]["status"], 200, "{retry_attempt}");
+    assert_eq!(
+        retry_attempt["detail"]["outcome"], "sent",
+        "{retry_attempt}"
+    );
+}
+
+/// A task made before a restart: its deliveries carry its trace from its own spec (there is no
+/// map of traces in memory that a restart would empty).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_deliveries_still_carry_the_tasks_trace() {
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = webhook_channel("hook", &rx.url(), "");
+    let server = common::herald::start_in(dir.path(), &config).await;
+    let caller = format!("00-{TRACE}-00f067aa0ba902b7-01");
+    let r = http::request(
+        "POST",
+        &format!("{}/v1/tasks", server.url()),
+        &[("traceparent", &caller)],
+        Some(
+            serde_json::to_vec(&json!({"id": "later", "channel": "hook",
+                "schedule": {"at": in_ms(60_000)}, "to": ["a"], "body": "hi"}))
+            .unwrap(),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert!(server.stop(Duration::from_secs(10)).await, "herald stopped");
+    let server = common::herald::start_in(dir.path(), &config).await;
+    let r = http::post_json(
+        &format!("{}/v1/tasks/later/trigger", server.url()),
+        &json!({}),
+    )
+    .await;
+    assert!(r.status < 300, "{}", r.text());
+    let got = rx.wait_for(1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1);
+    let (trace, _) = parts(got[0].header("traceparent").expect("traced"));
+    assert_eq!(trace, TRACE, "the trace survives the restart");
+    assert!(server.stop(Duration::from_secs(10)).await);
+}

@@ -328,6 +328,11 @@ fn losses(s: &mut Scrape, state: &ApiState) {
         engine.failures_unlisted(),
     );
     s.counter(
+        "herald_notifications_refused",
+        "Notifications a task's notify called for that could not be made (e.g. their channel was deleted); the change went on without them",
+        engine.notify_refused(),
+    );
+    s.counter(
         "herald_response_drains_dropped",
         "Webhook response bodies dropped undrained (connection closed) because 256 drains were running",
         crate::deliver::webhook::DRAINS_DROPPED.load(Ordering::Relaxed),

@@ -585,10 +585,6 @@ async fn create_task(
     } else {
         200
     };
-    if let Some(t) = v.task.trace_id {
-        // The deliveries of a new task find its trace without reading its spec.
-        state.tracing.book.note(&v.task.id, t);
-    }
     request_span(
         state,
         caller.as_ref(),

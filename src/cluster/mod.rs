@@ -1,8 +1,13 @@
 //! Cluster mode on PostgreSQL (`../shared/HA.md`, issue 24): the pure decisions first —
 //! how long a lease may be trusted (`lease.rs`), which shards a node takes and hands over
-//! (`balance.rs`), and this node's clock against the database's (`offset.rs`). The lease
-//! rows, the fenced writes and the nodes' forwarding build on these.
+//! (`balance.rs`), and this node's clock against the database's (`offset.rs`); then the lease
+//! rows' statements on PostgreSQL: acquire, renew, release, the commit group's fence, the
+//! database's clock (`rows.rs`); and one process's lease loop that carries them out on its own
+//! connection and reports each shard gained or lost (`node.rs`). The engine's use of it (load
+//! and unload by shard, the fence in the commit path) and the nodes' forwarding come next.
 
 pub mod balance;
 pub mod lease;
+pub mod node;
 pub mod offset;
+pub mod rows;

@@ -68,6 +68,10 @@ pub struct Delivery {
     pub kind: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub about: Option<serde_json::Value>,
+    /// The task's W3C trace (issue 25): every attempt's `traceparent` carries it, with a span
+    /// of the attempt's own. Not in the body.
+    #[serde(skip)]
+    pub trace_id: [u8; 16],
 }
 
 fn data_as_object<S: serde::Serializer>(data: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -343,7 +347,7 @@ impl Channel {
             d
         };
         // The task's trace and a span of this attempt's own (API.md "Trace and timeline").
-        let trace_id = self.tracing.book.trace_of(&d.task_id);
+        let trace_id = d.trace_id;
         let span_id = crate::trace::new_span_id();
         let trace = AttemptTrace {
             traceparent: Some(crate::trace::traceparent(&trace_id, &span_id)),
@@ -465,7 +469,7 @@ impl Channel {
             let outcomes: Vec<Outcome> = match &self.sink {
                 Sink::Log => chunk
                     .iter()
-                    .map(|d| self.log_delivery(d, &self.tracing.book.trace_of(&d.task_id)))
+                    .map(|d| self.log_delivery(d, &d.trace_id))
                     .collect(),
                 Sink::File(f) => {
                     let refs: Vec<&Delivery> = chunk.iter().map(|d| &**d).collect();
@@ -485,9 +489,8 @@ impl Channel {
             }
             if self.tracing.telemetry().is_some() {
                 for (d, o) in chunk.iter().zip(&outcomes) {
-                    let trace_id = self.tracing.book.trace_of(&d.task_id);
                     let span_id = crate::trace::new_span_id();
-                    self.export_attempt(d, o, trace_id, span_id, started_ns, None);
+                    self.export_attempt(d, o, d.trace_id, span_id, started_ns, None);
                 }
             }
             out.extend(outcomes);

@@ -881,6 +881,7 @@ mod tests {
             metadata: BTreeMap::new(),
             kind: None,
             about: None,
+            trace_id: [0; 16],
         }
     }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::timer::Key;
 use super::Inner;
-use crate::model::{Run, Task, TaskState};
+use crate::model::{Run, Task, TaskProgress, TaskSpec, TaskState};
 use crate::store::records::LiveEntry;
 
 /// How long before a message is due its attempt is armed (in-flight mark made durable).
@@ -58,12 +58,28 @@ pub(crate) fn lead_ms(one_shot: bool) -> u64 {
 
 /// Brings the task's fire entry in line with its next fire (off the wheel if it has none or
 /// is not pending or running).
-pub(crate) fn sync_fire(inner: &Inner, task: &Task) {
-    let key = Key::fire(&task.id);
-    match task.next_fire_at_ms {
-        Some(at) if matches!(task.state, TaskState::Pending | TaskState::Running) => inner
-            .timer
-            .at(key, fire_step_at(inner, at, task.schedule.is_one_shot())),
+pub(crate) fn sync_fire(inner: &Inner, spec: &TaskSpec, p: &TaskProgress) {
+    let one_shot = spec.schedule.is_one_shot();
+    sync_fire_at(inner, &spec.id, p.state, p.next_fire_at_ms, one_shot);
+}
+
+/// [`sync_fire`] of a new task (a create, in its wire shape).
+pub(crate) fn sync_fire_new(inner: &Inner, t: &Task) {
+    sync_fire_at(
+        inner,
+        &t.id,
+        t.state,
+        t.next_fire_at_ms,
+        t.schedule.is_one_shot(),
+    );
+}
+
+fn sync_fire_at(inner: &Inner, id: &str, state: TaskState, next: Option<u64>, one_shot: bool) {
+    let key = Key::fire(id);
+    match next {
+        Some(at) if matches!(state, TaskState::Pending | TaskState::Running) => {
+            inner.timer.at(key, fire_step_at(inner, at, one_shot))
+        }
         _ => inner.timer.cancel(key),
     }
 }

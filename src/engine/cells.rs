@@ -158,8 +158,8 @@ impl Locked {
         let (terminal, idle) = {
             let st = self.st();
             (
-                st.task.state.is_terminal(),
-                st.is_idle() && st.task.state != TaskState::Running,
+                st.progress.state.is_terminal(),
+                st.is_idle() && st.progress.state != TaskState::Running,
             )
         };
         if !(terminal || idle) {
@@ -302,7 +302,7 @@ fn loaded(
     if let Some(reason) = park {
         return Ok(Got::Park(l, reason));
     }
-    if l.st().task.state.is_terminal() {
+    if l.st().progress.state.is_terminal() {
         // Finished while we waited for the lock; the finisher took it out of the map.
         return Ok(Got::Gone);
     }

@@ -2,7 +2,9 @@
 //! `commit.rs` carries it out: one store write, then memory, the wheel, events and alerts, in
 //! that order, in one place. Nothing else writes a task.
 
-use crate::model::{Failure, Message, Run, Task, TimelineEvent};
+use std::sync::Arc;
+
+use crate::model::{Failure, Message, Run, TaskProgress, TaskSpec, TimelineEvent};
 
 /// The wheel moves a change asks for, besides the task's fire (which [`super::commit`] always
 /// brings in line with the task's next fire). A closed set: the instants follow from the run
@@ -22,11 +24,12 @@ pub(crate) enum WheelOp {
 /// One task's change. `Change::default()` changes nothing.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Change {
-    /// The task after the step; `None`: unchanged.
-    pub task: Option<Task>,
-    /// The task's spec changed (a patch): its whole record is written, not only its progress.
-    pub spec: bool,
-    /// New messages (a patch that replaced them); implies `spec`.
+    /// The task's progress after the step; `None`: unchanged.
+    pub progress: Option<TaskProgress>,
+    /// The task's new spec (a patch): its whole record is written, not only its progress.
+    /// Comes with `progress`.
+    pub spec: Option<Arc<TaskSpec>>,
+    /// New messages (a patch that replaced them); comes with `spec`.
     pub messages: Option<Vec<Message>>,
     /// Run records to write. After the write a run in state `Running` that is not done stays
     /// in memory (active); any other leaves it, unless it is sending right now (its outcome is
@@ -46,7 +49,8 @@ pub(crate) struct Change {
 impl Change {
     /// The change writes nothing (memory, wheel and events may still follow it).
     pub fn writes_nothing(&self) -> bool {
-        self.task.is_none()
+        self.progress.is_none()
+            && self.spec.is_none()
             && self.runs.is_empty()
             && self.trim_runs_below.is_none()
             && self.failure.is_none()

@@ -113,7 +113,7 @@ async fn prepare(inner: &Arc<Inner>, keys: Vec<(RunKey, StepGuard)>) -> Vec<Item
 fn local_send_due(inner: &Inner, l: &mut Locked, key: &RunKey) -> Option<Arc<Channel>> {
     let now = inner.clock.now_ms();
     let st = l.st();
-    if st.task.state != TaskState::Running || st.sending.contains(&key.run) {
+    if st.progress.state != TaskState::Running || st.sending.contains(&key.run) {
         return None;
     }
     let run = st.runs.get(&key.run)?;
@@ -122,7 +122,7 @@ fn local_send_due(inner: &Inner, l: &mut Locked, key: &RunKey) -> Option<Arc<Cha
     }
     inner
         .channels
-        .get(&st.task.channel)
+        .get(&st.spec.channel)
         .filter(|c| c.is_local())
         .cloned()
 }

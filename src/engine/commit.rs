@@ -2,8 +2,11 @@
 //! fixed order, and nothing else in the engine calls the store's write methods.
 //!
 //! 1. **Write**: the change's records go into one batch (a chunk: one batch for all of its
-//!    changes) and the store makes it durable (`Store::write`).
-//! 2. **Memory** follows only a durable write: the task, its active runs.
+//!    changes), with the notifications it calls for (`notify.rs`, new tasks in the same
+//!    write), and the store makes it durable (`Store::write`). A step writes the progress
+//!    only (the spec shared, never copied); a patch the whole task.
+//! 2. **Memory** follows only a durable write: the task's progress (and its spec after a
+//!    patch: a new `Arc`), its active runs.
 //! 3. **Wheel**: the change's [`WheelOp`]s, then the task's fire entry brought in line with
 //!    its next fire (`arm.rs` turns runs into instants).
 //! 4. **Events and alerts**: a `task` event when the task changed, a `progress` event per
@@ -17,6 +20,7 @@
 //! Layers (no circles): dispatch → chunk → step → commit → cells → arm → timer; `plan.rs`
 //! and `change.rs` are pure, beside them.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -24,8 +28,8 @@ use super::arm;
 use super::cells::{self, Got, Locked, TryGot};
 use super::change::{Change, WheelOp};
 use super::timer::{Key, RunKey};
-use super::{alerts, plan, EngineError, Inner, LiveState};
-use crate::model::{Failure, Message, RunState, Task};
+use super::{alerts, plan, EngineError, Inner, LiveState, LiveTask, Slot};
+use crate::model::{Failure, Message, RunState, Task, TaskSpec};
 use crate::store::purge::Footprint;
 use crate::store::{Batch, Inserted, Op, StoreError};
 
@@ -35,12 +39,19 @@ pub(crate) const STORAGE_RETRY_MS: u64 = 1_000;
 /// Carries one change of a locked task out: durable first, then memory, wheel, events.
 pub(crate) async fn apply(inner: &Arc<Inner>, l: &mut Locked, c: Change) -> Result<(), StoreError> {
     let mut batch = Batch::new();
+    let mut born = Vec::new();
     if !c.writes_nothing() {
         batch_into(l.st(), &c, &mut batch);
+        let spec = c.spec.clone().unwrap_or_else(|| l.st().spec.clone());
+        born = notifications(inner, &spec, &c, &mut batch);
         // Numbered: the bus publishes the events with the seqs the store gave them.
-        inner.store.write_numbered(&mut batch).await?;
+        if let Err(e) = inner.store.write_numbered(&mut batch).await {
+            unborn(inner, born);
+            return Err(e);
+        }
     }
     after(inner, l, c);
+    created(inner, born);
     publish_timeline(inner, &batch);
     Ok(())
 }
@@ -60,8 +71,11 @@ fn publish_timeline(inner: &Inner, batch: &Batch) {
 pub(crate) async fn apply_chunk(inner: &Arc<Inner>, items: Vec<(Locked, RunKey, Change)>) {
     let mut batch = Batch::new();
     let mut items = items;
+    let mut born = Vec::new();
     for (l, _, c) in &mut items {
         batch_into(l.st(), c, &mut batch);
+        let spec = c.spec.clone().unwrap_or_else(|| l.st().spec.clone());
+        born.extend(notifications(inner, &spec, c, &mut batch));
     }
     match inner.store.write_numbered(&mut batch).await {
         Ok(()) => {
@@ -69,9 +83,11 @@ pub(crate) async fn apply_chunk(inner: &Arc<Inner>, items: Vec<(Locked, RunKey, 
                 after(inner, &mut l, c);
                 l.release(inner);
             }
+            created(inner, born);
             publish_timeline(inner, &batch);
         }
         Err(e) => {
+            unborn(inner, born);
             for (mut l, key, _) in items {
                 lost(inner, &mut l, &key, &e);
                 l.release(inner);
@@ -82,7 +98,7 @@ pub(crate) async fn apply_chunk(inner: &Arc<Inner>, items: Vec<(Locked, RunKey, 
 
 /// The records of `c` (for the task `st` holds now), appended to `batch`.
 fn batch_into(st: &LiveState, c: &Change, batch: &mut Batch) {
-    let id = &st.task.id;
+    let id = &st.spec.id;
     if let Some(f) = &c.failure {
         batch.failure(f.clone());
     }
@@ -94,40 +110,39 @@ fn batch_into(st: &LiveState, c: &Change, batch: &mut Batch) {
     }
     // The step's timeline events, in the same durable write as the step (issue 25).
     batch.timeline(id, c.timeline.clone());
-    if let Some(t) = &c.task {
+    let progress = c.progress.as_ref().unwrap_or(&st.progress);
+    if let Some(spec) = &c.spec {
         if let Some(m) = &c.messages {
             batch.ops.push(Op::Messages {
-                task_id: t.id.clone(),
-                old_count: st.task.message_count,
+                task_id: spec.id.clone(),
+                old_count: st.spec.message_count,
                 messages: m.clone(),
             });
-            batch.task(t);
-        } else if c.spec {
-            batch.task(t);
-        } else {
-            batch.progress(t);
         }
+        // A patch: the whole record (its wire shape, copied once per patch).
+        batch.task(&Task::join(spec, progress));
+    } else if c.progress.is_some() {
+        batch.progress_of(&st.spec, progress);
     }
 }
 
 /// After the durable write: memory, the wheel, events and alerts.
 fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
-    let notes = super::notify::requests(c.task.as_ref().unwrap_or(&l.st().task), &c);
-    if !notes.is_empty() {
-        notify(inner, notes);
-    }
     let st = l.st();
     let dropped: Vec<u32> = if c.wheel.contains(&WheelOp::DropSteps) {
         st.runs.keys().copied().collect()
     } else {
         Vec::new()
     };
-    let task_changed = c.task.is_some();
-    if let Some(t) = c.task {
-        st.task = t;
+    let task_changed = c.progress.is_some() || c.spec.is_some();
+    if let Some(spec) = c.spec {
+        st.spec = spec;
+    }
+    if let Some(p) = c.progress {
+        st.progress = p;
     }
     for r in &c.runs {
-        inner.events.progress(&st.task, r); // events (issue 11)
+        inner.events.progress(&st.spec.id, st.progress.state, r); // events (issue 11)
     }
     for r in c.runs {
         if (r.state == RunState::Running && !r.is_done()) || st.sending.contains(&r.run) {
@@ -136,8 +151,8 @@ fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
             st.runs.remove(&r.run);
         }
     }
-    let id = st.task.id.clone();
-    let running = st.task.state == crate::model::TaskState::Running;
+    let id = st.spec.id.clone();
+    let running = st.progress.state == crate::model::TaskState::Running;
     for op in &c.wheel {
         match *op {
             WheelOp::Step(n) => match st.runs.get(&n) {
@@ -157,9 +172,9 @@ fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
             }
         }
     }
-    arm::sync_fire(inner, &st.task);
+    arm::sync_fire(inner, &st.spec, &st.progress);
     if task_changed {
-        inner.events.task(&st.task); // events (issue 11)
+        inner.events.task(&st.spec, &st.progress); // events (issue 11)
     }
     if let Some(f) = &c.failure {
         inner.failures.fetch_add(1, Ordering::Relaxed);
@@ -167,29 +182,116 @@ fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
         inner.events.failure(f, "added"); // events (issue 11)
     }
     if let Some(reason) = &c.parked {
-        let channel = st.task.channel.clone();
+        let channel = st.spec.channel.clone();
         alerts::parked(inner, &id, &channel, reason);
     }
 }
 
-/// Creates the notifications a durable change called for (`notify.rs`), each a task of its
-/// own, through the create path (after this change's lock is let go: it takes its own cell).
-/// One that exists already (the same event, seen again after a restart) is not made twice.
-fn notify(inner: &Arc<Inner>, notes: Vec<crate::request::TaskRequest>) {
-    for req in notes {
-        let engine = super::Engine {
-            inner: inner.clone(),
-        };
-        // Outstanding until it is created, like a step: `Engine::idle` and the drain wait
-        // for it.
-        let guard = inner.timer.extra_step();
-        tokio::spawn(async move {
-            let _guard = guard;
-            match engine.create(req, None).await {
-                Ok(_) | Err(EngineError::IdTaken(_)) => {}
-                Err(e) => tracing::warn!(error = %e, "a notification could not be created"),
+/// A notification made a new task inside a change's write (issue 28): its cell was claimed in
+/// the live map, locked, before the write, as a create claims its own, so that a create or a
+/// command of the same id waits for the write instead of racing it.
+pub(crate) struct Born {
+    task: Task,
+    locked: Locked,
+    cell: Arc<LiveTask>,
+}
+
+/// The notifications `c` calls for (`notify.rs`), for `task` as it is after the change, made
+/// new tasks whose records go into `batch`: the change's own write. The event and its
+/// notification are durable together, so a crash never keeps one without the other.
+/// One whose id exists already (the same event seen again, e.g. a step done again after a
+/// restart) is left out; one that cannot be made (invalid: its channel was deleted; no room
+/// among the live tasks) is logged and counted (`herald_notifications_refused`), and the
+/// change goes on without it.
+fn notifications(inner: &Arc<Inner>, task: &TaskSpec, c: &Change, batch: &mut Batch) -> Vec<Born> {
+    super::notify::requests(task, c)
+        .into_iter()
+        .filter_map(|req| match born(inner, req, batch) {
+            Ok(b) => b,
+            Err(e) => {
+                inner.notify_refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(task = %task.id, error = %e,
+                    "a notification could not be made; the change goes on without it");
+                None
             }
+        })
+        .collect()
+}
+
+/// One notification's records into `batch`, its cell claimed; `Ok(None)` if its id exists.
+fn born(
+    inner: &Arc<Inner>,
+    req: crate::request::TaskRequest,
+    batch: &mut Batch,
+) -> Result<Option<Born>, EngineError> {
+    let (task, messages) = inner.task_of(req)?;
+    // A finished one is only on disk; a live one is in the map (checked below, under its
+    // lock, where a create claims its id too).
+    if inner.store.task_exists(&task.id)? {
+        return Ok(None);
+    }
+    let id: Arc<str> = Arc::from(task.id.as_str());
+    let cell: Arc<LiveTask> = Arc::new(tokio::sync::Mutex::new(Slot::Loaded(Box::new(
+        LiveState::new(task.clone(), BTreeMap::new()),
+    ))));
+    let Ok(guard) = cell.clone().try_lock_owned() else {
+        return Ok(None); // a new mutex is never locked: unreachable
+    };
+    {
+        let mut live = inner.live.lock();
+        if live.contains_key(&id) {
+            return Ok(None);
+        }
+        let max = inner.config.limits.live_tasks_max;
+        if live.len() >= max {
+            return Err(EngineError::Limit(format!(
+                "herald already holds {max} unfinished tasks (limits.live_tasks_max)"
+            )));
+        }
+        live.claim(id.clone(), Some(cell.clone()));
+    }
+    // What `insert` writes, without its precondition (the id was checked above: a taken id
+    // must not fail the change's whole write).
+    batch.task(&task);
+    if !messages.is_empty() {
+        batch.ops.push(Op::Messages {
+            task_id: task.id.clone(),
+            old_count: 0,
+            messages,
         });
+    }
+    batch.timeline(&task.id, created_events(&task).to_vec());
+    Ok(Some(Born {
+        task,
+        locked: Locked { id, guard },
+        cell,
+    }))
+}
+
+/// The notifications of a durable write: on the wheel, heard of, their cells let go.
+fn created(inner: &Arc<Inner>, born: Vec<Born>) {
+    for b in born {
+        tracing::info!(task = %b.task.id, channel = %b.task.channel, "notification created");
+        arm::sync_fire_new(inner, &b.task);
+        inner.events.created(&b.task); // events (issue 11)
+
+        // Only the map and the guard may hold the cell for it to be unloaded.
+        drop(b.cell);
+        b.locked.release(inner);
+    }
+}
+
+/// The notifications of a write that failed: not made (the step, tried again, makes them).
+fn unborn(inner: &Inner, born: Vec<Born>) {
+    for b in born {
+        drop(b.locked);
+        let mut live = inner.live.lock();
+        if live
+            .cell(&b.task.id)
+            .is_some_and(|c| Arc::ptr_eq(c, &b.cell))
+        {
+            live.remove(&b.task.id);
+        }
     }
 }
 
@@ -217,7 +319,7 @@ pub(crate) async fn resumed(
     apply(inner, l, c).await?;
     let st = l.st();
     for r in st.runs.values().filter(|r| !written.contains(&r.run)) {
-        inner.events.progress(&st.task, r); // events (issue 11)
+        inner.events.progress(&st.spec.id, st.progress.state, r); // events (issue 11)
     }
     Ok(())
 }
@@ -231,7 +333,7 @@ pub(crate) async fn park(
 ) -> Result<(), EngineError> {
     let now = inner.clock.now_ms();
     let st = l.st();
-    let Some(c) = plan::park(&st.task, &st.runs, &st.sending, reason, now) else {
+    let Some(c) = plan::park(&st.progress, &st.runs, &st.sending, reason, now) else {
         return Ok(());
     };
     apply(inner, l, c).await?;
@@ -298,21 +400,14 @@ pub(crate) async fn insert(
     messages: &[Message],
     idem: Option<(&str, [u8; 32])>,
 ) -> Result<Inserted, StoreError> {
-    let created = [crate::model::TimelineEvent::task(
-        crate::model::timeline::TimelineKind::Created,
-        task.created_at_ms,
-    )
-    .with_detail(serde_json::json!({
-        "trace_id": crate::model::timeline::hex(&crate::model::timeline::trace_id_of(task)),
-        "messages": task.message_count,
-    }))];
+    let created = created_events(task);
     let r = inner
         .store
         .insert_new_task_with(task, messages, idem, &created)
         .await?;
     if let Inserted::Created = r {
-        arm::sync_fire(inner, task);
-        inner.events.task(task); // events (issue 11)
+        arm::sync_fire_new(inner, task);
+        inner.events.created(task); // events (issue 11)
         let mut numbered = created;
         numbered[0].seq = 1;
         if inner.store.timeline_max() > 0 {
@@ -320,6 +415,18 @@ pub(crate) async fn insert(
         }
     }
     Ok(r)
+}
+
+/// A new task's first timeline events (`created`).
+fn created_events(task: &Task) -> [crate::model::TimelineEvent; 1] {
+    [crate::model::TimelineEvent::task(
+        crate::model::timeline::TimelineKind::Created,
+        task.created_at_ms,
+    )
+    .with_detail(serde_json::json!({
+        "trace_id": crate::model::timeline::hex(&crate::model::timeline::trace_id_of(task)),
+        "messages": task.message_count,
+    }))]
 }
 
 /// Deletes idempotency keys whose tasks are gone (retention, or a create reusing the key).
@@ -365,13 +472,16 @@ pub(crate) enum RetryWheel {
     At(u64),
 }
 
-/// Saves a failure-list entry; then its retry step, its event (`action`) and alert.
+/// Saves a failure-list entry; then its retry step, its event (`action`) and alert. `steps`:
+/// the timeline events of the retry attempt that led here (issue 25), written first, in the
+/// same write.
 pub(crate) async fn failure_saved(
     inner: &Arc<Inner>,
     f: &Failure,
     wheel: RetryWheel,
     action: Option<&'static str>,
     alert: Option<&'static str>,
+    steps: Vec<crate::model::TimelineEvent>,
 ) -> Result<(), StoreError> {
     let mut b = Batch::new();
     b.failure(f.clone());
@@ -395,7 +505,9 @@ pub(crate) async fn failure_saved(
         )),
         _ => None,
     };
-    b.timeline(&f.task_id, event.into_iter().collect());
+    let mut events = steps;
+    events.extend(event);
+    b.timeline(&f.task_id, events);
     inner.store.write_numbered(&mut b).await?;
     publish_timeline(inner, &b);
     if let RetryWheel::At(at) = wheel {
@@ -411,11 +523,12 @@ pub(crate) async fn failure_saved(
 }
 
 /// Removes a failure-list entry (resolved by a retry, or dismissed); its retry step leaves
-/// the wheel and subscribers hear `action`.
+/// the wheel and subscribers hear `action`. `steps`: as for [`failure_saved`].
 pub(crate) async fn failure_removed(
     inner: &Inner,
     f: &Failure,
     action: &'static str,
+    steps: Vec<crate::model::TimelineEvent>,
 ) -> Result<(), StoreError> {
     let mut b = Batch::new();
     b.ops.push(Op::DeleteFailure(f.id.clone()));
@@ -431,7 +544,9 @@ pub(crate) async fn failure_removed(
         // Resolved: a retry delivered it.
         _ => crate::model::TimelineEvent::delivered(now, f.run, f.seq, f.attempts),
     };
-    b.timeline(&f.task_id, vec![event]);
+    let mut events = steps;
+    events.push(event);
+    b.timeline(&f.task_id, events);
     inner.store.write_numbered(&mut b).await?;
     publish_timeline(inner, &b);
     forget_failures(inner, 1);

@@ -3,6 +3,8 @@
 //! changes memory and the wheel — so once a command answers, the dispatcher (which checks
 //! state under the same lock) acts on it.
 
+use std::sync::Arc;
+
 use super::cells::Locked;
 use super::change::Change;
 use super::commit;
@@ -73,14 +75,14 @@ impl Engine {
             .command(id, async |this, l| {
                 let st = l.st();
                 let now = this.inner.clock.now_ms();
-                let p = plan::cancel(&st.task, &st.runs, &st.sending, now).map_err(refused)?;
+                let p = plan::cancel(&st.spec, &st.progress, &st.runs, &st.sending, now).map_err(refused)?;
                 let view_run = p.runs.iter().max_by_key(|r| r.run).cloned();
                 // Sending runs stay in memory (their outcome is still settled): commit's rule.
                 let c = with_event(p.change(), TimelineKind::Cancelled, now);
                 commit::apply(&this.inner, l, c).await?;
-                tracing::info!(task = %id, trace_id = %crate::model::timeline::hex(&crate::model::timeline::trace_id_of(&l.st().task)), "task cancelled");
+                tracing::info!(task = %id, trace_id = %crate::model::timeline::hex(&l.st().spec.trace()), "task cancelled");
                 Ok(TaskView {
-                    task: l.st().task.clone(),
+                    task: l.st().task(),
                     run: view_run,
                 })
             })
@@ -100,10 +102,10 @@ impl Engine {
         self.command(id, async |this, l| {
             let st = l.st();
             let now = this.inner.clock.now_ms();
-            let p = plan::pause(&st.task, &st.runs, &st.sending, now).map_err(refused)?;
+            let p = plan::pause(&st.spec, &st.progress, &st.runs, &st.sending, now).map_err(refused)?;
             let c = with_event(p.change(), TimelineKind::Paused, now);
             commit::apply(&this.inner, l, c).await?;
-            tracing::info!(task = %id, trace_id = %crate::model::timeline::hex(&crate::model::timeline::trace_id_of(&l.st().task)), "task paused");
+            tracing::info!(task = %id, trace_id = %crate::model::timeline::hex(&l.st().spec.trace()), "task paused");
             Ok(this.view_of(l.st()))
         })
         .await
@@ -115,10 +117,10 @@ impl Engine {
         self.command(id, async |this, l| {
             let st = l.st();
             let now = this.inner.clock.now_ms();
-            let p = plan::resume(&st.task, &st.runs, now).map_err(refused)?;
+            let p = plan::resume(&st.spec, &st.progress, &st.runs, now).map_err(refused)?;
             let c = with_event(p.change(), TimelineKind::Resumed, now);
             commit::apply(&this.inner, l, c).await?;
-            tracing::info!(task = %id, state = %l.st().task.state, "task resumed");
+            tracing::info!(task = %id, state = %l.st().progress.state, "task resumed");
             Ok(this.view_of(l.st()))
         })
         .await
@@ -129,8 +131,8 @@ impl Engine {
         self.command(id, async |this, l| {
             let st = l.st();
             let now = this.inner.clock.now_ms();
-            let p = plan::trigger(&st.task, now).map_err(refused)?;
-            tracing::info!(task = %id, run = p.task.fires, "run triggered");
+            let p = plan::trigger(&st.spec, &st.progress, now).map_err(refused)?;
+            tracing::info!(task = %id, run = p.progress.fires, "run triggered");
             let mut c = with_event(p.change(), TimelineKind::Triggered, now);
             // The run the trigger started, as a fire would record it.
             let started: Vec<_> = c
@@ -150,16 +152,16 @@ impl Engine {
     pub async fn patch(&self, id: &str, req: PatchRequest) -> Result<TaskView, EngineError> {
         self.command(id, async |this, l| {
             let st = l.st();
-            if st.task.state == TaskState::Expired && req.schedule.is_none() {
+            if st.progress.state == TaskState::Expired && req.schedule.is_none() {
                 return Err(EngineError::Conflict(format!(
                     "task {id:?} is expired; give a new schedule to re-arm it (or trigger it)"
                 )));
             }
-            let re_arm = st.task.state == TaskState::Expired;
-            if !re_arm && !matches!(st.task.state, TaskState::Pending | TaskState::Paused) {
+            let re_arm = st.progress.state == TaskState::Expired;
+            if !re_arm && !matches!(st.progress.state, TaskState::Pending | TaskState::Paused) {
                 return Err(EngineError::Conflict(format!(
                     "task {id:?} is {}; only pending or paused tasks can be changed",
-                    st.task.state
+                    st.progress.state
                 )));
             }
             if req.changes_messages() && !st.runs.is_empty() {
@@ -172,24 +174,25 @@ impl Engine {
             let exists = move |c: &str| channels.contains(c);
             let now = inner.clock.now_ms();
             let new_schedule = req.schedule.is_some();
-            let (mut task, messages) = req.apply(
-                &st.task,
+            let (task, messages) = req.apply(
+                &st.task(),
                 &Context {
                     now_ms: now,
                     limits: &inner.config.limits,
                     channel_exists: &exists,
                 },
             )?;
+            let (spec, mut progress) = task.split();
             if new_schedule {
                 // Fires of the new schedule before now were never watched: missed.
-                task.watched_since_ms = now;
+                progress.watched_since_ms = now;
             }
-            let to = derive_state(&task, !st.runs.is_empty());
-            task.set_state(to, now)?;
+            let to = derive_state(&progress, !st.runs.is_empty());
+            progress.set_state(to, now)?;
             let change = with_event(
                 Change {
-                    task: Some(task),
-                    spec: true,
+                    progress: Some(progress),
+                    spec: Some(Arc::new(spec)),
                     messages,
                     ..Change::default()
                 },
@@ -198,7 +201,7 @@ impl Engine {
             );
             commit::apply(&this.inner, l, change).await?;
             let st = l.st();
-            tracing::info!(task = %id, next_fire_at = %crate::schedule::format_opt(st.task.next_fire_at_ms), "task changed");
+            tracing::info!(task = %id, next_fire_at = %crate::schedule::format_opt(st.progress.next_fire_at_ms), "task changed");
             Ok(this.view_of(st))
         })
         .await
@@ -220,8 +223,8 @@ impl Engine {
                 .filter(|r| matches!(r.state, RunState::Completed | RunState::Running))
                 .map(|r| r.scheduled_at_ms)
                 .collect();
-            done.extend(st.task.queued.iter().map(|(_, at)| *at));
-            let slots = to_backfill(&st.task, from, to, &done).map_err(|e| {
+            done.extend(st.progress.queued.iter().map(|(_, at)| *at));
+            let slots = to_backfill(&st.spec, from, to, &done).map_err(|e| {
                 let detail = match e {
                     BackfillError::TooMany => format!(
                         "the range holds more than {BACKFILL_SLOTS_MAX} slots of the schedule"
@@ -230,8 +233,8 @@ impl Engine {
                 };
                 EngineError::Invalid(FieldError::new("to", detail))
             })?;
-            let (p, numbers) =
-                plan::backfill(&st.task, st.runs.len(), &slots, now).map_err(refused)?;
+            let (p, numbers) = plan::backfill(&st.spec, &st.progress, st.runs.len(), &slots, now)
+                .map_err(refused)?;
             commit::apply(&this.inner, l, p.change()).await?;
             tracing::info!(task = %id, runs = ?numbers, "backfill");
             Ok(numbers)
@@ -242,7 +245,7 @@ impl Engine {
     fn view_of(&self, st: &LiveState) -> TaskView {
         let mut v = st.view();
         if v.run.is_none() {
-            v.run = self.inner.store.last_run(&st.task.id).ok().flatten();
+            v.run = self.inner.store.last_run(&st.spec.id).ok().flatten();
         }
         v
     }

@@ -20,7 +20,7 @@
 use serde_json::{json, Value};
 use tokio::sync::broadcast;
 
-use crate::model::{Failure, Run, RunState, Task};
+use crate::model::{Failure, Run, RunState, Task, TaskProgress, TaskSpec, TaskState};
 use crate::schedule::format_utc;
 
 /// Events a subscriber may fall behind by before it is told to resync.
@@ -83,31 +83,62 @@ impl Bus {
         });
     }
 
-    /// `task`: a task was created or its state, schedule or next fire changed.
-    pub fn task(&self, t: &Task) {
+    /// `task`: a task's state, schedule or next fire changed.
+    pub fn task(&self, spec: &TaskSpec, p: &TaskProgress) {
+        self.task_head(
+            &spec.id,
+            &spec.channel,
+            p.state,
+            p.next_fire_at_ms,
+            p.runs,
+            p.updated_at_ms,
+        );
+    }
+
+    /// `task`: a task was created (in its wire shape).
+    pub fn created(&self, t: &Task) {
+        self.task_head(
+            &t.id,
+            &t.channel,
+            t.state,
+            t.next_fire_at_ms,
+            t.runs,
+            t.updated_at_ms,
+        );
+    }
+
+    fn task_head(
+        &self,
+        id: &str,
+        channel: &str,
+        state: TaskState,
+        next_fire_at_ms: Option<u64>,
+        runs: u32,
+        updated_at_ms: u64,
+    ) {
         if !self.listening() {
             return;
         }
         let data = json!({
-            "id": t.id,
-            "state": t.state.as_str(),
-            "channel": t.channel,
-            "next_fire_at": instant(t.next_fire_at_ms),
-            "runs": t.runs,
-            "updated_at": format_utc(t.updated_at_ms),
+            "id": id,
+            "state": state.as_str(),
+            "channel": channel,
+            "next_fire_at": instant(next_fire_at_ms),
+            "runs": runs,
+            "updated_at": format_utc(updated_at_ms),
         });
-        self.send("task", &t.id, data);
+        self.send("task", id, data);
     }
 
     /// `progress`: a run started, or its cursor moved (a message sent or given up on), or it
     /// finished. Carries the task's state too, so one event is enough to redraw a row.
-    pub fn progress(&self, t: &Task, r: &Run) {
+    pub fn progress(&self, task_id: &str, task_state: TaskState, r: &Run) {
         if !self.listening() {
             return;
         }
         let data = json!({
-            "task": t.id,
-            "task_state": t.state.as_str(),
+            "task": task_id,
+            "task_state": task_state.as_str(),
             "run": r.run,
             "state": run_state(&r.state),
             "total": r.total,
@@ -117,7 +148,7 @@ impl Bus {
             "started_at": format_utc(r.started_at_ms),
             "next_at": instant(r.next_at_ms),
         });
-        self.send("progress", &t.id, data);
+        self.send("progress", task_id, data);
     }
 
     /// `deleted`: a finished task was deleted (retention, or `DELETE /v1/tasks/{id}`) with

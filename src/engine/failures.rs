@@ -17,7 +17,15 @@ impl Engine {
         f.retries = if f.retrying { f.retries } else { 0 };
         f.retrying = true;
         let now = inner.clock.now_ms();
-        commit::failure_saved(inner, &f, RetryWheel::At(now), Some("retrying"), None).await?;
+        commit::failure_saved(
+            inner,
+            &f,
+            RetryWheel::At(now),
+            Some("retrying"),
+            None,
+            Vec::new(),
+        )
+        .await?;
         tracing::info!(failure = %id, "failure retry requested");
         Ok(f)
     }
@@ -30,7 +38,7 @@ impl Engine {
             .store
             .get_failure(id)?
             .ok_or_else(|| EngineError::NotFound(format!("failure {id:?}")))?;
-        commit::failure_removed(inner, &f, "dismissed").await?;
+        commit::failure_removed(inner, &f, "dismissed", Vec::new()).await?;
         tracing::info!(failure = %id, "failure dismissed");
         Ok(f)
     }

@@ -29,6 +29,7 @@ mod herd;
 mod notify;
 mod plan;
 mod recovery;
+mod render;
 pub mod retention;
 mod retry;
 pub mod stats;
@@ -44,7 +45,9 @@ use tokio::sync::mpsc;
 
 use crate::clock::Clock;
 use crate::deliver::Channels;
-use crate::model::{Failure, InvalidTransition, Limits, Run, Task, TaskState};
+use crate::model::{
+    Failure, InvalidTransition, Limits, Run, Task, TaskProgress, TaskSpec, TaskState,
+};
 use crate::request::{Context, FieldError, TaskRequest};
 use crate::store::{Inserted, Store, StoreError, Walk};
 use timer::Timer;
@@ -118,8 +121,11 @@ impl Default for EngineConfig {
 
 /// A loaded live task and its active runs, guarded by the task's lock.
 pub(crate) struct LiveState {
-    /// The task without its messages (those are read one at a time when sent).
-    pub task: Task,
+    /// What the user asked for (without the messages: those are read one at a time when
+    /// sent). Shared, never copied by a step; replaced whole by a patch.
+    pub spec: Arc<TaskSpec>,
+    /// What happened to it so far: what the steps change.
+    pub progress: TaskProgress,
     /// Runs in state `Running` (sending or waiting between sends).
     pub runs: BTreeMap<u32, Run>,
     /// Runs whose send is in progress outside the lock; their in-flight attempt is real.
@@ -139,8 +145,10 @@ pub(crate) struct LiveState {
 
 impl LiveState {
     pub fn new(task: Task, runs: BTreeMap<u32, Run>) -> LiveState {
+        let (spec, progress) = task.split();
         LiveState {
-            task,
+            spec: Arc::new(spec),
+            progress,
             runs,
             sending: BTreeSet::new(),
             prefetched: None,
@@ -151,9 +159,14 @@ impl LiveState {
 
     fn view(&self) -> TaskView {
         TaskView {
-            task: self.task.clone(),
+            task: self.task(),
             run: self.runs.values().next_back().cloned(),
         }
+    }
+
+    /// The task in its wire shape (a copy of the spec: for views, not steps).
+    pub fn task(&self) -> Task {
+        Task::join(&self.spec, &self.progress)
     }
 
     /// Nothing of it runs or sends: it can leave memory until its next fire or command.
@@ -170,7 +183,7 @@ pub(crate) enum Slot {
 }
 
 /// The state a task's runs and schedule call for: sending beats waiting for a fire beats done.
-pub(crate) fn state_for(task: &Task, has_active_runs: bool) -> TaskState {
+pub(crate) fn state_for(task: &TaskProgress, has_active_runs: bool) -> TaskState {
     if has_active_runs {
         TaskState::Running
     } else if task.next_fire_at_ms.is_some() || !task.queued.is_empty() {
@@ -181,7 +194,7 @@ pub(crate) fn state_for(task: &Task, has_active_runs: bool) -> TaskState {
 }
 
 /// Like [`state_for`], but paused and finished tasks keep their state.
-pub(crate) fn derive_state(task: &Task, has_active_runs: bool) -> TaskState {
+pub(crate) fn derive_state(task: &TaskProgress, has_active_runs: bool) -> TaskState {
     match task.state {
         TaskState::Paused | TaskState::Completed | TaskState::Cancelled | TaskState::Failed => {
             task.state
@@ -225,6 +238,9 @@ pub(crate) struct Inner {
     pub failures_unlisted: AtomicU64,
     /// The failure list was full when a message was last given up on (one alert per filling).
     pub failures_full: AtomicBool,
+    /// Notifications a change called for that could not be made (invalid, e.g. their channel
+    /// was deleted, or no room among the live tasks): logged, the change goes on without them.
+    pub notify_refused: AtomicU64,
     /// Permits for alert deliveries in flight (`alerts::DELIVERIES_MAX`).
     pub alert_sends: Arc<tokio::sync::Semaphore>,
     /// Serialises changes to failure records (retry steps against dismissals).
@@ -232,6 +248,23 @@ pub(crate) struct Inner {
     /// One-shots counted per second they are due in: a herd's fires are handled earlier.
     pub herd: Mutex<herd::HerdLeads>,
     pub events: events::Bus, // events (issue 11)
+}
+
+impl Inner {
+    /// A request validated and built into a new task with its messages, as of now: what a
+    /// create checks (the API's and a notification's, `commit.rs`).
+    pub(crate) fn task_of(
+        &self,
+        req: TaskRequest,
+    ) -> Result<(Task, Vec<crate::model::Message>), EngineError> {
+        let channels = self.channels.clone();
+        let exists = move |c: &str| channels.contains(c);
+        Ok(req.into_task(&Context {
+            now_ms: self.clock.now_ms(),
+            limits: &self.config.limits,
+            channel_exists: &exists,
+        })?)
+    }
 }
 
 /// Raises an alert when storage starts failing and when it works again. (The commit thread
@@ -328,6 +361,7 @@ impl Engine {
             alerts_failed: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             failures_unlisted: AtomicU64::new(0),
+            notify_refused: AtomicU64::new(0),
             failures_full: AtomicBool::new(false),
             alert_sends: Arc::new(tokio::sync::Semaphore::new(alerts::DELIVERIES_MAX)),
             failures_lock: tokio::sync::Mutex::new(()),
@@ -471,13 +505,7 @@ impl Engine {
     ) -> Result<Created, EngineError> {
         let inner = &self.inner;
         self.check_storage()?;
-        let channels = inner.channels.clone();
-        let exists = move |c: &str| channels.contains(c);
-        let (task, messages) = req.into_task(&Context {
-            now_ms: inner.clock.now_ms(),
-            limits: &inner.config.limits,
-            channel_exists: &exists,
-        })?;
+        let (task, messages) = inner.task_of(req)?;
         // Register the cell (locked) before the task is in the store, so that a cancel racing
         // with this create waits for it instead of missing it.
         let id: Arc<str> = Arc::from(task.id.as_str());
@@ -734,6 +762,11 @@ impl Engine {
     /// Messages given up on that the full failure list did not take (`[store] failures_max`).
     pub fn failures_unlisted(&self) -> u64 {
         self.inner.failures_unlisted.load(Ordering::Relaxed)
+    }
+
+    /// Notifications a change called for that could not be made, since start.
+    pub fn notify_refused(&self) -> u64 {
+        self.inner.notify_refused.load(Ordering::Relaxed)
     }
 
     /// Alerts raised and alert deliveries that failed, since start.

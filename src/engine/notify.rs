@@ -1,13 +1,15 @@
 //! Telling the person (issue 28, API.md "Telling the person"): the notifications a change
-//! calls for, as task requests. Pure: `commit.rs` creates them after the change is durable.
+//! calls for, as task requests. Pure: `commit.rs` makes them tasks whose records go into the
+//! change's own write.
 //!
 //! A notification is a task of its own (a one-shot due now on the named channel, one message
 //! to `notify.to`), so it is delivered like any message: pacing, retries, the failure list.
 //! It carries no `notify`, so it never notifies about itself; its id is derived from what it
 //! is about (`{task}.notify.{run}.{seq|expired}`), so the same event never makes two.
 //! Metadata `herald.kind = notify` and `herald.about.*` become the delivery's `kind` and
-//! `about` (webhook body). Known limit: it is created after the write that records the event,
-//! not in it, so a crash between the two loses the notification (never the event).
+//! `about` (webhook body). It is durable with the event it is about (the same store write,
+//! `commit.rs`): a crash keeps both or neither. One that cannot be made (its channel was
+//! deleted, no room among the live tasks) is logged and counted, and never blocks the change.
 #![allow(
     clippy::indexing_slicing,
     clippy::unwrap_used,
@@ -19,7 +21,7 @@
 use serde_json::json;
 
 use super::change::Change;
-use crate::model::{NotifyOn, RunState, Task};
+use crate::model::{NotifyOn, RunState, TaskSpec};
 use crate::request::TaskRequest;
 use crate::schedule::notify::{body, About};
 
@@ -28,7 +30,7 @@ pub const KIND_KEY: &str = "herald.kind";
 
 /// The notifications `c` calls for, for `task` (as it is after the change): one per message
 /// given up on (the failure list), and one per change that expired fires (the first of them).
-pub fn requests(task: &Task, c: &Change) -> Vec<TaskRequest> {
+pub fn requests(task: &TaskSpec, c: &Change) -> Vec<TaskRequest> {
     let Some(n) = &task.notify else {
         return Vec::new();
     };
@@ -79,7 +81,7 @@ pub fn requests(task: &Task, c: &Change) -> Vec<TaskRequest> {
     out
 }
 
-fn request(task: &Task, n: &crate::model::Notify, a: &About<'_>, what: &str) -> TaskRequest {
+fn request(task: &TaskSpec, n: &crate::model::Notify, a: &About<'_>, what: &str) -> TaskRequest {
     let mut id = format!("{}.notify.{}.{what}", task.id, a.run);
     // Ids are at most 128 bytes; a long task id keeps its notification ids unique by run.
     if id.len() > 128 {
@@ -134,8 +136,8 @@ mod tests {
 
     const NOW: u64 = 1_796_083_200_000;
 
-    fn task(v: serde_json::Value) -> Task {
-        crate::request::test_task(v, NOW)
+    fn task(v: serde_json::Value) -> TaskSpec {
+        crate::request::test_task(v, NOW).split().0
     }
 
     #[test]
@@ -189,6 +191,6 @@ mod tests {
             json!({"task_id": "t", "run": 1, "seq": 1, "event": "failed"})
         );
         // And a notification's own failure makes none.
-        assert!(requests(&n, &c).is_empty());
+        assert!(requests(&n.split().0, &c).is_empty());
     }
 }

@@ -1,8 +1,11 @@
-//! The engine's decisions, as pure functions: from a task's progress, an event and `now` to a
-//! plan, and from the plan to one [`Change`] (the records to write, the runs to put on the
+//! The engine's decisions, as pure functions: from a task's spec and progress, an event and
+//! `now` to a plan, and from the plan to one [`Change`] (the records to write, the runs to put on the
 //! wheel, the failure to list). No IO, no clock, no locks: `commit.rs` carries a change out
 //! (write it durably, then change memory and the wheel), and the seeded simulation in
 //! `tests/simulation.rs` drives these functions through the real engine on a manual clock.
+//!
+//! Invariant: a plan borrows the task's spec (`&TaskSpec`, shared in memory as an `Arc`) and
+//! never copies it; it clones the small progress it changes and returns it in the plan.
 #![allow(
     clippy::indexing_slicing,
     clippy::unwrap_used,
@@ -15,12 +18,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::Schedule;
 use crate::model::{
-    delivery_key, Failure, InvalidTransition, Outcome, Overlap, Pacing, Run, RunState, Task,
-    TaskState,
+    delivery_key, Failure, InvalidTransition, Outcome, Overlap, Pacing, Run, RunState,
+    TaskProgress, TaskSpec, TaskState,
 };
 use crate::schedule::misfire::{judge, judge_started, Decision, MISSED_LIST_MAX};
 use crate::schedule::plan::may_run_more;
-use crate::schedule::{mark_fired, next_fire};
+use crate::schedule::{mark_fired_of, next_fire_of};
 
 use super::change::{Change, WheelOp};
 use super::derive_state;
@@ -35,8 +38,8 @@ pub const EXPIRED_RECORDS_MAX: usize = 100;
 /// What a fire step does.
 #[derive(Debug, Clone)]
 pub struct FirePlan {
-    /// The task after the fire(s): counters, next fire, state.
-    pub task: Task,
+    /// The task's progress after the fire(s): counters, next fire, state.
+    pub progress: TaskProgress,
     /// Records of fires that did not start a run (skipped, expired), with their reasons.
     pub not_started: Vec<Run>,
     /// Runs started now, their first attempt armed (in-flight mark set): written with the
@@ -52,14 +55,14 @@ impl FirePlan {
     /// trimmed (the store skips a run still running, and deletes at most `store::TRIM_MAX`).
     pub fn change(self, runs_max: Option<u32>) -> Change {
         let trim_runs_below = runs_max
-            .filter(|max| self.task.fires > *max)
-            .map(|max| self.task.fires - max + 1);
+            .filter(|max| self.progress.fires > *max)
+            .map(|max| self.progress.fires - max + 1);
         let wheel = self.started.iter().map(|r| WheelOp::Step(r.run)).collect();
         let timeline = fire_events(&self.not_started, &self.started);
         let mut runs = self.not_started;
         runs.extend(self.started);
         Change {
-            task: Some(self.task),
+            progress: Some(self.progress),
             runs,
             trim_runs_below,
             wheel,
@@ -168,32 +171,45 @@ pub fn settle_events(
 /// A fire due while herald was watching is never missed, however late it is handled (herald's
 /// own backlog, a wall-clock jump): it runs.
 pub fn fire(
-    task: &Task,
+    spec: &TaskSpec,
+    progress: &TaskProgress,
     active_runs: usize,
     due: u64,
     now: u64,
     watched_ms: u64,
 ) -> Result<FirePlan, InvalidTransition> {
-    let mut task = task.clone();
-    let total = task.message_count;
+    let grace_ms = spec.misfire_grace_ms;
+    fire_with_grace(spec, progress, active_runs, due, now, watched_ms, grace_ms)
+}
+
+/// [`fire`], with missed fires judged against `grace_ms` instead of the task's own grace (a
+/// wall-clock jump adds its size to it: the jumped span is not lateness).
+pub fn fire_with_grace(
+    spec: &TaskSpec,
+    progress: &TaskProgress,
+    active_runs: usize,
+    due: u64,
+    now: u64,
+    watched_ms: u64,
+    grace_ms: u64,
+) -> Result<FirePlan, InvalidTransition> {
+    let mut progress = progress.clone();
+    let total = spec.message_count;
     let (decisions, missed) = if due < watched_ms {
         let mut missed = vec![due];
-        let mut probe = task.clone();
-        mark_fired(&mut probe, due);
+        let mut probe = progress.clone();
+        mark_fired_of(&spec.schedule, &mut probe, due);
         while missed.len() < MISSED_LIST_MAX {
-            match next_fire(&probe, now) {
+            match next_fire_of(spec, &probe, now) {
                 Some(n) if n < watched_ms => {
                     missed.push(n);
-                    mark_fired(&mut probe, n);
+                    mark_fired_of(&spec.schedule, &mut probe, n);
                 }
                 _ => break,
             }
         }
         let n = missed.len();
-        (
-            judge(task.misfire, task.misfire_grace_ms, &missed, watched_ms),
-            n,
-        )
+        (judge(spec.misfire, grace_ms, &missed, watched_ms), n)
     } else {
         (vec![Decision::Run(due)], 0)
     };
@@ -202,11 +218,11 @@ pub fn fire(
     let mut started: Vec<Run> = Vec::new();
     let mut expired_recorded = 0usize;
     for d in decisions {
-        let run_no = task.fires + 1;
+        let run_no = progress.fires + 1;
         match d {
             Decision::Expire(t, why) => {
-                mark_fired(&mut task, t);
-                task.expired += 1;
+                mark_fired_of(&spec.schedule, &mut progress, t);
+                progress.expired += 1;
                 if expired_recorded < EXPIRED_RECORDS_MAX {
                     expired_recorded += 1;
                     not_started.push(Run::not_started(
@@ -220,51 +236,60 @@ pub fn fire(
                 }
             }
             Decision::Skip(t, why) => {
-                mark_fired(&mut task, t);
-                not_started.push(skip(&mut task, run_no, t, now, why));
+                mark_fired_of(&spec.schedule, &mut progress, t);
+                not_started.push(skip(spec, &mut progress, run_no, t, now, why));
             }
             Decision::Run(t) => {
-                mark_fired(&mut task, t);
-                if !may_run_more(&task) {
-                    not_started.push(skip(&mut task, run_no, t, now, "max_runs reached".into()));
+                mark_fired_of(&spec.schedule, &mut progress, t);
+                if !may_run_more(spec, &progress) {
+                    not_started.push(skip(
+                        spec,
+                        &mut progress,
+                        run_no,
+                        t,
+                        now,
+                        "max_runs reached".into(),
+                    ));
                     continue;
                 }
                 // In recipient time a slot's run spans its zones (a day and more for a daily
                 // cron around the world): the next slot's run goes beside it, never an overlap.
-                let others = active_runs > 0 && task.recipient_zones.is_empty();
+                let others = active_runs > 0 && spec.recipient_zones.is_empty();
                 let busy = others || !started.is_empty();
-                if busy && task.overlap != Overlap::Allow {
+                if busy && spec.overlap != Overlap::Allow {
                     // Misfire catch-up (several runs from one outage) queues behind the first
                     // whatever the policy; a regular fire follows the overlap policy.
                     let catching_up = !started.is_empty();
-                    if catching_up || (task.overlap == Overlap::Queue && task.queued.is_empty()) {
-                        task.queued.push((run_no, t));
+                    if catching_up || (spec.overlap == Overlap::Queue && progress.queued.is_empty())
+                    {
+                        progress.queued.push((run_no, t));
                     } else {
-                        let why = if task.overlap == Overlap::Queue {
+                        let why = if spec.overlap == Overlap::Queue {
                             "overlap queue: a run is already waiting".to_string()
                         } else {
                             "overlap skip: the previous run was still sending".to_string()
                         };
-                        not_started.push(skip(&mut task, run_no, t, now, why));
+                        not_started.push(skip(spec, &mut progress, run_no, t, now, why));
                     }
                     continue;
                 }
-                started.push(start_run(&mut task, run_no, t, now));
+                started.push(start_run(spec, &mut progress, run_no, t, now));
             }
         }
     }
-    task.next_fire_at_ms = next_fire(&task, now);
+    progress.next_fire_at_ms = next_fire_of(spec, &progress, now);
     let to = finished_as(
-        &task,
-        derive_state(&task, active_runs > 0 || !started.is_empty()),
+        spec,
+        &progress,
+        derive_state(&progress, active_runs > 0 || !started.is_empty()),
     );
-    task.set_state(to, now)?;
+    progress.set_state(to, now)?;
     // Arm the first attempt of each new run in the same durable write.
     for r in &mut started {
         r.begin_attempt(now);
     }
     Ok(FirePlan {
-        task,
+        progress,
         not_started,
         started,
         missed,
@@ -274,12 +299,12 @@ pub fn fire(
 /// A one-shot or reminders task that would complete without having sent anything because its
 /// every fire expired ends `expired` instead, so a client can tell it from one that was sent
 /// (and re-arm it). Every other state passes through.
-pub fn finished_as(task: &Task, to: TaskState) -> TaskState {
+pub fn finished_as(spec: &TaskSpec, progress: &TaskProgress, to: TaskState) -> TaskState {
     let once = matches!(
-        task.schedule,
+        spec.schedule,
         Schedule::At { .. } | Schedule::After { .. } | Schedule::Reminders { .. }
     );
-    if to == TaskState::Completed && once && task.runs == 0 && task.expired > 0 {
+    if to == TaskState::Completed && once && progress.runs == 0 && progress.expired > 0 {
         TaskState::Expired
     } else {
         to
@@ -302,7 +327,8 @@ fn first_send_pending(r: &Run) -> bool {
 /// expired fire: `runs` gives it back, `expired` counts it). `send_ms`: when the send would
 /// start. The run record to write, or `None` when it goes on.
 pub fn expire_started(
-    task: &mut Task,
+    spec: &TaskSpec,
+    progress: &mut TaskProgress,
     r: &Run,
     send_ms: u64,
     watched_ms: u64,
@@ -315,7 +341,7 @@ pub fn expire_started(
         r.scheduled_at_ms,
         send_ms,
         watched_ms,
-        task.misfire_grace_ms,
+        spec.misfire_grace_ms,
     )?;
     let mut r = r.clone();
     r.disarm();
@@ -324,8 +350,8 @@ pub fn expire_started(
     r.finished_at_ms = Some(now);
     r.next_at_ms = None;
     r.reason = Some(why);
-    task.runs = task.runs.saturating_sub(1);
-    task.expired += 1;
+    progress.runs = progress.runs.saturating_sub(1);
+    progress.expired += 1;
     Some(r)
 }
 
@@ -336,27 +362,46 @@ pub fn expire_started(
 /// caller reloads the others with [`reload_run`] and then derives the state with
 /// [`recover_running`] over the runs left (which also starts a queued fire that waited for
 /// an expired run).
-pub fn recover_started(task: &Task, runs: &[Run], now: u64, watched_ms: u64) -> (Task, Vec<Run>) {
-    let mut t = task.clone();
+pub fn recover_started(
+    spec: &TaskSpec,
+    progress: &TaskProgress,
+    runs: &[Run],
+    now: u64,
+    watched_ms: u64,
+) -> (TaskProgress, Vec<Run>) {
+    let mut t = progress.clone();
     let mut expired = Vec::new();
     for r in runs {
         let send_ms = r.next_at_ms.unwrap_or(now).max(now);
-        if let Some(e) = expire_started(&mut t, r, send_ms, watched_ms, now) {
+        if let Some(e) = expire_started(spec, &mut t, r, send_ms, watched_ms, now) {
             expired.push(e);
         }
     }
     (t, expired)
 }
 
-fn skip(task: &mut Task, run_no: u32, t: u64, now: u64, why: String) -> Run {
-    task.skipped += 1;
-    Run::not_started(run_no, t, now, task.message_count, RunState::Skipped, why)
+fn skip(
+    spec: &TaskSpec,
+    progress: &mut TaskProgress,
+    run_no: u32,
+    t: u64,
+    now: u64,
+    why: String,
+) -> Run {
+    progress.skipped += 1;
+    Run::not_started(run_no, t, now, spec.message_count, RunState::Skipped, why)
 }
 
 /// A new run of `task` for the fire at `t` (run number already allocated by `mark_fired`).
-pub fn start_run(task: &mut Task, run_no: u32, t: u64, now: u64) -> Run {
-    task.runs += 1;
-    Run::new(run_no, t, now, task.message_count)
+pub fn start_run(
+    spec: &TaskSpec,
+    progress: &mut TaskProgress,
+    run_no: u32,
+    t: u64,
+    now: u64,
+) -> Run {
+    progress.runs += 1;
+    Run::new(run_no, t, now, spec.message_count)
 }
 
 /// A run read back from the store by a process that is not sending it (start-up, or a reload
@@ -384,8 +429,9 @@ pub fn reload_run(mut r: Run, now: u64) -> (Run, bool) {
 /// run to start.
 #[derive(Debug, Clone)]
 pub struct RecoverPlan {
-    pub task: Task,
-    /// Write `task` (and `started`): something changed.
+    /// The task's progress after start-up's judgement.
+    pub progress: TaskProgress,
+    /// Write `progress` (and `started`): something changed.
     pub write: bool,
     /// A fire that was queued behind a run that has since finished: its run starts now.
     pub started: Option<Run>,
@@ -397,7 +443,7 @@ impl RecoverPlan {
             return Change::default();
         }
         Change {
-            task: Some(self.task),
+            progress: Some(self.progress),
             runs: self.started.into_iter().collect(),
             ..Change::default()
         }
@@ -408,23 +454,28 @@ impl RecoverPlan {
 /// whose run never started (the crash fell between the end of one run and the start of the
 /// next) starts now, and the state is derived again from what is active.
 pub fn recover_running(
-    task: &Task,
+    spec: &TaskSpec,
+    progress: &TaskProgress,
     active_runs: usize,
     now: u64,
 ) -> Result<RecoverPlan, InvalidTransition> {
-    let mut t = task.clone();
+    let mut t = progress.clone();
     let mut started = None;
     if active_runs == 0 && !t.queued.is_empty() {
         let (n, at) = t.queued.remove(0);
-        started = Some(start_run(&mut t, n, at, now));
+        started = Some(start_run(spec, &mut t, n, at, now));
     }
-    let to = finished_as(&t, derive_state(&t, active_runs > 0 || started.is_some()));
+    let to = finished_as(
+        spec,
+        &t,
+        derive_state(&t, active_runs > 0 || started.is_some()),
+    );
     let write = to != t.state || started.is_some();
     if to != t.state {
         t.set_state(to, now)?;
     }
     Ok(RecoverPlan {
-        task: t,
+        progress: t,
         write,
         started,
     })
@@ -434,22 +485,23 @@ pub fn recover_running(
 /// are on disk (`raw`: before `reload_run` gave an interrupted attempt back), then
 /// [`recover_running`] over the runs left. `active`: the task's active runs in memory.
 pub fn recover(
-    task: &Task,
+    spec: &TaskSpec,
+    progress: &TaskProgress,
     raw: &[Run],
     active: usize,
     now: u64,
     boot_ms: u64,
 ) -> Result<Change, InvalidTransition> {
-    let watched = task.watched_since_ms.max(boot_ms);
-    let (t, expired) = recover_started(task, raw, now, watched);
-    let p = recover_running(&t, active.saturating_sub(expired.len()), now)?;
+    let watched = progress.watched_since_ms.max(boot_ms);
+    let (t, expired) = recover_started(spec, progress, raw, now, watched);
+    let p = recover_running(spec, &t, active.saturating_sub(expired.len()), now)?;
     if expired.is_empty() {
         return Ok(p.change());
     }
     let mut runs = expired;
     runs.extend(p.started);
     Ok(Change {
-        task: Some(p.task),
+        progress: Some(p.progress),
         runs,
         ..Change::default()
     })
@@ -458,7 +510,8 @@ pub fn recover(
 /// What settling one attempt does.
 #[derive(Debug, Clone)]
 pub struct SettlePlan {
-    pub task: Task,
+    /// The task's progress after the attempt (its state, a queued run started).
+    pub progress: TaskProgress,
     /// The run after the attempt (cursor, retry, counters); armed again if `armed_next`.
     pub run: Run,
     /// The run is done (every message sent or given up on, or it was cancelled).
@@ -483,7 +536,7 @@ impl SettlePlan {
             runs.push(r);
         }
         Change {
-            task: task_changed.then_some(self.task),
+            progress: task_changed.then_some(self.progress),
             runs,
             failure: self.failure,
             wheel,
@@ -506,19 +559,20 @@ pub struct Attempt<'a> {
 /// Settles the attempt in flight on `run` (O(1) in the number of messages).
 /// `other_active`: the task has active runs besides this one.
 pub fn settle(
-    task: &Task,
+    spec: &TaskSpec,
+    progress: &TaskProgress,
     run: &Run,
     other_active: bool,
     a: Attempt<'_>,
     now: u64,
     arm_lead_ms: u64,
 ) -> Result<SettlePlan, InvalidTransition> {
-    let mut task = task.clone();
+    let mut progress = progress.clone();
     let mut run = run.clone();
     let settled = run.settle(a.outcome, a.max_attempts, a.retry_delay_ms, &a.pacing, now);
     let failure = settled.gave_up.as_ref().map(|g| Failure {
-        id: delivery_key(&task.id, run.run, g.seq),
-        task_id: task.id.clone(),
+        id: delivery_key(&spec.id, run.run, g.seq),
+        task_id: spec.id.clone(),
         run: run.run,
         seq: g.seq,
         to: a.to.to_string(),
@@ -531,7 +585,7 @@ pub fn settle(
     });
     let finished = run.is_done() || run.state != RunState::Running;
     let armed_next = !finished
-        && task.state == TaskState::Running
+        && progress.state == TaskState::Running
         && settled
             .next_at_ms
             .is_some_and(|at| at.saturating_sub(arm_lead_ms) <= now);
@@ -542,26 +596,26 @@ pub fn settle(
     }
     let mut next_run = None;
     if finished
-        && !task.queued.is_empty()
-        && (!other_active || task.overlap == Overlap::Allow)
-        && !task.state.is_terminal()
+        && !progress.queued.is_empty()
+        && (!other_active || spec.overlap == Overlap::Allow)
+        && !progress.state.is_terminal()
     {
         // A queued fire starts when the run it waited for is done.
-        let (n, at) = task.queued.remove(0);
-        next_run = Some(start_run(&mut task, n, at, now));
+        let (n, at) = progress.queued.remove(0);
+        next_run = Some(start_run(spec, &mut progress, n, at, now));
     }
     let mut task_changed = next_run.is_some();
-    if task.state == TaskState::Running {
+    if progress.state == TaskState::Running {
         let active = other_active || !finished || next_run.is_some();
-        let to = derive_state(&task, active);
+        let to = derive_state(&progress, active);
         // Only a new state is a change of the task: a cursor that moved is the run's.
-        if to != task.state {
-            task.set_state(to, now)?;
+        if to != progress.state {
+            progress.set_state(to, now)?;
             task_changed = true;
         }
     }
     Ok(SettlePlan {
-        task,
+        progress,
         run,
         finished,
         next_run,
@@ -574,7 +628,8 @@ pub fn settle(
 /// whose records change. Runs in state `Running` stay active; the others leave memory.
 #[derive(Debug, Clone)]
 pub struct ControlPlan {
-    pub task: Task,
+    /// The task's progress after the command.
+    pub progress: TaskProgress,
     pub runs: Vec<Run>,
 }
 
@@ -582,13 +637,13 @@ impl ControlPlan {
     /// The change: the task and its runs written; the runs' steps follow the task's state
     /// (on the wheel while it runs, off it otherwise).
     pub fn change(self) -> Change {
-        let op = if self.task.state == TaskState::Running {
+        let op = if self.progress.state == TaskState::Running {
             WheelOp::Steps
         } else {
             WheelOp::DropSteps
         };
         Change {
-            task: Some(self.task),
+            progress: Some(self.progress),
             runs: self.runs,
             wheel: vec![op],
             ..Change::default()
@@ -600,19 +655,19 @@ impl ControlPlan {
 /// sending right now is settled when its send returns), its fire is dropped. `None`: the task
 /// is finished already.
 pub fn park(
-    task: &Task,
+    progress: &TaskProgress,
     runs: &BTreeMap<u32, Run>,
     sending: &BTreeSet<u32>,
     reason: &str,
     now: u64,
 ) -> Option<Change> {
-    let mut task = task.clone();
-    let to = task.state.park().ok()?;
-    task.state = to;
-    task.updated_at_ms = now;
-    task.failed_reason = Some(reason.to_string());
-    task.next_fire_at_ms = None;
-    task.queued.clear();
+    let mut progress = progress.clone();
+    let to = progress.state.park().ok()?;
+    progress.state = to;
+    progress.updated_at_ms = now;
+    progress.failed_reason = Some(reason.to_string());
+    progress.next_fire_at_ms = None;
+    progress.queued.clear();
     let runs = runs
         .values()
         .filter(|r| !sending.contains(&r.run))
@@ -627,7 +682,7 @@ pub fn park(
         })
         .collect();
     Some(Change {
-        task: Some(task),
+        progress: Some(progress),
         runs,
         parked: Some(reason.to_string()),
         wheel: vec![WheelOp::DropSteps],
@@ -664,21 +719,22 @@ fn disarmed(runs: &BTreeMap<u32, Run>, sending: &BTreeSet<u32>) -> Vec<Run> {
 /// Cancel: the task and every active run end; a run sending right now keeps its attempt (its
 /// outcome is still settled) but is marked cancelled.
 pub fn cancel(
-    task: &Task,
+    spec: &TaskSpec,
+    progress: &TaskProgress,
     runs: &BTreeMap<u32, Run>,
     sending: &BTreeSet<u32>,
     now: u64,
 ) -> Result<ControlPlan, Refused> {
-    if task.state.is_terminal() {
+    if progress.state.is_terminal() {
         return Err(Refused::Conflict(format!(
             "task {:?} is already {}",
-            task.id, task.state
+            spec.id, progress.state
         )));
     }
-    let mut task = task.clone();
-    task.set_state(TaskState::Cancelled, now)?;
-    task.next_fire_at_ms = None;
-    task.queued.clear();
+    let mut progress = progress.clone();
+    progress.set_state(TaskState::Cancelled, now)?;
+    progress.next_fire_at_ms = None;
+    progress.queued.clear();
     let mut out = disarmed(runs, sending);
     out.extend(runs.values().filter(|r| sending.contains(&r.run)).cloned());
     for r in &mut out {
@@ -686,47 +742,56 @@ pub fn cancel(
         r.finished_at_ms = Some(now);
         r.next_at_ms = None;
     }
-    Ok(ControlPlan { task, runs: out })
+    Ok(ControlPlan {
+        progress,
+        runs: out,
+    })
 }
 
 /// Pause: nothing more is sent; armed attempts are given back; cursors stay.
 pub fn pause(
-    task: &Task,
+    spec: &TaskSpec,
+    progress: &TaskProgress,
     runs: &BTreeMap<u32, Run>,
     sending: &BTreeSet<u32>,
     now: u64,
 ) -> Result<ControlPlan, Refused> {
-    if !matches!(task.state, TaskState::Pending | TaskState::Running) {
+    if !matches!(progress.state, TaskState::Pending | TaskState::Running) {
         return Err(Refused::Conflict(format!(
             "task {:?} is {}; only pending or running tasks can be paused",
-            task.id, task.state
+            spec.id, progress.state
         )));
     }
-    let mut task = task.clone();
-    task.set_state(TaskState::Paused, now)?;
+    let mut progress = progress.clone();
+    progress.set_state(TaskState::Paused, now)?;
     Ok(ControlPlan {
-        task,
+        progress,
         runs: disarmed(runs, sending),
     })
 }
 
 /// Resume: runs go on at their cursor (not before now); fires due while paused count as missed
 /// (judged by the misfire policy at the next fire step).
-pub fn resume(task: &Task, runs: &BTreeMap<u32, Run>, now: u64) -> Result<ControlPlan, Refused> {
-    if task.state != TaskState::Paused {
+pub fn resume(
+    spec: &TaskSpec,
+    progress: &TaskProgress,
+    runs: &BTreeMap<u32, Run>,
+    now: u64,
+) -> Result<ControlPlan, Refused> {
+    if progress.state != TaskState::Paused {
         return Err(Refused::Conflict(format!(
             "task {:?} is {}; only paused tasks can be resumed",
-            task.id, task.state
+            spec.id, progress.state
         )));
     }
-    let mut task = task.clone();
+    let mut progress = progress.clone();
     // A run whose first message had not left when the task was paused is judged now: sent
     // later than its grace after its instant, it expires (API.md "Expired").
     let mut out: Vec<Run> = Vec::with_capacity(runs.len());
     let mut active = 0usize;
     for r in runs.values() {
         let send_ms = r.next_at_ms.unwrap_or(now).max(now);
-        match expire_started(&mut task, r, send_ms, now, now) {
+        match expire_started(spec, &mut progress, r, send_ms, now, now) {
             Some(e) => out.push(e),
             None => {
                 let mut r = r.clone();
@@ -736,47 +801,50 @@ pub fn resume(task: &Task, runs: &BTreeMap<u32, Run>, now: u64) -> Result<Contro
             }
         }
     }
-    if active == 0 && !task.queued.is_empty() {
+    if active == 0 && !progress.queued.is_empty() {
         // What the queued fire waited for expired: it starts now.
-        let (n, at) = task.queued.remove(0);
-        out.push(start_run(&mut task, n, at, now));
+        let (n, at) = progress.queued.remove(0);
+        out.push(start_run(spec, &mut progress, n, at, now));
         active += 1;
     }
-    let to = finished_as(&task, super::state_for(&task, active > 0));
+    let to = finished_as(spec, &progress, super::state_for(&progress, active > 0));
     if matches!(to, TaskState::Completed | TaskState::Expired) {
         // Nothing left to do (its last run ended while it was paused, e.g. a cron at its
         // `max_runs`): it finishes, by way of pending, as the transition table says.
-        task.set_state(TaskState::Pending, now)?;
+        progress.set_state(TaskState::Pending, now)?;
     }
-    task.set_state(to, now)?;
-    task.watched_since_ms = now;
-    Ok(ControlPlan { task, runs: out })
+    progress.set_state(to, now)?;
+    progress.watched_since_ms = now;
+    Ok(ControlPlan {
+        progress,
+        runs: out,
+    })
 }
 
 /// Trigger ("send now"): a new run starts now; for a one-shot it replaces the scheduled time.
-pub fn trigger(task: &Task, now: u64) -> Result<ControlPlan, Refused> {
-    match task.state {
+pub fn trigger(spec: &TaskSpec, progress: &TaskProgress, now: u64) -> Result<ControlPlan, Refused> {
+    match progress.state {
         // An expired task is re-armed by a trigger: its message goes now (API.md "Expired").
         TaskState::Pending | TaskState::Expired => {}
-        TaskState::Running if task.overlap == Overlap::Allow => {}
+        TaskState::Running if spec.overlap == Overlap::Allow => {}
         s => {
             return Err(Refused::Conflict(format!(
                 "task {:?} is {s}; trigger needs a pending task (or overlap allow)",
-                task.id
+                spec.id
             )))
         }
     }
-    let mut task = task.clone();
-    task.fires += 1;
-    let run_no = task.fires;
-    if task.schedule.is_one_shot() {
-        task.last_fire_ms = Some(now);
+    let mut progress = progress.clone();
+    progress.fires += 1;
+    let run_no = progress.fires;
+    if spec.schedule.is_one_shot() {
+        progress.last_fire_ms = Some(now);
     }
-    let run = start_run(&mut task, run_no, now, now);
-    task.next_fire_at_ms = next_fire(&task, now);
-    task.set_state(TaskState::Running, now)?;
+    let run = start_run(spec, &mut progress, run_no, now, now);
+    progress.next_fire_at_ms = next_fire_of(spec, &progress, now);
+    progress.set_state(TaskState::Running, now)?;
     Ok(ControlPlan {
-        task,
+        progress,
         runs: vec![run],
     })
 }
@@ -788,36 +856,37 @@ pub fn trigger(task: &Task, now: u64) -> Result<ControlPlan, Refused> {
 /// overlap. `last_fire_ms` stays: the schedule goes on from where it was. The plan and the run
 /// numbers, in slot order.
 pub fn backfill(
-    task: &Task,
+    spec: &TaskSpec,
+    progress: &TaskProgress,
     active_runs: usize,
     slots: &[u64],
     now: u64,
 ) -> Result<(ControlPlan, Vec<u32>), Refused> {
     if !matches!(
-        task.state,
+        progress.state,
         TaskState::Pending | TaskState::Running | TaskState::Paused
     ) {
         return Err(Refused::Conflict(format!(
             "task {:?} is {}; only pending, running or paused tasks can be backfilled",
-            task.id, task.state
+            spec.id, progress.state
         )));
     }
-    let mut task = task.clone();
+    let mut progress = progress.clone();
     let mut numbers = Vec::with_capacity(slots.len());
     for &at in slots {
-        task.fires += 1;
-        numbers.push(task.fires);
-        task.queued.push((task.fires, at));
+        progress.fires += 1;
+        numbers.push(progress.fires);
+        progress.queued.push((progress.fires, at));
     }
     let mut runs = Vec::new();
-    if task.state == TaskState::Pending && active_runs == 0 && !task.queued.is_empty() {
-        let (n, at) = task.queued.remove(0);
-        runs.push(start_run(&mut task, n, at, now));
-        task.set_state(TaskState::Running, now)?;
+    if progress.state == TaskState::Pending && active_runs == 0 && !progress.queued.is_empty() {
+        let (n, at) = progress.queued.remove(0);
+        runs.push(start_run(spec, &mut progress, n, at, now));
+        progress.set_state(TaskState::Running, now)?;
     } else {
-        task.updated_at_ms = now;
+        progress.updated_at_ms = now;
     }
-    Ok((ControlPlan { task, runs }, numbers))
+    Ok((ControlPlan { progress, runs }, numbers))
 }
 
 /// Why a send that is due now waits (issue 28), and until when: a message in recipient time
@@ -834,22 +903,22 @@ pub enum Hold {
 }
 
 pub fn hold(
-    task: &Task,
+    spec: &TaskSpec,
     msg: &crate::model::Message,
     fire_ms: u64,
     channel_quiet: Option<&crate::schedule::quiet::QuietHours>,
     now: u64,
 ) -> Option<Hold> {
     use crate::schedule::recipient::{message_due, parse_zones};
-    if let (Some(tz), false) = (msg.tz.as_deref(), task.recipient_zones.is_empty()) {
-        let zones = parse_zones(&task.recipient_zones);
-        if let Some(at) = message_due(&task.schedule, &zones, fire_ms, tz).filter(|at| *at > now) {
+    if let (Some(tz), false) = (msg.tz.as_deref(), spec.recipient_zones.is_empty()) {
+        let zones = parse_zones(&spec.recipient_zones);
+        if let Some(at) = message_due(&spec.schedule, &zones, fire_ms, tz).filter(|at| *at > now) {
             return Some(Hold::Recipient(at));
         }
     }
-    let fallback = crate::schedule::zone_of(&task.schedule);
+    let fallback = crate::schedule::zone_of(&spec.schedule);
     crate::schedule::quiet::hold(
-        &task.quiet_hours,
+        &spec.quiet_hours,
         channel_quiet,
         msg.tz.as_deref(),
         fallback,
@@ -913,8 +982,8 @@ mod tests {
 
     const NOW: u64 = 1_796_083_200_000;
 
-    fn task(v: serde_json::Value) -> Task {
-        crate::request::test_task(v, NOW)
+    fn task(v: serde_json::Value) -> (TaskSpec, TaskProgress) {
+        crate::request::test_task(v, NOW).split()
     }
 
     #[test]
@@ -933,41 +1002,41 @@ mod tests {
 
     #[test]
     fn a_running_task_with_nothing_active_starts_its_queued_fire_or_settles_its_state() {
-        let mut t =
+        let (s, mut t) =
             task(serde_json::json!({"schedule": {"cron": "* * * * *"}, "to": ["a"], "body": "b"}));
         t.state = TaskState::Running;
         t.queued = vec![(7, NOW)];
-        let p = recover_running(&t, 0, NOW + 1).unwrap();
+        let p = recover_running(&s, &t, 0, NOW + 1).unwrap();
         assert!(p.write);
         assert_eq!(p.started.as_ref().map(|r| r.run), Some(7));
-        assert_eq!(p.task.state, TaskState::Running);
-        assert!(p.task.queued.is_empty());
+        assert_eq!(p.progress.state, TaskState::Running);
+        assert!(p.progress.queued.is_empty());
         // Nothing queued, nothing active: back to pending (it has a next fire).
         t.queued.clear();
-        let p = recover_running(&t, 0, NOW + 1).unwrap();
+        let p = recover_running(&s, &t, 0, NOW + 1).unwrap();
         assert!(p.write && p.started.is_none());
-        assert_eq!(p.task.state, TaskState::Pending);
+        assert_eq!(p.progress.state, TaskState::Pending);
         // A run still active: nothing to change.
-        let p = recover_running(&t, 1, NOW + 1).unwrap();
+        let p = recover_running(&s, &t, 1, NOW + 1).unwrap();
         assert!(!p.write);
     }
 
     #[test]
     fn a_fire_due_while_watching_runs_however_late() {
-        let t = task(
+        let (s, t) = task(
             serde_json::json!({"schedule": {"after": "1m"}, "misfire": "skip",
             "misfire_grace": "1s", "to": ["a"], "body": "b"}),
         );
         let due = NOW + 60_000;
         // Handled an hour late (a wall-clock jump, a backlog): not missed.
-        let p = fire(&t, 0, due, due + 3_600_000, NOW).unwrap();
+        let p = fire(&s, &t, 0, due, due + 3_600_000, NOW).unwrap();
         assert_eq!((p.missed, p.started.len(), p.not_started.len()), (0, 1, 0));
         assert_eq!(p.started[0].in_flight, Some(0), "armed in the same write");
         // Due before herald came back (boot after the due time): missed by 2.5 s, grace 1 s.
-        let p = fire(&t, 0, due, due + 2_600, due + 2_500).unwrap();
+        let p = fire(&s, &t, 0, due, due + 2_600, due + 2_500).unwrap();
         assert_eq!((p.missed, p.started.len()), (1, 0));
         assert_eq!(p.not_started[0].state, RunState::Expired);
-        assert_eq!(p.task.state, TaskState::Expired, "nothing was sent");
+        assert_eq!(p.progress.state, TaskState::Expired, "nothing was sent");
     }
 
     /// The grace defect of issue 28, as plans: a one-shot at T with a 1 s grace is armed 2 s
@@ -981,11 +1050,11 @@ mod tests {
                 "to": ["a", "b"], "body": "b"}),
             )
         };
-        let t = once("1s");
-        let p = fire(&t, 0, at, at - 2_000, NOW).unwrap();
+        let (s, t) = once("1s");
+        let p = fire(&s, &t, 0, at, at - 2_000, NOW).unwrap();
         assert_eq!(p.started[0].in_flight, Some(0), "armed ahead, durable");
         let boot = at + 2_500;
-        let (t2, expired) = recover_started(&p.task, &p.started, boot, boot);
+        let (t2, expired) = recover_started(&s, &p.progress, &p.started, boot, boot);
         assert_eq!(expired.len(), 1);
         let e = &expired[0];
         assert_eq!(
@@ -994,65 +1063,66 @@ mod tests {
         );
         assert!(e.reason.as_deref().unwrap().contains("2s500ms"), "{e:?}");
         assert_eq!((t2.runs, t2.expired), (0, 1));
-        let r = recover_running(&t2, 0, boot).unwrap();
+        let r = recover_running(&s, &t2, 0, boot).unwrap();
         assert!(r.write && r.started.is_none());
-        assert_eq!(r.task.state, TaskState::Expired);
+        assert_eq!(r.progress.state, TaskState::Expired);
         // With a 3 s grace the same outage sends it at restart.
-        let t = once("3s");
-        let p = fire(&t, 0, at, at - 2_000, NOW).unwrap();
-        let (t2, expired) = recover_started(&p.task, &p.started, boot, boot);
+        let (s, t) = once("3s");
+        let p = fire(&s, &t, 0, at, at - 2_000, NOW).unwrap();
+        let (t2, expired) = recover_started(&s, &p.progress, &p.started, boot, boot);
         assert!(expired.is_empty());
         assert_eq!(t2.runs, 1);
         // Back before the instant: nothing was missed.
-        let (_, expired) = recover_started(&p.task, &p.started, at - 500, at - 500);
+        let (_, expired) = recover_started(&s, &p.progress, &p.started, at - 500, at - 500);
         assert!(expired.is_empty());
         // A run that has sent its first message is never expired (a sequence goes on).
         let mut sending = p.started[0].clone();
         sending.cursor = 1;
         sending.sent = 1;
         sending.in_flight = Some(1);
-        let (_, expired) = recover_started(&p.task, &[sending], at + 3_600_000, at + 3_600_000);
+        let (_, expired) =
+            recover_started(&s, &p.progress, &[sending], at + 3_600_000, at + 3_600_000);
         assert!(expired.is_empty());
     }
 
     #[test]
     fn a_cron_run_armed_before_an_outage_expires_and_the_schedule_goes_on() {
-        let t = task(serde_json::json!({"schedule": {"cron": "* * * * *"},
+        let (s, t) = task(serde_json::json!({"schedule": {"cron": "* * * * *"},
             "misfire_grace": "1s", "to": ["a"], "body": "b"}));
         let due = t.next_fire_at_ms.unwrap();
-        let p = fire(&t, 0, due, due - 100, NOW).unwrap();
+        let p = fire(&s, &t, 0, due, due - 100, NOW).unwrap();
         let boot = due + 5_000;
-        let (t2, expired) = recover_started(&p.task, &p.started, boot, boot);
+        let (t2, expired) = recover_started(&s, &p.progress, &p.started, boot, boot);
         assert_eq!(expired.len(), 1);
-        let r = recover_running(&t2, 0, boot).unwrap();
+        let r = recover_running(&s, &t2, 0, boot).unwrap();
         assert_eq!(
-            r.task.state,
+            r.progress.state,
             TaskState::Pending,
             "a cron goes on to its next fire"
         );
-        assert_eq!(r.task.next_fire_at_ms, Some(due + 60_000));
+        assert_eq!(r.progress.next_fire_at_ms, Some(due + 60_000));
     }
 
     #[test]
     fn an_expired_task_is_re_armed_by_a_trigger_and_a_pause_over_the_instant_expires_it() {
-        let t = task(
+        let (s, t) = task(
             serde_json::json!({"schedule": {"after": "0s"}, "misfire_grace": "1s",
             "to": ["a"], "body": "b"}),
         );
-        let p = fire(&t, 0, NOW, NOW, NOW).unwrap();
+        let p = fire(&s, &t, 0, NOW, NOW, NOW).unwrap();
         let runs: BTreeMap<u32, Run> = p.started.iter().map(|r| (r.run, r.clone())).collect();
-        let paused = pause(&p.task, &runs, &BTreeSet::new(), NOW + 1).unwrap();
+        let paused = pause(&s, &p.progress, &runs, &BTreeSet::new(), NOW + 1).unwrap();
         let again: BTreeMap<u32, Run> = paused.runs.iter().map(|r| (r.run, r.clone())).collect();
         // Resumed within the grace: it goes on.
-        let r = resume(&paused.task, &again, NOW + 900).unwrap();
-        assert_eq!(r.task.state, TaskState::Running);
+        let r = resume(&s, &paused.progress, &again, NOW + 900).unwrap();
+        assert_eq!(r.progress.state, TaskState::Running);
         // Resumed 5 s after its instant: it expires, nothing is sent.
-        let r = resume(&paused.task, &again, NOW + 5_000).unwrap();
-        assert_eq!(r.task.state, TaskState::Expired);
+        let r = resume(&s, &paused.progress, &again, NOW + 5_000).unwrap();
+        assert_eq!(r.progress.state, TaskState::Expired);
         assert_eq!(r.runs[0].state, RunState::Expired);
         // A trigger re-arms it: a new run, now.
-        let tr = trigger(&r.task, NOW + 6_000).unwrap();
-        assert_eq!(tr.task.state, TaskState::Running);
+        let tr = trigger(&s, &r.progress, NOW + 6_000).unwrap();
+        assert_eq!(tr.progress.state, TaskState::Running);
         assert_eq!(
             (tr.runs[0].run, tr.runs[0].scheduled_at_ms),
             (2, NOW + 6_000)
@@ -1061,33 +1131,33 @@ mod tests {
 
     #[test]
     fn settle_is_o1_and_arms_the_next_attempt_when_due_soon() {
-        let mut t = task(serde_json::json!({"schedule": {"after": "0s"},
+        let (s, mut t) = task(serde_json::json!({"schedule": {"after": "0s"},
             "to": ["a", "b", "c"], "body": "b", "pacing": {"interval": "50ms"}}));
-        let p = fire(&t, 0, NOW, NOW, NOW).unwrap();
-        t = p.task;
+        let p = fire(&s, &t, 0, NOW, NOW, NOW).unwrap();
+        t = p.progress;
         let run = p.started[0].clone();
         let a = Attempt {
             outcome: Outcome::Sent,
             max_attempts: 3,
             retry_delay_ms: 1_000,
-            pacing: t.pacing,
+            pacing: s.pacing,
             to: "a",
             channel: "log",
         };
-        let s = settle(&t, &run, false, a, NOW + 1, 100).unwrap();
+        let s = settle(&s, &t, &run, false, a, NOW + 1, 100).unwrap();
         assert!(!s.finished);
         assert_eq!((s.run.cursor, s.run.in_flight), (1, Some(1)));
-        assert_eq!(s.task.state, TaskState::Running);
+        assert_eq!(s.progress.state, TaskState::Running);
     }
 
     #[test]
     fn a_backfill_queues_one_run_per_slot_in_order_and_starts_the_first() {
-        let t =
+        let (s, t) =
             task(serde_json::json!({"schedule": {"cron": "* * * * *"}, "to": ["a"], "body": "b"}));
         let slots = [NOW - 180_000, NOW - 120_000, NOW - 60_000];
-        let (p, numbers) = backfill(&t, 0, &slots, NOW).unwrap();
+        let (p, numbers) = backfill(&s, &t, 0, &slots, NOW).unwrap();
         assert_eq!(numbers, vec![1, 2, 3]);
-        assert_eq!(p.task.state, TaskState::Running);
+        assert_eq!(p.progress.state, TaskState::Running);
         assert_eq!(
             (p.runs[0].run, p.runs[0].scheduled_at_ms),
             (1, NOW - 180_000)
@@ -1097,17 +1167,20 @@ mod tests {
             Some(NOW),
             "sent now, not at its old instant"
         );
-        assert_eq!(p.task.queued, vec![(2, NOW - 120_000), (3, NOW - 60_000)]);
-        assert_eq!(p.task.last_fire_ms, t.last_fire_ms);
+        assert_eq!(
+            p.progress.queued,
+            vec![(2, NOW - 120_000), (3, NOW - 60_000)]
+        );
+        assert_eq!(p.progress.last_fire_ms, t.last_fire_ms);
         // A paused task keeps them queued for its resume; a finished one refuses.
         let mut paused = t.clone();
         paused.state = TaskState::Paused;
-        let (p, _) = backfill(&paused, 0, &slots, NOW).unwrap();
-        assert!(p.runs.is_empty() && p.task.queued.len() == 3);
+        let (p, _) = backfill(&s, &paused, 0, &slots, NOW).unwrap();
+        assert!(p.runs.is_empty() && p.progress.queued.len() == 3);
         let mut done = t.clone();
         done.state = TaskState::Completed;
         assert!(matches!(
-            backfill(&done, 0, &slots, NOW),
+            backfill(&s, &done, 0, &slots, NOW),
             Err(Refused::Conflict(_))
         ));
     }
@@ -1161,44 +1234,44 @@ mod tests {
 
     #[test]
     fn control_plans() {
-        let t =
+        let (s, t) =
             task(serde_json::json!({"schedule": {"after": "0s"}, "to": ["a", "b"], "body": "b"}));
-        let p = fire(&t, 0, NOW, NOW, NOW).unwrap();
+        let p = fire(&s, &t, 0, NOW, NOW, NOW).unwrap();
         let runs: BTreeMap<u32, Run> = p.started.iter().map(|r| (r.run, r.clone())).collect();
         let none = BTreeSet::new();
         // Pause gives the armed attempt back; resume continues at the cursor.
-        let paused = pause(&p.task, &runs, &none, NOW + 1).unwrap();
-        assert_eq!(paused.task.state, TaskState::Paused);
+        let paused = pause(&s, &p.progress, &runs, &none, NOW + 1).unwrap();
+        assert_eq!(paused.progress.state, TaskState::Paused);
         assert_eq!(
             (paused.runs[0].in_flight, paused.runs[0].attempts),
             (None, 0)
         );
         let again: BTreeMap<u32, Run> = paused.runs.iter().map(|r| (r.run, r.clone())).collect();
-        let resumed = resume(&paused.task, &again, NOW + 5).unwrap();
-        assert_eq!(resumed.task.state, TaskState::Running);
-        assert_eq!(resumed.task.watched_since_ms, NOW + 5);
+        let resumed = resume(&s, &paused.progress, &again, NOW + 5).unwrap();
+        assert_eq!(resumed.progress.state, TaskState::Running);
+        assert_eq!(resumed.progress.watched_since_ms, NOW + 5);
         assert_eq!(resumed.runs[0].next_at_ms, Some(NOW + 5));
         // A sending run keeps its attempt when cancelled.
         let sending: BTreeSet<u32> = runs.keys().copied().collect();
-        let c = cancel(&p.task, &runs, &sending, NOW + 2).unwrap();
-        assert_eq!(c.task.state, TaskState::Cancelled);
+        let c = cancel(&s, &p.progress, &runs, &sending, NOW + 2).unwrap();
+        assert_eq!(c.progress.state, TaskState::Cancelled);
         assert_eq!(c.runs[0].state, RunState::Cancelled);
         assert_eq!(c.runs[0].in_flight, Some(0));
         assert!(matches!(
-            cancel(&c.task, &runs, &none, NOW + 3),
+            cancel(&s, &c.progress, &runs, &none, NOW + 3),
             Err(Refused::Conflict(_))
         ));
         assert!(matches!(
-            resume(&p.task, &runs, NOW),
+            resume(&s, &p.progress, &runs, NOW),
             Err(Refused::Conflict(_))
         ));
         // A paused task with nothing left completes on resume (found by simulation seed 1018).
-        let mut done = paused.task.clone();
+        let mut done = paused.progress.clone();
         done.next_fire_at_ms = None;
-        let r = resume(&done, &BTreeMap::new(), NOW + 6).unwrap();
-        assert_eq!(r.task.state, TaskState::Completed);
+        let r = resume(&s, &done, &BTreeMap::new(), NOW + 6).unwrap();
+        assert_eq!(r.progress.state, TaskState::Completed);
         // Trigger on a pending task starts a new run now.
-        let tr = trigger(&t, NOW + 7).unwrap();
+        let tr = trigger(&s, &t, NOW + 7).unwrap();
         assert_eq!((tr.runs[0].run, tr.runs[0].scheduled_at_ms), (1, NOW + 7));
     }
 }

@@ -121,7 +121,14 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
                 Vec::new()
             }
         };
-        let change = super::plan::recover(&st.task, &raw, st.runs.len(), now, inner.boot_ms)?;
+        let change = super::plan::recover(
+            &st.spec,
+            &st.progress,
+            &raw,
+            st.runs.len(),
+            now,
+            inner.boot_ms,
+        )?;
         for r in change.runs.iter().filter(|r| r.state == RunState::Expired) {
             tracing::warn!(task = %id, run = r.run, reason = %crate::logsafe::Opt(r.reason.as_deref()),
                 "run armed before the outage expired: its first message would start later than misfire_grace");

@@ -21,9 +21,8 @@ use super::commit::{self, RetryWheel};
 use super::plan::RetryPlan;
 use super::timer::Key;
 use super::{alerts, EngineError, Inner};
-use crate::deliver::{backoff, Admission, Delivery};
-use crate::model::Outcome;
-use crate::schedule::{format_utc, minutes_left};
+use crate::deliver::{backoff, Admission};
+use crate::model::{Outcome, TimelineEvent};
 
 pub(crate) async fn failure_retry(
     inner: &Arc<Inner>,
@@ -66,33 +65,27 @@ pub(crate) async fn failure_retry(
         .get_run(&f.task_id, f.run)?
         .map(|r| r.scheduled_at_ms)
         .unwrap_or(now);
-    let minutes = minutes_left(&task.schedule, scheduled);
-    let body = match minutes {
-        Some(m) => msg.body.replace("{{minutes_left}}", &m.to_string()),
-        None => msg.body.clone(),
-    };
-    let delivery = Delivery {
-        task_id: f.task_id.clone(),
-        run: f.run,
-        seq: f.seq,
-        to: msg.to.clone(),
-        body,
-        scheduled_at: format_utc(scheduled),
-        attempt: f.attempts + 1,
-        idempotency_key: f.id.clone(),
-        sent_at: format_utc(now),
-        // For channel templates (issue 9).
-        data: msg.data.clone(),
-        scheduled_at_ms: scheduled,
-        minutes_left: minutes,
-        metadata: task.metadata.clone(),
-        kind: super::notify::about_of(&task.metadata).map(|a| a.0),
-        about: super::notify::about_of(&task.metadata).map(|a| a.1),
-    };
-    let policy = task.retry.unwrap_or(channel.retry);
+    let (spec, _) = task.split();
+    let delivery = super::render::delivery(
+        &spec,
+        msg,
+        &super::render::Attempt {
+            run: f.run,
+            seq: f.seq,
+            attempt: f.attempts + 1,
+            due_ms: scheduled,
+            run_at_ms: scheduled,
+            now_ms: now,
+        },
+    );
+    let policy = spec.retry.unwrap_or(channel.retry);
     drop(guard);
 
-    let outcome = channel.send(&delivery, || inner.clock.now_ms()).await;
+    // Traced like a run's attempt: the task's trace with a span of its own, and an `attempt`
+    // event in the timeline beside what it led to (issue 25).
+    let (outcome, report) = channel
+        .send_traced(&delivery, || inner.clock.now_ms())
+        .await;
     if let Some(tr) = channel.record(inner.clock.now_ms(), &outcome, probe) {
         alerts::breaker(inner, &channel.name, tr);
     }
@@ -109,6 +102,15 @@ pub(crate) async fn failure_retry(
         return Ok(()); // dismissed while sending
     };
     let seed = inner.config.jitter_seed;
+    let attempt = TimelineEvent::attempt(
+        now,
+        f.run,
+        f.seq,
+        delivery.attempt,
+        &outcome,
+        report.status,
+        report.duration_ms,
+    );
     let plan = super::plan::failure_retry(
         &f,
         outcome,
@@ -119,10 +121,19 @@ pub(crate) async fn failure_retry(
     match plan {
         RetryPlan::Resolved(f) => {
             tracing::info!(failure = %f.id, attempts = f.attempts, "failure retried: sent");
-            commit::failure_removed(inner, &f, "resolved").await?;
+            commit::failure_removed(inner, &f, "resolved", vec![attempt]).await?;
         }
         RetryPlan::Again { failure, at } => {
-            commit::failure_saved(inner, &failure, RetryWheel::At(at), None, None).await?;
+            let next = TimelineEvent::retry_scheduled(
+                now,
+                failure.run,
+                failure.seq,
+                failure.attempts + 1,
+                at,
+                &failure.last_error,
+            );
+            let steps = vec![attempt, next];
+            commit::failure_saved(inner, &failure, RetryWheel::At(at), None, None, steps).await?;
         }
         RetryPlan::GaveUp(f) => {
             tracing::warn!(failure = %f.id, attempts = f.attempts, error = %crate::logsafe::Escaped(&f.last_error),
@@ -133,6 +144,7 @@ pub(crate) async fn failure_retry(
                 RetryWheel::Keep,
                 Some("failed"),
                 Some("failure_retry_failed"),
+                vec![attempt],
             )
             .await?;
         }
@@ -141,6 +153,6 @@ pub(crate) async fn failure_retry(
 }
 
 async fn save(inner: &Arc<Inner>, f: &crate::model::Failure) -> Result<(), EngineError> {
-    commit::failure_saved(inner, f, RetryWheel::Keep, None, None).await?;
+    commit::failure_saved(inner, f, RetryWheel::Keep, None, None, Vec::new()).await?;
     Ok(())
 }

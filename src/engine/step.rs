@@ -37,8 +37,8 @@ use super::timer::{Key, RunKey, StepGuard};
 use super::{alerts, retry, EngineError, Inner};
 use crate::deliver::{backoff, Admission, Delivery};
 use crate::logsafe::Escaped;
-use crate::model::{delivery_key, Outcome, TaskState};
-use crate::schedule::{format_utc, minutes_left};
+use crate::model::{Outcome, TaskSpec, TaskState};
+use crate::schedule::format_utc;
 
 /// A due key's step, as the dispatcher routes it.
 pub(crate) enum Step {
@@ -137,24 +137,25 @@ async fn fire(inner: &Arc<Inner>, task: &Arc<str>) -> Result<(), EngineError> {
 
 async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineError> {
     let st = l.st();
-    if !matches!(st.task.state, TaskState::Pending | TaskState::Running) {
+    if !matches!(st.progress.state, TaskState::Pending | TaskState::Running) {
         return Ok(()); // paused or finished: a stale wheel entry
     }
     if draining(inner) {
         return Ok(()); // the next boot fires it
     }
     let now = inner.clock.now_ms();
-    let Some(due) = st.task.next_fire_at_ms else {
+    let Some(due) = st.progress.next_fire_at_ms else {
         return Ok(());
     };
-    let one_shot = st.task.schedule.is_one_shot();
+    let one_shot = st.spec.schedule.is_one_shot();
     if due > now + lead_max_ms(one_shot) {
         inner
             .timer
             .at(Key::Fire(l.id.clone()), fire_step_at(inner, due, one_shot));
         return Ok(());
     }
-    let watched = st.task.watched_since_ms.max(inner.boot_ms);
+    let watched = st.progress.watched_since_ms.max(inner.boot_ms);
+    let trace_id = st.spec.trace();
     // Issue 26, a wall jump forward (clock.rs) is judged like an outage that took no real
     // time: fires due before the jump's end were jumped over, so the misfire policy decides
     // (default: one coalesced run, never a burst of catch-up runs); their lateness against
@@ -162,28 +163,26 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineErr
     // and the task keeps its own grace).
     let jump = inner.clock.wall_jumps();
     let p = if due < jump.end_ms && jump.end_ms > watched {
-        let mut t = st.task.clone();
-        t.misfire_grace_ms = t.misfire_grace_ms.saturating_add(jump.size_ms);
-        let mut p = plan::fire(&t, st.runs.len(), due, now, jump.end_ms)?;
-        p.task.misfire_grace_ms = st.task.misfire_grace_ms;
-        tracing::warn!(task = %p.task.id, missed = p.missed, policy = ?p.task.misfire, jump_ms = jump.size_ms,
+        let grace = st.spec.misfire_grace_ms.saturating_add(jump.size_ms);
+        let (spec, progress, active) = (&st.spec, &st.progress, st.runs.len());
+        let p = plan::fire_with_grace(spec, progress, active, due, now, jump.end_ms, grace)?;
+        tracing::warn!(task = %st.spec.id, missed = p.missed, policy = ?st.spec.misfire, jump_ms = jump.size_ms,
             "fires were jumped over by the wall clock; judged by the misfire policy");
         p
     } else {
-        let p = plan::fire(&st.task, st.runs.len(), due, now, watched)?;
+        let p = plan::fire(&st.spec, &st.progress, st.runs.len(), due, now, watched)?;
         if p.missed > 0 {
-            tracing::warn!(task = %p.task.id, missed = p.missed, policy = ?p.task.misfire,
+            tracing::warn!(task = %st.spec.id, missed = p.missed, policy = ?st.spec.misfire,
                 "fires were missed (herald down or task paused); judged by the misfire policy");
         }
         p
     };
     for r in &p.not_started {
-        tracing::info!(task = %p.task.id, run = r.run, state = ?r.state,
+        tracing::info!(task = %l.id, run = r.run, state = ?r.state,
             reason = %crate::logsafe::Opt(r.reason.as_deref()), "fire not started");
     }
-    let trace_id = crate::model::timeline::trace_id_of(&p.task);
     for r in &p.started {
-        tracing::info!(task = %p.task.id, run = r.run, late_ms = now.saturating_sub(r.scheduled_at_ms),
+        tracing::info!(task = %l.id, run = r.run, late_ms = now.saturating_sub(r.scheduled_at_ms),
             trace_id = %crate::model::timeline::hex(&trace_id), "run started");
     }
     let fire_spans: Vec<_> = p
@@ -334,7 +333,7 @@ pub(super) async fn prepare(
     key: &RunKey,
 ) -> Result<Option<Prepared>, EngineError> {
     let st = l.st();
-    if st.task.state != TaskState::Running || st.sending.contains(&key.run) || draining(inner) {
+    if st.progress.state != TaskState::Running || st.sending.contains(&key.run) || draining(inner) {
         return Ok(None); // paused, finished, this run is sending right now, or draining
     }
     let Some(mut run) = st.runs.get(&key.run).cloned() else {
@@ -395,7 +394,7 @@ pub(super) async fn prepare(
         Some((r, s, _)) if *r == key.run && *s == seq => st.prefetched.take().map(|p| p.2),
         _ => None,
     };
-    let t = &st.task;
+    let t = st.spec.clone();
     let msg = match prefetched {
         Some(m) => Some(m),
         None => inner.store.get_message(&t.id, seq)?,
@@ -413,7 +412,7 @@ pub(super) async fn prepare(
     // Issue 28: recipient time and quiet hours hold the send (still armed, nothing burned),
     // before the rate limit is asked, so a held send takes none of the channel's rate.
     let quiet = channel.as_ref().and_then(|c| c.quiet_hours.as_ref());
-    match plan::hold(t, &msg, run.scheduled_at_ms, quiet, now) {
+    match plan::hold(&t, &msg, run.scheduled_at_ms, quiet, now) {
         Some(plan::Hold::Recipient(at)) => {
             // Waits for its own instant: memory only (a reload holds it again).
             st.prefetched = Some((key.run, seq, msg));
@@ -478,29 +477,18 @@ pub(super) async fn prepare(
     inner
         .lateness
         .observe(now.saturating_sub(scheduled) as f64 / 1000.0);
-    let minutes = minutes_left(&t.schedule, run.scheduled_at_ms);
-    let body = match minutes {
-        Some(m) => msg.body.replace("{{minutes_left}}", &m.to_string()),
-        None => msg.body,
-    };
-    let delivery = Delivery {
-        task_id: t.id.clone(),
-        run: key.run,
-        seq,
-        to: msg.to,
-        body,
-        scheduled_at: format_utc(scheduled),
-        attempt: run.attempts,
-        idempotency_key: delivery_key(&t.id, key.run, seq),
-        sent_at: format_utc(now),
-        // For channel templates.
-        data: msg.data,
-        scheduled_at_ms: scheduled,
-        minutes_left: minutes,
-        metadata: t.metadata.clone(),
-        kind: super::notify::about_of(&t.metadata).map(|a| a.0),
-        about: super::notify::about_of(&t.metadata).map(|a| a.1),
-    };
+    let delivery = super::render::delivery(
+        &t,
+        msg,
+        &super::render::Attempt {
+            run: key.run,
+            seq,
+            attempt: run.attempts,
+            due_ms: scheduled,
+            run_at_ms: run.scheduled_at_ms,
+            now_ms: now,
+        },
+    );
     let policy = t
         .retry
         .or(channel.as_ref().map(|c| c.retry))
@@ -585,7 +573,8 @@ pub(super) fn settle_plan(
         &p.delivery.idempotency_key,
     );
     let plan = plan::settle(
-        &st.task,
+        &st.spec,
+        &st.progress,
         &run,
         st.runs.len() > 1,
         Attempt {
@@ -599,13 +588,13 @@ pub(super) fn settle_plan(
         now,
         ARM_LEAD_MS,
     )?;
-    log_outcome(&p.delivery, outcome, &plan, &st.task);
+    log_outcome(&p.delivery, outcome, &plan, &st.spec);
     if plan.finished {
-        tracing::info!(task = %plan.task.id, run = key.run, sent = plan.run.sent, failed = plan.run.failed,
+        tracing::info!(task = %l.id, run = key.run, sent = plan.run.sent, failed = plan.run.failed,
             "run finished");
     }
     if let Some(r) = &plan.next_run {
-        tracing::info!(task = %plan.task.id, run = r.run, "queued run started");
+        tracing::info!(task = %l.id, run = r.run, "queued run started");
     }
     let mut timeline = plan::settle_events(
         &plan,
@@ -629,8 +618,8 @@ pub(super) fn settle_plan(
     Ok(Some(change))
 }
 
-fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan, t: &crate::model::Task) {
-    let trace_id = crate::model::timeline::hex(&crate::model::timeline::trace_id_of(t));
+fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan, t: &TaskSpec) {
+    let trace_id = crate::model::timeline::hex(&t.trace());
     match outcome {
         Outcome::Sent => {
             tracing::info!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, %trace_id, "sent")

@@ -248,13 +248,6 @@ impl Timer {
     }
 
     /// Called by the dispatcher for each key it receives; the guard ends the step.
-    /// A step the engine starts by itself (not handed over by the wheel): counted as
-    /// outstanding from now until its guard drops, so `Engine::idle` and the drain wait for it.
-    pub fn extra_step(&self) -> StepGuard {
-        self.outstanding.fetch_add(1, Ordering::AcqRel);
-        self.step_guard()
-    }
-
     pub fn step_guard(&self) -> StepGuard {
         StepGuard {
             outstanding: self.outstanding.clone(),

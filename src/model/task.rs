@@ -282,7 +282,145 @@ pub struct Notify {
     pub on: Vec<NotifyOn>,
 }
 
+/// What the user asked for: a task's half that only a create or a patch writes. In memory
+/// the engine holds it as an `Arc<TaskSpec>`, shared by every step of the task and never
+/// copied by one (DESIGN.md "The engine's shape (next)").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskSpec {
+    pub id: String,
+    pub name: Option<String>,
+    pub channel: String,
+    pub schedule: Schedule,
+    pub message_count: u32,
+    pub pacing: Pacing,
+    pub retry: Option<RetryPolicy>,
+    pub misfire: Misfire,
+    pub misfire_grace_ms: u64,
+    pub overlap: Overlap,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at_ms: u64,
+    pub lang: super::Lang,
+    pub recipient_zones: Vec<String>,
+    pub quiet_hours: QuietSetting,
+    pub notify: Option<Notify>,
+    pub trace_id: Option<[u8; 16]>,
+}
+
+/// What happened to a task so far: the small half the engine rewrites at every step (the
+/// fields of [`Task`] of the same names say what each means).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskProgress {
+    pub state: TaskState,
+    pub updated_at_ms: u64,
+    pub next_fire_at_ms: Option<u64>,
+    pub runs: u32,
+    pub fires: u32,
+    pub last_fire_ms: Option<u64>,
+    pub done_offsets_ms: Vec<u64>,
+    pub queued: Vec<(u32, u64)>,
+    pub skipped: u32,
+    pub expired: u32,
+    pub watched_since_ms: u64,
+    pub failed_reason: Option<String>,
+}
+
+impl TaskSpec {
+    /// The W3C trace this task belongs to (see [`Task::trace_id`]).
+    pub fn trace(&self) -> [u8; 16] {
+        self.trace_id
+            .unwrap_or_else(|| super::timeline::fallback_trace_id(&self.id))
+    }
+}
+
+impl TaskProgress {
+    /// Moves to `to` if the transition table allows it.
+    pub fn set_state(
+        &mut self,
+        to: TaskState,
+        now_ms: u64,
+    ) -> Result<(), super::state::InvalidTransition> {
+        self.state = self.state.transition(to)?;
+        self.updated_at_ms = now_ms;
+        Ok(())
+    }
+}
+
 impl Task {
+    /// The wire/export shape of a spec and its progress (API views, export, the store's
+    /// write of a whole task). Copies the spec: for the edges, never a step.
+    pub fn join(s: &TaskSpec, p: &TaskProgress) -> Task {
+        Task {
+            id: s.id.clone(),
+            name: s.name.clone(),
+            channel: s.channel.clone(),
+            schedule: s.schedule.clone(),
+            message_count: s.message_count,
+            pacing: s.pacing,
+            retry: s.retry,
+            misfire: s.misfire,
+            misfire_grace_ms: s.misfire_grace_ms,
+            overlap: s.overlap,
+            metadata: s.metadata.clone(),
+            state: p.state,
+            created_at_ms: s.created_at_ms,
+            updated_at_ms: p.updated_at_ms,
+            next_fire_at_ms: p.next_fire_at_ms,
+            runs: p.runs,
+            fires: p.fires,
+            last_fire_ms: p.last_fire_ms,
+            done_offsets_ms: p.done_offsets_ms.clone(),
+            queued: p.queued.clone(),
+            skipped: p.skipped,
+            expired: p.expired,
+            watched_since_ms: p.watched_since_ms,
+            failed_reason: p.failed_reason.clone(),
+            lang: s.lang,
+            recipient_zones: s.recipient_zones.clone(),
+            quiet_hours: s.quiet_hours.clone(),
+            notify: s.notify.clone(),
+            trace_id: s.trace_id,
+        }
+    }
+
+    /// The task as the engine holds it (moves every field, copies nothing).
+    pub fn split(self) -> (TaskSpec, TaskProgress) {
+        (
+            TaskSpec {
+                id: self.id,
+                name: self.name,
+                channel: self.channel,
+                schedule: self.schedule,
+                message_count: self.message_count,
+                pacing: self.pacing,
+                retry: self.retry,
+                misfire: self.misfire,
+                misfire_grace_ms: self.misfire_grace_ms,
+                overlap: self.overlap,
+                metadata: self.metadata,
+                created_at_ms: self.created_at_ms,
+                lang: self.lang,
+                recipient_zones: self.recipient_zones,
+                quiet_hours: self.quiet_hours,
+                notify: self.notify,
+                trace_id: self.trace_id,
+            },
+            TaskProgress {
+                state: self.state,
+                updated_at_ms: self.updated_at_ms,
+                next_fire_at_ms: self.next_fire_at_ms,
+                runs: self.runs,
+                fires: self.fires,
+                last_fire_ms: self.last_fire_ms,
+                done_offsets_ms: self.done_offsets_ms,
+                queued: self.queued,
+                skipped: self.skipped,
+                expired: self.expired,
+                watched_since_ms: self.watched_since_ms,
+                failed_reason: self.failed_reason,
+            },
+        )
+    }
+
     /// Moves to `to` if the transition table allows it.
     pub fn set_state(
         &mut self,

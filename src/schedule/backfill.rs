@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::model::{Schedule, Task};
+use crate::model::{Schedule, TaskSpec};
 
 use super::plan::cron_of;
 use super::recipient::{is_recipient, next_slot, parse_zones, wall_cron};
@@ -22,7 +22,7 @@ pub enum BackfillError {
 
 /// Every slot of `task`'s schedule in `[from_ms, to_ms]`, ascending, counting all of them
 /// against the bound (a slot that already has a completed run is still a slot of the range).
-pub fn slots(task: &Task, from_ms: u64, to_ms: u64) -> Result<Vec<u64>, BackfillError> {
+pub fn slots(task: &TaskSpec, from_ms: u64, to_ms: u64) -> Result<Vec<u64>, BackfillError> {
     if to_ms < from_ms {
         return Err(BackfillError::Backwards);
     }
@@ -94,7 +94,7 @@ pub fn slots(task: &Task, from_ms: u64, to_ms: u64) -> Result<Vec<u64>, Backfill
 /// The slots of the range to backfill: those without a completed run (`completed`: the
 /// scheduled instants of the task's completed runs).
 pub fn to_backfill(
-    task: &Task,
+    task: &TaskSpec,
     from_ms: u64,
     to_ms: u64,
     completed: &BTreeSet<u64>,
@@ -111,8 +111,8 @@ mod tests {
 
     const NOW: u64 = 1_796_083_200_000; // 2026-12-01T00:00:00Z
 
-    fn task(v: serde_json::Value) -> Task {
-        crate::request::test_task(v, NOW)
+    fn task(v: serde_json::Value) -> TaskSpec {
+        crate::request::test_task(v, NOW).split().0
     }
 
     #[test]

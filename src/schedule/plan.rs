@@ -1,6 +1,6 @@
 //! When a task's schedule fires next, given what has fired already. Pure.
 
-use crate::model::{Schedule, Task};
+use crate::model::{Schedule, Task, TaskProgress, TaskSpec};
 
 use super::cron::CronSchedule;
 use super::parse_tz;
@@ -20,12 +20,50 @@ pub fn cron_of(schedule: &Schedule) -> Option<CronSchedule> {
     }
 }
 
+/// What the next fire depends on, borrowed from a [`Task`] (a create, a preview) or from a
+/// spec and its progress (the engine), so neither is copied to ask.
+struct Fired<'a> {
+    schedule: &'a Schedule,
+    recipient_zones: &'a [String],
+    last_fire_ms: Option<u64>,
+    done_offsets_ms: &'a [u64],
+    /// [`runs_committed`].
+    committed: u32,
+}
+
 /// The next fire of `task`'s schedule that has not been handled yet. `from_ms` is where a cron
 /// schedule that has never fired starts looking (creation time, or now after an edit).
 /// May be in the past (a reminder created late, a fire missed while down): the engine judges
 /// such fires with the misfire policy.
 pub fn next_fire(task: &Task, from_ms: u64) -> Option<u64> {
-    match &task.schedule {
+    next_fire_in(
+        &Fired {
+            schedule: &task.schedule,
+            recipient_zones: &task.recipient_zones,
+            last_fire_ms: task.last_fire_ms,
+            done_offsets_ms: &task.done_offsets_ms,
+            committed: task.runs.saturating_add(task.queued.len() as u32),
+        },
+        from_ms,
+    )
+}
+
+/// [`next_fire`] of a spec and its progress.
+pub fn next_fire_of(spec: &TaskSpec, p: &TaskProgress, from_ms: u64) -> Option<u64> {
+    next_fire_in(
+        &Fired {
+            schedule: &spec.schedule,
+            recipient_zones: &spec.recipient_zones,
+            last_fire_ms: p.last_fire_ms,
+            done_offsets_ms: &p.done_offsets_ms,
+            committed: runs_committed(p),
+        },
+        from_ms,
+    )
+}
+
+fn next_fire_in(task: &Fired<'_>, from_ms: u64) -> Option<u64> {
+    match task.schedule {
         Schedule::At { at_ms, .. } | Schedule::After { at_ms, .. } => {
             task.last_fire_ms.is_none().then_some(*at_ms)
         }
@@ -35,13 +73,13 @@ pub fn next_fire(task: &Task, from_ms: u64) -> Option<u64> {
             max_runs,
             ..
         } => {
-            if max_runs.is_some_and(|m| runs_committed(task) >= m) {
+            if max_runs.is_some_and(|m| task.committed >= m) {
                 return None;
             }
-            if let Schedule::Cron { tz, dst, .. } = &task.schedule {
+            if let Schedule::Cron { tz, dst, .. } = task.schedule {
                 if super::recipient::is_recipient(tz.as_deref()) {
-                    let cron = super::recipient::wall_cron(&task.schedule)?;
-                    let zones = super::recipient::parse_zones(&task.recipient_zones);
+                    let cron = super::recipient::wall_cron(task.schedule)?;
+                    let zones = super::recipient::parse_zones(task.recipient_zones);
                     let after = match (task.last_fire_ms, start_ms) {
                         (Some(last), _) => last,
                         (None, Some(s)) if *s > from_ms => s - 1,
@@ -51,7 +89,7 @@ pub fn next_fire(task: &Task, from_ms: u64) -> Option<u64> {
                     return (!end_ms.is_some_and(|e| next > e)).then_some(next);
                 }
             }
-            let cron = cron_of(&task.schedule)?;
+            let cron = cron_of(task.schedule)?;
             let after = match (task.last_fire_ms, start_ms) {
                 (Some(last), _) => last,
                 // `next_after` is strict and `start` inclusive: search from just before it.
@@ -77,16 +115,16 @@ pub fn next_fire(task: &Task, from_ms: u64) -> Option<u64> {
 }
 
 /// Runs started plus runs queued to start: what `max_runs` bounds.
-pub fn runs_committed(task: &Task) -> u32 {
-    task.runs.saturating_add(task.queued.len() as u32)
+pub fn runs_committed(p: &TaskProgress) -> u32 {
+    p.runs.saturating_add(p.queued.len() as u32)
 }
 
 /// Whether a cron task's `max_runs` allows another run.
-pub fn may_run_more(task: &Task) -> bool {
-    match &task.schedule {
+pub fn may_run_more(spec: &TaskSpec, p: &TaskProgress) -> bool {
+    match &spec.schedule {
         Schedule::Cron {
             max_runs: Some(m), ..
-        } => runs_committed(task) < *m,
+        } => runs_committed(p) < *m,
         _ => true,
     }
 }
@@ -95,18 +133,32 @@ pub fn may_run_more(task: &Task) -> bool {
 pub fn mark_fired(task: &mut Task, fire_ms: u64) {
     task.fires += 1;
     task.last_fire_ms = Some(fire_ms);
-    if let Schedule::Reminders {
-        event_ms,
-        before_ms,
-        ..
-    } = &task.schedule
-    {
-        if let Some(o) = before_ms
+    if let Some(o) = offset_fired(&task.schedule, &task.done_offsets_ms, fire_ms) {
+        task.done_offsets_ms.push(o);
+    }
+}
+
+/// [`mark_fired`] on a task's progress.
+pub fn mark_fired_of(schedule: &Schedule, p: &mut TaskProgress, fire_ms: u64) {
+    p.fires += 1;
+    p.last_fire_ms = Some(fire_ms);
+    if let Some(o) = offset_fired(schedule, &p.done_offsets_ms, fire_ms) {
+        p.done_offsets_ms.push(o);
+    }
+}
+
+/// Reminders: the offset whose fire is at `fire_ms`, if it is not done yet.
+fn offset_fired(schedule: &Schedule, done: &[u64], fire_ms: u64) -> Option<u64> {
+    match schedule {
+        Schedule::Reminders {
+            event_ms,
+            before_ms,
+            ..
+        } => before_ms
             .iter()
-            .find(|o| event_ms.saturating_sub(**o) == fire_ms && !task.done_offsets_ms.contains(o))
-        {
-            task.done_offsets_ms.push(*o);
-        }
+            .find(|o| event_ms.saturating_sub(**o) == fire_ms && !done.contains(o))
+            .copied(),
+        _ => None,
     }
 }
 

@@ -47,12 +47,15 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::model::timeline::TimelineEvent;
-use crate::model::{Failure, Message, Run, RunState, Task};
+use crate::model::{Failure, Message, Run, RunState, Task, TaskProgress, TaskSpec};
 use backend::{Backend, IndexedWrite, RawOp, TreeId};
 use codec::{decode, encode};
 use commit::GroupCommit;
 use embedded::SledBackend;
-use records::{join, live_of, progress_of, spec_of, LiveEntry, ProgressRecord, SpecRecord};
+use records::{
+    join, live_entry_of, live_of, progress_of, progress_record, spec_of, LiveEntry, ProgressRecord,
+    SpecRecord,
+};
 
 /// Layout of the data directory written by this build (the trees above). Format 1 had one
 /// `tasks` tree; it is migrated on open (`legacy.rs`). Format 2 had no `due` index; it is
@@ -140,8 +143,8 @@ pub struct IdemRecord {
 pub enum Op {
     /// The whole task (spec and progress).
     Task(Box<Task>),
-    /// Only what the engine changes: state, fires, counters.
-    Progress(Box<Task>),
+    /// Only what the engine changes: state, fires, counters (the spec for its id and kind).
+    Progress(Arc<TaskSpec>, Box<TaskProgress>),
     /// Replaces a task's messages (`old_count` were stored before).
     Messages {
         task_id: String,
@@ -191,7 +194,14 @@ impl Batch {
         self
     }
     pub fn progress(&mut self, t: &Task) -> &mut Self {
-        self.ops.push(Op::Progress(Box::new(t.clone())));
+        let (spec, p) = t.clone().split();
+        self.ops.push(Op::Progress(Arc::new(spec), Box::new(p)));
+        self
+    }
+    /// [`Batch::progress`] of a task the engine holds: shares the spec, copies the progress.
+    pub fn progress_of(&mut self, spec: &Arc<TaskSpec>, p: &TaskProgress) -> &mut Self {
+        self.ops
+            .push(Op::Progress(spec.clone(), Box::new(p.clone())));
         self
     }
     /// See [`Op::TrimRuns`].
@@ -963,7 +973,7 @@ fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
     for op in &batch.ops {
         match op {
             Op::Task(t) => push_task(&mut ops, t, Records::Task)?,
-            Op::Progress(t) => push_task(&mut ops, t, Records::Progress)?,
+            Op::Progress(spec, p) => push_progress(&mut ops, spec, p)?,
             Op::Messages {
                 task_id,
                 old_count,
@@ -1068,8 +1078,6 @@ enum Records<'a> {
     New(Option<&'a Message>),
     /// Spec, progress, live entry.
     Task,
-    /// Progress and live entry.
-    Progress,
 }
 
 fn push_task(ops: &mut Vec<RawOp>, t: &Task, what: Records) -> Result<(), StoreError> {
@@ -1077,23 +1085,15 @@ fn push_task(ops: &mut Vec<RawOp>, t: &Task, what: Records) -> Result<(), StoreE
     let new = matches!(what, Records::New(_));
     let progress = progress_of(t);
     let live = (!t.state.is_terminal()).then(|| live_of(t));
-    if what != Records::Progress {
-        let mut spec = spec_of(t);
-        if let Records::New(Some(m)) = what {
-            spec.message = Some(m.clone());
-        }
-        // A new task whose progress is the initial one stores none: it is derived from the
-        // spec and the live entry when read.
-        let derived = new && live.is_some_and(|l| ProgressRecord::initial(&spec, &l) == progress);
-        ops.push(RawOp::Put(TreeId::Specs, key.clone(), encode(&spec)?));
-        if !derived {
-            ops.push(RawOp::Put(
-                TreeId::Progress,
-                key.clone(),
-                encode(&progress)?,
-            ));
-        }
-    } else {
+    let mut spec = spec_of(t);
+    if let Records::New(Some(m)) = what {
+        spec.message = Some(m.clone());
+    }
+    // A new task whose progress is the initial one stores none: it is derived from the
+    // spec and the live entry when read.
+    let derived = new && live.is_some_and(|l| ProgressRecord::initial(&spec, &l) == progress);
+    ops.push(RawOp::Put(TreeId::Specs, key.clone(), encode(&spec)?));
+    if !derived {
         ops.push(RawOp::Put(
             TreeId::Progress,
             key.clone(),
@@ -1104,6 +1104,24 @@ fn push_task(ops: &mut Vec<RawOp>, t: &Task, what: Records) -> Result<(), StoreE
     // A live entry is only ever stored with its spec (they are put and deleted in one job),
     // so a task whose spec is absent has none to replace in the due index.
     ops.push(live_write(key, value, new));
+    Ok(())
+}
+
+/// A progress record and the live entry beside it (the live entry goes with its spec).
+fn push_progress(
+    ops: &mut Vec<RawOp>,
+    spec: &TaskSpec,
+    p: &TaskProgress,
+) -> Result<(), StoreError> {
+    let key = spec.id.as_bytes().to_vec();
+    ops.push(RawOp::Put(
+        TreeId::Progress,
+        key.clone(),
+        encode(&progress_record(p))?,
+    ));
+    let live = (!p.state.is_terminal()).then(|| live_entry_of(spec, p));
+    let value = live.map(|l| encode(&l)).transpose()?;
+    ops.push(live_write(key, value, false));
     Ok(())
 }
 

@@ -17,7 +17,8 @@
 //!   then the rest. Start-up reads the running ones and those due soon, is ready, and reads the
 //!   rest in the background. The backend keeps it in step with `live` (`RawOp::Indexed`).
 //!
-//! In memory the engine uses the flat [`Task`]; these types only exist to split and join it.
+//! In memory the engine holds a [`TaskSpec`] and a [`TaskProgress`]; the API and exports the
+//! flat [`Task`]. These types are what is on disk, converted from and to both.
 
 use std::collections::BTreeMap;
 
@@ -25,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{
     Lang, Message, Misfire, Notify, Overlap, Pacing, QuietSetting, RetryPolicy, Schedule, Task,
-    TaskState,
+    TaskProgress, TaskSpec, TaskState,
 };
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -164,6 +165,33 @@ pub fn progress_of(t: &Task) -> ProgressRecord {
         expired: t.expired,
         watched_since_ms: t.watched_since_ms,
         failed_reason: t.failed_reason.clone(),
+    }
+}
+
+/// The progress record of the engine's in-memory progress (the same fields).
+pub fn progress_record(p: &TaskProgress) -> ProgressRecord {
+    ProgressRecord {
+        state: p.state,
+        updated_at_ms: p.updated_at_ms,
+        next_fire_at_ms: p.next_fire_at_ms,
+        runs: p.runs,
+        fires: p.fires,
+        last_fire_ms: p.last_fire_ms,
+        done_offsets_ms: p.done_offsets_ms.clone(),
+        queued: p.queued.clone(),
+        skipped: p.skipped,
+        expired: p.expired,
+        watched_since_ms: p.watched_since_ms,
+        failed_reason: p.failed_reason.clone(),
+    }
+}
+
+/// The live entry of a task the engine holds as a spec and its progress.
+pub fn live_entry_of(spec: &TaskSpec, p: &TaskProgress) -> LiveEntry {
+    LiveEntry {
+        state: p.state,
+        next_fire_at_ms: p.next_fire_at_ms,
+        one_shot: spec.schedule.is_one_shot(),
     }
 }
 

@@ -4,16 +4,15 @@
 //!
 //! Parsing is pure; a malformed header is the caller's warning, never a refused request.
 
-pub mod book;
 pub mod otlp;
 
 use crate::model::timeline::{hex, unhex};
 
-/// What the delivery layer needs to trace its attempts, shared by every channel: the task →
-/// trace map and the exporter (set once the server has started it).
+/// What the delivery layer needs to trace its attempts, shared by every channel: the exporter
+/// (set once the server has started it). The trace of an attempt is its delivery's own
+/// (`Delivery::trace_id`, rendered from the task by `engine/render.rs`).
 #[derive(Default)]
 pub struct Tracing {
-    pub book: book::TraceBook,
     telemetry: std::sync::OnceLock<otlp::Telemetry>,
 }
 

@@ -30,6 +30,15 @@ struct State {
     armed: Mutex<Option<Fault>>,
     fired: AtomicUsize,
     held: Mutex<Vec<(TcpStream, Vec<u8>)>>,
+    /// While set, bytes in either direction are held (not lost): a partition that heals.
+    blackhole: AtomicBool,
+}
+
+/// Waits while the proxy is blackholed.
+fn hold_while_blackholed(state: &State) {
+    while state.blackhole.load(Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }
 
 pub struct PgProxy {
@@ -71,6 +80,12 @@ impl PgProxy {
         self.state.fired.load(Ordering::SeqCst)
     }
 
+    /// A partition between herald and the server (`true`), or its healing (`false`): while
+    /// on, nothing passes either way; what was sent meanwhile arrives after the heal, late.
+    pub fn blackhole(&self, on: bool) {
+        self.state.blackhole.store(on, Ordering::SeqCst);
+    }
+
     /// Sends the held `COMMIT`s to their servers now.
     pub fn release(&self) {
         for (mut server, bytes) in self.state.held.lock().unwrap().drain(..) {
@@ -87,6 +102,7 @@ fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
         server.try_clone().expect("clone"),
     );
     let sw = swallow.clone();
+    let st = state.clone();
     // Server to client: passes everything, except the answer to a `LoseReply` COMMIT.
     std::thread::spawn(move || {
         let (mut from, mut to) = (s2, c2);
@@ -99,6 +115,7 @@ fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
             if sw.load(Ordering::SeqCst) {
                 break;
             }
+            hold_while_blackholed(&st);
             if to.write_all(&buf[..n]).is_err() {
                 break;
             }
@@ -115,6 +132,7 @@ fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
                 Ok(n) => n,
             };
             let chunk = &buf[..n];
+            hold_while_blackholed(&state);
             let fault = if chunk.windows(COMMIT.len()).any(|w| w == COMMIT) {
                 state.armed.lock().unwrap().take()
             } else {

@@ -8,7 +8,7 @@ use tokio_postgres::Client;
 use crate::store::backend::TreeId;
 
 /// The schema this build writes. Each version's statements are in [`MIGRATIONS`].
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 /// S for a schema created without another choice (HA.md).
 pub const DEFAULT_SHARDS: u32 = 64;
 /// Most shards a schema may have: S goes into an `int` column.
@@ -69,6 +69,13 @@ fn migration(version: i32, shards: u32) -> Vec<String> {
             "CREATE TABLE IF NOT EXISTS {} (shard int NOT NULL, key bytea PRIMARY KEY, value bytea NOT NULL)",
             table(TreeId::Timeline)
         )],
+        // Issue 24: the cluster's nodes, one row per process (incarnation) while it lives
+        // (`cluster/rows.rs`): who counts toward `ceil(S / nodes)`, and where to forward to.
+        4 => vec![
+            "CREATE TABLE IF NOT EXISTS herald_node (incarnation text PRIMARY KEY, \
+             node_id text NOT NULL, advertise text, expires timestamptz NOT NULL)"
+                .into(),
+        ],
         _ => Vec::new(),
     }
 }

@@ -1,0 +1,396 @@
+//! One process's lease loop (HA.md "Lease rows", "Trust window", "Balancing"): a task on its
+//! own PostgreSQL connection that renews the shards it holds, says it is alive, takes free or
+//! expired shards toward `ceil(S / live nodes)` and hands surplus over, and reports every
+//! shard it gains or loses as an [`Event`]. The decisions are the pure modules' (`lease.rs`:
+//! trust, `balance.rs`: which shards); this file only carries them out against the rows
+//! (`rows.rs`).
+//!
+//! Safety rests on two things here:
+//! - Trust is counted on this process's monotonic clock from when a statement was *sent*
+//!   and ends `safety` before the row's lease can, so a paused or partitioned process stops
+//!   trusting a shard before anyone else can be granted it (checked by
+//!   `tests/cluster_node.rs` on one machine's clock).
+//! - Every statement has a deadline; a renewal that does not answer in time is ambiguous and
+//!   drops every shard it covered, and the connection is made afresh.
+//!
+//! [`Ownership`] is what the rest of the process asks: which shards it may act on, at which
+//! epoch (the fence of a commit group), and whether a send may start.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, watch};
+use tokio_postgres::{Client, NoTls};
+
+use super::balance;
+use super::lease::{Dropped, Leases, Timing};
+use super::rows::{self, Grant};
+
+/// Who this process is in the cluster.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    /// `[cluster] node_id` (several processes may share one, e.g. a restart).
+    pub node_id: String,
+    /// Random per process: what the rows are owned by.
+    pub incarnation: String,
+    /// `[cluster] advertise`: where other nodes forward requests to.
+    pub advertise: Option<String>,
+}
+
+/// What changed about this process's shards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Acquired at this epoch: load its tasks, arm its wheel.
+    Granted(Grant),
+    /// No longer to be acted on: stop its sends, drop its wheel entries, unload it.
+    Dropped { shard: u32, why: Dropped },
+    /// Handed over on purpose (balancing or leaving): as `Dropped`, then the row was freed.
+    Released(u32),
+}
+
+/// The shards this process holds, as the rest of the process asks about them.
+pub struct Ownership {
+    leases: Mutex<Leases>,
+    base: Instant,
+}
+
+impl Ownership {
+    fn new(timing: Timing) -> Ownership {
+        Ownership {
+            leases: Mutex::new(Leases::new(timing)),
+            base: Instant::now(),
+        }
+    }
+
+    /// Monotonic ms since this process's loop began.
+    fn mono_ms(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Every shard held and trusted now, with its epoch: what a commit group fences on.
+    pub fn grants(&self) -> Vec<Grant> {
+        let now = self.mono_ms();
+        self.leases
+            .lock()
+            .held()
+            .filter(|(_, h)| now < h.trusted_until_ms)
+            .map(|(shard, h)| Grant {
+                shard,
+                epoch: h.epoch,
+            })
+            .collect()
+    }
+
+    /// The epoch `shard` is held at, if it is held and trusted now.
+    pub fn epoch(&self, shard: u32) -> Option<u64> {
+        let now = self.mono_ms();
+        self.leases
+            .lock()
+            .owns(shard)
+            .filter(|h| now < h.trusted_until_ms)
+            .map(|h| h.epoch)
+    }
+
+    /// Whether a send on `shard` with a request deadline of `timeout_ms` may start now.
+    pub fn may_send(&self, shard: u32, timeout_ms: u64) -> bool {
+        let now = self.mono_ms();
+        self.leases.lock().may_send(shard, now, timeout_ms)
+    }
+
+    /// A fenced write on `shard` was refused or its outcome is unknown: the shard is dropped
+    /// (re-acquired, at a new epoch, before anything is written to it again).
+    pub fn fenced(&self, shard: u32) -> Option<Event> {
+        self.leases
+            .lock()
+            .fenced(shard)
+            .map(|(shard, why)| Event::Dropped { shard, why })
+    }
+
+    pub fn count(&self) -> usize {
+        self.leases.lock().count()
+    }
+}
+
+/// What the loop needs to know.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub url: String,
+    pub me: Identity,
+    pub timing: Timing,
+    /// S, as stored in `herald_meta`.
+    pub shards: u32,
+}
+
+/// The running loop: [`Handle::leave`] hands every shard over and ends it; dropping the
+/// handle without it is a crash as far as the rows know (leases run out by themselves).
+pub struct Handle {
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+    pub ownership: Arc<Ownership>,
+}
+
+impl Handle {
+    /// Releases every shard, leaves the node table and ends the loop.
+    pub async fn leave(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+
+    /// Ends the loop at once without releasing anything (a crash, for tests: the rows keep
+    /// their leases until they run out).
+    pub fn abort(self) {
+        self.task.abort();
+    }
+}
+
+/// Starts the loop on the current runtime; its events go to `events`.
+pub fn start(settings: Settings, events: mpsc::UnboundedSender<Event>) -> Handle {
+    let ownership = Arc::new(Ownership::new(settings.timing));
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(run(settings, ownership.clone(), events, stopped));
+    Handle {
+        stop,
+        task,
+        ownership,
+    }
+}
+
+struct Loop {
+    s: Settings,
+    own: Arc<Ownership>,
+    events: mpsc::UnboundedSender<Event>,
+    /// The node's own point on the ring, so nodes starting together do not race for shard 0.
+    start: u32,
+    next_balance_ms: u64,
+}
+
+impl Loop {
+    fn emit(&self, dropped: Vec<(u32, Dropped)>) {
+        for (shard, why) in dropped {
+            tracing::warn!(shard, ?why, "shard dropped");
+            let _ = self.events.send(Event::Dropped { shard, why });
+        }
+    }
+
+    /// A statement's deadline: answers later than `renew` are not waited for.
+    fn deadline(&self) -> Duration {
+        Duration::from_millis(self.s.timing.renew_ms.max(1))
+    }
+
+    /// Renews what is held, if a renewal is due. Err: the connection is not to be trusted.
+    async fn renew(&self, c: &Client) -> Result<(), ()> {
+        let now = self.own.mono_ms();
+        let covers = {
+            let mut l = self.own.leases.lock();
+            if !l.renew_due(now) {
+                return Ok(());
+            }
+            l.renew_sent(now)
+        };
+        let held: Vec<Grant> = covers
+            .iter()
+            .map(|&(shard, epoch)| Grant { shard, epoch })
+            .collect();
+        let me = &self.s.me;
+        let answer = tokio::time::timeout(
+            self.deadline(),
+            rows::renew(c, &me.incarnation, self.s.timing.ttl_ms, &held),
+        )
+        .await;
+        match answer {
+            Ok(Ok(renewed)) => {
+                let lost = self.own.leases.lock().renew_answered(&renewed);
+                self.emit(lost);
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "lease renewal failed: its shards are dropped");
+                let gone = self.own.leases.lock().renew_ambiguous();
+                self.emit(gone);
+                Err(())
+            }
+            Err(_) => {
+                tracing::warn!("lease renewal timed out: its shards are dropped");
+                let gone = self.own.leases.lock().renew_ambiguous();
+                self.emit(gone);
+                Err(())
+            }
+        }
+    }
+
+    /// Heartbeat, then one balancing round: acquire toward the target or hand one over.
+    async fn balance(&mut self, c: &Client) -> Result<(), ()> {
+        let now = self.own.mono_ms();
+        if now < self.next_balance_ms {
+            return Ok(());
+        }
+        self.next_balance_ms = now + self.s.timing.renew_ms;
+        let me = self.s.me.clone();
+        let d = self.deadline();
+        let ttl = self.s.timing.ttl_ms;
+        let read = async {
+            rows::heartbeat(
+                c,
+                &me.node_id,
+                &me.incarnation,
+                me.advertise.as_deref(),
+                ttl,
+            )
+            .await?;
+            let live = rows::live_nodes(c).await?;
+            let table = rows::rows(c).await?;
+            Ok::<_, tokio_postgres::Error>((live, table))
+        };
+        let (live, table) = match tokio::time::timeout(d, read).await {
+            Ok(Ok(v)) => v,
+            _ => return Err(()),
+        };
+        let mine: Vec<u32> = self.own.grants().iter().map(|g| g.shard).collect();
+        let takeable: Vec<u32> = table
+            .iter()
+            .filter(|r| r.takeable)
+            .map(|r| r.shard)
+            .collect();
+        let round = balance::round(self.s.shards, live, &mine, &takeable, self.start);
+        if !round.acquire.is_empty() {
+            let sent = self.own.mono_ms();
+            let got = tokio::time::timeout(
+                d,
+                rows::acquire(c, &me.node_id, &me.incarnation, ttl, &round.acquire),
+            )
+            .await;
+            // An unanswered acquisition may have granted rows nobody here knows of: they
+            // run out by themselves, and nobody else gets them before that.
+            let Ok(Ok(grants)) = got else {
+                return Err(());
+            };
+            let mut l = self.own.leases.lock();
+            for g in grants {
+                l.granted(g.shard, g.epoch, sent);
+                tracing::info!(shard = g.shard, epoch = g.epoch, "shard acquired");
+                let _ = self.events.send(Event::Granted(g));
+            }
+        }
+        if let Some(shard) = round.release {
+            self.hand_over(c, &[shard]).await?;
+        }
+        Ok(())
+    }
+
+    /// Stops acting on `shards` first, then frees their rows.
+    async fn hand_over(&self, c: &Client, shards: &[u32]) -> Result<(), ()> {
+        let mut grants = Vec::new();
+        {
+            let mut l = self.own.leases.lock();
+            for &s in shards {
+                if let Some(h) = l.owns(s) {
+                    l.released(s);
+                    grants.push(Grant {
+                        shard: s,
+                        epoch: h.epoch,
+                    });
+                }
+            }
+        }
+        for g in &grants {
+            let _ = self.events.send(Event::Released(g.shard));
+        }
+        let inc = &self.s.me.incarnation;
+        match tokio::time::timeout(self.deadline(), rows::release(c, inc, &grants)).await {
+            Ok(Ok(_)) => Ok(()),
+            // Not freed: the leases run out by themselves.
+            _ => Err(()),
+        }
+    }
+
+    /// How long to sleep: until the next renewal, trust ending, or balancing round.
+    fn idle(&self) -> Duration {
+        let now = self.own.mono_ms();
+        let next = self
+            .own
+            .leases
+            .lock()
+            .next_deadline()
+            .unwrap_or(u64::MAX)
+            .min(self.next_balance_ms);
+        Duration::from_millis(next.saturating_sub(now).clamp(1, 1_000))
+    }
+}
+
+async fn connect(url: &str, within: Duration) -> Option<Client> {
+    match tokio::time::timeout(within, tokio_postgres::connect(url, NoTls)).await {
+        Ok(Ok((client, conn))) => {
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "lease connection ended");
+                }
+            });
+            Some(client)
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "lease connection failed");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+async fn run(
+    s: Settings,
+    own: Arc<Ownership>,
+    events: mpsc::UnboundedSender<Event>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let shards = s.shards.max(1);
+    let start = u32::try_from(
+        crate::store::pg::shard::fnv1a64(s.me.node_id.as_bytes()) % u64::from(shards),
+    )
+    .unwrap_or(0);
+    let mut lp = Loop {
+        s,
+        own,
+        events,
+        start,
+        next_balance_ms: 0,
+    };
+    let mut client: Option<Client> = None;
+    loop {
+        if *stopped.borrow() {
+            break;
+        }
+        let expired = {
+            let now = lp.own.mono_ms();
+            lp.own.leases.lock().expire(now)
+        };
+        lp.emit(expired);
+        if client.is_none() {
+            client = connect(&lp.s.url, lp.deadline()).await;
+        }
+        if let Some(c) = &client {
+            let ok = lp.renew(c).await.is_ok() && lp.balance(c).await.is_ok();
+            if !ok {
+                client = None; // a fresh connection for the next round
+            }
+        }
+        let wait = if client.is_some() {
+            lp.idle()
+        } else {
+            Duration::from_millis(100)
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stopped.changed() => {}
+        }
+    }
+    // Leaving: hand every shard over and leave the node table (best effort: what is not
+    // freed runs out by itself).
+    let held: Vec<u32> = lp.own.grants().iter().map(|g| g.shard).collect();
+    if client.is_none() {
+        client = connect(&lp.s.url, lp.deadline()).await;
+    }
+    if let Some(c) = &client {
+        let _ = lp.hand_over(c, &held).await;
+        let _ = tokio::time::timeout(lp.deadline(), rows::leave(c, &lp.s.me.incarnation)).await;
+    }
+}

@@ -1,0 +1,280 @@
+//! The lease rows on PostgreSQL (HA.md "Lease rows", "Fence every write"): the statements that
+//! acquire, renew, release and fence shards in `herald_shard`, and read the database's clock.
+//! Every instant here is the database's `now()`; how long *this process* may trust what it
+//! was granted is `lease.rs`'s business (on the monotonic clock, from when the statement was
+//! sent).
+//!
+//! Row protocol (the invariants the cluster's safety rests on):
+//! - A grant bumps `epoch`: every owner of a shard has an epoch no earlier owner had. Only a
+//!   free row (never owned, released) or an expired one is granted, and the takeover locks it
+//!   `FOR UPDATE` first, so it waits for every fenced commit group that holds the row
+//!   `FOR KEY SHARE`: a stale owner's group commits before the new epoch exists (the new
+//!   owner then loads it) or sees the new epoch and is refused.
+//! - A renewal extends only rows whose epoch *and* incarnation still match and whose lease
+//!   has not run out: an expired lease is re-acquired with a new epoch, never renewed (someone
+//!   may have been granted it and released it meanwhile). It updates a non-key column, so it
+//!   takes `FOR NO KEY UPDATE`, which does not queue behind `FOR KEY SHARE`: renewals never
+//!   wait for writes.
+//! - A release clears the owner and the expiry but keeps the epoch (the next grant bumps it).
+//! - A fence takes `FOR KEY SHARE` on the rows of the shards a commit group writes, inside the
+//!   group's transaction, and refuses the group unless each row still has the epoch this
+//!   process was granted.
+
+use tokio_postgres::GenericClient;
+
+/// A shard granted to this process at an epoch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Grant {
+    pub shard: u32,
+    pub epoch: u64,
+}
+
+/// One row of `herald_shard` as `GET /v1/cluster` and balancing read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardRow {
+    pub shard: u32,
+    pub epoch: u64,
+    pub owner_node: Option<String>,
+    pub owner_incarnation: Option<String>,
+    /// The lease has run out (database time) or the row was never owned or was released:
+    /// anyone may acquire it.
+    pub takeable: bool,
+}
+
+/// Why a fenced group may not commit.
+#[derive(Debug, thiserror::Error)]
+pub enum FenceError {
+    /// A shard's row has another epoch than this process was granted: it was taken over
+    /// (`OwnershipLost`); the node unloads the shard.
+    #[error("shard {shard} is no longer owned at epoch {held} (the row says {found:?})")]
+    OwnershipLost {
+        shard: u32,
+        held: u64,
+        found: Option<u64>,
+    },
+    #[error("postgres: {0}")]
+    Db(#[from] tokio_postgres::Error),
+}
+
+fn shard_ids(shards: impl IntoIterator<Item = u32>) -> Vec<i32> {
+    // Shard ids are < S, which `herald_meta` bounds far below i32::MAX.
+    shards
+        .into_iter()
+        .map(|s| i32::try_from(s).unwrap_or(i32::MAX))
+        .collect()
+}
+
+fn grants(g: &[Grant]) -> (Vec<i32>, Vec<i64>) {
+    (
+        shard_ids(g.iter().map(|g| g.shard)),
+        g.iter()
+            .map(|g| i64::try_from(g.epoch).unwrap_or(i64::MAX))
+            .collect(),
+    )
+}
+
+fn to_u32(v: i32) -> u32 {
+    u32::try_from(v).unwrap_or(0)
+}
+
+fn to_u64(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+fn ttl_param(ttl_ms: u64) -> f64 {
+    ttl_ms as f64
+}
+
+/// Acquires those of `wanted` that are free or expired, for `ttl_ms` from the database's now,
+/// each at a new epoch. Rows another transaction holds are waited for (a fenced group in
+/// flight: see the module's protocol). Returns the grants, by shard.
+pub async fn acquire(
+    c: &impl GenericClient,
+    node: &str,
+    incarnation: &str,
+    ttl_ms: u64,
+    wanted: &[u32],
+) -> Result<Vec<Grant>, tokio_postgres::Error> {
+    let ids = shard_ids(wanted.iter().copied());
+    let rows = c
+        .query(
+            "WITH takeable AS ( \
+               SELECT shard_id FROM herald_shard \
+               WHERE shard_id = ANY($1) AND (lease_expires IS NULL OR lease_expires < now()) \
+               ORDER BY shard_id FOR UPDATE) \
+             UPDATE herald_shard s SET epoch = s.epoch + 1, owner_node = $2, \
+               owner_incarnation = $3, lease_expires = now() + $4 * interval '1 millisecond' \
+             FROM takeable t \
+             WHERE s.shard_id = t.shard_id \
+               AND (s.lease_expires IS NULL OR s.lease_expires < now()) \
+             RETURNING s.shard_id, s.epoch",
+            &[&ids, &node, &incarnation, &ttl_param(ttl_ms)],
+        )
+        .await?;
+    let mut out: Vec<Grant> = rows
+        .iter()
+        .map(|r| Grant {
+            shard: to_u32(r.get(0)),
+            epoch: to_u64(r.get(1)),
+        })
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+/// Renews every grant in `held` whose row still has its epoch and this incarnation and whose
+/// lease has not run out, by `ttl_ms` from the database's now, in one statement. Returns the
+/// shards renewed; a shard left out was lost (`lease.rs` drops it).
+pub async fn renew(
+    c: &impl GenericClient,
+    incarnation: &str,
+    ttl_ms: u64,
+    held: &[Grant],
+) -> Result<Vec<u32>, tokio_postgres::Error> {
+    let (ids, epochs) = grants(held);
+    let rows = c
+        .query(
+            "UPDATE herald_shard s SET lease_expires = now() + $3 * interval '1 millisecond' \
+             FROM unnest($1::int[], $2::bigint[]) AS h(shard_id, epoch) \
+             WHERE s.shard_id = h.shard_id AND s.epoch = h.epoch \
+               AND s.owner_incarnation = $4 AND s.lease_expires >= now() \
+             RETURNING s.shard_id",
+            &[&ids, &epochs, &ttl_param(ttl_ms), &incarnation],
+        )
+        .await?;
+    let mut out: Vec<u32> = rows.iter().map(|r| to_u32(r.get(0))).collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Releases the grants in `held` that this incarnation still has (a handover, SIGTERM):
+/// the rows become free at once, epochs kept. Returns the shards released.
+pub async fn release(
+    c: &impl GenericClient,
+    incarnation: &str,
+    held: &[Grant],
+) -> Result<Vec<u32>, tokio_postgres::Error> {
+    let (ids, epochs) = grants(held);
+    let rows = c
+        .query(
+            "UPDATE herald_shard s SET owner_node = NULL, owner_incarnation = NULL, \
+               lease_expires = NULL \
+             FROM unnest($1::int[], $2::bigint[]) AS h(shard_id, epoch) \
+             WHERE s.shard_id = h.shard_id AND s.epoch = h.epoch AND s.owner_incarnation = $3 \
+             RETURNING s.shard_id",
+            &[&ids, &epochs, &incarnation],
+        )
+        .await?;
+    let mut out: Vec<u32> = rows.iter().map(|r| to_u32(r.get(0))).collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// The fence of a commit group, to run first inside its transaction: holds the rows of the
+/// shards it writes `FOR KEY SHARE` until the transaction ends, and refuses the group unless
+/// each still has the epoch it was granted at.
+pub async fn fence(c: &impl GenericClient, writes: &[Grant]) -> Result<(), FenceError> {
+    let ids = shard_ids(writes.iter().map(|g| g.shard));
+    let rows = c
+        .query(
+            "SELECT shard_id, epoch FROM herald_shard WHERE shard_id = ANY($1) \
+             ORDER BY shard_id FOR KEY SHARE",
+            &[&ids],
+        )
+        .await?;
+    for g in writes {
+        let found = rows
+            .iter()
+            .find(|r| to_u32(r.get(0)) == g.shard)
+            .map(|r| to_u64(r.get(1)));
+        if found != Some(g.epoch) {
+            return Err(FenceError::OwnershipLost {
+                shard: g.shard,
+                held: g.epoch,
+                found,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Every shard row, by shard.
+pub async fn rows(c: &impl GenericClient) -> Result<Vec<ShardRow>, tokio_postgres::Error> {
+    let rows = c
+        .query(
+            "SELECT shard_id, epoch, owner_node, owner_incarnation, \
+               (lease_expires IS NULL OR lease_expires < now()) \
+             FROM herald_shard ORDER BY shard_id",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| ShardRow {
+            shard: to_u32(r.get(0)),
+            epoch: to_u64(r.get(1)),
+            owner_node: r.get(2),
+            owner_incarnation: r.get(3),
+            takeable: r.get(4),
+        })
+        .collect())
+}
+
+/// The database's clock now (`clock_timestamp()`, not the transaction's start), in Unix ms:
+/// the other end of an offset probe (`offset.rs`).
+pub async fn db_now_ms(c: &impl GenericClient) -> Result<u64, tokio_postgres::Error> {
+    let r = c
+        .query_one(
+            "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+            &[],
+        )
+        .await?;
+    Ok(to_u64(r.get(0)))
+}
+
+/// Says this process is alive until `ttl_ms` from the database's now (`herald_node`, one row
+/// per incarnation), with the address other nodes forward to.
+pub async fn heartbeat(
+    c: &impl GenericClient,
+    node: &str,
+    incarnation: &str,
+    advertise: Option<&str>,
+    ttl_ms: u64,
+) -> Result<(), tokio_postgres::Error> {
+    c.execute(
+        "INSERT INTO herald_node (incarnation, node_id, advertise, expires) \
+         VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond') \
+         ON CONFLICT (incarnation) DO UPDATE SET node_id = EXCLUDED.node_id, \
+           advertise = EXCLUDED.advertise, expires = EXCLUDED.expires",
+        &[&incarnation, &node, &advertise, &ttl_param(ttl_ms)],
+    )
+    .await?;
+    Ok(())
+}
+
+/// How many processes are alive now (database time), this one included if its heartbeat
+/// is current. Rows long dead are swept on the way.
+pub async fn live_nodes(c: &impl GenericClient) -> Result<usize, tokio_postgres::Error> {
+    c.execute(
+        "DELETE FROM herald_node WHERE expires < now() - interval '1 hour'",
+        &[],
+    )
+    .await?;
+    let r = c
+        .query_one(
+            "SELECT count(*) FROM herald_node WHERE expires >= now()",
+            &[],
+        )
+        .await?;
+    Ok(usize::try_from(r.get::<_, i64>(0)).unwrap_or(0))
+}
+
+/// This process leaves (SIGTERM): its node row goes at once.
+pub async fn leave(c: &impl GenericClient, incarnation: &str) -> Result<(), tokio_postgres::Error> {
+    c.execute(
+        "DELETE FROM herald_node WHERE incarnation = $1",
+        &[&incarnation],
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! Rendering one attempt of one message as the [`Delivery`] a channel sends (pure: no IO, no
+//! clock; the instants are given). The run's step (`step.rs`) and a failure-list retry
+//! (`retry.rs`) both render through here, so an attempt carries the same fields, the same
+//! `{{minutes_left}}` substitution and the same trace whichever path sends it.
+
+use crate::deliver::Delivery;
+use crate::model::{delivery_key, Message, TaskSpec};
+use crate::schedule::{format_utc, minutes_left};
+
+/// Which attempt of which message, and when.
+pub(crate) struct Attempt {
+    pub run: u32,
+    pub seq: u32,
+    /// 1-based, counted over the message's whole life (a failure-list retry goes on counting).
+    pub attempt: u32,
+    /// The instant the message was due (`scheduled_at` of the delivery).
+    pub due_ms: u64,
+    /// The run's scheduled instant: reminders count `minutes_left` from it.
+    pub run_at_ms: u64,
+    /// When this attempt starts (`sent_at`).
+    pub now_ms: u64,
+}
+
+/// The delivery of `msg` (message `a.seq` of `task`) for attempt `a`. Its idempotency key is
+/// `{task}:{run}:{seq}` on every attempt, and its trace is the task's (DESIGN.md "Delivery
+/// semantics", API.md "Trace and timeline").
+pub(crate) fn delivery(task: &TaskSpec, msg: Message, a: &Attempt) -> Delivery {
+    let minutes = minutes_left(&task.schedule, a.run_at_ms);
+    let body = match minutes {
+        Some(m) => msg.body.replace("{{minutes_left}}", &m.to_string()),
+        None => msg.body,
+    };
+    let about = super::notify::about_of(&task.metadata);
+    Delivery {
+        task_id: task.id.clone(),
+        run: a.run,
+        seq: a.seq,
+        to: msg.to,
+        body,
+        scheduled_at: format_utc(a.due_ms),
+        attempt: a.attempt,
+        idempotency_key: delivery_key(&task.id, a.run, a.seq),
+        sent_at: format_utc(a.now_ms),
+        data: msg.data,
+        scheduled_at_ms: a.due_ms,
+        minutes_left: minutes,
+        metadata: task.metadata.clone(),
+        kind: about.as_ref().map(|a| a.0),
+        about: about.map(|a| a.1),
+        trace_id: task.trace(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::test_task;
+
+    #[test]
+    fn an_attempt_carries_its_key_instants_and_the_tasks_trace() {
+        let mut t = test_task(
+            serde_json::json!({"id": "t1", "channel": "c", "schedule": {"after": "1m"},
+                "to": ["u1"], "body": "hello"}),
+            0,
+        );
+        t.trace_id = Some([7; 16]);
+        let msg = || Message {
+            to: "u1".into(),
+            body: "hello".into(),
+            data: None,
+            tz: None,
+        };
+        let a = Attempt {
+            run: 3,
+            seq: 2,
+            attempt: 4,
+            due_ms: 60_000,
+            run_at_ms: 0,
+            now_ms: 61_000,
+        };
+        let d = delivery(&t.clone().split().0, msg(), &a);
+        assert_eq!(d.idempotency_key, "t1:3:2");
+        assert_eq!((d.run, d.seq, d.attempt), (3, 2, 4));
+        assert_eq!(d.scheduled_at, "1970-01-01T00:01:00Z");
+        assert_eq!(d.sent_at, "1970-01-01T00:01:01Z");
+        assert_eq!(d.trace_id, [7; 16]);
+        assert_eq!(d.kind, None);
+        // A task made before traces existed gets the trace derived from its id, as its view.
+        t.trace_id = None;
+        let d = delivery(&t.clone().split().0, msg(), &a);
+        assert_eq!(d.trace_id, crate::model::timeline::fallback_trace_id("t1"));
+    }
+}

@@ -1,0 +1,299 @@
+//! The lease rows' statements on a real PostgreSQL (issue 24, HA.md "Lease rows" and "Fence
+//! every write"): grants bump the epoch and go to one incarnation only; renewals extend only
+//! matching, unexpired rows and never wait for writes; an expired lease is taken over at a new
+//! epoch, and the takeover waits for a fenced commit group in flight, which is then refused if
+//! it comes after; concurrent acquirers never share a shard.
+
+mod common;
+
+use std::time::Duration;
+
+use common::herald::poll;
+use common::pg::PgServer;
+use herald::cluster::rows::{self, FenceError, Grant};
+use herald::store::pg::{PgBackend, PgOptions};
+use tokio_postgres::{Client, NoTls};
+
+const SHARDS: u32 = 8;
+
+/// A fresh database with herald's schema and `SHARDS` shard rows.
+fn database(pg: &PgServer, name: &str) -> String {
+    let url = pg.create_db(name);
+    let opts = PgOptions {
+        shards: SHARDS,
+        ..PgOptions::default()
+    };
+    drop(PgBackend::open(&url, &opts).expect("herald's schema is made"));
+    url
+}
+
+async fn client(url: &str) -> Client {
+    let (c, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    c
+}
+
+fn all() -> Vec<u32> {
+    (0..SHARDS).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_bumps_the_epoch_and_goes_to_one_incarnation_only() {
+    let Some(pg) = PgServer::shared("a_grant_bumps_the_epoch_and_goes_to_one_incarnation_only")
+    else {
+        return;
+    };
+    let url = database(&pg, "grant");
+    let c = client(&url).await;
+    let a = rows::acquire(&c, "node-a", "inc-a", 10_000, &[0, 1, 2])
+        .await
+        .unwrap();
+    assert_eq!(
+        a,
+        [0, 1, 2].map(|shard| Grant { shard, epoch: 1 }),
+        "first grants are epoch 1"
+    );
+    // The same node id in another process (another incarnation) gets nothing that is held.
+    let b = rows::acquire(&c, "node-a", "inc-b", 10_000, &all())
+        .await
+        .unwrap();
+    let b_shards: Vec<u32> = b.iter().map(|g| g.shard).collect();
+    assert_eq!(b_shards, [3, 4, 5, 6, 7], "only the free ones");
+    let table = rows::rows(&c).await.unwrap();
+    assert_eq!(table.len(), SHARDS as usize);
+    for r in &table {
+        let want = if r.shard < 3 { "inc-a" } else { "inc-b" };
+        assert_eq!(r.owner_incarnation.as_deref(), Some(want), "{r:?}");
+        assert_eq!(r.owner_node.as_deref(), Some("node-a"));
+        assert!(!r.takeable, "{r:?}");
+    }
+    // Released rows keep their epoch; the next grant bumps it.
+    assert_eq!(rows::release(&c, "inc-a", &a[..1]).await.unwrap(), [0]);
+    let again = rows::acquire(&c, "node-b", "inc-c", 10_000, &[0, 1])
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        [Grant { shard: 0, epoch: 2 }],
+        "shard 1 is still held"
+    );
+    // Releasing what another incarnation holds, or at a stale epoch, does nothing.
+    assert!(rows::release(&c, "inc-a", &again).await.unwrap().is_empty());
+    assert!(rows::release(&c, "inc-c", &a[..1])
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_extends_only_matching_unexpired_rows() {
+    let Some(pg) = PgServer::shared("a_renewal_extends_only_matching_unexpired_rows") else {
+        return;
+    };
+    let url = database(&pg, "renew");
+    let c = client(&url).await;
+    let held = rows::acquire(&c, "n", "inc-a", 10_000, &[0, 1])
+        .await
+        .unwrap();
+    assert_eq!(
+        rows::renew(&c, "inc-a", 10_000, &held).await.unwrap(),
+        [0, 1]
+    );
+    let stale = [Grant { shard: 0, epoch: 7 }];
+    assert!(rows::renew(&c, "inc-a", 10_000, &stale)
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(rows::renew(&c, "inc-b", 10_000, &held)
+        .await
+        .unwrap()
+        .is_empty());
+    // A short lease runs out (database time); it is never renewed after that.
+    let short = rows::acquire(&c, "n", "inc-a", 150, &[5]).await.unwrap();
+    assert_eq!(short.len(), 1);
+    poll(Duration::from_secs(10), || async {
+        let t = rows::rows(&c).await.unwrap();
+        t.iter().any(|r| r.shard == 5 && r.takeable).then_some(())
+    })
+    .await
+    .expect("the 150 ms lease runs out");
+    assert!(
+        rows::renew(&c, "inc-a", 10_000, &short)
+            .await
+            .unwrap()
+            .is_empty(),
+        "an expired lease is re-acquired, never renewed"
+    );
+    // Its owner may acquire it again, at a new epoch.
+    assert_eq!(
+        rows::acquire(&c, "n", "inc-a", 10_000, &[5]).await.unwrap(),
+        [Grant { shard: 5, epoch: 2 }]
+    );
+}
+
+/// Waits until a backend of the database is blocked on a lock (`pg_stat_activity`).
+async fn someone_waits_on_a_lock(c: &Client) -> bool {
+    poll(Duration::from_secs(10), || async {
+        let r = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get::<_, i64>(0) > 0).then_some(())
+    })
+    .await
+    .is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_waits_for_a_fenced_group_and_a_stale_group_is_refused() {
+    let Some(pg) =
+        PgServer::shared("a_takeover_waits_for_a_fenced_group_and_a_stale_group_is_refused")
+    else {
+        return;
+    };
+    let url = database(&pg, "fence");
+    let mut old = client(&url).await;
+    let new = client(&url).await;
+    let watch = client(&url).await;
+    let held = rows::acquire(&old, "old", "inc-old", 300, &[3])
+        .await
+        .unwrap();
+    assert_eq!(held, [Grant { shard: 3, epoch: 1 }]);
+
+    // A fenced group of the old owner is in flight when its lease runs out.
+    let tx = old.transaction().await.unwrap();
+    rows::fence(&tx, &held).await.expect("still the owner");
+    poll(Duration::from_secs(10), || async {
+        let t = rows::rows(&watch).await.unwrap();
+        t.iter().any(|r| r.shard == 3 && r.takeable).then_some(())
+    })
+    .await
+    .expect("the old lease runs out");
+    // The takeover waits for it (it locks the row FOR UPDATE)...
+    let taking = tokio::spawn(async move {
+        let g = rows::acquire(&new, "new", "inc-new", 10_000, &[3]).await;
+        (new, g)
+    });
+    assert!(
+        someone_waits_on_a_lock(&watch).await,
+        "the takeover waits for the fenced group"
+    );
+    assert!(!taking.is_finished());
+    // ...which commits before the new epoch exists: the new owner will load what it wrote.
+    tx.commit().await.unwrap();
+    let (new, got) = tokio::time::timeout(Duration::from_secs(10), taking)
+        .await
+        .expect("the takeover goes on once the group is done")
+        .unwrap();
+    assert_eq!(got.unwrap(), [Grant { shard: 3, epoch: 2 }]);
+
+    // The old owner's next group is refused: OwnershipLost, nothing committed after takeover.
+    let tx = old.transaction().await.unwrap();
+    match rows::fence(&tx, &held).await {
+        Err(FenceError::OwnershipLost { shard, held, found }) => {
+            assert_eq!((shard, held, found), (3, 1, Some(2)));
+        }
+        other => panic!("a stale owner's group must be refused, got {other:?}"),
+    }
+    tx.rollback().await.unwrap();
+    // The new owner's renewals do not queue behind its own or anyone's fenced groups.
+    let mine = [Grant { shard: 3, epoch: 2 }];
+    let tx = old.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM herald_shard WHERE shard_id = 3 FOR KEY SHARE",
+        &[],
+    )
+    .await
+    .unwrap();
+    let renewed = tokio::time::timeout(
+        Duration::from_secs(10),
+        rows::renew(&new, "inc-new", 10_000, &mine),
+    )
+    .await
+    .expect("a renewal does not wait for a KEY SHARE holder")
+    .unwrap();
+    assert_eq!(renewed, [3]);
+    tx.rollback().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_acquirers_never_share_a_shard_and_epochs_only_grow() {
+    let Some(pg) =
+        PgServer::shared("concurrent_acquirers_never_share_a_shard_and_epochs_only_grow")
+    else {
+        return;
+    };
+    let url = database(&pg, "race");
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(client(&url).await);
+    }
+    let mut last_epoch = vec![0u64; SHARDS as usize];
+    for round in 0..10 {
+        let mut tasks = Vec::new();
+        for (i, c) in clients.drain(..).enumerate() {
+            tasks.push(tokio::spawn(async move {
+                let inc = format!("inc-{i}");
+                let g = rows::acquire(&c, "n", &inc, 10_000, &all()).await.unwrap();
+                (c, inc, g)
+            }));
+        }
+        let mut owner = vec![None::<String>; SHARDS as usize];
+        let mut got = Vec::new();
+        for t in tasks {
+            let (c, inc, g) = t.await.unwrap();
+            for gr in &g {
+                let slot = &mut owner[gr.shard as usize];
+                assert!(
+                    slot.is_none(),
+                    "round {round}: shard {} granted twice",
+                    gr.shard
+                );
+                *slot = Some(inc.clone());
+                assert!(
+                    gr.epoch > last_epoch[gr.shard as usize],
+                    "round {round}: epoch of shard {} did not grow",
+                    gr.shard
+                );
+                last_epoch[gr.shard as usize] = gr.epoch;
+            }
+            got.push((c, inc, g));
+        }
+        assert!(
+            owner.iter().all(Option::is_some),
+            "round {round}: every shard granted"
+        );
+        for (c, inc, g) in got {
+            let released = rows::release(&c, &inc, &g).await.unwrap();
+            assert_eq!(released.len(), g.len());
+            clients.push(c);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_clock_is_read_as_unix_ms() {
+    let Some(pg) = PgServer::shared("the_database_clock_is_read_as_unix_ms") else {
+        return;
+    };
+    let url = database(&pg, "clock");
+    let c = client(&url).await;
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let db = rows::db_now_ms(&c).await.unwrap();
+    let after = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // Same machine, same clock: the database's reading lies between ours (1 ms rounding).
+    assert!(
+        before <= db + 1 && db <= after + 1,
+        "{before} <= {db} <= {after}"
+    );
+}
