@@ -1,6 +1,6 @@
 //! The engine's shape, checked on its own source (DESIGN.md "The engine's shape (next)"):
 //! one module writes a task, and the layers dispatch → chunk → step → commit → cells → arm →
-//! timer import only downwards.
+//! timer import only downwards; and `model`, the bottom layer, imports nothing above it.
 
 use std::path::Path;
 

@@ -245,3 +245,16 @@ pub fn join_path(path: &str, name: &str) -> String {
         format!("{path}.{name}")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_decoding_refuses_short_and_bad_escapes() {
+        assert_eq!(percent_decode("a%20b+c").as_deref(), Some("a b c"));
+        for bad in ["%", "%4", "a%", "%zz", "%c3"] {
+            assert_eq!(percent_decode(bad), None, "{bad}");
+        }
+    }
+}

@@ -250,15 +250,14 @@ fn pointer(key: &str, p: &Option<String>) -> Result<Option<String>, KeyError> {
     Ok(p.clone())
 }
 
+/// Header names (lowercase) and their values or templates.
+type Headers = Vec<(String, String)>;
+
 /// The request's `method`, `headers` and `body`, expanded and checked where not templates.
-#[allow(
-    clippy::type_complexity,
-    reason = "the three parts of a request, named where built"
-)]
 fn request_keys(
     keys: &PlatformKeys,
     expand: &Expand<'_>,
-) -> Result<(String, Vec<(String, String)>, Option<String>), KeyError> {
+) -> Result<(String, Headers, Option<String>), KeyError> {
     let method = expand("method", keys.method.as_deref().unwrap_or("POST"))?;
     if !is_template(&method) {
         check_method(&method).map_err(|e| kerr("method", e))?;

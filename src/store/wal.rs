@@ -412,6 +412,24 @@ mod tests {
     }
 
     #[test]
+    fn a_short_payload_with_a_good_checksum_is_refused_not_a_panic() {
+        // Every prefix of a real payload, framed with its right length and checksum: the
+        // reader runs out of bytes inside a field and must say so.
+        let (_, bytes, first_len) = two_records();
+        let payload = &bytes[8..first_len];
+        // (An empty one frames as eight zero bytes: the clean end of a log.)
+        for cut in 1..payload.len() {
+            let p = &payload[..cut];
+            let mut framed = (p.len() as u32).to_le_bytes().to_vec();
+            framed.extend_from_slice(&crc32fast::hash(p).to_le_bytes());
+            framed.extend_from_slice(p);
+            let (got, end) = decode_segment(&framed);
+            assert!(got.is_empty(), "cut at {cut}");
+            assert_eq!(end, End::Torn { at: 0 }, "cut at {cut}");
+        }
+    }
+
+    #[test]
     fn records_round_trip() {
         let (recs, bytes, _) = two_records();
         assert_eq!(decode_segment(&bytes), (recs, End::Clean));
