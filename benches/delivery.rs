@@ -490,10 +490,12 @@ fn delivery(c: &mut Criterion) {
                 })
             })
         });
-        println!(
-            "{name}: data dir on {on}; {messages} timed messages, {:.3} durable flushes per message",
-            flushes as f64 / messages.max(1) as f64
-        );
+        if messages > 0 {
+            println!(
+                "{name}: data dir on {on}; {messages} timed messages, {:.3} durable flushes per message",
+                flushes as f64 / messages.max(1) as f64
+            );
+        }
         if footprint.2 > 0 && footprint.0 > 0 {
             println!(
                 "{name}: timeline {:.2} records and {:.0} bytes (keys + values) per delivered message",
@@ -510,6 +512,7 @@ fn delivery(c: &mut Criterion) {
             .find(|m| m.0 == name)
             .map(|&(_, n, t)| n as f64 / t.as_secs_f64().max(1e-9))
     };
+    let rate = |name: &str| rate(name).filter(|r| *r > 0.0);
     if let (Some(plain), Some(templated)) = (rate("herald_unsigned"), rate("herald_templated")) {
         println!(
             "templated + success rule vs plain webhook: {templated:.0} vs {plain:.0} messages/s \

@@ -64,10 +64,6 @@ impl TreeId {
         }
     }
 
-    pub(crate) fn index(self) -> usize {
-        self as usize
-    }
-
     /// This tree's slot in a per-tree array.
     #[allow(
         clippy::indexing_slicing,

@@ -6,13 +6,6 @@
 //! never a progress record from before a step next to a run from after it. Which keys to
 //! read is learnt by a scan first; if the task grew a run (or a PATCH changed its messages) in
 //! between, the read is done again.
-#![allow(
-    clippy::indexing_slicing,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::too_many_lines,
-    reason = "lint pass pending: issue 22, files owned by another helper this session"
-)]
 
 use super::backend::TreeId;
 use super::codec::decode;
@@ -33,6 +26,59 @@ pub struct TaskImage {
 
 /// Times a task may change under the reader before the export gives up on it.
 const ATTEMPTS: usize = 20;
+
+/// One attempt at an image: done (the task, or `None`: it does not exist), or read again
+/// (the task changed between the scan and the atomic read).
+enum Read {
+    Done(Option<Box<TaskImage>>),
+    Again,
+}
+
+/// Which keys the atomic read asks for, learnt by the scans before it.
+struct Plan {
+    /// Messages stored apart from the spec (none when the spec holds its only message).
+    count: u32,
+    run_nos: Vec<u32>,
+    seqs: Vec<u64>,
+}
+
+/// The values of an atomic read in the order [`Store::image_keys`] asked for them.
+struct Values<'a> {
+    spec: &'a Option<Vec<u8>>,
+    progress: &'a Option<Vec<u8>>,
+    next_run: &'a Option<Vec<u8>>,
+    live: &'a Option<Vec<u8>>,
+    messages: &'a [Option<Vec<u8>>],
+    runs: &'a [Option<Vec<u8>>],
+    next_event: Option<&'a Option<Vec<u8>>>,
+    events: &'a [Option<Vec<u8>>],
+}
+
+impl<'a> Values<'a> {
+    /// Splits `vals` as `plan` laid them out; `None` if the read answered fewer values.
+    fn of(vals: &'a [Option<Vec<u8>>], plan: &Plan) -> Option<Values<'a>> {
+        let (head, rest) = vals.split_at_checked(4)?;
+        let [spec, progress, next_run, live] = head else {
+            return None;
+        };
+        let (messages, rest) = rest.split_at_checked(plan.count as usize)?;
+        let (runs, rest) = rest.split_at_checked(plan.run_nos.len())?;
+        let (next_event, events) = match rest.split_first() {
+            Some((n, e)) => (Some(n), e),
+            None => (None, rest),
+        };
+        Some(Values {
+            spec,
+            progress,
+            next_run,
+            live,
+            messages,
+            runs,
+            next_event,
+            events,
+        })
+    }
+}
 
 impl Store {
     /// Every task id in id order (from the spec tree); a storage error ends the walk with it.
@@ -55,118 +101,155 @@ impl Store {
 
     /// Task `id` as one consistent image; `None` if it does not exist (any more).
     pub fn task_image(&self, id: &str) -> Result<Option<TaskImage>, StoreError> {
-        let prefix = id_prefix(id);
         for _ in 0..ATTEMPTS {
-            let Some(spec) = self.get_decoded::<SpecRecord>(TreeId::Specs, id.as_bytes())? else {
-                return Ok(None);
-            };
-            let mut run_nos = Vec::new();
-            for item in bounded(self.backend.scan(TreeId::Runs, &prefix, Some(&prefix))) {
-                let (k, _) = item?;
-                let n = k
-                    .get(prefix.len()..)
-                    .and_then(|b| <[u8; 4]>::try_from(b).ok())
-                    .map(u32::from_be_bytes)
-                    .ok_or_else(|| StoreError::Corrupt {
-                        tree: "runs".into(),
-                        key: String::from_utf8_lossy(&k).into_owned(),
-                        detail: "a run key must end in a 4-byte run number".into(),
-                    })?;
-                run_nos.push(n);
+            if let Read::Done(image) = self.read_image(id)? {
+                return Ok(image.map(|b| *b));
             }
-            let next_run = run_nos.last().map_or(1, |n| n.saturating_add(1));
-            let mut seqs = Vec::new();
-            for item in bounded(self.backend.scan(TreeId::Timeline, &prefix, Some(&prefix))) {
-                let (k, _) = item?;
-                if let Some(seq) = seq_of_key(id, &k) {
-                    seqs.push(seq);
-                }
-            }
-            let next_seq = seqs.last().map_or(1, |n| n.saturating_add(1));
-            // A message inside the spec (format 6) is read with it.
-            let count = if spec.message.is_some() {
-                0
-            } else {
-                spec.message_count
-            };
-            let mut keys = vec![
-                (TreeId::Specs, id.as_bytes().to_vec()),
-                (TreeId::Progress, id.as_bytes().to_vec()),
-                (TreeId::Runs, run_key(id, next_run)),
-                // The progress of a task that has none stored is derived from this.
-                (TreeId::Live, id.as_bytes().to_vec()),
-            ];
-            keys.extend((0..count).map(|s| (TreeId::Messages, run_key(id, s))));
-            keys.extend(run_nos.iter().map(|n| (TreeId::Runs, run_key(id, *n))));
-            // The events after the runs: an event past the last one scanned means the task
-            // took a step meanwhile (read again); one of those scanned may have been trimmed.
-            keys.push((TreeId::Timeline, timeline_key(id, next_seq)));
-            keys.extend(
-                seqs.iter()
-                    .map(|n| (TreeId::Timeline, timeline_key(id, *n))),
-            );
-            let vals = self.backend.get_atomic(&keys)?;
-            // spec, progress, the next run, live; then messages and runs; then the events.
-            let runs_end = 4 + count as usize + run_nos.len();
-            let (vals, events_vals) = vals.split_at(runs_end.min(vals.len()));
-            if events_vals.first().is_some_and(Option::is_some) {
-                continue;
-            }
-            let Some(spec_bytes) = &vals[0] else {
-                return Ok(None); // deleted meanwhile
-            };
-            let spec: SpecRecord = decode("specs", id.as_bytes(), spec_bytes)?;
-            let progress: ProgressRecord = match (&vals[1], &vals[3]) {
-                (Some(p), _) => decode("progress", id.as_bytes(), p)?,
-                (None, Some(l)) => {
-                    ProgressRecord::initial(&spec, &decode("live", id.as_bytes(), l)?)
-                }
-                (None, None) => return Ok(None), // deleted meanwhile
-            };
-            const HEAD: usize = 4;
-            let runs_vals = &vals[HEAD + count as usize..];
-            let inline = spec.message.is_some();
-            // A run started or the messages changed between the scan and the read: again.
-            if (if inline { 0 } else { spec.message_count }) != count
-                || vals[2].is_some()
-                || runs_vals.iter().any(Option::is_none)
-            {
-                continue;
-            }
-            let mut messages = Vec::with_capacity(spec.message_count as usize);
-            messages.extend(spec.message.clone());
-            for (seq, v) in vals[HEAD..HEAD + count as usize].iter().enumerate() {
-                let key = run_key(id, seq as u32);
-                let v = v.as_ref().ok_or_else(|| StoreError::Corrupt {
-                    tree: "messages".into(),
-                    key: format!("{id}/{seq}"),
-                    detail: format!("the task has {count} messages but message {seq} is missing"),
-                })?;
-                messages.push(decode("messages", &key, v)?);
-            }
-            let mut runs = Vec::with_capacity(run_nos.len());
-            for (n, v) in run_nos.iter().zip(runs_vals) {
-                if let Some(v) = v {
-                    runs.push(decode("runs", &run_key(id, *n), v)?);
-                }
-            }
-            let mut timeline = Vec::with_capacity(seqs.len());
-            for (seq, v) in seqs.iter().zip(&events_vals[1..]) {
-                if let Some(v) = v {
-                    let key = timeline_key(id, *seq);
-                    let rec: TimelineRecord = decode("timeline", &key, v)?;
-                    timeline.push(rec.into_event(*seq, &key)?);
-                }
-            }
-            return Ok(Some(TaskImage {
-                task: join(spec, progress),
-                messages,
-                runs,
-                timeline,
-            }));
         }
         Err(StoreError::Write(format!(
             "task {id:?} kept changing while it was read ({ATTEMPTS} attempts)"
         )))
     }
+
+    /// One attempt: scan for the keys, read them atomically, decode.
+    fn read_image(&self, id: &str) -> Result<Read, StoreError> {
+        let Some(spec) = self.get_decoded::<SpecRecord>(TreeId::Specs, id.as_bytes())? else {
+            return Ok(Read::Done(None));
+        };
+        let plan = self.image_plan(id, &spec)?;
+        let vals = self.backend.get_atomic(&image_keys(id, &plan))?;
+        let Some(v) = Values::of(&vals, &plan) else {
+            return Ok(Read::Again);
+        };
+        // An event past the last one scanned means the task took a step meanwhile; so does a
+        // run after the last one scanned, a run gone, or messages changed.
+        let inline = spec.message.is_some();
+        if v.next_event.is_some_and(Option::is_some)
+            || v.next_run.is_some()
+            || v.runs.iter().any(Option::is_none)
+            || (if inline { 0 } else { spec.message_count }) != plan.count
+        {
+            return Ok(Read::Again);
+        }
+        let Some(spec_bytes) = v.spec else {
+            return Ok(Read::Done(None)); // deleted meanwhile
+        };
+        let spec: SpecRecord = decode("specs", id.as_bytes(), spec_bytes)?;
+        let progress: ProgressRecord = match (v.progress, v.live) {
+            (Some(p), _) => decode("progress", id.as_bytes(), p)?,
+            (None, Some(l)) => ProgressRecord::initial(&spec, &decode("live", id.as_bytes(), l)?),
+            (None, None) => return Ok(Read::Done(None)), // deleted meanwhile
+        };
+        let messages = decode_messages(id, &spec, &plan, v.messages)?;
+        let mut runs = Vec::with_capacity(plan.run_nos.len());
+        for (n, v) in plan
+            .run_nos
+            .iter()
+            .zip(v.runs)
+            .filter_map(|(n, v)| Some((n, v.as_ref()?)))
+        {
+            runs.push(decode("runs", &run_key(id, *n), v)?);
+        }
+        let mut timeline = Vec::with_capacity(plan.seqs.len());
+        for (seq, v) in plan
+            .seqs
+            .iter()
+            .zip(v.events)
+            .filter_map(|(s, v)| Some((s, v.as_ref()?)))
+        {
+            let key = timeline_key(id, *seq);
+            let rec: TimelineRecord = decode("timeline", &key, v)?;
+            timeline.push(rec.into_event(*seq, &key)?);
+        }
+        Ok(Read::Done(Some(Box::new(TaskImage {
+            task: join(spec, progress),
+            messages,
+            runs,
+            timeline,
+        }))))
+    }
+
+    /// The task's run numbers and timeline seqs as the scans find them now.
+    fn image_plan(&self, id: &str, spec: &SpecRecord) -> Result<Plan, StoreError> {
+        let prefix = id_prefix(id);
+        let mut run_nos = Vec::new();
+        for item in bounded(self.backend.scan(TreeId::Runs, &prefix, Some(&prefix))) {
+            let (k, _) = item?;
+            let n = k
+                .get(prefix.len()..)
+                .and_then(|b| <[u8; 4]>::try_from(b).ok())
+                .map(u32::from_be_bytes)
+                .ok_or_else(|| StoreError::Corrupt {
+                    tree: "runs".into(),
+                    key: String::from_utf8_lossy(&k).into_owned(),
+                    detail: "a run key must end in a 4-byte run number".into(),
+                })?;
+            run_nos.push(n);
+        }
+        let mut seqs = Vec::new();
+        for item in bounded(self.backend.scan(TreeId::Timeline, &prefix, Some(&prefix))) {
+            let (k, _) = item?;
+            if let Some(seq) = seq_of_key(id, &k) {
+                seqs.push(seq);
+            }
+        }
+        // A message inside the spec (format 6) is read with it.
+        let count = if spec.message.is_some() {
+            0
+        } else {
+            spec.message_count
+        };
+        Ok(Plan {
+            count,
+            run_nos,
+            seqs,
+        })
+    }
+}
+
+/// The keys of one atomic read: spec, progress, the run after the last one scanned, live;
+/// then the messages, the runs, the event after the last one scanned and the events.
+fn image_keys(id: &str, plan: &Plan) -> Vec<(TreeId, Vec<u8>)> {
+    let next_run = plan.run_nos.last().map_or(1, |n| n.saturating_add(1));
+    let next_seq = plan.seqs.last().map_or(1, |n| n.saturating_add(1));
+    let mut keys = vec![
+        (TreeId::Specs, id.as_bytes().to_vec()),
+        (TreeId::Progress, id.as_bytes().to_vec()),
+        (TreeId::Runs, run_key(id, next_run)),
+        // The progress of a task that has none stored is derived from this.
+        (TreeId::Live, id.as_bytes().to_vec()),
+    ];
+    keys.extend((0..plan.count).map(|s| (TreeId::Messages, run_key(id, s))));
+    keys.extend(plan.run_nos.iter().map(|n| (TreeId::Runs, run_key(id, *n))));
+    keys.push((TreeId::Timeline, timeline_key(id, next_seq)));
+    keys.extend(
+        plan.seqs
+            .iter()
+            .map(|n| (TreeId::Timeline, timeline_key(id, *n))),
+    );
+    keys
+}
+
+/// The task's messages: the one inside its spec, or those stored apart, every one present.
+fn decode_messages(
+    id: &str,
+    spec: &SpecRecord,
+    plan: &Plan,
+    vals: &[Option<Vec<u8>>],
+) -> Result<Vec<Message>, StoreError> {
+    let mut messages = Vec::with_capacity(spec.message_count as usize);
+    messages.extend(spec.message.clone());
+    for (seq, v) in (0..plan.count).zip(vals) {
+        let key = run_key(id, seq);
+        let v = v.as_ref().ok_or_else(|| StoreError::Corrupt {
+            tree: "messages".into(),
+            key: format!("{id}/{seq}"),
+            detail: format!(
+                "the task has {} messages but message {seq} is missing",
+                plan.count
+            ),
+        })?;
+        messages.push(decode("messages", &key, v)?);
+    }
+    Ok(messages)
 }

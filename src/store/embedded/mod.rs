@@ -11,13 +11,6 @@
 //! `inner.read()` and so takes `mem` with `try_read` only. No lock is held across a call into
 //! sled that can block on I/O for good (closing an old handle: `SledBackend::reopen_sled`),
 //! and `inner.write()` is only ever held for a swap.
-#![allow(
-    clippy::indexing_slicing,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::too_many_lines,
-    reason = "lint pass pending: issue 22, files owned by another helper this session"
-)]
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -210,7 +203,7 @@ impl Log {
 struct SledInner {
     knobs: Arc<Knobs>,
     db: sled::Db,
-    trees: Vec<sled::Tree>,
+    trees: [sled::Tree; TREES],
     /// sled 0.34's `flush` uses `sync_file_range`, which does not survive power loss; syncing
     /// its data file (`db`) as well does.
     data_file: Option<File>,
@@ -223,10 +216,13 @@ impl SledInner {
             .path(dir)
             .cache_capacity(cache_bytes)
             .open()?;
-        let mut trees = Vec::new();
-        for t in TreeId::ALL {
-            trees.push(db.open_tree(t.name())?);
-        }
+        let opened = TreeId::ALL
+            .iter()
+            .map(|t| db.open_tree(t.name()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let trees: [sled::Tree; TREES] = opened
+            .try_into()
+            .map_err(|_| StoreError::Write("sled opened a tree count other than TREES".into()))?;
         let data_file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -260,7 +256,7 @@ impl SledInner {
     /// wait, `store/pace.rs`); it returning `true` stops the write early, with an error.
     fn write_layer(&self, layer: &Layer, pace: &dyn Fn() -> bool) -> Result<(), StoreError> {
         for t in TreeId::ALL {
-            let tree = &self.trees[t.index()];
+            let tree = t.of(&self.trees);
             for (i, (k, v)) in layer.entries(t).enumerate() {
                 if i % 1024 == 0 && pace() {
                     return Err(StoreError::Write("stopping".into()));
@@ -399,7 +395,7 @@ impl Shared {
     fn raise_sled_fences(&self, layer: &Layer) {
         let mut fences = self.sled_fences.lock();
         for t in TreeId::ALL {
-            if let (Some(last), Some(f)) = (layer.last_key(t), &mut fences[t.index()]) {
+            if let (Some(last), Some(f)) = (layer.last_key(t), t.of_mut(&mut fences)) {
                 if last > f.as_slice() {
                     *f = last.to_vec();
                 }
@@ -410,9 +406,10 @@ impl Shared {
     /// Whether `key` is above every key sled holds in `tree`, so a read of sled would miss.
     fn above_sled_fence(&self, tree: TreeId, key: &[u8]) -> Result<bool, StoreError> {
         let mut fences = self.sled_fences.lock();
-        let fence = match &fences[tree.index()] {
-            Some(f) => f,
-            None => fences[tree.index()].insert(self.sled_fence_now(tree)?),
+        let slot = tree.of_mut(&mut fences);
+        let fence = match slot {
+            Some(f) => &*f,
+            None => slot.insert(self.sled_fence_now(tree)?),
         };
         Ok(key > fence.as_slice())
     }
@@ -428,7 +425,7 @@ impl Shared {
             last(&m.active).max(m.frozen.as_deref().and_then(last))
         };
         let in_sled = match &*self.inner.read() {
-            Some(i) => i.trees[tree.index()].last()?.map(|(k, _)| k.to_vec()),
+            Some(i) => tree.of(&i.trees).last()?.map(|(k, _)| k.to_vec()),
             None => return Err(self.closed_error()),
         };
         Ok(in_layers.max(in_sled).unwrap_or_default())
@@ -795,7 +792,7 @@ impl SledBackend {
     }
 
     fn tree(&self, t: TreeId) -> Result<sled::Tree, StoreError> {
-        self.with(|i| i.trees[t.index()].clone())
+        self.with(|i| t.of(&i.trees).clone())
     }
 
     /// A point read of sled alone.
