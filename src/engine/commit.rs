@@ -123,6 +123,10 @@ fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
         Vec::new()
     };
     let task_changed = c.task.is_some();
+    if c.messages.is_some() {
+        // A message read ahead (`prefetch.rs`, before the task has a run) is stale now.
+        st.prefetched = None;
+    }
     if let Some(t) = c.task {
         st.task = t;
     }
