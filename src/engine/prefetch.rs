@@ -116,6 +116,11 @@ fn fill(inner: &Inner, mut held: Vec<(Arc<str>, OwnedMutexGuard<Slot>)>) {
             continue; // gone or unreadable: its step says so
         };
         let next_run = task.fires + 1;
+        // The delivery layer's map of traces is bounded (`trace/book.rs`): past it, a send
+        // reads its task back for its trace id, one round trip each. Noted here, the send
+        // finds it.
+        let trace_id = crate::model::timeline::trace_id_of(&task);
+        inner.channels.tracing().book.note(id, trace_id);
         if let Ok(Some((mut st, None))) = cells::load_task(inner, id, task) {
             // The message of the run its fire starts next (a task of one message, no run
             // active: run `fires + 1`, message 0), so neither the fire nor the send reads it
