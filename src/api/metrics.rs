@@ -403,6 +403,11 @@ fn store(s: &mut Scrape, state: &ApiState) {
         "Writes durable in the log and not yet written into sled (the write-behind memtable)",
         engine.store().memtable_bytes() as i64,
     );
+    s.counter(
+        "herald_store_read_round_trips",
+        "Read round trips to the store's server (PostgreSQL: point reads, batched reads, scan pages; always 0 on sled)",
+        engine.store().read_round_trips(),
+    );
     s.gauge(
         "herald_storage_failing",
         "1 while storage fails (writes refused with 503, no new sends; /healthz 503)",

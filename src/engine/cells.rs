@@ -335,10 +335,20 @@ pub(crate) async fn relock(
 /// failed write): it is sent again, with the next attempt number and the same key.
 /// Second value: why the task must be parked `failed` (its runs cannot be read).
 fn load(inner: &Inner, id: &str) -> Result<Option<(LiveState, Option<String>)>, EngineError> {
-    let now_ms = inner.clock.now_ms();
     let Some(task) = inner.store.get_task(id)? else {
         return Ok(None);
     };
+    load_task(inner, id, task)
+}
+
+/// [`load`] of a task already read from the store (`prefetch.rs` reads many in one batch):
+/// its active runs, and the task's state as a cell holds it.
+pub(crate) fn load_task(
+    inner: &Inner,
+    id: &str,
+    task: crate::model::Task,
+) -> Result<Option<(LiveState, Option<String>)>, EngineError> {
+    let now_ms = inner.clock.now_ms();
     if task.state.is_terminal() {
         return Ok(None);
     }

@@ -135,6 +135,10 @@ fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
         Vec::new()
     };
     let task_changed = c.progress.is_some() || c.spec.is_some();
+    if c.messages.is_some() {
+        // A message read ahead (`prefetch.rs`, before the task has a run) is stale now.
+        st.prefetched = None;
+    }
     if let Some(spec) = c.spec {
         st.spec = spec;
     }

@@ -75,9 +75,11 @@ fn spawn_runs(inner: &Arc<Inner>, mut runs: Vec<(RunKey, StepGuard)>) {
 /// Starts fire steps in the order they fell due, each once a permit is free: at most
 /// [`FIRES_AT_ONCE`] fire steps exist at a time. A waiting fire keeps its step guard, so
 /// `Engine::idle` and the drain count it as outstanding.
-async fn fire_pump(inner: Weak<Inner>, mut queued: UnboundedReceiver<(Arc<str>, StepGuard)>) {
+async fn fire_pump(inner: Weak<Inner>, queued: UnboundedReceiver<(Arc<str>, StepGuard)>) {
     let permits = Arc::new(Semaphore::new(FIRES_AT_ONCE));
-    while let Some((task, guard)) = queued.recv().await {
+    // The tasks of the next fires are read in batches meanwhile (`prefetch.rs`).
+    let mut queued = super::prefetch::Ahead::new(queued);
+    while let Some((task, guard)) = queued.next(&inner).await {
         let Ok(permit) = permits.clone().acquire_owned().await else {
             return;
         };

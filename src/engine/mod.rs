@@ -28,6 +28,7 @@ mod failures;
 mod herd;
 mod notify;
 mod plan;
+mod prefetch;
 mod recovery;
 mod render;
 pub mod retention;
@@ -132,7 +133,9 @@ pub(crate) struct LiveState {
     pub sending: BTreeSet<u32>,
     /// The message of a run armed ahead of its instant (a one-shot's fire, `dispatch.rs`),
     /// read then so that the send at the instant does not: a herd's sends are what is short
-    /// of CPU. `(run, seq, message)`; a task's messages cannot change while it has a run.
+    /// of CPU; or by the fire pump's prefetch (`prefetch.rs`) for the run the next fire
+    /// starts. `(run, seq, message)`; a task's messages cannot change while it has a run,
+    /// and a change of them before drops it (`commit.rs`).
     pub prefetched: Option<(u32, u32, crate::model::Message)>,
     /// Runs whose message was in flight when the task was last read from disk (after a crash,
     /// or a write that failed after a send): the next arm of each writes a

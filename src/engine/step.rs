@@ -202,8 +202,12 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineErr
     commit::apply(inner, l, change).await?;
     export_fire_spans(inner, &l.id, trace_id, &fire_spans, started_ns, now);
     if let Some((run, seq)) = prefetch {
-        if let Ok(Some(m)) = inner.store.get_message(&l.id, seq) {
-            l.st().prefetched = Some((run, seq, m));
+        // Read already with the task when `prefetch.rs` loaded it.
+        let read = matches!(&l.st().prefetched, Some((r, s, _)) if (*r, *s) == (run, seq));
+        if !read {
+            if let Ok(Some(m)) = inner.store.get_message(&l.id, seq) {
+                l.st().prefetched = Some((run, seq, m));
+            }
         }
     }
     Ok(())

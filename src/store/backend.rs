@@ -144,6 +144,20 @@ pub trait Backend: Send + Sync + 'static {
     fn get_atomic(&self, keys: &[(TreeId, Vec<u8>)]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         keys.iter().map(|(t, k)| self.get(*t, k)).collect()
     }
+    /// Point reads of many keys at once, in `keys`' order, for a caller that knows the keys
+    /// ahead (the engine's prefetch of a herd's tasks, `engine/prefetch.rs`): a backend over a
+    /// network answers them in one round trip, not one per key. Unlike [`Backend::get_atomic`]
+    /// the reads need not see one state. The default reads one by one (an embedded store
+    /// answers a point read from memory or its page cache).
+    fn get_many(&self, keys: &[(TreeId, Vec<u8>)]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        keys.iter().map(|(t, k)| self.get(*t, k)).collect()
+    }
+    /// Read round trips made to the store so far (point reads, batched reads, scan pages;
+    /// not commits), for `/metrics` and tests; 0 for a backend that does not count (sled,
+    /// whose reads are no round trips).
+    fn read_round_trips(&self) -> u64 {
+        0
+    }
     /// Why the backend cannot work right now, when it knows before a group fails (a
     /// database whose last COMMIT is being read back); `None` by default.
     fn failing(&self) -> Option<String> {

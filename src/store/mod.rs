@@ -480,6 +480,11 @@ impl Store {
         self.commit.queued()
     }
 
+    /// Read round trips to the backend so far (0 on sled; `/metrics`, `tests/pg_herd.rs`).
+    pub fn read_round_trips(&self) -> u64 {
+        self.backend.read_round_trips()
+    }
+
     /// Bytes in the backend's write-behind memtable (durable, not yet in sled).
     pub fn memtable_bytes(&self) -> usize {
         self.backend.memtable_bytes()
@@ -592,14 +597,44 @@ impl Store {
 
     /// A task (spec and progress); `None` if there is no such task.
     pub fn get_task(&self, id: &str) -> Result<Option<Task>, StoreError> {
-        let Some(spec) = self.get_decoded::<SpecRecord>(TreeId::Specs, id.as_bytes())? else {
+        let Some(spec) = self.backend.get(TreeId::Specs, id.as_bytes())? else {
             return Ok(None);
         };
-        let progress = match self.get_decoded::<ProgressRecord>(TreeId::Progress, id.as_bytes())? {
-            Some(p) => p,
-            None => initial_progress(&spec, self.live_entry(id)?)?,
-        };
-        Ok(Some(join(spec, progress)))
+        let progress = self.backend.get(TreeId::Progress, id.as_bytes())?;
+        let task = task_of(id, &spec, progress.as_deref(), || {
+            self.backend.get(TreeId::Live, id.as_bytes())
+        })?;
+        Ok(task.map(|(t, _)| t))
+    }
+
+    /// [`Store::get_task`] of many tasks, in `ids`' order, with one batched read
+    /// ([`Backend::get_many`]: one round trip on Postgres) of their specs, progress records
+    /// and live entries. Per task: `Ok(None)` when there is no such task, `Err` when its
+    /// records cannot be decoded; the whole call fails only when the read does. With each
+    /// task, the message its spec holds (a task of one message: [`Store::get_message`] of
+    /// seq 0 reads the same record).
+    pub fn get_tasks(&self, ids: &[&str]) -> Result<Vec<TaskRead>, StoreError> {
+        const TREES_READ: [TreeId; 3] = [TreeId::Specs, TreeId::Progress, TreeId::Live];
+        let keys: Vec<(TreeId, Vec<u8>)> = ids
+            .iter()
+            .flat_map(|id| TREES_READ.map(|t| (t, id.as_bytes().to_vec())))
+            .collect();
+        let mut vals = self.backend.get_many(&keys)?.into_iter();
+        Ok(ids
+            .iter()
+            .map(|id| {
+                let (spec, progress, live) = (vals.next(), vals.next(), vals.next());
+                let (Some(spec), Some(progress), Some(live)) = (spec, progress, live) else {
+                    return Err(StoreError::Write(format!(
+                        "a batched read answered fewer values than keys (task {id})"
+                    )));
+                };
+                match spec {
+                    Some(spec) => task_of(id, &spec, progress.as_deref(), || Ok(live)),
+                    None => Ok(None),
+                }
+            })
+            .collect())
     }
 
     /// Whether a task with this id exists (finished or not).
@@ -1170,6 +1205,35 @@ fn push_progress(
     let value = live.map(|l| encode(&l)).transpose()?;
     ops.push(live_write(key, value, false));
     Ok(())
+}
+
+/// One task of [`Store::get_tasks`]: the task and the message its spec holds, `None` when
+/// there is no such task, an error when its records do not decode.
+pub type TaskRead = Result<Option<(Task, Option<Message>)>, StoreError>;
+
+/// A task from its stored spec and progress record (`None`: derived from the spec and the
+/// live entry `live` reads, format 6), and the message the spec holds. The one decoding of a
+/// task for [`Store::get_task`] and [`Store::get_tasks`].
+fn task_of(
+    id: &str,
+    spec: &[u8],
+    progress: Option<&[u8]>,
+    live: impl FnOnce() -> Result<Option<Vec<u8>>, StoreError>,
+) -> Result<Option<(Task, Option<Message>)>, StoreError> {
+    let key = id.as_bytes();
+    let mut spec: SpecRecord = decode(TreeId::Specs.name(), key, spec)?;
+    let progress: ProgressRecord = match progress {
+        Some(p) => decode(TreeId::Progress.name(), key, p)?,
+        None => {
+            let entry = match live()? {
+                Some(v) => Some(decode("live", key, &v)?),
+                None => None,
+            };
+            initial_progress(&spec, entry)?
+        }
+    };
+    let message = spec.message.take();
+    Ok(Some((join(spec, progress), message)))
 }
 
 /// The progress of a task that has no progress record (format 6, nothing happened to it

@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::{IsolationLevel, NoTls};
 
 use super::backoff::Backoff;
@@ -123,6 +123,8 @@ pub struct PgBackend {
     /// Set while a read-back waits for the database: what [`Backend::failing`] says.
     outage: Mutex<Option<String>>,
     backoff: Mutex<Backoff>,
+    /// Read round trips so far ([`Backend::read_round_trips`]).
+    reads: AtomicU64,
 }
 
 /// A failure inside the runtime, before it gets its context. `conn`: the connection failed
@@ -284,6 +286,7 @@ impl PgBackend {
             spent: Mutex::new(Vec::new()),
             outage: Mutex::new(None),
             backoff: Mutex::new(Backoff::default()),
+            reads: AtomicU64::new(0),
         };
         let shards = opts.shards;
         let migrated = backend.run_raw(async move {
@@ -610,11 +613,9 @@ async fn exec(tx: &deadpool_postgres::Transaction<'_>, stmt: Stmt<'_>) -> Result
     })
 }
 
-/// Per tree, the rows of `keys` (a query per tree with keys, all pipelined).
-async fn read_keys(
-    tx: &deadpool_postgres::Transaction<'_>,
-    keys: &[Vec<Vec<u8>>; TREES],
-) -> Result<Stored, Fail> {
+/// Per tree, the rows of `keys` (a query per tree with keys, all pipelined: one round trip),
+/// in a transaction or on a plain connection.
+async fn read_keys<C: GenericClient>(tx: &C, keys: &[Vec<Vec<u8>>; TREES]) -> Result<Stored, Fail> {
     let reads = TreeId::ALL
         .iter()
         .filter(|t| !keys[**t as usize].is_empty())
@@ -791,6 +792,7 @@ impl Backend for PgBackend {
     }
 
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
         let pool = self.pool.clone();
         let key = key.to_vec();
         self.run("read", async move {
@@ -821,6 +823,7 @@ impl Backend for PgBackend {
     }
 
     fn last_with_prefix(&self, tree: TreeId, prefix: &[u8]) -> Result<Option<Kv>, StoreError> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
         let pool = self.pool.clone();
         let prefix = prefix.to_vec();
         let end = prefix_end(&prefix);
@@ -853,6 +856,7 @@ impl Backend for PgBackend {
 
     /// One REPEATABLE READ, read-only transaction: every read sees one snapshot.
     fn get_atomic(&self, keys: &[(TreeId, Vec<u8>)]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
         let pool = self.pool.clone();
         let keys = keys.to_vec();
         self.run("read", async move {
@@ -874,6 +878,33 @@ impl Backend for PgBackend {
                 .map(|(t, k)| stored[*t as usize].get(k).cloned())
                 .collect())
         })
+    }
+
+    /// One statement per tree (`key = ANY($1)`), pipelined on one connection: one round
+    /// trip for all the keys, outside any transaction (no snapshot is promised).
+    fn get_many(&self, keys: &[(TreeId, Vec<u8>)]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let pool = self.pool.clone();
+        let keys = keys.to_vec();
+        self.run("read", async move {
+            let mut by_tree: [Vec<Vec<u8>>; TREES] = Default::default();
+            for (t, k) in &keys {
+                by_tree[*t as usize].push(k.clone());
+            }
+            let client = pool.get().await?;
+            let stored = read_keys(&client, &by_tree).await?;
+            Ok(keys
+                .iter()
+                .map(|(t, k)| stored[*t as usize].get(k).cloned())
+                .collect())
+        })
+    }
+
+    fn read_round_trips(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
     }
 }
 
@@ -914,6 +945,7 @@ impl PgScan<'_> {
         let tree = self.tree;
         let end = self.end.clone();
         let limit = self.page;
+        self.backend.reads.fetch_add(1, Ordering::Relaxed);
         let rows: Vec<Kv> = self.backend.run("scan", async move {
             let client = pool.get().await?;
             let sql = scan_sql(tree, inclusive, end.is_some());

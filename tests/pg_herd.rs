@@ -1,0 +1,120 @@
+//! A herd on PostgreSQL (issue 23): 2 000 one-shots due at one instant, sent by the real
+//! `herald` binary to a real receiver, each exactly once; and the tasks their fires load back
+//! are read in batches (`engine/prefetch.rs`), so the read round trips the herd costs are far
+//! fewer than one per task (`herald_store_read_round_trips_total` on `/metrics`). A count,
+//! not a timing: the speed is measured by `scripts/bench-pg`. Needs PostgreSQL's server
+//! binaries (`tests/common/pg.rs`: a loud skip without them).
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::herald::{in_ms, poll, write_config, Proc};
+use common::http;
+use common::pg::PgServer;
+use common::receiver::Receiver;
+use serde_json::json;
+
+const HERD: usize = 2_000;
+
+/// A counter or gauge from herald's `/metrics` (`None` when it is not there).
+async fn metric(base: &str, name: &str) -> Option<f64> {
+    let m = http::get(&format!("{base}/metrics")).await;
+    assert_eq!(m.status, 200);
+    m.text().lines().find_map(|l| {
+        let (k, v) = l.split_once(' ')?;
+        (k == name).then(|| v.trim().parse().ok()).flatten()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_herd_on_postgres_is_sent_once_each_with_far_fewer_reads_than_tasks() {
+    let Some(pg) = PgServer::start("a_herd_on_postgres") else {
+        return;
+    };
+    let url = pg.create_db("herd");
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "[channels.hook]\nkind = \"webhook\"\nurl = \"{}\"\n",
+            rx.url()
+        ),
+    );
+    let mut cmd = Proc::command(&config, &dir.path().join("data"));
+    cmd.env("HERALD_STORE_URL", &url);
+    let p = Proc::start(cmd);
+    let base: Arc<str> = p.url.clone().into();
+
+    // Far enough ahead that every create is answered before the fires start (a one-shot's
+    // fire is handled ~2 s before its instant); the count below holds either way, only
+    // fewer fires would be in its window.
+    let at = in_ms(25_000);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut creators = Vec::new();
+    for _ in 0..16 {
+        let (base, at, next) = (base.clone(), at.clone(), next.clone());
+        creators.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= HERD {
+                    return;
+                }
+                let body = json!({"id": format!("h{i:05}"), "channel": "hook",
+                    "schedule": {"at": at}, "to": [format!("u{i}")], "body": "x"});
+                let r = http::post_json(&format!("{base}/v1/tasks"), &body).await;
+                assert_eq!(r.status, 201, "{}", r.text());
+            }
+        }));
+    }
+    for c in creators {
+        c.await.unwrap();
+    }
+    assert_eq!(rx.count(), 0, "nothing is sent before the instant");
+    let name = "herald_store_read_round_trips_total";
+    let before = metric(&base, name)
+        .await
+        .expect("the read counter is on /metrics");
+
+    let got = rx.wait_for(HERD, Duration::from_secs(120)).await;
+    assert_eq!(got.len(), HERD, "every one-shot of the herd is sent");
+    // Settled: every task completed (its settle written), so the count below is the herd's.
+    let done = poll(Duration::from_secs(60), || {
+        let base = base.clone();
+        async move { (metric(&base, "herald_tasks_live").await == Some(0.0)).then_some(()) }
+    })
+    .await;
+    assert!(done.is_some(), "every task of the herd completes");
+    let after = metric(&base, name).await.expect("the read counter");
+
+    // Exactly once: one request per task, none twice.
+    let mut per_key: HashMap<String, usize> = HashMap::new();
+    for r in rx.requests() {
+        *per_key
+            .entry(r.idempotency_key().unwrap_or("").to_string())
+            .or_default() += 1;
+    }
+    assert_eq!(per_key.len(), HERD, "one idempotency key per task");
+    assert!(
+        per_key.values().all(|n| *n == 1),
+        "a message was sent twice: {:?}",
+        per_key
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(rx.count(), HERD, "no message was sent twice");
+
+    // Reads: without the batched load each fire read its task back with three round trips
+    // (spec, progress, live entry) and more followed; batched, 256 tasks cost one.
+    let reads = after - before;
+    println!("read round trips for a herd of {HERD}: {reads}");
+    assert!(
+        reads < (HERD / 10) as f64,
+        "{reads} read round trips for {HERD} tasks: the herd's loads are not batched"
+    );
+}
