@@ -7,14 +7,6 @@
 //! ordered, and what a client is told matches what is on disk. A send is *started* under the
 //! lock (its in-flight mark is durable first) and finished outside it, so a slow receiver never
 //! blocks cancel.
-#![allow(
-    clippy::indexing_slicing,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::too_many_lines,
-    reason = "lint pass pending: issue 22, files owned by another helper this session"
-)]
-
 mod alerts;
 mod arm;
 mod cells;
@@ -543,37 +535,12 @@ impl Engine {
                 _ => Inserted::IdTaken,
             }
         } else {
-            let mut freed_key = false;
-            loop {
-                let r = commit::insert(
-                    inner,
-                    &task,
-                    &messages,
-                    idem.as_ref().map(|(k, h)| (k.as_str(), *h)),
-                )
-                .await;
-                let r = match r {
-                    // The key's task was deleted (retention, DELETE): the key is free again.
-                    // The background sweep removes such keys too; this covers the time until.
-                    Ok(Inserted::KeyUsed(rec))
-                        if !freed_key && !inner.store.task_exists(&rec.task_id).unwrap_or(true) =>
-                    {
-                        freed_key = true;
-                        let keys = idem.iter().map(|(k, _)| k.clone()).collect();
-                        match commit::delete_idem_keys(inner, keys).await {
-                            Ok(()) => continue,
-                            Err(e) => Err(e),
-                        }
-                    }
-                    r => r,
-                };
-                match r {
-                    Ok(i) => break i,
-                    Err(e) => {
-                        drop(guard);
-                        self.forget_cell(&id, &cell);
-                        return Err(e.into());
-                    }
+            match insert_freeing_key(inner, &task, &messages, idem.as_ref()).await {
+                Ok(i) => i,
+                Err(e) => {
+                    drop(guard);
+                    self.forget_cell(&id, &cell);
+                    return Err(e.into());
                 }
             }
         };
@@ -600,21 +567,31 @@ impl Engine {
                     self.forget_cell(&id, &cell);
                 }
                 let hash = idem.map(|(_, h)| h).unwrap_or_default();
-                if rec.body_sha256 != hash {
-                    return Err(EngineError::KeyReused);
-                }
-                // The original create is durable: its key is only visible once its group is
-                // applied, and the group is answered only after its flush. A create still in
-                // flight holds its cell's lock; wait for it so the view is complete.
-                if let Some(l) = commit::lock(inner, &rec.task_id).await? {
-                    l.release(inner);
-                }
-                let view = self
-                    .get(&rec.task_id)?
-                    .ok_or_else(|| EngineError::NotFound(rec.task_id.clone()))?;
-                Ok(Created::Replayed(view))
+                self.replay(rec, hash).await
             }
         }
+    }
+
+    /// A create whose idempotency key was used before: the same body is answered with the
+    /// task it created (200), another body is refused.
+    async fn replay(
+        &self,
+        rec: crate::store::IdemRecord,
+        hash: [u8; 32],
+    ) -> Result<Created, EngineError> {
+        if rec.body_sha256 != hash {
+            return Err(EngineError::KeyReused);
+        }
+        // The original create is durable: its key is only visible once its group is
+        // applied, and the group is answered only after its flush. A create still in
+        // flight holds its cell's lock; wait for it so the view is complete.
+        if let Some(l) = commit::lock(&self.inner, &rec.task_id).await? {
+            l.release(&self.inner);
+        }
+        let view = self
+            .get(&rec.task_id)?
+            .ok_or_else(|| EngineError::NotFound(rec.task_id.clone()))?;
+        Ok(Created::Replayed(view))
     }
 
     /// Refuses writes while storage fails (503 until a write succeeds again).
@@ -788,5 +765,31 @@ impl Engine {
         limit: usize,
     ) -> Result<(Vec<Failure>, bool), EngineError> {
         Ok(self.inner.store.failure_page(task, after, limit)?)
+    }
+}
+
+/// Inserts a new task (`commit::insert`). A key whose task was deleted since (retention,
+/// DELETE) is free again: it is removed once and the insert tried again. The background sweep
+/// removes such keys too; this covers the time until.
+async fn insert_freeing_key(
+    inner: &Arc<Inner>,
+    task: &Task,
+    messages: &[crate::model::Message],
+    idem: Option<&(String, [u8; 32])>,
+) -> Result<Inserted, StoreError> {
+    let mut freed_key = false;
+    loop {
+        let inserted =
+            commit::insert(inner, task, messages, idem.map(|(k, h)| (k.as_str(), *h))).await?;
+        match inserted {
+            Inserted::KeyUsed(rec)
+                if !freed_key && !inner.store.task_exists(&rec.task_id).unwrap_or(true) =>
+            {
+                freed_key = true;
+                let keys = idem.iter().map(|(k, _)| k.clone()).collect();
+                commit::delete_idem_keys(inner, keys).await?;
+            }
+            i => return Ok(i),
+        }
     }
 }

@@ -10,19 +10,11 @@
 //! `about` (webhook body). It is durable with the event it is about (the same store write,
 //! `commit.rs`): a crash keeps both or neither. One that cannot be made (its channel was
 //! deleted, no room among the live tasks) is logged and counted, and never blocks the change.
-#![allow(
-    clippy::indexing_slicing,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::too_many_lines,
-    reason = "lint pass pending: issue 22, files owned by another helper this session"
-)]
-
 use serde_json::json;
 
 use super::change::Change;
 use crate::model::{NotifyOn, RunState, TaskSpec};
-use crate::request::TaskRequest;
+use crate::request::{MessageRequest, ScheduleRequest, TaskRequest};
 use crate::schedule::notify::{body, About};
 
 /// Metadata key that marks a notification task.
@@ -87,24 +79,44 @@ fn request(task: &TaskSpec, n: &crate::model::Notify, a: &About<'_>, what: &str)
     if id.len() > 128 {
         id = format!("notify.{:x}.{}.{what}", fnv(&task.id), a.run);
     }
-    let mut metadata = serde_json::Map::new();
-    metadata.insert(KIND_KEY.into(), json!("notify"));
-    metadata.insert("herald.about.task_id".into(), json!(task.id));
-    metadata.insert("herald.about.run".into(), json!(a.run.to_string()));
+    let mut metadata = std::collections::BTreeMap::new();
+    metadata.insert(KIND_KEY.to_owned(), "notify".to_owned());
+    metadata.insert("herald.about.task_id".to_owned(), task.id.clone());
+    metadata.insert("herald.about.run".to_owned(), a.run.to_string());
     if let Some(seq) = a.seq {
-        metadata.insert("herald.about.seq".into(), json!(seq.to_string()));
+        metadata.insert("herald.about.seq".to_owned(), seq.to_string());
     }
-    metadata.insert("herald.about.event".into(), json!(a.event.as_str()));
-    let v = json!({
-        "id": id,
-        "channel": n.channel,
-        "schedule": {"after": "0s"},
-        "messages": [{"to": n.to, "body": body(task.lang, a)}],
-        "lang": task.lang.as_str(),
-        "metadata": metadata,
-    });
-    // Built from valid parts; a shape error here is a bug, caught by the unit test.
-    serde_json::from_value(v).expect("a notification request has the request's shape")
+    metadata.insert("herald.about.event".to_owned(), a.event.as_str().to_owned());
+    // Built typed (not parsed from JSON), so there is no shape that could fail; validation
+    // (`into_task` in `commit.rs`) still checks it like any request.
+    TaskRequest {
+        id: Some(id),
+        name: None,
+        channel: Some(n.channel.clone()),
+        schedule: ScheduleRequest {
+            after: Some("0s".to_owned()),
+            ..ScheduleRequest::default()
+        },
+        messages: Some(vec![MessageRequest {
+            to: n.to.clone(),
+            body: body(task.lang, a),
+            data: None,
+            tz: None,
+        }]),
+        to: None,
+        body: None,
+        pacing: None,
+        retry: None,
+        misfire: None,
+        misfire_grace: None,
+        overlap: None,
+        metadata: Some(metadata),
+        lang: Some(task.lang.as_str().to_owned()),
+        default_tz: None,
+        quiet_hours: None,
+        notify: None,
+        trace_id: None,
+    }
 }
 
 fn fnv(s: &str) -> u64 {

@@ -6,14 +6,6 @@
 //!
 //! Invariant: a plan borrows the task's spec (`&TaskSpec`, shared in memory as an `Arc`) and
 //! never copies it; it clones the small progress it changes and returns it in the plan.
-#![allow(
-    clippy::indexing_slicing,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::too_many_lines,
-    reason = "lint pass pending: issue 22, files owned by another helper this session"
-)]
-
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::Schedule;
@@ -195,24 +187,7 @@ pub fn fire_with_grace(
 ) -> Result<FirePlan, InvalidTransition> {
     let mut progress = progress.clone();
     let total = spec.message_count;
-    let (decisions, missed) = if due < watched_ms {
-        let mut missed = vec![due];
-        let mut probe = progress.clone();
-        mark_fired_of(&spec.schedule, &mut probe, due);
-        while missed.len() < MISSED_LIST_MAX {
-            match next_fire_of(spec, &probe, now) {
-                Some(n) if n < watched_ms => {
-                    missed.push(n);
-                    mark_fired_of(&spec.schedule, &mut probe, n);
-                }
-                _ => break,
-            }
-        }
-        let n = missed.len();
-        (judge(spec.misfire, grace_ms, &missed, watched_ms), n)
-    } else {
-        (vec![Decision::Run(due)], 0)
-    };
+    let (decisions, missed) = decide(spec, &progress, due, now, watched_ms, grace_ms);
 
     let mut not_started = Vec::new();
     let mut started: Vec<Run> = Vec::new();
@@ -240,40 +215,20 @@ pub fn fire_with_grace(
                 not_started.push(skip(spec, &mut progress, run_no, t, now, why));
             }
             Decision::Run(t) => {
-                mark_fired_of(&spec.schedule, &mut progress, t);
-                if !may_run_more(spec, &progress) {
-                    not_started.push(skip(
-                        spec,
-                        &mut progress,
-                        run_no,
-                        t,
-                        now,
-                        "max_runs reached".into(),
-                    ));
-                    continue;
+                let started_any = !started.is_empty();
+                match place(
+                    spec,
+                    &mut progress,
+                    active_runs,
+                    started_any,
+                    run_no,
+                    t,
+                    now,
+                ) {
+                    Placed::Started(r) => started.push(r),
+                    Placed::NotStarted(r) => not_started.push(r),
+                    Placed::Queued => {}
                 }
-                // In recipient time a slot's run spans its zones (a day and more for a daily
-                // cron around the world): the next slot's run goes beside it, never an overlap.
-                let others = active_runs > 0 && spec.recipient_zones.is_empty();
-                let busy = others || !started.is_empty();
-                if busy && spec.overlap != Overlap::Allow {
-                    // Misfire catch-up (several runs from one outage) queues behind the first
-                    // whatever the policy; a regular fire follows the overlap policy.
-                    let catching_up = !started.is_empty();
-                    if catching_up || (spec.overlap == Overlap::Queue && progress.queued.is_empty())
-                    {
-                        progress.queued.push((run_no, t));
-                    } else {
-                        let why = if spec.overlap == Overlap::Queue {
-                            "overlap queue: a run is already waiting".to_string()
-                        } else {
-                            "overlap skip: the previous run was still sending".to_string()
-                        };
-                        not_started.push(skip(spec, &mut progress, run_no, t, now, why));
-                    }
-                    continue;
-                }
-                started.push(start_run(spec, &mut progress, run_no, t, now));
             }
         }
     }
@@ -294,6 +249,84 @@ pub fn fire_with_grace(
         started,
         missed,
     })
+}
+
+/// The fires a due time stands for, and what each leads to: just `due` when herald was
+/// watching then; else the fires missed while it was not (up to `MISSED_LIST_MAX`), judged by
+/// the misfire policy. Also returns how many were missed.
+fn decide(
+    spec: &TaskSpec,
+    progress: &TaskProgress,
+    due: u64,
+    now: u64,
+    watched_ms: u64,
+    grace_ms: u64,
+) -> (Vec<Decision>, usize) {
+    if due < watched_ms {
+        let mut missed = vec![due];
+        let mut probe = progress.clone();
+        mark_fired_of(&spec.schedule, &mut probe, due);
+        while missed.len() < MISSED_LIST_MAX {
+            match next_fire_of(spec, &probe, now) {
+                Some(n) if n < watched_ms => {
+                    missed.push(n);
+                    mark_fired_of(&spec.schedule, &mut probe, n);
+                }
+                _ => break,
+            }
+        }
+        let n = missed.len();
+        (judge(spec.misfire, grace_ms, &missed, watched_ms), n)
+    } else {
+        (vec![Decision::Run(due)], 0)
+    }
+}
+
+/// Where a fire that is to run goes.
+enum Placed {
+    Started(Run),
+    /// Recorded as not started (skipped: `max_runs`, or the overlap policy).
+    NotStarted(Run),
+    /// Waits behind the run already sending.
+    Queued,
+}
+
+/// Places the fire at `t` as run `run_no`: started now, skipped, or queued behind a run in
+/// progress (`started_any`: this fire's catch-up started one already).
+fn place(
+    spec: &TaskSpec,
+    progress: &mut TaskProgress,
+    active_runs: usize,
+    started_any: bool,
+    run_no: u32,
+    t: u64,
+    now: u64,
+) -> Placed {
+    mark_fired_of(&spec.schedule, progress, t);
+    if !may_run_more(spec, progress) {
+        let why = "max_runs reached".into();
+        return Placed::NotStarted(skip(spec, progress, run_no, t, now, why));
+    }
+    // In recipient time a slot's run spans its zones (a day and more for a daily
+    // cron around the world): the next slot's run goes beside it, never an overlap.
+    let others = active_runs > 0 && spec.recipient_zones.is_empty();
+    let busy = others || started_any;
+    if busy && spec.overlap != Overlap::Allow {
+        // Misfire catch-up (several runs from one outage) queues behind the first
+        // whatever the policy; a regular fire follows the overlap policy.
+        let catching_up = started_any;
+        if catching_up || (spec.overlap == Overlap::Queue && progress.queued.is_empty()) {
+            progress.queued.push((run_no, t));
+            return Placed::Queued;
+        }
+        let why = if spec.overlap == Overlap::Queue {
+            "overlap queue: a run is already waiting".to_string()
+        } else {
+            "overlap skip: the previous run was still sending".to_string()
+        };
+        return Placed::NotStarted(skip(spec, progress, run_no, t, now, why));
+    }
+    Placed::Started(start_run(spec, progress, run_no, t, now))
 }
 
 /// A one-shot or reminders task that would complete without having sent anything because its

@@ -21,14 +21,6 @@
 //!
 //! A record that cannot be read is reported with its key and skipped (a task whose runs cannot
 //! be read is parked `failed`); a read error of the index itself ends the scan, loudly.
-#![allow(
-    clippy::indexing_slicing,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::too_many_lines,
-    reason = "lint pass pending: issue 22, files owned by another helper this session"
-)]
-
 use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 
@@ -60,44 +52,96 @@ fn beyond(key: &[u8], until: u64) -> bool {
 pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
     let now = inner.clock.now_ms();
     let started = std::time::Instant::now();
-    let (mut pending, mut running_ids, mut paused, mut corrupt) =
-        (0usize, Vec::new(), 0usize, 0usize);
-    let until = now.saturating_add(READY_HORIZON_MS);
-    let mut rest_from = None;
-    {
-        let mut live = inner.live.lock();
-        live.loading = Some(HashSet::new());
-        for item in inner.store.due_entries(&[]) {
-            let (key, id, entry) = match item {
-                Ok(e) => e,
-                Err(e) => {
-                    corrupt += 1;
-                    tracing::error!(error = %e, "live index: a record could not be read");
-                    continue;
-                }
-            };
-            if beyond(&key, until) {
-                rest_from = Some(key);
-                break;
+    let scan = scan_index(inner, now.saturating_add(READY_HORIZON_MS));
+    let index_ms = started.elapsed().as_millis() as u64;
+    let running = scan.running_ids.len();
+    let mut corrupt = scan.corrupt;
+    corrupt += resume_running(inner, scan.running_ids, now).await?;
+    let (retries, unreadable) = resume_failure_retries(inner, now);
+    corrupt += unreadable;
+    tracing::info!(
+        pending = scan.pending,
+        running,
+        paused = scan.paused,
+        retries,
+        corrupt,
+        index_ms,
+        took_ms = started.elapsed().as_millis() as u64,
+        loading_in_background = scan.rest_from.is_some(),
+        "recovery done: ready"
+    );
+    if let Some(from) = scan.rest_from {
+        let weak = Arc::downgrade(inner);
+        std::thread::Builder::new()
+            .name("herald-load".into())
+            .spawn(move || load_rest(weak, from))
+            .map_err(|e| EngineError::Internal(format!("cannot start the index loader: {e}")))?;
+    }
+    Ok(())
+}
+
+/// What phase 1 found in the live index.
+struct IndexScan {
+    pending: usize,
+    paused: usize,
+    /// Tasks that were sending when herald stopped: resumed before ready.
+    running_ids: Vec<Arc<str>>,
+    /// Records that could not be read (reported and skipped).
+    corrupt: usize,
+    /// The first due key past the horizon: phase 2 loads from there (`None`: all loaded).
+    rest_from: Option<Vec<u8>>,
+}
+
+/// Phase 1: the live index up to `until` (running tasks, then pending ones due by then) onto
+/// the wheel, under one lock of the live map.
+fn scan_index(inner: &Arc<Inner>, until: u64) -> IndexScan {
+    let mut scan = IndexScan {
+        pending: 0,
+        paused: 0,
+        running_ids: Vec::new(),
+        corrupt: 0,
+        rest_from: None,
+    };
+    let mut live = inner.live.lock();
+    live.loading = Some(HashSet::new());
+    for item in inner.store.due_entries(&[]) {
+        let (key, id, entry) = match item {
+            Ok(e) => e,
+            Err(e) => {
+                scan.corrupt += 1;
+                tracing::error!(error = %e, "live index: a record could not be read");
+                continue;
             }
-            let id: Arc<str> = Arc::from(id);
-            match entry.state {
-                TaskState::Pending => pending += 1,
-                TaskState::Paused => paused += 1,
-                TaskState::Running => running_ids.push(id.clone()),
-                // A finished task has no live entry; one that says so is stale: skip it.
-                _ => continue,
-            }
-            if live.load(&id) {
-                arm_entry(inner, &id, &entry);
-            }
+        };
+        if beyond(&key, until) {
+            scan.rest_from = Some(key);
+            break;
         }
-        if rest_from.is_none() {
-            live.loading = None;
+        let id: Arc<str> = Arc::from(id);
+        match entry.state {
+            TaskState::Pending => scan.pending += 1,
+            TaskState::Paused => scan.paused += 1,
+            TaskState::Running => scan.running_ids.push(id.clone()),
+            // A finished task has no live entry; one that says so is stale: skip it.
+            _ => continue,
+        }
+        if live.load(&id) {
+            arm_entry(inner, &id, &entry);
         }
     }
-    let index_ms = started.elapsed().as_millis() as u64;
-    let running = running_ids.len();
+    if scan.rest_from.is_none() {
+        live.loading = None;
+    }
+    scan
+}
+
+/// Resumes the tasks that were sending (`plan::recover`); returns how many could not be read.
+async fn resume_running(
+    inner: &Arc<Inner>,
+    running_ids: Vec<Arc<str>>,
+    now: u64,
+) -> Result<usize, EngineError> {
+    let mut corrupt = 0;
     for id in running_ids {
         let mut l = match commit::lock(inner, &id).await {
             Ok(Some(l)) => l,
@@ -136,8 +180,13 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
         commit::resumed(inner, &mut l, change).await?;
         l.release(inner);
     }
-    // Failure-list retries that were under way go on.
-    let mut retries = 0usize;
+    Ok(corrupt)
+}
+
+/// Failure-list retries that were under way go on; counts the list. Returns (retries resumed,
+/// records that could not be read).
+fn resume_failure_retries(inner: &Arc<Inner>, now: u64) -> (usize, usize) {
+    let (mut retries, mut corrupt) = (0usize, 0usize);
     let mut listed = 0u64;
     for item in inner.store.all_failures() {
         if item.is_ok() {
@@ -158,25 +207,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
     inner
         .failures
         .store(listed, std::sync::atomic::Ordering::Relaxed);
-    tracing::info!(
-        pending,
-        running,
-        paused,
-        retries,
-        corrupt,
-        index_ms,
-        took_ms = started.elapsed().as_millis() as u64,
-        loading_in_background = rest_from.is_some(),
-        "recovery done: ready"
-    );
-    if let Some(from) = rest_from {
-        let weak = Arc::downgrade(inner);
-        std::thread::Builder::new()
-            .name("herald-load".into())
-            .spawn(move || load_rest(weak, from))
-            .map_err(|e| EngineError::Internal(format!("cannot start the index loader: {e}")))?;
-    }
-    Ok(())
+    (retries, corrupt)
 }
 
 /// Phase 2: the rest of the live index from due key `from` on, in due order, a chunk at a

@@ -7,14 +7,6 @@
 //! (with the new attempts and error) and raises an alert. The run's own counters are history
 //! and are not rewritten. What an attempt leads to is decided by `plan::failure_retry` (pure),
 //! with the same retry rule as a run.
-#![allow(
-    clippy::indexing_slicing,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::too_many_lines,
-    reason = "lint pass pending: issue 22, files owned by another helper this session"
-)]
-
 use std::sync::Arc;
 
 use super::commit::{self, RetryWheel};
@@ -60,24 +52,8 @@ pub(crate) async fn failure_retry(
         }
         Admission::Go { probe } => probe,
     };
-    let scheduled = inner
-        .store
-        .get_run(&f.task_id, f.run)?
-        .map(|r| r.scheduled_at_ms)
-        .unwrap_or(now);
     let (spec, _) = task.split();
-    let delivery = super::render::delivery(
-        &spec,
-        msg,
-        &super::render::Attempt {
-            run: f.run,
-            seq: f.seq,
-            attempt: f.attempts + 1,
-            due_ms: scheduled,
-            run_at_ms: scheduled,
-            now_ms: now,
-        },
-    );
+    let delivery = render(inner, &spec, &f, msg, now)?;
     let policy = spec.retry.unwrap_or(channel.retry);
     drop(guard);
 
@@ -96,6 +72,46 @@ pub(crate) async fn failure_retry(
         inner.timer.at(key, until_ms);
         return Ok(());
     }
+    settle(inner, id, &delivery, outcome, &report, &policy).await
+}
+
+/// The attempt's delivery: the message rendered as its run's, with the next attempt number.
+fn render(
+    inner: &Arc<Inner>,
+    spec: &crate::model::TaskSpec,
+    f: &crate::model::Failure,
+    msg: crate::model::Message,
+    now: u64,
+) -> Result<crate::deliver::Delivery, EngineError> {
+    let scheduled = inner
+        .store
+        .get_run(&f.task_id, f.run)?
+        .map(|r| r.scheduled_at_ms)
+        .unwrap_or(now);
+    Ok(super::render::delivery(
+        spec,
+        msg,
+        &super::render::Attempt {
+            run: f.run,
+            seq: f.seq,
+            attempt: f.attempts + 1,
+            due_ms: scheduled,
+            run_at_ms: scheduled,
+            now_ms: now,
+        },
+    ))
+}
+
+/// After the send, under the failures lock again: the entry as it is now (it may have been
+/// dismissed meanwhile) and what the outcome leads to.
+async fn settle(
+    inner: &Arc<Inner>,
+    id: &str,
+    delivery: &crate::deliver::Delivery,
+    outcome: Outcome,
+    report: &crate::deliver::AttemptReport,
+    policy: &crate::model::RetryPolicy,
+) -> Result<(), EngineError> {
     let _guard = inner.failures_lock.lock().await;
     let now = inner.clock.now_ms();
     let Some(f) = inner.store.get_failure(id)? else {
@@ -115,9 +131,19 @@ pub(crate) async fn failure_retry(
         &f,
         outcome,
         policy.max_attempts,
-        |n| backoff::retry_delay_ms(&policy, n, seed, &f.id),
+        |n| backoff::retry_delay_ms(policy, n, seed, &f.id),
         now,
     );
+    commit_plan(inner, plan, attempt, now).await
+}
+
+/// Records what a retry's attempt led to (resolved, again later, or given up) in one write.
+async fn commit_plan(
+    inner: &Arc<Inner>,
+    plan: RetryPlan,
+    attempt: TimelineEvent,
+    now: u64,
+) -> Result<(), EngineError> {
     match plan {
         RetryPlan::Resolved(f) => {
             tracing::info!(failure = %f.id, attempts = f.attempts, "failure retried: sent");

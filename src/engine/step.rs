@@ -18,14 +18,6 @@
 //!   idempotency key: the only duplicate herald allows.
 //! - A bug (an invalid transition, a cursor past the messages) or a record that cannot be read
 //!   parks the task `failed` with the reason and an alert; it is never retried forever.
-#![allow(
-    clippy::indexing_slicing,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::too_many_lines,
-    reason = "lint pass pending: issue 22, files owned by another helper this session"
-)]
-
 use std::sync::Arc;
 
 use super::arm::{fire_step_at, lead_max_ms, ARM_LEAD_MS};
@@ -346,37 +338,9 @@ pub(super) async fn prepare(
     let now = inner.clock.now_ms();
     let due = run.next_at_ms.unwrap_or(now);
     let arming = run.in_flight.is_none();
-    if arming {
-        // ---- arm
-        if due > now + ARM_LEAD_MS {
-            inner.timer.at(key.key(), due - ARM_LEAD_MS);
-            return Ok(None);
-        }
-        if run.begin_attempt(now).is_none() {
-            return Ok(None);
-        }
-        // Memory changes only once the mark is durable: a failed write sends nothing.
-        let mut arm = Change {
-            runs: vec![run.clone()],
-            ..Change::default()
-        };
-        let resent = st.resent.contains(&key.run);
-        if let (true, Some(seq)) = (resent, run.in_flight) {
-            // Its message was in flight when the task was last read from disk: it goes again.
-            arm.timeline
-                .push(crate::model::TimelineEvent::resumed_after_restart(
-                    now,
-                    key.run,
-                    seq,
-                    run.attempts,
-                ));
-        }
-        commit::apply(inner, l, arm).await?;
-        if resent {
-            l.st().resent.remove(&key.run);
-        }
+    if arming && !arm(inner, l, key, &mut run, due, now).await? {
+        return Ok(None);
     }
-    let st = l.st();
     let now = inner.clock.now_ms();
     // Issue 26: a due stored before a forward wall jump looks long past now, but it was one
     // pacing/backoff duration ahead on the monotonic clock; the wheel (timer.rs, its
@@ -393,38 +357,133 @@ pub(super) async fn prepare(
     let Some(seq) = run.in_flight else {
         return Ok(None);
     };
-    // The message read when the run was armed ahead, if it is this attempt's.
+    let d = DueSend { key, seq, now };
+    let msg = message_of(inner, l, &d)?;
+    let t = l.st().spec.clone();
+    let channel = inner.channels.get(&t.channel).cloned();
+    let Some(msg) = hold_for_time(inner, l, &d, &run, msg, channel.as_ref()).await? else {
+        return Ok(None);
+    };
+    let Some(probe) = admit(inner, l, &d, &run, channel.as_ref()).await else {
+        return Ok(None);
+    };
+    let delivery = render(inner, &t, &d, &run, msg, due);
+    let policy = t
+        .retry
+        .or(channel.as_ref().map(|c| c.retry))
+        .unwrap_or_default();
+    run.last_attempt_at_ms = Some(now);
+    let prepared = Prepared {
+        delivery,
+        channel,
+        channel_name: t.channel.clone(),
+        policy,
+        pacing: t.pacing,
+        probe,
+        report: Default::default(),
+    };
+    let st = l.st();
+    st.runs.insert(key.run, run);
+    st.sending.insert(key.run);
+    Ok(Some(prepared))
+}
+
+/// The send being prepared: which run and message, and when.
+struct DueSend<'a> {
+    key: &'a RunKey,
+    seq: u32,
+    now: u64,
+}
+
+/// Arms the run's next attempt: its in-flight mark is durable before anything is sent.
+/// `false`: not now (due later than the lead, on the wheel again; or nothing to attempt).
+async fn arm(
+    inner: &Arc<Inner>,
+    l: &mut Locked,
+    key: &RunKey,
+    run: &mut crate::model::Run,
+    due: u64,
+    now: u64,
+) -> Result<bool, EngineError> {
+    if due > now + ARM_LEAD_MS {
+        inner.timer.at(key.key(), due - ARM_LEAD_MS);
+        return Ok(false);
+    }
+    if run.begin_attempt(now).is_none() {
+        return Ok(false);
+    }
+    // Memory changes only once the mark is durable: a failed write sends nothing.
+    let mut arm = Change {
+        runs: vec![run.clone()],
+        ..Change::default()
+    };
+    let resent = l.st().resent.contains(&key.run);
+    if let (true, Some(seq)) = (resent, run.in_flight) {
+        // Its message was in flight when the task was last read from disk: it goes again.
+        arm.timeline
+            .push(crate::model::TimelineEvent::resumed_after_restart(
+                now,
+                key.run,
+                seq,
+                run.attempts,
+            ));
+    }
+    commit::apply(inner, l, arm).await?;
+    if resent {
+        l.st().resent.remove(&key.run);
+    }
+    Ok(true)
+}
+
+/// The attempt's message: the one read when the run was armed ahead if it is this attempt's,
+/// else from the store. A cursor past the messages is a bug (the task is parked).
+fn message_of(
+    inner: &Arc<Inner>,
+    l: &mut Locked,
+    d: &DueSend<'_>,
+) -> Result<crate::model::Message, EngineError> {
+    let (run, seq) = (d.key.run, d.seq);
+    let st = l.st();
     let prefetched = match &st.prefetched {
-        Some((r, s, _)) if *r == key.run && *s == seq => st.prefetched.take().map(|p| p.2),
+        Some((r, s, _)) if *r == run && *s == seq => st.prefetched.take().map(|p| p.2),
         _ => None,
     };
-    let t = st.spec.clone();
     let msg = match prefetched {
         Some(m) => Some(m),
-        None => inner.store.get_message(&t.id, seq)?,
+        None => inner.store.get_message(&st.spec.id, seq)?,
     };
-    let msg = match msg {
-        Some(m) if seq < t.message_count => m,
-        _ => {
-            return Err(EngineError::Internal(format!(
-                "run {} has cursor {seq} but the task has {} messages",
-                key.run, t.message_count
-            )))
-        }
-    };
-    let channel = inner.channels.get(&t.channel).cloned();
-    // Issue 28: recipient time and quiet hours hold the send (still armed, nothing burned),
-    // before the rate limit is asked, so a held send takes none of the channel's rate.
-    let quiet = channel.as_ref().and_then(|c| c.quiet_hours.as_ref());
-    match plan::hold(&t, &msg, run.scheduled_at_ms, quiet, now) {
+    match msg {
+        Some(m) if seq < st.spec.message_count => Ok(m),
+        _ => Err(EngineError::Internal(format!(
+            "run {run} has cursor {seq} but the task has {} messages",
+            st.spec.message_count
+        ))),
+    }
+}
+
+/// Issue 28: recipient time and quiet hours hold the send (still armed, nothing burned),
+/// before the rate limit is asked, so a held send takes none of the channel's rate. Gives the
+/// message back if it may go now; `None`: held (the message kept for when it may).
+async fn hold_for_time(
+    inner: &Arc<Inner>,
+    l: &mut Locked,
+    d: &DueSend<'_>,
+    run: &crate::model::Run,
+    msg: crate::model::Message,
+    channel: Option<&Arc<crate::deliver::Channel>>,
+) -> Result<Option<crate::model::Message>, EngineError> {
+    let (key, seq, now) = (d.key, d.seq, d.now);
+    let quiet = channel.and_then(|c| c.quiet_hours.as_ref());
+    let st = l.st();
+    match plan::hold(&st.spec, &msg, run.scheduled_at_ms, quiet, now) {
         Some(plan::Hold::Recipient(at)) => {
             // Waits for its own instant: memory only (a reload holds it again).
             st.prefetched = Some((key.run, seq, msg));
             inner.timer.at(key.key(), at);
-            return Ok(None);
+            Ok(None)
         }
         Some(plan::Hold::Quiet(until)) => {
-            tracing::debug!(task = %t.id, run = key.run, seq, until = %format_utc(until), "send held for quiet hours");
+            tracing::debug!(task = %st.spec.id, run = key.run, seq, until = %format_utc(until), "send held for quiet hours");
             // Written (still armed), so the run's eta counts from the window's end and a
             // restart in the night gives the attempt back instead of sending it.
             let mut held = run.clone();
@@ -436,15 +495,26 @@ pub(super) async fn prepare(
             };
             commit::apply(inner, l, c).await?;
             l.st().prefetched = Some((key.run, seq, msg));
-            return Ok(None);
+            Ok(None)
         }
-        None => {}
+        None => Ok(Some(msg)),
     }
-    // Rate limit and breaker: a send that may not go now waits on the wheel, still armed;
-    // nothing is failed and no attempt is burned.
-    let probe = match channel.as_ref().map(|c| c.admit(now)) {
+}
+
+/// Rate limit and breaker: a send that may not go now waits on the wheel, still armed;
+/// nothing is failed and no attempt is burned. `Some(probe)`: it goes (as the breaker's probe
+/// or not); `None`: held.
+async fn admit(
+    inner: &Arc<Inner>,
+    l: &mut Locked,
+    d: &DueSend<'_>,
+    run: &crate::model::Run,
+    channel: Option<&Arc<crate::deliver::Channel>>,
+) -> Option<bool> {
+    let (key, seq, now) = (d.key, d.seq, d.now);
+    match channel.map(|c| c.admit(now)) {
         Some(Admission::Hold { until_ms, breaker }) => {
-            tracing::debug!(task = %t.id, run = key.run, seq, until = %format_utc(until_ms), breaker, "send held");
+            tracing::debug!(task = %l.id, run = key.run, seq, until = %format_utc(until_ms), breaker, "send held");
             inner.timer.at(key.key(), until_ms);
             // The hold on the timeline: its own write (nothing else is written for it), and
             // a failure of it changes nothing (memory is untouched; the send goes at until).
@@ -454,7 +524,7 @@ pub(super) async fn prepare(
                 crate::model::timeline::HeldWhy::RateLimit
             };
             let attempt = run.attempts;
-            if st.held_noted.get(&key.run) != Some(&(seq, attempt)) {
+            if l.st().held_noted.get(&key.run) != Some(&(seq, attempt)) {
                 let held = Change {
                     timeline: vec![crate::model::TimelineEvent::held(
                         now, key.run, seq, until_ms, why,
@@ -470,46 +540,40 @@ pub(super) async fn prepare(
                     }
                 }
             }
-            return Ok(None);
+            None
         }
-        Some(Admission::Go { probe }) => probe,
-        None => false,
-    };
+        Some(Admission::Go { probe }) => Some(probe),
+        None => Some(false),
+    }
+}
+
+/// The attempt as the channel sends it; observes how late it goes.
+fn render(
+    inner: &Arc<Inner>,
+    t: &TaskSpec,
+    d: &DueSend<'_>,
+    run: &crate::model::Run,
+    msg: crate::model::Message,
+    due: u64,
+) -> Delivery {
     // The schedule's instant for the run's first message, however late herald got to it;
     // for the rest, the instant pacing (or a retry) planned it for.
-    let scheduled = if seq == 0 { run.scheduled_at_ms } else { due };
+    let scheduled = if d.seq == 0 { run.scheduled_at_ms } else { due };
     inner
         .lateness
-        .observe(now.saturating_sub(scheduled) as f64 / 1000.0);
-    let delivery = super::render::delivery(
-        &t,
+        .observe(d.now.saturating_sub(scheduled) as f64 / 1000.0);
+    super::render::delivery(
+        t,
         msg,
         &super::render::Attempt {
-            run: key.run,
-            seq,
+            run: d.key.run,
+            seq: d.seq,
             attempt: run.attempts,
             due_ms: scheduled,
             run_at_ms: run.scheduled_at_ms,
-            now_ms: now,
+            now_ms: d.now,
         },
-    );
-    let policy = t
-        .retry
-        .or(channel.as_ref().map(|c| c.retry))
-        .unwrap_or_default();
-    run.last_attempt_at_ms = Some(now);
-    let prepared = Prepared {
-        delivery,
-        channel,
-        channel_name: t.channel.clone(),
-        policy,
-        pacing: t.pacing,
-        probe,
-        report: Default::default(),
-    };
-    st.runs.insert(key.run, run);
-    st.sending.insert(key.run);
-    Ok(Some(prepared))
+    )
 }
 
 async fn send(inner: &Arc<Inner>, p: &Prepared) -> (Outcome, crate::deliver::AttemptReport) {

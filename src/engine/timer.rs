@@ -22,14 +22,6 @@
 //! and the monotonic clock as far past the moment it was set. A wall jump forward therefore
 //! never shortens a gap (the step is put back on the wheel for what is left), a wall step
 //! back only waits (nothing early).
-#![allow(
-    clippy::indexing_slicing,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::too_many_lines,
-    reason = "lint pass pending: issue 22, files owned by another helper this session"
-)]
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -369,67 +361,12 @@ fn run(
     // Whether the last round had commands: then the next sleep is at most COALESCE_MS.
     let mut busy = false;
     loop {
-        let cmds = {
-            let mut q = inbox.q.lock();
-            if q.cmds.is_empty() && !q.closed {
-                let now = clock.now_ms();
-                let (wait, notify_below) = match wheel.next_deadline() {
-                    Some(d) if d <= now => (Duration::ZERO, 0),
-                    // A manual clock does not move by itself: wait for a command (Wake).
-                    _ if clock.is_manual() => (IDLE_SLEEP, u64::MAX),
-                    next => {
-                        let mut until = next.unwrap_or(u64::MAX);
-                        if busy {
-                            until = until.min(now + COALESCE_MS);
-                        }
-                        let wait = Duration::from_millis(until - now).min(IDLE_SLEEP);
-                        (wait, if busy { until } else { u64::MAX })
-                    }
-                };
-                if !wait.is_zero() {
-                    q.notify_below = notify_below;
-                    inbox.cv.wait_for(&mut q, wait);
-                    q.notify_below = 0;
-                }
-            }
-            if q.closed {
-                return;
-            }
-            std::mem::take(&mut q.cmds)
+        let Some(cmds) = next_commands(&*clock, &inbox, &wheel, busy) else {
+            return;
         };
         busy = !cmds.is_empty();
-        let mut syncs = Vec::new();
         let (wall, mono) = (clock.now_ms(), clock.mono_ms());
-        for cmd in cmds {
-            let mut put = |key: Key, at: u64| {
-                if let Some(old) = handles.remove(&key) {
-                    wheel.cancel(old);
-                }
-                if !key.is_fire() {
-                    guards.set(&key, at, wall, mono);
-                }
-                let h = wheel.insert(at, key.clone());
-                handles.insert(&key, h);
-            };
-            match cmd {
-                Cmd::At(key, at) => put(key, at),
-                Cmd::AtMany(keys) => {
-                    for (key, at) in keys {
-                        put(key, at);
-                    }
-                }
-                Cmd::Cancel(key) => {
-                    if let Some(old) = handles.remove(&key) {
-                        wheel.cancel(old);
-                    }
-                    if !key.is_fire() {
-                        guards.cancel(&key);
-                    }
-                }
-                Cmd::Wake => {}
-                Cmd::Sync(reply) => syncs.push(reply),
-            }
-        }
+        let syncs = apply(cmds, &mut wheel, &mut handles, &mut guards, wall, mono);
         let mut fired = 0usize;
         // Counted before they are handed over, so a sync never sees a key in transit as idle.
         // The dispatcher is gone only at shutdown.
@@ -476,6 +413,85 @@ fn run(
             return;
         }
     }
+}
+
+/// Waits until a command arrives or the next deadline is near (at most `COALESCE_MS` after a
+/// busy round), then takes the commands; `None` once the inbox is closed.
+fn next_commands(
+    clock: &dyn Clock,
+    inbox: &Inbox,
+    wheel: &Wheel<Key>,
+    busy: bool,
+) -> Option<Vec<Cmd>> {
+    let mut q = inbox.q.lock();
+    if q.cmds.is_empty() && !q.closed {
+        let now = clock.now_ms();
+        let (wait, notify_below) = match wheel.next_deadline() {
+            Some(d) if d <= now => (Duration::ZERO, 0),
+            // A manual clock does not move by itself: wait for a command (Wake).
+            _ if clock.is_manual() => (IDLE_SLEEP, u64::MAX),
+            next => {
+                let mut until = next.unwrap_or(u64::MAX);
+                if busy {
+                    until = until.min(now + COALESCE_MS);
+                }
+                let wait = Duration::from_millis(until - now).min(IDLE_SLEEP);
+                (wait, if busy { until } else { u64::MAX })
+            }
+        };
+        if !wait.is_zero() {
+            q.notify_below = notify_below;
+            inbox.cv.wait_for(&mut q, wait);
+            q.notify_below = 0;
+        }
+    }
+    if q.closed {
+        return None;
+    }
+    Some(std::mem::take(&mut q.cmds))
+}
+
+/// Applies a round's commands to the wheel; returns the syncs to answer after it advanced.
+fn apply(
+    cmds: Vec<Cmd>,
+    wheel: &mut Wheel<Key>,
+    handles: &mut Handles,
+    guards: &mut Guards,
+    wall: u64,
+    mono: u64,
+) -> Vec<std::sync::mpsc::Sender<(Option<u64>, usize)>> {
+    let mut syncs = Vec::new();
+    for cmd in cmds {
+        let mut put = |key: Key, at: u64| {
+            if let Some(old) = handles.remove(&key) {
+                wheel.cancel(old);
+            }
+            if !key.is_fire() {
+                guards.set(&key, at, wall, mono);
+            }
+            let h = wheel.insert(at, key.clone());
+            handles.insert(&key, h);
+        };
+        match cmd {
+            Cmd::At(key, at) => put(key, at),
+            Cmd::AtMany(keys) => {
+                for (key, at) in keys {
+                    put(key, at);
+                }
+            }
+            Cmd::Cancel(key) => {
+                if let Some(old) = handles.remove(&key) {
+                    wheel.cancel(old);
+                }
+                if !key.is_fire() {
+                    guards.cancel(&key);
+                }
+            }
+            Cmd::Wake => {}
+            Cmd::Sync(reply) => syncs.push(reply),
+        }
+    }
+    syncs
 }
 
 #[cfg(test)]
