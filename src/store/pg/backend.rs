@@ -31,13 +31,6 @@
 //! writes, in one READ COMMITTED transaction without row locks. That is sound because herald
 //! writes a shard from one commit thread only (one node owns every shard; the cluster's epoch
 //! fence of issue 24 keeps it so with several nodes).
-#![allow(
-    clippy::indexing_slicing,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::too_many_lines,
-    reason = "lint pass pending: issue 22, files owned by another helper this session"
-)]
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -228,6 +221,35 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
     }
 }
 
+/// The connection settings of `url` (the password from `opts` when the URL has none), with
+/// herald's statement and idle-transaction timeouts.
+fn client_config(
+    url: &str,
+    opts: &PgOptions,
+    refused: &dyn Fn(String) -> StoreError,
+) -> Result<tokio_postgres::Config, StoreError> {
+    let mut cfg = tokio_postgres::Config::from_str(url).map_err(|e| {
+        refused(format!(
+            "not a PostgreSQL URL ({e}); write it as postgres://user@host:port/database"
+        ))
+    })?;
+    if cfg.get_password().is_none() {
+        if let Some(p) = &opts.password {
+            cfg.password(p);
+        }
+    }
+    let statement_ms = opts.statement_timeout.as_millis().max(1);
+    // A transaction left open by a client that went away (its COMMIT lost on the way)
+    // is ended by the server itself after the same time; the read-back does not wait
+    // for that (it ends the session), this is for every other case.
+    cfg.application_name("herald")
+            .connect_timeout(opts.connect_timeout)
+            .options(format!(
+                "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout={statement_ms}"
+            ));
+    Ok(cfg)
+}
+
 impl PgBackend {
     /// Connects to `url`, creates or migrates herald's schema, and answers the backend. A
     /// malformed URL, an unreachable server, bad credentials, a missing database or a newer
@@ -235,25 +257,7 @@ impl PgBackend {
     pub fn open(url: &str, opts: &PgOptions) -> Result<PgBackend, StoreError> {
         let shown: Arc<str> = redact(url).into();
         let refused = |what: String| StoreError::Database(format!("postgres {shown}: {what}"));
-        let mut cfg = tokio_postgres::Config::from_str(url).map_err(|e| {
-            refused(format!(
-                "not a PostgreSQL URL ({e}); write it as postgres://user@host:port/database"
-            ))
-        })?;
-        if cfg.get_password().is_none() {
-            if let Some(p) = &opts.password {
-                cfg.password(p);
-            }
-        }
-        let statement_ms = opts.statement_timeout.as_millis().max(1);
-        // A transaction left open by a client that went away (its COMMIT lost on the way)
-        // is ended by the server itself after the same time; the read-back does not wait
-        // for that (it ends the session), this is for every other case.
-        cfg.application_name("herald")
-            .connect_timeout(opts.connect_timeout)
-            .options(format!(
-                "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout={statement_ms}"
-            ));
+        let cfg = client_config(url, opts, &refused)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("herald-pg")
@@ -288,8 +292,18 @@ impl PgBackend {
             backoff: Mutex::new(Backoff::default()),
             reads: AtomicU64::new(0),
         };
-        let shards = opts.shards;
-        let migrated = backend.run_raw(async move {
+        backend.shards = backend.migrate_on_open(cfg, opts.shards, &refused)?;
+        Ok(backend)
+    }
+
+    /// Creates or migrates the schema on a connection of its own; answers S.
+    fn migrate_on_open(
+        &self,
+        cfg: tokio_postgres::Config,
+        shards: u32,
+        refused: &dyn Fn(String) -> StoreError,
+    ) -> Result<u32, StoreError> {
+        let migrated = self.run_raw(async move {
             // Its own connection, not the pool's: the first error (no server, bad password,
             // no database) is then reported as the server said it.
             let (mut client, conn) = cfg.connect(NoTls).await.map_err(|e| {
@@ -311,20 +325,19 @@ impl PgBackend {
             let _ = conn.await;
             r
         });
-        backend.shards = match migrated {
-            Some(Ok(s)) => s,
+        match migrated {
+            Some(Ok(s)) => Ok(s),
             Some(Err(SchemaError::Newer { found })) => {
-                return Err(refused(format!(
+                Err(refused(format!(
                     "the database holds herald schema version {found}, newer than this build's {SCHEMA_VERSION}; run the herald release that wrote it (or a newer one)"
                 )))
             }
-            Some(Err(SchemaError::Bad(why))) => return Err(refused(why)),
+            Some(Err(SchemaError::Bad(why))) => Err(refused(why)),
             Some(Err(SchemaError::Db(e))) => {
-                return Err(refused(format!("creating herald's schema failed: {}", describe(&e))))
+                Err(refused(format!("creating herald's schema failed: {}", describe(&e))))
             }
-            None => return Err(refused("the server did not answer in time".into())),
-        };
-        Ok(backend)
+            None => Err(refused("the server did not answer in time".into())),
+        }
     }
 
     /// S: how many shards the schema has.
@@ -618,14 +631,14 @@ async fn exec(tx: &deadpool_postgres::Transaction<'_>, stmt: Stmt<'_>) -> Result
 async fn read_keys<C: GenericClient>(tx: &C, keys: &[Vec<Vec<u8>>; TREES]) -> Result<Stored, Fail> {
     let reads = TreeId::ALL
         .iter()
-        .filter(|t| !keys[**t as usize].is_empty())
+        .filter(|t| !t.of(keys).is_empty())
         .map(|t| async move {
             let sql = format!(
                 "SELECT key, value FROM {} WHERE key = ANY($1::bytea[])",
                 table(*t)
             );
             let st = tx.prepare_cached(&sql).await?;
-            let rows = tx.query(&st, &[&keys[*t as usize]]).await?;
+            let rows = tx.query(&st, &[&t.of(keys)]).await?;
             Ok::<_, Fail>((*t, rows))
         })
         .collect();
@@ -633,7 +646,8 @@ async fn read_keys<C: GenericClient>(tx: &C, keys: &[Vec<Vec<u8>>; TREES]) -> Re
     for r in join_all(reads).await {
         let (t, rows) = r?;
         for row in rows {
-            stored[t as usize].insert(row.try_get(0)?, row.try_get(1)?);
+            t.of_mut(&mut stored)
+                .insert(row.try_get(0)?, row.try_get(1)?);
         }
     }
     Ok(stored)
@@ -644,7 +658,7 @@ fn statements(writes: &Writes, shards: u32) -> Vec<Stmt<'_>> {
     let mut out = Vec::new();
     for t in TreeId::ALL {
         let (mut sh, mut keys, mut values, mut dels) = (vec![], vec![], vec![], vec![]);
-        for (k, v) in &writes[t as usize] {
+        for (k, v) in t.of(writes) {
             match v {
                 Some(v) => {
                     sh.push(shard_of(t, k, Some(v), shards));
@@ -862,7 +876,7 @@ impl Backend for PgBackend {
         self.run("read", async move {
             let mut by_tree: [Vec<Vec<u8>>; TREES] = Default::default();
             for (t, k) in &keys {
-                by_tree[*t as usize].push(k.clone());
+                t.of_mut(&mut by_tree).push(k.clone());
             }
             let mut client = pool.get().await?;
             let tx = client
@@ -875,7 +889,7 @@ impl Backend for PgBackend {
             tx.commit().await?;
             Ok(keys
                 .iter()
-                .map(|(t, k)| stored[*t as usize].get(k).cloned())
+                .map(|(t, k)| t.of(&stored).get(k).cloned())
                 .collect())
         })
     }
@@ -892,13 +906,13 @@ impl Backend for PgBackend {
         self.run("read", async move {
             let mut by_tree: [Vec<Vec<u8>>; TREES] = Default::default();
             for (t, k) in &keys {
-                by_tree[*t as usize].push(k.clone());
+                t.of_mut(&mut by_tree).push(k.clone());
             }
             let client = pool.get().await?;
             let stored = read_keys(&client, &by_tree).await?;
             Ok(keys
                 .iter()
-                .map(|(t, k)| stored[*t as usize].get(k).cloned())
+                .map(|(t, k)| t.of(&stored).get(k).cloned())
                 .collect())
         })
     }
