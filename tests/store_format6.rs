@@ -9,8 +9,11 @@
 //! `notify` (one message kept inside its spec, notify, its own quiet hours, recipient zones, a
 //! trace id, `zh`, an idempotency key, a timeline), `reminders` (paused), `done` (completed).
 //!
-//! Rewrite it (only ever on purpose, with the build whose bytes it is to hold):
-//! `HERALD_WRITE_FIXTURE=tests/fixtures/v6-data cargo test --test store_format6 -- --ignored`.
+//! This build writes the same values as the same bytes: [`this_build_writes_the_fixtures_bytes`]
+//! writes them afresh and compares every record of every tree with the fixture's. Rewrite the
+//! fixture (only ever on purpose, with the build whose bytes it is to hold):
+//! `HERALD_WRITE_FIXTURE=tests/fixtures/v6-data cargo test --test store_format6 -- this_build`
+//! (the comparison then fails if the bytes changed: that is the point of rewriting it).
 
 mod common;
 
@@ -308,11 +311,44 @@ fn fixture() -> Fixture {
     }
 }
 
-/// Writes the fixture into `$HERALD_WRITE_FIXTURE` (an empty or absent directory).
+/// Every record of herald's trees in the data directory `dir`, tree by tree in key order.
+fn raw_records(dir: &Path) -> Vec<(String, Vec<u8>, Vec<u8>)> {
+    use herald::store::backend::{Backend, TreeId};
+    let b = common::herald::reopen(|| herald::store::embedded::SledBackend::open(dir, 8 << 20));
+    let mut out = Vec::new();
+    for t in TreeId::ALL {
+        for kv in b.scan(t, &[], None) {
+            let (k, v) = kv.unwrap();
+            out.push((t.name().to_string(), k, v));
+        }
+    }
+    out
+}
+
+/// Writes the fixture's values with this build (into `$HERALD_WRITE_FIXTURE` when set, else a
+/// temp dir) and compares every record, key and value, with the checked-in fixture's: the
+/// frozen record types keep format 6's bytes.
 #[tokio::test]
-#[ignore = "writes the checked-in fixture; run on purpose only"]
-async fn write_the_format_6_fixture() {
-    let out = std::env::var("HERALD_WRITE_FIXTURE").expect("HERALD_WRITE_FIXTURE=<dir>");
+async fn this_build_writes_the_fixtures_bytes() {
+    let temp = tempfile::tempdir().unwrap();
+    let out = std::env::var("HERALD_WRITE_FIXTURE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| temp.path().join("data"));
+    write_fixture(&out).await;
+    let written = raw_records(&out);
+    let checked_in = opened_fixture();
+    let expected = raw_records(checked_in.path());
+    assert!(!expected.is_empty());
+    for (w, e) in written.iter().zip(&expected) {
+        assert_eq!(w, e, "a record's key or bytes differ from the fixture's");
+    }
+    assert_eq!(written.len(), expected.len(), "the same records");
+}
+
+/// Writes the fixture's values into `out` (an empty or absent directory), then lets sled take
+/// the log and removes it, as the checked-in fixture was made.
+async fn write_fixture(out: &Path) {
+    let out = out.to_path_buf();
     let f = fixture();
     {
         let s = Store::open(Path::new(&out)).unwrap();
