@@ -145,6 +145,8 @@ fn main() {
 /// the lean client (`HERALD_AB_ROUNDS` rounds each, default 10, of `HERALD_LOAD_CREATES`, default 30 000; each
 /// side's memtable is in sled before the next round). Each round's
 /// rate and CPU per create are printed; the medians and B/A at the end.
+/// `HERALD_AB_B_CONFIG` is TOML added to B's config only: the same build against itself with
+/// one setting changed (e.g. `[store]` `timeline_max = 0`: what the timeline costs a create).
 async fn creates_ab() {
     let Ok(bin_b) = std::env::var("HERALD_AB_BIN") else {
         println!("HERALD_AB_BIN (the build to compare) is not set");
@@ -156,9 +158,16 @@ async fn creates_ab() {
     let n = env_u64("HERALD_LOAD_CREATES", 30_000);
     let conns = env_u64("HERALD_AB_CONNS", 64) as usize;
     let mut sides = Vec::new();
+    let b_extra = std::env::var("HERALD_AB_B_CONFIG").unwrap_or_default();
     for (tag, bin) in [("A", bin_a), ("B", bin_b)] {
         let dir = disk_dir(&format!("load-ab-{tag}"));
-        let config = write_config(dir.path(), &config_text(dir.path()));
+        let mut text = config_text(dir.path());
+        if tag == "B" && !b_extra.is_empty() {
+            println!("   B's config adds: {}", b_extra.replace('\n', " "));
+            text.push_str(&b_extra);
+            text.push('\n');
+        }
+        let config = write_config(dir.path(), &text);
         let herald = Proc::spawn_bin(&bin, &config, &dir.path().join("data"));
         println!("   {tag}: {bin}");
         sides.push((tag, dir, herald, Vec::new(), Vec::new(), Vec::new()));
