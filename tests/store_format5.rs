@@ -10,34 +10,12 @@
 
 mod common;
 
-use std::path::Path;
-
 use herald::model::{Limits, Message, TaskState};
 use herald::request::{Context, TaskRequest};
 use herald::store::{Batch, Inserted, Op, Store};
 
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
-    }
-}
-
 fn fixture() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    copy_dir(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v5-data"),
-        dir.path(),
-    );
-    // git keeps no empty directories; sled wants its blob directory.
-    std::fs::create_dir_all(dir.path().join("blobs")).unwrap();
-    dir
+    common::fixture_copy("v5-data")
 }
 
 fn msg(to: &str, body: &str) -> Message {

@@ -22,3 +22,30 @@ pub fn header_pairs(headers: &hyper::HeaderMap) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+/// A checked-in data directory (`tests/fixtures/<name>`) copied into a fresh temp dir, ready
+/// to open (the fixture itself is never written to).
+pub fn fixture_copy(name: &str) -> tempfile::TempDir {
+    fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            let target = to.join(e.file_name());
+            if e.file_type().unwrap().is_dir() {
+                copy_dir(&e.path(), &target);
+            } else {
+                std::fs::copy(e.path(), target).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    copy_dir(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name),
+        dir.path(),
+    );
+    // git keeps no empty directories; sled wants its blob directory.
+    std::fs::create_dir_all(dir.path().join("blobs")).unwrap();
+    dir
+}
