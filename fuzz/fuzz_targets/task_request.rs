@@ -17,8 +17,12 @@ fuzz_target!(|data: &[u8]| {
         limits: &limits,
         channel_exists: &exists,
     };
-    if let Ok(task) = req.into_task(&cx) {
-        assert!(!task.messages.is_empty());
+    if let Ok((task, messages)) = req.into_task(&cx) {
+        // A message of its own, or the messages stored apart: never none.
+        assert!(
+            task.message_count > 0
+                && (messages.is_empty() || messages.len() == task.message_count as usize)
+        );
         assert!(herald::model::check_id(&task.id).is_ok());
         let _ = herald::schedule::describe(&task.schedule);
     }
