@@ -77,6 +77,33 @@ pub fn live_of(t: &Task) -> LiveEntry {
     }
 }
 
+/// The progress record of the engine's in-memory progress (the same fields).
+pub fn progress_record(p: &crate::model::TaskProgress) -> ProgressRecord {
+    ProgressRecord {
+        state: p.state,
+        updated_at_ms: p.updated_at_ms,
+        next_fire_at_ms: p.next_fire_at_ms,
+        runs: p.runs,
+        fires: p.fires,
+        last_fire_ms: p.last_fire_ms,
+        done_offsets_ms: p.done_offsets_ms.clone(),
+        queued: p.queued.clone(),
+        skipped: p.skipped,
+        expired: p.expired,
+        watched_since_ms: p.watched_since_ms,
+        failed_reason: p.failed_reason.clone(),
+    }
+}
+
+/// The live entry of a task the engine holds as a spec and its progress.
+pub fn live_entry_of(spec: &crate::model::TaskSpec, p: &crate::model::TaskProgress) -> LiveEntry {
+    LiveEntry {
+        state: p.state,
+        next_fire_at_ms: p.next_fire_at_ms,
+        one_shot: spec.schedule.is_one_shot(),
+    }
+}
+
 pub fn join(s: SpecRecord, p: ProgressRecord) -> Task {
     Task {
         id: s.id,

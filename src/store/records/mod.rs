@@ -29,19 +29,18 @@
 
 use std::collections::BTreeMap;
 
-#[cfg(doc)]
-use crate::model::Task;
 use crate::model::{
-    Lang, Message, Misfire, Notify, Overlap, Pacing, QuietSetting, RetryPolicy, Schedule,
-    TaskProgress, TaskSpec, TaskState,
+    Lang, Message, Misfire, Notify, Overlap, Pacing, QuietSetting, RetryPolicy, Schedule, TaskState,
 };
+#[cfg(doc)]
+use crate::model::{Task, TaskProgress, TaskSpec};
 
 pub mod convert;
 pub mod progress;
 pub mod run;
 pub mod spec;
 
-pub use convert::{join, live_of, progress_of, spec_of};
+pub use convert::{join, live_entry_of, live_of, progress_of, progress_record, spec_of};
 
 /// What the user asked for, as the `specs` tree holds it (frozen: [`spec::SpecV1`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -124,33 +123,6 @@ pub struct LiveEntry {
     pub next_fire_at_ms: Option<u64>,
     /// An `at`/`after` task: its fire is handled earlier than a cron's (`dispatch::fire_lead_ms`).
     pub one_shot: bool,
-}
-
-/// The progress record of the engine's in-memory progress (the same fields).
-pub fn progress_record(p: &TaskProgress) -> ProgressRecord {
-    ProgressRecord {
-        state: p.state,
-        updated_at_ms: p.updated_at_ms,
-        next_fire_at_ms: p.next_fire_at_ms,
-        runs: p.runs,
-        fires: p.fires,
-        last_fire_ms: p.last_fire_ms,
-        done_offsets_ms: p.done_offsets_ms.clone(),
-        queued: p.queued.clone(),
-        skipped: p.skipped,
-        expired: p.expired,
-        watched_since_ms: p.watched_since_ms,
-        failed_reason: p.failed_reason.clone(),
-    }
-}
-
-/// The live entry of a task the engine holds as a spec and its progress.
-pub fn live_entry_of(spec: &TaskSpec, p: &TaskProgress) -> LiveEntry {
-    LiveEntry {
-        state: p.state,
-        next_fire_at_ms: p.next_fire_at_ms,
-        one_shot: spec.schedule.is_one_shot(),
-    }
 }
 
 /// Classes of the due index, in the order start-up reads them.
