@@ -19,7 +19,9 @@ use crate::deliver::sign::Signer;
 use crate::model::{parse_duration_ms, Limits, RetryPolicy};
 use crate::request::{validate_retry, RetryRequest};
 
+mod cluster;
 mod env;
+pub use cluster::ClusterConfig;
 pub use env::{var_name, Kind};
 
 /// Every config key an environment variable can set (`HERALD_` + the key upper-cased, `.` →
@@ -100,6 +102,7 @@ struct FileConfig {
     limits: Option<LimitsFile>,
     store: Option<StoreFile>,
     telemetry: Option<TelemetryFile>,
+    cluster: Option<cluster::ClusterFile>,
 }
 
 /// `[telemetry]`: OpenTelemetry export (issue 25).
@@ -304,6 +307,8 @@ pub struct Config {
     pub header_read_timeout_ms: u64,
     /// `[telemetry] otlp_endpoint`: where spans are exported over OTLP/HTTP; `None`: not at all.
     pub otlp_endpoint: Option<String>,
+    /// `[cluster]`: this node is one of several on the database (HA.md); `None`: alone.
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// Overrides from the command line and environment.
@@ -456,6 +461,7 @@ impl Config {
         };
         let otlp_endpoint = otlp_endpoint(file.telemetry, env)?;
         Ok(Config {
+            cluster: cluster::cluster(file.cluster.as_ref(), database_config.is_some())?,
             listen,
             data_dir,
             token,

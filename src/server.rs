@@ -16,6 +16,7 @@ use crate::deliver::platform::{Platform, SignKind};
 use crate::deliver::ratelimit::Limiter;
 use crate::deliver::sign::Signer;
 use crate::deliver::{file::FileSink, webhook::WebhookSink, Channel, Channels, Sink};
+use crate::engine::cluster::ClusterHooks;
 use crate::engine::{Engine, EngineConfig, EngineError};
 use crate::fdlimit;
 use crate::store::{Store, StoreError};
@@ -47,6 +48,8 @@ pub struct Server {
     pub addr: SocketAddr,
     pub engine: Engine,
     shutdown: watch::Sender<bool>,
+    /// Cluster mode: the lease loop, left (its shards released) after the drain.
+    cluster: Mutex<Option<crate::cluster::node::Handle>>,
 }
 
 impl Server {
@@ -59,7 +62,16 @@ impl Server {
     /// `timeout`) until their outcome is durable. Returns whether they all settled; the API
     /// keeps answering reads until the server is dropped.
     pub async fn drain(&self, timeout: std::time::Duration) -> bool {
-        self.engine.drain(timeout).await
+        let drained = self.engine.drain(timeout).await;
+        // Cluster mode: the shards go free at once for the other nodes (HA.md "Balancing":
+        // SIGTERM hands every shard over). After the drain, so that no send of this node is
+        // still in flight when another node may take its shard; sends still waiting past
+        // the timeout are cut off by their trust window.
+        let handle = self.cluster.lock().take();
+        if let Some(h) = handle {
+            h.leave().await;
+        }
+        drained
     }
 
     /// Stops serving and waits (up to `deadline`) until the engine has stopped and released
@@ -158,16 +170,72 @@ pub fn build_channels_with(config: &Config, durations: Durations) -> Result<Chan
 
 /// The store on PostgreSQL (`[store] url`). Its errors name the URL without its password and
 /// say what to do.
-fn open_database(db: &crate::config::DatabaseConfig) -> Result<Store, StartError> {
+fn open_database(
+    db: &crate::config::DatabaseConfig,
+    cluster: Option<&crate::config::ClusterConfig>,
+) -> Result<(Store, Option<ClusterHooks>), StartError> {
     let opts = crate::store::pg::PgOptions {
         pool_size: db.pool_size,
         statement_timeout: std::time::Duration::from_millis(db.statement_timeout_ms),
         password: db.password.clone(),
+        shards: cluster.map_or(crate::store::pg::schema::DEFAULT_SHARDS, |c| c.shards),
         ..Default::default()
     };
-    let backend =
+    let mut backend =
         crate::store::pg::PgBackend::open(&db.url, &opts).map_err(StartError::Database)?;
-    Store::with_backend(Arc::new(backend)).map_err(StartError::Database)
+    let hooks = cluster.map(|c| ClusterHooks {
+        node_id: c.node_id.clone(),
+        ownership: Arc::new(crate::cluster::node::Ownership::new(c.timing)),
+        shards: backend.shards(),
+    });
+    if let Some(h) = &hooks {
+        backend = backend.with_fence(h.ownership.clone());
+    }
+    let store = Store::with_backend(Arc::new(backend)).map_err(StartError::Database)?;
+    Ok((store, hooks))
+}
+
+/// Cluster mode's lease loop, its events followed by `engine` (`None` alone).
+fn start_lease_loop(
+    engine: &Engine,
+    config: &Config,
+    hooks: Option<&ClusterHooks>,
+) -> Option<crate::cluster::node::Handle> {
+    let (hooks, c, db) = (hooks?, config.cluster.as_ref()?, config.database.as_ref()?);
+    let (events, follow) = tokio::sync::mpsc::unbounded_channel();
+    engine.follow_cluster(follow);
+    let settings = crate::cluster::node::Settings {
+        url: db.url.clone(),
+        password: db.password.clone(),
+        me: crate::cluster::node::Identity {
+            node_id: c.node_id.clone(),
+            incarnation: incarnation(&c.node_id),
+            advertise: c.advertise.clone(),
+        },
+        timing: c.timing,
+        shards: hooks.shards,
+        max_clock_offset_ms: c.max_clock_offset_ms,
+    };
+    tracing::info!(node_id = %c.node_id, shards = hooks.shards, "cluster mode: taking shards");
+    Some(crate::cluster::node::start_with(
+        settings,
+        hooks.ownership.clone(),
+        events,
+    ))
+}
+
+/// A random id for this process in the cluster (HA.md: the incarnation keeps two processes
+/// with one node id apart).
+fn incarnation(node_id: &str) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    format!("{node_id}/{:016x}", h.finish())
 }
 
 /// Starts herald with the system clock.
@@ -207,14 +275,17 @@ pub async fn start_with(
     clock: Arc<dyn Clock>,
     mut engine_config: EngineConfig,
 ) -> Result<Server, StartError> {
-    let store = match &config.database {
-        Some(db) => open_database(db)?,
-        None => Store::open_with(&config.data_dir, &config.store).map_err(|error| {
-            StartError::Store {
-                dir: config.data_dir.display().to_string(),
-                error,
-            }
-        })?,
+    let (store, cluster) = match &config.database {
+        Some(db) => open_database(db, config.cluster.as_ref())?,
+        None => (
+            Store::open_with(&config.data_dir, &config.store).map_err(|error| {
+                StartError::Store {
+                    dir: config.data_dir.display().to_string(),
+                    error,
+                }
+            })?,
+            None,
+        ),
     };
     store.set_timeline_max(config.store.timeline_max);
     let telemetry = match &config.otlp_endpoint {
@@ -240,6 +311,7 @@ pub async fn start_with(
     engine_config.retention_ms = config.store.retention_ms;
     engine_config.runs_max = Some(config.store.runs_max);
     engine_config.failures_max = Some(config.store.failures_max);
+    engine_config.cluster = cluster.clone();
     let engine = Engine::new(store, channels, clock.clone(), engine_config)?;
     let (tx, rx) = watch::channel(false);
     let state = Arc::new(ApiState {
@@ -256,12 +328,15 @@ pub async fn start_with(
     // Serve first: while recovery runs, /healthz and /v1 answer 503 instead of hanging.
     tokio::spawn(api::serve(listener, state, rx));
     engine.recover().await?;
+    // Cluster mode: the lease loop starts once the engine can load what it is granted.
+    let lease_loop = start_lease_loop(&engine, &config, cluster.as_ref());
     tracing::info!(%addr, data_dir = %config.data_dir.display(), connections_max,
         fd_limit = limit, fd_reserved = reserve, "herald listening");
     Ok(Server {
         addr,
         engine,
         shutdown: tx,
+        cluster: Mutex::new(lease_loop),
     })
 }
 

@@ -49,6 +49,7 @@ impl Node {
         let handle = node::start(
             Settings {
                 url: url.to_string(),
+                password: None,
                 me: Identity {
                     node_id: name.to_string(),
                     incarnation: format!("{name}-{}", std::process::id()),
@@ -56,6 +57,7 @@ impl Node {
                 },
                 timing: TIMING,
                 shards: SHARDS,
+                max_clock_offset_ms: 500,
             },
             tx,
         );

@@ -293,24 +293,37 @@ fn healthz(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
     if !matches!(*req.method(), Method::GET | Method::HEAD) {
         return Err(method_not_allowed("GET, HEAD"));
     }
-    Ok(if state.engine.is_draining() {
-        json_response(
+    let (status, mut body) = if state.engine.is_draining() {
+        (
             StatusCode::SERVICE_UNAVAILABLE,
-            &json!({"status": "draining", "in_flight": state.engine.sends_in_flight()}),
+            json!({"status": "draining", "in_flight": state.engine.sends_in_flight()}),
         )
     } else if let Some(e) = state.engine.storage_failing() {
-        json_response(
+        (
             StatusCode::SERVICE_UNAVAILABLE,
-            &json!({"status": "storage_failing", "reason": format!("storage: {e}")}),
+            json!({"status": "storage_failing", "reason": format!("storage: {e}")}),
         )
     } else if state.engine.is_ready() {
-        json_response(StatusCode::OK, &json!({"status": "ok"}))
+        (StatusCode::OK, json!({"status": "ok"}))
     } else {
-        json_response(
+        (
             StatusCode::SERVICE_UNAVAILABLE,
-            &json!({"status": "recovering"}),
+            json!({"status": "recovering"}),
         )
-    })
+    };
+    // Cluster mode (HA.md "Config"): which node this is and what it holds.
+    if let (Some(c), Some(obj)) = (state.engine.cluster(), body.as_object_mut()) {
+        obj.insert(
+            "cluster".into(),
+            json!({
+                "node_id": c.node_id,
+                "shards_owned": c.ownership.count(),
+                "shards": c.shards,
+                "clock_offset_ms": c.ownership.clock_offset_ms(),
+            }),
+        );
+    }
+    Ok(json_response(status, &body))
 }
 
 /// `GET /metrics` in the Prometheus text format.

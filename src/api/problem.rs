@@ -187,6 +187,10 @@ impl From<EngineError> for Problem {
             EngineError::Store(crate::store::StoreError::Busy) => Problem::unavailable(
                 "the write queue is full; nothing was changed. Try again shortly",
             ),
+            // Cluster mode: the task's shard moved to another node meanwhile.
+            EngineError::Store(e @ crate::store::StoreError::OwnershipLost { .. }) => {
+                Problem::unavailable(format!("{e}. Try again shortly"))
+            }
             EngineError::Stopped => Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",

@@ -53,13 +53,20 @@ pub enum Event {
 pub struct Ownership {
     leases: Mutex<Leases>,
     base: Instant,
+    /// Shards the store's fence dropped, for the loop to report (it owns the event channel).
+    lost: Mutex<Vec<Event>>,
+    /// The last clock offset measured against the database (`offset.rs`).
+    offset_ms: Mutex<Option<i64>>,
 }
 
 impl Ownership {
-    fn new(timing: Timing) -> Ownership {
+    /// Nothing held yet; [`start`] fills it.
+    pub fn new(timing: Timing) -> Ownership {
         Ownership {
             leases: Mutex::new(Leases::new(timing)),
             base: Instant::now(),
+            lost: Mutex::new(Vec::new()),
+            offset_ms: Mutex::new(None),
         }
     }
 
@@ -98,6 +105,18 @@ impl Ownership {
         self.leases.lock().may_send(shard, now, timeout_ms)
     }
 
+    /// How long a send on `shard` starting now may take: the trust left, if at least
+    /// `safety` is (HA.md "The send itself"); `None`: it may not start.
+    pub fn send_window_ms(&self, shard: u32) -> Option<u64> {
+        let now = self.mono_ms();
+        let l = self.leases.lock();
+        if !l.may_send(shard, now, 0) {
+            return None;
+        }
+        l.owns(shard)
+            .map(|h| h.trusted_until_ms.saturating_sub(now))
+    }
+
     /// A fenced write on `shard` was refused or its outcome is unknown: the shard is dropped
     /// (re-acquired, at a new epoch, before anything is written to it again).
     pub fn fenced(&self, shard: u32) -> Option<Event> {
@@ -110,17 +129,52 @@ impl Ownership {
     pub fn count(&self) -> usize {
         self.leases.lock().count()
     }
+
+    /// This node's clock minus the database's, as last measured (`None`: not yet).
+    pub fn clock_offset_ms(&self) -> Option<i64> {
+        *self.offset_ms.lock()
+    }
+}
+
+/// The store's fence asks these (`store/pg/fence.rs`). A shard found taken over is dropped
+/// here, and its `Dropped` event is sent by the loop's next round (`lost` below).
+impl crate::store::pg::fence::Fence for Ownership {
+    fn epoch(&self, shard: u32) -> Option<u64> {
+        Ownership::epoch(self, shard)
+    }
+
+    fn lost(&self, shard: u32) {
+        if let Some(ev) = self.fenced(shard) {
+            self.lost.lock().push(ev);
+        }
+    }
+
+    fn held(&self) -> Vec<(u32, u64)> {
+        self.grants()
+            .into_iter()
+            .map(|g| (g.shard, g.epoch))
+            .collect()
+    }
 }
 
 /// What the loop needs to know.
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub url: String,
+    /// Used when the URL carries none (`PGPASSWORD` / `HERALD_STORE_PASSWORD`).
+    pub password: Option<String>,
     pub me: Identity,
     pub timing: Timing,
     /// S, as stored in `herald_meta`.
     pub shards: u32,
+    /// `[cluster] max_clock_offset`: beyond it this node owns nothing (HA.md "Time").
+    pub max_clock_offset_ms: u64,
 }
+
+/// How often the clock offset to the database is measured (HA.md "Time").
+const OFFSET_EVERY_MS: u64 = 30_000;
+/// Probes per measurement; the shortest round trip is believed (`offset.rs`).
+const OFFSET_PROBES: usize = 3;
 
 /// The running loop: [`Handle::leave`] hands every shard over and ends it; dropping the
 /// handle without it is a crash as far as the rows know (leases run out by themselves).
@@ -144,9 +198,19 @@ impl Handle {
     }
 }
 
-/// Starts the loop on the current runtime; its events go to `events`.
+/// Starts the loop on the current runtime with a fresh [`Ownership`]; its events go to
+/// `events`.
 pub fn start(settings: Settings, events: mpsc::UnboundedSender<Event>) -> Handle {
     let ownership = Arc::new(Ownership::new(settings.timing));
+    start_with(settings, ownership, events)
+}
+
+/// [`start`] on an [`Ownership`] made before (the store's fence holds it too).
+pub fn start_with(
+    settings: Settings,
+    ownership: Arc<Ownership>,
+    events: mpsc::UnboundedSender<Event>,
+) -> Handle {
     let (stop, stopped) = watch::channel(false);
     let task = tokio::spawn(run(settings, ownership.clone(), events, stopped));
     Handle {
@@ -163,6 +227,9 @@ struct Loop {
     /// The node's own point on the ring, so nodes starting together do not race for shard 0.
     start: u32,
     next_balance_ms: u64,
+    next_offset_ms: u64,
+    /// The last measurement was within `max_clock_offset` (false until one is made).
+    clock_ok: bool,
 }
 
 impl Loop {
@@ -173,9 +240,17 @@ impl Loop {
         }
     }
 
-    /// A statement's deadline: answers later than `renew` are not waited for.
+    /// A statement's deadline: half the trust window, at least `renew`. A late answer is
+    /// still safe (trust counts from the send), so the deadline only bounds how long a hung
+    /// connection keeps the loop from its next round; at `renew` itself one slow round trip on
+    /// a busy machine dropped every shard (seen in `tests/cluster_failover.rs`).
     fn deadline(&self) -> Duration {
-        Duration::from_millis(self.s.timing.renew_ms.max(1))
+        let t = self.s.timing;
+        Duration::from_millis(
+            t.renew_ms
+                .max(t.ttl_ms.saturating_sub(t.safety_ms) / 2)
+                .max(1),
+        )
     }
 
     /// Renews what is held, if a renewal is due. Err: the connection is not to be trusted.
@@ -219,6 +294,51 @@ impl Loop {
         }
     }
 
+    /// Measures the clock offset to the database when due. Err: the connection failed.
+    async fn probe_offset(&mut self, c: &Client) -> Result<(), ()> {
+        if self.own.mono_ms() < self.next_offset_ms {
+            return Ok(());
+        }
+        let wall = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        };
+        let mut probes = Vec::with_capacity(OFFSET_PROBES);
+        for _ in 0..OFFSET_PROBES {
+            let sent_ms = wall();
+            let Ok(Ok(db_ms)) = tokio::time::timeout(self.deadline(), rows::db_now_ms(c)).await
+            else {
+                return Err(());
+            };
+            probes.push(super::offset::Probe {
+                sent_ms,
+                db_ms,
+                received_ms: wall(),
+            });
+        }
+        self.next_offset_ms = self.own.mono_ms() + OFFSET_EVERY_MS;
+        if let Some(o) = super::offset::estimate(&probes) {
+            *self.own.offset_ms.lock() = Some(o.offset_ms);
+            let ok = super::offset::acceptable(o, self.s.max_clock_offset_ms);
+            if ok != self.clock_ok {
+                if ok {
+                    tracing::info!(
+                        offset_ms = o.offset_ms,
+                        error_ms = o.error_ms,
+                        "clock within max_clock_offset of the database's: taking shards"
+                    );
+                } else {
+                    tracing::error!(offset_ms = o.offset_ms, error_ms = o.error_ms,
+                        max_ms = self.s.max_clock_offset_ms,
+                        "this node's clock is too far from the database's: it owns no shards until it is within cluster.max_clock_offset");
+                }
+            }
+            self.clock_ok = ok;
+        }
+        Ok(())
+    }
+
     /// Heartbeat, then one balancing round: acquire toward the target or hand one over.
     async fn balance(&mut self, c: &Client) -> Result<(), ()> {
         let now = self.own.mono_ms();
@@ -252,6 +372,13 @@ impl Loop {
             .filter(|r| r.takeable)
             .map(|r| r.shard)
             .collect();
+        if !self.clock_ok {
+            // Refuses to own shards (HA.md "Time"): everything held goes back.
+            if !mine.is_empty() {
+                self.hand_over(c, &mine).await?;
+            }
+            return Ok(());
+        }
         let round = balance::round(self.s.shards, live, &mine, &takeable, self.start);
         if !round.acquire.is_empty() {
             let sent = self.own.mono_ms();
@@ -318,8 +445,18 @@ impl Loop {
     }
 }
 
-async fn connect(url: &str, within: Duration) -> Option<Client> {
-    match tokio::time::timeout(within, tokio_postgres::connect(url, NoTls)).await {
+async fn connect(s: &Settings, within: Duration) -> Option<Client> {
+    let mut cfg = match s.url.parse::<tokio_postgres::Config>() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "lease connection: the store URL does not parse");
+            return None;
+        }
+    };
+    if let (None, Some(p)) = (cfg.get_password(), &s.password) {
+        cfg.password(p.as_bytes());
+    }
+    match tokio::time::timeout(within, cfg.connect(NoTls)).await {
         Ok(Ok((client, conn))) => {
             tokio::spawn(async move {
                 if let Err(e) = conn.await {
@@ -353,6 +490,8 @@ async fn run(
         events,
         start,
         next_balance_ms: 0,
+        next_offset_ms: 0,
+        clock_ok: false,
     };
     let mut client: Option<Client> = None;
     loop {
@@ -364,11 +503,18 @@ async fn run(
             lp.own.leases.lock().expire(now)
         };
         lp.emit(expired);
+        let fenced: Vec<Event> = std::mem::take(&mut *lp.own.lost.lock());
+        for ev in fenced {
+            tracing::warn!(?ev, "shard dropped: a write was fenced");
+            let _ = lp.events.send(ev);
+        }
         if client.is_none() {
-            client = connect(&lp.s.url, lp.deadline()).await;
+            client = connect(&lp.s, lp.deadline()).await;
         }
         if let Some(c) = &client {
-            let ok = lp.renew(c).await.is_ok() && lp.balance(c).await.is_ok();
+            let ok = lp.renew(c).await.is_ok()
+                && lp.probe_offset(c).await.is_ok()
+                && lp.balance(c).await.is_ok();
             if !ok {
                 client = None; // a fresh connection for the next round
             }
@@ -387,7 +533,7 @@ async fn run(
     // freed runs out by itself).
     let held: Vec<u32> = lp.own.grants().iter().map(|g| g.shard).collect();
     if client.is_none() {
-        client = connect(&lp.s.url, lp.deadline()).await;
+        client = connect(&lp.s, lp.deadline()).await;
     }
     if let Some(c) = &client {
         let _ = lp.hand_over(c, &held).await;

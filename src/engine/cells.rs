@@ -61,6 +61,11 @@ impl LiveMap {
         true
     }
 
+    /// The ids `keep` accepts (cluster mode: a shard's tasks, to unload them).
+    pub fn ids_where(&self, keep: impl Fn(&str) -> bool) -> Vec<Arc<str>> {
+        self.ids.iter().filter(|id| keep(id)).cloned().collect()
+    }
+
     pub fn contains_key(&self, id: &str) -> bool {
         self.ids.contains(id)
     }

@@ -52,6 +52,18 @@ pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>) {
             it.l.release(&inner);
         }
     }
+    // Cluster mode: a task whose shard's trust is ending is not sent (a local send is over
+    // at once, so a window still open is wide enough); its next owner sends it.
+    items.retain_mut(|it| {
+        let open = !matches!(
+            inner.send_window(&it.key.task),
+            super::cluster::Window::Closed
+        );
+        if !open {
+            it.l.unload();
+        }
+        open
+    });
     if items.is_empty() {
         return;
     }

@@ -256,6 +256,7 @@ fn born(
     }
     // What `insert` writes, without its precondition (the id was checked above: a taken id
     // must not fail the change's whole write).
+    batch.ops.push(Op::Born(task.id.clone()));
     batch.task(&task);
     if !messages.is_empty() {
         batch.ops.push(Op::Messages {
@@ -276,8 +277,15 @@ fn born(
 fn created(inner: &Arc<Inner>, born: Vec<Born>) {
     for b in born {
         tracing::info!(task = %b.task.id, channel = %b.task.channel, "notification created");
-        arm::sync_fire_new(inner, &b.task);
         inner.events.created(&b.task); // events (issue 11)
+        if !inner.owns(&b.task.id) {
+            // Cluster mode: another node's shard, told through the inbox (`cluster.rs`).
+            drop(b.locked);
+            drop(b.cell);
+            super::cluster::let_go(inner, &b.task.id);
+            continue;
+        }
+        arm::sync_fire_new(inner, &b.task);
 
         // Only the map and the guard may hold the cell for it to be unloaded.
         drop(b.cell);

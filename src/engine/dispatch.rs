@@ -45,6 +45,10 @@ pub(crate) async fn dispatcher(inner: Weak<Inner>, mut due: UnboundedReceiver<Ve
                 // recovers from; starting it now could only start a send that the exit cuts off.
                 continue;
             }
+            if !inner.owns_key(&key) {
+                // Cluster mode: its shard is not held (any more): its owner acts on it.
+                continue;
+            }
             match key {
                 Key::Fire(task) => {
                     // Only at shutdown is the pump gone; the key's durable state stays.
@@ -86,8 +90,8 @@ async fn fire_pump(inner: Weak<Inner>, queued: UnboundedReceiver<(Arc<str>, Step
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        if step::draining(&inner) {
-            continue; // the next boot fires it
+        if step::draining(&inner) || !inner.owns(&task) {
+            continue; // the next boot (or the shard's owner) fires it
         }
         step::spawn(&inner, Step::Fire(task, permit), guard);
     }

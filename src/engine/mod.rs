@@ -12,6 +12,7 @@ mod arm;
 mod cells;
 mod change;
 mod chunk;
+pub mod cluster;
 mod commit;
 mod control;
 mod dispatch;
@@ -96,6 +97,8 @@ pub struct EngineConfig {
     /// it a message given up on is not listed: its run still counts it failed, the log says
     /// so, `herald_failures_unlisted` counts it, and one alert says the list is full.
     pub failures_max: Option<u64>,
+    /// Cluster mode (HA.md): act only on the shards this process holds (`cluster.rs`).
+    pub cluster: Option<cluster::ClusterHooks>,
 }
 
 impl Default for EngineConfig {
@@ -108,6 +111,7 @@ impl Default for EngineConfig {
             retention_ms: None,
             runs_max: None,
             failures_max: None,
+            cluster: None,
         }
     }
 }
@@ -325,6 +329,22 @@ impl Engine {
         recovery::recover(&self.inner).await?;
         self.inner.ready.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Cluster mode: follows the lease loop's events (load and unload shards) and reads the
+    /// inbox, until the engine stops (`cluster.rs`).
+    pub fn follow_cluster(
+        &self,
+        events: tokio::sync::mpsc::UnboundedReceiver<crate::cluster::node::Event>,
+    ) {
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(cluster::follow(weak.clone(), events));
+        tokio::spawn(cluster::drain_inbox(weak));
+    }
+
+    /// The cluster settings this engine runs with (`None`: alone).
+    pub fn cluster(&self) -> Option<&cluster::ClusterHooks> {
+        self.inner.config.cluster.as_ref()
     }
 
     /// Starts the timer thread and the dispatcher without recovering; call
@@ -549,9 +569,7 @@ impl Engine {
                 tracing::info!(task = %task.id, channel = %task.channel, messages = task.message_count,
                     next_fire_at = %crate::schedule::format_opt(task.next_fire_at_ms), "task created");
                 let view = TaskView { task, run: None };
-                // Only the map and the guard may hold the cell for it to be unloaded.
-                drop(cell);
-                cells::Locked { id, guard }.release(inner);
+                cluster::created(inner, cells::Locked { id, guard }, cell);
                 Ok(Created::New(view))
             }
             Inserted::IdTaken => {

@@ -51,6 +51,18 @@ fn beyond(key: &[u8], until: u64) -> bool {
 
 pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
     let now = inner.clock.now_ms();
+    if inner.config.cluster.is_some() {
+        // Cluster mode: no shard is held yet; each is loaded when it is granted
+        // (`cluster.rs`). Failure-list retries go on the wheel, where the dispatcher leaves
+        // those of shards not held.
+        let (retries, unreadable) = resume_failure_retries(inner, now);
+        tracing::info!(
+            retries,
+            corrupt = unreadable,
+            "cluster mode: ready; shards load as they are granted"
+        );
+        return Ok(());
+    }
     let started = std::time::Instant::now();
     let scan = scan_index(inner, now.saturating_add(READY_HORIZON_MS));
     let index_ms = started.elapsed().as_millis() as u64;
@@ -136,7 +148,7 @@ fn scan_index(inner: &Arc<Inner>, until: u64) -> IndexScan {
 }
 
 /// Resumes the tasks that were sending (`plan::recover`); returns how many could not be read.
-async fn resume_running(
+pub(crate) async fn resume_running(
     inner: &Arc<Inner>,
     running_ids: Vec<Arc<str>>,
     now: u64,

@@ -107,7 +107,13 @@ impl Drop for SendInFlight<'_> {
 /// Storage errors (and a full queue) pass; a step that failed on them is tried again.
 fn is_retryable(e: &EngineError) -> bool {
     match e {
-        EngineError::Store(s) => s.is_storage() || matches!(s, crate::store::StoreError::Busy),
+        EngineError::Store(s) => {
+            s.is_storage()
+                || matches!(
+                    s,
+                    crate::store::StoreError::Busy | crate::store::StoreError::OwnershipLost { .. }
+                )
+        }
         EngineError::Storage(_) => true,
         _ => false,
     }
@@ -275,11 +281,36 @@ async fn run_step_locked(
     // ---- send, outside the lock: a slow receiver never blocks cancel or pause. The cell
     // stays loaded meanwhile (a sending run is never idle), and a cancel keeps the sending run
     // so its outcome is settled here even if the task left the live map.
+    let window = match inner.send_window(&key.task) {
+        super::cluster::Window::Closed => {
+            // Cluster mode, the shard's trust is ending: the attempt stays in flight on disk
+            // and the shard's next owner sends it (`cluster.rs`).
+            l.unload();
+            l.release(inner);
+            return Ok(());
+        }
+        super::cluster::Window::Within(d) => Some(d),
+        super::cluster::Window::Unbounded => None,
+    };
     let cell = l.cell();
     l.release(inner);
     let _in_flight = SendInFlight::new(inner);
     let mut prepared = prepared;
-    let (outcome, report) = send(inner, &prepared).await;
+    let (outcome, report) = match window {
+        None => send(inner, &prepared).await,
+        Some(d) => match tokio::time::timeout(d, send(inner, &prepared)).await {
+            Ok(r) => r,
+            // Cut off as the trust window ends: nobody knows whether it arrived, so it is
+            // retried (by this node if it still holds the shard, else by the next owner).
+            Err(_) => (
+                Outcome::Retry {
+                    error: "cut off: this node's lease on the task's shard was ending".into(),
+                    not_before_ms: None,
+                },
+                Default::default(),
+            ),
+        },
+    };
     prepared.report = report;
     let Some(mut l) = super::cells::relock(inner, &key.task, cell).await? else {
         return Ok(());

@@ -96,6 +96,11 @@ pub enum RawOp {
     /// `index_key(key, value)` derives an index key. Rewriting a value unchanged writes
     /// nothing. The writer need not know the old value: the backend reads it.
     Indexed(Box<IndexedWrite>),
+    /// The job creates the task with this id (cluster mode, HA.md "Creates and commands on
+    /// any node"): its rows may go to a shard this process does not hold, unfenced, and the
+    /// shard's owner hears of it through the inbox. Writes nothing itself; a backend without
+    /// shards ignores it.
+    Born(String),
 }
 
 /// See [`RawOp::Indexed`].
@@ -117,6 +122,9 @@ pub struct IndexedWrite {
 pub struct Rejected {
     pub tree: TreeId,
     pub key: Vec<u8>,
+    /// Not a precondition: the job writes to this shard, which this process no longer holds
+    /// (cluster mode's fence, `store/pg/fence.rs`); nothing of it was written.
+    pub lost_shard: Option<u32>,
 }
 
 /// A key and its value.
@@ -173,5 +181,16 @@ pub trait Backend: Send + Sync + 'static {
     /// backend without a memtable, which is then never slowed.
     fn active_bytes(&self) -> usize {
         0
+    }
+    /// Cluster mode: the rows of `tree` in `shard`, in key order (a shard's live tasks, read
+    /// when it is granted). A backend without shards answers every row.
+    fn shard_rows(&self, tree: TreeId, shard: u32) -> Result<Vec<Kv>, StoreError> {
+        let _ = shard;
+        self.scan(tree, &[], None).collect()
+    }
+    /// Cluster mode: the tasks created on other nodes for shards this process holds since it
+    /// last asked (the inbox), taken out of it. Empty for a backend without shards.
+    fn take_inbox(&self) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
     }
 }

@@ -48,7 +48,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::timeline::TimelineEvent;
 use crate::model::{Failure, Message, Run, RunState, Task, TaskProgress, TaskSpec};
-use backend::{Backend, IndexedWrite, RawOp, TreeId};
+use backend::{Backend, IndexedWrite, RawOp, Rejected, TreeId};
 use codec::{decode, encode};
 use commit::GroupCommit;
 use embedded::SledBackend;
@@ -115,6 +115,11 @@ pub enum StoreError {
     /// is wrong with any record, and the same call may work shortly (`store/pg`).
     #[error("storage unavailable: {0}")]
     Unavailable(String),
+    /// Cluster mode: the write touches a shard this process no longer holds (its lease ran
+    /// out or another node took it over, `store/pg/fence.rs`). Nothing was written; the
+    /// shard's tasks are unloaded here and its owner carries on.
+    #[error("shard {shard} is owned by another node now; nothing was written")]
+    OwnershipLost { shard: u32 },
 }
 
 impl StoreError {
@@ -224,7 +229,13 @@ pub enum Op {
         task_id: String,
         events: Vec<TimelineEvent>,
     },
+    /// The batch creates this task (a notification, `engine/commit.rs`): see [`RawOp::Born`].
+    Born(String),
 }
+
+/// One entry of the due index as [`Store::due_entries`] reads it: the due key, the task id
+/// and its live entry, or the error reading it.
+pub type DueItem = Result<(Vec<u8>, String, LiveEntry), StoreError>;
 
 /// Writes applied atomically together.
 #[derive(Debug, Default, Clone)]
@@ -506,6 +517,10 @@ impl Store {
         };
         let r = match r {
             Ok(Ok(())) => Ok(()),
+            Ok(Err(Rejected {
+                lost_shard: Some(shard),
+                ..
+            })) => Err(StoreError::OwnershipLost { shard }),
             Ok(Err(r)) => Err(StoreError::Write(format!(
                 "unexpected precondition failure in {}",
                 r.tree.name()
@@ -572,6 +587,10 @@ impl Store {
         }
         match r? {
             Ok(()) => Ok(Inserted::Created),
+            Err(Rejected {
+                lost_shard: Some(shard),
+                ..
+            }) => Err(StoreError::OwnershipLost { shard }),
             Err(r) if r.tree == TreeId::Idem => {
                 let key = String::from_utf8_lossy(&r.key).into_owned();
                 match self.idem_get(&key)? {
@@ -736,6 +755,27 @@ impl Store {
             let id = String::from_utf8_lossy(id).into_owned();
             Ok((k, id, e))
         })
+    }
+
+    /// Cluster mode: the live entries of one shard's tasks in start-up order (as
+    /// [`Store::due_entries`], read at once: a node loads a shard when it is granted it).
+    pub fn shard_due_entries(&self, shard: u32) -> Result<Vec<DueItem>, StoreError> {
+        Ok(self
+            .backend
+            .shard_rows(TreeId::Due, shard)?
+            .into_iter()
+            .map(|(k, v)| {
+                let id = records::due_key_id(&k).unwrap_or_default();
+                let e: LiveEntry = decode("live", id, &v)?;
+                let id = String::from_utf8_lossy(id).into_owned();
+                Ok((k, id, e))
+            })
+            .collect())
+    }
+
+    /// Cluster mode: tasks other nodes created for shards this process holds (the inbox).
+    pub fn take_inbox(&self) -> Result<Vec<String>, StoreError> {
+        self.backend.take_inbox()
     }
 
     /// The live entry of one task (`None`: the task is finished or unknown).
@@ -1111,6 +1151,7 @@ fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
                     ));
                 }
             }
+            Op::Born(id) => ops.push(RawOp::Born(id.clone())),
             Op::PutIdem(key, rec) => ops.push(RawOp::Put(
                 TreeId::Idem,
                 key.as_bytes().to_vec(),
@@ -1142,6 +1183,7 @@ fn push_new_task(
         ));
     }
     ops.push(RawOp::Absent(TreeId::Specs, task.id.as_bytes().to_vec()));
+    ops.push(RawOp::Born(task.id.clone()));
     match messages {
         // Format 6: the only message goes inside the spec, one key fewer.
         [only] => push_task(ops, task, Records::New(Some(only))),

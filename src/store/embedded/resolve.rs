@@ -57,6 +57,7 @@ impl Resolver<'_> {
                     return Ok(Err(Rejected {
                         tree: *t,
                         key: k.clone(),
+                        lost_shard: None,
                     }));
                 }
             }
@@ -65,7 +66,7 @@ impl Resolver<'_> {
             match op {
                 RawOp::Put(t, k, v) => self.put(t, k, Some(v)),
                 RawOp::Delete(t, k) => self.put(t, k, None),
-                RawOp::Absent(..) => {}
+                RawOp::Absent(..) | RawOp::Born(_) => {}
                 RawOp::Indexed(w) => {
                     let IndexedWrite {
                         tree,

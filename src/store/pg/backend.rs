@@ -48,6 +48,7 @@ use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMe
 use tokio_postgres::{IsolationLevel, NoTls};
 
 use super::backoff::Backoff;
+use super::fence::{job_fence, Fence, JobFence};
 use super::resolve::{reads_needed, resolve, Stored, Writes};
 use super::schema::{self, table, SchemaError, DEFAULT_SHARDS, SCHEMA_VERSION};
 use super::shard::shard_of;
@@ -118,6 +119,8 @@ pub struct PgBackend {
     backoff: Mutex<Backoff>,
     /// Read round trips so far ([`Backend::read_round_trips`]).
     reads: AtomicU64,
+    /// Cluster mode: this process's leases; every group is fenced on them (`fence.rs`).
+    fence: Option<Arc<dyn Fence>>,
 }
 
 /// A failure inside the runtime, before it gets its context. `conn`: the connection failed
@@ -173,6 +176,9 @@ enum GroupFail {
     Refused(Fail),
     /// The COMMIT was sent and no answer came: read it back.
     Unknown(String),
+    /// The fence found these shards held by someone else now: nothing was written; the jobs
+    /// come back to be tried again without the ones that write there.
+    Fenced(Vec<u32>, Vec<Vec<RawOp>>),
 }
 
 impl From<Fail> for GroupFail {
@@ -291,9 +297,16 @@ impl PgBackend {
             outage: Mutex::new(None),
             backoff: Mutex::new(Backoff::default()),
             reads: AtomicU64::new(0),
+            fence: None,
         };
         backend.shards = backend.migrate_on_open(cfg, opts.shards, &refused)?;
         Ok(backend)
+    }
+
+    /// Cluster mode: fences every commit group on `fence` (HA.md "Fence every write").
+    pub fn with_fence(mut self, fence: Arc<dyn Fence>) -> PgBackend {
+        self.fence = Some(fence);
+        self
     }
 
     /// Creates or migrates the schema on a connection of its own; answers S.
@@ -592,6 +605,8 @@ enum Stmt<'a> {
     Token(&'a [u8]),
     /// Tokens of groups answered before.
     Spent(&'a [Vec<u8>]),
+    /// Tasks created for shards this process does not hold, with one `NOTIFY` for all.
+    Inbox(Vec<i32>, Vec<&'a str>),
 }
 
 async fn exec(tx: &deadpool_postgres::Transaction<'_>, stmt: Stmt<'_>) -> Result<u64, Fail> {
@@ -622,6 +637,16 @@ async fn exec(tx: &deadpool_postgres::Transaction<'_>, stmt: Stmt<'_>) -> Result
                 .prepare_cached("DELETE FROM herald_commit WHERE token = ANY($1::bytea[])")
                 .await?;
             tx.execute(&st, &[&tokens]).await?
+        }
+        Stmt::Inbox(shards, ids) => {
+            let st = tx
+                .prepare_cached(
+                    "WITH i AS (INSERT INTO herald_inbox (shard, task_id) \
+                       SELECT * FROM unnest($1::int4[], $2::text[]) ON CONFLICT DO NOTHING) \
+                     SELECT pg_notify('herald_inbox', '')",
+                )
+                .await?;
+            tx.execute(&st, &[&shards, &ids]).await?
         }
     })
 }
@@ -688,6 +713,43 @@ struct GroupCtx {
     sent: Arc<AtomicBool>,
     answer: Answer,
     commit_wait: Duration,
+    /// Cluster mode: the epochs the group's shards must still have (`fence.rs`).
+    fence: Vec<(u32, u64)>,
+    /// Cluster mode: per job, the inbox rows it writes if it applies.
+    inbox: Vec<Vec<(u32, String)>>,
+}
+
+/// The fence, first in the group's transaction: the lease rows of its shards held
+/// `FOR KEY SHARE` until it ends (a takeover's `FOR UPDATE` waits for it), and the shards
+/// whose epoch is no longer the one held (`cluster/rows.rs`'s protocol).
+async fn fenced_out(
+    tx: &deadpool_postgres::Transaction<'_>,
+    fence: &[(u32, u64)],
+) -> Result<Vec<u32>, Fail> {
+    let ids: Vec<i32> = fence
+        .iter()
+        .map(|(s, _)| i32::try_from(*s).unwrap_or(i32::MAX))
+        .collect();
+    let st = tx
+        .prepare_cached(
+            "SELECT shard_id, epoch FROM herald_shard WHERE shard_id = ANY($1) \
+             ORDER BY shard_id FOR KEY SHARE",
+        )
+        .await?;
+    let rows = tx.query(&st, &[&ids]).await?;
+    let mut found = std::collections::BTreeMap::new();
+    for r in rows {
+        let (s, e): (i32, i64) = (r.try_get(0)?, r.try_get(1)?);
+        found.insert(
+            u32::try_from(s).unwrap_or(u32::MAX),
+            u64::try_from(e).unwrap_or(0),
+        );
+    }
+    Ok(fence
+        .iter()
+        .filter(|(s, e)| found.get(s) != Some(e))
+        .map(|(s, _)| *s)
+        .collect())
 }
 
 /// The group's transaction. `Ok(wrote)`: committed (`wrote`: it holds the token); the
@@ -696,13 +758,29 @@ async fn apply_group(ctx: GroupCtx, jobs: Vec<Vec<RawOp>>) -> Result<bool, Group
     let needed = reads_needed(&jobs);
     let mut client = ctx.pool.get().await?;
     let tx = client.transaction().await?;
+    if !ctx.fence.is_empty() {
+        let lost = fenced_out(&tx, &ctx.fence).await?;
+        if !lost.is_empty() {
+            return Err(GroupFail::Fenced(lost, jobs));
+        }
+    }
     let stored = if needed.iter().any(|k| !k.is_empty()) {
         read_keys(&tx, &needed).await?
     } else {
         Stored::default()
     };
     let (results, writes) = resolve(jobs, &stored);
+    let (mut in_shards, mut in_ids) = (Vec::new(), Vec::new());
+    for (rows, r) in ctx.inbox.iter().zip(&results) {
+        for (shard, id) in rows.iter().filter(|_| r.is_ok()) {
+            in_shards.push(i32::try_from(*shard).unwrap_or(i32::MAX));
+            in_ids.push(id.as_str());
+        }
+    }
     let mut stmts = statements(&writes, ctx.shards);
+    if !in_ids.is_empty() {
+        stmts.push(Stmt::Inbox(in_shards, in_ids));
+    }
     // A group that writes nothing has no outcome to read back.
     let wrote = !stmts.is_empty();
     if wrote {
@@ -734,9 +812,99 @@ async fn apply_group(ctx: GroupCtx, jobs: Vec<Vec<RawOp>>) -> Result<bool, Group
     Err(GroupFail::Unknown(unknown))
 }
 
-impl Backend for PgBackend {
-    fn apply(&self, jobs: Vec<Vec<RawOp>>) -> Result<Vec<Result<(), Rejected>>, StoreError> {
-        self.gate("commit")?;
+impl PgBackend {
+    /// `apply` in cluster mode: each job's fence (`fence.rs`); a job on a shard not held is
+    /// refused before the transaction, and one the transaction's fence finds taken over is
+    /// refused and its shard dropped, the rest of the group tried again. An unknown outcome
+    /// drops every shard of the group (re-acquired at a new epoch before the next write).
+    fn apply_fenced(
+        &self,
+        fence: &dyn Fence,
+        jobs: Vec<Vec<RawOp>>,
+    ) -> Result<Vec<Result<(), Rejected>>, StoreError> {
+        let refused = |shard: u32| Rejected {
+            tree: TreeId::Specs,
+            key: Vec::new(),
+            lost_shard: Some(shard),
+        };
+        let mut out: Vec<Option<Result<(), Rejected>>> = jobs.iter().map(|_| None).collect();
+        let mut pending: Vec<(usize, Vec<RawOp>, JobFence)> = Vec::new();
+        for (i, ops) in jobs.into_iter().enumerate() {
+            match job_fence(&ops, self.shards, fence) {
+                Ok(f) => pending.push((i, ops, f)),
+                Err(shard) => {
+                    if let Some(slot) = out.get_mut(i) {
+                        *slot = Some(Err(refused(shard)));
+                    }
+                }
+            }
+        }
+        // Each round commits, fails, or drops at least one shard: at most S + 1 rounds.
+        while !pending.is_empty() {
+            let mut epochs = std::collections::BTreeMap::new();
+            for (_, _, f) in &pending {
+                epochs.extend(f.epochs.iter().map(|(s, e)| (*s, *e)));
+            }
+            let epochs: Vec<(u32, u64)> = epochs.into_iter().collect();
+            let (mut idx, mut fences, mut group) = (Vec::new(), Vec::new(), Vec::new());
+            for (i, ops, f) in pending.drain(..) {
+                idx.push(i);
+                fences.push(f);
+                group.push(ops);
+            }
+            let inbox = fences.iter().map(|f| f.inbox.clone()).collect();
+            let shards_of_group: Vec<u32> = epochs.iter().map(|(s, _)| *s).collect();
+            match self.commit_group(group, epochs, inbox) {
+                Ok(Ok(results)) => {
+                    for (i, r) in idx.into_iter().zip(results) {
+                        if let Some(slot) = out.get_mut(i) {
+                            *slot = Some(r);
+                        }
+                    }
+                }
+                Ok(Err((lost, jobs))) => {
+                    for s in &lost {
+                        tracing::warn!(
+                            shard = s,
+                            "fenced: the shard was taken over; its writes are refused"
+                        );
+                        fence.lost(*s);
+                    }
+                    for ((i, ops), f) in idx.into_iter().zip(jobs).zip(fences) {
+                        match f.epochs.keys().find(|s| lost.contains(s)) {
+                            Some(s) => {
+                                if let Some(slot) = out.get_mut(i) {
+                                    *slot = Some(Err(refused(*s)));
+                                }
+                            }
+                            None => pending.push((i, ops, f)),
+                        }
+                    }
+                }
+                Err(e) => {
+                    if matches!(e, StoreError::Unavailable(_)) || self.outage.lock().is_some() {
+                        // The outcome may be unknown: nothing more is written to these
+                        // shards at their epochs (HA.md "Fence every write").
+                        for s in shards_of_group {
+                            fence.lost(s);
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
+    }
+
+    /// One group's transaction and its answer; `Ok(Err)`: the fence refused it (the shards
+    /// taken over, and the jobs back).
+    #[allow(clippy::type_complexity, reason = "one private call site")]
+    fn commit_group(
+        &self,
+        jobs: Vec<Vec<RawOp>>,
+        fence: Vec<(u32, u64)>,
+        inbox: Vec<Vec<(u32, String)>>,
+    ) -> Result<Result<Vec<Result<(), Rejected>>, (Vec<u32>, Vec<Vec<RawOp>>)>, StoreError> {
         let token = self.token();
         let spent = std::mem::take(&mut *self.spent.lock());
         let sent = Arc::new(AtomicBool::new(false));
@@ -749,6 +917,8 @@ impl Backend for PgBackend {
             sent: sent.clone(),
             answer: answer.clone(),
             commit_wait: self.call_deadline,
+            fence,
+            inbox,
         };
         // Reads, writes and COMMIT each get a call's deadline: the whole may take three.
         let r = self.run_for(self.call_deadline * 3, apply_group(ctx, jobs));
@@ -763,7 +933,11 @@ impl Backend for PgBackend {
                 if wrote {
                     self.spent.lock().push(token);
                 }
-                Ok(answer.lock().take().unwrap_or_default())
+                Ok(Ok(answer.lock().take().unwrap_or_default()))
+            }
+            Some(Err(GroupFail::Fenced(lost, jobs))) => {
+                self.spent.lock().extend(spent.iter().cloned());
+                Ok(Err((lost, jobs)))
             }
             Some(Err(GroupFail::Refused(f))) => {
                 self.note::<()>(&Some(Err(Fail {
@@ -778,7 +952,7 @@ impl Backend for PgBackend {
                 if r.is_err() {
                     self.spent.lock().extend(spent);
                 }
-                r
+                r.map(Ok)
             }
             None if sent.load(Ordering::Acquire) => {
                 let results = answer.lock().take();
@@ -786,7 +960,7 @@ impl Backend for PgBackend {
                 if r.is_err() {
                     self.spent.lock().extend(spent);
                 }
-                r
+                r.map(Ok)
             }
             None => {
                 let f = Fail::conn("the server did not answer".into());
@@ -795,10 +969,81 @@ impl Backend for PgBackend {
             }
         }
     }
+}
+
+impl Backend for PgBackend {
+    fn apply(&self, jobs: Vec<Vec<RawOp>>) -> Result<Vec<Result<(), Rejected>>, StoreError> {
+        self.gate("commit")?;
+        if let Some(f) = &self.fence {
+            return self.apply_fenced(f.as_ref(), jobs);
+        }
+        match self.commit_group(jobs, Vec::new(), Vec::new())? {
+            Ok(results) => Ok(results),
+            // No fence was asked for, so none refuses.
+            Err((lost, _)) => Err(self.error(
+                "commit",
+                &format!("fenced on shards {lost:?} without a fence"),
+            )),
+        }
+    }
 
     /// `apply` committed already (module doc).
     fn sync(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    fn shard_rows(&self, tree: TreeId, shard: u32) -> Result<Vec<Kv>, StoreError> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let pool = self.pool.clone();
+        let shard = i32::try_from(shard).unwrap_or(i32::MAX);
+        self.run("read a shard", async move {
+            let client = pool.get().await?;
+            let sql = format!(
+                "SELECT key, value FROM {} WHERE shard = $1 ORDER BY key",
+                table(tree)
+            );
+            let st = client.prepare_cached(&sql).await?;
+            let rows = client.query(&st, &[&shard]).await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for r in rows {
+                out.push((r.try_get(0)?, r.try_get(1)?));
+            }
+            Ok(out)
+        })
+    }
+
+    /// Fenced like a commit group: only rows of shards whose lease row still has the epoch
+    /// held are taken, so a stale owner never takes a new owner's notices.
+    fn take_inbox(&self) -> Result<Vec<String>, StoreError> {
+        let Some(fence) = &self.fence else {
+            return Ok(Vec::new());
+        };
+        let held = fence.held();
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let pool = self.pool.clone();
+        self.run("read the inbox", async move {
+            let mut client = pool.get().await?;
+            let tx = client.transaction().await?;
+            let lost = fenced_out(&tx, &held).await?;
+            let ok: Vec<i32> = held
+                .iter()
+                .filter(|(s, _)| !lost.contains(s))
+                .map(|(s, _)| i32::try_from(*s).unwrap_or(i32::MAX))
+                .collect();
+            let st = tx
+                .prepare_cached("DELETE FROM herald_inbox WHERE shard = ANY($1) RETURNING task_id")
+                .await?;
+            let rows = tx.query(&st, &[&ok]).await?;
+            tx.commit().await?;
+            let mut out = Vec::with_capacity(rows.len());
+            for r in rows {
+                out.push(r.try_get(0)?);
+            }
+            Ok(out)
+        })
     }
 
     fn failing(&self) -> Option<String> {

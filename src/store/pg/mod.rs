@@ -13,6 +13,7 @@
 
 pub mod backend;
 pub mod backoff;
+pub mod fence;
 pub mod resolve;
 pub mod schema;
 pub mod shard;

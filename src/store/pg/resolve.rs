@@ -70,6 +70,7 @@ fn job(ops: Vec<RawOp>, stored: &Stored, writes: &mut Writes) -> Result<(), Reje
                 return Err(Rejected {
                     tree: *t,
                     key: k.clone(),
+                    lost_shard: None,
                 });
             }
         }
@@ -82,7 +83,7 @@ fn job(ops: Vec<RawOp>, stored: &Stored, writes: &mut Writes) -> Result<(), Reje
             RawOp::Delete(t, k) => {
                 t.of_mut(writes).insert(k, None);
             }
-            RawOp::Absent(..) => {}
+            RawOp::Absent(..) | RawOp::Born(_) => {}
             RawOp::Indexed(w) => indexed(*w, stored, writes),
         }
     }

@@ -8,7 +8,7 @@ use tokio_postgres::Client;
 use crate::store::backend::TreeId;
 
 /// The schema this build writes. Each version's statements are in [`MIGRATIONS`].
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 /// S for a schema created without another choice (HA.md).
 pub const DEFAULT_SHARDS: u32 = 64;
 /// Most shards a schema may have: S goes into an `int` column.
@@ -74,6 +74,13 @@ fn migration(version: i32, shards: u32) -> Vec<String> {
         4 => vec![
             "CREATE TABLE IF NOT EXISTS herald_node (incarnation text PRIMARY KEY, \
              node_id text NOT NULL, advertise text, expires timestamptz NOT NULL)"
+                .into(),
+        ],
+        // Issue 24: tasks created on a node that does not hold their shard, for the owner
+        // to load (`store/pg/fence.rs`, `engine/cluster.rs`).
+        5 => vec![
+            "CREATE TABLE IF NOT EXISTS herald_inbox (shard int NOT NULL, task_id text NOT NULL, \
+             PRIMARY KEY (shard, task_id))"
                 .into(),
         ],
         _ => Vec::new(),

@@ -1,0 +1,139 @@
+//! `[cluster]` (HA.md "Config"): several herald nodes on one PostgreSQL. The keys are fixed by
+//! HA.md; each is checked here, and the section needs `[store] url` (a cluster shares one
+//! database; sled is one machine's).
+
+use serde::Deserialize;
+
+use super::{invalid, ConfigError};
+use crate::cluster::lease::Timing;
+use crate::model::parse_duration_ms;
+
+/// The file's `[cluster]` table.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ClusterFile {
+    node_id: Option<String>,
+    advertise: Option<String>,
+    shards: Option<u64>,
+    lease: Option<String>,
+    renew: Option<String>,
+    safety: Option<String>,
+    max_clock_offset: Option<String>,
+}
+
+/// `[cluster]`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// Default: the host's name.
+    pub node_id: String,
+    /// Where other nodes reach this one's API (forwarding); `None`: not advertised.
+    pub advertise: Option<String>,
+    /// S, used only when the schema is first created.
+    pub shards: u32,
+    pub timing: Timing,
+    pub max_clock_offset_ms: u64,
+}
+
+fn ms(key: &str, v: &Option<String>, default: u64) -> Result<u64, ConfigError> {
+    match v {
+        None => Ok(default),
+        Some(s) => parse_duration_ms(s)
+            .map_err(|e| invalid(format!("cluster.{key}"), format!("{s:?}: {e}"))),
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "herald".into())
+}
+
+/// Checks `[cluster]`; `has_database`: whether `[store] url` is set.
+pub(super) fn cluster(
+    file: Option<&ClusterFile>,
+    has_database: bool,
+) -> Result<Option<ClusterConfig>, ConfigError> {
+    let Some(f) = file else { return Ok(None) };
+    if !has_database {
+        return Err(invalid(
+            "cluster",
+            "cluster mode needs a shared PostgreSQL database: set [store] url (or HERALD_STORE_URL)",
+        ));
+    }
+    let node_id = match &f.node_id {
+        Some(n) if n.trim().is_empty() || n.len() > 200 => {
+            return Err(invalid("cluster.node_id", "must be 1 to 200 characters"))
+        }
+        Some(n) => n.clone(),
+        None => hostname(),
+    };
+    if let Some(a) = &f.advertise {
+        if !(a.starts_with("http://") || a.starts_with("https://")) {
+            return Err(invalid(
+                "cluster.advertise",
+                format!("{a:?} is not a URL like http://10.0.0.5:7700"),
+            ));
+        }
+    }
+    let max = u64::from(crate::store::pg::schema::MAX_SHARDS);
+    let shards = match f.shards {
+        None => crate::store::pg::schema::DEFAULT_SHARDS,
+        Some(s) if (1..=max).contains(&s) => u32::try_from(s).unwrap_or(1),
+        Some(s) => {
+            return Err(invalid(
+                "cluster.shards",
+                format!("{s} is not between 1 and {max}"),
+            ))
+        }
+    };
+    let d = Timing::default();
+    let timing = Timing {
+        ttl_ms: ms("lease", &f.lease, d.ttl_ms)?,
+        renew_ms: ms("renew", &f.renew, d.renew_ms)?,
+        safety_ms: ms("safety", &f.safety, d.safety_ms)?,
+    };
+    timing.check().map_err(|m| invalid("cluster", m))?;
+    Ok(Some(ClusterConfig {
+        node_id,
+        advertise: f.advertise.clone(),
+        shards,
+        timing,
+        max_clock_offset_ms: ms("max_clock_offset", &f.max_clock_offset, 500)?,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Option<ClusterConfig>, ConfigError> {
+        let f: ClusterFile = toml::from_str(text).unwrap();
+        cluster(Some(&f), true)
+    }
+
+    #[test]
+    fn defaults_are_ha_mds() {
+        let c = parse("node_id = \"a\"").unwrap().unwrap();
+        assert_eq!(c.node_id, "a");
+        assert_eq!(c.shards, 64);
+        assert_eq!(c.timing, Timing::default());
+        assert_eq!(c.max_clock_offset_ms, 500);
+    }
+
+    #[test]
+    fn each_bad_key_is_named() {
+        let e = |t: &str| parse(t).unwrap_err().to_string();
+        assert!(e("shards = 0").starts_with("cluster.shards"));
+        assert!(e("lease = \"soon\"").starts_with("cluster.lease"));
+        assert!(e("advertise = \"10.0.0.5\"").starts_with("cluster.advertise"));
+        assert!(e("lease = \"1s\"\nsafety = \"2s\"").contains("longer than cluster.safety"));
+        assert!(e("node_id = \"\"").starts_with("cluster.node_id"));
+        let f: ClusterFile = toml::from_str("").unwrap();
+        assert!(cluster(Some(&f), false)
+            .unwrap_err()
+            .to_string()
+            .contains("[store] url"));
+    }
+}

@@ -1,0 +1,252 @@
+//! Cluster mode in the engine (HA.md, issue 24): this process acts only on the tasks of the
+//! shards it holds. The lease loop (`cluster/node.rs`) reports each shard gained or lost;
+//! here a gained shard's live tasks are loaded (as start-up does, for that shard alone) and a
+//! lost one's are let go.
+//!
+//! Safety does not rest on the unload being quick. Three checks stand in the way of acting on
+//! a shard not held, each on the monotonic trust window (`cluster/lease.rs`):
+//! - the dispatcher drops a wheel key whose task's shard is not held ([`Inner::owns`]), so a
+//!   stale entry left on the wheel does nothing;
+//! - a send starts only with at least `safety` of trust left, and is cut off when the window
+//!   ends ([`Inner::send_window`]); its in-flight mark is on disk, so the next owner sends it
+//!   again with the same idempotency key, after this attempt's deadline has passed (the new
+//!   owner is granted the row only after the lease ran out, which is after this node's trust
+//!   ended);
+//! - every write is fenced in the store (`store/pg/fence.rs`): one to a shard taken over is
+//!   refused with `OwnershipLost` and changes nothing.
+//!
+//! Tasks created on a node that does not hold their shard are written with an inbox row
+//! (`fence.rs`); the owner takes them out of the inbox every [`INBOX_EVERY`] and loads them.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::arm::arm_entry;
+use super::timer::Key;
+use super::Inner;
+use crate::cluster::node::{Event, Ownership};
+use crate::model::TaskState;
+use crate::store::backend::TreeId;
+use crate::store::pg::fence::shard_of_task;
+use crate::store::pg::shard::task_id_of;
+
+/// How often the inbox is read (HA.md: at least every 500 ms).
+pub const INBOX_EVERY: Duration = Duration::from_millis(250);
+
+/// This process's part of a cluster, as the engine sees it.
+#[derive(Clone)]
+pub struct ClusterHooks {
+    /// `[cluster] node_id`.
+    pub node_id: String,
+    pub ownership: Arc<Ownership>,
+    /// S, as the database has it.
+    pub shards: u32,
+}
+
+impl std::fmt::Debug for ClusterHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterHooks")
+            .field("shards", &self.shards)
+            .field("owned", &self.ownership.count())
+            .finish()
+    }
+}
+
+/// How long a send may take, as the cluster allows it.
+pub(crate) enum Window {
+    /// Not in cluster mode.
+    Unbounded,
+    /// Not held, or too little trust left: the send does not start.
+    Closed,
+    /// It must be over within this.
+    Within(Duration),
+}
+
+impl Inner {
+    fn shard_of(&self, task: &str) -> Option<(&ClusterHooks, u32)> {
+        let c = self.config.cluster.as_ref()?;
+        Some((c, shard_of_task(task, c.shards)))
+    }
+
+    /// Whether this process may act on `task` now (always, outside cluster mode).
+    pub(crate) fn owns(&self, task: &str) -> bool {
+        match self.shard_of(task) {
+            None => true,
+            Some((c, s)) => c.ownership.epoch(s).is_some(),
+        }
+    }
+
+    /// Whether this process may act on the wheel key now.
+    pub(crate) fn owns_key(&self, key: &Key) -> bool {
+        match key {
+            Key::Fire(t) | Key::Run(t, _) => self.owns(t),
+            Key::Retry(f) => {
+                let task = task_id_of(TreeId::Failures, f.as_bytes(), None);
+                self.owns(&String::from_utf8_lossy(&task))
+            }
+        }
+    }
+
+    /// See [`Window`].
+    pub(crate) fn send_window(&self, task: &str) -> Window {
+        match self.shard_of(task) {
+            None => Window::Unbounded,
+            Some((c, s)) => match c.ownership.send_window_ms(s) {
+                Some(ms) => Window::Within(Duration::from_millis(ms)),
+                None => Window::Closed,
+            },
+        }
+    }
+}
+
+/// Carries the lease loop's events out until it ends.
+pub(crate) async fn follow(inner: Weak<Inner>, mut events: UnboundedReceiver<Event>) {
+    while let Some(ev) = events.recv().await {
+        let Some(inner) = inner.upgrade() else { return };
+        match ev {
+            Event::Granted(g) => load_shard(&inner, g.shard).await,
+            Event::Dropped { shard, .. } | Event::Released(shard) => unload_shard(&inner, shard),
+        }
+    }
+}
+
+/// A granted shard: its live tasks onto the wheel, its running ones resumed (start-up's
+/// phases for one shard: `recovery.rs`).
+async fn load_shard(inner: &Arc<Inner>, shard: u32) {
+    let started = std::time::Instant::now();
+    let i = inner.clone();
+    let read = tokio::task::spawn_blocking(move || i.store.shard_due_entries(shard)).await;
+    let entries = match read {
+        Ok(Ok(e)) => e,
+        Ok(Err(e)) => {
+            // Not loaded: nothing of it is acted on here. The lease runs out unrenewed?
+            // No: it is renewed, so drop it for another round to load it again.
+            tracing::error!(shard, error = %e, "a granted shard could not be read; it is let go");
+            if let Some(c) = &inner.config.cluster {
+                crate::store::pg::fence::Fence::lost(c.ownership.as_ref(), shard);
+            }
+            return;
+        }
+        Err(_) => return,
+    };
+    let mut running = Vec::new();
+    let (mut pending, mut corrupt) = (0usize, 0usize);
+    {
+        let mut live = inner.live.lock();
+        for item in entries {
+            let (_, id, entry) = match item {
+                Ok(e) => e,
+                Err(e) => {
+                    corrupt += 1;
+                    tracing::error!(shard, error = %e, "live index: a record could not be read");
+                    continue;
+                }
+            };
+            if entry.state.is_terminal() {
+                continue;
+            }
+            let id: Arc<str> = Arc::from(id);
+            inner.store.forget_timeline_seq(&id);
+            if live.load(&id) {
+                arm_entry(inner, &id, &entry);
+                pending += 1;
+                if entry.state == TaskState::Running {
+                    running.push(id);
+                }
+            }
+        }
+    }
+    let resumed = running.len();
+    let now = inner.clock.now_ms();
+    match super::recovery::resume_running(inner, running, now).await {
+        Ok(c) => corrupt += c,
+        Err(e) => {
+            tracing::error!(shard, error = %e, "running tasks of a granted shard not resumed")
+        }
+    }
+    tracing::info!(
+        shard,
+        tasks = pending,
+        running = resumed,
+        corrupt,
+        took_ms = started.elapsed().as_millis() as u64,
+        "shard loaded"
+    );
+}
+
+/// A shard lost or handed over: its tasks leave the live map and their fires the wheel.
+/// Their run keys may stay on the wheel; the dispatcher drops them ([`Inner::owns_key`]).
+fn unload_shard(inner: &Arc<Inner>, shard: u32) {
+    let Some(c) = &inner.config.cluster else {
+        return;
+    };
+    let shards = c.shards;
+    let mut live = inner.live.lock();
+    let ids = live.ids_where(|id| shard_of_task(id, shards) == shard);
+    for id in &ids {
+        live.remove(id);
+        inner.timer.cancel(Key::Fire(id.clone()));
+    }
+    drop(live);
+    tracing::info!(shard, tasks = ids.len(), "shard unloaded");
+}
+
+/// A task this process created for a shard it does not hold: out of the live map and off the
+/// wheel (the owner loads it from the inbox; were it kept here, a later grant of the shard
+/// would find it "loaded" and never arm it).
+pub(crate) fn let_go(inner: &Inner, id: &str) {
+    inner.live.lock().remove(id);
+    inner.timer.cancel(Key::fire(id));
+}
+
+/// A create is durable: its cell is let go, and out of the live map if another node owns
+/// its shard (written with an inbox row: that node loads it).
+pub(crate) fn created(inner: &Inner, l: super::cells::Locked, cell: Arc<super::LiveTask>) {
+    if inner.owns(&l.id) {
+        // Only the map and the guard may hold the cell for it to be unloaded.
+        drop(cell);
+        l.release(inner);
+    } else {
+        let id = l.id.clone();
+        drop(l);
+        let_go(inner, &id);
+    }
+}
+
+/// Takes tasks created on other nodes out of the inbox and loads them, every [`INBOX_EVERY`],
+/// until the engine is gone.
+pub(crate) async fn drain_inbox(inner: Weak<Inner>) {
+    loop {
+        tokio::time::sleep(INBOX_EVERY).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let i = inner.clone();
+        let ids = match tokio::task::spawn_blocking(move || i.store.take_inbox()).await {
+            Ok(Ok(ids)) => ids,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "the inbox could not be read; trying again");
+                continue;
+            }
+            Err(_) => continue,
+        };
+        for id in ids {
+            if !inner.owns(&id) {
+                continue; // lost meanwhile: the next owner loads it with its shard
+            }
+            let entry = match inner.store.live_entry(&id) {
+                Ok(Some(e)) if !e.state.is_terminal() => e,
+                Ok(_) => continue,
+                Err(e) => {
+                    tracing::error!(task = %id, error = %e, "a task from the inbox cannot be read");
+                    continue;
+                }
+            };
+            let id: Arc<str> = Arc::from(id);
+            let mut live = inner.live.lock();
+            if live.load(&id) {
+                arm_entry(&inner, &id, &entry);
+            }
+        }
+    }
+}

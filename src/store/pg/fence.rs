@@ -1,0 +1,146 @@
+//! Cluster mode's fence on a commit group (HA.md "Fence every write"), the part that belongs
+//! to the store: which shards each job writes, which jobs may go at all, and the inbox rows
+//! of tasks created for shards this process does not hold. Pure; `backend.rs` runs the
+//! statements (`SELECT … FOR KEY SHARE` on the shards' lease rows first in the group's
+//! transaction, through `cluster::rows::fence`'s protocol).
+//!
+//! The rule, per job:
+//! - every row it writes is in a shard this process holds and trusts now ([`Fence::epoch`]),
+//!   checked again against the lease row inside the transaction; or
+//! - the row belongs to a task the job creates ([`RawOp::Born`]) in a shard this process does
+//!   not hold: written unfenced (nobody has the new task loaded, and its id is required
+//!   absent), with an inbox row that tells the shard's owner to load it.
+//!
+//! A job that breaks the rule is answered `Rejected { lost_shard }` and nothing of it is
+//! written; the rest of the group goes on.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::shard::{fnv1a64, shard_of};
+use crate::store::backend::RawOp;
+
+/// What the store asks of the process's leases (implemented by `cluster::node::Ownership`).
+pub trait Fence: Send + Sync {
+    /// The epoch `shard` is held at, if this process holds and trusts it now.
+    fn epoch(&self, shard: u32) -> Option<u64>;
+    /// A fenced write found `shard` taken over (or its outcome unknown): stop acting on it.
+    fn lost(&self, shard: u32);
+    /// Every shard held and trusted now, with its epoch.
+    fn held(&self) -> Vec<(u32, u64)>;
+}
+
+/// The shard of a task id.
+pub fn shard_of_task(id: &str, shards: u32) -> u32 {
+    u32::try_from(fnv1a64(id.as_bytes()) % u64::from(shards.max(1))).unwrap_or(0)
+}
+
+/// What one job needs of the fence.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct JobFence {
+    /// Shards whose epochs must still be the ones held, by shard.
+    pub epochs: BTreeMap<u32, u64>,
+    /// Tasks this job creates in shards not held: `(shard, task id)`.
+    pub inbox: Vec<(u32, String)>,
+}
+
+/// A job's fence, or the first shard it writes that this process does not hold.
+pub fn job_fence(ops: &[RawOp], shards: u32, fence: &dyn Fence) -> Result<JobFence, u32> {
+    let born: BTreeSet<&str> = ops
+        .iter()
+        .filter_map(|op| match op {
+            RawOp::Born(id) => Some(id.as_str()),
+            _ => None,
+        })
+        .collect();
+    let born_shards: BTreeMap<u32, &str> = born
+        .iter()
+        .map(|id| (shard_of_task(id, shards), *id))
+        .collect();
+    let mut out = JobFence::default();
+    let mut written = BTreeSet::new();
+    for op in ops {
+        let shard = match op {
+            RawOp::Put(t, k, v) => shard_of(*t, k, Some(v), shards),
+            RawOp::Delete(t, k) => shard_of(*t, k, None, shards),
+            RawOp::Indexed(w) => shard_of(w.tree, &w.key, w.value.as_deref(), shards),
+            // Preconditions and markers write nothing.
+            RawOp::Absent(..) | RawOp::Born(_) => continue,
+        };
+        written.insert(u32::try_from(shard).unwrap_or(0));
+    }
+    for shard in written {
+        match (fence.epoch(shard), born_shards.get(&shard)) {
+            (Some(e), _) => {
+                out.epochs.insert(shard, e);
+            }
+            // Only a created task's rows may go to a shard not held; a job that also
+            // changes something else there is refused whole below (its other rows would
+            // be unfenced), which cannot be told apart from here: the engine never mixes
+            // them (a notification's rows are its own task's).
+            (None, Some(id)) => out.inbox.push((shard, (*id).to_string())),
+            (None, None) => return Err(shard),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::backend::TreeId;
+    use parking_lot::Mutex;
+
+    struct Held(Mutex<BTreeMap<u32, u64>>);
+    impl Fence for Held {
+        fn epoch(&self, shard: u32) -> Option<u64> {
+            self.0.lock().get(&shard).copied()
+        }
+        fn lost(&self, shard: u32) {
+            self.0.lock().remove(&shard);
+        }
+        fn held(&self) -> Vec<(u32, u64)> {
+            self.0.lock().iter().map(|(s, e)| (*s, *e)).collect()
+        }
+    }
+
+    fn put(id: &str) -> RawOp {
+        RawOp::Put(TreeId::Specs, id.as_bytes().to_vec(), b"v".to_vec())
+    }
+
+    #[test]
+    fn a_held_shard_is_fenced_at_its_epoch_and_another_is_refused() {
+        let s = shard_of_task("a", 8);
+        let f = Held(Mutex::new(BTreeMap::from([(s, 7)])));
+        let j = job_fence(&[put("a")], 8, &f).unwrap();
+        assert_eq!(j.epochs, BTreeMap::from([(s, 7)]));
+        assert!(j.inbox.is_empty());
+        let other = (0..100)
+            .map(|i| format!("t{i}"))
+            .find(|id| shard_of_task(id, 8) != s)
+            .unwrap();
+        assert_eq!(
+            job_fence(&[put(&other)], 8, &f),
+            Err(shard_of_task(&other, 8))
+        );
+    }
+
+    #[test]
+    fn a_created_task_in_a_shard_not_held_goes_to_the_inbox() {
+        let f = Held(Mutex::new(BTreeMap::new()));
+        let ops = [
+            RawOp::Absent(TreeId::Specs, b"new".to_vec()),
+            RawOp::Born("new".into()),
+            put("new"),
+        ];
+        let j = job_fence(&ops, 8, &f).unwrap();
+        assert!(j.epochs.is_empty());
+        assert_eq!(j.inbox, vec![(shard_of_task("new", 8), "new".to_string())]);
+        // Held: fenced like any write, no inbox row.
+        f.0.lock().insert(shard_of_task("new", 8), 3);
+        let j = job_fence(&ops, 8, &f).unwrap();
+        assert_eq!(j.epochs.len(), 1);
+        assert!(j.inbox.is_empty());
+        f.lost(shard_of_task("new", 8));
+        assert!(f.held().is_empty());
+    }
+}

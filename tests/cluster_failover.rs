@@ -1,0 +1,227 @@
+//! Cluster mode on real processes (HA.md, issue 24): two real `herald` nodes on one private
+//! PostgreSQL share the shards; creates go to either node (a create for the other node's
+//! shard is written with an inbox row and loaded by its owner); one node is killed with
+//! SIGKILL and the other takes its shards over once their leases run out and sends what was
+//! left — every acknowledged message arrives, and only a message in flight at the kill may
+//! arrive twice (with the same idempotency key). Then a SIGTERM of the survivor frees every
+//! shard at once (no lease left to run out).
+//!
+//! Short leases (2 s) keep the test quick; the protocol is the same at HA.md's 10 s.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::herald::{in_ms, poll, write_config, Proc};
+use common::http;
+use common::pg::PgServer;
+use common::receiver::Receiver;
+use serde_json::{json, Value};
+
+const SHARDS: u32 = 8;
+
+fn node(url: &str, dir: &std::path::Path, name: &str, hook: &str) -> Proc {
+    let nd = dir.join(name);
+    std::fs::create_dir_all(&nd).unwrap();
+    let config = write_config(
+        &nd,
+        &format!(
+            "[channels.hook]\nkind = \"webhook\"\nurl = \"{hook}\"\ntimeout = \"1s\"\n\
+             [cluster]\nnode_id = \"{name}\"\nshards = {SHARDS}\nlease = \"2s\"\nrenew = \"400ms\"\nsafety = \"500ms\"\n"
+        ),
+    );
+    let mut cmd = Proc::command(&config, &nd.join("data"));
+    cmd.env("HERALD_STORE_URL", url)
+        .env("HERALD_STORE_STATEMENT_TIMEOUT", "3s");
+    if let Ok(l) = std::env::var("HERALD_TEST_NODE_LOG") {
+        cmd.env("HERALD_LOG", l);
+    }
+    Proc::start(cmd)
+}
+
+async fn health(base: &str) -> Value {
+    http::get(&format!("{base}/healthz")).await.json()
+}
+
+async fn owned(base: &str) -> u64 {
+    health(base).await["cluster"]["shards_owned"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Who owns what, from the lease rows (database time): `(owner, lease live)` per shard.
+fn table(pg: &PgServer, url: &str) -> Vec<(String, bool)> {
+    pg.psql(
+        url,
+        "SELECT coalesce(owner_node, '-') || ' ' || coalesce((lease_expires >= now())::text, 'false') \
+         FROM herald_shard ORDER BY shard_id",
+    )
+    .lines()
+    .filter(|l| !l.trim().is_empty())
+    .map(|l| {
+        let mut p = l.split_whitespace();
+        let owner = p.next().unwrap_or("-").to_string();
+        (owner, p.next() == Some("true"))
+    })
+    .collect()
+}
+
+fn per_key(rx: &Receiver) -> HashMap<String, usize> {
+    let mut m = HashMap::new();
+    for r in rx.requests() {
+        *m.entry(r.idempotency_key().unwrap_or("").to_string())
+            .or_default() += 1;
+    }
+    m
+}
+
+fn one_shot(id: &str, after_ms: i64) -> Value {
+    json!({"id": id, "channel": "hook", "schedule": {"at": in_ms(after_ms)},
+           "messages": [{"to": "a", "body": id}]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_share_the_shards_and_the_survivor_of_a_kill_9_sends_the_rest() {
+    let Some(pg) = PgServer::start("cluster_failover") else {
+        return;
+    };
+    let url = pg.create_db("failover");
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+
+    let mut a = node(&url, dir.path(), "a", &rx.url());
+    // Alone, a takes every shard.
+    poll(Duration::from_secs(30), || async {
+        (owned(&a.url).await == u64::from(SHARDS)).then_some(())
+    })
+    .await
+    .expect("the first node takes every shard");
+
+    // Due after the kill below, created on a while it holds everything.
+    let mut expected = Vec::new();
+    for i in 0..20 {
+        let id = format!("early-{i}");
+        let r = http::post_json(
+            &format!("{}/v1/tasks", a.url),
+            &one_shot(&id, 9_000 + i * 150),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.text());
+        expected.push(format!("{id}:1:0"));
+    }
+    // A paced sequence running across the kill.
+    let seq = json!({"id": "seq", "channel": "hook", "schedule": {"at": in_ms(500)},
+        "pacing": {"interval": "400ms"},
+        "messages": (0..30).map(|i| json!({"to": format!("r{i}"), "body": "s"})).collect::<Vec<_>>()});
+    let r = http::post_json(&format!("{}/v1/tasks", a.url), &seq).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    expected.extend((0..30).map(|i| format!("seq:1:{i}")));
+
+    let b = node(&url, dir.path(), "b", &rx.url());
+    // a hands its surplus over until each holds half.
+    poll(Duration::from_secs(40), || async {
+        let (na, nb) = (owned(&a.url).await, owned(&b.url).await);
+        (na == u64::from(SHARDS / 2) && nb == u64::from(SHARDS / 2)).then_some(())
+    })
+    .await
+    .expect("two nodes balance to half the shards each");
+    // Never two owners: each shard's row names one node, and the two counts add up.
+    let t = table(&pg, &url);
+    assert_eq!(t.len(), SHARDS as usize);
+    assert!(
+        t.iter().all(|(o, live)| *live && (o == "a" || o == "b")),
+        "{t:?}"
+    );
+
+    // Creates on either node, each for shards of both: the other's go through the inbox.
+    for i in 0..20 {
+        let (id, base) = (
+            format!("late-{i}"),
+            if i % 2 == 0 { &a.url } else { &b.url },
+        );
+        let r = http::post_json(&format!("{base}/v1/tasks"), &one_shot(&id, 1_500 + i * 100)).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+        expected.push(format!("{id}:1:0"));
+    }
+    // The inbox path delivers before any kill.
+    let late_done = poll(Duration::from_secs(30), || async {
+        let k = per_key(&rx);
+        (0..20)
+            .all(|i| k.contains_key(&format!("late-{i}:1:0")))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        late_done.is_some(),
+        "creates on either node are sent by their shard's owner: {:?}",
+        per_key(&rx)
+    );
+
+    // Let the sequence get going, then kill a in the middle of it.
+    poll(Duration::from_secs(30), || async {
+        (per_key(&rx)
+            .keys()
+            .filter(|k| k.starts_with("seq:"))
+            .count()
+            >= 5)
+            .then_some(())
+    })
+    .await
+    .expect("the sequence is under way");
+    let killed = Instant::now();
+    a.kill9();
+
+    // b takes every shard once a's leases ran out.
+    poll(Duration::from_secs(30), || async {
+        (owned(&b.url).await == u64::from(SHARDS)).then_some(())
+    })
+    .await
+    .expect("the survivor takes every shard over");
+    let took = killed.elapsed();
+
+    let all = poll(Duration::from_secs(60), || async {
+        let k = per_key(&rx);
+        expected.iter().all(|e| k.contains_key(e)).then_some(k)
+    })
+    .await
+    .unwrap_or_else(|| {
+        let k = per_key(&rx);
+        let missing: Vec<_> = expected.iter().filter(|e| !k.contains_key(*e)).collect();
+        panic!("not delivered after the failover: {missing:?}")
+    });
+    let twice: Vec<_> = all.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        all.values().all(|n| *n <= 2) && twice.len() <= 2,
+        "only a message in flight at the kill may arrive twice: {twice:?}"
+    );
+    assert!(all.keys().all(|k| expected.contains(k)), "{all:?}");
+    // Sequence order within the run, across the takeover.
+    let seqs: Vec<u32> = rx
+        .requests()
+        .iter()
+        .filter_map(|r| r.idempotency_key()?.strip_prefix("seq:1:")?.parse().ok())
+        .collect();
+    let mut dedup = seqs.clone();
+    dedup.dedup();
+    assert!(dedup.windows(2).all(|w| w[0] < w[1]), "seq order: {seqs:?}");
+    eprintln!("takeover after kill -9: every shard owned by the survivor {took:?} after the kill; twice: {twice:?}");
+
+    if std::env::var("HERALD_TEST_NODE_LOG").is_ok() {
+        let m = http::get(&format!("{}/metrics", b.url)).await.text();
+        for l in m.lines().filter(|l| {
+            l.contains("flush_duration") || l.contains("busy_seconds") || l.contains("lateness")
+        }) {
+            eprintln!("b: {l}");
+        }
+    }
+    // SIGTERM: the survivor drains and frees its rows at once.
+    let mut b = b;
+    b.signal(libc::SIGTERM);
+    b.wait_exit(Duration::from_secs(30)).await;
+    let t = table(&pg, &url);
+    assert!(
+        t.iter().all(|(o, live)| o == "-" && !*live),
+        "released: {t:?}"
+    );
+}
