@@ -200,8 +200,18 @@ fn start_lease_loop(
     engine: &Engine,
     config: &Config,
     hooks: Option<&ClusterHooks>,
+    addr: SocketAddr,
 ) -> Option<crate::cluster::node::Handle> {
     let (hooks, c, db) = (hooks?, config.cluster.as_ref()?, config.database.as_ref()?);
+    // Without `advertise`, the address herald listens on, when it names one interface.
+    let advertise = c.advertise.clone().or_else(|| {
+        if addr.ip().is_unspecified() {
+            tracing::warn!(%addr, "cluster.advertise is not set and herald listens on every interface: other nodes cannot forward commands here");
+            None
+        } else {
+            Some(format!("http://{addr}"))
+        }
+    });
     let (events, follow) = tokio::sync::mpsc::unbounded_channel();
     engine.follow_cluster(follow);
     let settings = crate::cluster::node::Settings {
@@ -210,7 +220,7 @@ fn start_lease_loop(
         me: crate::cluster::node::Identity {
             node_id: c.node_id.clone(),
             incarnation: incarnation(&c.node_id),
-            advertise: c.advertise.clone(),
+            advertise,
         },
         timing: c.timing,
         shards: hooks.shards,
@@ -329,7 +339,7 @@ pub async fn start_with(
     tokio::spawn(api::serve(listener, state, rx));
     engine.recover().await?;
     // Cluster mode: the lease loop starts once the engine can load what it is granted.
-    let lease_loop = start_lease_loop(&engine, &config, cluster.as_ref());
+    let lease_loop = start_lease_loop(&engine, &config, cluster.as_ref(), addr);
     tracing::info!(%addr, data_dir = %config.data_dir.display(), connections_max,
         fd_limit = limit, fd_reserved = reserve, "herald listening");
     Ok(Server {

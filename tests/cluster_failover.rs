@@ -134,6 +134,52 @@ async fn two_nodes_share_the_shards_and_the_survivor_of_a_kill_9_sends_the_rest(
         "{t:?}"
     );
 
+    // The operator's view, from either node: two live nodes, each shard owned by one.
+    let view = poll(Duration::from_secs(10), || async {
+        let v = http::get(&format!("{}/v1/cluster", b.url)).await.json();
+        let nodes = v["nodes"].as_array().cloned().unwrap_or_default();
+        (nodes.iter().filter(|n| n["live"] == true).count() == 2).then_some(v)
+    })
+    .await
+    .expect("GET /v1/cluster lists both nodes");
+    assert_eq!(view["shards_total"], SHARDS);
+    assert_eq!(view["shards"].as_array().unwrap().len(), SHARDS as usize);
+    let a_shards: Vec<u32> = view["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["owner_node"] == "a")
+        .map(|s| s["shard"].as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(a_shards.len(), (SHARDS / 2) as usize, "{view}");
+
+    // Commands on the node that does not hold the task are forwarded to the one that does:
+    // tasks created on a (any shard), cancelled through b; a's own ones come back 200 too.
+    let mut forwarded = 0;
+    for i in 0..12 {
+        let id = format!("far-{i}");
+        let r = http::post_json(&format!("{}/v1/tasks", a.url), &one_shot(&id, 120_000)).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+        if a_shards.contains(&herald::store::pg::fence::shard_of_task(&id, SHARDS)) {
+            forwarded += 1;
+        }
+        let r = poll(Duration::from_secs(10), || async {
+            let r = http::post_json(&format!("{}/v1/tasks/{id}/cancel", b.url), &json!({})).await;
+            (r.status != 503).then_some(r)
+        })
+        .await
+        .expect("a cancel is answered");
+        assert_eq!(r.status, 200, "cancel {id} through b: {}", r.text());
+        assert_eq!(r.json()["state"], "cancelled", "{}", r.text());
+    }
+    assert!(
+        forwarded > 0,
+        "some of the cancels had to be forwarded to a"
+    );
+    // Non-owner commands on a missing task still answer 404 (from its owner).
+    let r = http::post_json(&format!("{}/v1/tasks/nobody/cancel", b.url), &json!({})).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+
     // Creates on either node, each for shards of both: the other's go through the inbox.
     for i in 0..20 {
         let (id, base) = (

@@ -124,6 +124,8 @@ fn status_class(s: u16) -> &'static str {
 /// One value of a metric family.
 #[derive(Debug)]
 enum Value {
+    /// A gauge with a fractional value (seconds).
+    GaugeF(f64),
     Gauge(i64),
     Counter(u64),
     Seconds(f64),
@@ -168,6 +170,14 @@ impl Scrape {
             vec![(vec![], Value::Gauge(v))],
         );
     }
+    fn gauge_f(&mut self, name: &'static str, help: &'static str, v: f64) {
+        self.add(
+            name,
+            MetricType::Gauge,
+            help,
+            vec![(vec![], Value::GaugeF(v))],
+        );
+    }
     fn counter(&mut self, name: &'static str, help: &'static str, v: u64) {
         self.add(
             name,
@@ -189,6 +199,7 @@ impl Scrape {
 fn encode_value(v: &Value, e: prometheus_client::encoding::MetricEncoder) -> std::fmt::Result {
     match v {
         Value::Gauge(g) => ConstGauge::new(*g).encode(e),
+        Value::GaugeF(g) => ConstGauge::new(*g).encode(e),
         Value::Counter(c) => ConstCounter::new(*c).encode(e),
         Value::Seconds(s) => ConstCounter::new(*s).encode(e),
         Value::Hist(h) => h.encode(e),
@@ -221,6 +232,7 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
     tasks(&mut s, state, census);
     otlp(&mut s, state);
     losses(&mut s, state);
+    cluster(&mut s, state);
     store(&mut s, state);
     connections(&mut s, state);
     channels(&mut s, state);
@@ -317,6 +329,36 @@ fn otlp(s: &mut Scrape, state: &ApiState) {
             x.failed_posts.load(Relaxed),
         );
     }
+}
+
+/// Cluster mode's figures (HA.md "Config"), when in it.
+fn cluster(s: &mut Scrape, state: &ApiState) {
+    let Some(c) = state.engine.cluster() else {
+        return;
+    };
+    let own = &c.ownership;
+    s.gauge(
+        "herald_shards_owned",
+        "Shards this node holds and trusts now",
+        i64::try_from(own.count()).unwrap_or(i64::MAX),
+    );
+    s.counter(
+        "herald_fence_rejected",
+        "Writes refused because their shard had been taken over (the shard was let go)",
+        own.fence_rejected.load(Ordering::Relaxed),
+    );
+    if let Some(ms) = own.clock_offset_ms() {
+        s.gauge_f(
+            "herald_clock_offset_seconds",
+            "The database's clock minus this node's, as last measured",
+            ms as f64 / 1000.0,
+        );
+    }
+    s.histogram(
+        "herald_lease_renew_seconds",
+        "How long lease renewals took to answer",
+        &own.renew_seconds,
+    );
 }
 
 /// What was given up or dropped at a bound, and the alerts.

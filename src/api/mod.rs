@@ -7,6 +7,7 @@ pub mod conns;
 mod dashboard;
 pub mod events;
 mod export;
+mod forward;
 mod input;
 mod lang;
 pub mod metrics;
@@ -326,6 +327,57 @@ fn healthz(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
     Ok(json_response(status, &body))
 }
 
+/// `GET /v1/cluster` (HA.md "Config"): the nodes, and per shard its epoch, owner and lease
+/// expiry, as this node's lease loop last read them (`read_at`: at most one `renew` old).
+fn cluster_view(state: &ApiState) -> Result<Resp, Problem> {
+    let Some(c) = state.engine.cluster() else {
+        return Err(Problem::not_found(
+            "herald is not in cluster mode (no [cluster] section in its config)",
+        ));
+    };
+    let v = c.ownership.view();
+    let shards: Vec<_> = v
+        .shards
+        .iter()
+        .map(|s| {
+            json!({
+                "shard": s.shard,
+                "epoch": s.epoch,
+                "owner_node": s.owner_node,
+                "lease_expires": s.lease_expires_ms
+                    .and_then(|ms| u64::try_from(ms).ok())
+                    .map(crate::schedule::format_utc),
+                "free": s.takeable,
+            })
+        })
+        .collect();
+    let nodes: Vec<_> = v
+        .nodes
+        .iter()
+        .map(|n| {
+            let owned = v
+                .shards
+                .iter()
+                .filter(|s| !s.takeable && s.owner_incarnation.as_deref() == Some(&n.incarnation))
+                .count();
+            json!({"node_id": n.node_id, "incarnation": n.incarnation,
+                   "advertise": n.advertise, "live": n.live, "shards_owned": owned})
+        })
+        .collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "node_id": c.node_id,
+            "shards_total": c.shards,
+            "shards_owned": c.ownership.count(),
+            "clock_offset_ms": c.ownership.clock_offset_ms(),
+            "read_at": v.read_at_ms.map(crate::schedule::format_utc),
+            "nodes": nodes,
+            "shards": shards,
+        }),
+    ))
+}
+
 /// `GET /metrics` in the Prometheus text format.
 async fn metrics_page(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
     authorize(state, req)?;
@@ -367,6 +419,12 @@ async fn v1(
             "herald is shutting down (draining its sends); nothing was changed. Try again shortly",
         )
         .kind("draining", "Shutting down"));
+    }
+    // Cluster mode: a command for another node's task is that node's to carry out.
+    if let Some(task) = forward::target(&m, rest) {
+        if !state.engine.owns(&task) {
+            return forward::forward(state, req, &task).await;
+        }
     }
     match rest {
         ["tasks"] => match m {
@@ -441,6 +499,10 @@ async fn v1(
         },
         ["openapi.json"] => match m {
             Method::GET => Ok(openapi()),
+            _ => Err(method_not_allowed("GET")),
+        },
+        ["cluster"] => match m {
+            Method::GET => cluster_view(state),
             _ => Err(method_not_allowed("GET")),
         },
         ["channels"] => match m {

@@ -57,6 +57,26 @@ pub struct Ownership {
     lost: Mutex<Vec<Event>>,
     /// The last clock offset measured against the database (`offset.rs`).
     offset_ms: Mutex<Option<i64>>,
+    /// What the last balancing round read: the shard rows, the nodes, and where each live
+    /// owner can be reached (forwarding, `GET /v1/cluster`).
+    view: Mutex<View>,
+    /// Shards dropped because a fenced write found them taken over (`herald_fence_rejected`).
+    pub fence_rejected: std::sync::atomic::AtomicU64,
+    /// How long renewals took to answer (`herald_lease_renew_seconds`).
+    pub renew_seconds: prometheus_client::metrics::histogram::Histogram,
+}
+
+/// Bounds of `herald_lease_renew_seconds`.
+const RENEW_BOUNDS_S: [f64; 10] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
+
+/// The cluster as this process last read it (at most one balancing round old).
+#[derive(Clone, Debug, Default)]
+pub struct View {
+    pub shards: Vec<rows::ShardRow>,
+    pub nodes: Vec<rows::NodeRow>,
+    pub owners: std::collections::HashMap<u32, String>,
+    /// When it was read, Unix ms on this node's clock (`None`: not yet).
+    pub read_at_ms: Option<u64>,
 }
 
 impl Ownership {
@@ -67,6 +87,9 @@ impl Ownership {
             base: Instant::now(),
             lost: Mutex::new(Vec::new()),
             offset_ms: Mutex::new(None),
+            view: Mutex::new(View::default()),
+            fence_rejected: std::sync::atomic::AtomicU64::new(0),
+            renew_seconds: prometheus_client::metrics::histogram::Histogram::new(RENEW_BOUNDS_S),
         }
     }
 
@@ -130,6 +153,17 @@ impl Ownership {
         self.leases.lock().count()
     }
 
+    /// The address of the process holding `shard`, as last read (`None`: unknown, or it
+    /// advertises none).
+    pub fn owner_address(&self, shard: u32) -> Option<String> {
+        self.view.lock().owners.get(&shard).cloned()
+    }
+
+    /// The cluster as last read.
+    pub fn view(&self) -> View {
+        self.view.lock().clone()
+    }
+
     /// This node's clock minus the database's, as last measured (`None`: not yet).
     pub fn clock_offset_ms(&self) -> Option<i64> {
         *self.offset_ms.lock()
@@ -144,6 +178,8 @@ impl crate::store::pg::fence::Fence for Ownership {
     }
 
     fn lost(&self, shard: u32) {
+        self.fence_rejected
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Some(ev) = self.fenced(shard) {
             self.lost.lock().push(ev);
         }
@@ -268,11 +304,15 @@ impl Loop {
             .map(|&(shard, epoch)| Grant { shard, epoch })
             .collect();
         let me = &self.s.me;
+        let asked = Instant::now();
         let answer = tokio::time::timeout(
             self.deadline(),
             rows::renew(c, &me.incarnation, self.s.timing.ttl_ms, &held),
         )
         .await;
+        self.own
+            .renew_seconds
+            .observe(asked.elapsed().as_secs_f64());
         match answer {
             Ok(Ok(renewed)) => {
                 let lost = self.own.leases.lock().renew_answered(&renewed);
@@ -339,6 +379,42 @@ impl Loop {
         Ok(())
     }
 
+    /// Heartbeat, then the cluster as it is now: how many nodes live, the shard rows (kept
+    /// with the nodes and owners' addresses as the process's [`View`]).
+    async fn read_cluster(&self, c: &Client) -> Result<(usize, Vec<rows::ShardRow>), ()> {
+        let me = &self.s.me;
+        let read = async {
+            rows::heartbeat(
+                c,
+                &me.node_id,
+                &me.incarnation,
+                me.advertise.as_deref(),
+                self.s.timing.ttl_ms,
+            )
+            .await?;
+            let live = rows::live_nodes(c).await?;
+            let table = rows::rows(c).await?;
+            let owners = rows::owners(c).await?;
+            let nodes = rows::nodes(c).await?;
+            Ok::<_, tokio_postgres::Error>((live, table, owners, nodes))
+        };
+        let Ok(Ok((live, table, owners, nodes))) =
+            tokio::time::timeout(self.deadline(), read).await
+        else {
+            return Err(());
+        };
+        *self.own.view.lock() = View {
+            shards: table.clone(),
+            nodes,
+            owners: owners.into_iter().collect(),
+            read_at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()
+                .and_then(|d| u64::try_from(d.as_millis()).ok()),
+        };
+        Ok((live, table))
+    }
+
     /// Heartbeat, then one balancing round: acquire toward the target or hand one over.
     async fn balance(&mut self, c: &Client) -> Result<(), ()> {
         let now = self.own.mono_ms();
@@ -349,23 +425,7 @@ impl Loop {
         let me = self.s.me.clone();
         let d = self.deadline();
         let ttl = self.s.timing.ttl_ms;
-        let read = async {
-            rows::heartbeat(
-                c,
-                &me.node_id,
-                &me.incarnation,
-                me.advertise.as_deref(),
-                ttl,
-            )
-            .await?;
-            let live = rows::live_nodes(c).await?;
-            let table = rows::rows(c).await?;
-            Ok::<_, tokio_postgres::Error>((live, table))
-        };
-        let (live, table) = match tokio::time::timeout(d, read).await {
-            Ok(Ok(v)) => v,
-            _ => return Err(()),
-        };
+        let (live, table) = self.read_cluster(c).await?;
         let mine: Vec<u32> = self.own.grants().iter().map(|g| g.shard).collect();
         let takeable: Vec<u32> = table
             .iter()

@@ -39,6 +39,8 @@ pub struct ShardRow {
     /// The lease has run out (database time) or the row was never owned or was released:
     /// anyone may acquire it.
     pub takeable: bool,
+    /// When the lease runs out, Unix ms of the database's clock (`None`: free).
+    pub lease_expires_ms: Option<i64>,
 }
 
 /// Why a fenced group may not commit.
@@ -203,7 +205,8 @@ pub async fn rows(c: &impl GenericClient) -> Result<Vec<ShardRow>, tokio_postgre
     let rows = c
         .query(
             "SELECT shard_id, epoch, owner_node, owner_incarnation, \
-               (lease_expires IS NULL OR lease_expires < now()) \
+               (lease_expires IS NULL OR lease_expires < now()), \
+               (extract(epoch FROM lease_expires) * 1000)::bigint \
              FROM herald_shard ORDER BY shard_id",
             &[],
         )
@@ -216,6 +219,54 @@ pub async fn rows(c: &impl GenericClient) -> Result<Vec<ShardRow>, tokio_postgre
             owner_node: r.get(2),
             owner_incarnation: r.get(3),
             takeable: r.get(4),
+            lease_expires_ms: r.get(5),
+        })
+        .collect())
+}
+
+/// Where each shard's live owner can be reached: `(shard, advertise)` for every shard whose
+/// lease has not run out and whose owning process advertises an address (`herald_node`).
+pub async fn owners(c: &impl GenericClient) -> Result<Vec<(u32, String)>, tokio_postgres::Error> {
+    let rows = c
+        .query(
+            "SELECT s.shard_id, n.advertise FROM herald_shard s \
+             JOIN herald_node n ON n.incarnation = s.owner_incarnation \
+             WHERE s.lease_expires >= now() AND n.advertise IS NOT NULL",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| (to_u32(r.get(0)), r.get::<_, String>(1)))
+        .collect())
+}
+
+/// One process of the cluster as `GET /v1/cluster` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeRow {
+    pub node_id: String,
+    pub incarnation: String,
+    pub advertise: Option<String>,
+    /// Its heartbeat is current (database time).
+    pub live: bool,
+}
+
+/// The processes in `herald_node`, by node id.
+pub async fn nodes(c: &impl GenericClient) -> Result<Vec<NodeRow>, tokio_postgres::Error> {
+    let rows = c
+        .query(
+            "SELECT node_id, incarnation, advertise, expires >= now() FROM herald_node \
+             ORDER BY node_id, incarnation",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| NodeRow {
+            node_id: r.get(0),
+            incarnation: r.get(1),
+            advertise: r.get(2),
+            live: r.get(3),
         })
         .collect())
 }

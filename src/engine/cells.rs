@@ -104,9 +104,12 @@ impl LiveMap {
 
 /// While the live index is still loading: takes over a task the loader has not reached yet,
 /// from its live entry on disk (its fire goes on the wheel now, and the loader will skip it).
-/// False if the task is not live, or nothing is loading.
+/// In cluster mode also a task of a held shard that another node created and whose inbox
+/// row has not been read yet (`cluster.rs`). False if the task is not live, or nothing is
+/// loading (alone), or its shard is not held (cluster mode).
 pub(crate) fn adopt(inner: &Inner, live: &mut LiveMap, id: &str) -> bool {
-    if live.loading.is_none() || live.contains_key(id) {
+    let cluster = inner.config.cluster.is_some();
+    if (live.loading.is_none() && !cluster) || live.contains_key(id) || !inner.owns(id) {
         return false;
     }
     match inner.store.live_entry(id) {

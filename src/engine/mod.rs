@@ -342,6 +342,12 @@ impl Engine {
         tokio::spawn(cluster::drain_inbox(weak));
     }
 
+    /// Whether this process acts on `task` (always outside cluster mode; in it, whether the
+    /// task's shard is held and trusted now).
+    pub fn owns(&self, task: &str) -> bool {
+        self.inner.owns(task)
+    }
+
     /// The cluster settings this engine runs with (`None`: alone).
     pub fn cluster(&self) -> Option<&cluster::ClusterHooks> {
         self.inner.config.cluster.as_ref()
