@@ -289,7 +289,9 @@ async fn run_step_locked(
             l.release(inner);
             return Ok(());
         }
-        super::cluster::Window::Within(d) => Some(d),
+        // The end of the window, read with the window itself (a pause after this must not
+        // move it).
+        super::cluster::Window::Within(d) => Some(tokio::time::Instant::now() + d),
         super::cluster::Window::Unbounded => None,
     };
     let cell = l.cell();
@@ -298,18 +300,25 @@ async fn run_step_locked(
     let mut prepared = prepared;
     let (outcome, report) = match window {
         None => send(inner, &prepared).await,
-        Some(d) => match tokio::time::timeout(d, send(inner, &prepared)).await {
-            Ok(r) => r,
-            // Cut off as the trust window ends: nobody knows whether it arrived, so it is
-            // retried (by this node if it still holds the shard, else by the next owner).
-            Err(_) => (
-                Outcome::Retry {
-                    error: "cut off: this node's lease on the task's shard was ending".into(),
-                    not_before_ms: None,
-                },
-                Default::default(),
-            ),
-        },
+        Some(end) => {
+            // The deadline is looked at before the send is first polled (`biased`): a process
+            // paused between the window check and here (SIGSTOP, a VM freeze) wakes with the
+            // window gone and sends nothing, instead of sending once before the timeout fires.
+            tokio::select! {
+                biased;
+                _ = tokio::time::sleep_until(end) => (
+                    // Cut off as the trust window ends: nobody knows whether it arrived, so it
+                    // is retried (by this node if it still holds the shard, else by the next
+                    // owner, with the same idempotency key).
+                    Outcome::Retry {
+                        error: "cut off: this node's lease on the task's shard was ending".into(),
+                        not_before_ms: None,
+                    },
+                    Default::default(),
+                ),
+                r = send(inner, &prepared) => r,
+            }
+        }
     };
     prepared.report = report;
     let Some(mut l) = super::cells::relock(inner, &key.task, cell).await? else {
