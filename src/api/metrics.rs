@@ -89,6 +89,7 @@ pub fn route_of(path: &str) -> &'static str {
             ["failures", _] => "/v1/failures/{id}",
             ["failures", _, "retry"] => "/v1/failures/{id}/retry",
             ["channels"] => "/v1/channels",
+            ["cluster"] => "/v1/cluster",
             ["schedules", "preview"] => "/v1/schedules/preview",
             ["events"] => "/v1/events",
             ["export"] => "/v1/export",
