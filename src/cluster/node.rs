@@ -64,6 +64,26 @@ pub struct Ownership {
     pub fence_rejected: std::sync::atomic::AtomicU64,
     /// How long renewals took to answer (`herald_lease_renew_seconds`).
     pub renew_seconds: prometheus_client::metrics::histogram::Histogram,
+    /// Sends under way per shard ([`Ownership::sending`]): a handover waits for them.
+    sends: Mutex<std::collections::HashMap<u32, usize>>,
+}
+
+/// A send under way on a shard, from its start to its end (dropped).
+pub struct Sending<'a> {
+    own: &'a Ownership,
+    shard: u32,
+}
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        let mut m = self.own.sends.lock();
+        if let Some(n) = m.get_mut(&self.shard) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.shard);
+            }
+        }
+    }
 }
 
 /// Bounds of `herald_lease_renew_seconds`.
@@ -90,6 +110,7 @@ impl Ownership {
             view: Mutex::new(View::default()),
             fence_rejected: std::sync::atomic::AtomicU64::new(0),
             renew_seconds: prometheus_client::metrics::histogram::Histogram::new(RENEW_BOUNDS_S),
+            sends: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -151,6 +172,19 @@ impl Ownership {
 
     pub fn count(&self) -> usize {
         self.leases.lock().count()
+    }
+
+    /// Counts a send on `shard` until the guard is dropped, so that handing the shard over
+    /// waits for it (HA.md "Balancing": drain its sends, then release the row; a new owner
+    /// re-sends an inherited in-flight message, which must not overlap this attempt).
+    pub fn sending(&self, shard: u32) -> Sending<'_> {
+        *self.sends.lock().entry(shard).or_default() += 1;
+        Sending { own: self, shard }
+    }
+
+    fn sends_on(&self, shards: &[u32]) -> usize {
+        let m = self.sends.lock();
+        shards.iter().filter_map(|s| m.get(s)).sum()
     }
 
     /// The address of the process holding `shard`, as last read (`None`: unknown, or it
@@ -482,6 +516,13 @@ impl Loop {
         }
         for g in &grants {
             let _ = self.events.send(Event::Released(g.shard));
+        }
+        // No new send starts on them now; the ones under way end by their trust window at
+        // the latest (`engine/step.rs` cuts them off there), so this wait is bounded.
+        let shards: Vec<u32> = grants.iter().map(|g| g.shard).collect();
+        let until = Instant::now() + Duration::from_millis(self.s.timing.ttl_ms);
+        while self.own.sends_on(&shards) > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let inc = &self.s.me.incarnation;
         match tokio::time::timeout(self.deadline(), rows::release(c, inc, &grants)).await {

@@ -55,13 +55,13 @@ impl std::fmt::Debug for ClusterHooks {
 }
 
 /// How long a send may take, as the cluster allows it.
-pub(crate) enum Window {
+pub(crate) enum Window<'a> {
     /// Not in cluster mode.
     Unbounded,
     /// Not held, or too little trust left: the send does not start.
     Closed,
-    /// It must be over within this.
-    Within(Duration),
+    /// It must be over within this; the guard counts it as under way on its shard.
+    Within(Duration, crate::cluster::node::Sending<'a>),
 }
 
 impl Inner {
@@ -90,13 +90,18 @@ impl Inner {
     }
 
     /// See [`Window`].
-    pub(crate) fn send_window(&self, task: &str) -> Window {
+    pub(crate) fn send_window(&self, task: &str) -> Window<'_> {
         match self.shard_of(task) {
             None => Window::Unbounded,
-            Some((c, s)) => match c.ownership.send_window_ms(s) {
-                Some(ms) => Window::Within(Duration::from_millis(ms)),
-                None => Window::Closed,
-            },
+            Some((c, s)) => {
+                // Counted before the window is read: a handover that begins in between
+                // either sees this send or the send sees the shard gone.
+                let guard = c.ownership.sending(s);
+                match c.ownership.send_window_ms(s) {
+                    Some(ms) => Window::Within(Duration::from_millis(ms), guard),
+                    None => Window::Closed,
+                }
+            }
         }
     }
 }

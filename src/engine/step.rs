@@ -291,7 +291,7 @@ async fn run_step_locked(
         }
         // The end of the window, read with the window itself (a pause after this must not
         // move it).
-        super::cluster::Window::Within(d) => Some(tokio::time::Instant::now() + d),
+        super::cluster::Window::Within(d, guard) => Some((tokio::time::Instant::now() + d, guard)),
         super::cluster::Window::Unbounded => None,
     };
     let cell = l.cell();
@@ -300,7 +300,7 @@ async fn run_step_locked(
     let mut prepared = prepared;
     let (outcome, report) = match window {
         None => send(inner, &prepared).await,
-        Some(end) => {
+        Some((end, _sending)) => {
             // The deadline is looked at before the send is first polled (`biased`): a process
             // paused between the window check and here (SIGSTOP, a VM freeze) wakes with the
             // window gone and sends nothing, instead of sending once before the timeout fires.
