@@ -22,7 +22,13 @@ use serde_json::{json, Value};
 const SHARDS: u32 = 8;
 
 fn node(url: &str, dir: &std::path::Path, name: &str, hook: &str) -> Proc {
-    node_with(url, dir, name, hook, "lease = \"2s\"\nrenew = \"400ms\"\nsafety = \"500ms\"\n")
+    node_with(
+        url,
+        dir,
+        name,
+        hook,
+        "lease = \"2s\"\nrenew = \"400ms\"\nsafety = \"500ms\"\n",
+    )
 }
 
 fn node_with(url: &str, dir: &std::path::Path, name: &str, hook: &str, timing: &str) -> Proc {
@@ -156,6 +162,28 @@ async fn two_nodes_share_the_shards_and_the_survivor_of_a_kill_9_sends_the_rest(
         .map(|s| s["shard"].as_u64().unwrap() as u32)
         .collect();
     assert_eq!(a_shards.len(), (SHARDS / 2) as usize, "{view}");
+    // The same view on the command line.
+    let burl = b.url.clone();
+    let cli = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_herald"))
+            .args(["cluster", "--url", &burl])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&cli.stdout);
+    assert!(cli.status.success(), "herald cluster: {text}");
+    assert!(
+        text.contains("SHARD")
+            && text.contains("holds 4 of 8 shards")
+            && text
+                .lines()
+                .filter(|l| l.starts_with("a ") || l.starts_with("b "))
+                .count()
+                >= 2,
+        "herald cluster prints the nodes and shards: {text}"
+    );
 
     // Commands on the node that does not hold the task are forwarded to the one that does:
     // tasks created on a (any shard), cancelled through b; a's own ones come back 200 too.

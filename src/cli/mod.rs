@@ -1,4 +1,4 @@
-//! The operator's command line client: `herald tasks|failures|channels|next`. It talks to a
+//! The operator's command line client: `herald tasks|failures|channels|cluster|next`. It talks to a
 //! running herald over its public HTTP API (`client.rs`), except `herald next`, which previews a
 //! schedule offline with the server's own schedule code (`next.rs`).
 //!
@@ -7,6 +7,7 @@
 
 mod backup;
 mod client;
+mod cluster;
 mod failures;
 mod lang;
 mod next;
@@ -66,6 +67,11 @@ pub enum Command {
     },
     /// Configured channels with their limiter and breaker state.
     Channels {
+        #[command(flatten)]
+        conn: Conn,
+    },
+    /// Cluster mode: the nodes, and per shard its epoch, owner and lease expiry.
+    Cluster {
         #[command(flatten)]
         conn: Conn,
     },
@@ -204,6 +210,10 @@ pub fn run(cmd: Command) -> Result<(), CliError> {
             Command::Channels { conn } => {
                 let c = conn.client()?;
                 failures::channels(&c, conn.json).await
+            }
+            Command::Cluster { conn } => {
+                let c = conn.client()?;
+                cluster::show(&c, conn.json).await
             }
             Command::Export(args) => backup::export_cmd(args).await,
             Command::Import(args) => backup::import_cmd(args).await,
