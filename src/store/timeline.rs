@@ -59,11 +59,24 @@ pub const TRIM_PER_WRITE: u64 = 64;
 /// its fire unless 32 768 newer tasks came in between.
 const SEQS_MAX: usize = 65_536;
 
-/// The counter of a task with no stored event: seq 1 is its derived `created` event.
+/// The counter of a task being created, before its first event.
+const NEW: Seq = Seq {
+    next: CREATED_SEQ,
+    oldest: CREATED_SEQ,
+};
+
+/// The counter of a stored task with no stored event: seq 1 is its derived `created` event.
 const FIRST: Seq = Seq {
     next: CREATED_SEQ + 1,
     oldest: CREATED_SEQ,
 };
+
+/// A task's derived `created` event as the engine writes it ([`TimelineEvent::created`]:
+/// numbered 1 already): never stored. A `created` event given without a seq is stored like
+/// any other (a fixture's, a test's).
+fn is_derived(e: &TimelineEvent) -> bool {
+    e.kind == TimelineKind::Created && e.seq == CREATED_SEQ
+}
 
 /// `task id ‖ 0x00 ‖ seq` (big-endian).
 pub fn timeline_key(task_id: &str, seq: u64) -> Vec<u8> {
@@ -248,8 +261,8 @@ pub fn derived_created(task: &Task, events: &[TimelineEvent], max: u32) -> Optio
 
 /// The writes of `events` for a task whose counter is `s` (seqs `s.next..` for events not
 /// numbered yet; an event with a seq keeps it, see [`Store::write_numbered`]), and the counter
-/// after them: a put per event but `created` (derived, never stored), then the deletes that
-/// keep at most `max` events. Pure.
+/// after them: a put per event but the derived `created` ([`is_derived`]), then the deletes
+/// that keep at most `max` events. Pure.
 pub(crate) fn plan_writes(
     task_id: &str,
     events: &[TimelineEvent],
@@ -258,13 +271,15 @@ pub(crate) fn plan_writes(
     ops: &mut Vec<RawOp>,
 ) -> Result<Seq, StoreError> {
     let mut next = s.next;
-    for e in events.iter().filter(|e| e.kind != TimelineKind::Created) {
+    for e in events {
         let seq = if e.seq == 0 { next } else { e.seq };
-        ops.push(RawOp::Put(
-            TreeId::Timeline,
-            timeline_key(task_id, seq),
-            encode(&TimelineRecord::of(e))?,
-        ));
+        if !is_derived(e) {
+            ops.push(RawOp::Put(
+                TreeId::Timeline,
+                timeline_key(task_id, seq),
+                encode(&TimelineRecord::of(e))?,
+            ));
+        }
         next = next.max(seq + 1);
     }
     // Keep seqs `next - max ..`; delete from the oldest stored, a bounded number per write.
@@ -304,7 +319,7 @@ impl Store {
     fn timeline_seq(&self, task_id: &str, new_task: bool) -> Result<Seq, StoreError> {
         if new_task {
             // The job requires the task's spec absent, and a task's events go with it.
-            return Ok(FIRST);
+            return Ok(NEW);
         }
         if let Some(s) = self.seqs.get(task_id) {
             return Ok(s);
@@ -416,8 +431,8 @@ impl Store {
         if events.is_empty() || max == 0 {
             return Ok(());
         }
-        // A `created` event is only ever written with its task's first write.
-        let created = events.iter().any(|e| e.kind == TimelineKind::Created);
+        // A derived `created` event is only ever written with its task's first write.
+        let created = events.iter().any(is_derived);
         let s = self.timeline_seq(task_id, new_task || created)?;
         let after = plan_writes(task_id, events, s, max, ops)?;
         if !new_task && !created && events.iter().any(|e| e.kind == TimelineKind::Patched) {
@@ -436,20 +451,19 @@ impl Store {
         if self.timeline_max() > 0 {
             for op in &mut batch.ops {
                 if let super::Op::Timeline { task_id, events } = op {
-                    // A `created` event (a task born in this write) is seq 1, derived.
-                    let created = events.iter().any(|e| e.kind == TimelineKind::Created);
+                    // A derived `created` event (a task born in this write) keeps seq 1.
+                    let created = events.iter().any(is_derived);
                     let mut s = self.timeline_seq(task_id, created)?;
-                    let start = s.next;
                     for e in events.iter_mut() {
-                        if e.kind == TimelineKind::Created {
-                            e.seq = CREATED_SEQ;
+                        if is_derived(e) {
+                            s.next = s.next.max(CREATED_SEQ + 1);
                         } else {
                             e.seq = s.next;
                             s.next += 1;
                         }
                     }
-                    // The counter goes on after these; the write below trims from `oldest`.
-                    self.seqs.put(task_id, Seq { next: start, ..s });
+                    // The write below goes on from the seqs given; it trims from `oldest`.
+                    self.seqs.put(task_id, s);
                 }
             }
         }
