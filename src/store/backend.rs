@@ -178,6 +178,10 @@ pub trait Backend: Send + Sync + 'static {
     /// key has it), for a caller that needs many at once (the timeline counters of a herd's
     /// tasks, `engine/prefetch.rs`): a backend over a network answers them in one round trip.
     /// The default asks one prefix at a time (an embedded store answers from memory).
+    #[allow(
+        clippy::type_complexity,
+        reason = "per prefix: its first key and its last key, spelled out"
+    )]
     fn prefix_bounds_many(
         &self,
         tree: TreeId,

@@ -402,7 +402,11 @@ impl Store {
 
     /// A task's derived `created` event when it is shown (module doc), its first stored seq
     /// being `first`; reads its last stored key and the task.
-    fn created_of(&self, task_id: &str, first: Option<u64>) -> Result<Option<TimelineEvent>, StoreError> {
+    fn created_of(
+        &self,
+        task_id: &str,
+        first: Option<u64>,
+    ) -> Result<Option<TimelineEvent>, StoreError> {
         let max = self.timeline_max();
         let last = match first {
             None => None,
@@ -774,7 +778,7 @@ mod tests {
             want.detail,
             json!({"trace_id": crate::model::timeline::hex(&crate::model::timeline::trace_id_of(&t)), "messages": 2})
         );
-        assert_eq!(s.timeline_all("t").unwrap(), [want.clone()]);
+        assert_eq!(s.timeline_all("t").unwrap(), std::slice::from_ref(&want));
         assert_eq!(
             s.timeline("t", None, None, 10).unwrap(),
             (vec![want.clone()], None)
@@ -795,13 +799,19 @@ mod tests {
         assert_eq!((seqs_of(&page), next), (vec![2, 3], None));
         let (page, _) = s.timeline("t", None, Some(0), 5).unwrap();
         assert_eq!(seqs_of(&page), [1, 2, 3]);
-        assert_eq!(seqs_of(&s.timeline("t", Some(1), None, 5).unwrap().0), [2, 3]);
+        assert_eq!(
+            seqs_of(&s.timeline("t", Some(1), None, 5).unwrap().0),
+            [2, 3]
+        );
         // One more event: the bound keeps 3, so created (the oldest) goes.
         let mut b = Batch::new();
         b.timeline("t", vec![ev(TimelineKind::Paused, 20)]);
         s.write(&b).await.unwrap();
         assert_eq!(seqs_of(&s.timeline_all("t").unwrap()), [2, 3, 4]);
-        assert_eq!(seqs_of(&s.timeline("t", None, None, 10).unwrap().0), [2, 3, 4]);
+        assert_eq!(
+            seqs_of(&s.timeline("t", None, None, 10).unwrap().0),
+            [2, 3, 4]
+        );
         // Read from disk again, the counter goes on after the last stored seq.
         s.forget_timeline_seq("t");
         let mut b = Batch::new();

@@ -925,6 +925,10 @@ impl Backend for PgBackend {
     /// correlated `LIMIT 1` range reads of the primary key (each walks the B-tree from one end
     /// of the range), in one round trip. A prefix without an end (all `0xFF`, never a task's)
     /// is asked on its own.
+    #[allow(
+        clippy::type_complexity,
+        reason = "per prefix: its first key and its last key, spelled out"
+    )]
     fn prefix_bounds_many(
         &self,
         tree: TreeId,
