@@ -72,6 +72,7 @@ async fn run(n: u64) {
     }
     let rss = herald.rss_mib();
     let disk = du(&data) as f64 / (1 << 20) as f64;
+    let per_task = |bytes: u64| bytes as f64 / n as f64;
     let first = rates.first().copied().unwrap_or(0.0);
     let last = rates.last().copied().unwrap_or(0.0);
     println!(
@@ -101,7 +102,11 @@ async fn run(n: u64) {
         },
         herald.rss_mib()
     );
-    println!("  data dir: {disk:.0} MiB");
+    println!(
+        "  data dir: {disk:.0} MiB right after the fill; {:.0} bytes per task once the memtable \
+         is in sled (target <= 400)",
+        per_task(du(&data))
+    );
     println!(
         "  create rate: first slice {first:.0}/s, last slice {last:.0}/s (last/first {:.2}; target >= 0.80)",
         last / first
@@ -132,6 +137,10 @@ async fn run(n: u64) {
             None => "not within 600 s".into(),
         },
         again.rss_mib()
+    );
+    println!(
+        "  data dir after the restart and the load: {:.0} bytes per task",
+        per_task(du(&data))
     );
     let (status, b) = get(&http, &format!("{}/v1/tasks/t{:08}", again.url, n - 1)).await;
     assert_eq!(

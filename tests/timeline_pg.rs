@@ -97,3 +97,68 @@ async fn events_are_written_paged_trimmed_and_deleted_on_postgres_and_schema_1_g
         "migrated to this build's schema"
     );
 }
+
+/// The counters of many tasks in one round trip (`Backend::prefix_bounds_many` on
+/// PostgreSQL, what the fire pump's prefetch uses): each goes on after its last stored seq, a
+/// task without events at 2 (its derived `created` is 1); and the derived `created` is shown
+/// on PostgreSQL as on sled, without a record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_of_many_tasks_are_read_in_one_round_trip_and_created_is_derived() {
+    let Some(pg) = PgServer::shared("timeline_on_postgres") else {
+        return;
+    };
+    let url = pg.create_db("counters");
+    let s = store(&url);
+    s.set_timeline_max(3);
+    let ids: Vec<String> = (0..50).map(|i| format!("c{i:02}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let (t, m) = task(id);
+        s.insert_new_task_with(&t, &m, None, &[TimelineEvent::created(&t)])
+            .await
+            .unwrap();
+        // Task i has i % 5 events after its created: seqs 2 ..= 1 + i % 5, the bound keeps 3.
+        let events: Vec<TimelineEvent> = (0..(i % 5) as u32).map(fired).collect();
+        if !events.is_empty() {
+            let mut b = Batch::new();
+            b.timeline(id, events);
+            s.write(&b).await.unwrap();
+        }
+    }
+    let (n, _) = s.timeline_footprint().unwrap();
+    assert_eq!(
+        n,
+        (0..50u64).map(|i| (i % 5).min(3)).sum::<u64>(),
+        "no created stored"
+    );
+    let first = s.timeline("c00", None, None, 10).unwrap().0;
+    assert_eq!(
+        first.iter().map(|e| (e.seq, e.kind)).collect::<Vec<_>>(),
+        [(1, TimelineKind::Created)]
+    );
+    for id in &ids {
+        s.forget_timeline_seq(id);
+    }
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let before = s.read_round_trips();
+    s.prime_timeline_seqs(&refs).unwrap();
+    assert_eq!(
+        s.read_round_trips() - before,
+        1,
+        "one round trip for 50 counters"
+    );
+    for id in &ids {
+        let mut b = Batch::new();
+        b.timeline(id, vec![TimelineEvent::task(TimelineKind::Paused, 9)]);
+        s.write(&b).await.unwrap();
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let seqs: Vec<u64> = s.timeline_all(id).unwrap().iter().map(|e| e.seq).collect();
+        let last = 2 + (i % 5) as u64; // the Paused event
+        let want: Vec<u64> = if last <= 3 {
+            (1..=last).collect() // created still within the bound
+        } else {
+            (last - 2..=last).collect()
+        };
+        assert_eq!(seqs, want, "task {id}");
+    }
+}

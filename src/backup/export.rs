@@ -39,6 +39,10 @@ pub fn export(
             continue;
         };
         tasks += 1;
+        // The task's `created` event is derived, not stored (`store/timeline.rs`): the export
+        // carries it like any other.
+        let created =
+            crate::store::timeline::derived_created(&img.task, &img.timeline, store.timeline_max());
         o.emit(&Line::Task {
             task: Box::new(img.task),
         })?;
@@ -55,7 +59,7 @@ pub fn export(
                 run,
             })?;
         }
-        for e in img.timeline {
+        for e in created.into_iter().chain(img.timeline) {
             o.emit(&Line::timeline(&id, e))?;
         }
     }

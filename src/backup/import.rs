@@ -49,6 +49,9 @@ struct Current {
     messages: Vec<Message>,
     /// The seq of its last timeline event read.
     last_seq: Option<u64>,
+    /// Its `created` event as the store derives it: an exported one equal to it is not
+    /// stored (`store/timeline.rs`).
+    created: TimelineEvent,
 }
 
 /// Reads an export from `r` into `store` (which should be empty; see [`check_empty`]).
@@ -238,6 +241,7 @@ impl Reading {
             message_count: task.message_count,
             messages: Vec::new(),
             last_seq: None,
+            created: TimelineEvent::created(&task),
         });
         self.batch.task(&task);
         self.ops += 1;
@@ -279,6 +283,9 @@ impl Reading {
             ));
         }
         c.last_seq = Some(seq);
+        if e == c.created {
+            return Ok(()); // derived again from the task when read
+        }
         match self.batch.ops.last_mut() {
             Some(Op::PutTimeline { task_id: t, events }) if *t == task_id => events.push(e),
             _ => self.batch.ops.push(Op::PutTimeline {

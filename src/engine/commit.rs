@@ -429,16 +429,10 @@ pub(crate) async fn insert(
     Ok(r)
 }
 
-/// A new task's first timeline events (`created`).
+/// A new task's first timeline events (`created`: the store derives it from the task
+/// instead of storing it, `store/timeline.rs`; the write only starts the task's counter).
 fn created_events(task: &Task) -> [crate::model::TimelineEvent; 1] {
-    [crate::model::TimelineEvent::task(
-        crate::model::timeline::TimelineKind::Created,
-        task.created_at_ms,
-    )
-    .with_detail(serde_json::json!({
-        "trace_id": crate::model::timeline::hex(&crate::model::timeline::trace_id_of(task)),
-        "messages": task.message_count,
-    }))]
+    [crate::model::TimelineEvent::created(task)]
 }
 
 /// Deletes idempotency keys whose tasks are gone (retention, or a create reusing the key).

@@ -15,9 +15,16 @@
 //! go. Every change of a task is made under its lock and is durable before that lock is
 //! released, so what a batch reads while it holds the lock is the task as it is: a command
 //! can come only before (the batch then reads its result) or after (it finds the cell
-//! loaded, with the same state). A cell that is loaded or busy is left alone; a task the
-//! batch cannot read, or whose load needs more (its runs cannot be read: parked), stays
-//! unloaded and its step loads it the usual way.
+//! loaded, with the same state). A cell that is busy is left alone; a task the batch cannot
+//! read, or whose load needs more (its runs cannot be read: parked), stays unloaded and its
+//! step loads it the usual way.
+//!
+//! The same batch reads the timeline counters of its tasks that the store does not hold in
+//! memory (a task met first since start-up, or one of more than the store keeps), loaded
+//! cells too (start-up loads the tasks due within a minute), with one more batched read
+//! ([`crate::store::Store::prime_timeline_seqs`]): otherwise each fire's first event read its
+//! task's first and last timeline keys on its own, two round trips per task on PostgreSQL.
+//! Under the cells' locks, like the tasks: what is read is the counter as it is.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
@@ -87,7 +94,7 @@ fn start(inner: &Arc<Inner>, ids: Vec<Arc<str>>) {
         let Ok(guard) = cell.try_lock_owned() else {
             continue; // a step or command has it: it loads it itself
         };
-        if matches!(*guard, Slot::Unloaded) {
+        if matches!(*guard, Slot::Unloaded) || !inner.store.timeline_seq_known(&id) {
             held.push((id, guard));
         }
     }
@@ -99,9 +106,26 @@ fn start(inner: &Arc<Inner>, ids: Vec<Arc<str>>) {
     tokio::task::spawn_blocking(move || fill(&inner, held));
 }
 
-/// One batched read of the held cells' tasks, each loaded as `cells::lock` would. The locks
-/// are released when `held` drops, loaded or (on any failure) still unloaded.
-fn fill(inner: &Inner, mut held: Vec<(Arc<str>, OwnedMutexGuard<Slot>)>) {
+/// One batched read of the held cells' tasks that are unloaded, each loaded as `cells::lock`
+/// would, and one of the timeline counters of all of them. The locks are released when `held`
+/// drops, loaded or (on any failure) still unloaded.
+fn fill(inner: &Inner, held: Vec<(Arc<str>, OwnedMutexGuard<Slot>)>) {
+    let ids: Vec<&str> = held.iter().map(|(id, _)| &**id).collect();
+    if let Err(e) = inner.store.prime_timeline_seqs(&ids) {
+        // Each first event reads its own counter, as without the batch.
+        tracing::debug!(error = %e, tasks = ids.len(), "prefetch of timeline counters failed");
+    }
+    let mut unloaded: Vec<(Arc<str>, OwnedMutexGuard<Slot>)> = held
+        .into_iter()
+        .filter(|(_, g)| matches!(**g, Slot::Unloaded))
+        .collect();
+    if !unloaded.is_empty() {
+        load(inner, &mut unloaded);
+    }
+}
+
+/// [`fill`]'s batched read and load of unloaded cells.
+fn load(inner: &Inner, held: &mut [(Arc<str>, OwnedMutexGuard<Slot>)]) {
     let ids: Vec<&str> = held.iter().map(|(id, _)| &**id).collect();
     let tasks = match inner.store.get_tasks(&ids) {
         Ok(t) => t,

@@ -55,6 +55,9 @@ impl TimelineKind {
     }
 }
 
+/// The seq of a task's `created` event, its first; the store numbers the others from 2.
+pub const CREATED_SEQ: u64 = 1;
+
 /// One step of a task. `seq` is given by the store when the event is written (per task,
 /// increasing); until then it is 0.
 #[derive(Clone, Debug, PartialEq)]
@@ -100,6 +103,19 @@ impl TimelineEvent {
     pub fn with_detail(mut self, detail: serde_json::Value) -> TimelineEvent {
         self.detail = detail;
         self
+    }
+
+    /// A task's `created` event, seq [`CREATED_SEQ`]: its creation time, its trace and how many
+    /// messages it has. Derived from the task, never stored (`store/timeline.rs`): the store
+    /// writes it only before a patch could change what it says.
+    pub fn created(task: &super::Task) -> TimelineEvent {
+        TimelineEvent {
+            seq: CREATED_SEQ,
+            ..TimelineEvent::task(TimelineKind::Created, task.created_at_ms).with_detail(json!({
+                "trace_id": hex(&trace_id_of(task)),
+                "messages": task.message_count,
+            }))
+        }
     }
 
     /// The event as API.md shows it (the timeline page and the event bus).

@@ -193,4 +193,25 @@ pub trait Backend: Send + Sync + 'static {
     fn take_inbox(&self) -> Result<Vec<String>, StoreError> {
         Ok(Vec::new())
     }
+    /// The first and the last key with each of `prefixes`, in `prefixes`' order (`None`: no
+    /// key has it), for a caller that needs many at once (the timeline counters of a herd's
+    /// tasks, `engine/prefetch.rs`): a backend over a network answers them in one round trip.
+    /// The default asks one prefix at a time (an embedded store answers from memory).
+    #[allow(
+        clippy::type_complexity,
+        reason = "per prefix: its first key and its last key, spelled out"
+    )]
+    fn prefix_bounds_many(
+        &self,
+        tree: TreeId,
+        prefixes: &[Vec<u8>],
+    ) -> Result<Vec<Option<(Vec<u8>, Vec<u8>)>>, StoreError> {
+        let mut out = Vec::with_capacity(prefixes.len());
+        for p in prefixes {
+            let first = self.scan(tree, p, Some(p)).next().transpose()?;
+            let last = self.last_with_prefix(tree, p)?;
+            out.push(first.map(|(k, _)| k).zip(last.map(|(k, _)| k)));
+        }
+        Ok(out)
+    }
 }

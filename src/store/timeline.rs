@@ -8,7 +8,21 @@
 //! are made under its lock, one after another, so the counter is read from disk (the task's
 //! first and last keys) once per task, when it is first met, never per write. A write that
 //! fails forgets the task's counter, which is read again next time, so seqs only grow (a
-//! failed write may leave a gap; nothing relies on seqs being dense).
+//! failed write may leave a gap; nothing relies on seqs being dense). The fire pump reads the
+//! counters of the tasks it is about to fire, many in one round trip
+//! ([`Store::prime_timeline_seqs`], `engine/prefetch.rs`), so a herd's first events on
+//! PostgreSQL need no read of their own.
+//!
+//! **The `created` event is derived, not stored** (issue 29: ~300 of a pending one-shot's
+//! bytes on disk). Its seq is [`CREATED_SEQ`] (1) and a new task's counter starts at 2; a
+//! read of the timeline (the page, [`Store::timeline_all`], an export) puts it first, made
+//! from the task ([`TimelineEvent::created`]: creation time, trace id, message count), when
+//! it would still be kept: nothing is stored at seq 1 and the bound has not trimmed it (the
+//! first stored seq is 2 or there is none, and the last is at most `timeline_max`:
+//! [`created_shows`]). Data dirs written before this hold a `created` record at seq 1; it is
+//! read as stored, never twice. A patch can change the message count the event reports, so
+//! the first patch of a task whose `created` is still derived stores it as it was (one
+//! record, written with the patch, from the task before it).
 //!
 //! A task keeps at most `[store] timeline_max` events: each write deletes the oldest keys
 //! below `next - timeline_max`, blindly (no read), at most [`TRIM_PER_WRITE`] beyond one per
@@ -31,16 +45,38 @@ use serde::{Deserialize, Serialize};
 use super::backend::{RawOp, TreeId};
 use super::codec::{decode, encode};
 use super::{bounded, id_prefix, Store, StoreError, SCAN_MAX};
-use crate::model::timeline::{TimelineEvent, TimelineKind};
+use crate::model::timeline::{TimelineEvent, TimelineKind, CREATED_SEQ};
+use crate::model::Task;
 
 /// `[store] timeline_max` when the config does not say.
 pub const DEFAULT_TIMELINE_MAX: u32 = 10_000;
 /// Old events one write deletes beyond one per new event (catching up after the bound was
 /// lowered, or after a task's counter was read again).
 pub const TRIM_PER_WRITE: u64 = 64;
-/// Tasks whose counter is kept in memory; past it the map starts afresh (each task then costs
-/// one more read, at its next event).
+/// Tasks whose counter is kept in memory, in two generations of half as many: when the newer
+/// is full it becomes the older and the older is dropped (each task dropped then costs one
+/// more read, at its next event), so a counter read ahead for a herd is never dropped before
+/// its fire unless 32 768 newer tasks came in between.
 const SEQS_MAX: usize = 65_536;
+
+/// The counter of a task being created, before its first event.
+const NEW: Seq = Seq {
+    next: CREATED_SEQ,
+    oldest: CREATED_SEQ,
+};
+
+/// The counter of a stored task with no stored event: seq 1 is its derived `created` event.
+const FIRST: Seq = Seq {
+    next: CREATED_SEQ + 1,
+    oldest: CREATED_SEQ,
+};
+
+/// A task's derived `created` event as the engine writes it ([`TimelineEvent::created`]:
+/// numbered 1 already): never stored. A `created` event given without a seq is stored like
+/// any other (a fixture's, a test's).
+fn is_derived(e: &TimelineEvent) -> bool {
+    e.kind == TimelineKind::Created && e.seq == CREATED_SEQ
+}
 
 /// `task id ‖ 0x00 ‖ seq` (big-endian).
 pub fn timeline_key(task_id: &str, seq: u64) -> Vec<u8> {
@@ -156,33 +192,77 @@ pub(crate) struct Seq {
     pub oldest: u64,
 }
 
-/// The per-task counters (see the module doc).
+/// The per-task counters (see the module doc and [`SEQS_MAX`]).
 #[derive(Default)]
 pub(crate) struct Seqs {
-    map: parking_lot::Mutex<HashMap<String, Seq>>,
+    map: parking_lot::Mutex<Generations>,
+}
+
+/// The newer and the older generation of counters; a task is in at most one.
+#[derive(Default)]
+struct Generations {
+    new: HashMap<String, Seq>,
+    old: HashMap<String, Seq>,
 }
 
 impl Seqs {
     fn get(&self, id: &str) -> Option<Seq> {
-        self.map.lock().get(id).copied()
+        let m = self.map.lock();
+        m.new.get(id).or_else(|| m.old.get(id)).copied()
     }
 
     fn put(&self, id: &str, s: Seq) {
         let mut m = self.map.lock();
-        if m.len() >= SEQS_MAX && !m.contains_key(id) {
-            m.clear();
+        if m.old.remove(id).is_none() && m.new.len() >= SEQS_MAX / 2 && !m.new.contains_key(id) {
+            m.old = std::mem::take(&mut m.new);
         }
-        m.insert(id.to_string(), s);
+        m.new.insert(id.to_string(), s);
     }
 
     pub fn forget(&self, id: &str) {
-        self.map.lock().remove(id);
+        let mut m = self.map.lock();
+        m.new.remove(id);
+        m.old.remove(id);
     }
+}
+
+/// A task's counter from its first and last stored keys (`None`: it has no event stored).
+fn seq_of_bounds(task_id: &str, bounds: Option<(&[u8], &[u8])>) -> Seq {
+    let seqs = bounds.and_then(|(f, l)| Some((seq_of_key(task_id, f)?, seq_of_key(task_id, l)?)));
+    match seqs {
+        Some((first, last)) => Seq {
+            next: last + 1,
+            oldest: first,
+        },
+        None => FIRST,
+    }
+}
+
+/// Whether a task's derived `created` event is shown (module doc), from its first and last
+/// stored seqs: nothing stored at seq 1 (an old data dir's record is shown as stored), and not
+/// trimmed by the bound `max` (0: no timeline at all). Pure.
+pub fn created_shows(first: Option<u64>, last: Option<u64>, max: u32) -> bool {
+    if max == 0 {
+        return false;
+    }
+    match (first, last) {
+        (Some(f), Some(l)) => f == CREATED_SEQ + 1 && l <= u64::from(max),
+        _ => true,
+    }
+}
+
+/// The derived `created` event of `task` when it is shown beside the stored `events` (oldest
+/// first), for a reader that has them all (an export). Pure.
+pub fn derived_created(task: &Task, events: &[TimelineEvent], max: u32) -> Option<TimelineEvent> {
+    let first = events.first().map(|e| e.seq);
+    let last = events.last().map(|e| e.seq);
+    created_shows(first, last, max).then(|| TimelineEvent::created(task))
 }
 
 /// The writes of `events` for a task whose counter is `s` (seqs `s.next..` for events not
 /// numbered yet; an event with a seq keeps it, see [`Store::write_numbered`]), and the counter
-/// after them: a put per event, then the deletes that keep at most `max` events. Pure.
+/// after them: a put per event but the derived `created` ([`is_derived`]), then the deletes
+/// that keep at most `max` events. Pure.
 pub(crate) fn plan_writes(
     task_id: &str,
     events: &[TimelineEvent],
@@ -193,11 +273,13 @@ pub(crate) fn plan_writes(
     let mut next = s.next;
     for e in events {
         let seq = if e.seq == 0 { next } else { e.seq };
-        ops.push(RawOp::Put(
-            TreeId::Timeline,
-            timeline_key(task_id, seq),
-            encode(&TimelineRecord::of(e))?,
-        ));
+        if !is_derived(e) {
+            ops.push(RawOp::Put(
+                TreeId::Timeline,
+                timeline_key(task_id, seq),
+                encode(&TimelineRecord::of(e))?,
+            ));
+        }
         next = next.max(seq + 1);
     }
     // Keep seqs `next - max ..`; delete from the oldest stored, a bounded number per write.
@@ -235,26 +317,109 @@ impl Store {
 
     /// A task's counter: from memory, else from its first and last stored keys.
     fn timeline_seq(&self, task_id: &str, new_task: bool) -> Result<Seq, StoreError> {
-        if let Some(s) = self.seqs.get(task_id) {
-            return Ok(s);
-        }
         if new_task {
             // The job requires the task's spec absent, and a task's events go with it.
-            return Ok(Seq { next: 1, oldest: 1 });
+            return Ok(NEW);
+        }
+        if let Some(s) = self.seqs.get(task_id) {
+            return Ok(s);
         }
         let p = id_prefix(task_id);
         let first = bounded(self.backend.scan(TreeId::Timeline, &p, Some(&p)))
             .next()
             .transpose()?;
         let last = self.backend.last_with_prefix(TreeId::Timeline, &p)?;
-        let seq = |kv: Option<(Vec<u8>, Vec<u8>)>| kv.and_then(|(k, _)| seq_of_key(task_id, &k));
-        Ok(match (seq(first), seq(last)) {
-            (Some(f), Some(l)) => Seq {
-                next: l + 1,
-                oldest: f,
-            },
-            _ => Seq { next: 1, oldest: 1 },
-        })
+        Ok(seq_of_bounds(
+            task_id,
+            first
+                .as_ref()
+                .zip(last.as_ref())
+                .map(|((f, _), (l, _))| (f.as_slice(), l.as_slice())),
+        ))
+    }
+
+    /// Reads the counters of `ids` not in memory yet, all in one batched read
+    /// ([`super::backend::Backend::prefix_bounds_many`]: one round trip on PostgreSQL), so
+    /// their next events need no read of their own (a herd's fires, `engine/prefetch.rs`).
+    /// The caller holds each task's lock: nobody writes the tasks meanwhile, so what is read
+    /// is their counter as it is.
+    pub fn prime_timeline_seqs(&self, ids: &[&str]) -> Result<(), StoreError> {
+        if self.timeline_max() == 0 {
+            return Ok(());
+        }
+        let unknown: Vec<&str> = ids
+            .iter()
+            .copied()
+            .filter(|id| self.seqs.get(id).is_none())
+            .collect();
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        let prefixes: Vec<Vec<u8>> = unknown.iter().map(|id| id_prefix(id)).collect();
+        let bounds = self
+            .backend
+            .prefix_bounds_many(TreeId::Timeline, &prefixes)?;
+        for (id, b) in unknown.iter().zip(bounds) {
+            let b = b.as_ref().map(|(f, l)| (f.as_slice(), l.as_slice()));
+            self.seqs.put(id, seq_of_bounds(id, b));
+        }
+        Ok(())
+    }
+
+    /// Whether a task's counter is in memory (its next event needs no read).
+    pub fn timeline_seq_known(&self, task_id: &str) -> bool {
+        self.timeline_max() == 0 || self.seqs.get(task_id).is_some()
+    }
+
+    /// The write of a task's derived `created` event as a record, before a patch changes what
+    /// it is derived from (module doc): only while it is derived and shown after this write
+    /// (counter `s`: nothing below seq 2 trimmed, at most `max` seqs given; nothing stored at
+    /// seq 1), from the task as stored before the patch.
+    fn keep_created(
+        &self,
+        ops: &mut Vec<RawOp>,
+        task_id: &str,
+        s: Seq,
+        max: u32,
+    ) -> Result<(), StoreError> {
+        if s.oldest > CREATED_SEQ + 1 || s.next.saturating_sub(1) > u64::from(max) {
+            return Ok(());
+        }
+        let key = timeline_key(task_id, CREATED_SEQ);
+        if self.backend.get(TreeId::Timeline, &key)?.is_some() {
+            return Ok(());
+        }
+        if let Some(task) = self.get_task(task_id)? {
+            let e = TimelineEvent::created(&task);
+            ops.push(RawOp::Put(
+                TreeId::Timeline,
+                key,
+                encode(&TimelineRecord::of(&e))?,
+            ));
+        }
+        Ok(())
+    }
+
+    /// A task's derived `created` event when it is shown (module doc), its first stored seq
+    /// being `first`; reads its last stored key and the task.
+    fn created_of(
+        &self,
+        task_id: &str,
+        first: Option<u64>,
+    ) -> Result<Option<TimelineEvent>, StoreError> {
+        let max = self.timeline_max();
+        let last = match first {
+            None => None,
+            Some(f) if f != CREATED_SEQ + 1 || max == 0 => return Ok(None),
+            Some(_) => self
+                .backend
+                .last_with_prefix(TreeId::Timeline, &id_prefix(task_id))?
+                .and_then(|(k, _)| seq_of_key(task_id, &k)),
+        };
+        if !created_shows(first, last, max) {
+            return Ok(None);
+        }
+        Ok(self.get_task(task_id)?.map(|t| TimelineEvent::created(&t)))
     }
 
     /// The writes of a task's new events, their seqs given (see the module doc). Answers the
@@ -270,8 +435,13 @@ impl Store {
         if events.is_empty() || max == 0 {
             return Ok(());
         }
-        let s = self.timeline_seq(task_id, new_task)?;
+        // A derived `created` event is only ever written with its task's first write.
+        let created = events.iter().any(is_derived);
+        let s = self.timeline_seq(task_id, new_task || created)?;
         let after = plan_writes(task_id, events, s, max, ops)?;
+        if !new_task && !created && events.iter().any(|e| e.kind == TimelineKind::Patched) {
+            self.keep_created(ops, task_id, after, max)?;
+        }
         // Kept now, not after the write: the task's next write (under its lock) comes after
         // this one is answered, and a failed one forgets it ([`Store::write`]).
         self.seqs.put(task_id, after);
@@ -285,19 +455,19 @@ impl Store {
         if self.timeline_max() > 0 {
             for op in &mut batch.ops {
                 if let super::Op::Timeline { task_id, events } = op {
-                    let mut s = self.timeline_seq(task_id, false)?;
+                    // A derived `created` event (a task born in this write) keeps seq 1.
+                    let created = events.iter().any(is_derived);
+                    let mut s = self.timeline_seq(task_id, created)?;
                     for e in events.iter_mut() {
-                        e.seq = s.next;
-                        s.next += 1;
+                        if is_derived(e) {
+                            s.next = s.next.max(CREATED_SEQ + 1);
+                        } else {
+                            e.seq = s.next;
+                            s.next += 1;
+                        }
                     }
-                    // The counter goes on after these; the write below trims from `oldest`.
-                    self.seqs.put(
-                        task_id,
-                        Seq {
-                            next: s.next - events.len() as u64,
-                            ..s
-                        },
-                    );
+                    // The write below goes on from the seqs given; it trims from `oldest`.
+                    self.seqs.put(task_id, s);
                 }
             }
         }
@@ -338,9 +508,19 @@ impl Store {
         };
         let mut out: Vec<TimelineEvent> = Vec::new();
         let mut last_seen = None;
-        for (examined, item) in
-            bounded(self.backend.scan(TreeId::Timeline, &start, Some(&p))).enumerate()
-        {
+        let mut scan = bounded(self.backend.scan(TreeId::Timeline, &start, Some(&p))).peekable();
+        if run.is_none() && after.is_none_or(|a| a < CREATED_SEQ) && limit > 0 {
+            // A stored record that fails to read is the scan's error, below.
+            let first = match scan.peek() {
+                Some(Ok((k, _))) => seq_of_key(task_id, k),
+                _ => None,
+            };
+            if let Some(e) = self.created_of(task_id, first)? {
+                last_seen = Some(e.seq);
+                out.push(e);
+            }
+        }
+        for (examined, item) in scan.enumerate() {
             let (k, v) = item?;
             if examined == SCAN_MAX {
                 return Ok((out, last_seen));
@@ -376,8 +556,18 @@ impl Store {
         Ok((n, bytes))
     }
 
-    /// Every event of a task, oldest first (export; at most `timeline_max` of them).
+    /// Every event of a task, oldest first, its derived `created` event with them (at most
+    /// `timeline_max` of them).
     pub fn timeline_all(&self, task_id: &str) -> Result<Vec<TimelineEvent>, StoreError> {
+        let mut out = self.timeline_stored(task_id)?;
+        if let Some(e) = self.created_of(task_id, out.first().map(|e| e.seq))? {
+            out.insert(0, e);
+        }
+        Ok(out)
+    }
+
+    /// The events stored for a task, oldest first (without its derived `created` event).
+    pub fn timeline_stored(&self, task_id: &str) -> Result<Vec<TimelineEvent>, StoreError> {
         let p = id_prefix(task_id);
         let mut out = Vec::new();
         for item in bounded(self.backend.scan(TreeId::Timeline, &p, Some(&p))) {
@@ -544,16 +734,17 @@ mod tests {
             };
             assert_eq!(
                 events.iter().map(|e| e.seq).collect::<Vec<_>>(),
-                [2 * round + 1, 2 * round + 2]
+                [2 * round + 2, 2 * round + 3],
+                "seq 1 is a task's created event"
             );
         }
         let seqs: Vec<u64> = s.timeline_all("n").unwrap().iter().map(|e| e.seq).collect();
-        assert_eq!(seqs, [4, 5, 6], "numbered or not, the bound holds");
+        assert_eq!(seqs, [5, 6, 7], "numbered or not, the bound holds");
         let mut b = Batch::new();
         b.timeline("n", vec![ev(TimelineKind::Fired, 3)]);
         s.write(&b).await.unwrap();
         let seqs: Vec<u64> = s.timeline_all("n").unwrap().iter().map(|e| e.seq).collect();
-        assert_eq!(seqs, [5, 6, 7]);
+        assert_eq!(seqs, [6, 7, 8]);
     }
 
     #[tokio::test]
@@ -565,5 +756,191 @@ mod tests {
         b.timeline("x", vec![ev(TimelineKind::Fired, 1)]);
         s.write(&b).await.unwrap();
         assert!(s.timeline_all("x").unwrap().is_empty());
+    }
+
+    fn seqs_of(events: &[TimelineEvent]) -> Vec<u64> {
+        events.iter().map(|e| e.seq).collect()
+    }
+
+    #[tokio::test]
+    async fn created_is_derived_not_stored_and_shown_first_until_the_bound_trims_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        s.set_timeline_max(3);
+        let (t, m) = crate::store::tests::task("t");
+        s.insert_new_task_with(&t, &m, None, &[TimelineEvent::created(&t)])
+            .await
+            .unwrap();
+        assert_eq!(s.timeline_footprint().unwrap(), (0, 0), "nothing stored");
+        let want = TimelineEvent::created(&t);
+        assert_eq!(want.seq, 1);
+        assert_eq!(
+            want.detail,
+            json!({"trace_id": crate::model::timeline::hex(&crate::model::timeline::trace_id_of(&t)), "messages": 2})
+        );
+        assert_eq!(s.timeline_all("t").unwrap(), std::slice::from_ref(&want));
+        assert_eq!(
+            s.timeline("t", None, None, 10).unwrap(),
+            (vec![want.clone()], None)
+        );
+        // Paged: created is seq 1; `after` 1 starts past it; a run filter never has it.
+        for i in 0..2u64 {
+            let mut b = Batch::new();
+            b.timeline(
+                "t",
+                vec![TimelineEvent::run(TimelineKind::Fired, 10 + i, 1, None)],
+            );
+            s.write(&b).await.unwrap();
+        }
+        assert_eq!(seqs_of(&s.timeline_all("t").unwrap()), [1, 2, 3]);
+        let (page, next) = s.timeline("t", None, None, 1).unwrap();
+        assert_eq!((seqs_of(&page), next), (vec![1], Some(1)));
+        let (page, next) = s.timeline("t", None, Some(1), 5).unwrap();
+        assert_eq!((seqs_of(&page), next), (vec![2, 3], None));
+        let (page, _) = s.timeline("t", None, Some(0), 5).unwrap();
+        assert_eq!(seqs_of(&page), [1, 2, 3]);
+        assert_eq!(
+            seqs_of(&s.timeline("t", Some(1), None, 5).unwrap().0),
+            [2, 3]
+        );
+        // One more event: the bound keeps 3, so created (the oldest) goes.
+        let mut b = Batch::new();
+        b.timeline("t", vec![ev(TimelineKind::Paused, 20)]);
+        s.write(&b).await.unwrap();
+        assert_eq!(seqs_of(&s.timeline_all("t").unwrap()), [2, 3, 4]);
+        assert_eq!(
+            seqs_of(&s.timeline("t", None, None, 10).unwrap().0),
+            [2, 3, 4]
+        );
+        // Read from disk again, the counter goes on after the last stored seq.
+        s.forget_timeline_seq("t");
+        let mut b = Batch::new();
+        b.timeline("t", vec![ev(TimelineKind::Resumed, 21)]);
+        s.write(&b).await.unwrap();
+        assert_eq!(seqs_of(&s.timeline_all("t").unwrap()), [3, 4, 5]);
+        // timeline_max 0: no timeline, not even created.
+        let (u, mu) = crate::store::tests::task("u");
+        s.set_timeline_max(0);
+        s.insert_new_task_with(&u, &mu, None, &[TimelineEvent::created(&u)])
+            .await
+            .unwrap();
+        assert!(s.timeline_all("u").unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_stored_created_record_of_an_old_data_dir_is_shown_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let (t, m) = crate::store::tests::task("old");
+        s.insert_new_task(&t, &m, None).await.unwrap();
+        // As a data dir written before derivation holds it: created at seq 1, then events.
+        let stored = TimelineEvent::task(TimelineKind::Created, 5);
+        let mut b = Batch::new();
+        b.ops.push(Op::PutTimeline {
+            task_id: "old".into(),
+            events: vec![
+                TimelineEvent {
+                    seq: 1,
+                    ..stored.clone()
+                },
+                TimelineEvent {
+                    seq: 2,
+                    ..ev(TimelineKind::Fired, 6)
+                },
+            ],
+        });
+        s.write(&b).await.unwrap();
+        let all = s.timeline_all("old").unwrap();
+        assert_eq!(seqs_of(&all), [1, 2]);
+        assert_eq!(all[0], TimelineEvent { seq: 1, ..stored });
+        assert_eq!(s.timeline("old", None, None, 10).unwrap().0, all);
+        // Its next event goes on at 3, read from disk.
+        let mut b = Batch::new();
+        b.timeline("old", vec![ev(TimelineKind::Paused, 7)]);
+        s.write(&b).await.unwrap();
+        assert_eq!(seqs_of(&s.timeline_all("old").unwrap()), [1, 2, 3]);
+    }
+
+    #[tokio::test]
+    async fn a_patch_stores_created_as_it_was_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let (t, m) = crate::store::tests::task("p");
+        s.insert_new_task_with(&t, &m, None, &[TimelineEvent::created(&t)])
+            .await
+            .unwrap();
+        let before = TimelineEvent::created(&t);
+        assert_eq!(before.detail["messages"], 2);
+        // Patches to one message and back to two, as the engine writes them.
+        for (i, count) in [1u32, 2].into_iter().enumerate() {
+            let mut t2 = t.clone();
+            t2.message_count = count;
+            let mut b = Batch::new();
+            b.timeline("p", vec![ev(TimelineKind::Patched, 100 + i as u64)]);
+            b.ops.push(Op::Messages {
+                task_id: "p".into(),
+                old_count: if i == 0 { 2 } else { 1 },
+                messages: m[..count as usize].to_vec(),
+            });
+            b.task(&t2);
+            s.write(&b).await.unwrap();
+            let all = s.timeline_all("p").unwrap();
+            assert_eq!(seqs_of(&all), (1..=2 + i as u64).collect::<Vec<_>>());
+            assert_eq!(all[0], before, "created says what the task was made with");
+        }
+        assert_eq!(s.timeline_footprint().unwrap().0, 3, "created stored once");
+    }
+
+    #[tokio::test]
+    async fn primed_counters_go_on_after_what_is_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        s.set_timeline_max(3);
+        for id in ["a", "b"] {
+            let mut b = Batch::new();
+            b.timeline(id, (0..4).map(|i| ev(TimelineKind::Fired, i)).collect());
+            s.write(&b).await.unwrap();
+            s.forget_timeline_seq(id);
+        }
+        assert!(!s.timeline_seq_known("a"));
+        s.prime_timeline_seqs(&["a", "b", "none"]).unwrap();
+        assert!(s.timeline_seq_known("a") && s.timeline_seq_known("none"));
+        for id in ["a", "b", "none"] {
+            let mut b = Batch::new();
+            b.timeline(id, vec![ev(TimelineKind::Paused, 9)]);
+            s.write(&b).await.unwrap();
+        }
+        assert_eq!(seqs_of(&s.timeline_all("a").unwrap()), [4, 5, 6]);
+        assert_eq!(seqs_of(&s.timeline_all("b").unwrap()), [4, 5, 6]);
+        assert_eq!(seqs_of(&s.timeline_all("none").unwrap()), [2]);
+    }
+
+    #[test]
+    fn counters_live_in_two_generations() {
+        let seqs = Seqs::default();
+        let s = Seq { next: 2, oldest: 1 };
+        seqs.put("first", s);
+        for i in 0..SEQS_MAX / 2 {
+            seqs.put(&format!("t{i}"), s);
+        }
+        // "first" moved to the older generation, still there.
+        assert_eq!(seqs.get("first"), Some(s));
+        for i in 0..SEQS_MAX / 2 {
+            seqs.put(&format!("u{i}"), s);
+        }
+        assert_eq!(seqs.get("first"), None, "dropped with its generation");
+        assert_eq!(seqs.get("u0"), Some(s));
+        seqs.forget("u0");
+        assert_eq!(seqs.get("u0"), None);
+    }
+
+    #[test]
+    fn created_shows_only_while_the_bound_keeps_it() {
+        assert!(created_shows(None, None, 5));
+        assert!(created_shows(Some(2), Some(5), 5));
+        assert!(!created_shows(Some(2), Some(6), 5), "trimmed");
+        assert!(!created_shows(Some(3), Some(4), 5), "trimmed");
+        assert!(!created_shows(Some(1), Some(4), 5), "stored at seq 1");
+        assert!(!created_shows(None, None, 0), "no timeline");
     }
 }

@@ -1165,6 +1165,65 @@ impl Backend for PgBackend {
     fn read_round_trips(&self) -> u64 {
         self.reads.load(Ordering::Relaxed)
     }
+
+    /// One statement for every prefix: per prefix, its first and its last key by two
+    /// correlated `LIMIT 1` range reads of the primary key (each walks the B-tree from one end
+    /// of the range), in one round trip. A prefix without an end (all `0xFF`, never a task's)
+    /// is asked on its own.
+    #[allow(
+        clippy::type_complexity,
+        reason = "per prefix: its first key and its last key, spelled out"
+    )]
+    fn prefix_bounds_many(
+        &self,
+        tree: TreeId,
+        prefixes: &[Vec<u8>],
+    ) -> Result<Vec<Option<(Vec<u8>, Vec<u8>)>>, StoreError> {
+        let Some(ends) = prefixes
+            .iter()
+            .map(|p| prefix_end(p))
+            .collect::<Option<Vec<Vec<u8>>>>()
+        else {
+            let mut out = Vec::with_capacity(prefixes.len());
+            for p in prefixes {
+                let first = self.scan(tree, p, Some(p)).next().transpose()?;
+                let last = self.last_with_prefix(tree, p)?;
+                out.push(first.map(|(k, _)| k).zip(last.map(|(k, _)| k)));
+            }
+            return Ok(out);
+        };
+        if prefixes.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let pool = self.pool.clone();
+        let los = prefixes.to_vec();
+        let sql = format!(
+            "SELECT (SELECT key FROM {t} WHERE key >= p.lo AND key < p.hi ORDER BY key LIMIT 1), \
+             (SELECT key FROM {t} WHERE key >= p.lo AND key < p.hi ORDER BY key DESC LIMIT 1) \
+             FROM unnest($1::bytea[], $2::bytea[]) WITH ORDINALITY AS p(lo, hi, n) ORDER BY p.n",
+            t = table(tree)
+        );
+        let rows = self.run("read", async move {
+            let client = pool.get().await?;
+            let st = client.prepare_cached(&sql).await?;
+            let rows = client.query(&st, &[&los, &ends]).await?;
+            rows.iter()
+                .map(|r| {
+                    let first: Option<Vec<u8>> = r.try_get(0)?;
+                    let last: Option<Vec<u8>> = r.try_get(1)?;
+                    Ok(first.zip(last))
+                })
+                .collect::<Result<Vec<_>, Fail>>()
+        })?;
+        if rows.len() != prefixes.len() {
+            return Err(self.error(
+                "read",
+                &format!("{} rows for {} prefixes", rows.len(), prefixes.len()),
+            ));
+        }
+        Ok(rows)
+    }
 }
 
 /// The statement of one page of a scan: a range of the primary key, in key order, so the
