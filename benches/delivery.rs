@@ -241,6 +241,7 @@ impl Baseline {
                             kind: None,
                             about: None,
                             trace_id: [0; 16],
+                            epoch: None,
                         };
                         (key, Bytes::from(serde_json::to_vec(&d).expect("json")))
                     })

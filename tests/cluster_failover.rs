@@ -283,6 +283,26 @@ async fn two_nodes_share_the_shards_and_the_survivor_of_a_kill_9_sends_the_rest(
     let mut dedup = seqs.clone();
     dedup.dedup();
     assert!(dedup.windows(2).all(|w| w[0] < w[1]), "seq order: {seqs:?}");
+    // Every delivery names its shard's epoch (`herald-epoch`); the sequence's grow when the
+    // survivor takes its shard over, and never go back.
+    let epochs: Vec<u64> = rx
+        .requests()
+        .iter()
+        .filter(|r| r.idempotency_key().is_some_and(|k| k.starts_with("seq:")))
+        .map(|r| {
+            r.header("herald-epoch")
+                .and_then(|e| e.parse().ok())
+                .expect("a herald-epoch header")
+        })
+        .collect();
+    assert!(
+        epochs.windows(2).all(|w| w[0] <= w[1]),
+        "epochs: {epochs:?}"
+    );
+    assert!(
+        epochs.first() < epochs.last(),
+        "the takeover's epoch is higher: {epochs:?}"
+    );
     eprintln!("takeover after kill -9: every shard owned by the survivor {took:?} after the kill; twice: {twice:?}");
 
     if std::env::var("HERALD_TEST_NODE_LOG").is_ok() {

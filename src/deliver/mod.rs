@@ -72,6 +72,10 @@ pub struct Delivery {
     /// of the attempt's own. Not in the body.
     #[serde(skip)]
     pub trace_id: [u8; 16],
+    /// Cluster mode: the epoch of the task's shard this node sends under (HA.md "The send
+    /// itself"), as the `herald-epoch` header, so a receiver can fence a stale sender too.
+    #[serde(skip)]
+    pub epoch: Option<u64>,
 }
 
 fn data_as_object<S: serde::Serializer>(data: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -89,6 +93,8 @@ pub struct AttemptTrace {
     pub traceparent: Option<String>,
     /// The answer's HTTP status; 0 when there was none (no answer, a local sink).
     pub status: std::sync::atomic::AtomicU32,
+    /// The `herald-epoch` header (cluster mode); `None`: no header.
+    pub epoch: Option<u64>,
 }
 
 impl AttemptTrace {
@@ -351,6 +357,7 @@ impl Channel {
         let span_id = crate::trace::new_span_id();
         let trace = AttemptTrace {
             traceparent: Some(crate::trace::traceparent(&trace_id, &span_id)),
+            epoch: d.epoch,
             ..Default::default()
         };
         // Real time, not the engine's clock: this measures the channel, not the schedule.

@@ -882,6 +882,7 @@ mod tests {
             kind: None,
             about: None,
             trace_id: [0; 16],
+            epoch: None,
         }
     }
 

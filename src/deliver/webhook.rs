@@ -363,6 +363,9 @@ impl WebhookSink {
             // the same name still wins, below).
             req = req.header("traceparent", tp.as_str());
         }
+        if let Some(e) = trace.epoch {
+            req = req.header("herald-epoch", e);
+        }
         if !p.has_content_type {
             req = req.header("content-type", "application/json");
         }

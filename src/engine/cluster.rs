@@ -60,8 +60,9 @@ pub(crate) enum Window<'a> {
     Unbounded,
     /// Not held, or too little trust left: the send does not start.
     Closed,
-    /// It must be over within this; the guard counts it as under way on its shard.
-    Within(Duration, crate::cluster::node::Sending<'a>),
+    /// It must be over within this; the guard counts it as under way on its shard; the
+    /// shard's epoch goes out with it (`herald-epoch`).
+    Within(Duration, crate::cluster::node::Sending<'a>, u64),
 }
 
 impl Inner {
@@ -97,9 +98,11 @@ impl Inner {
                 // Counted before the window is read: a handover that begins in between
                 // either sees this send or the send sees the shard gone.
                 let guard = c.ownership.sending(s);
-                match c.ownership.send_window_ms(s) {
-                    Some(ms) => Window::Within(Duration::from_millis(ms), guard),
-                    None => Window::Closed,
+                match (c.ownership.send_window_ms(s), c.ownership.epoch(s)) {
+                    (Some(ms), Some(epoch)) => {
+                        Window::Within(Duration::from_millis(ms), guard, epoch)
+                    }
+                    _ => Window::Closed,
                 }
             }
         }

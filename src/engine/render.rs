@@ -48,6 +48,7 @@ pub(crate) fn delivery(task: &TaskSpec, msg: Message, a: &Attempt) -> Delivery {
         kind: about.as_ref().map(|a| a.0),
         about: about.map(|a| a.1),
         trace_id: task.trace(),
+        epoch: None,
     }
 }
 

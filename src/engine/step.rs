@@ -291,16 +291,19 @@ async fn run_step_locked(
         }
         // The end of the window, read with the window itself (a pause after this must not
         // move it).
-        super::cluster::Window::Within(d, guard) => Some((tokio::time::Instant::now() + d, guard)),
+        super::cluster::Window::Within(d, guard, epoch) => {
+            Some((tokio::time::Instant::now() + d, guard, epoch))
+        }
         super::cluster::Window::Unbounded => None,
     };
     let cell = l.cell();
     l.release(inner);
     let _in_flight = SendInFlight::new(inner);
     let mut prepared = prepared;
+    prepared.delivery.epoch = window.as_ref().map(|w| w.2);
     let (outcome, report) = match window {
         None => send(inner, &prepared).await,
-        Some((end, _sending)) => {
+        Some((end, _sending, _)) => {
             // The deadline is looked at before the send is first polled (`biased`): a process
             // paused between the window check and here (SIGSTOP, a VM freeze) wakes with the
             // window gone and sends nothing, instead of sending once before the timeout fires.
