@@ -30,6 +30,7 @@ const SERVED: &[(&str, &str)] = &[
     ("POST", "/v1/failures/{id}/retry"),
     ("DELETE", "/v1/failures/{id}"),
     ("GET", "/v1/channels"),
+    ("GET", "/v1/cluster"),
     ("POST", "/v1/schedules/preview"),
     ("GET", "/v1/events"),
     ("GET", "/v1/export"),
