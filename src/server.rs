@@ -179,6 +179,10 @@ fn open_database(
         statement_timeout: std::time::Duration::from_millis(db.statement_timeout_ms),
         password: db.password.clone(),
         shards: cluster.map_or(crate::store::pg::schema::DEFAULT_SHARDS, |c| c.shards),
+        // Half the lease: a partitioned node's open group must not hold its shards' lease
+        // rows past the point where another node may take them over.
+        idle_in_transaction: cluster
+            .map(|c| std::time::Duration::from_millis((c.timing.ttl_ms / 2).max(1))),
         ..Default::default()
     };
     let mut backend =

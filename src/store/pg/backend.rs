@@ -71,6 +71,10 @@ pub struct PgOptions {
     /// Used when the URL carries none (`PGPASSWORD` / `HERALD_STORE_PASSWORD`, read by the
     /// caller: this module reads no environment).
     pub password: Option<String>,
+    /// How long the server keeps a transaction whose client went quiet; `None`: the
+    /// statement timeout. Cluster mode shortens it: a partitioned node's open group holds its
+    /// shards' lease rows `FOR KEY SHARE`, and a takeover waits for that lock.
+    pub idle_in_transaction: Option<Duration>,
 }
 
 impl Default for PgOptions {
@@ -81,6 +85,7 @@ impl Default for PgOptions {
             connect_timeout: Duration::from_secs(10),
             shards: DEFAULT_SHARDS,
             password: None,
+            idle_in_transaction: None,
         }
     }
 }
@@ -245,14 +250,17 @@ fn client_config(
         }
     }
     let statement_ms = opts.statement_timeout.as_millis().max(1);
+    let idle_ms = opts
+        .idle_in_transaction
+        .map_or(statement_ms, |d| d.as_millis().max(1));
     // A transaction left open by a client that went away (its COMMIT lost on the way)
     // is ended by the server itself after the same time; the read-back does not wait
     // for that (it ends the session), this is for every other case.
     cfg.application_name("herald")
-            .connect_timeout(opts.connect_timeout)
-            .options(format!(
-                "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout={statement_ms}"
-            ));
+        .connect_timeout(opts.connect_timeout)
+        .options(format!(
+            "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout={idle_ms}"
+        ));
     Ok(cfg)
 }
 
