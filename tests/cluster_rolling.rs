@@ -1,0 +1,155 @@
+//! Cluster mode, planned changes (HA.md "Balancing", "Tests"): a rolling SIGTERM restart of
+//! both nodes while a paced sequence runs sends every message exactly once (a SIGTERM drains
+//! the node's sends, then frees its shards: nothing is left in flight to send again); and two
+//! processes started with the same node id are kept apart by their incarnations (each holds
+//! its own shards, never the same one).
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::herald::{in_ms, poll, write_config, Proc};
+use common::http;
+use common::pg::PgServer;
+use common::receiver::Receiver;
+use serde_json::json;
+
+const SHARDS: u32 = 8;
+
+fn node(url: &str, dir: &std::path::Path, name: &str, id: &str, hook: &str) -> Proc {
+    let nd = dir.join(name);
+    std::fs::create_dir_all(&nd).unwrap();
+    let config = write_config(
+        &nd,
+        &format!(
+            "[channels.hook]\nkind = \"webhook\"\nurl = \"{hook}\"\ntimeout = \"1s\"\n\
+             [cluster]\nnode_id = \"{id}\"\nshards = {SHARDS}\nlease = \"2s\"\nrenew = \"400ms\"\nsafety = \"500ms\"\n"
+        ),
+    );
+    let mut cmd = Proc::command(&config, &nd.join("data"));
+    cmd.env("HERALD_STORE_URL", url)
+        .env("HERALD_STORE_STATEMENT_TIMEOUT", "3s");
+    Proc::start(cmd)
+}
+
+async fn owned(base: &str) -> u64 {
+    http::get(&format!("{base}/healthz")).await.json()["cluster"]["shards_owned"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+async fn balanced(x: &Proc, y: &Proc) {
+    poll(Duration::from_secs(40), || async {
+        (owned(&x.url).await == u64::from(SHARDS / 2)
+            && owned(&y.url).await == u64::from(SHARDS / 2))
+        .then_some(())
+    })
+    .await
+    .expect("the two nodes balance");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_sigterm_restart_of_every_node_sends_each_message_once() {
+    let Some(pg) = PgServer::start("cluster_rolling") else {
+        return;
+    };
+    let url = pg.create_db("rolling");
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = node(&url, dir.path(), "a", "a", &rx.url());
+    poll(Duration::from_secs(30), || async {
+        (owned(&a.url).await == u64::from(SHARDS)).then_some(())
+    })
+    .await
+    .expect("a takes every shard");
+    let mut b = node(&url, dir.path(), "b", "b", &rx.url());
+    balanced(&a, &b).await;
+    // Sequences on every shard, paced, running through both restarts.
+    const TASKS: usize = 8;
+    const N: usize = 25;
+    for t in 0..TASKS {
+        let task = json!({"id": format!("roll-{t}"), "channel": "hook", "schedule": {"at": in_ms(300)},
+            "pacing": {"interval": "250ms"},
+            "messages": (0..N).map(|i| json!({"to": format!("r{i}"), "body": "x"})).collect::<Vec<_>>()});
+        let r = http::post_json(&format!("{}/v1/tasks", a.url), &task).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    rx.wait_for(TASKS * 3, Duration::from_secs(20)).await;
+    // Restart a, then b, each with SIGTERM, the other carrying on meanwhile.
+    for (which, name) in [(0, "a"), (1, "b")] {
+        let p = if which == 0 { &mut a } else { &mut b };
+        p.signal(libc::SIGTERM);
+        assert_eq!(
+            p.wait_exit(Duration::from_secs(30)).await,
+            Some(0),
+            "{name} drains and exits 0"
+        );
+        let other = if which == 0 { &b } else { &a };
+        poll(Duration::from_secs(20), || async {
+            (owned(&other.url).await == u64::from(SHARDS)).then_some(())
+        })
+        .await
+        .expect("the other node takes the released shards at once");
+        let fresh = node(&url, dir.path(), name, name, &rx.url());
+        if which == 0 {
+            a = fresh;
+        } else {
+            b = fresh;
+        }
+        balanced(&a, &b).await;
+    }
+    let all = poll(Duration::from_secs(90), || async {
+        (rx.count() >= TASKS * N).then_some(())
+    })
+    .await;
+    let mut per: HashMap<String, usize> = HashMap::new();
+    for r in rx.requests() {
+        *per.entry(r.idempotency_key().unwrap_or("").to_string())
+            .or_default() += 1;
+    }
+    assert!(
+        all.is_some(),
+        "every message arrives: {} of {}",
+        per.len(),
+        TASKS * N
+    );
+    let twice: Vec<_> = per.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "a rolling SIGTERM restart sends no duplicate: {twice:?}"
+    );
+    assert_eq!(per.len(), TASKS * N);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_with_one_node_id_hold_different_shards() {
+    let Some(pg) = PgServer::start("cluster_same_id") else {
+        return;
+    };
+    let url = pg.create_db("same_id");
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let first = node(&url, dir.path(), "one", "same", &rx.url());
+    let second = node(&url, dir.path(), "two", "same", &rx.url());
+    balanced(&first, &second).await;
+    // The rows: every shard held by one incarnation, two incarnations of the one node id.
+    let rows = pg.psql(
+        &url,
+        "SELECT count(DISTINCT owner_incarnation), count(*), count(DISTINCT owner_node) \
+         FROM herald_shard WHERE lease_expires >= now()",
+    );
+    assert_eq!(
+        rows,
+        format!("2|{SHARDS}|1"),
+        "incarnations|held shards|node ids"
+    );
+    let v = http::get(&format!("{}/v1/cluster", first.url)).await.json();
+    let live = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["live"] == true && n["node_id"] == "same")
+        .count();
+    assert_eq!(live, 2, "{v}");
+}
