@@ -348,6 +348,11 @@ fn cluster(s: &mut Scrape, state: &ApiState) {
         "Writes refused because their shard had been taken over (the shard was let go)",
         own.fence_rejected.load(Ordering::Relaxed),
     );
+    s.counter(
+        "herald_inflight_inherited",
+        "Messages found in flight when a task was loaded (another node's, or this node's failed write), sent again with the same idempotency key",
+        own.inflight_inherited.load(Ordering::Relaxed),
+    );
     if let Some(ms) = own.clock_offset_ms() {
         s.gauge_f(
             "herald_clock_offset_seconds",
@@ -355,6 +360,11 @@ fn cluster(s: &mut Scrape, state: &ApiState) {
             ms as f64 / 1000.0,
         );
     }
+    s.histogram(
+        "herald_failover_seconds",
+        "Per shard taken over from an owner whose lease had run out: how long after it ran out (database time)",
+        &own.failover_seconds,
+    );
     s.histogram(
         "herald_lease_renew_seconds",
         "How long lease renewals took to answer",

@@ -62,8 +62,13 @@ pub struct Ownership {
     view: Mutex<View>,
     /// Shards dropped because a fenced write found them taken over (`herald_fence_rejected`).
     pub fence_rejected: std::sync::atomic::AtomicU64,
+    /// Messages found in flight when a task was loaded, sent again (`herald_inflight_inherited`).
+    pub inflight_inherited: std::sync::atomic::AtomicU64,
     /// How long renewals took to answer (`herald_lease_renew_seconds`).
     pub renew_seconds: prometheus_client::metrics::histogram::Histogram,
+    /// Per shard this node took over from an owner whose lease ran out: how long after it ran
+    /// out (database time) the takeover came (`herald_failover_seconds`).
+    pub failover_seconds: prometheus_client::metrics::histogram::Histogram,
     /// Sends under way per shard ([`Ownership::sending`]): a handover waits for them.
     sends: Mutex<std::collections::HashMap<u32, usize>>,
 }
@@ -85,6 +90,9 @@ impl Drop for Sending<'_> {
         }
     }
 }
+
+/// Bounds of `herald_failover_seconds`.
+const FAILOVER_BOUNDS_S: [f64; 9] = [0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
 
 /// Bounds of `herald_lease_renew_seconds`.
 const RENEW_BOUNDS_S: [f64; 10] = [0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
@@ -109,7 +117,11 @@ impl Ownership {
             offset_ms: Mutex::new(None),
             view: Mutex::new(View::default()),
             fence_rejected: std::sync::atomic::AtomicU64::new(0),
+            inflight_inherited: std::sync::atomic::AtomicU64::new(0),
             renew_seconds: prometheus_client::metrics::histogram::Histogram::new(RENEW_BOUNDS_S),
+            failover_seconds: prometheus_client::metrics::histogram::Histogram::new(
+                FAILOVER_BOUNDS_S,
+            ),
             sends: Mutex::new(std::collections::HashMap::new()),
         }
     }
@@ -478,7 +490,7 @@ impl Loop {
             let sent = self.own.mono_ms();
             let got = tokio::time::timeout(
                 d,
-                rows::acquire(c, &me.node_id, &me.incarnation, ttl, &round.acquire),
+                rows::acquire_timed(c, &me.node_id, &me.incarnation, ttl, &round.acquire),
             )
             .await;
             // An unanswered acquisition may have granted rows nobody here knows of: they
@@ -487,7 +499,10 @@ impl Loop {
                 return Err(());
             };
             let mut l = self.own.leases.lock();
-            for g in grants {
+            for (g, late) in grants {
+                if let Some(s) = late {
+                    self.own.failover_seconds.observe(s.max(0.0));
+                }
                 l.granted(g.shard, g.epoch, sent);
                 tracing::info!(shard = g.shard, epoch = g.epoch, "shard acquired");
                 let _ = self.events.send(Event::Granted(g));

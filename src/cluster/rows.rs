@@ -97,11 +97,31 @@ pub async fn acquire(
     ttl_ms: u64,
     wanted: &[u32],
 ) -> Result<Vec<Grant>, tokio_postgres::Error> {
+    Ok(acquire_timed(c, node, incarnation, ttl_ms, wanted)
+        .await?
+        .into_iter()
+        .map(|(g, _)| g)
+        .collect())
+}
+
+/// [`acquire`], with each grant's takeover delay: how long (seconds, database time) the
+/// previous owner's lease had run out when it was taken over (`None`: the row was free:
+/// never owned, or released).
+pub async fn acquire_timed(
+    c: &impl GenericClient,
+    node: &str,
+    incarnation: &str,
+    ttl_ms: u64,
+    wanted: &[u32],
+) -> Result<Vec<(Grant, Option<f64>)>, tokio_postgres::Error> {
     let ids = shard_ids(wanted.iter().copied());
     let rows = c
         .query(
             "WITH takeable AS ( \
-               SELECT shard_id FROM herald_shard \
+               SELECT shard_id, \
+                 CASE WHEN owner_incarnation IS NOT NULL \
+                   THEN extract(epoch FROM now() - lease_expires)::float8 END AS late \
+               FROM herald_shard \
                WHERE shard_id = ANY($1) AND (lease_expires IS NULL OR lease_expires < now()) \
                ORDER BY shard_id FOR UPDATE) \
              UPDATE herald_shard s SET epoch = s.epoch + 1, owner_node = $2, \
@@ -109,18 +129,23 @@ pub async fn acquire(
              FROM takeable t \
              WHERE s.shard_id = t.shard_id \
                AND (s.lease_expires IS NULL OR s.lease_expires < now()) \
-             RETURNING s.shard_id, s.epoch",
+             RETURNING s.shard_id, s.epoch, t.late",
             &[&ids, &node, &incarnation, &ttl_param(ttl_ms)],
         )
         .await?;
-    let mut out: Vec<Grant> = rows
+    let mut out: Vec<(Grant, Option<f64>)> = rows
         .iter()
-        .map(|r| Grant {
-            shard: to_u32(r.get(0)),
-            epoch: to_u64(r.get(1)),
+        .map(|r| {
+            (
+                Grant {
+                    shard: to_u32(r.get(0)),
+                    epoch: to_u64(r.get(1)),
+                },
+                r.get(2),
+            )
         })
         .collect();
-    out.sort();
+    out.sort_by_key(|(g, _)| *g);
     Ok(out)
 }
 

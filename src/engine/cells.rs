@@ -381,6 +381,13 @@ pub(crate) fn load_task(
         .map(|r| {
             let (r, resent) = super::plan::reload_run(r, now_ms);
             if resent {
+                if let Some(c) = &inner.config.cluster {
+                    // Cluster mode: most often one another node had in flight (its lease
+                    // ran out, or its write failed), sent again here with the same key.
+                    c.ownership
+                        .inflight_inherited
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
                 tracing::warn!(task = %id, run = r.run, seq = r.cursor,
                     trace_id = %crate::model::timeline::hex(&crate::model::timeline::trace_id_of(&task)),
                     "message was in flight when herald stopped or a write failed; sending it again with the same idempotency key");
