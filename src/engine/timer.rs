@@ -300,9 +300,21 @@ impl Handles {
 const CONTINUITY_MS: u64 = 10_000;
 
 /// The monotonic side of run-step deadlines (module docs).
+///
+/// Invariant: each pair `(at, due)` names one moment on both clocks. `due - at` is the two
+/// clocks' offset (monotonic minus wall) as it was when the deadline was set, also for a
+/// deadline already past when it was set; only [`CONTINUITY_MS`] raises `due` beyond it, and
+/// only by how far the wall moved apart from the monotonic clock since the earlier step (a
+/// jump), never by how late a step ran. Clamping a past deadline's monotonic instant to "now"
+/// broke this: the pair then carried the step's lateness as if it were a clock offset, and the
+/// continuity rule added that lateness again to every later step of the key, although each
+/// next deadline is counted from when its step really ran (a pacing anchor is the attempt's
+/// start). A paced run resumed after a restart or a cluster takeover (its stored deadline
+/// seconds past) was sent one outage later than its interval, at every message to the end.
 #[derive(Default)]
 struct Guards {
-    /// Per run key on the wheel: its wall deadline and the monotonic instant it is due at.
+    /// Per run key on the wheel: its wall deadline and the monotonic instant of that moment
+    /// (in the past for a deadline that was past when set: the key is handed over at once).
     due: HashMap<Key, (u64, u64)>,
     /// Per run key handed over recently: the same pair (for [`CONTINUITY_MS`]).
     fired: HashMap<Key, (u64, u64)>,
@@ -312,7 +324,13 @@ struct Guards {
 impl Guards {
     /// `key` is set to wall deadline `at`, read at (`wall`, `mono`).
     fn set(&mut self, key: &Key, at: u64, wall: u64, mono: u64) {
-        let mut due = mono.saturating_add(at.saturating_sub(wall));
+        // The same moment on the monotonic clock, at the offset the clocks have now; not
+        // clamped to `mono` for a deadline already past (see the invariant above).
+        let mut due = if at >= wall {
+            mono.saturating_add(at - wall)
+        } else {
+            mono.saturating_sub(wall - at)
+        };
         if let Some((w1, m1)) = self.fired.remove(key) {
             if at >= w1 && at - w1 <= CONTINUITY_MS {
                 due = due.max(m1.saturating_add(at - w1));
@@ -572,6 +590,40 @@ mod tests {
         clock.advance(100);
         timer.wake();
         assert_eq!(rx.recv().await.unwrap(), vec![Key::run("paced", 1)]);
+    }
+
+    /// A run step set at a deadline already past (a paced run resumed after a restart or a
+    /// takeover: its stored deadline is the outage's length old) goes at once, and the next
+    /// step, set a pacing interval after it ran, is due after that interval: the lateness of
+    /// the first is not added to it (nor to any later one) by the continuity rule.
+    #[tokio::test]
+    async fn a_step_that_ran_late_does_not_delay_the_next_ones() {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let timer = Timer::start(clock.clone(), tx).unwrap();
+        let key = Key::run("paced", 1);
+        timer.at(key.clone(), clock.now_ms() - 1_400); // stored before a 1.4 s outage
+        timer.sync();
+        assert_eq!(rx.recv().await.unwrap(), vec![key.clone()], "past: at once");
+        for _ in 0..5 {
+            clock.advance(5); // the send and its settle
+            let next = clock.now_ms() + 400;
+            timer.at(key.clone(), next);
+            assert_eq!(timer.sync(), (Some(next), 0));
+            clock.advance(399);
+            timer.wake();
+            timer.sync();
+            assert!(rx.try_recv().is_err(), "not before the interval");
+            clock.advance(1);
+            timer.wake();
+            // A sync answers once every key due now has been handed over.
+            timer.sync();
+            assert_eq!(
+                rx.try_recv().ok(),
+                Some(vec![key.clone()]),
+                "due one interval after the step that ran late, not later"
+            );
+        }
     }
 
     #[tokio::test]
