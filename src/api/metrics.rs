@@ -77,7 +77,11 @@ pub fn route_of(path: &str) -> &'static str {
         [] | [""] => "/",
         ["healthz"] => "/healthz",
         ["metrics"] => "/metrics",
-        ["dashboard", "app.js" | "app.css" | "format.js" | "metrics.js" | "chart.js"] => {
+        [
+            "dashboard",
+            "app.js" | "app.css" | "format.js" | "metrics.js" | "chart.js" | "timeline.js"
+            | "cluster.js",
+        ] => {
             "/dashboard/{asset}"
         }
         ["v1", rest @ ..] => match rest {
