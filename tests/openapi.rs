@@ -43,6 +43,7 @@ const SERVED: &[(&str, &str)] = &[
     ("GET", "/dashboard/metrics.js"),
     ("GET", "/dashboard/chart.js"),
     ("GET", "/dashboard/timeline.js"),
+    ("GET", "/dashboard/cluster.js"),
     ("GET", "/dashboard/app.css"),
 ];
 
@@ -55,6 +56,7 @@ const OPEN: &[&str] = &[
     "/dashboard/metrics.js",
     "/dashboard/chart.js",
     "/dashboard/timeline.js",
+    "/dashboard/cluster.js",
     "/dashboard/app.css",
 ];
 

@@ -110,7 +110,11 @@ fn assert_paced_after(got: &[Recorded], resumed: Instant, what: &str) {
 /// its step's lateness is only the arm's lead, which hid the defect).
 async fn five_settled(rx: &Receiver, base: &str) {
     let before = rx.wait_for(5, Duration::from_secs(30)).await;
-    assert!(before.len() >= 5, "{} of 5 arrived before the kill", before.len());
+    assert!(
+        before.len() >= 5,
+        "{} of 5 arrived before the kill",
+        before.len()
+    );
     let url = format!("{base}/v1/tasks/seq");
     poll(Duration::from_secs(10), || {
         let url = url.clone();
@@ -215,5 +219,9 @@ async fn a_paced_sequence_keeps_its_interval_after_a_cluster_takeover() {
     assert_eq!(v["progress"]["sent"], N as u64, "{v}");
     // b sends nothing of a's shards before a's 2 s leases ran out; a's last request was on the
     // wire long before that.
-    assert_paced_after(&rx.requests(), killed + Duration::from_millis(500), "takeover");
+    assert_paced_after(
+        &rx.requests(),
+        killed + Duration::from_millis(500),
+        "takeover",
+    );
 }

@@ -2,7 +2,8 @@
 //! Its data comes from the `/v1` API with the operator's token; the page and its two assets are
 //! static and open (they hold no data), like `/healthz`. The scripts: `format.js` (dates,
 //! durations, pacing and retry in words), `metrics.js` (the overview's figures from `/metrics`),
-//! `chart.js` (a small SVG line chart), `timeline.js` (a task's timeline in words), `app.js` (the page: API calls, event stream, drawing).
+//! `chart.js` (a small SVG line chart), `timeline.js` (a task's timeline in words), `cluster.js`
+//! (the cluster panel's words and owner colours), `app.js` (the page: API calls, event stream, drawing).
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -18,6 +19,7 @@ const FORMAT_JS: &str = include_str!("dashboard/format.js");
 const METRICS_JS: &str = include_str!("dashboard/metrics.js");
 const CHART_JS: &str = include_str!("dashboard/chart.js");
 const TIMELINE_JS: &str = include_str!("dashboard/timeline.js");
+const CLUSTER_JS: &str = include_str!("dashboard/cluster.js");
 
 /// Scripts and styles from this origin only, data only from this origin, no framing.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
@@ -33,6 +35,7 @@ pub fn asset(path: &str) -> Option<Resp> {
         "/dashboard/metrics.js" => (METRICS_JS, "text/javascript; charset=utf-8"),
         "/dashboard/chart.js" => (CHART_JS, "text/javascript; charset=utf-8"),
         "/dashboard/timeline.js" => (TIMELINE_JS, "text/javascript; charset=utf-8"),
+        "/dashboard/cluster.js" => (CLUSTER_JS, "text/javascript; charset=utf-8"),
         _ => return None,
     };
     let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));

@@ -77,9 +77,8 @@ pub fn route_of(path: &str) -> &'static str {
         [] | [""] => "/",
         ["healthz"] => "/healthz",
         ["metrics"] => "/metrics",
-        ["dashboard", "app.js" | "app.css" | "format.js" | "metrics.js" | "chart.js"] => {
-            "/dashboard/{asset}"
-        }
+        ["dashboard", "app.js" | "app.css" | "format.js" | "metrics.js" | "chart.js" | "timeline.js"
+        | "cluster.js"] => "/dashboard/{asset}",
         ["v1", rest @ ..] => match rest {
             ["tasks"] => "/v1/tasks",
             ["tasks", _] => "/v1/tasks/{id}",

@@ -707,6 +707,40 @@
     }));
   }
 
+  // ---- cluster ------------------------------------------------------------------------------
+
+  // GET /v1/cluster with the overview's beat: the panel shows on 200, hides on 404 (not in
+  // cluster mode, no error), keeps its last view with a note on any other failure.
+  async function loadCluster() {
+    let c;
+    try {
+      c = await api('GET', '/v1/cluster');
+    } catch (e) {
+      if (e.status === 404) {
+        $('#cluster').hidden = true;
+      } else if (!$('#cluster').hidden) {
+        $('#cluster-note').textContent = `/v1/cluster: ${e.message}`;
+      }
+      return;
+    }
+    if (!c || typeof c !== 'object') return;
+    const C = H.cluster;
+    const tz = H.fmt.viewerZone();
+    $('#cluster-node').textContent = c.node_id;
+    $('#cluster-held').textContent = C.held(c);
+    $('#cluster-offset').textContent = C.offset(c.clock_offset_ms);
+    $('#cluster-note').textContent = c.read_at ? `from GET /v1/cluster, as this node last read it (${H.fmt.at(c.read_at, tz)})` : 'from GET /v1/cluster';
+    $('#cluster-nodes').replaceChildren(...C.nodes(c).map((n) => el('tr', { 'data-node': n.id, 'data-live': n.live ? 'true' : 'false' },
+      el('td', {}, el('span', { class: `swatch ${n.cls}`, 'aria-hidden': 'true' }), n.id, n.self ? ' (this node)' : ''),
+      el('td', {}, stateBadge(n.live ? 'live' : 'down')),
+      el('td', { text: n.shards }),
+      el('td', { text: n.advertise }))));
+    $('#cluster-shards').replaceChildren(...C.cells(c, (iso) => H.fmt.at(iso, tz)).map((x) => el('span', {
+      class: `shard ${x.cls}`, role: 'listitem', title: x.title, 'aria-label': x.title, 'data-shard': x.shard, 'data-owner': x.owner, text: x.shard,
+    })));
+    $('#cluster').hidden = false;
+  }
+
   // ---- overview -----------------------------------------------------------------------------
 
   function setCount(id, v) {
@@ -725,6 +759,7 @@
       drawOverview(now);
       // The channels' counters with the same beat, so that their totals and their window agree.
       await loadChannels();
+      await loadCluster();
     } catch (e) {
       $('#overview-note').textContent = `/metrics: ${e.message}`;
     } finally {
