@@ -13,7 +13,8 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::herald::{in_ms, poll, write_config, Proc};
+use common::cluster::{owned, TEST_TIMING};
+use common::herald::{in_ms, poll, Proc};
 use common::http;
 use common::pg::PgServer;
 use common::receiver::Receiver;
@@ -22,42 +23,11 @@ use serde_json::{json, Value};
 const SHARDS: u32 = 8;
 
 fn node(url: &str, dir: &std::path::Path, name: &str, hook: &str) -> Proc {
-    node_with(
-        url,
-        dir,
-        name,
-        hook,
-        "lease = \"2s\"\nrenew = \"400ms\"\nsafety = \"500ms\"\n",
-    )
+    common::cluster::node(url, dir, name, name, SHARDS, hook, TEST_TIMING)
 }
 
 fn node_with(url: &str, dir: &std::path::Path, name: &str, hook: &str, timing: &str) -> Proc {
-    let nd = dir.join(name);
-    std::fs::create_dir_all(&nd).unwrap();
-    let config = write_config(
-        &nd,
-        &format!(
-            "[channels.hook]\nkind = \"webhook\"\nurl = \"{hook}\"\ntimeout = \"1s\"\n\
-             [cluster]\nnode_id = \"{name}\"\nshards = {SHARDS}\n{timing}"
-        ),
-    );
-    let mut cmd = Proc::command(&config, &nd.join("data"));
-    cmd.env("HERALD_STORE_URL", url)
-        .env("HERALD_STORE_STATEMENT_TIMEOUT", "3s");
-    if let Ok(l) = std::env::var("HERALD_TEST_NODE_LOG") {
-        cmd.env("HERALD_LOG", l);
-    }
-    Proc::start(cmd)
-}
-
-async fn health(base: &str) -> Value {
-    http::get(&format!("{base}/healthz")).await.json()
-}
-
-async fn owned(base: &str) -> u64 {
-    health(base).await["cluster"]["shards_owned"]
-        .as_u64()
-        .unwrap_or(0)
+    common::cluster::node(url, dir, name, name, SHARDS, hook, timing)
 }
 
 /// Who owns what, from the lease rows (database time): `(owner, lease live)` per shard.

@@ -9,7 +9,8 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::herald::{in_ms, poll, write_config, Proc};
+use common::cluster::{owned, TEST_TIMING};
+use common::herald::{in_ms, poll, Proc};
 use common::http;
 use common::pg::PgServer;
 use common::receiver::Receiver;
@@ -18,25 +19,7 @@ use serde_json::json;
 const SHARDS: u32 = 8;
 
 fn node(url: &str, dir: &std::path::Path, name: &str, id: &str, hook: &str) -> Proc {
-    let nd = dir.join(name);
-    std::fs::create_dir_all(&nd).unwrap();
-    let config = write_config(
-        &nd,
-        &format!(
-            "[channels.hook]\nkind = \"webhook\"\nurl = \"{hook}\"\ntimeout = \"1s\"\n\
-             [cluster]\nnode_id = \"{id}\"\nshards = {SHARDS}\nlease = \"2s\"\nrenew = \"400ms\"\nsafety = \"500ms\"\n"
-        ),
-    );
-    let mut cmd = Proc::command(&config, &nd.join("data"));
-    cmd.env("HERALD_STORE_URL", url)
-        .env("HERALD_STORE_STATEMENT_TIMEOUT", "3s");
-    Proc::start(cmd)
-}
-
-async fn owned(base: &str) -> u64 {
-    http::get(&format!("{base}/healthz")).await.json()["cluster"]["shards_owned"]
-        .as_u64()
-        .unwrap_or(0)
+    common::cluster::node(url, dir, name, id, SHARDS, hook, TEST_TIMING)
 }
 
 async fn balanced(x: &Proc, y: &Proc) {

@@ -12,6 +12,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::cluster::{owned, TEST_TIMING};
 use common::herald::{in_ms, ms_of, poll, wait_state, webhook_channel, write_config, Proc};
 use common::http;
 use common::pg::PgServer;
@@ -164,25 +165,7 @@ async fn a_paced_sequence_keeps_its_interval_after_kill_9_and_restart() {
 const SHARDS: u32 = 4;
 
 fn node(url: &str, dir: &std::path::Path, name: &str, hook: &str) -> Proc {
-    let nd = dir.join(name);
-    std::fs::create_dir_all(&nd).unwrap();
-    let config = write_config(
-        &nd,
-        &format!(
-            "[channels.hook]\nkind = \"webhook\"\nurl = \"{hook}\"\ntimeout = \"1s\"\n\
-             [cluster]\nnode_id = \"{name}\"\nshards = {SHARDS}\nlease = \"2s\"\nrenew = \"400ms\"\nsafety = \"500ms\"\n"
-        ),
-    );
-    let mut cmd = Proc::command(&config, &nd.join("data"));
-    cmd.env("HERALD_STORE_URL", url)
-        .env("HERALD_STORE_STATEMENT_TIMEOUT", "3s");
-    Proc::start(cmd)
-}
-
-async fn owned(base: &str) -> u64 {
-    http::get(&format!("{base}/healthz")).await.json()["cluster"]["shards_owned"]
-        .as_u64()
-        .unwrap_or(0)
+    common::cluster::node(url, dir, name, name, SHARDS, hook, TEST_TIMING)
 }
 
 /// Cluster mode: node a holds every shard and sends the sequence; it is killed mid-sequence,
