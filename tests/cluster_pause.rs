@@ -8,10 +8,9 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use common::cluster::{owned, TEST_TIMING};
+use common::cluster::{balanced, owned, sequence_delivered, TEST_TIMING};
 use common::herald::{in_ms, poll, Proc};
 use common::http;
 use common::pg::PgServer;
@@ -91,54 +90,23 @@ async fn a_frozen_owner_loses_its_shards_and_sends_nothing_after_it_wakes() {
     a.signal(libc::SIGCONT);
 
     // Every message, in order; at most the one in flight at the freeze twice.
-    let done = poll(Duration::from_secs(90), || async {
-        (rx.requests()
-            .iter()
-            .filter_map(|r| r.idempotency_key().map(str::to_string))
-            .collect::<std::collections::HashSet<_>>()
-            .len()
-            == N)
-            .then_some(())
-    })
-    .await;
-    let keys: Vec<String> = rx
-        .requests()
-        .iter()
-        .filter_map(|r| r.idempotency_key().map(str::to_string))
-        .collect();
-    assert!(done.is_some(), "not every message arrived: {keys:?}");
-    let mut per: HashMap<&str, usize> = HashMap::new();
-    for k in &keys {
-        *per.entry(k.as_str()).or_default() += 1;
-    }
-    let twice: Vec<_> = per.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        per.values().all(|n| *n <= 2) && twice.len() <= 1,
-        "only the message in flight at the freeze may arrive twice: {twice:?}"
-    );
-    let seqs: Vec<u32> = keys
-        .iter()
-        .filter_map(|k| k.rsplit(':').next()?.parse().ok())
-        .collect();
-    let mut dedup = seqs.clone();
-    dedup.dedup();
-    assert!(dedup.windows(2).all(|w| w[0] < w[1]), "order: {seqs:?}");
+    let keys = sequence_delivered(&rx, N, Duration::from_secs(90), "the freeze").await;
 
     // a woke without trust: it rejoins and the two balance again, and nothing more came.
-    poll(Duration::from_secs(40), || async {
-        (owned(&a.url).await == u64::from(SHARDS / 2)
-            && owned(&b.url).await == u64::from(SHARDS / 2))
-        .then_some(())
-    })
-    .await
-    .expect("the woken node rejoins and the shards balance again");
+    balanced(
+        &[&a.url, &b.url],
+        u64::from(SHARDS / 2),
+        Duration::from_secs(40),
+        "the woken node rejoins and the shards balance again",
+    )
+    .await;
     assert_eq!(
         rx.count(),
         keys.len(),
         "nothing was sent after the sequence completed"
     );
     eprintln!(
-        "after SIGCONT: a's fenced writes {} (each dropped a shard); twice: {twice:?}",
+        "after SIGCONT: a's fenced writes {} (each dropped a shard)",
         metric(&a.url, "herald_fence_rejected_total").await
     );
 }

@@ -45,3 +45,63 @@ pub async fn owned(base: &str) -> u64 {
         .as_u64()
         .unwrap_or(0)
 }
+
+/// Waits (up to `deadline`) until the nodes at `urls` hold `each` shards apiece.
+pub async fn balanced(urls: &[&str], each: u64, deadline: std::time::Duration, what: &str) {
+    super::herald::poll(deadline, || async {
+        for u in urls {
+            if owned(u).await != each {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("{what}: the nodes do not hold {each} shards each"));
+}
+
+/// One run's `n` messages (idempotency keys `task:run:seq`) at the receiver after a fault:
+/// waits up to `deadline` for every one, then asserts each arrived at most twice, at most one
+/// twice (`what` names the message in flight at the fault), and in seq order. Answers every
+/// key received, in arrival order.
+pub async fn sequence_delivered(
+    rx: &super::receiver::Receiver,
+    n: usize,
+    deadline: std::time::Duration,
+    what: &str,
+) -> Vec<String> {
+    let keys = || -> Vec<String> {
+        rx.requests()
+            .iter()
+            .filter_map(|r| r.idempotency_key().map(str::to_string))
+            .collect()
+    };
+    let done = super::herald::poll(deadline, || async {
+        (keys()
+            .iter()
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+            == n)
+            .then_some(())
+    })
+    .await;
+    let keys = keys();
+    assert!(done.is_some(), "not every message arrived: {keys:?}");
+    let mut per: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for k in &keys {
+        *per.entry(k.as_str()).or_default() += 1;
+    }
+    let twice: Vec<_> = per.iter().filter(|(_, c)| **c > 1).collect();
+    assert!(
+        per.values().all(|c| *c <= 2) && twice.len() <= 1,
+        "only the message in flight at {what} may arrive twice: {twice:?}"
+    );
+    let seqs: Vec<u32> = keys
+        .iter()
+        .filter_map(|k| k.rsplit(':').next()?.parse().ok())
+        .collect();
+    let mut dedup = seqs.clone();
+    dedup.dedup();
+    assert!(dedup.windows(2).all(|w| w[0] < w[1]), "order: {seqs:?}");
+    keys
+}
