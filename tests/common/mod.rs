@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod contract;
 pub mod herald;
+pub mod history;
 pub mod http;
 pub mod pg;
 pub mod pgproxy;
