@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{owned, TEST_TIMING};
 use common::herald::{in_ms, poll, Proc};
+use common::history::{check, Delivery, Expected, History};
 use common::http;
 use common::pg::PgServer;
 use common::receiver::Receiver;
@@ -54,6 +55,15 @@ fn per_key(rx: &Receiver) -> HashMap<String, usize> {
             .or_default() += 1;
     }
     m
+}
+
+/// Every shard's epoch in a `/v1/cluster` answer, into the history's samples.
+fn sample_epochs(view: &Value, hist: &mut History) {
+    for s in view["shards"].as_array().into_iter().flatten() {
+        if let (Some(shard), Some(epoch)) = (s["shard"].as_u64(), s["epoch"].as_u64()) {
+            hist.epochs.push((shard as u32, epoch));
+        }
+    }
 }
 
 fn one_shot(id: &str, after_ms: i64) -> Value {
@@ -299,7 +309,8 @@ async fn two_nodes_share_the_shards_and_the_survivor_of_a_kill_9_sends_the_rest(
 /// armed on the victim before the kill (its in-flight mark inherited), restarts the victim
 /// and waits for the two to balance again. `HERALD_CLUSTER_KILLS` rounds (default 2) with
 /// `HERALD_CLUSTER_LEASE` (default 2s; renew a fifth of it, safety a tenth). Prints p50 and
-/// max; asserts only that every probe arrives, and at most twice.
+/// max; the history checker (`tests/common/history.rs`) asserts every probe arrived, none
+/// before it was due, and none more often than its shard changed owner, plus one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_after_repeated_kills_delivers_every_probe() {
     let Some(pg) = PgServer::start("cluster_failover_repeat") else {
@@ -340,10 +351,16 @@ async fn failover_after_repeated_kills_delivers_every_probe() {
     balanced(&nodes).await;
     let mut took = Vec::new();
     let mut probes = Vec::new();
+    let mut hist = History {
+        max_clock_offset_ms: 500.0,
+        slack_ms: 50.0,
+        ..History::default()
+    };
     for k in 0..kills {
         let (v, s) = (k % 2, 1 - k % 2);
         let survivor = nodes[s].as_ref().unwrap().url.clone();
         let view = http::get(&format!("{survivor}/v1/cluster")).await.json();
+        sample_epochs(&view, &mut hist);
         let theirs: Vec<u32> = view["shards"]
             .as_array()
             .unwrap()
@@ -358,9 +375,18 @@ async fn failover_after_repeated_kills_delivers_every_probe() {
             .find(|id| theirs.contains(&herald::store::pg::fence::shard_of_task(id, SHARDS)))
             .unwrap();
         let victim = nodes[v].as_ref().unwrap().url.clone();
-        let r = http::post_json(&format!("{victim}/v1/tasks"), &one_shot(&id, 1_300)).await;
+        let at = in_ms(1_300);
+        let due_ms = common::herald::ms_of(&at);
+        let body = json!({"id": id, "channel": "hook", "schedule": {"at": at},
+                          "messages": [{"to": "a", "body": id}]});
+        let r = http::post_json(&format!("{victim}/v1/tasks"), &body).await;
         assert_eq!(r.status, 201, "{}", r.text());
         probes.push(format!("{id}:1:0"));
+        hist.expected.push(Expected {
+            key: format!("{id}:1:0"),
+            due_ms,
+            shard: herald::store::pg::fence::shard_of_task(&id, SHARDS),
+        });
         tokio::time::sleep(Duration::from_millis(1_000)).await; // armed ahead of its instant
         let killed = Instant::now();
         nodes[v].as_mut().unwrap().kill9();
@@ -374,14 +400,32 @@ async fn failover_after_repeated_kills_delivers_every_probe() {
         .await
         .unwrap_or_else(|| panic!("probe {id} not delivered after the kill"));
         took.push(got.saturating_duration_since(killed));
+        let view = http::get(&format!("{survivor}/v1/cluster")).await.json();
+        sample_epochs(&view, &mut hist);
         nodes[v] = Some(node_with(&url, dir.path(), names[v], &rx.url(), &timing));
         balanced(&nodes).await;
+        let view = http::get(&format!("{survivor}/v1/cluster")).await.json();
+        sample_epochs(&view, &mut hist);
     }
     let per = per_key(&rx);
-    for p in &probes {
-        let n = per.get(p).copied().unwrap_or(0);
-        assert!((1..=2).contains(&n), "probe {p} delivered {n} times");
-    }
+    hist.deliveries = rx
+        .requests()
+        .iter()
+        .filter_map(|r| {
+            Some(Delivery {
+                key: r.idempotency_key()?.to_string(),
+                epoch: r.header("herald-epoch").and_then(|e| e.parse().ok()),
+                at_ms: r.at_ms,
+                done_ms: None,
+            })
+        })
+        .collect();
+    let bad = check(&hist);
+    assert!(
+        bad.is_empty(),
+        "history over {kills} kills:\n{}",
+        bad.join("\n")
+    );
     took.sort();
     let ms: Vec<u128> = took.iter().map(Duration::as_millis).collect();
     eprintln!(
