@@ -110,10 +110,17 @@ pub fn check(h: &History) -> Vec<String> {
                 e.key
             ));
         }
-        // 2. At most one delivery more per change of owner.
-        let changes = owners
+        // 2. At most one delivery more per change of owner. Each acquisition raises the
+        // epoch by one, so the span of epochs seen (sampled or on a delivery) counts the
+        // changes, also those that happened between two samples.
+        let seen = owners
             .get(&e.shard)
-            .map_or(0, |v| v.len().saturating_sub(1));
+            .into_iter()
+            .flatten()
+            .copied()
+            .chain(ds.iter().filter_map(|d| d.epoch));
+        let (lo, hi) = seen.fold((u64::MAX, 0), |(lo, hi), x| (lo.min(x), hi.max(x)));
+        let changes = hi.saturating_sub(lo) as usize;
         if ds.len() > 1 + changes {
             out.push(format!(
                 "{}: delivered {} times, shard {} changed owner {changes} times",
