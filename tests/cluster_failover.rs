@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{owned, TEST_TIMING};
 use common::herald::{in_ms, poll, Proc};
-use common::history::{check, Delivery, Expected, History};
+use common::history::{check, Expected, History};
 use common::http;
 use common::pg::PgServer;
 use common::receiver::Receiver;
@@ -408,18 +408,7 @@ async fn failover_after_repeated_kills_delivers_every_probe() {
         sample_epochs(&view, &mut hist);
     }
     let per = per_key(&rx);
-    hist.deliveries = rx
-        .requests()
-        .iter()
-        .filter_map(|r| {
-            Some(Delivery {
-                key: r.idempotency_key()?.to_string(),
-                epoch: r.header("herald-epoch").and_then(|e| e.parse().ok()),
-                at_ms: r.at_ms,
-                done_ms: None,
-            })
-        })
-        .collect();
+    hist.deliveries = common::cluster::deliveries(&rx);
     let bad = check(&hist);
     assert!(
         bad.is_empty(),

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::cluster::{balanced, owned, TEST_TIMING};
 use common::herald::{in_ms, ms_of, poll, Proc};
-use common::history::{check, duplicates_since, Cancel, Delivery, Expected, History};
+use common::history::{check, duplicates_since, Cancel, Expected, History};
 use common::http;
 use common::pg::PgServer;
 use common::pgproxy::{Fault, PgProxy};
@@ -325,18 +325,7 @@ async fn seeded_faults_keep_every_cluster_promise() {
     })
     .await;
 
-    hist.deliveries = rx
-        .requests()
-        .iter()
-        .filter_map(|r| {
-            Some(Delivery {
-                key: r.idempotency_key()?.to_string(),
-                epoch: r.header("herald-epoch").and_then(|e| e.parse().ok()),
-                at_ms: r.at_ms,
-                done_ms: None,
-            })
-        })
-        .collect();
+    hist.deliveries = common::cluster::deliveries(&rx);
     let dups = duplicates_since(&hist.deliveries, rolling_from);
     assert!(
         dups.is_empty(),

@@ -105,3 +105,19 @@ pub async fn sequence_delivered(
     assert!(dedup.windows(2).all(|w| w[0] < w[1]), "order: {seqs:?}");
     keys
 }
+
+/// Every request the receiver saw that carried an idempotency key, as the history checker
+/// (`history.rs`) reads deliveries: key, `herald-epoch`, arrival.
+pub fn deliveries(rx: &super::receiver::Receiver) -> Vec<super::history::Delivery> {
+    rx.requests()
+        .iter()
+        .filter_map(|r| {
+            Some(super::history::Delivery {
+                key: r.idempotency_key()?.to_string(),
+                epoch: r.header("herald-epoch").and_then(|e| e.parse().ok()),
+                at_ms: r.at_ms,
+                done_ms: None,
+            })
+        })
+        .collect()
+}
