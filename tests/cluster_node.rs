@@ -110,6 +110,12 @@ async fn until(nodes: &mut [&mut Node], what: &str, done: impl Fn(&[usize]) -> b
         let view: Vec<&Node> = nodes.iter().map(|n| &**n).collect();
         let counts: Vec<usize> = disjoint(&view).iter().map(BTreeSet::len).collect();
         if done(&counts) {
+            // A loop sends its events before its ownership shows them (a grant's event goes
+            // out under the lease lock `held` takes), so what we saw is in the channel now:
+            // drain it again, or a grant seen in `held` could be missing from the log.
+            for n in nodes.iter_mut() {
+                n.drain();
+            }
             return;
         }
         assert!(Instant::now() < end, "{what}: still {counts:?}");
@@ -203,6 +209,23 @@ async fn a_partitioned_loop_stops_trusting_its_shards_before_anyone_else_gets_th
         n == [0, 8]
     })
     .await;
+    // A drop's event follows the ownership change that `held` shows: wait (bounded) until
+    // the log has every drop and grant before judging their order.
+    let end = Instant::now() + Duration::from_secs(5);
+    while !theirs.iter().all(|shard| {
+        cut.log
+            .iter()
+            .any(|(_, e)| matches!(e, Event::Dropped { shard: s, .. } if s == shard))
+            && other
+                .log
+                .iter()
+                .any(|(_, e)| matches!(e, Event::Granted(g) if g.shard == *shard))
+    }) && Instant::now() < end
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        cut.drain();
+        other.drain();
+    }
     for shard in &theirs {
         let dropped = cut
             .log
