@@ -104,7 +104,7 @@ async fn session(
     cfg.application_name(APPLICATION_NAME);
     let (client, mut conn) = match tokio::time::timeout(PING_WITHIN, cfg.connect(NoTls)).await {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => return Ended::Lost(e.to_string()),
+        Ok(Err(e)) => return Ended::Lost(error_text(&e)),
         Err(_) => return Ended::Lost("connect timed out".into()),
     };
     // The connection's own task reads every message; only notifications matter here (a
@@ -118,7 +118,7 @@ async fn session(
                     None => return Ok(()),
                 },
                 Some(Ok(_)) => {} // a notice
-                Some(Err(e)) => return Err(e.to_string()),
+                Some(Err(e)) => return Err(error_text(&e)),
                 None => return Err("the server closed the connection".into()),
             }
         }
@@ -126,7 +126,7 @@ async fn session(
     let listen = format!("LISTEN {CHANNEL}");
     match tokio::time::timeout(PING_WITHIN, client.batch_execute(&listen)).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => return Ended::Lost(format!("LISTEN failed: {e}")),
+        Ok(Err(e)) => return Ended::Lost(format!("LISTEN failed: {}", error_text(&e))),
         Err(_) => return Ended::Lost("LISTEN timed out".into()),
     }
     *fails = 0;
@@ -148,12 +148,20 @@ async fn session(
                 }
                 match tokio::time::timeout(PING_WITHIN, client.batch_execute("SELECT 1")).await {
                     Ok(Ok(_)) => {}
-                    Ok(Err(e)) => return Ended::Lost(format!("ping failed: {e}")),
+                    Ok(Err(e)) => return Ended::Lost(format!("ping failed: {}", error_text(&e))),
                     Err(_) => return Ended::Lost("ping unanswered".into()),
                 }
             }
             _ = stopped.changed() => return Ended::Stopped,
         }
+    }
+}
+
+/// The server's own words when it sent an error (`db error` alone says nothing).
+fn error_text(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{}: {}", d.code().code(), d.message()),
+        None => e.to_string(),
     }
 }
 
