@@ -191,6 +191,8 @@ fn open_database(
         node_id: c.node_id.clone(),
         ownership: Arc::new(crate::cluster::node::Ownership::new(c.timing)),
         shards: backend.shards(),
+        max_clock_offset_ms: c.max_clock_offset_ms,
+        inbox_wake: Arc::default(),
     });
     if let Some(h) = &hooks {
         backend = backend.with_fence(h.ownership.clone());
@@ -199,12 +201,14 @@ fn open_database(
     Ok((store, hooks))
 }
 
-/// Cluster mode's lease loop, its events followed by `engine` (`None` alone).
+/// Cluster mode's lease loop, its events followed by `engine`, and the inbox's `LISTEN`
+/// connection until `stopped` (`None` alone).
 fn start_lease_loop(
     engine: &Engine,
     config: &Config,
     hooks: Option<&ClusterHooks>,
     addr: SocketAddr,
+    stopped: watch::Receiver<bool>,
 ) -> Option<crate::cluster::node::Handle> {
     let (hooks, c, db) = (hooks?, config.cluster.as_ref()?, config.database.as_ref()?);
     // Without `advertise`, the address herald listens on, when it names one interface.
@@ -230,6 +234,15 @@ fn start_lease_loop(
         shards: hooks.shards,
         max_clock_offset_ms: c.max_clock_offset_ms,
     };
+    // The inbox's wake-up on its own unpooled connection, until the server stops.
+    crate::cluster::listen::start(
+        crate::cluster::listen::Settings {
+            url: db.url.clone(),
+            password: db.password.clone(),
+        },
+        &hooks.inbox_wake,
+        stopped,
+    );
     tracing::info!(node_id = %c.node_id, shards = hooks.shards, "cluster mode: taking shards");
     Some(crate::cluster::node::start_with(
         settings,
@@ -343,7 +356,7 @@ pub async fn start_with(
     tokio::spawn(api::serve(listener, state, rx));
     engine.recover().await?;
     // Cluster mode: the lease loop starts once the engine can load what it is granted.
-    let lease_loop = start_lease_loop(&engine, &config, cluster.as_ref(), addr);
+    let lease_loop = start_lease_loop(&engine, &config, cluster.as_ref(), addr, tx.subscribe());
     tracing::info!(%addr, data_dir = %config.data_dir.display(), connections_max,
         fd_limit = limit, fd_reserved = reserve, "herald listening");
     Ok(Server {

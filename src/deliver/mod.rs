@@ -247,6 +247,16 @@ impl Channel {
         }
     }
 
+    /// How long one attempt may be under way at the receiver: the webhook's `timeout` (a
+    /// local sink has nothing outside this process). Cluster mode's wait before an inherited
+    /// in-flight mark is sent again (`engine/plan.rs::inherited_not_before`).
+    pub fn send_timeout_ms(&self) -> u64 {
+        match &self.sink {
+            Sink::Webhook(w) => u64::try_from(w.timeout().as_millis()).unwrap_or(u64::MAX),
+            Sink::Log | Sink::File(_) => 0,
+        }
+    }
+
     /// Sends in flight right now.
     pub fn in_flight(&self) -> usize {
         self.concurrency_max

@@ -129,6 +129,11 @@ impl WebhookSink {
         })
     }
 
+    /// The bound on one request (`timeout`: connect, send, the answer's status line).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Makes this a platform channel (templates, success rule, token, signer).
     pub fn with_platform(mut self, platform: Platform) -> WebhookSink {
         self.rule = platform.spec.success.clone();

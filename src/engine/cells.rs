@@ -375,11 +375,24 @@ pub(crate) fn load_task(
         }
     };
     let mut resent_runs = std::collections::BTreeSet::new();
+    // Cluster mode: the mark may be another node's whose attempt could still be under way
+    // (HA.md "The send itself"); it goes again only once that attempt must be over. Alone
+    // (no `[cluster]`), a mark on disk is this process's own from before a restart: nobody
+    // else is sending it, so it goes at once, as ever.
+    let wait = inner.config.cluster.as_ref().map(|c| {
+        let timeout = inner
+            .channels
+            .get(&task.channel)
+            .map_or(0, |ch| ch.send_timeout_ms());
+        (timeout, c.max_clock_offset_ms)
+    });
     let runs: BTreeMap<u32, _> = runs
         .into_iter()
         .filter(|r| r.state == RunState::Running)
         .map(|r| {
-            let (r, resent) = super::plan::reload_run(r, now_ms);
+            let not_before =
+                wait.and_then(|(t, off)| super::plan::inherited_not_before(&r, t, off));
+            let (r, resent) = super::plan::reload_run(r, now_ms, not_before);
             if resent {
                 if let Some(c) = &inner.config.cluster {
                     // Cluster mode: most often one another node had in flight (its lease
@@ -389,6 +402,7 @@ pub(crate) fn load_task(
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 tracing::warn!(task = %id, run = r.run, seq = r.cursor,
+                    in_ms = r.next_at_ms.unwrap_or(now_ms).saturating_sub(now_ms),
                     trace_id = %crate::model::timeline::hex(&crate::model::timeline::trace_id_of(&task)),
                     "message was in flight when herald stopped or a write failed; sending it again with the same idempotency key");
                 resent_runs.insert(r.run);

@@ -16,7 +16,9 @@
 //!   refused with `OwnershipLost` and changes nothing.
 //!
 //! Tasks created on a node that does not hold their shard are written with an inbox row
-//! (`fence.rs`); the owner takes them out of the inbox every [`INBOX_EVERY`] and loads them.
+//! (`fence.rs`); the owner takes them out of the inbox and loads them when the `LISTEN`
+//! connection hears the group's `NOTIFY` (`cluster/listen.rs`), and at least every
+//! [`INBOX_EVERY`].
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -32,8 +34,13 @@ use crate::store::backend::TreeId;
 use crate::store::pg::fence::shard_of_task;
 use crate::store::pg::shard::task_id_of;
 
-/// How often the inbox is read (HA.md: at least every 500 ms).
-pub const INBOX_EVERY: Duration = Duration::from_millis(250);
+/// The inbox's floor: it is read at least this often (HA.md: at least every 500 ms), and at
+/// once on each `NOTIFY herald_inbox` (`cluster/listen.rs`).
+pub const INBOX_EVERY: Duration = Duration::from_millis(500);
+/// Test knob, not configuration: the inbox floor in milliseconds instead of
+/// [`INBOX_EVERY`] (`tests/cluster_inbox.rs` makes it a minute, so that only the
+/// notification can deliver a create through the inbox in time). Read once at start.
+pub const INBOX_FLOOR_ENV: &str = "HERALD_TEST_INBOX_FLOOR_MS";
 
 /// This process's part of a cluster, as the engine sees it.
 #[derive(Clone)]
@@ -43,6 +50,12 @@ pub struct ClusterHooks {
     pub ownership: Arc<Ownership>,
     /// S, as the database has it.
     pub shards: u32,
+    /// `[cluster] max_clock_offset`: how far any node's clock may be from the database's
+    /// (an inherited in-flight mark waits twice this on top of its send timeout).
+    pub max_clock_offset_ms: u64,
+    /// Woken by the `LISTEN` connection on each `NOTIFY herald_inbox` (`cluster/listen.rs`):
+    /// the inbox is drained at once instead of at the next floor tick.
+    pub inbox_wake: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for ClusterHooks {
@@ -223,35 +236,76 @@ pub(crate) fn created(inner: &Inner, l: super::cells::Locked, cell: Arc<super::L
     }
 }
 
-/// Takes tasks created on other nodes out of the inbox and loads them, every [`INBOX_EVERY`],
-/// until the engine is gone.
+/// The inbox's floor: the test knob [`INBOX_FLOOR_ENV`] if set (milliseconds), else
+/// [`INBOX_EVERY`]. Read once, when the drain starts.
+fn inbox_floor() -> Duration {
+    std::env::var(INBOX_FLOOR_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map_or(INBOX_EVERY, Duration::from_millis)
+}
+
+/// Takes tasks created on other nodes out of the inbox and loads them, on each wake-up of
+/// the `LISTEN` connection (`cluster/listen.rs`) and at least every [`INBOX_EVERY`], until
+/// the engine is gone.
 pub(crate) async fn drain_inbox(inner: Weak<Inner>) {
+    let floor = inbox_floor();
+    if floor != INBOX_EVERY {
+        tracing::warn!(
+            floor_ms = floor.as_millis() as u64,
+            "test knob {INBOX_FLOOR_ENV}: the inbox timer is not HA.md's"
+        );
+    }
+    let Some(wake) = inner
+        .upgrade()
+        .and_then(|i| i.config.cluster.as_ref().map(|c| c.inbox_wake.clone()))
+    else {
+        return;
+    };
     loop {
-        tokio::time::sleep(INBOX_EVERY).await;
+        let woken = tokio::select! {
+            _ = tokio::time::sleep(floor) => false,
+            _ = wake.notified() => true,
+        };
         let Some(inner) = inner.upgrade() else { return };
         let i = inner.clone();
-        let ids = match tokio::task::spawn_blocking(move || i.store.take_inbox()).await {
-            Ok(Ok(ids)) => ids,
+        // The reads block on the store's runtime: off the tokio workers.
+        let read = tokio::task::spawn_blocking(move || -> Result<_, crate::store::StoreError> {
+            let mut out = Vec::new();
+            for id in i.store.take_inbox()? {
+                if !i.owns(&id) {
+                    continue; // lost meanwhile: the next owner loads it with its shard
+                }
+                match i.store.live_entry(&id) {
+                    Ok(Some(e)) if !e.state.is_terminal() => out.push((id, e)),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::error!(task = %id, error = %e, "a task from the inbox cannot be read")
+                    }
+                }
+            }
+            Ok(out)
+        });
+        let entries = match read.await {
+            Ok(Ok(e)) => e,
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "the inbox could not be read; trying again");
                 continue;
             }
             Err(_) => continue,
         };
-        for id in ids {
+        if !entries.is_empty() {
+            tracing::debug!(tasks = entries.len(), woken, "tasks taken from the inbox");
+        }
+        let mut live = inner.live.lock();
+        for (id, entry) in entries {
+            // Again under the map's lock: a shard lost since the read is unloaded after this
+            // (its unload takes the lock), or was already and must not get the task back.
             if !inner.owns(&id) {
-                continue; // lost meanwhile: the next owner loads it with its shard
+                continue;
             }
-            let entry = match inner.store.live_entry(&id) {
-                Ok(Some(e)) if !e.state.is_terminal() => e,
-                Ok(_) => continue,
-                Err(e) => {
-                    tracing::error!(task = %id, error = %e, "a task from the inbox cannot be read");
-                    continue;
-                }
-            };
             let id: Arc<str> = Arc::from(id);
-            let mut live = inner.live.lock();
             if live.load(&id) {
                 arm_entry(&inner, &id, &entry);
             }

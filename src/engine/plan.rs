@@ -441,9 +441,10 @@ pub fn start_run(
 /// after a failed write): its in-flight mark is an attempt that was interrupted. Armed for an
 /// instant still to come, it cannot have been sent (sends start at their instant), so the
 /// attempt is given back; otherwise nobody knows whether the channel got it, and it is sent
-/// again now (or at its instant), with the next attempt number and the same key. Second value:
+/// again now (or at its instant, or at `not_before` when that is later: cluster mode's wait,
+/// [`inherited_not_before`]), with the next attempt number and the same key. Second value:
 /// whether it is a resend.
-pub fn reload_run(mut r: Run, now: u64) -> (Run, bool) {
+pub fn reload_run(mut r: Run, now: u64, not_before: Option<u64>) -> (Run, bool) {
     match (r.in_flight, r.next_at_ms) {
         (Some(_), Some(at)) if at > now => {
             r.disarm();
@@ -451,11 +452,34 @@ pub fn reload_run(mut r: Run, now: u64) -> (Run, bool) {
         }
         (Some(_), _) => {
             r.in_flight = None;
-            r.next_at_ms = Some(r.next_at_ms.unwrap_or(now).max(now));
+            let at = r.next_at_ms.unwrap_or(now).max(now);
+            r.next_at_ms = Some(not_before.map_or(at, |nb| at.max(nb)));
             (r, true)
         }
         (None, _) => (r, false),
     }
+}
+
+/// Cluster mode (HA.md "The send itself"): the earliest instant at which a node that inherits
+/// `r`'s in-flight mark may send it again, so that its attempt never overlaps the one the
+/// previous owner may still have had under way: the claim (`last_attempt_at_ms`, written
+/// with the mark) or the instant the attempt was due, whichever is later (a mark is claimed
+/// ahead of its instant and the send starts at the instant), plus the channel's send timeout
+/// (`send_timeout_ms`, the attempt's own bound). Both instants are the claiming node's wall
+/// clock and `now` is this node's: each is within `max_clock_offset_ms` of the database's, so
+/// twice that is added to make it hold in database time. `None`: nothing in flight.
+pub fn inherited_not_before(
+    r: &Run,
+    send_timeout_ms: u64,
+    max_clock_offset_ms: u64,
+) -> Option<u64> {
+    r.in_flight?;
+    let started = r.last_attempt_at_ms.max(r.next_at_ms)?;
+    Some(
+        started
+            .saturating_add(send_timeout_ms)
+            .saturating_add(max_clock_offset_ms.saturating_mul(2)),
+    )
 }
 
 /// What start-up does with a task that was running: the task to write (if it changed) and a
@@ -1024,13 +1048,50 @@ mod tests {
         let mut r = Run::new(1, NOW, NOW, 3);
         r.in_flight = Some(1);
         r.next_at_ms = Some(NOW + 5_000);
-        let (back, resend) = reload_run(r.clone(), NOW);
+        let (back, resend) = reload_run(r.clone(), NOW, None);
         assert!(!resend, "armed for later: it cannot have been sent");
         assert_eq!(back.in_flight, None);
         r.next_at_ms = Some(NOW - 10);
-        let (back, resend) = reload_run(r, NOW);
+        let (back, resend) = reload_run(r, NOW, None);
         assert!(resend);
         assert_eq!((back.in_flight, back.next_at_ms), (None, Some(NOW)));
+    }
+
+    /// HA.md "The send itself": an inherited in-flight mark goes again no earlier than its
+    /// claim (or its instant, if later) + the send timeout + twice the clock offset bound;
+    /// one armed for later is still given back, whatever `not_before` says.
+    #[test]
+    fn an_inherited_in_flight_mark_waits_for_claim_plus_send_timeout() {
+        let mut r = Run::new(1, NOW, NOW, 3);
+        r.next_at_ms = Some(NOW - 3_000);
+        r.begin_attempt(NOW - 3_100); // claimed 100 ms ahead of its instant
+        assert_eq!(r.last_attempt_at_ms, Some(NOW - 3_100));
+        let nb = inherited_not_before(&r, 10_000, 500);
+        // From the instant (later than the claim): NOW - 3 000 + 10 000 + 2 × 500.
+        assert_eq!(nb, Some(NOW + 8_000));
+        let (back, resend) = reload_run(r.clone(), NOW, nb);
+        assert!(resend);
+        assert_eq!((back.in_flight, back.next_at_ms), (None, Some(NOW + 8_000)));
+        // A claim made after the instant (the wheel handed the key over late): the claim.
+        let mut late = r.clone();
+        late.last_attempt_at_ms = Some(NOW - 1_000);
+        assert_eq!(
+            inherited_not_before(&late, 10_000, 0),
+            Some(NOW + 9_000),
+            "the later of claim and instant"
+        );
+        // Long past: not_before is already behind now, so it goes now, as without it.
+        let nb = inherited_not_before(&r, 1_000, 0);
+        assert_eq!(reload_run(r.clone(), NOW, nb).0.next_at_ms, Some(NOW));
+        // Armed for later: never sent, given back; nothing in flight: no wait at all.
+        let mut ahead = Run::new(2, NOW, NOW, 1);
+        ahead.next_at_ms = Some(NOW + 5_000);
+        ahead.begin_attempt(NOW);
+        let nb = inherited_not_before(&ahead, 10_000, 500);
+        let (back, resend) = reload_run(ahead, NOW, nb);
+        assert!(!resend && back.in_flight.is_none());
+        assert_eq!(back.next_at_ms, Some(NOW + 5_000));
+        assert_eq!(inherited_not_before(&back, 10_000, 500), None);
     }
 
     #[test]

@@ -21,12 +21,27 @@ pub fn node(
     hook_url: &str,
     timing: &str,
 ) -> Proc {
+    let hook = format!("url = \"{hook_url}\"\ntimeout = \"1s\"\n");
+    Proc::start(node_command(url, dir, name, id, shards, &hook, timing))
+}
+
+/// [`node`]'s command, not started yet, with the `hook` channel's own lines (`url`,
+/// `timeout`, ...): a test adds its environment before `Proc::start`.
+pub fn node_command(
+    url: &str,
+    dir: &Path,
+    name: &str,
+    id: &str,
+    shards: u32,
+    hook: &str,
+    timing: &str,
+) -> std::process::Command {
     let nd = dir.join(name);
     std::fs::create_dir_all(&nd).unwrap();
     let config = write_config(
         &nd,
         &format!(
-            "[channels.hook]\nkind = \"webhook\"\nurl = \"{hook_url}\"\ntimeout = \"1s\"\n\
+            "[channels.hook]\nkind = \"webhook\"\n{hook}\
              [cluster]\nnode_id = \"{id}\"\nshards = {shards}\n{timing}"
         ),
     );
@@ -36,7 +51,19 @@ pub fn node(
     if let Ok(l) = std::env::var("HERALD_TEST_NODE_LOG") {
         cmd.env("HERALD_LOG", l);
     }
-    Proc::start(cmd)
+    cmd
+}
+
+/// The shards `node` owns, from `base`'s `GET /v1/cluster`.
+pub async fn shards_of(base: &str, node: &str) -> Vec<u32> {
+    let view = http::get(&format!("{base}/v1/cluster")).await.json();
+    view["shards"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["owner_node"] == node)
+        .filter_map(|s| s["shard"].as_u64().map(|n| n as u32))
+        .collect()
 }
 
 /// How many shards the node at `base` holds now (0 when it does not answer).
@@ -120,4 +147,12 @@ pub fn deliveries(rx: &super::receiver::Receiver) -> Vec<super::history::Deliver
             })
         })
         .collect()
+}
+
+/// The value of the unlabelled sample `name` in the node's `/metrics` (0 when absent).
+pub async fn metric(base: &str, name: &str) -> f64 {
+    let text = http::get(&format!("{base}/metrics")).await.text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
 }
