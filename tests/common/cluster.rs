@@ -21,6 +21,20 @@ pub fn node(
     hook_url: &str,
     timing: &str,
 ) -> Proc {
+    Proc::start(node_command(url, dir, name, id, shards, hook_url, timing))
+}
+
+/// The command [`node`] runs, to add to (e.g. libfaketime's environment) before
+/// `Proc::start`.
+pub fn node_command(
+    url: &str,
+    dir: &Path,
+    name: &str,
+    id: &str,
+    shards: u32,
+    hook_url: &str,
+    timing: &str,
+) -> std::process::Command {
     let nd = dir.join(name);
     std::fs::create_dir_all(&nd).unwrap();
     let config = write_config(
@@ -36,7 +50,7 @@ pub fn node(
     if let Ok(l) = std::env::var("HERALD_TEST_NODE_LOG") {
         cmd.env("HERALD_LOG", l);
     }
-    Proc::start(cmd)
+    cmd
 }
 
 /// How many shards the node at `base` holds now (0 when it does not answer).
