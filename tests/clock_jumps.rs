@@ -170,28 +170,9 @@ struct Faked {
     lib: std::path::PathBuf,
 }
 
-/// Where Debian's `faketime` package puts the multi-threaded library.
-fn faketime_lib() -> Option<std::path::PathBuf> {
-    let mut dirs = vec![std::path::PathBuf::from("/usr/lib/faketime")];
-    if let Ok(rd) = std::fs::read_dir("/usr/lib") {
-        dirs.extend(rd.flatten().map(|e| e.path().join("faketime")));
-    }
-    dirs.into_iter()
-        .map(|d| d.join("libfaketimeMT.so.1"))
-        .find(|p| p.exists())
-}
-
 impl Faked {
     fn new(dir: &std::path::Path, test: &str) -> Option<Faked> {
-        common::tools::require("faketime", "apt-get install -y faketime", test)?;
-        let Some(lib) = faketime_lib() else {
-            common::tools::skip(
-                test,
-                "libfaketimeMT.so.1 not found",
-                "apt-get install -y faketime",
-            );
-            return None;
-        };
+        let lib = common::tools::faketime_lib(test)?;
         let f = Faked {
             offset_file: dir.join("faketime.rc"),
             lib,

@@ -426,18 +426,23 @@ impl Loop {
     }
 
     /// Heartbeat, then the cluster as it is now: how many nodes live, the shard rows (kept
-    /// with the nodes and owners' addresses as the process's [`View`]).
+    /// with the nodes and owners' addresses as the process's [`View`]). A node whose clock is
+    /// refused does not heartbeat: counted live, it would make the others aim at
+    /// `ceil(S / nodes)` with itself among the nodes, and the shards it refuses would stay
+    /// free (`tests/cluster_clock.rs`); its row runs out after a lease.
     async fn read_cluster(&self, c: &Client) -> Result<(usize, Vec<rows::ShardRow>), ()> {
         let me = &self.s.me;
         let read = async {
-            rows::heartbeat(
-                c,
-                &me.node_id,
-                &me.incarnation,
-                me.advertise.as_deref(),
-                self.s.timing.ttl_ms,
-            )
-            .await?;
+            if self.clock_ok {
+                rows::heartbeat(
+                    c,
+                    &me.node_id,
+                    &me.incarnation,
+                    me.advertise.as_deref(),
+                    self.s.timing.ttl_ms,
+                )
+                .await?;
+            }
             let live = rows::live_nodes(c).await?;
             let table = rows::rows(c).await?;
             let owners = rows::owners(c).await?;

@@ -134,7 +134,8 @@ pub async fn sequence_delivered(
 }
 
 /// Every request the receiver saw that carried an idempotency key, as the history checker
-/// (`history.rs`) reads deliveries: key, `herald-epoch`, arrival.
+/// (`history.rs`) reads deliveries: key, `herald-epoch`, arrival and when its answer went
+/// back (so the checker's no-overlap rule runs).
 pub fn deliveries(rx: &super::receiver::Receiver) -> Vec<super::history::Delivery> {
     rx.requests()
         .iter()
@@ -143,7 +144,7 @@ pub fn deliveries(rx: &super::receiver::Receiver) -> Vec<super::history::Deliver
                 key: r.idempotency_key()?.to_string(),
                 epoch: r.header("herald-epoch").and_then(|e| e.parse().ok()),
                 at_ms: r.at_ms,
-                done_ms: None,
+                done_ms: r.done_ms,
             })
         })
         .collect()

@@ -1,5 +1,6 @@
 //! A TCP proxy between herald and PostgreSQL that breaks one chosen `COMMIT` (HA.md "Tests":
-//! ambiguous commits without network namespaces). Everything else passes through unchanged.
+//! ambiguous commits without network namespaces), blackholes, or delays every byte by a set
+//! time (slow renewals). Everything else passes through unchanged.
 //!
 //! tokio-postgres sends `COMMIT` as a simple query of its own (`Q`, length 11, `COMMIT\0`),
 //! after the answers to the group's statements came back, so the proxy sees it as the start
@@ -7,8 +8,9 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// What happens to the next `COMMIT`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,6 +34,8 @@ struct State {
     held: Mutex<Vec<(TcpStream, Vec<u8>)>>,
     /// While set, bytes in either direction are held (not lost): a partition that heals.
     blackhole: AtomicBool,
+    /// Every chunk read is written on this many ms after it was read (0: at once).
+    delay_ms: AtomicU64,
 }
 
 /// Waits while the proxy is blackholed.
@@ -86,6 +90,16 @@ impl PgProxy {
         self.state.blackhole.store(on, Ordering::SeqCst);
     }
 
+    /// From now on every byte, in either direction, is passed on `d` after the proxy read it
+    /// (`Duration::ZERO`: at once again; bytes already waiting keep their time). Order is kept;
+    /// a round trip through the proxy takes 2 × `d` more. A renewal sent meanwhile reaches the
+    /// server late and its answer comes back later still: a slow network, not a broken one.
+    pub fn delay(&self, d: Duration) {
+        self.state
+            .delay_ms
+            .store(d.as_millis() as u64, Ordering::SeqCst);
+    }
+
     /// Sends the held `COMMIT`s to their servers now.
     pub fn release(&self) {
         for (mut server, bytes) in self.state.held.lock().unwrap().drain(..) {
@@ -93,6 +107,34 @@ impl PgProxy {
             let _ = server.write_all(&bytes);
         }
     }
+}
+
+/// The writing half of one direction: chunks go out in order, each no earlier than the
+/// instant it was queued with (read time + the delay then set). Ends when its queue closes
+/// or a write fails.
+fn writer(
+    mut to: TcpStream,
+) -> (
+    mpsc::Sender<(Instant, Vec<u8>)>,
+    std::thread::JoinHandle<()>,
+) {
+    let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
+    let t = std::thread::spawn(move || {
+        for (due, bytes) in rx {
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now); // the fault itself: the bytes are late by design
+            }
+            if to.write_all(&bytes).is_err() {
+                return;
+            }
+        }
+    });
+    (tx, t)
+}
+
+fn due(state: &State) -> Instant {
+    Instant::now() + Duration::from_millis(state.delay_ms.load(Ordering::SeqCst))
 }
 
 fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
@@ -105,7 +147,8 @@ fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
     let st = state.clone();
     // Server to client: passes everything, except the answer to a `LoseReply` COMMIT.
     std::thread::spawn(move || {
-        let (mut from, mut to) = (s2, c2);
+        let (mut from, to) = (s2, c2);
+        let (tx, out) = writer(to.try_clone().expect("clone"));
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             let n = match from.read(&mut buf) {
@@ -116,15 +159,19 @@ fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
                 break;
             }
             hold_while_blackholed(&st);
-            if to.write_all(&buf[..n]).is_err() {
+            if tx.send((due(&st), buf[..n].to_vec())).is_err() {
                 break;
             }
         }
+        // What was read before the end still goes out (late, if delayed), then both close.
+        drop(tx);
+        let _ = out.join();
         let _ = to.shutdown(Shutdown::Both);
         let _ = from.shutdown(Shutdown::Both);
     });
     std::thread::spawn(move || {
-        let (mut from, mut to) = (client, server);
+        let (mut from, to) = (client, server);
+        let (tx, out) = writer(to.try_clone().expect("clone"));
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             let n = match from.read(&mut buf) {
@@ -143,24 +190,31 @@ fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
             }
             match fault {
                 None => {
-                    if to.write_all(chunk).is_err() {
+                    if tx.send((due(&state), chunk.to_vec())).is_err() {
                         break;
                     }
                 }
                 Some(Fault::LoseReply) => {
                     swallow.store(true, Ordering::SeqCst);
-                    let _ = to.write_all(chunk);
+                    let _ = tx.send((due(&state), chunk.to_vec()));
+                    drop(tx);
+                    let _ = out.join();
                     // The other thread closes both once the answer came.
                     return;
                 }
                 Some(Fault::DropBeforeServer) => break,
                 Some(Fault::Hold) => {
                     let _ = from.shutdown(Shutdown::Both);
+                    // What came before the COMMIT reaches the server; the COMMIT waits.
+                    drop(tx);
+                    let _ = out.join();
                     state.held.lock().unwrap().push((to, chunk.to_vec()));
                     return;
                 }
             }
         }
+        drop(tx);
+        let _ = out.join();
         let _ = to.shutdown(Shutdown::Both);
         let _ = from.shutdown(Shutdown::Both);
     });

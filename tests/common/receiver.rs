@@ -26,7 +26,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::{JoinHandle, JoinSet};
 
 /// One request that arrived, recorded once its head and body were read and
-/// before the answer was produced.
+/// before the answer was produced (`done_ms` is filled in once it is).
 #[derive(Clone, Debug)]
 pub struct Recorded {
     /// Arrival, Unix epoch milliseconds with sub-millisecond precision.
@@ -46,6 +46,9 @@ pub struct Recorded {
     /// 1-based sequence number of the TCP connection the request came on
     /// (equal numbers = the client reused a keep-alive connection).
     pub conn: u64,
+    /// When the receiver handed its answer to the connection, Unix ms (`None`: not answered
+    /// yet, or never: `Hang`, `Reset`). With `at_ms`, the attempt's span on the receiver's side.
+    pub done_ms: Option<f64>,
 }
 
 impl Recorded {
@@ -114,6 +117,9 @@ struct State {
     fail: Option<FailRate>,
     connections: u64,
     open: usize,
+    /// Bumped by `clear`, so an answer to a request recorded before it is not stamped on
+    /// whatever now has its index.
+    generation: u64,
 }
 
 impl State {
@@ -184,6 +190,7 @@ impl Receiver {
             fail: None,
             connections: 0,
             open: 0,
+            generation: 0,
         }));
         let (stop, stop_rx) = watch::channel(false);
         let task = tokio::spawn(accept_loop(listener, shared.clone(), stop_rx));
@@ -292,6 +299,7 @@ impl Receiver {
         let mut st = self.inner.shared.lock();
         st.requests.clear();
         st.answers.clear();
+        st.generation += 1;
     }
 
     /// Stops accepting, closes every connection (hanging ones included) and
@@ -403,16 +411,15 @@ async fn handle(
         body,
         json,
         conn: conn_id,
+        done_ms: None,
     };
 
-    let behavior = {
+    let (behavior, index, generation) = {
         let mut st = shared.lock();
         // Stamp under the lock so the recorded order and the timestamps agree.
         rec.at = Instant::now();
-        rec.at_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs_f64() * 1000.0)
-            .unwrap_or(0.0);
+        rec.at_ms = unix_ms();
+        let index = st.requests.len();
         st.requests.push(rec);
         let b = st.decide(&key);
         let sent = match &b {
@@ -421,23 +428,37 @@ async fn handle(
             Behavior::Hang | Behavior::Reset => 0,
         };
         st.answers.push((key, sent));
-        b
+        (b, index, st.generation)
     };
 
-    match behavior {
-        Behavior::Ok => Ok(respond(200, None)),
-        Behavior::Status(s) => Ok(respond(s, None)),
-        Behavior::RetryAfter(s, v) => Ok(respond(s, Some(&v))),
+    let resp = match behavior {
+        Behavior::Ok => respond(200, None),
+        Behavior::Status(s) => respond(s, None),
+        Behavior::RetryAfter(s, v) => respond(s, Some(&v)),
         Behavior::Slow(d) => {
             tokio::time::sleep(d).await;
-            Ok(respond(200, None))
+            respond(200, None)
         }
         Behavior::Hang => std::future::pending().await,
         Behavior::Reset => {
             reset.notify_one();
             std::future::pending().await
         }
+    };
+    let mut st = shared.lock();
+    if st.generation == generation {
+        if let Some(r) = st.requests.get_mut(index) {
+            r.done_ms = Some(unix_ms());
+        }
     }
+    Ok(resp)
+}
+
+fn unix_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0)
 }
 
 fn effective_status(s: u16) -> StatusCode {

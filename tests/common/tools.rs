@@ -73,3 +73,23 @@ pub fn skips_file() -> PathBuf {
         _ => Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-skips.txt"),
     }
 }
+
+/// libfaketime's multi-threaded library as Debian's `faketime` package installs it, for
+/// `LD_PRELOAD` (the `faketime` wrapper's own `FAKETIME` would win over a test's settings), or
+/// `None` after recording the skip for `test`.
+pub fn faketime_lib(test: &str) -> Option<PathBuf> {
+    const INSTALL: &str = "apt-get install -y faketime";
+    require("faketime", INSTALL, test)?;
+    let mut dirs = vec![PathBuf::from("/usr/lib/faketime")];
+    if let Ok(rd) = std::fs::read_dir("/usr/lib") {
+        dirs.extend(rd.flatten().map(|e| e.path().join("faketime")));
+    }
+    let lib = dirs
+        .into_iter()
+        .map(|d| d.join("libfaketimeMT.so.1"))
+        .find(|p| p.exists());
+    if lib.is_none() {
+        skip(test, "libfaketimeMT.so.1 not found", INSTALL);
+    }
+    lib
+}

@@ -1,0 +1,182 @@
+//! Nodes whose clocks are 2 s off the database's (issue 24, HA.md "Time"), under libfaketime:
+//! four real nodes on one private PostgreSQL, `a` and `b` on the real clock, `ahead` at +2 s
+//! and `behind` at −2 s (`FAKETIME`, the monotonic clock left alone). With
+//! `max_clock_offset = 500ms` the two off nodes own no shard and `/healthz` shows their
+//! offset; `a` and `b` carry all nine; creates and cancels sent to any of the four are kept,
+//! and the history checker holds, "nothing before due − max_clock_offset" included.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::{node, node_command, owned, TEST_TIMING};
+use common::herald::{in_ms, ms_of, poll, Proc};
+use common::history::{check, Cancel, Expected, History};
+use common::http;
+use common::pg::PgServer;
+use common::receiver::Receiver;
+use serde_json::json;
+
+const SHARDS: u32 = 9;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_two_seconds_off_own_nothing_and_the_others_carry_every_shard() {
+    let test = "nodes_two_seconds_off_own_nothing_and_the_others_carry_every_shard";
+    let Some(lib) = common::tools::faketime_lib(test) else {
+        return;
+    };
+    let Some(pg) = PgServer::start("cluster_clock") else {
+        return;
+    };
+    let url = pg.create_db("clock");
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let timing = format!("{TEST_TIMING}max_clock_offset = \"500ms\"\n");
+    let good: Vec<Proc> = ["a", "b"]
+        .iter()
+        .map(|n| node(&url, dir.path(), n, n, SHARDS, &rx.url(), &timing))
+        .collect();
+    let hook = format!("url = \"{}\"\ntimeout = \"1s\"\n", rx.url());
+    let off: Vec<Proc> = [("ahead", "+2s"), ("behind", "-2s")]
+        .iter()
+        .map(|(n, by)| {
+            let mut cmd = node_command(&url, dir.path(), n, n, SHARDS, &hook, &timing);
+            cmd.env("LD_PRELOAD", &lib)
+                .env("FAKETIME", by)
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+            Proc::start(cmd)
+        })
+        .collect();
+
+    // The two on time carry every shard; the two off hold none, and say how far off they are.
+    let carried = poll(Duration::from_secs(30), || async {
+        let (a, b) = (owned(&good[0].url).await, owned(&good[1].url).await);
+        (a + b == SHARDS as u64 && a > 0 && b > 0).then_some((a, b))
+    })
+    .await;
+    let healths: Vec<_> = off.iter().map(|p| p.url.clone()).collect::<Vec<_>>();
+    let mut seen = Vec::new();
+    for u in &healths {
+        seen.push(http::get(&format!("{u}/healthz")).await.json());
+    }
+    assert!(
+        carried.is_some(),
+        "a and b hold all {SHARDS} shards between them while ahead and behind refuse: a {}, b {}, off nodes {seen:?}",
+        owned(&good[0].url).await,
+        owned(&good[1].url).await
+    );
+    // How far off each is (the sign's convention is `cluster/offset.rs`'s: only the two
+    // opposite ones are asserted here).
+    let offsets: Vec<i64> = seen
+        .iter()
+        .map(|h| {
+            assert_eq!(h["cluster"]["shards_owned"], 0, "{h}");
+            h["cluster"]["clock_offset_ms"].as_i64().unwrap_or(0)
+        })
+        .collect();
+    assert!(
+        offsets.iter().all(|o| (1_500..2_500).contains(&o.abs()))
+            && offsets[0].signum() == -offsets[1].signum(),
+        "the offsets shown, ahead and behind by 2 s: {seen:?}"
+    );
+
+    // Creates through every node, one cancel through an off node; the off nodes hand them on.
+    let all: Vec<String> = good.iter().chain(&off).map(|p| p.url.clone()).collect();
+    let mut hist = History {
+        max_clock_offset_ms: 500.0,
+        slack_ms: 50.0,
+        ..History::default()
+    };
+    for (i, via) in all.iter().enumerate() {
+        for k in 0..2 {
+            let id = format!("one-{i}-{k}");
+            let at = in_ms(1_000 + 700 * k as i64 + 150 * i as i64);
+            let r = http::post_json(
+                &format!("{via}/v1/tasks"),
+                &json!({"id": id, "channel": "hook", "schedule": {"at": at},
+                    "messages": [{"to": "x", "body": id}]}),
+            )
+            .await;
+            assert_eq!(r.status, 201, "create {id} via {via}: {}", r.text());
+            hist.expected.push(Expected {
+                key: format!("{id}:1:0"),
+                due_ms: ms_of(&at),
+                shard: herald::store::pg::fence::shard_of_task(&id, SHARDS),
+            });
+        }
+        let id = format!("seq-{i}");
+        let at = in_ms(800);
+        let r = http::post_json(
+            &format!("{via}/v1/tasks"),
+            &json!({"id": id, "channel": "hook", "schedule": {"at": at},
+                "pacing": {"interval": "300ms"},
+                "messages": (0..4).map(|m| json!({"to": format!("r{m}"), "body": "p"})).collect::<Vec<_>>()}),
+        )
+        .await;
+        assert_eq!(r.status, 201, "create {id} via {via}: {}", r.text());
+        for seq in 0..4 {
+            hist.expected.push(Expected {
+                key: format!("{id}:1:{seq}"),
+                due_ms: ms_of(&at),
+                shard: herald::store::pg::fence::shard_of_task(&id, SHARDS),
+            });
+        }
+    }
+    let at = in_ms(4_000);
+    let r = http::post_json(
+        &format!("{}/v1/tasks", all[0]),
+        &json!({"id": "cancelled", "channel": "hook", "schedule": {"at": at},
+            "messages": [{"to": "x", "body": "no"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = http::post_json(&format!("{}/v1/tasks/cancelled/cancel", all[2]), &json!({})).await;
+    assert_eq!(r.status, 200, "cancel through the node ahead: {}", r.text());
+    hist.cancels.push(Cancel {
+        task: "cancelled".into(),
+        answered_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+            * 1000.0,
+    });
+
+    let want: Vec<String> = hist.expected.iter().map(|e| e.key.clone()).collect();
+    poll(Duration::from_secs(30), || async {
+        let got: std::collections::HashSet<String> = rx
+            .requests()
+            .iter()
+            .filter_map(|r| r.idempotency_key().map(str::to_string))
+            .collect();
+        want.iter().all(|k| got.contains(k)).then_some(())
+    })
+    .await;
+    // Past the cancelled task's due instant, so a send of it would have been seen.
+    poll(Duration::from_secs(10), || async {
+        (chrono::Utc::now().timestamp_millis() as f64 > ms_of(&at) + 500.0).then_some(())
+    })
+    .await;
+    let view = http::get(&format!("{}/v1/cluster", all[0])).await.json();
+    for s in view["shards"].as_array().into_iter().flatten() {
+        if let (Some(shard), Some(epoch)) = (s["shard"].as_u64(), s["epoch"].as_u64()) {
+            hist.epochs.push((shard as u32, epoch));
+        }
+    }
+    let held = owned(&good[0].url).await + owned(&good[1].url).await;
+    assert_eq!(
+        held, SHARDS as u64,
+        "a and b still hold every shard between them: {view}"
+    );
+    hist.deliveries = common::cluster::deliveries(&rx);
+    let bad = check(&hist);
+    assert!(
+        bad.is_empty(),
+        "{} messages expected, {} delivered:\n{}",
+        hist.expected.len(),
+        hist.deliveries.len(),
+        bad.join("\n")
+    );
+    for u in &healths {
+        assert_eq!(owned(u).await, 0, "{u} still owns nothing at the end");
+    }
+}
