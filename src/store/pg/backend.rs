@@ -1045,10 +1045,15 @@ impl Backend for PgBackend {
                 .prepare_cached("DELETE FROM herald_inbox WHERE shard = ANY($1) RETURNING task_id")
                 .await?;
             let rows = tx.query(&st, &[&ok]).await?;
-            tx.commit().await?;
             let mut out = Vec::with_capacity(rows.len());
             for r in rows {
                 out.push(r.try_get(0)?);
+            }
+            // A COMMIT that got no answer may have deleted the rows: the ids go back either
+            // way. Loading a task twice is a no-op; a notice lost here left its task unarmed
+            // until its shard next moved (the nemesis' lost COMMIT reply, seed 21).
+            if let Err(e) = tx.commit().await {
+                tracing::warn!(error = %e, "taking the inbox: the COMMIT failed; its tasks are loaded anyway");
             }
             Ok(out)
         })
