@@ -224,6 +224,53 @@ impl Clock for ManualClock {
     }
 }
 
+/// Database time for cluster mode (HA.md "Time": the wheel fires at database time): another
+/// clock's wall reading plus the offset to the database the lease loop last measured
+/// (`cluster/offset.rs`: database minus node). Durations stay on the inner monotonic clock.
+///
+/// Invariant kept: `now_ms` never goes backwards. A new measurement that lowers the offset
+/// holds the reading still until it catches up (as a stepped-back wall clock does); one that
+/// raises it moves it forward by at most `max_clock_offset` (a node further off owns nothing).
+pub struct OffsetClock {
+    inner: Arc<dyn Clock>,
+    offset_ms: Arc<AtomicI64>,
+    last: AtomicU64,
+}
+
+impl OffsetClock {
+    /// `offset_ms` is shared with whoever measures it (the lease loop's `Ownership`).
+    pub fn new(inner: Arc<dyn Clock>, offset_ms: Arc<AtomicI64>) -> OffsetClock {
+        OffsetClock {
+            inner,
+            offset_ms,
+            last: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Clock for OffsetClock {
+    fn now_ms(&self) -> u64 {
+        let raw = self.inner.now_ms();
+        let off = self.offset_ms.load(Ordering::Acquire);
+        let t = if off >= 0 {
+            raw.saturating_add(off.unsigned_abs())
+        } else {
+            raw.saturating_sub(off.unsigned_abs())
+        };
+        let prev = self.last.fetch_max(t, Ordering::AcqRel);
+        prev.max(t)
+    }
+    fn mono_ms(&self) -> u64 {
+        self.inner.mono_ms()
+    }
+    fn wall_jumps(&self) -> WallJumps {
+        self.inner.wall_jumps()
+    }
+    fn is_manual(&self) -> bool {
+        self.inner.is_manual()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,5 +308,29 @@ mod tests {
         assert!(b >= a);
         // After 2020-01-01 and before 2100-01-01.
         assert!(a > 1_577_836_800_000 && a < 4_102_444_800_000);
+    }
+
+    #[test]
+    fn offset_clock_reads_database_time_and_never_goes_back() {
+        let inner = Arc::new(ManualClock::new(10_000));
+        let off = Arc::new(AtomicI64::new(0));
+        let c = OffsetClock::new(inner.clone(), off.clone());
+        assert_eq!(c.now_ms(), 10_000);
+        off.store(300, Ordering::Release);
+        assert_eq!(
+            c.now_ms(),
+            10_300,
+            "the database is 300 ms ahead of the node"
+        );
+        off.store(-200, Ordering::Release);
+        assert_eq!(c.now_ms(), 10_300, "a lower offset holds still, never back");
+        inner.advance(600);
+        assert_eq!(c.now_ms(), 10_400);
+        assert_eq!(
+            c.mono_ms(),
+            10_600,
+            "durations stay on the node's monotonic clock"
+        );
+        assert!(c.is_manual());
     }
 }

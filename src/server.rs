@@ -315,6 +315,15 @@ pub async fn start_with(
         ),
     };
     store.set_timeline_max(config.store.timeline_max);
+    // Cluster mode fires at database time: the engine reads the clock plus the offset the
+    // lease loop measures (HA.md "Time").
+    let clock: Arc<dyn Clock> = match &cluster {
+        Some(h) => Arc::new(crate::clock::OffsetClock::new(
+            clock,
+            h.ownership.db_offset(),
+        )),
+        None => clock,
+    };
     let telemetry = match &config.otlp_endpoint {
         Some(e) => crate::trace::otlp::Telemetry::start(e).map_err(StartError::Telemetry)?,
         None => crate::trace::otlp::Telemetry::off(),

@@ -71,6 +71,12 @@ async fn nodes_two_seconds_off_own_nothing_and_the_others_carry_every_shard() {
         .iter()
         .map(|h| {
             assert_eq!(h["cluster"]["shards_owned"], 0, "{h}");
+            assert!(
+                h["cluster"]["refusing_shards"]
+                    .as_str()
+                    .is_some_and(|w| w.contains("max_clock_offset")),
+                "/healthz says why the node owns nothing: {h}"
+            );
             h["cluster"]["clock_offset_ms"].as_i64().unwrap_or(0)
         })
         .collect();
@@ -178,5 +184,79 @@ async fn nodes_two_seconds_off_own_nothing_and_the_others_carry_every_shard() {
     );
     for u in &healths {
         assert_eq!(owned(u).await, 0, "{u} still owns nothing at the end");
+    }
+    for p in &good {
+        let h = http::get(&format!("{}/healthz", p.url)).await.json();
+        assert!(h["cluster"]["refusing_shards"].is_null(), "{h}");
+    }
+}
+
+/// A node 400 ms ahead of the database (inside `max_clock_offset`) owns shards and fires at
+/// database time (HA.md "Time"), not on its own clock: on its own clock every send would
+/// arrive 400 ms before its due instant. Being late is not judged here (a loaded machine is
+/// late); being early is never allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_ahead_inside_the_bound_fires_at_database_time() {
+    let test = "a_node_ahead_inside_the_bound_fires_at_database_time";
+    let Some(lib) = common::tools::faketime_lib(test) else {
+        return;
+    };
+    let Some(pg) = PgServer::start("cluster_clock_ahead") else {
+        return;
+    };
+    let url = pg.create_db("ahead");
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let timing = format!("{TEST_TIMING}max_clock_offset = \"500ms\"\n");
+    let hook = format!("url = \"{}\"\ntimeout = \"1s\"\n", rx.url());
+    let mut cmd = node_command(&url, dir.path(), "ahead", "ahead", SHARDS, &hook, &timing);
+    cmd.env("LD_PRELOAD", &lib)
+        .env("FAKETIME", "+0.4")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    let n = Proc::start(cmd);
+    let all = poll(Duration::from_secs(30), || async {
+        (owned(&n.url).await == SHARDS as u64).then_some(())
+    })
+    .await;
+    let h = http::get(&format!("{}/healthz", n.url)).await.json();
+    assert!(
+        all.is_some(),
+        "the node 400 ms ahead takes every shard: {h}"
+    );
+    let off = h["cluster"]["clock_offset_ms"].as_i64().unwrap_or(0);
+    assert!(
+        (-600..=-200).contains(&off),
+        "database minus node, the node 400 ms ahead: {h}"
+    );
+
+    // Due instants named on the test's clock, which is the database's (one machine).
+    let mut due = std::collections::HashMap::new();
+    for k in 0..6 {
+        let id = format!("at-{k}");
+        let at = in_ms(1_500 + 250 * k);
+        let r = http::post_json(
+            &format!("{}/v1/tasks", n.url),
+            &json!({"id": id, "channel": "hook", "schedule": {"at": at},
+                "messages": [{"to": "x", "body": id}]}),
+        )
+        .await;
+        assert_eq!(r.status, 201, "create {id}: {}", r.text());
+        due.insert(format!("{id}:1:0"), ms_of(&at));
+    }
+    let got = poll(Duration::from_secs(30), || async {
+        let d = common::cluster::deliveries(&rx);
+        (d.len() >= due.len()).then_some(d)
+    })
+    .await
+    .unwrap_or_else(|| panic!("6 sends, got {:?}", common::cluster::deliveries(&rx)));
+    for d in &got {
+        let want = due[&d.key];
+        // 20 ms: the receiver's and the test's readings of one clock, rounding included.
+        assert!(
+            d.at_ms >= want - 20.0,
+            "{} arrived {:.0} ms before its due instant: the node fired on its own clock",
+            d.key,
+            want - d.at_ms
+        );
     }
 }

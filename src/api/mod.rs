@@ -321,6 +321,7 @@ fn healthz(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
                 "shards_owned": c.ownership.count(),
                 "shards": c.shards,
                 "clock_offset_ms": c.ownership.clock_offset_ms(),
+                "refusing_shards": c.ownership.clock_refusal(c.max_clock_offset_ms),
             }),
         );
     }

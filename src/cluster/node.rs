@@ -55,8 +55,12 @@ pub struct Ownership {
     base: Instant,
     /// Shards the store's fence dropped, for the loop to report (it owns the event channel).
     lost: Mutex<Vec<Event>>,
-    /// The last clock offset measured against the database (`offset.rs`).
-    offset_ms: Mutex<Option<i64>>,
+    /// The last clock offset measured against the database (`offset.rs`), and whether it
+    /// was within `max_clock_offset` (`None`: not measured yet).
+    clock: Mutex<Option<(super::offset::Offset, bool)>>,
+    /// The offset the engine's clock adds to read database time (`clock::OffsetClock`): the
+    /// last acceptable measurement (a node beyond the bound owns nothing to fire).
+    db_offset: std::sync::Arc<std::sync::atomic::AtomicI64>,
     /// What the last balancing round read: the shard rows, the nodes, and where each live
     /// owner can be reached (forwarding, `GET /v1/cluster`).
     view: Mutex<View>,
@@ -114,7 +118,8 @@ impl Ownership {
             leases: Mutex::new(Leases::new(timing)),
             base: Instant::now(),
             lost: Mutex::new(Vec::new()),
-            offset_ms: Mutex::new(None),
+            clock: Mutex::new(None),
+            db_offset: std::sync::Arc::default(),
             view: Mutex::new(View::default()),
             fence_rejected: std::sync::atomic::AtomicU64::new(0),
             inflight_inherited: std::sync::atomic::AtomicU64::new(0),
@@ -210,9 +215,28 @@ impl Ownership {
         self.view.lock().clone()
     }
 
-    /// This node's clock minus the database's, as last measured (`None`: not yet).
+    /// The database's clock minus this node's, as last measured (`None`: not yet; positive:
+    /// this node is behind).
     pub fn clock_offset_ms(&self) -> Option<i64> {
-        *self.offset_ms.lock()
+        self.clock.lock().map(|(o, _)| o.offset_ms)
+    }
+
+    /// Why this node takes no shards because of its clock (`None`: it may, or it has not
+    /// measured yet and says so elsewhere), for `/healthz`.
+    pub fn clock_refusal(&self, max_ms: u64) -> Option<String> {
+        match *self.clock.lock() {
+            Some((o, false)) => Some(format!(
+                "clock offset to the database {} ms (±{} ms) is beyond cluster.max_clock_offset {} ms: this node owns no shards until its clock is corrected",
+                o.offset_ms, o.error_ms, max_ms
+            )),
+            Some((_, true)) => None,
+            None => Some("clock offset to the database not measured yet: no shards taken".into()),
+        }
+    }
+
+    /// The offset shared with the engine's clock (`clock::OffsetClock`).
+    pub fn db_offset(&self) -> std::sync::Arc<std::sync::atomic::AtomicI64> {
+        self.db_offset.clone()
     }
 }
 
@@ -405,8 +429,14 @@ impl Loop {
         }
         self.next_offset_ms = self.own.mono_ms() + OFFSET_EVERY_MS;
         if let Some(o) = super::offset::estimate(&probes) {
-            *self.own.offset_ms.lock() = Some(o.offset_ms);
             let ok = super::offset::acceptable(o, self.s.max_clock_offset_ms);
+            *self.own.clock.lock() = Some((o, ok));
+            if ok {
+                // From now on the wheel fires at database time (HA.md "Time").
+                self.own
+                    .db_offset
+                    .store(o.offset_ms, std::sync::atomic::Ordering::Release);
+            }
             if ok != self.clock_ok {
                 if ok {
                     tracing::info!(

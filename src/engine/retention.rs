@@ -68,6 +68,22 @@ pub fn sweep_every_ms(retention_ms: u64) -> u64 {
     (retention_ms / 24).clamp(60_000, 3_600_000)
 }
 
+/// Test knob, not configuration: the sweep's period in milliseconds instead of
+/// [`sweep_every_ms`] (`tests/cluster_retention.rs`). Read once when the sweeper starts.
+pub const SWEEP_EVERY_ENV: &str = "HERALD_TEST_RETENTION_SWEEP_MS";
+/// Test knob: how long the sweep waits between reading what it deletes and the delete's
+/// write (`tests/cluster_retention.rs` stops the node inside that wait, so the delete comes
+/// from an owner whose shards were taken over meanwhile). Read once when the sweeper starts.
+pub const HOLD_ENV: &str = "HERALD_TEST_RETENTION_HOLD_MS";
+
+/// A test knob's milliseconds (`None`: unset, zero or unreadable).
+fn knob_ms(name: &str) -> Option<u64> {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+}
+
 /// Runs `f` on the store off the runtime's workers.
 async fn blocking<T: Send + 'static>(
     inner: &Arc<Inner>,
@@ -84,6 +100,15 @@ impl Engine {
     /// Deletes finished tasks past retention and idempotency keys whose task is gone; one
     /// whole pass over the store. Does nothing when retention is off.
     pub async fn sweep_retention(&self) -> Result<Swept, EngineError> {
+        self.sweep_retention_holding(None).await
+    }
+
+    /// [`Engine::sweep_retention`], waiting `hold` between reading each page's finished
+    /// tasks and deleting them (the test knob [`HOLD_ENV`]).
+    async fn sweep_retention_holding(
+        &self,
+        hold: Option<std::time::Duration>,
+    ) -> Result<Swept, EngineError> {
         let Some(retention_ms) = self.inner.config.retention_ms else {
             return Ok(Swept::default());
         };
@@ -95,13 +120,15 @@ impl Engine {
             let a = after.take();
             let (page, next) =
                 blocking(inner, move |i| i.store.progress_page(a.as_deref(), PAGE)).await?;
+            // In cluster mode the pages hold every node's tasks: each owner deletes its own
+            // (fenced like every write: a delete after its shard was taken over is refused).
             let ids: Vec<String> = page
                 .into_iter()
-                .filter(|(_, p)| expired(p, now, retention_ms))
+                .filter(|(id, p)| expired(p, now, retention_ms) && inner.owns(id))
                 .map(|(id, _)| id)
                 .collect();
             if !ids.is_empty() {
-                swept.tasks += self.delete_finished(ids).await?;
+                swept.tasks += self.delete_finished(ids, hold).await?;
             }
             match next {
                 Some(n) => after = Some(n),
@@ -112,6 +139,10 @@ impl Engine {
             let a = after.take();
             let stale = blocking(inner, move |i| {
                 let (page, next) = i.store.idem_page(a.as_deref(), PAGE)?;
+                // Cluster mode: a stale key's delete carries no record, so the fence places it
+                // in the shard of the key itself (`store/pg/shard.rs::task_id_of`); that
+                // shard's owner sweeps it. Alone, every key.
+                let page: Vec<_> = page.into_iter().filter(|(k, _)| i.owns(k)).collect();
                 let mut exists = std::collections::HashMap::new();
                 for (_, r) in &page {
                     if !exists.contains_key(&r.task_id) {
@@ -142,7 +173,11 @@ impl Engine {
     /// Deletes these finished tasks whole (skipping any still settling a send); returns how
     /// many. Ordered with failure-list commands, so a failure retry never writes an entry back
     /// after its task is gone.
-    async fn delete_finished(&self, ids: Vec<String>) -> Result<usize, EngineError> {
+    async fn delete_finished(
+        &self,
+        ids: Vec<String>,
+        hold: Option<std::time::Duration>,
+    ) -> Result<usize, EngineError> {
         let inner = &self.inner;
         let _g = inner.failures_lock.lock().await;
         let fps = blocking(inner, move |i| {
@@ -151,6 +186,12 @@ impl Engine {
                 .collect::<Result<Vec<_>, _>>()
         })
         .await?;
+        if let Some(hold) = hold {
+            let ids: Vec<&str> = fps.iter().map(|f| f.id.as_str()).collect();
+            tracing::warn!(hold_ms = hold.as_millis() as u64, tasks = ?ids,
+                "test knob {HOLD_ENV}: the retention delete is held");
+            tokio::time::sleep(hold).await;
+        }
         let fps: Vec<Footprint> = fps.into_iter().filter(|f| !f.settling).collect();
         let n = fps.len();
         for group in batches(fps, BATCH_OPS_MAX) {
@@ -188,14 +229,23 @@ impl Engine {
 /// Runs the sweep every [`sweep_every_ms`] of real time while the engine lives. Not on a manual
 /// clock: tests call [`Engine::sweep_retention`] when they choose.
 pub(crate) async fn sweeper(inner: std::sync::Weak<Inner>, retention_ms: u64) {
-    let every = std::time::Duration::from_millis(sweep_every_ms(retention_ms));
+    let every = std::time::Duration::from_millis(
+        knob_ms(SWEEP_EVERY_ENV).unwrap_or_else(|| sweep_every_ms(retention_ms)),
+    );
+    let hold = knob_ms(HOLD_ENV).map(std::time::Duration::from_millis);
+    if knob_ms(SWEEP_EVERY_ENV).is_some() {
+        tracing::warn!(
+            every_ms = every.as_millis() as u64,
+            "test knob {SWEEP_EVERY_ENV}: the retention sweep's period is not its own"
+        );
+    }
     loop {
         tokio::time::sleep(every).await;
         let Some(inner) = inner.upgrade() else {
             return;
         };
         let engine = Engine { inner };
-        if let Err(e) = engine.sweep_retention().await {
+        if let Err(e) = engine.sweep_retention_holding(hold).await {
             tracing::warn!(error = %e, "retention sweep stopped; it runs again later");
         }
     }
