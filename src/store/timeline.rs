@@ -447,8 +447,14 @@ impl Store {
             self.keep_created(ops, task_id, after, max)?;
         }
         // Kept now, not after the write: the task's next write (under its lock) comes after
-        // this one is answered, and a failed one forgets it ([`Store::write`]).
-        self.seqs.put(task_id, after);
+        // this one is answered, and a failed one forgets it ([`Store::write`]). A new task
+        // with nothing stored but its derived `created` event is not kept: reading its
+        // counter later finds no key and gives the same `FIRST` (one read, batched with its
+        // fire's read-ahead), and a million creates do not fill the counters' bound and push
+        // out the counters of the tasks being sent.
+        if !(created && after == FIRST) {
+            self.seqs.put(task_id, after);
+        }
         Ok(())
     }
 
@@ -470,8 +476,11 @@ impl Store {
                             s.next += 1;
                         }
                     }
-                    // The write below goes on from the seqs given; it trims from `oldest`.
-                    self.seqs.put(task_id, s);
+                    // The write below goes on from the seqs given; it trims from `oldest`
+                    // (a new task's `FIRST` is not kept: `push_timeline`).
+                    if !(created && s == FIRST) {
+                        self.seqs.put(task_id, s);
+                    }
                 }
             }
         }
