@@ -7,7 +7,9 @@
 //! an existing node's id — while a background client keeps creating and cancelling through
 //! random nodes (started before the fault, joined after the heal), heals it and waits for
 //! balance. Then a rolling SIGTERM restart of every node, which must send no duplicate at all,
-//! and the history checker (`tests/common/history.rs`) over everything, attempt spans included.
+//! and the history checker (`tests/common/history.rs`) over everything, attempt spans included,
+//! beside the database's epoch audit (`tests/common/audit.rs`: no write committed at an epoch
+//! after its shard moved on, epochs only up).
 //!
 //! `HERALD_NEMESIS_SEED` replays a seed (printed at the start and in every failure);
 //! `HERALD_NEMESIS_STEPS` runs more steps (default 4, a few minutes on 2 cores).
@@ -493,6 +495,8 @@ async fn seeded_faults_keep_every_cluster_promise() {
         c.nodes.push(n);
     }
     c.balance("the three nodes balance at start").await;
+    // The database's own record of epochs and fenced writes, checked at the end.
+    common::audit::install(&c.url).await;
     eprintln!("nemesis: balanced at {:.1} s", t0.elapsed().as_secs_f64());
     let mut hist = History {
         max_clock_offset_ms: 500.0,
@@ -638,12 +642,23 @@ async fn seeded_faults_keep_every_cluster_promise() {
         "seed {seed}: duplicates during the rolling restart: {dups:?}"
     );
     let bad = check(&hist);
+    // The same promise judged by the database (`tests/common/audit.rs`), reported with the
+    // history's failures.
+    let audit = common::audit::check(&c.url).await;
+    let seen = common::audit::seen(&c.url).await;
+    eprintln!("nemesis: the audit saw {seen:?}");
     assert!(
-        bad.is_empty(),
-        "seed {seed} ({steps} steps), {} messages expected, {} delivered:\n{}",
+        bad.is_empty() && audit.is_empty(),
+        "seed {seed} ({steps} steps), {} messages expected, {} delivered:\n{}\n\
+         the database's epoch audit:\n{}",
         hist.expected.len(),
         hist.deliveries.len(),
-        bad.join("\n")
+        bad.join("\n"),
+        audit.join("\n")
+    );
+    assert!(
+        seen.writes > 0 && seen.epoch_changes > 0,
+        "seed {seed}: the audit logged writes and epoch changes: {seen:?}"
     );
     eprintln!(
         "nemesis seed {seed}: {steps} steps, {} messages expected, {} deliveries, history clean",
