@@ -1,7 +1,7 @@
 //! The database-side epoch audit (`tests/common/audit.rs`) can fail: on a real PostgreSQL
 //! with herald's schema (made through its store, in-process) and herald's own lease
-//! statements (`cluster::rows`), a write that did not hold its shard's lease row and
-//! committed after a takeover is reported, while the fenced sequence (`FOR KEY SHARE`, write,
+//! statements (`cluster::rows`), a write that did not hold its shard's lease row is reported,
+//! and again if it committed after a takeover, while the fenced sequence (`FOR KEY SHARE`, write,
 //! commit, then the takeover) is clean; epochs that go down or come back are reported; and a
 //! task created through the inbox is exempt, but nothing else its transaction writes.
 
@@ -90,14 +90,54 @@ async fn a_write_without_the_lock_committed_after_a_takeover_is_reported() {
     assert_eq!(taken, [Grant { shard: 1, epoch: 2 }]);
     tx.commit().await.expect("nothing stops an unfenced write");
     let bad = common::audit::check(&url).await;
-    assert_eq!(bad.len(), 1, "one late write: {bad:#?}");
+    assert_eq!(bad.len(), 2, "unlocked, and late: {bad:#?}");
+    assert!(
+        bad[0].contains("shard 1: txid")
+            && bad[0].contains("1 row(s) (herald_specs INSERT) at epoch 1 without holding"),
+        "{bad:#?}"
+    );
     for want in [
         "shard 1:",
-        "1 row(s) (herald_specs INSERT) at epoch 1",
+        "1 row(s) (herald_specs INSERT) at epoch 1 and committed",
         "to epoch 2 (owner new)",
     ] {
-        assert!(bad[0].contains(want), "{want:?} in {:?}", bad[0]);
+        assert!(bad[1].contains(want), "{want:?} in {:?}", bad[1]);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_without_the_lock_is_reported_even_with_no_takeover() {
+    let Some(pg) = PgServer::shared("a_write_without_the_lock_is_reported_even_with_no_takeover")
+    else {
+        return;
+    };
+    let url = database(&pg, "nolock").await;
+    let mut c = client(&url).await;
+    let mut other = client(&url).await;
+    let renewer = client(&url).await;
+    let held = hold(&c, "a", 6).await;
+    // Fenced, while another group also holds the row FOR KEY SHARE (a multixact) and a
+    // renewal updates it (the lock carried to the new row version): found held every time.
+    let tx = c.transaction().await.unwrap();
+    rows::fence(&tx, &[held]).await.unwrap();
+    let o = other.transaction().await.unwrap();
+    rows::fence(&o, &[held]).await.unwrap();
+    put(&tx, 6, "t-locked").await;
+    let renewed = rows::renew(&renewer, "inc-a", 300, &[held]).await.unwrap();
+    assert_eq!(renewed, [6], "a renewal does not wait for key-share locks");
+    put(&tx, 6, "t-locked-2").await;
+    tx.commit().await.unwrap();
+    o.commit().await.unwrap();
+    assert!(common::audit::check(&url).await.is_empty());
+    // The owner itself, at its epoch, but without the fence: reported though nothing moved.
+    put(&c, 6, "t-unlocked").await;
+    let bad = common::audit::check(&url).await;
+    assert_eq!(bad.len(), 1, "{bad:#?}");
+    assert!(
+        bad[0].contains("shard 6:")
+            && bad[0].contains("(herald_specs INSERT) at epoch 1 without holding"),
+        "{bad:#?}"
+    );
 }
 
 /// Waits until a backend of the database is blocked on a lock (`pg_stat_activity`).
@@ -205,7 +245,13 @@ async fn an_inbox_create_is_exempt_but_nothing_else_in_its_transaction() {
     let url = database(&pg, "inbox").await;
     let mut w = client(&url).await;
     let new = client(&url).await;
-    put(&w, 4, "t-old").await;
+    // An existing task, written fenced (shard 4 at its first epoch, 0: nobody held it yet).
+    let tx = w.transaction().await.unwrap();
+    rows::fence(&tx, &[Grant { shard: 4, epoch: 0 }])
+        .await
+        .unwrap();
+    put(&tx, 4, "t-old").await;
+    tx.commit().await.unwrap();
     // A node that holds neither shard 4 nor 5 creates a task in 4 with its inbox row (as
     // `backend.rs` does), and also changes a row of 4 and writes one in 5: those are not
     // a creation's and are judged like any write.
@@ -225,15 +271,35 @@ async fn an_inbox_create_is_exempt_but_nothing_else_in_its_transaction() {
     assert_eq!(taken.len(), 2);
     tx.commit().await.unwrap();
     let bad = common::audit::check(&url).await;
-    assert_eq!(bad.len(), 2, "{bad:#?}");
-    assert!(
-        bad[0].contains("shard 4:") && bad[0].contains("1 row(s) (herald_specs UPDATE)"),
-        "the update in the inbox's shard: {bad:#?}"
-    );
-    assert!(
-        bad[1].contains("shard 5:") && bad[1].contains("(herald_specs INSERT)"),
-        "the row of another shard: {bad:#?}"
-    );
+    assert_eq!(bad.len(), 4, "{bad:#?}");
+    // Unlocked, then late: the update in the inbox's shard, and the row of another shard.
+    for (i, shard, what) in [
+        (
+            0,
+            4,
+            "1 row(s) (herald_specs UPDATE) at epoch 0 without holding",
+        ),
+        (
+            1,
+            5,
+            "1 row(s) (herald_specs INSERT) at epoch 0 without holding",
+        ),
+        (
+            2,
+            4,
+            "1 row(s) (herald_specs UPDATE) at epoch 0 and committed",
+        ),
+        (
+            3,
+            5,
+            "1 row(s) (herald_specs INSERT) at epoch 0 and committed",
+        ),
+    ] {
+        assert!(
+            bad[i].contains(&format!("shard {shard}:")) && bad[i].contains(what),
+            "{what:?} in {bad:#?}"
+        );
+    }
     let seen = common::audit::seen(&url).await;
     // The creation's spec row and its inbox row, both late, both excused.
     assert_eq!((seen.inbox_marks, seen.exempt_late), (1, 2), "{seen:?}");

@@ -4,6 +4,8 @@
 //! it, and every change of a lease row's epoch; [`check`] then orders the transactions by
 //! `pg_xact_commit_timestamp` (the test servers run with `track_commit_timestamp = on`,
 //! `pg.rs`) and reports
+//! - a write whose transaction does not hold a lock on its shard's lease row (the fence's
+//!   `FOR KEY SHARE`), read from the row's xmax in the trigger;
 //! - a write seen at epoch e of shard s whose transaction committed after the transaction that
 //!   moved s from e to e + 1: it went through without the `FOR KEY SHARE` on s's lease row
 //!   that a takeover's `FOR UPDATE` waits for (HA.md "Fence every write"), or without checking
@@ -16,9 +18,11 @@
 //! so a fenced write is always stamped earlier; only a write that did not hold the lock can
 //! be stamped after the takeover.
 //!
-//! Limits: a stale writer whose statements already see e + 1 (it checked no epoch at all) is
-//! logged at e + 1 and passes; the node-side checker (`history.rs`) and the fence's own tests
-//! (`cluster_rows.rs`) cover that. The audit lives in its own schema, `herald_audit`.
+//! Limits: a stale writer that locks the row but checks no epoch, and whose statements already
+//! see e + 1, is logged at e + 1 and passes; the fence's own tests (`cluster_rows.rs`) cover
+//! the epoch check. An idempotency key's delete is fenced in the key's own shard
+//! (`engine/retention.rs`), not the task's that its row's `shard` column holds: it would be
+//! judged on the wrong row (the nemesis sends no idempotency keys). The audit lives in its own schema, `herald_audit`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -37,21 +41,36 @@ async fn connect(url: &str) -> Result<Client, tokio_postgres::Error> {
 const SETUP: &str = "
 CREATE SCHEMA herald_audit;
 CREATE TABLE herald_audit.writes (id bigserial PRIMARY KEY, tbl text NOT NULL, op text NOT NULL,
-  shard int NOT NULL, epoch bigint, txid bigint NOT NULL, at timestamptz NOT NULL);
+  shard int NOT NULL, epoch bigint, locked boolean NOT NULL, txid bigint NOT NULL,
+  at timestamptz NOT NULL);
 CREATE TABLE herald_audit.epochs (id bigserial PRIMARY KEY, op text NOT NULL, shard int NOT NULL,
   old_epoch bigint, new_epoch bigint, owner_node text, txid bigint NOT NULL,
   at timestamptz NOT NULL);
 CREATE TABLE herald_audit.inbox (id bigserial PRIMARY KEY, shard int NOT NULL,
   task_id text NOT NULL, txid bigint NOT NULL);
 
--- A data row: its shard (OLD's for a delete) and that shard's epoch as this statement sees it.
+-- A data row: its shard (OLD's for a delete), that shard's epoch as this statement sees it,
+-- and whether this transaction holds a lock on the shard's lease row. The lock is read from
+-- the row's raw xmax: our own xid, or a multixact (other key-share lockers, or a renewal's
+-- update) with us among its members. A non-key update (a renewal) carries the key-share
+-- lockers over to the new row version, so a held lock is always found; a plain xid that is
+-- not ours is not a multixact (pg_get_multixact_members fails): not held.
 CREATE FUNCTION herald_audit.on_write() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE s int;
+DECLARE s int; e bigint; x xid; me xid; held boolean;
 BEGIN
   IF TG_OP = 'DELETE' THEN s := OLD.shard; ELSE s := NEW.shard; END IF;
-  INSERT INTO herald_audit.writes (tbl, op, shard, epoch, txid, at)
-    VALUES (TG_TABLE_NAME, TG_OP, s,
-            (SELECT epoch FROM herald_shard WHERE shard_id = s), txid_current(), clock_timestamp());
+  me := (txid_current() % 4294967296)::text::xid;
+  SELECT epoch, xmax INTO e, x FROM herald_shard WHERE shard_id = s;
+  IF x IS NULL OR x::text = '0' THEN held := false;
+  ELSIF x = me THEN held := true;
+  ELSE
+    BEGIN
+      held := EXISTS (SELECT 1 FROM pg_get_multixact_members(x) m WHERE m.xid = me);
+    EXCEPTION WHEN OTHERS THEN held := false;
+    END;
+  END IF;
+  INSERT INTO herald_audit.writes (tbl, op, shard, epoch, locked, txid, at)
+    VALUES (TG_TABLE_NAME, TG_OP, s, e, held, txid_current(), clock_timestamp());
   RETURN NULL;
 END $$;
 
@@ -186,11 +205,14 @@ fn late(exempt: bool) -> String {
         "FROM herald_audit.writes w \
          JOIN herald_audit.epochs e ON e.op = 'UPDATE' AND e.shard = w.shard \
            AND e.old_epoch = w.epoch \
-         WHERE {wc} > {ec} AND {} (w.op = 'INSERT' AND EXISTS (SELECT 1 FROM herald_audit.inbox i \
-           WHERE i.txid = w.txid AND i.shard = w.shard))",
+         WHERE {wc} > {ec} AND {} {INBOX_CREATE}",
         if exempt { "" } else { "NOT" }
     )
 }
+
+/// A logged write `w` that is a task's creation through the inbox (see [`check`]).
+const INBOX_CREATE: &str = "(w.op = 'INSERT' AND EXISTS (SELECT 1 FROM herald_audit.inbox i \
+     WHERE i.txid = w.txid AND i.shard = w.shard))";
 
 /// Everything the audit finds wrong in the database of `url`, one line each (empty: clean).
 pub async fn check(url: &str) -> Vec<String> {
@@ -223,6 +245,26 @@ pub async fn check(url: &str) -> Vec<String> {
             r.get::<_, i64>(3),
             r.get::<_, String>(0),
             r.get::<_, i32>(1)
+        ));
+    }
+
+    // Writes whose transaction did not hold their shard's lease row (HA.md: "each commit group
+    // first takes FOR KEY SHARE on the rows of the shards it writes"), whether or not a
+    // takeover came in between; inbox creations exempt, as below.
+    let sql = format!(
+        "SELECT w.shard, w.txid, min(w.epoch), string_agg(DISTINCT w.tbl || ' ' || w.op, ', '), \
+           count(*) FROM herald_audit.writes w WHERE NOT w.locked AND NOT {INBOX_CREATE} \
+         GROUP BY w.shard, w.txid ORDER BY w.txid, w.shard"
+    );
+    for r in c.query(&sql, &[]).await.expect("read the audit") {
+        bad.push(format!(
+            "shard {}: txid {} wrote {} row(s) ({}) at epoch {} without holding the shard's \
+             lease row",
+            r.get::<_, i32>(0),
+            r.get::<_, i64>(1),
+            r.get::<_, i64>(4),
+            r.get::<_, String>(3),
+            r.get::<_, Option<i64>>(2).unwrap_or(-1),
         ));
     }
 
