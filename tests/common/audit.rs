@@ -169,6 +169,8 @@ pub struct Seen {
     /// Rows of inbox creates that committed after their shard moved on: exempt, and proof
     /// that the exemption is needed.
     pub exempt_late: i64,
+    /// Rows of inbox creates (unfenced by design, so never holding the lock): exempt.
+    pub exempt_unlocked: i64,
 }
 
 pub async fn seen(url: &str) -> Seen {
@@ -183,6 +185,16 @@ pub async fn seen(url: &str) -> Seen {
         inbox_marks: n("SELECT count(*) FROM herald_audit.inbox").await,
         exempt_late: c
             .query_one(&format!("SELECT count(*) {}", late(true)), &[])
+            .await
+            .expect("count the exempt writes")
+            .get(0),
+        exempt_unlocked: c
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM herald_audit.writes w WHERE NOT w.locked AND {INBOX_CREATE}"
+                ),
+                &[],
+            )
             .await
             .expect("count the exempt writes")
             .get(0),
