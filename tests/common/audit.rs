@@ -1,9 +1,9 @@
 //! The database's own record of fenced commits (HA.md "Tests": "an audit table of fenced
 //! commits"), independent of what the nodes report: triggers on herald's tables log every
 //! data row written with the epoch its shard's lease row had as the writing transaction saw
-//! it, and every change of a lease row's epoch; [`check`] then orders the transactions by
-//! `pg_xact_commit_timestamp` (the test servers run with `track_commit_timestamp = on`,
-//! `pg.rs`) and reports
+//! it (and whether that transaction held the row), and every change of a lease row's epoch;
+//! [`check`] then orders the transactions by `pg_xact_commit_timestamp` (the test servers run
+//! with `track_commit_timestamp = on`, `pg.rs`) and reports
 //! - a write whose transaction does not hold a lock on its shard's lease row (the fence's
 //!   `FOR KEY SHARE`), read from the row's xmax in the trigger;
 //! - a write seen at epoch e of shard s whose transaction committed after the transaction that
@@ -22,7 +22,8 @@
 //! see e + 1, is logged at e + 1 and passes; the fence's own tests (`cluster_rows.rs`) cover
 //! the epoch check. An idempotency key's delete is fenced in the key's own shard
 //! (`engine/retention.rs`), not the task's that its row's `shard` column holds: it would be
-//! judged on the wrong row (the nemesis sends no idempotency keys). The audit lives in its own schema, `herald_audit`.
+//! judged on the wrong row (the nemesis sends no idempotency keys). The audit lives in its own
+//! schema, `herald_audit`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -79,13 +80,16 @@ CREATE FUNCTION herald_audit.on_shard() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF TG_OP = 'INSERT' THEN
     INSERT INTO herald_audit.epochs (op, shard, old_epoch, new_epoch, owner_node, txid, at)
-      VALUES (TG_OP, NEW.shard_id, NULL, NEW.epoch, NEW.owner_node, txid_current(), clock_timestamp());
+      VALUES (TG_OP, NEW.shard_id, NULL, NEW.epoch, NEW.owner_node,
+              txid_current(), clock_timestamp());
   ELSIF TG_OP = 'DELETE' THEN
     INSERT INTO herald_audit.epochs (op, shard, old_epoch, new_epoch, owner_node, txid, at)
-      VALUES (TG_OP, OLD.shard_id, OLD.epoch, NULL, OLD.owner_node, txid_current(), clock_timestamp());
+      VALUES (TG_OP, OLD.shard_id, OLD.epoch, NULL, OLD.owner_node,
+              txid_current(), clock_timestamp());
   ELSIF NEW.epoch IS DISTINCT FROM OLD.epoch OR NEW.shard_id <> OLD.shard_id THEN
     INSERT INTO herald_audit.epochs (op, shard, old_epoch, new_epoch, owner_node, txid, at)
-      VALUES (TG_OP, NEW.shard_id, OLD.epoch, NEW.epoch, NEW.owner_node, txid_current(), clock_timestamp());
+      VALUES (TG_OP, NEW.shard_id, OLD.epoch, NEW.epoch, NEW.owner_node,
+              txid_current(), clock_timestamp());
   END IF;
   RETURN NULL;
 END $$;
@@ -94,7 +98,8 @@ END $$;
 -- skipped still marks its transaction as an inbox create.
 CREATE FUNCTION herald_audit.on_inbox() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  INSERT INTO herald_audit.inbox (shard, task_id, txid) VALUES (NEW.shard, NEW.task_id, txid_current());
+  INSERT INTO herald_audit.inbox (shard, task_id, txid)
+    VALUES (NEW.shard, NEW.task_id, txid_current());
   RETURN NEW;
 END $$;
 ";
@@ -191,7 +196,8 @@ pub async fn seen(url: &str) -> Seen {
         exempt_unlocked: c
             .query_one(
                 &format!(
-                    "SELECT count(*) FROM herald_audit.writes w WHERE NOT w.locked AND {INBOX_CREATE}"
+                    "SELECT count(*) FROM herald_audit.writes w \
+                     WHERE NOT w.locked AND {INBOX_CREATE}"
                 ),
                 &[],
             )
