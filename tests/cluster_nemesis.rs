@@ -7,7 +7,9 @@
 //! an existing node's id — while a background client keeps creating and cancelling through
 //! random nodes (started before the fault, joined after the heal), heals it and waits for
 //! balance. Then a rolling SIGTERM restart of every node, which must send no duplicate at all,
-//! and the history checker (`tests/common/history.rs`) over everything, attempt spans included.
+//! and the history checker (`tests/common/history.rs`) over everything, attempt spans included,
+//! beside the database's epoch audit (`tests/common/audit.rs`: no write committed at an epoch
+//! after its shard moved on, epochs only up).
 //!
 //! `HERALD_NEMESIS_SEED` replays a seed (printed at the start and in every failure);
 //! `HERALD_NEMESIS_STEPS` runs more steps (default 4, a few minutes on 2 cores).
@@ -69,6 +71,8 @@ struct Cluster {
     /// The nodes' addresses as they are now, for the background client (a restarted node
     /// listens elsewhere).
     live: Arc<Mutex<Vec<String>>>,
+    /// Every shard's epoch as the nodes reported it, with when the reporting node read it.
+    samples: Mutex<Vec<(f64, u32, u64)>>,
 }
 
 const NAMES: [&str; NODES] = ["a", "b", "c"];
@@ -115,16 +119,33 @@ impl Cluster {
         balanced(&refs, EACH, Duration::from_secs(90), what).await;
     }
 
-    /// Every shard's epoch, as node `i` reports it, into the history's samples.
-    async fn sample(&self, i: usize, hist: &mut History) {
+    /// Every shard's epoch, as node `i` reports it, kept with the view's `read_at`.
+    async fn sample(&self, i: usize) {
         let view = http::get(&format!("{}/v1/cluster", self.nodes[i].url))
             .await
             .json();
+        // A node that has not read the rows yet reports nothing.
+        let Some(read_at) = view["read_at"].as_str().map(ms_of) else {
+            return;
+        };
+        let mut samples = self.samples.lock();
         for s in view["shards"].as_array().into_iter().flatten() {
             if let (Some(shard), Some(epoch)) = (s["shard"].as_u64(), s["epoch"].as_u64()) {
-                hist.epochs.push((shard as u32, epoch));
+                samples.push((read_at, shard as u32, epoch));
             }
         }
+    }
+
+    /// The samples in the order the nodes read them: a node's view is its lease loop's last
+    /// read (`GET /v1/cluster`'s `read_at`), so a view asked for later may be older than one
+    /// asked for before on another node (seed 22 sampled epoch 3 after 4 on three shards,
+    /// while the database audit saw every epoch go up).
+    fn epochs_in_read_order(&self) -> Vec<(u32, u64)> {
+        let mut s = self.samples.lock().clone();
+        s.sort_by(|a, b| a.0.total_cmp(&b.0));
+        s.into_iter()
+            .map(|(_, shard, epoch)| (shard, epoch))
+            .collect()
     }
 }
 
@@ -486,6 +507,7 @@ async fn seeded_faults_keep_every_cluster_promise() {
         proxies: (0..NODES).map(|_| PgProxy::start(pg.port())).collect(),
         nodes: Vec::new(),
         live: Arc::new(Mutex::new(Vec::new())),
+        samples: Mutex::new(Vec::new()),
     };
     for i in 0..NODES {
         let n = c.start_node(i);
@@ -493,18 +515,20 @@ async fn seeded_faults_keep_every_cluster_promise() {
         c.nodes.push(n);
     }
     c.balance("the three nodes balance at start").await;
+    // The database's own record of epochs and fenced writes, checked at the end.
+    common::audit::install(&c.url).await;
     eprintln!("nemesis: balanced at {:.1} s", t0.elapsed().as_secs_f64());
     let mut hist = History {
         max_clock_offset_ms: 500.0,
         slack_ms: 50.0,
         ..History::default()
     };
-    c.sample(0, &mut hist).await;
+    c.sample(0).await;
     let started = Instant::now();
     let mut order: Vec<usize> = (0..FAULTS.len()).collect();
     for step in 0..steps {
         workload(&c, step, &mut rng, &mut hist, seed).await;
-        c.sample(0, &mut hist).await;
+        c.sample(0).await;
         let victim = rng.below(NODES as u64) as usize;
         // Faults in a seeded order, each kind once before any repeats: 4 steps try 4 kinds.
         if step % FAULTS.len() == 0 {
@@ -540,7 +564,7 @@ async fn seeded_faults_keep_every_cluster_promise() {
         hist.cancels.extend(acked.cancels);
         c.balance(&format!("seed {seed} step {step}: balance after the fault"))
             .await;
-        c.sample((victim + 1) % NODES, &mut hist).await;
+        c.sample((victim + 1) % NODES).await;
     }
     eprintln!(
         "nemesis: {steps} steps in {:.1} s",
@@ -612,7 +636,7 @@ async fn seeded_faults_keep_every_cluster_promise() {
         c.set(i, p);
         c.balance(&format!("seed {seed}: balance after restarting {name}"))
             .await;
-        c.sample(i, &mut hist).await;
+        c.sample(i).await;
     }
     poll(Duration::from_secs(60), || async {
         let n = rx
@@ -632,18 +656,30 @@ async fn seeded_faults_keep_every_cluster_promise() {
         t0.elapsed().as_secs_f64()
     );
     hist.deliveries = common::cluster::deliveries(&rx);
+    hist.epochs = c.epochs_in_read_order();
     let dups = duplicates_since(&hist.deliveries, rolling_from);
     assert!(
         dups.is_empty(),
         "seed {seed}: duplicates during the rolling restart: {dups:?}"
     );
     let bad = check(&hist);
+    // The same promise judged by the database (`tests/common/audit.rs`), reported with the
+    // history's failures.
+    let audit = common::audit::check(&c.url).await;
+    let seen = common::audit::seen(&c.url).await;
+    eprintln!("nemesis: the audit saw {seen:?}");
     assert!(
-        bad.is_empty(),
-        "seed {seed} ({steps} steps), {} messages expected, {} delivered:\n{}",
+        bad.is_empty() && audit.is_empty(),
+        "seed {seed} ({steps} steps), {} messages expected, {} delivered:\n{}\n\
+         the database's epoch audit:\n{}",
         hist.expected.len(),
         hist.deliveries.len(),
-        bad.join("\n")
+        bad.join("\n"),
+        audit.join("\n")
+    );
+    assert!(
+        seen.writes > 0 && seen.epoch_changes > 0,
+        "seed {seed}: the audit logged writes and epoch changes: {seen:?}"
     );
     eprintln!(
         "nemesis seed {seed}: {steps} steps, {} messages expected, {} deliveries, history clean",

@@ -1,6 +1,7 @@
 //! Shared test helpers: a scriptable local webhook receiver and a tiny HTTP client.
 #![allow(dead_code)]
 
+pub mod audit;
 pub mod cluster;
 pub mod contract;
 pub mod herald;

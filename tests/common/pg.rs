@@ -171,10 +171,12 @@ impl PgServer {
     }
 
     /// `pg_ctl start -w`: waits (its own polling, with its own deadline) until the server
-    /// accepts connections.
+    /// accepts connections. `track_commit_timestamp` is on for every test server (it costs a
+    /// few bytes per commit): the epoch audit (`audit.rs`) orders commits by
+    /// `pg_xact_commit_timestamp`.
     fn pg_ctl_start(&self) -> bool {
         let opts = format!(
-            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=on",
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=on -c track_commit_timestamp=on",
             self.port,
             self.dir.path().display()
         );
