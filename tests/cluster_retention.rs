@@ -88,6 +88,9 @@ async fn each_owner_sweeps_the_finished_tasks_of_its_own_shards() {
     })
     .await;
     assert!(split.is_some(), "a and b share the {SHARDS} shards");
+    // The database's own view of the fence (tests/common/audit.rs): every delete of the
+    // sweeps, idempotency keys included, holds the lease row of the shard its row is in.
+    common::audit::install(&url).await;
 
     let ids: Vec<String> = (0..12).map(|i| format!("done-{i}")).collect();
     for (i, id) in ids.iter().enumerate() {
@@ -163,6 +166,12 @@ async fn each_owner_sweeps_the_finished_tasks_of_its_own_shards() {
     assert!(
         freed.is_some(),
         "the stale idempotency keys are swept on every shard: answers {answers:?}"
+    );
+    let audit = common::audit::check(&url).await;
+    assert!(
+        audit.is_empty(),
+        "the database saw writes outside the fence:\n{}",
+        audit.join("\n")
     );
     for p in &nodes {
         assert_eq!(

@@ -436,12 +436,18 @@ fn created_events(task: &Task) -> [crate::model::TimelineEvent; 1] {
 }
 
 /// Deletes idempotency keys whose tasks are gone (retention, or a create reusing the key).
-pub(crate) async fn delete_idem_keys(inner: &Inner, keys: Vec<String>) -> Result<(), StoreError> {
+pub(crate) async fn delete_idem_keys(
+    inner: &Inner,
+    keys: Vec<(String, String)>,
+) -> Result<(), StoreError> {
     if keys.is_empty() {
         return Ok(());
     }
     let mut b = Batch::new();
-    b.ops.extend(keys.into_iter().map(Op::DeleteIdem));
+    b.ops.extend(
+        keys.into_iter()
+            .map(|(key, task)| Op::DeleteIdem(key, task)),
+    );
     inner.store.write(&b).await
 }
 

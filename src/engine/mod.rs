@@ -810,7 +810,10 @@ async fn insert_freeing_key(
                 if !freed_key && !inner.store.task_exists(&rec.task_id).unwrap_or(true) =>
             {
                 freed_key = true;
-                let keys = idem.iter().map(|(k, _)| k.clone()).collect();
+                let keys = idem
+                    .iter()
+                    .map(|(k, _)| (k.clone(), rec.task_id.clone()))
+                    .collect();
                 commit::delete_idem_keys(inner, keys).await?;
             }
             i => return Ok(i),

@@ -49,10 +49,13 @@ pub fn batches(fps: Vec<Footprint>, max_ops: usize) -> Vec<Vec<Footprint>> {
 }
 
 /// Idempotency keys whose task no longer exists.
-pub fn stale_keys(page: &[(String, IdemRecord)], exists: impl Fn(&str) -> bool) -> Vec<String> {
+pub fn stale_keys(
+    page: &[(String, IdemRecord)],
+    exists: impl Fn(&str) -> bool,
+) -> Vec<(String, String)> {
     page.iter()
         .filter(|(_, r)| !exists(&r.task_id))
-        .map(|(k, _)| k.clone())
+        .map(|(k, r)| (k.clone(), r.task_id.clone()))
         .collect()
 }
 
@@ -139,10 +142,13 @@ impl Engine {
             let a = after.take();
             let stale = blocking(inner, move |i| {
                 let (page, next) = i.store.idem_page(a.as_deref(), PAGE)?;
-                // Cluster mode: a stale key's delete carries no record, so the fence places it
-                // in the shard of the key itself (`store/pg/shard.rs::task_id_of`); that
-                // shard's owner sweeps it. Alone, every key.
-                let page: Vec<_> = page.into_iter().filter(|(k, _)| i.owns(k)).collect();
+                // Cluster mode: a key's row is in the shard of the task its record names, and
+                // its delete is fenced there (`Op::DeleteIdem`): that shard's owner sweeps it.
+                // Alone, every key.
+                let page: Vec<_> = page
+                    .into_iter()
+                    .filter(|(_, r)| i.owns(&r.task_id))
+                    .collect();
                 let mut exists = std::collections::HashMap::new();
                 for (_, r) in &page {
                     if !exists.contains_key(&r.task_id) {
@@ -323,7 +329,11 @@ mod tests {
             body_sha256: [0; 32],
         };
         let page = vec![("k1".into(), rec("gone")), ("k2".into(), rec("here"))];
-        assert_eq!(stale_keys(&page, |t| t == "here"), vec!["k1".to_string()]);
+        assert_eq!(
+            stale_keys(&page, |t| t == "here"),
+            vec![("k1".to_string(), "gone".to_string())],
+            "each with the task it names: its delete is fenced in that task's shard"
+        );
     }
 
     #[test]

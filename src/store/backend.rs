@@ -101,6 +101,10 @@ pub enum RawOp {
     /// shard's owner hears of it through the inbox. Writes nothing itself; a backend without
     /// shards ignores it.
     Born(String),
+    /// The idempotency key `.0` this job deletes names task `.1` (its stored record does): a
+    /// backend with shards fences the delete on that task's shard, where the key's row lives
+    /// (`store/pg/shard.rs`). Writes nothing itself; a backend without shards ignores it.
+    IdemOf(Vec<u8>, String),
 }
 
 /// See [`RawOp::Indexed`].

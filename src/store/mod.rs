@@ -209,7 +209,9 @@ pub enum Op {
     /// Deletes a finished task and everything it holds (retention, `DELETE /v1/tasks/{id}`).
     DeleteTask(purge::Footprint),
     /// Deletes an idempotency key (its task is gone).
-    DeleteIdem(String),
+    /// An idempotency key and the task its record names (the key's row is in that task's
+    /// shard: cluster mode fences the delete there).
+    DeleteIdem(String, String),
     /// Deletes the task's oldest finished run records numbered below `below`, at most
     /// [`TRIM_MAX`] of them (a live task's history is bounded: `[store] runs_max`).
     TrimRuns {
@@ -1139,7 +1141,10 @@ fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
                     ops.push(RawOp::Delete(TreeId::Failures, f.as_bytes().to_vec()));
                 }
             }
-            Op::DeleteIdem(key) => ops.push(RawOp::Delete(TreeId::Idem, key.as_bytes().to_vec())),
+            Op::DeleteIdem(key, task) => {
+                ops.push(RawOp::IdemOf(key.as_bytes().to_vec(), task.clone()));
+                ops.push(RawOp::Delete(TreeId::Idem, key.as_bytes().to_vec()));
+            }
             // Expanded by `Store::write`, which gives the seqs (`timeline.rs`).
             Op::Timeline { .. } => {}
             Op::PutTimeline { task_id, events } => {

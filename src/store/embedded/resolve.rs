@@ -66,7 +66,7 @@ impl Resolver<'_> {
             match op {
                 RawOp::Put(t, k, v) => self.put(t, k, Some(v)),
                 RawOp::Delete(t, k) => self.put(t, k, None),
-                RawOp::Absent(..) | RawOp::Born(_) => {}
+                RawOp::Absent(..) | RawOp::Born(_) | RawOp::IdemOf(..) => {}
                 RawOp::Indexed(w) => {
                     let IndexedWrite {
                         tree,

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::shard::{fnv1a64, shard_of};
-use crate::store::backend::RawOp;
+use crate::store::backend::{RawOp, TreeId};
 
 /// What the store asks of the process's leases (implemented by `cluster::node::Ownership`).
 pub trait Fence: Send + Sync {
@@ -56,15 +56,27 @@ pub fn job_fence(ops: &[RawOp], shards: u32, fence: &dyn Fence) -> Result<JobFen
         .iter()
         .map(|id| (shard_of_task(id, shards), *id))
         .collect();
+    // An idempotency key's row is in its task's shard; a delete carries no record to read
+    // the task from, so the job names it.
+    let idem_of: BTreeMap<&[u8], &str> = ops
+        .iter()
+        .filter_map(|op| match op {
+            RawOp::IdemOf(k, task) => Some((k.as_slice(), task.as_str())),
+            _ => None,
+        })
+        .collect();
     let mut out = JobFence::default();
     let mut written = BTreeSet::new();
     for op in ops {
         let shard = match op {
             RawOp::Put(t, k, v) => shard_of(*t, k, Some(v), shards),
+            RawOp::Delete(TreeId::Idem, k) if idem_of.contains_key(k.as_slice()) => {
+                i32::try_from(shard_of_task(idem_of[k.as_slice()], shards)).unwrap_or(0)
+            }
             RawOp::Delete(t, k) => shard_of(*t, k, None, shards),
             RawOp::Indexed(w) => shard_of(w.tree, &w.key, w.value.as_deref(), shards),
             // Preconditions and markers write nothing.
-            RawOp::Absent(..) | RawOp::Born(_) => continue,
+            RawOp::Absent(..) | RawOp::Born(_) | RawOp::IdemOf(..) => continue,
         };
         written.insert(u32::try_from(shard).unwrap_or(0));
     }
@@ -121,6 +133,33 @@ mod tests {
         assert_eq!(
             job_fence(&[put(&other)], 8, &f),
             Err(shard_of_task(&other, 8))
+        );
+    }
+
+    #[test]
+    fn an_idempotency_key_delete_is_fenced_in_its_tasks_shard() {
+        // A key whose own hash falls in another shard than its task's.
+        let task = "t1";
+        let s = shard_of_task(task, 8);
+        let key = (0..100)
+            .map(|i| format!("k{i}"))
+            .find(|k| shard_of_task(k, 8) != s)
+            .unwrap();
+        let f = Held(Mutex::new(BTreeMap::from([(s, 3)])));
+        let del = RawOp::Delete(TreeId::Idem, key.as_bytes().to_vec());
+        let marked = [
+            RawOp::IdemOf(key.as_bytes().to_vec(), task.into()),
+            del.clone(),
+        ];
+        assert_eq!(
+            job_fence(&marked, 8, &f).map(|j| j.epochs),
+            Ok(BTreeMap::from([(s, 3)])),
+            "held: fenced at the task's shard's epoch"
+        );
+        assert_eq!(
+            job_fence(&[del], 8, &f),
+            Err(shard_of_task(&key, 8)),
+            "unmarked, the key's own shard (not held) refuses it"
         );
     }
 

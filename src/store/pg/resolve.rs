@@ -83,7 +83,7 @@ fn job(ops: Vec<RawOp>, stored: &Stored, writes: &mut Writes) -> Result<(), Reje
             RawOp::Delete(t, k) => {
                 t.of_mut(writes).insert(k, None);
             }
-            RawOp::Absent(..) | RawOp::Born(_) => {}
+            RawOp::Absent(..) | RawOp::Born(_) | RawOp::IdemOf(..) => {}
             RawOp::Indexed(w) => indexed(*w, stored, writes),
         }
     }
