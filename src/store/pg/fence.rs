@@ -70,10 +70,12 @@ pub fn job_fence(ops: &[RawOp], shards: u32, fence: &dyn Fence) -> Result<JobFen
     for op in ops {
         let shard = match op {
             RawOp::Put(t, k, v) => shard_of(*t, k, Some(v), shards),
-            RawOp::Delete(TreeId::Idem, k) if idem_of.contains_key(k.as_slice()) => {
-                i32::try_from(shard_of_task(idem_of[k.as_slice()], shards)).unwrap_or(0)
-            }
-            RawOp::Delete(t, k) => shard_of(*t, k, None, shards),
+            RawOp::Delete(t, k) => match idem_of.get(k.as_slice()) {
+                Some(task) if *t == TreeId::Idem => {
+                    i32::try_from(shard_of_task(task, shards)).unwrap_or(0)
+                }
+                _ => shard_of(*t, k, None, shards),
+            },
             RawOp::Indexed(w) => shard_of(w.tree, &w.key, w.value.as_deref(), shards),
             // Preconditions and markers write nothing.
             RawOp::Absent(..) | RawOp::Born(_) | RawOp::IdemOf(..) => continue,
