@@ -624,8 +624,10 @@ impl Store {
         let progress = self.backend.get(TreeId::Progress, id.as_bytes())?;
         let task = task_of(id, &spec, progress.as_deref(), || {
             self.backend.get(TreeId::Live, id.as_bytes())
-        })?;
-        Ok(task.map(|(t, _)| t))
+        });
+        Ok(self
+            .gone_meanwhile(id, progress.is_none(), task)?
+            .map(|(t, _)| t))
     }
 
     /// [`Store::get_task`] of many tasks, in `ids`' order, with one batched read
@@ -651,11 +653,26 @@ impl Store {
                     )));
                 };
                 match spec {
-                    Some(spec) => task_of(id, &spec, progress.as_deref(), || Ok(live)),
+                    Some(spec) => {
+                        let no_progress = progress.is_none();
+                        let task = task_of(id, &spec, progress.as_deref(), || Ok(live));
+                        self.gone_meanwhile(id, no_progress, task)
+                    }
                     None => Ok(None),
                 }
             })
             .collect())
+    }
+
+    /// A task's records are read one key after another, not in one snapshot: a delete
+    /// (retention, `DELETE`) that commits between the spec's read and the progress's leaves
+    /// a spec without its progress. That is a task gone, not a corrupt one, when its spec is
+    /// gone too on a second look.
+    fn gone_meanwhile(&self, id: &str, no_progress: bool, read: TaskRead) -> TaskRead {
+        match read {
+            Err(StoreError::Corrupt { .. }) if no_progress && !self.task_exists(id)? => Ok(None),
+            r => r,
+        }
     }
 
     /// Whether a task with this id exists (finished or not).
@@ -1488,6 +1505,28 @@ pub(crate) mod tests {
         assert_eq!((f.len(), more), (1, false));
         let live: Vec<_> = s.live_entries().map(|e| e.unwrap().0).collect();
         assert_eq!(live, ["t1"]);
+    }
+
+    #[tokio::test]
+    async fn a_spec_without_progress_is_a_task_gone_only_once_its_spec_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let corrupt = || -> TaskRead {
+            Err(StoreError::Corrupt {
+                tree: "progress".into(),
+                key: "t1".into(),
+                detail: "missing".into(),
+            })
+        };
+        // Deleted between the reads: nothing there on the second look.
+        assert!(matches!(s.gone_meanwhile("t1", true, corrupt()), Ok(None)));
+        // Still there: corrupt for real, and reported.
+        insert(&s, "t1").await;
+        assert!(matches!(
+            s.gone_meanwhile("t1", true, corrupt()),
+            Err(StoreError::Corrupt { .. })
+        ));
+        assert!(s.get_task("t1").unwrap().is_some());
     }
 
     #[tokio::test]
