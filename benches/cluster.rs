@@ -1,0 +1,579 @@
+//! Cluster mode on one PostgreSQL (issue 24 "Measure"), each figure beside its same-run
+//! baseline, with real `herald` nodes (release binary, `HERALD_BENCH_BIN` honoured) on
+//! loopback and HA.md's default timing (lease 10 s, renew 2 s, safety 1 s):
+//!
+//! 1. durable creates over HTTP at 64 connections (the lean client): one node alone, then
+//!    three nodes with the connections spread evenly over their addresses (a create for
+//!    another node's shard is forwarded to its owner), each cluster on a fresh database;
+//! 2. fire lateness in steady state (`sent_at − scheduled_at` from each node's file channel,
+//!    over all the files): `HERALD_CLUSTER_PROBES` one-shots (default 3 000) due over
+//!    `HERALD_CLUSTER_SPREAD` (20 s), created across the nodes before the first is due — on
+//!    the one node, then on the three;
+//! 3. the same on the three nodes with the busiest one killed (SIGKILL) halfway through the
+//!    spread: the probes on the victim's shards (their lateness is the failover) apart from
+//!    the others' (which should stay at the steady figure), and the duplicates (one
+//!    idempotency key written twice over the files).
+//!
+//! Run: `scripts/bench-cluster` (a private PostgreSQL; it passes `HERALD_STORE_URL`, the
+//! server's admin database, on which this bench creates one database per cluster).
+//! `HERALD_CLUSTER_CREATES` sets the creates per configuration (30 000);
+//! `HERALD_CLUSTER_LEASE` the lease (renew a fifth of it, safety a tenth, as in
+//! `tests/cluster_failover.rs`); `HERALD_CLUSTER_LEAD` how long after the first probe's
+//! create it is due (default 5 s + 1 ms per probe).
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use serde_json::Value;
+use support::*;
+
+const SHARDS: u32 = 64;
+const CONNS: usize = 64;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn rfc3339(ms: u64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms as i64)
+        .expect("instant")
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+fn ms_of(s: &str) -> i64 {
+    chrono::DateTime::parse_from_rfc3339(s).map_or(0, |t| t.timestamp_millis())
+}
+
+/// Lease, renew and safety in ms: `HERALD_CLUSTER_LEASE` (default HA.md's 10 s), renew a
+/// fifth of it and safety a tenth (HA.md's 2 s and 1 s at the default).
+fn timing() -> (u64, u64, u64) {
+    let lease = std::env::var("HERALD_CLUSTER_LEASE")
+        .ok()
+        .and_then(|v| herald::model::parse_duration_ms(&v).ok())
+        .unwrap_or(10_000);
+    (lease, lease / 5, lease / 10)
+}
+
+/// The server of `HERALD_STORE_URL`: databases are made on it with `psql`.
+struct Pg {
+    admin: String,
+}
+
+impl Pg {
+    /// A fresh database named `name` (with this run's pid); answers its URL.
+    fn create_db(&self, name: &str) -> String {
+        let db = format!("{name}_{}", std::process::id());
+        let out = std::process::Command::new("psql")
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", &self.admin, "-c"])
+            .arg(format!("CREATE DATABASE {db}"))
+            .output()
+            .expect("run psql (apt-get install -y postgresql-client)");
+        assert!(
+            out.status.success(),
+            "CREATE DATABASE {db}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (server, _) = self.admin.rsplit_once('/').expect("a URL with a database");
+        format!("{server}/{db}")
+    }
+}
+
+/// One delivered line of a node's file channel.
+struct Row {
+    task: String,
+    key: String,
+    scheduled: i64,
+    sent: i64,
+}
+
+impl Row {
+    fn late(&self) -> i64 {
+        self.sent - self.scheduled
+    }
+}
+
+/// Every line of the files whose task id starts with `prefix`.
+fn rows(files: &[PathBuf], prefix: &str) -> Vec<Row> {
+    let mut out = Vec::new();
+    for f in files {
+        for l in std::fs::read_to_string(f).unwrap_or_default().lines() {
+            let Ok(v) = serde_json::from_str::<Value>(l) else {
+                continue;
+            };
+            let task = v["task_id"].as_str().unwrap_or_default();
+            if !task.starts_with(prefix) {
+                continue;
+            }
+            out.push(Row {
+                task: task.to_string(),
+                key: v["idempotency_key"].as_str().unwrap_or_default().into(),
+                scheduled: ms_of(v["scheduled_at"].as_str().unwrap_or_default()),
+                sent: ms_of(v["sent_at"].as_str().unwrap_or_default()),
+            });
+        }
+    }
+    out
+}
+
+/// p50, p99 and max lateness (ms) of `rows`.
+fn lateness<'a>(rows: impl Iterator<Item = &'a Row>) -> (i64, i64, i64) {
+    let mut l: Vec<i64> = rows.map(Row::late).collect();
+    l.sort_unstable();
+    if l.is_empty() {
+        return (0, 0, 0);
+    }
+    let p = |q: f64| l[((l.len() - 1) as f64 * q).round() as usize];
+    (p(0.5), p(0.99), *l.last().unwrap())
+}
+
+/// Nodes of one cluster on one database, each with its own dir and file channel `probe`.
+struct Cluster {
+    dir: tempfile::TempDir,
+    ids: Vec<String>,
+    nodes: Vec<Option<Proc>>,
+}
+
+impl Cluster {
+    /// Starts `count` nodes at once on `db` (all at once, so that none takes every shard
+    /// first and has to hand them over one per round) and waits until they are balanced.
+    async fn start(tag: &str, db: &str, count: usize, http: &Http) -> Cluster {
+        let bin = std::env::var("HERALD_BENCH_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_herald").to_string());
+        let dir = disk_dir(&format!("cluster-{tag}"));
+        let (lease, renew, safety) = timing();
+        let ids: Vec<String> = (0..count).map(|i| format!("{tag}-{i}")).collect();
+        let nodes: Vec<Option<Proc>> = std::thread::scope(|s| {
+            let handles: Vec<_> = ids
+                .iter()
+                .map(|id| {
+                    let nd = dir.path().join(id);
+                    std::fs::create_dir_all(&nd).expect("node dir");
+                    let config = write_config(
+                        &nd,
+                        &format!(
+                            "[limits]\nlive_tasks_max = 5000000\nhorizon = \"3650d\"\n\
+                             [channels.probe]\nkind = \"file\"\npath = \"{}\"\n\
+                             [cluster]\nnode_id = \"{id}\"\nshards = {SHARDS}\n\
+                             lease = \"{lease}ms\"\nrenew = \"{renew}ms\"\nsafety = \"{safety}ms\"\n",
+                            nd.join("probe.jsonl").display()
+                        ),
+                    );
+                    let bin = bin.clone();
+                    s.spawn(move || {
+                        Proc::spawn_env(
+                            &bin,
+                            &config,
+                            &nd.join("data"),
+                            &[("HERALD_STORE_URL", db)],
+                        )
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| Some(h.join().expect("node started")))
+                .collect()
+        });
+        let c = Cluster { dir, ids, nodes };
+        let t = Instant::now();
+        for u in c.urls() {
+            wait_healthy(http, &u, Duration::from_secs(120))
+                .await
+                .expect("node ready");
+        }
+        let balanced = poll_until(Duration::from_secs(240), || async {
+            let mut owned = Vec::new();
+            for u in c.urls() {
+                owned.push(shards_owned(http, &u).await);
+            }
+            let (lo, hi) = (owned.iter().min(), owned.iter().max());
+            owned.iter().sum::<u64>() == u64::from(SHARDS) && hi.zip(lo).is_some_and(|(h, l)| h - l <= 1)
+        })
+        .await;
+        assert!(balanced.is_some(), "{tag}: the nodes did not balance in 240 s");
+        println!(
+            "   {count} node(s) on a fresh database, lease {lease} ms / renew {renew} ms / safety {safety} ms: balanced {:.1} s after start",
+            t.elapsed().as_secs_f64()
+        );
+        c
+    }
+
+    /// The live nodes' base URLs.
+    fn urls(&self) -> Vec<String> {
+        self.nodes.iter().flatten().map(|p| p.url.clone()).collect()
+    }
+
+    /// Every node's file channel output (the killed ones' too).
+    fn files(&self) -> Vec<PathBuf> {
+        self.ids
+            .iter()
+            .map(|id| self.dir.path().join(id).join("probe.jsonl"))
+            .collect()
+    }
+
+    /// Herald's CPU (ns) so far, summed over the live nodes.
+    fn cpu_ns(&self) -> u64 {
+        self.nodes
+            .iter()
+            .flatten()
+            .map(|p| thread_cpu_ns(p.pid()).values().sum::<u64>())
+            .sum()
+    }
+}
+
+/// `/healthz` "cluster".shards_owned (0 when it does not answer).
+async fn shards_owned(http: &Http, base: &str) -> u64 {
+    let (_, b) = get(http, &format!("{base}/healthz")).await;
+    serde_json::from_slice::<Value>(&b).ok().map_or(0, |v| {
+        v["cluster"]["shards_owned"].as_u64().unwrap_or(0)
+    })
+}
+
+struct Creates {
+    rate: f64,
+    p50: f64,
+    p99: f64,
+    max: f64,
+    failed: u64,
+    cpu_us: f64,
+}
+
+/// `n` durable creates (one-shots 48 h out) at 64 connections spread over the cluster's
+/// nodes, after a warm-up of `n / 10` that is not counted.
+async fn creates(c: &Cluster, n: u64) -> Creates {
+    let bases = c.urls();
+    let body = |offset: u64| -> Arc<dyn Fn(u64) -> Bytes + Send + Sync> {
+        Arc::new(move |i| {
+            Bytes::from(format!(
+                r#"{{"id":"c{:08}","schedule":{{"after":"48h"}},"to":["a"],"body":"Good morning"}}"#,
+                i + offset
+            ))
+        })
+    };
+    let warm = Arc::new(AtomicU64::new(0));
+    create_many_lean_spread(&bases, n / 10, CONNS, body(n), warm).await;
+    let failed = Arc::new(AtomicU64::new(0));
+    let (cpu0, m0) = (c.cpu_ns(), machine_cpu());
+    let (lat, wall) = create_many_lean_spread(&bases, n, CONNS, body(0), failed.clone()).await;
+    let (cpu1, m1) = (c.cpu_ns(), machine_cpu());
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let r = Creates {
+        rate: n as f64 / wall.as_secs_f64(),
+        p50: ms(pct(&lat, 0.5)),
+        p99: ms(pct(&lat, 0.99)),
+        max: ms(pct(&lat, 1.0)),
+        failed: failed.load(Ordering::Relaxed),
+        cpu_us: cpu1.saturating_sub(cpu0) as f64 / 1e3 / n as f64,
+    };
+    println!(
+        "   {n} creates at {CONNS} connections over {} node(s): {:.0}/s, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, non-201 {}; herald CPU per create (all nodes) {:.0} µs",
+        bases.len(),
+        r.rate,
+        r.p50,
+        r.p99,
+        r.max,
+        r.failed,
+        r.cpu_us
+    );
+    println!("       machine: {}", machine_split(&m0, &m1));
+    r
+}
+
+/// One probe round's outcome.
+struct Probes {
+    rows: Vec<Row>,
+    missing: usize,
+    /// Kill instant (Unix ms) and the victim's shards, when a node was killed.
+    kill: Option<(i64, BTreeSet<u32>)>,
+}
+
+/// `n` one-shots due evenly over `spread`, created through every node (12 connections)
+/// before the first is due; with `kill`, the busiest node is killed with SIGKILL halfway
+/// through the spread. Waits until every probe was written, then until no line of the
+/// round came for 3 s (an inherited in-flight message is sent again ~1 s after its shard is
+/// loaded: the file channel has no timeout, plus twice `max_clock_offset`).
+async fn probe_round(c: &mut Cluster, http: &Http, tag: &str, n: u64, kill: bool) -> Probes {
+    let spread = env_u64("HERALD_CLUSTER_SPREAD", 20_000);
+    let lead = env_u64("HERALD_CLUSTER_LEAD", 5_000 + n);
+    let first = now_ms() + lead;
+    let at: Vec<String> = (0..n).map(|i| rfc3339(first + i * spread / n)).collect();
+    let prefix = tag.to_string();
+    let body: Arc<dyn Fn(u64) -> Bytes + Send + Sync> = Arc::new(move |i| {
+        Bytes::from(format!(
+            r#"{{"id":"{prefix}{i:06}","channel":"probe","schedule":{{"at":"{}"}},"to":["p"],"body":"x"}}"#,
+            at[i as usize]
+        ))
+    });
+    let failed = Arc::new(AtomicU64::new(0));
+    create_many_lean_spread(&c.urls(), n, 12, body, failed.clone()).await;
+    let created = now_ms();
+    assert!(
+        created < first,
+        "the probes' creates ended {} ms after the first was due: raise HERALD_CLUSTER_LEAD",
+        created - first
+    );
+    assert_eq!(failed.load(Ordering::Relaxed), 0, "a probe's create failed");
+    let mut killed = None;
+    if kill {
+        let at = first + spread / 2;
+        tokio::time::sleep(Duration::from_millis(at.saturating_sub(now_ms()))).await;
+        killed = Some(kill_busiest(c, http).await);
+    }
+    let files = c.files();
+    let deadline = Duration::from_millis(spread + 120_000);
+    let all = poll_until(deadline, || async {
+        let keys: BTreeSet<String> = rows(&files, tag).into_iter().map(|r| r.key).collect();
+        keys.len() as u64 >= n
+    })
+    .await;
+    if all.is_none() {
+        println!("   (not every probe was written within {deadline:?})");
+    }
+    // Quiet for 3 s: late duplicates have had their chance.
+    let mut seen = rows(&files, tag).len();
+    let mut quiet_since = Instant::now();
+    let end = Instant::now() + Duration::from_secs(30);
+    while quiet_since.elapsed() < Duration::from_secs(3) && Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = rows(&files, tag).len();
+        if now != seen {
+            (seen, quiet_since) = (now, Instant::now());
+        }
+    }
+    let rows = rows(&files, tag);
+    let keys: BTreeSet<&str> = rows.iter().map(|r| r.key.as_str()).collect();
+    let missing = (n as usize).saturating_sub(keys.len());
+    Probes {
+        missing,
+        kill: killed,
+        rows,
+    }
+}
+
+/// Kills (SIGKILL) the node that holds the most shards; answers the instant (Unix ms) and
+/// the shards it held, as another node's `GET /v1/cluster` saw them just before.
+async fn kill_busiest(c: &mut Cluster, http: &Http) -> (i64, BTreeSet<u32>) {
+    let urls = c.urls();
+    let (_, b) = get(http, &format!("{}/v1/cluster", urls[0])).await;
+    let view: Value = serde_json::from_slice(&b).expect("cluster view");
+    let mut by_node: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+    for s in view["shards"].as_array().into_iter().flatten() {
+        if let (Some(o), Some(n)) = (s["owner_node"].as_str(), s["shard"].as_u64()) {
+            by_node.entry(o.to_string()).or_default().insert(n as u32);
+        }
+    }
+    let (victim, shards) = by_node
+        .into_iter()
+        .max_by_key(|(_, s)| s.len())
+        .expect("an owner");
+    let i = c.ids.iter().position(|id| *id == victim).expect("victim");
+    let at = now_ms() as i64;
+    if let Some(mut p) = c.nodes[i].take() {
+        p.kill9();
+    }
+    println!(
+        "   killed {victim} (SIGKILL) holding {} shards",
+        shards.len()
+    );
+    (at, shards)
+}
+
+/// Steady-state figures, printed: lateness (p50, p99, max) and the duplicates and missing.
+fn report_steady(what: &str, p: &Probes, n: u64) -> ((i64, i64, i64), usize, usize) {
+    let (p50, p99, max) = lateness(p.rows.iter());
+    let dups = duplicates(&p.rows).len();
+    println!(
+        "   {what}: {n} probes over the files: lateness p50 {p50} ms, p99 {p99} ms, max {max} ms; missing {}, duplicates {dups}",
+        p.missing,
+    );
+    ((p50, p99, max), dups, p.missing)
+}
+
+/// Idempotency keys written more than once over the files.
+fn duplicates(rows: &[Row]) -> Vec<&str> {
+    let mut per: HashMap<&str, usize> = HashMap::new();
+    for r in rows {
+        *per.entry(r.key.as_str()).or_default() += 1;
+    }
+    let mut d: Vec<&str> = per
+        .into_iter()
+        .filter(|(_, c)| *c > 1)
+        .map(|(k, _)| k)
+        .collect();
+    d.sort_unstable();
+    d
+}
+
+/// The rows of `v` due at or after `kill`.
+fn after<'a>(v: &[&'a Row], kill: i64) -> Vec<&'a Row> {
+    v.iter().copied().filter(|r| r.scheduled >= kill).collect()
+}
+
+struct Failover {
+    others: (i64, i64, i64),
+    others_after: (i64, i64, i64),
+    victim_after: (i64, i64, i64),
+    first_send: i64,
+    dups: usize,
+    missing: usize,
+}
+
+fn report_failover(p: &Probes) -> Failover {
+    let (kill, shards) = p.kill.clone().expect("a kill");
+    let on_victim = |r: &&Row| shards.contains(&herald::store::pg::fence::shard_of_task(&r.task, SHARDS));
+    let victim: Vec<&Row> = p.rows.iter().filter(on_victim).collect();
+    let others: Vec<&Row> = p.rows.iter().filter(|r| !on_victim(r)).collect();
+    let (va, oa) = (after(&victim, kill), after(&others, kill));
+    let first_send = va.iter().map(|r| r.sent).min().map_or(-1, |s| s - kill);
+    let dups = duplicates(&p.rows);
+    let f = Failover {
+        others: lateness(others.iter().copied()),
+        others_after: lateness(oa.iter().copied()),
+        victim_after: lateness(va.iter().copied()),
+        first_send,
+        dups: dups.len(),
+        missing: p.missing,
+    };
+    let (vb50, vb99, vbmax) = lateness(victim.iter().copied().filter(|r| r.scheduled < kill));
+    println!(
+        "   probes on the victim's {} shards: {} ({} due after the kill): due before the kill p50 {vb50} / p99 {vb99} / max {vbmax} ms; due after it p50 {} / p99 {} / max {} ms; first send of one due after the kill {} ms after the kill",
+        shards.len(),
+        victim.len(),
+        va.len(),
+        f.victim_after.0,
+        f.victim_after.1,
+        f.victim_after.2,
+        f.first_send
+    );
+    println!(
+        "   probes on the other shards: {} ({} due after the kill): all p50 {} / p99 {} / max {} ms; due after the kill p50 {} / p99 {} / max {} ms",
+        others.len(),
+        oa.len(),
+        f.others.0,
+        f.others.1,
+        f.others.2,
+        f.others_after.0,
+        f.others_after.1,
+        f.others_after.2
+    );
+    println!(
+        "   duplicates (one idempotency key written twice over the files): {} {dups:?}; missing {}",
+        f.dups, f.missing
+    );
+    f
+}
+
+fn main() {
+    let Ok(admin) = std::env::var("HERALD_STORE_URL") else {
+        println!("cluster bench: needs a PostgreSQL server (HERALD_STORE_URL): run scripts/bench-cluster");
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(run(Pg { admin }));
+}
+
+async fn run(pg: Pg) {
+    let http = client();
+    let n = env_u64("HERALD_CLUSTER_CREATES", 30_000);
+    let probes = env_u64("HERALD_CLUSTER_PROBES", 3_000);
+    let (lease, renew, _) = timing();
+
+    println!("1. one node on its own database");
+    let mut one = Cluster::start("one", &pg.create_db("herald_one"), 1, &http).await;
+    let c1 = creates(&one, n).await;
+    let (s1, d1, m1) = report_steady(
+        "steady state, 1 node",
+        &probe_round(&mut one, &http, "s1-", probes, false).await,
+        probes,
+    );
+    drop(one);
+
+    println!("2. three nodes on their own database");
+    let mut three = Cluster::start("three", &pg.create_db("herald_three"), 3, &http).await;
+    let c3 = creates(&three, n).await;
+    let (s3, d3, m3) = report_steady(
+        "steady state, 3 nodes",
+        &probe_round(&mut three, &http, "s3-", probes, false).await,
+        probes,
+    );
+    println!("3. three nodes, the busiest killed halfway through the probes");
+    let f = report_failover(&probe_round(&mut three, &http, "f3-", probes, true).await);
+    drop(three);
+
+    let ratio = |a: f64, b: f64| if b == 0.0 { f64::NAN } else { a / b };
+    println!();
+    println!("| figure (same run, same PostgreSQL) | 3 nodes | baseline | 3 / baseline |");
+    println!("|---|---|---|---|");
+    println!(
+        "| creates/s, {CONNS} connections | {:.0} | {:.0} (1 node) | {:.2} |",
+        c3.rate,
+        c1.rate,
+        ratio(c3.rate, c1.rate)
+    );
+    println!(
+        "| create p50 / p99 | {:.1} / {:.1} ms | {:.1} / {:.1} ms (1 node) | {:.2} / {:.2} |",
+        c3.p50,
+        c3.p99,
+        c1.p50,
+        c1.p99,
+        ratio(c3.p50, c1.p50),
+        ratio(c3.p99, c1.p99)
+    );
+    println!(
+        "| herald CPU per create (all nodes) | {:.0} µs | {:.0} µs (1 node) | {:.2} |",
+        c3.cpu_us,
+        c1.cpu_us,
+        ratio(c3.cpu_us, c1.cpu_us)
+    );
+    println!(
+        "| fire lateness, steady, p50 / p99 / max (target p99 ≤ 5 ms) | {} / {} / {} ms | {} / {} / {} ms (1 node) | p99 {:.2} |",
+        s3.0,
+        s3.1,
+        s3.2,
+        s1.0,
+        s1.1,
+        s1.2,
+        ratio(s3.1 as f64, s1.1 as f64)
+    );
+    println!(
+        "| during the kill, shards that did not move, due after it: p50 / p99 / max (target ≤ 5 ms) | {} / {} / {} ms | {} / {} / {} ms (3 nodes steady) | p99 {:.2} |",
+        f.others_after.0,
+        f.others_after.1,
+        f.others_after.2,
+        s3.0,
+        s3.1,
+        s3.2,
+        ratio(f.others_after.1 as f64, s3.1 as f64)
+    );
+    println!(
+        "| during the kill, the victim's shards, due after it: p50 / max lateness; kill → first send | {} / {} ms; {} ms | bound lease + renew = {} ms | max {:.2} |",
+        f.victim_after.0,
+        f.victim_after.2,
+        f.first_send,
+        lease + renew,
+        ratio(f.victim_after.2 as f64, (lease + renew) as f64)
+    );
+    println!(
+        "| duplicates over the files / probes missing | {} / {} (the kill) | {} / {} (steady, 1 node), {} / {} (steady, 3 nodes) | |",
+        f.dups, f.missing, d1, m1, d3, m3
+    );
+}
