@@ -461,6 +461,16 @@ fn report_steady(what: &str, p: &Probes, n: u64) -> ((i64, i64, i64), usize, usi
     ((p50, p99, max), dups, p.missing)
 }
 
+/// The median of sorted `v` (the mean of the middle two when even).
+fn median(v: &[f64]) -> f64 {
+    let m = v.len() / 2;
+    match v.len() {
+        0 => f64::NAN,
+        l if l % 2 == 0 => (v[m - 1] + v[m]) / 2.0,
+        _ => v[m],
+    }
+}
+
 /// Lines per node's file.
 fn per_node(rows: &[Row]) -> Vec<usize> {
     let mut n = Vec::new();
@@ -632,7 +642,7 @@ async fn run(pg: Pg) {
             .map(|r| format!("{r:.2}"))
             .collect::<Vec<_>>()
             .join(", "),
-        sorted[sorted.len() / 2]
+        median(&sorted)
     );
     println!(
         "| create p50 / p99 | {:.1} / {:.1} ms | {:.1} / {:.1} ms (1 node) | {:.2} / {:.2} |",
