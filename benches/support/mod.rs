@@ -1,5 +1,5 @@
-//! Shared by the end-to-end benches (`scale.rs`, `load.rs`): the real `herald` binary started
-//! on a data dir on disk, a pooled HTTP client, and readings from `/proc`.
+//! Shared by the end-to-end benches (`scale.rs`, `load.rs`, `cluster.rs`): the real `herald`
+//! binary started on a data dir on disk, a pooled HTTP client, and readings from `/proc`.
 
 #![allow(dead_code)]
 
@@ -38,8 +38,15 @@ impl Proc {
 
     /// [`Proc::spawn`] of the binary at `bin`.
     pub fn spawn_bin(bin: &str, config: &Path, data: &Path) -> Proc {
+        Proc::spawn_env(bin, config, data, &[])
+    }
+
+    /// [`Proc::spawn_bin`] with `env` added to the child's environment (e.g. each cluster
+    /// node's own `HERALD_STORE_URL`).
+    pub fn spawn_env(bin: &str, config: &Path, data: &Path, env: &[(&str, &str)]) -> Proc {
         let started = Instant::now();
         let mut child = Command::new(bin)
+            .envs(env.iter().copied())
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(config)
             .arg("--data")
@@ -439,12 +446,29 @@ pub async fn create_many_lean(
     body: Arc<dyn Fn(u64) -> Bytes + Send + Sync>,
     failed: Arc<AtomicU64>,
 ) -> (Vec<Duration>, Duration) {
-    let addr = base.trim_start_matches("http://").to_string();
+    create_many_lean_spread(&[base.to_string()], n, conns, body, failed).await
+}
+
+/// [`create_many_lean`] with the connections spread evenly over `bases` (connection `c` to
+/// `bases[c % len]`: several nodes of a cluster). The creates are still drawn from one
+/// counter, so a faster node answers more of them, as behind a round-robin balancer.
+pub async fn create_many_lean_spread(
+    bases: &[String],
+    n: u64,
+    conns: usize,
+    body: Arc<dyn Fn(u64) -> Bytes + Send + Sync>,
+    failed: Arc<AtomicU64>,
+) -> (Vec<Duration>, Duration) {
+    let addrs: Vec<String> = bases
+        .iter()
+        .map(|b| b.trim_start_matches("http://").to_string())
+        .collect();
     let next = Arc::new(AtomicU64::new(0));
     let t = Instant::now();
     let mut set = tokio::task::JoinSet::new();
-    for _ in 0..conns {
-        let (addr, next, body, failed) = (addr.clone(), next.clone(), body.clone(), failed.clone());
+    for c in 0..conns {
+        let addr = addrs[c % addrs.len()].clone();
+        let (next, body, failed) = (next.clone(), body.clone(), failed.clone());
         set.spawn(async move {
             let mut lat = Vec::new();
             let mut conn: Option<tokio::net::TcpStream> = None;
