@@ -24,30 +24,11 @@ mod support;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::Value;
 use support::*;
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-fn rfc3339(ms: u64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms as i64)
-        .expect("instant")
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
 
 fn ms_of(s: &str) -> u64 {
     chrono::DateTime::parse_from_rfc3339(s).map_or(0, |t| t.timestamp_millis() as u64)

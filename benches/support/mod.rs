@@ -19,6 +19,28 @@ use hyper_util::rt::TokioExecutor;
 
 pub type Http = Client<HttpConnector, Full<Bytes>>;
 
+/// An environment variable's number, or `default` when it is unset or not a number.
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The wall clock in Unix milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Unix milliseconds as RFC 3339 in UTC, to the millisecond.
+pub fn rfc3339(ms: u64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms as i64)
+        .expect("instant")
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
 /// The real binary, killed when dropped.
 pub struct Proc {
     pub child: Child,
