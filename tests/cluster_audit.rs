@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::herald::poll;
-use common::pg::PgServer;
+use common::pg::{someone_waits_on_a_lock, PgServer};
 use herald::cluster::rows::{self, Grant};
 use herald::store::pg::{PgBackend, PgOptions};
 use tokio_postgres::{Client, NoTls};
@@ -138,23 +138,6 @@ async fn a_write_without_the_lock_is_reported_even_with_no_takeover() {
             && bad[0].contains("(herald_specs INSERT) at epoch 1 without holding"),
         "{bad:#?}"
     );
-}
-
-/// Waits until a backend of the database is blocked on a lock (`pg_stat_activity`).
-async fn someone_waits_on_a_lock(c: &Client) -> bool {
-    poll(Duration::from_secs(10), || async {
-        let r = c
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap();
-        (r.get::<_, i64>(0) > 0).then_some(())
-    })
-    .await
-    .is_some()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

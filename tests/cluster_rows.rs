@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::herald::poll;
-use common::pg::PgServer;
+use common::pg::{someone_waits_on_a_lock, PgServer};
 use herald::cluster::rows::{self, FenceError, Grant};
 use herald::store::pg::{PgBackend, PgOptions};
 use tokio_postgres::{Client, NoTls};
@@ -129,23 +129,6 @@ async fn a_renewal_extends_only_matching_unexpired_rows() {
         rows::acquire(&c, "n", "inc-a", 10_000, &[5]).await.unwrap(),
         [Grant { shard: 5, epoch: 2 }]
     );
-}
-
-/// Waits until a backend of the database is blocked on a lock (`pg_stat_activity`).
-async fn someone_waits_on_a_lock(c: &Client) -> bool {
-    poll(Duration::from_secs(10), || async {
-        let r = c
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap();
-        (r.get::<_, i64>(0) > 0).then_some(())
-    })
-    .await
-    .is_some()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -382,3 +382,20 @@ pub fn harness_url(data_dir: &Path) -> Option<String> {
     dbs.push((data_dir.to_path_buf(), url.clone()));
     Some(url)
 }
+
+/// Waits until a backend of the database is blocked on a lock (`pg_stat_activity`).
+pub async fn someone_waits_on_a_lock(c: &tokio_postgres::Client) -> bool {
+    super::herald::poll(std::time::Duration::from_secs(10), || async {
+        let r = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get::<_, i64>(0) > 0).then_some(())
+    })
+    .await
+    .is_some()
+}
