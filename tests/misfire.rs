@@ -111,7 +111,7 @@ async fn a_herd_is_all_sent_in_deadline_order_and_none_is_missed() {
     }
     // Armed ahead: just before the base lead (2 s) of the herd's instant, every one-shot of
     // the herd but the first few counted in its second is already started (`engine/herd.rs`:
-    // the n-th is fired n / 10 000 s earlier), and the later group is not.
+    // the n-th is fired n / FIRE_RATE_PER_S s earlier), and the later group is not.
     h.run_until(utc_ms("2026-12-01T00:09:57.998Z")).await;
     let mut running = Vec::new();
     let mut next: Option<String> = None;

@@ -20,9 +20,13 @@
 
 use std::collections::BTreeMap;
 
-/// Fires per second the engine is assumed to handle while also sending (measured ~25 000/s
-/// alone on 2 cores; conservative so that a herd is armed in time on a busier machine).
-pub const FIRE_RATE_PER_S: u64 = 10_000;
+/// Fires per second the engine is assumed to handle while also sending. Measured on 2 cores:
+/// ~25 000/s alone on sled. On PostgreSQL, at 10 000/s a herd of 100 000 had only 71 000 of
+/// its fires armed at the instant (its reads slowed by a sequential-scan plan then, since
+/// fixed: `store/pg/backend.rs`), and the other 29 000 queued behind the first sends'
+/// settles; at 5 000/s every fire was armed by the instant, at the pace asked. Conservative,
+/// so that a herd is armed in time on either store on a busier machine.
+pub const FIRE_RATE_PER_S: u64 = 5_000;
 /// The most a herd adds to a one-shot's lead.
 pub const HERD_LEAD_MAX_MS: u64 = 30_000;
 const BUCKET_MS: u64 = 1_000;
@@ -78,9 +82,11 @@ mod tests {
             "the first one-shot of a second keeps the base lead"
         );
         assert_eq!(
-            leads[99_999], 9_999,
-            "100 000 at 10 000/s: the last fires ~10 s earlier"
+            leads[99_999],
+            99_999 * 1_000 / FIRE_RATE_PER_S,
+            "100 000 at FIRE_RATE_PER_S: the last fires 100 000 / rate seconds earlier"
         );
+        assert!(leads[99_999] >= 10_000, "{}", leads[99_999]);
         assert!(leads.windows(2).all(|w| w[0] <= w[1]));
         // One-shots spread one per second: no extra lead at all.
         let trickle: Vec<u64> = (0..100)

@@ -256,10 +256,17 @@ fn client_config(
     // A transaction left open by a client that went away (its COMMIT lost on the way)
     // is ended by the server itself after the same time; the read-back does not wait
     // for that (it ends the session), this is for every other case.
+    // No sequential scans: every statement herald runs is a point read, a key range or a
+    // shard's rows, each served by an index. herald's tables start empty and are not analyzed
+    // while they grow, and a prepared statement's generic plan, made while a table was small,
+    // kept a sequential scan: a herd of 100 000 read its derived (absent) progress rows 256 at
+    // a time with a scan of the whole table, 28 ms each, 27 s of the server's time in all
+    // (`pg_stat_statements`), and its last send came at due + 8 to 16 s instead of < 3 s.
     cfg.application_name("herald")
         .connect_timeout(opts.connect_timeout)
         .options(format!(
-            "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout={idle_ms}"
+            "-c statement_timeout={statement_ms} -c idle_in_transaction_session_timeout={idle_ms} \
+             -c enable_seqscan=off"
         ));
     Ok(cfg)
 }
