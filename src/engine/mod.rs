@@ -645,8 +645,9 @@ impl Engine {
     /// A page of tasks in id order, where the next page starts, and how many records were
     /// skipped as unreadable. A page examines at most `store::SCAN_MAX` records: with a rare
     /// filter it can be short (even empty) and still have a next page.
-    /// Unfinished states are listed from the `live` index, so `?state=paused` never walks the
-    /// finished tasks. Blocking: the API calls it off the runtime's workers.
+    /// Running and paused tasks are listed from their stretch of the due index, so
+    /// `?state=paused` never walks the others; pending ones from every task (format 7 keeps
+    /// no id-ordered index of them alone). Blocking: the API calls it off the runtime's workers.
     pub fn list(
         &self,
         state: Option<TaskState>,
@@ -655,7 +656,6 @@ impl Engine {
         limit: usize,
     ) -> Result<(Vec<TaskView>, Option<String>, usize), EngineError> {
         let walk = match state {
-            Some(TaskState::Pending) => Walk::Live,
             Some(TaskState::Running) => Walk::Running,
             Some(TaskState::Paused) => Walk::Paused,
             _ => Walk::All,

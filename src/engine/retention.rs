@@ -276,6 +276,7 @@ mod tests {
             expired: 0,
             watched_since_ms: 0,
             failed_reason: None,
+            one_shot: false,
         }
     }
 

@@ -92,9 +92,8 @@ pub enum RawOp {
     Absent(TreeId, Vec<u8>),
     /// Puts (`Some`) or deletes (`None`) `key` in `tree` and keeps a secondary index of that
     /// tree in step, in the same job: the index entry of the value being replaced is removed
-    /// and one for the new value is put (its value a copy of the primary value).
-    /// `index_key(key, value)` derives an index key. Rewriting a value unchanged writes
-    /// nothing. The writer need not know the old value: the backend reads it.
+    /// and the new value's is put (`IndexedWrite::entry` derives both). Rewriting a value
+    /// unchanged writes nothing. The writer need not know the old value: the backend reads it.
     Indexed(Box<IndexedWrite>),
     /// The job creates the task with this id (cluster mode, HA.md "Creates and commands on
     /// any node"): its rows may go to a shard this process does not hold, unfenced, and the
@@ -107,17 +106,31 @@ pub enum RawOp {
     IdemOf(Vec<u8>, String),
 }
 
-/// See [`RawOp::Indexed`].
+/// See [`RawOp::Indexed`]. Format 7's only one: a task's progress record and its due entry.
 #[derive(Clone, Debug)]
 pub struct IndexedWrite {
     pub tree: TreeId,
     pub key: Vec<u8>,
+    /// The new value (`None`: the key is deleted).
     pub value: Option<Vec<u8>>,
+    /// Whether `value` is stored in `tree`. `false`: only its index entry is written, and the
+    /// value is what [`IndexedWrite::derive`] gives back from then on (a new task's progress,
+    /// derived from its spec). A value not stored leaves whatever `tree` holds untouched
+    /// (nothing, for a new task).
+    pub store: bool,
     pub index: TreeId,
-    pub index_key: fn(&[u8], &[u8]) -> Vec<u8>,
-    /// The writer knows the store holds no value of `key` when the job's preconditions hold
-    /// (a new task's live entry: a live entry is never stored without its spec, and the job
-    /// requires the spec to be absent), so the backend need not read it.
+    /// The index entry of a value (its key in `index` and the value it holds there); `None`:
+    /// the value has none (a finished task).
+    pub entry: fn(&[u8], &[u8]) -> Option<(Vec<u8>, Vec<u8>)>,
+    /// Where the value comes from when `tree` holds none for `key`: `derive(key, v)` of the
+    /// value `v` of `key` in `derived_from` as stored before the group (the progress of a
+    /// task whose record is not stored, from its spec). The backend reads it only then. A job
+    /// that rewrites the source in the same group must store the value (a patch does).
+    pub derived_from: TreeId,
+    pub derive: fn(&[u8], &[u8]) -> Option<Vec<u8>>,
+    /// The writer knows the store holds no value of `key`, stored or derived, when the job's
+    /// preconditions hold (a new task: the job requires its spec to be absent), so the backend
+    /// need not read it.
     pub stored_absent: bool,
 }
 

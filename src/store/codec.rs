@@ -28,9 +28,14 @@ pub trait Stored: Sized {
     fn from_disk(disk: Self::Disk) -> Self;
     /// A record of this family written with an older version byte: its body decoded (with
     /// [`decode_body`]) into the older frozen type and converted. `None`: no such version.
-    /// Every family is at its first version so far.
+    /// The spec and the progress record read their version 1 this way (format 7 wrote 2).
     fn from_older(_version: u8, _body: &[u8]) -> Option<Result<Self, String>> {
         None
+    }
+    /// The decoded value given what its key says, for a family that does not store it again
+    /// in its value (a format-7 spec's id). The default keeps the value as decoded.
+    fn with_key(self, _key: &[u8]) -> Self {
+        self
     }
 }
 
@@ -95,11 +100,11 @@ pub fn decode<T: Stored>(tree: &str, key: &[u8], bytes: &[u8]) -> Result<T, Stor
     };
     if version == T::VERSION {
         return decode_body::<T::Disk>(body)
-            .map(T::from_disk)
+            .map(|d| T::from_disk(d).with_key(key))
             .map_err(corrupt);
     }
     match T::from_older(version, body) {
-        Some(r) => r.map_err(corrupt),
+        Some(r) => r.map(|v| v.with_key(key)).map_err(corrupt),
         None => Err(corrupt(format!(
             "record format version {version}, this build reads {}",
             T::VERSION

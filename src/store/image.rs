@@ -47,7 +47,6 @@ struct Values<'a> {
     spec: &'a Option<Vec<u8>>,
     progress: &'a Option<Vec<u8>>,
     next_run: &'a Option<Vec<u8>>,
-    live: &'a Option<Vec<u8>>,
     messages: &'a [Option<Vec<u8>>],
     runs: &'a [Option<Vec<u8>>],
     next_event: Option<&'a Option<Vec<u8>>>,
@@ -57,8 +56,8 @@ struct Values<'a> {
 impl<'a> Values<'a> {
     /// Splits `vals` as `plan` laid them out; `None` if the read answered fewer values.
     fn of(vals: &'a [Option<Vec<u8>>], plan: &Plan) -> Option<Values<'a>> {
-        let (head, rest) = vals.split_at_checked(4)?;
-        let [spec, progress, next_run, live] = head else {
+        let (head, rest) = vals.split_at_checked(3)?;
+        let [spec, progress, next_run] = head else {
             return None;
         };
         let (messages, rest) = rest.split_at_checked(plan.count as usize)?;
@@ -71,7 +70,6 @@ impl<'a> Values<'a> {
             spec,
             progress,
             next_run,
-            live,
             messages,
             runs,
             next_event,
@@ -135,10 +133,12 @@ impl Store {
             return Ok(Read::Done(None)); // deleted meanwhile
         };
         let spec: SpecRecord = decode("specs", id.as_bytes(), spec_bytes)?;
-        let progress: ProgressRecord = match (v.progress, v.live) {
-            (Some(p), _) => decode("progress", id.as_bytes(), p)?,
-            (None, Some(l)) => ProgressRecord::initial(&spec, &decode("live", id.as_bytes(), l)?),
-            (None, None) => return Ok(Read::Done(None)), // deleted meanwhile
+        let progress: ProgressRecord = match v.progress {
+            Some(p) => decode("progress", id.as_bytes(), p)?,
+            None => match ProgressRecord::initial(&spec) {
+                Some(p) => p,
+                None => return Ok(Read::Done(None)), // deleted meanwhile
+            },
         };
         let messages = decode_messages(id, &spec, &plan, v.messages)?;
         let mut runs = Vec::with_capacity(plan.run_nos.len());
@@ -207,7 +207,7 @@ impl Store {
     }
 }
 
-/// The keys of one atomic read: spec, progress, the run after the last one scanned, live;
+/// The keys of one atomic read: spec, progress, the run after the last one scanned;
 /// then the messages, the runs, the event after the last one scanned and the events.
 fn image_keys(id: &str, plan: &Plan) -> Vec<(TreeId, Vec<u8>)> {
     let next_run = plan.run_nos.last().map_or(1, |n| n.saturating_add(1));
@@ -216,8 +216,6 @@ fn image_keys(id: &str, plan: &Plan) -> Vec<(TreeId, Vec<u8>)> {
         (TreeId::Specs, id.as_bytes().to_vec()),
         (TreeId::Progress, id.as_bytes().to_vec()),
         (TreeId::Runs, run_key(id, next_run)),
-        // The progress of a task that has none stored is derived from this.
-        (TreeId::Live, id.as_bytes().to_vec()),
     ];
     keys.extend((0..plan.count).map(|s| (TreeId::Messages, run_key(id, s))));
     keys.extend(plan.run_nos.iter().map(|n| (TreeId::Runs, run_key(id, *n))));

@@ -15,6 +15,9 @@ pub(super) struct Resolver<'a> {
     /// not copied for it: most are never read again). One map per tree so that a read looks a
     /// key up by its slice, without copying it.
     seen: [HashMap<Vec<u8>, usize, foldhash::fast::RandomState>; TREES],
+    /// Values an indexed write of the group gave a key without storing them
+    /// (`IndexedWrite::store` false): what a later job of the group reads as its old value.
+    unstored: HashMap<(TreeId, Vec<u8>), Option<Vec<u8>>>,
     pub(super) writes: Vec<Write>,
 }
 
@@ -26,6 +29,7 @@ impl Resolver<'_> {
             seen: std::array::from_fn(|_| {
                 HashMap::with_capacity_and_hasher(jobs, Default::default())
             }),
+            unstored: HashMap::new(),
             writes: Vec::with_capacity(jobs * 6),
         }
     }
@@ -67,41 +71,72 @@ impl Resolver<'_> {
                 RawOp::Put(t, k, v) => self.put(t, k, Some(v)),
                 RawOp::Delete(t, k) => self.put(t, k, None),
                 RawOp::Absent(..) | RawOp::Born(_) | RawOp::IdemOf(..) => {}
-                RawOp::Indexed(w) => {
-                    let IndexedWrite {
-                        tree,
-                        key,
-                        value,
-                        index,
-                        index_key,
-                        stored_absent,
-                    } = *w;
-                    // The writer's promise covers what was stored before this group, not what
-                    // an earlier job of the group wrote.
-                    let old = match (self.written(tree, &key), stored_absent) {
-                        (Some(v), _) => v,
-                        (None, true) => {
-                            debug_assert!(
-                                self.backend.get(tree, &key)?.is_none(),
-                                "a stored_absent promise was wrong"
-                            );
-                            None
-                        }
-                        (None, false) => self.backend.get(tree, &key)?,
-                    };
-                    if old == value {
-                        continue;
-                    }
-                    if let Some(old) = &old {
-                        self.put(index, index_key(&key, old), None);
-                    }
-                    if let Some(v) = &value {
-                        self.put(index, index_key(&key, v), Some(v.clone()));
-                    }
-                    self.put(tree, key, value);
-                }
+                RawOp::Indexed(w) => self.indexed(*w)?,
             }
         }
         Ok(Ok(()))
+    }
+
+    /// An indexed write: the old value (the group's own, stored, or derived), then the index
+    /// entries, then the value.
+    fn indexed(&mut self, w: IndexedWrite) -> Result<(), StoreError> {
+        let IndexedWrite {
+            tree,
+            key,
+            value,
+            store,
+            index,
+            entry,
+            derived_from,
+            derive,
+            stored_absent,
+        } = w;
+        // The writer's promise covers what was stored before this group, not what an earlier
+        // job of the group wrote.
+        let old = match (
+            self.unstored.get(&(tree, key.clone())),
+            self.written(tree, &key),
+        ) {
+            (Some(v), _) => v.clone(),
+            (None, Some(v)) => v,
+            (None, None) if stored_absent => {
+                debug_assert!(
+                    self.backend.get(tree, &key)?.is_none(),
+                    "a stored_absent promise was wrong"
+                );
+                None
+            }
+            // Derived from what was stored before the group: a job that rewrites the source (a
+            // patch's spec) stores the value too, which the group's own writes answer above.
+            (None, None) => match self.backend.get(tree, &key)? {
+                Some(v) => Some(v),
+                None => self
+                    .backend
+                    .get(derived_from, &key)?
+                    .and_then(|from| derive(&key, &from)),
+            },
+        };
+        if old == value {
+            return Ok(());
+        }
+        let old_entry = old.as_deref().and_then(|o| entry(&key, o));
+        let new_entry = value.as_deref().and_then(|v| entry(&key, v));
+        if old_entry != new_entry {
+            if let Some((k, _)) = old_entry {
+                if new_entry.as_ref().is_none_or(|(n, _)| *n != k) {
+                    self.put(index, k, None);
+                }
+            }
+            if let Some((k, v)) = new_entry {
+                self.put(index, k, Some(v));
+            }
+        }
+        if store {
+            self.unstored.remove(&(tree, key.clone()));
+            self.put(tree, key, value);
+        } else {
+            self.unstored.insert((tree, key), value);
+        }
+        Ok(())
     }
 }

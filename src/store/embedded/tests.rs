@@ -194,16 +194,64 @@ fn a_group_whose_sync_never_came_is_neither_visible_nor_replayed() {
     assert_eq!(keys, vec![&b"kept"[..], b"next"]);
 }
 
-/// A live write of key `t` with value `v`, indexed under `v` then `t`.
-fn live_of_t(v: &str, stored_absent: bool) -> RawOp {
+/// An indexed write of key `t` with value `v` (stored or not), indexed under `v` then `t`;
+/// a value not stored is derived from the spec's bytes after `=`.
+fn indexed_t(v: &str, store: bool, stored_absent: bool) -> RawOp {
     RawOp::Indexed(Box::new(IndexedWrite {
-        tree: TreeId::Live,
+        tree: TreeId::Progress,
         key: b"t".to_vec(),
         value: Some(v.as_bytes().to_vec()),
+        store,
         index: TreeId::Due,
-        index_key: |k, v| [v, k].concat(),
+        entry: |k, v| Some(([v, k].concat(), v.to_vec())),
+        derived_from: TreeId::Specs,
+        derive: |_, from| from.strip_prefix(b"=").map(<[u8]>::to_vec),
         stored_absent,
     }))
+}
+
+fn live_of_t(v: &str, stored_absent: bool) -> RawOp {
+    indexed_t(v, true, stored_absent)
+}
+
+fn due_keys(b: &SledBackend) -> Vec<Vec<u8>> {
+    b.scan(TreeId::Due, b"", None)
+        .map(|kv| kv.unwrap().0)
+        .collect()
+}
+
+/// A value not stored (a new task's progress) has only its index entry written; the next
+/// write, in a later group, derives the old value from its source (the spec) and moves the
+/// entry, and from then on the value is stored.
+#[test]
+fn a_value_not_stored_is_derived_from_its_source_by_the_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
+    let r = b
+        .apply(vec![vec![
+            put(TreeId::Specs, "t", "=1"),
+            indexed_t("1", false, true),
+        ]])
+        .unwrap();
+    assert_eq!(r, vec![Ok(())]);
+    b.sync().unwrap();
+    assert_eq!(due_keys(&b), vec![b"1t".to_vec()]);
+    assert_eq!(b.get(TreeId::Progress, b"t").unwrap(), None, "not stored");
+    b.apply(vec![vec![indexed_t("2", true, false)]]).unwrap();
+    b.sync().unwrap();
+    assert_eq!(
+        due_keys(&b),
+        vec![b"2t".to_vec()],
+        "the derived entry moved"
+    );
+    assert_eq!(
+        b.get(TreeId::Progress, b"t").unwrap().as_deref(),
+        Some(&b"2"[..])
+    );
+    // Unchanged: nothing written, the entry stays.
+    b.apply(vec![vec![indexed_t("2", true, false)]]).unwrap();
+    b.sync().unwrap();
+    assert_eq!(due_keys(&b), vec![b"2t".to_vec()]);
 }
 
 #[test]
@@ -254,7 +302,7 @@ fn a_stored_absent_promise_does_not_hide_the_groups_own_writes() {
         .map(|kv| kv.unwrap().0)
         .collect();
     assert_eq!(due, vec![b"2t".to_vec()], "the first entry was replaced");
-    let live_now = b.get(TreeId::Live, b"t").unwrap();
+    let live_now = b.get(TreeId::Progress, b"t").unwrap();
     assert_eq!(live_now.as_deref(), Some(&b"2"[..]));
 }
 

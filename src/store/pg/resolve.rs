@@ -22,7 +22,13 @@ pub fn reads_needed(jobs: &[Vec<RawOp>]) -> [Vec<Vec<u8>>; TREES] {
     for op in jobs.iter().flatten() {
         let (tree, key) = match op {
             RawOp::Absent(t, k) => (*t, k.as_slice()),
-            RawOp::Indexed(w) if !w.stored_absent => (w.tree, w.key.as_slice()),
+            RawOp::Indexed(w) if !w.stored_absent => {
+                // Its source too, for a value not stored (one round trip either way).
+                if w.derived_from.of_mut(&mut seen).insert(&w.key) {
+                    w.derived_from.of_mut(&mut out).push(w.key.clone());
+                }
+                (w.tree, w.key.as_slice())
+            }
             _ => continue,
         };
         if tree.of_mut(&mut seen).insert(key) {
@@ -38,12 +44,17 @@ pub type Stored = [HashMap<Vec<u8>, Vec<u8>>; TREES];
 /// Resolves the group against `stored`: per job applied or rejected, and the writes.
 pub fn resolve(jobs: Vec<Vec<RawOp>>, stored: &Stored) -> (Vec<Result<(), Rejected>>, Writes) {
     let mut writes: Writes = Default::default();
+    let mut unstored = Unstored::new();
     let results = jobs
         .into_iter()
-        .map(|ops| job(ops, stored, &mut writes))
+        .map(|ops| job(ops, stored, &mut writes, &mut unstored))
         .collect();
     (results, writes)
 }
+
+/// Values an indexed write of the group gave a key without storing them
+/// (`IndexedWrite::store` false): what a later job of the group reads as its old value.
+type Unstored = HashMap<(TreeId, Vec<u8>), Option<Vec<u8>>>;
 
 /// The value of `key` as the group's writes so far leave it; `Some(None)` means deleted, and
 /// `None` that the group has not written it.
@@ -63,7 +74,12 @@ fn current<'a>(
     }
 }
 
-fn job(ops: Vec<RawOp>, stored: &Stored, writes: &mut Writes) -> Result<(), Rejected> {
+fn job(
+    ops: Vec<RawOp>,
+    stored: &Stored,
+    writes: &mut Writes,
+    unstored: &mut Unstored,
+) -> Result<(), Rejected> {
     for op in &ops {
         if let RawOp::Absent(t, k) = op {
             if current(writes, stored, *t, k).is_some() {
@@ -84,61 +100,98 @@ fn job(ops: Vec<RawOp>, stored: &Stored, writes: &mut Writes) -> Result<(), Reje
                 t.of_mut(writes).insert(k, None);
             }
             RawOp::Absent(..) | RawOp::Born(_) | RawOp::IdemOf(..) => {}
-            RawOp::Indexed(w) => indexed(*w, stored, writes),
+            RawOp::Indexed(w) => indexed(*w, stored, writes, unstored),
         }
     }
     Ok(())
 }
 
-fn indexed(w: IndexedWrite, stored: &Stored, writes: &mut Writes) {
+fn indexed(w: IndexedWrite, stored: &Stored, writes: &mut Writes, unstored: &mut Unstored) {
     let IndexedWrite {
         tree,
         key,
         value,
+        store,
         index,
-        index_key,
+        entry,
+        derived_from,
+        derive,
         stored_absent,
     } = w;
     // The writer's promise covers what was stored before this group, not what an earlier job
-    // of the group wrote.
-    let old = match (written(writes, tree, &key), stored_absent) {
-        (Some(v), _) => v.cloned(),
-        (None, true) => None,
-        (None, false) => tree.of(stored).get(&key).cloned(),
+    // of the group wrote. A derived value comes from its source as stored before the group.
+    let old = match (
+        unstored.get(&(tree, key.clone())),
+        written(writes, tree, &key),
+    ) {
+        (Some(v), _) => v.clone(),
+        (None, Some(v)) => v.cloned(),
+        (None, None) if stored_absent => None,
+        (None, None) => match tree.of(stored).get(&key) {
+            Some(v) => Some(v.clone()),
+            None => derived_from
+                .of(stored)
+                .get(&key)
+                .and_then(|from| derive(&key, from)),
+        },
     };
     if old == value {
         return;
     }
-    if let Some(old) = &old {
-        index.of_mut(writes).insert(index_key(&key, old), None);
+    let old_entry = old.as_deref().and_then(|o| entry(&key, o));
+    let new_entry = value.as_deref().and_then(|v| entry(&key, v));
+    if old_entry != new_entry {
+        if let Some((k, _)) = old_entry {
+            index.of_mut(writes).insert(k, None);
+        }
+        if let Some((k, v)) = new_entry {
+            index.of_mut(writes).insert(k, Some(v));
+        }
     }
-    if let Some(v) = &value {
-        index
-            .of_mut(writes)
-            .insert(index_key(&key, v), Some(v.clone()));
+    if store {
+        unstored.remove(&(tree, key.clone()));
+        tree.of_mut(writes).insert(key, value);
+    } else {
+        unstored.insert((tree, key), value);
     }
-    tree.of_mut(writes).insert(key, value);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn ik(key: &[u8], value: &[u8]) -> Vec<u8> {
+    /// An index entry: the value, then the key; none for a value starting with `x`
+    /// (finished).
+    fn ik(key: &[u8], value: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+        if value.starts_with(b"x") {
+            return None;
+        }
         let mut k = value.to_vec();
         k.extend_from_slice(key);
-        k
+        Some((k, value.to_vec()))
+    }
+
+    /// The value derived from its source: the source's bytes after `=`.
+    fn derive(_key: &[u8], from: &[u8]) -> Option<Vec<u8>> {
+        from.strip_prefix(b"=").map(<[u8]>::to_vec)
+    }
+
+    fn ixs(key: &str, value: Option<&str>, store: bool, stored_absent: bool) -> RawOp {
+        RawOp::Indexed(Box::new(IndexedWrite {
+            tree: TreeId::Progress,
+            key: key.into(),
+            value: value.map(Into::into),
+            store,
+            index: TreeId::Due,
+            entry: ik,
+            derived_from: TreeId::Specs,
+            derive,
+            stored_absent,
+        }))
     }
 
     fn ix(key: &str, value: Option<&str>, stored_absent: bool) -> RawOp {
-        RawOp::Indexed(Box::new(IndexedWrite {
-            tree: TreeId::Live,
-            key: key.into(),
-            value: value.map(Into::into),
-            index: TreeId::Due,
-            index_key: ik,
-            stored_absent,
-        }))
+        ixs(key, value, true, stored_absent)
     }
 
     fn get<'a>(w: &'a Writes, t: TreeId, k: &str) -> Option<Option<&'a [u8]>> {
@@ -176,23 +229,53 @@ mod tests {
     #[test]
     fn indexed_writes_move_the_index_entry_and_skip_unchanged_values() {
         let mut stored: Stored = Default::default();
-        stored[TreeId::Live as usize].insert(b"t".to_vec(), b"a".to_vec());
+        stored[TreeId::Progress as usize].insert(b"t".to_vec(), b"a".to_vec());
         let jobs = vec![
             vec![ix("t", Some("b"), false)],
             vec![ix("t", Some("b"), false)],
             vec![ix("n", Some("c"), true), ix("n", None, true)],
         ];
         assert_eq!(
-            reads_needed(&jobs)[TreeId::Live as usize],
+            reads_needed(&jobs)[TreeId::Progress as usize],
             vec![b"t".to_vec()]
         );
         let (res, w) = resolve(jobs, &stored);
         assert!(res.iter().all(Result::is_ok));
         assert_eq!(get(&w, TreeId::Due, "at"), Some(None));
         assert_eq!(get(&w, TreeId::Due, "bt"), Some(Some(&b"b"[..])));
-        assert_eq!(get(&w, TreeId::Live, "t"), Some(Some(&b"b"[..])));
+        assert_eq!(get(&w, TreeId::Progress, "t"), Some(Some(&b"b"[..])));
         // Put then deleted in one group: the promise does not hide the group's own write.
         assert_eq!(get(&w, TreeId::Due, "cn"), Some(None));
-        assert_eq!(get(&w, TreeId::Live, "n"), Some(None));
+        assert_eq!(get(&w, TreeId::Progress, "n"), Some(None));
+    }
+
+    #[test]
+    fn a_value_not_stored_is_derived_from_its_source_until_one_is_stored() {
+        let mut stored: Stored = Default::default();
+        // "d" was created unstored: its value is derived from its spec ("=p").
+        stored[TreeId::Specs as usize].insert(b"d".to_vec(), b"=p".to_vec());
+        let jobs = vec![
+            // A new task, its value not stored: only its index entry is written.
+            vec![ixs("n", Some("q"), false, true)],
+            // Its next write in the same group replaces the unstored value's entry.
+            vec![ix("n", Some("r"), false)],
+            // The derived task's first stored value moves its entry.
+            vec![ix("d", Some("s"), false)],
+        ];
+        assert_eq!(
+            reads_needed(&jobs)[TreeId::Specs as usize],
+            vec![b"n".to_vec(), b"d".to_vec()]
+        );
+        let (res, w) = resolve(jobs, &stored);
+        assert!(res.iter().all(Result::is_ok));
+        assert_eq!(get(&w, TreeId::Due, "qn"), Some(None));
+        assert_eq!(get(&w, TreeId::Due, "rn"), Some(Some(&b"r"[..])));
+        assert_eq!(get(&w, TreeId::Progress, "n"), Some(Some(&b"r"[..])));
+        assert_eq!(get(&w, TreeId::Due, "pd"), Some(None));
+        assert_eq!(get(&w, TreeId::Due, "sd"), Some(Some(&b"s"[..])));
+        // Finished: the entry goes, nothing takes its place.
+        let (_, w) = resolve(vec![vec![ix("d", Some("x"), false)]], &stored);
+        assert_eq!(get(&w, TreeId::Due, "pd"), Some(None));
+        assert_eq!(w[TreeId::Due as usize].len(), 1);
     }
 }

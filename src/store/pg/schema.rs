@@ -8,7 +8,7 @@ use tokio_postgres::Client;
 use crate::store::backend::TreeId;
 
 /// The schema this build writes. Each version's statements are in [`MIGRATIONS`].
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 /// S for a schema created without another choice (HA.md).
 pub const DEFAULT_SHARDS: u32 = 64;
 /// Most shards a schema may have: S goes into an `int` column.
@@ -87,6 +87,69 @@ fn migration(version: i32, shards: u32) -> Vec<String> {
     }
 }
 
+/// Version 6 (issue 29, the sled data directory's format 7): every `herald_live` row folded
+/// into its task's progress record (`store/migrate.rs`), in the migration's transaction, so
+/// nodes starting together never see a half-migrated schema. The table stays, empty.
+async fn fold_live_rows(tx: &tokio_postgres::Transaction<'_>) -> Result<(), SchemaError> {
+    use crate::store::migrate::fold;
+    let rows = tx
+        .query(
+            "SELECT l.shard, l.key, l.value, s.value, p.value FROM herald_live l \
+             LEFT JOIN herald_specs s ON s.key = l.key LEFT JOIN herald_progress p ON p.key = l.key",
+            &[],
+        )
+        .await?;
+    let (mut shards, mut keys, mut values) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut due_shards, mut due_keys, mut due_values, mut old_due) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for row in &rows {
+        let shard: i32 = row.try_get(0)?;
+        let id: Vec<u8> = row.try_get(1)?;
+        let live: Vec<u8> = row.try_get(2)?;
+        let spec: Option<Vec<u8>> = row.try_get(3)?;
+        let progress: Option<Vec<u8>> = row.try_get(4)?;
+        old_due.push(crate::store::records::due_key(&id, &live));
+        match fold(&id, &live, spec.as_deref(), progress.as_deref()) {
+            Ok(Some(f)) => {
+                shards.push(shard);
+                keys.push(id);
+                values.push(f.progress);
+                due_shards.push(shard);
+                due_keys.push(f.due.0);
+                due_values.push(f.due.1);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                // Its due entry stays: start-up reports the task unreadable, as before.
+                old_due.pop();
+                tracing::error!(error = %e, "a task's records do not decode; not migrated");
+            }
+        }
+    }
+    tx.execute("DELETE FROM herald_due WHERE key = ANY($1)", &[&old_due])
+        .await?;
+    tx.execute(
+        "INSERT INTO herald_progress (shard, key, value) SELECT * FROM unnest($1::int[], $2::bytea[], $3::bytea[]) \
+         ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, shard = EXCLUDED.shard",
+        &[&shards, &keys, &values],
+    )
+    .await?;
+    tx.execute(
+        "INSERT INTO herald_due (shard, key, value) SELECT * FROM unnest($1::int[], $2::bytea[], $3::bytea[]) \
+         ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, shard = EXCLUDED.shard",
+        &[&due_shards, &due_keys, &due_values],
+    )
+    .await?;
+    tx.execute("DELETE FROM herald_live", &[]).await?;
+    if !rows.is_empty() {
+        tracing::info!(
+            tasks = rows.len(),
+            "folded herald_live into progress records (schema 5 -> 6)"
+        );
+    }
+    Ok(())
+}
+
 /// Why the schema cannot be used, as one line for the operator.
 #[derive(Debug)]
 pub enum SchemaError {
@@ -138,6 +201,9 @@ pub async fn migrate(client: &mut Client, shards: u32) -> Result<u32, SchemaErro
     for v in found + 1..=SCHEMA_VERSION {
         for stmt in migration(v, shards) {
             tx.batch_execute(&stmt).await?;
+        }
+        if v == 6 {
+            fold_live_rows(&tx).await?;
         }
     }
     tx.execute(

@@ -10,11 +10,12 @@
 
 use std::borrow::Cow;
 
-use super::progress::{LiveV1, ProgressV1, TaskStateV1};
+use super::progress::{LiveV1, ProgressV1, ProgressV2, TaskStateV1};
 use super::run::{FailureV1, IdemV1, RunStateV1, RunV1};
 use super::spec::{
     BackoffV1, DstGapV1, DstPolicyV1, DstRepeatV1, LangV1, MessageV1, MisfireV1, NotifyOnV1,
     NotifyV1, OverlapV1, PacingV1, QuietHoursV1, QuietSettingV1, RetryPolicyV1, ScheduleV1, SpecV1,
+    SpecV2,
 };
 use super::{LiveEntry, ProgressRecord, SpecRecord};
 use crate::model::{
@@ -22,7 +23,7 @@ use crate::model::{
     Overlap, Pacing, QuietSetting, RetryPolicy, Run, RunState, Schedule, Task, TaskState,
 };
 use crate::schedule::quiet::QuietHours;
-use crate::store::codec::Stored;
+use crate::store::codec::{decode_body, Stored};
 use crate::store::legacy::{MessageV1 as MessageF1, TaskV1};
 use crate::store::timeline::TimelineRecord;
 use crate::store::IdemRecord;
@@ -49,6 +50,7 @@ pub fn spec_of(t: &Task) -> SpecRecord {
         quiet_hours: t.quiet_hours.clone(),
         notify: t.notify.clone(),
         trace_id: t.trace_id,
+        initial: None,
     }
 }
 
@@ -66,6 +68,7 @@ pub fn progress_of(t: &Task) -> ProgressRecord {
         expired: t.expired,
         watched_since_ms: t.watched_since_ms,
         failed_reason: t.failed_reason.clone(),
+        one_shot: t.schedule.is_one_shot(),
     }
 }
 
@@ -77,8 +80,12 @@ pub fn live_of(t: &Task) -> LiveEntry {
     }
 }
 
-/// The progress record of the engine's in-memory progress (the same fields).
-pub fn progress_record(p: &crate::model::TaskProgress) -> ProgressRecord {
+/// The progress record of the engine's in-memory progress (the same fields) of a task with
+/// this spec.
+pub fn progress_record(
+    spec: &crate::model::TaskSpec,
+    p: &crate::model::TaskProgress,
+) -> ProgressRecord {
     ProgressRecord {
         state: p.state,
         updated_at_ms: p.updated_at_ms,
@@ -92,14 +99,6 @@ pub fn progress_record(p: &crate::model::TaskProgress) -> ProgressRecord {
         expired: p.expired,
         watched_since_ms: p.watched_since_ms,
         failed_reason: p.failed_reason.clone(),
-    }
-}
-
-/// The live entry of a task the engine holds as a spec and its progress.
-pub fn live_entry_of(spec: &crate::model::TaskSpec, p: &crate::model::TaskProgress) -> LiveEntry {
-    LiveEntry {
-        state: p.state,
-        next_fire_at_ms: p.next_fire_at_ms,
         one_shot: spec.schedule.is_one_shot(),
     }
 }
@@ -189,10 +188,10 @@ fn message_of_f1(m: MessageF1) -> Message {
 // ---- the record families and their frozen types ----
 
 impl Stored for SpecRecord {
-    type Disk = SpecV1;
-    fn to_disk(&self) -> Cow<'_, SpecV1> {
-        Cow::Owned(SpecV1 {
-            id: self.id.clone(),
+    type Disk = SpecV2;
+    const VERSION: u8 = 2;
+    fn to_disk(&self) -> Cow<'_, SpecV2> {
+        Cow::Owned(SpecV2 {
             name: self.name.clone(),
             channel: self.channel.clone(),
             schedule: (&self.schedule).into(),
@@ -210,11 +209,13 @@ impl Stored for SpecRecord {
             quiet_hours: (&self.quiet_hours).into(),
             notify: self.notify.as_ref().map(Into::into),
             trace_id: self.trace_id,
+            initial: self.initial.as_ref().map(|l| l.to_disk().into_owned()),
         })
     }
-    fn from_disk(d: SpecV1) -> SpecRecord {
+    fn from_disk(d: SpecV2) -> SpecRecord {
         SpecRecord {
-            id: d.id,
+            // Given by `with_key`: the key is the id.
+            id: String::new(),
             name: d.name,
             channel: d.channel,
             schedule: d.schedule.into(),
@@ -232,14 +233,51 @@ impl Stored for SpecRecord {
             quiet_hours: d.quiet_hours.into(),
             notify: d.notify.map(Into::into),
             trace_id: d.trace_id,
+            initial: d.initial.map(LiveEntry::from_disk),
         }
+    }
+    /// Version 1 (formats 4 to 6): its own id inside, no initial live entry (format 6 kept it
+    /// in the `live` tree, which the migration to format 7 empties).
+    fn from_older(version: u8, body: &[u8]) -> Option<Result<SpecRecord, String>> {
+        (version == 1).then(|| decode_body::<SpecV1>(body).map(spec_v1))
+    }
+    fn with_key(mut self, key: &[u8]) -> SpecRecord {
+        if self.id.is_empty() {
+            self.id = String::from_utf8_lossy(key).into_owned();
+        }
+        self
+    }
+}
+
+fn spec_v1(d: SpecV1) -> SpecRecord {
+    SpecRecord {
+        id: d.id,
+        name: d.name,
+        channel: d.channel,
+        schedule: d.schedule.into(),
+        message_count: d.message_count,
+        pacing: d.pacing.into(),
+        retry: d.retry.map(Into::into),
+        misfire: d.misfire.into(),
+        misfire_grace_ms: d.misfire_grace_ms,
+        overlap: d.overlap.into(),
+        metadata: d.metadata,
+        created_at_ms: d.created_at_ms,
+        lang: d.lang.into(),
+        message: d.message.map(Into::into),
+        recipient_zones: d.recipient_zones,
+        quiet_hours: d.quiet_hours.into(),
+        notify: d.notify.map(Into::into),
+        trace_id: d.trace_id,
+        initial: None,
     }
 }
 
 impl Stored for ProgressRecord {
-    type Disk = ProgressV1;
-    fn to_disk(&self) -> Cow<'_, ProgressV1> {
-        Cow::Owned(ProgressV1 {
+    type Disk = ProgressV2;
+    const VERSION: u8 = 2;
+    fn to_disk(&self) -> Cow<'_, ProgressV2> {
+        Cow::Owned(ProgressV2 {
             state: self.state.into(),
             updated_at_ms: self.updated_at_ms,
             next_fire_at_ms: self.next_fire_at_ms,
@@ -252,9 +290,10 @@ impl Stored for ProgressRecord {
             expired: self.expired,
             watched_since_ms: self.watched_since_ms,
             failed_reason: self.failed_reason.clone(),
+            one_shot: self.one_shot,
         })
     }
-    fn from_disk(d: ProgressV1) -> ProgressRecord {
+    fn from_disk(d: ProgressV2) -> ProgressRecord {
         ProgressRecord {
             state: d.state.into(),
             updated_at_ms: d.updated_at_ms,
@@ -268,7 +307,28 @@ impl Stored for ProgressRecord {
             expired: d.expired,
             watched_since_ms: d.watched_since_ms,
             failed_reason: d.failed_reason,
+            one_shot: d.one_shot,
         }
+    }
+    /// Version 1 (formats 4 to 6): no `one_shot` (false; see [`ProgressRecord::one_shot`]).
+    fn from_older(version: u8, body: &[u8]) -> Option<Result<ProgressRecord, String>> {
+        (version == 1).then(|| {
+            decode_body::<ProgressV1>(body).map(|d| ProgressRecord {
+                state: d.state.into(),
+                updated_at_ms: d.updated_at_ms,
+                next_fire_at_ms: d.next_fire_at_ms,
+                runs: d.runs,
+                fires: d.fires,
+                last_fire_ms: d.last_fire_ms,
+                done_offsets_ms: d.done_offsets_ms,
+                queued: d.queued,
+                skipped: d.skipped,
+                expired: d.expired,
+                watched_since_ms: d.watched_since_ms,
+                failed_reason: d.failed_reason,
+                one_shot: false,
+            })
+        })
     }
 }
 

@@ -1,21 +1,26 @@
-//! What a task looks like on disk: its spec and its progress, two records in two trees, plus a
-//! small entry in the `live` index while it is unfinished.
+//! What a task looks like on disk (format 7): its spec and its progress, two records in two
+//! trees, plus an entry in the `due` index while it is unfinished.
 //!
 //! - The **spec** (tree `specs`) is what the user asked for: written at create and patch only.
+//!   Its key is the task id, which the value does not repeat (version 2).
 //! - The **progress** (tree `progress`) is what the engine rewrites on every fire and state
-//!   change; it is small and holds no strings but the failure reason.
-//! - The **live entry** (tree `live`) exists exactly while the task is unfinished and holds its
-//!   state and next fire, so start-up reads one small record per unfinished task and never
-//!   touches finished ones.
+//!   change; it is small and holds no strings but the failure reason. A task whose progress
+//!   is still the one it was created with has no progress record: its spec holds the live
+//!   entry it was created with ([`SpecRecord::initial`]) and the progress is derived from
+//!   it ([`ProgressRecord::initial`]).
 //! - The messages (tree `messages`) are one record each, read one at a time when sent; a task
-//!   created with a single message keeps it inside its spec instead (format 6,
-//!   [`SpecRecord::message`]), and a task whose progress is still the one it was created with
-//!   has no progress record (derived: [`ProgressRecord::initial`]). A pending one-shot is then
-//!   three keys (spec, live entry, due entry) where format 5 stored five.
-//! - The **due index** (tree `due`) holds the same entries as `live`, keyed in the order
-//!   start-up needs them ([`due_key`]): running tasks first, then pending ones by next fire,
-//!   then the rest. Start-up reads the running ones and those due soon, is ready, and reads the
-//!   rest in the background. The backend keeps it in step with `live` (`RawOp::Indexed`).
+//!   created with a single message keeps it inside its spec instead ([`SpecRecord::message`]).
+//! - The **due index** (tree `due`) holds one small entry per unfinished task, its
+//!   [`LiveEntry`], keyed in the order start-up needs them ([`due_key`]): running tasks first,
+//!   then pending ones by next fire, then the rest. Start-up reads the running ones and those
+//!   due soon, is ready, and reads the rest in the background. The entry is derived from the
+//!   progress record (stored or derived), which the backend keeps it in step with
+//!   (`RawOp::Indexed`, [`due_entry`]).
+//!
+//! A pending one-shot is therefore two keys: its spec and its due entry. Format 6 stored a
+//! third, the `live` tree's copy of the due entry keyed by id; the migration to format 7
+//! (`store/migrate.rs`) gives each unfinished task its progress record instead and empties
+//! `live`.
 //!
 //! In memory the engine holds a [`TaskSpec`] and a [`TaskProgress`]; the API and exports the
 //! flat [`Task`]. [`SpecRecord`], [`ProgressRecord`] and
@@ -40,7 +45,7 @@ pub mod progress;
 pub mod run;
 pub mod spec;
 
-pub use convert::{join, live_entry_of, live_of, progress_of, progress_record, spec_of};
+pub use convert::{join, live_of, progress_of, progress_record, spec_of};
 
 /// What the user asked for, as the `specs` tree holds it (frozen: [`spec::SpecV1`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,6 +77,10 @@ pub struct SpecRecord {
     pub notify: Option<Notify>,
     /// None from a spec written before the timeline (issue 25).
     pub trace_id: Option<[u8; 16]>,
+    /// Format 7: the live entry the task was created with, while its progress record is not
+    /// stored (derived: [`ProgressRecord::initial`]). `None` in a spec written before, and in
+    /// every spec written with its progress stored (a patch's).
+    pub initial: Option<LiveEntry>,
 }
 
 /// What the engine rewrites, as the `progress` tree holds it (frozen: [`progress::ProgressV1`]).
@@ -89,15 +98,20 @@ pub struct ProgressRecord {
     pub expired: u32,
     pub watched_since_ms: u64,
     pub failed_reason: Option<String>,
+    /// Format 7: an `at`/`after` task (its due entry says so, [`LiveEntry::one_shot`]); false
+    /// from a version-1 record (a live task's was rewritten with it by the migration to
+    /// format 7; a finished task's has no due entry).
+    pub one_shot: bool,
 }
 
 impl ProgressRecord {
-    /// The progress a task has when it is created, from its spec and its live entry alone:
-    /// nothing has happened to it yet. Format 6 stores no progress record for a task whose
-    /// progress is this (most creates: one key fewer per pending task); a read that finds none
-    /// beside a live entry derives it ([`super::Store::get_task`]). The engine's first write
-    /// of the task's progress (a fire, a command) stores it as usual.
-    pub fn initial(spec: &SpecRecord, live: &LiveEntry) -> ProgressRecord {
+    /// The progress a task has when it is created, from its spec and the live entry it was
+    /// created with: nothing has happened to it yet. No progress record is stored for a task
+    /// whose progress is this (most creates: one key fewer per pending task); its spec holds
+    /// the live entry instead ([`SpecRecord::initial`]) and a read derives it
+    /// ([`ProgressRecord::initial`]). The engine's first write of the task's progress (a
+    /// fire, a command) stores it as usual.
+    pub fn created(spec: &SpecRecord, live: &LiveEntry) -> ProgressRecord {
         ProgressRecord {
             state: live.state,
             updated_at_ms: spec.created_at_ms,
@@ -111,7 +125,25 @@ impl ProgressRecord {
             expired: 0,
             watched_since_ms: spec.created_at_ms,
             failed_reason: None,
+            one_shot: live.one_shot,
         }
+    }
+
+    /// The progress of a task whose record is not stored, derived from its spec (format 7);
+    /// `None` when the spec holds no initial live entry.
+    pub fn initial(spec: &SpecRecord) -> Option<ProgressRecord> {
+        spec.initial
+            .as_ref()
+            .map(|l| ProgressRecord::created(spec, l))
+    }
+
+    /// The due-index entry of an unfinished task; `None` once it is finished.
+    pub fn live(&self) -> Option<LiveEntry> {
+        (!self.state.is_terminal()).then_some(LiveEntry {
+            state: self.state,
+            next_fire_at_ms: self.next_fire_at_ms,
+            one_shot: self.one_shot,
+        })
     }
 }
 
@@ -138,14 +170,47 @@ pub const DUE_UNREADABLE: u8 = 3;
 /// `value` is the encoded [`LiveEntry`]; an undecodable one still gets a stable key so that its
 /// index entry can be removed when the entry is rewritten.
 pub fn due_key(id: &[u8], value: &[u8]) -> Vec<u8> {
-    let (class, at) = match super::codec::decode::<LiveEntry>("live", id, value) {
-        Ok(e) => match e.state {
-            TaskState::Running => (DUE_RUNNING, 0),
-            TaskState::Pending => (DUE_PENDING, e.next_fire_at_ms.unwrap_or(u64::MAX)),
-            _ => (DUE_OTHER, 0),
-        },
-        Err(_) => (DUE_UNREADABLE, 0),
+    match super::codec::decode::<LiveEntry>("live", id, value) {
+        Ok(e) => due_key_of(id, &e),
+        Err(_) => due_key_in(DUE_UNREADABLE, 0, id),
+    }
+}
+
+/// The due-index entry of a task from its encoded progress record (format 7: the progress
+/// record is the index's primary, `RawOp::Indexed`): the key of its live entry and the live
+/// entry encoded; `None` for a finished task. A record that does not decode still gets a
+/// stable entry (class [`DUE_UNREADABLE`], its bytes as the value, which start-up reports)
+/// so that the entry is removed when the record is rewritten.
+pub fn due_entry(id: &[u8], progress: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    match super::codec::decode::<ProgressRecord>("progress", id, progress) {
+        Ok(p) => {
+            let live = p.live()?;
+            let value = super::codec::encode(&live).ok()?;
+            Some((due_key_of(id, &live), value))
+        }
+        Err(_) => Some((due_key_in(DUE_UNREADABLE, 0, id), progress.to_vec())),
+    }
+}
+
+/// The encoded progress of a task whose record is not stored, from its encoded spec
+/// ([`ProgressRecord::initial`]); `None` when the spec holds none or does not decode. What
+/// `RawOp::Indexed` takes as the old value when no progress record is stored.
+pub fn initial_progress(id: &[u8], spec: &[u8]) -> Option<Vec<u8>> {
+    let spec = super::codec::decode::<SpecRecord>("specs", id, spec).ok()?;
+    super::codec::encode(&ProgressRecord::initial(&spec)?).ok()
+}
+
+/// The due-index key of a live entry.
+pub fn due_key_of(id: &[u8], e: &LiveEntry) -> Vec<u8> {
+    let (class, at) = match e.state {
+        TaskState::Running => (DUE_RUNNING, 0),
+        TaskState::Pending => (DUE_PENDING, e.next_fire_at_ms.unwrap_or(u64::MAX)),
+        _ => (DUE_OTHER, 0),
     };
+    due_key_in(class, at, id)
+}
+
+fn due_key_in(class: u8, at: u64, id: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(9 + id.len());
     k.push(class);
     k.extend_from_slice(&at.to_be_bytes());
@@ -224,6 +289,7 @@ mod tests {
             quiet_hours: QuietSetting::Channel,
             notify: None,
             trace_id: None,
+            initial: None,
         }
     }
 
@@ -232,7 +298,7 @@ mod tests {
         let s = spec(Lang::En);
         let d = s.to_disk().into_owned();
         let old = SpecBeforeLang {
-            id: d.id.clone(),
+            id: s.id.clone(),
             name: d.name.clone(),
             channel: d.channel.clone(),
             schedule: d.schedule.clone(),
@@ -272,7 +338,7 @@ mod tests {
         let s = spec(Lang::Zh);
         let d = s.to_disk().into_owned();
         let old = SpecFormat5 {
-            id: d.id.clone(),
+            id: s.id.clone(),
             name: d.name.clone(),
             channel: d.channel.clone(),
             schedule: d.schedule.clone(),
@@ -316,9 +382,60 @@ mod tests {
             })
             .unwrap();
         assert_eq!(
-            ProgressRecord::initial(&spec_of(&t), &live_of(&t)),
+            ProgressRecord::created(&spec_of(&t), &live_of(&t)),
             progress_of(&t)
         );
+        let mut spec = spec_of(&t);
+        assert_eq!(ProgressRecord::initial(&spec), None);
+        spec.initial = Some(live_of(&t));
+        assert_eq!(ProgressRecord::initial(&spec), Some(progress_of(&t)));
+    }
+
+    /// A spec as version 1 (formats 4 to 6) held it.
+    fn v1_of(s: &SpecRecord) -> spec::SpecV1 {
+        let d = s.to_disk().into_owned();
+        spec::SpecV1 {
+            id: s.id.clone(),
+            name: d.name,
+            channel: d.channel,
+            schedule: d.schedule,
+            message_count: d.message_count,
+            pacing: d.pacing,
+            retry: d.retry,
+            misfire: d.misfire,
+            misfire_grace_ms: d.misfire_grace_ms,
+            overlap: d.overlap,
+            metadata: d.metadata,
+            created_at_ms: d.created_at_ms,
+            lang: d.lang,
+            message: d.message,
+            recipient_zones: d.recipient_zones,
+            quiet_hours: d.quiet_hours,
+            notify: d.notify,
+            trace_id: d.trace_id,
+        }
+    }
+
+    #[test]
+    fn a_format_7_spec_takes_its_id_from_its_key_and_a_version_1_spec_from_itself() {
+        let mut s = spec(Lang::Zh);
+        s.initial = Some(LiveEntry {
+            state: TaskState::Pending,
+            next_fire_at_ms: Some(9),
+            one_shot: true,
+        });
+        let bytes = encode(&s).unwrap();
+        assert_eq!(bytes[0], 2, "version 2");
+        assert!(!bytes.windows(3).any(|w| w == b"\x01tx"), "no id inside");
+        let back = decode::<SpecRecord>("specs", b"t", &bytes).unwrap();
+        assert_eq!(back, s);
+        let other = decode::<SpecRecord>("specs", b"u", &bytes).unwrap();
+        assert_eq!(other.id, "u");
+        // Version 1 (format 6) holds its id; a progress record of version 1 has no one_shot.
+        // Version 1 (format 6) holds its id; the key is not read.
+        let v1 = v1_of(&s);
+        let old = decode::<SpecRecord>("specs", b"ignored", &raw(&v1)).unwrap();
+        assert_eq!(old, SpecRecord { initial: None, ..s });
     }
 
     #[test]
@@ -333,7 +450,7 @@ mod tests {
     #[test]
     fn a_spec_written_before_trace_id_decodes_without_one_and_trace_id_round_trips() {
         let s = spec(Lang::Zh);
-        let mut bytes = encode(&s).unwrap();
+        let mut bytes = raw(&v1_of(&s));
         // What a build before issue 25 wrote: the record ends after `lang`.
         assert_eq!(bytes.pop(), Some(0), "None is one 0 byte");
         assert_eq!(decode::<SpecRecord>("specs", b"t", &bytes).unwrap(), s);

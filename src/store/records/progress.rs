@@ -1,5 +1,5 @@
-//! The progress record (tree `progress`) and the live entry (trees `live` and `due`) as they
-//! are on disk. Frozen, like `spec.rs`: never changed; a new shape is a new version.
+//! The progress record (tree `progress`) and the live entry (the `due` index's values; the
+//! `live` tree up to format 6) as they are on disk. Frozen, like `spec.rs`: never changed; a new shape is a new version.
 
 use serde::{Deserialize, Serialize};
 
@@ -32,7 +32,28 @@ pub struct ProgressV1 {
     pub failed_reason: Option<String>,
 }
 
-/// The live entry, version 1 (formats 4 to 6).
+/// The progress record, version 2 (format 7): [`ProgressV1`] and `one_shot`, so that the due
+/// index's entry (`records::due_entry`) is derived from the progress record alone now that
+/// the `live` tree is gone.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ProgressV2 {
+    pub state: TaskStateV1,
+    pub updated_at_ms: u64,
+    pub next_fire_at_ms: Option<u64>,
+    pub runs: u32,
+    pub fires: u32,
+    pub last_fire_ms: Option<u64>,
+    pub done_offsets_ms: Vec<u64>,
+    pub queued: Vec<(u32, u64)>,
+    pub skipped: u32,
+    pub expired: u32,
+    pub watched_since_ms: u64,
+    pub failed_reason: Option<String>,
+    pub one_shot: bool,
+}
+
+/// The live entry, version 1 (formats 4 to 7: the `live` tree up to format 6, the `due`
+/// index's values, and a format-7 spec's `initial`) (formats 4 to 6).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LiveV1 {
     pub state: TaskStateV1,

@@ -45,6 +45,33 @@ pub struct SpecV1 {
     pub trace_id: Option<[u8; 16]>,
 }
 
+/// The spec record, version 2 (format 7). Against [`SpecV1`]: no `id` (it is the record's key,
+/// given back on decode: `codec::Stored::with_key`), every field written (nothing trails), and
+/// `initial`: the live state the task was created with while its progress record is not
+/// stored (derived from this, `records::ProgressRecord::initial`); `None` once it is stored
+/// and in every spec a patch writes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct SpecV2 {
+    pub name: Option<String>,
+    pub channel: String,
+    pub schedule: ScheduleV1,
+    pub message_count: u32,
+    pub pacing: PacingV1,
+    pub retry: Option<RetryPolicyV1>,
+    pub misfire: MisfireV1,
+    pub misfire_grace_ms: u64,
+    pub overlap: OverlapV1,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at_ms: u64,
+    pub lang: LangV1,
+    pub message: Option<MessageV1>,
+    pub recipient_zones: Vec<String>,
+    pub quiet_hours: QuietSettingV1,
+    pub notify: Option<NotifyV1>,
+    pub trace_id: Option<[u8; 16]>,
+    pub initial: Option<super::progress::LiveV1>,
+}
+
 /// A field appended at the end of a bincode record: its default when the record's bytes end
 /// before it. bincode is not self-describing, so `#[serde(default)]` alone would not do:
 /// reading past the end is an error, which this turns into the default. Bytes left unread
