@@ -9,10 +9,16 @@
 //! `notify` (one message kept inside its spec, notify, its own quiet hours, recipient zones, a
 //! trace id, `zh`, an idempotency key, a timeline), `reminders` (paused), `done` (completed).
 //!
-//! This build writes the same values as the same bytes: [`this_build_writes_the_fixtures_bytes`]
-//! writes them afresh and compares every record of every tree with the fixture's. Rewrite the
-//! fixture (only ever on purpose, with the build whose bytes it is to hold):
-//! `HERALD_WRITE_FIXTURE=tests/fixtures/v6-data cargo test --test store_format6 -- this_build`
+//! Format 7 (issue 29) folds the `live` tree into the progress records on open
+//! (`store/migrate.rs`): [`format_6_records_written_before_the_frozen_types_read_back_every_field`]
+//! opens the format-6 fixture, finds every field, and finds the `live` tree empty and each
+//! unfinished task's due entry derived from its progress.
+//!
+//! The same values written by this build are checked in as `tests/fixtures/v7-data` (written
+//! by the build that introduced format 7), and [`this_build_writes_the_fixtures_bytes`] writes
+//! them afresh and compares every record of every tree with it. Rewrite that fixture (only
+//! ever on purpose, with the build whose bytes it is to hold):
+//! `HERALD_WRITE_FIXTURE=tests/fixtures/v7-data cargo test --test store_format6 -- this_build`
 //! (the comparison then fails if the bytes changed: that is the point of rewriting it).
 
 mod common;
@@ -326,8 +332,8 @@ fn raw_records(dir: &Path) -> Vec<(String, Vec<u8>, Vec<u8>)> {
 }
 
 /// Writes the fixture's values with this build (into `$HERALD_WRITE_FIXTURE` when set, else a
-/// temp dir) and compares every record, key and value, with the checked-in fixture's: the
-/// frozen record types keep format 6's bytes.
+/// temp dir) and compares every record, key and value, with the checked-in format-7 fixture's:
+/// the frozen record types keep format 7's bytes.
 #[tokio::test]
 async fn this_build_writes_the_fixtures_bytes() {
     let temp = tempfile::tempdir().unwrap();
@@ -336,8 +342,12 @@ async fn this_build_writes_the_fixtures_bytes() {
         .unwrap_or_else(|_| temp.path().join("data"));
     write_fixture(&out).await;
     let written = raw_records(&out);
-    let checked_in = opened_fixture();
+    let checked_in = common::fixture_copy("v7-data");
     let expected = raw_records(checked_in.path());
+    assert!(
+        !written.iter().any(|(t, _, _)| t == "live"),
+        "format 7 writes no live entry"
+    );
     assert!(!expected.is_empty());
     for (w, e) in written.iter().zip(&expected) {
         assert_eq!(w, e, "a record's key or bytes differ from the fixture's");
@@ -517,7 +527,36 @@ fn assert_reads_the_fixture(s: &Store) {
 #[tokio::test]
 async fn format_6_records_written_before_the_frozen_types_read_back_every_field() {
     let dir = opened_fixture();
+    let before = raw_records(dir.path());
+    assert_eq!(
+        before.iter().filter(|(t, _, _)| t == "live").count(),
+        4,
+        "the fixture is format 6: a live entry per unfinished task"
+    );
     let s = Store::open(dir.path()).unwrap();
+    assert_reads_the_fixture(&s);
+    drop(s);
+    // Migrated to format 7: no live entry left, every unfinished task's progress stored, and
+    // its due entry the one its progress derives.
+    let after = raw_records(dir.path());
+    assert!(!after.iter().any(|(t, _, _)| t == "live"));
+    let due: Vec<&(String, Vec<u8>, Vec<u8>)> =
+        after.iter().filter(|(t, _, _)| t == "due").collect();
+    assert_eq!(due.len(), 4);
+    for (_, k, v) in due {
+        let id = herald::store::records::due_key_id(k).unwrap();
+        let (_, _, p) = after
+            .iter()
+            .find(|(t, key, _)| t == "progress" && key == id)
+            .expect("a stored progress record per due entry");
+        assert_eq!(
+            herald::store::records::due_entry(id, p),
+            Some((k.clone(), v.clone())),
+            "task {}",
+            String::from_utf8_lossy(id)
+        );
+    }
+    let s = common::herald::reopen(|| Store::open(dir.path()));
     assert_reads_the_fixture(&s);
     // Rewritten by this build (a progress write, a new run), then reopened: still the same.
     let f = fixture();

@@ -12,22 +12,38 @@ fn put(t: TreeId, k: &[u8], v: &[u8]) -> RawOp {
     RawOp::Put(t, k.to_vec(), v.to_vec())
 }
 
-/// `value ‖ key`: an index whose key moves with the value.
-fn index_key(key: &[u8], value: &[u8]) -> Vec<u8> {
+/// `value ‖ key` → value: an index whose key moves with the value; none for a value that
+/// starts with `x` (a finished task has no due entry).
+fn entry(key: &[u8], value: &[u8]) -> Option<(Vec<u8>, Vec<u8>)> {
+    if value.starts_with(b"x") {
+        return None;
+    }
     let mut k = value.to_vec();
     k.extend_from_slice(key);
-    k
+    Some((k, value.to_vec()))
+}
+
+/// A value not stored is the source's bytes after `=` (a new task's progress, from its spec).
+fn derive(_key: &[u8], from: &[u8]) -> Option<Vec<u8>> {
+    from.strip_prefix(b"=").map(<[u8]>::to_vec)
+}
+
+fn indexed_as(key: &[u8], value: Option<&[u8]>, store: bool, stored_absent: bool) -> RawOp {
+    RawOp::Indexed(Box::new(IndexedWrite {
+        tree: TreeId::Progress,
+        key: key.to_vec(),
+        value: value.map(<[u8]>::to_vec),
+        store,
+        index: TreeId::Due,
+        entry,
+        derived_from: TreeId::Specs,
+        derive,
+        stored_absent,
+    }))
 }
 
 fn indexed(key: &[u8], value: Option<&[u8]>, stored_absent: bool) -> RawOp {
-    RawOp::Indexed(Box::new(IndexedWrite {
-        tree: TreeId::Live,
-        key: key.to_vec(),
-        value: value.map(<[u8]>::to_vec),
-        index: TreeId::Due,
-        index_key,
-        stored_absent,
-    }))
+    indexed_as(key, value, true, stored_absent)
 }
 
 fn commit(b: &dyn Backend, jobs: Vec<Vec<RawOp>>) -> Vec<bool> {
@@ -137,7 +153,7 @@ fn indexed_writes_keep_the_index_in_step(b: &dyn Backend) {
     // A new value: the old index entry goes, the new one comes, in one job.
     commit(b, vec![vec![indexed(b"t1", Some(b"v2"), false)]]);
     assert_eq!(keys(b, TreeId::Due, b"", None), [b"v2t1".to_vec()]);
-    assert_eq!(b.get(TreeId::Live, b"t1").unwrap().unwrap(), b"v2");
+    assert_eq!(b.get(TreeId::Progress, b"t1").unwrap().unwrap(), b"v2");
     // Rewritten twice in one group, then unchanged: the index follows the last value only.
     commit(
         b,
@@ -161,7 +177,50 @@ fn indexed_writes_keep_the_index_in_step(b: &dyn Backend) {
         ]],
     );
     assert!(keys(b, TreeId::Due, b"", None).is_empty());
-    assert_eq!(b.get(TreeId::Live, b"t1").unwrap(), None);
+    assert_eq!(b.get(TreeId::Progress, b"t1").unwrap(), None);
+    // A value not stored (a new task's progress): its index entry only; the next write, in
+    // a later group, derives the old value from the source and moves the entry; a value
+    // without an entry (finished) removes it.
+    assert_eq!(
+        commit(
+            b,
+            vec![vec![
+                put(TreeId::Specs, b"t3", b"=v1"),
+                indexed_as(b"t3", Some(b"v1"), false, true),
+            ]]
+        ),
+        [true]
+    );
+    assert_eq!(keys(b, TreeId::Due, b"", None), [b"v1t3".to_vec()]);
+    assert_eq!(b.get(TreeId::Progress, b"t3").unwrap(), None);
+    commit(b, vec![vec![indexed(b"t3", Some(b"v2"), false)]]);
+    assert_eq!(keys(b, TreeId::Due, b"", None), [b"v2t3".to_vec()]);
+    assert_eq!(b.get(TreeId::Progress, b"t3").unwrap().unwrap(), b"v2");
+    commit(b, vec![vec![indexed(b"t3", Some(b"x"), false)]]);
+    assert!(keys(b, TreeId::Due, b"", None).is_empty());
+    // Unstored, then deleted before anything was stored: the derived entry goes.
+    commit(
+        b,
+        vec![vec![
+            put(TreeId::Specs, b"t4", b"=v5"),
+            indexed_as(b"t4", Some(b"v5"), false, true),
+        ]],
+    );
+    commit(
+        b,
+        vec![vec![
+            indexed(b"t4", None, false),
+            RawOp::Delete(TreeId::Specs, b"t4".to_vec()),
+        ]],
+    );
+    assert!(keys(b, TreeId::Due, b"", None).is_empty());
+    commit(
+        b,
+        vec![vec![
+            indexed(b"t3", None, false),
+            RawOp::Delete(TreeId::Specs, b"t3".to_vec()),
+        ]],
+    );
 }
 
 fn scans_are_ordered_bounded_and_paged(b: &dyn Backend) {
