@@ -121,7 +121,7 @@ pub struct IndexedWrite {
     pub index: TreeId,
     /// The index entry of a value (its key in `index` and the value it holds there); `None`:
     /// the value has none (a finished task).
-    pub entry: fn(&[u8], &[u8]) -> Option<(Vec<u8>, Vec<u8>)>,
+    pub entry: fn(&[u8], &[u8]) -> Option<Kv>,
     /// Where the value comes from when `tree` holds none for `key`: `derive(key, v)` of the
     /// value `v` of `key` in `derived_from` as stored before the group (the progress of a
     /// task whose record is not stored, from its spec). The backend reads it only then. A job
