@@ -198,6 +198,32 @@ fn indexed_writes_keep_the_index_in_step(b: &dyn Backend) {
     assert_eq!(b.get(TreeId::Progress, b"t3").unwrap().unwrap(), b"v2");
     commit(b, vec![vec![indexed(b"t3", Some(b"x"), false)]]);
     assert!(keys(b, TreeId::Due, b"", None).is_empty());
+    // A derived value written unchanged to be stored (its source rewritten in the same job,
+    // a patch's spec) is stored, its index entry kept.
+    commit(
+        b,
+        vec![vec![
+            put(TreeId::Specs, b"t5", b"=v6"),
+            indexed_as(b"t5", Some(b"v6"), false, true),
+        ]],
+    );
+    commit(
+        b,
+        vec![vec![
+            indexed(b"t5", Some(b"v6"), false),
+            put(TreeId::Specs, b"t5", b"no longer derives"),
+        ]],
+    );
+    assert_eq!(b.get(TreeId::Progress, b"t5").unwrap().unwrap(), b"v6");
+    assert_eq!(keys(b, TreeId::Due, b"", None), [b"v6t5".to_vec()]);
+    commit(
+        b,
+        vec![vec![
+            indexed(b"t5", None, false),
+            RawOp::Delete(TreeId::Specs, b"t5".to_vec()),
+        ]],
+    );
+    assert!(keys(b, TreeId::Due, b"", None).is_empty());
     // Unstored, then deleted before anything was stored: the derived entry goes.
     commit(
         b,

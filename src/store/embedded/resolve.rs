@@ -92,31 +92,36 @@ impl Resolver<'_> {
             stored_absent,
         } = w;
         // The writer's promise covers what was stored before this group, not what an earlier
-        // job of the group wrote.
-        let old = match (
+        // job of the group wrote. `stored`: the old value is in `tree` (not derived, not an
+        // unstored value).
+        let (old, stored) = match (
             self.unstored.get(&(tree, key.clone())),
             self.written(tree, &key),
         ) {
-            (Some(v), _) => v.clone(),
-            (None, Some(v)) => v,
+            (Some(v), _) => (v.clone(), false),
+            (None, Some(v)) => (v, true),
             (None, None) if stored_absent => {
                 debug_assert!(
                     self.backend.get(tree, &key)?.is_none(),
                     "a stored_absent promise was wrong"
                 );
-                None
+                (None, true)
             }
             // Derived from what was stored before the group: a job that rewrites the source (a
             // patch's spec) stores the value too, which the group's own writes answer above.
             (None, None) => match self.backend.get(tree, &key)? {
-                Some(v) => Some(v),
-                None => self
-                    .backend
-                    .get(derived_from, &key)?
-                    .and_then(|from| derive(&key, &from)),
+                Some(v) => (Some(v), true),
+                None => (
+                    self.backend
+                        .get(derived_from, &key)?
+                        .and_then(|from| derive(&key, &from)),
+                    false,
+                ),
             },
         };
-        if old == value {
+        // Unchanged and where it is to be: nothing to write. A derived value written to be
+        // stored is stored even unchanged: the writer may be rewriting its source.
+        if old == value && (stored || !store) {
             return Ok(());
         }
         let old_entry = old.as_deref().and_then(|o| entry(&key, o));

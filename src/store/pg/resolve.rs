@@ -120,22 +120,28 @@ fn indexed(w: IndexedWrite, stored: &Stored, writes: &mut Writes, unstored: &mut
     } = w;
     // The writer's promise covers what was stored before this group, not what an earlier job
     // of the group wrote. A derived value comes from its source as stored before the group.
-    let old = match (
+    // `in_tree`: the old value is in `tree` (not derived, not an unstored value).
+    let (old, in_tree) = match (
         unstored.get(&(tree, key.clone())),
         written(writes, tree, &key),
     ) {
-        (Some(v), _) => v.clone(),
-        (None, Some(v)) => v.cloned(),
-        (None, None) if stored_absent => None,
+        (Some(v), _) => (v.clone(), false),
+        (None, Some(v)) => (v.cloned(), true),
+        (None, None) if stored_absent => (None, true),
         (None, None) => match tree.of(stored).get(&key) {
-            Some(v) => Some(v.clone()),
-            None => derived_from
-                .of(stored)
-                .get(&key)
-                .and_then(|from| derive(&key, from)),
+            Some(v) => (Some(v.clone()), true),
+            None => (
+                derived_from
+                    .of(stored)
+                    .get(&key)
+                    .and_then(|from| derive(&key, from)),
+                false,
+            ),
         },
     };
-    if old == value {
+    // Unchanged and where it is to be: nothing to write. A derived value written to be stored
+    // is stored even unchanged: the writer may be rewriting its source.
+    if old == value && (in_tree || !store) {
         return;
     }
     let old_entry = old.as_deref().and_then(|o| entry(&key, o));
