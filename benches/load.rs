@@ -83,13 +83,16 @@ async fn wait_lines(path: &Path, n: usize, deadline: Duration) -> bool {
     false
 }
 
+/// The config of every part; `HERALD_LOAD_CONFIG` adds TOML to it (an A/B of a setting,
+/// e.g. `[store]\ncache_mb = 4`).
 fn config_text(dir: &Path) -> String {
     format!(
         "[limits]\nlive_tasks_max = 5000000\nhorizon = \"3650d\"\n\
          [channels.herd]\nkind = \"file\"\npath = \"{}\"\n\
-         [channels.probe]\nkind = \"file\"\npath = \"{}\"\n",
+         [channels.probe]\nkind = \"file\"\npath = \"{}\"\n{}\n",
         dir.join("herd.jsonl").display(),
-        dir.join("probe.jsonl").display()
+        dir.join("probe.jsonl").display(),
+        std::env::var("HERALD_LOAD_CONFIG").unwrap_or_default()
     )
 }
 

@@ -5,6 +5,7 @@
 //! Run: `cargo bench --bench scale` (N = 1 000 000, about 2–4 minutes on 2 cores);
 //! `HERALD_SCALE_N=200000 cargo bench --bench scale` for a quicker look. Data on the real
 //! disk (under `target/bench-data`), release build, 64 client connections.
+//! `HERALD_SCALE_CONFIG` adds TOML to the config (an A/B of a setting, e.g. `[store] cache_mb`).
 //! `HERALD_SCALE_KEEP=1` keeps the data directory and prints its path (for
 //! `cargo run --release --example tree_bytes -- <dir>/sled`, which tells where its bytes go).
 
@@ -33,9 +34,11 @@ fn main() {
 async fn run(n: u64) {
     let dir = disk_dir("scale");
     let data = dir.path().join("data");
+    // HERALD_SCALE_CONFIG: TOML added to the config (e.g. `[store]\ncache_mb = 4`), for an A/B.
+    let extra = std::env::var("HERALD_SCALE_CONFIG").unwrap_or_default();
     let config = write_config(
         dir.path(),
-        "[limits]\nlive_tasks_max = 5000000\nhorizon = \"3650d\"\n",
+        &format!("[limits]\nlive_tasks_max = 5000000\nhorizon = \"3650d\"\n{extra}\n"),
     );
     let mut herald = Proc::spawn(&config, &data);
     let http = client();

@@ -285,7 +285,7 @@ fn created(inner: &Arc<Inner>, born: Vec<Born>) {
             super::cluster::let_go(inner, &b.task.id);
             continue;
         }
-        arm::sync_fire_new(inner, &b.task);
+        arm::sync_fire_new(inner, &b.locked.id, &b.task);
 
         // Only the map and the guard may hold the cell for it to be unloaded.
         drop(b.cell);
@@ -408,6 +408,7 @@ async fn park_loaded(inner: &Arc<Inner>, mut l: Locked, reason: String) -> Engin
 /// store); when it is created, its fire goes on the wheel and subscribers hear of it.
 pub(crate) async fn insert(
     inner: &Arc<Inner>,
+    id: &Arc<str>,
     task: &Task,
     messages: &[Message],
     idem: Option<(&str, [u8; 32])>,
@@ -418,7 +419,7 @@ pub(crate) async fn insert(
         .insert_new_task_with(task, messages, idem, &created)
         .await?;
     if let Inserted::Created = r {
-        arm::sync_fire_new(inner, task);
+        arm::sync_fire_new(inner, id, task);
         inner.events.created(task); // events (issue 11)
         let mut numbered = created;
         numbered[0].seq = 1;

@@ -561,7 +561,7 @@ impl Engine {
                 _ => Inserted::IdTaken,
             }
         } else {
-            match insert_freeing_key(inner, &task, &messages, idem.as_ref()).await {
+            match insert_freeing_key(inner, &id, &task, &messages, idem.as_ref()).await {
                 Ok(i) => i,
                 Err(e) => {
                     drop(guard);
@@ -797,6 +797,7 @@ impl Engine {
 /// removes such keys too; this covers the time until.
 async fn insert_freeing_key(
     inner: &Arc<Inner>,
+    id: &Arc<str>,
     task: &Task,
     messages: &[crate::model::Message],
     idem: Option<&(String, [u8; 32])>,
@@ -804,7 +805,8 @@ async fn insert_freeing_key(
     let mut freed_key = false;
     loop {
         let inserted =
-            commit::insert(inner, task, messages, idem.map(|(k, h)| (k.as_str(), *h))).await?;
+            commit::insert(inner, id, task, messages, idem.map(|(k, h)| (k.as_str(), *h)))
+                .await?;
         match inserted {
             Inserted::KeyUsed(rec)
                 if !freed_key && !inner.store.task_exists(&rec.task_id).unwrap_or(true) =>

@@ -258,27 +258,47 @@ impl Drop for Timer {
     }
 }
 
-/// The wheel handle of each key. Fire keys (`run` 0: one per pending task, a million of
-/// them at scale) are kept by task id alone, 24 bytes a slot instead of 32: the table is
-/// the timer's largest allocation.
+/// The wheel handle of each key. Fire keys (one per pending task, a million of them at
+/// scale) are a table of handles alone, 8 bytes a slot: the id is found in the wheel entry a
+/// handle names, so it is not kept twice (a map from the id took 24 bytes a slot, ~32 MB more
+/// at a million pending; issue 29). The run and retry keys are few and keep a map.
+///
+/// Invariant: every handle in `fires` names a live wheel entry holding `Key::Fire` of the id
+/// it was hashed by, and no two name the same id. Kept by removing a handle from `fires`
+/// before (or as) its entry leaves the wheel: `take_fired` in `advance`'s callback, `remove`
+/// before `cancel`.
 #[derive(Default)]
 struct Handles {
-    fires: HashMap<Arc<str>, Handle>,
+    fires: hashbrown::HashTable<Handle>,
+    hasher: foldhash::fast::RandomState,
     steps: HashMap<Key, Handle>,
 }
 
 impl Handles {
-    fn get(&self, key: &Key) -> Option<Handle> {
-        match key {
-            Key::Fire(t) => self.fires.get(t).copied(),
-            _ => self.steps.get(key).copied(),
+    fn hash(&self, id: &str) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(id)
+    }
+
+    /// The fire key's id in the wheel entry `h` names (`None` only if the invariant broke).
+    fn fire_id(wheel: &Wheel<Key>, h: Handle) -> Option<&str> {
+        match wheel.get(h) {
+            Some(Key::Fire(id)) => Some(id),
+            _ => None,
         }
     }
 
-    fn insert(&mut self, key: &Key, h: Handle) {
+    /// Puts `h` (just inserted in `wheel` under `key`) in the table; the key must have no
+    /// handle (`remove` it first).
+    fn insert(&mut self, wheel: &Wheel<Key>, key: &Key, h: Handle) {
         match key {
             Key::Fire(t) => {
-                self.fires.insert(t.clone(), h);
+                let hasher = &self.hasher;
+                let rehash = |s: &Handle| {
+                    use std::hash::BuildHasher;
+                    hasher.hash_one(Self::fire_id(wheel, *s).unwrap_or_default())
+                };
+                self.fires.insert_unique(self.hash(t), h, rehash);
             }
             _ => {
                 self.steps.insert(key.clone(), h);
@@ -286,10 +306,36 @@ impl Handles {
         }
     }
 
-    fn remove(&mut self, key: &Key) -> Option<Handle> {
+    fn remove(&mut self, wheel: &Wheel<Key>, key: &Key) -> Option<Handle> {
         match key {
-            Key::Fire(t) => self.fires.remove(t),
+            Key::Fire(t) => {
+                let same = |s: &Handle| Self::fire_id(wheel, *s) == Some(t);
+                let found = self.fires.find_entry(self.hash(t), same).ok()?;
+                Some(found.remove().0)
+            }
             _ => self.steps.remove(key),
+        }
+    }
+
+    /// `advance` fired `key` from the entry `h` named (already out of the wheel): true, and
+    /// forgotten, if `h` is the key's handle here.
+    fn take_fired(&mut self, key: &Key, h: Handle) -> bool {
+        match key {
+            Key::Fire(t) => match self.fires.find_entry(self.hash(t), |s| *s == h) {
+                Ok(found) => {
+                    found.remove();
+                    true
+                }
+                Err(_) => false,
+            },
+            _ => {
+                if self.steps.get(key) == Some(&h) {
+                    self.steps.remove(key);
+                    true
+                } else {
+                    false
+                }
+            }
         }
     }
 }
@@ -399,8 +445,7 @@ fn run(
         let mut put_back = Vec::new();
         let (wall, mono) = (clock.now_ms(), clock.mono_ms());
         wheel.advance(wall, &mut |h, key: Key| {
-            if handles.get(&key) == Some(h) {
-                handles.remove(&key);
+            if handles.take_fired(&key, h) {
                 // The wall reached it, the monotonic clock not yet: the wall jumped forward.
                 if !key.is_fire() {
                     if let Some(at) = guards.check(&key, wall, mono) {
@@ -420,7 +465,7 @@ fn run(
         }
         for (key, at) in put_back {
             let h = wheel.insert(at, key.clone());
-            handles.insert(&key, h);
+            handles.insert(&wheel, &key, h);
         }
         guards.sweep(mono);
         entries.store(wheel.len(), Ordering::Relaxed);
@@ -481,14 +526,14 @@ fn apply(
     let mut syncs = Vec::new();
     for cmd in cmds {
         let mut put = |key: Key, at: u64| {
-            if let Some(old) = handles.remove(&key) {
+            if let Some(old) = handles.remove(wheel, &key) {
                 wheel.cancel(old);
             }
             if !key.is_fire() {
                 guards.set(&key, at, wall, mono);
             }
             let h = wheel.insert(at, key.clone());
-            handles.insert(&key, h);
+            handles.insert(wheel, &key, h);
         };
         match cmd {
             Cmd::At(key, at) => put(key, at),
@@ -498,7 +543,7 @@ fn apply(
                 }
             }
             Cmd::Cancel(key) => {
-                if let Some(old) = handles.remove(&key) {
+                if let Some(old) = handles.remove(wheel, &key) {
                     wheel.cancel(old);
                 }
                 if !key.is_fire() {
@@ -543,6 +588,57 @@ mod tests {
         timer.wake();
         let extra = tokio::time::timeout(Duration::from_millis(50), rx.recv()).await;
         assert!(extra.is_err(), "unexpected fire: {extra:?}");
+    }
+
+    /// Fire keys are found by the id in their wheel entry (`Handles`): thousands of them,
+    /// through the table's growth, each moved with a key made afresh (another `Arc` of the
+    /// same id) and a third cancelled, fire exactly once each, at the moved instant; and a
+    /// fired key set again fires again.
+    #[tokio::test]
+    async fn many_fire_keys_move_cancel_and_fire_once_through_the_tables_growth() {
+        let clock = Arc::new(ManualClock::new(1_000));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let timer = Timer::start(clock.clone(), tx).unwrap();
+        let n = 5_000u64;
+        for i in 0..n {
+            timer.at(Key::fire(&format!("t{i}")), 1_100 + i % 7);
+        }
+        for i in 0..n {
+            timer.at(Key::fire(&format!("t{i}")), 2_000 + i % 11); // moved
+        }
+        for i in (0..n).step_by(3) {
+            timer.cancel(Key::fire(&format!("t{i}")));
+        }
+        clock.set(1_500);
+        timer.wake();
+        let early = tokio::time::timeout(Duration::from_millis(50), rx.recv()).await;
+        assert!(early.is_err(), "fired at its old instant: {early:?}");
+        clock.set(3_000);
+        timer.wake();
+        let mut fired = std::collections::HashMap::<String, u32>::new();
+        let want = (0..n).filter(|i| i % 3 != 0).count();
+        while fired.values().sum::<u32>() < want as u32 {
+            let batch = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                .await
+                .expect("the fires came")
+                .unwrap();
+            for k in batch {
+                assert!(matches!(k, Key::Fire(_)));
+                *fired.entry(k.id().to_string()).or_default() += 1;
+            }
+        }
+        timer.wake();
+        let extra = tokio::time::timeout(Duration::from_millis(50), rx.recv()).await;
+        assert!(extra.is_err(), "a key fired twice or a cancelled one fired: {extra:?}");
+        assert_eq!(fired.len(), want);
+        assert!(fired.values().all(|&c| c == 1));
+        assert!((0..n).step_by(3).all(|i| !fired.contains_key(&format!("t{i}"))));
+        // Fired keys left the table: setting one again fires it again.
+        timer.at(Key::fire("t1"), 3_010);
+        clock.set(3_020);
+        timer.wake();
+        let again = rx.recv().await.unwrap();
+        assert_eq!(again.iter().map(|k| &**k.id()).collect::<Vec<_>>(), ["t1"]);
     }
 
     /// A wall jump forward hands over a fire key (a schedule's wall instant) at once, but a run
