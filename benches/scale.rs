@@ -147,6 +147,13 @@ async fn run(n: u64) {
         },
         again.rss_mib()
     );
+    // The issue's own figure: RSS 10 s after the restart, everything loaded, nothing running.
+    let settle = again.started + Duration::from_secs(10);
+    tokio::time::sleep_until(settle.into()).await;
+    println!(
+        "  RSS 10 s after the restart (everything loaded, idle): {:.0} MiB (target <= 300 MB)",
+        again.rss_mib()
+    );
     println!(
         "  data dir after the restart and the load: {:.0} bytes per task",
         per_task(du(&data))

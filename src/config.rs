@@ -117,7 +117,7 @@ struct TelemetryFile {
 #[derive(Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 struct StoreFile {
-    /// sled's page cache in MiB (default 16; sled's own default would be 1024).
+    /// sled's page cache in MiB (default 8; sled's own default would be 1024).
     cache_mb: Option<u64>,
     /// How long finished tasks are kept: a duration, or "off" / "0" to keep them forever.
     retention: Option<String>,

@@ -804,9 +804,14 @@ async fn insert_freeing_key(
 ) -> Result<Inserted, StoreError> {
     let mut freed_key = false;
     loop {
-        let inserted =
-            commit::insert(inner, id, task, messages, idem.map(|(k, h)| (k.as_str(), *h)))
-                .await?;
+        let inserted = commit::insert(
+            inner,
+            id,
+            task,
+            messages,
+            idem.map(|(k, h)| (k.as_str(), *h)),
+        )
+        .await?;
         match inserted {
             Inserted::KeyUsed(rec)
                 if !freed_key && !inner.store.task_exists(&rec.task_id).unwrap_or(true) =>

@@ -629,10 +629,15 @@ mod tests {
         }
         timer.wake();
         let extra = tokio::time::timeout(Duration::from_millis(50), rx.recv()).await;
-        assert!(extra.is_err(), "a key fired twice or a cancelled one fired: {extra:?}");
+        assert!(
+            extra.is_err(),
+            "a key fired twice or a cancelled one fired: {extra:?}"
+        );
         assert_eq!(fired.len(), want);
         assert!(fired.values().all(|&c| c == 1));
-        assert!((0..n).step_by(3).all(|i| !fired.contains_key(&format!("t{i}"))));
+        assert!((0..n)
+            .step_by(3)
+            .all(|i| !fired.contains_key(&format!("t{i}"))));
         // Fired keys left the table: setting one again fires it again.
         timer.at(Key::fire("t1"), 3_010);
         clock.set(3_020);
