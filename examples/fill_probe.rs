@@ -7,6 +7,7 @@
 //! cargo run --release --example fill_probe -- 1000000 /path/to/dir        # reopen and time
 //! CACHE_MB=64 ...   # sled's cache (default: herald's default)
 //! SCAN_ONLY=1 ...   # only time reading the live index
+//! SETTLE=1 ...      # RSS every 2 s for 10 s once loaded
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +19,10 @@ use herald::config::{Config, Overrides};
 use herald::engine::{Engine, EngineConfig};
 use herald::request::TaskRequest;
 use herald::store::{Store, StoreOptions};
+
+/// herald's own allocator, so RSS reads as the binary's would.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn rss() -> String {
     std::fs::read_to_string("/proc/self/status")
@@ -71,6 +76,13 @@ async fn main() {
         t.elapsed(),
         rss()
     );
+    if std::env::var("SETTLE").is_ok() {
+        // Where RSS goes once everything is loaded and nothing runs.
+        for _ in 0..5 {
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            println!("  {:?} after start {}", t.elapsed(), rss());
+        }
+    }
     if fill {
         let next = Arc::new(AtomicU64::new(0));
         let t = Instant::now();
