@@ -1,4 +1,4 @@
-// herald: vendored sled 0.34.7 with one change, in src/node.rs `should_split` (see
+// herald: vendored sled 0.34.7 with two changes, node.rs `should_split` and serialization.rs (see
 // vendor/sled/HERALD.md); its lint attributes below allow what newer compilers warn about.
 #![allow(warnings)]
 //! `sled` is a high-performance embedded database with

@@ -778,15 +778,20 @@ where
     iter.collect()
 }
 
-fn deserialize_bounded_sequence<T: Serialize, R>(
+// herald: collected into a vector reserved up front, not grown by doubling from an
+// iterator with no size hint (a leaf of 33..64 entries held vectors of 64: up to half their
+// slots empty, in every cached node). At most one item per byte left, so a damaged length
+// cannot reserve more than the buffer could hold.
+fn deserialize_bounded_sequence<T: Serialize>(
     buf: &mut &[u8],
     bound: usize,
-) -> Result<R>
-where
-    R: FromIterator<T>,
-{
+) -> Result<Vec<T>> {
+    let mut out = Vec::with_capacity(bound.min(buf.len()));
     let iter = ConsumeSequence { buf, _t: PhantomData, done: false };
-    iter.take(bound).collect()
+    for item in iter.take(bound) {
+        out.push(item?);
+    }
+    Ok(out)
 }
 
 impl<'a, 'b, T> Iterator for ConsumeSequence<'a, 'b, T>
