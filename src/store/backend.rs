@@ -134,6 +134,56 @@ pub struct IndexedWrite {
     pub stored_absent: bool,
 }
 
+/// The values of a group not stored in their tree (`IndexedWrite::store` false), by tree and
+/// key: what a later job of the group reads as the old value. Both resolvers keep one.
+pub type Unstored = std::collections::HashMap<(TreeId, Vec<u8>), Option<Vec<u8>>>;
+
+impl IndexedWrite {
+    /// The writes this indexed write makes once its old value is known (each resolver finds
+    /// it in its own way): `old`, and `in_tree` whether it is stored in `tree` (not derived,
+    /// not unstored). Index entries and the value go to `put`; a value not stored goes to
+    /// `unstored`. Nothing when the value is unchanged and where it is to be; a derived value
+    /// written to be stored is stored even unchanged (the writer may be rewriting its source).
+    pub fn resolve(
+        self,
+        old: Option<Vec<u8>>,
+        in_tree: bool,
+        unstored: &mut Unstored,
+        mut put: impl FnMut(TreeId, Vec<u8>, Option<Vec<u8>>),
+    ) {
+        let IndexedWrite {
+            tree,
+            key,
+            value,
+            store,
+            index,
+            entry,
+            ..
+        } = self;
+        if old == value && (in_tree || !store) {
+            return;
+        }
+        let old_entry = old.as_deref().and_then(|o| entry(&key, o));
+        let new_entry = value.as_deref().and_then(|v| entry(&key, v));
+        if old_entry != new_entry {
+            if let Some((k, _)) = old_entry {
+                if new_entry.as_ref().is_none_or(|(n, _)| *n != k) {
+                    put(index, k, None);
+                }
+            }
+            if let Some((k, v)) = new_entry {
+                put(index, k, Some(v));
+            }
+        }
+        if store {
+            unstored.remove(&(tree, key.clone()));
+            put(tree, key, value);
+        } else {
+            unstored.insert((tree, key), value);
+        }
+    }
+}
+
 /// Why a job was not applied: the first precondition that failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rejected {

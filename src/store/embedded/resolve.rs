@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::super::backend::{Backend, IndexedWrite, RawOp, Rejected, TreeId, TREES};
+use super::super::backend::{Backend, IndexedWrite, RawOp, Rejected, TreeId, Unstored, TREES};
 use super::super::wal::Write;
 use super::super::StoreError;
 use super::SledBackend;
@@ -17,7 +17,7 @@ pub(super) struct Resolver<'a> {
     seen: [HashMap<Vec<u8>, usize, foldhash::fast::RandomState>; TREES],
     /// Values an indexed write of the group gave a key without storing them
     /// (`IndexedWrite::store` false): what a later job of the group reads as its old value.
-    unstored: HashMap<(TreeId, Vec<u8>), Option<Vec<u8>>>,
+    unstored: Unstored,
     pub(super) writes: Vec<Write>,
 }
 
@@ -80,17 +80,8 @@ impl Resolver<'_> {
     /// An indexed write: the old value (the group's own, stored, or derived), then the index
     /// entries, then the value.
     fn indexed(&mut self, w: IndexedWrite) -> Result<(), StoreError> {
-        let IndexedWrite {
-            tree,
-            key,
-            value,
-            store,
-            index,
-            entry,
-            derived_from,
-            derive,
-            stored_absent,
-        } = w;
+        let (tree, derived_from, derive) = (w.tree, w.derived_from, w.derive);
+        let key = w.key.clone();
         // The writer's promise covers what was stored before this group, not what an earlier
         // job of the group wrote. `stored`: the old value is in `tree` (not derived, not an
         // unstored value).
@@ -100,7 +91,7 @@ impl Resolver<'_> {
         ) {
             (Some(v), _) => (v.clone(), false),
             (None, Some(v)) => (v, true),
-            (None, None) if stored_absent => {
+            (None, None) if w.stored_absent => {
                 debug_assert!(
                     self.backend.get(tree, &key)?.is_none(),
                     "a stored_absent promise was wrong"
@@ -119,28 +110,12 @@ impl Resolver<'_> {
                 ),
             },
         };
-        // Unchanged and where it is to be: nothing to write. A derived value written to be
-        // stored is stored even unchanged: the writer may be rewriting its source.
-        if old == value && (stored || !store) {
-            return Ok(());
-        }
-        let old_entry = old.as_deref().and_then(|o| entry(&key, o));
-        let new_entry = value.as_deref().and_then(|v| entry(&key, v));
-        if old_entry != new_entry {
-            if let Some((k, _)) = old_entry {
-                if new_entry.as_ref().is_none_or(|(n, _)| *n != k) {
-                    self.put(index, k, None);
-                }
-            }
-            if let Some((k, v)) = new_entry {
-                self.put(index, k, Some(v));
-            }
-        }
-        if store {
-            self.unstored.remove(&(tree, key.clone()));
-            self.put(tree, key, value);
-        } else {
-            self.unstored.insert((tree, key), value);
+        let mut puts = Vec::new();
+        w.resolve(old, stored, &mut self.unstored, |t, k, v| {
+            puts.push((t, k, v))
+        });
+        for (t, k, v) in puts {
+            self.put(t, k, v);
         }
         Ok(())
     }

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::store::backend::{IndexedWrite, RawOp, Rejected, TreeId, TREES};
+use crate::store::backend::{IndexedWrite, RawOp, Rejected, TreeId, Unstored, TREES};
 
 /// Per tree, the final value of every key the group writes (`None`: delete). One entry per
 /// key, so one multi-row statement per tree never touches a row twice.
@@ -51,10 +51,6 @@ pub fn resolve(jobs: Vec<Vec<RawOp>>, stored: &Stored) -> (Vec<Result<(), Reject
         .collect();
     (results, writes)
 }
-
-/// Values an indexed write of the group gave a key without storing them
-/// (`IndexedWrite::store` false): what a later job of the group reads as its old value.
-type Unstored = HashMap<(TreeId, Vec<u8>), Option<Vec<u8>>>;
 
 /// The value of `key` as the group's writes so far leave it; `Some(None)` means deleted, and
 /// `None` that the group has not written it.
@@ -107,59 +103,32 @@ fn job(
 }
 
 fn indexed(w: IndexedWrite, stored: &Stored, writes: &mut Writes, unstored: &mut Unstored) {
-    let IndexedWrite {
-        tree,
-        key,
-        value,
-        store,
-        index,
-        entry,
-        derived_from,
-        derive,
-        stored_absent,
-    } = w;
+    let (tree, derived_from, derive) = (w.tree, w.derived_from, w.derive);
+    let key = &w.key;
     // The writer's promise covers what was stored before this group, not what an earlier job
     // of the group wrote. A derived value comes from its source as stored before the group.
     // `in_tree`: the old value is in `tree` (not derived, not an unstored value).
     let (old, in_tree) = match (
         unstored.get(&(tree, key.clone())),
-        written(writes, tree, &key),
+        written(writes, tree, key),
     ) {
         (Some(v), _) => (v.clone(), false),
         (None, Some(v)) => (v.cloned(), true),
-        (None, None) if stored_absent => (None, true),
-        (None, None) => match tree.of(stored).get(&key) {
+        (None, None) if w.stored_absent => (None, true),
+        (None, None) => match tree.of(stored).get(key) {
             Some(v) => (Some(v.clone()), true),
             None => (
                 derived_from
                     .of(stored)
-                    .get(&key)
-                    .and_then(|from| derive(&key, from)),
+                    .get(key)
+                    .and_then(|from| derive(key, from)),
                 false,
             ),
         },
     };
-    // Unchanged and where it is to be: nothing to write. A derived value written to be stored
-    // is stored even unchanged: the writer may be rewriting its source.
-    if old == value && (in_tree || !store) {
-        return;
-    }
-    let old_entry = old.as_deref().and_then(|o| entry(&key, o));
-    let new_entry = value.as_deref().and_then(|v| entry(&key, v));
-    if old_entry != new_entry {
-        if let Some((k, _)) = old_entry {
-            index.of_mut(writes).insert(k, None);
-        }
-        if let Some((k, v)) = new_entry {
-            index.of_mut(writes).insert(k, Some(v));
-        }
-    }
-    if store {
-        unstored.remove(&(tree, key.clone()));
-        tree.of_mut(writes).insert(key, value);
-    } else {
-        unstored.insert((tree, key), value);
-    }
+    w.resolve(old, in_tree, unstored, |t, k, v| {
+        t.of_mut(writes).insert(k, v);
+    });
 }
 
 #[cfg(test)]
