@@ -270,13 +270,30 @@ async fn run_step_locked(
     key: &RunKey,
     mut l: Locked,
 ) -> Result<(), EngineError> {
+    // Each turn is one step; a settle whose next attempt is due at once goes round again with
+    // the lock still held (`Next::Now`) instead of through the timer.
+    loop {
+        match run_step_once(inner, key, l).await? {
+            Some(next) => l = next,
+            None => return Ok(()),
+        }
+    }
+}
+
+/// One step of [`run_step_locked`]; `Some`: the run's next attempt is armed and due now, and
+/// the lock is handed back to send it.
+async fn run_step_once(
+    inner: &Arc<Inner>,
+    key: &RunKey,
+    mut l: Locked,
+) -> Result<Option<Locked>, EngineError> {
     let prepared = match prepare(inner, &mut l, key).await {
         Ok(Some(p)) => p,
         Ok(None) => {
             l.release(inner);
-            return Ok(());
+            return Ok(None);
         }
-        Err(e) => return step_failed(inner, l, e).await,
+        Err(e) => return step_failed(inner, l, e).await.map(|()| None),
     };
     // ---- send, outside the lock: a slow receiver never blocks cancel or pause. The cell
     // stays loaded meanwhile (a sending run is never idle), and a cancel keeps the sending run
@@ -287,7 +304,7 @@ async fn run_step_locked(
             // and the shard's next owner sends it (`cluster.rs`).
             l.unload();
             l.release(inner);
-            return Ok(());
+            return Ok(None);
         }
         // The end of the window, read with the window itself (a pause after this must not
         // move it).
@@ -325,14 +342,15 @@ async fn run_step_locked(
     };
     prepared.report = report;
     let Some(mut l) = super::cells::relock(inner, &key.task, cell).await? else {
-        return Ok(());
+        return Ok(None);
     };
     match settle(inner, &mut l, key, prepared, outcome).await {
-        Ok(()) => {
+        Ok(Next::Now) => Ok(Some(l)),
+        Ok(Next::Wheel) => {
             l.release(inner);
-            Ok(())
+            Ok(None)
         }
-        Err(e) => step_failed(inner, l, e).await,
+        Err(e) => step_failed(inner, l, e).await.map(|()| None),
     }
 }
 
@@ -644,6 +662,17 @@ pub(super) fn record(inner: &Arc<Inner>, c: &crate::deliver::Channel, o: &Outcom
     }
 }
 
+/// Where a run goes after its settle.
+enum Next {
+    /// Its next step (if any) is on the wheel.
+    Wheel,
+    /// Its next attempt is armed by the settle's own write and due already: the caller sends
+    /// it at once, the lock still held. An unpaced sequence then goes message after message
+    /// without a round trip through the timer thread (two thread hand-offs and a task spawn
+    /// per message).
+    Now,
+}
+
 /// Settles the attempt under the lock: plan, then `commit` (write, memory, wheel).
 async fn settle(
     inner: &Arc<Inner>,
@@ -651,15 +680,38 @@ async fn settle(
     key: &RunKey,
     p: Prepared,
     outcome: Outcome,
-) -> Result<(), EngineError> {
-    let Some(change) = settle_plan(inner, l, key, &p, &outcome)? else {
-        return Ok(());
+) -> Result<Next, EngineError> {
+    let Some(mut change) = settle_plan(inner, l, key, &p, &outcome)? else {
+        return Ok(Next::Wheel);
     };
+    let next = take_step_due_now(&mut change, l, key.run, inner.clock.now_ms());
     if let Err(e) = commit::apply(inner, l, change).await {
         commit::lost(inner, l, key, &e);
         return Err(e.into());
     }
-    Ok(())
+    Ok(next)
+}
+
+/// [`Next::Now`] if `c` keeps run `run` running with an attempt armed and due by `now`: its
+/// wheel step is taken out of `c` (the caller takes the step itself, so the run is never both
+/// on the wheel and sending). Anything else stays as planned.
+fn take_step_due_now(c: &mut Change, l: &mut Locked, run: u32, now: u64) -> Next {
+    let running = c.progress.as_ref().unwrap_or(&l.st().progress).state == TaskState::Running;
+    let due_now = c.runs.iter().any(|r| {
+        r.run == run
+            && r.state == crate::model::RunState::Running
+            && !r.is_done()
+            && r.in_flight.is_some()
+            && r.next_at_ms.is_some_and(|at| at <= now)
+    });
+    let step = c.wheel.iter().position(|op| *op == WheelOp::Step(run));
+    match step {
+        Some(i) if running && due_now => {
+            c.wheel.remove(i);
+            Next::Now
+        }
+        _ => Next::Wheel,
+    }
 }
 
 /// The settle's decision as a change; memory is untouched but for the run no longer sending.

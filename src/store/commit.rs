@@ -31,6 +31,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{mpsc, oneshot};
 
 use super::backend::{Backend, RawOp, Rejected};
+use super::gather::Gather;
 use super::pace::{self, Admit};
 use super::StoreError;
 
@@ -242,6 +243,19 @@ fn heal(queue: mpsc::WeakSender<Job>, health: Arc<Health>) {
     }
 }
 
+/// Adds the jobs queued now to the group, within its bounds.
+fn take_queued(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>, ops: &mut usize) {
+    while jobs.len() < GROUP_MAX && *ops < GROUP_OPS_MAX {
+        match rx.try_recv() {
+            Ok(j) => {
+                *ops += j.ops.len();
+                jobs.push(j);
+            }
+            Err(_) => break,
+        }
+    }
+}
+
 fn run(
     backend: Arc<dyn Backend>,
     mut rx: mpsc::Receiver<Job>,
@@ -249,23 +263,27 @@ fn run(
     health: Arc<Health>,
 ) {
     let mut last_recover: Option<Instant> = None;
+    let mut gather = Gather::default();
     // Ends when every GroupCommit (and so every Sender) is dropped.
     while let Some(first) = rx.blocking_recv() {
         let mut ops = first.ops.len();
         let mut jobs = vec![first];
-        while jobs.len() < GROUP_MAX && ops < GROUP_OPS_MAX {
-            match rx.try_recv() {
-                Ok(j) => {
-                    ops += j.ops.len();
-                    jobs.push(j);
-                }
-                Err(_) => break,
-            }
+        take_queued(&mut rx, &mut jobs, &mut ops);
+        // A slow sync and fewer writers back than the last group had: wait a little for the
+        // rest (`gather.rs`), then take them too.
+        if let Some(d) = gather.wait(jobs.len(), ops) {
+            std::thread::sleep(d);
+            take_queued(&mut rx, &mut jobs, &mut ops);
         }
         let started = Instant::now();
         let (ops, replies): (Vec<Vec<RawOp>>, Vec<Reply>) =
             jobs.into_iter().map(|j| (j.ops, j.reply)).unzip();
-        let result = backend.apply(ops).and_then(|r| backend.sync().map(|()| r));
+        let result = backend.apply(ops).and_then(|r| {
+            let synced = Instant::now();
+            let s = backend.sync();
+            gather.observe(replies.len(), synced.elapsed());
+            s.map(|()| r)
+        });
         let took = started.elapsed();
         stats
             .busy_us

@@ -33,6 +33,7 @@ pub mod codec;
 pub mod commit;
 pub mod embedded;
 pub mod fault;
+pub mod gather;
 pub mod image;
 pub mod legacy;
 pub mod memtable;
