@@ -28,8 +28,11 @@ pub const SIBLINGS_MIN: usize = 4;
 pub const SYNC_SLOW: Duration = Duration::from_micros(200);
 /// Longest wait before a group's sync.
 pub const WAIT_MAX: Duration = Duration::from_millis(1);
-/// A group with this many writes goes at once (a herd's chunks are big single jobs).
-pub const OPS_ENOUGH: usize = 4_096;
+/// A group with this many writes goes at once. A herd's chunk is one job of ~1 300 writes,
+/// and there the commit thread's own work (resolving the writes) is what the sends wait for,
+/// not the sync: waiting for more chunks only idled it (100 000 one-shots, last send at due
+/// + 1.33 / 1.35 s waiting against 1.13 / 0.94 s not, alternating runs).
+pub const OPS_ENOUGH: usize = 512;
 
 /// The commit thread's memory of recent groups.
 #[derive(Debug, Default)]

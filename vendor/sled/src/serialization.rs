@@ -786,7 +786,8 @@ fn deserialize_bounded_sequence<T: Serialize>(
     buf: &mut &[u8],
     bound: usize,
 ) -> Result<Vec<T>> {
-    let mut out = Vec::with_capacity(bound.min(buf.len()));
+    let n = bound.min(buf.len());
+    let mut out = Vec::with_capacity(n + n / 4);
     let iter = ConsumeSequence { buf, _t: PhantomData, done: false };
     for item in iter.take(bound) {
         out.push(item?);
