@@ -142,6 +142,44 @@ pub struct GroupCommit {
     queue_jobs: usize,
     /// Read for the admission law (its active layer's size).
     backend: Arc<dyn Backend>,
+    bell: Arc<Doorbell>,
+}
+
+/// How a writer tells the commit thread, while it waits for more writers (`gather.rs`), that
+/// enough have queued: the thread sets `target` (jobs in the queue) and sleeps on `cv` until
+/// then or its deadline; a writer whose job makes the queue reach it rings. Outside a wait
+/// `target` is 0 and a write costs one atomic load. A ring that is missed (the store-load race
+/// between a writer and the thread, or a spurious order) costs the rest of the wait, no more.
+#[derive(Default)]
+struct Doorbell {
+    target: std::sync::atomic::AtomicUsize,
+    m: Mutex<()>,
+    cv: parking_lot::Condvar,
+}
+
+impl Doorbell {
+    /// Waits until `queued()` reaches `target` or `wait` has passed.
+    fn wait(&self, target: usize, wait: std::time::Duration, queued: impl Fn() -> usize) {
+        let deadline = Instant::now() + wait;
+        let mut g = self.m.lock();
+        self.target.store(target, Ordering::SeqCst);
+        while queued() < target {
+            if self.cv.wait_until(&mut g, deadline).timed_out() {
+                break;
+            }
+        }
+        self.target.store(0, Ordering::SeqCst);
+    }
+
+    /// After a job was queued: rings if the thread waits for as many as are queued now.
+    fn ring(&self, queued: usize) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let t = self.target.load(Ordering::SeqCst);
+        if t > 0 && queued >= t {
+            let _g = self.m.lock();
+            self.cv.notify_one();
+        }
+    }
 }
 
 impl Drop for GroupCommit {
@@ -163,9 +201,11 @@ impl GroupCommit {
         let health = Arc::new(Health::default());
         let (s, h) = (stats.clone(), health.clone());
         let admission = backend.clone();
+        let bell = Arc::new(Doorbell::default());
+        let b = bell.clone();
         let thread = std::thread::Builder::new()
             .name("herald-commit".into())
-            .spawn(move || run(backend, rx, s, h))?;
+            .spawn(move || run(backend, rx, s, h, &b))?;
         let (weak, h) = (tx.downgrade(), health.clone());
         std::thread::Builder::new()
             .name("herald-heal".into())
@@ -177,6 +217,7 @@ impl GroupCommit {
             health,
             queue_jobs: queue_jobs.max(1),
             backend: admission,
+            bell,
         })
     }
 
@@ -215,6 +256,7 @@ impl GroupCommit {
                 mpsc::error::TrySendError::Closed(_) => stopped(),
             })?;
         }
+        self.bell.ring(self.queue_jobs - tx.capacity());
         rx.await.map_err(|_| stopped())?
     }
 
@@ -261,6 +303,7 @@ fn run(
     mut rx: mpsc::Receiver<Job>,
     stats: Arc<CommitStats>,
     health: Arc<Health>,
+    bell: &Doorbell,
 ) {
     let mut last_recover: Option<Instant> = None;
     let mut gather = Gather::default();
@@ -270,9 +313,10 @@ fn run(
         let mut jobs = vec![first];
         take_queued(&mut rx, &mut jobs, &mut ops);
         // A slow sync and fewer writers back than the last group had: wait a little for the
-        // rest (`gather.rs`), then take them too.
+        // rest (`gather.rs`), until they are queued or the wait is over, then take them too.
         if let Some(d) = gather.wait(jobs.len(), ops) {
-            std::thread::sleep(d);
+            let missing = gather.previous().saturating_sub(jobs.len());
+            bell.wait(missing, d, || rx.len());
             take_queued(&mut rx, &mut jobs, &mut ops);
         }
         let started = Instant::now();
@@ -322,5 +366,39 @@ fn run(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+
+    /// The commit thread's wait ends when the writer that completes its count rings, not at
+    /// its deadline (a minute here: the test would take that long if the ring were lost);
+    /// a ring below the count, or with nobody waiting, wakes nothing.
+    #[test]
+    fn the_writer_that_completes_the_count_ends_the_wait() {
+        let bell = Arc::new(Doorbell::default());
+        let queued = Arc::new(AtomicUsize::new(0));
+        bell.ring(5); // nobody waits: nothing happens
+        let (b, q) = (bell.clone(), queued.clone());
+        let writers = std::thread::spawn(move || {
+            for _ in 0..3 {
+                // Each writer queues, then rings with the queue's length.
+                while b.target.load(Ordering::SeqCst) == 0 {
+                    std::thread::yield_now();
+                }
+                let n = q.fetch_add(1, Ordering::SeqCst) + 1;
+                b.ring(n);
+            }
+        });
+        let started = Instant::now();
+        bell.wait(3, Duration::from_secs(60), || queued.load(Ordering::SeqCst));
+        assert!(queued.load(Ordering::SeqCst) >= 3);
+        assert!(started.elapsed() < Duration::from_secs(60));
+        assert_eq!(bell.target.load(Ordering::SeqCst), 0, "no wait after it");
+        writers.join().unwrap();
     }
 }

@@ -15,8 +15,14 @@
 //!   holds many writes already;
 //! - go at once when syncs are cheap (their running mean under [`SYNC_SLOW`]: tmpfs, a fast
 //!   disk): a wait would cost more than the sync it saves;
-//! - else wait once, half a mean sync and at most [`WAIT_MAX`], then take what has queued.
-//!   A load that dropped costs one such wait: the next group's size is the new target.
+//! - else wait until as many writers are queued as the previous group had (the commit
+//!   thread's doorbell: the writer that completes the count wakes it), or at most one mean
+//!   sync and [`WAIT_MAX`], then take what has queued. A load that dropped costs one such
+//!   wait: the next group's size is the new target.
+//!
+//! Measured (webhook sends, 20 unpaced sequences, data on disk, same hour): taking what was
+//! queued, 9.0 k messages/s and 0.157 syncs per message; a fixed sleep of half a mean sync,
+//! 14.3 k/s and 0.129; a whole mean sync, 12.7 k/s and 0.102 (the sleep outlasted the writers).
 //!
 //! Pure: the commit thread measures and sleeps.
 
@@ -52,7 +58,12 @@ impl Gather {
         if sync < SYNC_SLOW {
             return None;
         }
-        Some((sync / 2).min(WAIT_MAX))
+        Some(sync.min(WAIT_MAX))
+    }
+
+    /// Writers in the previous group: how many a wait waits for.
+    pub fn previous(&self) -> usize {
+        self.previous
     }
 
     /// A group of `writers` was made durable by a sync that took `sync`.
@@ -87,9 +98,10 @@ mod tests {
     }
 
     #[test]
-    fn fewer_than_the_previous_group_wait_half_a_sync_bounded() {
+    fn fewer_than_the_previous_group_wait_up_to_a_sync_bounded() {
         let g = slow(20);
-        assert_eq!(g.wait(3, 6), Some(Duration::from_micros(400)));
+        assert_eq!(g.wait(3, 6), Some(Duration::from_micros(800)));
+        assert_eq!(g.previous(), 20);
         assert_eq!(g.wait(20, 40), None, "as many as last time: go");
         assert_eq!(g.wait(3, OPS_ENOUGH), None, "a big group goes");
         let mut very = Gather::default();
