@@ -252,6 +252,15 @@ async fn under_faketime_a_forward_hour_coalesces_crons_and_keeps_every_gap() {
     })
     .await;
     assert!(part_way.is_some(), "the paced sequence started");
+    // Jump between the crons' own instants (every 5 s on the real clock until now), 1–3 s
+    // after one: a regular fire armed just before the jump (its fire step runs 100 ms ahead)
+    // would be sent just after it, and count as a second run right after the jump.
+    let calm = poll(Duration::from_secs(10), || async {
+        let in_5s = chrono::Utc::now().timestamp_millis().rem_euclid(5_000);
+        (1_000..3_000).contains(&in_5s).then_some(())
+    })
+    .await;
+    assert!(calm.is_some(), "a moment between two 5 s instants");
     let real_s = chrono::Utc::now().timestamp();
     let offset = 3_600 + (61 - (real_s + 3_600).rem_euclid(60)).rem_euclid(60);
     fake.set(offset);
