@@ -256,7 +256,7 @@ impl GroupCommit {
                 mpsc::error::TrySendError::Closed(_) => stopped(),
             })?;
         }
-        self.bell.ring(self.queue_jobs - tx.capacity());
+        self.bell.ring(self.queued());
         rx.await.map_err(|_| stopped())?
     }
 
