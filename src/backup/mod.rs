@@ -107,10 +107,7 @@ impl Line {
     }
 }
 
-/// Lowercase hex of bytes.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+pub use crate::model::timeline::hex;
 
 /// The 32 bytes of a 64-digit hex string.
 pub fn unhex32(s: &str) -> Option<[u8; 32]> {

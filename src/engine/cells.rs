@@ -29,11 +29,16 @@ use crate::store::StoreError;
 /// (16 bytes a slot) and the few loaded cells a map of their own.
 #[derive(Default)]
 pub(crate) struct LiveMap {
-    ids: HashSet<Arc<str>>,
+    ids: IdSet,
     /// Invariant: every key is in `ids`.
-    cells: HashMap<Arc<str>, Arc<LiveTask>>,
-    pub loading: Option<HashSet<Arc<str>>>,
+    cells: HashMap<Arc<str>, Arc<LiveTask>, foldhash::fast::RandomState>,
+    pub loading: Option<IdSet>,
 }
+
+/// A set of task ids, hashed with foldhash (randomly seeded per process, as the timer's table
+/// of fire keys): every step and create looks its id up here under the map's one lock, and
+/// SipHash was most of that lookup.
+pub(crate) type IdSet = HashSet<Arc<str>, foldhash::fast::RandomState>;
 
 impl LiveMap {
     /// Inserts on behalf of a command or a create (not the loader).

@@ -21,7 +21,6 @@
 //!
 //! A record that cannot be read is reported with its key and skipped (a task whose runs cannot
 //! be read is parked `failed`); a read error of the index itself ends the scan, loudly.
-use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 
 use super::arm::{arm_entry, entry_fire};
@@ -115,7 +114,7 @@ fn scan_index(inner: &Arc<Inner>, until: u64) -> IndexScan {
         rest_from: None,
     };
     let mut live = inner.live.lock();
-    live.loading = Some(HashSet::new());
+    live.loading = Some(Default::default());
     for item in inner.store.due_entries(&[]) {
         let (key, id, entry) = match item {
             Ok(e) => e,

@@ -782,7 +782,8 @@ pub(super) fn settle_plan(
 }
 
 fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan, t: &TaskSpec) {
-    let trace_id = crate::model::timeline::hex(&t.trace());
+    let trace = t.trace();
+    let trace_id = crate::model::timeline::Hex(&trace);
     match outcome {
         Outcome::Sent => {
             tracing::info!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, %trace_id, "sent")

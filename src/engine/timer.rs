@@ -271,7 +271,7 @@ impl Drop for Timer {
 struct Handles {
     fires: hashbrown::HashTable<Handle>,
     hasher: foldhash::fast::RandomState,
-    steps: HashMap<Key, Handle>,
+    steps: HashMap<Key, Handle, foldhash::fast::RandomState>,
 }
 
 impl Handles {
@@ -361,9 +361,9 @@ const CONTINUITY_MS: u64 = 10_000;
 struct Guards {
     /// Per run key on the wheel: its wall deadline and the monotonic instant of that moment
     /// (in the past for a deadline that was past when set: the key is handed over at once).
-    due: HashMap<Key, (u64, u64)>,
+    due: HashMap<Key, (u64, u64), foldhash::fast::RandomState>,
     /// Per run key handed over recently: the same pair (for [`CONTINUITY_MS`]).
-    fired: HashMap<Key, (u64, u64)>,
+    fired: HashMap<Key, (u64, u64), foldhash::fast::RandomState>,
     swept_mono: u64,
 }
 

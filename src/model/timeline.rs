@@ -273,6 +273,16 @@ pub fn hex(bytes: &[u8]) -> String {
     s
 }
 
+/// [`hex`] written only when displayed: a log field that costs nothing while its level is
+/// off (a trace id on every settle's log line).
+pub struct Hex<'a>(pub &'a [u8]);
+
+impl std::fmt::Display for Hex<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
 /// The bytes of exactly `N * 2` lowercase or uppercase hex digits.
 pub fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
     let b = s.as_bytes();
