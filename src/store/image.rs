@@ -43,13 +43,18 @@ struct Plan {
 }
 
 /// The values of an atomic read in the order [`Store::image_keys`] asked for them.
+/// Timeline keys probed past the last one scanned.
+const NEXT_EVENTS: usize = 2;
+
 struct Values<'a> {
     spec: &'a Option<Vec<u8>>,
     progress: &'a Option<Vec<u8>>,
     next_run: &'a Option<Vec<u8>>,
     messages: &'a [Option<Vec<u8>>],
     runs: &'a [Option<Vec<u8>>],
-    next_event: Option<&'a Option<Vec<u8>>>,
+    /// The two seqs after the last event scanned (a step's events may start with an attempt
+    /// and its delivery, one record at the second seq: `TimelineRecord::Delivered`).
+    next_events: &'a [Option<Vec<u8>>],
     events: &'a [Option<Vec<u8>>],
 }
 
@@ -62,17 +67,14 @@ impl<'a> Values<'a> {
         };
         let (messages, rest) = rest.split_at_checked(plan.count as usize)?;
         let (runs, rest) = rest.split_at_checked(plan.run_nos.len())?;
-        let (next_event, events) = match rest.split_first() {
-            Some((n, e)) => (Some(n), e),
-            None => (None, rest),
-        };
+        let (next_events, events) = rest.split_at_checked(NEXT_EVENTS)?;
         Some(Values {
             spec,
             progress,
             next_run,
             messages,
             runs,
-            next_event,
+            next_events,
             events,
         })
     }
@@ -122,7 +124,7 @@ impl Store {
         // An event past the last one scanned means the task took a step meanwhile; so does a
         // run after the last one scanned, a run gone, or messages changed.
         let inline = spec.message.is_some();
-        if v.next_event.is_some_and(Option::is_some)
+        if v.next_events.iter().any(Option::is_some)
             || v.next_run.is_some()
             || v.runs.iter().any(Option::is_none)
             || (if inline { 0 } else { spec.message_count }) != plan.count
@@ -159,7 +161,9 @@ impl Store {
         {
             let key = timeline_key(id, *seq);
             let rec: TimelineRecord = decode("timeline", &key, v)?;
-            timeline.push(rec.into_event(*seq, &key)?);
+            let (first, e) = rec.into_events(*seq, &key)?;
+            timeline.extend(first);
+            timeline.push(e);
         }
         Ok(Read::Done(Some(Box::new(TaskImage {
             task: join(spec, progress),
@@ -208,7 +212,7 @@ impl Store {
 }
 
 /// The keys of one atomic read: spec, progress, the run after the last one scanned;
-/// then the messages, the runs, the event after the last one scanned and the events.
+/// then the messages, the runs, the two events after the last one scanned and the events.
 fn image_keys(id: &str, plan: &Plan) -> Vec<(TreeId, Vec<u8>)> {
     let next_run = plan.run_nos.last().map_or(1, |n| n.saturating_add(1));
     let next_seq = plan.seqs.last().map_or(1, |n| n.saturating_add(1));
@@ -219,7 +223,12 @@ fn image_keys(id: &str, plan: &Plan) -> Vec<(TreeId, Vec<u8>)> {
     ];
     keys.extend((0..plan.count).map(|s| (TreeId::Messages, run_key(id, s))));
     keys.extend(plan.run_nos.iter().map(|n| (TreeId::Runs, run_key(id, *n))));
-    keys.push((TreeId::Timeline, timeline_key(id, next_seq)));
+    keys.extend((0..NEXT_EVENTS as u64).map(|i| {
+        (
+            TreeId::Timeline,
+            timeline_key(id, next_seq.saturating_add(i)),
+        )
+    }));
     keys.extend(
         plan.seqs
             .iter()

@@ -24,7 +24,15 @@
 //! the first patch of a task whose `created` is still derived stores it as it was (one
 //! record, written with the patch, from the task before it).
 //!
-//! A task keeps at most `[store] timeline_max` events: each write deletes the oldest keys
+//! **A sent message's two events are one record** (issue 29: half the timeline keys a
+//! delivery writes): an attempt and the `delivered` event right after it, at the same instant
+//! for the same message and attempt, are stored as [`TimelineRecord::Delivered`] at the
+//! second's seq and read back as the two events ([`TimelineRecord::into_events`]); a page
+//! that ended between them starts the next one with the second (the scan starts at the key
+//! past `after` and drops what is at or below it). Every other event is a record of its own.
+//!
+//! A task keeps at most `[store] timeline_max` events (one more while its oldest record kept
+//! is such a pair whose attempt is below the bound): each write deletes the oldest keys
 //! below `next - timeline_max`, blindly (no read), at most [`TRIM_PER_WRITE`] beyond one per
 //! new event, so lowering the bound catches up over a few writes and no write grows without
 //! bound. `timeline_max = 0` writes no events at all (the delivery bench's "off").
@@ -110,7 +118,27 @@ pub enum TimelineRecord {
         /// The detail as JSON text; empty for none.
         detail: String,
     },
+    /// A message's attempt and the `delivered` event that follows it, one record for the two
+    /// (issue 29: a sent message's timeline is one key, not two). Stored at the `delivered`
+    /// event's seq; the attempt is the seq before it, with the same instant, run, message and
+    /// attempt number (what [`TimelineEvent::delivered`] holds), and `detail` is the
+    /// attempt's. Written only for an attempt at seq 3 or later, so seq 2, the first after
+    /// the derived `created`, is always a record of its own when stored, and a task's first
+    /// stored key tells whether its `created` event shows ([`created_shows`]) without
+    /// reading the record.
+    Delivered {
+        at_ms: u64,
+        run: Option<u32>,
+        msg: Option<u32>,
+        attempt: Option<u32>,
+        /// The attempt's detail as JSON text; empty for none.
+        detail: String,
+    },
 }
+
+/// The first seq an attempt may have to share a record with its `delivered` event
+/// ([`TimelineRecord::Delivered`]).
+const PAIRED_FROM: u64 = CREATED_SEQ + 2;
 
 /// The kinds' codes on disk. Never renumber: append.
 const KINDS: [TimelineKind; 17] = [
@@ -137,6 +165,18 @@ fn kind_code(k: TimelineKind) -> u8 {
     KINDS.iter().position(|x| *x == k).unwrap_or(0) as u8
 }
 
+/// A detail as stored: JSON text, empty for none.
+fn detail_text(detail: &serde_json::Value) -> String {
+    if detail.is_null() {
+        String::new()
+    } else {
+        // Straight into a buffer: `Value`'s `Display` goes through `fmt::Formatter` a write at
+        // a time, ~1 µs per attempt event in a herd's profile. A `Value` always serializes
+        // (its keys are strings); `Display` stays the fallback.
+        serde_json::to_string(detail).unwrap_or_else(|_| detail.to_string())
+    }
+}
+
 impl TimelineRecord {
     pub fn of(e: &TimelineEvent) -> TimelineRecord {
         TimelineRecord::V1 {
@@ -145,48 +185,125 @@ impl TimelineRecord {
             run: e.run,
             msg: e.msg,
             attempt: e.attempt,
-            detail: if e.detail.is_null() {
-                String::new()
-            } else {
-                e.detail.to_string()
-            },
+            detail: detail_text(&e.detail),
         }
     }
 
-    /// The event with its `seq`; a record naming an unknown kind or holding bad JSON is an
-    /// error naming its key.
-    pub fn into_event(self, seq: u64, key: &[u8]) -> Result<TimelineEvent, StoreError> {
+    /// One record for an attempt at seq `seq` and the event after it at `seq + 1`, when that
+    /// is the attempt's `delivered` event ([`TimelineRecord::Delivered`]); `None` otherwise.
+    /// Pure.
+    pub fn paired(
+        attempt: &TimelineEvent,
+        seq: u64,
+        next: &TimelineEvent,
+        next_seq: u64,
+    ) -> Option<TimelineRecord> {
+        let pairs = attempt.kind == TimelineKind::Attempt
+            && next.kind == TimelineKind::Delivered
+            && seq >= PAIRED_FROM
+            && next_seq == seq + 1
+            && (next.at_ms, next.run, next.msg, next.attempt)
+                == (attempt.at_ms, attempt.run, attempt.msg, attempt.attempt)
+            && next.detail.is_null();
+        pairs.then(|| TimelineRecord::Delivered {
+            at_ms: attempt.at_ms,
+            run: attempt.run,
+            msg: attempt.msg,
+            attempt: attempt.attempt,
+            detail: detail_text(&attempt.detail),
+        })
+    }
+
+    /// The events of the record stored at `seq`, oldest first: one, or an attempt and its
+    /// `delivered` event. A record naming an unknown kind, holding bad JSON or pairing an
+    /// attempt below seq 3 is an error naming its key.
+    pub fn into_events(
+        self,
+        seq: u64,
+        key: &[u8],
+    ) -> Result<(Option<TimelineEvent>, TimelineEvent), StoreError> {
         let corrupt = |detail: String| StoreError::Corrupt {
             tree: "timeline".into(),
             key: String::from_utf8_lossy(key).into_owned(),
             detail,
         };
-        let TimelineRecord::V1 {
-            at_ms,
-            kind,
-            run,
-            msg,
-            attempt,
-            detail,
-        } = self;
-        let kind = *KINDS
-            .get(kind as usize)
-            .ok_or_else(|| corrupt(format!("unknown event kind {kind}")))?;
-        let detail = if detail.is_empty() {
-            serde_json::Value::Null
-        } else {
-            serde_json::from_str(&detail).map_err(|e| corrupt(format!("detail: {e}")))?
+        let parse = |detail: String| -> Result<serde_json::Value, StoreError> {
+            if detail.is_empty() {
+                Ok(serde_json::Value::Null)
+            } else {
+                serde_json::from_str(&detail).map_err(|e| corrupt(format!("detail: {e}")))
+            }
         };
-        Ok(TimelineEvent {
-            seq,
-            at_ms,
-            kind,
-            run,
-            msg,
-            attempt,
-            detail,
-        })
+        match self {
+            TimelineRecord::V1 {
+                at_ms,
+                kind,
+                run,
+                msg,
+                attempt,
+                detail,
+            } => {
+                let kind = *KINDS
+                    .get(kind as usize)
+                    .ok_or_else(|| corrupt(format!("unknown event kind {kind}")))?;
+                let e = TimelineEvent {
+                    seq,
+                    at_ms,
+                    kind,
+                    run,
+                    msg,
+                    attempt,
+                    detail: parse(detail)?,
+                };
+                Ok((None, e))
+            }
+            TimelineRecord::Delivered {
+                at_ms,
+                run,
+                msg,
+                attempt,
+                detail,
+            } => {
+                if seq <= PAIRED_FROM {
+                    return Err(corrupt(format!(
+                        "an attempt and its delivery stored at seq {seq}, below {}",
+                        PAIRED_FROM + 1
+                    )));
+                }
+                let event = |seq, kind, detail| TimelineEvent {
+                    seq,
+                    at_ms,
+                    kind,
+                    run,
+                    msg,
+                    attempt,
+                    detail,
+                };
+                Ok((
+                    Some(event(seq - 1, TimelineKind::Attempt, parse(detail)?)),
+                    event(seq, TimelineKind::Delivered, serde_json::Value::Null),
+                ))
+            }
+        }
     }
+}
+
+/// The events of the stored record `(k, v)` of `task_id`, appended to `out` (oldest first).
+/// A key without a seq is skipped (not one of the task's).
+fn push_record(
+    task_id: &str,
+    k: &[u8],
+    v: &[u8],
+    out: &mut Vec<TimelineEvent>,
+) -> Result<(), StoreError> {
+    let Some(seq) = seq_of_key(task_id, k) else {
+        return Ok(());
+    };
+    let rec: TimelineRecord = decode("timeline", k, v)?;
+    let (first, e) = rec.into_events(seq, k)?;
+    out.extend(first);
+    out.push(e);
+    Ok(())
 }
 
 /// A task's counter: the next seq to give and the oldest seq that may still be stored.
@@ -205,9 +322,13 @@ pub(crate) struct Seqs {
 /// The newer and the older generation of counters; a task is in at most one.
 #[derive(Default)]
 struct Generations {
-    new: HashMap<String, Seq>,
-    old: HashMap<String, Seq>,
+    new: SeqMap,
+    old: SeqMap,
 }
+
+/// foldhash, not SipHash: ids are the caller's, but a counter map's worst case is only a
+/// slower lookup, and a herd looks every task up twice per write (~2 % of its profile).
+type SeqMap = HashMap<String, Seq, foldhash::fast::RandomState>;
 
 impl Seqs {
     fn get(&self, id: &str) -> Option<Seq> {
@@ -217,7 +338,12 @@ impl Seqs {
 
     fn put(&self, id: &str, s: Seq) {
         let mut m = self.map.lock();
-        if m.old.remove(id).is_none() && m.new.len() >= SEQS_MAX / 2 && !m.new.contains_key(id) {
+        // Most puts update a counter of the newer generation: no new key allocated for it.
+        if let Some(c) = m.new.get_mut(id) {
+            *c = s;
+            return;
+        }
+        if m.old.remove(id).is_none() && m.new.len() >= SEQS_MAX / 2 {
             m.old = std::mem::take(&mut m.new);
         }
         m.new.insert(id.to_string(), s);
@@ -275,16 +401,32 @@ pub(crate) fn plan_writes(
     ops: &mut Vec<RawOp>,
 ) -> Result<Seq, StoreError> {
     let mut next = s.next;
-    for e in events {
+    let mut each = events.iter().peekable();
+    while let Some(e) = each.next() {
         let seq = if e.seq == 0 { next } else { e.seq };
-        if !is_derived(e) {
-            ops.push(RawOp::Put(
-                TreeId::Timeline,
-                timeline_key(task_id, seq),
-                encode(&TimelineRecord::of(e))?,
-            ));
-        }
         next = next.max(seq + 1);
+        if is_derived(e) {
+            continue;
+        }
+        // An attempt and its `delivered` event: one record, at the second's seq.
+        if let Some(after) = each.peek() {
+            let after_seq = if after.seq == 0 { next } else { after.seq };
+            if let Some(rec) = TimelineRecord::paired(e, seq, after, after_seq) {
+                ops.push(RawOp::Put(
+                    TreeId::Timeline,
+                    timeline_key(task_id, after_seq),
+                    encode(&rec)?,
+                ));
+                next = next.max(after_seq + 1);
+                each.next();
+                continue;
+            }
+        }
+        ops.push(RawOp::Put(
+            TreeId::Timeline,
+            timeline_key(task_id, seq),
+            encode(&TimelineRecord::of(e))?,
+        ));
     }
     // Keep seqs `next - max ..`; delete from the oldest stored, a bounded number per write.
     let keep_from = next.saturating_sub(u64::from(max));
@@ -544,8 +686,13 @@ impl Store {
                 detail: "a timeline key must end in an 8-byte seq".into(),
             })?;
             let rec: TimelineRecord = decode("timeline", &k, &v)?;
-            let e = rec.into_event(seq, &k)?;
-            if run.is_none() || e.run == run {
+            let (first, e) = rec.into_events(seq, &k)?;
+            // A record's attempt half is at or below `after` when the last page ended
+            // between the two.
+            for e in first.into_iter().chain([e]) {
+                if after.is_some_and(|a| e.seq <= a) || run.is_some_and(|r| e.run != Some(r)) {
+                    continue;
+                }
                 if out.len() == limit {
                     let next = out.last().map(|e| e.seq);
                     return Ok((out, next));
@@ -585,11 +732,7 @@ impl Store {
         let mut out = Vec::new();
         for item in bounded(self.backend.scan(TreeId::Timeline, &p, Some(&p))) {
             let (k, v) = item?;
-            let Some(seq) = seq_of_key(task_id, &k) else {
-                continue;
-            };
-            let rec: TimelineRecord = decode("timeline", &k, &v)?;
-            out.push(rec.into_event(seq, &k)?);
+            push_record(task_id, &k, &v, &mut out)?;
         }
         Ok(out)
     }
@@ -612,8 +755,8 @@ mod tests {
             .with_detail(json!({"status": 500, "duration_ms": 12}));
         let bytes = encode(&TimelineRecord::of(&e)).unwrap();
         let back: TimelineRecord = decode("timeline", b"k", &bytes).unwrap();
-        let back = back.into_event(9, b"k").unwrap();
-        assert_eq!(back, TimelineEvent { seq: 9, ..e });
+        let back = back.into_events(9, b"k").unwrap();
+        assert_eq!(back, (None, TimelineEvent { seq: 9, ..e }));
         let bad = TimelineRecord::V1 {
             at_ms: 1,
             kind: 200,
@@ -622,7 +765,7 @@ mod tests {
             attempt: None,
             detail: String::new(),
         };
-        let err = bad.into_event(1, b"t\0x").unwrap_err().to_string();
+        let err = bad.into_events(1, b"t\0x").unwrap_err().to_string();
         assert!(
             err.contains("timeline") && err.contains("unknown event kind"),
             "{err}"
@@ -671,6 +814,126 @@ mod tests {
         .unwrap();
         assert_eq!(s.oldest, 1 + 1 + TRIM_PER_WRITE);
         assert_eq!(ops.len(), 1 + 1 + TRIM_PER_WRITE as usize);
+    }
+
+    fn sent(at: u64, run: u32, msg: u32) -> [TimelineEvent; 2] {
+        [
+            TimelineEvent::attempt(at, run, msg, 1, &crate::model::Outcome::Sent, Some(200), 3),
+            TimelineEvent::delivered(at, run, msg, 1),
+        ]
+    }
+
+    #[test]
+    fn an_attempt_and_its_delivery_are_one_record_only_when_nothing_is_lost() {
+        let [a, d] = sent(7, 1, 0);
+        let rec = TimelineRecord::paired(&a, 3, &d, 4).expect("a pair");
+        let back: TimelineRecord = decode("timeline", b"k", &encode(&rec).unwrap()).unwrap();
+        assert_eq!(
+            back.into_events(4, b"k").unwrap(),
+            (
+                Some(TimelineEvent {
+                    seq: 3,
+                    ..a.clone()
+                }),
+                TimelineEvent {
+                    seq: 4,
+                    ..d.clone()
+                }
+            )
+        );
+        // Not a pair: seqs apart, another instant, message or attempt, a failed attempt's
+        // next event, seq 2 (the first after `created`), a delivery with a detail.
+        assert!(TimelineRecord::paired(&a, 3, &d, 5).is_none());
+        assert!(TimelineRecord::paired(&a, 2, &d, 3).is_none());
+        assert!(TimelineRecord::paired(
+            &a,
+            3,
+            &TimelineEvent {
+                at_ms: 8,
+                ..d.clone()
+            },
+            4
+        )
+        .is_none());
+        assert!(TimelineRecord::paired(
+            &a,
+            3,
+            &TimelineEvent {
+                msg: Some(1),
+                ..d.clone()
+            },
+            4
+        )
+        .is_none());
+        assert!(TimelineRecord::paired(&a, 3, &d.clone().with_attempt(2), 4).is_none());
+        assert!(TimelineRecord::paired(&d, 3, &a, 4).is_none());
+        assert!(
+            TimelineRecord::paired(&a, 3, &d.clone().with_detail(json!({"x": 1})), 4).is_none()
+        );
+        // A pair stored below seq 4 would put its attempt on `created`'s seq or below.
+        let err = rec.into_events(3, b"t\0x").unwrap_err().to_string();
+        assert!(err.contains("below 4"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn sent_messages_are_one_record_each_and_read_back_event_by_event() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let (t, m) = crate::store::tests::task("p");
+        s.insert_new_task_with(&t, &m, None, &[TimelineEvent::created(&t)])
+            .await
+            .unwrap();
+        let mut b = Batch::new();
+        let mut events = vec![TimelineEvent::run(TimelineKind::Fired, 5, 1, None)];
+        events.extend(sent(6, 1, 0));
+        b.timeline("p", events);
+        s.write(&b).await.unwrap();
+        for msg in 1..3 {
+            let mut b = Batch::new();
+            b.timeline("p", sent(6 + u64::from(msg), 1, msg).to_vec());
+            s.write_numbered(&mut b).await.unwrap();
+            let Op::Timeline { events, .. } = &b.ops[0] else {
+                panic!("{b:?}")
+            };
+            assert_eq!(
+                seqs_of(events),
+                [2 + 2 * u64::from(msg) + 1, 2 + 2 * u64::from(msg) + 2]
+            );
+        }
+        // created (derived), fired, then three messages of two events each, in four records.
+        let all = s.timeline_all("p").unwrap();
+        assert_eq!(seqs_of(&all), (1..=8).collect::<Vec<_>>());
+        assert_eq!(s.timeline_footprint().unwrap().0, 4);
+        let kinds: Vec<_> = all.iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds[2..4],
+            [TimelineKind::Attempt, TimelineKind::Delivered]
+        );
+        assert_eq!(all[3].detail, serde_json::Value::Null);
+        assert_eq!(all[2].detail["outcome"], "sent");
+        // Pages of every size see every event once, a page ending between the two halves of
+        // a record too.
+        for limit in 1..=9 {
+            let (mut seen, mut after) = (Vec::new(), None);
+            loop {
+                let (page, next) = s.timeline("p", None, after, limit).unwrap();
+                seen.extend(seqs_of(&page));
+                match next {
+                    Some(n) => after = Some(n),
+                    None => break,
+                }
+            }
+            assert_eq!(seen, (1..=8).collect::<Vec<_>>(), "limit {limit}");
+        }
+        // A counter read from disk again goes on after the pair's second seq.
+        s.forget_timeline_seq("p");
+        let mut b = Batch::new();
+        b.timeline("p", vec![ev(TimelineKind::Paused, 20)]);
+        s.write(&b).await.unwrap();
+        assert_eq!(seqs_of(&s.timeline_all("p").unwrap()).last(), Some(&9));
+        // The export's image reads the pairs too.
+        let image = s.task_image("p").unwrap().unwrap();
+        assert_eq!(seqs_of(&image.timeline), (2..=9).collect::<Vec<_>>());
     }
 
     #[tokio::test]

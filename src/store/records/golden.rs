@@ -374,6 +374,18 @@ fn timeline_records_keep_their_bytes() {
         &TimelineRecord::of(&ev),
         "0100fd00505c18a3010000090101010201030e7b22737461747573223a3530307d",
     );
+    // An attempt and its delivery in one record (issue 29).
+    let delivered = TimelineEvent {
+        kind: TimelineKind::Delivered,
+        detail: serde_json::Value::Null,
+        ..ev.clone()
+    };
+    let pair = TimelineRecord::paired(&ev, 9, &delivered, 10).expect("a pair");
+    golden(
+        "timeline",
+        &pair,
+        "0101fd00505c18a30100000101010201030e7b22737461747573223a3530307d",
+    );
 }
 
 #[test]
