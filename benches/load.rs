@@ -409,6 +409,10 @@ async fn herd(n: u64) {
     println!(
         "2. herd: {n} one-shots due at the same instant (file channel, misfire skip, grace 1s)"
     );
+    // herald's CPU from the fill's end to the last send (the fires ahead of the instant,
+    // the sends, and what sled takes meanwhile): steadier than the last send's instant when
+    // two builds are compared in a noisy hour.
+    let cpu0 = thread_cpu_ns(herald.pid());
     let done = wait_lines(
         &dir.path().join("herd.jsonl"),
         n as usize,
@@ -421,6 +425,7 @@ async fn herd(n: u64) {
         Duration::from_secs(120),
     )
     .await;
+    let cpu1 = thread_cpu_ns(herald.pid());
     let rows = lines(&dir.path().join("herd.jsonl"));
     let first = rows.iter().map(|r| r.1).min().unwrap_or(0);
     let last = rows.iter().map(|r| r.1).max().unwrap_or(0);
@@ -439,6 +444,10 @@ async fn herd(n: u64) {
         }
     }
     println!("   sends per 500 ms after due: {slices:?}");
+    println!(
+        "   herald CPU per one-shot, fill's end to last send: {}",
+        cpu_per_item(&cpu0, &cpu1, n)
+    );
     let probes = lines(&dir.path().join("probe.jsonl"));
     let (p50, p99, max) = lateness(&probes);
     println!(

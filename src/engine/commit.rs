@@ -122,7 +122,7 @@ fn batch_into(st: &LiveState, c: &Change, batch: &mut Batch) {
         // A patch: the whole record (its wire shape, copied once per patch).
         batch.task(&Task::join(spec, progress));
     } else if c.progress.is_some() {
-        batch.progress_of(&st.spec, progress);
+        batch.progress_of(&st.spec, progress, &st.progress);
     }
 }
 

@@ -132,6 +132,13 @@ pub struct IndexedWrite {
     /// preconditions hold (a new task: the job requires its spec to be absent), so the backend
     /// need not read it.
     pub stored_absent: bool,
+    /// The old value as the writer knows it, stored or derived (the engine's progress of a
+    /// task it holds locked, which is the store's: a failed write unloads the task), so the
+    /// backend need not read it: a herd's settles each read their task's spec from sled to
+    /// derive the progress they replace, ~5 % of the herd's CPU. What the group itself wrote
+    /// before still wins. Debug builds read the store anyway and assert that the index entry
+    /// of what it holds is this one's (the simulation and the crash loops check the promise).
+    pub old: Option<Vec<u8>>,
 }
 
 /// The values of a group not stored in their tree (`IndexedWrite::store` false), by tree and

@@ -203,8 +203,9 @@ pub struct IdemRecord {
 pub enum Op {
     /// The whole task (spec and progress).
     Task(Box<Task>),
-    /// Only what the engine changes: state, fires, counters (the spec for its id and kind).
-    Progress(Arc<TaskSpec>, Box<TaskProgress>),
+    /// Only what the engine changes: state, fires, counters (the spec for its id and kind);
+    /// and the progress it replaces when the writer holds it (`IndexedWrite::old`).
+    Progress(Arc<TaskSpec>, Box<TaskProgress>, Option<Box<TaskProgress>>),
     /// Replaces a task's messages (`old_count` were stored before).
     Messages {
         task_id: String,
@@ -263,13 +264,24 @@ impl Batch {
     }
     pub fn progress(&mut self, t: &Task) -> &mut Self {
         let (spec, p) = t.clone().split();
-        self.ops.push(Op::Progress(Arc::new(spec), Box::new(p)));
+        self.ops
+            .push(Op::Progress(Arc::new(spec), Box::new(p), None));
         self
     }
-    /// [`Batch::progress`] of a task the engine holds: shares the spec, copies the progress.
-    pub fn progress_of(&mut self, spec: &Arc<TaskSpec>, p: &TaskProgress) -> &mut Self {
-        self.ops
-            .push(Op::Progress(spec.clone(), Box::new(p.clone())));
+    /// [`Batch::progress`] of a task the engine holds locked: shares the spec, copies the
+    /// progress, and says what it replaces (`was`, the engine's, which is the store's: the
+    /// backend need not read it).
+    pub fn progress_of(
+        &mut self,
+        spec: &Arc<TaskSpec>,
+        p: &TaskProgress,
+        was: &TaskProgress,
+    ) -> &mut Self {
+        self.ops.push(Op::Progress(
+            spec.clone(),
+            Box::new(p.clone()),
+            Some(Box::new(was.clone())),
+        ));
         self
     }
     /// See [`Op::TrimRuns`].
@@ -1132,7 +1144,7 @@ fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
     for op in &batch.ops {
         match op {
             Op::Task(t) => push_task(&mut ops, t, Records::Task)?,
-            Op::Progress(spec, p) => push_progress(&mut ops, spec, p)?,
+            Op::Progress(spec, p, was) => push_progress(&mut ops, spec, p, was.as_deref())?,
             Op::Messages {
                 task_id,
                 old_count,
@@ -1273,15 +1285,21 @@ fn push_task(ops: &mut Vec<RawOp>, t: &Task, what: Records) -> Result<(), StoreE
     Ok(())
 }
 
-/// A progress record, and the due entry derived from it.
+/// A progress record, and the due entry derived from it; `was`: the progress it replaces,
+/// as the writer holds it.
 fn push_progress(
     ops: &mut Vec<RawOp>,
     spec: &TaskSpec,
     p: &TaskProgress,
+    was: Option<&TaskProgress>,
 ) -> Result<(), StoreError> {
     let key = spec.id.as_bytes().to_vec();
     let value = encode(&progress_record(spec, p))?;
-    ops.push(progress_write(key, Some(value), true, false));
+    let mut op = progress_write(key, Some(value), true, false);
+    if let (RawOp::Indexed(w), Some(was)) = (&mut op, was) {
+        w.old = Some(encode(&progress_record(spec, was))?);
+    }
+    ops.push(op);
     Ok(())
 }
 
@@ -1333,6 +1351,7 @@ fn progress_write(key: Vec<u8>, value: Option<Vec<u8>>, store: bool, stored_abse
         derived_from: TreeId::Specs,
         derive: records::initial_progress,
         stored_absent,
+        old: None,
     }))
 }
 

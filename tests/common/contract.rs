@@ -39,7 +39,18 @@ fn indexed_as(key: &[u8], value: Option<&[u8]>, store: bool, stored_absent: bool
         derived_from: TreeId::Specs,
         derive,
         stored_absent,
+        old: None,
     }))
+}
+
+/// [`indexed`] of a value whose old one the writer knows (`IndexedWrite::old`, the engine's
+/// progress of a task it holds): the backend need not read it.
+fn indexed_known(key: &[u8], value: &[u8], old: &[u8]) -> RawOp {
+    let mut op = indexed(key, Some(value), false);
+    if let RawOp::Indexed(w) = &mut op {
+        w.old = Some(old.to_vec());
+    }
+    op
 }
 
 fn indexed(key: &[u8], value: Option<&[u8]>, stored_absent: bool) -> RawOp {
@@ -198,6 +209,19 @@ fn indexed_writes_keep_the_index_in_step(b: &dyn Backend) {
     assert_eq!(b.get(TreeId::Progress, b"t3").unwrap().unwrap(), b"v2");
     commit(b, vec![vec![indexed(b"t3", Some(b"x"), false)]]);
     assert!(keys(b, TreeId::Due, b"", None).is_empty());
+    // The old value known to the writer, derived then stored: the entries it names move.
+    commit(
+        b,
+        vec![vec![
+            put(TreeId::Specs, b"k4", b"=v1"),
+            indexed_as(b"k4", Some(b"v1"), false, true),
+        ]],
+    );
+    commit(b, vec![vec![indexed_known(b"k4", b"v2", b"v1")]]);
+    assert_eq!(keys(b, TreeId::Due, b"", None), [b"v2k4".to_vec()]);
+    commit(b, vec![vec![indexed_known(b"k4", b"x", b"v2")]]);
+    assert!(keys(b, TreeId::Due, b"", None).is_empty());
+    assert_eq!(b.get(TreeId::Progress, b"k4").unwrap().unwrap(), b"x");
     // A derived value written unchanged to be stored (its source rewritten in the same job,
     // a patch's spec) is stored, its index entry kept.
     commit(

@@ -79,9 +79,10 @@ impl Resolver<'_> {
 
     /// An indexed write: the old value (the group's own, stored, or derived), then the index
     /// entries, then the value.
-    fn indexed(&mut self, w: IndexedWrite) -> Result<(), StoreError> {
+    fn indexed(&mut self, mut w: IndexedWrite) -> Result<(), StoreError> {
         let (tree, derived_from, derive) = (w.tree, w.derived_from, w.derive);
         let key = w.key.clone();
+        let known = w.old.take();
         // The writer's promise covers what was stored before this group, not what an earlier
         // job of the group wrote. `stored`: the old value is in `tree` (not derived, not an
         // unstored value).
@@ -98,17 +99,23 @@ impl Resolver<'_> {
                 );
                 (None, true)
             }
-            // Derived from what was stored before the group: a job that rewrites the source (a
-            // patch's spec) stores the value too, which the group's own writes answer above.
-            (None, None) => match self.backend.get(tree, &key)? {
-                Some(v) => (Some(v), true),
-                None => (
-                    self.backend
-                        .get(derived_from, &key)?
-                        .and_then(|from| derive(&key, &from)),
-                    false,
-                ),
-            },
+            // Known to the writer: not read (stored or derived, it is not said, so a value
+            // unchanged is written again rather than skipped).
+            (None, None) if known.is_some() => {
+                if cfg!(debug_assertions) {
+                    let (stored, _) = self.stored_or_derived(tree, &key, derived_from, derive)?;
+                    let entry_of =
+                        |v: &Option<Vec<u8>>| v.as_deref().and_then(|v| (w.entry)(&key, v));
+                    assert_eq!(
+                        entry_of(&known),
+                        entry_of(&stored),
+                        "the writer's old value of {:?} is not the store's",
+                        String::from_utf8_lossy(&key)
+                    );
+                }
+                (known, false)
+            }
+            (None, None) => self.stored_or_derived(tree, &key, derived_from, derive)?,
         };
         let mut puts = Vec::new();
         w.resolve(old, stored, &mut self.unstored, |t, k, v| {
@@ -118,5 +125,26 @@ impl Resolver<'_> {
             self.put(t, k, v);
         }
         Ok(())
+    }
+
+    /// The value of `key` as stored before the group (`true`), or derived from its source
+    /// as stored then (`false`): a job that rewrites the source (a patch's spec) stores the
+    /// value too, which the group's own writes answer before this is asked.
+    fn stored_or_derived(
+        &self,
+        tree: TreeId,
+        key: &[u8],
+        derived_from: TreeId,
+        derive: fn(&[u8], &[u8]) -> Option<Vec<u8>>,
+    ) -> Result<(Option<Vec<u8>>, bool), StoreError> {
+        Ok(match self.backend.get(tree, key)? {
+            Some(v) => (Some(v), true),
+            None => (
+                self.backend
+                    .get(derived_from, key)?
+                    .and_then(|from| derive(key, &from)),
+                false,
+            ),
+        })
     }
 }

@@ -207,6 +207,7 @@ fn indexed_t(v: &str, store: bool, stored_absent: bool) -> RawOp {
         derived_from: TreeId::Specs,
         derive: |_, from| from.strip_prefix(b"=").map(<[u8]>::to_vec),
         stored_absent,
+        old: None,
     }))
 }
 
@@ -252,6 +253,48 @@ fn a_value_not_stored_is_derived_from_its_source_by_the_next_write() {
     b.apply(vec![vec![indexed_t("2", true, false)]]).unwrap();
     b.sync().unwrap();
     assert_eq!(due_keys(&b), vec![b"2t".to_vec()]);
+}
+
+/// [`indexed_t`] stored, its old value `old` known to the writer (`IndexedWrite::old`).
+fn known_t(v: &str, old: &str) -> RawOp {
+    let mut op = indexed_t(v, true, false);
+    if let RawOp::Indexed(w) = &mut op {
+        w.old = Some(old.as_bytes().to_vec());
+    }
+    op
+}
+
+/// A known old value (derived or stored) moves the entry it names, as a read one would; a
+/// wrong one is caught in debug builds, which still read the store to check it.
+#[test]
+fn a_known_old_value_moves_its_entry_and_a_wrong_one_is_caught() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
+    b.apply(vec![vec![
+        put(TreeId::Specs, "t", "=1"),
+        indexed_t("1", false, true),
+    ]])
+    .unwrap();
+    b.sync().unwrap();
+    b.apply(vec![vec![known_t("2", "1")]]).unwrap();
+    b.sync().unwrap();
+    assert_eq!(
+        due_keys(&b),
+        vec![b"2t".to_vec()],
+        "the derived entry moved"
+    );
+    b.apply(vec![vec![known_t("3", "2")]]).unwrap();
+    b.sync().unwrap();
+    assert_eq!(due_keys(&b), vec![b"3t".to_vec()], "the stored entry moved");
+    let wrong = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        b.apply(vec![vec![known_t("4", "9")]])
+    }));
+    let msg = wrong
+        .expect_err("a wrong old value is caught")
+        .downcast::<String>()
+        .map(|s| *s)
+        .unwrap_or_default();
+    assert!(msg.contains("is not the store's"), "{msg}");
 }
 
 #[test]

@@ -22,7 +22,10 @@ pub fn reads_needed(jobs: &[Vec<RawOp>]) -> [Vec<Vec<u8>>; TREES] {
     for op in jobs.iter().flatten() {
         let (tree, key) = match op {
             RawOp::Absent(t, k) => (*t, k.as_slice()),
-            RawOp::Indexed(w) if !w.stored_absent => {
+            // A value the writer knows is not read (but in debug builds, which check it).
+            RawOp::Indexed(w)
+                if !w.stored_absent && (w.old.is_none() || cfg!(debug_assertions)) =>
+            {
                 // Its source too, for a value not stored (one round trip either way).
                 if w.derived_from.of_mut(&mut seen).insert(&w.key) {
                     w.derived_from.of_mut(&mut out).push(w.key.clone());
@@ -102,9 +105,20 @@ fn job(
     Ok(())
 }
 
-fn indexed(w: IndexedWrite, stored: &Stored, writes: &mut Writes, unstored: &mut Unstored) {
+fn indexed(mut w: IndexedWrite, stored: &Stored, writes: &mut Writes, unstored: &mut Unstored) {
     let (tree, derived_from, derive) = (w.tree, w.derived_from, w.derive);
+    let known = w.old.take();
     let key = &w.key;
+    let stored_or_derived = || match tree.of(stored).get(key) {
+        Some(v) => (Some(v.clone()), true),
+        None => (
+            derived_from
+                .of(stored)
+                .get(key)
+                .and_then(|from| derive(key, from)),
+            false,
+        ),
+    };
     // The writer's promise covers what was stored before this group, not what an earlier job
     // of the group wrote. A derived value comes from its source as stored before the group.
     // `in_tree`: the old value is in `tree` (not derived, not an unstored value).
@@ -115,16 +129,20 @@ fn indexed(w: IndexedWrite, stored: &Stored, writes: &mut Writes, unstored: &mut
         (Some(v), _) => (v.clone(), false),
         (None, Some(v)) => (v.cloned(), true),
         (None, None) if w.stored_absent => (None, true),
-        (None, None) => match tree.of(stored).get(key) {
-            Some(v) => (Some(v.clone()), true),
-            None => (
-                derived_from
-                    .of(stored)
-                    .get(key)
-                    .and_then(|from| derive(key, from)),
-                false,
-            ),
-        },
+        // Known to the writer (see `IndexedWrite::old`), checked in debug builds.
+        (None, None) if known.is_some() => {
+            if cfg!(debug_assertions) {
+                let entry_of = |v: &Option<Vec<u8>>| v.as_deref().and_then(|v| (w.entry)(key, v));
+                assert_eq!(
+                    entry_of(&known),
+                    entry_of(&stored_or_derived().0),
+                    "the writer's old value of {:?} is not the store's",
+                    String::from_utf8_lossy(key)
+                );
+            }
+            (known, false)
+        }
+        (None, None) => stored_or_derived(),
     };
     w.resolve(old, in_tree, unstored, |t, k, v| {
         t.of_mut(writes).insert(k, v);
@@ -162,7 +180,51 @@ mod tests {
             derived_from: TreeId::Specs,
             derive,
             stored_absent,
+            old: None,
         }))
+    }
+
+    /// [`ix`] of a value whose old one the writer knows.
+    fn ix_known(key: &str, value: &str, old: &str) -> RawOp {
+        let mut op = ix(key, Some(value), false);
+        if let RawOp::Indexed(w) = &mut op {
+            w.old = Some(old.into());
+        }
+        op
+    }
+
+    #[test]
+    fn a_known_old_value_moves_the_entry_it_names() {
+        let mut stored: Stored = Default::default();
+        // "d" is derived from its spec ("=p"), "t" stored ("a").
+        stored[TreeId::Specs as usize].insert(b"d".to_vec(), b"=p".to_vec());
+        stored[TreeId::Progress as usize].insert(b"t".to_vec(), b"a".to_vec());
+        let jobs = vec![
+            vec![ix_known("d", "s", "p")],
+            vec![ix_known("t", "b", "a")],
+            // The group's own earlier write wins over what the writer says.
+            vec![ix_known("t", "c", "a")],
+        ];
+        let (res, w) = resolve(jobs, &stored);
+        assert!(res.iter().all(Result::is_ok));
+        assert_eq!(get(&w, TreeId::Due, "pd"), Some(None));
+        assert_eq!(get(&w, TreeId::Due, "sd"), Some(Some(&b"s"[..])));
+        assert_eq!(get(&w, TreeId::Due, "at"), Some(None));
+        assert_eq!(get(&w, TreeId::Due, "bt"), Some(None));
+        assert_eq!(get(&w, TreeId::Due, "ct"), Some(Some(&b"c"[..])));
+        assert_eq!(get(&w, TreeId::Progress, "t"), Some(Some(&b"c"[..])));
+    }
+
+    #[test]
+    #[should_panic(expected = "is not the store's")]
+    fn a_wrong_known_old_value_is_caught_in_debug_builds() {
+        let mut stored: Stored = Default::default();
+        stored[TreeId::Progress as usize].insert(b"t".to_vec(), b"a".to_vec());
+        assert!(
+            !reads_needed(&[vec![ix_known("t", "b", "z")]])[TreeId::Progress as usize].is_empty(),
+            "debug builds read what they check"
+        );
+        resolve(vec![vec![ix_known("t", "b", "z")]], &stored);
     }
 
     fn ix(key: &str, value: Option<&str>, stored_absent: bool) -> RawOp {
