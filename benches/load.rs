@@ -14,7 +14,8 @@
 //!    first alone, then while 2 clients loop `GET /v1/tasks?state=paused&limit=100`.
 //!
 //! Run: `cargo bench --bench load` (about 8 minutes on 2 cores); `HERALD_LOAD_COMPETE=1` runs
-//! a competing `fdatasync` writer on the same disk through each creates round and its peer
+//! a competing `fdatasync` writer on the same disk through each creates round and its peer, and
+//! through the herd from its fill's end to its last probe
 //! (`support::Competitor`, bounded), so any hour can be a slow one; `HERALD_LOAD_ONLY=herd` (or
 //! `creates`, `pending`) runs one part; `HERALD_LOAD_CREATES` sets the creates per round (30 000). Webhook throughput against
 //! the raw hyper client is `cargo bench --bench delivery`.
@@ -409,6 +410,23 @@ async fn herd(n: u64) {
     println!(
         "2. herd: {n} one-shots due at the same instant (file channel, misfire skip, grace 1s)"
     );
+    // The competing writer (if asked for) from here through the herd and its probes, and the
+    // raw fdatasync rate under it, beside the figure.
+    println!(
+        "   raw fdatasync of this disk: {:.0}/s",
+        fdatasync_rate(dir.path())
+    );
+    let competitor = Competitor::from_env(dir.path());
+    if competitor.is_some() {
+        println!(
+            "   raw fdatasync now, with the competing writer: {:.0}/s",
+            fdatasync_rate(dir.path())
+        );
+    }
+    assert!(
+        now_ms() < due,
+        "the fill and the fdatasync probes took longer than the lead; raise it"
+    );
     // herald's CPU from the fill's end to the last send (the fires ahead of the instant,
     // the sends, and what sled takes meanwhile): steadier than the last send's instant when
     // two builds are compared in a noisy hour.
@@ -426,6 +444,12 @@ async fn herd(n: u64) {
     )
     .await;
     let cpu1 = thread_cpu_ns(herald.pid());
+    if let Some(c) = competitor {
+        println!(
+            "   competing writer: {:.0} fdatasync/s through the herd",
+            c.rate()
+        );
+    }
     let rows = lines(&dir.path().join("herd.jsonl"));
     let first = rows.iter().map(|r| r.1).min().unwrap_or(0);
     let last = rows.iter().map(|r| r.1).max().unwrap_or(0);
