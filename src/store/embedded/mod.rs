@@ -81,9 +81,9 @@ struct Shared {
     done: Condvar,
     /// The applier met a sled error: writes are refused until `recover` reopened sled.
     sled_failed: AtomicBool,
-    /// Groups applied so far, and when the last one came (µs since `epoch`): the applier
-    /// holds back while they come fast (`store/pace.rs`).
-    groups: AtomicU64,
+    /// Writes (keys) of the groups applied so far, and when the last group came (µs since
+    /// `epoch`): the applier holds back while they come fast (`store/pace.rs`).
+    writes: AtomicU64,
     last_group_us: AtomicU64,
     epoch: Instant,
     /// A write waited for room since the applier last looked: it must not hold back.
@@ -537,9 +537,9 @@ impl Shared {
         }
     }
 
-    /// Notes a group for the applier's pacing (commit thread).
-    fn note_group(&self) {
-        self.groups.fetch_add(1, Ordering::Relaxed);
+    /// Notes a group of `writes` keys for the applier's pacing (commit thread).
+    fn note_group(&self, writes: usize) {
+        self.writes.fetch_add(writes as u64, Ordering::Relaxed);
         let now = self.epoch.elapsed().as_micros() as u64;
         self.last_group_us.store(now, Ordering::Relaxed);
     }
@@ -577,14 +577,14 @@ impl Shared {
             if !pacer.looks() {
                 return false;
             }
-            let (g0, t0) = (self.groups.load(Ordering::Relaxed), Instant::now());
+            let (w0, t0) = (self.writes.load(Ordering::Relaxed), Instant::now());
             std::thread::sleep(pace::POLL);
             let span = t0.elapsed();
-            let groups = self.groups.load(Ordering::Relaxed).saturating_sub(g0);
+            let writes = self.writes.load(Ordering::Relaxed).saturating_sub(w0);
             let Some(active) = self.mem.try_read().map(|m| m.active.bytes) else {
                 return false;
             };
-            if !pacer.wait(groups, span, active, waited.get()) {
+            if !pacer.wait(writes, span, active, waited.get()) {
                 return false;
             }
             waited.set(waited.get() + span);
@@ -690,7 +690,7 @@ impl SledBackend {
             work: Condvar::new(),
             done: Condvar::new(),
             sled_failed: AtomicBool::new(false),
-            groups: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
             last_group_us: AtomicU64::new(0),
             epoch: Instant::now(),
             pressed: AtomicBool::new(false),
@@ -809,7 +809,6 @@ impl Backend for SledBackend {
             return Err(space::full(&s.dir, free.unwrap_or(0), space::WRITE_RESERVE));
         }
         s.wait_for_room()?;
-        s.note_group();
         let mut log = s.log.lock();
         log.discard()?;
         if s.sled_failed.load(Ordering::SeqCst) {
@@ -821,6 +820,7 @@ impl Backend for SledBackend {
         for ops in jobs {
             results.push(r.job(ops)?);
         }
+        s.note_group(r.writes.len());
         if !r.writes.is_empty() {
             let mut record = Vec::new();
             wal::encode_record(&r.writes, &mut record);

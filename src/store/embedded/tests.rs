@@ -393,7 +393,7 @@ fn a_fence_worked_out_while_a_layer_waits_for_sled_covers_it() {
     std::thread::scope(|sc| {
         sc.spawn(|| {
             while busy.load(Ordering::Relaxed) {
-                b.shared.note_group();
+                b.shared.note_group(1);
                 std::thread::sleep(Duration::from_micros(200));
             }
         });
