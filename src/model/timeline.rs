@@ -279,7 +279,7 @@ pub struct Hex<'a>(pub &'a [u8]);
 
 impl std::fmt::Display for Hex<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+        f.write_str(&hex(self.0))
     }
 }
 

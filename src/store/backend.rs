@@ -146,6 +146,18 @@ pub struct IndexedWrite {
 pub type Unstored = std::collections::HashMap<(TreeId, Vec<u8>), Option<Vec<u8>>>;
 
 impl IndexedWrite {
+    /// Debug builds: panics unless the writer's `known` old value names the same index entry
+    /// as `stored`, what the store holds (stored or derived). Both resolvers check with it.
+    pub fn check_known(&self, known: &Option<Vec<u8>>, stored: &Option<Vec<u8>>) {
+        let entry_of = |v: &Option<Vec<u8>>| v.as_deref().and_then(|v| (self.entry)(&self.key, v));
+        assert_eq!(
+            entry_of(known),
+            entry_of(stored),
+            "the writer's old value of {:?} is not the store's",
+            String::from_utf8_lossy(&self.key)
+        );
+    }
+
     /// The writes this indexed write makes once its old value is known (each resolver finds
     /// it in its own way): `old`, and `in_tree` whether it is stored in `tree` (not derived,
     /// not unstored). Index entries and the value go to `put`; a value not stored goes to

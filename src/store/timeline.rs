@@ -816,6 +816,20 @@ mod tests {
         assert_eq!(ops.len(), 1 + 1 + TRIM_PER_WRITE as usize);
     }
 
+    /// A store on a fresh dir holding task `id` (its two messages returned too), created with its derived
+    /// `created` event as the engine writes it; the dir lives as long as the first value.
+    async fn store_with_created(
+        id: &str,
+    ) -> (tempfile::TempDir, Store, Task, Vec<crate::model::Message>) {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let (t, m) = crate::store::tests::task(id);
+        s.insert_new_task_with(&t, &m, None, &[TimelineEvent::created(&t)])
+            .await
+            .unwrap();
+        (dir, s, t, m)
+    }
+
     fn sent(at: u64, run: u32, msg: u32) -> [TimelineEvent; 2] {
         [
             TimelineEvent::attempt(at, run, msg, 1, &crate::model::Outcome::Sent, Some(200), 3),
@@ -877,12 +891,7 @@ mod tests {
 
     #[tokio::test]
     async fn sent_messages_are_one_record_each_and_read_back_event_by_event() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(dir.path()).unwrap();
-        let (t, m) = crate::store::tests::task("p");
-        s.insert_new_task_with(&t, &m, None, &[TimelineEvent::created(&t)])
-            .await
-            .unwrap();
+        let (_dir, s, _, _) = store_with_created("p").await;
         let mut b = Batch::new();
         let mut events = vec![TimelineEvent::run(TimelineKind::Fired, 5, 1, None)];
         events.extend(sent(6, 1, 0));
@@ -1040,13 +1049,8 @@ mod tests {
 
     #[tokio::test]
     async fn created_is_derived_not_stored_and_shown_first_until_the_bound_trims_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(dir.path()).unwrap();
+        let (_dir, s, t, _) = store_with_created("t").await;
         s.set_timeline_max(3);
-        let (t, m) = crate::store::tests::task("t");
-        s.insert_new_task_with(&t, &m, None, &[TimelineEvent::created(&t)])
-            .await
-            .unwrap();
         assert_eq!(s.timeline_footprint().unwrap(), (0, 0), "nothing stored");
         let want = TimelineEvent::created(&t);
         assert_eq!(want.seq, 1);
@@ -1139,12 +1143,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_patch_stores_created_as_it_was_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Store::open(dir.path()).unwrap();
-        let (t, m) = crate::store::tests::task("p");
-        s.insert_new_task_with(&t, &m, None, &[TimelineEvent::created(&t)])
-            .await
-            .unwrap();
+        let (_dir, s, t, m) = store_with_created("p").await;
         let before = TimelineEvent::created(&t);
         assert_eq!(before.detail["messages"], 2);
         // Patches to one message and back to two, as the engine writes them.

@@ -104,14 +104,7 @@ impl Resolver<'_> {
             (None, None) if known.is_some() => {
                 if cfg!(debug_assertions) {
                     let (stored, _) = self.stored_or_derived(tree, &key, derived_from, derive)?;
-                    let entry_of =
-                        |v: &Option<Vec<u8>>| v.as_deref().and_then(|v| (w.entry)(&key, v));
-                    assert_eq!(
-                        entry_of(&known),
-                        entry_of(&stored),
-                        "the writer's old value of {:?} is not the store's",
-                        String::from_utf8_lossy(&key)
-                    );
+                    w.check_known(&known, &stored);
                 }
                 (known, false)
             }

@@ -132,13 +132,7 @@ fn indexed(mut w: IndexedWrite, stored: &Stored, writes: &mut Writes, unstored: 
         // Known to the writer (see `IndexedWrite::old`), checked in debug builds.
         (None, None) if known.is_some() => {
             if cfg!(debug_assertions) {
-                let entry_of = |v: &Option<Vec<u8>>| v.as_deref().and_then(|v| (w.entry)(key, v));
-                assert_eq!(
-                    entry_of(&known),
-                    entry_of(&stored_or_derived().0),
-                    "the writer's old value of {:?} is not the store's",
-                    String::from_utf8_lossy(key)
-                );
+                w.check_known(&known, &stored_or_derived().0);
             }
             (known, false)
         }
