@@ -1,16 +1,28 @@
 //! A group's jobs resolved into plain writes: preconditions checked and secondary index keys
-//! derived against the memtable, sled and the group's own earlier writes.
+//! derived against the memtable, sled, the groups appended before it and not yet durable
+//! (the commit pipeline's, `store/commit.rs`), and the group's own earlier writes.
 
-use std::collections::HashMap;
+use std::cell::OnceCell;
+use std::collections::{HashMap, VecDeque};
 
 use super::super::backend::{Backend, IndexedWrite, RawOp, Rejected, TreeId, Unstored, TREES};
 use super::super::wal::Write;
 use super::super::StoreError;
-use super::SledBackend;
+use super::{SledBackend, Unsynced};
 
-/// A group's writes so far, over the memtable and sled: what the next job of the group reads.
+/// Per tree, the newest value each key has in the unsynced groups.
+type Overlay<'a> = [HashMap<&'a [u8], &'a Option<Vec<u8>>, foldhash::fast::RandomState>; TREES];
+
+/// A group's writes so far, over the unsynced groups, the memtable and sled: what the next
+/// job of the group reads.
 pub(super) struct Resolver<'a> {
     backend: &'a SledBackend,
+    /// Groups appended before this one and not yet durable: their writes are not in the
+    /// memtable yet, but this group comes after them (in the log, and in what it reads).
+    unsynced: &'a VecDeque<Unsynced>,
+    /// Their writes by key, made at the first read that needs it (most groups of settles
+    /// read nothing: the writer knows the old values).
+    overlay: OnceCell<Overlay<'a>>,
     /// Per tree, where the newest write of each key the group wrote is in `writes` (a value is
     /// not copied for it: most are never read again). One map per tree so that a read looks a
     /// key up by its slice, without copying it.
@@ -18,13 +30,19 @@ pub(super) struct Resolver<'a> {
     /// Values an indexed write of the group gave a key without storing them
     /// (`IndexedWrite::store` false): what a later job of the group reads as its old value.
     unstored: Unstored,
-    pub(super) writes: Vec<Write>,
+    writes: Vec<Write>,
 }
 
-impl Resolver<'_> {
-    pub(super) fn new(backend: &SledBackend, jobs: usize) -> Resolver<'_> {
+impl<'a> Resolver<'a> {
+    pub(super) fn new(
+        backend: &'a SledBackend,
+        unsynced: &'a VecDeque<Unsynced>,
+        jobs: usize,
+    ) -> Resolver<'a> {
         Resolver {
             backend,
+            unsynced,
+            overlay: OnceCell::new(),
             // Room for a create's writes per job: growing the maps was ~5 % of the thread.
             seen: std::array::from_fn(|_| {
                 HashMap::with_capacity_and_hasher(jobs, Default::default())
@@ -43,8 +61,32 @@ impl Resolver<'_> {
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         match self.written(tree, key) {
             Some(v) => Ok(v),
-            None => self.backend.get(tree, key),
+            None => self.before(tree, key),
         }
+    }
+
+    /// The value of `key` before this group: the unsynced groups' newest, else the store's.
+    fn before(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if !self.unsynced.is_empty() {
+            let overlay = self.overlay.get_or_init(|| {
+                let mut o: Overlay<'a> = Default::default();
+                for g in self.unsynced {
+                    for w in &g.writes {
+                        w.tree.of_mut(&mut o).insert(w.key.as_slice(), &w.value);
+                    }
+                }
+                o
+            });
+            if let Some(v) = tree.of(overlay).get(key) {
+                return Ok((*v).clone());
+            }
+        }
+        self.backend.get(tree, key)
+    }
+
+    /// The group's writes, in order.
+    pub(super) fn into_writes(self) -> Vec<Write> {
+        self.writes
     }
 
     fn put(&mut self, tree: TreeId, key: Vec<u8>, value: Option<Vec<u8>>) {
@@ -94,7 +136,7 @@ impl Resolver<'_> {
             (None, Some(v)) => (v, true),
             (None, None) if w.stored_absent => {
                 debug_assert!(
-                    self.backend.get(tree, &key)?.is_none(),
+                    self.before(tree, &key)?.is_none(),
                     "a stored_absent promise was wrong"
                 );
                 (None, true)
@@ -130,11 +172,10 @@ impl Resolver<'_> {
         derived_from: TreeId,
         derive: fn(&[u8], &[u8]) -> Option<Vec<u8>>,
     ) -> Result<(Option<Vec<u8>>, bool), StoreError> {
-        Ok(match self.backend.get(tree, key)? {
+        Ok(match self.before(tree, key)? {
             Some(v) => (Some(v), true),
             None => (
-                self.backend
-                    .get(derived_from, key)?
+                self.before(derived_from, key)?
                     .and_then(|from| derive(key, &from)),
                 false,
             ),
