@@ -4,8 +4,7 @@
 //! queue and await the answer. The commit thread takes every job that has queued up (up to
 //! [`GROUP_MAX`]), applies them all in one backend call (one write-ahead log record for sled:
 //! `backend.rs`), makes them durable with one
-//! `sync`, and only then answers each. On a backend with a pipeline (sled) the sync runs on a
-//! second thread while the next group is applied (`pipeline.rs`); otherwise in turn. So a writer is answered only once its own write is on
+//! `sync`, and only then answers each. So a writer is answered only once its own write is on
 //! disk, no store lock is ever taken on a tokio worker, and under load the cost of one flush is
 //! shared by the whole group.
 //!

@@ -4,8 +4,7 @@
 //! `scan.rs`.
 //!
 //! Lock order (a thread holding one may take only those after it; `try_*` calls excepted, they
-//! never wait): `log` (with its `drained` condvar) → `sled_fences` → `applier` (the inbox, with
-//! its condvars) → `mem` →
+//! never wait): `log` → `sled_fences` → `applier` (the inbox, with its condvars) → `mem` →
 //! `closing` → `inner` → `pacer`; `closing` is held by a reopen across its swap of `inner`,
 //! and the space gauge is taken alone. Debug builds assert it on every blocking acquire
 //! (`order.rs`: a lock taken out of order panics naming both). The applier's `hold_back` runs under
@@ -44,10 +43,8 @@ use scan::MergedScan;
 /// - `apply` resolves a group into plain writes (preconditions checked, secondary index keys
 ///   derived, reading the memtable, sled and the group's own earlier writes) and appends them
 ///   to the log as one record;
-/// - `sync_through` makes the records appended so far durable with one `fdatasync`, taken
-///   outside the log's lock so the next group is resolved and appended meanwhile (the commit
-///   pipeline, `store/pipeline.rs`), and puts their writes in the memtable's active layer,
-///   where reads see them at once; a group resolves against the unsynced ones before it;
+/// - `sync` makes the record durable with one `fdatasync` and puts its writes in the
+///   memtable's active layer, where reads see them at once;
 /// - the applier thread (`herald-apply`, at idle CPU priority) takes frozen layers, writes
 ///   them to sled (one write per key however often it was written), flushes sled, deletes the
 ///   log segments the layer covers, and only then drops the layer.
