@@ -74,10 +74,7 @@ pub(super) fn run(
     health: Arc<Health>,
     bell: Arc<Doorbell>,
 ) {
-    // A rendezvous: the apply stage runs at most one group ahead of the sync under way, so
-    // a stalled disk fills the job queue (and creates are refused, `commit.rs`) instead of
-    // groups piling up applied and unanswered.
-    let (tx, synced_rx) = std_mpsc::sync_channel::<Applied>(0);
+    let (tx, synced_rx) = std_mpsc::channel::<Applied>();
     let signals = Arc::new(Signals::default());
     let recovery = Arc::new(Recovery::default());
     let sync = {
