@@ -221,26 +221,7 @@ pub type KvIter<'a> = Box<dyn Iterator<Item = Result<Kv, StoreError>> + Send + '
 pub trait Backend: Send + Sync + 'static {
     /// Takes the jobs by value: their keys and values move into the log and the memtable.
     fn apply(&self, jobs: Vec<Vec<RawOp>>) -> Result<Vec<Result<(), Rejected>>, StoreError>;
-    /// Makes every group applied so far durable and visible to reads.
     fn sync(&self) -> Result<(), StoreError>;
-    /// A backend whose `apply` appends to a log and whose sync may run on another thread
-    /// while the next groups are applied (the embedded engine) answers the ticket of the last
-    /// group applied, asked by the thread that applied it right after `apply`; `None` (the
-    /// default): `sync` follows each `apply` on the same thread (`store/commit.rs`).
-    fn pipeline_ticket(&self) -> Option<u64> {
-        None
-    }
-    /// (Pipelined) makes the groups up to `ticket` durable and visible to reads: `Err` if
-    /// that group failed (its sync, or a cut back of the log before it); `Ok(true)` if this
-    /// call synced, `Ok(false)` if an earlier one had covered it. Called by one thread, in
-    /// ticket order.
-    fn sync_through(&self, ticket: u64) -> Result<bool, StoreError> {
-        let _ = ticket;
-        self.sync().map(|()| true)
-    }
-    /// (Pipelined) after a failed `sync_through`: every group not yet durable is cut off, so
-    /// none of them, answered as failed, becomes durable with a later sync.
-    fn abandon(&self) {}
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
     /// Keys `>= start` in order; with `prefix`, only keys that start with it.
     fn scan<'a>(&'a self, tree: TreeId, start: &[u8], prefix: Option<&[u8]>) -> KvIter<'a>;

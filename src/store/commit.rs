@@ -52,11 +52,11 @@ pub const PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(50
 /// Jobs that may wait for the commit thread (default; tests use a small queue).
 pub const QUEUE_JOBS: usize = 16_384;
 
-pub(super) type Reply = oneshot::Sender<Result<Result<(), Rejected>, StoreError>>;
+type Reply = oneshot::Sender<Result<Result<(), Rejected>, StoreError>>;
 
-pub(super) struct Job {
-    pub(super) ops: Vec<RawOp>,
-    pub(super) reply: Reply,
+struct Job {
+    ops: Vec<RawOp>,
+    reply: Reply,
 }
 
 #[derive(Debug)]
@@ -151,7 +151,7 @@ pub struct GroupCommit {
 /// `target` is 0 and a write costs one atomic load. A ring that is missed (the store-load race
 /// between a writer and the thread, or a spurious order) costs the rest of the wait, no more.
 #[derive(Default)]
-pub(super) struct Doorbell {
+struct Doorbell {
     target: std::sync::atomic::AtomicUsize,
     m: Mutex<()>,
     cv: parking_lot::Condvar,
@@ -159,36 +159,16 @@ pub(super) struct Doorbell {
 
 impl Doorbell {
     /// Waits until `queued()` reaches `target` or `wait` has passed.
-    pub(super) fn wait(&self, target: usize, wait: std::time::Duration, queued: impl Fn() -> usize) {
-        self.wait_until(target, wait, || queued() >= target)
-    }
-
-    /// Waits until `done()`, woken by a ring that reaches `target` or by [`Doorbell::wake`],
-    /// or until `wait` has passed.
-    pub(super) fn wait_until(
-        &self,
-        target: usize,
-        wait: std::time::Duration,
-        done: impl Fn() -> bool,
-    ) {
+    fn wait(&self, target: usize, wait: std::time::Duration, queued: impl Fn() -> usize) {
         let deadline = Instant::now() + wait;
         let mut g = self.m.lock();
-        self.target.store(target.max(1), Ordering::SeqCst);
-        while !done() {
+        self.target.store(target, Ordering::SeqCst);
+        while queued() < target {
             if self.cv.wait_until(&mut g, deadline).timed_out() {
                 break;
             }
         }
         self.target.store(0, Ordering::SeqCst);
-    }
-
-    /// Wakes a wait whatever the queue holds (its `done` changed), if one is going on.
-    pub(super) fn wake(&self) {
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.target.load(Ordering::SeqCst) > 0 {
-            let _g = self.m.lock();
-            self.cv.notify_one();
-        }
     }
 
     /// After a job was queued: rings if the thread waits for as many as are queued now.
@@ -225,7 +205,7 @@ impl GroupCommit {
         let b = bell.clone();
         let thread = std::thread::Builder::new()
             .name("herald-commit".into())
-            .spawn(move || run(backend, rx, s, h, b))?;
+            .spawn(move || run(backend, rx, s, h, &b))?;
         let (weak, h) = (tx.downgrade(), health.clone());
         std::thread::Builder::new()
             .name("herald-heal".into())
@@ -306,7 +286,7 @@ fn heal(queue: mpsc::WeakSender<Job>, health: Arc<Health>) {
 }
 
 /// Adds the jobs queued now to the group, within its bounds.
-pub(super) fn take_queued(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>, ops: &mut usize) {
+fn take_queued(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>, ops: &mut usize) {
     while jobs.len() < GROUP_MAX && *ops < GROUP_OPS_MAX {
         match rx.try_recv() {
             Ok(j) => {
@@ -320,27 +300,12 @@ pub(super) fn take_queued(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>, ops
 
 fn run(
     backend: Arc<dyn Backend>,
-    rx: mpsc::Receiver<Job>,
-    stats: Arc<CommitStats>,
-    health: Arc<Health>,
-    bell: Arc<Doorbell>,
-) {
-    if backend.pipeline_ticket().is_some() {
-        super::pipeline::run(backend, rx, stats, health, bell);
-    } else {
-        run_in_turn(backend, rx, stats, health, &bell);
-    }
-}
-
-/// One group at a time: apply, sync, answer (a backend without a pipeline: PostgreSQL).
-pub(super) fn run_in_turn(
-    backend: Arc<dyn Backend>,
     mut rx: mpsc::Receiver<Job>,
     stats: Arc<CommitStats>,
     health: Arc<Health>,
     bell: &Doorbell,
 ) {
-    let recovery = Recovery::default();
+    let mut last_recover: Option<Instant> = None;
     let mut gather = Gather::default();
     // Ends when every GroupCommit (and so every Sender) is dropped.
     while let Some(first) = rx.blocking_recv() {
@@ -364,74 +329,42 @@ pub(super) fn run_in_turn(
             s.map(|()| r)
         });
         let took = started.elapsed();
-        stats.busy(took);
-        stats.flushed(replies.len(), took);
-        match result {
-            Ok(results) => answer(&health, replies, results),
-            Err(e) => {
-                fail(&stats, &health, replies, &e);
-                recovery.maybe(&*backend);
-            }
-        }
-    }
-}
-
-impl CommitStats {
-    /// Time the commit thread (or a stage of it) spent working.
-    pub(super) fn busy(&self, took: std::time::Duration) {
-        self.busy_us
+        stats
+            .busy_us
             .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    /// A durable flush that answered `writers`, taking `took`.
-    pub(super) fn flushed(&self, writers: usize, took: std::time::Duration) {
-        self.flush_seconds.observe(took.as_secs_f64());
-        self.group_size.observe(writers as f64);
-        self.flushes.fetch_add(1, Ordering::Relaxed);
-        self.waiters.fetch_add(writers as u64, Ordering::Relaxed);
-        self.group_max.fetch_max(writers as u64, Ordering::Relaxed);
-    }
-}
-
-/// A group worked: each writer gets its job's answer.
-pub(super) fn answer(health: &Health, replies: Vec<Reply>, results: Vec<Result<(), Rejected>>) {
-    health.set(None);
-    for (reply, r) in replies.into_iter().zip(results) {
-        // A writer that gave up (request dropped) is fine to ignore.
-        let _ = reply.send(Ok(r));
-    }
-}
-
-/// A group failed: every writer is told, and health says why.
-pub(super) fn fail(stats: &CommitStats, health: &Health, replies: Vec<Reply>, e: &StoreError) {
-    stats.failures.fetch_add(1, Ordering::Relaxed);
-    health.set(Some(e.to_string()));
-    for reply in replies {
-        let _ = reply.send(Err(e.for_each_writer()));
-    }
-}
-
-/// Starting a failed backend afresh, at most once per [`RECOVER_EVERY`] (shared by the
-/// pipeline's two stages).
-#[derive(Default)]
-pub(super) struct Recovery {
-    last: Mutex<Option<Instant>>,
-}
-
-impl Recovery {
-    /// Some backends keep failing once they failed (sled remembers an I/O error): they start
-    /// afresh here, at most once a second, so herald recovers by itself once the disk works
-    /// again.
-    pub(super) fn maybe(&self, backend: &dyn Backend) {
-        {
-            let mut last = self.last.lock();
-            if last.is_some_and(|t: Instant| t.elapsed() < RECOVER_EVERY) {
-                return;
+        stats.flush_seconds.observe(took.as_secs_f64());
+        stats.group_size.observe(replies.len() as f64);
+        stats.flushes.fetch_add(1, Ordering::Relaxed);
+        stats
+            .waiters
+            .fetch_add(replies.len() as u64, Ordering::Relaxed);
+        stats
+            .group_max
+            .fetch_max(replies.len() as u64, Ordering::Relaxed);
+        match result {
+            Ok(results) => {
+                health.set(None);
+                for (reply, r) in replies.into_iter().zip(results) {
+                    // A writer that gave up (request dropped) is fine to ignore.
+                    let _ = reply.send(Ok(r));
+                }
             }
-            *last = Some(Instant::now());
-        }
-        if let Err(e) = backend.recover() {
-            tracing::warn!(error = %e, "starting the storage afresh failed; the heal thread tries again");
+            Err(e) => {
+                stats.failures.fetch_add(1, Ordering::Relaxed);
+                health.set(Some(e.to_string()));
+                for reply in replies {
+                    let _ = reply.send(Err(e.for_each_writer()));
+                }
+                // Some backends keep failing once they failed (sled remembers an I/O error):
+                // let them start afresh, at most once a second, so herald recovers by itself
+                // once the disk works again.
+                if last_recover.is_none_or(|t: Instant| t.elapsed() >= RECOVER_EVERY) {
+                    last_recover = Some(Instant::now());
+                    if let Err(e) = backend.recover() {
+                        tracing::warn!(error = %e, "starting the storage afresh failed; the heal thread tries again");
+                    }
+                }
+            }
         }
     }
 }

@@ -62,20 +62,6 @@ fn injected(what: &str) -> StoreError {
     )))
 }
 
-impl FaultyBackend {
-    /// The injected stall and failure of a sync.
-    fn sync_gate(&self) -> Result<(), StoreError> {
-        while self.faults.stall_sync.load(Ordering::SeqCst) {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        if self.faults.fail_sync.load(Ordering::SeqCst) {
-            self.faults.refused.fetch_add(1, Ordering::SeqCst);
-            return Err(injected("sync"));
-        }
-        Ok(())
-    }
-}
-
 impl Backend for FaultyBackend {
     fn apply(&self, jobs: Vec<Vec<RawOp>>) -> Result<Vec<Result<(), Rejected>>, StoreError> {
         let budget =
@@ -93,21 +79,14 @@ impl Backend for FaultyBackend {
     }
 
     fn sync(&self) -> Result<(), StoreError> {
-        self.sync_gate()?;
+        while self.faults.stall_sync.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        if self.faults.fail_sync.load(Ordering::SeqCst) {
+            self.faults.refused.fetch_add(1, Ordering::SeqCst);
+            return Err(injected("sync"));
+        }
         self.inner.sync()
-    }
-
-    fn pipeline_ticket(&self) -> Option<u64> {
-        self.inner.pipeline_ticket()
-    }
-
-    fn sync_through(&self, ticket: u64) -> Result<bool, StoreError> {
-        self.sync_gate()?;
-        self.inner.sync_through(ticket)
-    }
-
-    fn abandon(&self) {
-        self.inner.abandon()
     }
 
     fn recover(&self) -> Result<(), StoreError> {

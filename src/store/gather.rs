@@ -66,11 +66,6 @@ impl Gather {
         self.previous
     }
 
-    /// The running mean of the sync time.
-    pub fn mean_sync(&self) -> Duration {
-        Duration::from_micros(self.sync_us as u64)
-    }
-
     /// A group of `writers` was made durable by a sync that took `sync`.
     pub fn observe(&mut self, writers: usize, sync: Duration) {
         self.previous = writers;

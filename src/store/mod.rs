@@ -39,7 +39,6 @@ pub mod legacy;
 pub mod memtable;
 pub mod migrate;
 pub mod pace;
-mod pipeline;
 pub mod pg;
 pub mod purge;
 pub mod records;

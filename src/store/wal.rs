@@ -262,8 +262,6 @@ pub struct Segment {
     pub n: u64,
     pub path: PathBuf,
     file: File,
-    /// The same file, shared with a sync that runs outside the log's lock (`sync_point`).
-    syncer: std::sync::Arc<File>,
     /// Bytes appended.
     len: u64,
     /// Bytes known durable; the file is cut back to this after a failed append or sync.
@@ -280,13 +278,11 @@ impl Segment {
             zero_filled(&path)?;
         }
         let file = OpenOptions::new().write(true).open(&path)?;
-        let syncer = std::sync::Arc::new(file.try_clone()?);
         sync_dir(dir)?;
         Ok(Segment {
             n,
             path,
             file,
-            syncer,
             len: 0,
             synced: 0,
             opened: std::time::Instant::now(),
@@ -322,23 +318,6 @@ impl Segment {
                 Err(e)
             }
         }
-    }
-
-    /// What a sync run outside the log's lock needs: the file, and how many bytes it covers
-    /// (everything appended so far). Once its `sync_data` returned, [`Segment::synced_to`]
-    /// records it, unless the segment was cut back meanwhile (the caller tells).
-    pub fn sync_point(&self) -> (std::sync::Arc<File>, u64) {
-        (self.syncer.clone(), self.len)
-    }
-
-    /// A sync taken at [`Segment::sync_point`] covering `len` bytes succeeded.
-    pub fn synced_to(&mut self, len: u64) {
-        self.synced = self.synced.max(len.min(self.len));
-    }
-
-    /// Bytes appended so far.
-    pub fn len(&self) -> u64 {
-        self.len
     }
 
     /// Drops whatever was appended but not made durable: zeros over it, so that it reads as

@@ -79,9 +79,6 @@ struct Shared {
     applier: OMutex<Inbox>,
     work: Condvar,
     done: Condvar,
-    /// Signalled (under `log`) when the last unsynced group became durable: an apply that
-    /// must rotate the segment or freeze the layer waits for it (`make_room_in_log`).
-    drained: Condvar,
     /// The applier met a sled error: writes are refused until `recover` reopened sled.
     sled_failed: AtomicBool,
     /// Writes (keys) of the groups applied so far, and when the last group came (µs since
@@ -140,8 +137,6 @@ impl Knobs {
     }
 }
 
-/// Longest an apply waits for the pipeline to drain before it rotates or freezes.
-const DRAIN_WAIT_MAX: Duration = Duration::from_secs(1);
 /// How long a reopen waits for the old sled handle to close before it reports it stuck and
 /// tries again later (the close goes on in the background).
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
@@ -185,67 +180,23 @@ struct Inbox {
 struct Log {
     /// `None` only after a segment could not be created; appends then fail until `recover`.
     seg: Option<Segment>,
-    /// Groups `apply` resolved and appended, oldest first, not yet durable nor in the
-    /// memtable. More than one while the commit thread's sync stage makes the first durable
-    /// and the apply stage appends the next (`store/commit.rs`, the pipeline); what a group
-    /// resolves against sees them ([`Resolver`]).
-    unsynced: std::collections::VecDeque<Unsynced>,
-    /// The ticket of the last group applied (tickets count up from 1).
-    ticket: u64,
-    /// Every group up to this ticket is durable and in the memtable.
-    durable: u64,
-    /// Every group from `durable` up to this ticket was cut off the log (a failed append or
-    /// sync, a recover): its writers are told it failed.
-    lost: u64,
-    /// Counts cut backs that dropped groups: a sync that began before one covers nothing.
-    cuts: u64,
-    /// A group was applied since the last `sync` (which otherwise flushes sled: a migration
-    /// wrote to it directly).
-    applied: bool,
+    /// Resolved by `apply`, appended, not yet durable nor in the memtable.
+    pending: Option<Vec<Write>>,
     /// Segments closed since the last freeze: every record in them is in the active layer or
     /// an older one. The next freeze covers them.
     closed: Vec<PathBuf>,
 }
 
-/// A group appended to the log and not yet durable.
-struct Unsynced {
-    ticket: u64,
-    writes: Vec<Write>,
-    /// The segment's length once it was appended: a sync covering this many bytes covers it.
-    end: u64,
-}
-
 impl Log {
-    /// Cuts every group not yet durable off the log (so it is never replayed) and tells
-    /// their writers so (`lost`). Also finishes a cut back that failed before (a no-op when
-    /// the log holds nothing that is not durable).
+    /// Forgets a group whose `sync` never came or failed: it is cut off the log, so it is
+    /// never replayed. Also finishes a cut back that failed before (a no-op when the log
+    /// holds nothing that is not durable).
     fn discard(&mut self) -> Result<(), StoreError> {
-        self.lose_unsynced();
+        self.pending = None;
         if let Some(seg) = &mut self.seg {
             seg.cut_back()?;
         }
         Ok(())
-    }
-
-    /// The unsynced groups' bytes were cut back (or are about to be): they are lost.
-    fn lose_unsynced(&mut self) {
-        if let Some(last) = self.unsynced.back() {
-            self.lost = last.ticket;
-            self.cuts += 1;
-        }
-        self.unsynced.clear();
-    }
-
-    /// Whether the group with `ticket` is durable: `Some(true)` yes, `Some(false)` it was
-    /// cut off, `None` not yet known.
-    fn fate(&self, ticket: u64) -> Option<bool> {
-        if ticket <= self.durable {
-            Some(true)
-        } else if ticket <= self.lost {
-            Some(false)
-        } else {
-            None
-        }
     }
 }
 
@@ -373,43 +324,12 @@ impl Shared {
         }
     }
 
-    /// Before an append: when the segment is full, or the active layer is due to freeze and
-    /// may, waits until the groups still unsynced are durable (one sync of the pipeline's
-    /// sync stage), then rotates. Rotation and freezing need an empty pipeline (the closed
-    /// segment must hold nothing that is not in the memtable); without this wait, a pipeline
-    /// that is never empty would never rotate nor freeze, and the layer would grow without
-    /// bound.
-    fn make_room_in_log(&self, log: &mut order::Held<parking_lot::MutexGuard<'_, Log>>) {
-        let started = Instant::now();
-        loop {
-            let full = log.seg.as_ref().is_some_and(Segment::full);
-            if log.unsynced.is_empty() {
-                if full {
-                    self.rotate(log);
-                }
-                return;
-            }
-            let freeze = || {
-                let m = self.mem.read();
-                m.frozen.is_none() && m.active.bytes >= FREEZE_BYTES
-            };
-            // A sync that takes this long is failing: the apply goes on (into the open
-            // segment, the layer unfrozen) rather than wait with it.
-            if (!full && !freeze()) || started.elapsed() >= DRAIN_WAIT_MAX {
-                return;
-            }
-            self.drained
-                .wait_for(log.guard_mut(), Duration::from_millis(10));
-        }
-    }
-
     /// Hands the active layer to the applier if none is frozen and `due(active)`. Called with
     /// the log locked, so no group is between its append and its insert into the memtable:
     /// the segments closed so far hold nothing that is not in this layer or an older one.
     fn freeze_if(&self, log: &mut Log, due: impl Fn(&Layer) -> bool) {
-        if !log.unsynced.is_empty() {
-            // A group is appended and not yet synced: its segment must stay the open one,
-            // and its writes are not in the layer yet.
+        if log.pending.is_some() {
+            // A group is appended and not yet synced: its segment must stay the open one.
             return;
         }
         {
@@ -672,15 +592,6 @@ impl Shared {
     }
 }
 
-/// A group whose bytes were cut off the log before they were durable (a failed sync or
-/// append, or a recover, while it waited for its sync).
-fn cut_off() -> StoreError {
-    StoreError::Write(
-        "the write-ahead log was cut back after a failed write before this group was durable"
-            .into(),
-    )
-}
-
 fn sled_behind() -> StoreError {
     StoreError::Write("sled failed to take the memtable; waiting for a reopen".into())
 }
@@ -770,12 +681,7 @@ impl SledBackend {
                 Rank::Log,
                 Log {
                     seg: Some(seg),
-                    unsynced: Default::default(),
-                    ticket: 0,
-                    durable: 0,
-                    lost: 0,
-                    cuts: 0,
-                    applied: false,
+                    pending: None,
                     closed: segs.into_iter().map(|(_, p)| p).collect(),
                 },
             ),
@@ -783,7 +689,6 @@ impl SledBackend {
             applier: OMutex::new(Rank::Applier, Inbox::default()),
             work: Condvar::new(),
             done: Condvar::new(),
-            drained: Condvar::new(),
             sled_failed: AtomicBool::new(false),
             writes: AtomicU64::new(0),
             last_group_us: AtomicU64::new(0),
@@ -905,140 +810,58 @@ impl Backend for SledBackend {
         }
         s.wait_for_room()?;
         let mut log = s.log.lock();
-        if log.unsynced.is_empty() {
-            // Finishes a cut back that failed before (nothing else is past the durable end).
-            log.discard()?;
-        }
+        log.discard()?;
         if s.sled_failed.load(Ordering::SeqCst) {
             return Err(sled_behind());
         }
-        s.make_room_in_log(&mut log);
         s.freeze_if(&mut log, |a| a.bytes >= FREEZE_BYTES);
-        let mut r = Resolver::new(self, &log.unsynced, jobs.len());
+        let mut r = Resolver::new(self, jobs.len());
         let mut results = Vec::with_capacity(jobs.len());
         for ops in jobs {
             results.push(r.job(ops)?);
         }
-        let writes = r.into_writes();
-        s.note_group(writes.len());
-        log.applied = true;
-        if writes.is_empty() {
-            // Nothing to make durable, but what it read may be in groups still unsynced: its
-            // ticket is the last one's, so its answer waits for them.
-            return Ok(results);
+        s.note_group(r.writes.len());
+        if !r.writes.is_empty() {
+            let mut record = Vec::new();
+            wal::encode_record(&r.writes, &mut record);
+            let seg = log
+                .seg
+                .as_mut()
+                .ok_or_else(|| StoreError::Write("no write-ahead log segment is open".into()))?;
+            seg.append(&record)?;
         }
-        let mut record = Vec::new();
-        wal::encode_record(&writes, &mut record);
-        let seg = log
-            .seg
-            .as_mut()
-            .ok_or_else(|| StoreError::Write("no write-ahead log segment is open".into()))?;
-        if let Err(e) = seg.append(&record) {
-            // The append cut the segment back to its durable end, and the groups before
-            // this one with it.
-            log.lose_unsynced();
-            return Err(e.into());
-        }
-        let end = seg.len();
-        log.ticket += 1;
-        let ticket = log.ticket;
-        log.unsynced.push_back(Unsynced {
-            ticket,
-            writes,
-            end,
-        });
+        log.pending = Some(r.writes);
         Ok(results)
     }
 
     fn sync(&self) -> Result<(), StoreError> {
-        let ticket = {
-            let mut log = self.shared.log.lock();
-            if !std::mem::take(&mut log.applied) {
-                drop(log);
-                // Nothing went through the log (a migration wrote to sled directly): flush sled.
-                return self.with(|i| i.flush())?;
-            }
-            log.unsynced.back().map_or(log.durable, |g| g.ticket)
-        };
-        self.sync_through(ticket).map(|_| ())
-    }
-
-    /// The newest group not cut off: the one just appended, or for a group that appended
-    /// nothing, the last still unsynced (what it read may be in it) or else the last durable
-    /// one (never a group cut off: what it read does not include them).
-    fn pipeline_ticket(&self) -> Option<u64> {
-        let log = self.shared.log.lock();
-        Some(log.unsynced.back().map_or(log.durable, |g| g.ticket))
-    }
-
-    fn abandon(&self) {
-        if let Err(e) = self.shared.log.lock().discard() {
-            tracing::warn!(error = %e, "cutting the write-ahead log back failed; the next group tries again");
-        }
-    }
-
-    /// Makes the log durable through group `ticket` with one `fdatasync` taken outside the
-    /// log's lock (so the apply stage appends the next groups meanwhile), then puts every
-    /// group the sync covered in the memtable's active layer, where reads see them.
-    fn sync_through(&self, ticket: u64) -> Result<bool, StoreError> {
         let s = &self.shared;
-        let (file, len, n, cuts) = {
-            let log = s.log.lock();
-            match log.fate(ticket) {
-                Some(true) => return Ok(false),
-                Some(false) => return Err(cut_off()),
-                None => {}
-            }
-            let seg = log
-                .seg
-                .as_ref()
-                .ok_or_else(|| StoreError::Write("no write-ahead log segment is open".into()))?;
-            let (file, len) = seg.sync_point();
-            (file, len, seg.n, log.cuts)
-        };
-        let synced = file.sync_data();
         let mut log = s.log.lock();
-        // A cut back meanwhile dropped the groups this sync was for (and moved the end).
-        let same = log.cuts == cuts && log.seg.as_ref().is_some_and(|g| g.n == n);
-        match synced {
-            Err(e) => {
-                if same {
-                    if let Some(seg) = &mut log.seg {
-                        let _ = seg.cut_back();
-                    }
-                    log.lose_unsynced();
-                }
-                return Err(e.into());
-            }
-            Ok(()) if same => {
-                if let Some(seg) = &mut log.seg {
-                    seg.synced_to(len);
-                }
-                let now = Instant::now();
-                {
-                    let mut m = s.mem.write();
-                    while log.unsynced.front().is_some_and(|g| g.end <= len) {
-                        let Some(g) = log.unsynced.pop_front() else { break };
-                        for w in g.writes {
-                            m.active.insert(w, now);
-                        }
-                        log.durable = g.ticket;
-                    }
-                    s.active_bytes.store(m.active.bytes, Ordering::Relaxed);
-                }
-                if log.unsynced.is_empty() {
-                    s.drained.notify_all();
-                    if log.seg.as_ref().is_some_and(Segment::full) {
-                        s.rotate(&mut log);
-                    }
-                }
-            }
-            Ok(()) => {}
+        let Some(writes) = log.pending.take() else {
+            // Nothing went through the log (a migration wrote to sled directly): flush sled.
+            return self.with(|i| i.flush())?;
+        };
+        if writes.is_empty() {
+            return Ok(());
         }
-        match log.fate(ticket) {
-            Some(true) => Ok(true),
-            _ => Err(cut_off()),
+        let seg = log
+            .seg
+            .as_mut()
+            .ok_or_else(|| StoreError::Write("no write-ahead log segment is open".into()))?;
+        seg.sync()?;
+        let full = seg.full();
+        let now = Instant::now();
+        {
+            let mut m = s.mem.write();
+            for w in writes {
+                m.active.insert(w, now);
+            }
+            s.active_bytes.store(m.active.bytes, Ordering::Relaxed);
         }
+        if full {
+            s.rotate(&mut log);
+        }
+        Ok(())
     }
 
     /// Starts afresh after a failed group: finishes the log's cut back, opens a segment if

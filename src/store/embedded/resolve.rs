@@ -1,28 +1,16 @@
 //! A group's jobs resolved into plain writes: preconditions checked and secondary index keys
-//! derived against the memtable, sled, the groups appended before it and not yet durable
-//! (the commit pipeline's, `store/commit.rs`), and the group's own earlier writes.
+//! derived against the memtable, sled and the group's own earlier writes.
 
-use std::cell::OnceCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 use super::super::backend::{Backend, IndexedWrite, RawOp, Rejected, TreeId, Unstored, TREES};
 use super::super::wal::Write;
 use super::super::StoreError;
-use super::{SledBackend, Unsynced};
+use super::SledBackend;
 
-/// Per tree, the newest value each key has in the unsynced groups.
-type Overlay<'a> = [HashMap<&'a [u8], &'a Option<Vec<u8>>, foldhash::fast::RandomState>; TREES];
-
-/// A group's writes so far, over the unsynced groups, the memtable and sled: what the next
-/// job of the group reads.
+/// A group's writes so far, over the memtable and sled: what the next job of the group reads.
 pub(super) struct Resolver<'a> {
     backend: &'a SledBackend,
-    /// Groups appended before this one and not yet durable: their writes are not in the
-    /// memtable yet, but this group comes after them (in the log, and in what it reads).
-    unsynced: &'a VecDeque<Unsynced>,
-    /// Their writes by key, made at the first read that needs it (most groups of settles
-    /// read nothing: the writer knows the old values).
-    overlay: OnceCell<Overlay<'a>>,
     /// Per tree, where the newest write of each key the group wrote is in `writes` (a value is
     /// not copied for it: most are never read again). One map per tree so that a read looks a
     /// key up by its slice, without copying it.
@@ -30,19 +18,13 @@ pub(super) struct Resolver<'a> {
     /// Values an indexed write of the group gave a key without storing them
     /// (`IndexedWrite::store` false): what a later job of the group reads as its old value.
     unstored: Unstored,
-    writes: Vec<Write>,
+    pub(super) writes: Vec<Write>,
 }
 
-impl<'a> Resolver<'a> {
-    pub(super) fn new(
-        backend: &'a SledBackend,
-        unsynced: &'a VecDeque<Unsynced>,
-        jobs: usize,
-    ) -> Resolver<'a> {
+impl Resolver<'_> {
+    pub(super) fn new(backend: &SledBackend, jobs: usize) -> Resolver<'_> {
         Resolver {
             backend,
-            unsynced,
-            overlay: OnceCell::new(),
             // Room for a create's writes per job: growing the maps was ~5 % of the thread.
             seen: std::array::from_fn(|_| {
                 HashMap::with_capacity_and_hasher(jobs, Default::default())
@@ -61,32 +43,8 @@ impl<'a> Resolver<'a> {
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         match self.written(tree, key) {
             Some(v) => Ok(v),
-            None => self.before(tree, key),
+            None => self.backend.get(tree, key),
         }
-    }
-
-    /// The value of `key` before this group: the unsynced groups' newest, else the store's.
-    fn before(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        if !self.unsynced.is_empty() {
-            let overlay = self.overlay.get_or_init(|| {
-                let mut o: Overlay<'a> = Default::default();
-                for g in self.unsynced {
-                    for w in &g.writes {
-                        w.tree.of_mut(&mut o).insert(w.key.as_slice(), &w.value);
-                    }
-                }
-                o
-            });
-            if let Some(v) = tree.of(overlay).get(key) {
-                return Ok((*v).clone());
-            }
-        }
-        self.backend.get(tree, key)
-    }
-
-    /// The group's writes, in order.
-    pub(super) fn into_writes(self) -> Vec<Write> {
-        self.writes
     }
 
     fn put(&mut self, tree: TreeId, key: Vec<u8>, value: Option<Vec<u8>>) {
@@ -136,7 +94,7 @@ impl<'a> Resolver<'a> {
             (None, Some(v)) => (v, true),
             (None, None) if w.stored_absent => {
                 debug_assert!(
-                    self.before(tree, &key)?.is_none(),
+                    self.backend.get(tree, &key)?.is_none(),
                     "a stored_absent promise was wrong"
                 );
                 (None, true)
@@ -172,10 +130,11 @@ impl<'a> Resolver<'a> {
         derived_from: TreeId,
         derive: fn(&[u8], &[u8]) -> Option<Vec<u8>>,
     ) -> Result<(Option<Vec<u8>>, bool), StoreError> {
-        Ok(match self.before(tree, key)? {
+        Ok(match self.backend.get(tree, key)? {
             Some(v) => (Some(v), true),
             None => (
-                self.before(derived_from, key)?
+                self.backend
+                    .get(derived_from, key)?
                     .and_then(|from| derive(key, &from)),
                 false,
             ),
