@@ -275,7 +275,10 @@ impl Segment {
     pub fn create(dir: &Path, n: u64) -> std::io::Result<Segment> {
         let path = segment_path(dir, n);
         if std::fs::rename(dir.join(SPARE), &path).is_err() {
+            let started = std::time::Instant::now();
             zero_filled(&path)?;
+            tracing::warn!(segment = n, took_ms = started.elapsed().as_millis() as u64,
+                "no spare write-ahead log segment was ready: filled one on the write path");
         }
         let file = OpenOptions::new().write(true).open(&path)?;
         sync_dir(dir)?;
