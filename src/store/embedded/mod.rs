@@ -724,19 +724,28 @@ impl SledBackend {
             knobs,
         });
         shared.freeze_if(&mut shared.log.lock(), |_| true);
+        Self::start(shared)
+    }
+
+    /// Starts the applier and the spare thread over `shared`.
+    fn start(shared: Arc<Shared>) -> Result<SledBackend, StoreError> {
         let s = shared.clone();
         let applier = std::thread::Builder::new()
             .name("herald-apply".into())
             .spawn(move || applier(s))?;
-        let s = shared.clone();
-        let spare = std::thread::Builder::new()
-            .name("herald-spare".into())
-            .spawn(move || spare_maker(s))?;
-        Ok(SledBackend {
+        let mut backend = SledBackend {
             shared,
             applier: Some(applier),
-            spare: Some(spare),
-        })
+            spare: None,
+        };
+        let s = backend.shared.clone();
+        // On an error here `backend` is dropped, which stops and joins the applier.
+        backend.spare = Some(
+            std::thread::Builder::new()
+                .name("herald-spare".into())
+                .spawn(move || spare_maker(s))?,
+        );
+        Ok(backend)
     }
 
     /// sled's handle (for `meta` and migrations at open, which write to sled directly: only
