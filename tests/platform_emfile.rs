@@ -68,7 +68,7 @@ breaker = {{ window = "60s", min_requests = 1, failure_ratio = 0.5, cool_down = 
         .expect("channel hook")
         .clone();
 
-    // The store's checkpoint thread makes a spare log segment at start: let it finish, or the
+    // The store's spare thread makes a spare log segment at start: let it finish, or the
     // descriptor it gives back afterwards could let the send (or the fake platform's accept)
     // through.
     let spare = h.dir.path().join("wal-spare.tmp");
@@ -82,7 +82,7 @@ breaker = {{ window = "60s", min_requests = 1, failure_ratio = 0.5, cool_down = 
     let old = set_nofile_soft(open_fds() + 32);
     let hogs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     // Takes every free descriptor. Called again while waiting: a descriptor herald's own
-    // background work gives back (the store's checkpoint thread closing a log segment, say)
+    // background work gives back (the store's spare thread closing a log segment, say)
     // must not let the send through.
     let top_up = {
         let hogs = hogs.clone();

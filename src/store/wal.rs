@@ -14,7 +14,7 @@
 //! the background.
 //!
 //! Segments are zero-filled to [`SEGMENT_BYTES`] before use (a spare is made ahead by the
-//! checkpoint thread), so an append overwrites blocks that exist and its `fdatasync` journals
+//! store's spare thread, `herald-spare`), so an append overwrites blocks that exist and its `fdatasync` journals
 //! no metadata; zeros after the last record are the unused end.
 //!
 //! Record: `len: u32 LE | crc32(payload): u32 LE | payload`, payload `count: u32 LE` then per
@@ -46,7 +46,7 @@ pub const SEGMENT_BYTES: u64 = 8 << 20;
 /// under a trickle of writes.
 pub const SEGMENT_AGE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// A zero-filled segment made ahead by the checkpoint thread ([`prepare_spare`]); a new
+/// A zero-filled segment made ahead by the spare thread ([`prepare_spare`]); a new
 /// segment is this file renamed. Appends then overwrite blocks that exist, so an `fdatasync`
 /// has no file size or extent to journal: measured here, 1 306–1 535 syncs/s appending to a
 /// growing file against 1 828–2 014/s overwriting a preallocated one.
@@ -267,18 +267,22 @@ pub struct Segment {
     /// Bytes known durable; the file is cut back to this after a failed append or sync.
     synced: u64,
     opened: std::time::Instant,
+    /// No spare was ready: the segment was zero-filled by `create` itself, taking this long
+    /// (on the commit thread when a rotation made it; the caller logs it).
+    pub filled_inline: Option<std::time::Duration>,
 }
 
 impl Segment {
     /// Creates segment `n` (empty: zero-filled) and makes its directory entry durable. Takes
-    /// the spare made ahead if there is one; otherwise fills a new file here.
+    /// the spare made ahead if there is one; otherwise fills a new file here
+    /// (`filled_inline`).
     pub fn create(dir: &Path, n: u64) -> std::io::Result<Segment> {
         let path = segment_path(dir, n);
+        let mut filled_inline = None;
         if std::fs::rename(dir.join(SPARE), &path).is_err() {
             let started = std::time::Instant::now();
             zero_filled(&path)?;
-            tracing::warn!(segment = n, took_ms = started.elapsed().as_millis() as u64,
-                "no spare write-ahead log segment was ready: filled one on the write path");
+            filled_inline = Some(started.elapsed());
         }
         let file = OpenOptions::new().write(true).open(&path)?;
         sync_dir(dir)?;
@@ -289,6 +293,7 @@ impl Segment {
             len: 0,
             synced: 0,
             opened: std::time::Instant::now(),
+            filled_inline,
         })
     }
 
@@ -368,7 +373,7 @@ fn zero_filled(path: &Path) -> std::io::Result<()> {
     f.sync_all()
 }
 
-/// Makes the spare segment if there is none (the checkpoint thread, off the write path). It
+/// Makes the spare segment if there is none (the spare thread, off the write path). It
 /// is filled under another name and renamed, so a spare is always whole.
 pub fn prepare_spare(dir: &Path) -> std::io::Result<()> {
     let spare = dir.join(SPARE);

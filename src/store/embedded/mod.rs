@@ -47,7 +47,9 @@ use scan::MergedScan;
 ///   memtable's active layer, where reads see them at once;
 /// - the applier thread (`herald-apply`, at idle CPU priority) takes frozen layers, writes
 ///   them to sled (one write per key however often it was written), flushes sled, deletes the
-///   log segments the layer covers, and only then drops the layer.
+///   log segments the layer covers, and only then drops the layer;
+/// - the spare thread (`herald-spare`, normal priority) zero-fills the next log segment ahead,
+///   so that a rotation is a rename.
 ///
 /// So the commit thread never writes to sled: a group costs one append, one sync and a few
 /// B-tree inserts in memory. Reads look in the memtable before sled ([`MergedScan`] for scans).
@@ -318,13 +320,23 @@ impl Shared {
             Ok(fresh) => {
                 let closed = std::mem::replace(seg, fresh);
                 log.closed.push(closed.path.clone());
-                self.applier.lock().spare = true;
-                self.spare_wanted.notify_one();
+                self.took_spare(seg);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "could not start a new write-ahead log segment; appending to the old one")
             }
         }
+    }
+
+    /// A segment was just made for the log (`rotate`, `recover`): the spare thread makes the
+    /// next spare; a segment that had to be filled here, every writer waiting, is logged.
+    fn took_spare(&self, seg: &Segment) {
+        if let Some(took) = seg.filled_inline {
+            tracing::warn!(segment = seg.n, took_ms = took.as_millis() as u64,
+                "no spare write-ahead log segment was ready: one was filled on the write path");
+        }
+        self.applier.lock().spare = true;
+        self.spare_wanted.notify_one();
     }
 
     /// Hands the active layer to the applier if none is frozen and `due(active)`. Called with
@@ -909,7 +921,9 @@ impl Backend for SledBackend {
             log.discard()?;
             if log.seg.is_none() {
                 let n = wal::segments(&s.dir)?.last().map_or(1, |(n, _)| n + 1);
-                log.seg = Some(Segment::create(&s.dir, n)?);
+                let seg = Segment::create(&s.dir, n)?;
+                s.took_spare(&seg);
+                log.seg = Some(seg);
             }
         }
         if s.sled_failed.load(Ordering::SeqCst) || s.inner.read().is_none() {
