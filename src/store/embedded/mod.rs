@@ -332,8 +332,11 @@ impl Shared {
     /// next spare; a segment that had to be filled here, every writer waiting, is logged.
     fn took_spare(&self, seg: &Segment) {
         if let Some(took) = seg.filled_inline {
-            tracing::warn!(segment = seg.n, took_ms = took.as_millis() as u64,
-                "no spare write-ahead log segment was ready: one was filled on the write path");
+            tracing::warn!(
+                segment = seg.n,
+                took_ms = took.as_millis() as u64,
+                "no spare write-ahead log segment was ready: one was filled on the write path"
+            );
         }
         self.applier.lock().spare = true;
         self.spare_wanted.notify_one();
@@ -669,7 +672,10 @@ impl Drop for SledBackend {
         self.shared.applier.lock().stop = true;
         self.shared.work.notify_all();
         self.shared.spare_wanted.notify_all();
-        for t in [self.applier.take(), self.spare.take()].into_iter().flatten() {
+        for t in [self.applier.take(), self.spare.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = t.join();
         }
     }
