@@ -138,6 +138,8 @@ pub struct IndexedWrite {
     /// derive the progress they replace, ~5 % of the herd's CPU. What the group itself wrote
     /// before still wins. Debug builds read the store anyway and assert that the index entry
     /// of what it holds is this one's (the simulation and the crash loops check the promise).
+    /// The sled resolver trusts it; the PostgreSQL one reads anyway (`store/pg/resolve.rs`: a
+    /// group answered as failed there may have committed).
     pub old: Option<Vec<u8>>,
 }
 
@@ -147,7 +149,7 @@ pub type Unstored = std::collections::HashMap<(TreeId, Vec<u8>), Option<Vec<u8>>
 
 impl IndexedWrite {
     /// Debug builds: panics unless the writer's `known` old value names the same index entry
-    /// as `stored`, what the store holds (stored or derived). Both resolvers check with it.
+    /// as `stored`, what the store holds (stored or derived). The sled resolver checks with it.
     pub fn check_known(&self, known: &Option<Vec<u8>>, stored: &Option<Vec<u8>>) {
         let entry_of = |v: &Option<Vec<u8>>| v.as_deref().and_then(|v| (self.entry)(&self.key, v));
         assert_eq!(

@@ -22,10 +22,8 @@ pub fn reads_needed(jobs: &[Vec<RawOp>]) -> [Vec<Vec<u8>>; TREES] {
     for op in jobs.iter().flatten() {
         let (tree, key) = match op {
             RawOp::Absent(t, k) => (*t, k.as_slice()),
-            // A value the writer knows is not read (but in debug builds, which check it).
-            RawOp::Indexed(w)
-                if !w.stored_absent && (w.old.is_none() || cfg!(debug_assertions)) =>
-            {
+            // Read even when the writer says it knows the old value (`indexed` below).
+            RawOp::Indexed(w) if !w.stored_absent => {
                 // Its source too, for a value not stored (one round trip either way).
                 if w.derived_from.of_mut(&mut seen).insert(&w.key) {
                     w.derived_from.of_mut(&mut out).push(w.key.clone());
@@ -107,7 +105,12 @@ fn job(
 
 fn indexed(mut w: IndexedWrite, stored: &Stored, writes: &mut Writes, unstored: &mut Unstored) {
     let (tree, derived_from, derive) = (w.tree, w.derived_from, w.derive);
-    let known = w.old.take();
+    // The writer's known old value is not trusted here: on PostgreSQL a group answered as
+    // failed may have committed (a COMMIT whose reply was lost and could not be read back),
+    // so the engine's memory can be behind the database. The cluster nemesis found one
+    // (seed 2912049, a lost COMMIT reply): the debug check of the promise failed. sled cuts a
+    // failed group off its log, so there the promise holds and saves the read.
+    w.old = None;
     let key = &w.key;
     let stored_or_derived = || match tree.of(stored).get(key) {
         Some(v) => (Some(v.clone()), true),
@@ -129,13 +132,6 @@ fn indexed(mut w: IndexedWrite, stored: &Stored, writes: &mut Writes, unstored: 
         (Some(v), _) => (v.clone(), false),
         (None, Some(v)) => (v.cloned(), true),
         (None, None) if w.stored_absent => (None, true),
-        // Known to the writer (see `IndexedWrite::old`), checked in debug builds.
-        (None, None) if known.is_some() => {
-            if cfg!(debug_assertions) {
-                w.check_known(&known, &stored_or_derived().0);
-            }
-            (known, false)
-        }
         (None, None) => stored_or_derived(),
     };
     w.resolve(old, in_tree, unstored, |t, k, v| {
@@ -209,16 +205,29 @@ mod tests {
         assert_eq!(get(&w, TreeId::Progress, "t"), Some(Some(&b"c"[..])));
     }
 
+    /// A writer's memory can be behind the database (an unconfirmed COMMIT that landed): the
+    /// stored value is read and wins over what the writer says.
     #[test]
-    #[should_panic(expected = "is not the store's")]
-    fn a_wrong_known_old_value_is_caught_in_debug_builds() {
+    fn a_known_old_value_is_read_and_the_stored_one_wins() {
         let mut stored: Stored = Default::default();
         stored[TreeId::Progress as usize].insert(b"t".to_vec(), b"a".to_vec());
         assert!(
             !reads_needed(&[vec![ix_known("t", "b", "z")]])[TreeId::Progress as usize].is_empty(),
-            "debug builds read what they check"
+            "the key is read although the writer names a value"
         );
-        resolve(vec![vec![ix_known("t", "b", "z")]], &stored);
+        let (res, w) = resolve(vec![vec![ix_known("t", "b", "z")]], &stored);
+        assert!(res.iter().all(Result::is_ok));
+        assert_eq!(
+            get(&w, TreeId::Due, "at"),
+            Some(None),
+            "the stored entry goes"
+        );
+        assert_eq!(
+            get(&w, TreeId::Due, "zt"),
+            None,
+            "the writer's wrong one is not touched"
+        );
+        assert_eq!(get(&w, TreeId::Due, "bt"), Some(Some(&b"b"[..])));
     }
 
     fn ix(key: &str, value: Option<&str>, stored_absent: bool) -> RawOp {
