@@ -49,6 +49,9 @@ const RECOVER_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// How often the heal thread probes a failing store.
 pub const PROBE_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 
+/// A group that takes this long is logged with where its time went.
+const SLOW_GROUP: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Jobs that may wait for the commit thread (default; tests use a small queue).
 pub const QUEUE_JOBS: usize = 16_384;
 
@@ -322,13 +325,29 @@ fn run(
         let started = Instant::now();
         let (ops, replies): (Vec<Vec<RawOp>>, Vec<Reply>) =
             jobs.into_iter().map(|j| (j.ops, j.reply)).unzip();
+        let n_ops: usize = ops.iter().map(Vec::len).sum();
+        let mut synced = None;
         let result = backend.apply(ops).and_then(|r| {
-            let synced = Instant::now();
+            let t = Instant::now();
+            synced = Some(t);
             let s = backend.sync();
-            gather.observe(replies.len(), synced.elapsed());
+            gather.observe(replies.len(), t.elapsed());
             s.map(|()| r)
         });
         let took = started.elapsed();
+        if took >= SLOW_GROUP {
+            // Where a slow group's time went: the apply (admission to the memtable, the
+            // resolve, the log append) or the sync (the disk).
+            let apply = synced.map_or(took, |t| t - started);
+            tracing::warn!(
+                took_ms = took.as_millis() as u64,
+                apply_ms = apply.as_millis() as u64,
+                sync_ms = (took - apply).as_millis() as u64,
+                writers = replies.len(),
+                ops = n_ops,
+                "a slow commit group"
+            );
+        }
         stats
             .busy_us
             .fetch_add(took.as_micros() as u64, Ordering::Relaxed);

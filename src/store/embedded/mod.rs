@@ -375,10 +375,17 @@ impl Shared {
         let mut inbox = self.applier.lock();
         // Since when the applier has made no progress while this write waited.
         let (mut seen, mut since) = (self.applied.load(Ordering::Relaxed), Instant::now());
+        let began = since;
         loop {
             {
                 let m = self.mem.read();
                 if m.active.bytes < ACTIVE_MAX_BYTES || m.frozen.is_none() {
+                    if began.elapsed() >= Duration::from_millis(10) {
+                        tracing::debug!(
+                            waited_ms = began.elapsed().as_millis() as u64,
+                            "a group waited for the applier (memtable full)"
+                        );
+                    }
                     return Ok(());
                 }
             }
