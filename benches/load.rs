@@ -470,6 +470,14 @@ async fn herd(n: u64) {
         }
     }
     println!("   sends per 500 ms after due: {slices:?}");
+    // Finer, where a stall shows as a gap rather than a slower half-second.
+    let mut fine = vec![0u32; ((last.saturating_sub(due)) / 100 + 1) as usize];
+    for r in &rows {
+        if let Some(s) = fine.get_mut((r.1.saturating_sub(due) / 100) as usize) {
+            *s += 1;
+        }
+    }
+    println!("   sends per 100 ms after due: {fine:?}");
     println!(
         "   herald CPU per one-shot, fill's end to last send: {}",
         cpu_per_item(&cpu0, &cpu1, n)

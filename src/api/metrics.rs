@@ -402,6 +402,29 @@ fn losses(s: &mut Scrape, state: &ApiState) {
     );
 }
 
+/// The admission law's counters (`store/pace.rs::admit`).
+fn admission(s: &mut Scrape, st: &crate::store::commit::CommitStats) {
+    s.counter(
+        "herald_store_admit_delayed",
+        "Writes the admission law made wait before the commit queue (the memtable over its soft mark)",
+        st.admit_delayed.load(Ordering::Relaxed),
+    );
+    s.add(
+        "herald_store_admit_delay_max_seconds",
+        MetricType::Gauge,
+        "Longest wait the admission law has given one write since start",
+        vec![(
+            vec![],
+            Value::GaugeF(st.admit_delay_max_us.load(Ordering::Relaxed) as f64 / 1e6),
+        )],
+    );
+    s.counter(
+        "herald_store_admit_full",
+        "Writes that found the memtable at its hard bound (a create got 503; an engine step waited for room)",
+        st.admit_full.load(Ordering::Relaxed),
+    );
+}
+
 /// The store's group commit and memtable, storage health, and the wall clock.
 fn store(s: &mut Scrape, state: &ApiState) {
     let engine = &state.engine;
@@ -455,25 +478,7 @@ fn store(s: &mut Scrape, state: &ApiState) {
         "Writes durable in the log and not yet written into sled (the write-behind memtable)",
         engine.store().memtable_bytes() as i64,
     );
-    s.counter(
-        "herald_store_admit_delayed",
-        "Writes the admission law made wait before the commit queue (the memtable over its soft mark)",
-        st.admit_delayed.load(Ordering::Relaxed),
-    );
-    s.add(
-        "herald_store_admit_delay_max_seconds",
-        MetricType::Gauge,
-        "Longest wait the admission law has given one write since start",
-        vec![(
-            vec![],
-            Value::GaugeF(st.admit_delay_max_us.load(Ordering::Relaxed) as f64 / 1e6),
-        )],
-    );
-    s.counter(
-        "herald_store_admit_full",
-        "Writes that found the memtable at its hard bound (a create got 503; an engine step waited for room)",
-        st.admit_full.load(Ordering::Relaxed),
-    );
+    admission(s, st);
     s.counter(
         "herald_store_read_round_trips",
         "Read round trips to the store's server (PostgreSQL: point reads, batched reads, scan pages; always 0 on sled)",

@@ -165,39 +165,74 @@ impl Locked {
     /// Ends the lock. A finished task leaves the live map; an idle one is unloaded if nobody
     /// else is waiting for it.
     pub fn release(mut self, inner: &Inner) {
+        if let Some(terminal) = self.leaving() {
+            self.release_in(&mut inner.live.lock(), terminal);
+        }
+    }
+
+    /// Whether [`Locked::release`] has anything to do in the live map: `Some(true)` for a
+    /// finished task, `Some(false)` for an idle one, `None` for one that stays loaded.
+    fn leaving(&mut self) -> Option<bool> {
         if !self.is_loaded() {
-            return;
+            return None;
         }
-        let (terminal, idle) = {
-            let st = self.st();
-            (
-                st.progress.state.is_terminal(),
-                st.is_idle() && st.progress.state != TaskState::Running,
-            )
-        };
-        if !(terminal || idle) {
-            return;
-        }
-        let mut live = inner.live.lock();
+        let st = self.st();
+        let terminal = st.progress.state.is_terminal();
+        let idle = st.is_idle() && st.progress.state != TaskState::Running;
+        (terminal || idle).then_some(terminal)
+    }
+
+    /// The live map's part of [`Locked::release`], with its lock held by the caller. The
+    /// cell's own lock ends when `self` is dropped, after the caller lets go of the map.
+    fn release_in(mut self, live: &mut LiveMap, terminal: bool) -> Locked {
         let ours = live
             .cell(&self.id)
             .is_some_and(|c| Arc::ptr_eq(c, OwnedMutexGuard::mutex(&self.guard)));
-        if !ours {
-            return;
+        if ours {
+            if terminal {
+                live.remove(&self.id);
+            } else if Arc::strong_count(OwnedMutexGuard::mutex(&self.guard)) == 2 {
+                *self.guard = Slot::Unloaded;
+                live.drop_cell(&self.id);
+            }
         }
-        if terminal {
-            live.remove(&self.id);
-        } else if Arc::strong_count(OwnedMutexGuard::mutex(&self.guard)) == 2 {
-            *self.guard = Slot::Unloaded;
-            live.drop_cell(&self.id);
+        self
+    }
+}
+
+/// [`Locked::release`] of many (a chunk's tasks after its settle) under one hold of the live
+/// map's lock: in a herd, the two workers took that lock once per task to find each cell and
+/// once more to release it, and a worker preempted while holding it put the other to sleep.
+pub(crate) fn release_all(inner: &Inner, ls: Vec<Locked>) {
+    let mut kept = Vec::with_capacity(ls.len());
+    {
+        let mut live = inner.live.lock();
+        for mut l in ls {
+            kept.push(match l.leaving() {
+                Some(terminal) => l.release_in(&mut live, terminal),
+                None => l,
+            });
         }
     }
+    drop(kept);
 }
 
 /// The cell of an unfinished task (made on demand), or `None` if the task is not live.
 pub(crate) fn cell_of(inner: &Inner, id: &str) -> Option<(Arc<str>, Arc<LiveTask>)> {
+    cell_in(inner, &mut inner.live.lock(), id)
+}
+
+/// [`cell_of`] for many ids under one hold of the live map's lock (a chunk's keys).
+pub(crate) fn cells_of<'a>(
+    inner: &Inner,
+    ids: impl Iterator<Item = &'a str>,
+) -> Vec<Option<(Arc<str>, Arc<LiveTask>)>> {
     let mut live = inner.live.lock();
-    if !live.contains_key(id) && !adopt(inner, &mut live, id) {
+    ids.map(|id| cell_in(inner, &mut live, id)).collect()
+}
+
+fn cell_in(inner: &Inner, live: &mut LiveMap, id: &str) -> Option<(Arc<str>, Arc<LiveTask>)> {
+    if !live.contains_key(id) && !adopt(inner, live, id) {
         return None;
     }
     live.cell_or_new(id)
@@ -252,7 +287,7 @@ pub(crate) async fn lock_expired(inner: &Arc<Inner>, id: &str) -> Result<Got, En
     Ok(Got::Ready(Locked { id: key, guard }))
 }
 
-/// What [`try_lock`] found.
+/// What [`try_lock_cell`] found.
 pub(crate) enum TryGot {
     Ready(Locked),
     Park(Locked, String),
@@ -261,10 +296,14 @@ pub(crate) enum TryGot {
     Gone,
 }
 
-/// Like [`lock`], but never waits for the cell: a caller that holds other cells (a chunk of
-/// sends, `chunk.rs`) must not wait for one, or two such callers could wait for each other.
-pub(crate) async fn try_lock(inner: &Arc<Inner>, id: &str) -> Result<TryGot, EngineError> {
-    let Some((id, cell)) = cell_of(inner, id) else {
+/// Like [`lock`], of a cell found already ([`cells_of`]), but never waits for the cell: a
+/// caller that holds other cells (a chunk of sends, `chunk.rs`) must not wait for one, or two
+/// such callers could wait for each other.
+pub(crate) fn try_lock_cell(
+    inner: &Arc<Inner>,
+    found: Option<(Arc<str>, Arc<LiveTask>)>,
+) -> Result<TryGot, EngineError> {
+    let Some((id, cell)) = found else {
         return Ok(TryGot::Gone);
     };
     let Ok(guard) = cell.try_lock_owned() else {

@@ -79,10 +79,12 @@ pub(crate) async fn apply_chunk(inner: &Arc<Inner>, items: Vec<(Locked, RunKey, 
     }
     match inner.store.write_numbered(&mut batch).await {
         Ok(()) => {
+            let mut done = Vec::with_capacity(items.len());
             for (mut l, _, c) in items {
                 after(inner, &mut l, c);
-                l.release(inner);
+                done.push(l);
             }
+            cells::release_all(inner, done);
             created(inner, born);
             publish_timeline(inner, &batch);
         }
@@ -376,7 +378,7 @@ pub(crate) async fn lock_expired(
     }
 }
 
-/// What [`try_lock`] found.
+/// What [`try_lock_cell`] found.
 pub(crate) enum TryLocked {
     Locked(Locked),
     /// Someone else holds the cell now.
@@ -385,9 +387,17 @@ pub(crate) enum TryLocked {
     Gone,
 }
 
-/// Like [`lock`], but never waits for the cell (`cells::try_lock`).
-pub(crate) async fn try_lock(inner: &Arc<Inner>, id: &str) -> Result<TryLocked, EngineError> {
-    match cells::try_lock(inner, id).await? {
+/// Like [`lock`], of a cell found already (`cells::cells_of`), but never waits for it
+/// (`cells::try_lock_cell`).
+pub(crate) async fn try_lock_cell(
+    inner: &Arc<Inner>,
+    found: Option<(Arc<str>, Arc<LiveTask>)>,
+) -> Result<TryLocked, EngineError> {
+    try_locked(inner, cells::try_lock_cell(inner, found)?).await
+}
+
+async fn try_locked(inner: &Arc<Inner>, got: TryGot) -> Result<TryLocked, EngineError> {
+    match got {
         TryGot::Ready(l) => Ok(TryLocked::Locked(l)),
         TryGot::Busy => Ok(TryLocked::Busy),
         TryGot::Gone => Ok(TryLocked::Gone),
