@@ -166,7 +166,9 @@ impl Locked {
     /// else is waiting for it.
     pub fn release(mut self, inner: &Inner) {
         if let Some(terminal) = self.leaving() {
-            self.release_in(&mut inner.live.lock(), terminal);
+            // Bound to a name: the map's lock (a temporary) ends with this statement, the
+            // cell's own lock after it, as `release_in` says.
+            let _cell = self.release_in(&mut inner.live.lock(), terminal);
         }
     }
 
@@ -222,13 +224,27 @@ pub(crate) fn cell_of(inner: &Inner, id: &str) -> Option<(Arc<str>, Arc<LiveTask
     cell_in(inner, &mut inner.live.lock(), id)
 }
 
-/// [`cell_of`] for many ids under one hold of the live map's lock (a chunk's keys).
+/// A task's id as the live map holds it, and its cell.
+pub(crate) type Found = (Arc<str>, Arc<LiveTask>);
+
+/// [`cell_of`] for many ids, those in the live map under one hold of its lock (a chunk's
+/// keys). An id not in the map is looked up after, one [`cell_of`] each: adopting it may read
+/// the store (a round trip on PostgreSQL), which must not hold every worker off the map.
 pub(crate) fn cells_of<'a>(
     inner: &Inner,
     ids: impl Iterator<Item = &'a str>,
-) -> Vec<Option<(Arc<str>, Arc<LiveTask>)>> {
-    let mut live = inner.live.lock();
-    ids.map(|id| cell_in(inner, &mut live, id)).collect()
+) -> Vec<Option<Found>> {
+    let ids: Vec<&str> = ids.collect();
+    let in_map: Vec<Option<Option<Found>>> = {
+        let mut live = inner.live.lock();
+        ids.iter()
+            .map(|id| live.contains_key(id).then(|| live.cell_or_new(id)))
+            .collect()
+    };
+    ids.iter()
+        .zip(in_map)
+        .map(|(id, found)| found.unwrap_or_else(|| cell_of(inner, id)))
+        .collect()
 }
 
 fn cell_in(inner: &Inner, live: &mut LiveMap, id: &str) -> Option<(Arc<str>, Arc<LiveTask>)> {

@@ -67,6 +67,22 @@ pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>) {
         }
         open
     });
+    // A cell found at the chunk's start may have left the map while the chunk prepared
+    // (cluster mode: its shard dropped and taken again, a fresh cell made for it): its memory
+    // may be stale, and the map's cell is the one that counts. Such a task is not sent here;
+    // whoever holds the map's cell steps it.
+    let stale: Vec<Item> = {
+        let live = inner.live.lock();
+        let (kept, stale) = std::mem::take(&mut items).into_iter().partition(|it| {
+            live.cell(&it.key.task)
+                .is_some_and(|c| Arc::ptr_eq(c, &it.l.cell()))
+        });
+        items = kept;
+        stale
+    };
+    for mut it in stale {
+        it.l.unload();
+    }
     if items.is_empty() {
         return;
     }
@@ -75,13 +91,15 @@ pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>) {
         .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
     let _in_flight: Vec<SendInFlight> = items.iter().map(|_| SendInFlight::new(&inner)).collect();
     let (items, outcomes) = send(&inner, items).await;
-    // Sends before settles: the yield puts this chunk behind the chunks already queued on
-    // its worker, so in a herd their messages leave before this chunk's settle spends its CPU
-    // (plans, records, the commit). Without it, settles ran between the other chunks'
-    // prepares and a herd's sends went at about half their rate once the settles began
-    // (sends per 100 ms in the load bench). The settle comes later by the queue's length;
-    // nothing else changes: the locks are held until it is durable, and a crash meanwhile
-    // sends each unsettled message once more, as it would any message in flight.
+    // Sends before settles: tokio runs a yielded task again once its worker has nothing else
+    // to run (or at its periodic maintenance tick, every 61 polls), so in a herd the other
+    // chunks' messages leave before this chunk's settle spends its CPU (plans, records, the
+    // commit). Without it, settles ran between the other chunks' prepares and a herd's sends
+    // went at about half their rate once the settles began (sends per 100 ms in the load
+    // bench). The settle comes later by the runnable work ahead of it; the locks are held
+    // until it is durable (a cancel of one of its tasks waits that much longer), and a crash
+    // or a shard's handover meanwhile sends each unsettled message once more (same
+    // idempotency key), as it would any message in flight.
     tokio::task::yield_now().await;
     settle(&inner, items, outcomes).await;
 }
