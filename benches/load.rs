@@ -528,7 +528,10 @@ async fn print_store_metrics(http: &Http, base: &str) {
     if std::env::var("HERALD_LOAD_METRICS").is_ok() {
         let (_, m) = get(http, &format!("{base}/metrics")).await;
         for l in String::from_utf8_lossy(&m).lines() {
-            if l.starts_with("herald_store") || l.starts_with("herald_send_lateness") {
+            if l.starts_with("herald_store")
+                || l.starts_with("herald_send_lateness")
+                || l.starts_with("herald_send_chunked")
+            {
                 println!("   {l}");
             }
         }

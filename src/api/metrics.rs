@@ -242,6 +242,11 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
         "How late sends start: from the instant the schedule (or pacing) planned the message to the start of its attempt",
         engine.lateness(),
     );
+    s.counter(
+        "herald_send_chunked",
+        "Sends made in chunks (due together, armed, to a local channel: one append, one settle write); the rest took the one-key path",
+        engine.chunked_sends(),
+    );
     let mut registry = prometheus_client::registry::Registry::default();
     registry.register_collector(Box::new(s));
     registry.register(
