@@ -414,14 +414,10 @@ fn admission(s: &mut Scrape, st: &crate::store::commit::CommitStats) {
         "Writes the admission law made wait before the commit queue (the memtable over its soft mark)",
         st.admit_delayed.load(Ordering::Relaxed),
     );
-    s.add(
+    s.gauge_f(
         "herald_store_admit_delay_max_seconds",
-        MetricType::Gauge,
         "Longest wait the admission law has given one write since start",
-        vec![(
-            vec![],
-            Value::GaugeF(st.admit_delay_max_us.load(Ordering::Relaxed) as f64 / 1e6),
-        )],
+        st.admit_delay_max_us.load(Ordering::Relaxed) as f64 / 1e6,
     );
     s.counter(
         "herald_store_admit_full",
