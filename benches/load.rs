@@ -410,7 +410,7 @@ async fn herd(n: u64) {
         "the fill took longer than the lead; raise it"
     );
     println!(
-        "2. herd: {n} one-shots due at the same instant (file channel, misfire skip, grace 1s)"
+        "2. herd: {n} one-shots due at the same instant (file channel, misfire skip, grace 1s), due {due} ms since the epoch (to line up a profile)"
     );
     // The competing writer (if asked for) from here through the herd and its probes, and the
     // raw fdatasync rate under it, beside the figure.

@@ -16,6 +16,9 @@ use crate::model::Outcome;
 /// Lines one `write` takes at most.
 const BATCH_LINES: usize = 4_096;
 
+/// A write this slow is logged (at warn): the sends of its lines waited as long.
+const SLOW_WRITE: std::time::Duration = std::time::Duration::from_millis(50);
+
 type Line = (Vec<u8>, oneshot::Sender<Result<(), String>>);
 
 pub struct FileSink {
@@ -168,6 +171,7 @@ fn writer(
             buf.extend_from_slice(&line);
             waiting.push(done);
         }
+        let started = std::time::Instant::now();
         let r = if torn {
             close_torn_line(&at, &mut file)
         } else {
@@ -176,6 +180,13 @@ fn writer(
         .and_then(|()| file.write_all(&buf))
         .map_err(|e| e.to_string());
         torn = r.is_err();
+        let took = started.elapsed();
+        if took >= SLOW_WRITE {
+            // A plain append can wait on the filesystem (ext4 starts a journal handle for the
+            // size and mtime, and waits while a commit forced by someone's fsync is locked).
+            tracing::warn!(file = %path, took_ms = took.as_millis() as u64, lines = waiting.len(),
+                bytes = buf.len(), "file channel write was slow");
+        }
         if let Err(e) = &r {
             tracing::warn!(file = %path, error = %e, lines = waiting.len(), "file channel write failed; the sends are tried again");
         }

@@ -35,6 +35,86 @@ use super::Inner;
 use crate::deliver::Channel;
 use crate::model::{Outcome, TaskState};
 
+/// Longest a chunk's settle waits for the sends ahead of it ([`Ahead::wait_for`]); a herd
+/// of 100 000 sends in about a third of that on two cores.
+const SETTLE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The chunks not yet past their send, by ticket (handed out in spawn order).
+///
+/// A settle waits only for the chunks spawned before its own send was over, never for
+/// later ones: in a herd the first chunk's settle waits for the whole herd's sends, while
+/// under a steady stream of chunks a settle waits for the few in flight at that moment.
+#[derive(Default)]
+pub(crate) struct Ahead {
+    /// Invariant: `outstanding` holds the ticket of every live [`AheadGuard`], and `next` is
+    /// above all of them.
+    state: parking_lot::Mutex<Tickets>,
+    /// Woken whenever the lowest outstanding ticket goes.
+    moved: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Tickets {
+    next: u64,
+    outstanding: std::collections::BTreeSet<u64>,
+}
+
+/// One chunk counted in [`Ahead`] until dropped.
+pub(super) struct AheadGuard(Arc<Ahead>, u64);
+
+impl Drop for AheadGuard {
+    fn drop(&mut self) {
+        let lowest = {
+            let mut t = self.0.state.lock();
+            let lowest = t.outstanding.first() == Some(&self.1);
+            t.outstanding.remove(&self.1);
+            lowest
+        };
+        if lowest {
+            self.0.moved.notify_waiters();
+        }
+    }
+}
+
+impl Ahead {
+    /// Counts a chunk just spawned, with the next ticket.
+    pub(super) fn enter(self: &Arc<Self>) -> AheadGuard {
+        let mut t = self.state.lock();
+        let ticket = t.next;
+        t.next += 1;
+        t.outstanding.insert(ticket);
+        AheadGuard(self.clone(), ticket)
+    }
+
+    /// The last ticket handed out so far.
+    fn last(&self) -> Option<u64> {
+        self.state.lock().next.checked_sub(1)
+    }
+
+    /// Waits until every chunk up to ticket `upto` is past its send, or `max` has passed.
+    async fn wait_for(&self, upto: u64, max: std::time::Duration) {
+        let wait = async {
+            loop {
+                let moved = self.moved.notified();
+                tokio::pin!(moved);
+                // Registered before the tickets are read: a guard dropped in between wakes it.
+                moved.as_mut().enable();
+                if self
+                    .state
+                    .lock()
+                    .outstanding
+                    .first()
+                    .is_none_or(|t| *t > upto)
+                {
+                    return;
+                }
+                moved.await;
+            }
+        };
+        let _ = tokio::time::timeout(max, wait).await;
+    }
+}
+
 /// One prepared send of the chunk, its task locked.
 struct Item {
     key: RunKey,
@@ -44,8 +124,9 @@ struct Item {
     _guard: StepGuard,
 }
 
-/// Carries out the steps of `keys` (run keys, in deadline order).
-pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>) {
+/// Carries out the steps of `keys` (run keys, in deadline order). `ahead` counts the chunk
+/// among those not yet past their send ([`Ahead`]) until its send is over.
+pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>, ahead: AheadGuard) {
     let mut items = prepare(&inner, keys).await;
     if step::draining(&inner) {
         // A drain began while the chunk was being prepared: nothing is sent. Each task is
@@ -91,16 +172,26 @@ pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>) {
         .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
     let _in_flight: Vec<SendInFlight> = items.iter().map(|_| SendInFlight::new(&inner)).collect();
     let (items, outcomes) = send(&inner, items).await;
-    // Sends before settles: tokio runs a yielded task again once its worker has nothing else
-    // to run (or at its periodic maintenance tick, every 61 polls), so in a herd the other
-    // chunks' messages leave before this chunk's settle spends its CPU (plans, records, the
-    // commit). Without it, settles ran between the other chunks' prepares and a herd's sends
-    // went at about half their rate once the settles began (sends per 100 ms in the load
-    // bench). The settle comes later by the runnable work ahead of it; the locks are held
-    // until it is durable (a cancel of one of its tasks waits that much longer), and a crash
-    // or a shard's handover meanwhile sends each unsettled message once more (same
-    // idempotency key), as it would any message in flight.
-    tokio::task::yield_now().await;
+    // Sends before settles: the settle (plans, records, the commit: more CPU than the
+    // prepare and the send) waits until the chunks spawned so far are past their sends, at
+    // most [`SETTLE_WAIT_MAX`] ([`Ahead`]). So a herd's messages all leave first, and its
+    // settles follow.
+    //
+    // Why: a herd's ~400 chunks were spawned at once, and the settles of the first ones ran
+    // between the prepares of the rest. With a `yield_now` between send and settle (tokio
+    // runs a yielded task again at its worker's next maintenance tick, every 61 polls), the
+    // settles still came in bursts: 100–300 ms with no send at all, in 9 of 15 herds (the
+    // load bench's sends per 100 ms, and a profile cut to such a gap: the workers settling).
+    //
+    // The cost: a chunk's settle comes later by the sends ahead of it, up to the bound. The
+    // locks are held until it is durable (a cancel of one of its tasks waits that much
+    // longer), and a crash or a shard's handover meanwhile sends each unsettled message once
+    // more (same idempotency key), as it would any message in flight.
+    let upto = inner.chunks_ahead.last();
+    drop(ahead);
+    if let Some(upto) = upto {
+        inner.chunks_ahead.wait_for(upto, SETTLE_WAIT_MAX).await;
+    }
     settle(&inner, items, outcomes).await;
 }
 
@@ -243,4 +334,60 @@ async fn settle(inner: &Arc<Inner>, items: Vec<Item>, outcomes: Vec<Outcome>) {
     }
     commit::apply_chunk(inner, planned).await;
     drop(guards);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_settle_waits_for_the_chunks_ahead_and_not_for_later_ones() {
+        let ahead = Arc::new(Ahead::default());
+        let (first, second) = (ahead.enter(), ahead.enter());
+        let upto = ahead.last().unwrap();
+        let waiter = {
+            let ahead = ahead.clone();
+            tokio::spawn(async move { ahead.wait_for(upto, Duration::from_secs(60)).await })
+        };
+        drop(first);
+        // One chunk ahead is still before its send: the settle keeps waiting.
+        let mut waiter = std::pin::pin!(waiter);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut waiter)
+                .await
+                .is_err(),
+            "a settle went while a chunk ahead of it had not sent"
+        );
+        // A chunk spawned later does not hold it; the last one ahead passing its send frees it.
+        let _later = ahead.enter();
+        drop(second);
+        tokio::time::timeout(Duration::from_secs(10), &mut waiter)
+            .await
+            .expect("the settle waited for a chunk spawned after its send")
+            .unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_settle_waits_no_longer_than_its_bound() {
+        let ahead = Arc::new(Ahead::default());
+        let _stuck = ahead.enter();
+        let started = tokio::time::Instant::now();
+        ahead.wait_for(0, SETTLE_WAIT_MAX).await;
+        assert_eq!(started.elapsed(), SETTLE_WAIT_MAX);
+    }
+
+    #[tokio::test]
+    async fn nothing_ahead_no_wait() {
+        let ahead = Arc::new(Ahead::default());
+        assert_eq!(ahead.last(), None);
+        drop(ahead.enter());
+        let upto = ahead.last().unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            ahead.wait_for(upto, Duration::from_secs(60)),
+        )
+        .await
+        .expect("no chunk is ahead: the settle goes at once");
+    }
 }

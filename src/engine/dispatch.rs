@@ -70,7 +70,8 @@ pub(crate) async fn dispatcher(inner: Weak<Inner>, mut due: UnboundedReceiver<Ve
 /// Run steps due together: one on its own, more as a chunk.
 fn spawn_runs(inner: &Arc<Inner>, mut runs: Vec<(RunKey, StepGuard)>) {
     if runs.len() > 1 {
-        tokio::spawn(super::chunk::run(inner.clone(), runs));
+        let ahead = inner.chunks_ahead.enter();
+        tokio::spawn(super::chunk::run(inner.clone(), runs, ahead));
     } else if let Some((key, guard)) = runs.pop() {
         step::spawn(inner, Step::Run(key), guard);
     }

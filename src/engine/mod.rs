@@ -225,6 +225,8 @@ pub(crate) struct Inner {
     pub sends_in_flight: AtomicUsize,
     /// Sends that went in a chunk (`chunk.rs`), since start.
     pub chunked_sends: AtomicU64,
+    /// Chunks not yet past their send; a chunk's settle waits for them (`chunk.rs`).
+    pub chunks_ahead: Arc<chunk::Ahead>,
     pub alerts_raised: AtomicU64,
     /// How late sends start (`scheduled_at` → attempt start), in seconds.
     pub lateness: prometheus_client::metrics::histogram::Histogram,
@@ -376,6 +378,7 @@ impl Engine {
             draining: AtomicBool::new(false),
             sends_in_flight: AtomicUsize::new(0),
             chunked_sends: AtomicU64::new(0),
+            chunks_ahead: Arc::default(),
             alerts_raised: AtomicU64::new(0),
             lateness: stats::lateness_histogram(),
             census: Mutex::new(None),
