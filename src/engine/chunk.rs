@@ -20,9 +20,10 @@
 //! unloads every task of the chunk so that memory is read back from disk, and its in-flight
 //! messages go again (same idempotency keys).
 //!
-//! The chunk holds its tasks' locks while it writes to the file and commits: a cancel of one
-//! of them waits for that (a few ms on a working disk; a stalled one delays it by the stall),
-//! as it would for a settle. A drain that begins while the chunk is prepared sends none of it.
+//! The chunk holds its tasks' locks while it writes to the file, while its settle waits for
+//! the sends of the chunks spawned before it ([`Ahead`], at most [`SETTLE_WAIT_MAX`]), and
+//! while it commits: a cancel of one of them waits for that (in a herd, up to the herd's
+//! sends; a stalled disk delays it by the stall), as it would for a settle. A drain that begins while the chunk is prepared sends none of it.
 
 use std::collections::HashSet;
 use std::sync::Arc;
