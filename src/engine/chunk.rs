@@ -13,8 +13,10 @@
 //!
 //! Any other key (a run to arm, a webhook, a cell someone else holds, a second run of a task
 //! already in the chunk) takes the one-key path in a task of its own ([`step::spawn`],
-//! or [`step::spawn_locked`] with the lock the chunk took). So the chunk never waits for a cell while it holds others (two chunks cannot wait for
-//! each other), a slow receiver never holds a chunk, and the rules of the one-key path hold
+//! or [`step::spawn_locked`] with the lock the chunk took). So the chunk never waits for a
+//! cell while it holds others, and a chunk's settle waits only for chunks still before their
+//! send, which never wait on a settle (no two chunks wait for each other); a slow receiver
+//! never holds a chunk, and the rules of the one-key path hold
 //! here too: a send starts only after its own in-flight mark is durable (it was armed before
 //! it reached here); the settle is durable before the lock is released; a failed write
 //! unloads every task of the chunk so that memory is read back from disk, and its in-flight
@@ -45,6 +47,12 @@ const SETTLE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 /// A settle waits only for the chunks spawned before its own send was over, never for
 /// later ones: in a herd the first chunk's settle waits for the whole herd's sends, while
 /// under a steady stream of chunks a settle waits for the few in flight at that moment.
+///
+/// A ticket covers the chunk's whole prepare, also the part that sends nothing: a send held
+/// by a rate limit, a breaker or quiet hours writes its hold (one durable write each, in
+/// turn), so a herd to a held channel makes the settles before it wait up to the bound.
+/// Every lowest ticket that goes wakes every waiting settle to look again (a few hundred
+/// in a herd, each woken about once per chunk ahead of it: cheap beside a chunk's work).
 #[derive(Default)]
 pub(crate) struct Ahead {
     /// Invariant: `outstanding` holds the ticket of every live [`AheadGuard`], and `next` is
@@ -186,8 +194,10 @@ pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>, ahead
     //
     // The cost: a chunk's settle comes later by the sends ahead of it, up to the bound. The
     // locks are held until it is durable (a cancel of one of its tasks waits that much
-    // longer), and a crash or a shard's handover meanwhile sends each unsettled message once
-    // more (same idempotency key), as it would any message in flight.
+    // longer), and a crash meanwhile sends each unsettled message once more (same
+    // idempotency key), as it would any message in flight. In cluster mode the settle is one
+    // fenced write: if any shard of the chunk changed hands meanwhile, the whole write is
+    // refused and every message of the chunk goes again (as before, over a longer window).
     let upto = inner.chunks_ahead.last();
     drop(ahead);
     if let Some(upto) = upto {

@@ -422,12 +422,12 @@ impl Engine {
         self.inner.draining.load(Ordering::Acquire)
     }
 
-    /// Sends that started and have not settled yet.
     /// Sends that went in a chunk with others since start (`engine/chunk.rs`).
     pub fn chunked_sends(&self) -> u64 {
         self.inner.chunked_sends.load(Ordering::Relaxed)
     }
 
+    /// Sends that started and have not settled yet.
     pub fn sends_in_flight(&self) -> usize {
         self.inner.sends_in_flight.load(Ordering::Acquire)
     }
