@@ -85,7 +85,7 @@ impl LiveMap {
     }
 
     /// The task's cell, made if it has none; `None` if the task is not live.
-    fn cell_or_new(&mut self, id: &str) -> Option<(Arc<str>, Arc<LiveTask>)> {
+    fn cell_or_new(&mut self, id: &str) -> Option<Found> {
         let key = self.ids.get(id)?.clone();
         let cell = self
             .cells
@@ -220,7 +220,7 @@ pub(crate) fn release_all(inner: &Inner, ls: Vec<Locked>) {
 }
 
 /// The cell of an unfinished task (made on demand), or `None` if the task is not live.
-pub(crate) fn cell_of(inner: &Inner, id: &str) -> Option<(Arc<str>, Arc<LiveTask>)> {
+pub(crate) fn cell_of(inner: &Inner, id: &str) -> Option<Found> {
     cell_in(inner, &mut inner.live.lock(), id)
 }
 
@@ -247,7 +247,7 @@ pub(crate) fn cells_of<'a>(
         .collect()
 }
 
-fn cell_in(inner: &Inner, live: &mut LiveMap, id: &str) -> Option<(Arc<str>, Arc<LiveTask>)> {
+fn cell_in(inner: &Inner, live: &mut LiveMap, id: &str) -> Option<Found> {
     if !live.contains_key(id) && !adopt(inner, live, id) {
         return None;
     }
@@ -317,7 +317,7 @@ pub(crate) enum TryGot {
 /// such callers could wait for each other.
 pub(crate) fn try_lock_cell(
     inner: &Arc<Inner>,
-    found: Option<(Arc<str>, Arc<LiveTask>)>,
+    found: Option<Found>,
 ) -> Result<TryGot, EngineError> {
     let Some((id, cell)) = found else {
         return Ok(TryGot::Gone);

@@ -391,7 +391,7 @@ pub(crate) enum TryLocked {
 /// (`cells::try_lock_cell`).
 pub(crate) async fn try_lock_cell(
     inner: &Arc<Inner>,
-    found: Option<(Arc<str>, Arc<LiveTask>)>,
+    found: Option<cells::Found>,
 ) -> Result<TryLocked, EngineError> {
     try_locked(inner, cells::try_lock_cell(inner, found)?).await
 }
