@@ -496,6 +496,16 @@ async fn herd(n: u64) {
         .collect();
     late.sort_unstable();
     println!("   probes over 5 ms late (due after the herd's instant, ms late): {late:?}");
+    // With the metrics, the latest probe's timeline too (its fire, start and send instants
+    // tell which step it waited in).
+    if let (true, Some(&(after, _))) = (
+        std::env::var("HERALD_LOAD_METRICS").is_ok(),
+        late.iter().max_by_key(|(_, l)| *l),
+    ) {
+        let id = format!("p{:04}", after.saturating_sub(1_000) / 5);
+        let (_, t) = get(&http, &format!("{}/v1/tasks/{id}/timeline", herald.url)).await;
+        println!("   timeline of {id}: {}", String::from_utf8_lossy(&t));
+    }
     print_store_metrics(&http, &herald.url).await;
     println!("   non-201 creates: {}", failed.load(Ordering::Relaxed));
 }

@@ -11,14 +11,15 @@ use std::time::{Duration, Instant};
 use herald::model::Limits;
 use herald::request::{Context, TaskRequest};
 use herald::store::embedded::SledBackend;
-use herald::store::pace::{ADMIT_DELAY_MAX, ADMIT_SOFT_BYTES};
+use herald::store::pace::{ADMIT_DELAY_MAX, ADMIT_FULL_BYTES, ADMIT_SOFT_BYTES};
 use herald::store::{Inserted, Store, StoreError};
 
 /// The applier's rate: far below what the writers can put in at full speed.
 const APPLIER_BYTES_PER_S: u64 = 8 << 20;
-/// Writes in all: three times the memtable's hard bound, so without the slope it must be reached
-/// (the second time, with a whole layer of it frozen, the wall lasted seconds: 4.3 s once).
-const TOTAL_BYTES: u64 = 96 << 20;
+/// Writes in all: twice the memtable's hard bound and then some, so without the slope it must
+/// be reached (with a 32 MiB bound and three times it, the second wall, a whole layer of it
+/// frozen, lasted seconds: 4.3 s once).
+const TOTAL_BYTES: u64 = ADMIT_FULL_BYTES as u64 * 2 + (16 << 20);
 const WRITERS: usize = 4;
 const BODY: usize = 16_000;
 /// What a test on a loaded 2-core box may see for one write: the law's own bound is 50 ms, the

@@ -38,6 +38,21 @@ use super::Inner;
 use crate::deliver::Channel;
 use crate::model::{Outcome, TaskState};
 
+/// Chunk settles whose CPU-heavy parts run at a time: the plans and records of a chunk
+/// before its write, its memory after (`commit::apply_chunk`), each ~256 tasks' worth in one
+/// poll. One per worker thread.
+///
+/// Why: a herd's sends end together, and so its ~400 settles became runnable at once, and
+/// again as their writes became durable (woken by the commit thread, so in tokio's global
+/// queue, where the dispatcher also waits for the timer's due keys). Each took a worker for
+/// a few ms per poll, and a send due meanwhile waited behind them: probes due 1 s after a
+/// herd of 100 000 with a competing `fdatasync` writer were 0.19–0.74 s late at p99 (a log
+/// of the dispatcher showed it receiving 34 rounds of due keys, 0–170 ms old, at once). A
+/// settle waiting for its turn waits off the run queues, so what is queued ahead of a due
+/// step is cheap polls and at most this many heavy ones (p99 10–171 ms; with the runtime
+/// taking its global queue first, `main.rs`, 14–24 ms).
+pub(crate) const SETTLES_AT_ONCE: usize = 2;
+
 /// Longest a chunk's settle waits for the sends ahead of it ([`Ahead::wait_for`]); a herd
 /// of 100 000 sends in about a third of that on two cores.
 const SETTLE_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(1);
@@ -327,6 +342,9 @@ async fn send(inner: &Arc<Inner>, mut items: Vec<Item>) -> (Vec<Item>, Vec<Outco
 
 /// Plans every settle, writes them all at once, then lets memory follow and the locks go.
 async fn settle(inner: &Arc<Inner>, items: Vec<Item>, outcomes: Vec<Outcome>) {
+    // A turn for the CPU-heavy parts (see [`SETTLES_AT_ONCE`]); the semaphore is never
+    // closed, and without a turn the settle would still be right, only less polite.
+    let turn = inner.settle_turns.acquire().await.ok();
     let mut planned = Vec::with_capacity(items.len());
     // Each step is outstanding until its settle is durable (`Engine::idle` counts on it).
     let mut guards = Vec::with_capacity(items.len());
@@ -343,7 +361,7 @@ async fn settle(inner: &Arc<Inner>, items: Vec<Item>, outcomes: Vec<Outcome>) {
             }
         }
     }
-    commit::apply_chunk(inner, planned).await;
+    commit::apply_chunk(inner, planned, turn).await;
     drop(guards);
 }
 

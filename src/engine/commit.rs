@@ -68,7 +68,15 @@ fn publish_timeline(inner: &Inner, batch: &Batch) {
 /// Carries a chunk of changes out with one durable write (`chunk.rs`). On success each task
 /// follows its change; on failure every task of the chunk is unloaded ([`lost`]). The locks
 /// are released either way.
-pub(crate) async fn apply_chunk(inner: &Arc<Inner>, items: Vec<(Locked, RunKey, Change)>) {
+///
+/// `turn` is the settle's turn (`chunk.rs`, [`super::chunk::SETTLES_AT_ONCE`]): held while
+/// the records are built, given back while the write waits to be durable, taken again for
+/// memory (one chunk's `after` is ~256 tasks' worth of CPU in one poll).
+pub(crate) async fn apply_chunk(
+    inner: &Arc<Inner>,
+    items: Vec<(Locked, RunKey, Change)>,
+    turn: Option<tokio::sync::SemaphorePermit<'_>>,
+) {
     let mut batch = Batch::new();
     let mut items = items;
     let mut born = Vec::new();
@@ -77,8 +85,10 @@ pub(crate) async fn apply_chunk(inner: &Arc<Inner>, items: Vec<(Locked, RunKey, 
         let spec = c.spec.clone().unwrap_or_else(|| l.st().spec.clone());
         born.extend(notifications(inner, &spec, c, &mut batch));
     }
+    drop(turn);
     match inner.store.write_numbered(&mut batch).await {
         Ok(()) => {
+            let _turn = inner.settle_turns.acquire().await.ok();
             let mut done = Vec::with_capacity(items.len());
             for (mut l, _, c) in items {
                 after(inner, &mut l, c);

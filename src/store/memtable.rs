@@ -28,7 +28,15 @@ pub const FREEZE_BYTES: usize = 4 << 20;
 /// ... or once its first write is this old (so that memory and replay stay small when idle).
 pub const FREEZE_AGE: Duration = Duration::from_secs(1);
 /// Over this, a group waits for the applier to finish the frozen layer (back-pressure).
-pub const ACTIVE_MAX_BYTES: usize = 32 << 20;
+///
+/// 64 MiB, twice the soft slope's end and then some (`pace::admit`: delays from 16 MiB, the
+/// most from 28): the slope is what holds a steady stream of writes, and the room above it
+/// is for a herd's settles, ~58 MB for 100 000 one-shots written within a second of their
+/// sends while the applier (idle priority) gets no CPU. At 32 MiB they met this bound every
+/// time, and each wall held every write for a whole frozen layer (~280 ms under a competing
+/// `fdatasync` writer), an in-flight mark of a send due meanwhile too: probes due 1 s after
+/// such a herd were up to 0.4 s late (docs/performance.md, "the memtable's room for a herd").
+pub const ACTIVE_MAX_BYTES: usize = 64 << 20;
 
 /// A key's state in a layer: `Some(value)`, or `None` for a deletion that hides sled's value.
 pub type Entry = (Vec<u8>, Option<Vec<u8>>);

@@ -9,9 +9,9 @@
 //! pause.
 //!
 //! Bounds, so that deferring never turns into back-pressure or unbounded replay:
-//! - the applier never waits once the active layer holds [`DEFER_MAX_BYTES`] (half of the
-//!   bound at which writes would wait for it), so that under sustained load it is writing
-//!   well before any write waits;
+//! - the applier never waits once the active layer holds [`DEFER_MAX_BYTES`] (the soft mark
+//!   where admission starts to slow writes, a quarter of the bound at which they would wait
+//!   for it), so that under sustained load it is writing well before any write waits;
 //! - it never waits more than [`DEFER_MAX_TIME`] in all for one layer;
 //! - once a bound ended a wait under load, it does not wait again until the writes pause
 //!   ([`Pacer`]).
@@ -29,8 +29,9 @@ use std::time::Duration;
 pub const BUSY_WRITES_PER_S: u64 = 2_000;
 /// How long one look at the write path lasts (the writes counted over it).
 pub const POLL: Duration = Duration::from_millis(5);
-/// The applier does not wait once the active layer is this big.
-pub const DEFER_MAX_BYTES: usize = super::memtable::ACTIVE_MAX_BYTES / 2;
+/// The applier does not wait once the active layer is this big (16 MiB: a burst of ~45 000
+/// creates).
+pub const DEFER_MAX_BYTES: usize = 16 << 20;
 // The applier always catches up before a write would wait for it.
 const _: () = assert!(DEFER_MAX_BYTES < super::memtable::ACTIVE_MAX_BYTES);
 /// Nor once it has waited this long for the layer it holds.
@@ -102,7 +103,7 @@ impl Pacer {
 /// The law, with `a` the active layer's bytes:
 /// - `a < SOFT` (16 MiB): no wait;
 /// - `SOFT <= a < KNEE` (16..28 MiB): `DELAY_MAX * (a - SOFT) / (KNEE - SOFT)`, 0..50 ms;
-/// - `KNEE <= a < FULL` (28..32 MiB): `DELAY_MAX`;
+/// - `KNEE <= a < FULL` (28..64 MiB): `DELAY_MAX`;
 /// - `a >= FULL`: full, like a full queue: a write that must not wait (an HTTP create) is
 ///   refused at once (503 with `Retry-After`), an engine step waits for room as before.
 ///
@@ -112,8 +113,10 @@ impl Pacer {
 /// applier). A write's own wait is at most [`ADMIT_DELAY_MAX`] (50 ms), which leaves half of
 /// the 100 ms bound to the group's own commit.
 pub const ADMIT_SOFT_BYTES: usize = DEFER_MAX_BYTES;
-/// Where the delay reaches [`ADMIT_DELAY_MAX`].
-pub const ADMIT_KNEE_BYTES: usize = super::memtable::ACTIVE_MAX_BYTES / 8 * 7;
+/// Where the delay reaches [`ADMIT_DELAY_MAX`]. The room from here to the hard bound is for
+/// what a steady law cannot slow: a herd's settles, a few hundred big writes at once
+/// (`memtable::ACTIVE_MAX_BYTES`).
+pub const ADMIT_KNEE_BYTES: usize = 28 << 20;
 /// The hard bound: a group waits for the applier over it (`memtable::ACTIVE_MAX_BYTES`).
 pub const ADMIT_FULL_BYTES: usize = super::memtable::ACTIVE_MAX_BYTES;
 /// The longest a write waits to be admitted.
