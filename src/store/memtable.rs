@@ -33,9 +33,10 @@ pub const FREEZE_AGE: Duration = Duration::from_secs(1);
 /// most from 28): the slope is what holds a steady stream of writes, and the room above it
 /// is for a herd's settles, ~58 MB for 100 000 one-shots written within a second of their
 /// sends while the applier (idle priority) gets no CPU. At 32 MiB they met this bound every
-/// time, and each wall held every write for a whole frozen layer (~280 ms under a competing
-/// `fdatasync` writer), an in-flight mark of a send due meanwhile too: probes due 1 s after
-/// such a herd were up to 0.4 s late (docs/performance.md, "the memtable's room for a herd").
+/// time (83–155 writes per herd found it full), and each wall held every write for a whole
+/// frozen layer (280 and 634 ms under a competing `fdatasync` writer): an arm due meanwhile,
+/// and a create, answered 503 (docs/performance.md, "a send due while a herd settles"). The
+/// slope still keeps a steady stream far below this (`tests/store_backpressure.rs`).
 pub const ACTIVE_MAX_BYTES: usize = 64 << 20;
 
 /// A key's state in a layer: `Some(value)`, or `None` for a deletion that hides sled's value.
