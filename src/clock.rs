@@ -121,7 +121,8 @@ impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
         let raw = wall_ms();
         self.watch(raw, self.mono_ms());
-        // Within a millisecond every reading is `last`: a plain load then, no shared write
+        // A reading at or below `last` (within a millisecond, or the wall stepped back) is
+        // answered with `last`: a plain load then, no shared write
         // (an unconditional `fetch_max` bounced this cache line between the workers and the
         // timer thread on every call, ~5 % of the workers' samples in a herd). fetch_max
         // returns the previous maximum; the clamped value is the max of both.

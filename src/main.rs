@@ -119,7 +119,10 @@ fn run() -> anyhow::Result<()> {
             // tokio's own tuning (one task from that queue per few polls of the workers' own),
             // the dispatcher once waited ~170 ms behind a herd's settles, and the sends due
             // meanwhile with it (docs/performance.md, "a send due while a herd settles").
-            // Creates were not slower for it (paired rounds 1.00, 8 of them).
+            // Creates were not slower for it (paired rounds 1.00, 8 of them). The other side:
+            // a task spawned or woken on a worker (a connection's next request, a chunk)
+            // waits while that queue has tasks, which it has only as long as other threads
+            // keep waking tasks faster than two workers poll them.
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .global_queue_interval(1)

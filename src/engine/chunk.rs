@@ -38,9 +38,11 @@ use super::Inner;
 use crate::deliver::Channel;
 use crate::model::{Outcome, TaskState};
 
-/// Chunk settles whose CPU-heavy parts run at a time: the plans and records of a chunk
-/// before its write, its memory after (`commit::apply_chunk`), each ~256 tasks' worth in one
-/// poll. One per worker thread.
+/// Chunk settles whose CPU-heavy parts run at a time, per part: the plans of a chunk before
+/// its write (`settle_turns`), its memory after it (`settle_after_turns`, a semaphore of its
+/// own, so a settle whose write is durable never queues for its locks' release behind a
+/// herd's settles still to plan). Each part is ~256 tasks' worth in one poll. One per worker
+/// thread (the runtime's default: one per core).
 ///
 /// Why: a herd's sends end together, and so its ~400 settles became runnable at once, and
 /// again as their writes became durable (woken by the commit thread, so in tokio's global
@@ -49,9 +51,15 @@ use crate::model::{Outcome, TaskState};
 /// herd of 100 000 with a competing `fdatasync` writer were 0.19–0.74 s late at p99 (a log
 /// of the dispatcher showed it receiving 34 rounds of due keys, 0–170 ms old, at once). A
 /// settle waiting for its turn waits off the run queues, so what is queued ahead of a due
-/// step is cheap polls and at most this many heavy ones (p99 10–171 ms; with the runtime
-/// taking its global queue first, `main.rs`, 14–24 ms).
-pub(crate) const SETTLES_AT_ONCE: usize = 2;
+/// step is cheap polls and a few heavy ones (a permit handed on wakes its next holder in the
+/// same worker's LIFO slot, which tokio polls up to three times in a row), p99 10–171 ms; with
+/// the runtime taking its global queue first (`main.rs`), 14–29 ms.
+///
+/// Not covered: the batch's encoding at the start of `Store::write` (after the turn is given
+/// back), and a settle that parks a task (a bug) writes after its turn.
+pub(crate) fn settles_at_once() -> usize {
+    std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
+}
 
 /// Longest a chunk's settle waits for the sends ahead of it ([`Ahead::wait_for`]); a herd
 /// of 100 000 sends in about a third of that on two cores.
@@ -342,10 +350,11 @@ async fn send(inner: &Arc<Inner>, mut items: Vec<Item>) -> (Vec<Item>, Vec<Outco
 
 /// Plans every settle, writes them all at once, then lets memory follow and the locks go.
 async fn settle(inner: &Arc<Inner>, items: Vec<Item>, outcomes: Vec<Outcome>) {
-    // A turn for the CPU-heavy parts (see [`SETTLES_AT_ONCE`]); the semaphore is never
-    // closed, and without a turn the settle would still be right, only less polite.
+    // A turn for the plans (see [`settles_at_once`]); the semaphore is never closed, and
+    // without a turn the settle would still be right, only less polite.
     let turn = inner.settle_turns.acquire().await.ok();
     let mut planned = Vec::with_capacity(items.len());
+    let mut failed = Vec::new();
     // Each step is outstanding until its settle is durable (`Engine::idle` counts on it).
     let mut guards = Vec::with_capacity(items.len());
     for (mut it, outcome) in items.into_iter().zip(outcomes) {
@@ -353,15 +362,17 @@ async fn settle(inner: &Arc<Inner>, items: Vec<Item>, outcomes: Vec<Outcome>) {
         match step::settle_plan(inner, &mut it.l, &it.key, &it.p, &outcome) {
             Ok(Some(change)) => planned.push((it.l, it.key, change)),
             Ok(None) => it.l.release(inner),
-            Err(e) => {
-                // A bug: this task is parked; the others settle.
-                if let Err(e) = step::step_failed(inner, it.l, e).await {
-                    step::step_error(inner, it.key.key(), &e);
-                }
-            }
+            Err(e) => failed.push((it.l, it.key, e)),
         }
     }
     commit::apply_chunk(inner, planned, turn).await;
+    // A bug: these tasks are parked (a durable write each, so not under a turn); the others
+    // settled.
+    for (l, key, e) in failed {
+        if let Err(e) = step::step_failed(inner, l, e).await {
+            step::step_error(inner, key.key(), &e);
+        }
+    }
     drop(guards);
 }
 

@@ -69,9 +69,10 @@ fn publish_timeline(inner: &Inner, batch: &Batch) {
 /// follows its change; on failure every task of the chunk is unloaded ([`lost`]). The locks
 /// are released either way.
 ///
-/// `turn` is the settle's turn (`chunk.rs`, [`super::chunk::SETTLES_AT_ONCE`]): held while
-/// the records are built, given back while the write waits to be durable, taken again for
-/// memory (one chunk's `after` is ~256 tasks' worth of CPU in one poll).
+/// `turn` is the settle's turn to plan (`chunk.rs`, [`super::chunk::settles_at_once`]): held
+/// while the changes go into the batch, given back before the write (its encoding and its wait
+/// to be durable); memory then takes a turn of its own (one chunk's `after` is ~256 tasks'
+/// worth of CPU in one poll).
 pub(crate) async fn apply_chunk(
     inner: &Arc<Inner>,
     items: Vec<(Locked, RunKey, Change)>,
@@ -88,7 +89,7 @@ pub(crate) async fn apply_chunk(
     drop(turn);
     match inner.store.write_numbered(&mut batch).await {
         Ok(()) => {
-            let _turn = inner.settle_turns.acquire().await.ok();
+            let _turn = inner.settle_after_turns.acquire().await.ok();
             let mut done = Vec::with_capacity(items.len());
             for (mut l, _, c) in items {
                 after(inner, &mut l, c);

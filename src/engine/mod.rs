@@ -227,8 +227,10 @@ pub(crate) struct Inner {
     pub chunked_sends: AtomicU64,
     /// Chunks not yet past their send; a chunk's settle waits for them (`chunk.rs`).
     pub chunks_ahead: Arc<chunk::Ahead>,
-    /// Turns for a chunk settle's CPU-heavy parts, [`chunk::SETTLES_AT_ONCE`] at a time.
+    /// Turns for a chunk settle's plans and for its memory after the write,
+    /// [`chunk::settles_at_once`] at a time each.
     pub settle_turns: tokio::sync::Semaphore,
+    pub settle_after_turns: tokio::sync::Semaphore,
     pub alerts_raised: AtomicU64,
     /// How late sends start (`scheduled_at` → attempt start), in seconds.
     pub lateness: prometheus_client::metrics::histogram::Histogram,
@@ -381,7 +383,8 @@ impl Engine {
             sends_in_flight: AtomicUsize::new(0),
             chunked_sends: AtomicU64::new(0),
             chunks_ahead: Arc::default(),
-            settle_turns: tokio::sync::Semaphore::new(chunk::SETTLES_AT_ONCE),
+            settle_turns: tokio::sync::Semaphore::new(chunk::settles_at_once()),
+            settle_after_turns: tokio::sync::Semaphore::new(chunk::settles_at_once()),
             alerts_raised: AtomicU64::new(0),
             lateness: stats::lateness_histogram(),
             census: Mutex::new(None),

@@ -36,7 +36,8 @@ pub const FREEZE_AGE: Duration = Duration::from_secs(1);
 /// time (83–155 writes per herd found it full), and each wall held every write for a whole
 /// frozen layer (280 and 634 ms under a competing `fdatasync` writer): an arm due meanwhile,
 /// and a create, answered 503 (docs/performance.md, "a send due while a herd settles"). The
-/// slope still keeps a steady stream far below this (`tests/store_backpressure.rs`).
+/// slope still keeps a steady stream far below this (`tests/store_backpressure.rs`). A herd
+/// of more than ~115 000 one-shots to a local channel meets it again, with the same wall.
 pub const ACTIVE_MAX_BYTES: usize = 64 << 20;
 
 /// A key's state in a layer: `Some(value)`, or `None` for a deletion that hides sled's value.

@@ -8,8 +8,11 @@
 //! - the applier writes a memtable layer into sled only while at least [`APPLY_RESERVE`] plus
 //!   twice the layer is free, and otherwise waits with the layer in memory (it is in the log).
 //!
-//! The write reserve is the larger, so the applier still has room for the layers the log
-//! holds when writes stop. A disk filled by someone else can still take sled's room mid-write;
+//! The write reserve is the larger, so the applier still has room for the small layers the
+//! log holds when writes stop (up to 12 MiB: a layer freezes at 4 MiB, and grows beyond only
+//! while the applier lags). A bigger one, up to the memtable's bound (64 MiB, so 136 MiB free),
+//! waits in memory while the disk is that full: writes then reach the memtable's bound and are
+//! refused as on a full disk (`wait_for_room`), and go on once space is freed. A disk filled by someone else can still take sled's room mid-write;
 //! that path is `SledBackend::recover` (reopen, never under a lock). When space comes back both
 //! resume by themselves: the commit thread's probe (`store/commit.rs`) clears the failure.
 
