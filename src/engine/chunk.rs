@@ -53,7 +53,7 @@ use crate::model::{Outcome, TaskState};
 /// settle waiting for its turn waits off the run queues, so what is queued ahead of a due
 /// step is cheap polls and a few heavy ones (a permit handed on wakes its next holder in the
 /// same worker's LIFO slot, which tokio polls up to three times in a row), p99 10–171 ms; with
-/// the runtime taking its global queue first (`main.rs`), 14–29 ms.
+/// the runtime taking its global queue first (`main.rs`), 10–90 ms, mostly tens.
 ///
 /// Not covered: the batch's encoding at the start of `Store::write` (after the turn is given
 /// back), and a settle that parks a task (a bug) writes after its turn.
