@@ -17,7 +17,7 @@
 //! a competing `fdatasync` writer on the same disk through each creates round and its peer, and
 //! through the herd from its fill's end to its last probe
 //! (`support::Competitor`, bounded), so any hour can be a slow one; `HERALD_LOAD_ONLY=herd` (or
-//! `creates`, `pending`) runs one part; `HERALD_LOAD_CREATES` sets the creates per round (30 000). Webhook throughput against
+//! `creates`, `pending`) runs one part; `HERALD_LOAD_CREATES` sets the creates per round (30 000); `HERALD_LOAD_PREFER=return=minimal` asks for the short answer to every create of the lean client (the part says so). Webhook throughput against
 //! the raw hyper client is `cargo bench --bench delivery`.
 
 mod support;
@@ -131,7 +131,8 @@ fn main() {
 /// side's memtable is in sled before the next round). Each round's
 /// rate and CPU per create are printed; the medians and B/A at the end.
 /// `HERALD_AB_B_CONFIG` is TOML added to B's config only: the same build against itself with
-/// one setting changed (e.g. `[store]` `timeline_max = 0`: what the timeline costs a create).
+/// one setting changed (e.g. `[store]` `timeline_max = 0`: what the timeline costs a create);
+/// `HERALD_AB_B_PREFER` a `Prefer` value B's creates send (e.g. `return=minimal`).
 async fn creates_ab() {
     let Ok(bin_b) = std::env::var("HERALD_AB_BIN") else {
         println!("HERALD_AB_BIN (the build to compare) is not set");
@@ -144,6 +145,10 @@ async fn creates_ab() {
     let conns = env_u64("HERALD_AB_CONNS", 64) as usize;
     let mut sides = Vec::new();
     let b_extra = std::env::var("HERALD_AB_B_CONFIG").unwrap_or_default();
+    let b_prefer = std::env::var("HERALD_AB_B_PREFER").unwrap_or_default();
+    if !b_prefer.is_empty() {
+        println!("   B's creates send Prefer: {b_prefer}");
+    }
     for (tag, bin) in [("A", bin_a), ("B", bin_b)] {
         let dir = disk_dir(&format!("load-ab-{tag}"));
         let mut text = config_text(dir.path());
@@ -174,7 +179,13 @@ async fn creates_ab() {
             let body = create_body(offset);
             let failed = Arc::new(AtomicU64::new(0));
             let cpu0 = thread_cpu_ns(herald.pid());
-            let (_, wall) = create_many_lean(&herald.url, n, conns, body, failed.clone()).await;
+            let prefer = match (*tag, b_prefer.as_str()) {
+                ("B", p) if !p.is_empty() => format!("prefer: {p}\r\n"),
+                _ => support::prefer_header(),
+            };
+            let bases = [herald.url.clone()];
+            let (_, wall) =
+                create_many_lean_prefer(&bases, n, conns, body, failed.clone(), prefer).await;
             let cpu1 = thread_cpu_ns(herald.pid());
             let rate = n as f64 / wall.as_secs_f64();
             // Without the applier: a burst's sled work is paid after the round (the drain). Nor
@@ -268,6 +279,10 @@ fn create_body(offset: u64) -> Arc<dyn Fn(u64) -> Bytes + Send + Sync> {
 async fn creates() {
     let dir = disk_dir("load-creates");
     println!("1. durable creates over HTTP (data on disk)");
+    let prefer = support::prefer_header();
+    if !prefer.is_empty() {
+        println!("   every create of the lean client sends {}", prefer.trim_end());
+    }
     println!(
         "   raw fdatasync of this disk: {:.0}/s",
         fdatasync_rate(dir.path())

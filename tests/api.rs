@@ -227,6 +227,48 @@ async fn idempotency_key_replays_and_conflicts() {
     assert_eq!(task_count(&h).await, 1);
 }
 
+/// `Prefer: return=minimal` (RFC 7240): the create answers with the id only (and says so in
+/// `Preference-Applied`); the task is the same one a full answer would describe, and a replay
+/// with the preference answers minimal too. Without it (or with another preference) the full
+/// view.
+#[tokio::test]
+async fn prefer_return_minimal_answers_the_id_only() {
+    let h = TestHerald::start("").await;
+    let url = h.url("/v1/tasks");
+    let mut t = ok_task();
+    t["id"] = json!("small");
+    let body = serde_json::to_vec(&t).unwrap();
+    let hdr = [
+        ("prefer", "respond-async, RETURN = \"minimal\""),
+        ("idempotency-key", "min-1"),
+    ];
+    let r = http::request("POST", &url, &hdr, Some(body.clone())).await;
+    assert_eq!(r.status, 201);
+    assert_eq!(r.json(), json!({"id": "small"}));
+    assert_eq!(r.header("preference-applied"), Some("return=minimal"));
+    assert_eq!(r.header("location"), Some("/v1/tasks/small"));
+    let replay = http::request("POST", &url, &hdr, Some(body)).await;
+    assert_eq!(replay.status, 200);
+    assert_eq!(replay.json(), json!({"id": "small"}));
+    // The task is there, whole.
+    let got = http::get(&h.url("/v1/tasks/small")).await;
+    assert_eq!(got.status, 200);
+    assert_eq!(got.json()["state"], "pending");
+    assert_eq!(got.json()["messages"], 1);
+    // Another preference, or none: the full view, no Preference-Applied.
+    t["id"] = json!("full");
+    let full = http::request(
+        "POST",
+        &url,
+        &[("prefer", "return=representation")],
+        Some(serde_json::to_vec(&t).unwrap()),
+    )
+    .await;
+    assert_eq!(full.status, 201);
+    assert_eq!(full.json()["state"], "pending");
+    assert_eq!(full.header("preference-applied"), None);
+}
+
 #[tokio::test]
 async fn client_ids_conflict_with_409() {
     let h = TestHerald::start("").await;

@@ -490,15 +490,29 @@ pub async fn create_many_lean_spread(
     body: Arc<dyn Fn(u64) -> Bytes + Send + Sync>,
     failed: Arc<AtomicU64>,
 ) -> (Vec<Duration>, Duration) {
+    create_many_lean_prefer(bases, n, conns, body, failed, prefer_header()).await
+}
+
+/// [`create_many_lean_spread`] with `prefer` (a whole header line, or empty) on every request.
+pub async fn create_many_lean_prefer(
+    bases: &[String],
+    n: u64,
+    conns: usize,
+    body: Arc<dyn Fn(u64) -> Bytes + Send + Sync>,
+    failed: Arc<AtomicU64>,
+    prefer: String,
+) -> (Vec<Duration>, Duration) {
     let addrs: Vec<String> = bases
         .iter()
         .map(|b| b.trim_start_matches("http://").to_string())
         .collect();
     let next = Arc::new(AtomicU64::new(0));
+    let prefer = Arc::new(prefer);
     let t = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for c in 0..conns {
         let addr = addrs[c % addrs.len()].clone();
+        let prefer = prefer.clone();
         let (next, body, failed) = (next.clone(), body.clone(), failed.clone());
         set.spawn(async move {
             let mut lat = Vec::new();
@@ -514,7 +528,7 @@ pub async fn create_many_lean_spread(
                 req.clear();
                 req.extend_from_slice(
                     format!(
-                        "POST /v1/tasks HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        "POST /v1/tasks HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n{prefer}content-length: {}\r\n\r\n",
                         b.len()
                     )
                     .as_bytes(),
@@ -531,6 +545,15 @@ pub async fn create_many_lean_spread(
         });
     }
     latencies(set, n, t).await
+}
+
+/// `HERALD_LOAD_PREFER` (e.g. `return=minimal`, RFC 7240): a `Prefer` header line on every
+/// lean create, so a run can measure the short answer; empty when unset.
+pub fn prefer_header() -> String {
+    match std::env::var("HERALD_LOAD_PREFER") {
+        Ok(v) if !v.is_empty() => format!("prefer: {v}\r\n"),
+        _ => String::new(),
+    }
 }
 
 /// One request on `conn` (connected first if there is none); the response's status, or

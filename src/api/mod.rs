@@ -644,6 +644,7 @@ async fn create_task(
         None => None,
     };
     let caller = caller_trace(&req);
+    let minimal = prefers_minimal(&req);
     let started = crate::trace::otlp::now_unix_ns();
     let body = read_body(state, req).await?;
     let mut task_req: TaskRequest = parse_json(&body)?;
@@ -669,18 +670,55 @@ async fn create_task(
         started,
         status,
     );
-    match created {
-        Created::New(v) => {
-            let mut r = json_response(StatusCode::CREATED, &task_json(state, &v, lang));
-            if let Ok(loc) =
-                hyper::header::HeaderValue::from_str(&format!("/v1/tasks/{}", v.task.id))
-            {
-                r.headers_mut().insert(hyper::header::LOCATION, loc);
-            }
-            Ok(r)
+    let code = if status == 201 {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let mut r = if minimal {
+        // RFC 7240: the client asked for the acknowledgement only, not the task view.
+        let mut r = json_response(code, &MinimalDoc { id: &v.task.id });
+        r.headers_mut().insert(
+            PREFERENCE_APPLIED,
+            hyper::header::HeaderValue::from_static("return=minimal"),
+        );
+        r
+    } else {
+        json_response(code, &task_json(state, v, lang))
+    };
+    if code == StatusCode::CREATED {
+        if let Ok(loc) = hyper::header::HeaderValue::from_str(&format!("/v1/tasks/{}", v.task.id))
+        {
+            r.headers_mut().insert(hyper::header::LOCATION, loc);
         }
-        Created::Replayed(v) => Ok(json_response(StatusCode::OK, &task_json(state, &v, lang))),
     }
+    Ok(r)
+}
+
+const PREFERENCE_APPLIED: hyper::header::HeaderName =
+    hyper::header::HeaderName::from_static("preference-applied");
+
+/// The body of a create answered with `Prefer: return=minimal`.
+#[derive(serde::Serialize)]
+struct MinimalDoc<'a> {
+    id: &'a str,
+}
+
+/// Whether the request's `Prefer` headers (RFC 7240: comma-separated preferences, names and
+/// the token compared without case) ask for `return=minimal`.
+fn prefers_minimal(req: &Request<Incoming>) -> bool {
+    req.headers()
+        .get_all("prefer")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| {
+            let p = p.split(';').next().unwrap_or("").trim();
+            p.split_once('=').is_some_and(|(k, v)| {
+                k.trim().eq_ignore_ascii_case("return")
+                    && v.trim().trim_matches('"').eq_ignore_ascii_case("minimal")
+            })
+        })
 }
 
 fn get_task(state: &ApiState, id: &str, lang: Option<Lang>) -> Result<Resp, Problem> {
