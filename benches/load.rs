@@ -281,7 +281,10 @@ async fn creates() {
     println!("1. durable creates over HTTP (data on disk)");
     let prefer = support::prefer_header();
     if !prefer.is_empty() {
-        println!("   every create of the lean client sends {}", prefer.trim_end());
+        println!(
+            "   every create of the lean client sends {}",
+            prefer.trim_end()
+        );
     }
     println!(
         "   raw fdatasync of this disk: {:.0}/s",

@@ -687,8 +687,7 @@ async fn create_task(
         json_response(code, &task_json(state, v, lang))
     };
     if code == StatusCode::CREATED {
-        if let Ok(loc) = hyper::header::HeaderValue::from_str(&format!("/v1/tasks/{}", v.task.id))
-        {
+        if let Ok(loc) = hyper::header::HeaderValue::from_str(&format!("/v1/tasks/{}", v.task.id)) {
             r.headers_mut().insert(hyper::header::LOCATION, loc);
         }
     }
