@@ -72,7 +72,7 @@ fn publish_timeline(inner: &Inner, batch: &Batch) {
 /// `turn` is the settle's turn to plan (`chunk.rs`, [`super::chunk::settles_at_once`]): held
 /// while the changes go into the batch, given back before the write (its encoding and its wait
 /// to be durable); memory then takes a turn of its own (one chunk's `after` is ~256 tasks'
-/// worth of CPU in one poll).
+/// worth of CPU). Both loops yield every [`super::chunk::breathe`] slice.
 pub(crate) async fn apply_chunk(
     inner: &Arc<Inner>,
     items: Vec<(Locked, RunKey, Change)>,
@@ -81,7 +81,8 @@ pub(crate) async fn apply_chunk(
     let mut batch = Batch::new();
     let mut items = items;
     let mut born = Vec::new();
-    for (l, _, c) in &mut items {
+    for (i, (l, _, c)) in items.iter_mut().enumerate() {
+        super::chunk::breathe(i).await;
         batch_into(l.st(), c, &mut batch);
         let spec = c.spec.clone().unwrap_or_else(|| l.st().spec.clone());
         born.extend(notifications(inner, &spec, c, &mut batch));
@@ -91,7 +92,8 @@ pub(crate) async fn apply_chunk(
         Ok(()) => {
             let _turn = inner.settle_after_turns.acquire().await.ok();
             let mut done = Vec::with_capacity(items.len());
-            for (mut l, _, c) in items {
+            for (i, (mut l, _, c)) in items.into_iter().enumerate() {
+                super::chunk::breathe(i).await;
                 after(inner, &mut l, c);
                 done.push(l);
             }
