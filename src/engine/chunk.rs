@@ -41,8 +41,8 @@ use crate::model::{Outcome, TaskState};
 /// Chunk settles whose CPU-heavy parts run at a time, per part: the plans of a chunk before
 /// its write (`settle_turns`), its memory after it (`settle_after_turns`, a semaphore of its
 /// own, so a settle whose write is durable never queues for its locks' release behind a
-/// herd's settles still to plan). Each part is ~256 tasks' worth, in polls of [`SLICE`]
-/// tasks. One per worker thread (the runtime's default: one per core).
+/// herd's settles still to plan). Each part is ~256 tasks' worth, in polls of
+/// [`commit::SLICE`] tasks. One per worker thread (the runtime's default: one per core).
 ///
 /// Why: a herd's sends end together, and so its ~400 settles became runnable at once, and
 /// again as their writes became durable (woken by the commit thread, so in tokio's global
@@ -54,25 +54,13 @@ use crate::model::{Outcome, TaskState};
 /// step is cheap polls and a few heavy ones (a permit handed on wakes its next holder in the
 /// same worker's LIFO slot, which tokio polls up to three times in a row), p99 10–171 ms; with
 /// the runtime taking its global queue first (`main.rs`), 10–90 ms, mostly tens; with the
-/// parts yielding every [`SLICE`] tasks, 1–5 ms (max 1–10) against 4–20 ms (max 5–35) for
+/// parts yielding every [`commit::SLICE`] tasks, 1–5 ms (max 1–10) against 4–20 ms (max 5–35) for
 /// the build before, six alternating runs each.
 ///
 /// Not covered: the batch's encoding at the start of `Store::write` (after the turn is given
 /// back), and a settle that parks a task (a bug) writes after its turn.
 pub(crate) fn settles_at_once() -> usize {
     std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get)
-}
-
-/// Items of a chunk's CPU-heavy loop (its plans, its memory after the write) between two
-/// yields to the runtime: a poll is then ~32 tasks' worth (well under a ms), not ~256 (a
-/// few ms), so a step due meanwhile waits behind short polls.
-const SLICE: usize = 32;
-
-/// Lets the runtime run other tasks every [`SLICE`] items of a chunk's loop (`i` counts them).
-pub(crate) async fn breathe(i: usize) {
-    if i > 0 && i % SLICE == 0 {
-        tokio::task::yield_now().await;
-    }
 }
 
 /// Longest a chunk's settle waits for the sends ahead of it ([`Ahead::wait_for`]); a herd
@@ -372,7 +360,7 @@ async fn settle(inner: &Arc<Inner>, items: Vec<Item>, outcomes: Vec<Outcome>) {
     // Each step is outstanding until its settle is durable (`Engine::idle` counts on it).
     let mut guards = Vec::with_capacity(items.len());
     for (i, (mut it, outcome)) in items.into_iter().zip(outcomes).enumerate() {
-        breathe(i).await;
+        commit::breathe(i).await;
         guards.push(it._guard);
         match step::settle_plan(inner, &mut it.l, &it.key, &it.p, &outcome) {
             Ok(Some(change)) => planned.push((it.l, it.key, change)),

@@ -65,6 +65,18 @@ fn publish_timeline(inner: &Inner, batch: &Batch) {
     }
 }
 
+/// Items of a chunk's CPU-heavy loop (its plans, its memory after the write) between two
+/// yields to the runtime: a poll is then ~32 tasks' worth (well under a ms), not ~256 (a
+/// few ms), so a step due meanwhile waits behind short polls.
+pub(crate) const SLICE: usize = 32;
+
+/// Lets the runtime run other tasks every [`SLICE`] items of a chunk's loop (`i` counts them).
+pub(crate) async fn breathe(i: usize) {
+    if i > 0 && i.is_multiple_of(SLICE) {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Carries a chunk of changes out with one durable write (`chunk.rs`). On success each task
 /// follows its change; on failure every task of the chunk is unloaded ([`lost`]). The locks
 /// are released either way.
@@ -72,7 +84,7 @@ fn publish_timeline(inner: &Inner, batch: &Batch) {
 /// `turn` is the settle's turn to plan (`chunk.rs`, [`super::chunk::settles_at_once`]): held
 /// while the changes go into the batch, given back before the write (its encoding and its wait
 /// to be durable); memory then takes a turn of its own (one chunk's `after` is ~256 tasks'
-/// worth of CPU). Both loops yield every [`super::chunk::breathe`] slice.
+/// worth of CPU). Both loops yield every [`SLICE`] tasks ([`breathe`]).
 pub(crate) async fn apply_chunk(
     inner: &Arc<Inner>,
     items: Vec<(Locked, RunKey, Change)>,
@@ -82,7 +94,7 @@ pub(crate) async fn apply_chunk(
     let mut items = items;
     let mut born = Vec::new();
     for (i, (l, _, c)) in items.iter_mut().enumerate() {
-        super::chunk::breathe(i).await;
+        breathe(i).await;
         batch_into(l.st(), c, &mut batch);
         let spec = c.spec.clone().unwrap_or_else(|| l.st().spec.clone());
         born.extend(notifications(inner, &spec, c, &mut batch));
@@ -93,7 +105,7 @@ pub(crate) async fn apply_chunk(
             let _turn = inner.settle_after_turns.acquire().await.ok();
             let mut done = Vec::with_capacity(items.len());
             for (i, (mut l, _, c)) in items.into_iter().enumerate() {
-                super::chunk::breathe(i).await;
+                breathe(i).await;
                 after(inner, &mut l, c);
                 done.push(l);
             }
