@@ -10,6 +10,12 @@ use parking_lot::RwLock;
 
 use crate::{atomic_shim::AtomicU64, pagecache::NodeView, *};
 
+/// herald: the shortest run of keys in one leaf that [`Tree::apply_sorted`] writes as a
+/// rewrite of the leaf; fewer take single-key writes. At 8 the rewrite's log record (the
+/// whole leaf) is under what the single-key writes log (their deltas, and a rewrite every
+/// tenth of them) for leaves of small entries.
+pub(crate) const SORTED_RUN_MIN: usize = 8;
+
 #[derive(Debug, Clone)]
 pub(crate) struct View<'g> {
     pub node_view: NodeView<'g>,
@@ -227,6 +233,63 @@ impl Tree {
             M.tree_looped();
             Ok(Err(Conflict))
         }
+    }
+
+    /// herald: writes `entries` (strictly ascending by key; `None` removes the key) as a series
+    /// of single-key writes would, but a run of at least [`SORTED_RUN_MIN`] of them falling in
+    /// one leaf is put into a copy of that leaf that replaces it once. A single-key write
+    /// copies its whole leaf (up to 64 entries here) and logs a delta, and every tenth
+    /// rewrites the leaf in the log besides; a run pays one copy and one rewrite. Shorter
+    /// runs take the single-key path, whose logged delta is smaller than a leaf.
+    ///
+    /// Not atomic: each run is visible on its own, like each write of a series of
+    /// [`Tree::insert`] calls. Subscribers are not told (herald has none).
+    pub fn apply_sorted(&self, entries: &[(&[u8], Option<&[u8]>)]) -> Result<()> {
+        let mut i = 0;
+        while i < entries.len() {
+            // Pinned per run (as each insert pins), so that a long series does not hold
+            // back the reclamation of the leaves it replaces.
+            let mut guard = pin();
+            let _cc = concurrency_control::read();
+            let view = self.view_for_key(entries[i].0, &guard)?;
+            // The run: the keys below the leaf's upper bound, up to where the leaf would
+            // be split anyway.
+            let mut end = i;
+            let mut grows = view.data.len();
+            while end < entries.len()
+                && (view.hi.is_empty() || entries[end].0 < view.hi.as_ref())
+                && (end == i || grows <= 64)
+            {
+                grows += 1;
+                end += 1;
+            }
+            if end - i < SORTED_RUN_MIN {
+                for &(k, v) in &entries[i..end] {
+                    let v = v.map(IVec::from);
+                    while self.insert_inner(k, v.clone(), &mut guard)?.is_err() {}
+                }
+                i = end;
+                continue;
+            }
+            let mut node: Node = view.deref().clone();
+            for &(k, v) in &entries[i..end] {
+                let key = IVec::from(&k[node.prefix_len as usize..]);
+                match v {
+                    Some(v) => node.set_leaf(key, IVec::from(v)),
+                    None => node.del_leaf(&key),
+                }
+            }
+            // A conflict (the leaf changed since it was read) views it again.
+            if self
+                .context
+                .pagecache
+                .replace(view.pid, view.node_view.0, node, &guard)?
+                .is_ok()
+            {
+                i = end;
+            }
+        }
+        Ok(())
     }
 
     /// Perform a multi-key serializable transaction.
