@@ -272,6 +272,12 @@ impl Tree {
                 continue;
             }
             let mut node: Node = view.deref().clone();
+            // Room for the run at once: growing a vector one insert at a time doubles it,
+            // and the leaf stays cached with that slack.
+            if let Data::Leaf(leaf) = &mut node.data {
+                leaf.keys.reserve_exact(end - i);
+                leaf.values.reserve_exact(end - i);
+            }
             for &(k, v) in &entries[i..end] {
                 let key = IVec::from(&k[node.prefix_len as usize..]);
                 match v {
