@@ -46,8 +46,9 @@ use scan::MergedScan;
 /// - `sync` makes the record durable with one `fdatasync` and puts its writes in the
 ///   memtable's active layer, where reads see them at once;
 /// - the applier thread (`herald-apply`, at idle CPU priority) takes frozen layers, writes
-///   them to sled (one write per key however often it was written), flushes sled, deletes the
-///   log segments the layer covers, and only then drops the layer;
+///   them to sled (one write per key however often it was written; a run of keys in one
+///   sled leaf as one copy of it, `apply_sorted`), flushes sled, deletes the log segments
+///   the layer covers, and only then drops the layer;
 /// - the spare thread (`herald-spare`, normal priority) zero-fills the next log segment ahead,
 ///   so that a rotation is a rename.
 ///
