@@ -132,7 +132,8 @@ fn main() {
 /// rate and CPU per create are printed; the medians and B/A at the end.
 /// `HERALD_AB_B_CONFIG` is TOML added to B's config only: the same build against itself with
 /// one setting changed (e.g. `[store]` `timeline_max = 0`: what the timeline costs a create);
-/// `HERALD_AB_B_PREFER` a `Prefer` value B's creates send (e.g. `return=minimal`).
+/// `HERALD_AB_B_PREFER` a `Prefer` value B's creates send (e.g. `return=minimal`);
+/// `HERALD_LOAD_COMPETE=1` runs the competing `fdatasync` writer through all the rounds.
 async fn creates_ab() {
     let Ok(bin_b) = std::env::var("HERALD_AB_BIN") else {
         println!("HERALD_AB_BIN (the build to compare) is not set");
@@ -167,6 +168,11 @@ async fn creates_ab() {
         wait_healthy(&http, &h.url, Duration::from_secs(60))
             .await
             .expect("ready");
+    }
+    // The competing writer (`HERALD_LOAD_COMPETE=1`) through every round of both, on A's disk.
+    let competitor = Competitor::from_env(sides[0].1.path());
+    if competitor.is_some() {
+        println!("   with the competing fdatasync writer through every round");
     }
     let mut next = 0u64;
     for round in 0..rounds {
