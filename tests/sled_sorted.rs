@@ -2,7 +2,8 @@
 //! into sled: after every series of runs, and after a reopen, the tree holds exactly what a
 //! model map holds. Seeded rounds mix new keys in order (one leaf after another, as task ids
 //! and due instants arrive), scattered overwrites and removals (a few per leaf, the
-//! single-key path), and values large enough that leaves split by size.
+//! single-key path), and values large enough that leaves split by size. And a reader scanning
+//! during the runs never misses a key they do not touch.
 
 use std::collections::BTreeMap;
 
