@@ -5,6 +5,8 @@
 //! single-key path), and values large enough that leaves split by size. And a reader scanning
 //! during the runs never misses a key they do not touch.
 
+mod common;
+
 use std::collections::BTreeMap;
 
 /// A small deterministic generator (xorshift), so that a failure names its seed.
@@ -32,25 +34,6 @@ fn value(rng: &mut Rng, key: u64, round: u64) -> Vec<u8> {
     let mut v = format!("{key}:{round}:").into_bytes();
     v.resize(v.len() + len, b'v');
     v
-}
-
-/// Opens the db, waiting (up to 10 s) for the previous handle's background threads to let go
-/// of the directory's lock: sled's flusher holds the db a moment after its last handle drops,
-/// and an open then fails with "could not acquire lock".
-fn reopen(path: &std::path::Path) -> sled::Db {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        match sled::open(path) {
-            Ok(db) => return db,
-            Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock")
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(std::time::Duration::from_millis(5));
-            }
-            Err(e) => panic!("open: {e}"),
-        }
-    }
 }
 
 fn assert_same(tree: &sled::Tree, model: &BTreeMap<Vec<u8>, Vec<u8>>, when: &str) {
@@ -84,7 +67,8 @@ fn sorted_runs_match_a_model_across_splits_removals_and_a_reopen() {
         let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
         let mut next_new = 0u64;
         for round in 0..12u64 {
-            let db = reopen(dir.path());
+            // sled's threads let go of the directory a moment after its last handle drops.
+            let db = common::herald::reopen(|| sled::open(dir.path()));
             let tree = db.open_tree("t").expect("tree");
             assert_same(
                 &tree,
