@@ -45,12 +45,19 @@
 //!   the timeline costs; and after `herald_unsigned`, the timeline's records and bytes (keys
 //!   and values, before sled's own overhead) per delivered message.
 //!
-//! After each herald contender the number of durable flushes per message is printed.
+//! After each herald contender the number of durable flushes per message is printed, with the
+//! share of the timed time the commit thread spent applying and syncing groups. At the end,
+//! `herald_unsigned` and `herald_unsigned_disk` as shares of the raw hyper client, and what
+//! the disk adds to each message of a sequence, counted in raw `fdatasync`s of the same disk
+//! read right after (each message of a sequence waits for one sync: its outcome with the next
+//! message's mark).
 //!
 //! The whole bench runs on mimalloc, the allocator the `herald` binary ships with (and so
 //! does the baseline client). On the system allocator glibc's malloc and free were ~10 % of a
 //! profile of the templated contender; with mimalloc the template's paired cost read 16.4 %
 //! against 17.8 % the run before, so the allocator is not what the template costs.
+
+mod support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -348,6 +355,15 @@ impl Herald {
             .load(Ordering::Relaxed)
     }
 
+    /// Time the commit thread spent applying and syncing groups, µs.
+    fn commit_busy_us(&self) -> u64 {
+        self.engine()
+            .store()
+            .commit_stats()
+            .busy_us
+            .load(Ordering::Relaxed)
+    }
+
     async fn round(&self, counter: &Counter, requests: &[TaskRequest]) -> Duration {
         let batch: Vec<TaskRequest> = requests.to_vec();
         let target = counter.requests.load(Ordering::Acquire) + N;
@@ -418,6 +434,7 @@ fn delivery(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(2))
         .measurement_time(Duration::from_secs(12));
 
+    let mut baseline_timed = (0u64, Duration::ZERO);
     g.bench_function("baseline_hyper", |b| {
         b.iter_custom(|iters| {
             rt.block_on(async {
@@ -429,6 +446,8 @@ fn delivery(c: &mut Criterion) {
                 for _ in 0..iters {
                     total += baseline.round(&counter).await;
                 }
+                baseline_timed.0 += iters * N;
+                baseline_timed.1 += total;
                 total
             })
         })
@@ -451,7 +470,7 @@ fn delivery(c: &mut Criterion) {
             g.measurement_time(Duration::from_secs(15));
         }
         let mut on = String::new();
-        let (mut flushes, mut messages) = (0u64, 0u64);
+        let (mut flushes, mut messages, mut busy_us) = (0u64, 0u64, 0u64);
         let mut timed = Duration::ZERO;
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
@@ -465,12 +484,17 @@ fn delivery(c: &mut Criterion) {
                     let herald =
                         Herald::start(&receiver.url(), signed, templated, timeline, dir).await;
                     herald.round(&counter, &requests).await;
-                    let (f0, m0) = (herald.flushes(), counter.requests.load(Ordering::Acquire));
+                    let (f0, m0, b0) = (
+                        herald.flushes(),
+                        counter.requests.load(Ordering::Acquire),
+                        herald.commit_busy_us(),
+                    );
                     let mut total = Duration::ZERO;
                     for _ in 0..iters {
                         total += herald.round(&counter, &requests).await;
                     }
                     flushes += herald.flushes() - f0;
+                    busy_us += herald.commit_busy_us() - b0;
                     messages += counter.requests.load(Ordering::Acquire) - m0;
                     timed += total;
                     // Untimed: the timeline's records and bytes for every message delivered
@@ -493,8 +517,11 @@ fn delivery(c: &mut Criterion) {
         });
         if messages > 0 {
             println!(
-                "{name}: data dir on {on}; {messages} timed messages, {:.3} durable flushes per message",
-                flushes as f64 / messages.max(1) as f64
+                "{name}: data dir on {on}; {messages} timed messages, {:.3} durable flushes per message; \
+                 the commit thread applying or syncing {:.0} % of the timed time, {:.0} µs per group",
+                flushes as f64 / messages.max(1) as f64,
+                busy_us as f64 / 1e4 / timed.as_secs_f64().max(1e-9),
+                busy_us as f64 / flushes.max(1) as f64
             );
         }
         if footprint.2 > 0 && footprint.0 > 0 {
@@ -514,6 +541,9 @@ fn delivery(c: &mut Criterion) {
             .map(|&(_, n, t)| n as f64 / t.as_secs_f64().max(1e-9))
     };
     let rate = |name: &str| rate(name).filter(|r| *r > 0.0);
+    if let (Some(tmpfs), Some(disk)) = (rate("herald_unsigned"), rate("herald_unsigned_disk")) {
+        what_the_disk_adds(tmpfs, disk, baseline_timed);
+    }
     if let (Some(plain), Some(templated)) = (rate("herald_unsigned"), rate("herald_templated")) {
         println!(
             "templated + success rule vs plain webhook: {templated:.0} vs {plain:.0} messages/s \
@@ -551,6 +581,32 @@ fn delivery(c: &mut Criterion) {
             on,
         ));
     }
+}
+
+/// What the disk adds to each message, measured in the same run. Each of the [`TASKS`]
+/// sequences has one message in flight, and its next message leaves only once that message's
+/// outcome and the next one's mark are durable together: every message of a sequence waits for
+/// a sync. So a sequence's time per message on disk, beside the same on tmpfs (no sync), shows
+/// what the sync costs it, counted in the disk's raw `fdatasync`s (read right after).
+fn what_the_disk_adds(tmpfs: f64, disk: f64, (base_n, base_t): (u64, Duration)) {
+    let sync_us = 1e6 / support::fdatasync_rate(disk_dir().path());
+    let per_seq = |rate: f64| 1e6 * TASKS as f64 / rate;
+    let added = per_seq(disk) - per_seq(tmpfs);
+    let hyper = base_n as f64 / base_t.as_secs_f64().max(1e-9);
+    if base_n > 0 {
+        println!(
+            "herald_unsigned vs the raw hyper client ({hyper:.0}/s): tmpfs {:.2}, disk {:.2}",
+            tmpfs / hyper,
+            disk / hyper
+        );
+    }
+    println!(
+        "per sequence, one message every {:.0} µs on disk, {:.0} µs on tmpfs: the disk adds \
+         {added:.0} µs per message, {:.1} × this disk's raw fdatasync ({sync_us:.0} µs)",
+        per_seq(disk),
+        per_seq(tmpfs),
+        added / sync_us
+    );
 }
 
 /// Whether a `cargo bench --bench delivery -- FILTER` run asked for `name` (no filter: yes).

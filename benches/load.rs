@@ -335,7 +335,7 @@ async fn creates() {
         );
         let (cpu0, own0, m0) = (
             thread_cpu_ns(herald.pid()),
-            thread_cpu_ns(std::process::id()),
+            generator_cpu_ns(),
             machine_cpu(),
         );
         let (lat, wall) = if lean {
@@ -345,7 +345,7 @@ async fn creates() {
         };
         let (cpu1, own1, m1) = (
             thread_cpu_ns(herald.pid()),
-            thread_cpu_ns(std::process::id()),
+            generator_cpu_ns(),
             machine_cpu(),
         );
         println!(
@@ -366,9 +366,9 @@ async fn creates() {
         // CPU per create: steadier than the rate on a VM whose speed varies, and it tells
         // where the time goes (the load generator shares the 2 cores).
         println!(
-            "       CPU per create: herald {}; load generator {}",
+            "       CPU per create: herald {}; load generator {:.1} µs",
             cpu_per_item(&cpu0, &cpu1, n),
-            cpu_per_item(&own0, &own1, n)
+            (own1 - own0) as f64 / 1e3 / n as f64
         );
         println!("       machine: {}", machine_split(&m0, &m1));
         print_store_metrics(&http, &herald.url).await;
@@ -386,9 +386,14 @@ async fn creates() {
         // The same-run peer right after each herald round, on the same disk and cores.
         if let (true, Some(r)) = (lean, redis.as_ref()) {
             match r.creates(n, conns) {
-                Some((rate, p50, p99)) => println!(
-                    "       Redis peer (appendfsync always, ZADD+HSET in one EVAL, redis-benchmark): {rate:>6.0}/s, p50 {p50:.1} ms, p99 {p99:.1} ms; herald/Redis {:.2}",
-                    n as f64 / wall.as_secs_f64() / rate
+                Some(r) => println!(
+                    "       Redis peer (appendfsync always, ZADD+HSET in one EVAL, redis-benchmark): {:>6.0}/s, p50 {:.1} ms, p99 {:.1} ms; herald/Redis {:.2}\n       CPU per create: redis-server {:.1} µs; redis-benchmark {:.1} µs",
+                    r.rate,
+                    r.p50,
+                    r.p99,
+                    n as f64 / wall.as_secs_f64() / r.rate,
+                    r.server_us,
+                    r.client_us
                 ),
                 None => println!("       Redis peer: redis-benchmark gave no reading"),
             }

@@ -319,6 +319,8 @@ pub struct Competitor {
 impl Competitor {
     pub const MAX: Duration = Duration::from_secs(1_800);
     pub const SYNCS_MAX: u64 = 50_000_000;
+    /// The name of its thread.
+    pub const THREAD: &'static str = "competitor";
 
     /// Starts one when `HERALD_LOAD_COMPETE` is set (to anything but `0`).
     pub fn from_env(dir: &Path) -> Option<Competitor> {
@@ -333,29 +335,33 @@ impl Competitor {
         let syncs = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let path = dir.join("competing-fdatasync");
         let (st, sy) = (stop.clone(), syncs.clone());
-        let thread = std::thread::spawn(move || {
-            let Ok(mut f) = std::fs::File::create(&path) else {
-                return;
-            };
-            let started = Instant::now();
-            let block = [0x5au8; 4096];
-            let mut n = 0u64;
-            while !st.load(Ordering::Relaxed)
-                && started.elapsed() < Competitor::MAX
-                && n < Competitor::SYNCS_MAX
-            {
-                // Rewrites the first 64 MiB in a ring: the file never grows past it.
-                if n.is_multiple_of(16_384) && f.rewind().is_err() {
-                    break;
+        // Named, so that the load generator's CPU can leave it out (`generator_cpu_ns`).
+        let thread = std::thread::Builder::new()
+            .name(Competitor::THREAD.into())
+            .spawn(move || {
+                let Ok(mut f) = std::fs::File::create(&path) else {
+                    return;
+                };
+                let started = Instant::now();
+                let block = [0x5au8; 4096];
+                let mut n = 0u64;
+                while !st.load(Ordering::Relaxed)
+                    && started.elapsed() < Competitor::MAX
+                    && n < Competitor::SYNCS_MAX
+                {
+                    // Rewrites the first 64 MiB in a ring: the file never grows past it.
+                    if n.is_multiple_of(16_384) && f.rewind().is_err() {
+                        break;
+                    }
+                    if f.write_all(&block).is_err() || f.sync_data().is_err() {
+                        break;
+                    }
+                    n += 1;
+                    sy.store(n, Ordering::Relaxed);
                 }
-                if f.write_all(&block).is_err() || f.sync_data().is_err() {
-                    break;
-                }
-                n += 1;
-                sy.store(n, Ordering::Relaxed);
-            }
-            let _ = std::fs::remove_file(&path);
-        });
+                let _ = std::fs::remove_file(&path);
+            })
+            .expect("competitor thread");
         Competitor {
             stop,
             syncs,
@@ -407,6 +413,29 @@ pub fn thread_cpu_ns(pid: u32) -> std::collections::BTreeMap<String, u64> {
         *out.entry(comm.trim().to_string()).or_insert(0) += ns;
     }
     out
+}
+
+/// CPU time (user + system, ns) of this process with its ended threads (`RUSAGE_SELF`: the
+/// lean client's thread ends before the reading after its round), or of its children that
+/// were waited for (`RUSAGE_CHILDREN`: redis-benchmark after its run).
+pub fn rusage_cpu_ns(who: libc::c_int) -> u64 {
+    // SAFETY: getrusage writes one `rusage` into the zeroed struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(who, &mut ru) } != 0 {
+        return 0;
+    }
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    ns(ru.ru_utime) + ns(ru.ru_stime)
+}
+
+/// CPU time (ns) of this process as the load generator: every thread, the ended ones too (the
+/// lean client's thread ends before the reading after its round), but the competing writer's.
+pub fn generator_cpu_ns() -> u64 {
+    let competitor = thread_cpu_ns(std::process::id())
+        .get(Competitor::THREAD)
+        .copied()
+        .unwrap_or(0);
+    rusage_cpu_ns(libc::RUSAGE_SELF).saturating_sub(competitor)
 }
 
 /// The machine's CPU time by kind since boot (`/proc/stat`'s first line, in clock ticks):
@@ -506,6 +535,34 @@ pub async fn create_many_lean_prefer(
         .iter()
         .map(|b| b.trim_start_matches("http://").to_string())
         .collect();
+    // The connections run on a thread of their own with a single-threaded runtime, as
+    // redis-benchmark (the peer's generator) runs on one: no work stealing and no wake of the
+    // other worker per response, so the generator takes less of the 2 cores the server needs.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("lean-client".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("client runtime");
+            let out = rt.block_on(lean_clients(addrs, n, conns, body, failed, prefer));
+            let _ = tx.send(out);
+        })
+        .expect("client thread");
+    rx.await
+        .expect("the lean client thread ended without a result")
+}
+
+/// The connections of [`create_many_lean_prefer`], on the runtime it runs them on.
+async fn lean_clients(
+    addrs: Vec<String>,
+    n: u64,
+    conns: usize,
+    body: Arc<dyn Fn(u64) -> Bytes + Send + Sync>,
+    failed: Arc<AtomicU64>,
+    prefer: String,
+) -> (Vec<Duration>, Duration) {
     let next = Arc::new(AtomicU64::new(0));
     let prefer = Arc::new(prefer);
     let t = Instant::now();
@@ -657,8 +714,11 @@ impl RedisPeer {
         Some(peer)
     }
 
-    /// `n` creates over `conns` connections: (rate, p50 ms, p99 ms) as `redis-benchmark` reads them.
-    pub fn creates(&self, n: u64, conns: usize) -> Option<(f64, f64, f64)> {
+    /// `n` creates over `conns` connections: the rate, p50 and p99 (ms) as `redis-benchmark`
+    /// reads them, and the CPU per create (µs) of redis-server and of redis-benchmark.
+    pub fn creates(&self, n: u64, conns: usize) -> Option<RedisRound> {
+        let server0 = thread_cpu_ns(self.child.id()).values().sum::<u64>();
+        let client0 = rusage_cpu_ns(libc::RUSAGE_CHILDREN);
         let out = Command::new("redis-benchmark")
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
             .args(["-n", &n.to_string(), "-c", &conns.to_string()])
@@ -676,8 +736,28 @@ impl RedisPeer {
             .map(|c| c.trim_matches('"').parse().unwrap_or(f64::NAN))
             .collect();
         // Reversed: max, p99, p95, p50, min, avg, rps.
-        (cols.len() == 7).then(|| (cols[6], cols[3], cols[1]))
+        let per = |ns: u64| ns as f64 / 1e3 / n.max(1) as f64;
+        let server = per(thread_cpu_ns(self.child.id()).values().sum::<u64>() - server0);
+        let client = per(rusage_cpu_ns(libc::RUSAGE_CHILDREN).saturating_sub(client0));
+        (cols.len() == 7).then(|| RedisRound {
+            rate: cols[6],
+            p50: cols[3],
+            p99: cols[1],
+            server_us: server,
+            client_us: client,
+        })
     }
+}
+
+/// One [`RedisPeer::creates`] round.
+pub struct RedisRound {
+    pub rate: f64,
+    pub p50: f64,
+    pub p99: f64,
+    /// redis-server's CPU per create, µs.
+    pub server_us: f64,
+    /// redis-benchmark's CPU per create, µs (the peer's load generator).
+    pub client_us: f64,
 }
 
 impl Drop for RedisPeer {
