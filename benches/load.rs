@@ -6,7 +6,9 @@
 //!    same disk (what one-flush-per-create would allow). A lean HTTP/1.1 client drives it
 //!    (`support::create_many_lean`); a last round at 64 connections uses hyper's client;
 //!    after each lean round, the same-run peer: Redis with `appendfsync always`, one `EVAL`
-//!    (`ZADD` + `HSET`) per create, through `redis-benchmark` (skipped if not installed);
+//!    (`ZADD` + `HSET`) per create, through `redis-benchmark` (skipped if not installed), with
+//!    the CPU per create of redis-server and of redis-benchmark. The lean client runs on one
+//!    thread, as redis-benchmark does; its CPU leaves out the competing writer's;
 //! 2. a herd of `HERALD_LOAD_HERD` (default 100 000) one-shots due at the same instant to the
 //!    file channel: when the first and the last leave, and how late 200 probe tasks due 1 s
 //!    after the herd are (p50/p99) — the file channel's sends/s is the herd's drain rate;
