@@ -222,3 +222,85 @@ fn readers_during_runs_see_every_untouched_key() {
     assert!(during >= 3, "only {during} scans ran during the writes");
     assert_same(&tree, &model, "after the concurrent rounds");
 }
+
+/// Keys of every length, some the prefixes of others (a leaf stores its keys after the
+/// prefix its bounds share), empty values, and values of 8–24 KiB (a leaf of those splits
+/// past 16 entries by bytes, and a run stops growing it there): the tree still holds what
+/// the model holds, through removals and a reopen before every round.
+#[test]
+fn keys_of_any_length_empty_and_large_values_match_a_model() {
+    for seed in [3u64, 77] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut rng = Rng(seed.wrapping_mul(0x2545_f491_4f6c_dd1d) | 1);
+        let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        for round in 0..6u64 {
+            let db = common::herald::reopen(|| sled::open(dir.path()));
+            let tree = db.open_tree("t").expect("tree");
+            assert_same(
+                &tree,
+                &model,
+                &format!("seed {seed} reopened before round {round}"),
+            );
+            let mut batch: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+            for _ in 0..rng.below(1_500) {
+                // "k7", "k70", "k700", "k7000": no padding, so keys nest as prefixes; some
+                // with one more byte past the number.
+                let mut k = format!("k{}", rng.below(20_000)).into_bytes();
+                if rng.below(5) == 0 {
+                    k.push(rng.below(256) as u8);
+                }
+                let v = match rng.below(10) {
+                    0 => None,
+                    1 | 2 => Some(Vec::new()),
+                    3 => Some(vec![b'L'; 8_192 + rng.below(16_384) as usize]),
+                    _ => Some(value(&mut rng, 0, round)),
+                };
+                batch.insert(k, v);
+            }
+            let entries: Vec<(&[u8], Option<&[u8]>)> = batch
+                .iter()
+                .map(|(k, v)| (k.as_slice(), v.as_deref()))
+                .collect();
+            for part in entries.chunks(1 + rng.below(600) as usize) {
+                tree.apply_sorted(part).expect("apply_sorted");
+            }
+            for (k, v) in batch {
+                match v {
+                    Some(v) => model.insert(k, v),
+                    None => model.remove(&k),
+                };
+            }
+            assert_same(&tree, &model, &format!("seed {seed} after round {round}"));
+            db.flush().expect("flush");
+        }
+        assert!(
+            model.len() > 1_000,
+            "seed {seed}: the rounds left {} keys",
+            model.len()
+        );
+    }
+}
+
+/// Keys out of order, or one key twice, are refused before anything is written.
+#[test]
+fn keys_not_strictly_ascending_are_refused_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = sled::open(dir.path()).expect("open");
+    let tree = db.open_tree("t").expect("tree");
+    let keys: Vec<Vec<u8>> = (0..40u64)
+        .map(|k| format!("k{k:08}").into_bytes())
+        .collect();
+    let mut entries: Vec<(&[u8], Option<&[u8]>)> = keys
+        .iter()
+        .map(|k| (k.as_slice(), Some(&b"v"[..])))
+        .collect();
+    entries.swap(20, 21);
+    assert!(tree.apply_sorted(&entries).is_err(), "out of order");
+    entries.swap(20, 21);
+    entries[21] = entries[20];
+    assert!(tree.apply_sorted(&entries).is_err(), "a key twice");
+    assert_eq!(tree.len(), 0, "nothing written");
+    entries.remove(21);
+    tree.apply_sorted(&entries).expect("strictly ascending");
+    assert_eq!(tree.len(), 39);
+}

@@ -332,7 +332,7 @@ use {
         lru::Lru,
         meta::Meta,
         metrics::{clock, Measure, M},
-        node::{Data, Node},
+        node::{leaf_past_split, Data, Node},
         oneshot::{OneShot, OneShotFiller},
         result::CasResult,
         subscriber::Subscribers,

@@ -603,13 +603,14 @@ impl Node {
         // took 538 bytes each at 16 and take ~376 at 64 (docs/performance.md, issue 29).
         // A leaf of large entries still splits past 16, so rewriting one (a consolidation
         // every few changes) stays about as cheap as upstream's.
-        let size_checks = if cfg!(any(test, feature = "lock_free_delays")) {
-            self.data.len() > 2
-        } else if self.data.is_index() {
-            self.data.len() > 256
+        let size_checks = if self.data.is_index() {
+            if cfg!(any(test, feature = "lock_free_delays")) {
+                self.data.len() > 2
+            } else {
+                self.data.len() > 256
+            }
         } else {
-            let len = self.data.len();
-            len > 64 || (len > 16 && self.data.rss() > 8 * 1024)
+            leaf_past_split(self.data.len(), self.data.rss())
         };
         let safety_checks = self.merging_child.is_none() && !self.merging;
 
@@ -658,6 +659,18 @@ pub(crate) enum Data {
 impl Default for Data {
     fn default() -> Data {
         Data::Leaf(Leaf::default())
+    }
+}
+
+/// herald: whether a leaf of `len` entries holding `bytes` of keys and values is past the
+/// point where sled splits it ([`Node::should_split`]): 64 small entries, or 16 once they
+/// hold more than 8 KiB. `Tree::apply_sorted` grows a leaf's copy up to this point and no
+/// further, so a run leaves no larger leaf than a series of single-key writes would.
+pub(crate) fn leaf_past_split(len: usize, bytes: u64) -> bool {
+    if cfg!(any(test, feature = "lock_free_delays")) {
+        len > 2
+    } else {
+        len > 64 || (len > 16 && bytes > 8 * 1024)
     }
 }
 

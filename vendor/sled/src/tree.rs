@@ -244,7 +244,16 @@ impl Tree {
     ///
     /// Not atomic: each run is visible on its own, like each write of a series of
     /// [`Tree::insert`] calls. Subscribers are not told (herald has none).
+    ///
+    /// Keys that are not strictly ascending are refused before anything is written: a run
+    /// checks only a leaf's upper bound, and an out-of-order key below its lower one would
+    /// be stored under the wrong prefix.
     pub fn apply_sorted(&self, entries: &[(&[u8], Option<&[u8]>)]) -> Result<()> {
+        if entries.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err(Error::Unsupported(
+                "apply_sorted: keys must be strictly ascending".into(),
+            ));
+        }
         let mut i = 0;
         while i < entries.len() {
             // Pinned per run (as each insert pins), so that a long series does not hold
@@ -253,14 +262,17 @@ impl Tree {
             let _cc = concurrency_control::read();
             let view = self.view_for_key(entries[i].0, &guard)?;
             // The run: the keys below the leaf's upper bound, up to where the leaf would
-            // be split anyway.
+            // be split anyway, by count or by bytes (counted as if every key were new: a
+            // run stops early rather than late).
             let mut end = i;
-            let mut grows = view.data.len();
+            let (mut len, mut bytes) = (view.data.len(), view.data.rss());
             while end < entries.len()
                 && (view.hi.is_empty() || entries[end].0 < view.hi.as_ref())
-                && (end == i || grows <= 64)
+                && (end == i || !leaf_past_split(len, bytes))
             {
-                grows += 1;
+                let (k, v) = entries[end];
+                len += 1;
+                bytes += (k.len() + v.map_or(0, <[u8]>::len)) as u64;
                 end += 1;
             }
             if end - i < SORTED_RUN_MIN {
