@@ -44,9 +44,10 @@ mod mi {
 /// purge waits for the thread to come back to the allocator, so a thread that frees a lot and
 /// then goes idle (the applier after a burst, the live index's load after a restart) kept its
 /// pages for good: at 1 000 000 pending tasks RSS read 239–300 MiB 10 s after a restart and
-/// 265–280 MiB once the memtable was in sled, run to run; with 10 ms, 233–249 and 249–268
-/// (`cargo bench --bench scale`). Creates at 64 connections paid nothing measurable (A/B, 8
-/// rounds: paired rate 1.02, CPU 1.03); an immediate purge (0) cost ~5 % of their CPU.
+/// 265–280 MiB once the memtable was in sled, run to run; with 10 ms, 227–232 and 247–249
+/// (`cargo bench --bench scale`, three runs). Creates at 64 connections paid nothing
+/// measurable (A/B, 8 rounds: paired rate 1.06, CPU 0.96); an immediate purge (0) cost ~5 %
+/// of their CPU.
 /// `MIMALLOC_PURGE_DELAY` in the environment still decides when set.
 fn purge_freed_memory_soon() {
     const DELAY_MS: std::ffi::c_long = 10;
