@@ -171,7 +171,8 @@ pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>, ahead
         }
     }
     // Cluster mode: a task whose shard's trust is ending is not sent (a local send is over
-    // at once, so a window still open is wide enough); its next owner sends it.
+    // at once, so a window still open is wide enough); its step comes back later, and sends
+    // if the trust was renewed, or its next owner sends it (`step::window_closed`).
     items.retain_mut(|it| {
         let open = !matches!(
             inner.send_window(&it.key.task),
@@ -179,6 +180,7 @@ pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>, ahead
         );
         if !open {
             it.l.unload();
+            step::window_closed(&inner, it.key.key());
         }
         open
     });

@@ -11,7 +11,9 @@
 //!   ends ([`Inner::send_window`]); its in-flight mark is on disk, so the next owner sends it
 //!   again with the same idempotency key, after this attempt's deadline has passed (the new
 //!   owner is granted the row only after the lease ran out, which is after this node's trust
-//!   ended);
+//!   ended). A step that finds the window closed comes back shortly (`step::window_closed`):
+//!   a renewal answered late can extend the trust before it ends, and then the shard is
+//!   neither dropped nor loaded again;
 //! - every write is fenced in the store (`store/pg/fence.rs`): one to a shard taken over is
 //!   refused with `OwnershipLost` and changes nothing.
 //!

@@ -80,6 +80,16 @@ pub(super) fn step_error(inner: &Inner, key: Key, e: &EngineError) {
     }
 }
 
+/// How long a step that found its shard's send window closed waits before it looks again.
+pub(super) const WINDOW_RETRY_MS: u64 = 250;
+
+/// A step that found its shard's send window closed comes back [`WINDOW_RETRY_MS`] later:
+/// with the trust renewed it sends then; with the shard dropped meanwhile its wheel entry
+/// goes with the shard's (or is skipped as not owned), and the next owner sends it.
+pub(super) fn window_closed(inner: &Inner, key: Key) {
+    inner.timer.at(key, inner.clock.now_ms() + WINDOW_RETRY_MS);
+}
+
 pub(super) fn draining(inner: &Inner) -> bool {
     inner.draining.load(std::sync::atomic::Ordering::Acquire)
 }
@@ -300,10 +310,14 @@ async fn run_step_once(
     // so its outcome is settled here even if the task left the live map.
     let window = match inner.send_window(&key.task) {
         super::cluster::Window::Closed => {
-            // Cluster mode, the shard's trust is ending: the attempt stays in flight on disk
-            // and the shard's next owner sends it (`cluster.rs`).
+            // Cluster mode, too little of the shard's trust is left to send: the attempt
+            // stays in flight on disk. If the trust runs out, the shard is dropped and its
+            // next owner (this node again, or another) loads it and sends it (`cluster.rs`).
+            // But a renewal answered late may extend the trust before it runs out: the shard
+            // is never dropped then, nor loaded again, so the step must come back by itself.
             l.unload();
             l.release(inner);
+            window_closed(inner, key.key());
             return Ok(None);
         }
         // The end of the window, read with the window itself (a pause after this must not
