@@ -44,6 +44,24 @@ pub const INBOX_EVERY: Duration = Duration::from_millis(500);
 /// notification can deliver a create through the inbox in time). Read once at start.
 pub const INBOX_FLOOR_ENV: &str = "HERALD_TEST_INBOX_FLOOR_MS";
 
+/// Test knob, not configuration: a file's path; while that file exists, every send window
+/// reads closed, as when a renewal answered late leaves too little trust to send but the
+/// shards stay held (`tests/cluster_send_window.rs`). Read once at start.
+pub const WINDOW_GATE_ENV: &str = "HERALD_TEST_WINDOW_GATE";
+
+/// The file of [`WINDOW_GATE_ENV`], if set.
+fn window_gate() -> Option<&'static std::path::Path> {
+    static GATE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    GATE.get_or_init(|| {
+        let gate = std::env::var_os(WINDOW_GATE_ENV).map(std::path::PathBuf::from);
+        if let Some(g) = &gate {
+            tracing::warn!(gate = %g.display(), "test knob {WINDOW_GATE_ENV}: send windows read closed while this file exists");
+        }
+        gate
+    })
+    .as_deref()
+}
+
 /// This process's part of a cluster, as the engine sees it.
 #[derive(Clone)]
 pub struct ClusterHooks {
@@ -109,6 +127,7 @@ impl Inner {
     pub(crate) fn send_window(&self, task: &str) -> Window<'_> {
         match self.shard_of(task) {
             None => Window::Unbounded,
+            Some(_) if window_gate().is_some_and(std::path::Path::exists) => Window::Closed,
             Some((c, s)) => {
                 // Counted before the window is read: a handover that begins in between
                 // either sees this send or the send sees the shard gone.

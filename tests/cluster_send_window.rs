@@ -1,0 +1,88 @@
+//! Cluster mode, a send window that closes while the shard stays held (HA.md "The send
+//! itself"): a renewal answered late can leave too little trust to start a send and still
+//! extend the trust before it ends, so the shard is never dropped and nothing loads it again.
+//! A step that found the window closed must come back by itself; before it did, the message
+//! stayed in flight for good (nemesis seed 2912061). The window is closed here through the
+//! test knob `HERALD_TEST_WINDOW_GATE` (a file: while it exists, every send window reads
+//! closed), the shards held all along.
+
+mod common;
+
+use std::time::Duration;
+
+use common::cluster::{owned, TEST_TIMING};
+use common::herald::{in_ms, poll, Proc};
+use common::http;
+use common::pg::PgServer;
+use common::receiver::Receiver;
+use serde_json::json;
+
+const SHARDS: u32 = 4;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_that_found_the_window_closed_sends_once_it_opens() {
+    let Some(pg) = PgServer::start("cluster_send_window") else {
+        return;
+    };
+    let url = pg.create_db("window");
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("window-closed");
+    let mut cmd = common::cluster::node_command(
+        &url,
+        dir.path(),
+        "a",
+        "a",
+        SHARDS,
+        &format!("url = \"{}\"\ntimeout = \"1s\"\n", rx.url()),
+        TEST_TIMING,
+    );
+    cmd.env(herald::engine::cluster::WINDOW_GATE_ENV, &gate);
+    let a = Proc::start(cmd);
+    poll(Duration::from_secs(30), || async {
+        (owned(&a.url).await == u64::from(SHARDS)).then_some(())
+    })
+    .await
+    .expect("a takes every shard");
+
+    std::fs::write(&gate, b"closed").unwrap();
+    let task = json!({"id": "held-back", "channel": "hook", "schedule": {"at": in_ms(800)},
+        "to": ["r"], "body": "late but once"});
+    let r = http::post_json(&format!("{}/v1/tasks", a.url), &task).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    // It fires and its message is marked in flight (the mark is written before the window
+    // is looked at); the send does not start.
+    poll(Duration::from_secs(20), || async {
+        let v = http::get(&format!("{}/v1/tasks/held-back", a.url))
+            .await
+            .json();
+        (v["progress"]["in_flight"] == 1).then_some(())
+    })
+    .await
+    .expect("the message is marked in flight");
+    // The fault's length past that: the step has looked at the window and found it closed.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(rx.count(), 0, "no send started while the window was closed");
+    assert_eq!(
+        owned(&a.url).await,
+        u64::from(SHARDS),
+        "the shards stayed held: nothing will load them again"
+    );
+
+    std::fs::remove_file(&gate).unwrap();
+    let got = rx.wait_for(1, Duration::from_secs(15)).await;
+    assert_eq!(
+        got.len(),
+        1,
+        "the held-back message goes once the window opens"
+    );
+    poll(Duration::from_secs(15), || async {
+        let v = http::get(&format!("{}/v1/tasks/held-back", a.url))
+            .await
+            .json();
+        (v["state"] == "completed").then_some(())
+    })
+    .await
+    .expect("the task completes");
+    assert_eq!(rx.count(), 1, "sent once");
+}
