@@ -36,6 +36,29 @@ fn value(rng: &mut Rng, key: u64, round: u64) -> Vec<u8> {
     v
 }
 
+/// Writes `batch` (`None` removes) with `apply_sorted`, `slice` keys per call, and into
+/// `model` as well.
+fn apply(
+    tree: &sled::Tree,
+    batch: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    slice: usize,
+    model: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+) {
+    let entries: Vec<(&[u8], Option<&[u8]>)> = batch
+        .iter()
+        .map(|(k, v)| (k.as_slice(), v.as_deref()))
+        .collect();
+    for part in entries.chunks(slice.max(1)) {
+        tree.apply_sorted(part).expect("apply_sorted");
+    }
+    for (k, v) in batch {
+        match v {
+            Some(v) => model.insert(k, v),
+            None => model.remove(&k),
+        };
+    }
+}
+
 fn assert_same(tree: &sled::Tree, model: &BTreeMap<Vec<u8>, Vec<u8>>, when: &str) {
     let got: Vec<(Vec<u8>, Vec<u8>)> = tree
         .iter()
@@ -97,20 +120,8 @@ fn sorted_runs_match_a_model_across_splits_removals_and_a_reopen() {
                     batch.insert(format!("k{k:08}").into_bytes(), None);
                 }
             }
-            let entries: Vec<(&[u8], Option<&[u8]>)> = batch
-                .iter()
-                .map(|(k, v)| (k.as_slice(), v.as_deref()))
-                .collect();
             // In slices, as the applier writes them.
-            for part in entries.chunks(1 + rng.below(1_500) as usize) {
-                tree.apply_sorted(part).expect("apply_sorted");
-            }
-            for (k, v) in batch {
-                match v {
-                    Some(v) => model.insert(k, v),
-                    None => model.remove(&k),
-                };
-            }
+            apply(&tree, batch, 1 + rng.below(1_500) as usize, &mut model);
             assert_same(&tree, &model, &format!("seed {seed} after round {round}"));
             db.flush().expect("flush");
         }
@@ -204,17 +215,7 @@ fn readers_during_runs_see_every_untouched_key() {
             let v = (rng.below(4) != 0).then(|| value(&mut rng, k, round));
             batch.insert(format!("k{k:08}").into_bytes(), v);
         }
-        let part: Vec<(&[u8], Option<&[u8]>)> = batch
-            .iter()
-            .map(|(k, v)| (k.as_slice(), v.as_deref()))
-            .collect();
-        tree.apply_sorted(&part).expect("apply_sorted");
-        for (k, v) in batch {
-            match v {
-                Some(v) => model.insert(k, v),
-                None => model.remove(&k),
-            };
-        }
+        apply(&tree, batch, usize::MAX, &mut model);
     }
     let during = scans.load(Ordering::Relaxed) - before;
     done.store(true, Ordering::Relaxed);
@@ -257,19 +258,7 @@ fn keys_of_any_length_empty_and_large_values_match_a_model() {
                 };
                 batch.insert(k, v);
             }
-            let entries: Vec<(&[u8], Option<&[u8]>)> = batch
-                .iter()
-                .map(|(k, v)| (k.as_slice(), v.as_deref()))
-                .collect();
-            for part in entries.chunks(1 + rng.below(600) as usize) {
-                tree.apply_sorted(part).expect("apply_sorted");
-            }
-            for (k, v) in batch {
-                match v {
-                    Some(v) => model.insert(k, v),
-                    None => model.remove(&k),
-                };
-            }
+            apply(&tree, batch, 1 + rng.below(600) as usize, &mut model);
             assert_same(&tree, &model, &format!("seed {seed} after round {round}"));
             db.flush().expect("flush");
         }
