@@ -8,7 +8,11 @@
 //!    after each lean round, the same-run peer: Redis with `appendfsync always`, one `EVAL`
 //!    (`ZADD` + `HSET`) per create, through `redis-benchmark` (skipped if not installed), with
 //!    the CPU per create of redis-server and of redis-benchmark. The lean client runs on one
-//!    thread, as redis-benchmark does; its CPU leaves out the competing writer's;
+//!    thread, as redis-benchmark does; its CPU leaves out the competing writer's. Under each
+//!    herald round and each peer round, the machine's split (user, system, softirq, iowait,
+//!    idle, from `/proc/stat`) and its busy time per create, every process included: loopback
+//!    traffic is processed in softirq, which no thread's CPU counts, and an idle share says
+//!    the round was bound by waiting, not by the cores;
 //! 2. a herd of `HERALD_LOAD_HERD` (default 100 000) one-shots due at the same instant to the
 //!    file channel: when the first and the last leave, and how late 200 probe tasks due 1 s
 //!    after the herd are (p50/p99) — the file channel's sends/s is the herd's drain rate;
@@ -372,7 +376,11 @@ async fn creates() {
             cpu_per_item(&cpu0, &cpu1, n),
             (own1 - own0) as f64 / 1e3 / n as f64
         );
-        println!("       machine: {}", machine_split(&m0, &m1));
+        println!(
+            "       machine: {}; per create {}",
+            machine_split(&m0, &m1),
+            machine_per_item(&m0, &m1, n)
+        );
         print_store_metrics(&http, &herald.url).await;
         // What herald still owes sled is paid before anything else runs, so that it does not
         // take the CPU from the peer or from the next round.
@@ -387,15 +395,24 @@ async fn creates() {
         }
         // The same-run peer right after each herald round, on the same disk and cores.
         if let (true, Some(r)) = (lean, redis.as_ref()) {
+            let m0 = machine_cpu();
             match r.creates(n, conns) {
                 Some(r) => println!(
-                    "       Redis peer (appendfsync always, ZADD+HSET in one EVAL, redis-benchmark): {:>6.0}/s, p50 {:.1} ms, p99 {:.1} ms; herald/Redis {:.2}\n       CPU per create: redis-server {:.1} µs; redis-benchmark {:.1} µs",
+                    "       Redis peer (appendfsync always, ZADD+HSET in one EVAL, redis-benchmark): {:>6.0}/s, p50 {:.1} ms, p99 {:.1} ms; herald/Redis {:.2}\n       CPU per create: redis-server {:.1} µs; redis-benchmark {:.1} µs\n       machine: {}",
                     r.rate,
                     r.p50,
                     r.p99,
                     n as f64 / wall.as_secs_f64() / r.rate,
                     r.server_us,
-                    r.client_us
+                    r.client_us,
+                    {
+                        let m1 = machine_cpu();
+                        format!(
+                            "{}; per create {}",
+                            machine_split(&m0, &m1),
+                            machine_per_item(&m0, &m1, n)
+                        )
+                    }
                 ),
                 None => println!("       Redis peer: redis-benchmark gave no reading"),
             }

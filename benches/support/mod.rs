@@ -471,6 +471,26 @@ pub fn machine_split(before: &[u64; 7], after: &[u64; 7]) -> String {
     )
 }
 
+/// The machine's busy time per item between two [`machine_cpu`] readings, every process
+/// included (server, load generator, competing writer), in µs: `user a, system b, softirq c`.
+/// Loopback traffic is processed in softirq, which no thread's own CPU time counts.
+pub fn machine_per_item(before: &[u64; 7], after: &[u64; 7], n: u64) -> String {
+    // `/proc/stat` counts in USER_HZ ticks, 100 per second on Linux.
+    let us = |i: &[usize]| -> f64 {
+        i.iter()
+            .map(|&k| after[k].saturating_sub(before[k]) as f64)
+            .sum::<f64>()
+            * 10_000.0
+            / n.max(1) as f64
+    };
+    format!(
+        "user {:.1}, system {:.1}, softirq {:.1} µs",
+        us(&[0, 1]),
+        us(&[2, 5]),
+        us(&[6])
+    )
+}
+
 /// CPU per item between two `thread_cpu_ns` readings, by thread name: `name µs, …`, busiest
 /// first, with the total.
 pub fn cpu_per_item(
