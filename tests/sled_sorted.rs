@@ -133,6 +133,55 @@ fn sorted_runs_match_a_model_across_splits_removals_and_a_reopen() {
     }
 }
 
+/// The rightmost leaf splits near its end, not in halves (vendor/sled/HERALD.md): keys
+/// appended in order one at a time (sled's own insert and split, not a run), drained from the
+/// left as due keys are when they fire (leaves emptied and merged), with a shared prefix as
+/// due keys have, overwritten now and then, and read back after each round and a reopen.
+#[test]
+fn a_queue_appended_at_the_right_and_drained_at_the_left_matches_a_model() {
+    for seed in [3u64, 77] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+        let key = |k: u64| {
+            let mut v = b"due/".to_vec();
+            v.extend_from_slice(&k.to_be_bytes());
+            v
+        };
+        let (mut head, mut tail) = (0u64, 0u64);
+        for round in 0..8u64 {
+            let db = common::herald::reopen(|| sled::open(dir.path()));
+            let tree = db.open_tree("q").expect("tree");
+            assert_same(
+                &tree,
+                &model,
+                &format!("seed {seed} reopened before round {round}"),
+            );
+            for _ in 0..2_000 + rng.below(2_000) {
+                let v = value(&mut rng, tail, round);
+                tree.insert(key(tail), v.clone()).expect("insert");
+                model.insert(key(tail), v);
+                tail += 1;
+            }
+            for _ in 0..rng.below(50) {
+                let k = head + rng.below(tail - head);
+                let v = value(&mut rng, k, round);
+                tree.insert(key(k), v.clone()).expect("overwrite");
+                model.insert(key(k), v);
+            }
+            let drain = rng.below((tail - head) * 3 / 4);
+            for k in head..head + drain {
+                tree.remove(key(k)).expect("remove");
+                model.remove(&key(k));
+            }
+            head += drain;
+            assert_same(&tree, &model, &format!("seed {seed} after round {round}"));
+            db.flush().expect("flush");
+        }
+        assert!(model.len() > 500, "seed {seed}: {} keys left", model.len());
+    }
+}
+
 /// herald reads sled while the applier writes into it: a reader scanning and looking keys up
 /// during the runs never misses a key no run touches, and sees the keys in order.
 #[test]

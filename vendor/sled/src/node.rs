@@ -170,11 +170,11 @@ impl Node {
             old_prefix: &[u8],
             old_hi: &[u8],
             suffix_truncation: bool,
+            split_point: usize,
         ) -> (IVec, u8, Vec<IVec>, Vec<T>)
         where
             T: Clone + Ord,
         {
-            let split_point = keys.len() / 2 + 1;
             let right_keys = keys.split_off(split_point);
             let right_values = values.split_off(split_point);
             let right_min = &right_keys[0];
@@ -243,6 +243,20 @@ impl Node {
 
         let prefixed_lo = &self.lo[..self.prefix_len as usize];
         let prefixed_hi = &self.hi;
+        let len = self.data.len();
+        let halves = len / 2 + 1;
+        // herald: the rightmost leaf (no upper bound: an empty `hi`) keeps most of its
+        // entries and hands the new right leaf the last few, as B-trees do for appends
+        // (PostgreSQL fills a rightmost leaf to 90 % on a split). Keys that arrive in order
+        // (ids, due instants, timeline sequence numbers) all land in the rightmost leaf; split
+        // in halves, every leaf they leave behind stays half full for good, and the next
+        // split comes after half a leaf of appends. The right leaf gets at least 4 entries
+        // (`should_merge` takes a leaf of fewer back). Any other node splits in halves.
+        let leaf_split = if prefixed_hi.is_empty() && len >= 16 {
+            len - (len / 8).max(4)
+        } else {
+            halves
+        };
         let (split, right_prefix_len, right_data) = match self.data {
             Data::Index(ref mut index) => {
                 let (split, right_prefix_len, right_keys, right_values) =
@@ -252,6 +266,7 @@ impl Node {
                         prefixed_lo,
                         prefixed_hi,
                         false,
+                        halves,
                     );
 
                 (
@@ -271,6 +286,7 @@ impl Node {
                         prefixed_lo,
                         prefixed_hi,
                         true,
+                        leaf_split,
                     );
 
                 (
