@@ -1,5 +1,6 @@
-// herald: vendored sled 0.34.7 with two changes, node.rs `should_split` and serialization.rs (see
-// vendor/sled/HERALD.md); its lint attributes below allow what newer compilers warn about.
+// herald: vendored sled 0.34.7 with four changes, node.rs `should_split` and `split`,
+// serialization.rs and tree.rs `apply_sorted` (see vendor/sled/HERALD.md); its lint
+// attributes below allow what newer compilers warn about.
 #![allow(warnings)]
 //! `sled` is a high-performance embedded database with
 //! an API that is similar to a `BTreeMap<[u8], [u8]>`,

@@ -251,11 +251,24 @@ impl Node {
         // (ids, due instants, timeline sequence numbers) all land in the rightmost leaf; split
         // in halves, every leaf they leave behind stays half full for good, and the next
         // split comes after half a leaf of appends. The right leaf gets at least 4 entries
-        // (`should_merge` takes a leaf of fewer back). Any other node splits in halves.
-        let leaf_split = if prefixed_hi.is_empty() && len >= 16 {
-            len - (len / 8).max(4)
-        } else {
-            halves
+        // (`should_merge` takes a leaf of fewer back). Any other node splits in halves, and
+        // so does the rightmost leaf when the part it would keep is still past a split (an
+        // entry before its end grew): halves then, not a second split right after.
+        let leaf_split = match &self.data {
+            Data::Leaf(leaf) if prefixed_hi.is_empty() && len >= 16 => {
+                let at = len - (len / 8).max(4);
+                let kept: usize = leaf.keys[..at]
+                    .iter()
+                    .zip(&leaf.values[..at])
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum();
+                if leaf_past_split(at, kept as u64) {
+                    halves
+                } else {
+                    at
+                }
+            }
+            _ => halves,
         };
         let (split, right_prefix_len, right_data) = match self.data {
             Data::Index(ref mut index) => {
