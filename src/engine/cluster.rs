@@ -245,8 +245,30 @@ pub(crate) fn let_go(inner: &Inner, id: &str) {
 
 /// A create is durable: its cell is let go, and out of the live map if another node owns
 /// its shard (written with an inbox row: that node loads it).
-pub(crate) fn created(inner: &Inner, l: super::cells::Locked, cell: Arc<super::LiveTask>) {
+///
+/// The shard may have been dropped and granted again while the create's write waited (a
+/// renewal answered past the trust window: nemesis seed 2912079). The drop took the task out
+/// of the live map and its fire off the wheel; the grant's load read the shard before the
+/// write was in it; the write then went in under the new epoch, with no inbox row, since
+/// the shard was held. So a task of a shard held now that is not in the live map is put back
+/// and armed here: else its fire would find no live task and the task would wait, pending,
+/// until the shard next moved.
+pub(crate) fn created(
+    inner: &Inner,
+    l: super::cells::Locked,
+    cell: Arc<super::LiveTask>,
+    task: &crate::model::Task,
+) {
     if inner.owns(&l.id) {
+        {
+            // Before the guard is let go: a cancel waiting for it then finds the task live.
+            // Under the map's lock, as the inbox's drain does: an unload comes before or after.
+            let mut live = inner.live.lock();
+            if inner.owns(&l.id) && live.load(&l.id) {
+                tracing::warn!(task = %l.id, "a create's shard was let go and held again while it was written; its task is loaded again");
+                super::arm::sync_fire_new(inner, &l.id, task);
+            }
+        }
         // Only the map and the guard may hold the cell for it to be unloaded.
         drop(cell);
         l.release(inner);

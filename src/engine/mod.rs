@@ -583,8 +583,8 @@ impl Engine {
             Inserted::Created => {
                 tracing::info!(task = %task.id, channel = %task.channel, messages = task.message_count,
                     next_fire_at = %crate::schedule::format_opt(task.next_fire_at_ms), "task created");
+                cluster::created(inner, cells::Locked { id, guard }, cell, &task);
                 let view = TaskView { task, run: None };
-                cluster::created(inner, cells::Locked { id, guard }, cell);
                 Ok(Created::New(view))
             }
             Inserted::IdTaken => {
