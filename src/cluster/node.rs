@@ -160,6 +160,13 @@ impl Ownership {
             .map(|h| h.epoch)
     }
 
+    /// Whether `shard` is held, trusted now or not: between the end of its trust and the
+    /// loop's next look (`Leases::expire`) a renewal answered late can still extend the
+    /// trust, and then the shard is never dropped and never loaded again.
+    pub fn holds(&self, shard: u32) -> bool {
+        self.leases.lock().owns(shard).is_some()
+    }
+
     /// Whether a send on `shard` with a request deadline of `timeout_ms` may start now.
     pub fn may_send(&self, shard: u32, timeout_ms: u64) -> bool {
         let now = self.mono_ms();

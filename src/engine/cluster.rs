@@ -112,6 +112,29 @@ impl Inner {
         }
     }
 
+    /// Whether the task's shard is held by this process, trusted now or not
+    /// ([`crate::cluster::node::Ownership::holds`]). A key or an inbox row of a shard held
+    /// but not trusted for a moment is kept for later, not dropped: were the trust renewed,
+    /// nothing would bring it back (nemesis seed 2912079: a one-shot due in such a moment
+    /// stayed pending on a shard its node held to the end).
+    pub(crate) fn holds(&self, task: &str) -> bool {
+        match self.shard_of(task) {
+            None => true,
+            Some((c, s)) => c.ownership.holds(s),
+        }
+    }
+
+    /// Whether the wheel key's task's shard is held ([`Inner::holds`]).
+    pub(crate) fn holds_key(&self, key: &Key) -> bool {
+        match key {
+            Key::Fire(t) | Key::Run(t, _) => self.holds(t),
+            Key::Retry(f) => {
+                let task = task_id_of(TreeId::Failures, f.as_bytes(), None);
+                self.holds(&String::from_utf8_lossy(&task))
+            }
+        }
+    }
+
     /// Whether this process may act on the wheel key now.
     pub(crate) fn owns_key(&self, key: &Key) -> bool {
         match key {
@@ -259,12 +282,12 @@ pub(crate) fn created(
     cell: Arc<super::LiveTask>,
     task: &crate::model::Task,
 ) {
-    if inner.owns(&l.id) {
+    if inner.holds(&l.id) {
         {
             // Before the guard is let go: a cancel waiting for it then finds the task live.
             // Under the map's lock, as the inbox's drain does: an unload comes before or after.
             let mut live = inner.live.lock();
-            if inner.owns(&l.id) && live.load(&l.id) {
+            if inner.holds(&l.id) && live.load(&l.id) {
                 tracing::warn!(task = %l.id, "a create's shard was let go and held again while it was written; its task is loaded again");
                 super::arm::sync_fire_new(inner, &l.id, task);
             }
@@ -317,7 +340,7 @@ pub(crate) async fn drain_inbox(inner: Weak<Inner>) {
         let read = tokio::task::spawn_blocking(move || -> Result<_, crate::store::StoreError> {
             let mut out = Vec::new();
             for id in i.store.take_inbox()? {
-                if !i.owns(&id) {
+                if !i.holds(&id) {
                     continue; // lost meanwhile: the next owner loads it with its shard
                 }
                 match i.store.live_entry(&id) {
@@ -345,7 +368,8 @@ pub(crate) async fn drain_inbox(inner: Weak<Inner>) {
         for (id, entry) in entries {
             // Again under the map's lock: a shard lost since the read is unloaded after this
             // (its unload takes the lock), or was already and must not get the task back.
-            if !inner.owns(&id) {
+            // Held but not trusted this moment is still ours: its row is gone from the inbox.
+            if !inner.holds(&id) {
                 continue;
             }
             let id: Arc<str> = Arc::from(id);

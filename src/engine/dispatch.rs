@@ -46,7 +46,12 @@ pub(crate) async fn dispatcher(inner: Weak<Inner>, mut due: UnboundedReceiver<Ve
                 continue;
             }
             if !inner.owns_key(&key) {
-                // Cluster mode: its shard is not held (any more): its owner acts on it.
+                // Cluster mode: its shard is not held (any more): its owner acts on it. Held
+                // but not trusted this moment (a renewal answered late): the key comes back
+                // later, as a closed send window's step does ([`Inner::holds`]).
+                if inner.holds_key(&key) {
+                    step::window_closed(&inner, key);
+                }
                 continue;
             }
             match key {
@@ -91,8 +96,16 @@ async fn fire_pump(inner: Weak<Inner>, queued: UnboundedReceiver<(Arc<str>, Step
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        if step::draining(&inner) || !inner.owns(&task) {
-            continue; // the next boot (or the shard's owner) fires it
+        if step::draining(&inner) {
+            continue; // the next boot fires it
+        }
+        if !inner.owns(&task) {
+            // The shard's owner fires it; or, held but not trusted this moment, this
+            // process a little later ([`Inner::holds`]).
+            if inner.holds(&task) {
+                step::window_closed(&inner, Key::Fire(task));
+            }
+            continue;
         }
         step::spawn(&inner, Step::Fire(task, permit), guard);
     }
