@@ -62,6 +62,25 @@ fn window_gate() -> Option<&'static std::path::Path> {
     .as_deref()
 }
 
+/// Test knob: while the file this names exists, the engine reads every shard as held but
+/// not trusted (`Inner::owns` false, `Inner::holds` true), as in the moment between a
+/// shard's trust running out and a renewal answered late extending it. The store's fence and
+/// the lease loop are not affected. For `tests/cluster_trust_gap.rs`; logged when set.
+pub const TRUST_GAP_ENV: &str = "HERALD_TEST_TRUST_GAP";
+
+/// The file of [`TRUST_GAP_ENV`], if set.
+fn trust_gap() -> Option<&'static std::path::Path> {
+    static GAP: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    GAP.get_or_init(|| {
+        let gap = std::env::var_os(TRUST_GAP_ENV).map(std::path::PathBuf::from);
+        if let Some(g) = &gap {
+            tracing::warn!(gap = %g.display(), "test knob {TRUST_GAP_ENV}: shards read held but not trusted while this file exists");
+        }
+        gap
+    })
+    .as_deref()
+}
+
 /// This process's part of a cluster, as the engine sees it.
 #[derive(Clone)]
 pub struct ClusterHooks {
@@ -108,6 +127,7 @@ impl Inner {
     pub(crate) fn owns(&self, task: &str) -> bool {
         match self.shard_of(task) {
             None => true,
+            Some(_) if trust_gap().is_some_and(std::path::Path::exists) => false,
             Some((c, s)) => c.ownership.epoch(s).is_some(),
         }
     }
