@@ -10,8 +10,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::cluster::{owned, TEST_TIMING};
-use common::herald::{in_ms, poll, Proc};
+use common::cluster::owned;
+use common::herald::{in_ms, poll};
 use common::http;
 use common::pg::PgServer;
 use common::receiver::Receiver;
@@ -28,22 +28,15 @@ async fn a_step_that_found_the_window_closed_sends_once_it_opens() {
     let rx = Receiver::start().await;
     let dir = tempfile::tempdir().unwrap();
     let gate = dir.path().join("window-closed");
-    let mut cmd = common::cluster::node_command(
+    let a = common::cluster::lone_node_with_knob(
         &url,
         dir.path(),
-        "a",
-        "a",
         SHARDS,
-        &format!("url = \"{}\"\ntimeout = \"1s\"\n", rx.url()),
-        TEST_TIMING,
-    );
-    cmd.env(herald::engine::cluster::WINDOW_GATE_ENV, &gate);
-    let a = Proc::start(cmd);
-    poll(Duration::from_secs(30), || async {
-        (owned(&a.url).await == u64::from(SHARDS)).then_some(())
-    })
-    .await
-    .expect("a takes every shard");
+        &rx.url(),
+        herald::engine::cluster::WINDOW_GATE_ENV,
+        &gate,
+    )
+    .await;
 
     std::fs::write(&gate, b"closed").unwrap();
     let task = json!({"id": "held-back", "channel": "hook", "schedule": {"at": in_ms(800)},

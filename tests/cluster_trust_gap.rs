@@ -10,8 +10,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::cluster::{owned, TEST_TIMING};
-use common::herald::{in_ms, poll, Proc};
+use common::cluster::owned;
+use common::herald::{in_ms, poll};
 use common::http;
 use common::pg::PgServer;
 use common::receiver::Receiver;
@@ -28,22 +28,15 @@ async fn a_fire_due_while_the_trust_is_out_goes_once_it_is_back() {
     let rx = Receiver::start().await;
     let dir = tempfile::tempdir().unwrap();
     let gap = dir.path().join("trust-out");
-    let mut cmd = common::cluster::node_command(
+    let a = common::cluster::lone_node_with_knob(
         &url,
         dir.path(),
-        "a",
-        "a",
         SHARDS,
-        &format!("url = \"{}\"\ntimeout = \"1s\"\n", rx.url()),
-        TEST_TIMING,
-    );
-    cmd.env(herald::engine::cluster::TRUST_GAP_ENV, &gap);
-    let a = Proc::start(cmd);
-    poll(Duration::from_secs(30), || async {
-        (owned(&a.url).await == u64::from(SHARDS)).then_some(())
-    })
-    .await
-    .expect("a takes every shard");
+        &rx.url(),
+        herald::engine::cluster::TRUST_GAP_ENV,
+        &gap,
+    )
+    .await;
 
     // Due in 3 s: its fire step runs 2 s ahead (`arm::ONE_SHOT_LEAD_MS`), inside the gap.
     let task = json!({"id": "in-the-gap", "channel": "hook", "schedule": {"at": in_ms(3_000)},

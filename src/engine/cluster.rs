@@ -22,7 +22,8 @@
 //! connection hears the group's `NOTIFY` (`cluster/listen.rs`), and at least every
 //! [`INBOX_EVERY`].
 
-use std::sync::{Arc, Weak};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -50,14 +51,23 @@ pub const INBOX_FLOOR_ENV: &str = "HERALD_TEST_INBOX_FLOOR_MS";
 pub const WINDOW_GATE_ENV: &str = "HERALD_TEST_WINDOW_GATE";
 
 /// The file of [`WINDOW_GATE_ENV`], if set.
-fn window_gate() -> Option<&'static std::path::Path> {
-    static GATE: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
-    GATE.get_or_init(|| {
-        let gate = std::env::var_os(WINDOW_GATE_ENV).map(std::path::PathBuf::from);
-        if let Some(g) = &gate {
-            tracing::warn!(gate = %g.display(), "test knob {WINDOW_GATE_ENV}: send windows read closed while this file exists");
+fn window_gate() -> Option<&'static Path> {
+    static GATE: OnceLock<Option<PathBuf>> = OnceLock::new();
+    knob_file(&GATE, WINDOW_GATE_ENV, "send windows read closed")
+}
+
+/// A test knob's file, read from `env` once and logged (with `what` it does) when set.
+fn knob_file(
+    cell: &'static OnceLock<Option<PathBuf>>,
+    env: &str,
+    what: &str,
+) -> Option<&'static Path> {
+    cell.get_or_init(|| {
+        let file = std::env::var_os(env).map(PathBuf::from);
+        if let Some(f) = &file {
+            tracing::warn!(file = %f.display(), "test knob {env}: {what} while this file exists");
         }
-        gate
+        file
     })
     .as_deref()
 }
@@ -69,16 +79,9 @@ fn window_gate() -> Option<&'static std::path::Path> {
 pub const TRUST_GAP_ENV: &str = "HERALD_TEST_TRUST_GAP";
 
 /// The file of [`TRUST_GAP_ENV`], if set.
-fn trust_gap() -> Option<&'static std::path::Path> {
-    static GAP: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
-    GAP.get_or_init(|| {
-        let gap = std::env::var_os(TRUST_GAP_ENV).map(std::path::PathBuf::from);
-        if let Some(g) = &gap {
-            tracing::warn!(gap = %g.display(), "test knob {TRUST_GAP_ENV}: shards read held but not trusted while this file exists");
-        }
-        gap
-    })
-    .as_deref()
+fn trust_gap() -> Option<&'static Path> {
+    static GAP: OnceLock<Option<PathBuf>> = OnceLock::new();
+    knob_file(&GAP, TRUST_GAP_ENV, "shards read held but not trusted")
 }
 
 /// This process's part of a cluster, as the engine sees it.
@@ -127,7 +130,7 @@ impl Inner {
     pub(crate) fn owns(&self, task: &str) -> bool {
         match self.shard_of(task) {
             None => true,
-            Some(_) if trust_gap().is_some_and(std::path::Path::exists) => false,
+            Some(_) if trust_gap().is_some_and(Path::exists) => false,
             Some((c, s)) => c.ownership.epoch(s).is_some(),
         }
     }
@@ -146,31 +149,19 @@ impl Inner {
 
     /// Whether the wheel key's task's shard is held ([`Inner::holds`]).
     pub(crate) fn holds_key(&self, key: &Key) -> bool {
-        match key {
-            Key::Fire(t) | Key::Run(t, _) => self.holds(t),
-            Key::Retry(f) => {
-                let task = task_id_of(TreeId::Failures, f.as_bytes(), None);
-                self.holds(&String::from_utf8_lossy(&task))
-            }
-        }
+        self.holds(&key_task(key))
     }
 
     /// Whether this process may act on the wheel key now.
     pub(crate) fn owns_key(&self, key: &Key) -> bool {
-        match key {
-            Key::Fire(t) | Key::Run(t, _) => self.owns(t),
-            Key::Retry(f) => {
-                let task = task_id_of(TreeId::Failures, f.as_bytes(), None);
-                self.owns(&String::from_utf8_lossy(&task))
-            }
-        }
+        self.owns(&key_task(key))
     }
 
     /// See [`Window`].
     pub(crate) fn send_window(&self, task: &str) -> Window<'_> {
         match self.shard_of(task) {
             None => Window::Unbounded,
-            Some(_) if window_gate().is_some_and(std::path::Path::exists) => Window::Closed,
+            Some(_) if window_gate().is_some_and(Path::exists) => Window::Closed,
             Some((c, s)) => {
                 // Counted before the window is read: a handover that begins in between
                 // either sees this send or the send sees the shard gone.
@@ -182,6 +173,17 @@ impl Inner {
                     _ => Window::Closed,
                 }
             }
+        }
+    }
+}
+
+/// The task a wheel key acts on.
+fn key_task(key: &Key) -> std::borrow::Cow<'_, str> {
+    match key {
+        Key::Fire(t) | Key::Run(t, _) => std::borrow::Cow::Borrowed(t),
+        Key::Retry(f) => {
+            let task = task_id_of(TreeId::Failures, f.as_bytes(), None);
+            std::borrow::Cow::Owned(String::from_utf8_lossy(&task).into_owned())
         }
     }
 }
@@ -303,7 +305,7 @@ pub(crate) fn created(
     task: &crate::model::Task,
 ) {
     if inner.holds(&l.id) {
-        {
+        if inner.config.cluster.is_some() {
             // Before the guard is let go: a cancel waiting for it then finds the task live.
             // Under the map's lock, as the inbox's drain does: an unload comes before or after.
             let mut live = inner.live.lock();

@@ -54,6 +54,29 @@ pub fn node_command(
     cmd
 }
 
+/// A lone node `a` with `shards` shards and a webhook channel `hook` to `hook_url`, the test
+/// knob `knob_env` pointing at `knob_file` (the knob acts while that file exists), once it
+/// holds every shard.
+pub async fn lone_node_with_knob(
+    url: &str,
+    dir: &Path,
+    shards: u32,
+    hook_url: &str,
+    knob_env: &str,
+    knob_file: &Path,
+) -> Proc {
+    let hook = format!("url = \"{hook_url}\"\ntimeout = \"1s\"\n");
+    let mut cmd = node_command(url, dir, "a", "a", shards, &hook, TEST_TIMING);
+    cmd.env(knob_env, knob_file);
+    let a = Proc::start(cmd);
+    super::herald::poll(std::time::Duration::from_secs(30), || async {
+        (owned(&a.url).await == u64::from(shards)).then_some(())
+    })
+    .await
+    .expect("a takes every shard");
+    a
+}
+
 /// The shards `node` owns, from `base`'s `GET /v1/cluster`.
 pub async fn shards_of(base: &str, node: &str) -> Vec<u32> {
     let view = http::get(&format!("{base}/v1/cluster")).await.json();
