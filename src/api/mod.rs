@@ -185,7 +185,7 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 }
 
 async fn handle(
-    state: &ApiState,
+    state: &Arc<ApiState>,
     req: Request<Incoming>,
     _peer: SocketAddr,
     shutdown: watch::Receiver<bool>,
@@ -206,7 +206,10 @@ async fn handle(
             events::handle(state, &req, shutdown, slot)
         }
         Ok(()) if path.trim_end_matches('/') == "/v1/export" => export::handle(state, &req),
-        Ok(()) => route(state, req).await.map(|r| r.map(BodyExt::boxed)),
+        Ok(()) if matches!(method, Method::GET | Method::HEAD) => {
+            route(state, req).await.map(|r| r.map(BodyExt::boxed))
+        }
+        Ok(()) => changing(state, req).await.map(|r| r.map(BodyExt::boxed)),
     };
     let resp = resp.unwrap_or_else(|p| p.into_response().map(BodyExt::boxed));
     state
@@ -214,6 +217,19 @@ async fn handle(
         .observe(&path, &method, resp.status().as_u16(), started.elapsed());
     tracing::debug!(%method, path = %crate::logsafe::Escaped(&path), status = resp.status().as_u16(), "request");
     resp
+}
+
+/// A request that may change something, run as a task of its own: hyper drops a request's
+/// future when its client hangs up (no half-close), and a create or a command dropped after
+/// its write went to the store would leave memory behind the store: a task durable but never
+/// armed, a cell a retry of the same create then took for a create in progress (nemesis seed
+/// 2912089: the client's retry got 409 for a task that never fired on that node). Once
+/// started, it runs to its end whether or not anyone waits for the answer.
+async fn changing(state: &Arc<ApiState>, req: Request<Incoming>) -> Result<Resp, Problem> {
+    let state = state.clone();
+    tokio::spawn(async move { route(&state, req).await })
+        .await
+        .unwrap_or_else(|e| Err(Problem::internal(format!("the request's task failed: {e}"))))
 }
 
 /// 414 and 431 as problem documents, for what fits hyper's buffer but is more than herald

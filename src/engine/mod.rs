@@ -528,6 +528,9 @@ impl Engine {
 
     /// Validates and creates a task; answers once it is durable.
     /// `idem` is the client's `Idempotency-Key` with a hash of the request body.
+    /// Run it to its end: dropped once its write is on its way, it leaves the task stored but
+    /// unarmed (the API runs every changing request as a task of its own, `api::changing`;
+    /// so must any other caller that may give up). The commands of `control.rs` likewise.
     pub async fn create(
         &self,
         req: TaskRequest,
@@ -543,19 +546,37 @@ impl Engine {
             LiveState::new(task.clone(), BTreeMap::new()),
         ))));
         let guard = cell.clone().lock_owned().await;
-        let id_taken_live = {
-            let mut live = inner.live.lock();
-            // A task of this id the background load has not reached yet is live too.
-            if live.contains_key(&id) || cells::adopt(inner, &mut live, &id) {
-                true
-            } else if live.len() >= inner.config.limits.live_tasks_max {
-                return Err(EngineError::Limit(format!(
-                    "herald already holds {} unfinished tasks (limits.live_tasks_max)",
-                    live.len()
-                )));
-            } else {
-                live.claim(id.clone(), Some(cell.clone()));
-                false
+        let mut waits = 0;
+        let id_taken_live = loop {
+            let other = {
+                let mut live = inner.live.lock();
+                // A task of this id the background load has not reached yet is live too.
+                if live.contains_key(&id) || cells::adopt(inner, &mut live, &id) {
+                    live.cell(&id).cloned()
+                } else if live.len() >= inner.config.limits.live_tasks_max {
+                    return Err(EngineError::Limit(format!(
+                        "herald already holds {} unfinished tasks (limits.live_tasks_max)",
+                        live.len()
+                    )));
+                } else {
+                    live.claim(id.clone(), Some(cell.clone()));
+                    break false;
+                }
+            };
+            // The cell may be a create of this id still on its way to the store (a client's
+            // retry of a create that has not answered yet): 409 now would say "stored" before
+            // it is, and that create may yet fail. Its holder is waited for, and the store then
+            // says whether the id is taken; if not (that create failed), this one goes ahead.
+            // (Our own cell is in no map: nothing waits for it meanwhile.)
+            match other {
+                Some(c) if waits < 3 => {
+                    drop(c.lock().await);
+                    waits += 1;
+                    if inner.store.task_exists(&id)? {
+                        break true;
+                    }
+                }
+                _ => break true,
             }
         };
         let inserted = if id_taken_live {

@@ -49,7 +49,9 @@ pub fn node_command(
     cmd.env("HERALD_STORE_URL", url)
         .env("HERALD_STORE_STATEMENT_TIMEOUT", "3s");
     if let Ok(l) = std::env::var("HERALD_TEST_NODE_LOG") {
-        cmd.env("HERALD_LOG", l);
+        cmd.env("HERALD_LOG", l)
+            .env(super::herald::LOG_TAG, name)
+            .stderr(std::process::Stdio::piped());
     }
     cmd
 }

@@ -13,6 +13,9 @@ use serde_json::Value;
 
 use super::http;
 
+/// The environment variable (ignored by herald) naming a node in its tagged log lines.
+pub const LOG_TAG: &str = "HERALD_TEST_LOG_TAG";
+
 /// A herald running in this process on a fresh temp data dir.
 pub struct TestHerald {
     pub server: Server,
@@ -208,9 +211,23 @@ impl Proc {
         cmd
     }
 
-    /// Starts `cmd` (from [`Proc::command`]) and waits for its address.
+    /// Starts `cmd` (from [`Proc::command`]) and waits for its address. With [`LOG_TAG`]
+    /// in its environment and stderr piped, its log lines are printed tagged.
     pub fn start(mut cmd: Command) -> Proc {
+        // A node whose log a test shows (`common::cluster`) pipes stderr: each line is
+        // printed with the node's name in front, so three nodes' logs can be told apart.
+        let tag = cmd
+            .get_envs()
+            .find(|(k, _)| *k == LOG_TAG)
+            .and_then(|(_, v)| v.map(|v| v.to_string_lossy().into_owned()));
         let mut child = cmd.spawn().expect("spawn herald");
+        if let (Some(tag), Some(err)) = (tag, child.stderr.take()) {
+            std::thread::spawn(move || {
+                for line in BufReader::new(err).lines().map_while(Result::ok) {
+                    eprintln!("[{tag}] {line}");
+                }
+            });
+        }
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

@@ -1,0 +1,85 @@
+//! A create whose client hangs up before the answer, and the client's retry of it (nemesis
+//! seed 2912089). hyper drops a request's future when its client closes the connection; a
+//! create dropped after its write went to the store left the task durable but never armed,
+//! and its cell in the live map, where the retry took it for a task that exists and answered
+//! 409 at once, before anything was stored. The client, told "it exists", cancelled it and
+//! got 404. Now a request that changes something runs to its end on its own, and a create
+//! that finds another create of its id in progress waits for it before it answers.
+//!
+//! The database is slowed by a proxy (every byte 700 ms late each way), so the create's
+//! write takes seconds and the client's 1 s patience runs out while it is on its way.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::herald::{in_ms, write_config, Proc};
+use common::http;
+use common::pg::PgServer;
+use common::pgproxy::PgProxy;
+use common::receiver::Receiver;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_client_hung_up_is_stored_armed_and_sent_once() {
+    let Some(pg) = PgServer::start("create_hangup") else {
+        return;
+    };
+    let db = pg.create_db("hangup");
+    let proxy = PgProxy::start(pg.port());
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &common::herald::webhook_channel("hook", &rx.url(), "timeout = \"1s\""),
+    );
+    let mut cmd = Proc::command(&config, &dir.path().join("data"));
+    cmd.env("HERALD_STORE_URL", proxy.url(&db));
+    let node = Proc::start(cmd);
+    let tasks = format!("{}/v1/tasks", node.url);
+
+    // Due well after the slowed write is in: its instant is the one thing that sends it.
+    let task = json!({"id": "hung-up", "channel": "hook", "schedule": {"at": in_ms(12_000)},
+        "to": ["r"], "body": "once"});
+    let body = serde_json::to_vec(&task).unwrap();
+    proxy.delay(Duration::from_millis(700));
+
+    // The first try: the client gives up after 1 s and closes the connection.
+    let first = tokio::time::timeout(
+        Duration::from_secs(1),
+        http::try_request("POST", &tasks, &[], Some(body.clone())),
+    )
+    .await;
+    assert!(
+        first.is_err(),
+        "the slowed create answered within the client's patience: {first:?}; the test proves nothing"
+    );
+
+    // The retry, at once, while the first try's write is still on its way.
+    let asked = Instant::now();
+    let retry = http::request("POST", &tasks, &[], Some(body)).await;
+    let answered = asked.elapsed();
+    assert_eq!(
+        retry.status,
+        409,
+        "the retry finds the first try's task: {}",
+        retry.text()
+    );
+    // A 409 says the task exists: it must be readable now (before the fix: 404, it was
+    // still on its way, and without the first try's end it was never armed).
+    let got = http::get(&format!("{tasks}/hung-up")).await;
+    assert_eq!(
+        got.status,
+        200,
+        "409 was answered {answered:?} after the retry was sent, and then the task is not there: {}",
+        got.text()
+    );
+    assert_eq!(got.json()["state"], "pending", "{}", got.text());
+
+    // The database at speed again: the task goes at its instant, once.
+    proxy.delay(Duration::ZERO);
+    let sent = rx.wait_for(1, Duration::from_secs(30)).await;
+    assert_eq!(sent.len(), 1, "the first try's task is sent");
+    common::herald::wait_state(&node.url, "hung-up", "completed", Duration::from_secs(15)).await;
+    assert_eq!(rx.count(), 1, "sent once");
+}
