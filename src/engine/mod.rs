@@ -546,39 +546,7 @@ impl Engine {
             LiveState::new(task.clone(), BTreeMap::new()),
         ))));
         let guard = cell.clone().lock_owned().await;
-        let mut waits = 0;
-        let id_taken_live = loop {
-            let other = {
-                let mut live = inner.live.lock();
-                // A task of this id the background load has not reached yet is live too.
-                if live.contains_key(&id) || cells::adopt(inner, &mut live, &id) {
-                    live.cell(&id).cloned()
-                } else if live.len() >= inner.config.limits.live_tasks_max {
-                    return Err(EngineError::Limit(format!(
-                        "herald already holds {} unfinished tasks (limits.live_tasks_max)",
-                        live.len()
-                    )));
-                } else {
-                    live.claim(id.clone(), Some(cell.clone()));
-                    break false;
-                }
-            };
-            // The cell may be a create of this id still on its way to the store (a client's
-            // retry of a create that has not answered yet): 409 now would say "stored" before
-            // it is, and that create may yet fail. Its holder is waited for, and the store then
-            // says whether the id is taken; if not (that create failed), this one goes ahead.
-            // (Our own cell is in no map: nothing waits for it meanwhile.)
-            match other {
-                Some(c) if waits < 3 => {
-                    drop(c.lock().await);
-                    waits += 1;
-                    if inner.store.task_exists(&id)? {
-                        break true;
-                    }
-                }
-                _ => break true,
-            }
-        };
+        let id_taken_live = claim_id(inner, &id, &cell).await?;
         let inserted = if id_taken_live {
             // Still check the key first: a replay of a create whose task is live is a 200.
             // Never insert here: the live cell may belong to a create still in progress.
@@ -819,6 +787,48 @@ impl Engine {
         limit: usize,
     ) -> Result<(Vec<Failure>, bool), EngineError> {
         Ok(self.inner.store.failure_page(task, after, limit)?)
+    }
+}
+
+/// Claims `id` in the live map for a create with the (locked) `cell`: `false` when claimed,
+/// `true` when the id is taken by a live task (or a create of it that went through).
+async fn claim_id(
+    inner: &Arc<Inner>,
+    id: &Arc<str>,
+    cell: &Arc<LiveTask>,
+) -> Result<bool, EngineError> {
+    let mut waits = 0;
+    loop {
+        let other = {
+            let mut live = inner.live.lock();
+            // A task of this id the background load has not reached yet is live too.
+            if live.contains_key(id) || cells::adopt(inner, &mut live, id) {
+                live.cell(id).cloned()
+            } else if live.len() >= inner.config.limits.live_tasks_max {
+                return Err(EngineError::Limit(format!(
+                    "herald already holds {} unfinished tasks (limits.live_tasks_max)",
+                    live.len()
+                )));
+            } else {
+                live.claim(id.clone(), Some(cell.clone()));
+                return Ok(false);
+            }
+        };
+        // The cell may be a create of this id still on its way to the store (a client's
+        // retry of a create that has not answered yet): 409 now would say "stored" before
+        // it is, and that create may yet fail. Its holder is waited for, and the store then
+        // says whether the id is taken; if not (that create failed), this one goes ahead.
+        // (Our own cell is in no map: nothing waits for it meanwhile.)
+        match other {
+            Some(c) if waits < 3 => {
+                drop(c.lock().await);
+                waits += 1;
+                if inner.store.task_exists(id)? {
+                    return Ok(true);
+                }
+            }
+            _ => return Ok(true),
+        }
     }
 }
 
