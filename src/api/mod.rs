@@ -7,6 +7,7 @@ pub mod conns;
 mod dashboard;
 pub mod events;
 mod export;
+mod finish;
 mod forward;
 mod input;
 mod lang;
@@ -219,17 +220,15 @@ async fn handle(
     resp
 }
 
-/// A request that may change something, run as a task of its own: hyper drops a request's
-/// future when its client hangs up (no half-close), and a create or a command dropped after
-/// its write went to the store would leave memory behind the store: a task durable but never
-/// armed, a cell a retry of the same create then took for a create in progress (nemesis seed
-/// 2912089: the client's retry got 409 for a task that never fired on that node). Once
-/// started, it runs to its end whether or not anyone waits for the answer.
+/// A request that may change something runs to its end whether or not anyone waits for the
+/// answer: hyper drops a request's future when its client hangs up (no half-close), and a
+/// create or a command dropped after its write went to the store left memory behind the
+/// store: a task durable but never armed, a cell a retry of the same create then took for a
+/// create in progress (nemesis seed 2912089: the client's retry got 409 for a task not stored
+/// yet, and it never fired on that node). See [`finish::Finish`].
 async fn changing(state: &Arc<ApiState>, req: Request<Incoming>) -> Result<Resp, Problem> {
     let state = state.clone();
-    tokio::spawn(async move { route(&state, req).await })
-        .await
-        .unwrap_or_else(|e| Err(Problem::internal(format!("the request's task failed: {e}"))))
+    finish::Finish::new(async move { route(&state, req).await }).await
 }
 
 /// 414 and 431 as problem documents, for what fits hyper's buffer but is more than herald
