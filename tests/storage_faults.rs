@@ -3,6 +3,8 @@
 //! acknowledged is lost, writes are refused (and health says why) while storage fails, and
 //! herald recovers by itself once it works again.
 
+mod common;
+
 use std::sync::Arc;
 
 use herald::clock::{Clock, ManualClock};
@@ -307,4 +309,71 @@ async fn a_full_write_queue_refuses_creates_and_loses_nothing_acknowledged() {
             "refused {id} was written"
         );
     }
+}
+
+/// A cancel that waited for a create of the same id which then failed: the cell it waited
+/// for left the live map with the failed create, and the cancel must not act on it. Here the
+/// id belongs to a task finished already (not live): the second create is refused at its
+/// write, and before the fix the waiting cancel "cancelled" the phantom and wrote the
+/// finished task over as `cancelled`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_waiting_for_a_create_that_fails_leaves_the_finished_task_alone() {
+    use std::future::Future;
+    use std::sync::atomic::Ordering;
+    use std::task::{Context, Poll, Waker};
+
+    let r = rig().await;
+    r.create(json!({"id": "x", "channel": "out", "schedule": {"at": "2026-12-01T00:00:01Z"},
+        "to": ["a"], "body": "once"}))
+        .await
+        .unwrap();
+    r.run_until(T0 + 2_000).await;
+    assert_eq!(
+        r.engine.get("x").unwrap().unwrap().task.state.to_string(),
+        "completed"
+    );
+
+    // The commit thread held in a flush (another task's create), so that the second create
+    // of x waits in the queue with its cell claimed.
+    r.faults.stall_sync.store(true, Ordering::SeqCst);
+    let engine = r.engine.clone();
+    let other = tokio::spawn(async move {
+        let req: TaskRequest = serde_json::from_value(json!({"id": "y", "channel": "out",
+            "schedule": {"after": "1h"}, "to": ["a"], "body": "b"}))
+        .unwrap();
+        engine.create(req, None).await.map(|_| ())
+    });
+    let held = common::herald::poll(std::time::Duration::from_secs(10), || async {
+        (r.faults.syncs_stalled.load(Ordering::SeqCst) > 0).then_some(())
+    })
+    .await;
+    assert!(held.is_some(), "the commit thread is held in a flush");
+
+    // Each polled once: the create until it waits for its write, the cancel until it waits
+    // for the create's cell (neither can get further while the flush is held).
+    let req: TaskRequest = serde_json::from_value(json!({"id": "x", "channel": "out",
+        "schedule": {"after": "1h"}, "to": ["a"], "body": "again"}))
+    .unwrap();
+    let mut again = Box::pin(r.engine.create(req, None));
+    let mut cancel = Box::pin(r.engine.cancel("x"));
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(matches!(again.as_mut().poll(&mut cx), Poll::Pending));
+    assert!(matches!(cancel.as_mut().poll(&mut cx), Poll::Pending));
+
+    r.faults.stall_sync.store(false, Ordering::SeqCst);
+    other.await.unwrap().unwrap();
+    match again.await {
+        Err(EngineError::IdTaken(_)) => {}
+        other => panic!("the second create of x: {:?}", other.map(|_| ())),
+    }
+    match cancel.await {
+        Err(EngineError::Conflict(_)) => {}
+        other => panic!(
+            "the cancel of the finished x: {:?}",
+            other.map(|v| v.task.state)
+        ),
+    }
+    let x = r.engine.get("x").unwrap().unwrap();
+    assert_eq!(x.task.state.to_string(), "completed", "x is left as it was");
+    assert_eq!(r.sent().len(), 1, "x was sent once");
 }

@@ -264,12 +264,26 @@ pub(crate) enum Got {
 }
 
 /// Locks a live task's cell and loads it if needed.
+///
+/// The cell waited for may have left the map by the time its lock is ours: a create that
+/// failed forgets its cell, a shard let go takes its tasks'. Acted on, it would write for a
+/// task not stored (or not this node's), so the map is asked again once the lock is held.
 pub(crate) async fn lock(inner: &Arc<Inner>, id: &str) -> Result<Got, EngineError> {
-    let Some((id, cell)) = cell_of(inner, id) else {
-        return Ok(Got::Gone);
-    };
-    let guard = cell.lock_owned().await;
-    loaded(inner, id, guard)
+    for _ in 0..4 {
+        let Some((id, cell)) = cell_of(inner, id) else {
+            return Ok(Got::Gone);
+        };
+        let guard = cell.clone().lock_owned().await;
+        let current = inner
+            .live
+            .lock()
+            .cell(&id)
+            .is_some_and(|c| Arc::ptr_eq(c, &cell));
+        if current {
+            return loaded(inner, id, guard);
+        }
+    }
+    Ok(Got::Gone)
 }
 
 /// Locks an `expired` task to re-arm it (a PATCH with a new schedule, a trigger: issue 28).

@@ -318,9 +318,9 @@ pub(crate) fn created(
         drop(cell);
         l.release(inner);
     } else {
-        let id = l.id.clone();
+        // Let go before the lock is: a command waiting for it then finds no live task.
+        let_go(inner, &l.id);
         drop(l);
-        let_go(inner, &id);
     }
 }
 

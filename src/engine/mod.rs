@@ -562,8 +562,10 @@ impl Engine {
             match insert_freeing_key(inner, &id, &task, &messages, idem.as_ref()).await {
                 Ok(i) => i,
                 Err(e) => {
-                    drop(guard);
+                    // Out of the map before its lock is let go: a command waiting for the
+                    // lock then finds the cell gone (`cells::lock`), not a task never stored.
                     self.forget_cell(&id, &cell);
+                    drop(guard);
                     return Err(e.into());
                 }
             }
@@ -577,17 +579,17 @@ impl Engine {
                 Ok(Created::New(view))
             }
             Inserted::IdTaken => {
-                drop(guard);
                 if !id_taken_live {
                     self.forget_cell(&id, &cell);
                 }
+                drop(guard);
                 Err(EngineError::IdTaken(task.id.clone()))
             }
             Inserted::KeyUsed(rec) => {
-                drop(guard);
                 if !id_taken_live {
                     self.forget_cell(&id, &cell);
                 }
+                drop(guard);
                 let hash = idem.map(|(_, h)| h).unwrap_or_default();
                 self.replay(rec, hash).await
             }

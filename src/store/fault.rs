@@ -21,6 +21,8 @@ pub struct Faults {
     pub refused: AtomicU64,
     /// While set, the durable flush waits (a disk that stalls).
     pub stall_sync: AtomicBool,
+    /// Flushes that found `stall_sync` set and waited (a test knows the commit thread is held).
+    pub syncs_stalled: AtomicU64,
     /// Times the commit thread asked the backend to start afresh.
     pub recovers: AtomicU64,
 }
@@ -33,6 +35,7 @@ impl Default for Faults {
             fail_sync: AtomicBool::new(false),
             refused: AtomicU64::new(0),
             stall_sync: AtomicBool::new(false),
+            syncs_stalled: AtomicU64::new(0),
             recovers: AtomicU64::new(0),
         }
     }
@@ -79,6 +82,9 @@ impl Backend for FaultyBackend {
     }
 
     fn sync(&self) -> Result<(), StoreError> {
+        if self.faults.stall_sync.load(Ordering::SeqCst) {
+            self.faults.syncs_stalled.fetch_add(1, Ordering::SeqCst);
+        }
         while self.faults.stall_sync.load(Ordering::SeqCst) {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
