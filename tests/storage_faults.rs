@@ -323,10 +323,12 @@ async fn a_cancel_waiting_for_a_create_that_fails_leaves_the_finished_task_alone
     use std::task::{Context, Poll, Waker};
 
     let r = rig().await;
-    r.create(json!({"id": "x", "channel": "out", "schedule": {"at": "2026-12-01T00:00:01Z"},
-        "to": ["a"], "body": "once"}))
-        .await
-        .unwrap();
+    r.create(
+        json!({"id": "x", "channel": "out", "schedule": {"at": "2026-12-01T00:00:01Z"},
+        "to": ["a"], "body": "once"}),
+    )
+    .await
+    .unwrap();
     r.run_until(T0 + 2_000).await;
     assert_eq!(
         r.engine.get("x").unwrap().unwrap().task.state.to_string(),

@@ -20,12 +20,14 @@ impl<F: Future + Send + 'static> Future for Finish<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
-        let Some(f) = this.0.as_mut() else {
+        // Out while it is polled: one that panics is not handed on (polled again, it would
+        // panic again).
+        let Some(mut f) = this.0.take() else {
             return Poll::Pending; // polled after its end: never by `await`
         };
         let out = f.as_mut().poll(cx);
-        if out.is_ready() {
-            this.0 = None;
+        if out.is_pending() {
+            this.0 = Some(f);
         }
         out
     }

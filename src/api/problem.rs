@@ -191,6 +191,7 @@ impl From<EngineError> for Problem {
             EngineError::Store(e @ crate::store::StoreError::OwnershipLost { .. }) => {
                 Problem::unavailable(format!("{e}. Try again shortly"))
             }
+            EngineError::Busy(d) => Problem::unavailable(d),
             EngineError::Stopped => Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "unavailable",

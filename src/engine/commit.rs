@@ -306,10 +306,11 @@ fn created(inner: &Arc<Inner>, born: Vec<Born>) {
         tracing::info!(task = %b.task.id, channel = %b.task.channel, "notification created");
         inner.events.created(&b.task); // events (issue 11)
         if !inner.owns(&b.task.id) {
-            // Cluster mode: another node's shard, told through the inbox (`cluster.rs`).
+            // Cluster mode: another node's shard, told through the inbox (`cluster.rs`). Let
+            // go before its lock is: a command waiting for it then finds no live task.
+            super::cluster::let_go(inner, &b.task.id);
             drop(b.locked);
             drop(b.cell);
-            super::cluster::let_go(inner, &b.task.id);
             continue;
         }
         arm::sync_fire_new(inner, &b.locked.id, &b.task);
@@ -323,14 +324,18 @@ fn created(inner: &Arc<Inner>, born: Vec<Born>) {
 /// The notifications of a write that failed: not made (the step, tried again, makes them).
 fn unborn(inner: &Inner, born: Vec<Born>) {
     for b in born {
-        drop(b.locked);
-        let mut live = inner.live.lock();
-        if live
-            .cell(&b.task.id)
-            .is_some_and(|c| Arc::ptr_eq(c, &b.cell))
+        // Out of the map before its lock is let go: a command waiting for the lock then finds
+        // the cell gone (`cells::lock`), not a task never stored.
         {
-            live.remove(&b.task.id);
+            let mut live = inner.live.lock();
+            if live
+                .cell(&b.task.id)
+                .is_some_and(|c| Arc::ptr_eq(c, &b.cell))
+            {
+                live.remove(&b.task.id);
+            }
         }
+        drop(b.locked);
     }
 }
 

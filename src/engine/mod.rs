@@ -66,6 +66,9 @@ pub enum EngineError {
     Transition(#[from] InvalidTransition),
     #[error("engine is shutting down")]
     Stopped,
+    /// Another request holds what this one needs and has not let go: try again (503).
+    #[error("{0}")]
+    Busy(String),
     /// Storage is failing: nothing can be made durable now (503).
     #[error("storage is failing: {0}")]
     Storage(String),
@@ -821,15 +824,20 @@ async fn claim_id(
         // it is, and that create may yet fail. Its holder is waited for, and the store then
         // says whether the id is taken; if not (that create failed), this one goes ahead.
         // (Our own cell is in no map: nothing waits for it meanwhile.)
-        match other {
-            Some(c) if waits < 3 => {
-                drop(c.lock().await);
-                waits += 1;
-                if inner.store.task_exists(id)? {
-                    return Ok(true);
-                }
-            }
-            _ => return Ok(true),
+        let Some(c) = other else {
+            return Ok(true); // live, not loaded yet: a stored task
+        };
+        if waits == 3 {
+            // Creates of this id keep failing while this one waits (or a cell outlived its
+            // create): not "taken" without the store saying so; the client tries again.
+            return Err(EngineError::Busy(format!(
+                "a create of task {id:?} is in progress and has not ended; try again shortly"
+            )));
+        }
+        drop(c.lock().await);
+        waits += 1;
+        if inner.store.task_exists(id)? {
+            return Ok(true);
         }
     }
 }
