@@ -51,7 +51,7 @@ use super::backoff::Backoff;
 use super::fence::{job_fence, Fence, JobFence};
 use super::resolve::{reads_needed, resolve, Stored, Writes};
 use super::schema::{self, table, SchemaError, DEFAULT_SHARDS, SCHEMA_VERSION};
-use super::shard::shard_of;
+use super::shard::{fnv1a64, shard_of};
 use super::{prefix_end, redact};
 use crate::store::backend::{Backend, Kv, KvIter, RawOp, Rejected, TreeId, TREES};
 use crate::store::StoreError;
@@ -732,6 +732,49 @@ struct GroupCtx {
     fence: Vec<(u32, u64)>,
     /// Cluster mode: per job, the inbox rows it writes if it applies.
     inbox: Vec<Vec<(u32, String)>>,
+    /// Cluster mode: the keys jobs need absent are locked first ([`absent_locks`]).
+    lock_absent: bool,
+}
+
+/// The advisory lock keys, ascending, of every key a job of `jobs` needs absent (a new task's
+/// id, an idempotency key). Cluster mode only: any node writes creates, so two nodes creating
+/// one id at once (a client's retry sent to another node while the first try is on its way,
+/// or two clients choosing one id) both read it absent and both write it (the writes are
+/// upserts): both answered 201, the later commit's task over the earlier's. Locked for the
+/// transaction, before the reads, the second waits for the first to end and then reads its
+/// row: refused, 409. Ascending, so two groups never wait for each other in a circle. The key
+/// is FNV-1a (`shard.rs`), the same on every node and build; a collision only makes two
+/// creates wait for each other.
+fn absent_locks(jobs: &[Vec<RawOp>]) -> Vec<i64> {
+    let mut out: Vec<i64> = jobs
+        .iter()
+        .flatten()
+        .filter_map(|op| match op {
+            RawOp::Absent(t, k) => {
+                let mut b = t.name().as_bytes().to_vec();
+                b.push(0);
+                b.extend_from_slice(k);
+                Some(i64::from_ne_bytes(fnv1a64(&b).to_ne_bytes()))
+            }
+            _ => None,
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Takes [`absent_locks`]' locks for the transaction, in their order (the array's, which
+/// `unnest` keeps).
+async fn lock_keys(tx: &deadpool_postgres::Transaction<'_>, keys: &[i64]) -> Result<(), Fail> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let st = tx
+        .prepare_cached("SELECT pg_advisory_xact_lock(k) FROM unnest($1::int8[]) WITH ORDINALITY AS u(k, n) ORDER BY n")
+        .await?;
+    tx.query(&st, &[&keys]).await?;
+    Ok(())
 }
 
 /// The fence, first in the group's transaction: the lease rows of its shards held
@@ -779,6 +822,14 @@ async fn apply_group(ctx: GroupCtx, jobs: Vec<Vec<RawOp>>) -> Result<bool, Group
             return Err(GroupFail::Fenced(lost, jobs));
         }
     }
+    let locks = if ctx.lock_absent {
+        absent_locks(&jobs)
+    } else {
+        Vec::new()
+    };
+    // Held before the reads are sent: pipelined with them, a statement still being prepared
+    // (its first use on a connection) would let the reads run first.
+    lock_keys(&tx, &locks).await?;
     let stored = if needed.iter().any(|k| !k.is_empty()) {
         read_keys(&tx, &needed).await?
     } else {
@@ -932,6 +983,7 @@ impl PgBackend {
             sent: sent.clone(),
             answer: answer.clone(),
             commit_wait: self.call_deadline,
+            lock_absent: self.fence.is_some(),
             fence,
             inbox,
         };
