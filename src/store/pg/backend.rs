@@ -764,15 +764,17 @@ fn absent_locks(jobs: &[Vec<RawOp>]) -> Vec<i64> {
     out
 }
 
+/// [`lock_keys`]' statement.
+const LOCK_SQL: &str =
+    "SELECT pg_advisory_xact_lock(k) FROM unnest($1::int8[]) WITH ORDINALITY AS u(k, n) ORDER BY n";
+
 /// Takes [`absent_locks`]' locks for the transaction, in their order (the array's, which
 /// `unnest` keeps).
 async fn lock_keys(tx: &deadpool_postgres::Transaction<'_>, keys: &[i64]) -> Result<(), Fail> {
     if keys.is_empty() {
         return Ok(());
     }
-    let st = tx
-        .prepare_cached("SELECT pg_advisory_xact_lock(k) FROM unnest($1::int8[]) WITH ORDINALITY AS u(k, n) ORDER BY n")
-        .await?;
+    let st = tx.prepare_cached(LOCK_SQL).await?;
     tx.query(&st, &[&keys]).await?;
     Ok(())
 }
@@ -810,6 +812,59 @@ async fn fenced_out(
         .collect())
 }
 
+/// The group's reads ([`reads_needed`]), after the locks of the keys its jobs need absent
+/// when `lock_absent` (cluster mode, [`absent_locks`]).
+async fn locked_reads(
+    tx: &deadpool_postgres::Transaction<'_>,
+    jobs: &[Vec<RawOp>],
+    needed: &[Vec<Vec<u8>>; TREES],
+    lock_absent: bool,
+) -> Result<Stored, Fail> {
+    let locks = if lock_absent {
+        absent_locks(jobs)
+    } else {
+        Vec::new()
+    };
+    Ok(if locks.is_empty() {
+        if needed.iter().any(|k| !k.is_empty()) {
+            read_keys(tx, needed).await?
+        } else {
+            Stored::default()
+        }
+    } else {
+        // The locks and the reads in one round trip: the lock statement prepared first (a
+        // round trip only on its first use on a connection), so that its query is queued on
+        // the connection before any read's, and the server runs it, waiting for the locks,
+        // before the reads. (One more round trip per group cost cluster creates a sixth to
+        // a third of their rate.)
+        tx.prepare_cached(LOCK_SQL).await?;
+        let mut lock = std::pin::pin!(lock_keys(tx, &locks));
+        let mut reads = std::pin::pin!(read_keys(tx, needed));
+        let (mut locked, mut stored) = (None, None);
+        std::future::poll_fn(|cx| {
+            // In this order on every poll: the lock's query is sent at its first.
+            if locked.is_none() {
+                if let Poll::Ready(r) = lock.as_mut().poll(cx) {
+                    locked = Some(r);
+                }
+            }
+            if stored.is_none() {
+                if let Poll::Ready(r) = reads.as_mut().poll(cx) {
+                    stored = Some(r);
+                }
+            }
+            if locked.is_some() && stored.is_some() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        locked.unwrap_or(Ok(()))?;
+        stored.unwrap_or_else(|| Ok(Stored::default()))?
+    })
+}
+
 /// The group's transaction. `Ok(wrote)`: committed (`wrote`: it holds the token); the
 /// results are in `ctx.answer`.
 async fn apply_group(ctx: GroupCtx, jobs: Vec<Vec<RawOp>>) -> Result<bool, GroupFail> {
@@ -822,19 +877,7 @@ async fn apply_group(ctx: GroupCtx, jobs: Vec<Vec<RawOp>>) -> Result<bool, Group
             return Err(GroupFail::Fenced(lost, jobs));
         }
     }
-    let locks = if ctx.lock_absent {
-        absent_locks(&jobs)
-    } else {
-        Vec::new()
-    };
-    // Held before the reads are sent: pipelined with them, a statement still being prepared
-    // (its first use on a connection) would let the reads run first.
-    lock_keys(&tx, &locks).await?;
-    let stored = if needed.iter().any(|k| !k.is_empty()) {
-        read_keys(&tx, &needed).await?
-    } else {
-        Stored::default()
-    };
+    let stored = locked_reads(&tx, &jobs, &needed, ctx.lock_absent).await?;
     let (results, writes) = resolve(jobs, &stored);
     let (mut in_shards, mut in_ids) = (Vec::new(), Vec::new());
     for (rows, r) in ctx.inbox.iter().zip(&results) {
