@@ -62,10 +62,7 @@ async fn one_id_created_on_two_nodes_at_once_is_stored_once_as_answered() {
     })
     .await
     .expect("b holds shards");
-    let id = (0..10_000)
-        .map(|i| format!("race-{i}"))
-        .find(|id| theirs.contains(&herald::store::pg::fence::shard_of_task(id, SHARDS)))
-        .unwrap();
+    let id = common::cluster::id_in("race", &theirs, SHARDS);
     let body = |name: &str| {
         serde_json::to_vec(&json!({"id": id, "name": name, "channel": "hook",
             "schedule": {"at": in_ms(60_000)}, "to": ["r"], "body": name}))

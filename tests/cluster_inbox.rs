@@ -54,10 +54,7 @@ fn listeners(pg: &PgServer, url: &str) -> usize {
 /// waits for its delivery; how long it took from the create.
 async fn through_inbox(rx: &Receiver, via: &str, owner: &str, name: &str) -> Duration {
     let theirs = shards_of(via, owner).await;
-    let id = (0..10_000)
-        .map(|i| format!("{name}-{i}"))
-        .find(|id| theirs.contains(&herald::store::pg::fence::shard_of_task(id, SHARDS)))
-        .unwrap();
+    let id = common::cluster::id_in(name, &theirs, SHARDS);
     let key = format!("{id}:1:0");
     let created = Instant::now();
     let body = json!({"id": id, "channel": "hook", "schedule": {"at": in_ms(500)},

@@ -60,10 +60,7 @@ async fn a_new_owner_resends_an_inherited_mark_only_after_claim_plus_send_timeou
     .await;
     // A one-shot on one of a's shards: a claims and sends it.
     let mine = shards_of(&b.url, "a").await;
-    let id = (0..10_000)
-        .map(|i| format!("held-{i}"))
-        .find(|id| mine.contains(&herald::store::pg::fence::shard_of_task(id, SHARDS)))
-        .unwrap();
+    let id = common::cluster::id_in("held", &mine, SHARDS);
     let key = format!("{id}:1:0");
     // The first attempt is held open (never answered); any later one is answered 200.
     rx.script_key(&key, vec![Behavior::Hang]);

@@ -182,3 +182,11 @@ pub async fn metric(base: &str, name: &str) -> f64 {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
         .unwrap_or(0.0)
 }
+
+/// The first id `{prefix}-{i}` whose shard (of `shards`) is one of `among`.
+pub fn id_in(prefix: &str, among: &[u32], shards: u32) -> String {
+    (0..10_000)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|id| among.contains(&herald::store::pg::fence::shard_of_task(id, shards)))
+        .unwrap_or_else(|| panic!("no id {prefix}-… in shards {among:?}"))
+}
