@@ -191,6 +191,7 @@ async fn creates_ab() {
             let body = create_body(offset);
             let failed = Arc::new(AtomicU64::new(0));
             let cpu0 = thread_cpu_ns(herald.pid());
+            let flushes0 = metric(&http, &herald.url, "herald_store_flushes_total").await;
             let prefer = match (*tag, b_prefer.as_str()) {
                 ("B", p) if !p.is_empty() => format!("prefer: {p}\r\n"),
                 _ => support::prefer_header(),
@@ -200,6 +201,7 @@ async fn creates_ab() {
                 create_many_lean_prefer(&bases, n, conns, body, failed.clone(), prefer).await;
             let cpu1 = thread_cpu_ns(herald.pid());
             let rate = n as f64 / wall.as_secs_f64();
+            let flushes = metric(&http, &herald.url, "herald_store_flushes_total").await - flushes0;
             // Without the applier: a burst's sled work is paid after the round (the drain). Nor
             // the spare thread, whose segment fills the applier did until 2026-12-05 (so the
             // figure compares with earlier builds').
@@ -224,7 +226,8 @@ async fn creates_ab() {
             let drain = Instant::now();
             let drained = wait_memtable_empty(&http, &herald.url, Duration::from_secs(120)).await;
             println!(
-                "   round {round:>2} {tag}: {rate:>6.0} creates/s, herald CPU per create without the applier {us:.1} µs (commit thread {commit_us:.1}; the applier during the round {apply_us:.1}), non-201 {}; {}",
+                "   round {round:>2} {tag}: {rate:>6.0} creates/s, herald CPU per create without the applier {us:.1} µs (commit thread {commit_us:.1}; the applier during the round {apply_us:.1}), {:.1} creates per flush, non-201 {}; {}",
+                n as f64 / flushes.max(1.0),
                 failed.load(Ordering::Relaxed),
                 if drained {
                     format!("memtable into sled {:.1} s after", drain.elapsed().as_secs_f64())
@@ -579,6 +582,15 @@ async fn wait_memtable_empty(http: &Http, base: &str, deadline: Duration) -> boo
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     false
+}
+
+/// One counter or gauge of herald's `/metrics` (0 when it is missing).
+async fn metric(http: &Http, base: &str, name: &str) -> f64 {
+    let (_, m) = get(http, &format!("{base}/metrics")).await;
+    String::from_utf8_lossy(&m)
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// With `HERALD_LOAD_METRICS` set: herald's store and lateness metrics (cumulative).

@@ -84,3 +84,77 @@ async fn a_create_whose_client_hung_up_is_stored_armed_and_sent_once() {
     common::herald::wait_state(&node.url, "hung-up", "completed", Duration::from_secs(15)).await;
     assert_eq!(rx.count(), 1, "sent once");
 }
+
+/// herald's connections now, from `/metrics` (the scrape's own connection included).
+async fn open_connections(base: &str) -> f64 {
+    common::cluster::metric(base, "herald_http_connections_open").await
+}
+
+/// A request whose client hung up runs to its end, and until then it keeps its connection's
+/// slot taken: such requests count against `connections_max` and cannot pile up past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_client_hung_up_holds_its_connection_slot_to_its_end() {
+    let Some(pg) = PgServer::start("create_hangup_slot") else {
+        return;
+    };
+    let db = pg.create_db("hangup_slot");
+    let proxy = PgProxy::start(pg.port());
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "[limits]\nconnections_max = 16\n");
+    let mut cmd = Proc::command(&config, &dir.path().join("data"));
+    cmd.env("HERALD_STORE_URL", proxy.url(&db));
+    let node = Proc::start(cmd);
+    let tasks = format!("{}/v1/tasks", node.url);
+    let task = json!({"id": "slot", "schedule": {"after": "1h"}, "to": ["r"], "body": "x"});
+    // A scrape before the delay: its task census (from the database) is then cached, and
+    // the scrapes below answer from memory.
+    assert_eq!(open_connections(&node.url).await, 1.0);
+    proxy.delay(Duration::from_millis(300));
+
+    let first = tokio::time::timeout(
+        Duration::from_secs(1),
+        http::try_request(
+            "POST",
+            &tasks,
+            &[],
+            Some(serde_json::to_vec(&task).unwrap()),
+        ),
+    )
+    .await;
+    assert!(
+        first.is_err(),
+        "answered within the client's patience: {first:?}"
+    );
+    let hung_up = Instant::now();
+
+    // The create's write takes several round trips to the database, 0.6 s each: it ends
+    // seconds after its client left, and until then its slot stays taken (before the fix it
+    // was freed a few ms after the client left). Every scrape in the first 0.9 s must count it.
+    let mut scrapes = 0;
+    let freed = loop {
+        let started = hung_up.elapsed();
+        let open = open_connections(&node.url).await;
+        let took = hung_up.elapsed() - started;
+        assert!(
+            took < Duration::from_millis(500),
+            "a scrape took {took:?}: it reads the delayed database, and the timing proves nothing"
+        );
+        if open == 1.0 {
+            break started;
+        }
+        scrapes += 1;
+        assert!(
+            started < Duration::from_secs(30),
+            "the slot was never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        freed >= Duration::from_millis(900),
+        "the slot was free {freed:?} after the client left, before its create could end ({scrapes} scrapes counted it)"
+    );
+    // And the create did end: the task is stored.
+    proxy.delay(Duration::ZERO);
+    let got = http::get(&format!("{tasks}/slot")).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+}

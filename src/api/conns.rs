@@ -20,6 +20,10 @@
 //! - With the reserve full too, herald stops accepting: new clients wait in the kernel's
 //!   listen backlog (`server::LISTEN_BACKLOG`) until a slot frees. They are not closed.
 //!
+//! **A request outlives its connection** when its client hangs up during a request that changes
+//! something (`api::finish`: it runs to its end). Its slot stays taken until it ends, so such
+//! requests count against the cap like any other and cannot pile up past it.
+//!
 //! **Event streams** (`GET /v1/events`) are never evicted (a dashboard keeps one open), so they
 //! are capped: at most a quarter of `max` at once, and a quarter of that per client address.
 //! A stream over either cap gets 503; streams therefore never fill the table.
@@ -83,6 +87,9 @@ struct Entry {
     fd: RawFd,
     activity: Arc<Activity>,
     close: Arc<Notify>,
+    /// The connection ended while a request of it still ran: the entry leaves the table with
+    /// that request's end.
+    closed: bool,
 }
 
 #[derive(Default)]
@@ -93,6 +100,28 @@ struct Table {
     reserve: usize,
     streams: usize,
     streams_by_peer: HashMap<IpAddr, usize>,
+}
+
+impl Table {
+    /// Takes connection `id` out of the table and its counts; its entry if it was there.
+    fn remove(&mut self, id: u64) -> Option<Entry> {
+        let e = self.entries.remove(&id)?;
+        if e.reserve {
+            self.reserve -= 1;
+        } else {
+            self.regular -= 1;
+        }
+        if let Some(peer) = e.stream {
+            self.streams -= 1;
+            if let Some(n) = self.streams_by_peer.get_mut(&peer) {
+                *n -= 1;
+                if *n == 0 {
+                    self.streams_by_peer.remove(&peer);
+                }
+            }
+        }
+        Some(e)
+    }
 }
 
 #[derive(Default)]
@@ -213,12 +242,7 @@ impl Conns {
             if unread(e.fd) != Some(0) {
                 continue;
             }
-            if let Some(e) = t.entries.remove(&id) {
-                if reserve {
-                    t.reserve -= 1;
-                } else {
-                    t.regular -= 1;
-                }
+            if let Some(e) = t.remove(id) {
                 // `notify_one` keeps a permit if the task is not waiting yet: never lost.
                 e.close.notify_one();
                 self.stats.evicted.fetch_add(1, Ordering::Relaxed);
@@ -259,6 +283,7 @@ impl Conns {
                 fd,
                 activity: activity.clone(),
                 close: close.clone(),
+                closed: false,
             },
         );
         if reserve {
@@ -418,32 +443,39 @@ impl SlotHandle {
 }
 
 impl Drop for Busy {
+    /// The last request of a connection already closed frees its slot.
     fn drop(&mut self) {
-        if let Some(e) = self.conns.table.lock().entries.get_mut(&self.id) {
-            e.busy = e.busy.saturating_sub(1);
+        let mut t = self.conns.table.lock();
+        let Some(e) = t.entries.get_mut(&self.id) else {
+            return;
+        };
+        e.busy = e.busy.saturating_sub(1);
+        if e.busy == 0 && e.closed {
+            t.remove(self.id);
+            drop(t);
+            self.conns.freed.notify_waiters();
         }
     }
 }
 
 impl Drop for Slot {
+    /// Frees the slot, unless a request of the connection still runs (its client hung up
+    /// and the request runs to its end, `api::finish`): then the slot stays taken until that
+    /// request's [`Busy`] ends, so requests whose clients left count against the cap too and
+    /// cannot pile up past it.
     fn drop(&mut self) {
         let mut t = self.conns.table.lock();
-        if let Some(e) = t.entries.remove(&self.id) {
-            if e.reserve {
-                t.reserve -= 1;
-            } else {
-                t.regular -= 1;
-            }
-            if let Some(peer) = e.stream {
-                t.streams -= 1;
-                if let Some(n) = t.streams_by_peer.get_mut(&peer) {
-                    *n -= 1;
-                    if *n == 0 {
-                        t.streams_by_peer.remove(&peer);
-                    }
-                }
+        if let Some(e) = t.entries.get_mut(&self.id) {
+            if e.busy > 0 {
+                // The socket closes after this: its descriptor may be reused at once, so
+                // nothing may read it from now on (a busy entry is never a candidate to
+                // evict, and it leaves the table when its last request ends).
+                e.closed = true;
+                e.fd = -1;
+                return;
             }
         }
+        t.remove(self.id);
         drop(t);
         self.conns.freed.notify_waiters();
     }
@@ -576,6 +608,32 @@ mod tests {
         assert!(c.admit(LOCAL, f, true).is_none());
         drop(r);
         assert!(c.admit(LOCAL, f, false).is_some(), "a reserve slot freed");
+    }
+
+    #[test]
+    fn a_request_whose_connection_closed_keeps_its_slot_to_its_end() {
+        let (f, _a, _b) = fd();
+        let c = Conns::new(RESERVE + 1);
+        let a = c.admit(LOCAL, f, true).expect("room");
+        let request = a.handle().busy();
+        // The client hangs up: the connection's task drops its slot, the request runs on.
+        drop(a);
+        assert_eq!(c.open(), 1, "the running request still holds the slot");
+        let t = c.table.lock();
+        assert_eq!(t.regular, 1);
+        assert!(t.entries.values().all(|e| e.closed && e.fd == -1));
+        drop(t);
+        // The only regular slot is taken and the request is not evictable: a newcomer gets
+        // the reserve.
+        let r = c.admit(LOCAL, f, true).expect("reserve");
+        assert!(c.table.lock().entries[&r.id].reserve);
+        drop(request);
+        assert_eq!(c.open(), 1, "only the newcomer is left");
+        assert_eq!(c.table.lock().regular, 0);
+        assert!(
+            r.handle().promote(),
+            "the freed regular slot goes to the newcomer"
+        );
     }
 
     #[test]

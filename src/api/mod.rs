@@ -210,7 +210,9 @@ async fn handle(
         Ok(()) if matches!(method, Method::GET | Method::HEAD) => {
             route(state, req).await.map(|r| r.map(BodyExt::boxed))
         }
-        Ok(()) => changing(state, req).await.map(|r| r.map(BodyExt::boxed)),
+        Ok(()) => changing(state, req, slot)
+            .await
+            .map(|r| r.map(BodyExt::boxed)),
     };
     let resp = resp.unwrap_or_else(|p| p.into_response().map(BodyExt::boxed));
     state
@@ -225,10 +227,21 @@ async fn handle(
 /// create or a command dropped after its write went to the store left memory behind the
 /// store: a task durable but never armed, a cell a retry of the same create then took for a
 /// create in progress (nemesis seed 2912089: the client's retry got 409 for a task not stored
-/// yet, and it never fired on that node). See [`finish::Finish`].
-async fn changing(state: &Arc<ApiState>, req: Request<Incoming>) -> Result<Resp, Problem> {
+/// yet, and it never fired on that node). See [`finish::Finish`]. The request keeps its
+/// connection's slot taken to its end, so that requests whose clients left count against the
+/// connection cap (`conns`) too.
+async fn changing(
+    state: &Arc<ApiState>,
+    req: Request<Incoming>,
+    slot: &conns::SlotHandle,
+) -> Result<Resp, Problem> {
     let state = state.clone();
-    finish::Finish::new(async move { route(&state, req).await }).await
+    let busy = slot.busy();
+    finish::Finish::new(async move {
+        let _busy = busy;
+        route(&state, req).await
+    })
+    .await
 }
 
 /// 414 and 431 as problem documents, for what fits hyper's buffer but is more than herald
