@@ -222,12 +222,23 @@ impl prometheus_client::collector::Collector for Scrape {
     }
 }
 
+/// How long a scrape waits for a census that must be taken (`engine/stats.rs`). Past it the
+/// scrape answers with the last census however old (its age is a gauge), or without the
+/// by-state gauges before the first; the scan goes on and a later scrape gets it. A slow
+/// store (a database with every round trip late) must not make `/metrics` slow, when it is
+/// most wanted.
+pub const CENSUS_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Renders `/metrics`. The task census may scan the store: it runs off the runtime's workers.
 pub async fn render(state: &ApiState) -> Result<String, Problem> {
     let engine = state.engine.clone();
-    let census = tokio::task::spawn_blocking(move || engine.census())
-        .await
-        .map_err(|e| Problem::internal(format!("metrics: {e}")))?;
+    let scan = tokio::task::spawn_blocking(move || engine.census());
+    let census = match tokio::time::timeout(CENSUS_WAIT, scan).await {
+        Ok(joined) => joined.map_err(|e| Problem::internal(format!("metrics: {e}")))?,
+        Err(_) => state.engine.last_census().ok_or_else(|| {
+            crate::engine::EngineError::Busy("the first census of tasks is being taken".into())
+        }),
+    };
     let mut s = Scrape::default();
     tasks(&mut s, state, census);
     otlp(&mut s, state);
@@ -284,6 +295,11 @@ fn tasks(
     );
     match census {
         Ok(c) => {
+            s.gauge(
+                "herald_tasks_census_age_seconds",
+                "Age of the census the by-state counts below come from (a scrape waits at most 1 s for a new one)",
+                c.taken_at.elapsed().as_secs() as i64,
+            );
             let by_state = [
                 ("pending", c.pending),
                 ("running", c.running),
@@ -304,6 +320,8 @@ fn tasks(
                 c.failures as i64,
             );
         }
+        // The first census still being taken: the counts come with a later scrape.
+        Err(crate::engine::EngineError::Busy(e)) => tracing::debug!(%e, "metrics: no census yet"),
         // A storage error: the counts are left out (storage health has its own gauge).
         Err(e) => tracing::warn!(error = %e, "metrics: the task census failed"),
     }

@@ -239,6 +239,8 @@ pub(crate) struct Inner {
     pub lateness: prometheus_client::metrics::histogram::Histogram,
     /// The last census of tasks by state (see `stats.rs`).
     pub census: Mutex<Option<stats::Census>>,
+    /// Held while a census scans the store: one scan at a time, however many scrapes ask.
+    pub census_scan: Mutex<()>,
     pub alerts_failed: AtomicU64,
     /// Entries in the failure list: counted at start-up, kept by `commit.rs`.
     pub failures: AtomicU64,
@@ -391,6 +393,7 @@ impl Engine {
             alerts_raised: AtomicU64::new(0),
             lateness: stats::lateness_histogram(),
             census: Mutex::new(None),
+            census_scan: Mutex::new(()),
             alerts_failed: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             failures_unlisted: AtomicU64::new(0),
@@ -736,13 +739,24 @@ impl Engine {
     }
 
     /// Unfinished tasks by state and the failure list's size: the cached census while it is
-    /// fresh, else a new one (a scan of the `live` index and the failure list). Blocking.
+    /// fresh, else a new one (a scan of the `live` index and the failure list). Blocking. One
+    /// scan at a time: while another runs, the last census however old, or
+    /// [`EngineError::Busy`] when there is none yet.
     pub fn census(&self) -> Result<stats::Census, EngineError> {
-        let now = std::time::Instant::now();
-        if let Some(c) = *self.inner.census.lock() {
-            if c.is_fresh(now) {
+        if let Some(c) = self.last_census() {
+            if c.is_fresh(std::time::Instant::now()) {
                 return Ok(c);
             }
+        }
+        let Some(_scan) = self.inner.census_scan.try_lock() else {
+            return self.last_census().ok_or_else(|| {
+                EngineError::Busy("the first census of tasks is being taken".into())
+            });
+        };
+        // Taken meanwhile by the scan that just ended?
+        let now = std::time::Instant::now();
+        if let Some(c) = self.last_census().filter(|c| c.is_fresh(now)) {
+            return Ok(c);
         }
         let mut c = stats::Census {
             pending: 0,
@@ -764,6 +778,11 @@ impl Engine {
         c.took = now.elapsed();
         *self.inner.census.lock() = Some(c);
         Ok(c)
+    }
+
+    /// The last census taken, however old (`None` before the first).
+    pub fn last_census(&self) -> Option<stats::Census> {
+        *self.inner.census.lock()
     }
 
     /// Messages given up on that the full failure list did not take (`[store] failures_max`).
