@@ -267,9 +267,11 @@ pub(crate) enum Got {
 ///
 /// The cell waited for may have left the map by the time its lock is ours: a create that
 /// failed forgets its cell, a shard let go takes its tasks'. Acted on, it would write for a
-/// task not stored (or not this node's), so the map is asked again once the lock is held.
+/// task not stored (or not this node's), so the map is asked again once the lock is held. A
+/// cell replaced [`LOCK_TRIES`] times in a row (each time another request made progress on the
+/// id) is a 503 to try again, not a "not live" that may be false.
 pub(crate) async fn lock(inner: &Arc<Inner>, id: &str) -> Result<Got, EngineError> {
-    for _ in 0..4 {
+    for _ in 0..LOCK_TRIES {
         let Some((id, cell)) = cell_of(inner, id) else {
             return Ok(Got::Gone);
         };
@@ -283,8 +285,13 @@ pub(crate) async fn lock(inner: &Arc<Inner>, id: &str) -> Result<Got, EngineErro
             return loaded(inner, id, guard);
         }
     }
-    Ok(Got::Gone)
+    Err(EngineError::Busy(format!(
+        "task {id} changed hands {LOCK_TRIES} times while this request waited for it; try again"
+    )))
 }
+
+/// How many times [`lock`] waits for a cell that then turns out replaced.
+const LOCK_TRIES: usize = 4;
 
 /// Locks an `expired` task to re-arm it (a PATCH with a new schedule, a trigger: issue 28).
 /// It has no live entry, so it is put back in the live map here with a cell loaded from its

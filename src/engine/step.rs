@@ -114,7 +114,8 @@ impl Drop for SendInFlight<'_> {
     }
 }
 
-/// Storage errors (and a full queue) pass; a step that failed on them is tried again.
+/// Storage errors (and a full queue) pass, and so does a task's cell that kept changing hands
+/// (`cells::lock`); a step that failed on them is tried again.
 fn is_retryable(e: &EngineError) -> bool {
     match e {
         EngineError::Store(s) => {
@@ -124,7 +125,7 @@ fn is_retryable(e: &EngineError) -> bool {
                     crate::store::StoreError::Busy | crate::store::StoreError::OwnershipLost { .. }
                 )
         }
-        EngineError::Storage(_) => true,
+        EngineError::Storage(_) | EngineError::Busy(_) => true,
         _ => false,
     }
 }
