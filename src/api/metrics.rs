@@ -520,7 +520,7 @@ fn connections(s: &mut Scrape, state: &ApiState) {
     let cs = &state.conns.stats;
     s.gauge(
         "herald_http_connections_open",
-        "HTTP connections served now (regular slots and the reserve)",
+        "HTTP connection slots taken now (regular and reserve), each by a connection or by a request that runs on after its client left",
         state.conns.open() as i64,
     );
     s.counter(
