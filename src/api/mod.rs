@@ -117,8 +117,8 @@ pub async fn serve(
                 let shutdown = shutdown.clone();
                 let slot = handle_slot.clone();
                 async move {
-                    let _busy = slot.busy();
-                    Ok::<_, Infallible>(handle(&state, req, peer, shutdown, &slot).await)
+                    let busy = slot.busy();
+                    Ok::<_, Infallible>(handle(&state, req, peer, shutdown, &slot, busy).await)
                 }
             });
             let conn = http1::Builder::new()
@@ -191,6 +191,7 @@ async fn handle(
     _peer: SocketAddr,
     shutdown: watch::Receiver<bool>,
     slot: &conns::SlotHandle,
+    busy: conns::Busy,
 ) -> Response<events::Body> {
     let started = std::time::Instant::now();
     let method = req.method().clone();
@@ -210,7 +211,7 @@ async fn handle(
         Ok(()) if matches!(method, Method::GET | Method::HEAD) => {
             route(state, req).await.map(|r| r.map(BodyExt::boxed))
         }
-        Ok(()) => changing(state, req, slot)
+        Ok(()) => changing(state, req, busy)
             .await
             .map(|r| r.map(BodyExt::boxed)),
     };
@@ -227,16 +228,15 @@ async fn handle(
 /// create or a command dropped after its write went to the store left memory behind the
 /// store: a task durable but never armed, a cell a retry of the same create then took for a
 /// create in progress (nemesis seed 2912089: the client's retry got 409 for a task not stored
-/// yet, and it never fired on that node). See [`finish::Finish`]. The request keeps its
-/// connection's slot taken to its end, so that requests whose clients left count against the
-/// connection cap (`conns`) too.
+/// yet, and it never fired on that node). See [`finish::Finish`]. The request's mark on its
+/// connection (`busy`) goes with it, so its slot stays taken to its end and requests whose
+/// clients left count against the connection cap (`conns`) too.
 async fn changing(
     state: &Arc<ApiState>,
     req: Request<Incoming>,
-    slot: &conns::SlotHandle,
+    busy: conns::Busy,
 ) -> Result<Resp, Problem> {
     let state = state.clone();
-    let busy = slot.busy();
     finish::Finish::new(async move {
         let _busy = busy;
         route(&state, req).await
