@@ -13,29 +13,20 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::herald::{in_ms, write_config, Proc};
+use common::herald::in_ms;
 use common::http;
-use common::pg::PgServer;
-use common::pgproxy::PgProxy;
+use common::pgproxy::ProxiedNode;
 use common::receiver::Receiver;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_whose_client_hung_up_is_stored_armed_and_sent_once() {
-    let Some(pg) = PgServer::start("create_hangup") else {
+    let rx = Receiver::start().await;
+    let hook = common::herald::webhook_channel("hook", &rx.url(), "timeout = \"1s\"");
+    let Some(t) = ProxiedNode::start("create_hangup", "hangup", &hook) else {
         return;
     };
-    let db = pg.create_db("hangup");
-    let proxy = PgProxy::start(pg.port());
-    let rx = Receiver::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(
-        dir.path(),
-        &common::herald::webhook_channel("hook", &rx.url(), "timeout = \"1s\""),
-    );
-    let mut cmd = Proc::command(&config, &dir.path().join("data"));
-    cmd.env("HERALD_STORE_URL", proxy.url(&db));
-    let node = Proc::start(cmd);
+    let (node, proxy) = (&t.node, &t.proxy);
     let tasks = format!("{}/v1/tasks", node.url);
 
     // Due well after the slowed write is in: its instant is the one thing that sends it.
@@ -94,16 +85,11 @@ async fn open_connections(base: &str) -> f64 {
 /// slot taken: such requests count against `connections_max` and cannot pile up past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_whose_client_hung_up_holds_its_connection_slot_to_its_end() {
-    let Some(pg) = PgServer::start("create_hangup_slot") else {
+    let config = "[limits]\nconnections_max = 16\n";
+    let Some(t) = ProxiedNode::start("create_hangup_slot", "hangup_slot", config) else {
         return;
     };
-    let db = pg.create_db("hangup_slot");
-    let proxy = PgProxy::start(pg.port());
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "[limits]\nconnections_max = 16\n");
-    let mut cmd = Proc::command(&config, &dir.path().join("data"));
-    cmd.env("HERALD_STORE_URL", proxy.url(&db));
-    let node = Proc::start(cmd);
+    let (node, proxy) = (&t.node, &t.proxy);
     let tasks = format!("{}/v1/tasks", node.url);
     let task = json!({"id": "slot", "schedule": {"after": "1h"}, "to": ["r"], "body": "x"});
     // A scrape before the delay: its task census (from the database) is then cached, and

@@ -8,23 +8,15 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::herald::{write_config, Proc};
 use common::http;
-use common::pg::PgServer;
-use common::pgproxy::PgProxy;
+use common::pgproxy::ProxiedNode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scrape_does_not_wait_for_a_census_of_a_slow_store() {
-    let Some(pg) = PgServer::start("metrics_slow_store") else {
+    let Some(t) = ProxiedNode::start("metrics_slow_store", "slow_metrics", "") else {
         return;
     };
-    let db = pg.create_db("slow_metrics");
-    let proxy = PgProxy::start(pg.port());
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "");
-    let mut cmd = Proc::command(&config, &dir.path().join("data"));
-    cmd.env("HERALD_STORE_URL", proxy.url(&db));
-    let node = Proc::start(cmd);
+    let (node, proxy) = (&t.node, &t.proxy);
     let metrics = format!("{}/metrics", node.url);
 
     // Every byte to and from the database a second late: the census's scan takes seconds.

@@ -219,3 +219,34 @@ fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
         let _ = from.shutdown(Shutdown::Both);
     });
 }
+
+/// One herald (not clustered) on its own PostgreSQL, reached through a fresh proxy so that a
+/// test can slow or break its database traffic. Fields drop in order: the node, then the
+/// proxy, its directory, the server.
+pub struct ProxiedNode {
+    pub node: super::herald::Proc,
+    pub proxy: PgProxy,
+    pub dir: tempfile::TempDir,
+    pub pg: super::pg::PgServer,
+}
+
+impl ProxiedNode {
+    /// Starts it with `config` (TOML) in database `db`; `None` where PostgreSQL cannot run
+    /// (the test then returns, as `PgServer::start` says why).
+    pub fn start(test: &str, db: &str, config: &str) -> Option<ProxiedNode> {
+        let pg = super::pg::PgServer::start(test)?;
+        let url = pg.create_db(db);
+        let proxy = PgProxy::start(pg.port());
+        let dir = tempfile::tempdir().unwrap();
+        let config = super::herald::write_config(dir.path(), config);
+        let mut cmd = super::herald::Proc::command(&config, &dir.path().join("data"));
+        cmd.env("HERALD_STORE_URL", proxy.url(&url));
+        let node = super::herald::Proc::start(cmd);
+        Some(ProxiedNode {
+            node,
+            proxy,
+            dir,
+            pg,
+        })
+    }
+}
