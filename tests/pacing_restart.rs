@@ -168,6 +168,21 @@ fn node(url: &str, dir: &std::path::Path, name: &str, hook: &str) -> Proc {
     common::cluster::node(url, dir, name, name, SHARDS, hook, TEST_TIMING)
 }
 
+/// [`node`] with its log (the steps' and the leases' at debug) printed tagged with its name.
+fn logged_node(url: &str, dir: &std::path::Path, name: &str, hook: &str) -> Proc {
+    let hook = format!("url = \"{hook}\"\ntimeout = \"1s\"\n");
+    let mut cmd = common::cluster::node_command(url, dir, name, name, SHARDS, &hook, TEST_TIMING);
+    if std::env::var("HERALD_TEST_NODE_LOG").is_err() {
+        cmd.env(
+            "HERALD_LOG",
+            "info,herald::engine::step=debug,herald::cluster=debug",
+        )
+        .env(common::herald::LOG_TAG, name)
+        .stderr(std::process::Stdio::piped());
+    }
+    Proc::start(cmd)
+}
+
 /// Cluster mode: node a holds every shard and sends the sequence; it is killed mid-sequence,
 /// node b takes the shards over when a's leases run out and sends the rest, paced as a did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,7 +207,9 @@ async fn a_paced_sequence_keeps_its_interval_after_a_cluster_takeover() {
     five_settled(&rx, &a.url).await;
     a.kill9();
     let killed = Instant::now();
-    let b = node(&url, dir.path(), "b", &rx.url());
+    // b's log, tagged, goes into the test's output (shown when it fails): a late message
+    // after the takeover (once 776 ms instead of 400, in a full suite run) says why there.
+    let b = logged_node(&url, dir.path(), "b", &rx.url());
     poll(Duration::from_secs(30), || async {
         (owned(&b.url).await == u64::from(SHARDS)).then_some(())
     })

@@ -87,6 +87,7 @@ pub(super) const WINDOW_RETRY_MS: u64 = 250;
 /// with the trust renewed it sends then; with the shard dropped meanwhile its wheel entry
 /// goes with the shard's (or is skipped as not owned), and the next owner sends it.
 pub(super) fn window_closed(inner: &Inner, key: Key) {
+    tracing::debug!(task = %key.id(), "the shard's send window is closed; back in {WINDOW_RETRY_MS} ms");
     inner.timer.at(key, inner.clock.now_ms() + WINDOW_RETRY_MS);
 }
 
