@@ -53,7 +53,9 @@ fn sequence() -> Value {
 /// The receiver's arrivals of the sequence, every message once and in order (the only repeat
 /// allowed is a message in flight at the kill), paced as before the kill from the first
 /// arrival after `resumed` (an instant after which only the new process can have sent).
-fn assert_paced_after(got: &[Recorded], resumed: Instant, what: &str) {
+/// `context` goes into a failed gap's message: the task's timeline, as herald recorded when
+/// each message was due, started and settled.
+fn assert_paced_after(got: &[Recorded], resumed: Instant, what: &str, context: &str) {
     let seqs: Vec<u64> = got.iter().map(seq_of).collect();
     let mut want = 0u64;
     for s in &seqs {
@@ -92,7 +94,7 @@ fn assert_paced_after(got: &[Recorded], resumed: Instant, what: &str) {
     for (k, g) in gaps.iter().enumerate().skip(1) {
         assert!(
             *g < interval + JITTER_MS && *g > interval - JITTER_MS,
-            "gap {k} after the {what} is {g:.1} ms (interval {INTERVAL_MS} ms): {gaps:.1?}"
+            "gap {k} after the {what} is {g:.1} ms (interval {INTERVAL_MS} ms): {gaps:.1?}\n{context}"
         );
     }
     // Never shorter than the interval as herald started them (its own send stamps, whole ms).
@@ -104,6 +106,12 @@ fn assert_paced_after(got: &[Recorded], resumed: Instant, what: &str) {
             k + 1
         );
     }
+}
+
+/// The sequence's timeline as `base` serves it (for a failure's message).
+async fn timeline(base: &str) -> String {
+    let t = http::get(&format!("{base}/v1/tasks/seq/timeline?limit=200")).await;
+    format!("the task's timeline ({}): {}", t.status, t.text())
 }
 
 /// Waits until herald has settled the five messages that arrived: the kill then lands between
@@ -159,7 +167,8 @@ async fn a_paced_sequence_keeps_its_interval_after_kill_9_and_restart() {
     let v = wait_state(&p.url, "seq", "completed", Duration::from_secs(60)).await;
     assert_eq!(v["progress"]["sent"], N as u64, "{v}");
     // Anything the killed process had on the wire arrived long before the restart.
-    assert_paced_after(&rx.requests(), restarted, "restart");
+    let timeline = timeline(&p.url).await;
+    assert_paced_after(&rx.requests(), restarted, "restart", &timeline);
 }
 
 const SHARDS: u32 = 4;
@@ -219,9 +228,11 @@ async fn a_paced_sequence_keeps_its_interval_after_a_cluster_takeover() {
     assert_eq!(v["progress"]["sent"], N as u64, "{v}");
     // b sends nothing of a's shards before a's 2 s leases ran out; a's last request was on the
     // wire long before that.
+    let timeline = timeline(&b.url).await;
     assert_paced_after(
         &rx.requests(),
         killed + Duration::from_millis(500),
         "takeover",
+        &timeline,
     );
 }
