@@ -147,12 +147,13 @@ async fn herd(name: &str, restart: bool) {
     // (spec, progress, live entry) and more followed; batched, 256 tasks cost one. After a
     // restart every timeline counter is read too: two more per task, one more per batch.
     // A batch is whatever fires are queued when the read-ahead runs, so the count depends
-    // on how the fires bunch: 44–62 alone on this VM, 208 once in the full suite on a busy
-    // machine. The bound is a quarter of the tasks: unbatched is two or more per task.
+    // on how the fires bunch: 44–94 alone on this VM, 208 once and 540 once in the full
+    // suite. The bound is one per task: unbatched is two or more per task (three for the
+    // loads alone), so it still fails without batching, but not on how the fires bunched.
     let reads = after - before;
     println!("read round trips for a herd of {HERD} (restart: {restart}): {reads}");
     assert!(
-        reads < (HERD / 4) as f64,
+        reads < HERD as f64,
         "{reads} read round trips for {HERD} tasks: the herd's loads (or, after a restart, its \
          timeline counters: 2 per task unbatched) are not batched"
     );
