@@ -64,10 +64,10 @@ async fn one_id_created_on_two_nodes_at_once_is_stored_once_as_answered() {
     .expect("b holds shards");
     let id = common::cluster::id_in("race", &theirs, SHARDS);
     let body = |name: &str| {
-        serde_json::to_vec(&json!({"id": id, "name": name, "channel": "hook",
-            "schedule": {"at": in_ms(60_000)}, "to": ["r"], "body": name}))
-        .unwrap()
+        json!({"id": id, "name": name, "channel": "hook",
+            "schedule": {"at": in_ms(60_000)}, "to": ["r"], "body": name})
     };
+    let tasks = |node: &str| format!("{node}/v1/tasks");
 
     // 300 ms each way: the create takes seconds, and no statement waits past the idle-in-transaction
     // bound of cluster mode (half the lease, 1 s here).
@@ -78,9 +78,9 @@ async fn one_id_created_on_two_nodes_at_once_is_stored_once_as_answered() {
         Duration::from_secs(2),
         http::try_request(
             "POST",
-            &format!("{}/v1/tasks", a.url),
+            &tasks(&a.url),
             &[],
-            Some(body("from-a")),
+            Some(serde_json::to_vec(&body("from-a")).unwrap()),
         ),
     )
     .await;
@@ -88,13 +88,7 @@ async fn one_id_created_on_two_nodes_at_once_is_stored_once_as_answered() {
         first.is_err(),
         "the slowed create answered within the client's patience: {first:?}; the test proves nothing"
     );
-    let on_b = http::request(
-        "POST",
-        &format!("{}/v1/tasks", b.url),
-        &[],
-        Some(body("from-b")),
-    )
-    .await;
+    let on_b = http::post_json(&tasks(&b.url), &body("from-b")).await;
     assert!(
         on_b.status == 201 || on_b.status == 409,
         "{}: {}",
@@ -102,13 +96,7 @@ async fn one_id_created_on_two_nodes_at_once_is_stored_once_as_answered() {
         on_b.text()
     );
     // The first try's end: a retry of it on a waits for it (`engine::claim_id`).
-    let again = http::request(
-        "POST",
-        &format!("{}/v1/tasks", a.url),
-        &[],
-        Some(body("from-a")),
-    )
-    .await;
+    let again = http::post_json(&tasks(&a.url), &body("from-a")).await;
     assert_eq!(again.status, 409, "{}", again.text());
 
     let stored = http::get(&format!("{}/v1/tasks/{id}", b.url)).await;

@@ -838,30 +838,10 @@ async fn locked_reads(
         // before the reads. (One more round trip per group cost cluster creates a sixth to
         // a third of their rate.)
         tx.prepare_cached(LOCK_SQL).await?;
-        let mut lock = std::pin::pin!(lock_keys(tx, &locks));
-        let mut reads = std::pin::pin!(read_keys(tx, needed));
-        let (mut locked, mut stored) = (None, None);
-        std::future::poll_fn(|cx| {
-            // In this order on every poll: the lock's query is sent at its first.
-            if locked.is_none() {
-                if let Poll::Ready(r) = lock.as_mut().poll(cx) {
-                    locked = Some(r);
-                }
-            }
-            if stored.is_none() {
-                if let Poll::Ready(r) = reads.as_mut().poll(cx) {
-                    stored = Some(r);
-                }
-            }
-            if locked.is_some() && stored.is_some() {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-        .await;
-        locked.unwrap_or(Ok(()))?;
-        stored.unwrap_or_else(|| Ok(Stored::default()))?
+        // `biased`: the lock is polled first on every poll, so its query is sent first.
+        let (locked, stored) = tokio::join!(biased; lock_keys(tx, &locks), read_keys(tx, needed));
+        locked?;
+        stored?
     })
 }
 
