@@ -274,7 +274,8 @@ async fn latencies(
     n: u64,
     t: Instant,
 ) -> (Vec<Duration>, Duration) {
-    let mut all = Vec::with_capacity(n as usize);
+    // `n` is a cap (a round bounded by time passes a large one), not a count to reserve.
+    let mut all = Vec::with_capacity(n.min(1 << 20) as usize);
     while let Some(r) = set.join_next().await {
         all.extend(r.expect("client task"));
     }
@@ -551,6 +552,27 @@ pub async fn create_many_lean_prefer(
     failed: Arc<AtomicU64>,
     prefer: String,
 ) -> (Vec<Duration>, Duration) {
+    let limit = LeanLimit { n, for_: None };
+    create_many_lean_limited(bases, limit, conns, body, failed, prefer).await
+}
+
+/// When a lean round ends: after `n` creates, or (if `for_` is set) once that long has passed
+/// since its start, whichever comes first. A request begun before the end is answered.
+#[derive(Clone, Copy)]
+pub struct LeanLimit {
+    pub n: u64,
+    pub for_: Option<Duration>,
+}
+
+/// [`create_many_lean_prefer`] ending at `limit`; the latencies' count is the creates made.
+pub async fn create_many_lean_limited(
+    bases: &[String],
+    limit: LeanLimit,
+    conns: usize,
+    body: Arc<dyn Fn(u64) -> Bytes + Send + Sync>,
+    failed: Arc<AtomicU64>,
+    prefer: String,
+) -> (Vec<Duration>, Duration) {
     let addrs: Vec<String> = bases
         .iter()
         .map(|b| b.trim_start_matches("http://").to_string())
@@ -566,7 +588,7 @@ pub async fn create_many_lean_prefer(
                 .enable_all()
                 .build()
                 .expect("client runtime");
-            let out = rt.block_on(lean_clients(addrs, n, conns, body, failed, prefer));
+            let out = rt.block_on(lean_clients(addrs, limit, conns, body, failed, prefer));
             let _ = tx.send(out);
         })
         .expect("client thread");
@@ -577,7 +599,7 @@ pub async fn create_many_lean_prefer(
 /// The connections of [`create_many_lean_prefer`], on the runtime it runs them on.
 async fn lean_clients(
     addrs: Vec<String>,
-    n: u64,
+    limit: LeanLimit,
     conns: usize,
     body: Arc<dyn Fn(u64) -> Bytes + Send + Sync>,
     failed: Arc<AtomicU64>,
@@ -586,19 +608,24 @@ async fn lean_clients(
     let next = Arc::new(AtomicU64::new(0));
     let prefer = Arc::new(prefer);
     let t = Instant::now();
+    let timeline = Timeline::from_env();
     let mut set = tokio::task::JoinSet::new();
     for c in 0..conns {
         let addr = addrs[c % addrs.len()].clone();
         let prefer = prefer.clone();
         let (next, body, failed) = (next.clone(), body.clone(), failed.clone());
+        let timeline = timeline.clone();
         set.spawn(async move {
             let mut lat = Vec::new();
             let mut conn: Option<tokio::net::TcpStream> = None;
             let mut req = Vec::with_capacity(512);
             let mut buf = Vec::with_capacity(4096);
             loop {
+                if limit.for_.is_some_and(|d| t.elapsed() >= d) {
+                    return lat;
+                }
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= n {
+                if i >= limit.n {
                     return lat;
                 }
                 let b = body(i);
@@ -618,10 +645,49 @@ async fn lean_clients(
                     conn = None;
                 }
                 lat.push(started.elapsed());
+                if let Some(tl) = &timeline {
+                    tl.count(t.elapsed());
+                }
             }
         });
     }
-    latencies(set, n, t).await
+    let out = latencies(set, limit.n, t).await;
+    if let Some(tl) = timeline {
+        println!("       creates/s per 100 ms: {}", tl.rates());
+    }
+    out
+}
+
+/// `HERALD_LOAD_TIMELINE=1`: the lean round's answers counted per 100 ms, printed as rates
+/// after it, to tell a round's steady rate from its dips (the first 60 s of a round).
+#[derive(Clone)]
+struct Timeline(Arc<Vec<AtomicU64>>);
+
+impl Timeline {
+    const BINS: usize = 600;
+
+    fn from_env() -> Option<Timeline> {
+        std::env::var_os("HERALD_LOAD_TIMELINE").map(|_| {
+            Timeline(Arc::new(
+                (0..Self::BINS).map(|_| AtomicU64::new(0)).collect(),
+            ))
+        })
+    }
+
+    fn count(&self, at: Duration) {
+        let bin = ((at.as_millis() / 100) as usize).min(Self::BINS - 1);
+        self.0[bin].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn rates(&self) -> String {
+        let counts: Vec<u64> = self.0.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        let used = counts.iter().rposition(|&c| c > 0).map_or(0, |i| i + 1);
+        counts[..used]
+            .iter()
+            .map(|c| (c * 10).to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
 }
 
 /// `HERALD_LOAD_PREFER` (e.g. `return=minimal`, RFC 7240): a `Prefer` header line on every
