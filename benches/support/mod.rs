@@ -440,22 +440,30 @@ pub fn generator_cpu_ns() -> u64 {
 }
 
 /// The machine's CPU time by kind since boot (`/proc/stat`'s first line, in clock ticks):
-/// user, nice, system, idle, iowait, irq, softirq. Two readings bracket a round.
-pub fn machine_cpu() -> [u64; 7] {
-    let mut out = [0u64; 7];
+/// user, nice, system, idle, iowait, irq, softirq; then the context switches (`ctxt`). Two
+/// readings bracket a round.
+pub fn machine_cpu() -> [u64; 8] {
+    let mut out = [0u64; 8];
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     if let Some(line) = stat.lines().next() {
         for (o, v) in out.iter_mut().zip(line.split_whitespace().skip(1)) {
             *o = v.parse().unwrap_or(0);
         }
     }
+    // The machine's context switches so far (a wake-up of a thread on the other core costs
+    // an interrupt between cores, a VM exit on this machine).
+    out[7] = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("ctxt "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
     out
 }
 
 /// How the machine's cores were used between two [`machine_cpu`] readings, in percent of
 /// all of them: the idle share says whether a round was bound by CPU or by waiting.
-pub fn machine_split(before: &[u64; 7], after: &[u64; 7]) -> String {
-    let d: Vec<f64> = after
+pub fn machine_split(before: &[u64; 8], after: &[u64; 8]) -> String {
+    let d: Vec<f64> = after[..7]
         .iter()
         .zip(before)
         .map(|(a, b)| a.saturating_sub(*b) as f64)
@@ -473,9 +481,10 @@ pub fn machine_split(before: &[u64; 7], after: &[u64; 7]) -> String {
 }
 
 /// The machine's busy time per item between two [`machine_cpu`] readings, every process
-/// included (server, load generator, competing writer), in µs: `user a, system b, softirq c`.
+/// included (server, load generator, competing writer), in µs: `user a, system b, softirq c`,
+/// and the machine's context switches per item.
 /// Loopback traffic is processed in softirq, which no thread's own CPU time counts.
-pub fn machine_per_item(before: &[u64; 7], after: &[u64; 7], n: u64) -> String {
+pub fn machine_per_item(before: &[u64; 8], after: &[u64; 8], n: u64) -> String {
     // `/proc/stat` counts in USER_HZ ticks, 100 per second on Linux.
     let us = |i: &[usize]| -> f64 {
         i.iter()
@@ -485,10 +494,11 @@ pub fn machine_per_item(before: &[u64; 7], after: &[u64; 7], n: u64) -> String {
             / n.max(1) as f64
     };
     format!(
-        "user {:.1}, system {:.1}, softirq {:.1} µs",
+        "user {:.1}, system {:.1}, softirq {:.1} µs; {:.2} context switches",
         us(&[0, 1]),
         us(&[2, 5]),
-        us(&[6])
+        us(&[6]),
+        after[7].saturating_sub(before[7]) as f64 / n.max(1) as f64
     )
 }
 
