@@ -243,3 +243,57 @@ async fn streams_over_the_cap_get_503_and_healthz_and_the_api_answer_throughout(
     assert!(ok.is_some(), "the API answers once slots free");
     drop(streams);
 }
+
+/// An answer the client reads slowly is not cut to make room (`api/conns.rs`): an export
+/// whose chunks wait in a full socket buffer has written nothing for longer than a silent
+/// connection's bound, but its connection is not silent. Before, with its request handled
+/// (the export's last chunk handed over), it was the one to give way to a newcomer, and the
+/// export ended without its `end` line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_read_slowly_is_not_cut_to_make_room() {
+    const TASKS: usize = 200;
+    let dir = tempfile::tempdir().unwrap();
+    // One regular slot: the export's connection holds it; a newcomer needs it or the reserve.
+    let (p, addr) = start(dir.path(), herald::api::conns::RESERVE + 1);
+    // ~10 MB of export: more than the kernel's largest send buffer (4 MiB by default), so
+    // hyper's writes stall while the client does not read.
+    let body = "x".repeat(5_000);
+    for i in 0..TASKS {
+        let messages: Vec<_> = (0..10)
+            .map(|m| serde_json::json!({"to": format!("r{m}"), "body": body}))
+            .collect();
+        let r = http::post_json(
+            &format!("{}/v1/tasks", p.url),
+            &serde_json::json!({"id": format!("t{i}"), "channel": "log",
+                "schedule": {"after": "1h"}, "messages": messages}),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    // A client with a small receive buffer that reads the head, then nothing for a while.
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut s = sock.connect(addr).await.unwrap();
+    s.write_all(b"GET /v1/export HTTP/1.1\r\nHost: herald\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, head) = read_head(&mut s).await.expect("the export's head");
+    assert_eq!(status, 200, "{head}");
+    // Past the silent bound with the answer unread (a deliberate pause, not a wait for
+    // something to happen), a newcomer arrives; it is served from the reserve.
+    tokio::time::sleep(herald::api::conns::EVICT_IDLE_MIN + Duration::from_millis(800)).await;
+    let h = http::get(&format!("{}/healthz", p.url)).await;
+    assert_eq!(h.status, 200);
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut rest))
+        .await
+        .expect("the export ends")
+        .expect("read the export");
+    let text = String::from_utf8_lossy(&rest);
+    assert!(
+        text.contains(&format!(r#"{{"kind":"end","tasks":{TASKS},"#)),
+        "the export was cut: {} bytes, ending {:?}",
+        rest.len(),
+        &text[text.len().saturating_sub(200)..]
+    );
+}

@@ -172,6 +172,11 @@ async fn a_corrupt_record_is_reported_and_skipped_not_fatal() {
             .raw_insert_task_bytes("broken", &[1, 0xde, 0xad, 0xbe, 0xef])
             .await
             .unwrap();
+        // And a live index entry that does not decode.
+        store
+            .raw_insert_live_bytes("garbled", &[0xff; 3])
+            .await
+            .unwrap();
     }
     let p = Proc::spawn(&config, &data);
     let h = http::get(&format!("{}/healthz", p.url)).await;
@@ -191,4 +196,14 @@ async fn a_corrupt_record_is_reported_and_skipped_not_fatal() {
     let broken = http::get(&format!("{}/v1/tasks/broken", p.url)).await;
     assert_eq!(broken.status, 500);
     assert!(broken.json()["detail"].as_str().unwrap().contains("broken"));
+    // The task census skips the record that does not decode, as recovery does: one such
+    // record once kept every census from being taken (no by-state counts in /metrics).
+    let m = http::get(&format!("{}/metrics", p.url)).await;
+    assert_eq!(m.status, 200);
+    let text = m.text();
+    assert!(
+        text.contains("herald_tasks{state=\"pending\"} 2\n"),
+        "the good task and the broken one (its live entry reads) are counted:\n{text}"
+    );
+    assert!(text.contains("herald_tasks_census_age_seconds "), "{text}");
 }

@@ -11,9 +11,11 @@
 //! closed without an answer:
 //! - When the regular slots are full, the connection that has been *silent* longest gives way,
 //!   but only if it is silent for [`EVICT_IDLE_MIN`] (no byte read or written: idle after a
-//!   completed request, or never sent one), no request is being handled on it, it does not
-//!   stream events, and its socket holds no unread byte (`FIONREAD`): a request that arrived
-//!   but that hyper has not read yet keeps its connection.
+//!   completed request, or never sent one), no request is being handled on it (an export
+//!   counts until its last chunk is handed over), it does not stream events, hyper is not
+//!   inside a read of it, and its socket holds no unread byte (`FIONREAD`): a request that
+//!   arrived but that hyper has not read yet keeps its connection. An answer the client has
+//!   not read (a write found the socket's buffer full) keeps it for [`STALLED_EVICT_MIN`].
 //! - Otherwise the newcomer takes a reserve slot: there `/healthz` is answered at once (so a
 //!   monitor reaches herald whatever the API's connections do), and any other request waits
 //!   up to [`PROMOTE_WAIT`] for a regular slot, then gets 503 with `Retry-After`.
@@ -32,7 +34,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::os::fd::RawFd;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -72,9 +74,48 @@ pub struct ConnStats {
     pub streams_refused: AtomicU64,
 }
 
-/// The last instant a connection read or wrote a byte, in ms since [`Conns`]' epoch.
+/// What a connection's socket is doing, kept by [`Tracked`]: the last instant it read or
+/// wrote a byte, and whether it is inside a read or holds an answer the client has not taken.
 #[derive(Debug, Default)]
-pub struct Activity(AtomicU64);
+pub struct Activity {
+    /// In ms since [`Conns`]' epoch.
+    last: AtomicU64,
+    /// [`READING`] and [`WRITE_STALLED`] bits.
+    io: AtomicU8,
+}
+
+/// hyper is inside a read of the socket. Set before the read, so a request read between a
+/// would-be eviction's look at the activity and its look at the socket's unread bytes is
+/// seen by its second look at the activity (`evict_one`).
+const READING: u8 = 1;
+/// A write found the socket's buffer full: part of an answer waits for the client to read.
+/// Such a connection is not silent, so it gives way only after [`STALLED_EVICT_MIN`].
+const WRITE_STALLED: u8 = 2;
+
+/// How long a client must leave an answer unread before its connection may be closed to make
+/// room: an export to a slow consumer is not cut, a client that never reads is.
+pub const STALLED_EVICT_MIN: Duration = Duration::from_secs(30);
+
+impl Activity {
+    fn new(now_ms: u64) -> Activity {
+        Activity {
+            last: AtomicU64::new(now_ms),
+            io: AtomicU8::new(0),
+        }
+    }
+
+    /// Silent for long enough to give way, as of `now` (ms since the epoch).
+    fn may_give_way(&self, now: u64) -> bool {
+        let io = self.io.load(Ordering::SeqCst);
+        let min = if io & WRITE_STALLED != 0 {
+            STALLED_EVICT_MIN
+        } else {
+            EVICT_IDLE_MIN
+        };
+        io & READING == 0
+            && now.saturating_sub(self.last.load(Ordering::SeqCst)) >= min.as_millis() as u64
+    }
+}
 
 struct Entry {
     busy: u32,
@@ -186,9 +227,9 @@ impl Conns {
             regular_max: max.saturating_sub(RESERVE).max(1),
             streams_max,
             streams_per_client,
-            // Far enough back that "silent since 0" (tests) is older than EVICT_IDLE_MIN.
+            // Far enough back that "silent since 0" (tests) is older than either bound.
             epoch: Instant::now()
-                .checked_sub(EVICT_IDLE_MIN * 2)
+                .checked_sub(STALLED_EVICT_MIN * 2)
                 .unwrap_or_else(Instant::now),
             table: Mutex::new(Table::default()),
             freed: Notify::new(),
@@ -225,21 +266,25 @@ impl Conns {
     /// keep-alive connection after its `/healthz`).
     fn evict_one(&self, t: &mut Table, reserve: bool) -> bool {
         let now = self.now_ms();
-        let min = EVICT_IDLE_MIN.as_millis() as u64;
         let mut candidates: Vec<(u64, u64)> = t
             .entries
             .iter()
             .filter(|(_, e)| e.reserve == reserve && e.busy == 0 && e.stream.is_none())
-            .map(|(id, e)| (e.activity.0.load(Ordering::Relaxed), *id))
-            .filter(|(last, _)| now.saturating_sub(*last) >= min)
+            .filter(|(_, e)| e.activity.may_give_way(now))
+            .map(|(id, e)| (e.activity.last.load(Ordering::SeqCst), *id))
             .collect();
         candidates.sort_unstable();
-        for (_, id) in candidates {
+        for (last, id) in candidates {
             let Some(e) = t.entries.get(&id) else {
                 continue;
             };
             // A request that reached the socket but not hyper yet: this one stays.
             if unread(e.fd) != Some(0) {
+                continue;
+            }
+            // And one hyper read in the meantime (on another worker; its service has not
+            // marked the connection busy yet): its read is under way or stamped by now.
+            if !e.activity.may_give_way(now) || e.activity.last.load(Ordering::SeqCst) != last {
                 continue;
             }
             if let Some(e) = t.remove(id) {
@@ -272,7 +317,7 @@ impl Conns {
         t.next_id += 1;
         let id = t.next_id;
         let close = Arc::new(Notify::new());
-        let activity = Arc::new(Activity(AtomicU64::new(self.now_ms())));
+        let activity = Arc::new(Activity::new(self.now_ms()));
         t.entries.insert(
             id,
             Entry {
@@ -499,8 +544,25 @@ impl<S> Tracked<S> {
 
     fn touch(&self) {
         self.activity
-            .0
-            .store(self.conns.now_ms(), Ordering::Relaxed);
+            .last
+            .store(self.conns.now_ms(), Ordering::SeqCst);
+    }
+
+    /// After a write: progress stamps the activity and ends a stall; a full buffer starts one.
+    fn wrote(&self, r: &Poll<std::io::Result<usize>>) {
+        match r {
+            Poll::Ready(Ok(n)) if *n > 0 => {
+                self.touch();
+                // Read first: most writes end no stall, and a load is cheaper than a swap.
+                if self.activity.io.load(Ordering::Relaxed) & WRITE_STALLED != 0 {
+                    self.activity.io.fetch_and(!WRITE_STALLED, Ordering::SeqCst);
+                }
+            }
+            Poll::Pending => {
+                self.activity.io.fetch_or(WRITE_STALLED, Ordering::SeqCst);
+            }
+            _ => {}
+        }
     }
 }
 
@@ -511,10 +573,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
+        self.activity.io.fetch_or(READING, Ordering::SeqCst);
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             self.touch();
         }
+        self.activity.io.fetch_and(!READING, Ordering::SeqCst);
         r
     }
 }
@@ -526,9 +590,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, data);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.touch();
-        }
+        self.wrote(&r);
         r
     }
 
@@ -538,9 +600,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
-            self.touch();
-        }
+        self.wrote(&r);
         r
     }
 
@@ -577,7 +637,7 @@ mod tests {
 
     /// Makes the slot look silent for longer than [`EVICT_IDLE_MIN`].
     fn age(s: &Slot) {
-        s.activity.0.store(0, Ordering::Relaxed);
+        s.activity.last.store(0, Ordering::SeqCst);
     }
 
     #[test]
@@ -634,6 +694,39 @@ mod tests {
             r.handle().promote(),
             "the freed regular slot goes to the newcomer"
         );
+    }
+
+    #[test]
+    fn a_read_under_way_or_an_answer_left_unread_keeps_a_connection() {
+        let (f, _a, _b) = fd();
+        let c = Conns::new(RESERVE + 1);
+        let a = c.admit(LOCAL, f, true).unwrap();
+        age(&a);
+        // hyper is inside a read of it: it stays.
+        a.activity.io.store(READING, Ordering::SeqCst);
+        let r = c.admit(LOCAL, f, true).expect("reserve");
+        assert!(
+            c.table.lock().entries[&r.id].reserve,
+            "not evicted while read"
+        );
+        drop(r);
+        // Its answer waits for the client: it stays for STALLED_EVICT_MIN, then gives way.
+        a.activity.io.store(WRITE_STALLED, Ordering::SeqCst);
+        let two_s_ago = c.now_ms() - 2 * EVICT_IDLE_MIN.as_millis() as u64;
+        a.activity.last.store(two_s_ago, Ordering::SeqCst);
+        let r = c.admit(LOCAL, f, true).expect("reserve");
+        assert!(
+            c.table.lock().entries[&r.id].reserve,
+            "not evicted: answer unread 2 s"
+        );
+        drop(r);
+        age(&a);
+        let r = c.admit(LOCAL, f, true).expect("a regular slot");
+        assert!(
+            !c.table.lock().entries[&r.id].reserve,
+            "evicted: answer unread 30 s"
+        );
+        assert_eq!(c.stats.evicted.load(Ordering::Relaxed), 1);
     }
 
     #[test]

@@ -20,7 +20,14 @@ const CHUNK_BYTES: usize = 64 << 10;
 /// Chunks buffered for a slow client before the export waits.
 const CHUNKS_BUFFERED: usize = 16;
 
-pub fn handle(state: &ApiState, req: &Request<Incoming>) -> Result<Response<Body>, Problem> {
+/// `busy` (the request's mark on its connection) stays with the export until its last chunk
+/// is handed over: a connection whose export is slow to read the store is not silent, and is
+/// never closed to make room (`conns`).
+pub fn handle(
+    state: &ApiState,
+    req: &Request<Incoming>,
+    busy: super::conns::Busy,
+) -> Result<Response<Body>, Problem> {
     super::authorize(state, req)?;
     if req.method() != Method::GET {
         return Err(super::method_not_allowed("GET"));
@@ -30,6 +37,7 @@ pub fn handle(state: &ApiState, req: &Request<Incoming>) -> Result<Response<Body
     let (tx, rx) = mpsc::channel::<Bytes>(CHUNKS_BUFFERED);
     let engine = state.engine.clone();
     tokio::task::spawn_blocking(move || {
+        let _busy = busy;
         let gone = || std::io::Error::other("the client went away");
         let mut buf: Vec<u8> = Vec::with_capacity(CHUNK_BYTES);
         let r = crate::backup::export::export(engine.store(), engine.now_ms(), &mut |l| {

@@ -207,7 +207,7 @@ async fn handle(
         Ok(()) if path.trim_end_matches('/') == "/v1/events" => {
             events::handle(state, &req, shutdown, slot)
         }
-        Ok(()) if path.trim_end_matches('/') == "/v1/export" => export::handle(state, &req),
+        Ok(()) if path.trim_end_matches('/') == "/v1/export" => export::handle(state, &req, busy),
         Ok(()) if matches!(method, Method::GET | Method::HEAD) => {
             route(state, req).await.map(|r| r.map(BodyExt::boxed))
         }

@@ -250,7 +250,12 @@ async fn load_shard(inner: &Arc<Inner>, shard: u32) {
     match super::recovery::resume_running(inner, running, now).await {
         Ok(c) => corrupt += c,
         Err(e) => {
-            tracing::error!(shard, error = %e, "running tasks of a granted shard not resumed")
+            // Those not resumed would sit in the live map with nothing on the wheel until the
+            // shard next moved: let it go, as one that could not be read, to be loaded anew.
+            tracing::error!(shard, error = %e, "running tasks of a granted shard not resumed; it is let go");
+            if let Some(c) = &inner.config.cluster {
+                crate::store::pg::fence::Fence::lost(c.ownership.as_ref(), shard);
+            }
         }
     }
     tracing::info!(

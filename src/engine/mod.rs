@@ -767,7 +767,14 @@ impl Engine {
             took: std::time::Duration::ZERO,
         };
         for e in self.inner.store.live_entries() {
-            match e?.1.state {
+            let entry = match e {
+                Ok((_, entry)) => entry,
+                // Skipped, as recovery skips it (logged there): one unreadable record must
+                // not keep every census from being taken. A read error ends the scan.
+                Err(crate::store::StoreError::Corrupt { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            match entry.state {
                 TaskState::Pending => c.pending += 1,
                 TaskState::Running => c.running += 1,
                 TaskState::Paused => c.paused += 1,

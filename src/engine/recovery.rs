@@ -147,6 +147,9 @@ fn scan_index(inner: &Arc<Inner>, until: u64) -> IndexScan {
 }
 
 /// Resumes the tasks that were sending (`plan::recover`); returns how many could not be read.
+/// An error that a later try may not meet (the store unavailable or busy: `step::is_retryable`)
+/// ends it: the task is not taken for unreadable, and the caller tries them all again
+/// (start-up fails; a granted shard is let go and loaded anew, `cluster::load_shard`).
 pub(crate) async fn resume_running(
     inner: &Arc<Inner>,
     running_ids: Vec<Arc<str>>,
@@ -157,6 +160,7 @@ pub(crate) async fn resume_running(
         let mut l = match commit::lock(inner, &id).await {
             Ok(Some(l)) => l,
             Ok(None) => continue,
+            Err(e) if super::step::is_retryable(&e) => return Err(e),
             Err(e) => {
                 corrupt += 1;
                 tracing::error!(task = %id, error = %e, "task could not be recovered");

@@ -117,7 +117,7 @@ impl Drop for SendInFlight<'_> {
 
 /// Storage errors (and a full queue) pass, and so does a task's cell that kept changing hands
 /// (`cells::lock`); a step that failed on them is tried again.
-fn is_retryable(e: &EngineError) -> bool {
+pub(super) fn is_retryable(e: &EngineError) -> bool {
     match e {
         EngineError::Store(s) => {
             s.is_storage()

@@ -1069,16 +1069,25 @@ impl Store {
     /// is durable when it returns and never races the commit thread.
     #[doc(hidden)]
     pub async fn raw_insert_task_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
-        let live = LiveEntry {
-            state: crate::model::TaskState::Pending,
-            next_fire_at_ms: None,
-            one_shot: true,
-        };
         let k = key.as_bytes().to_vec();
+        let live = raw_live_entry();
         let ops = vec![
             RawOp::Put(TreeId::Specs, k.clone(), bytes.to_vec()),
             RawOp::Put(TreeId::Due, records::due_key_of(&k, &live), encode(&live)?),
         ];
+        self.raw_write(ops).await
+    }
+
+    /// Raw access for tests: `bytes` as the live entry of task `key` (a pending one-shot's
+    /// place in the due index), with no spec: a live index record that does not decode.
+    #[doc(hidden)]
+    pub async fn raw_insert_live_bytes(&self, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        let k = records::due_key_of(key.as_bytes(), &raw_live_entry());
+        self.raw_write(vec![RawOp::Put(TreeId::Due, k, bytes.to_vec())])
+            .await
+    }
+
+    async fn raw_write(&self, ops: Vec<RawOp>) -> Result<(), StoreError> {
         match self.commit.write(ops, true).await? {
             Ok(()) => Ok(()),
             Err(r) => Err(StoreError::Write(format!(
@@ -1086,6 +1095,15 @@ impl Store {
                 r.tree.name()
             ))),
         }
+    }
+}
+
+/// The live entry the raw test writes file their task under.
+fn raw_live_entry() -> LiveEntry {
+    LiveEntry {
+        state: crate::model::TaskState::Pending,
+        next_fire_at_ms: None,
+        one_shot: true,
     }
 }
 
