@@ -83,3 +83,77 @@ async fn delete_cancels_an_unfinished_task_and_deletes_a_finished_one() {
     assert_eq!(http::delete(&h.url("/v1/tasks/nope")).await.status, 404);
     assert_eq!(rx.count(), 0);
 }
+
+/// A send that waits for a free slot of its channel (`concurrency`) waits outside the task's
+/// lock, so a cancel or a pause can be answered during the wait; once it is, the send must not
+/// go when the slot frees. It is held (`held`, why `stopped`) with its attempt unspent: the
+/// cancelled run ends, the paused one sends on resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_waiting_for_a_channel_slot_does_not_go_after_a_cancel_or_a_pause() {
+    use common::herald::{poll, wait_state};
+    use common::receiver::Behavior;
+    let rx = Receiver::start().await;
+    rx.set_default(Behavior::Slow(Duration::from_millis(1_500)));
+    let h = TestHerald::start(&webhook_channel("hook", &rx.url(), "concurrency = 1")).await;
+    let one = |id: &str| json!({"id": id, "channel": "hook", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"});
+    // `hold`'s request takes the channel's one slot for 1.5 s.
+    assert_eq!(
+        http::post_json(&h.url("/v1/tasks"), &one("hold"))
+            .await
+            .status,
+        201
+    );
+    rx.wait_for(1, Duration::from_secs(10)).await;
+    for id in ["cancelled", "paused"] {
+        assert_eq!(
+            http::post_json(&h.url("/v1/tasks"), &one(id)).await.status,
+            201
+        );
+    }
+    // Both armed (their in-flight marks are durable) and waiting for the slot.
+    for id in ["cancelled", "paused"] {
+        poll(Duration::from_secs(10), || async {
+            let v = http::get(&h.url(&format!("/v1/tasks/{id}"))).await.json();
+            (v["progress"]["in_flight"] == 1).then_some(())
+        })
+        .await
+        .unwrap_or_else(|| panic!("{id} armed"));
+    }
+    assert_eq!(rx.count(), 1, "the slot is still held: nothing else went");
+    let r = http::request("POST", &h.url("/v1/tasks/cancelled/cancel"), &[], None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = http::request("POST", &h.url("/v1/tasks/paused/pause"), &[], None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The slot frees when `hold` is answered; the two waiting sends then decide, and say so.
+    wait_state(&h.url(""), "hold", "completed", Duration::from_secs(10)).await;
+    for id in ["cancelled", "paused"] {
+        poll(Duration::from_secs(10), || async {
+            let t = http::get(&h.url(&format!("/v1/tasks/{id}/timeline")))
+                .await
+                .json();
+            t["events"]
+                .as_array()?
+                .iter()
+                .any(|e| e["kind"] == "held" && e["detail"]["why"] == "stopped")
+                .then_some(())
+        })
+        .await
+        .unwrap_or_else(|| panic!("{id}: a held event, why stopped"));
+    }
+    assert_eq!(
+        rx.count(),
+        1,
+        "neither went after its cancel or pause was answered"
+    );
+    let v = http::get(&h.url("/v1/tasks/cancelled")).await.json();
+    assert_eq!(v["state"], "cancelled");
+    // The paused one goes on resume, as its first attempt.
+    let r = http::request("POST", &h.url("/v1/tasks/paused/resume"), &[], None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let got = rx.wait_for(2, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[1].idempotency_key(), Some("paused:1:0"));
+    let attempt = got[1].json.as_ref().map(|j| j["attempt"].clone());
+    assert_eq!(attempt, Some(json!(1)), "the held attempt was not spent");
+    wait_state(&h.url(""), "paused", "completed", Duration::from_secs(10)).await;
+}

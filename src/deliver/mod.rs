@@ -336,22 +336,41 @@ impl Channel {
         d: &Delivery,
         now_ms: impl Fn() -> u64,
     ) -> (Outcome, AttemptReport) {
+        match self.permit().await {
+            Some((permit, waited)) => self.send_with(d, permit, waited, now_ms).await,
+            None => Channel::closed(),
+        }
+    }
+
+    /// A slot of the channel's `concurrency`: at once if one is free (`false`), else once one
+    /// frees (`true`); `None` if the channel is closed.
+    pub async fn permit(&self) -> Option<(tokio::sync::SemaphorePermit<'_>, bool)> {
+        match self.concurrency.try_acquire() {
+            Ok(p) => Some((p, false)),
+            Err(_) => self.concurrency.acquire().await.ok().map(|p| (p, true)),
+        }
+    }
+
+    /// The outcome of a send on a closed channel.
+    pub fn closed() -> (Outcome, AttemptReport) {
+        let o = Outcome::Retry {
+            error: "channel closed".into(),
+            not_before_ms: None,
+        };
+        (o, AttemptReport::default())
+    }
+
+    /// Delivers once in the slot `_permit` ([`Channel::permit`]; `waited`: it had to wait).
+    pub async fn send_with(
+        &self,
+        d: &Delivery,
+        _permit: tokio::sync::SemaphorePermit<'_>,
+        waited: bool,
+        now_ms: impl Fn() -> u64,
+    ) -> (Outcome, AttemptReport) {
         // `sent_at` is when the request is written: if the channel has to wait for a
         // concurrency slot, the attempt is stamped again once it has one. Without a wait the
         // stamp made at admission stands (it is what the rate limit spaced).
-        let (_permit, waited) = match self.concurrency.try_acquire() {
-            Ok(p) => (p, false),
-            Err(_) => match self.concurrency.acquire().await {
-                Ok(p) => (p, true),
-                Err(_) => {
-                    let o = Outcome::Retry {
-                        error: "channel closed".into(),
-                        not_before_ms: None,
-                    };
-                    return (o, AttemptReport::default());
-                }
-            },
-        };
         let restamped;
         let d = if waited {
             restamped = Delivery {

@@ -333,6 +333,7 @@ impl WebhookSink {
                     return Verdict::Done(Outcome::Held {
                         error: format!("held, not sent: {error}"),
                         until_ms: now_ms().saturating_add(LOCAL_RESOURCE_HOLD_MS),
+                        why: crate::model::timeline::HeldWhy::LocalResource,
                     });
                 }
                 return Verdict::Done(Outcome::Retry {

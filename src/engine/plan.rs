@@ -19,7 +19,7 @@ use crate::schedule::{mark_fired_of, next_fire_of};
 
 use super::change::{Change, WheelOp};
 use super::derive_state;
-use crate::model::timeline::{HeldWhy, TimelineEvent, TimelineKind};
+use crate::model::timeline::{TimelineEvent, TimelineKind};
 use crate::schedule::format_utc;
 use serde_json::json;
 
@@ -106,14 +106,8 @@ pub fn settle_events(
     now: u64,
 ) -> Vec<TimelineEvent> {
     let run = plan.run.run;
-    if let Outcome::Held { until_ms, .. } = outcome {
-        return vec![TimelineEvent::held(
-            now,
-            run,
-            seq,
-            *until_ms,
-            HeldWhy::LocalResource,
-        )];
+    if let Outcome::Held { until_ms, why, .. } = outcome {
+        return vec![TimelineEvent::held(now, run, seq, *until_ms, *why)];
     }
     let mut out = vec![TimelineEvent::attempt(
         now,

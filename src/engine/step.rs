@@ -335,7 +335,7 @@ async fn run_step_once(
     let mut prepared = prepared;
     prepared.delivery.epoch = window.as_ref().map(|w| w.2);
     let (outcome, report) = match window {
-        None => send(inner, &prepared).await,
+        None => send(inner, &prepared, &cell, key.run).await,
         Some((end, _sending, _)) => {
             // The deadline is looked at before the send is first polled (`biased`): a process
             // paused between the window check and here (SIGSTOP, a VM freeze) wakes with the
@@ -352,7 +352,7 @@ async fn run_step_once(
                     },
                     Default::default(),
                 ),
-                r = send(inner, &prepared) => r,
+                r = send(inner, &prepared, &cell, key.run) => r,
             }
         }
     };
@@ -653,12 +653,33 @@ fn render(
     )
 }
 
-async fn send(inner: &Arc<Inner>, p: &Prepared) -> (Outcome, crate::deliver::AttemptReport) {
+async fn send(
+    inner: &Arc<Inner>,
+    p: &Prepared,
+    cell: &super::LiveTask,
+    run: u32,
+) -> (Outcome, crate::deliver::AttemptReport) {
     let d = &p.delivery;
     tracing::debug!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, "attempt");
     match &p.channel {
         Some(c) => {
-            let (o, report) = c.send_traced(d, || inner.clock.now_ms()).await;
+            let Some((permit, waited)) = c.permit().await else {
+                return crate::deliver::Channel::closed();
+            };
+            // The cell's lock was let go before this wait, so a cancel or a pause may have
+            // been answered during it: nothing may go after that. Held, not sent, with the
+            // same attempt number: a cancelled run ends with it, a paused one sends on resume.
+            if waited && !still_sending(cell, run).await {
+                let o = Outcome::Held {
+                    error: "not sent: the task was cancelled or paused while its send waited for a free slot of the channel".into(),
+                    until_ms: inner.clock.now_ms(),
+                    why: crate::model::timeline::HeldWhy::Stopped,
+                };
+                return (o, Default::default());
+            }
+            let (o, report) = c
+                .send_with(d, permit, waited, || inner.clock.now_ms())
+                .await;
             record(inner, c, &o, p.probe);
             (o, report)
         }
@@ -668,6 +689,22 @@ async fn send(inner: &Arc<Inner>, p: &Prepared) -> (Outcome, crate::deliver::Att
             },
             Default::default(),
         ),
+    }
+}
+
+/// Whether run `run` of the task in `cell` still wants its send: the task running and the run
+/// not cancelled. A cell unloaded meanwhile (a failed write) cannot tell; the send goes, as it
+/// would have without the wait, and the settle reads the store.
+async fn still_sending(cell: &super::LiveTask, run: u32) -> bool {
+    match &*cell.lock().await {
+        super::Slot::Loaded(st) => {
+            st.progress.state == TaskState::Running
+                && st
+                    .runs
+                    .get(&run)
+                    .is_some_and(|r| r.state == crate::model::RunState::Running)
+        }
+        super::Slot::Unloaded => true,
     }
 }
 

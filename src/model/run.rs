@@ -66,8 +66,13 @@ pub enum Outcome {
     Permanent { error: String },
     /// Never left this host: a local resource ran out (too many open files, no buffer space).
     /// Like a rate-limit hold: the attempt is not counted and the breaker is not told; the
-    /// message is tried again at `until_ms` with the same attempt number.
-    Held { error: String, until_ms: u64 },
+    /// message is tried again at `until_ms` with the same attempt number. `why` goes into the
+    /// `held` timeline event.
+    Held {
+        error: String,
+        until_ms: u64,
+        why: super::timeline::HeldWhy,
+    },
 }
 
 /// A message given up on, to be written to the failure list.
@@ -280,6 +285,7 @@ mod tests {
         let held = Outcome::Held {
             error: "Too many open files".into(),
             until_ms: 200,
+            why: crate::model::timeline::HeldWhy::LocalResource,
         };
         for _ in 0..5 {
             let s = r.settle(held.clone(), 1, 1_000, &Pacing::default(), 10);

@@ -140,6 +140,9 @@ pub enum HeldWhy {
     /// A local resource ran out (too many open files, no buffer space).
     LocalResource,
     QuietHours,
+    /// The task was cancelled or paused while its send waited for a free slot of the channel
+    /// (`concurrency`): it did not go.
+    Stopped,
 }
 
 impl HeldWhy {
@@ -149,6 +152,7 @@ impl HeldWhy {
             HeldWhy::Breaker => "breaker",
             HeldWhy::LocalResource => "local_resource",
             HeldWhy::QuietHours => "quiet_hours",
+            HeldWhy::Stopped => "stopped",
         }
     }
 }
