@@ -428,6 +428,46 @@ async fn concurrency_caps_sends_in_flight_on_a_channel() {
     }
 }
 
+/// A failure-list retry asked for again while its attempt is on its way (a client sending its
+/// request twice, a slow receiver) does not start a second attempt of the same message beside
+/// the first: the first's answer decides what comes next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_retried_again_while_its_attempt_is_out_sends_no_second_attempt() {
+    let rx = Receiver::start().await;
+    rx.script_key(
+        "g:1:0",
+        vec![
+            Behavior::Status(400),
+            Behavior::Slow(Duration::from_millis(1_000)),
+        ],
+    );
+    let h = TestHerald::start(&webhook_channel("hook", &rx.url(), "")).await;
+    send_one(&h, "g", "hook").await;
+    wait_state(&h.server.url(), "g", "completed", Duration::from_secs(10)).await;
+    assert_eq!(failures(&h, "task=g").await.len(), 1);
+    let url = h.url("/v1/failures/g:1:0/retry");
+    let retry = || http::request("POST", &url, &[], None);
+    assert_eq!(retry().await.status, 202);
+    // The retry's attempt reached the receiver, which holds it 1 s: ask again meanwhile.
+    rx.wait_for(2, Duration::from_secs(10)).await;
+    assert_eq!(retry().await.status, 202);
+    poll(Duration::from_secs(10), || async {
+        failures(&h, "task=g").await.is_empty().then_some(())
+    })
+    .await
+    .expect("the retried message left the failure list");
+    let keyed: Vec<Recorded> = rx
+        .requests()
+        .into_iter()
+        .filter(|r| r.header("idempotency-key") == Some("g:1:0"))
+        .collect();
+    assert_eq!(
+        keyed.len(),
+        2,
+        "the original attempt and one retry, not two at once"
+    );
+}
+
 #[tokio::test]
 async fn a_reset_connection_is_retried() {
     let rx = Receiver::start().await;

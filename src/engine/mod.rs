@@ -255,6 +255,10 @@ pub(crate) struct Inner {
     pub alert_sends: Arc<tokio::sync::Semaphore>,
     /// Serialises changes to failure records (retry steps against dismissals).
     pub failures_lock: tokio::sync::Mutex<()>,
+    /// Failure-list entries whose retry attempt is being sent now (taken under
+    /// `failures_lock`, let go after its settle): a retry step that finds its entry here does
+    /// not send, so two attempts of one message never overlap (`retry.rs`).
+    pub failure_sends: parking_lot::Mutex<std::collections::HashSet<Arc<str>>>,
     /// One-shots counted per second they are due in: a herd's fires are handled earlier.
     pub herd: Mutex<herd::HerdLeads>,
     pub events: events::Bus, // events (issue 11)
@@ -401,6 +405,7 @@ impl Engine {
             failures_full: AtomicBool::new(false),
             alert_sends: Arc::new(tokio::sync::Semaphore::new(alerts::DELIVERIES_MAX)),
             failures_lock: tokio::sync::Mutex::new(()),
+            failure_sends: Default::default(),
             herd: Mutex::new(herd::HerdLeads::default()),
             events: events::Bus::new(), // events (issue 11)
         });
