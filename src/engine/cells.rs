@@ -15,7 +15,6 @@ use tokio::sync::OwnedMutexGuard;
 
 use super::{EngineError, Inner, LiveState, LiveTask, Slot};
 use crate::model::{RunState, TaskState};
-use crate::store::StoreError;
 
 /// The live map: every unfinished task by id, with its cell while it is loaded.
 ///
@@ -370,12 +369,14 @@ fn loaded(
                 forget(inner, &id);
                 return Ok(Got::Gone);
             }
-            Err(EngineError::Store(e @ StoreError::Unavailable(_))) => {
-                // The store cannot be reached right now (a database outage), which says
-                // nothing about the record: the task stays live and unloaded, and the step
-                // that wanted it is tried again (`step::step_error`). Dropping it here lost
-                // a pending task for good when Postgres went away (`tests/pg_outage.rs`).
-                tracing::warn!(task = %id, error = %e, "task cannot be loaded while the store is unavailable; trying again");
+            Err(EngineError::Store(e)) if e.is_storage() => {
+                // The store could not be read right now (a database outage, an I/O error, a
+                // reopen under way), which says nothing about the record: the task stays live
+                // and unloaded, and the step that wanted it is tried again
+                // (`step::step_error`). Dropping it here lost a pending task for good when
+                // Postgres went away (`tests/pg_outage.rs`). Only a record that does not
+                // decode leaves the schedule.
+                tracing::warn!(task = %id, error = %e, "task cannot be loaded while the store fails; trying again");
                 return Err(EngineError::Store(e));
             }
             Err(e) => {
