@@ -65,18 +65,22 @@ pub fn segment_path(dir: &Path, n: u64) -> PathBuf {
     dir.join(format!("wal-{n:016}.log"))
 }
 
+/// The number of the segment at `path` (`None`: not a segment's name).
+pub fn segment_number(path: &Path) -> Option<u64> {
+    path.file_name()?
+        .to_str()?
+        .strip_prefix("wal-")?
+        .strip_suffix(".log")?
+        .parse()
+        .ok()
+}
+
 /// The segments in `dir`, oldest first.
 pub fn segments(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir)? {
         let e = e?;
-        let name = e.file_name();
-        let Some(n) = name
-            .to_str()
-            .and_then(|s| s.strip_prefix("wal-"))
-            .and_then(|s| s.strip_suffix(".log"))
-            .and_then(|s| s.parse::<u64>().ok())
-        else {
+        let Some(n) = segment_number(&e.path()) else {
             continue;
         };
         out.push((n, e.path()));
@@ -278,14 +282,13 @@ impl Segment {
     /// (`filled_inline`).
     pub fn create(dir: &Path, n: u64) -> std::io::Result<Segment> {
         let path = segment_path(dir, n);
-        let mut filled_inline = None;
-        if std::fs::rename(dir.join(SPARE), &path).is_err() {
-            let started = std::time::Instant::now();
-            zero_filled(&path)?;
-            filled_inline = Some(started.elapsed());
-        }
-        let file = OpenOptions::new().write(true).open(&path)?;
-        sync_dir(dir)?;
+        let made = Segment::made(dir, &path).inspect_err(|_| {
+            // A segment file left after a failed create would be the newest at the next
+            // start while the appends go on in the one before (`rotate` keeps it): a torn
+            // tail there would then read as damage, not as an append cut off.
+            let _ = std::fs::remove_file(&path);
+        })?;
+        let (file, filled_inline) = made;
         Ok(Segment {
             n,
             path,
@@ -295,6 +298,20 @@ impl Segment {
             opened: std::time::Instant::now(),
             filled_inline,
         })
+    }
+
+    /// The file of a new segment at `path`, its directory entry durable: the spare renamed,
+    /// or a file zero-filled here (how long that took).
+    fn made(dir: &Path, path: &Path) -> std::io::Result<(File, Option<std::time::Duration>)> {
+        let mut filled_inline = None;
+        if std::fs::rename(dir.join(SPARE), path).is_err() {
+            let started = std::time::Instant::now();
+            zero_filled(path)?;
+            filled_inline = Some(started.elapsed());
+        }
+        let file = OpenOptions::new().write(true).open(path)?;
+        sync_dir(dir)?;
+        Ok((file, filled_inline))
     }
 
     /// Appends `bytes` (not yet durable).
@@ -351,6 +368,14 @@ impl Segment {
     /// Nothing appended yet.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// A failed append or sync is still in the file: its cut back (zeros, made durable) has
+    /// not succeeded yet. Such a segment must stay the open one until it has (`Log::discard`
+    /// retries it before the next group): closed, it would be read at the next start with the
+    /// failed record in it, and no later cut would reach it.
+    pub fn uncut(&self) -> bool {
+        self.len > self.synced
     }
 
     /// Time to close this segment and start a checkpoint.
@@ -531,6 +556,26 @@ mod tests {
             segs.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
             vec![7, 12]
         );
+    }
+
+    #[test]
+    fn a_segment_is_uncut_from_an_append_until_its_sync_or_its_cut_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Segment::create(dir.path(), 3).unwrap();
+        let (_, bytes, _) = two_records();
+        assert!(!s.uncut());
+        s.append(&bytes).unwrap();
+        assert!(
+            s.uncut(),
+            "appended, not yet durable: the segment may not close"
+        );
+        s.sync().unwrap();
+        assert!(!s.uncut());
+        s.append(b"failed").unwrap();
+        assert!(s.uncut());
+        s.cut_back().unwrap();
+        assert!(!s.uncut(), "cut back durably: it may close");
+        assert!(!s.is_empty());
     }
 
     #[test]

@@ -109,6 +109,9 @@ struct Shared {
     /// The applier's progress: chunks of keys written into sled and layers done (a write
     /// waiting for room tells a slow applier from a stuck one by it).
     applied: AtomicU64,
+    /// The last log segment sled holds durably (`SledInner::checkpoint`): a new segment is
+    /// always numbered past it.
+    checkpoint: AtomicU64,
     /// The active layer's bytes, stored after every change of it (under `mem`'s write lock),
     /// so the admission law reads it on a tokio worker without a lock.
     active_bytes: AtomicUsize,
@@ -262,7 +265,14 @@ impl SledInner {
     /// layer until it is dropped, and a batch per tree costs sled a batch manifest and its
     /// exclusive lock each. `pace` runs before every 1 024 keys (it may wait,
     /// `store/pace.rs`); it returning `true` stops the write early, with an error.
-    fn write_layer(&self, layer: &Layer, pace: &dyn Fn() -> bool) -> Result<(), StoreError> {
+    /// `through`: the last log segment the layer covers, recorded with it (the checkpoint,
+    /// [`SledInner::checkpoint`]).
+    fn write_layer(
+        &self,
+        layer: &Layer,
+        through: Option<u64>,
+        pace: &dyn Fn() -> bool,
+    ) -> Result<(), StoreError> {
         let mut chunk: Vec<(&[u8], Option<&[u8]>)> = Vec::with_capacity(1024);
         for t in TreeId::ALL {
             let tree = t.of(&self.trees);
@@ -281,8 +291,43 @@ impl SledInner {
                 tree.apply_sorted(&chunk)?;
             }
         }
+        if let Some(n) = through {
+            self.db.insert(CHECKPOINT_KEY, &n.to_be_bytes())?;
+        }
         self.flush()
     }
+
+    /// The last log segment whose every record sled holds durably (`None`: none recorded).
+    /// Written in the same flush as the layer that covers it: a segment at or before it that
+    /// is still on disk (its delete failed) holds values older than sled's, and replaying it
+    /// would bring them back over newer ones.
+    fn checkpoint(&self) -> Result<Option<u64>, StoreError> {
+        Ok(self
+            .db
+            .get(CHECKPOINT_KEY)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+            .map(u64::from_be_bytes))
+    }
+}
+
+/// Where sled keeps its checkpoint of the log (its default tree, which holds nothing else).
+const CHECKPOINT_KEY: &[u8] = b"herald.wal.checkpoint";
+
+/// Removes the segments at or before `checkpoint` (sled holds them: a delete after their layer
+/// was written failed), so that they are not replayed over newer values.
+fn remove_checkpointed(dir: &Path, checkpoint: u64) -> Result<(), StoreError> {
+    let stale: Vec<_> = wal::segments(dir)?
+        .into_iter()
+        .filter(|(n, _)| *n <= checkpoint)
+        .collect();
+    for (n, p) in &stale {
+        tracing::warn!(segment = n, checkpoint, "a write-ahead log segment sled already holds was still there (its delete had failed); removed unread");
+        remove_if_there(p)?;
+    }
+    if !stale.is_empty() {
+        wal::sync_dir(dir)?;
+    }
+    Ok(())
 }
 
 fn remove_if_there(path: &Path) -> std::io::Result<()> {
@@ -318,7 +363,7 @@ impl Shared {
     /// waits in `log.closed` for the next freeze.
     fn rotate(&self, log: &mut Log) {
         let Some(seg) = log.seg.as_mut() else { return };
-        if seg.is_empty() {
+        if seg.is_empty() || seg.uncut() {
             return;
         }
         match Segment::create(&self.dir, seg.n + 1) {
@@ -479,12 +524,18 @@ impl Shared {
             if !self.wait_for_space(layer.bytes) {
                 return false;
             }
+            let through = covered.iter().filter_map(|p| wal::segment_number(p)).max();
             let r = match &*self.inner.read() {
-                Some(i) => i.write_layer(layer, &pace),
+                Some(i) => i.write_layer(layer, through, &pace),
                 None => Err(self.closed_error()),
             };
             match r {
-                Ok(()) => break,
+                Ok(()) => {
+                    if let Some(n) = through {
+                        self.checkpoint.fetch_max(n, Ordering::SeqCst);
+                    }
+                    break;
+                }
                 Err(_) if stop() => return false,
                 Err(e) => {
                     tracing::warn!(error = %e, keys = layer.len(), "writing the memtable into sled failed; writes wait for a reopen, then it is written again");
@@ -700,13 +751,17 @@ impl SledBackend {
         let knobs = Arc::new(Knobs::default());
         let inner = SledInner::open(dir, cache_bytes, knobs.clone())?;
         let started = Instant::now();
+        let checkpoint = inner.checkpoint()?.unwrap_or(0);
+        remove_checkpointed(dir, checkpoint)?;
         let (records, segs) = wal::read_all(dir)?;
         let mut mem = Mem::default();
         let n_records = records.len();
         for w in records.into_iter().flatten() {
             mem.active.insert(w, started);
         }
-        let next = segs.last().map_or(1, |(n, _)| n + 1);
+        // Numbers only grow past the checkpoint: a segment numbered at or before it would be
+        // taken for one sled holds, and removed unread at the next start.
+        let next = segs.last().map_or(1, |(n, _)| n + 1).max(checkpoint + 1);
         let seg = Segment::create(dir, next)?;
         if mem.active.is_empty() {
             // Segments without a record (all zeros) hold nothing to keep.
@@ -750,6 +805,7 @@ impl SledBackend {
             closing: OMutex::new(Rank::Closing, None),
             gauge: space::Gauge::default(),
             applied: AtomicU64::new(0),
+            checkpoint: AtomicU64::new(checkpoint),
             active_bytes: AtomicUsize::new(0),
             knobs,
         });
@@ -938,7 +994,12 @@ impl Backend for SledBackend {
             let mut log = s.log.lock();
             log.discard()?;
             if log.seg.is_none() {
-                let n = wal::segments(&s.dir)?.last().map_or(1, |(n, _)| n + 1);
+                // Past the checkpoint, as at open: a lower number would be removed unread.
+                let checkpoint = s.checkpoint.load(Ordering::SeqCst);
+                let n = wal::segments(&s.dir)?
+                    .last()
+                    .map_or(1, |(n, _)| n + 1)
+                    .max(checkpoint + 1);
                 let seg = Segment::create(&s.dir, n)?;
                 s.took_spare(&seg);
                 log.seg = Some(seg);
