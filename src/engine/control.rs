@@ -117,7 +117,8 @@ impl Engine {
         self.command(id, async |this, l| {
             let st = l.st();
             let now = this.inner.clock.now_ms();
-            let p = plan::resume(&st.spec, &st.progress, &st.runs, now).map_err(refused)?;
+            let p = plan::resume(&st.spec, &st.progress, &st.runs, &st.sending, now)
+                .map_err(refused)?;
             let c = with_event(p.change(), TimelineKind::Resumed, now);
             commit::apply(&this.inner, l, c).await?;
             tracing::info!(task = %id, state = %l.st().progress.state, "task resumed");

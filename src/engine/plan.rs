@@ -822,11 +822,13 @@ pub fn pause(
 }
 
 /// Resume: runs go on at their cursor (not before now); fires due while paused count as missed
-/// (judged by the misfire policy at the next fire step).
+/// (judged by the misfire policy at the next fire step). A run whose send is out right now
+/// (`sending`: pause kept it) is left to its settle: neither re-armed nor judged for expiry.
 pub fn resume(
     spec: &TaskSpec,
     progress: &TaskProgress,
     runs: &BTreeMap<u32, Run>,
+    sending: &BTreeSet<u32>,
     now: u64,
 ) -> Result<ControlPlan, Refused> {
     if progress.state != TaskState::Paused {
@@ -841,6 +843,10 @@ pub fn resume(
     let mut out: Vec<Run> = Vec::with_capacity(runs.len());
     let mut active = 0usize;
     for r in runs.values() {
+        if sending.contains(&r.run) {
+            active += 1;
+            continue;
+        }
         let send_ms = r.next_at_ms.unwrap_or(now).max(now);
         match expire_started(spec, &mut progress, r, send_ms, now, now) {
             Some(e) => out.push(e),
@@ -1202,12 +1208,22 @@ mod tests {
         let paused = pause(&s, &p.progress, &runs, &BTreeSet::new(), NOW + 1).unwrap();
         let again: BTreeMap<u32, Run> = paused.runs.iter().map(|r| (r.run, r.clone())).collect();
         // Resumed within the grace: it goes on.
-        let r = resume(&s, &paused.progress, &again, NOW + 900).unwrap();
+        let r = resume(&s, &paused.progress, &again, &BTreeSet::new(), NOW + 900).unwrap();
         assert_eq!(r.progress.state, TaskState::Running);
         // Resumed 5 s after its instant: it expires, nothing is sent.
-        let r = resume(&s, &paused.progress, &again, NOW + 5_000).unwrap();
+        let r = resume(&s, &paused.progress, &again, &BTreeSet::new(), NOW + 5_000).unwrap();
         assert_eq!(r.progress.state, TaskState::Expired);
         assert_eq!(r.runs[0].state, RunState::Expired);
+        // Its first message being sent right now (held past the grace by a rate limit, say):
+        // resumed, it is left to its settle, not expired under the send.
+        let sending = BTreeSet::from([again.values().next().unwrap().run]);
+        let out = resume(&s, &paused.progress, &again, &sending, NOW + 5_000).unwrap();
+        assert_eq!(out.progress.state, TaskState::Running);
+        assert!(
+            out.runs.is_empty(),
+            "the sending run is not rewritten: {:?}",
+            out.runs
+        );
         // A trigger re-arms it: a new run, now.
         let tr = trigger(&s, &r.progress, NOW + 6_000).unwrap();
         assert_eq!(tr.progress.state, TaskState::Running);
@@ -1335,7 +1351,7 @@ mod tests {
             (None, 0)
         );
         let again: BTreeMap<u32, Run> = paused.runs.iter().map(|r| (r.run, r.clone())).collect();
-        let resumed = resume(&s, &paused.progress, &again, NOW + 5).unwrap();
+        let resumed = resume(&s, &paused.progress, &again, &BTreeSet::new(), NOW + 5).unwrap();
         assert_eq!(resumed.progress.state, TaskState::Running);
         assert_eq!(resumed.progress.watched_since_ms, NOW + 5);
         assert_eq!(resumed.runs[0].next_at_ms, Some(NOW + 5));
@@ -1350,13 +1366,13 @@ mod tests {
             Err(Refused::Conflict(_))
         ));
         assert!(matches!(
-            resume(&s, &p.progress, &runs, NOW),
+            resume(&s, &p.progress, &runs, &BTreeSet::new(), NOW),
             Err(Refused::Conflict(_))
         ));
         // A paused task with nothing left completes on resume (found by simulation seed 1018).
         let mut done = paused.progress.clone();
         done.next_fire_at_ms = None;
-        let r = resume(&s, &done, &BTreeMap::new(), NOW + 6).unwrap();
+        let r = resume(&s, &done, &BTreeMap::new(), &BTreeSet::new(), NOW + 6).unwrap();
         assert_eq!(r.progress.state, TaskState::Completed);
         // Trigger on a pending task starts a new run now.
         let tr = trigger(&s, &t, NOW + 7).unwrap();
