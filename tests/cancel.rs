@@ -157,3 +157,37 @@ async fn a_send_waiting_for_a_channel_slot_does_not_go_after_a_cancel_or_a_pause
     assert_eq!(attempt, Some(json!(1)), "the held attempt was not spent");
     wait_state(&h.url(""), "paused", "completed", Duration::from_secs(10)).await;
 }
+
+/// A cancelled task whose last send is still out is deleted only once that send is settled: on
+/// disk its run already reads cancelled, and the delete went ahead, after which the settle
+/// wrote a run record and timeline events of a task that no longer existed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_task_is_deleted_only_after_its_last_send_is_settled() {
+    use common::herald::poll;
+    use common::receiver::Behavior;
+    let rx = Receiver::start().await;
+    rx.set_default(Behavior::Slow(Duration::from_millis(1_000)));
+    let h = TestHerald::start(&webhook_channel("hook", &rx.url(), "")).await;
+    let r = http::post_json(
+        &h.url("/v1/tasks"),
+        &json!({"id": "s", "channel": "hook", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"}),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    // The send is out: the receiver holds it 1 s.
+    rx.wait_for(1, Duration::from_secs(10)).await;
+    let r = http::request("POST", &h.url("/v1/tasks/s/cancel"), &[], None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = http::delete(&h.url("/v1/tasks/s")).await;
+    assert_eq!(r.status, 409, "deleted under its send: {}", r.text());
+    assert!(r.text().contains("still settling"), "{}", r.text());
+    // Once the answer is settled, the delete goes through and nothing of the task is left.
+    poll(Duration::from_secs(10), || async {
+        (http::delete(&h.url("/v1/tasks/s")).await.status == 200).then_some(())
+    })
+    .await
+    .expect("deleted once the send settled");
+    assert_eq!(http::get(&h.url("/v1/tasks/s")).await.status, 404);
+    assert_eq!(http::get(&h.url("/v1/tasks/s/runs")).await.status, 404);
+    assert_eq!(http::get(&h.url("/v1/tasks/s/timeline")).await.status, 404);
+}

@@ -259,6 +259,10 @@ pub(crate) struct Inner {
     /// `failures_lock`, let go after its settle): a retry step that finds its entry here does
     /// not send, so two attempts of one message never overlap (`retry.rs`).
     pub failure_sends: parking_lot::Mutex<std::collections::HashSet<Arc<str>>>,
+    /// Tasks with a send out outside their lock (`step.rs`: from the send to its settle), by
+    /// how many: a cancelled task's last send may still be settling, and a delete must wait
+    /// for it (`retention.rs`), or the settle writes records of a deleted task.
+    pub sends_out: parking_lot::Mutex<std::collections::HashMap<Arc<str>, u32>>,
     /// One-shots counted per second they are due in: a herd's fires are handled earlier.
     pub herd: Mutex<herd::HerdLeads>,
     pub events: events::Bus, // events (issue 11)
@@ -406,6 +410,7 @@ impl Engine {
             alert_sends: Arc::new(tokio::sync::Semaphore::new(alerts::DELIVERIES_MAX)),
             failures_lock: tokio::sync::Mutex::new(()),
             failure_sends: Default::default(),
+            sends_out: Default::default(),
             herd: Mutex::new(herd::HerdLeads::default()),
             events: events::Bus::new(), // events (issue 11)
         });
