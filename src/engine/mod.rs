@@ -19,6 +19,7 @@ mod dispatch;
 pub mod events; // events (issue 11)
 mod failures;
 mod herd;
+mod marks;
 mod notify;
 mod plan;
 mod prefetch;
@@ -258,11 +259,11 @@ pub(crate) struct Inner {
     /// Failure-list entries whose retry attempt is being sent now (taken under
     /// `failures_lock`, let go after its settle): a retry step that finds its entry here does
     /// not send, so two attempts of one message never overlap (`retry.rs`).
-    pub failure_sends: parking_lot::Mutex<std::collections::HashSet<Arc<str>>>,
+    pub failure_sends: marks::Marks,
     /// Tasks with a send out outside their lock (`step.rs`: from the send to its settle), by
     /// how many: a cancelled task's last send may still be settling, and a delete must wait
     /// for it (`retention.rs`), or the settle writes records of a deleted task.
-    pub sends_out: parking_lot::Mutex<std::collections::HashMap<Arc<str>, u32>>,
+    pub sends_out: marks::Marks,
     /// One-shots counted per second they are due in: a herd's fires are handled earlier.
     pub herd: Mutex<herd::HerdLeads>,
     pub events: events::Bus, // events (issue 11)

@@ -198,12 +198,10 @@ impl Engine {
                 "test knob {HOLD_ENV}: the retention delete is held");
             tokio::time::sleep(hold).await;
         }
-        let fps: Vec<Footprint> = {
-            let out = inner.sends_out.lock();
-            fps.into_iter()
-                .filter(|f| !f.settling && !out.contains_key(f.id.as_str()))
-                .collect()
-        };
+        let fps: Vec<Footprint> = fps
+            .into_iter()
+            .filter(|f| !f.settling && !inner.sends_out.contains(&f.id))
+            .collect();
         let n = fps.len();
         for group in batches(fps, BATCH_OPS_MAX) {
             commit::delete_tasks(inner, group).await?;
@@ -228,7 +226,7 @@ impl Engine {
         let fp = self.inner.store.footprint(id)?;
         // On disk a cancelled task's sending run reads cancelled: the send it still has out
         // is known in memory only.
-        if fp.settling || self.inner.sends_out.lock().contains_key(id) {
+        if fp.settling || self.inner.sends_out.contains(id) {
             return Err(EngineError::Conflict(format!(
                 "task {id:?} is {state} but a send of it is still settling; try again shortly"
             )));

@@ -28,7 +28,7 @@ pub(crate) async fn failure_retry(
     };
     // An attempt of it is on its way (a retry asked for again while it was sent): its settle
     // decides what comes next. Another attempt now would overlap it.
-    if !f.retrying || inner.failure_sends.lock().contains(failure_id) {
+    if !f.retrying || inner.failure_sends.contains(failure_id) {
         return Ok(());
     }
     let now = inner.clock.now_ms();
@@ -57,7 +57,7 @@ pub(crate) async fn failure_retry(
     let (spec, _) = task.split();
     let delivery = render(inner, &spec, &f, msg, now)?;
     let policy = spec.retry.unwrap_or(channel.retry);
-    let _sending = SendingFailure::new(inner, failure_id);
+    let _sending = inner.failure_sends.mark(failure_id);
     drop(guard);
 
     // Traced like a run's attempt: the task's trace with a span of its own, and an `attempt`
@@ -76,29 +76,6 @@ pub(crate) async fn failure_retry(
         return Ok(());
     }
     settle(inner, id, &delivery, outcome, &report, &policy).await
-}
-
-/// Marks a failure-list entry's attempt as on its way until dropped (after its settle, or on
-/// any early return): `Inner::failure_sends`.
-struct SendingFailure<'a> {
-    inner: &'a Inner,
-    id: Arc<str>,
-}
-
-impl<'a> SendingFailure<'a> {
-    fn new(inner: &'a Inner, id: &Arc<str>) -> SendingFailure<'a> {
-        inner.failure_sends.lock().insert(id.clone());
-        SendingFailure {
-            inner,
-            id: id.clone(),
-        }
-    }
-}
-
-impl Drop for SendingFailure<'_> {
-    fn drop(&mut self) {
-        self.inner.failure_sends.lock().remove(&self.id);
-    }
 }
 
 /// The attempt's delivery: the message rendered as its run's, with the next attempt number.

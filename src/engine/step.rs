@@ -115,34 +115,6 @@ impl Drop for SendInFlight<'_> {
     }
 }
 
-/// Marks a task as having a send out (`Inner::sends_out`) until dropped, after its settle.
-struct SendOut<'a> {
-    inner: &'a Inner,
-    task: Arc<str>,
-}
-
-impl<'a> SendOut<'a> {
-    fn new(inner: &'a Inner, task: &Arc<str>) -> SendOut<'a> {
-        *inner.sends_out.lock().entry(task.clone()).or_default() += 1;
-        SendOut {
-            inner,
-            task: task.clone(),
-        }
-    }
-}
-
-impl Drop for SendOut<'_> {
-    fn drop(&mut self) {
-        let mut out = self.inner.sends_out.lock();
-        if let Some(n) = out.get_mut(&self.task) {
-            *n -= 1;
-            if *n == 0 {
-                out.remove(&self.task);
-            }
-        }
-    }
-}
-
 /// Storage errors (and a full queue) pass, and so does a task's cell that kept changing hands
 /// (`cells::lock`); a step that failed on them is tried again.
 pub(super) fn is_retryable(e: &EngineError) -> bool {
@@ -360,7 +332,7 @@ async fn run_step_once(
     let cell = l.cell();
     l.release(inner);
     let _in_flight = SendInFlight::new(inner);
-    let _out = SendOut::new(inner, &key.task);
+    let _out = inner.sends_out.mark(&key.task); // until after the settle
     let mut prepared = prepared;
     prepared.delivery.epoch = window.as_ref().map(|w| w.2);
     let (outcome, report) = match window {
