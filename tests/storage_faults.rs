@@ -16,6 +16,9 @@ use herald::store::fault::{Faults, FaultyBackend};
 use herald::store::Store;
 use serde_json::{json, Value};
 
+use common::herald::poll;
+use common::receiver::{Behavior, Receiver};
+
 const T0: u64 = 1_796_083_200_000; // 2026-12-01T00:00:00Z
 
 struct Rig {
@@ -27,13 +30,21 @@ struct Rig {
 }
 
 async fn rig() -> Rig {
+    rig_with(|out| {
+        format!(
+            "[channels.out]\nkind = \"file\"\npath = \"{}\"\n",
+            out.display()
+        )
+    })
+    .await
+}
+
+/// [`rig`] with the channels `channels` writes (given the path a file channel may use).
+async fn rig_with(channels: impl FnOnce(&std::path::Path) -> String) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.jsonl");
     let config = Config::from_toml(
-        &format!(
-            "[channels.out]\nkind = \"file\"\npath = \"{}\"\n",
-            out.display()
-        ),
+        &channels(&out),
         Overrides {
             listen: Some("127.0.0.1:0".into()),
             data_dir: Some(dir.path().join("data")),
@@ -378,4 +389,109 @@ async fn a_cancel_waiting_for_a_create_that_fails_leaves_the_finished_task_alone
     let x = r.engine.get("x").unwrap().unwrap();
     assert_eq!(x.task.state.to_string(), "completed", "x is left as it was");
     assert_eq!(r.sent().len(), 1, "x was sent once");
+}
+
+/// A task with two runs out at once (a cron with `overlap: allow`, each send to a slow
+/// webhook, outside the task's lock): run 2's settle write fails, so the task is read back from
+/// disk, where run 1's message reads in flight too. Run 1's attempt is still under way, so its
+/// load must not arm it to go again (a resume steps every run not sending): it is settled by
+/// its own step, and its message is sent once. Run 2's message, whose outcome never reached the disk, goes again with its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_settle_does_not_send_again_another_run_still_out() {
+    let rx = Receiver::start().await;
+    let url = rx.url();
+    let r = rig_with(|_| common::herald::webhook_channel("out", &url, "timeout = \"30s\"")).await;
+    // Run 1 answers after 4 s, run 2 after 1 s; anything after that at once.
+    rx.set_default(Behavior::Ok);
+    rx.script(vec![
+        Behavior::Slow(std::time::Duration::from_secs(4)),
+        Behavior::Slow(std::time::Duration::from_secs(1)),
+    ]);
+    r.create(json!({"id": "both", "channel": "out",
+        "schedule": {"cron": "* * * * * *", "max_runs": 2}, "overlap": "allow",
+        "to": ["a"], "body": "x"}))
+        .await
+        .unwrap();
+    let run_of = |q: &common::receiver::Recorded| q.json.as_ref().and_then(|j| j["run"].as_u64());
+    let wait = std::time::Duration::from_secs(20);
+    let arrived = |run: u64, n: usize| {
+        let rx = &rx;
+        async move {
+            poll(wait, || async {
+                (rx.requests()
+                    .iter()
+                    .filter(|q| run_of(q) == Some(run))
+                    .count()
+                    >= n)
+                    .then_some(())
+            })
+            .await
+            .unwrap_or_else(|| {
+                panic!(
+                    "run {run}: {n} requests did not arrive: {:?}",
+                    rx.requests()
+                )
+            })
+        }
+    };
+    r.clock.set(T0 + 1_000);
+    r.engine.wake();
+    arrived(1, 1).await;
+    r.clock.set(T0 + 2_000);
+    r.engine.wake();
+    arrived(2, 1).await;
+    // Run 2 is out (its mark on disk); its settle is the next write, and it fails.
+    r.faults.set(true, false);
+    poll(wait, || async { r.engine.storage_failing().map(|_| ()) })
+        .await
+        .expect("run 2's settle fails");
+    r.faults.set(false, false);
+    // Run 2's step comes back a second later (`STORAGE_RETRY_MS`) and reads the task back;
+    // a step that still finds the store failing tries again a second after that. The clock
+    // moves on until run 2's message has gone again (run 1's send runs on real time).
+    poll(wait, || async {
+        if rx
+            .requests()
+            .iter()
+            .filter(|q| run_of(q) == Some(2))
+            .count()
+            >= 2
+        {
+            return Some(());
+        }
+        r.clock.set(r.clock.now_ms() + 100);
+        r.engine.wake();
+        None
+    })
+    .await
+    .unwrap_or_else(|| panic!("run 2 was not sent again: {:?}", rx.requests()));
+    // A pause and a resume while run 1 is still out: the resume steps every run that is not
+    // sending. Run 1 must read as sending, or it goes a second time now.
+    r.engine.pause("both").await.unwrap();
+    r.engine.resume("both").await.unwrap();
+    // Run 1's answer comes at 4 s; then both runs are settled.
+    poll(wait, || async {
+        let runs = r.engine.runs("both").unwrap().unwrap();
+        (runs.len() == 2
+            && runs
+                .iter()
+                .all(|run| run.state == herald::model::RunState::Completed))
+        .then_some(())
+    })
+    .await
+    .unwrap_or_else(|| panic!("runs not completed: {:?}", r.engine.runs("both")));
+    let reqs = rx.requests();
+    let of = |run: u64| {
+        reqs.iter()
+            .filter(|q| run_of(q) == Some(run))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        of(1).len(),
+        1,
+        "run 1 was sent again while its attempt was out: {reqs:?}"
+    );
+    let two = of(2);
+    assert_eq!(two.len(), 2, "{reqs:?}");
+    assert_eq!(two[0].idempotency_key(), two[1].idempotency_key());
 }

@@ -8,7 +8,7 @@
 //!   [`Locked::release`] may unload it (the next user reloads it from the store, which equals
 //!   memory because every change is durable before its lock is released).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use tokio::sync::OwnedMutexGuard;
@@ -89,7 +89,7 @@ impl LiveMap {
         let cell = self
             .cells
             .entry(key.clone())
-            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Slot::Unloaded)))
+            .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(Slot::unloaded())))
             .clone();
         Some((key, cell))
     }
@@ -142,7 +142,7 @@ impl Locked {
         match &mut *self.guard {
             Slot::Loaded(s) => s,
             // `lock` only hands out loaded cells, and nothing unloads a cell it holds.
-            Slot::Unloaded => unreachable!("a Locked cell is always loaded"),
+            Slot::Unloaded(_) => unreachable!("a Locked cell is always loaded"),
         }
     }
 
@@ -156,9 +156,24 @@ impl Locked {
     }
 
     /// Forgets what memory holds: the next user reads the task back from the store. Used when
-    /// a write failed after a send, so memory never runs ahead of the disk.
-    pub fn unload(&mut self) {
-        *self.guard = Slot::Unloaded;
+    /// a write failed after a send, so memory never runs ahead of the disk, or when a prepared
+    /// send is not made. `run` is the caller's own run, whose attempt is not (or no longer)
+    /// out: it is armed again by the load. Any other run with a send out stays marked in the
+    /// unloaded cell, so its load does not send it a second time meanwhile.
+    pub fn unload(&mut self, run: u32) {
+        let out = match &mut *self.guard {
+            Slot::Loaded(st) => {
+                let mut out = std::mem::take(&mut st.sending);
+                out.remove(&run);
+                out
+            }
+            Slot::Unloaded(out) => {
+                let mut out = std::mem::take(out);
+                out.remove(&run);
+                out
+            }
+        };
+        *self.guard = Slot::Unloaded(out);
     }
 
     /// Ends the lock. A finished task leaves the live map; an idle one is unloaded if nobody
@@ -193,7 +208,7 @@ impl Locked {
             if terminal {
                 live.remove(&self.id);
             } else if Arc::strong_count(OwnedMutexGuard::mutex(&self.guard)) == 2 {
-                *self.guard = Slot::Unloaded;
+                *self.guard = Slot::unloaded();
                 live.drop_cell(&self.id);
             }
         }
@@ -359,8 +374,8 @@ fn loaded(
     mut guard: OwnedMutexGuard<Slot>,
 ) -> Result<Got, EngineError> {
     let mut park = None;
-    if let Slot::Unloaded = &*guard {
-        match load(inner, &id) {
+    if let Slot::Unloaded(out) = &*guard {
+        match load(inner, &id, out) {
             Ok(Some((st, why))) => {
                 *guard = Slot::Loaded(Box::new(st));
                 park = why;
@@ -408,8 +423,8 @@ pub(crate) async fn relock(
     cell: Arc<LiveTask>,
 ) -> Result<Option<Locked>, EngineError> {
     let mut guard = cell.lock_owned().await;
-    if let Slot::Unloaded = &*guard {
-        match load(inner, id)? {
+    if let Slot::Unloaded(out) = &*guard {
+        match load(inner, id, out)? {
             Some((st, _)) => *guard = Slot::Loaded(Box::new(st)),
             None => return Ok(None),
         }
@@ -420,15 +435,20 @@ pub(crate) async fn relock(
     }))
 }
 
-/// Reads a task and its active runs from the store. A run that is in flight on disk is not
-/// sending now (a sending task is never unloaded), so its attempt was interrupted (a crash, a
-/// failed write): it is sent again, with the next attempt number and the same key.
+/// Reads a task and its active runs from the store. A run that is in flight on disk and not
+/// in `out` (the runs whose send is still under way: see [`Slot::Unloaded`]) is not sending
+/// now, so its attempt was interrupted (a crash, a failed write): it is sent again, with the
+/// next attempt number and the same key.
 /// Second value: why the task must be parked `failed` (its runs cannot be read).
-fn load(inner: &Inner, id: &str) -> Result<Option<(LiveState, Option<String>)>, EngineError> {
+fn load(
+    inner: &Inner,
+    id: &str,
+    out: &BTreeSet<u32>,
+) -> Result<Option<(LiveState, Option<String>)>, EngineError> {
     let Some(task) = inner.store.get_task(id)? else {
         return Ok(None);
     };
-    load_task(inner, id, task)
+    load_task(inner, id, task, out)
 }
 
 /// [`load`] of a task already read from the store (`prefetch.rs` reads many in one batch):
@@ -437,6 +457,7 @@ pub(crate) fn load_task(
     inner: &Inner,
     id: &str,
     task: crate::model::Task,
+    out: &BTreeSet<u32>,
 ) -> Result<Option<(LiveState, Option<String>)>, EngineError> {
     let now_ms = inner.clock.now_ms();
     if task.state.is_terminal() {
@@ -472,6 +493,10 @@ pub(crate) fn load_task(
         .into_iter()
         .filter(|r| r.state == RunState::Running)
         .map(|r| {
+            if out.contains(&r.run) {
+                // Its send is still under way (outside the lock): its own step settles it.
+                return (r.run, r);
+            }
             let not_before =
                 wait.and_then(|(t, off)| super::plan::inherited_not_before(&r, t, off));
             let (r, resent) = super::plan::reload_run(r, now_ms, not_before);
@@ -493,6 +518,11 @@ pub(crate) fn load_task(
         })
         .collect();
     let mut st = LiveState::new(task, runs);
+    st.sending = out
+        .iter()
+        .filter(|r| st.runs.contains_key(r))
+        .copied()
+        .collect();
     st.resent = resent_runs;
     Ok(Some((st, None)))
 }

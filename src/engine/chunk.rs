@@ -166,7 +166,7 @@ pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>, ahead
         // A drain began while the chunk was being prepared: nothing is sent. Each task is
         // read back from disk, where its attempt is armed: the next boot sends it (once).
         for mut it in items.drain(..) {
-            it.l.unload();
+            it.l.unload(it.key.run);
             it.l.release(&inner);
         }
     }
@@ -179,7 +179,7 @@ pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>, ahead
             super::cluster::Window::Closed
         );
         if !open {
-            it.l.unload();
+            it.l.unload(it.key.run);
             step::window_closed(&inner, it.key.key());
         }
         open
@@ -198,7 +198,7 @@ pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>, ahead
         stale
     };
     for mut it in stale {
-        it.l.unload();
+        it.l.unload(it.key.run);
     }
     if items.is_empty() {
         return;

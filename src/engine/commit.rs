@@ -345,7 +345,7 @@ fn unborn(inner: &Inner, born: Vec<Born>) {
 pub(crate) fn lost(inner: &Inner, l: &mut Locked, key: &RunKey, e: &StoreError) {
     tracing::warn!(task = %l.id, run = key.run, error = %e,
         "could not record the outcome; the task is reloaded from disk and its in-flight message goes again");
-    l.unload();
+    l.unload(key.run);
     inner
         .timer
         .at(key.key(), inner.clock.now_ms() + STORAGE_RETRY_MS);

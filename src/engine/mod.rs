@@ -181,8 +181,19 @@ impl LiveState {
 /// A live task's cell. `Unloaded` until a step or command needs it: a pending task waiting for
 /// its fire costs its wheel entry and its key in the live map, not its record.
 pub(crate) enum Slot {
-    Unloaded,
+    /// Not in memory. The set is empty but when a failed write unloaded the task while other
+    /// runs of it had a send out (outside the lock): those runs, which the next load keeps
+    /// sending, to be settled by their own steps, instead of arming them to go again at once
+    /// while their attempt is still under way ([`cells::load_task`]).
+    Unloaded(BTreeSet<u32>),
     Loaded(Box<LiveState>),
+}
+
+impl Slot {
+    /// An unloaded cell with no send out.
+    pub(crate) fn unloaded() -> Slot {
+        Slot::Unloaded(BTreeSet::new())
+    }
 }
 
 /// The state a task's runs and schedule call for: sending beats waiting for a fire beats done.

@@ -94,7 +94,7 @@ fn start(inner: &Arc<Inner>, ids: Vec<Arc<str>>) {
         let Ok(guard) = cell.try_lock_owned() else {
             continue; // a step or command has it: it loads it itself
         };
-        if matches!(*guard, Slot::Unloaded) || !inner.store.timeline_seq_known(&id) {
+        if matches!(*guard, Slot::Unloaded(_)) || !inner.store.timeline_seq_known(&id) {
             held.push((id, guard));
         }
     }
@@ -117,7 +117,7 @@ fn fill(inner: &Inner, held: Vec<(Arc<str>, OwnedMutexGuard<Slot>)>) {
     }
     let mut unloaded: Vec<(Arc<str>, OwnedMutexGuard<Slot>)> = held
         .into_iter()
-        .filter(|(_, g)| matches!(**g, Slot::Unloaded))
+        .filter(|(_, g)| matches!(**g, Slot::Unloaded(_)))
         .collect();
     if !unloaded.is_empty() {
         load(inner, &mut unloaded);
@@ -140,7 +140,10 @@ fn load(inner: &Inner, held: &mut [(Arc<str>, OwnedMutexGuard<Slot>)]) {
             continue; // gone or unreadable: its step says so
         };
         let next_run = task.fires + 1;
-        if let Ok(Some((mut st, None))) = cells::load_task(inner, id, task) {
+        let Slot::Unloaded(out) = &**guard else {
+            continue;
+        };
+        if let Ok(Some((mut st, None))) = cells::load_task(inner, id, task, out) {
             // The message of the run its fire starts next (a task of one message, no run
             // active: run `fires + 1`, message 0), so neither the fire nor the send reads it
             // again. A change of the task's messages drops it (`commit.rs`, `after`).

@@ -317,7 +317,7 @@ async fn run_step_once(
             // next owner (this node again, or another) loads it and sends it (`cluster.rs`).
             // But a renewal answered late may extend the trust before it runs out: the shard
             // is never dropped then, nor loaded again, so the step must come back by itself.
-            l.unload();
+            l.unload(key.run);
             l.release(inner);
             window_closed(inner, key.key());
             return Ok(None);
@@ -705,7 +705,7 @@ async fn still_sending(cell: &super::LiveTask, run: u32) -> bool {
                     .get(&run)
                     .is_some_and(|r| r.state == crate::model::RunState::Running)
         }
-        super::Slot::Unloaded => true,
+        super::Slot::Unloaded(_) => true,
     }
 }
 
