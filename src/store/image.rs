@@ -203,6 +203,25 @@ impl Store {
         } else {
             spec.message_count
         };
+        // The count comes from disk and sizes the read: one the stored messages do not back
+        // (damage) is refused here, before it asks for a key per message it claims.
+        if count > 0 {
+            let last = self
+                .backend
+                .last_with_prefix(TreeId::Messages, &prefix)?
+                .and_then(|(k, _)| k.get(prefix.len()..).map(<[u8]>::to_vec))
+                .and_then(|b| <[u8; 4]>::try_from(b.as_slice()).ok())
+                .map(u32::from_be_bytes);
+            if last.is_none_or(|l| count > l.saturating_add(1)) {
+                return Err(StoreError::Corrupt {
+                    tree: "specs".into(),
+                    key: id.into(),
+                    detail: format!(
+                        "the task has {count} messages but the last one stored is {last:?}"
+                    ),
+                });
+            }
+        }
         Ok(Plan {
             count,
             run_nos,
@@ -244,7 +263,11 @@ fn decode_messages(
     plan: &Plan,
     vals: &[Option<Vec<u8>>],
 ) -> Result<Vec<Message>, StoreError> {
-    let mut messages = Vec::with_capacity(spec.message_count as usize);
+    // Sized by what was read, not by the count the record states: a damaged count must not
+    // ask for gigabytes before the missing message is found.
+    let mut messages = Vec::with_capacity(
+        vals.len().min(plan.count as usize) + usize::from(spec.message.is_some()),
+    );
     messages.extend(spec.message.clone());
     for (seq, v) in (0..plan.count).zip(vals) {
         let key = run_key(id, seq);
@@ -259,4 +282,34 @@ fn decode_messages(
         messages.push(decode("messages", &key, v)?);
     }
     Ok(messages)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::model::TimelineEvent;
+    use crate::store::{Batch, Store, StoreError};
+
+    /// A message count that the stored messages do not back (damage on disk) is refused as
+    /// corrupt before the read asks for a key per message it claims (four billion here).
+    #[tokio::test]
+    async fn a_damaged_message_count_is_corrupt_not_a_huge_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let (t, m) = crate::store::tests::task("t");
+        s.insert_new_task_with(&t, &m, None, &[TimelineEvent::created(&t)])
+            .await
+            .unwrap();
+        assert_eq!(s.task_image("t").unwrap().unwrap().messages.len(), 2);
+        let mut damaged = t.clone();
+        damaged.message_count = u32::MAX;
+        let mut b = Batch::new();
+        b.task(&damaged);
+        s.write(&b).await.unwrap();
+        match s.task_image("t") {
+            Err(StoreError::Corrupt { detail, .. }) => {
+                assert!(detail.contains("4294967295"), "{detail}")
+            }
+            other => panic!("{:?}", other.map(|i| i.map(|i| i.messages.len()))),
+        }
+    }
 }
