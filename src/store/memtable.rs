@@ -105,6 +105,9 @@ pub struct Mem {
     pub frozen: Option<Arc<Layer>>,
     /// Bumped each time a frozen layer is dropped (its writes then live in sled only).
     pub gen: u64,
+    /// Bumped each time a group goes into the active layer: a read that let go of the lock
+    /// in between knows by it whether any value changed meanwhile.
+    pub groups: u64,
 }
 
 impl Mem {

@@ -130,6 +130,11 @@ pub struct Knobs {
     pub block_sled_flush: AtomicBool,
     /// Flushes of sled waiting on `block_sled_flush` right now.
     pub flushes_blocked: AtomicU64,
+    /// While set, an atomic read waits between its look at the memtable and its reads of
+    /// sled (where it holds no lock): a test moves layers into sled meanwhile.
+    pub hold_atomic_reads: AtomicBool,
+    /// Atomic reads waiting on `hold_atomic_reads` right now.
+    pub atomic_reads_held: AtomicU64,
 }
 
 impl Knobs {
@@ -143,6 +148,18 @@ impl Knobs {
             std::thread::sleep(Duration::from_millis(2));
         }
         self.flushes_blocked.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Waits while atomic reads are held (called between an atomic read's two halves).
+    fn atomic_read_gate(&self) {
+        if !self.hold_atomic_reads.load(Ordering::SeqCst) {
+            return;
+        }
+        self.atomic_reads_held.fetch_add(1, Ordering::SeqCst);
+        while self.hold_atomic_reads.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.atomic_reads_held.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -976,6 +993,7 @@ impl Backend for SledBackend {
             for w in writes {
                 m.active.insert(w, now);
             }
+            m.groups += 1;
             s.active_bytes.store(m.active.bytes, Ordering::Relaxed);
         }
         if full {
@@ -1030,9 +1048,35 @@ impl Backend for SledBackend {
         Box::new(MergedScan::new(self, tree, start, prefix))
     }
 
-    /// Holds the memtable for reading across the reads: a group goes into it whole, and a
-    /// frozen layer cannot be dropped in between.
+    /// One point in time for every key: a group goes into the memtable whole. First without
+    /// holding the memtable across sled's reads (a reader there would hold off the commit
+    /// thread, and every writer behind it, for as long as sled takes): the memtable's answers
+    /// under its lock, sled's for the misses after, and the answer stands if no group went
+    /// into the memtable meanwhile. A key the memtable missed is not in a frozen layer, so
+    /// the applier does not change it in sled; a layer dropped meanwhile moved its keys to
+    /// sled with the same values. Under writes that never pause, the reads are made under
+    /// the lock after a few tries.
     fn get_atomic(&self, keys: &[(TreeId, Vec<u8>)]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        const TRIES: usize = 3;
+        for _ in 0..TRIES {
+            let (groups, in_mem) = {
+                let m = self.shared.mem.read();
+                let found: Vec<_> = keys.iter().map(|(t, k)| m.get(*t, k)).collect();
+                (m.groups, found)
+            };
+            self.shared.knobs.atomic_read_gate();
+            let vals = keys
+                .iter()
+                .zip(in_mem)
+                .map(|((t, k), v)| match v {
+                    Some(v) => Ok(v),
+                    None => self.sled_get(*t, k),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if self.shared.mem.read().groups == groups {
+                return Ok(vals);
+            }
+        }
         let m = self.shared.mem.read();
         keys.iter()
             .map(|(t, k)| match m.get(*t, k) {

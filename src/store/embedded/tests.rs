@@ -478,3 +478,53 @@ fn a_value_large_enough_for_a_sled_blob_survives_a_reopen() {
         Some(big.as_bytes())
     );
 }
+
+/// `get_atomic` reads sled without holding the memtable: its answer must still be one point in
+/// time. Held between its look at the memtable (where it finds `b` of group 2, and no `a`: that
+/// is in sled since group 1) and its reads of sled, a group 3 of both keys moves into sled. Read
+/// on from there, `a` would be group 3's beside `b` of group 2, a pair that never was.
+#[test]
+fn an_atomic_read_is_one_point_in_time_while_layers_move_into_sled_under_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Arc::new(SledBackend::open(dir.path(), 8 << 20).unwrap());
+    let freeze_and_settle = |b: &SledBackend| {
+        let mut log = b.shared.log.lock();
+        b.shared.freeze_if(&mut log, |_| true);
+        drop(log);
+        settle(b);
+    };
+    commit(
+        &b,
+        vec![put(TreeId::Runs, "a", "1"), put(TreeId::Specs, "b", "1")],
+    );
+    freeze_and_settle(&b);
+    commit(&b, vec![put(TreeId::Specs, "b", "2")]);
+    let knobs = b.knobs();
+    knobs.hold_atomic_reads.store(true, Ordering::SeqCst);
+    let reader = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            b.get_atomic(&[
+                (TreeId::Runs, b"a".to_vec()),
+                (TreeId::Specs, b"b".to_vec()),
+            ])
+            .unwrap()
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while knobs.atomic_reads_held.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the read never reached its gate");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    commit(
+        &b,
+        vec![put(TreeId::Runs, "a", "3"), put(TreeId::Specs, "b", "3")],
+    );
+    freeze_and_settle(&b);
+    knobs.hold_atomic_reads.store(false, Ordering::SeqCst);
+    assert_eq!(
+        reader.join().unwrap(),
+        vec![Some(b"3".to_vec()), Some(b"3".to_vec())],
+        "the newest pair, read again once a group went in meanwhile"
+    );
+}
