@@ -7,10 +7,10 @@
 //! never wait): `log` → `sled_fences` → `applier` (the inbox, with its condvars) → `mem` →
 //! `closing` → `inner` → `pacer`; `closing` is held by a reopen across its swap of `inner`,
 //! and the space gauge is taken alone. Debug builds assert it on every blocking acquire
-//! (`order.rs`: a lock taken out of order panics naming both). The applier's `hold_back` runs under
-//! `inner.read()` and so takes `mem` with `try_read` only. No lock is held across a call into
-//! sled that can block on I/O for good (closing an old handle: `SledBackend::reopen_sled`),
-//! and `inner.write()` is only ever held for a swap.
+//! (`order.rs`: a lock taken out of order panics naming both). No lock is held across a call
+//! into sled: `inner` is held only to clone the handle out of it ([`SledHold`]) or to swap it,
+//! and an old handle swapped out by a reopen is closed on a thread of its own once its last
+//! reader has let go (`SledBackend::reopen_sled`), since sled's drop can block on I/O for good.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -74,7 +74,7 @@ struct Shared {
     dir: PathBuf,
     cache_bytes: u64,
     /// `None` only while a reopen failed; every operation then fails until the next one.
-    inner: ORwLock<Option<SledInner>>,
+    inner: ORwLock<Option<Arc<SledInner>>>,
     /// The segment being appended to and the group `apply` resolved for `sync`.
     log: OMutex<Log>,
     mem: ORwLock<Mem>,
@@ -226,6 +226,23 @@ impl Log {
     }
 }
 
+/// A reader's hold on one of sled's trees. It keeps the whole handle it came from, so a
+/// reopen's close thread waits for it: the last drop of an old handle is never on a reader's
+/// thread (sled's drop can block for good after an I/O error). Anything made from the tree (a
+/// sled iterator holds a clone of it) must not outlive this hold.
+struct SledHold {
+    inner: Arc<SledInner>,
+    tree: TreeId,
+}
+
+impl std::ops::Deref for SledHold {
+    type Target = sled::Tree;
+
+    fn deref(&self) -> &sled::Tree {
+        self.tree.of(&self.inner.trees)
+    }
+}
+
 struct SledInner {
     knobs: Arc<Knobs>,
     db: sled::Db,
@@ -369,6 +386,11 @@ fn lower_priority() {
 }
 
 impl Shared {
+    /// The sled handle, cloned out of `inner` (whose lock is held for the clone only).
+    fn hold(&self) -> Result<Arc<SledInner>, StoreError> {
+        self.inner.read().clone().ok_or_else(|| self.closed_error())
+    }
+
     fn closed_error(&self) -> StoreError {
         StoreError::Write(format!(
             "the data directory {} is closed after a failed reopen",
@@ -516,10 +538,10 @@ impl Shared {
             let last = |l: &Layer| l.last_key(tree).map(|k| k.to_vec());
             last(&m.active).max(m.frozen.as_deref().and_then(last))
         };
-        let in_sled = match &*self.inner.read() {
-            Some(i) => tree.of(&i.trees).last()?.map(|(k, _)| k.to_vec()),
-            None => return Err(self.closed_error()),
-        };
+        let in_sled = tree
+            .of(&self.hold()?.trees)
+            .last()?
+            .map(|(k, _)| k.to_vec());
         Ok(in_layers.max(in_sled).unwrap_or_default())
     }
 
@@ -542,10 +564,9 @@ impl Shared {
                 return false;
             }
             let through = covered.iter().filter_map(|p| wal::segment_number(p)).max();
-            let r = match &*self.inner.read() {
-                Some(i) => i.write_layer(layer, through, &pace),
-                None => Err(self.closed_error()),
-            };
+            let r = self
+                .hold()
+                .and_then(|i| i.write_layer(layer, through, &pace));
             match r {
                 Ok(()) => {
                     if let Some(n) = through {
@@ -647,9 +668,8 @@ impl Shared {
     /// stopping.
     fn hold_back(&self, waited: &std::cell::Cell<Duration>) -> bool {
         loop {
-            // `try_lock`: the caller holds `inner.read()`, which comes after `applier` (a
-            // blocking lock here broke the order; `order.rs` caught it). A contended inbox
-            // reads as "not stopping": the next chunk, or the next poll, looks again.
+            // `try_lock`: the applier never waits here for a lock a writer holds. A contended
+            // inbox reads as "not stopping": the next chunk, or the next poll, looks again.
             if self.applier.try_lock().is_some_and(|inbox| inbox.stop) {
                 return true;
             }
@@ -663,8 +683,8 @@ impl Shared {
             if self.pressed.swap(false, Ordering::Relaxed) {
                 pacer.pressed();
             }
-            // Never blocks: the caller holds `inner.read()`, and other paths take `mem` before
-            // `inner`. A layer being written or frozen right now is reason enough to go on.
+            // Never blocks: a layer being written or frozen right now is reason enough to go
+            // on.
             let Some(active) = self.mem.try_read().map(|m| m.active.bytes) else {
                 return false;
             };
@@ -797,7 +817,7 @@ impl SledBackend {
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
             cache_bytes,
-            inner: ORwLock::new(Rank::Inner, Some(inner)),
+            inner: ORwLock::new(Rank::Inner, Some(Arc::new(inner))),
             log: OMutex::new(
                 Rank::Log,
                 Log {
@@ -884,7 +904,18 @@ impl SledBackend {
                 std::thread::Builder::new()
                     .name("herald-sled-close".into())
                     .spawn(move || {
-                        drop(old);
+                        // Readers may still hold it (`SledHold`): once the last of them has
+                        // let go, sled's drop (which can block for good after an I/O error)
+                        // runs here, never on a reader's thread. No new holder can appear:
+                        // the handle is out of `inner`.
+                        let mut old = old;
+                        loop {
+                            match Arc::try_unwrap(old) {
+                                Ok(inner) => break drop(inner),
+                                Err(still_held) => old = still_held,
+                            }
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
                         let _ = done.send(());
                     })?;
                 *closing = Some(rx);
@@ -903,7 +934,7 @@ impl SledBackend {
         }
         drop(closing);
         let fresh = SledInner::open(&s.dir, s.cache_bytes, s.knobs.clone())?;
-        *s.inner.write() = Some(fresh);
+        *s.inner.write() = Some(Arc::new(fresh));
         s.sled_failed.store(false, Ordering::SeqCst);
         s.work.notify_all();
         tracing::warn!(dir = %s.dir.display(), "storage reopened");
@@ -922,14 +953,17 @@ impl SledBackend {
     }
 
     fn with<T>(&self, f: impl FnOnce(&SledInner) -> T) -> Result<T, StoreError> {
-        match &*self.shared.inner.read() {
-            Some(i) => Ok(f(i)),
-            None => Err(self.shared.closed_error()),
-        }
+        let i = self.shared.hold()?;
+        Ok(f(&i))
     }
 
-    fn tree(&self, t: TreeId) -> Result<sled::Tree, StoreError> {
-        self.with(|i| t.of(&i.trees).clone())
+    /// One of sled's trees, held (see [`SledHold`]): keep it alive as long as anything made
+    /// from it (an iterator) is.
+    fn tree(&self, t: TreeId) -> Result<SledHold, StoreError> {
+        Ok(SledHold {
+            inner: self.shared.hold()?,
+            tree: t,
+        })
     }
 
     /// A point read of sled alone.
@@ -1099,7 +1133,9 @@ impl Backend for SledBackend {
         // The memtable is held for reading throughout, so no layer leaves it meanwhile.
         let m = self.shared.mem.read();
         let mut mem = m.with_prefix(tree, prefix);
-        let mut sled = self.tree(tree)?.scan_prefix(prefix).rev();
+        // Declared before the iterator, so dropped after it (see `SledHold`).
+        let hold = self.tree(tree)?;
+        let mut sled = hold.scan_prefix(prefix).rev();
         let mut sled_head = sled.next().transpose()?;
         loop {
             let mem_key = mem.last().map(|(k, _)| k.as_slice());

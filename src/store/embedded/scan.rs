@@ -29,7 +29,8 @@ pub(super) struct MergedScan<'a> {
     /// `mem` holds every memtable entry left in the range.
     mem_complete: bool,
     gen: Option<u64>,
-    sled: Option<sled::Iter>,
+    /// sled's iterator and the hold it came from, dropped in that order (see `SledHold`).
+    sled: Option<(sled::Iter, super::SledHold)>,
     sled_head: Option<Kv>,
     sled_done: bool,
     failed: bool,
@@ -75,9 +76,10 @@ impl MergedScan<'_> {
     fn pull_sled(&mut self) -> Result<(), StoreError> {
         if self.sled.is_none() {
             let t = self.backend.tree(self.tree)?;
-            self.sled = Some(t.range::<Vec<u8>, _>((self.lower.clone(), Bound::Unbounded)));
+            let it = t.range::<Vec<u8>, _>((self.lower.clone(), Bound::Unbounded));
+            self.sled = Some((it, t));
         }
-        let Some(it) = self.sled.as_mut() else {
+        let Some((it, _)) = self.sled.as_mut() else {
             return Ok(());
         };
         match it.next() {
