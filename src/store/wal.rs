@@ -31,7 +31,12 @@
 //!   means "not known to be applied", never "known not applied").
 //! - Decoding never panics: a bad length, checksum or tree is an error naming the file and the
 //!   byte offset; only a damaged *last* record of the newest segment is taken for a torn write
-//!   (power lost mid-append: it was never acknowledged) and cut off with a warning.
+//!   (power lost mid-append: it was never acknowledged) and cut off with a warning. "Last" means
+//!   no good record starts anywhere after it: appends are contiguous and each waits for the
+//!   sync of the one before (or for its cut, which moves the end back), so a good record after
+//!   a bad one proves the bad one was synced: damage, never a torn append. Whatever follows a
+//!   torn append's start is that append's own pages (which a power loss may keep without its
+//!   first one) or the segment's zeros.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
@@ -123,10 +128,10 @@ pub fn encode_record(writes: &[Write], out: &mut Vec<u8>) {
 pub enum End {
     /// Every byte belongs to a good record (or the rest is zeros).
     Clean,
-    /// The last record is incomplete or fails its checksum and nothing follows it: a torn
-    /// append. Cut the file at `at`.
+    /// The last record is incomplete or fails its checksum and no good record follows it: a
+    /// torn append. Cut the file at `at`.
     Torn { at: u64 },
-    /// A bad record with more bytes after it: the log is damaged at `at`.
+    /// A bad record with a good one somewhere after it: the log is damaged at `at`.
     Damaged { at: u64, why: String },
 }
 
@@ -144,17 +149,18 @@ pub fn decode_segment(bytes: &[u8]) -> (Vec<Vec<Write>>, End) {
         };
         let len = u32::from_le_bytes([l0, l1, l2, l3]) as usize;
         let crc = u32::from_le_bytes([c0, c1, c2, c3]);
-        let Some((payload, after)) = body.split_at_checked(len) else {
-            return (records, End::Torn { at: at as u64 });
-        };
-        // Nothing but zeros after it (a preallocated segment's unused end): the last record.
-        let last = after.iter().all(|b| *b == 0);
         let bad = |why: String| {
-            if last {
-                End::Torn { at: at as u64 }
-            } else {
+            if good_record_after(bytes, at) {
                 End::Damaged { at: at as u64, why }
+            } else {
+                End::Torn { at: at as u64 }
             }
+        };
+        let Some((payload, _)) = body.split_at_checked(len) else {
+            return (
+                records,
+                bad(format!("a length of {len} bytes runs past the end")),
+            );
         };
         if crc32fast::hash(payload) != crc {
             return (records, bad("checksum mismatch".into()));
@@ -167,6 +173,41 @@ pub fn decode_segment(bytes: &[u8]) -> (Vec<Vec<Write>>, End) {
     }
     (records, End::Clean)
 }
+
+/// Whether a good record (its checksum right, its payload decoding) starts anywhere in
+/// `bytes` after offset `bad` (see the module's invariants). The bytes after a torn append are
+/// that append's own or zeros, where a match is a 1 in 2^32 accident of the checksum. The
+/// work is bounded: past [`SEARCH_BYTES`] hashed it answers yes, so an unreadable tail too
+/// costly to search is reported, not cut.
+fn good_record_after(bytes: &[u8], bad: usize) -> bool {
+    let mut budget = SEARCH_BYTES;
+    for o in bad.saturating_add(1)..bytes.len() {
+        let Some((&[l0, l1, l2, l3, c0, c1, c2, c3], body)) =
+            bytes.get(o..).unwrap_or_default().split_first_chunk::<8>()
+        else {
+            return false;
+        };
+        let len = u32::from_le_bytes([l0, l1, l2, l3]) as usize;
+        // A payload holds at least its count.
+        let Some(payload) = body.get(..len).filter(|_| len >= 4) else {
+            continue;
+        };
+        let Some(left) = budget.checked_sub(len) else {
+            return true;
+        };
+        budget = left;
+        if crc32fast::hash(payload) == u32::from_le_bytes([c0, c1, c2, c3])
+            && decode_payload(payload).is_ok()
+        {
+            return true;
+        }
+    }
+    false
+}
+
+/// How many bytes [`good_record_after`] may hash (a segment is 8 MiB; its own records are
+/// small, and a record's bytes that read as a plausible length are few).
+const SEARCH_BYTES: usize = 1 << 30;
 
 fn decode_payload(p: &[u8]) -> Result<Vec<Write>, String> {
     let mut r = Reader { p, at: 0 };
@@ -493,30 +534,69 @@ mod tests {
             let (got, end) = decode_segment(&b);
             if at < first_len {
                 assert!(got.is_empty(), "flip at {at}");
-                // A length that now reaches past the end reads as torn; anything else as damage.
+                // The second record is good: whatever the flip did to the first (its length
+                // too, now short or past the end), that is damage.
                 assert!(
-                    matches!(end, End::Damaged { at: 0, .. } | End::Torn { at: 0 }),
+                    matches!(end, End::Damaged { at: 0, .. }),
                     "flip at {at}: {end:?}"
                 );
             } else {
+                // Nothing good follows the last record: torn, wherever the flip is.
                 assert_eq!(got, recs[..1].to_vec(), "flip at {at}");
-                if at < first_len + 4 {
-                    // A shorter length leaves bytes after the record: that is damage.
-                    assert!(
-                        matches!(end, End::Damaged { at: a, .. } | End::Torn { at: a } if a == first_len as u64),
-                        "flip at {at}: {end:?}"
-                    );
-                } else {
-                    assert_eq!(
-                        end,
-                        End::Torn {
-                            at: first_len as u64
-                        },
-                        "flip at {at}"
-                    );
-                }
+                assert_eq!(
+                    end,
+                    End::Torn {
+                        at: first_len as u64
+                    },
+                    "flip at {at}"
+                );
             }
         }
+    }
+
+    /// Power lost while a record spanning pages was appended: its later page reached the disk
+    /// and its first (with the header) did not. Nothing good follows it: a torn append.
+    #[test]
+    fn a_torn_record_whose_first_page_never_reached_the_disk_is_torn() {
+        let big = vec![Write {
+            tree: TreeId::Specs,
+            key: b"k".to_vec(),
+            value: Some(vec![7; 10_000]),
+        }];
+        let (recs, bytes, _) = two_records();
+        let mut seg = bytes.clone();
+        encode_record(&big, &mut seg);
+        let torn_at = bytes.len();
+        // The first page of the torn record (from its header on) is zeros, the rest is there.
+        for b in &mut seg[torn_at..4096] {
+            *b = 0;
+        }
+        seg.extend_from_slice(&[0; 4096]);
+        assert_eq!(
+            decode_segment(&seg),
+            (recs.clone(), End::Torn { at: torn_at as u64 })
+        );
+        // The same hole before a good record: damage, never cut (it was acknowledged).
+        let mut damaged = seg[..torn_at + 10_000].to_vec();
+        encode_record(&recs[0], &mut damaged);
+        let (got, end) = decode_segment(&damaged);
+        assert_eq!(got, recs);
+        assert!(
+            matches!(end, End::Damaged { at, .. } if at == torn_at as u64),
+            "{end:?}"
+        );
+    }
+
+    /// A flipped bit in a length that now runs past the end must not pass for a torn tail when
+    /// good records follow: cutting there would drop writes that were acknowledged.
+    #[test]
+    fn a_length_run_past_the_end_before_good_records_is_damage() {
+        let (_, bytes, _) = two_records();
+        let mut b = bytes.clone();
+        b[3] ^= 0x40; // the first record's length, now about a gigabyte
+        let (got, end) = decode_segment(&b);
+        assert!(got.is_empty());
+        assert!(matches!(end, End::Damaged { at: 0, .. }), "{end:?}");
     }
 
     #[test]
