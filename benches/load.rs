@@ -352,6 +352,7 @@ async fn creates() {
             generator_cpu_ns(),
             machine_cpu(),
         );
+        let syncs0 = metric(&http, &herald.url, "herald_store_flushes_total").await;
         let (lat, wall) = if lean {
             let limit = support::LeanLimit { n, for_ };
             let bases = [herald.url.clone()];
@@ -396,6 +397,12 @@ async fn creates() {
             "       machine: {}; per create {}",
             machine_split(&m0, &m1),
             machine_per_item(&m0, &m1, n)
+        );
+        let syncs = metric(&http, &herald.url, "herald_store_flushes_total").await - syncs0;
+        println!(
+            "       herald's durable syncs: {:.3} per create, {:.0}/s",
+            syncs / n as f64,
+            syncs / wall.as_secs_f64()
         );
         print_store_metrics(&http, &herald.url).await;
         // What herald still owes sled is paid before anything else runs, so that it does not
