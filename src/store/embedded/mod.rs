@@ -140,27 +140,25 @@ pub struct Knobs {
 impl Knobs {
     /// Waits while flushes are blocked (called right before sled's flush).
     fn flush_gate(&self) {
-        if !self.block_sled_flush.load(Ordering::SeqCst) {
-            return;
-        }
-        self.flushes_blocked.fetch_add(1, Ordering::SeqCst);
-        while self.block_sled_flush.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        self.flushes_blocked.fetch_sub(1, Ordering::SeqCst);
+        gate(&self.block_sled_flush, &self.flushes_blocked);
     }
 
     /// Waits while atomic reads are held (called between an atomic read's two halves).
     fn atomic_read_gate(&self) {
-        if !self.hold_atomic_reads.load(Ordering::SeqCst) {
-            return;
-        }
-        self.atomic_reads_held.fetch_add(1, Ordering::SeqCst);
-        while self.hold_atomic_reads.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        self.atomic_reads_held.fetch_sub(1, Ordering::SeqCst);
+        gate(&self.hold_atomic_reads, &self.atomic_reads_held);
     }
+}
+
+/// Waits while `closed` is set, counted in `waiting` meanwhile (a test sees who is held).
+fn gate(closed: &AtomicBool, waiting: &AtomicU64) {
+    if !closed.load(Ordering::SeqCst) {
+        return;
+    }
+    waiting.fetch_add(1, Ordering::SeqCst);
+    while closed.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    waiting.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// How long a reopen waits for the old sled handle to close before it reports it stuck and
