@@ -391,17 +391,42 @@ async fn a_cancel_waiting_for_a_create_that_fails_leaves_the_finished_task_alone
     assert_eq!(r.sent().len(), 1, "x was sent once");
 }
 
-/// A task with two runs out at once (a cron with `overlap: allow`, each send to a slow
-/// webhook, outside the task's lock): run 2's settle write fails, so the task is read back from
-/// disk, where run 1's message reads in flight too. Run 1's attempt is still under way, so its
-/// load must not arm it to go again (a resume steps every run not sending): it is settled by
-/// its own step, and its message is sent once. Run 2's message, whose outcome never reached the disk, goes again with its key.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_settle_does_not_send_again_another_run_still_out() {
-    let rx = Receiver::start().await;
+/// The run a webhook request was for.
+fn run_of(q: &common::receiver::Recorded) -> Option<u64> {
+    q.json.as_ref().and_then(|j| j["run"].as_u64())
+}
+
+/// Requests that arrived for `run`.
+fn sent_for(rx: &Receiver, run: u64) -> Vec<common::receiver::Recorded> {
+    rx.requests()
+        .into_iter()
+        .filter(|q| run_of(q) == Some(run))
+        .collect()
+}
+
+const WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Moves the manual clock on 100 ms at a time (run sends go on real time) until `done`.
+async fn run_clock_until(r: &Rig, what: &str, done: impl Fn() -> bool) {
+    poll(WAIT, || async {
+        if done() {
+            return Some(());
+        }
+        r.clock.set(r.clock.now_ms() + 100);
+        r.engine.wake();
+        None
+    })
+    .await
+    .unwrap_or_else(|| panic!("{what}"));
+}
+
+/// A task with two runs out at once: a cron with `overlap: allow`, each send to a slow webhook
+/// (run 1 answered after 4 s, run 2 after 1 s), outside the task's lock. Run 2's settle write
+/// fails, so the task is unloaded (read back from disk at its next use) while run 1's send is
+/// still out. Returns with writes still failing and storage reported failing.
+async fn two_runs_out_and_a_failed_settle(rx: &Receiver) -> Rig {
     let url = rx.url();
     let r = rig_with(|_| common::herald::webhook_channel("out", &url, "timeout = \"30s\"")).await;
-    // Run 1 answers after 4 s, run 2 after 1 s; anything after that at once.
     rx.set_default(Behavior::Ok);
     rx.script(vec![
         Behavior::Slow(std::time::Duration::from_secs(4)),
@@ -412,86 +437,95 @@ async fn a_failed_settle_does_not_send_again_another_run_still_out() {
         "to": ["a"], "body": "x"}))
         .await
         .unwrap();
-    let run_of = |q: &common::receiver::Recorded| q.json.as_ref().and_then(|j| j["run"].as_u64());
-    let wait = std::time::Duration::from_secs(20);
-    let arrived = |run: u64, n: usize| {
-        let rx = &rx;
-        async move {
-            poll(wait, || async {
-                (rx.requests()
-                    .iter()
-                    .filter(|q| run_of(q) == Some(run))
-                    .count()
-                    >= n)
-                    .then_some(())
-            })
-            .await
-            .unwrap_or_else(|| {
-                panic!(
-                    "run {run}: {n} requests did not arrive: {:?}",
-                    rx.requests()
-                )
-            })
-        }
+    let arrived = |run: u64| async move {
+        poll(WAIT, || async {
+            (!sent_for(rx, run).is_empty()).then_some(())
+        })
+        .await
+        .unwrap_or_else(|| panic!("run {run} was not sent: {:?}", rx.requests()))
     };
     r.clock.set(T0 + 1_000);
     r.engine.wake();
-    arrived(1, 1).await;
+    arrived(1).await;
     r.clock.set(T0 + 2_000);
     r.engine.wake();
-    arrived(2, 1).await;
+    arrived(2).await;
     // Run 2 is out (its mark on disk); its settle is the next write, and it fails.
     r.faults.set(true, false);
-    poll(wait, || async { r.engine.storage_failing().map(|_| ()) })
+    poll(WAIT, || async { r.engine.storage_failing().map(|_| ()) })
         .await
         .expect("run 2's settle fails");
+    r
+}
+
+/// Both runs of `two_runs_out_and_a_failed_settle`'s task completed.
+fn both_completed(r: &Rig) -> bool {
+    let runs = r.engine.runs("both").unwrap().unwrap();
+    runs.len() == 2
+        && runs
+            .iter()
+            .all(|run| run.state == herald::model::RunState::Completed)
+}
+
+/// Run 1's load (after run 2's failed settle unloaded the task) must not arm it to go again
+/// while its attempt is under way (a resume steps every run not sending): it is settled by its
+/// own step, and its message is sent once. Run 2's message, whose outcome never reached the
+/// disk, goes again with its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_settle_does_not_send_again_another_run_still_out() {
+    let rx = Receiver::start().await;
+    let r = two_runs_out_and_a_failed_settle(&rx).await;
     r.faults.set(false, false);
     // Run 2's step comes back a second later (`STORAGE_RETRY_MS`) and reads the task back;
-    // a step that still finds the store failing tries again a second after that. The clock
-    // moves on until run 2's message has gone again (run 1's send runs on real time).
-    poll(wait, || async {
-        if rx
-            .requests()
-            .iter()
-            .filter(|q| run_of(q) == Some(2))
-            .count()
-            >= 2
-        {
-            return Some(());
-        }
-        r.clock.set(r.clock.now_ms() + 100);
-        r.engine.wake();
-        None
+    // a step that still finds the store failing tries again a second after that.
+    run_clock_until(&r, "run 2 was not sent again", || {
+        sent_for(&rx, 2).len() >= 2
     })
-    .await
-    .unwrap_or_else(|| panic!("run 2 was not sent again: {:?}", rx.requests()));
+    .await;
     // A pause and a resume while run 1 is still out: the resume steps every run that is not
     // sending. Run 1 must read as sending, or it goes a second time now.
     r.engine.pause("both").await.unwrap();
     r.engine.resume("both").await.unwrap();
     // Run 1's answer comes at 4 s; then both runs are settled.
-    poll(wait, || async {
-        let runs = r.engine.runs("both").unwrap().unwrap();
-        (runs.len() == 2
-            && runs
-                .iter()
-                .all(|run| run.state == herald::model::RunState::Completed))
-        .then_some(())
+    poll(WAIT, || async { both_completed(&r).then_some(()) })
+        .await
+        .unwrap_or_else(|| panic!("runs not completed: {:?}", r.engine.runs("both")));
+    assert_eq!(
+        sent_for(&rx, 1).len(),
+        1,
+        "run 1 was sent again while its attempt was out: {:?}",
+        rx.requests()
+    );
+    let two = sent_for(&rx, 2);
+    assert_eq!(two.len(), 2, "{:?}", rx.requests());
+    assert_eq!(two[0].idempotency_key(), two[1].idempotency_key());
+}
+
+/// As above, but when run 1's send comes back the task cannot be read (reads fail too), so its
+/// outcome cannot be settled: its mark must leave the unloaded cell, so that its step's retry
+/// finds it interrupted and sends it again with its key, instead of taking it for a send still
+/// out for good (the run then never ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_whose_task_cannot_be_read_back_goes_again_once_it_can() {
+    let rx = Receiver::start().await;
+    let r = two_runs_out_and_a_failed_settle(&rx).await;
+    let reads = &r.faults.reads_refused;
+    r.faults
+        .fail_reads
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // Run 1's answer comes at 4 s; its step then fails to read the task back.
+    poll(WAIT, || async {
+        let answered = sent_for(&rx, 1).first().and_then(|q| q.done_ms).is_some();
+        (answered && reads.load(std::sync::atomic::Ordering::SeqCst) > 0).then_some(())
     })
     .await
-    .unwrap_or_else(|| panic!("runs not completed: {:?}", r.engine.runs("both")));
-    let reqs = rx.requests();
-    let of = |run: u64| {
-        reqs.iter()
-            .filter(|q| run_of(q) == Some(run))
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(
-        of(1).len(),
-        1,
-        "run 1 was sent again while its attempt was out: {reqs:?}"
-    );
-    let two = of(2);
-    assert_eq!(two.len(), 2, "{reqs:?}");
-    assert_eq!(two[0].idempotency_key(), two[1].idempotency_key());
+    .expect("run 1's step reads the task back after its send");
+    r.faults
+        .fail_reads
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    r.faults.set(false, false);
+    run_clock_until(&r, "the runs never completed", || both_completed(&r)).await;
+    let one = sent_for(&rx, 1);
+    assert_eq!(one.len(), 2, "run 1 goes again, once: {:?}", rx.requests());
+    assert_eq!(one[0].idempotency_key(), one[1].idempotency_key());
 }

@@ -414,19 +414,27 @@ fn loaded(
     Ok(Got::Ready(l))
 }
 
-/// Locks `cell` again after a send. Unlike [`lock`] it does not go through the live map: a
-/// task cancelled during the send has left the map but its sending run must still be settled.
-/// `Ok(None)`: the cell was unloaded meanwhile (a failed write) and the task is finished.
+/// Locks `cell` again after run `run`'s send. Unlike [`lock`] it does not go through the live
+/// map: a task cancelled during the send has left the map but its sending run must still be
+/// settled. `Ok(None)`: the cell was unloaded meanwhile (a failed write) and the task is
+/// finished. If the task cannot be read back now, `run`'s mark leaves the unloaded cell: its
+/// outcome will never be settled, so the step's retry must find it interrupted and send it
+/// again (same key), not take it for a send still out.
 pub(crate) async fn relock(
     inner: &Inner,
     id: &Arc<str>,
     cell: Arc<LiveTask>,
+    run: u32,
 ) -> Result<Option<Locked>, EngineError> {
     let mut guard = cell.lock_owned().await;
-    if let Slot::Unloaded(out) = &*guard {
-        match load(inner, id, out)? {
-            Some((st, _)) => *guard = Slot::Loaded(Box::new(st)),
-            None => return Ok(None),
+    if let Slot::Unloaded(out) = &mut *guard {
+        match load(inner, id, out) {
+            Ok(Some((st, _))) => *guard = Slot::Loaded(Box::new(st)),
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                out.remove(&run);
+                return Err(e);
+            }
         }
     }
     Ok(Some(Locked {

@@ -358,7 +358,7 @@ async fn run_step_once(
         }
     };
     prepared.report = report;
-    let Some(mut l) = super::cells::relock(inner, &key.task, cell).await? else {
+    let Some(mut l) = super::cells::relock(inner, &key.task, cell, key.run).await? else {
         return Ok(None);
     };
     match settle(inner, &mut l, key, prepared, outcome).await {

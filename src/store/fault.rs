@@ -25,6 +25,10 @@ pub struct Faults {
     pub syncs_stalled: AtomicU64,
     /// Times the commit thread asked the backend to start afresh.
     pub recovers: AtomicU64,
+    /// Every read fails (a store that cannot be read right now: a database outage).
+    pub fail_reads: AtomicBool,
+    /// Reads refused so far.
+    pub reads_refused: AtomicU64,
 }
 
 impl Default for Faults {
@@ -37,6 +41,8 @@ impl Default for Faults {
             stall_sync: AtomicBool::new(false),
             syncs_stalled: AtomicU64::new(0),
             recovers: AtomicU64::new(0),
+            fail_reads: AtomicBool::new(false),
+            reads_refused: AtomicU64::new(0),
         }
     }
 }
@@ -45,6 +51,15 @@ impl Faults {
     /// Lets `n` more groups through, then fails every apply until [`Faults::set`] clears it.
     pub fn fail_after(&self, n: i64) {
         self.apply_budget.store(n, Ordering::SeqCst);
+    }
+
+    /// A read to refuse now, counted; `None`: let it through.
+    fn read_fault(&self) -> Option<StoreError> {
+        if !self.fail_reads.load(Ordering::SeqCst) {
+            return None;
+        }
+        self.reads_refused.fetch_add(1, Ordering::SeqCst);
+        Some(injected("read"))
     }
 
     pub fn set(&self, apply: bool, sync: bool) {
@@ -101,19 +116,31 @@ impl Backend for FaultyBackend {
     }
 
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.get(tree, key)
+        match self.faults.read_fault() {
+            Some(e) => Err(e),
+            None => self.inner.get(tree, key),
+        }
     }
 
     fn scan<'a>(&'a self, tree: TreeId, start: &[u8], prefix: Option<&[u8]>) -> KvIter<'a> {
-        self.inner.scan(tree, start, prefix)
+        match self.faults.read_fault() {
+            Some(e) => Box::new(std::iter::once(Err(e))),
+            None => self.inner.scan(tree, start, prefix),
+        }
     }
 
     fn last_with_prefix(&self, tree: TreeId, prefix: &[u8]) -> Result<Option<Kv>, StoreError> {
-        self.inner.last_with_prefix(tree, prefix)
+        match self.faults.read_fault() {
+            Some(e) => Err(e),
+            None => self.inner.last_with_prefix(tree, prefix),
+        }
     }
 
     fn get_atomic(&self, keys: &[(TreeId, Vec<u8>)]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        self.inner.get_atomic(keys)
+        match self.faults.read_fault() {
+            Some(e) => Err(e),
+            None => self.inner.get_atomic(keys),
+        }
     }
 
     fn memtable_bytes(&self) -> usize {

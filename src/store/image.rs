@@ -32,6 +32,9 @@ const ATTEMPTS: usize = 20;
 enum Read {
     Done(Option<Box<TaskImage>>),
     Again,
+    /// The spec counts more messages than are stored: a delete or a patch raced the read
+    /// (read again), or damage, if it stays so over every attempt.
+    Unbacked(String),
 }
 
 /// Which keys the atomic read asks for, learnt by the scans before it.
@@ -101,14 +104,24 @@ impl Store {
 
     /// Task `id` as one consistent image; `None` if it does not exist (any more).
     pub fn task_image(&self, id: &str) -> Result<Option<TaskImage>, StoreError> {
+        let mut unbacked = None;
         for _ in 0..ATTEMPTS {
-            if let Read::Done(image) = self.read_image(id)? {
-                return Ok(image.map(|b| *b));
+            match self.read_image(id)? {
+                Read::Done(image) => return Ok(image.map(|b| *b)),
+                Read::Again => unbacked = None,
+                Read::Unbacked(detail) => unbacked = Some(detail),
             }
         }
-        Err(StoreError::Write(format!(
-            "task {id:?} kept changing while it was read ({ATTEMPTS} attempts)"
-        )))
+        Err(match unbacked {
+            Some(detail) => StoreError::Corrupt {
+                tree: "specs".into(),
+                key: id.into(),
+                detail,
+            },
+            None => StoreError::Write(format!(
+                "task {id:?} kept changing while it was read ({ATTEMPTS} attempts)"
+            )),
+        })
     }
 
     /// One attempt: scan for the keys, read them atomically, decode.
@@ -116,7 +129,10 @@ impl Store {
         let Some(spec) = self.get_decoded::<SpecRecord>(TreeId::Specs, id.as_bytes())? else {
             return Ok(Read::Done(None));
         };
-        let plan = self.image_plan(id, &spec)?;
+        let plan = match self.image_plan(id, &spec)? {
+            Ok(plan) => plan,
+            Err(detail) => return Ok(Read::Unbacked(detail)),
+        };
         let vals = self.backend.get_atomic(&image_keys(id, &plan))?;
         let Some(v) = Values::of(&vals, &plan) else {
             return Ok(Read::Again);
@@ -173,8 +189,9 @@ impl Store {
         }))))
     }
 
-    /// The task's run numbers and timeline seqs as the scans find them now.
-    fn image_plan(&self, id: &str, spec: &SpecRecord) -> Result<Plan, StoreError> {
+    /// The task's run numbers and timeline seqs as the scans find them now. Inner `Err`: the
+    /// spec counts more messages than are stored (see [`Read::Unbacked`]).
+    fn image_plan(&self, id: &str, spec: &SpecRecord) -> Result<Result<Plan, String>, StoreError> {
         let prefix = id_prefix(id);
         let mut run_nos = Vec::new();
         for item in bounded(self.backend.scan(TreeId::Runs, &prefix, Some(&prefix))) {
@@ -204,7 +221,8 @@ impl Store {
             spec.message_count
         };
         // The count comes from disk and sizes the read: one the stored messages do not back
-        // (damage) is refused here, before it asks for a key per message it claims.
+        // (a delete or a patch since the spec was read, or damage) is not used to ask for a
+        // key per message it claims.
         if count > 0 {
             let last = self
                 .backend
@@ -213,20 +231,16 @@ impl Store {
                 .and_then(|b| <[u8; 4]>::try_from(b.as_slice()).ok())
                 .map(u32::from_be_bytes);
             if last.is_none_or(|l| count > l.saturating_add(1)) {
-                return Err(StoreError::Corrupt {
-                    tree: "specs".into(),
-                    key: id.into(),
-                    detail: format!(
-                        "the task has {count} messages but the last one stored is {last:?}"
-                    ),
-                });
+                return Ok(Err(format!(
+                    "the task has {count} messages but the last one stored is {last:?}"
+                )));
             }
         }
-        Ok(Plan {
+        Ok(Ok(Plan {
             count,
             run_nos,
             seqs,
-        })
+        }))
     }
 }
 
