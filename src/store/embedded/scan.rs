@@ -10,15 +10,22 @@ use super::SledBackend;
 /// How many memtable entries a scan copies at a time.
 pub(super) const SCAN_CHUNK: usize = 256;
 
-/// A forward scan over the memtable merged with sled. The memtable is read in chunks (a lock
-/// per chunk, never held between `next` calls); a layer's entry wins over sled's for the same
-/// key and a deletion hides it.
+/// How many sled entries a scan's first read takes; each further read takes twice as many, up
+/// to [`SCAN_CHUNK`] (a listing of a page reads little more than it shows).
+const SLED_FIRST_CHUNK: usize = 16;
+
+/// A forward scan over the memtable merged with sled. Both are read in chunks: the memtable
+/// under its lock, sled through a hold on its handle and an iterator made from `lower`, and
+/// neither is kept between `next` calls. A scan whose reader stops (an export whose client
+/// stops reading) so holds nothing: a reopen after an I/O error closes the old handle without
+/// waiting for it (see `SledHold`). A layer's entry wins over sled's for the same key and a
+/// deletion hides it.
 ///
 /// Why it sees every key that was there for the whole scan: a key moves from the memtable to
 /// sled-only when its frozen layer is dropped, which happens after the layer is in sled and
-/// bumps [`Mem::gen`]. Each chunk is read with the generation; when it changed since sled's
-/// iterator was made, that iterator (which may have read a leaf before the layer got there)
-/// is made again from the last key returned.
+/// bumps [`Mem::gen`]. Each memtable chunk is read with the generation; when it changed since
+/// sled's chunk was read (which may have read a leaf before the layer got there), that chunk
+/// is dropped and read again from the last key returned.
 pub(super) struct MergedScan<'a> {
     backend: &'a SledBackend,
     tree: TreeId,
@@ -29,10 +36,12 @@ pub(super) struct MergedScan<'a> {
     /// `mem` holds every memtable entry left in the range.
     mem_complete: bool,
     gen: Option<u64>,
-    /// sled's iterator and the hold it came from, dropped in that order (see `SledHold`).
-    sled: Option<(sled::Iter, super::SledHold)>,
-    sled_head: Option<Kv>,
-    sled_done: bool,
+    /// sled's entries after `lower`, in order, read at generation `gen`.
+    sled: std::collections::VecDeque<Kv>,
+    /// `sled` holds every sled entry left in the range.
+    sled_complete: bool,
+    /// How many entries the next read of sled takes.
+    sled_chunk: usize,
     failed: bool,
 }
 
@@ -51,9 +60,9 @@ impl MergedScan<'_> {
             mem: Default::default(),
             mem_complete: false,
             gen: None,
-            sled: None,
-            sled_head: None,
-            sled_done: false,
+            sled: Default::default(),
+            sled_complete: false,
+            sled_chunk: SLED_FIRST_CHUNK,
             failed: false,
         }
     }
@@ -67,32 +76,31 @@ impl MergedScan<'_> {
         self.mem_complete = complete;
         if self.gen != Some(gen) {
             self.gen = Some(gen);
-            self.sled = None;
-            self.sled_head = None;
-            self.sled_done = false;
+            self.sled.clear();
+            self.sled_complete = false;
         }
     }
 
+    /// Reads sled's next chunk after `lower`; the hold and the iterator are dropped before
+    /// it returns (the iterator first: it holds a clone of the tree).
     fn pull_sled(&mut self) -> Result<(), StoreError> {
-        if self.sled.is_none() {
-            let t = self.backend.tree(self.tree)?;
-            let it = t.range::<Vec<u8>, _>((self.lower.clone(), Bound::Unbounded));
-            self.sled = Some((it, t));
-        }
-        let Some((it, _)) = self.sled.as_mut() else {
-            return Ok(());
-        };
-        match it.next() {
-            None => self.sled_done = true,
-            Some(item) => {
-                let (k, v) = item?;
-                if self.prefix.as_ref().is_some_and(|p| !k.starts_with(p)) {
-                    self.sled_done = true;
-                } else {
-                    self.sled_head = Some((k.to_vec(), v.to_vec()));
-                }
+        let hold = self.backend.tree(self.tree)?;
+        let mut it = hold.range::<Vec<u8>, _>((self.lower.clone(), Bound::Unbounded));
+        for _ in 0..self.sled_chunk {
+            let Some(item) = it.next() else {
+                self.sled_complete = true;
+                break;
+            };
+            let (k, v) = item?;
+            if self.prefix.as_ref().is_some_and(|p| !k.starts_with(p)) {
+                self.sled_complete = true;
+                break;
             }
+            self.sled.push_back((k.to_vec(), v.to_vec()));
         }
+        drop(it);
+        drop(hold);
+        self.sled_chunk = (self.sled_chunk * 2).min(SCAN_CHUNK);
         Ok(())
     }
 }
@@ -108,26 +116,26 @@ impl Iterator for MergedScan<'_> {
             if self.mem.is_empty() && !self.mem_complete {
                 self.refill();
             }
-            if self.sled_head.is_none() && !self.sled_done {
+            if self.sled.is_empty() && !self.sled_complete {
                 if let Err(e) = self.pull_sled() {
                     self.failed = true;
                     return Some(Err(e));
                 }
             }
             let mem_key = self.mem.front().map(|(k, _)| k.as_slice());
-            let sled_key = self.sled_head.as_ref().map(|(k, _)| k.as_slice());
+            let sled_key = self.sled.front().map(|(k, _)| k.as_slice());
             let from_mem = memtable::layer_first(mem_key, sled_key)?;
             if from_mem {
                 let (k, v) = self.mem.pop_front()?;
-                if self.sled_head.as_ref().is_some_and(|(s, _)| *s == k) {
-                    self.sled_head = None;
+                if self.sled.front().is_some_and(|(s, _)| *s == k) {
+                    self.sled.pop_front();
                 }
                 self.lower = Bound::Excluded(k.clone());
                 if let Some(v) = v {
                     return Some(Ok((k, v)));
                 }
             } else {
-                let (k, v) = self.sled_head.take()?;
+                let (k, v) = self.sled.pop_front()?;
                 self.lower = Bound::Excluded(k.clone());
                 return Some(Ok((k, v)));
             }
