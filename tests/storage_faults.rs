@@ -529,3 +529,110 @@ async fn a_send_whose_task_cannot_be_read_back_goes_again_once_it_can() {
     assert_eq!(one.len(), 2, "run 1 goes again, once: {:?}", rx.requests());
     assert_eq!(one[0].idempotency_key(), one[1].idempotency_key());
 }
+
+/// The background load of the live index meets a store that cannot be read (a reopen of sled
+/// after an I/O error, a full disk's heal): it must read the same chunk again once the store
+/// answers, not end there. Ended, every task after that point stayed off the wheel until a
+/// restart: created, acknowledged, and never sent.
+#[tokio::test]
+async fn the_index_load_goes_on_once_the_store_can_be_read_again() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let r = rig().await;
+    let data = r._dir.path().join("data");
+    r.create(
+        json!({"id": "soon", "channel": "out", "schedule": {"after": "30s"},
+        "to": ["a"], "body": "soon"}),
+    )
+    .await
+    .unwrap();
+    for i in 0..20 {
+        let id = format!("far-{i:02}");
+        r.create(
+            json!({"id": id, "channel": "out", "schedule": {"after": "2h"},
+            "to": ["a"], "body": id}),
+        )
+        .await
+        .unwrap();
+    }
+    // Close the store as the server's stop does: the last engine reference gone, then the
+    // store's own word that it closed.
+    let Rig {
+        engine, out, _dir, ..
+    } = r;
+    let weak = engine.downgrade();
+    let closed = engine.store().closed_flag();
+    drop(engine);
+    poll(WAIT, || async {
+        (weak.strong_count() == 0 && closed.load(Ordering::Acquire)).then_some(())
+    })
+    .await
+    .expect("the first engine closes its store");
+
+    // Again on the same data, with the background load held until reads fail.
+    let sled = SledBackend::open(&data, 8 << 20).unwrap();
+    let faults = Arc::new(Faults::default());
+    let backend = FaultyBackend {
+        inner: Arc::new(sled),
+        faults: faults.clone(),
+    };
+    let store = Store::with_backend(Arc::new(backend)).unwrap();
+    let config = Config::from_toml(
+        &format!(
+            "[channels.out]\nkind = \"file\"\npath = \"{}\"\n",
+            out.display()
+        ),
+        Overrides::default(),
+    )
+    .unwrap();
+    let channels = herald::server::build_channels(&config).unwrap();
+    let clock = Arc::new(ManualClock::new(T0 + 1_000));
+    let hold = Arc::new(AtomicBool::new(true));
+    let engine = Engine::start(
+        store,
+        channels,
+        clock.clone(),
+        EngineConfig {
+            hold_index_load: Some(hold.clone()),
+            ..EngineConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(engine.index_loading());
+    assert_eq!(engine.live_tasks(), 1, "only the task due soon is loaded");
+    faults.fail_reads.store(true, Ordering::SeqCst);
+    hold.store(false, Ordering::Release);
+    // Several refusals: the load met the failing store and came back to it.
+    poll(WAIT, || async {
+        (faults.reads_refused.load(Ordering::SeqCst) >= 3).then_some(())
+    })
+    .await
+    .expect("the load reads while the store fails");
+    assert!(
+        engine.index_loading(),
+        "the load is still going: it did not end at the failed read"
+    );
+    faults.fail_reads.store(false, Ordering::SeqCst);
+    poll(WAIT, || async { (!engine.index_loading()).then_some(()) })
+        .await
+        .expect("the load finishes once the store answers");
+    assert_eq!(engine.live_tasks(), 21, "every task is on the wheel");
+    let r = Rig {
+        engine,
+        clock,
+        faults,
+        out,
+        _dir,
+    };
+    r.run_until(T0 + 3 * 3_600_000).await;
+    let mut sent: Vec<String> = r
+        .sent()
+        .iter()
+        .map(|s| s["body"].as_str().unwrap().to_string())
+        .collect();
+    sent.sort();
+    let mut want: Vec<String> = (0..20).map(|i| format!("far-{i:02}")).collect();
+    want.push("soon".into());
+    want.sort();
+    assert_eq!(sent, want, "every task sent once");
+}

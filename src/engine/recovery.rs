@@ -29,12 +29,15 @@ use super::timer::Key;
 use super::{EngineError, Inner};
 use crate::model::{RunState, TaskState};
 use crate::store::records::{LiveEntry, DUE_PENDING, DUE_RUNNING};
+use crate::store::StoreError;
 
 /// Pending tasks due within this much of start-up are on the wheel before herald reports
 /// ready; later ones are loaded in the background.
 pub const READY_HORIZON_MS: u64 = 60_000;
 /// Entries the background load reads, then inserts under one lock of the live map.
 const LOAD_CHUNK: usize = 4096;
+/// How long the index load waits before reading a chunk again after the store failed.
+const LOAD_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Is this due-index key past what phase 1 reads (pending due after `until`, or paused)?
 fn beyond(key: &[u8], until: u64) -> bool {
@@ -230,7 +233,7 @@ fn resume_failure_retries(inner: &Arc<Inner>, now: u64) -> (usize, usize) {
 /// is dropped.
 fn load_rest(inner: Weak<Inner>, from: Vec<u8>) {
     let started = std::time::Instant::now();
-    let (mut loaded, mut corrupt) = (0usize, 0usize);
+    let (mut loaded, mut corrupt, mut retries) = (0usize, 0usize, 0u64);
     let mut start = from;
     loop {
         let Some(inner) = inner.upgrade() else {
@@ -245,6 +248,7 @@ fn load_rest(inner: Weak<Inner>, from: Vec<u8>) {
         }
         let mut chunk: Vec<(Arc<str>, LiveEntry)> = Vec::with_capacity(LOAD_CHUNK);
         let mut next = None;
+        let mut unreadable = None;
         for item in inner.store.due_entries(&start) {
             match item {
                 Ok((key, id, entry)) => {
@@ -254,11 +258,28 @@ fn load_rest(inner: Weak<Inner>, from: Vec<u8>) {
                     }
                     chunk.push((Arc::from(id), entry));
                 }
-                Err(e) => {
+                Err(e @ StoreError::Corrupt { .. }) => {
                     corrupt += 1;
                     tracing::error!(error = %e, "live index: a record could not be read");
                 }
+                // The store itself failed (a reopen of sled after an I/O error, a full
+                // disk's heal): the scan ends here, but the entries after it are still on
+                // disk. Read this chunk again once the store answers; ending the load here
+                // would leave every task after `start` off the wheel until a restart.
+                Err(e) => {
+                    unreadable = Some(e);
+                    break;
+                }
             }
+        }
+        if let Some(e) = unreadable {
+            if retries % 50 == 0 {
+                tracing::warn!(error = %e, retries, "live index: the store cannot be read; the load tries again");
+            }
+            retries += 1;
+            drop(inner);
+            std::thread::sleep(LOAD_RETRY);
+            continue;
         }
         {
             let mut live = inner.live.lock();

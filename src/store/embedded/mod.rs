@@ -391,7 +391,7 @@ impl Shared {
 
     fn closed_error(&self) -> StoreError {
         StoreError::Write(format!(
-            "the data directory {} is closed after a failed reopen",
+            "sled on {} is being reopened after an I/O error (or its reopen failed and is tried again); it answers once open",
             self.dir.display()
         ))
     }

@@ -11,8 +11,9 @@ use super::SledBackend;
 pub(super) const SCAN_CHUNK: usize = 256;
 
 /// How many sled entries a scan's first read takes; each further read takes twice as many, up
-/// to [`SCAN_CHUNK`] (a listing of a page reads little more than it shows).
-const SLED_FIRST_CHUNK: usize = 16;
+/// to [`SCAN_CHUNK`]. One: many callers only look at the first entry (a prefix's bounds, the
+/// last sequence number), and a listing of a page reads little more than it shows.
+const SLED_FIRST_CHUNK: usize = 1;
 
 /// A forward scan over the memtable merged with sled. Both are read in chunks: the memtable
 /// under its lock, sled through a hold on its handle and an iterator made from `lower`, and
