@@ -872,7 +872,7 @@ impl SledBackend {
     /// sled's handle (for `meta` and migrations at open, which write to sled directly: only
     /// a directory without log records needs one). Whoever writes through it calls
     /// [`SledBackend::written_directly`] when done (`Store::open_with` does, after them all).
-    /// The clone is outside any [`SledHold`]: used only at open, before a reopen can happen;
+    /// The clone is outside any `SledHold`: used only at open, before a reopen can happen;
     /// anything later that keeps it would make a reopen's close wait on it unseen.
     pub fn db(&self) -> Result<sled::Db, StoreError> {
         self.with(|i| i.db.clone())
