@@ -571,11 +571,10 @@ async fn the_index_load_goes_on_once_the_store_can_be_read_again() {
     // Again on the same data, with the background load held until reads fail.
     let sled = SledBackend::open(&data, 8 << 20).unwrap();
     let faults = Arc::new(Faults::default());
-    let backend = FaultyBackend {
+    let backend: Arc<dyn herald::store::backend::Backend> = Arc::new(FaultyBackend {
         inner: Arc::new(sled),
         faults: faults.clone(),
-    };
-    let store = Store::with_backend(Arc::new(backend)).unwrap();
+    });
     let config = Config::from_toml(
         &format!(
             "[channels.out]\nkind = \"file\"\npath = \"{}\"\n",
@@ -584,8 +583,25 @@ async fn the_index_load_goes_on_once_the_store_can_be_read_again() {
         Overrides::default(),
     )
     .unwrap();
-    let channels = herald::server::build_channels(&config).unwrap();
     let clock = Arc::new(ManualClock::new(T0 + 1_000));
+    // A start whose first read of the index fails must fail, not come up ready without the
+    // tasks it could not read.
+    faults.fail_reads.store(true, Ordering::SeqCst);
+    let failed = Engine::start(
+        Store::with_backend(backend.clone()).unwrap(),
+        herald::server::build_channels(&config).unwrap(),
+        clock.clone(),
+        EngineConfig::default(),
+    )
+    .await;
+    assert!(
+        failed.is_err(),
+        "a start that could not read the index came up"
+    );
+    faults.fail_reads.store(false, Ordering::SeqCst);
+    drop(failed);
+    let store = Store::with_backend(backend).unwrap();
+    let channels = herald::server::build_channels(&config).unwrap();
     let hold = Arc::new(AtomicBool::new(true));
     let engine = Engine::start(
         store,

@@ -66,7 +66,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
         return Ok(());
     }
     let started = std::time::Instant::now();
-    let scan = scan_index(inner, now.saturating_add(READY_HORIZON_MS));
+    let scan = scan_index(inner, now.saturating_add(READY_HORIZON_MS))?;
     let index_ms = started.elapsed().as_millis() as u64;
     let running = scan.running_ids.len();
     let mut corrupt = scan.corrupt;
@@ -107,8 +107,9 @@ struct IndexScan {
 }
 
 /// Phase 1: the live index up to `until` (running tasks, then pending ones due by then) onto
-/// the wheel, under one lock of the live map.
-fn scan_index(inner: &Arc<Inner>, until: u64) -> IndexScan {
+/// the wheel, under one lock of the live map. A record that does not decode is counted and
+/// skipped; a store that cannot be read fails it.
+fn scan_index(inner: &Arc<Inner>, until: u64) -> Result<IndexScan, EngineError> {
     let mut scan = IndexScan {
         pending: 0,
         paused: 0,
@@ -121,11 +122,15 @@ fn scan_index(inner: &Arc<Inner>, until: u64) -> IndexScan {
     for item in inner.store.due_entries(&[]) {
         let (key, id, entry) = match item {
             Ok(e) => e,
-            Err(e) => {
+            Err(e @ StoreError::Corrupt { .. }) => {
                 scan.corrupt += 1;
                 tracing::error!(error = %e, "live index: a record could not be read");
                 continue;
             }
+            // The store itself failed: the entries after this one are still on disk, and
+            // ready must not come without them (the running ones are resumed from this
+            // scan alone). Start-up fails, as `resume_running`'s does.
+            Err(e) => return Err(e.into()),
         };
         if beyond(&key, until) {
             scan.rest_from = Some(key);
@@ -146,7 +151,7 @@ fn scan_index(inner: &Arc<Inner>, until: u64) -> IndexScan {
     if scan.rest_from.is_none() {
         live.loading = None;
     }
-    scan
+    Ok(scan)
 }
 
 /// Resumes the tasks that were sending (`plan::recover`); returns how many could not be read.
