@@ -136,3 +136,59 @@ async fn two_processes_with_one_node_id_hold_different_shards() {
         .count();
     assert_eq!(live, 2, "{v}");
 }
+
+/// A shard handed over (a new node arrives and takes its share) while sends on it are out: the
+/// old owner stops starting sends, lets those under way settle under its epoch, and only then
+/// frees the row. Dropping the shard first refused those settles, and the new owner sent each
+/// of their messages again. A slow receiver keeps sends out at every moment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_with_sends_out_lets_them_settle_and_sends_nothing_twice() {
+    let Some(pg) = PgServer::start("cluster_handover_settle") else {
+        return;
+    };
+    let url = pg.create_db("handover");
+    let rx = Receiver::start().await;
+    rx.set_default(common::receiver::Behavior::Slow(Duration::from_millis(300)));
+    let dir = tempfile::tempdir().unwrap();
+    let a = node(&url, dir.path(), "a", "a", &rx.url());
+    poll(Duration::from_secs(30), || async {
+        (owned(&a.url).await == u64::from(SHARDS)).then_some(())
+    })
+    .await
+    .expect("a takes every shard");
+    const TASKS: usize = 8;
+    const N: usize = 12;
+    for t in 0..TASKS {
+        let task = json!({"id": format!("hand-{t}"), "channel": "hook", "schedule": {"at": in_ms(300)},
+            "pacing": {"interval": "100ms"},
+            "messages": (0..N).map(|i| json!({"to": format!("r{i}"), "body": "x"})).collect::<Vec<_>>()});
+        let r = http::post_json(&format!("{}/v1/tasks", a.url), &task).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    rx.wait_for(TASKS * 2, Duration::from_secs(20)).await;
+    // b arrives: a hands half of its shards over, with sends out on them.
+    let b = node(&url, dir.path(), "b", "b", &rx.url());
+    balanced(&a, &b).await;
+    let all = poll(Duration::from_secs(90), || async {
+        (rx.count() >= TASKS * N).then_some(())
+    })
+    .await;
+    let mut per: HashMap<String, usize> = HashMap::new();
+    for r in rx.requests() {
+        *per.entry(r.idempotency_key().unwrap_or("").to_string())
+            .or_default() += 1;
+    }
+    assert!(
+        all.is_some(),
+        "every message arrives: {} of {}",
+        per.len(),
+        TASKS * N
+    );
+    let twice: Vec<_> = per.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "a handover with sends out sends nothing twice: {twice:?}"
+    );
+    assert_eq!(per.len(), TASKS * N);
+    drop(b);
+}

@@ -78,6 +78,9 @@ pub enum Dropped {
 pub struct Leases {
     timing: Timing,
     held: BTreeMap<u32, Held>,
+    /// Shards being handed over: still held (their writes still fenced at their epochs, so
+    /// the sends under way can settle), but no send may start on them.
+    releasing: std::collections::BTreeSet<u32>,
     /// The renewal in flight: when it was sent, and the shards (with epochs) it covers.
     renewing: Option<(u64, Vec<(u32, u64)>)>,
     last_renew_sent_ms: Option<u64>,
@@ -110,6 +113,7 @@ impl Leases {
     /// An acquisition statement sent at `sent_ms` granted `shard` at `epoch`.
     pub fn granted(&mut self, shard: u32, epoch: u64, sent_ms: u64) {
         let trusted_until_ms = self.window_end(sent_ms);
+        self.releasing.remove(&shard);
         self.held.insert(
             shard,
             Held {
@@ -183,9 +187,18 @@ impl Leases {
         self.held.remove(&shard).map(|_| (shard, Dropped::Fenced))
     }
 
-    /// Released on purpose (handoff, SIGTERM).
+    /// A handover of `shard` begins (handoff, SIGTERM): no send starts on it from now on,
+    /// while the ones under way still settle under its epoch ([`Leases::released`] ends it).
+    pub fn begin_release(&mut self, shard: u32) {
+        if self.held.contains_key(&shard) {
+            self.releasing.insert(shard);
+        }
+    }
+
+    /// Released on purpose (handoff, SIGTERM), once its sends have settled.
     pub fn released(&mut self, shard: u32) {
         self.held.remove(&shard);
+        self.releasing.remove(&shard);
     }
 
     /// Shards whose trust has ended by `now_ms`, dropped.
@@ -205,6 +218,9 @@ impl Leases {
     /// Whether a send on `shard` may start at `now_ms` with a request deadline `timeout_ms`
     /// later: at least `safety` of trust left, and the whole request inside the window.
     pub fn may_send(&self, shard: u32, now_ms: u64, timeout_ms: u64) -> bool {
+        if self.releasing.contains(&shard) {
+            return false;
+        }
         self.held.get(&shard).is_some_and(|h| {
             h.trusted_until_ms.saturating_sub(now_ms) >= self.timing.safety_ms
                 && now_ms.saturating_add(timeout_ms) <= h.trusted_until_ms
@@ -245,6 +261,28 @@ mod tests {
         );
         assert!(!l.may_send(3, 5_000, 5_001));
         assert!(!l.may_send(4, 2_000, 10), "not held");
+    }
+
+    #[test]
+    fn a_shard_being_handed_over_starts_no_send_but_stays_held_until_released() {
+        let mut l = leases();
+        l.granted(3, 7, 1_000);
+        l.begin_release(3);
+        assert!(!l.may_send(3, 2_000, 10), "no send starts on it");
+        assert_eq!(
+            l.owns(3).map(|h| h.epoch),
+            Some(7),
+            "still held: the sends under way settle at its epoch"
+        );
+        l.released(3);
+        assert!(l.owns(3).is_none());
+        // Granted again later: sends start again.
+        l.granted(3, 8, 20_000);
+        assert!(l.may_send(3, 21_000, 10));
+        // A handover of a shard not held marks nothing.
+        l.begin_release(4);
+        l.granted(4, 1, 20_000);
+        assert!(l.may_send(4, 21_000, 10));
     }
 
     #[test]

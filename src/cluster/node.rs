@@ -556,14 +556,17 @@ impl Loop {
         Ok(())
     }
 
-    /// Stops acting on `shards` first, then frees their rows.
+    /// Stops starting sends on `shards`, waits for the sends under way to settle (their
+    /// writes still fenced at the shards' epochs), then stops acting on the shards and frees
+    /// their rows (HA.md "Balancing": drain its sends, settle, release the row). Dropping
+    /// the shards first refused those settles, and the next owner sent their messages again.
     async fn hand_over(&self, c: &Client, shards: &[u32]) -> Result<(), ()> {
         let mut grants = Vec::new();
         {
             let mut l = self.own.leases.lock();
             for &s in shards {
                 if let Some(h) = l.owns(s) {
-                    l.released(s);
+                    l.begin_release(s);
                     grants.push(Grant {
                         shard: s,
                         epoch: h.epoch,
@@ -571,15 +574,23 @@ impl Loop {
                 }
             }
         }
-        for g in &grants {
-            let _ = self.events.send(Event::Released(g.shard));
-        }
         // No new send starts on them now; the ones under way end by their trust window at
-        // the latest (`engine/step.rs` cuts them off there), so this wait is bounded.
+        // the latest (`engine/step.rs` cuts them off there), and each counts until its
+        // outcome is settled, so this wait is bounded.
         let shards: Vec<u32> = grants.iter().map(|g| g.shard).collect();
         let until = Instant::now() + Duration::from_millis(self.s.timing.ttl_ms);
         while self.own.sends_on(&shards) > 0 && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        {
+            let mut l = self.own.leases.lock();
+            for g in &grants {
+                // Dropped meanwhile (trust ran out, a write fenced): its event went out then.
+                if l.owns(g.shard).is_some_and(|h| h.epoch == g.epoch) {
+                    l.released(g.shard);
+                    let _ = self.events.send(Event::Released(g.shard));
+                }
+            }
         }
         let inc = &self.s.me.incarnation;
         match tokio::time::timeout(self.deadline(), rows::release(c, inc, &grants)).await {

@@ -335,9 +335,14 @@ async fn run_step_once(
     let _out = inner.sends_out.mark(&key.task); // until after the settle
     let mut prepared = prepared;
     prepared.delivery.epoch = window.as_ref().map(|w| w.2);
+    // Cluster mode: the send counts on its shard until its outcome is settled (or the step
+    // ends without it), so that a handover waits for the settle before the shard's writes
+    // stop being fenced at its epoch (`cluster/node.rs`, `hand_over`).
+    let mut _sending = None;
     let (outcome, report) = match window {
         None => send(inner, &prepared, &cell, key.run).await,
-        Some((end, _sending, _)) => {
+        Some((end, sending, _)) => {
+            _sending = Some(sending);
             // The deadline is looked at before the send is first polled (`biased`): a process
             // paused between the window check and here (SIGSTOP, a VM freeze) wakes with the
             // window gone and sends nothing, instead of sending once before the timeout fires.
