@@ -600,6 +600,22 @@ async fn the_index_load_goes_on_once_the_store_can_be_read_again() {
     );
     faults.fail_reads.store(false, Ordering::SeqCst);
     drop(failed);
+    // Likewise a start that cannot read the failure list (its retries under way would never
+    // be armed again).
+    *faults.fail_scans_of.lock() = Some(herald::store::backend::TreeId::Failures);
+    let failed = Engine::start(
+        Store::with_backend(backend.clone()).unwrap(),
+        herald::server::build_channels(&config).unwrap(),
+        clock.clone(),
+        EngineConfig::default(),
+    )
+    .await;
+    assert!(
+        failed.is_err(),
+        "a start that could not read the failure list came up"
+    );
+    *faults.fail_scans_of.lock() = None;
+    drop(failed);
     let store = Store::with_backend(backend).unwrap();
     let channels = herald::server::build_channels(&config).unwrap();
     let hold = Arc::new(AtomicBool::new(true));

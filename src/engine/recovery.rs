@@ -57,7 +57,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
         // Cluster mode: no shard is held yet; each is loaded when it is granted
         // (`cluster.rs`). Failure-list retries go on the wheel, where the dispatcher leaves
         // those of shards not held.
-        let (retries, unreadable) = resume_failure_retries(inner, now);
+        let (retries, unreadable) = resume_failure_retries(inner, now)?;
         tracing::info!(
             retries,
             corrupt = unreadable,
@@ -71,7 +71,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
     let running = scan.running_ids.len();
     let mut corrupt = scan.corrupt;
     corrupt += resume_running(inner, scan.running_ids, now).await?;
-    let (retries, unreadable) = resume_failure_retries(inner, now);
+    let (retries, unreadable) = resume_failure_retries(inner, now)?;
     corrupt += unreadable;
     tracing::info!(
         pending = scan.pending,
@@ -208,7 +208,7 @@ pub(crate) async fn resume_running(
 
 /// Failure-list retries that were under way go on; counts the list. Returns (retries resumed,
 /// records that could not be read).
-fn resume_failure_retries(inner: &Arc<Inner>, now: u64) -> (usize, usize) {
+fn resume_failure_retries(inner: &Arc<Inner>, now: u64) -> Result<(usize, usize), EngineError> {
     let (mut retries, mut corrupt) = (0usize, 0usize);
     let mut listed = 0u64;
     for item in inner.store.all_failures() {
@@ -221,16 +221,19 @@ fn resume_failure_retries(inner: &Arc<Inner>, now: u64) -> (usize, usize) {
                 inner.timer.at(Key::retry(&f.id), now);
             }
             Ok(_) => {}
-            Err(e) => {
+            Err(e @ StoreError::Corrupt { .. }) => {
                 corrupt += 1;
                 tracing::error!(error = %e, "skipping a failure record that cannot be read");
             }
+            // The store itself failed: the retries after this record would never be armed.
+            // Start-up fails instead, as the index scan's does.
+            Err(e) => return Err(e.into()),
         }
     }
     inner
         .failures
         .store(listed, std::sync::atomic::Ordering::Relaxed);
-    (retries, corrupt)
+    Ok((retries, corrupt))
 }
 
 /// Phase 2: the rest of the live index from due key `from` on, in due order, a chunk at a

@@ -29,6 +29,8 @@ pub struct Faults {
     pub fail_reads: AtomicBool,
     /// Reads refused so far.
     pub reads_refused: AtomicU64,
+    /// Scans of this tree fail (counted in `reads_refused`); other reads go through.
+    pub fail_scans_of: parking_lot::Mutex<Option<TreeId>>,
 }
 
 impl Default for Faults {
@@ -43,6 +45,7 @@ impl Default for Faults {
             recovers: AtomicU64::new(0),
             fail_reads: AtomicBool::new(false),
             reads_refused: AtomicU64::new(0),
+            fail_scans_of: parking_lot::Mutex::new(None),
         }
     }
 }
@@ -123,6 +126,10 @@ impl Backend for FaultyBackend {
     }
 
     fn scan<'a>(&'a self, tree: TreeId, start: &[u8], prefix: Option<&[u8]>) -> KvIter<'a> {
+        if *self.faults.fail_scans_of.lock() == Some(tree) {
+            self.faults.reads_refused.fetch_add(1, Ordering::SeqCst);
+            return Box::new(std::iter::once(Err(injected("scan"))));
+        }
         match self.faults.read_fault() {
             Some(e) => Box::new(std::iter::once(Err(e))),
             None => self.inner.scan(tree, start, prefix),
