@@ -195,6 +195,11 @@ impl Leases {
         }
     }
 
+    /// Whether `shard` is held and being handed over.
+    pub fn releasing(&self, shard: u32) -> bool {
+        self.releasing.contains(&shard) && self.held.contains_key(&shard)
+    }
+
     /// Released on purpose (handoff, SIGTERM), once its sends have settled.
     pub fn released(&mut self, shard: u32) {
         self.held.remove(&shard);
@@ -267,7 +272,9 @@ mod tests {
     fn a_shard_being_handed_over_starts_no_send_but_stays_held_until_released() {
         let mut l = leases();
         l.granted(3, 7, 1_000);
+        assert!(!l.releasing(3));
         l.begin_release(3);
+        assert!(l.releasing(3));
         assert!(!l.may_send(3, 2_000, 10), "no send starts on it");
         assert_eq!(
             l.owns(3).map(|h| h.epoch),
@@ -276,6 +283,7 @@ mod tests {
         );
         l.released(3);
         assert!(l.owns(3).is_none());
+        assert!(!l.releasing(3));
         // Granted again later: sends start again.
         l.granted(3, 8, 20_000);
         assert!(l.may_send(3, 21_000, 10));

@@ -160,6 +160,12 @@ impl Ownership {
             .map(|h| h.epoch)
     }
 
+    /// Whether `shard` is being handed over: held, its writes still fenced at its epoch, but
+    /// nothing new is armed or sent on it.
+    pub fn releasing(&self, shard: u32) -> bool {
+        self.leases.lock().releasing(shard)
+    }
+
     /// Whether `shard` is held, trusted now or not: between the end of its trust and the
     /// loop's next look (`Leases::expire`) a renewal answered late can still extend the
     /// trust, and then the shard is never dropped and never loaded again.
@@ -580,6 +586,12 @@ impl Loop {
         let shards: Vec<u32> = grants.iter().map(|g| g.shard).collect();
         let until = Instant::now() + Duration::from_millis(self.s.timing.ttl_ms);
         while self.own.sends_on(&shards) > 0 && Instant::now() < until {
+            // Renewed meanwhile, as the loop would: a slow send on a shard handed over must
+            // not run out the trust of every other shard (and of these, whose settles it
+            // fences). A failed renewal drops the shards it covered; the release goes on.
+            if self.renew(c).await.is_err() {
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         {

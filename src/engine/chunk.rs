@@ -160,7 +160,16 @@ struct Item {
 
 /// Carries out the steps of `keys` (run keys, in deadline order). `ahead` counts the chunk
 /// among those not yet past their send ([`Ahead`]) until its send is over.
-pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>, ahead: AheadGuard) {
+pub(super) async fn run(inner: Arc<Inner>, mut keys: Vec<(RunKey, StepGuard)>, ahead: AheadGuard) {
+    // Cluster mode: nothing is armed or sent on a shard being handed over (as the one-key
+    // path, `step.rs`); the key comes back, and is dropped once the shard is released.
+    keys.retain(|(k, _)| {
+        let releasing = inner.releasing(&k.task);
+        if releasing {
+            step::window_closed(&inner, k.key());
+        }
+        !releasing
+    });
     let mut items = prepare(&inner, keys).await;
     if step::draining(&inner) {
         // A drain began while the chunk was being prepared: nothing is sent. Each task is
@@ -173,12 +182,15 @@ pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>, ahead
     // Cluster mode: a task whose shard's trust is ending is not sent (a local send is over
     // at once, so a window still open is wide enough); its step comes back later, and sends
     // if the trust was renewed, or its next owner sends it (`step::window_closed`).
+    // The windows are kept until the settle: each counts its send on its shard until its
+    // outcome is written, so a handover of the shard waits for it (`cluster/node.rs`).
+    let mut windows = Vec::new();
     items.retain_mut(|it| {
-        let open = !matches!(
-            inner.send_window(&it.key.task),
-            super::cluster::Window::Closed
-        );
-        if !open {
+        let window = inner.send_window(&it.key.task);
+        let open = !matches!(window, super::cluster::Window::Closed);
+        if open {
+            windows.push(window);
+        } else {
             it.l.unload(it.key.run);
             step::window_closed(&inner, it.key.key());
         }
@@ -231,6 +243,7 @@ pub(super) async fn run(inner: Arc<Inner>, keys: Vec<(RunKey, StepGuard)>, ahead
         inner.chunks_ahead.wait_for(upto, SETTLE_WAIT_MAX).await;
     }
     settle(&inner, items, outcomes).await;
+    drop(windows);
 }
 
 /// Locks and prepares the keys this chunk can send; hands every other key to the one-key path.

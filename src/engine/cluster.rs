@@ -135,6 +135,14 @@ impl Inner {
         }
     }
 
+    /// Whether the task's shard is being handed over ([`crate::cluster::node::Ownership::releasing`]).
+    pub(crate) fn releasing(&self, task: &str) -> bool {
+        match self.shard_of(task) {
+            None => false,
+            Some((c, s)) => c.ownership.releasing(s),
+        }
+    }
+
     /// Whether the task's shard is held by this process, trusted now or not
     /// ([`crate::cluster::node::Ownership::holds`]). A key or an inbox row of a shard held
     /// but not trusted for a moment is kept for later, not dropped: were the trust renewed,

@@ -299,6 +299,15 @@ async fn run_step_once(
     key: &RunKey,
     mut l: Locked,
 ) -> Result<Option<Locked>, EngineError> {
+    if inner.releasing(&key.task) {
+        // Cluster mode, the task's shard is being handed over: nothing is armed or sent here
+        // now (an armed mark would be waited out by the next owner as a send in flight). The
+        // key comes back; once the shard is released it is dropped here, and the next owner
+        // sends the message at its time.
+        l.release(inner);
+        window_closed(inner, key.key());
+        return Ok(None);
+    }
     let prepared = match prepare(inner, &mut l, key).await {
         Ok(Some(p)) => p,
         Ok(None) => {
