@@ -82,8 +82,13 @@ async fn a_rolling_sigterm_restart_of_every_node_sends_each_message_once() {
         }
         balanced(&a, &b).await;
     }
+    each_once(&rx, TASKS * N, "a rolling SIGTERM restart").await;
+}
+
+/// Waits (bounded) until `n` messages arrived, then checks each arrived exactly once.
+async fn each_once(rx: &Receiver, n: usize, what: &str) {
     let all = poll(Duration::from_secs(90), || async {
-        (rx.count() >= TASKS * N).then_some(())
+        (rx.count() >= n).then_some(())
     })
     .await;
     let mut per: HashMap<String, usize> = HashMap::new();
@@ -91,18 +96,10 @@ async fn a_rolling_sigterm_restart_of_every_node_sends_each_message_once() {
         *per.entry(r.idempotency_key().unwrap_or("").to_string())
             .or_default() += 1;
     }
-    assert!(
-        all.is_some(),
-        "every message arrives: {} of {}",
-        per.len(),
-        TASKS * N
-    );
+    assert!(all.is_some(), "every message arrives: {} of {n}", per.len());
     let twice: Vec<_> = per.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "a rolling SIGTERM restart sends no duplicate: {twice:?}"
-    );
-    assert_eq!(per.len(), TASKS * N);
+    assert!(twice.is_empty(), "{what} sends no duplicate: {twice:?}");
+    assert_eq!(per.len(), n);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,26 +166,6 @@ async fn a_handover_with_sends_out_lets_them_settle_and_sends_nothing_twice() {
     // b arrives: a hands half of its shards over, with sends out on them.
     let b = node(&url, dir.path(), "b", "b", &rx.url());
     balanced(&a, &b).await;
-    let all = poll(Duration::from_secs(90), || async {
-        (rx.count() >= TASKS * N).then_some(())
-    })
-    .await;
-    let mut per: HashMap<String, usize> = HashMap::new();
-    for r in rx.requests() {
-        *per.entry(r.idempotency_key().unwrap_or("").to_string())
-            .or_default() += 1;
-    }
-    assert!(
-        all.is_some(),
-        "every message arrives: {} of {}",
-        per.len(),
-        TASKS * N
-    );
-    let twice: Vec<_> = per.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        twice.is_empty(),
-        "a handover with sends out sends nothing twice: {twice:?}"
-    );
-    assert_eq!(per.len(), TASKS * N);
+    each_once(&rx, TASKS * N, "a handover with sends out").await;
     drop(b);
 }

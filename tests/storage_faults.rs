@@ -586,36 +586,23 @@ async fn the_index_load_goes_on_once_the_store_can_be_read_again() {
     let clock = Arc::new(ManualClock::new(T0 + 1_000));
     // A start whose first read of the index fails must fail, not come up ready without the
     // tasks it could not read.
+    let start_fails = |what: &'static str| {
+        let store = Store::with_backend(backend.clone()).unwrap();
+        let channels = herald::server::build_channels(&config).unwrap();
+        let clock = clock.clone();
+        async move {
+            let r = Engine::start(store, channels, clock, EngineConfig::default()).await;
+            assert!(r.is_err(), "a start that could not read {what} came up");
+        }
+    };
     faults.fail_reads.store(true, Ordering::SeqCst);
-    let failed = Engine::start(
-        Store::with_backend(backend.clone()).unwrap(),
-        herald::server::build_channels(&config).unwrap(),
-        clock.clone(),
-        EngineConfig::default(),
-    )
-    .await;
-    assert!(
-        failed.is_err(),
-        "a start that could not read the index came up"
-    );
+    start_fails("the index").await;
     faults.fail_reads.store(false, Ordering::SeqCst);
-    drop(failed);
     // Likewise a start that cannot read the failure list (its retries under way would never
     // be armed again).
     *faults.fail_scans_of.lock() = Some(herald::store::backend::TreeId::Failures);
-    let failed = Engine::start(
-        Store::with_backend(backend.clone()).unwrap(),
-        herald::server::build_channels(&config).unwrap(),
-        clock.clone(),
-        EngineConfig::default(),
-    )
-    .await;
-    assert!(
-        failed.is_err(),
-        "a start that could not read the failure list came up"
-    );
+    start_fails("the failure list").await;
     *faults.fail_scans_of.lock() = None;
-    drop(failed);
     let store = Store::with_backend(backend).unwrap();
     let channels = herald::server::build_channels(&config).unwrap();
     let hold = Arc::new(AtomicBool::new(true));
