@@ -154,7 +154,7 @@ async fn a_handover_with_sends_out_lets_them_settle_and_sends_nothing_twice() {
     .await
     .expect("a takes every shard");
     const TASKS: usize = 8;
-    const N: usize = 12;
+    const N: usize = 24;
     for t in 0..TASKS {
         let task = json!({"id": format!("hand-{t}"), "channel": "hook", "schedule": {"at": in_ms(300)},
             "pacing": {"interval": "100ms"},
@@ -167,5 +167,24 @@ async fn a_handover_with_sends_out_lets_them_settle_and_sends_nothing_twice() {
     let b = node(&url, dir.path(), "b", "b", &rx.url());
     balanced(&a, &b).await;
     each_once(&rx, TASKS * N, "a handover with sends out").await;
+    // The test covered a handover only if some task was sent under two epochs (a's, then
+    // b's): its messages were still going when its shard changed hands.
+    let mut epochs: HashMap<String, std::collections::BTreeSet<String>> = HashMap::new();
+    for r in rx.requests() {
+        let task = r
+            .idempotency_key()
+            .unwrap_or("")
+            .split(':')
+            .next()
+            .unwrap_or("");
+        epochs
+            .entry(task.to_string())
+            .or_default()
+            .insert(r.header("herald-epoch").unwrap_or("").to_string());
+    }
+    assert!(
+        epochs.values().any(|e| e.len() > 1),
+        "no task was sent under two epochs: the handover came after the sends: {epochs:?}"
+    );
     drop(b);
 }
