@@ -54,17 +54,33 @@ pub(crate) async fn failure_retry(
         }
         Admission::Go { probe } => probe,
     };
+    // Cluster mode: as a run's send (`step.rs`), only with enough of the shard's trust left
+    // (none on a shard being handed over), cut off where the trust ends, and counted on the
+    // shard until its outcome is settled, so a handover waits for it.
+    let (end, _on_shard, epoch) = match inner.send_window(&f.task_id) {
+        super::cluster::Window::Closed => {
+            drop(guard);
+            super::step::window_closed(inner, key);
+            return Ok(());
+        }
+        super::cluster::Window::Within(d, on_shard, epoch) => (
+            Some(tokio::time::Instant::now() + d),
+            Some(on_shard),
+            Some(epoch),
+        ),
+        super::cluster::Window::Unbounded => (None, None, None),
+    };
     let (spec, _) = task.split();
-    let delivery = render(inner, &spec, &f, msg, now)?;
+    let mut delivery = render(inner, &spec, &f, msg, now)?;
+    delivery.epoch = epoch;
     let policy = spec.retry.unwrap_or(channel.retry);
     let _sending = inner.failure_sends.mark(failure_id);
     drop(guard);
 
     // Traced like a run's attempt: the task's trace with a span of its own, and an `attempt`
     // event in the timeline beside what it led to (issue 25).
-    let (outcome, report) = channel
-        .send_traced(&delivery, || inner.clock.now_ms())
-        .await;
+    let send = channel.send_traced(&delivery, || inner.clock.now_ms());
+    let (outcome, report) = super::step::cut_off_at(end, send).await;
     if let Some(tr) = channel.record(inner.clock.now_ms(), &outcome, probe) {
         alerts::breaker(inner, &channel.name, tr);
     }

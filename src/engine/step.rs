@@ -347,30 +347,11 @@ async fn run_step_once(
     // Cluster mode: the send counts on its shard until its outcome is settled (or the step
     // ends without it), so that a handover waits for the settle before the shard's writes
     // stop being fenced at its epoch (`cluster/node.rs`, `hand_over`).
-    let mut _sending = None;
-    let (outcome, report) = match window {
-        None => send(inner, &prepared, &cell, key.run).await,
-        Some((end, sending, _)) => {
-            _sending = Some(sending);
-            // The deadline is looked at before the send is first polled (`biased`): a process
-            // paused between the window check and here (SIGSTOP, a VM freeze) wakes with the
-            // window gone and sends nothing, instead of sending once before the timeout fires.
-            tokio::select! {
-                biased;
-                _ = tokio::time::sleep_until(end) => (
-                    // Cut off as the trust window ends: nobody knows whether it arrived, so it
-                    // is retried (by this node if it still holds the shard, else by the next
-                    // owner, with the same idempotency key).
-                    Outcome::Retry {
-                        error: "cut off: this node's lease on the task's shard was ending".into(),
-                        not_before_ms: None,
-                    },
-                    Default::default(),
-                ),
-                r = send(inner, &prepared, &cell, key.run) => r,
-            }
-        }
+    let (end, _sending) = match window {
+        None => (None, None),
+        Some((end, sending, _)) => (Some(end), Some(sending)),
     };
+    let (outcome, report) = cut_off_at(end, send(inner, &prepared, &cell, key.run)).await;
     prepared.report = report;
     let Some(mut l) = super::cells::relock(inner, &key.task, cell, key.run).await? else {
         return Ok(None);
@@ -382,6 +363,32 @@ async fn run_step_once(
             Ok(None)
         }
         Err(e) => step_failed(inner, l, e).await.map(|()| None),
+    }
+}
+
+/// A send, cut off at `end` (cluster mode: where the shard's trust ends). The deadline is
+/// looked at before the send is first polled (`biased`): a process paused between the window
+/// check and here (SIGSTOP, a VM freeze) wakes with the window gone and sends nothing, instead
+/// of sending once before the timeout fires. Cut off, nobody knows whether it arrived, so it is
+/// retried (by this node if it still holds the shard, else by the next owner, with the same
+/// idempotency key).
+pub(super) async fn cut_off_at(
+    end: Option<tokio::time::Instant>,
+    send: impl std::future::Future<Output = (Outcome, crate::deliver::AttemptReport)>,
+) -> (Outcome, crate::deliver::AttemptReport) {
+    let Some(end) = end else {
+        return send.await;
+    };
+    tokio::select! {
+        biased;
+        _ = tokio::time::sleep_until(end) => (
+            Outcome::Retry {
+                error: "cut off: this node's lease on the task's shard was ending".into(),
+                not_before_ms: None,
+            },
+            Default::default(),
+        ),
+        r = send => r,
     }
 }
 
