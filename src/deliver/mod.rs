@@ -197,8 +197,9 @@ impl ChannelStats {
 /// The answer to "may a send start on this channel now?".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
-    /// Go; `probe` = this send is the breaker's half-open probe.
-    Go { probe: bool },
+    /// Go; `probe` = this send is the breaker's half-open probe; `rate_tick`: where the rate
+    /// limiter logged its slot ([`Channel::retake_rate`]), if the channel has one.
+    Go { probe: bool, rate_tick: Option<u64> },
     /// Not before this instant (rate limit or open breaker); nothing is failed or burned.
     Hold { until_ms: u64, breaker: bool },
 }
@@ -267,13 +268,17 @@ impl Channel {
     /// breaker then holds costs nothing while the channel is down), then the breaker. Every
     /// `Go` must be followed by exactly one [`Channel::record`].
     pub fn admit(&self, now_ms: u64) -> Admission {
+        let mut rate_tick = None;
         if let Some(l) = &self.limiter {
-            if let Err(at) = l.lock().try_acquire(now_ms) {
-                self.stats.held.fetch_add(1, Ordering::Relaxed);
-                return Admission::Hold {
-                    until_ms: at,
-                    breaker: false,
-                };
+            match l.lock().try_take(now_ms) {
+                Ok(tick) => rate_tick = Some(tick),
+                Err(at) => {
+                    self.stats.held.fetch_add(1, Ordering::Relaxed);
+                    return Admission::Hold {
+                        until_ms: at,
+                        breaker: false,
+                    };
+                }
             }
         }
         let probe = match &self.breaker {
@@ -290,7 +295,21 @@ impl Channel {
             },
             None => false,
         };
-        Admission::Go { probe }
+        Admission::Go { probe, rate_tick }
+    }
+
+    /// A send admitted at `rate_tick` ([`Admission::Go`]) that waited for a free slot takes
+    /// its rate slot again now, when it starts ([`ratelimit::Limiter::retake`]). `Err(at)`:
+    /// not before `at` (counted as held).
+    pub fn retake_rate(&self, rate_tick: Option<u64>, now_ms: u64) -> Result<(), u64> {
+        let (Some(l), Some(tick)) = (&self.limiter, rate_tick) else {
+            return Ok(());
+        };
+        let taken = l.lock().retake(tick, now_ms);
+        if taken.is_err() {
+            self.stats.held.fetch_add(1, Ordering::Relaxed);
+        }
+        taken.map(|_| ())
     }
 
     /// Records the outcome of an admitted send; returns a breaker transition worth an alert.
@@ -306,11 +325,7 @@ impl Channel {
             Outcome::Held { .. } => {
                 self.stats.held.fetch_add(1, Ordering::Relaxed);
                 self.stats.held_local.fetch_add(1, Ordering::Relaxed);
-                if probe {
-                    if let Some(b) = &self.breaker {
-                        b.lock().abandon_probe();
-                    }
-                }
+                self.unsent(probe);
                 return None;
             }
         }
@@ -318,6 +333,15 @@ impl Channel {
         self.breaker
             .as_ref()
             .and_then(|b| b.lock().record(now_ms, success, probe))
+    }
+
+    /// An admitted send that does not go after all (its task stopped while it waited for a
+    /// slot, or the rate limit refused it once it could start): a breaker probe it carried is
+    /// given back, so the next send probes at once instead of waiting out the probe's lease.
+    pub fn unsent(&self, probe: bool) {
+        if let (true, Some(b)) = (probe, &self.breaker) {
+            b.lock().abandon_probe();
+        }
     }
 
     pub fn breaker_state(&self) -> Option<BreakerState> {

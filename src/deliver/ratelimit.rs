@@ -103,13 +103,33 @@ impl Limiter {
     /// slot is taken). `Err(at)`: not before wall instant `at` (nothing taken); if nothing
     /// else acquires in between and the clocks do not jump, `try_acquire(at)` succeeds.
     pub fn try_acquire(&mut self, now_ms: u64) -> Result<(), u64> {
+        self.try_take(now_ms).map(|_| ())
+    }
+
+    /// [`Limiter::try_acquire`] that names the tick the slot is logged at (for
+    /// [`Limiter::retake`]).
+    pub fn try_take(&mut self, now_ms: u64) -> Result<u64, u64> {
         let mono = self.durations.mono(now_ms);
         self.acquire_mono(mono)
             .map_err(|at| Durations::wall_at(now_ms, mono, at))
     }
 
-    /// [`Limiter::try_acquire`] on the monotonic tick `now_ms`.
-    fn acquire_mono(&mut self, now_ms: u64) -> Result<(), u64> {
+    /// A send admitted with the slot logged at `tick` that could only start later (it waited
+    /// for a free slot of its channel's concurrency) takes its slot again at wall tick
+    /// `now_ms`: the limit counts sends when they start, so the slot logged at the admission
+    /// is given back first. Without this, sends admitted apart but held back together by a
+    /// slow receiver went out together, past the rate. `Err(at)`: not before wall instant
+    /// `at`; nothing is taken and the admission's slot stays given back.
+    pub fn retake(&mut self, tick: u64, now_ms: u64) -> Result<u64, u64> {
+        // The log stays in order: one tick is taken out, none moved.
+        if let Some(i) = self.log.iter().rposition(|&t| t == tick) {
+            self.log.remove(i);
+        }
+        self.try_take(now_ms)
+    }
+
+    /// [`Limiter::try_take`] on the monotonic tick `now_ms`.
+    fn acquire_mono(&mut self, now_ms: u64) -> Result<u64, u64> {
         let now = now_ms.max(self.last);
         self.last = now;
         let free = self.free_at(now);
@@ -120,7 +140,7 @@ impl Limiter {
             self.log.pop_front();
         }
         self.log.push_back(now);
-        Ok(())
+        Ok(now)
     }
 
     /// When the next send could go (for a status view); `<= now_ms` means "now".
@@ -173,6 +193,31 @@ mod tests {
 
     fn rate(s: &str) -> Rate {
         parse_rate(s).unwrap()
+    }
+
+    #[test]
+    fn a_send_that_starts_late_is_counted_when_it_starts() {
+        // 1 per second. A is admitted at 0 but held back by a busy channel until 900; B is
+        // admitted at 1 000. Counted at admission, both would start within 100 ms.
+        let mut l = Limiter::new(rate("1/1s"));
+        let a = l.try_take(0).unwrap();
+        assert_eq!(
+            l.retake(a, 900),
+            Ok(900),
+            "A's own slot is given back first"
+        );
+        assert_eq!(
+            l.try_take(1_000),
+            Err(1_901),
+            "B waits a second after A's start"
+        );
+        // A retake that the limit refuses takes nothing: the next send is not pushed later.
+        let mut l = Limiter::new(rate("1/1s"));
+        let a = l.try_take(0).unwrap();
+        let b = l.try_take(1_001).unwrap();
+        assert_eq!(l.retake(a, 1_500), Err(2_002));
+        assert_eq!(l.try_take(2_002), Ok(2_002));
+        let _ = b;
     }
 
     /// A caller that wants to send `want` messages as early as possible from `start`: each

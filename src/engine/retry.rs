@@ -52,7 +52,7 @@ pub(crate) async fn failure_retry(
             inner.timer.at(key, until_ms);
             return Ok(());
         }
-        Admission::Go { probe } => probe,
+        Admission::Go { probe, .. } => probe,
     };
     // Cluster mode: as a run's send (`step.rs`), only with enough of the shard's trust left
     // (none on a shard being handed over), cut off where the trust ends, and counted on the

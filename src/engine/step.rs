@@ -417,6 +417,8 @@ pub(super) struct Prepared {
     policy: crate::model::RetryPolicy,
     pacing: crate::model::Pacing,
     pub probe: bool,
+    /// Where the channel's rate limiter logged the admission's slot (`Admission::Go`).
+    rate_tick: Option<u64>,
     /// What the send learnt for its timeline event (status, duration); set once it returns.
     pub report: crate::deliver::AttemptReport,
 }
@@ -463,7 +465,7 @@ pub(super) async fn prepare(
     let Some(msg) = hold_for_time(inner, l, &d, &run, msg, channel.as_ref()).await? else {
         return Ok(None);
     };
-    let Some(probe) = admit(inner, l, &d, &run, channel.as_ref()).await else {
+    let Some((probe, rate_tick)) = admit(inner, l, &d, &run, channel.as_ref()).await else {
         return Ok(None);
     };
     let delivery = render(inner, &t, &d, &run, msg, due);
@@ -479,6 +481,7 @@ pub(super) async fn prepare(
         policy,
         pacing: t.pacing,
         probe,
+        rate_tick,
         report: Default::default(),
     };
     let st = l.st();
@@ -601,15 +604,15 @@ async fn hold_for_time(
 }
 
 /// Rate limit and breaker: a send that may not go now waits on the wheel, still armed;
-/// nothing is failed and no attempt is burned. `Some(probe)`: it goes (as the breaker's probe
-/// or not); `None`: held.
+/// nothing is failed and no attempt is burned. `Some((probe, rate_tick))`: it goes (as the
+/// breaker's probe or not; its rate slot logged at `rate_tick`); `None`: held.
 async fn admit(
     inner: &Arc<Inner>,
     l: &mut Locked,
     d: &DueSend<'_>,
     run: &crate::model::Run,
     channel: Option<&Arc<crate::deliver::Channel>>,
-) -> Option<bool> {
+) -> Option<(bool, Option<u64>)> {
     let (key, seq, now) = (d.key, d.seq, d.now);
     match channel.map(|c| c.admit(now)) {
         Some(Admission::Hold { until_ms, breaker }) => {
@@ -641,8 +644,8 @@ async fn admit(
             }
             None
         }
-        Some(Admission::Go { probe }) => Some(probe),
-        None => Some(false),
+        Some(Admission::Go { probe, rate_tick }) => Some((probe, rate_tick)),
+        None => Some((false, None)),
     }
 }
 
@@ -683,51 +686,100 @@ async fn send(
 ) -> (Outcome, crate::deliver::AttemptReport) {
     let d = &p.delivery;
     tracing::debug!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, "attempt");
-    match &p.channel {
-        Some(c) => {
-            let Some((permit, waited)) = c.permit().await else {
-                return crate::deliver::Channel::closed();
-            };
-            // The cell's lock was let go before this wait, so a cancel or a pause may have
-            // been answered during it: nothing may go after that. Held, not sent, with the
-            // same attempt number: a cancelled run ends with it, a paused one sends on resume.
-            if waited && !still_sending(cell, run).await {
-                let o = Outcome::Held {
-                    error: "not sent: the task was cancelled or paused while its send waited for a free slot of the channel".into(),
-                    until_ms: inner.clock.now_ms(),
-                    why: crate::model::timeline::HeldWhy::Stopped,
-                };
-                return (o, Default::default());
-            }
-            let (o, report) = c
-                .send_with(d, permit, waited, || inner.clock.now_ms())
-                .await;
-            record(inner, c, &o, p.probe);
-            (o, report)
+    let Some(c) = &p.channel else {
+        let o = Outcome::Permanent {
+            error: format!("channel {:?} is no longer configured", p.channel_name),
+        };
+        return (o, Default::default());
+    };
+    let (permit, waited) = match slot(inner, c, p, cell, run).await {
+        Ok(s) => s,
+        Err(o) => {
+            c.unsent(p.probe);
+            return (o, Default::default());
         }
-        None => (
-            Outcome::Permanent {
-                error: format!("channel {:?} is no longer configured", p.channel_name),
-            },
-            Default::default(),
-        ),
+    };
+    let (o, report) = c
+        .send_with(d, permit, waited, || inner.clock.now_ms())
+        .await;
+    record(inner, c, &o, p.probe);
+    (o, report)
+}
+
+/// A slot of the channel's concurrency for run `run`'s send (`true`: it had to wait for it).
+///
+/// The send was admitted before any wait, and the cell's lock was let go: a cancel or a pause
+/// may have been answered meanwhile (nothing may go after that), and the pacing and the rate
+/// limit reckoned from the admission. So after a wait the task is looked at again, the rate
+/// slot is taken again and the run's pacing anchor moves to now: the interval and the rate
+/// count from when sends start, not from when a busy channel let them in. Never waits for the
+/// task's lock while it holds a slot: a chunk holds its tasks' locks while it waits for
+/// slots of the same channel (`chunk.rs`), and each would wait for the other for good.
+/// `Err`: not sent, held with the same attempt number (a cancelled run ends with it, a paused
+/// one sends on resume, a rate-limited one at the instant named).
+async fn slot<'c>(
+    inner: &Arc<Inner>,
+    c: &'c crate::deliver::Channel,
+    p: &Prepared,
+    cell: &super::LiveTask,
+    run: u32,
+) -> Result<(tokio::sync::SemaphorePermit<'c>, bool), Outcome> {
+    let closed = || crate::deliver::Channel::closed().0;
+    let (mut permit, waited) = c.permit().await.ok_or_else(closed)?;
+    if !waited {
+        return Ok((permit, false));
+    }
+    loop {
+        let Ok(mut g) = cell.try_lock() else {
+            drop(permit);
+            if !wants_send(&mut *cell.lock().await, run, None) {
+                return Err(stopped(inner));
+            }
+            permit = c.permit().await.ok_or_else(closed)?.0;
+            continue;
+        };
+        let now = inner.clock.now_ms();
+        if !wants_send(&mut g, run, Some(now)) {
+            return Err(stopped(inner));
+        }
+        return match c.retake_rate(p.rate_tick, now) {
+            Ok(()) => Ok((permit, true)),
+            Err(until_ms) => Err(Outcome::Held {
+                error: "not sent yet: the channel's rate limit, counted when the send could start"
+                    .into(),
+                until_ms,
+                why: crate::model::timeline::HeldWhy::RateLimit,
+            }),
+        };
     }
 }
 
-/// Whether run `run` of the task in `cell` still wants its send: the task running and the run
-/// not cancelled. A cell unloaded meanwhile (a failed write) cannot tell; the send goes, as it
-/// would have without the wait, and the settle reads the store.
-async fn still_sending(cell: &super::LiveTask, run: u32) -> bool {
-    match &*cell.lock().await {
-        super::Slot::Loaded(st) => {
-            st.progress.state == TaskState::Running
-                && st
-                    .runs
-                    .get(&run)
-                    .is_some_and(|r| r.state == crate::model::RunState::Running)
-        }
-        super::Slot::Unloaded(_) => true,
+fn stopped(inner: &Inner) -> Outcome {
+    Outcome::Held {
+        error: "not sent: the task was cancelled or paused while its send waited for a free slot of the channel".into(),
+        until_ms: inner.clock.now_ms(),
+        why: crate::model::timeline::HeldWhy::Stopped,
     }
+}
+
+/// Whether run `run` of the task in `slot` still wants its send: the task running and the run
+/// not cancelled. A cell unloaded meanwhile (a failed write) cannot tell; the send goes, as it
+/// would have without the wait, and the settle reads the store. `start`: the send starts now,
+/// the run's pacing anchor moves there.
+fn wants_send(slot: &mut super::Slot, run: u32, start: Option<u64>) -> bool {
+    let st = match slot {
+        super::Slot::Loaded(st) => st,
+        super::Slot::Unloaded(_) => return true,
+    };
+    let wants = st.progress.state == TaskState::Running
+        && st
+            .runs
+            .get(&run)
+            .is_some_and(|r| r.state == crate::model::RunState::Running);
+    if let (true, Some(at), Some(r)) = (wants, start, st.runs.get_mut(&run)) {
+        r.last_attempt_at_ms = Some(at);
+    }
+    wants
 }
 
 /// Counts an admitted send's outcome on its channel (and its breaker, alerting on a change).
