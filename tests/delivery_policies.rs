@@ -578,3 +578,58 @@ async fn alert_deliveries_in_flight_are_bounded() {
         ops.open_connections()
     );
 }
+
+/// A failure-list retry is a send of its task: once a cancel (or a pause) of the task is
+/// answered, the retry's next attempt does not go; the entry stays in the list, not retrying,
+/// and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_retry_sends_nothing_after_its_task_is_cancelled() {
+    let rx = Receiver::start().await;
+    // The first message is refused for good; its retry is answered 503, then would succeed.
+    rx.script_key("k:1:0", vec![Behavior::Status(400), Behavior::Status(503)]);
+    let h = TestHerald::start(&webhook_channel(
+        "hook",
+        &rx.url(),
+        "retry = { max_attempts = 3, initial = \"700ms\" }",
+    ))
+    .await;
+    // The second message is 30 s later: the task is still running when the first fails.
+    create(
+        &h,
+        json!({"id": "k", "channel": "hook", "schedule": {"after": "0s"}, "to": ["a", "b"],
+               "body": "x", "pacing": {"interval": "30s"}}),
+    )
+    .await;
+    poll(Duration::from_secs(10), || async {
+        (failures(&h, "task=k").await.len() == 1).then_some(())
+    })
+    .await
+    .expect("the refused message is in the failure list");
+    let r = http::request("POST", &h.url("/v1/failures/k:1:0/retry"), &[], None).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    rx.wait_for(2, Duration::from_secs(10)).await;
+    let r = http::request("POST", &h.url("/v1/tasks/k/cancel"), &[], None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let answered = std::time::Instant::now();
+    // The retry's next attempt (700 ms after the 503) finds the task cancelled.
+    let f = poll(Duration::from_secs(10), || async {
+        let list = failures(&h, "task=k").await;
+        (list.len() == 1 && list[0]["retrying"] == false).then(|| list[0].clone())
+    })
+    .await
+    .expect("the retry stopped");
+    assert!(
+        f["last_error"].as_str().unwrap().contains("cancelled"),
+        "{f}"
+    );
+    let after: Vec<Recorded> = rx
+        .requests()
+        .into_iter()
+        .filter(|r| r.header("idempotency-key") == Some("k:1:0") && r.at > answered)
+        .collect();
+    assert!(
+        after.is_empty(),
+        "{} retry attempts after the cancel",
+        after.len()
+    );
+}

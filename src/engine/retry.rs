@@ -47,6 +47,13 @@ pub(crate) async fn failure_retry(
         f.last_error = format!("retry impossible: the task no longer has message {}", f.seq);
         return save(inner, &f).await;
     };
+    if let Some(state) = stopped(inner, &f.task_id, task.state).await? {
+        f.retrying = false;
+        f.last_error = format!(
+            "not retried: the task was {state} (no send of it starts after that); ask for the retry again once it runs"
+        );
+        return save(inner, &f).await;
+    }
     let probe = match channel.admit(now) {
         Admission::Hold { until_ms, .. } => {
             inner.timer.at(key, until_ms);
@@ -59,6 +66,7 @@ pub(crate) async fn failure_retry(
     // shard until its outcome is settled, so a handover waits for it.
     let (end, _on_shard, epoch) = match inner.send_window(&f.task_id) {
         super::cluster::Window::Closed => {
+            channel.unsent(probe);
             drop(guard);
             super::step::window_closed(inner, key);
             return Ok(());
@@ -92,6 +100,27 @@ pub(crate) async fn failure_retry(
         return Ok(());
     }
     settle(inner, id, &delivery, outcome, &report, &policy).await
+}
+
+/// The task's state if it stops its failure-list retries: cancelled or paused (API.md: no
+/// send of the task starts after the answer). A live task's state is read under its lock, so
+/// a cancel or pause answered before this point is seen; a task not live is as the store
+/// read it (`stored`).
+async fn stopped(
+    inner: &Arc<Inner>,
+    task_id: &str,
+    stored: crate::model::TaskState,
+) -> Result<Option<crate::model::TaskState>, EngineError> {
+    use crate::model::TaskState;
+    let state = match commit::lock(inner, task_id).await? {
+        Some(mut l) => {
+            let s = l.st().progress.state;
+            l.release(inner);
+            s
+        }
+        None => stored,
+    };
+    Ok(matches!(state, TaskState::Cancelled | TaskState::Paused).then_some(state))
 }
 
 /// The attempt's delivery: the message rendered as its run's, with the next attempt number.

@@ -326,6 +326,9 @@ async fn run_step_once(
             // next owner (this node again, or another) loads it and sends it (`cluster.rs`).
             // But a renewal answered late may extend the trust before it runs out: the shard
             // is never dropped then, nor loaded again, so the step must come back by itself.
+            if let Some(c) = &prepared.channel {
+                c.unsent(prepared.probe);
+            }
             l.unload(key.run);
             l.release(inner);
             window_closed(inner, key.key());
@@ -699,11 +702,24 @@ async fn send(
             return (o, Default::default());
         }
     };
+    // Cut off where the cluster's trust ends (`cut_off_at`), this future is dropped before it
+    // records: a breaker probe it carried is given back then.
+    let mut unrecorded = Unrecorded(c, p.probe);
     let (o, report) = c
         .send_with(d, permit, waited, || inner.clock.now_ms())
         .await;
+    unrecorded.1 = false;
     record(inner, c, &o, p.probe);
     (o, report)
+}
+
+/// An admitted send not recorded on its channel, and whether it carries the breaker's probe.
+struct Unrecorded<'c>(&'c crate::deliver::Channel, bool);
+
+impl Drop for Unrecorded<'_> {
+    fn drop(&mut self) {
+        self.0.unsent(self.1);
+    }
 }
 
 /// A slot of the channel's concurrency for run `run`'s send (`true`: it had to wait for it).
