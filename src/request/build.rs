@@ -5,7 +5,7 @@ use crate::model::{
     format_duration_ms, Lang, Message, Schedule, Task, TaskState, DEFAULT_MISFIRE_GRACE_MS,
 };
 
-use super::schedule::{recipient_zones, validate_schedule};
+use super::schedule::{recipient_zones, retime_recipient_at, validate_schedule};
 use super::validate::{
     choice, duration, validate_channel, validate_id, validate_messages, validate_metadata,
     validate_misfire, validate_name, validate_notify, validate_overlap, validate_pacing,
@@ -164,9 +164,10 @@ impl PatchRequest {
         }
         t.updated_at_ms = cx.now_ms;
         t.next_fire_at_ms = crate::schedule::next_fire(&t, cx.now_ms);
-        // A new schedule must fire; a change of anything else keeps the schedule as it is, even
-        // one that has no fires left (a cron whose `max_runs` were all started).
-        if new_schedule && t.next_fire_at_ms.is_none() && !task.schedule.is_one_shot() {
+        // A new schedule is checked as on create: it must fire, within the horizon. A change of
+        // anything else keeps the schedule as it is, even one that has no fires left (a cron
+        // whose `max_runs` were all started).
+        if new_schedule {
             check_fires(&t, cx)?;
         }
         if let Some(m) = messages.as_mut() {
@@ -176,39 +177,56 @@ impl PatchRequest {
     }
 }
 
-/// A patched task's recipient zones. Recipient time needs every message's zone, and a task in
-/// memory holds no messages: the zones are worked out again only from new messages.
+/// A patched task's recipient zones, checked as on create ([`recipient_zones`]: every zone
+/// given, `default_tz` only in recipient time) against the new schedule, or the task's own when
+/// it is kept. A task in memory holds no messages: the zones are worked out again only from new
+/// messages.
 fn repatch_zones(
     t: &mut Task,
     schedule: Option<&ScheduleRequest>,
     messages: Option<&mut Vec<Message>>,
     default_tz: Option<&str>,
 ) -> Result<(), FieldError> {
-    let recipient_after = match schedule {
-        Some(s) => crate::schedule::recipient::is_recipient(s.tz.as_deref()),
-        None => !t.recipient_zones.is_empty(),
-    };
-    if recipient_after {
-        match messages {
-            Some(m) => {
-                let s = schedule.cloned().unwrap_or_else(|| ScheduleRequest {
-                    tz: Some(crate::schedule::recipient::RECIPIENT.into()),
-                    ..ScheduleRequest::default()
-                });
-                t.recipient_zones = recipient_zones(&s, m, default_tz)?;
-            }
-            None if t.recipient_zones.is_empty() => {
-                return Err(FieldError::new(
-                    "messages",
-                    "required when the schedule changes to recipient time (each message's tz)",
-                ))
-            }
-            None => {}
+    let kept;
+    let s = match schedule {
+        Some(s) => s,
+        None => {
+            kept = zone_request(&t.schedule);
+            &kept
         }
-    } else {
-        t.recipient_zones.clear();
+    };
+    let Some(m) = messages else {
+        recipient_zones(s, &mut [], default_tz)?;
+        if !crate::schedule::recipient::is_recipient(s.tz.as_deref()) {
+            t.recipient_zones.clear();
+        } else if t.recipient_zones.is_empty() {
+            return Err(FieldError::new(
+                "messages",
+                "required when the schedule changes to recipient time (each message's tz)",
+            ));
+        }
+        return Ok(());
+    };
+    t.recipient_zones = recipient_zones(s, m, default_tz)?;
+    if schedule.is_none() {
+        retime_recipient_at(&mut t.schedule, &t.recipient_zones)?;
     }
     Ok(())
+}
+
+/// What [`recipient_zones`] reads of a kept schedule: its kind (`at` or `cron`) and its zone.
+fn zone_request(schedule: &Schedule) -> ScheduleRequest {
+    let (at, cron, tz) = match schedule {
+        Schedule::At { at, tz, .. } => (Some(at), None, tz),
+        Schedule::Cron { cron, tz, .. } => (None, Some(cron), tz),
+        Schedule::After { .. } | Schedule::Reminders { .. } => (None, None, &None),
+    };
+    ScheduleRequest {
+        at: at.cloned(),
+        cron: cron.cloned(),
+        tz: tz.clone(),
+        ..ScheduleRequest::default()
+    }
 }
 
 /// In recipient time a run's messages go in order of their own instants: they are stored in

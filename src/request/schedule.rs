@@ -313,6 +313,27 @@ fn at(
     })
 }
 
+/// A kept one-shot in recipient time whose messages, so zones, changed (a patch): its run
+/// fires at the earliest of the new zones' instants of its wall time. Other schedules read
+/// their zones as they fire.
+pub(super) fn retime_recipient_at(
+    schedule: &mut Schedule,
+    recipient_zones: &[String],
+) -> Result<(), FieldError> {
+    let Schedule::At { at, tz, dst, at_ms } = schedule else {
+        return Ok(());
+    };
+    if !crate::schedule::recipient::is_recipient(tz.as_deref()) {
+        return Ok(());
+    }
+    let zones = crate::schedule::recipient::parse_zones(recipient_zones);
+    *at_ms = recipient_at(at, &zones, *dst)?
+        .first()
+        .copied()
+        .ok_or_else(|| FieldError::new("schedule.at", "has no instant in the messages' zones"))?;
+    Ok(())
+}
+
 /// A one-shot in recipient time: `at` is a wall time (no offset); its run fires at the
 /// earliest of the zones' instants.
 fn recipient_at(at: &str, zones: &[chrono_tz::Tz], dst: DstPolicy) -> Result<Vec<u64>, FieldError> {

@@ -235,3 +235,107 @@ fn unknown_fields_are_rejected_by_shape() {
     );
     assert!(r.unwrap_err().to_string().contains("unknown field"));
 }
+
+fn patch(t: &Task, v: serde_json::Value) -> Result<(Task, Option<Vec<Message>>), FieldError> {
+    let p: PatchRequest = serde_json::from_value(v).expect("shape");
+    let limits = Limits::default();
+    p.apply(
+        t,
+        &Context {
+            now_ms: NOW,
+            limits: &limits,
+            channel_exists: &|_| true,
+        },
+    )
+}
+
+#[test]
+fn a_recipient_time_task_takes_new_messages_in_their_zones() {
+    let t = task(
+        json!({"schedule": {"at": "2026-12-02T09:00:00", "tz": "recipient"},
+        "default_tz": "Asia/Shanghai", "messages": [{"to": "a", "body": "b"}]}),
+    )
+    .unwrap();
+    assert_eq!(t.next_fire_at_ms, Some(1_796_173_200_000)); // 09:00 in Shanghai
+    let (p, m) = patch(
+        &t,
+        json!({"messages": [{"to": "a", "body": "b", "tz": "Asia/Tokyo"}]}),
+    )
+    .unwrap();
+    assert_eq!(p.recipient_zones, ["Asia/Tokyo"]);
+    assert_eq!(m.unwrap()[0].tz.as_deref(), Some("Asia/Tokyo"));
+    assert_eq!(p.next_fire_at_ms, Some(1_796_169_600_000)); // 09:00 in Tokyo
+    let (p, m) = patch(
+        &t,
+        json!({"default_tz": "Europe/Paris", "messages": [{"to": "a", "body": "b"}]}),
+    )
+    .unwrap();
+    assert_eq!(p.recipient_zones, ["Europe/Paris"]);
+    assert_eq!(m.unwrap()[0].tz.as_deref(), Some("Europe/Paris"));
+    let e = patch(&t, json!({"messages": [{"to": "a", "body": "b"}]})).unwrap_err();
+    assert_eq!(e.field, "messages[0].tz");
+}
+
+#[test]
+fn a_new_schedule_must_fire_within_the_horizon_as_on_create() {
+    let m = json!([{"to": "a", "body": "b"}]);
+    let mut t = task(json!({"schedule": {"after": "1h"}, "messages": m})).unwrap();
+    for s in [
+        json!({"cron": "0 9 * * *", "end": "2020-01-01T00:00:00Z"}),
+        json!({"cron": "0 9 * * *", "start": "2045-01-01T00:00:00Z"}),
+    ] {
+        let create = task(json!({"schedule": s, "messages": m})).unwrap_err();
+        let e = patch(&t, json!({"schedule": s})).unwrap_err();
+        assert_eq!(e, create, "{s}");
+    }
+    // An expired one-shot (it fired) gets the same answer.
+    t.state = TaskState::Expired;
+    t.last_fire_ms = Some(NOW);
+    t.runs = 1;
+    let e = patch(
+        &t,
+        json!({"schedule": {"cron": "0 9 * * *", "end": "2020-01-01T00:00:00Z"}}),
+    );
+    assert_eq!(e.unwrap_err().field, "schedule.cron");
+    let (p, _) = patch(&t, json!({"schedule": {"cron": "0 9 * * *"}})).unwrap();
+    assert!(p.next_fire_at_ms.is_some());
+}
+
+#[test]
+fn a_patch_checks_zones_as_a_create_does() {
+    let m = json!([{"to": "a", "body": "b", "tz": "Mars/Olympus"}]);
+    let plain = task(json!({"schedule": {"after": "1h"}, "to": ["a"], "body": "b"})).unwrap();
+    let recipient = task(
+        json!({"schedule": {"at": "2026-12-02T09:00:00", "tz": "recipient"},
+        "default_tz": "Asia/Shanghai", "to": ["a"], "body": "b"}),
+    )
+    .unwrap();
+    for (t, schedule) in [
+        (&plain, json!({"after": "1h"})),
+        (
+            &recipient,
+            json!({"at": "2026-12-02T09:00:00", "tz": "recipient"}),
+        ),
+    ] {
+        for (body, field) in [
+            (json!({"messages": m}), "messages[0].tz"),
+            (
+                json!({"default_tz": "x", "to": ["a"], "body": "b"}),
+                "default_tz",
+            ),
+            (json!({"default_tz": "x"}), "default_tz"),
+        ] {
+            let e = patch(t, body.clone()).unwrap_err();
+            assert_eq!(e.field, field, "{body}");
+            let mut create = body.clone();
+            create["schedule"] = schedule.clone();
+            if create.get("messages").is_none() && create.get("to").is_none() {
+                create["messages"] = json!([{"to": "a", "body": "b"}]);
+            }
+            assert_eq!(task(create).unwrap_err(), e, "{body}");
+        }
+    }
+    // Outside recipient time a default_tz means nothing: refused, as on create.
+    let e = patch(&plain, json!({"default_tz": "Asia/Tokyo"})).unwrap_err();
+    assert_eq!(e.field, "default_tz");
+}
