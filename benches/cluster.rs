@@ -475,7 +475,7 @@ async fn kill_busiest(c: &mut Cluster, http: &Http) -> (i64, BTreeSet<u32>) {
     let (_, b) = get(http, &format!("{}/v1/cluster", urls[0])).await;
     let view: Value = serde_json::from_slice(&b).expect("cluster view");
     let mut by_node: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
-    for s in view["shards"].as_array().into_iter().flatten() {
+    for s in view["leases"].as_array().into_iter().flatten() {
         if let (Some(o), Some(n)) = (s["owner_node"].as_str(), s["shard"].as_u64()) {
             by_node.entry(o.to_string()).or_default().insert(n as u32);
         }

@@ -163,7 +163,7 @@ async fn nodes_two_seconds_off_own_nothing_and_the_others_carry_every_shard() {
     })
     .await;
     let view = http::get(&format!("{}/v1/cluster", all[0])).await.json();
-    for s in view["shards"].as_array().into_iter().flatten() {
+    for s in view["leases"].as_array().into_iter().flatten() {
         if let (Some(shard), Some(epoch)) = (s["shard"].as_u64(), s["epoch"].as_u64()) {
             hist.epochs.push((shard as u32, epoch));
         }

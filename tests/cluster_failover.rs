@@ -59,11 +59,66 @@ fn per_key(rx: &Receiver) -> HashMap<String, usize> {
 
 /// Every shard's epoch in a `/v1/cluster` answer, into the history's samples.
 fn sample_epochs(view: &Value, hist: &mut History) {
-    for s in view["shards"].as_array().into_iter().flatten() {
+    for s in view["leases"].as_array().into_iter().flatten() {
         if let (Some(shard), Some(epoch)) = (s["shard"].as_u64(), s["epoch"].as_u64()) {
             hist.epochs.push((shard as u32, epoch));
         }
     }
+}
+
+/// `GET /v1/cluster` has the shape of the shared contract (API.md "Cluster mode"): `shards` is
+/// S, `epochs` one number per shard, each node with the shards it owns now, its last
+/// heartbeat (RFC 3339) and its clock offset (a number, or null); the nodes' `shards` together
+/// are exactly the shards `leases` shows owned, none twice.
+fn assert_contract(view: &Value) {
+    assert_eq!(view["shards"].as_u64(), Some(u64::from(SHARDS)), "{view}");
+    let epochs = view["epochs"].as_object().expect("epochs is an object");
+    assert_eq!(epochs.len(), SHARDS as usize, "{view}");
+    for s in 0..SHARDS {
+        assert!(epochs[&s.to_string()].is_u64(), "epoch of {s}: {view}");
+    }
+    let mut union = Vec::new();
+    for n in view["nodes"].as_array().expect("nodes") {
+        for k in ["node_id", "incarnation"] {
+            assert!(n[k].is_string(), "{k}: {n}");
+        }
+        assert!(
+            n["advertise"].is_string() || n["advertise"].is_null(),
+            "{n}"
+        );
+        let owns: Vec<u64> = n["shards"]
+            .as_array()
+            .unwrap_or_else(|| panic!("a node's shards is an array: {n}"))
+            .iter()
+            .map(|x| x.as_u64().expect("a shard number"))
+            .collect();
+        assert!(owns.windows(2).all(|w| w[0] < w[1]), "sorted: {n}");
+        assert_eq!(n["shards_owned"].as_u64(), Some(owns.len() as u64), "{n}");
+        let beat = n["heartbeat_at"].as_str().expect("heartbeat_at");
+        chrono::DateTime::parse_from_rfc3339(beat)
+            .unwrap_or_else(|e| panic!("heartbeat_at {beat:?} is not RFC 3339: {e}"));
+        assert!(
+            n["clock_offset_ms"].is_i64() || n["clock_offset_ms"].is_null(),
+            "{n}"
+        );
+        // A node heartbeats only once its clock was measured and found acceptable.
+        if n["live"] == true {
+            assert!(n["clock_offset_ms"].is_i64(), "measured: {n}");
+        }
+        union.extend(owns);
+    }
+    union.sort_unstable();
+    let owned: Vec<u64> = view["leases"]
+        .as_array()
+        .expect("leases")
+        .iter()
+        .filter(|l| l["free"] == false)
+        .map(|l| l["shard"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        union, owned,
+        "the nodes' shards are the owned leases: {view}"
+    );
 }
 
 fn one_shot(id: &str, after_ms: i64) -> Value {
@@ -132,9 +187,10 @@ async fn two_nodes_share_the_shards_and_the_survivor_of_a_kill_9_sends_the_rest(
     })
     .await
     .expect("GET /v1/cluster lists both nodes");
+    assert_contract(&view);
     assert_eq!(view["shards_total"], SHARDS);
-    assert_eq!(view["shards"].as_array().unwrap().len(), SHARDS as usize);
-    let a_shards: Vec<u32> = view["shards"]
+    assert_eq!(view["leases"].as_array().unwrap().len(), SHARDS as usize);
+    let a_shards: Vec<u32> = view["leases"]
         .as_array()
         .unwrap()
         .iter()
@@ -361,7 +417,7 @@ async fn failover_after_repeated_kills_delivers_every_probe() {
         let survivor = nodes[s].as_ref().unwrap().url.clone();
         let view = http::get(&format!("{survivor}/v1/cluster")).await.json();
         sample_epochs(&view, &mut hist);
-        let theirs: Vec<u32> = view["shards"]
+        let theirs: Vec<u32> = view["leases"]
             .as_array()
             .unwrap()
             .iter()

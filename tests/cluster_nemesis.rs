@@ -129,7 +129,7 @@ impl Cluster {
             return;
         };
         let mut samples = self.samples.lock();
-        for s in view["shards"].as_array().into_iter().flatten() {
+        for s in view["leases"].as_array().into_iter().flatten() {
             if let (Some(shard), Some(epoch)) = (s["shard"].as_u64(), s["epoch"].as_u64()) {
                 samples.push((read_at, shard as u32, epoch));
             }
@@ -602,7 +602,7 @@ async fn seeded_faults_keep_every_cluster_promise() {
             let v = http::get(&format!("{}/v1/tasks/{task}", c.nodes[0].url)).await;
             let cl = http::get(&format!("{}/v1/cluster", c.nodes[0].url)).await;
             let shard = herald::store::pg::fence::shard_of_task(&task, SHARDS);
-            let row = cl.json()["shards"]
+            let row = cl.json()["leases"]
                 .as_array()
                 .and_then(|a| a.iter().find(|s| s["shard"] == shard).cloned());
             why.push(format!("{k} (shard {shard}: {row:?}): {}", v.text()));

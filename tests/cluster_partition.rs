@@ -57,7 +57,7 @@ async fn a_partitioned_owner_loses_its_shards_and_the_other_node_carries_on() {
     .expect("balanced");
     // A task id on one of a's shards, so that a is the one sending it.
     let view = http::get(&format!("{}/v1/cluster", a.url)).await.json();
-    let a_shards: Vec<u32> = view["shards"]
+    let a_shards: Vec<u32> = view["leases"]
         .as_array()
         .unwrap()
         .iter()

@@ -54,7 +54,7 @@ async fn a_frozen_owner_loses_its_shards_and_sends_nothing_after_it_wakes() {
     .expect("balanced");
     // A task id on one of a's shards, so that a is the one sending it.
     let view = http::get(&format!("{}/v1/cluster", a.url)).await.json();
-    let a_shards: Vec<u32> = view["shards"]
+    let a_shards: Vec<u32> = view["leases"]
         .as_array()
         .unwrap()
         .iter()

@@ -1,8 +1,9 @@
 //! The dashboard's Cluster panel in headless Chromium over WebDriver (as `tests/dashboard.rs`):
 //! against a plain herald (no `[cluster]`) `GET /v1/cluster` is 404 and the panel stays hidden
 //! with no error shown; `cluster.js` (pure) is checked on a known view: held shards, the clock
-//! offset in words, nodes this node first, shard cells coloured by owner with epoch and lease
-//! expiry in their title. Also: the asset is served like the others.
+//! offset in words, nodes this node first (with their last heartbeat and clock offset), shard
+//! cells (`leases`) coloured by owner with epoch and lease expiry in their title. Also: the
+//! asset is served like the others.
 //!
 //! Without chromium or chromedriver the browser test is skipped loudly
 //! (`common::tools::require`), and fails under `CI=true`.
@@ -190,12 +191,16 @@ async fn cluster_panel_in_headless_chromium() {
     let v = js(
         &c,
         r#"const C = window.Herald.cluster;
-           const view = {node_id: "b", shards_total: 4, shards_owned: 2, clock_offset_ms: -1250,
+           const view = {shards: 4, epochs: {"0": 7, "1": 3, "2": 2, "3": 5},
+             node_id: "b", shards_total: 4, shards_owned: 2, clock_offset_ms: -1250,
              read_at: "2026-12-01T10:00:00Z",
-             nodes: [{node_id: "a", incarnation: "i1", advertise: "http://10.0.0.1:8080", live: true, shards_owned: 1},
-                     {node_id: "b", incarnation: "i2", advertise: "http://10.0.0.2:8080", live: true, shards_owned: 2},
-                     {node_id: "c", incarnation: "i3", advertise: null, live: false, shards_owned: 0}],
-             shards: [{shard: 1, epoch: 3, owner_node: "b", lease_expires: "2026-12-01T10:00:09Z", free: false},
+             nodes: [{node_id: "a", incarnation: "i1", advertise: "http://10.0.0.1:8080", shards: [0],
+                      heartbeat_at: "2026-12-01T09:59:59Z", clock_offset_ms: 12, live: true, shards_owned: 1},
+                     {node_id: "b", incarnation: "i2", advertise: "http://10.0.0.2:8080", shards: [1, 2],
+                      heartbeat_at: "2026-12-01T10:00:00Z", clock_offset_ms: -1250, live: true, shards_owned: 2},
+                     {node_id: "c", incarnation: "i3", advertise: null, shards: [],
+                      heartbeat_at: "2026-12-01T09:58:00Z", clock_offset_ms: null, live: false, shards_owned: 0}],
+             leases: [{shard: 1, epoch: 3, owner_node: "b", lease_expires: "2026-12-01T10:00:09Z", free: false},
                       {shard: 0, epoch: 7, owner_node: "a", lease_expires: "2026-12-01T10:00:08Z", free: false},
                       {shard: 2, epoch: 2, owner_node: "b", lease_expires: "2026-12-01T10:00:09Z", free: false},
                       {shard: 3, epoch: 5, owner_node: "c", lease_expires: "2026-12-01T09:59:00Z", free: true}]};
@@ -222,6 +227,10 @@ async fn cluster_panel_in_headless_chromium() {
     assert_eq!(v["nodes"][1]["shards"], "1 shard");
     assert_eq!(v["nodes"][2]["state"], "not live");
     assert_eq!(v["nodes"][2]["advertise"], "—");
+    assert_eq!(v["nodes"][0]["heartbeat"], "2026-12-01T10:00:00Z");
+    assert_eq!(v["nodes"][0]["offset"], "−1,250 ms");
+    assert_eq!(v["nodes"][1]["offset"], "+12 ms");
+    assert_eq!(v["nodes"][2]["offset"], "not measured yet");
     assert_eq!(v["nodes"][1]["cls"], "owner-0", "colours by node id order");
     assert_eq!(v["nodes"][0]["cls"], "owner-1");
     let cells = v["cells"].as_array().unwrap();

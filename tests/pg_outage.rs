@@ -88,6 +88,17 @@ async fn a_database_outage_fails_safe_and_herald_resumes_by_itself() {
     .expect("health says the storage fails");
     let hj = health.json();
     assert_eq!(hj["status"], "storage_failing", "{hj}");
+    // Reads that need the database say so as the writes do: 503, try again (not a bug's 500).
+    for path in [
+        "/v1/tasks/first",
+        "/v1/tasks/first/timeline",
+        "/v1/failures",
+        "/v1/tasks",
+    ] {
+        let r = http::get(&format!("{base}{path}")).await;
+        assert_eq!(r.status, 503, "{path}: {}", r.text());
+        assert!(r.header("retry-after").is_some(), "{path}: {:?}", r.headers);
+    }
     let shown = url.as_str();
     assert!(
         hj["reason"].as_str().is_some_and(|r| r.contains(shown)),

@@ -356,8 +356,10 @@ fn healthz(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
     Ok(json_response(status, &body))
 }
 
-/// `GET /v1/cluster` (HA.md "Config"): the nodes, and per shard its epoch, owner and lease
-/// expiry, as this node's lease loop last read them (`read_at`: at most one `renew` old).
+/// `GET /v1/cluster` (API.md "Cluster mode", HA.md "Config"): S, every shard's epoch, and the
+/// nodes with the shards each owns now, its last heartbeat and clock offset; beside the
+/// contract's fields, this node's own counts and per shard its owner and lease expiry
+/// (`leases`), as this node's lease loop last read them (`read_at`: at most one `renew` old).
 fn cluster_view(state: &ApiState) -> Result<Resp, Problem> {
     let Some(c) = state.engine.cluster() else {
         return Err(Problem::not_found(
@@ -365,44 +367,54 @@ fn cluster_view(state: &ApiState) -> Result<Resp, Problem> {
         ));
     };
     let v = c.ownership.view();
-    let shards: Vec<_> = v
+    let utc = |ms: Option<i64>| {
+        ms.and_then(|ms| u64::try_from(ms).ok())
+            .map(crate::schedule::format_utc)
+    };
+    let leases: Vec<_> = v
         .shards
         .iter()
         .map(|s| {
-            json!({
-                "shard": s.shard,
-                "epoch": s.epoch,
-                "owner_node": s.owner_node,
-                "lease_expires": s.lease_expires_ms
-                    .and_then(|ms| u64::try_from(ms).ok())
-                    .map(crate::schedule::format_utc),
-                "free": s.takeable,
-            })
+            json!({"shard": s.shard, "epoch": s.epoch, "owner_node": s.owner_node,
+                   "lease_expires": utc(s.lease_expires_ms), "free": s.takeable})
         })
+        .collect();
+    let epochs: serde_json::Map<String, Value> = v
+        .shards
+        .iter()
+        .map(|s| (s.shard.to_string(), json!(s.epoch)))
         .collect();
     let nodes: Vec<_> = v
         .nodes
         .iter()
         .map(|n| {
-            let owned = v
+            // Owned now: not takeable, and held by this very process (incarnation).
+            let mut owns: Vec<u32> = v
                 .shards
                 .iter()
                 .filter(|s| !s.takeable && s.owner_incarnation.as_deref() == Some(&n.incarnation))
-                .count();
+                .map(|s| s.shard)
+                .collect();
+            owns.sort_unstable();
             json!({"node_id": n.node_id, "incarnation": n.incarnation,
-                   "advertise": n.advertise, "live": n.live, "shards_owned": owned})
+                   "advertise": n.advertise, "shards": owns,
+                   "heartbeat_at": utc(n.heartbeat_at_ms),
+                   "clock_offset_ms": n.clock_offset_ms,
+                   "live": n.live, "shards_owned": owns.len()})
         })
         .collect();
     Ok(json_response(
         StatusCode::OK,
         &json!({
+            "shards": c.shards,
+            "nodes": nodes,
+            "epochs": epochs,
             "node_id": c.node_id,
             "shards_total": c.shards,
             "shards_owned": c.ownership.count(),
             "clock_offset_ms": c.ownership.clock_offset_ms(),
             "read_at": v.read_at_ms.map(crate::schedule::format_utc),
-            "nodes": nodes,
-            "shards": shards,
+            "leases": leases,
         }),
     ))
 }
@@ -464,7 +476,7 @@ async fn v1(
         ["tasks", id] => {
             let id = path_id(id)?;
             match m {
-                Method::GET => get_task(state, &id, lang),
+                Method::GET => get_task(state, &id, lang).await,
                 Method::DELETE => delete_task(state, &id, lang).await,
                 Method::PATCH => patch_task(state, &id, req, lang).await,
                 _ => Err(method_not_allowed("GET, PATCH, DELETE")),
@@ -499,7 +511,7 @@ async fn v1(
             }
         }
         ["failures"] => match m {
-            Method::GET => list_failures(state, &req),
+            Method::GET => list_failures(state, &req).await,
             _ => Err(method_not_allowed("GET")),
         },
         ["failures", id] => {
@@ -748,8 +760,21 @@ fn prefers_minimal(req: &Request<Incoming>) -> bool {
         })
 }
 
-fn get_task(state: &ApiState, id: &str, lang: Option<Lang>) -> Result<Resp, Problem> {
-    match state.engine.get(id)? {
+/// Runs a store read off the runtime's workers: on PostgreSQL one waits for the database, up
+/// to its statement timeout, and two such reads must not hold both workers (and with them
+/// `/healthz`, `/metrics` and the fires) through an outage.
+async fn off_workers<T: Send + 'static>(
+    read: impl FnOnce() -> Result<T, crate::engine::EngineError> + Send + 'static,
+) -> Result<T, Problem> {
+    tokio::task::spawn_blocking(read)
+        .await
+        .map_err(|e| Problem::internal(format!("a read failed: {e}")))?
+        .map_err(Problem::from)
+}
+
+async fn get_task(state: &ApiState, id: &str, lang: Option<Lang>) -> Result<Resp, Problem> {
+    let (engine, id_owned) = (state.engine.clone(), id.to_string());
+    match off_workers(move || engine.get(&id_owned)).await? {
         Some(v) => Ok(json_response(StatusCode::OK, &task_json(state, &v, lang))),
         None => Err(Problem::not_found(format!("task {id:?} does not exist"))),
     }
@@ -793,7 +818,8 @@ async fn list_tasks(
 /// first meaning of DELETE; the task stays readable as `cancelled`), and deletes a finished
 /// one with its messages, runs and idempotency keys. Both answer the task as it was last seen.
 async fn delete_task(state: &ApiState, id: &str, lang: Option<Lang>) -> Result<Resp, Problem> {
-    let finished = match state.engine.get(id)? {
+    let (engine, id_owned) = (state.engine.clone(), id.to_string());
+    let finished = match off_workers(move || engine.get(&id_owned)).await? {
         Some(v) => v.task.state.is_terminal(),
         None => return Err(crate::engine::EngineError::NotFound(format!("task {id:?}")).into()),
     };
@@ -878,14 +904,14 @@ fn request_span(
     telemetry.export(span);
 }
 
-fn list_failures(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
+async fn list_failures(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Problem> {
     let q = query(req, &["task", "limit", "after"])?;
     let (limit, after) = page_params(&q, FAILURE_ID_LEN_MAX)?;
     let task = match param(&q, "task") {
         Some(t) if !t.is_empty() => {
             check_id(t)
                 .map_err(|e| Problem::bad_request(format!("task: {e}")).with_field("task"))?;
-            Some(t)
+            Some(t.to_string())
         }
         _ => None,
     };
@@ -893,7 +919,9 @@ fn list_failures(state: &ApiState, req: &Request<Incoming>) -> Result<Resp, Prob
         (Some(a), _) => Some(a),
         _ => None,
     };
-    let (list, more) = state.engine.failures(task, after.as_deref(), limit)?;
+    let engine = state.engine.clone();
+    let (list, more) =
+        off_workers(move || engine.failures(task.as_deref(), after.as_deref(), limit)).await?;
     let next = if more {
         list.last().map(|f| f.id.clone())
     } else {

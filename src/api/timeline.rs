@@ -30,9 +30,8 @@ pub async fn handle(state: &ApiState, id: &str, req: &Request<Incoming>) -> Resu
     })
     .await
     .map_err(|e| Problem::internal(format!("reading the timeline failed: {e}")))?
-    .map_err(|e: crate::store::StoreError| {
-        Problem::internal(format!("reading the timeline: {e}"))
-    })?;
+    // A storage error is the store's (an outage: 503, try again), not a bug.
+    .map_err(|e: crate::store::StoreError| Problem::from(crate::engine::EngineError::Store(e)))?;
     match page {
         Some((events, next)) => {
             let list: Vec<Value> = events.iter().map(event).collect();

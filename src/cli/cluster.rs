@@ -1,5 +1,6 @@
-//! `herald cluster`: the cluster as the node asked sees it (`GET /v1/cluster`): its nodes,
-//! and per shard its epoch, owner and lease expiry.
+//! `herald cluster`: the cluster as the node asked sees it (`GET /v1/cluster`): its nodes
+//! (the shards each owns now, its last heartbeat and clock offset), and per shard its epoch,
+//! owner and lease expiry (`leases`).
 
 use serde_json::Value;
 
@@ -23,11 +24,19 @@ pub async fn show(c: &Client, json: bool) -> Result<(), CliError> {
         "node {} holds {} of {} shards (clock offset to the database: {} ms; read {})",
         table::cell(&v["node_id"]),
         table::cell(&v["shards_owned"]),
-        table::cell(&v["shards_total"]),
+        table::cell(&v["shards"]),
         table::cell(&v["clock_offset_ms"]),
         table::cell(&v["read_at"]),
     );
-    let mut nodes = Table::new(&["NODE", "LIVE", "SHARDS", "ADVERTISE", "INCARNATION"]);
+    let mut nodes = Table::new(&[
+        "NODE",
+        "LIVE",
+        "SHARDS",
+        "HEARTBEAT",
+        "OFFSET MS",
+        "ADVERTISE",
+        "INCARNATION",
+    ]);
     for n in v["nodes"].as_array().into_iter().flatten() {
         nodes.row(vec![
             table::cell(&n["node_id"]),
@@ -38,13 +47,15 @@ pub async fn show(c: &Client, json: bool) -> Result<(), CliError> {
             }
             .to_string(),
             table::cell(&n["shards_owned"]),
+            table::cell(&n["heartbeat_at"]),
+            table::cell(&n["clock_offset_ms"]),
             table::cell(&n["advertise"]),
             table::cell(&n["incarnation"]),
         ]);
     }
     out!("{}", nodes.render());
     let mut shards = Table::new(&["SHARD", "EPOCH", "OWNER", "LEASE EXPIRES"]);
-    for s in v["shards"].as_array().into_iter().flatten() {
+    for s in v["leases"].as_array().into_iter().flatten() {
         let owner = if s["free"] == Value::Bool(true) {
             "(free)".to_string()
         } else {

@@ -483,6 +483,7 @@ impl Loop {
                     &me.incarnation,
                     me.advertise.as_deref(),
                     self.s.timing.ttl_ms,
+                    self.own.clock_offset_ms(),
                 )
                 .await?;
             }

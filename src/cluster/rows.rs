@@ -274,14 +274,21 @@ pub struct NodeRow {
     pub advertise: Option<String>,
     /// Its heartbeat is current (database time).
     pub live: bool,
+    /// Its last heartbeat, Unix ms of the database's clock (`None`: a row written before
+    /// schema 7).
+    pub heartbeat_at_ms: Option<i64>,
+    /// Its clock offset to the database when it last heartbeat (database minus node; `None`:
+    /// not measured).
+    pub clock_offset_ms: Option<i64>,
 }
 
 /// The processes in `herald_node`, by node id.
 pub async fn nodes(c: &impl GenericClient) -> Result<Vec<NodeRow>, tokio_postgres::Error> {
     let rows = c
         .query(
-            "SELECT node_id, incarnation, advertise, expires >= now() FROM herald_node \
-             ORDER BY node_id, incarnation",
+            "SELECT node_id, incarnation, advertise, expires >= now(), \
+               (extract(epoch FROM heartbeat_at) * 1000)::bigint, clock_offset_ms \
+             FROM herald_node ORDER BY node_id, incarnation",
             &[],
         )
         .await?;
@@ -292,6 +299,8 @@ pub async fn nodes(c: &impl GenericClient) -> Result<Vec<NodeRow>, tokio_postgre
             incarnation: r.get(1),
             advertise: r.get(2),
             live: r.get(3),
+            heartbeat_at_ms: r.get(4),
+            clock_offset_ms: r.get(5),
         })
         .collect())
 }
@@ -309,20 +318,31 @@ pub async fn db_now_ms(c: &impl GenericClient) -> Result<u64, tokio_postgres::Er
 }
 
 /// Says this process is alive until `ttl_ms` from the database's now (`herald_node`, one row
-/// per incarnation), with the address other nodes forward to.
+/// per incarnation), with the address other nodes forward to, when it said so (`heartbeat_at`,
+/// the database's now) and its clock offset to the database (`clock_offset_ms`, database
+/// minus node; `None`: not measured).
 pub async fn heartbeat(
     c: &impl GenericClient,
     node: &str,
     incarnation: &str,
     advertise: Option<&str>,
     ttl_ms: u64,
+    clock_offset_ms: Option<i64>,
 ) -> Result<(), tokio_postgres::Error> {
     c.execute(
-        "INSERT INTO herald_node (incarnation, node_id, advertise, expires) \
-         VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond') \
+        "INSERT INTO herald_node (incarnation, node_id, advertise, expires, heartbeat_at, \
+           clock_offset_ms) \
+         VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond', now(), $5) \
          ON CONFLICT (incarnation) DO UPDATE SET node_id = EXCLUDED.node_id, \
-           advertise = EXCLUDED.advertise, expires = EXCLUDED.expires",
-        &[&incarnation, &node, &advertise, &ttl_param(ttl_ms)],
+           advertise = EXCLUDED.advertise, expires = EXCLUDED.expires, \
+           heartbeat_at = EXCLUDED.heartbeat_at, clock_offset_ms = EXCLUDED.clock_offset_ms",
+        &[
+            &incarnation,
+            &node,
+            &advertise,
+            &ttl_param(ttl_ms),
+            &clock_offset_ms,
+        ],
     )
     .await?;
     Ok(())

@@ -47,11 +47,8 @@ pub(crate) async fn failure_retry(
         f.last_error = format!("retry impossible: the task no longer has message {}", f.seq);
         return save(inner, &f).await;
     };
-    if let Some(state) = stopped(inner, &f.task_id, task.state).await? {
-        f.retrying = false;
-        f.last_error = format!(
-            "not retried: the task was {state} (no send of it starts after that); ask for the retry again once it runs"
-        );
+    if let Some(why) = stopped(inner, &f.task_id, task.state).await? {
+        (f.retrying, f.last_error) = (false, why);
         return save(inner, &f).await;
     }
     let probe = match channel.admit(now) {
@@ -102,7 +99,7 @@ pub(crate) async fn failure_retry(
     settle(inner, id, &delivery, outcome, &report, &policy).await
 }
 
-/// The task's state if it stops its failure-list retries: cancelled or paused (API.md: no
+/// Why the task stops its failure-list retries, if it does: cancelled or paused (API.md: no
 /// send of the task starts after the answer). A live task's state is read under its lock, so
 /// a cancel or pause answered before this point is seen; a task not live is as the store
 /// read it (`stored`).
@@ -110,7 +107,7 @@ async fn stopped(
     inner: &Arc<Inner>,
     task_id: &str,
     stored: crate::model::TaskState,
-) -> Result<Option<crate::model::TaskState>, EngineError> {
+) -> Result<Option<String>, EngineError> {
     use crate::model::TaskState;
     let state = match commit::lock(inner, task_id).await? {
         Some(mut l) => {
@@ -120,7 +117,9 @@ async fn stopped(
         }
         None => stored,
     };
-    Ok(matches!(state, TaskState::Cancelled | TaskState::Paused).then_some(state))
+    Ok(matches!(state, TaskState::Cancelled | TaskState::Paused).then(|| {
+        format!("not retried: the task was {state} (no send of it starts after that); ask for the retry again once it runs")
+    }))
 }
 
 /// The attempt's delivery: the message rendered as its run's, with the next attempt number.

@@ -867,6 +867,9 @@ impl Store {
         for (scanned, item) in bounded(scan).enumerate() {
             let (k, _) = match item {
                 Ok(kv) => kv,
+                // The store failing (an outage, an I/O error) is the page's error, not a page
+                // cut short: a short page with no `next` would read as the whole list.
+                Err(e) if e.is_storage() => return Err(e),
                 Err(e) => {
                     tracing::error!(error = %e, tree = tree.name(), "listing stopped at a storage error");
                     bad.push(e);
@@ -889,6 +892,7 @@ impl Store {
                     out.push(t);
                 }
                 Ok(_) => {}
+                Err(e) if e.is_storage() => return Err(e),
                 Err(e) => {
                     tracing::error!(error = %e, "listing skips a task record it cannot read");
                     bad.push(e);
@@ -1045,6 +1049,8 @@ impl Store {
         ) {
             let (k, v) = match item {
                 Ok(kv) => kv,
+                // As a task listing: the store failing is the page's error.
+                Err(e) if e.is_storage() => return Err(e),
                 Err(e) => {
                     tracing::error!(error = %e, "failure listing stopped at a storage error");
                     break;

@@ -82,7 +82,7 @@ pub async fn lone_node_with_knob(
 /// The shards `node` owns, from `base`'s `GET /v1/cluster`.
 pub async fn shards_of(base: &str, node: &str) -> Vec<u32> {
     let view = http::get(&format!("{base}/v1/cluster")).await.json();
-    view["shards"]
+    view["leases"]
         .as_array()
         .into_iter()
         .flatten()

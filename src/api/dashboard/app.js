@@ -730,7 +730,9 @@
     $('#cluster-held').textContent = C.held(c);
     $('#cluster-offset').textContent = C.offset(c.clock_offset_ms);
     $('#cluster-note').textContent = c.read_at ? `from GET /v1/cluster, as this node last read it (${H.fmt.at(c.read_at, tz)})` : 'from GET /v1/cluster';
-    $('#cluster-nodes').replaceChildren(...C.nodes(c).map((n) => el('tr', { 'data-node': n.id, 'data-live': n.live ? 'true' : 'false' },
+    // Each node's last heartbeat and clock offset (the contract's fields) in its row's title.
+    const beat = (n) => `last heartbeat ${n.heartbeat ? H.fmt.at(n.heartbeat, tz) : '—'} · clock offset ${n.offset}`;
+    $('#cluster-nodes').replaceChildren(...C.nodes(c).map((n) => el('tr', { 'data-node': n.id, 'data-live': n.live ? 'true' : 'false', title: beat(n) },
       el('td', {}, el('span', { class: `swatch ${n.cls}`, 'aria-hidden': 'true' }), n.id, n.self ? ' (this node)' : ''),
       el('td', {}, stateBadge(n.live ? 'live' : 'down')),
       el('td', { text: n.shards }),

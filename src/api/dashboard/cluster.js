@@ -8,9 +8,10 @@
 
   const plural = (n, one, many) => `${n} ${n === 1 ? one : many}`;
 
-  // `holds 3 of 8 shards`.
+  // `holds 3 of 8 shards` (`shards`: S, the contract's field; `shards_total` says the same).
   function held(c) {
-    return `holds ${c.shards_owned} of ${plural(c.shards_total, 'shard', 'shards')}`;
+    const total = Number.isInteger(c.shards) ? c.shards : c.shards_total;
+    return `holds ${c.shards_owned} of ${plural(total, 'shard', 'shards')}`;
   }
 
   // The clock offset against the database in words: `+12 ms`, `−250 ms`, or `not measured yet`.
@@ -24,7 +25,7 @@
   // node id -> colour index, by the node ids in order (stable across refreshes and nodes).
   function colours(c) {
     const ids = new Set((c.nodes || []).map((n) => n.node_id));
-    for (const s of c.shards || []) if (s.owner_node) ids.add(s.owner_node);
+    for (const s of c.leases || []) if (s.owner_node) ids.add(s.owner_node);
     const m = new Map();
     [...ids].sort().forEach((id, i) => m.set(id, i % PALETTE));
     return m;
@@ -40,18 +41,20 @@
         self: n.node_id === c.node_id,
         live: !!n.live,
         state: n.live ? 'live' : 'not live',
-        shards: plural(n.shards_owned, 'shard', 'shards'),
+        shards: plural(Array.isArray(n.shards) ? n.shards.length : n.shards_owned, 'shard', 'shards'),
+        heartbeat: n.heartbeat_at || null,
+        offset: offset(n.clock_offset_ms),
         advertise: n.advertise || '—',
         cls: `owner-${col.get(n.node_id)}`,
       }));
   }
 
-  // One cell per shard, in shard order: its class (`owner-N`, or `free`), a short label (the
-  // shard number) and its title (owner, epoch, lease expiry). `at` formats an instant.
+  // One cell per shard (`leases`), in shard order: its class (`owner-N`, or `free`), a short
+  // label (the shard number) and its title (owner, epoch, lease expiry). `at` formats an instant.
   function cells(c, at) {
     const col = colours(c);
     const when = at || ((iso) => iso);
-    return [...(c.shards || [])]
+    return [...(c.leases || [])]
       .sort((a, b) => a.shard - b.shard)
       .map((s) => {
         const owned = !s.free && s.owner_node;

@@ -8,7 +8,7 @@ use tokio_postgres::Client;
 use crate::store::backend::TreeId;
 
 /// The schema this build writes. Each version's statements are in [`MIGRATIONS`].
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 /// S for a schema created without another choice (HA.md).
 pub const DEFAULT_SHARDS: u32 = 64;
 /// Most shards a schema may have: S goes into an `int` column.
@@ -81,6 +81,13 @@ fn migration(version: i32, shards: u32) -> Vec<String> {
         5 => vec![
             "CREATE TABLE IF NOT EXISTS herald_inbox (shard int NOT NULL, task_id text NOT NULL, \
              PRIMARY KEY (shard, task_id))"
+                .into(),
+        ],
+        // `GET /v1/cluster` (API.md "Cluster mode"): each node's last heartbeat (database
+        // time) and its last measured clock offset (database minus node).
+        7 => vec![
+            "ALTER TABLE herald_node ADD COLUMN IF NOT EXISTS heartbeat_at timestamptz, \
+             ADD COLUMN IF NOT EXISTS clock_offset_ms bigint"
                 .into(),
         ],
         _ => Vec::new(),
