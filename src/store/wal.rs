@@ -47,9 +47,11 @@ use super::StoreError;
 
 /// A segment is closed (and a checkpoint started) once it holds this much.
 pub const SEGMENT_BYTES: u64 = 8 << 20;
-/// ... or once it is this old and not empty, so that sled is checkpointed now and then even
-/// under a trickle of writes.
-pub const SEGMENT_AGE: std::time::Duration = std::time::Duration::from_secs(10);
+/// ... or once it is this old and not empty, so that under a trickle of writes the log's old
+/// records are deleted now and then (sled has them within a second: the memtable freezes
+/// without closing the segment). Each close costs a new zero-filled 8 MiB segment, so not
+/// often: at 10 s, one write every few seconds wrote ~0.8 MiB/s of zeros.
+pub const SEGMENT_AGE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// A zero-filled segment made ahead by the spare thread ([`prepare_spare`]); a new
 /// segment is this file renamed. Appends then overwrite blocks that exist, so an `fdatasync`
