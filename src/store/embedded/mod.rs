@@ -130,8 +130,9 @@ pub struct Knobs {
     pub block_sled_flush: AtomicBool,
     /// Flushes of sled waiting on `block_sled_flush` right now.
     pub flushes_blocked: AtomicU64,
-    /// While set, an atomic read waits between its look at the memtable and its reads of
-    /// sled (where it holds no lock): a test moves layers into sled meanwhile.
+    /// While set, an atomic read (and a read of a prefix's last key) waits between its look at
+    /// the memtable and its reads of sled (where it holds no lock): a test moves layers into
+    /// sled, or a group through the memtable, meanwhile.
     pub hold_atomic_reads: AtomicBool,
     /// Atomic reads waiting on `hold_atomic_reads` right now.
     pub atomic_reads_held: AtomicU64,
@@ -970,6 +971,46 @@ impl SledBackend {
 
     /// One of sled's trees, held (see [`SledHold`]): keep it alive as long as anything made
     /// from it (an iterator) is.
+    /// The last key under `prefix`: the newest of `mem` (the memtable's entries under it, in
+    /// order; a deletion hides sled's value) and sled's, read backwards.
+    fn last_over_sled(
+        &self,
+        tree: TreeId,
+        prefix: &[u8],
+        mut mem: Vec<super::memtable::Entry>,
+    ) -> Result<Option<Kv>, StoreError> {
+        // Declared before the iterator, so dropped after it (see `SledHold`).
+        let hold = self.tree(tree)?;
+        let mut sled = hold.scan_prefix(prefix).rev();
+        let mut sled_head = sled.next().transpose()?;
+        loop {
+            let mem_key = mem.last().map(|(k, _)| k.as_slice());
+            let sled_key = sled_head.as_ref().map(|(k, _)| k.as_ref());
+            let from_mem = match (mem_key, sled_key) {
+                (None, None) => return Ok(None),
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (Some(mk), Some(sk)) => mk >= sk,
+            };
+            if !from_mem {
+                return Ok(sled_head.map(|(k, v)| (k.to_vec(), v.to_vec())));
+            }
+            let Some((k, v)) = mem.pop() else {
+                return Ok(None);
+            };
+            if let Some(v) = v {
+                return Ok(Some((k, v)));
+            }
+            // Deleted in memory: whatever sled has for it does not count.
+            if sled_head
+                .as_ref()
+                .is_some_and(|(s, _)| s.as_ref() == k.as_slice())
+            {
+                sled_head = sled.next().transpose()?;
+            }
+        }
+    }
+
     fn tree(&self, t: TreeId) -> Result<SledHold, StoreError> {
         Ok(SledHold {
             inner: self.shared.hold()?,
@@ -1141,37 +1182,24 @@ impl Backend for SledBackend {
     }
 
     fn last_with_prefix(&self, tree: TreeId, prefix: &[u8]) -> Result<Option<Kv>, StoreError> {
-        // The memtable is held for reading throughout, so no layer leaves it meanwhile.
-        let m = self.shared.mem.read();
-        let mut mem = m.with_prefix(tree, prefix);
-        // Declared before the iterator, so dropped after it (see `SledHold`).
-        let hold = self.tree(tree)?;
-        let mut sled = hold.scan_prefix(prefix).rev();
-        let mut sled_head = sled.next().transpose()?;
+        // No lock is held across sled's read (a cold page waits on the disk, and the commit
+        // thread waiting for the memtable's write lock would stop every reader behind it): the
+        // memtable's entries are copied, then sled is read. Keys reach sled only in a layer
+        // that was in the copy, until that layer is dropped (`gen`): then sled may hold writes
+        // newer than the copy, and the read is made again. The last try's answer stands; its
+        // callers hold their task's lock, so the task's own keys do not move meanwhile.
+        const TRIES: usize = 3;
+        let mut tries = 0;
         loop {
-            let mem_key = mem.last().map(|(k, _)| k.as_slice());
-            let sled_key = sled_head.as_ref().map(|(k, _)| k.as_ref());
-            let from_mem = match (mem_key, sled_key) {
-                (None, None) => return Ok(None),
-                (Some(_), None) => true,
-                (None, Some(_)) => false,
-                (Some(mk), Some(sk)) => mk >= sk,
+            let (gen, mem) = {
+                let m = self.shared.mem.read();
+                (m.gen, m.with_prefix(tree, prefix))
             };
-            if !from_mem {
-                return Ok(sled_head.map(|(k, v)| (k.to_vec(), v.to_vec())));
-            }
-            let Some((k, v)) = mem.pop() else {
-                return Ok(None);
-            };
-            if let Some(v) = v {
-                return Ok(Some((k, v)));
-            }
-            // Deleted in memory: whatever sled has for it does not count.
-            if sled_head
-                .as_ref()
-                .is_some_and(|(s, _)| s.as_ref() == k.as_slice())
-            {
-                sled_head = sled.next().transpose()?;
+            self.shared.knobs.atomic_read_gate();
+            let found = self.last_over_sled(tree, prefix, mem)?;
+            tries += 1;
+            if tries == TRIES || self.shared.mem.read().gen == gen {
+                return Ok(found);
             }
         }
     }

@@ -660,3 +660,38 @@ fn a_trickle_of_writes_does_not_close_a_log_segment_per_freeze() {
     let b = SledBackend::open(dir.path(), 8 << 20).unwrap();
     assert_eq!(get(&b, TreeId::Specs, "k15").as_deref(), Some(&b"v"[..]));
 }
+
+/// A read of a prefix's last key holds no memtable lock while it reads sled (a cold page waits
+/// on the disk): a group's insert into the memtable, which takes its write lock, goes through
+/// meanwhile, and with it every read queued behind that lock.
+#[test]
+fn a_last_key_read_holds_no_memtable_lock_while_it_reads_sled() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Arc::new(SledBackend::open(dir.path(), 8 << 20).unwrap());
+    commit(&b, vec![put(TreeId::Runs, "a1", "v")]);
+    let knobs = b.knobs();
+    knobs.hold_atomic_reads.store(true, Ordering::SeqCst);
+    let reader = {
+        let b = b.clone();
+        std::thread::spawn(move || b.last_with_prefix(TreeId::Runs, b"a").unwrap())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while knobs.atomic_reads_held.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the read never reached sled");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let writer = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            commit(&b, vec![put(TreeId::Runs, "a2", "v")]);
+            let _ = tx.send(());
+        })
+    };
+    let through = rx.recv_timeout(Duration::from_secs(5)).is_ok();
+    knobs.hold_atomic_reads.store(false, Ordering::SeqCst);
+    writer.join().unwrap();
+    let last = reader.join().unwrap();
+    assert!(through, "a group waited for a read of sled to end");
+    assert!(last.is_some_and(|(k, _)| k == b"a1" || k == b"a2"));
+}
