@@ -116,11 +116,28 @@ fn open_existing(dir: &Path) -> Result<Store, CliError> {
     })
 }
 
+/// Keeps the last [`TAIL_BYTES`] of a stream in `tail` as `data` comes (an end line is short).
+fn keep_tail(tail: &mut Vec<u8>, data: &[u8]) {
+    const TAIL_BYTES: usize = 4096;
+    tail.extend_from_slice(data);
+    let over = tail.len().saturating_sub(TAIL_BYTES);
+    tail.drain(..over);
+}
+
+/// Whether an export's output ends with its end line (herald leaves it out of a failed one).
+fn ends_complete(tail: &[u8]) -> bool {
+    let tail = String::from_utf8_lossy(tail);
+    let end_line = tail.trim_end().rsplit('\n').next().unwrap_or("");
+    end_line.starts_with("{\"kind\":\"end\"")
+}
+
 async fn export_url(url: &str) -> Result<(), CliError> {
     let c = Client::new(url)?;
     let mut body = c.stream("/v1/export").await?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    // The output's last bytes, whatever frames they came in: a frame may end inside the end
+    // line, or hold only its newline.
     let mut last = Vec::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| local(format!("the export broke off: {e}")))?;
@@ -129,7 +146,7 @@ async fn export_url(url: &str) -> Result<(), CliError> {
                 Err(e) if output::is_closed_pipe(&e) => return Ok(()),
                 other => other.map_err(local)?,
             }
-            last = data.to_vec();
+            keep_tail(&mut last, &data);
         }
     }
     match out.flush() {
@@ -138,9 +155,7 @@ async fn export_url(url: &str) -> Result<(), CliError> {
     }
     // herald ends a failed export without its end line; say so rather than leave a file that
     // looks complete.
-    let tail = String::from_utf8_lossy(&last);
-    let end_line = tail.trim_end().rsplit('\n').next().unwrap_or("");
-    if !end_line.starts_with("{\"kind\":\"end\"") {
+    if !ends_complete(&last) {
         return Err(local(
             "the export ended early (see herald's log); the output is incomplete and import will refuse it",
         ));
@@ -244,5 +259,34 @@ async fn import_pg(url: &str, file: Option<&Path>) -> Result<(), CliError> {
             };
             Err(local(format!("import into {shown} failed ({note}): {e}")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_end_line_split_across_frames_is_still_seen() {
+        let frames: [&[u8]; 3] = [
+            b"{\"kind\":\"header\"}\n{\"kind\":\"en",
+            b"d\",\"tasks\":0,\"lines\":2}",
+            b"\n",
+        ];
+        let mut tail = Vec::new();
+        for f in frames {
+            keep_tail(&mut tail, f);
+        }
+        assert!(ends_complete(&tail));
+        // The last frame alone (what was kept before) holds no end line.
+        assert!(!ends_complete(frames[2]));
+        let mut cut = Vec::new();
+        keep_tail(&mut cut, frames[0]);
+        assert!(!ends_complete(&cut), "a stream cut inside its end line");
+        let mut long = vec![b'x'; 10_000];
+        long.extend_from_slice(b"\n{\"kind\":\"end\"}\n");
+        let mut tail = Vec::new();
+        keep_tail(&mut tail, &long);
+        assert!(tail.len() <= 4096 && ends_complete(&tail));
     }
 }

@@ -172,7 +172,10 @@ pub fn bar(done: u64, total: u64, width: usize) -> String {
 pub fn cell(v: &serde_json::Value) -> String {
     match v {
         serde_json::Value::Null => "-".into(),
-        serde_json::Value::String(s) => s.clone(),
+        // Text from the server can carry what a receiver answered: control characters are
+        // shown escaped, never sent to the terminal (an escape sequence could repaint it or
+        // set its clipboard).
+        serde_json::Value::String(s) => crate::logsafe::Escaped(s).to_string(),
         other => other.to_string(),
     }
 }
@@ -180,6 +183,13 @@ pub fn cell(v: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_in_a_cell_are_shown_escaped() {
+        let c = cell(&serde_json::json!("a\u{1b}[2Jb\u{7}"));
+        assert!(!c.chars().any(char::is_control), "{c:?}");
+        assert_eq!(c, "a\\u{1b}[2Jb\\u{7}");
+    }
 
     #[test]
     fn chinese_cells_line_up_by_terminal_columns() {

@@ -201,7 +201,10 @@ fn short(v: &Value) -> String {
 
 /// `text` on one line, at most `max` bytes (cut at a char boundary).
 pub fn one_line(text: &str, max: usize) -> String {
-    let mut s = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    // A receiver's answer goes into `last_error`, and from there to the CLI, the dashboard and
+    // logs: control characters other than whitespace are kept escaped, never raw.
+    let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut s = crate::logsafe::Escaped(&joined).to_string();
     if s.len() > max {
         let mut cut = max;
         while !s.is_char_boundary(cut) {
@@ -468,6 +471,13 @@ mod tests {
 
     fn judge(r: &SuccessRule, status: u16, body: &str) -> Verdict {
         r.judge(status, None, Answer::Complete(body.as_bytes()), NOW)
+    }
+
+    #[test]
+    fn an_answer_in_an_error_is_one_line_without_control_characters() {
+        let e = one_line("oops\u{1b}]52;c;AAAA\u{7}\n  next", 200);
+        assert!(!e.chars().any(char::is_control), "{e:?}");
+        assert_eq!(e, "oops\\u{1b}]52;c;AAAA\\u{7} next");
     }
 
     #[test]

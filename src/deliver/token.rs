@@ -120,7 +120,9 @@ impl TokenCache {
         }
         if let Some((at, e)) = &slot.failed {
             if now < at.saturating_add(FAILED_FETCH_PAUSE_MS) {
-                return Err(e.clone());
+                // The pause after a failed refresh: a token due for refresh but not expired
+                // still serves, as it did for the send whose fetch failed.
+                return self.unexpired(&slot, now).ok_or_else(|| e.clone());
             }
         }
         let result = match fetch().await {
@@ -151,14 +153,18 @@ impl TokenCache {
                 st.last_error = Some(e.clone());
                 st.last_error_at_ms = Some(now);
                 tracing::warn!(error = %crate::logsafe::Escaped(&e.to_string()), "access token refresh failed");
-                if let (Some(t), Some(until)) = (&slot.token, st.valid_until_ms) {
-                    if now < until {
-                        return Ok((t.value.clone(), slot.generation));
-                    }
-                }
-                Err(e)
+                drop(st);
+                self.unexpired(&slot, now).ok_or(e)
             }
         }
+    }
+
+    /// The token held and its generation, if it has not expired at `now` (it may be due for
+    /// refresh).
+    fn unexpired(&self, slot: &Slot, now: u64) -> Option<(String, u64)> {
+        let until = self.state.lock().valid_until_ms?;
+        let t = slot.token.as_ref()?;
+        (now < until).then(|| (t.value.clone(), slot.generation))
     }
 
     /// The platform refused the token of `generation`: drop it, unless a newer one is already
@@ -339,5 +345,30 @@ mod tests {
             .unwrap_err();
         assert_eq!(e, "token endpoint: connection refused");
         assert!(!format!("{:?}", cache.spec).contains("corpsecret"));
+    }
+
+    /// A refresh that fails while the token is due for refresh but not expired: every send
+    /// in the pause after it still gets the old token, not only the one whose fetch failed.
+    #[tokio::test]
+    async fn a_failed_early_refresh_keeps_serving_the_unexpired_token() {
+        let cache = TokenCache::new(spec());
+        let ok = || async {
+            Ok((
+                200,
+                br#"{"errcode":0,"access_token":"T1","expires_in":7200}"#.to_vec(),
+            ))
+        };
+        let down = || async { Err("timed out".to_string()) };
+        assert_eq!(cache.get(|| 0, ok).await.unwrap(), ("T1".into(), 1));
+        // 7200 s lifetime, due for refresh 5 minutes before its end.
+        let due = 7_200_000 - 300_000;
+        assert_eq!(cache.get(|| due + 1, down).await.unwrap(), ("T1".into(), 1));
+        assert_eq!(
+            cache.get(|| due + 500, down).await.unwrap(),
+            ("T1".into(), 1)
+        );
+        // Expired: the failure is the answer.
+        let e = cache.get(|| 7_200_000, down).await.unwrap_err();
+        assert_eq!(e, "token endpoint: timed out");
     }
 }
