@@ -336,6 +336,62 @@ concurrency = 16
     );
 }
 
+/// The channel's `timeout` bounds a platform attempt's requests all together: a slow token
+/// fetch and a refused token's refresh do not let one attempt send again long after it (the
+/// drain and cluster mode's wait for an inherited mark count on that bound).
+#[tokio::test]
+async fn a_platform_attempt_keeps_to_the_channel_timeout_with_its_token_fetches() {
+    let fake = FakePlatform::start(|r| match r.path.as_str() {
+        "/cgi-bin/gettoken" => Reply::json(
+            200,
+            json!({"errcode": 0, "errmsg": "ok", "access_token": "T", "expires_in": 7200}),
+        )
+        .delay(Duration::from_millis(600)),
+        // Refuses the token, as if it had expired.
+        _ => Reply::json(
+            200,
+            json!({"errcode": 42001, "errmsg": "access_token expired"}),
+        )
+        .delay(Duration::from_millis(600)),
+    })
+    .await;
+    let base = fake.base_url();
+    let config = format!(
+        r#"
+[channels.app]
+kind = "webhook"
+preset = "wecom-app"
+url = "{base}/cgi-bin/message/send?access_token={{{{ token | urlencode }}}}"
+token = {{ url = "{base}/cgi-bin/gettoken?corpid=c&corpsecret=${{CORP_SECRET}}" }}
+vars = {{ agentid = 7 }}
+timeout = "1s"
+"#
+    );
+    let h = start_with_env(&config, &[("CORP_SECRET", "s")]).await;
+    create(
+        &h,
+        json!({"id": "slow", "channel": "app", "schedule": {"after": "0s"},
+               "messages": [{"to": "u", "body": "hi"}], "retry": {"max_attempts": 1}}),
+    )
+    .await;
+    wait_state(&h.server.url(), "slow", "completed", DEADLINE).await;
+    let f = failures(&h, "slow").await;
+    assert_eq!(f.len(), 1);
+    assert!(
+        f[0]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("timed out after 1000 ms")),
+        "{}",
+        f[0]
+    );
+    assert_eq!(
+        fake.requests_to("/cgi-bin/message/send").len(),
+        1,
+        "no second send after the attempt's timeout"
+    );
+    assert_eq!(fake.requests_to("/cgi-bin/gettoken").len(), 1);
+}
+
 #[tokio::test]
 async fn wecom_app_token_endpoint_errors_are_shown_and_retried() {
     let fake = FakePlatform::start(|r| match r.path.as_str() {

@@ -213,7 +213,10 @@ impl WebhookSink {
             body,
             has_content_type: false,
         };
-        match self.exchange(prepared, key, trace, now_ms).await {
+        match self
+            .exchange(prepared, key, trace, now_ms, self.timeout)
+            .await
+        {
             Verdict::Done(o) => o,
             Verdict::RefreshToken { error } => Outcome::Retry {
                 error,
@@ -224,6 +227,10 @@ impl WebhookSink {
 
     /// A platform request: token (if any), templates, send, success rule; when the platform
     /// refuses the token, one refresh (shared with every concurrent send) and one more try.
+    /// The channel's `timeout` bounds the whole attempt's requests, the token's fetch, the
+    /// refresh and the second try included (only reading an answer's body may go past it, by
+    /// `answer_timeout`, as for any webhook): the drain's wait and cluster mode's wait before an
+    /// inherited in-flight mark goes again both count on no request being under way after it.
     async fn post_platform(
         &self,
         p: &Platform,
@@ -233,9 +240,11 @@ impl WebhookSink {
         prepare: impl Fn(Option<&str>, u64) -> Result<Prepared, String>,
     ) -> Outcome {
         let mut refreshed = false;
+        let end = tokio::time::Instant::now() + self.timeout;
+        let left = || end.saturating_duration_since(tokio::time::Instant::now());
         loop {
             let token = match &p.token {
-                Some(cache) => match cache.get(now_ms, || self.fetch_token(p)).await {
+                Some(cache) => match cache.get(now_ms, || self.fetch_token(p, left())).await {
                     Ok(t) => Some(t),
                     Err(error) => {
                         return Outcome::Retry {
@@ -250,7 +259,14 @@ impl WebhookSink {
                 Ok(r) => r,
                 Err(error) => return Outcome::Permanent { error },
             };
-            match self.exchange(prepared, key, trace, now_ms).await {
+            if left().is_zero() {
+                // Nothing was sent in this attempt (a slow token, or a refresh after a refusal).
+                return Outcome::Retry {
+                    error: format!("timed out after {} ms", self.timeout.as_millis()),
+                    not_before_ms: None,
+                };
+            }
+            match self.exchange(prepared, key, trace, now_ms, left()).await {
                 Verdict::Done(o) => return o,
                 Verdict::RefreshToken { error } => match (&p.token, token) {
                     (Some(cache), Some((_, generation))) if !refreshed => {
@@ -270,7 +286,7 @@ impl WebhookSink {
     }
 
     /// Asks the token endpoint; returns the answer's status and (bounded) body.
-    async fn fetch_token(&self, p: &Platform) -> Result<(u16, Vec<u8>), String> {
+    async fn fetch_token(&self, p: &Platform, limit: Duration) -> Result<(u16, Vec<u8>), String> {
         let Some(cache) = &p.token else {
             return Err("no token endpoint".into());
         };
@@ -294,7 +310,7 @@ impl WebhookSink {
             )))
             // The error would print the URL, which holds a secret.
             .map_err(|_| "cannot build the token request".to_string())?;
-        let resp = within(self.timeout, self.client.request(req))
+        let resp = within(limit, self.client.request(req))
             .await
             .ok_or_else(|| format!("timed out after {} ms", self.timeout.as_millis()))?
             .map_err(|e| error_text(&e))?;
@@ -314,18 +330,20 @@ impl WebhookSink {
     /// Sends one request and judges the answer on its status line and headers; the body is
     /// read (bounded, with its own timeout) only when the rule needs it or for the failure
     /// list, so a 2xx whose body is slow or trickles is not a timeout.
+    /// `limit`: how long the request may take until its answer's head.
     async fn exchange(
         &self,
         p: Prepared,
         key: &str,
         trace: &AttemptTrace,
         now_ms: &impl Fn() -> u64,
+        limit: Duration,
     ) -> Verdict {
         let req = match self.request(p, key, trace, now_ms) {
             Ok(r) => r,
             Err(v) => return v,
         };
-        let resp = match within(self.timeout, self.client.request(req)).await {
+        let resp = match within(limit, self.client.request(req)).await {
             Some(Ok(r)) => r,
             Some(Err(e)) => {
                 let error = error_text(&e);
