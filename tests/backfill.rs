@@ -1,12 +1,30 @@
 //! Backfill on the manual clock (issue 28, API.md "Missed runs and backfill"): a cron paused
 //! over three of its slots (misfire `skip`) is backfilled: one run for each slot without a
-//! completed run, sent in slot order; a range of more than 1000 slots is 422.
+//! completed run, sent in slot order; a range of more than 1000 slots is 422. No slot is ever
+//! sent twice: not one whose run was trimmed from the history (`[store] runs_max`), nor one
+//! the schedule has still to fire.
 
 mod common;
 
 use common::herald::{utc_ms, ManualHerald};
 use common::http;
-use serde_json::json;
+use serde_json::{json, Value};
+
+async fn backfill(h: &ManualHerald, id: &str, from: &str, to: &str) -> http::Resp {
+    http::post_json(
+        &h.url(&format!("/v1/tasks/{id}/backfill")),
+        &json!({"from": from, "to": to}),
+    )
+    .await
+}
+
+/// The slots a task's deliveries were for (each run's first message), in send order.
+fn slots_sent(sent: &[Value], id: &str) -> Vec<String> {
+    sent.iter()
+        .filter(|v| v["task_id"] == id && v["seq"] == 0)
+        .map(|v| v["scheduled_at"].as_str().unwrap().to_string())
+        .collect()
+}
 
 #[tokio::test]
 async fn a_cron_paused_for_three_slots_is_backfilled_in_slot_order() {
@@ -92,4 +110,81 @@ async fn a_cron_paused_for_three_slots_is_backfilled_in_slot_order() {
     )
     .await;
     assert_eq!(r.status, 404);
+}
+
+#[tokio::test]
+async fn slots_whose_runs_were_trimmed_from_the_history_are_never_sent_again() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T00:00:30Z"), "[store]\nruns_max = 5").await;
+    h.post(
+        &json!({"id": "min", "channel": "out", "schedule": {"cron": "* * * * *"},
+        "to": ["a"], "body": "x"}),
+    )
+    .await;
+    h.run_until(utc_ms("2026-12-01T00:12:30Z")).await;
+    assert_eq!(slots_sent(&h.sent(), "min").len(), 12, "00:01 … 00:12");
+    let kept = h.runs("min").await;
+    assert!(kept[0]["run"].as_u64().unwrap() > 1, "trimmed: {kept:?}");
+    let fires = h.task("min").await["fires"].clone();
+    // 00:01 … 00:03 were sent, their runs trimmed: refused (naming `from`), nothing queued.
+    let r = backfill(&h, "min", "2026-12-01T00:00:00Z", "2026-12-01T00:03:00Z").await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(r.json()["field"], "from", "{}", r.text());
+    assert_eq!(h.task("min").await["fires"], fires, "nothing changed");
+    // Where the runs are kept they decide: every slot was sent, nothing to do.
+    let r = backfill(&h, "min", "2026-12-01T00:10:00Z", "2026-12-01T00:12:00Z").await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(r.json()["runs"], json!([]));
+    h.run_until(utc_ms("2026-12-01T00:13:30Z")).await;
+    let slots = slots_sent(&h.sent(), "min");
+    let mut once = slots.clone();
+    once.dedup();
+    assert_eq!(slots.len(), 13, "only 00:13 more: {slots:?}");
+    assert_eq!(once, slots, "no slot sent twice");
+}
+
+#[tokio::test]
+async fn a_range_past_now_is_refused_so_no_slot_is_sent_twice() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T12:00:00Z"), "").await;
+    h.post(
+        &json!({"id": "daily", "channel": "out", "schedule": {"cron": "0 9 * * *"},
+        "to": ["a"], "body": "x"}),
+    )
+    .await;
+    h.post(
+        &json!({"id": "once", "channel": "out", "schedule": {"at": "2026-12-01T13:00:00Z"},
+        "to": ["a"], "body": "x"}),
+    )
+    .await;
+    // Tomorrow's 09:00 and the one-shot's 13:00 are the schedule's to send: 422 naming `to`.
+    let r = backfill(&h, "daily", "2026-11-30T00:00:00Z", "2026-12-02T23:59:00Z").await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(r.json()["field"], "to", "{}", r.text());
+    let r = backfill(&h, "once", "2026-12-01T00:00:00Z", "2026-12-01T14:00:00Z").await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(r.json()["field"], "to", "{}", r.text());
+    assert_eq!(
+        h.task("daily").await["fires"]["handled"],
+        0,
+        "nothing changed"
+    );
+    assert_eq!(
+        h.task("once").await["fires"]["handled"],
+        0,
+        "nothing changed"
+    );
+    // Up to now: the slots before the task was created.
+    let r = backfill(&h, "daily", "2026-11-30T00:00:00Z", "2026-12-01T12:00:00Z").await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(r.json()["runs"].as_array().unwrap().len(), 2);
+    h.run_until(utc_ms("2026-12-02T10:00:00Z")).await;
+    let sent = h.sent();
+    assert_eq!(
+        slots_sent(&sent, "daily"),
+        [
+            "2026-11-30T09:00:00Z",
+            "2026-12-01T09:00:00Z",
+            "2026-12-02T09:00:00Z"
+        ]
+    );
+    assert_eq!(slots_sent(&sent, "once"), ["2026-12-01T13:00:00Z"]);
 }

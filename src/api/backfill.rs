@@ -2,7 +2,8 @@
 //! (API.md "Missed runs and backfill"): one run for each slot of the task's schedule in the
 //! range without a completed run, sent in slot order with the task's pacing. The slots are
 //! worked out by `schedule::backfill` (pure); the engine allocates the runs under the task's
-//! lock (`Engine::backfill`).
+//! lock (`Engine::backfill`), where it also checks `to` against now and the task's next fire:
+//! what is past depends on the task's state at that moment.
 
 use hyper::body::Incoming;
 use hyper::{Request, StatusCode};
@@ -41,7 +42,8 @@ pub async fn handle(state: &ApiState, id: &str, req: Request<Incoming>) -> Resul
             "must not be before from",
         ));
     }
-    // More than BACKFILL_SLOTS_MAX slots: 422 naming `to` (the engine's FieldError).
+    // The engine's 422s (a FieldError): more than BACKFILL_SLOTS_MAX slots, or a `to` after
+    // now or at the task's next fire (`to`); a slot a trimmed run may have sent (`from`).
     let runs = state.engine.backfill(id, from, to).await?;
     Ok(json_response(
         StatusCode::ACCEPTED,

@@ -11,7 +11,7 @@ use super::commit;
 use super::plan::{self, Refused};
 use super::{derive_state, Engine, EngineError, LiveState, TaskView};
 use crate::model::timeline::TimelineKind;
-use crate::model::{RunState, TaskState};
+use crate::model::TaskState;
 use crate::request::{Context, FieldError, PatchRequest};
 
 fn refused(r: Refused) -> EngineError {
@@ -209,31 +209,20 @@ impl Engine {
     }
 
     /// Backfill (issue 28): one run for each slot of the task's schedule in `[from, to]` that
-    /// has no completed run (nor one running or queued), in slot order with the task's
-    /// pacing; the run numbers. More than `BACKFILL_SLOTS_MAX` slots is refused (`to`).
+    /// it has not handled (no completed run, nor one running or queued), in slot order with the
+    /// task's pacing; the run numbers. Refused (422) rather than sent twice: more than
+    /// `BACKFILL_SLOTS_MAX` slots or a `to` the schedule will reach itself (`to`), a slot that a
+    /// run trimmed from the history may have sent (`from`).
     pub async fn backfill(&self, id: &str, from: u64, to: u64) -> Result<Vec<u32>, EngineError> {
-        use crate::schedule::backfill::{to_backfill, BackfillError, BACKFILL_SLOTS_MAX};
+        use crate::schedule::backfill::{to_backfill, Handled};
         self.command(id, async |this, l| {
             let st = l.st();
             let now = this.inner.clock.now_ms();
-            let mut done: std::collections::BTreeSet<u64> = this
-                .inner
-                .store
-                .runs_of(id)?
-                .iter()
-                .filter(|r| matches!(r.state, RunState::Completed | RunState::Running))
-                .map(|r| r.scheduled_at_ms)
-                .collect();
-            done.extend(st.progress.queued.iter().map(|(_, at)| *at));
-            let slots = to_backfill(&st.spec, from, to, &done).map_err(|e| {
-                let detail = match e {
-                    BackfillError::TooMany => format!(
-                        "the range holds more than {BACKFILL_SLOTS_MAX} slots of the schedule"
-                    ),
-                    BackfillError::Backwards => "must not be before from".to_string(),
-                };
-                EngineError::Invalid(FieldError::new("to", detail))
-            })?;
+            // The store keeps only the newest `[store] runs_max` runs: the progress says
+            // whether a started run's record is gone (its slot then unknown).
+            let runs = this.inner.store.runs_of(id)?;
+            let handled = Handled::of(&runs, &st.progress, now, super::herd::HERD_LEAD_MAX_MS);
+            let slots = to_backfill(&st.spec, from, to, &handled).map_err(backfill_refused)?;
             let (p, numbers) = plan::backfill(&st.spec, &st.progress, st.runs.len(), &slots, now)
                 .map_err(refused)?;
             commit::apply(&this.inner, l, p.change()).await?;
@@ -250,6 +239,36 @@ impl Engine {
         }
         v
     }
+}
+
+/// A backfill range refused, as a 422 naming the field to change.
+fn backfill_refused(e: crate::schedule::backfill::BackfillError) -> EngineError {
+    use crate::schedule::backfill::{BackfillError, BACKFILL_SLOTS_MAX};
+    use crate::schedule::format_utc;
+    let (field, detail) = match e {
+        BackfillError::TooMany => (
+            "to",
+            format!("the range holds more than {BACKFILL_SLOTS_MAX} slots of the schedule"),
+        ),
+        BackfillError::Backwards => ("to", "must not be before from".to_string()),
+        BackfillError::Ahead { latest } => (
+            "to",
+            format!(
+                "must not be after {}: slots after now, or from the task's next fire on, are \
+                 sent by its schedule",
+                format_utc(latest)
+            ),
+        ),
+        BackfillError::Trimmed { through } => (
+            "from",
+            format!(
+                "must be after {}: the run history up to then was trimmed to [store] runs_max, \
+                 so which of its slots were sent is unknown (none is sent twice)",
+                format_utc(through)
+            ),
+        ),
+    };
+    EngineError::Invalid(FieldError::new(field, detail))
 }
 
 /// A control command's change with its timeline event (issue 25), written with it.
