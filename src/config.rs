@@ -510,11 +510,8 @@ fn http_limits(file: Option<&LimitsFile>) -> Result<HttpLimits, ConfigError> {
         )?;
         limits.live_tasks_max =
             positive("live_tasks_max", l.live_tasks_max, limits.live_tasks_max)?;
-        if let Some(h) = &l.horizon {
-            limits.horizon_ms = parse_duration_ms(h)
-                .map_err(|e| invalid("limits.horizon", e))?
-                .max(1);
-        }
+        // 0 would refuse every scheduled create: refused here instead.
+        limits.horizon_ms = positive_ms("limits.horizon", &l.horizon, limits.horizon_ms)?;
         connections_max = match l.connections_max {
             Some(0) => return Err(invalid("limits.connections_max", "must be more than 0")),
             v => v,
@@ -958,6 +955,19 @@ mod tests {
         assert_eq!(c.channels.len(), 1);
         assert_eq!(c.channels[0].kind, ChannelKind::Log);
         assert_eq!(c.body_bytes_max, 1 << 20);
+    }
+
+    #[test]
+    fn a_zero_horizon_is_refused_naming_it() {
+        let e = Config::from_toml("[limits]\nhorizon = \"0s\"\n", Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("limits.horizon") && e.contains("more than 0"),
+            "{e}"
+        );
+        let c = Config::from_toml("[limits]\nhorizon = \"30d\"\n", Overrides::default()).unwrap();
+        assert_eq!(c.limits.horizon_ms, 30 * 86_400_000);
     }
 
     #[test]

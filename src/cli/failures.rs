@@ -16,8 +16,8 @@ pub async fn run(c: &Client, json: bool, cmd: FailuresCmd) -> Result<(), CliErro
     match cmd {
         FailuresCmd::List { task, limit, after } => {
             let mut q = vec![format!("limit={limit}")];
-            if let Some(t) = task {
-                q.push(format!("task={}", enc(&t)));
+            if let Some(t) = &task {
+                q.push(format!("task={}", enc(t)));
             }
             if let Some(a) = after {
                 q.push(format!("after={}", enc(&a)));
@@ -45,7 +45,8 @@ pub async fn run(c: &Client, json: bool, cmd: FailuresCmd) -> Result<(), CliErro
                 out!("{}", t.render());
             }
             if let Some(next) = v["next"].as_str() {
-                outln!("more: herald failures list --after {next}");
+                let filters = super::output::hint_flag("task", task.as_deref());
+                outln!("more: herald failures list{filters} --after {next}");
             }
             Ok(())
         }

@@ -49,3 +49,31 @@ macro_rules! outln {
 }
 
 pub(crate) use {out, outln};
+
+/// ` --name value` for a "more:" hint, the value quoted for a POSIX shell when it needs it, so
+/// the hint copied as it is lists the same filtered results (an empty `value`: nothing).
+pub fn hint_flag(name: &str, value: Option<&str>) -> String {
+    let Some(v) = value.filter(|v| !v.is_empty()) else {
+        return String::new();
+    };
+    let plain = v
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "._:-/@+=,".contains(c));
+    if plain {
+        format!(" --{name} {v}")
+    } else {
+        format!(" --{name} '{}'", v.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod hint_tests {
+    use super::hint_flag;
+
+    #[test]
+    fn a_hint_flag_is_quoted_only_when_it_must_be() {
+        assert_eq!(hint_flag("task", Some("a-1")), " --task a-1");
+        assert_eq!(hint_flag("task", Some("it's x")), " --task 'it'\\''s x'");
+        assert_eq!(hint_flag("task", None), "");
+    }
+}

@@ -1,6 +1,6 @@
 //! `herald tasks ...`: list, show, create, control, runs (watch is in `watch.rs`).
 
-use crate::cli::output::{out, outln};
+use crate::cli::output::{hint_flag, out, outln};
 use std::io::Read;
 
 use chrono::Utc;
@@ -52,11 +52,11 @@ async fn list(
     after: Option<String>,
 ) -> Result<(), CliError> {
     let mut q = vec![format!("limit={limit}")];
-    if let Some(s) = state {
-        q.push(format!("state={}", enc(&s)));
+    if let Some(s) = &state {
+        q.push(format!("state={}", enc(s)));
     }
-    if let Some(ch) = channel {
-        q.push(format!("channel={}", enc(&ch)));
+    if let Some(ch) = &channel {
+        q.push(format!("channel={}", enc(ch)));
     }
     if let Some(a) = after {
         q.push(format!("after={}", enc(&a)));
@@ -65,7 +65,12 @@ async fn list(
     if json {
         print_json(&v);
     } else {
-        print_list(&v);
+        let filters = format!(
+            "{}{}",
+            hint_flag("state", state.as_deref()),
+            hint_flag("channel", channel.as_deref())
+        );
+        print_list(&v, &filters);
     }
     Ok(())
 }
@@ -245,9 +250,12 @@ async fn delete(c: &Client, json: bool, id: String) -> Result<(), CliError> {
         .unwrap_or("")
         .to_string();
     let v = c.delete(&path).await?;
+    // The answer decides: a task that finished between the look and the DELETE was deleted,
+    // and is answered in its finished state (not `cancelled`).
+    let after = v["state"].as_str().unwrap_or("");
     if json {
         print_json(&v);
-    } else if finished(&before) {
+    } else if finished(&before) || (finished(after) && after != "cancelled") {
         outln!("deleted {} (it was {before})", table::cell(&v["id"]));
     } else {
         outln!(
@@ -309,7 +317,8 @@ async fn action(c: &Client, json: bool, id: &str, what: &str) -> Result<(), CliE
     Ok(())
 }
 
-fn print_list(v: &Value) {
+/// `filters`: the list's own flags, repeated in the "more:" hint.
+fn print_list(v: &Value, filters: &str) {
     let now = Utc::now();
     let mut t = Table::new(&["ID", "STATE", "SCHEDULE", "NEXT FIRE", "PROGRESS"]);
     for task in v["tasks"].as_array().into_iter().flatten() {
@@ -327,7 +336,7 @@ fn print_list(v: &Value) {
         out!("{}", t.render());
     }
     if let Some(next) = v["next"].as_str() {
-        outln!("more: herald tasks list --after {next}");
+        outln!("more: herald tasks list{filters} --after {next}");
     }
 }
 

@@ -54,7 +54,8 @@ pub async fn run(
         out!("{}", t.render());
     }
     if let Some(next) = v["next"].as_str() {
-        outln!("more: herald tasks timeline {id} --after {next}");
+        let run = run.map(|r| format!(" --run {r}")).unwrap_or_default();
+        outln!("more: herald tasks timeline {id}{run} --after {next}");
     }
     Ok(())
 }
