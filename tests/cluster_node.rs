@@ -255,3 +255,59 @@ async fn a_partitioned_loop_stops_trusting_its_shards_before_anyone_else_gets_th
         n.handle.take().expect("running").leave().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_whose_send_is_still_unsettled_leaves_the_row_to_lapse() {
+    let Some(pg) =
+        PgServer::shared("a_handover_whose_send_is_still_unsettled_leaves_the_row_to_lapse")
+    else {
+        return;
+    };
+    let url = database(&pg, "unsettled");
+    let mut a = Node::start(&url, "a");
+    until(&mut [&mut a], "one loop holds all", |n| n == [8]).await;
+    let owned = |pg: &PgServer| -> Vec<u32> {
+        pg.psql(
+            &url,
+            "SELECT shard_id FROM herald_shard WHERE owner_incarnation IS NOT NULL ORDER BY 1",
+        )
+        .lines()
+        .map(|l| l.trim().parse().unwrap())
+        .collect()
+    };
+    let handle = a.handle.take().expect("running");
+    let ownership = handle.ownership.clone();
+    let shard = 3;
+    // A send on shard 3 that has not settled when the handover's wait (one lease) ends: cut
+    // off at its window, its settle still on its way to a slow database.
+    let sending = ownership.sending(shard);
+    let asked = Instant::now();
+    handle.leave().await;
+    assert!(
+        asked.elapsed() >= Duration::from_millis(TIMING.ttl_ms),
+        "the handover waited for the send"
+    );
+    assert_eq!(
+        owned(&pg),
+        [shard],
+        "every other row is freed; shard {shard}'s is not while its send is unsettled"
+    );
+    assert_eq!(ownership.count(), 0, "nothing is acted on any more");
+    a.drain();
+    assert!(
+        a.log
+            .iter()
+            .any(|(_, e)| matches!(e, Event::Dropped { shard: s, .. } if *s == shard)),
+        "shard {shard} dropped, not released: {:?}",
+        a.log
+    );
+    assert!(!a
+        .log
+        .iter()
+        .any(|(_, e)| matches!(e, Event::Released(s) if *s == shard)));
+    // Its lease runs out by itself: the next owner waits it out, as after a crash.
+    drop(sending);
+    let mut b = Node::start(&url, "b");
+    until(&mut [&mut b], "b takes all", |n| n == [8]).await;
+    b.handle.take().expect("running").leave().await;
+}

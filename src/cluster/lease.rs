@@ -71,6 +71,9 @@ pub enum Dropped {
     Lost,
     /// A fenced write was refused (`OwnershipLost`), or a commit's outcome is unknown.
     Fenced,
+    /// Handed over while a send on it was still counted: the row is not freed, its lease left
+    /// to run out, so the next owner waits as after a crash (`node.rs::hand_over`).
+    Unsettled,
 }
 
 /// The shards this process holds.
@@ -110,17 +113,23 @@ impl Leases {
         sent_ms.saturating_add(self.timing.ttl_ms - self.timing.safety_ms)
     }
 
-    /// An acquisition statement sent at `sent_ms` granted `shard` at `epoch`.
-    pub fn granted(&mut self, shard: u32, epoch: u64, sent_ms: u64) {
+    /// An acquisition statement sent at `sent_ms` granted `shard` at `epoch`. A grant over
+    /// the shard still held at an older epoch (its row ran out and was granted again before
+    /// this process's trust ended, or a late `expire`) answers that one's drop, to be reported
+    /// before the grant: the engine then unloads what it holds of the old epoch and loads the
+    /// shard anew, instead of taking its tasks for loaded already.
+    pub fn granted(&mut self, shard: u32, epoch: u64, sent_ms: u64) -> Option<(u32, Dropped)> {
         let trusted_until_ms = self.window_end(sent_ms);
         self.releasing.remove(&shard);
-        self.held.insert(
+        let old = self.held.insert(
             shard,
             Held {
                 epoch,
                 trusted_until_ms,
             },
         );
+        old.filter(|h| h.epoch != epoch)
+            .map(|_| (shard, Dropped::Lost))
     }
 
     /// Whether a renewal is due now (none in flight, and `renew` passed since the last one).
@@ -182,9 +191,16 @@ impl Leases {
         dropped
     }
 
-    /// A fenced write on `shard` was refused, or its outcome is unknown.
-    pub fn fenced(&mut self, shard: u32) -> Option<(u32, Dropped)> {
-        self.held.remove(&shard).map(|_| (shard, Dropped::Fenced))
+    /// A fenced write on `shard` at `epoch` was refused, or its outcome is unknown. Only a
+    /// grant at that epoch is dropped: a late answer of a group fenced at an older epoch says
+    /// nothing of a grant made since.
+    pub fn fenced(&mut self, shard: u32, epoch: u64) -> Option<(u32, Dropped)> {
+        if self.held.get(&shard).is_none_or(|h| h.epoch != epoch) {
+            return None;
+        }
+        self.held.remove(&shard);
+        self.releasing.remove(&shard);
+        Some((shard, Dropped::Fenced))
     }
 
     /// A handover of `shard` begins (handoff, SIGTERM): no send starts on it from now on,
@@ -342,8 +358,38 @@ mod tests {
     fn a_refused_fenced_write_drops_its_shard() {
         let mut l = leases();
         l.granted(5, 3, 0);
-        assert_eq!(l.fenced(5), Some((5, Dropped::Fenced)));
-        assert_eq!(l.fenced(5), None);
+        assert_eq!(l.fenced(5, 3), Some((5, Dropped::Fenced)));
+        assert_eq!(l.fenced(5, 3), None);
+    }
+
+    #[test]
+    fn a_late_fence_of_an_older_epoch_keeps_the_fresh_grant() {
+        let mut l = leases();
+        l.granted(5, 3, 0);
+        assert_eq!(l.expire(9_000), [(5, Dropped::Expired)]);
+        l.granted(5, 4, 10_000);
+        // The group fenced at epoch 3 answers `Unavailable` only now.
+        assert_eq!(
+            l.fenced(5, 3),
+            None,
+            "a grant at epoch 4 is not the one fenced"
+        );
+        assert_eq!(l.owns(5).map(|h| h.epoch), Some(4));
+        assert_eq!(l.fenced(5, 4), Some((5, Dropped::Fenced)));
+        assert!(l.owns(5).is_none());
+        assert_eq!(l.fenced(6, 1), None, "never held");
+    }
+
+    #[test]
+    fn a_grant_over_an_older_epoch_still_held_reports_its_drop() {
+        let mut l = leases();
+        assert_eq!(l.granted(5, 3, 0), None, "nothing held before");
+        // Granted again at a new epoch before this process noticed the old one ran out.
+        assert_eq!(l.granted(5, 4, 8_000), Some((5, Dropped::Lost)));
+        let h = l.owns(5).unwrap();
+        assert_eq!((h.epoch, h.trusted_until_ms), (4, 8_000 + 9_000));
+        // The same epoch again drops nothing.
+        assert_eq!(l.granted(5, 4, 8_500), None);
     }
 
     #[test]

@@ -191,13 +191,24 @@ impl Ownership {
             .map(|h| h.trusted_until_ms.saturating_sub(now))
     }
 
-    /// A fenced write on `shard` was refused or its outcome is unknown: the shard is dropped
-    /// (re-acquired, at a new epoch, before anything is written to it again).
-    pub fn fenced(&self, shard: u32) -> Option<Event> {
+    /// A fenced write on `shard` at `epoch` was refused or its outcome is unknown: the shard
+    /// is dropped (re-acquired, at a new epoch, before anything is written to it again), if
+    /// it is still held at that epoch.
+    pub fn fenced(&self, shard: u32, epoch: u64) -> Option<Event> {
         self.leases
             .lock()
-            .fenced(shard)
+            .fenced(shard, epoch)
             .map(|(shard, why)| Event::Dropped { shard, why })
+    }
+
+    /// [`Ownership::fenced`], its `Dropped` event sent by the loop's next round: `shard` is
+    /// let go if it is still held at `epoch` (a grant made since stands).
+    pub fn lost_at(&self, shard: u32, epoch: u64) {
+        self.fence_rejected
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(ev) = self.fenced(shard, epoch) {
+            self.lost.lock().push(ev);
+        }
     }
 
     pub fn count(&self) -> usize {
@@ -260,11 +271,16 @@ impl crate::store::pg::fence::Fence for Ownership {
         Ownership::epoch(self, shard)
     }
 
+    /// The trait names no epoch: the one held now is dropped ([`Ownership::lost_at`] drops
+    /// only a given one).
     fn lost(&self, shard: u32) {
-        self.fence_rejected
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if let Some(ev) = self.fenced(shard) {
-            self.lost.lock().push(ev);
+        let held = self.leases.lock().owns(shard).map(|h| h.epoch);
+        match held {
+            Some(epoch) => self.lost_at(shard, epoch),
+            None => {
+                self.fence_rejected
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
         }
     }
 
@@ -552,7 +568,12 @@ impl Loop {
                 if let Some(s) = late {
                     self.own.failover_seconds.observe(s.max(0.0));
                 }
-                l.granted(g.shard, g.epoch, sent);
+                // Still held at an older epoch: dropped first, so the engine unloads it and
+                // the grant loads it anew (its tasks are not taken for loaded already).
+                if let Some((shard, why)) = l.granted(g.shard, g.epoch, sent) {
+                    tracing::warn!(shard, ?why, "shard dropped: granted again at a new epoch");
+                    let _ = self.events.send(Event::Dropped { shard, why });
+                }
                 tracing::info!(shard = g.shard, epoch = g.epoch, "shard acquired");
                 let _ = self.events.send(Event::Granted(g));
             }
@@ -567,6 +588,10 @@ impl Loop {
     /// writes still fenced at the shards' epochs), then stops acting on the shards and frees
     /// their rows (HA.md "Balancing": drain its sends, settle, release the row). Dropping
     /// the shards first refused those settles, and the next owner sent their messages again.
+    /// A shard whose sends are still counted when the wait ends is dropped without freeing
+    /// its row: a settle that comes later is refused by the fence, and the next owner is
+    /// granted the row only once its lease ran out, as after a crash, never at once while an
+    /// attempt of this process may still be out ([`Loop::settle_or_lapse`]).
     async fn hand_over(&self, c: &Client, shards: &[u32]) -> Result<(), ()> {
         let mut grants = Vec::new();
         {
@@ -595,22 +620,54 @@ impl Loop {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        {
-            let mut l = self.own.leases.lock();
-            for g in &grants {
-                // Dropped meanwhile (trust ran out, a write fenced): its event went out then.
-                if l.owns(g.shard).is_some_and(|h| h.epoch == g.epoch) {
-                    l.released(g.shard);
-                    let _ = self.events.send(Event::Released(g.shard));
-                }
-            }
+        let free = self.settle_or_lapse(&grants);
+        if free.is_empty() {
+            return Ok(());
         }
         let inc = &self.s.me.incarnation;
-        match tokio::time::timeout(self.deadline(), rows::release(c, inc, &grants)).await {
+        match tokio::time::timeout(self.deadline(), rows::release(c, inc, &free)).await {
             Ok(Ok(_)) => Ok(()),
             // Not freed: the leases run out by themselves.
             _ => Err(()),
         }
+    }
+
+    /// The end of a handover's wait: each shard still held at its epoch stops being acted
+    /// on. One with no send counted any more is `Released`, to be freed (returned); one
+    /// with a send still counted (cut off at the end of its window, its settle not written
+    /// yet: a slow database) is `Dropped` and left to lapse: freed at once, the next owner
+    /// would take it and send that message again while this settle was still on its way.
+    fn settle_or_lapse(&self, grants: &[Grant]) -> Vec<Grant> {
+        let unsettled: Vec<u32> = grants
+            .iter()
+            .map(|g| g.shard)
+            .filter(|s| self.own.sends_on(&[*s]) > 0)
+            .collect();
+        let mut free = Vec::new();
+        let mut l = self.own.leases.lock();
+        for g in grants {
+            // Dropped meanwhile (trust ran out, a write fenced): its event went out then.
+            if l.owns(g.shard).is_none_or(|h| h.epoch != g.epoch) {
+                continue;
+            }
+            l.released(g.shard);
+            if unsettled.contains(&g.shard) {
+                tracing::warn!(
+                    shard = g.shard,
+                    epoch = g.epoch,
+                    "handover: a send is still unsettled; the row is not freed, its lease runs out"
+                );
+                let why = Dropped::Unsettled;
+                let _ = self.events.send(Event::Dropped {
+                    shard: g.shard,
+                    why,
+                });
+            } else {
+                free.push(*g);
+                let _ = self.events.send(Event::Released(g.shard));
+            }
+        }
+        free
     }
 
     /// How long to sleep: until the next renewal, trust ending, or balancing round.

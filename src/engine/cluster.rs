@@ -32,10 +32,12 @@ use super::arm::arm_entry;
 use super::timer::Key;
 use super::Inner;
 use crate::cluster::node::{Event, Ownership};
+use crate::cluster::rows::Grant;
 use crate::model::TaskState;
 use crate::store::backend::TreeId;
 use crate::store::pg::fence::shard_of_task;
 use crate::store::pg::shard::task_id_of;
+use crate::store::records::LiveEntry;
 
 /// The inbox's floor: it is read at least this often (HA.md: at least every 500 ms), and at
 /// once on each `NOTIFY herald_inbox` (`cluster/listen.rs`).
@@ -196,20 +198,54 @@ fn key_task(key: &Key) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// Carries the lease loop's events out until it ends.
+/// Carries the lease loop's events out until it ends. The grants of one balancing round
+/// come together: each shard is loaded, then their failure-list retries are read in one scan.
 pub(crate) async fn follow(inner: Weak<Inner>, mut events: UnboundedReceiver<Event>) {
-    while let Some(ev) = events.recv().await {
+    let mut next = None;
+    loop {
+        let ev = match next.take() {
+            Some(ev) => ev,
+            None => match events.recv().await {
+                Some(ev) => ev,
+                None => return,
+            },
+        };
         let Some(inner) = inner.upgrade() else { return };
         match ev {
-            Event::Granted(g) => load_shard(&inner, g.shard).await,
+            Event::Granted(g) => {
+                let mut grants = vec![g];
+                while let Ok(ev) = events.try_recv() {
+                    match ev {
+                        Event::Granted(g) => grants.push(g),
+                        // Kept in order: handled after these grants.
+                        other => {
+                            next = Some(other);
+                            break;
+                        }
+                    }
+                }
+                for g in &grants {
+                    load_shard(&inner, *g).await;
+                }
+                arm_failure_retries(&inner, &grants).await;
+            }
             Event::Dropped { shard, .. } | Event::Released(shard) => unload_shard(&inner, shard),
         }
     }
 }
 
+/// A shard granted at an epoch could not be loaded: let go (if still held at that epoch), for
+/// another round to grant and load it again.
+fn let_shard_go(inner: &Inner, g: Grant) {
+    if let Some(c) = &inner.config.cluster {
+        c.ownership.lost_at(g.shard, g.epoch);
+    }
+}
+
 /// A granted shard: its live tasks onto the wheel, its running ones resumed (start-up's
 /// phases for one shard: `recovery.rs`).
-async fn load_shard(inner: &Arc<Inner>, shard: u32) {
+async fn load_shard(inner: &Arc<Inner>, g: Grant) {
+    let shard = g.shard;
     let started = std::time::Instant::now();
     let i = inner.clone();
     let read = tokio::task::spawn_blocking(move || i.store.shard_due_entries(shard)).await;
@@ -219,9 +255,7 @@ async fn load_shard(inner: &Arc<Inner>, shard: u32) {
             // Not loaded: nothing of it is acted on here. The lease runs out unrenewed?
             // No: it is renewed, so drop it for another round to load it again.
             tracing::error!(shard, error = %e, "a granted shard could not be read; it is let go");
-            if let Some(c) = &inner.config.cluster {
-                crate::store::pg::fence::Fence::lost(c.ownership.as_ref(), shard);
-            }
+            let_shard_go(inner, g);
             return;
         }
         Err(_) => return,
@@ -261,9 +295,7 @@ async fn load_shard(inner: &Arc<Inner>, shard: u32) {
             // Those not resumed would sit in the live map with nothing on the wheel until the
             // shard next moved: let it go, as one that could not be read, to be loaded anew.
             tracing::error!(shard, error = %e, "running tasks of a granted shard not resumed; it is let go");
-            if let Some(c) = &inner.config.cluster {
-                crate::store::pg::fence::Fence::lost(c.ownership.as_ref(), shard);
-            }
+            let_shard_go(inner, g);
         }
     }
     tracing::info!(
@@ -274,6 +306,56 @@ async fn load_shard(inner: &Arc<Inner>, shard: u32) {
         took_ms = started.elapsed().as_millis() as u64,
         "shard loaded"
     );
+}
+
+/// The failure-list retries under way (`retrying`) of tasks in the shards just granted, onto
+/// the wheel: start-up arms none in cluster mode (no shard is held then; the dispatcher would
+/// drop them), and a retry asked for on another owner goes on here after a takeover. One scan
+/// of the list for a round's grants. A store error lets those shards go, to be granted and
+/// loaded again.
+async fn arm_failure_retries(inner: &Arc<Inner>, grants: &[Grant]) {
+    let Some(c) = &inner.config.cluster else {
+        return;
+    };
+    let (shards, granted): (u32, Vec<u32>) = (c.shards, grants.iter().map(|g| g.shard).collect());
+    let i = inner.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        let mut ids = Vec::new();
+        for item in i.store.all_failures() {
+            match item {
+                Ok(f) if f.retrying && granted.contains(&shard_of_task(&f.task_id, shards)) => {
+                    ids.push(f.id);
+                }
+                Ok(_) => {}
+                // Start-up counted and logged it; nothing to arm.
+                Err(crate::store::StoreError::Corrupt { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(ids)
+    })
+    .await;
+    match read {
+        Ok(Ok(ids)) => {
+            let now = inner.clock.now_ms();
+            for id in &ids {
+                inner.timer.at(Key::retry(id), now);
+            }
+            if !ids.is_empty() {
+                tracing::info!(
+                    retries = ids.len(),
+                    "failure-list retries of granted shards resumed"
+                );
+            }
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "the failure list could not be read for granted shards; they are let go");
+            for g in grants {
+                let_shard_go(inner, *g);
+            }
+        }
+        Err(_) => {}
+    }
 }
 
 /// A shard lost or handed over: its tasks leave the live map and their fires the wheel.
@@ -347,9 +429,98 @@ fn inbox_floor() -> Duration {
         .map_or(INBOX_EVERY, Duration::from_millis)
 }
 
+/// The first wait before ids whose task could not be read are read again; it doubles on
+/// each failed round, up to [`KEPT_WAIT_MAX`].
+const KEPT_WAIT_FIRST: Duration = Duration::from_millis(250);
+/// The longest wait between two reads of ids kept from the inbox.
+const KEPT_WAIT_MAX: Duration = Duration::from_secs(5);
+
+/// Ids taken out of the inbox whose task could not be read yet (a connection reset, a
+/// database restart, the store's backoff after a connection failure, which refuses every
+/// later read of the round at once). Their inbox rows are gone: an id forgotten here left a
+/// create answered 201 unarmed on its owner until the shard next moved. So each is kept until
+/// its task is loaded, found finished or gone, or its shard is no longer held here (its next
+/// owner loads it with the shard), and read again after a doubling wait.
+#[derive(Debug, Default)]
+struct Kept {
+    ids: Vec<String>,
+    /// When they are read again (`None`: nothing kept).
+    at: Option<tokio::time::Instant>,
+    wait: Duration,
+}
+
+impl Kept {
+    /// The ids to read again now (all of them, once their time came), taken out.
+    fn due(&mut self, now: tokio::time::Instant) -> Vec<String> {
+        if self.at.is_some_and(|at| at <= now) {
+            self.at = None;
+            std::mem::take(&mut self.ids)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// A round's reads are over: `failed` are kept (with a longer wait than the last); none
+    /// failing and none kept resets the wait.
+    fn failed(&mut self, failed: Vec<String>, now: tokio::time::Instant) {
+        if failed.is_empty() {
+            if self.ids.is_empty() {
+                *self = Kept::default();
+            }
+            return;
+        }
+        self.ids.extend(failed);
+        self.wait = (self.wait * 2).clamp(KEPT_WAIT_FIRST, KEPT_WAIT_MAX);
+        self.at = Some(now + self.wait);
+    }
+
+    /// How long the drain may sleep: its floor, or less when kept ids are due sooner.
+    fn nap(&self, floor: Duration, now: tokio::time::Instant) -> Duration {
+        self.at
+            .map_or(floor, |at| at.saturating_duration_since(now).min(floor))
+    }
+}
+
+/// One round of the drain, on a blocking thread (the reads block on the store's runtime):
+/// the ids of `kept` and those taken out of the inbox now, each task's live entry read.
+/// Answers the entries to load and the ids to keep for later: each whose read failed, and
+/// every one after the first failure, unread (the store's backoff would refuse them anyway).
+fn read_round(i: &Inner, kept: Vec<String>) -> (Vec<(String, LiveEntry)>, Vec<String>) {
+    let mut ids = kept;
+    match i.store.take_inbox() {
+        Ok(taken) => ids.extend(taken),
+        // The backend keeps what a failed call may have taken out (`PgBackend::take_inbox`).
+        Err(e) => tracing::debug!(error = %e, "the inbox could not be read; trying again"),
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    let (mut out, mut keep) = (Vec::new(), Vec::new());
+    for id in ids {
+        if !i.holds(&id) {
+            continue; // lost meanwhile: the next owner loads it with its shard
+        }
+        if !keep.is_empty() {
+            keep.push(id);
+            continue;
+        }
+        match i.store.live_entry(&id) {
+            Ok(Some(e)) if !e.state.is_terminal() => out.push((id, e)),
+            Ok(_) => {}
+            Err(e @ crate::store::StoreError::Corrupt { .. }) => {
+                tracing::error!(task = %id, error = %e, "a task from the inbox cannot be read: skipped");
+            }
+            Err(e) => {
+                tracing::warn!(task = %id, error = %e, "a task from the inbox cannot be read now; it is read again later");
+                keep.push(id);
+            }
+        }
+    }
+    (out, keep)
+}
+
 /// Takes tasks created on other nodes out of the inbox and loads them, on each wake-up of
 /// the `LISTEN` connection (`cluster/listen.rs`) and at least every [`INBOX_EVERY`], until
-/// the engine is gone.
+/// the engine is gone. An id whose task could not be read is kept and read again ([`Kept`]).
 pub(crate) async fn drain_inbox(inner: Weak<Inner>) {
     let floor = inbox_floor();
     if floor != INBOX_EVERY {
@@ -364,53 +535,74 @@ pub(crate) async fn drain_inbox(inner: Weak<Inner>) {
     else {
         return;
     };
+    let mut kept = Kept::default();
     loop {
+        let nap = kept.nap(floor, tokio::time::Instant::now());
         let woken = tokio::select! {
-            _ = tokio::time::sleep(floor) => false,
+            _ = tokio::time::sleep(nap) => false,
             _ = wake.notified() => true,
         };
         let Some(inner) = inner.upgrade() else { return };
+        let again = kept.due(tokio::time::Instant::now());
         let i = inner.clone();
-        // The reads block on the store's runtime: off the tokio workers.
-        let read = tokio::task::spawn_blocking(move || -> Result<_, crate::store::StoreError> {
-            let mut out = Vec::new();
-            for id in i.store.take_inbox()? {
-                if !i.holds(&id) {
-                    continue; // lost meanwhile: the next owner loads it with its shard
-                }
-                match i.store.live_entry(&id) {
-                    Ok(Some(e)) if !e.state.is_terminal() => out.push((id, e)),
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::error!(task = %id, error = %e, "a task from the inbox cannot be read")
-                    }
-                }
-            }
-            Ok(out)
-        });
-        let entries = match read.await {
-            Ok(Ok(e)) => e,
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "the inbox could not be read; trying again");
-                continue;
-            }
-            Err(_) => continue,
+        let read = tokio::task::spawn_blocking(move || read_round(&i, again)).await;
+        let Ok((entries, failed)) = read else {
+            continue;
         };
+        kept.failed(failed, tokio::time::Instant::now());
         if !entries.is_empty() {
             tracing::debug!(tasks = entries.len(), woken, "tasks taken from the inbox");
         }
-        let mut live = inner.live.lock();
-        for (id, entry) in entries {
-            // Again under the map's lock: a shard lost since the read is unloaded after this
-            // (its unload takes the lock), or was already and must not get the task back.
-            // Held but not trusted this moment is still ours: its row is gone from the inbox.
-            if !inner.holds(&id) {
-                continue;
-            }
-            let id: Arc<str> = Arc::from(id);
-            if live.load(&id) {
-                arm_entry(&inner, &id, &entry);
-            }
+        load_taken(&inner, entries);
+    }
+}
+
+/// Tasks read from the inbox into the live map and onto the wheel.
+fn load_taken(inner: &Arc<Inner>, entries: Vec<(String, LiveEntry)>) {
+    let mut live = inner.live.lock();
+    for (id, entry) in entries {
+        // Again under the map's lock: a shard lost since the read is unloaded after this
+        // (its unload takes the lock), or was already and must not get the task back.
+        // Held but not trusted this moment is still ours: its row is gone from the inbox.
+        if !inner.holds(&id) {
+            continue;
         }
+        let id: Arc<str> = Arc::from(id);
+        if live.load(&id) {
+            arm_entry(inner, &id, &entry);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_kept_from_the_inbox_are_read_again_after_a_doubling_wait() {
+        let t0 = tokio::time::Instant::now();
+        let floor = Duration::from_secs(120);
+        let mut k = Kept::default();
+        assert_eq!(k.nap(floor, t0), floor, "nothing kept: the floor");
+        assert!(k.due(t0).is_empty());
+        k.failed(vec!["a".into(), "b".into()], t0);
+        assert_eq!(k.nap(floor, t0), KEPT_WAIT_FIRST);
+        assert!(k.due(t0).is_empty(), "not yet");
+        let t1 = t0 + KEPT_WAIT_FIRST;
+        assert_eq!(k.due(t1), ["a", "b"]);
+        // Read again and failed again: kept, the wait doubled.
+        k.failed(vec!["a".into()], t1);
+        assert_eq!(k.nap(floor, t1), KEPT_WAIT_FIRST * 2);
+        // A round that read nothing kept does not forget them.
+        k.failed(Vec::new(), t1);
+        assert_eq!(k.ids, ["a"]);
+        let t2 = t1 + KEPT_WAIT_FIRST * 2;
+        assert_eq!(k.due(t2), ["a"]);
+        k.failed(Vec::new(), t2);
+        assert_eq!(k.nap(floor, t2), floor, "all read: the wait starts over");
+        for _ in 0..10 {
+            k.failed(vec!["c".into()], t2);
+        }
+        assert_eq!(k.wait, KEPT_WAIT_MAX);
     }
 }

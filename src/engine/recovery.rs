@@ -54,12 +54,12 @@ fn beyond(key: &[u8], until: u64) -> bool {
 pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
     let now = inner.clock.now_ms();
     if inner.config.cluster.is_some() {
-        // Cluster mode: no shard is held yet; each is loaded when it is granted
-        // (`cluster.rs`). Failure-list retries go on the wheel, where the dispatcher leaves
-        // those of shards not held.
-        let (retries, unreadable) = resume_failure_retries(inner, now)?;
+        // Cluster mode: no shard is held yet; each is loaded when it is granted, its
+        // failure-list retries under way with it (`cluster.rs`). Armed now, the dispatcher
+        // would drop them all (no shard held) and they would stay `retrying` for good.
+        let (listed, unreadable) = resume_failure_retries(inner, now, false)?;
         tracing::info!(
-            retries,
+            retrying = listed,
             corrupt = unreadable,
             "cluster mode: ready; shards load as they are granted"
         );
@@ -71,7 +71,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
     let running = scan.running_ids.len();
     let mut corrupt = scan.corrupt;
     corrupt += resume_running(inner, scan.running_ids, now).await?;
-    let (retries, unreadable) = resume_failure_retries(inner, now)?;
+    let (retries, unreadable) = resume_failure_retries(inner, now, true)?;
     corrupt += unreadable;
     tracing::info!(
         pending = scan.pending,
@@ -206,9 +206,14 @@ pub(crate) async fn resume_running(
     Ok(corrupt)
 }
 
-/// Failure-list retries that were under way go on; counts the list. Returns (retries resumed,
-/// records that could not be read).
-fn resume_failure_retries(inner: &Arc<Inner>, now: u64) -> Result<(usize, usize), EngineError> {
+/// Failure-list retries that were under way go on (`arm`; in cluster mode they go on with
+/// their shards instead, `cluster.rs`); counts the list. Returns (retries under way, records
+/// that could not be read).
+fn resume_failure_retries(
+    inner: &Arc<Inner>,
+    now: u64,
+    arm: bool,
+) -> Result<(usize, usize), EngineError> {
     let (mut retries, mut corrupt) = (0usize, 0usize);
     let mut listed = 0u64;
     for item in inner.store.all_failures() {
@@ -218,7 +223,9 @@ fn resume_failure_retries(inner: &Arc<Inner>, now: u64) -> Result<(usize, usize)
         match item {
             Ok(f) if f.retrying => {
                 retries += 1;
-                inner.timer.at(Key::retry(&f.id), now);
+                if arm {
+                    inner.timer.at(Key::retry(&f.id), now);
+                }
             }
             Ok(_) => {}
             Err(e @ StoreError::Corrupt { .. }) => {

@@ -150,6 +150,20 @@ impl Backend for FaultyBackend {
         }
     }
 
+    /// Refused like a scan while reads fail.
+    fn shard_rows(&self, tree: TreeId, shard: u32) -> Result<Vec<Kv>, StoreError> {
+        match self.faults.read_fault() {
+            Some(e) => Err(e),
+            None => self.inner.shard_rows(tree, shard),
+        }
+    }
+
+    /// Never refused: a test fails the reads of the tasks taken out of the inbox, after the
+    /// inbox gave them (`tests/cluster_inbox_reads.rs`).
+    fn take_inbox(&self) -> Result<Vec<String>, StoreError> {
+        self.inner.take_inbox()
+    }
+
     fn memtable_bytes(&self) -> usize {
         self.inner.memtable_bytes()
     }

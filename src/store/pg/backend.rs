@@ -126,6 +126,11 @@ pub struct PgBackend {
     reads: AtomicU64,
     /// Cluster mode: this process's leases; every group is fenced on them (`fence.rs`).
     fence: Option<Arc<dyn Fence>>,
+    /// Task ids deleted from the inbox by a call that has not answered them yet: filled in
+    /// the transaction, before its `COMMIT`, and handed out by the next call that succeeds
+    /// ([`Backend::take_inbox`]). A call that ran past its deadline after its delete
+    /// committed left its ids here, not lost with their rows.
+    inbox_taken: Arc<Mutex<Vec<String>>>,
 }
 
 /// A failure inside the runtime, before it gets its context. `conn`: the connection failed
@@ -313,6 +318,7 @@ impl PgBackend {
             backoff: Mutex::new(Backoff::default()),
             reads: AtomicU64::new(0),
             fence: None,
+            inbox_taken: Arc::default(),
         };
         backend.shards = backend.migrate_on_open(cfg, opts.shards, &refused)?;
         Ok(backend)
@@ -1103,17 +1109,23 @@ impl Backend for PgBackend {
     }
 
     /// Fenced like a commit group: only rows of shards whose lease row still has the epoch
-    /// held are taken, so a stale owner never takes a new owner's notices.
+    /// held are taken, so a stale owner never takes a new owner's notices. The ids the
+    /// `DELETE … RETURNING` answered are kept in the backend before the `COMMIT`
+    /// (`inbox_taken`): a call that fails after that point (its deadline passed with the
+    /// `COMMIT` committed, its answer lost) hands them out with the next one, so an id taken
+    /// out of the inbox is never lost with its row. An id may come back twice (the `COMMIT`
+    /// did not commit, and its row is taken again): loading a task twice is a no-op.
     fn take_inbox(&self) -> Result<Vec<String>, StoreError> {
         let Some(fence) = &self.fence else {
             return Ok(Vec::new());
         };
         let held = fence.held();
         if held.is_empty() {
-            return Ok(Vec::new());
+            return Ok(std::mem::take(&mut *self.inbox_taken.lock()));
         }
         self.reads.fetch_add(1, Ordering::Relaxed);
         let pool = self.pool.clone();
+        let taken = self.inbox_taken.clone();
         self.run("read the inbox", async move {
             let mut client = pool.get().await?;
             let tx = client.transaction().await?;
@@ -1127,18 +1139,21 @@ impl Backend for PgBackend {
                 .prepare_cached("DELETE FROM herald_inbox WHERE shard = ANY($1) RETURNING task_id")
                 .await?;
             let rows = tx.query(&st, &[&ok]).await?;
-            let mut out = Vec::with_capacity(rows.len());
+            let mut ids: Vec<String> = Vec::with_capacity(rows.len());
             for r in rows {
-                out.push(r.try_get(0)?);
+                ids.push(r.try_get(0)?);
             }
+            // Kept before the COMMIT is sent: whatever becomes of this call, they go out.
+            taken.lock().extend(ids);
             // A COMMIT that got no answer may have deleted the rows: the ids go back either
             // way. Loading a task twice is a no-op; a notice lost here left its task unarmed
             // until its shard next moved (the nemesis' lost COMMIT reply, seed 21).
             if let Err(e) = tx.commit().await {
                 tracing::warn!(error = %e, "taking the inbox: the COMMIT failed; its tasks are loaded anyway");
             }
-            Ok(out)
-        })
+            Ok(())
+        })?;
+        Ok(std::mem::take(&mut *self.inbox_taken.lock()))
     }
 
     fn failing(&self) -> Option<String> {
