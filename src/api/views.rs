@@ -15,7 +15,8 @@ use crate::model::{
     format_duration_ms, Backoff, DstGap, DstPolicy, DstRepeat, Failure, Lang, Misfire, Overlap,
     Pacing, RetryPolicy, Run, RunState, Schedule, TaskState,
 };
-use crate::schedule::{describe_in, format_utc, next_fire_human, zone_of};
+use crate::schedule::recipient::next_fire_human;
+use crate::schedule::{describe_in, format_utc};
 
 fn instant(ms: Option<u64>) -> Value {
     ms.map(|m| json!(format_utc(m))).unwrap_or(Value::Null)
@@ -233,7 +234,7 @@ pub fn task_doc(
         next_fire_at: t.next_fire_at_ms.map(format_utc),
         next_fire_human: t
             .next_fire_at_ms
-            .map(|at| next_fire_human(at, now_ms, zone_of(&t.schedule), lang)),
+            .map(|at| next_fire_human(&t.schedule, &t.recipient_zones, at, now_ms, lang)),
         notify: t.notify.as_ref().map(|n| {
             json!({"channel": n.channel, "to": n.to,
                 "on": n.on.iter().map(|o| o.as_str()).collect::<Vec<_>>()})
@@ -467,7 +468,7 @@ mod tests {
             "description": describe_in(&t.schedule, t.lang),
             "lang": t.lang.as_str(),
             "next_fire_at": instant(t.next_fire_at_ms),
-            "next_fire_human": t.next_fire_at_ms.map(|at| next_fire_human(at, now_ms, zone_of(&t.schedule), t.lang)),
+            "next_fire_human": t.next_fire_at_ms.map(|at| next_fire_human(&t.schedule, &t.recipient_zones, at, now_ms, t.lang)),
             "runs": t.runs,
             "fires": { "handled": t.fires, "skipped": t.skipped, "expired": t.expired, "queued": t.queued.len() },
             "messages": t.message_count,

@@ -13,7 +13,9 @@ use crate::model::{
     delivery_key, Failure, InvalidTransition, Outcome, Overlap, Pacing, Run, RunState,
     TaskProgress, TaskSpec, TaskState,
 };
-use crate::schedule::misfire::{judge, judge_started, Decision, MISSED_LIST_MAX};
+use crate::schedule::misfire::{
+    judge_outage, judge_started, Decision, Rest, MISSED_COUNT_MAX, MISSED_LIST_MAX,
+};
 use crate::schedule::plan::may_run_more;
 use crate::schedule::{mark_fired_of, next_fire_of};
 
@@ -187,22 +189,22 @@ pub fn fire_with_grace(
     let mut started: Vec<Run> = Vec::new();
     let mut expired_recorded = 0usize;
     for d in decisions {
-        let run_no = progress.fires + 1;
+        let run_no = progress.fires.saturating_add(1);
         match d {
             Decision::Expire(t, why) => {
                 mark_fired_of(&spec.schedule, &mut progress, t);
                 progress.expired += 1;
                 if expired_recorded < EXPIRED_RECORDS_MAX {
                     expired_recorded += 1;
-                    not_started.push(Run::not_started(
-                        run_no,
-                        t,
-                        now,
-                        total,
-                        RunState::Expired,
-                        why,
-                    ));
+                    let state = RunState::Expired;
+                    not_started.push(Run::not_started(run_no, t, now, total, state, why));
                 }
+            }
+            Decision::SkipUnlisted(n) => {
+                // Fires of the outage beyond the listed ones: counted, not recorded (misfire.rs).
+                let n = u32::try_from(n).unwrap_or(u32::MAX);
+                progress.fires = progress.fires.saturating_add(n);
+                progress.skipped = progress.skipped.saturating_add(n);
             }
             Decision::Skip(t, why) => {
                 mark_fired_of(&spec.schedule, &mut progress, t);
@@ -246,8 +248,13 @@ pub fn fire_with_grace(
 }
 
 /// The fires a due time stands for, and what each leads to: just `due` when herald was
-/// watching then; else the fires missed while it was not (up to `MISSED_LIST_MAX`), judged by
-/// the misfire policy. Also returns how many were missed.
+/// watching then; else the fires missed while it was not, judged by the misfire policy as one
+/// outage. Also returns how many were missed.
+///
+/// A step lists at most `MISSED_LIST_MAX` fires. Expired ones are judged each on its own, so a
+/// long stretch of them is left to the next steps, each listing the next ones; but the fires
+/// within the grace are judged together, in one step: when they do not fit in its list, that
+/// list starts at the first of them and the rest are counted (`count_rest`), never listed.
 fn decide(
     spec: &TaskSpec,
     progress: &TaskProgress,
@@ -256,24 +263,110 @@ fn decide(
     watched_ms: u64,
     grace_ms: u64,
 ) -> (Vec<Decision>, usize) {
-    if due < watched_ms {
-        let mut missed = vec![due];
-        let mut probe = progress.clone();
-        mark_fired_of(&spec.schedule, &mut probe, due);
-        while missed.len() < MISSED_LIST_MAX {
-            match next_fire_of(spec, &probe, now) {
-                Some(n) if n < watched_ms => {
-                    missed.push(n);
-                    mark_fired_of(&spec.schedule, &mut probe, n);
-                }
-                _ => break,
-            }
-        }
-        let n = missed.len();
-        (judge(spec.misfire, grace_ms, &missed, watched_ms), n)
-    } else {
-        (vec![Decision::Run(due)], 0)
+    if due >= watched_ms {
+        return (vec![Decision::Run(due)], 0);
     }
+    let (mut missed, probe, more) = list_missed(spec, progress, due, now, watched_ms);
+    // Missed by more than the grace (misfire.rs: lateness up to `watched_ms`): expired.
+    let expire_before = watched_ms.saturating_sub(grace_ms);
+    let mut rest = None;
+    if let Some(next) = more {
+        let expired = missed.iter().take_while(|t| **t < expire_before).count();
+        if expired > 0 {
+            // The expired ones only: the next step lists the others from the first.
+            missed.truncate(expired);
+        } else {
+            let cap = MISSED_COUNT_MAX;
+            rest = Some(count_rest(spec, probe, next, now, watched_ms, cap));
+        }
+    }
+    let counted = rest.map_or(0, |r| usize::try_from(r.count).unwrap_or(usize::MAX));
+    let n = missed.len().saturating_add(counted);
+    let decisions = judge_outage(spec.misfire, grace_ms, &missed, rest, watched_ms);
+    (decisions, n)
+}
+
+/// The fires missed before `watched_ms` from `due` on, at most `MISSED_LIST_MAX`; the progress
+/// with them handled; and the next missed fire after them, if any.
+fn list_missed(
+    spec: &TaskSpec,
+    progress: &TaskProgress,
+    due: u64,
+    now: u64,
+    watched_ms: u64,
+) -> (Vec<u64>, TaskProgress, Option<u64>) {
+    let mut missed = vec![due];
+    let mut probe = progress.clone();
+    mark_fired_of(&spec.schedule, &mut probe, due);
+    loop {
+        match next_missed(spec, &probe, now, watched_ms) {
+            Some(n) if missed.len() < MISSED_LIST_MAX => {
+                missed.push(n);
+                mark_fired_of(&spec.schedule, &mut probe, n);
+            }
+            more => return (missed, probe, more),
+        }
+    }
+}
+
+/// The next fire after those `probe` has handled, if it was missed (due before `watched_ms`).
+fn next_missed(spec: &TaskSpec, probe: &TaskProgress, now: u64, watched_ms: u64) -> Option<u64> {
+    next_fire_of(spec, probe, now).filter(|n| *n < watched_ms)
+}
+
+/// The rest of an outage from `first`, a missed fire after the listed ones: counted one by one
+/// up to `cap`, then straight to the latest missed fire ([`latest_missed`]), the ones between
+/// skipped over uncounted (a bound on one step's work).
+fn count_rest(
+    spec: &TaskSpec,
+    mut probe: TaskProgress,
+    first: u64,
+    now: u64,
+    watched_ms: u64,
+    cap: u64,
+) -> Rest {
+    let mut rest = Rest {
+        count: 1,
+        last: first,
+    };
+    mark_fired_of(&spec.schedule, &mut probe, first);
+    while let Some(n) = next_missed(spec, &probe, now, watched_ms) {
+        rest.count = rest.count.saturating_add(1);
+        if rest.count > cap {
+            rest.last = latest_missed(spec, &mut probe, n, now, watched_ms);
+            break;
+        }
+        rest.last = n;
+        mark_fired_of(&spec.schedule, &mut probe, n);
+    }
+    rest
+}
+
+/// The latest fire due before `watched_ms`, `missed` being one, in ~40 searches whatever the
+/// schedule's frequency: a bisection over the instant the next fire is searched after (the
+/// next fire after `x` never decreases with `x`).
+fn latest_missed(
+    spec: &TaskSpec,
+    probe: &mut TaskProgress,
+    missed: u64,
+    now: u64,
+    watched_ms: u64,
+) -> u64 {
+    let mut after = |x: u64| {
+        probe.last_fire_ms = Some(x);
+        next_missed(spec, probe, now, watched_ms)
+    };
+    // A missed fire comes after `lo`, none after `hi`.
+    let (mut lo, mut hi) = (missed.saturating_sub(1), watched_ms.saturating_sub(1));
+    while hi.saturating_sub(lo) > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if after(mid).is_some() {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    after(lo).unwrap_or(missed)
 }
 
 /// Where a fire that is to run goes.
@@ -1377,5 +1470,115 @@ mod tests {
         // Trigger on a pending task starts a new run now.
         let tr = trigger(&s, &t, NOW + 7).unwrap();
         assert_eq!((tr.runs[0].run, tr.runs[0].scheduled_at_ms), (1, NOW + 7));
+    }
+
+    /// What the engine starts for `schedule`, created at `now`: each fire step's started
+    /// runs, the next one planned from the last (misfire judged as for a task created then).
+    fn started_by_the_engine(schedule: serde_json::Value, now: u64) -> Vec<u64> {
+        let (spec, mut progress) = crate::request::test_task(
+            serde_json::json!({"schedule": schedule, "to": ["a"], "body": "b"}),
+            now,
+        )
+        .split();
+        let mut started = Vec::new();
+        while let Some(due) = progress.next_fire_at_ms {
+            let p = fire(&spec, &progress, 0, due, due.max(now), now).unwrap();
+            started.extend(p.started.iter().map(|r| r.scheduled_at_ms));
+            progress = p.progress;
+        }
+        started
+    }
+
+    /// Review finding: reminders 30 and 25 minutes before an event 20 minutes away were both
+    /// previewed, while the engine folds the two past ones into one run (misfire fire_now).
+    #[test]
+    fn a_preview_shows_the_runs_the_engine_starts() {
+        use crate::schedule::preview::{preview, PreviewRequest};
+        let schedule = serde_json::json!({"reminders": {"event_at": "2026-12-01T00:20:00Z",
+            "before": ["30m", "25m", "5m"]}});
+        let req: PreviewRequest =
+            serde_json::from_value(serde_json::json!({"schedule": schedule.clone(), "n": 10}))
+                .unwrap();
+        let p = preview(req, NOW, &crate::model::Limits::default()).unwrap();
+        assert_eq!(p.fires, started_by_the_engine(schedule, NOW));
+        assert_eq!(p.fires, [NOW - 5 * 60_000, NOW + 15 * 60_000]);
+    }
+
+    /// A per-minute cron with a day's grace, last fired at NOW, herald back 1 200 minutes later:
+    /// fire steps as the engine takes them, each from the progress the last one left, its
+    /// runs still active. The runs started or queued, and the progress at the end.
+    fn catch_up(misfire: &str, overlap: &str) -> (Vec<u64>, TaskProgress) {
+        let (s, mut t) = task(serde_json::json!({"schedule": {"cron": "* * * * *"},
+            "misfire": misfire, "misfire_grace": "1d", "overlap": overlap,
+            "to": ["a"], "body": "b"}));
+        t.last_fire_ms = Some(NOW);
+        t.next_fire_at_ms = next_fire_of(&s, &t, NOW);
+        let watched = NOW + 1_200 * 60_000;
+        let (mut runs, mut active) = (Vec::new(), 0);
+        let mut steps = 0;
+        while let Some(due) = t.next_fire_at_ms.filter(|d| *d < watched) {
+            let queued_before = t.queued.len();
+            let p = fire(&s, &t, active, due, watched, watched).unwrap();
+            runs.extend(p.started.iter().map(|r| r.scheduled_at_ms));
+            runs.extend(p.progress.queued[queued_before..].iter().map(|q| q.1));
+            active += p.started.len();
+            t = p.progress;
+            steps += 1;
+            assert!(steps < 100, "catch-up does not end");
+        }
+        (runs, t)
+    }
+
+    /// Review finding: the outage was judged in chunks of 1 000 missed fires, so fire_now
+    /// started one run per chunk, fire_all replayed FIRE_ALL_MAX per chunk, and with overlap
+    /// skip the latest fire was recorded as an overlap.
+    #[test]
+    fn a_long_outage_is_judged_as_one() {
+        use crate::schedule::misfire::FIRE_ALL_MAX;
+        let latest = NOW + 1_199 * 60_000;
+        for overlap in ["queue", "allow", "skip"] {
+            let (runs, t) = catch_up("fire_now", overlap);
+            assert_eq!(runs, [latest], "overlap {overlap}");
+            assert_eq!((t.fires, t.runs, t.skipped), (1_199, 1, 1_198), "{overlap}");
+            assert_eq!(t.next_fire_at_ms, Some(latest + 60_000));
+        }
+        let (runs, t) = catch_up("fire_all", "queue");
+        let first: Vec<u64> = (1..=FIRE_ALL_MAX as u64)
+            .map(|i| NOW + i * 60_000)
+            .collect();
+        assert_eq!(runs, first, "the first {FIRE_ALL_MAX} of the outage, once");
+        assert_eq!((t.fires, t.skipped), (1_199, 1_199 - FIRE_ALL_MAX as u32));
+        let (runs, t) = catch_up("skip", "queue");
+        assert!(runs.is_empty());
+        assert_eq!((t.fires, t.skipped), (1_199, 1_199));
+    }
+
+    /// Beyond its count's bound the rest of an outage goes straight to its latest fire.
+    #[test]
+    fn the_rest_of_an_outage_is_counted_up_to_its_bound_then_skipped_over() {
+        let (s, mut t) = task(serde_json::json!({"schedule": {"cron": "* * * * *"},
+            "to": ["a"], "body": "b"}));
+        t.last_fire_ms = Some(NOW);
+        let watched = NOW + 1_200 * 60_000;
+        let first = NOW + 60_000;
+        let latest = watched - 60_000;
+        let all = count_rest(&s, t.clone(), first, watched, watched, 10_000);
+        assert_eq!((all.count, all.last), (1_199, latest));
+        let bounded = count_rest(&s, t.clone(), first, watched, watched, 10);
+        assert_eq!((bounded.count, bounded.last), (11, latest));
+        // The latest missed fire found from any missed one, itself included.
+        for from in [first, latest - 60_000, latest] {
+            assert_eq!(
+                latest_missed(&s, &mut t.clone(), from, watched, watched),
+                latest
+            );
+        }
+        // A one-shot has one fire: the search ends on it.
+        let (once, t) = task(serde_json::json!({"schedule": {"after": "0s"},
+            "to": ["a"], "body": "b"}));
+        assert_eq!(
+            latest_missed(&once, &mut t.clone(), NOW, watched, watched),
+            NOW
+        );
     }
 }

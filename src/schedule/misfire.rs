@@ -12,14 +12,34 @@
 //!   skipped ("coalesced"), so a long outage never turns into a burst of identical runs;
 //! - `skip`: none runs; all are recorded as skipped; the schedule continues with its next fire;
 //! - `fire_all`: every one runs, in order (bounded by [`FIRE_ALL_MAX`]; the excess is skipped).
+//!
+//! An outage is judged as one however long it is: fires beyond one step's list are counted
+//! ([`Rest`]), so fire_now still starts one run and fire_all at most [`FIRE_ALL_MAX`].
 
 use crate::model::{format_duration_ms, Misfire};
 
 /// Most missed fires `fire_all` replays; a bound so that catch-up after a long outage is finite.
 pub const FIRE_ALL_MAX: usize = 100;
 
-/// Most missed fires enumerated one by one after an outage; older ones are counted in one go.
+/// Most missed fires enumerated one by one after an outage (one fire step's list).
 pub const MISSED_LIST_MAX: usize = 1_000;
+
+/// Most missed fires counted one by one after the listed ones, when the fires within the grace
+/// do not fit in one list ([`Rest`]). A bound on one fire step's work: beyond it the engine goes
+/// straight to the latest missed fire, and the ones in between are skipped uncounted.
+pub const MISSED_COUNT_MAX: u64 = 10_000;
+
+const COALESCED: &str = "missed; coalesced into one run by misfire fire_now";
+const SKIPPED: &str = "missed; misfire policy is skip";
+
+/// The missed fires of an outage after the listed ones, all within the grace: how many (at
+/// least one) and the latest. Counted, never listed, so an outage of any length is judged as one
+/// (one fire_now run, at most [`FIRE_ALL_MAX`] fire_all runs) in bounded memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rest {
+    pub count: u64,
+    pub last: u64,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -29,10 +49,38 @@ pub enum Decision {
     Skip(u64, String),
     /// Record as expired, with the reason.
     Expire(u64, String),
+    /// Count this many fires (of a [`Rest`], before its last) as skipped, with no record each.
+    SkipUnlisted(u64),
 }
 
 /// Judges missed fires (ascending instants, all in the past) at `now_ms`.
 pub fn judge(policy: Misfire, grace_ms: u64, missed: &[u64], now_ms: u64) -> Vec<Decision> {
+    judge_outage(policy, grace_ms, missed, None, now_ms)
+}
+
+/// [`judge`], the outage going on past the listed fires with `rest`. Then the latest missed fire
+/// is the rest's: fire_now runs it (the listed fires are all coalesced), and fire_all runs the
+/// first [`FIRE_ALL_MAX`] within the grace, so callers list at least that many before a rest.
+pub fn judge_outage(
+    policy: Misfire,
+    grace_ms: u64,
+    missed: &[u64],
+    rest: Option<Rest>,
+    now_ms: u64,
+) -> Vec<Decision> {
+    let mut out = judge_listed(policy, grace_ms, missed, rest.is_none(), now_ms);
+    out.extend(rest.into_iter().flat_map(|r| judge_rest(policy, r)));
+    out
+}
+
+/// The decisions for the listed fires; `latest_listed`: the last of them is the outage's last.
+fn judge_listed(
+    policy: Misfire,
+    grace_ms: u64,
+    missed: &[u64],
+    latest_listed: bool,
+    now_ms: u64,
+) -> Vec<Decision> {
     let mut out = Vec::with_capacity(missed.len());
     let mut within = Vec::new();
     for &t in missed {
@@ -54,17 +102,18 @@ pub fn judge(policy: Misfire, grace_ms: u64, missed: &[u64], now_ms: u64) -> Vec
         Misfire::FireNow => {
             if let Some((&last, earlier)) = within.split_last() {
                 for &t in earlier {
-                    out.push(Decision::Skip(
-                        t,
-                        "missed; coalesced into one run by misfire fire_now".into(),
-                    ));
+                    out.push(Decision::Skip(t, COALESCED.into()));
                 }
-                out.push(Decision::Run(last));
+                out.push(if latest_listed {
+                    Decision::Run(last)
+                } else {
+                    Decision::Skip(last, COALESCED.into())
+                });
             }
         }
         Misfire::Skip => {
             for t in within {
-                out.push(Decision::Skip(t, "missed; misfire policy is skip".into()));
+                out.push(Decision::Skip(t, SKIPPED.into()));
             }
         }
         Misfire::FireAll => {
@@ -72,10 +121,7 @@ pub fn judge(policy: Misfire, grace_ms: u64, missed: &[u64], now_ms: u64) -> Vec
                 if i < FIRE_ALL_MAX {
                     out.push(Decision::Run(t));
                 } else {
-                    out.push(Decision::Skip(
-                        t,
-                        format!("missed; fire_all replays at most {FIRE_ALL_MAX} fires"),
-                    ));
+                    out.push(Decision::Skip(t, fire_all_excess()));
                 }
             }
         }
@@ -83,8 +129,28 @@ pub fn judge(policy: Misfire, grace_ms: u64, missed: &[u64], now_ms: u64) -> Vec
     // Keep the record in time order: expired fires are the oldest anyway, but be explicit.
     out.sort_by_key(|d| match d {
         Decision::Run(t) | Decision::Skip(t, _) | Decision::Expire(t, _) => *t,
+        Decision::SkipUnlisted(_) => 0,
     });
     out
+}
+
+/// The rest of an outage: all skipped, counted only, but its last fire (recorded), which runs
+/// for fire_now. fire_all has replayed its fires from the listed ones.
+fn judge_rest(policy: Misfire, r: Rest) -> Vec<Decision> {
+    let Some(before_last) = r.count.checked_sub(1) else {
+        return Vec::new();
+    };
+    let last = match policy {
+        Misfire::FireNow => Decision::Run(r.last),
+        Misfire::Skip => Decision::Skip(r.last, SKIPPED.into()),
+        Misfire::FireAll => Decision::Skip(r.last, fire_all_excess()),
+    };
+    let unlisted = (before_last > 0).then_some(Decision::SkipUnlisted(before_last));
+    unlisted.into_iter().chain([last]).collect()
+}
+
+fn fire_all_excess() -> String {
+    format!("missed; fire_all replays at most {FIRE_ALL_MAX} fires")
 }
 
 /// The grace of a run that had started (its first message armed, or waiting to be) when herald
@@ -125,6 +191,7 @@ mod tests {
                 Decision::Run(_) => 'R',
                 Decision::Skip(..) => 'S',
                 Decision::Expire(..) => 'E',
+                Decision::SkipUnlisted(_) => 'U',
             })
             .collect()
     }
@@ -176,6 +243,21 @@ mod tests {
         // Back before the instant: nothing was missed, however late the send then goes
         // (herald's own lateness is never an expiry).
         assert_eq!(judge_started(t, t + 60_000, t - 500, 1_000), None);
+    }
+
+    /// An outage longer than its list: its latest fire is the rest's, counted only.
+    #[test]
+    fn an_outage_past_its_list_is_judged_as_one() {
+        let rest = Some(Rest { count: 3, last: 10 });
+        let k = |p| kinds(&judge_outage(p, u64::MAX, &[1, 2], rest, 20));
+        assert_eq!(k(Misfire::FireNow), "SSUR");
+        assert_eq!(k(Misfire::Skip), "SSUS");
+        assert_eq!(k(Misfire::FireAll), "RRUS");
+        let one = Some(Rest { count: 1, last: 10 });
+        assert_eq!(
+            judge_outage(Misfire::FireNow, u64::MAX, &[1], one, 20),
+            [Decision::Skip(1, COALESCED.into()), Decision::Run(10)]
+        );
     }
 
     #[test]

@@ -8,8 +8,9 @@
 use chrono_tz::Tz;
 use serde::Deserialize;
 
-use super::{describe, describe_in, format_utc, mark_fired, next_fire, next_fire_human, zone_of};
-use crate::model::{Lang, Limits, Schedule};
+use super::misfire::{judge, Decision, MISSED_LIST_MAX};
+use super::{describe, describe_in, format_utc, mark_fired, next_fire, zone_of};
+use crate::model::{Lang, Limits, Schedule, Task};
 use crate::request::{
     Context, DstRequest, FieldError, MessageRequest, ScheduleRequest, TaskRequest,
 };
@@ -42,6 +43,8 @@ pub struct Preview {
     /// The zone local times are shown in (the schedule's, or UTC).
     pub tz: Tz,
     pub fires: Vec<u64>,
+    /// The zones of the task the preview stands for (one, UTC, in recipient time).
+    pub recipient_zones: Vec<String>,
 }
 
 impl Preview {
@@ -55,9 +58,10 @@ impl Preview {
     }
 
     /// A fire relative to the preview's `now` in the schedule's zone: "tomorrow at 09:00
-    /// (Asia/Shanghai)".
+    /// (Asia/Shanghai)"; in recipient time, the slot's wall time (recipient.rs).
     pub fn human(&self, ms: u64, lang: Lang) -> String {
-        next_fire_human(ms, self.now_ms, self.tz, lang)
+        let zones = &self.recipient_zones;
+        super::recipient::next_fire_human(&self.schedule, zones, ms, self.now_ms, lang)
     }
 
     /// An instant as RFC 3339 with the offset in force in the schedule's zone.
@@ -129,13 +133,11 @@ pub fn preview(req: PreviewRequest, now_ms: u64, limits: &Limits) -> Result<Prev
         limits,
         channel_exists: &|_| true,
     })?;
-    let mut fires = Vec::with_capacity(n as usize);
+    let mut fires = missed_runs(&mut task, now_ms);
+    fires.truncate(n as usize);
     let mut next = task.next_fire_at_ms;
-    while let Some(at) = next {
+    while let Some(at) = next.filter(|_| fires.len() < n as usize) {
         fires.push(at);
-        if fires.len() >= n as usize {
-            break;
-        }
         // As the engine does for each fire: it is handled, a run starts, the next is planned.
         mark_fired(&mut task, at);
         task.runs += 1;
@@ -146,8 +148,35 @@ pub fn preview(req: PreviewRequest, now_ms: u64, limits: &Limits) -> Result<Prev
         tz: zone_of(&task.schedule),
         fires,
         schedule: task.schedule,
+        recipient_zones: task.recipient_zones,
         now_ms,
     })
+}
+
+/// The fires of a task created at `now_ms` that are already past (reminders created late, an
+/// `at` within its grace): missed, so the engine judges them together by the task's misfire
+/// policy (`misfire::judge`, as its first fire step does), and only those it runs are shown.
+/// `task` is left as the engine leaves it: they are handled, the next fire planned.
+fn missed_runs(task: &mut Task, now_ms: u64) -> Vec<u64> {
+    let mut missed = Vec::new();
+    while let Some(at) = task.next_fire_at_ms.filter(|at| *at < now_ms) {
+        if missed.len() >= MISSED_LIST_MAX {
+            break;
+        }
+        missed.push(at);
+        mark_fired(task, at);
+        task.next_fire_at_ms = next_fire(task, now_ms);
+    }
+    let judged = judge(task.misfire, task.misfire_grace_ms, &missed, now_ms);
+    let runs: Vec<u64> = judged
+        .into_iter()
+        .filter_map(|d| match d {
+            Decision::Run(at) => Some(at),
+            _ => None,
+        })
+        .collect();
+    task.runs += runs.len() as u32;
+    runs
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@
 use chrono::{DateTime, NaiveDateTime};
 use chrono_tz::Tz;
 
-use crate::model::{DstGap, DstPolicy, DstRepeat, Schedule};
+use crate::model::{DstGap, DstPolicy, DstRepeat, Lang, Schedule};
 
 use super::cron::CronSchedule;
 use super::local::resolve_local;
@@ -50,16 +50,21 @@ pub fn wall_of(naive: NaiveDateTime) -> Option<u64> {
     u64::try_from(naive.and_utc().timestamp_millis()).ok()
 }
 
-/// The instant wall time `wall_ms` stands for in `zone` (never none: see the module's DST rule).
-pub fn instant_in(wall_ms: u64, zone: Tz, dst: DstPolicy) -> Option<u64> {
-    let policy = DstPolicy {
+/// The DST policy a task's `dst` comes to in recipient time (the module's rule: a message is
+/// never dropped, and is one send).
+pub fn message_dst(dst: DstPolicy) -> DstPolicy {
+    DstPolicy {
         gap: DstGap::Shift,
         repeat: match dst.repeat {
             DstRepeat::Last => DstRepeat::Last,
             DstRepeat::First | DstRepeat::Both => DstRepeat::First,
         },
-    };
-    resolve_local(naive(wall_ms)?, zone, policy)
+    }
+}
+
+/// The instant wall time `wall_ms` stands for in `zone` (never none: see the module's DST rule).
+pub fn instant_in(wall_ms: u64, zone: Tz, dst: DstPolicy) -> Option<u64> {
+    resolve_local(naive(wall_ms)?, zone, message_dst(dst))
         .first()
         .copied()
 }
@@ -148,6 +153,45 @@ pub fn message_due(schedule: &Schedule, zones: &[Tz], fire_ms: u64, tz: &str) ->
         _ => return None,
     };
     instant_in(slot_wall(schedule, zones, fire_ms)?, zone, dst)
+}
+
+/// When the run of `schedule` that fires at `at_ms` is, for people (a task's
+/// `next_fire_human`): in recipient time its slot's wall time, which each recipient has in
+/// their own zone, on its day where it comes first ("tomorrow at 09:00 (each recipient's local
+/// time)"); otherwise [`super::next_fire_human`] in the schedule's zone.
+pub fn next_fire_human(
+    schedule: &Schedule,
+    recipient_zones: &[String],
+    at_ms: u64,
+    now_ms: u64,
+    lang: Lang,
+) -> String {
+    slot_human(schedule, recipient_zones, at_ms, now_ms, lang)
+        .unwrap_or_else(|| super::next_fire_human(at_ms, now_ms, super::zone_of(schedule), lang))
+}
+
+fn slot_human(
+    schedule: &Schedule,
+    recipient_zones: &[String],
+    at_ms: u64,
+    now_ms: u64,
+    lang: Lang,
+) -> Option<String> {
+    let dst = match schedule {
+        Schedule::At { tz, dst, .. } | Schedule::Cron { tz, dst, .. }
+            if is_recipient(tz.as_deref()) =>
+        {
+            *dst
+        }
+        _ => return None,
+    };
+    let zones = parse_zones(recipient_zones);
+    let wall = slot_wall(schedule, &zones, at_ms)?;
+    let first = zones
+        .iter()
+        .copied()
+        .min_by_key(|z| instant_in(wall, *z, dst).unwrap_or(u64::MAX))?;
+    super::describe::slot_human(wall, now_ms, first, lang)
 }
 
 /// The distinct zones of a task's messages, parsed, in a stable order.

@@ -36,6 +36,10 @@ const MONTHS: [&str; 12] = [
     "December",
 ];
 
+/// What stands for the zone in recipient time: each message goes at the wall time in its
+/// recipient's zone.
+pub const RECIPIENT: &str = "each recipient's local time";
+
 /// " (Asia/Shanghai)".
 pub fn zone(name: &str) -> String {
     [" (", name, ")"].concat()

@@ -12,7 +12,16 @@ mod zh;
 use chrono_tz::Tz;
 
 use super::local::{format_local, format_utc, parse_tz};
+use super::recipient::{is_recipient, message_dst, slot_wall};
 use crate::model::{DstPolicy, Lang, Schedule};
+
+/// Where a schedule's wall times are read: in one zone, or each in its recipient's own
+/// (`"tz": "recipient"`), which no single zone's name says.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Place {
+    Zone(Tz),
+    Recipient,
+}
 
 /// The zone a schedule is read in (UTC for `after` and when none is given).
 pub fn zone_of(s: &Schedule) -> Tz {
@@ -28,6 +37,9 @@ pub fn zone_of(s: &Schedule) -> Tz {
 
 /// A sentence for a schedule in `lang`, e.g. "once at 2026-12-01 09:00 (Asia/Shanghai)".
 pub fn describe(schedule: &Schedule, lang: Lang) -> String {
+    if let Some(sentence) = describe_recipient(schedule, lang) {
+        return sentence;
+    }
     let tz = zone_of(schedule);
     // Chinese words a wall time's parts; English prints it as `format_local` does (and so
     // does Chinese, for an instant past chrono's range, which the horizon rules out).
@@ -62,7 +74,39 @@ pub fn describe(schedule: &Schedule, lang: Lang) -> String {
             None => en::reminders(before_ms, &format_local(*event_ms, tz)),
         },
     };
-    [body, zone(tz, lang)].concat()
+    [body, zone(Place::Zone(tz), lang)].concat()
+}
+
+/// A schedule in recipient time, in words: its wall time, with the DST policy its messages
+/// follow (`message_dst`), "each recipient's local time" where a zone would be. `None` for a
+/// schedule in a zone.
+fn describe_recipient(schedule: &Schedule, lang: Lang) -> Option<String> {
+    match schedule {
+        Schedule::Cron { cron, tz, dst, .. } if is_recipient(tz.as_deref()) => {
+            let normalized = normalized(cron);
+            let dst = message_dst(*dst);
+            let place = Place::Recipient;
+            Some(cron_words(normalized.as_deref(), cron, place, dst, lang))
+        }
+        Schedule::At { tz, .. } if is_recipient(tz.as_deref()) => {
+            // The `at` itself, a wall time (its `at_ms` is only where it comes first).
+            let wall = slot_wall(schedule, &[], 0)?;
+            let body = match (lang, human::local(wall, chrono_tz::UTC)) {
+                (Lang::Zh, Some(l)) => zh::once(&l),
+                _ => en::once(&format_local(wall, chrono_tz::UTC)),
+            };
+            Some([body, zone(Place::Recipient, lang)].concat())
+        }
+        _ => None,
+    }
+}
+
+/// croner's form of a cron expression (upper case, names as numbers), which `shape.rs` reads;
+/// parsed as `cron.rs` parses it (seconds optional). `None` if it does not parse.
+fn normalized(expr: &str) -> Option<String> {
+    use croner::parser::{CronParser, Seconds};
+    let parser = CronParser::builder().seconds(Seconds::Optional).build();
+    parser.parse(expr).ok().map(|c| c.as_str().to_string())
 }
 
 /// A cron schedule's sentence: `normalized` is croner's form of the expression (`None` when it
@@ -74,6 +118,17 @@ pub(super) fn cron_sentence(
     dst: DstPolicy,
     lang: Lang,
 ) -> String {
+    cron_words(normalized, expr, Place::Zone(tz), dst, lang)
+}
+
+/// [`cron_sentence`], its wall times read in `place`.
+fn cron_words(
+    normalized: Option<&str>,
+    expr: &str,
+    place: Place,
+    dst: DstPolicy,
+    lang: Lang,
+) -> String {
     let shape = normalized.and_then(shape::shape);
     let (body, policy) = match (lang, shape) {
         (Lang::En, Some(s)) => (en::cron(&s), en::dst(dst)),
@@ -81,13 +136,15 @@ pub(super) fn cron_sentence(
         (Lang::Zh, Some(s)) => (zh::cron(&s), zh::dst(dst)),
         (Lang::Zh, None) => (zh::cron_fallback(expr), zh::dst(dst)),
     };
-    [body, zone(tz, lang), policy].concat()
+    [body, zone(place, lang), policy].concat()
 }
 
-fn zone(tz: Tz, lang: Lang) -> String {
-    match lang {
-        Lang::En => en::zone(tz.name()),
-        Lang::Zh => zh::zone(tz.name()),
+fn zone(place: Place, lang: Lang) -> String {
+    match (place, lang) {
+        (Place::Zone(tz), Lang::En) => en::zone(tz.name()),
+        (Place::Zone(tz), Lang::Zh) => zh::zone(tz.name()),
+        (Place::Recipient, Lang::En) => en::zone(en::RECIPIENT),
+        (Place::Recipient, Lang::Zh) => zh::zone(zh::RECIPIENT),
     }
 }
 
@@ -95,12 +152,129 @@ fn zone(tz: Tz, lang: Lang) -> String {
 /// "明天上午 9:00（Asia/Shanghai）"; weekday names within the week, a date beyond.
 pub fn next_fire_human(at_ms: u64, now_ms: u64, tz: Tz, lang: Lang) -> String {
     let (Some(at), Some(now)) = (human::local(at_ms, tz), human::local(now_ms, tz)) else {
-        return [format_utc(at_ms), zone(tz, lang)].concat();
+        return [format_utc(at_ms), zone(Place::Zone(tz), lang)].concat();
     };
     let day = human::day(at.date, now.date);
     let text = match lang {
         Lang::En => en::relative(day, &at),
         Lang::Zh => zh::relative(day, &at, now.date),
     };
-    [text, zone(tz, lang)].concat()
+    [text, zone(Place::Zone(tz), lang)].concat()
+}
+
+/// [`next_fire_human`] of a slot in recipient time: its wall time `wall_ms`, which each
+/// recipient has in their own zone, on its day as seen at `now_ms` in `first` (the zone where
+/// the slot comes first): "tomorrow at 09:00 (each recipient's local time)".
+pub(super) fn slot_human(wall_ms: u64, now_ms: u64, first: Tz, lang: Lang) -> Option<String> {
+    let at = human::local(wall_ms, chrono_tz::UTC)?;
+    let now = human::local(now_ms, first)?;
+    let day = human::day(at.date, now.date);
+    let text = match lang {
+        Lang::En => en::relative(day, &at),
+        Lang::Zh => zh::relative(day, &at, now.date),
+    };
+    Some([text, zone(Place::Recipient, lang)].concat())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Task;
+
+    const NOW: u64 = 1_796_083_200_000; // 2026-12-01T00:00:00Z
+
+    fn task(schedule: serde_json::Value, zones: &[&str]) -> Task {
+        let messages: Vec<_> = zones
+            .iter()
+            .map(|z| serde_json::json!({"to": "a", "body": "b", "tz": z}))
+            .collect();
+        crate::request::test_task(
+            serde_json::json!({"schedule": schedule, "messages": messages}),
+            NOW,
+        )
+    }
+
+    /// Recipient time is each recipient's own zone, never UTC (review finding: "recipient"
+    /// was read as a zone, failed, and the sentence said UTC).
+    #[test]
+    fn a_cron_in_recipient_time_says_each_recipients_local_time() {
+        let t = task(
+            serde_json::json!({"cron": "0 9 * * *", "tz": "recipient"}),
+            &["Asia/Shanghai", "Europe/Berlin"],
+        );
+        assert_eq!(
+            describe(&t.schedule, Lang::En),
+            "every day at 09:00 (each recipient's local time)"
+        );
+        assert_eq!(
+            describe(&t.schedule, Lang::Zh),
+            "每天 09:00（收件人当地时间）"
+        );
+        // A gap is never skipped in recipient time: the policy said is the one messages follow.
+        let skip = task(
+            serde_json::json!({"cron": "0 9 * * 1-5", "tz": "recipient", "dst": {"gap": "skip"}}),
+            &["Asia/Shanghai"],
+        );
+        assert_eq!(
+            describe(&skip.schedule, Lang::En),
+            "every weekday at 09:00 (each recipient's local time)"
+        );
+    }
+
+    #[test]
+    fn an_at_in_recipient_time_says_its_wall_time() {
+        let t = task(
+            serde_json::json!({"at": "2026-12-02T09:00:00", "tz": "recipient"}),
+            &["Asia/Shanghai"],
+        );
+        // It comes first at 01:00Z (09:00 in Shanghai); the sentence says the wall time.
+        assert_eq!(t.next_fire_at_ms, Some(1_796_173_200_000));
+        assert_eq!(
+            describe(&t.schedule, Lang::En),
+            "once at 2026-12-02 09:00 (each recipient's local time)"
+        );
+        assert_eq!(
+            describe(&t.schedule, Lang::Zh),
+            "仅一次：2026年12月2日 09:00（收件人当地时间）"
+        );
+    }
+
+    #[test]
+    fn the_next_fire_in_recipient_time_says_its_wall_time() {
+        let human = |t: &Task, lang| {
+            let at = t.next_fire_at_ms.unwrap();
+            crate::schedule::recipient::next_fire_human(
+                &t.schedule,
+                &t.recipient_zones,
+                at,
+                NOW,
+                lang,
+            )
+        };
+        let at = task(
+            serde_json::json!({"at": "2026-12-02T09:00:00", "tz": "recipient"}),
+            &["Asia/Shanghai"],
+        );
+        assert_eq!(
+            human(&at, Lang::En),
+            "tomorrow at 09:00 (each recipient's local time)"
+        );
+        assert_eq!(human(&at, Lang::Zh), "明天上午 9:00（收件人当地时间）");
+        // A cron's next slot: 09:00 on 1 Dec in Shanghai (08:00 there now) is today there.
+        let cron = task(
+            serde_json::json!({"cron": "0 9 * * *", "tz": "recipient"}),
+            &["Asia/Shanghai", "America/New_York"],
+        );
+        assert_eq!(
+            human(&cron, Lang::En),
+            "today at 09:00 (each recipient's local time)"
+        );
+        assert_eq!(human(&cron, Lang::Zh), "今天上午 9:00（收件人当地时间）");
+        // A schedule in a zone is said in it, as before.
+        let zoned = task(
+            serde_json::json!({"cron": "0 9 * * *", "tz": "Asia/Shanghai"}),
+            &["Asia/Shanghai"],
+        );
+        assert_eq!(human(&zoned, Lang::En), "today at 09:00 (Asia/Shanghai)");
+    }
 }

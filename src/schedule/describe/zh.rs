@@ -17,6 +17,9 @@ fn day_name(d: usize) -> &'static str {
     WEEKDAYS.get(d % 7).copied().unwrap_or_default()
 }
 
+/// What stands for the zone in recipient time (en.rs's `RECIPIENT`).
+pub const RECIPIENT: &str = "收件人当地时间";
+
 /// "（Asia/Shanghai）": full-width parentheses, no space before.
 pub fn zone(name: &str) -> String {
     ["（", name, "）"].concat()
