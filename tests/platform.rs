@@ -336,6 +336,22 @@ concurrency = 16
     );
 }
 
+/// A `wecom-app` channel `app` on the fake platform at `base`, its secret from `CORP_SECRET`,
+/// with `extra` lines.
+fn wecom_app(base: &str, extra: &str) -> String {
+    format!(
+        r#"
+[channels.app]
+kind = "webhook"
+preset = "wecom-app"
+url = "{base}/cgi-bin/message/send?access_token={{{{ token | urlencode }}}}"
+token = {{ url = "{base}/cgi-bin/gettoken?corpid=c&corpsecret=${{CORP_SECRET}}" }}
+vars = {{ agentid = 7 }}
+{extra}
+"#
+    )
+}
+
 /// The channel's `timeout` bounds a platform attempt's requests all together: a slow token
 /// fetch and a refused token's refresh do not let one attempt send again long after it (the
 /// drain and cluster mode's wait for an inherited mark count on that bound).
@@ -356,17 +372,7 @@ async fn a_platform_attempt_keeps_to_the_channel_timeout_with_its_token_fetches(
     })
     .await;
     let base = fake.base_url();
-    let config = format!(
-        r#"
-[channels.app]
-kind = "webhook"
-preset = "wecom-app"
-url = "{base}/cgi-bin/message/send?access_token={{{{ token | urlencode }}}}"
-token = {{ url = "{base}/cgi-bin/gettoken?corpid=c&corpsecret=${{CORP_SECRET}}" }}
-vars = {{ agentid = 7 }}
-timeout = "1s"
-"#
-    );
+    let config = wecom_app(&base, "timeout = \"1s\"");
     let h = start_with_env(&config, &[("CORP_SECRET", "s")]).await;
     create(
         &h,
@@ -403,16 +409,7 @@ async fn wecom_app_token_endpoint_errors_are_shown_and_retried() {
     })
     .await;
     let base = fake.base_url();
-    let config = format!(
-        r#"
-[channels.app]
-kind = "webhook"
-preset = "wecom-app"
-url = "{base}/cgi-bin/message/send?access_token={{{{ token | urlencode }}}}"
-token = {{ url = "{base}/cgi-bin/gettoken?corpid=c&corpsecret=${{CORP_SECRET}}" }}
-vars = {{ agentid = 7 }}
-"#
-    );
+    let config = wecom_app(&base, "");
     let h = start_with_env(&config, &[("CORP_SECRET", "wrong-secret")]).await;
     create(
         &h,
