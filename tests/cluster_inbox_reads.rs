@@ -179,7 +179,7 @@ impl Fence for Held {
     fn epoch(&self, shard: u32) -> Option<u64> {
         self.0.iter().find(|(s, _)| *s == shard).map(|(_, e)| *e)
     }
-    fn lost(&self, _: u32) {}
+    fn lost(&self, _: u32, _: u64) {}
     fn held(&self) -> Vec<(u32, u64)> {
         self.0.clone()
     }

@@ -271,17 +271,8 @@ impl crate::store::pg::fence::Fence for Ownership {
         Ownership::epoch(self, shard)
     }
 
-    /// The trait names no epoch: the one held now is dropped ([`Ownership::lost_at`] drops
-    /// only a given one).
-    fn lost(&self, shard: u32) {
-        let held = self.leases.lock().owns(shard).map(|h| h.epoch);
-        match held {
-            Some(epoch) => self.lost_at(shard, epoch),
-            None => {
-                self.fence_rejected
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
+    fn lost(&self, shard: u32, epoch: u64) {
+        self.lost_at(shard, epoch);
     }
 
     fn held(&self) -> Vec<(u32, u64)> {

@@ -948,7 +948,7 @@ impl PgBackend {
                 group.push(ops);
             }
             let inbox = fences.iter().map(|f| f.inbox.clone()).collect();
-            let shards_of_group: Vec<u32> = epochs.iter().map(|(s, _)| *s).collect();
+            let group_epochs = epochs.clone();
             match self.commit_group(group, epochs, inbox) {
                 Ok(Ok(results)) => {
                     for (i, r) in idx.into_iter().zip(results) {
@@ -958,12 +958,12 @@ impl PgBackend {
                     }
                 }
                 Ok(Err((lost, jobs))) => {
-                    for s in &lost {
+                    for (s, e) in group_epochs.iter().filter(|(s, _)| lost.contains(s)) {
                         tracing::warn!(
                             shard = s,
                             "fenced: the shard was taken over; its writes are refused"
                         );
-                        fence.lost(*s);
+                        fence.lost(*s, *e);
                     }
                     for ((i, ops), f) in idx.into_iter().zip(jobs).zip(fences) {
                         match f.epochs.keys().find(|s| lost.contains(s)) {
@@ -980,8 +980,8 @@ impl PgBackend {
                     if matches!(e, StoreError::Unavailable(_)) || self.outage.lock().is_some() {
                         // The outcome may be unknown: nothing more is written to these
                         // shards at their epochs (HA.md "Fence every write").
-                        for s in shards_of_group {
-                            fence.lost(s);
+                        for (s, e) in &group_epochs {
+                            fence.lost(*s, *e);
                         }
                     }
                     return Err(e);

@@ -23,8 +23,10 @@ use crate::store::backend::{RawOp, TreeId};
 pub trait Fence: Send + Sync {
     /// The epoch `shard` is held at, if this process holds and trusts it now.
     fn epoch(&self, shard: u32) -> Option<u64>;
-    /// A fenced write found `shard` taken over (or its outcome unknown): stop acting on it.
-    fn lost(&self, shard: u32);
+    /// A fenced write at `epoch` found `shard` taken over (or its outcome unknown): stop acting
+    /// on it, if it is still held at that epoch (a grant made since, at a newer one, stands: a
+    /// late answer of an old group must not drop it).
+    fn lost(&self, shard: u32, epoch: u64);
     /// Every shard held and trusted now, with its epoch.
     fn held(&self) -> Vec<(u32, u64)>;
 }
@@ -109,8 +111,11 @@ mod tests {
         fn epoch(&self, shard: u32) -> Option<u64> {
             self.0.lock().get(&shard).copied()
         }
-        fn lost(&self, shard: u32) {
-            self.0.lock().remove(&shard);
+        fn lost(&self, shard: u32, epoch: u64) {
+            let mut held = self.0.lock();
+            if held.get(&shard) == Some(&epoch) {
+                held.remove(&shard);
+            }
         }
         fn held(&self) -> Vec<(u32, u64)> {
             self.0.lock().iter().map(|(s, e)| (*s, *e)).collect()
@@ -181,7 +186,13 @@ mod tests {
         let j = job_fence(&ops, 8, &f).unwrap();
         assert_eq!(j.epochs.len(), 1);
         assert!(j.inbox.is_empty());
-        f.lost(shard_of_task("new", 8));
+        f.lost(shard_of_task("new", 8), 2);
+        assert_eq!(
+            f.held().len(),
+            1,
+            "a loss at an older epoch keeps the grant"
+        );
+        f.lost(shard_of_task("new", 8), 3);
         assert!(f.held().is_empty());
     }
 }
