@@ -131,7 +131,8 @@ pub struct Knobs {
     /// Flushes of sled waiting on `block_sled_flush` right now.
     pub flushes_blocked: AtomicU64,
     /// While set, an atomic read (and a read of a prefix's last key) waits between its look at
-    /// the memtable and its reads of sled (where it holds no lock): a test moves layers into
+    /// the memtable and its reads of sled, and a sled fence being worked out waits after its
+    /// read of sled, before it is set (where none holds a lock): a test moves layers into
     /// sled, or a group through the memtable, meanwhile.
     pub hold_atomic_reads: AtomicBool,
     /// Atomic reads waiting on `hold_atomic_reads` right now.
@@ -194,7 +195,15 @@ const SPACE_POLL: Duration = Duration::from_millis(200);
 /// such as `morning-digest`: herald's begin with hex milliseconds, `019…` today) lifts the
 /// fence for good, and from then on herald's own new ids are read from sled as before. Speed
 /// only, never a wrong answer.
-type SledFences = [Option<Vec<u8>>; TREES];
+///
+/// A fence is worked out without this lock held (sled's read of its last key may wait on the
+/// disk): `changes` counts every raise and reset, and a fence worked out while it moved is
+/// worked out again, since a layer raised meanwhile may be in sled and not in it.
+#[derive(Default)]
+struct SledFences {
+    by_tree: [Option<Vec<u8>>; TREES],
+    changes: u64,
+}
 
 #[derive(Default)]
 struct Inbox {
@@ -518,8 +527,9 @@ impl Shared {
     /// Raises the fences over a layer about to be written into sled (see [`SledFences`]).
     fn raise_sled_fences(&self, layer: &Layer) {
         let mut fences = self.sled_fences.lock();
+        fences.changes += 1;
         for t in TreeId::ALL {
-            if let (Some(last), Some(f)) = (layer.last_key(t), t.of_mut(&mut fences)) {
+            if let (Some(last), Some(f)) = (layer.last_key(t), t.of_mut(&mut fences.by_tree)) {
                 if last > f.as_slice() {
                     *f = last.to_vec();
                 }
@@ -529,19 +539,32 @@ impl Shared {
 
     /// Whether `key` is above every key sled holds in `tree`, so a read of sled would miss.
     fn above_sled_fence(&self, tree: TreeId, key: &[u8]) -> Result<bool, StoreError> {
-        let mut fences = self.sled_fences.lock();
-        let slot = tree.of_mut(&mut fences);
-        let fence = match slot {
-            Some(f) => &*f,
-            None => slot.insert(self.sled_fence_now(tree)?),
-        };
-        Ok(key > fence.as_slice())
+        loop {
+            let changes = {
+                let mut fences = self.sled_fences.lock();
+                if let Some(f) = tree.of_mut(&mut fences.by_tree) {
+                    return Ok(key > f.as_slice());
+                }
+                fences.changes
+            };
+            let fresh = self.sled_fence_now(tree)?;
+            let mut fences = self.sled_fences.lock();
+            let moved = fences.changes != changes;
+            let slot = tree.of_mut(&mut fences.by_tree);
+            match slot {
+                Some(f) => return Ok(key > f.as_slice()),
+                None if !moved => return Ok(key > slot.insert(fresh).as_slice()),
+                // A layer was raised (or sled reset) while the fence was worked out.
+                None => continue,
+            }
+        }
     }
 
-    /// A fence worked out afresh: the last key of every layer, then sled's. A layer the
-    /// applier is writing now (its raise found the fence unknown) is still in the memtable,
-    /// and one dropped between the two reads is in sled by then: keys move from the memtable
-    /// to sled, never back. Every later layer raises the fence itself.
+    /// A fence worked out afresh, with no lock held across sled: the last key of every layer,
+    /// then sled's. A layer the applier is writing now (its raise found the fence unknown) is
+    /// still in the memtable, and one dropped between the two reads is in sled by then: keys
+    /// move from the memtable to sled, never back. A layer raised after the caller's look at
+    /// the fences changes their count, and the caller works the fence out again.
     fn sled_fence_now(&self, tree: TreeId) -> Result<Vec<u8>, StoreError> {
         let in_layers = {
             let m = self.mem.read();
@@ -552,6 +575,7 @@ impl Shared {
             .of(&self.hold()?.trees)
             .last()?
             .map(|(k, _)| k.to_vec());
+        self.knobs.atomic_read_gate();
         Ok(in_layers.max(in_sled).unwrap_or_default())
     }
 
@@ -961,7 +985,9 @@ impl SledBackend {
 
     /// sled was written behind the memtable's back: its fences are worked out again.
     pub fn written_directly(&self) {
-        *self.shared.sled_fences.lock() = Default::default();
+        let mut fences = self.shared.sled_fences.lock();
+        fences.by_tree = Default::default();
+        fences.changes += 1;
     }
 
     fn with<T>(&self, f: impl FnOnce(&SledInner) -> T) -> Result<T, StoreError> {

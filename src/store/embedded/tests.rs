@@ -695,3 +695,37 @@ fn a_last_key_read_holds_no_memtable_lock_while_it_reads_sled() {
     assert!(through, "a group waited for a read of sled to end");
     assert!(last.is_some_and(|(k, _)| k == b"a1" || k == b"a2"));
 }
+
+/// A sled fence is worked out without its lock (sled's read of its last key may wait on the
+/// disk): a layer going into sled meanwhile raises the fences (it takes their lock) and is not
+/// held up, and the fence worked out before that raise is worked out again, so the layer's
+/// keys are not taken for absent.
+#[test]
+fn a_fence_is_worked_out_without_its_lock_and_again_after_a_raise_meanwhile() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Arc::new(SledBackend::open(dir.path(), 8 << 20).unwrap());
+    commit(&b, vec![put(TreeId::Specs, "k1", "v")]);
+    settle(&b);
+    let knobs = b.knobs();
+    knobs.hold_atomic_reads.store(true, Ordering::SeqCst);
+    let reader = {
+        let b = b.clone();
+        std::thread::spawn(move || b.get(TreeId::Specs, b"a").unwrap())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while knobs.atomic_reads_held.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the fence was never worked out");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    commit(&b, vec![put(TreeId::Specs, "z9", "v")]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut drained = false;
+    while !drained && Instant::now() < deadline {
+        drained = b.memtable_bytes() == 0;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    knobs.hold_atomic_reads.store(false, Ordering::SeqCst);
+    assert_eq!(reader.join().unwrap(), None);
+    assert!(drained, "a layer waited for a fence being worked out");
+    assert_eq!(get(&b, TreeId::Specs, "z9").as_deref(), Some(&b"v"[..]));
+}
