@@ -154,7 +154,13 @@ async fn a_task_whose_read_failed_after_its_inbox_row_was_taken_is_read_again() 
     })
     .await
     .expect("a takes the inbox row and fails to read its task");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The kept id is read again (and refused again) while reads still fail.
+    let refused = faults.reads_refused.load(Ordering::SeqCst);
+    poll(Duration::from_secs(10), || async {
+        (faults.reads_refused.load(Ordering::SeqCst) > refused).then_some(())
+    })
+    .await
+    .expect("the kept id is read again");
     faults.fail_reads.store(false, Ordering::SeqCst);
 
     let out = dir.path().join("a.jsonl");
