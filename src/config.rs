@@ -765,6 +765,14 @@ impl Webhook<'_> {
         if !secrets.is_empty() && standard {
             Signer::new(&secrets).map_err(|e| invalid(key("secrets"), e))?;
         }
+        // A platform's signature (DingTalk, Feishu) with an empty secret fails every send at
+        // the platform: refused here, as Standard Webhooks' empty secret is.
+        if !standard && secrets.iter().any(String::is_empty) {
+            return Err(invalid(
+                key("secret"),
+                "is empty (is the environment variable it names set?): the platform's signature needs its secret",
+            ));
+        }
         let ca_certs = match &ca_file {
             Some(path) => crate::deliver::webhook::load_ca_file(path)
                 .map_err(|e| invalid(key("ca_file"), e))?,
@@ -1224,6 +1232,10 @@ secret = "${DT_SECRET}"
                 "channels.team.secret: required by sign = \"dingtalk\"",
             ),
             ("sign = \"md5\"", "channels.team.sign: unknown signer"),
+            (
+                "sign = \"dingtalk\"\nsecret = \"\"",
+                "channels.team.secret: is empty",
+            ),
             (
                 "token = { json = \"/access_token\" }",
                 "channels.team.token.url: required",
