@@ -26,6 +26,15 @@ fn commit(b: &SledBackend, ops: Vec<RawOp>) {
     b.sync().unwrap();
 }
 
+/// Waits (with a deadline) until a read is held at the knobs' gate; `what` says otherwise.
+fn until_held(knobs: &Knobs, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while knobs.atomic_reads_held.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn keys_of(it: KvIter<'_>) -> Vec<String> {
     it.map(|kv| String::from_utf8(kv.unwrap().0).unwrap())
         .collect()
@@ -570,11 +579,7 @@ fn an_atomic_read_is_one_point_in_time_while_layers_move_into_sled_under_it() {
             .unwrap()
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while knobs.atomic_reads_held.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the read never reached its gate");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    until_held(&knobs, "the read never reached its gate");
     commit(
         &b,
         vec![put(TreeId::Runs, "a", "3"), put(TreeId::Specs, "b", "3")],
@@ -675,11 +680,7 @@ fn a_last_key_read_holds_no_memtable_lock_while_it_reads_sled() {
         let b = b.clone();
         std::thread::spawn(move || b.last_with_prefix(TreeId::Runs, b"a").unwrap())
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while knobs.atomic_reads_held.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the read never reached sled");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    until_held(&knobs, "the read never reached sled");
     let (tx, rx) = std::sync::mpsc::channel();
     let writer = {
         let b = b.clone();
@@ -712,11 +713,7 @@ fn a_fence_is_worked_out_without_its_lock_and_again_after_a_raise_meanwhile() {
         let b = b.clone();
         std::thread::spawn(move || b.get(TreeId::Specs, b"a").unwrap())
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while knobs.atomic_reads_held.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the fence was never worked out");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    until_held(&knobs, "the fence was never worked out");
     commit(&b, vec![put(TreeId::Specs, "z9", "v")]);
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut drained = false;
