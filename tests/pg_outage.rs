@@ -17,14 +17,18 @@ use common::receiver::Receiver;
 use serde_json::json;
 
 fn spawn(url: &str, dir: &std::path::Path, hook: &str) -> Proc {
+    // Short: a statement to a dead server fails in seconds, not the default 30 s.
+    spawn_with_timeout(url, dir, hook, "3s")
+}
+
+fn spawn_with_timeout(url: &str, dir: &std::path::Path, hook: &str, timeout: &str) -> Proc {
     let config = write_config(
         dir,
         &format!("[channels.hook]\nkind = \"webhook\"\nurl = \"{hook}\"\n"),
     );
     let mut cmd = Proc::command(&config, &dir.join("data"));
     cmd.env("HERALD_STORE_URL", url)
-        // Short: a statement to a dead server fails in seconds, not the default 30 s.
-        .env("HERALD_STORE_STATEMENT_TIMEOUT", "3s");
+        .env("HERALD_STORE_STATEMENT_TIMEOUT", timeout);
     Proc::start(cmd)
 }
 
@@ -189,4 +193,86 @@ async fn a_database_crash_during_a_paced_sequence_sends_every_message_once() {
     }
     let seqs: Vec<u64> = first.iter().map(|(s, _)| *s).collect();
     assert_eq!(seqs, (0..N as u64).collect::<Vec<_>>(), "in order");
+}
+
+/// A stalled database (its processes stopped: statements hang with no answer) holds the
+/// commands that need it, not the runtime: with more such commands than herald has workers
+/// (each loads its idle task from the database), `/healthz` still answers at once; and every
+/// command answers once the server goes on. The commands' loads ran on the workers before:
+/// two of them held both, and nothing async ran until the statement timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_waiting_on_a_stalled_database_hold_no_worker() {
+    let Some(pg) = PgServer::start("commands_on_a_stalled_database") else {
+        return;
+    };
+    let url = pg.create_db("stall");
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    // Long: the stall must outlast the probes below by far.
+    let p = spawn_with_timeout(&url, dir.path(), &rx.url(), "30s");
+    let base = p.url.clone();
+    const N: usize = 6;
+    for i in 0..N {
+        let r = http::post_json(
+            &format!("{base}/v1/tasks"),
+            &json!({"id": format!("idle{i}"), "channel": "hook",
+                    "schedule": {"at": in_ms(3_600_000)}, "messages": [{"to": "a", "body": "x"}]}),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    pg.freeze();
+    let cancels: Vec<_> = (0..N)
+        .map(|i| {
+            let url = format!("{base}/v1/tasks/idle{i}/cancel");
+            tokio::spawn(async move { http::post_json(&url, &json!({})).await })
+        })
+        .collect();
+    // Probe for 3 s: every /healthz answers within a second while the cancels hang.
+    let end = Instant::now() + Duration::from_secs(3);
+    let mut probes = 0;
+    while Instant::now() < end {
+        let h = tokio::time::timeout(
+            Duration::from_secs(1),
+            http::get(&format!("{base}/healthz")),
+        )
+        .await;
+        pg_thaw_on_fail(
+            &pg,
+            h.is_ok(),
+            "/healthz did not answer within 1 s during the stall",
+        );
+        probes += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(probes >= 3, "{probes} probes");
+    let waiting = cancels.iter().all(|c| !c.is_finished());
+    pg_thaw_on_fail(
+        &pg,
+        waiting,
+        "the cancels did not wait for the stalled database",
+    );
+    pg.thaw();
+    for c in cancels {
+        let r = c.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    for i in 0..N {
+        wait_state(
+            &base,
+            &format!("idle{i}"),
+            "cancelled",
+            Duration::from_secs(10),
+        )
+        .await;
+    }
+}
+
+/// Lets the server go on before a failed check panics (a stopped server would outlive the
+/// test's cleanup).
+fn pg_thaw_on_fail(pg: &PgServer, ok: bool, what: &str) {
+    if !ok {
+        pg.thaw();
+        panic!("{what}");
+    }
 }

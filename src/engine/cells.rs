@@ -13,8 +13,9 @@ use std::sync::Arc;
 
 use tokio::sync::OwnedMutexGuard;
 
-use super::{EngineError, Inner, LiveState, LiveTask, Slot};
+use super::{offload, EngineError, Inner, LiveState, LiveTask, Slot};
 use crate::model::{RunState, TaskState};
+use crate::store::records::LiveEntry;
 
 /// The live map: every unfinished task by id, with its cell while it is loaded.
 ///
@@ -106,29 +107,62 @@ impl LiveMap {
     }
 }
 
-/// While the live index is still loading: takes over a task the loader has not reached yet,
-/// from its live entry on disk (its fire goes on the wheel now, and the loader will skip it).
-/// In cluster mode also a task of a held shard that another node created and whose inbox
-/// row has not been read yet (`cluster.rs`). False if the task is not live, or nothing is
-/// loading (alone), or its shard is not held (cluster mode).
-pub(crate) fn adopt(inner: &Inner, live: &mut LiveMap, id: &str) -> bool {
-    let cluster = inner.config.cluster.is_some();
-    if (live.loading.is_none() && !cluster) || live.contains_key(id) || !inner.owns(id) {
-        return false;
-    }
+/// While the live index is still loading: a task the loader has not reached yet is taken
+/// over from its live entry on disk (its fire goes on the wheel now, and the loader will skip
+/// it). In cluster mode also a task of a held shard that another node created and whose inbox
+/// row has not been read yet (`cluster.rs`). Whether `id`, not in the map, may be such a task:
+/// not while nothing loads (alone), nor when its shard is not held (cluster mode).
+pub(crate) fn may_adopt(inner: &Inner, live: &LiveMap, id: &str) -> bool {
+    (live.loading.is_some() || inner.config.cluster.is_some())
+        && !live.contains_key(id)
+        && inner.owns(id)
+}
+
+/// `id`'s live entry for an adoption, read without the map's lock (a round trip on
+/// PostgreSQL must not hold every worker off the map); `None` when the task is not live or its
+/// entry cannot be read (logged).
+fn live_entry(inner: &Inner, id: &str) -> Option<LiveEntry> {
     match inner.store.live_entry(id) {
-        Ok(Some(entry)) if !entry.state.is_terminal() => {
-            let id: Arc<str> = Arc::from(id);
-            super::arm::arm_entry(inner, &id, &entry);
-            live.claim(id, None);
-            true
-        }
-        Ok(_) => false,
+        Ok(Some(entry)) if !entry.state.is_terminal() => Some(entry),
+        Ok(_) => None,
         Err(e) => {
             tracing::error!(task = %id, error = %e, "live entry cannot be read");
-            false
+            None
         }
     }
+}
+
+/// Takes `id` over from `entry` ([`may_adopt`]), read before the map's lock was taken here:
+/// unless someone put it in the map meanwhile, or claimed it and it left again (finished:
+/// the loading set remembers every claim), or its shard went.
+fn adopt(inner: &Inner, id: &str, entry: Option<LiveEntry>) {
+    let Some(entry) = entry else {
+        return;
+    };
+    let mut live = inner.live.lock();
+    let claimed_before = live.loading.as_ref().is_some_and(|s| s.contains(id));
+    if may_adopt(inner, &live, id) && !claimed_before {
+        let id: Arc<str> = Arc::from(id);
+        super::arm::arm_entry(inner, &id, &entry);
+        live.claim(id, None);
+    }
+}
+
+/// [`adopt`] with the entry read off the workers when the store's reads can block.
+pub(crate) async fn adopt_off(inner: &Arc<Inner>, id: &str) -> Result<(), EngineError> {
+    let key = id.to_string();
+    let entry = offload::read(inner, move |i| Ok(live_entry(i, &key))).await?;
+    adopt(inner, id, entry);
+    Ok(())
+}
+
+/// Under the map's lock: the cell of a task in the map (`Some(Some)`), `Some(None)` for one
+/// that is not live, `None` when it may have to be adopted first.
+fn in_map(inner: &Inner, live: &mut LiveMap, id: &str) -> Option<Option<Found>> {
+    if may_adopt(inner, live, id) {
+        return None;
+    }
+    Some(live.cell_or_new(id))
 }
 
 /// A task's cell, locked and loaded.
@@ -235,7 +269,21 @@ pub(crate) fn release_all(inner: &Inner, ls: Vec<Locked>) {
 
 /// The cell of an unfinished task (made on demand), or `None` if the task is not live.
 pub(crate) fn cell_of(inner: &Inner, id: &str) -> Option<Found> {
-    cell_in(inner, &mut inner.live.lock(), id)
+    if let Some(found) = in_map(inner, &mut inner.live.lock(), id) {
+        return found;
+    }
+    adopt(inner, id, live_entry(inner, id));
+    inner.live.lock().cell_or_new(id)
+}
+
+/// [`cell_of`] from async code: an adoption's read is made off the workers when the store's
+/// reads can block.
+async fn cell_of_off(inner: &Arc<Inner>, id: &str) -> Result<Option<Found>, EngineError> {
+    if let Some(found) = in_map(inner, &mut inner.live.lock(), id) {
+        return Ok(found);
+    }
+    adopt_off(inner, id).await?;
+    Ok(inner.live.lock().cell_or_new(id))
 }
 
 /// A task's id as the live map holds it, and its cell.
@@ -261,13 +309,6 @@ pub(crate) fn cells_of<'a>(
         .collect()
 }
 
-fn cell_in(inner: &Inner, live: &mut LiveMap, id: &str) -> Option<Found> {
-    if !live.contains_key(id) && !adopt(inner, live, id) {
-        return None;
-    }
-    live.cell_or_new(id)
-}
-
 /// What [`lock`] found.
 pub(crate) enum Got {
     Ready(Locked),
@@ -286,7 +327,7 @@ pub(crate) enum Got {
 /// id) is a 503 to try again, not a "not live" that may be false.
 pub(crate) async fn lock(inner: &Arc<Inner>, id: &str) -> Result<Got, EngineError> {
     for _ in 0..LOCK_TRIES {
-        let Some((id, cell)) = cell_of(inner, id) else {
+        let Some((id, cell)) = cell_of_off(inner, id).await? else {
             return Ok(Got::Gone);
         };
         let guard = cell.clone().lock_owned().await;
@@ -296,7 +337,7 @@ pub(crate) async fn lock(inner: &Arc<Inner>, id: &str) -> Result<Got, EngineErro
             .cell(&id)
             .is_some_and(|c| Arc::ptr_eq(c, &cell));
         if current {
-            return loaded(inner, id, guard);
+            return loaded_off(inner, id, guard).await;
         }
     }
     Err(EngineError::Busy(format!(
@@ -312,7 +353,9 @@ const LOCK_TRIES: usize = 4;
 /// record (it has no active runs); if the command does not re-arm it, [`Locked::release`]
 /// takes it out again (finished). A task live already is locked the usual way.
 pub(crate) async fn lock_expired(inner: &Arc<Inner>, id: &str) -> Result<Got, EngineError> {
-    let Some(task) = inner.store.get_task(id)? else {
+    let key = id.to_string();
+    let read = offload::read(inner, move |i| Ok(i.store.get_task(&key)?)).await?;
+    let Some(task) = read else {
         return Ok(Got::Gone);
     };
     if task.state != TaskState::Expired {
@@ -365,6 +408,19 @@ pub(crate) fn try_lock_cell(
         Got::Park(l, why) => TryGot::Park(l, why),
         Got::Gone => TryGot::Gone,
     })
+}
+
+/// [`loaded`] from async code: a cell to load is loaded off the workers when the store's reads
+/// can block (`offload.rs`), its lock held meanwhile.
+async fn loaded_off(
+    inner: &Arc<Inner>,
+    id: Arc<str>,
+    guard: OwnedMutexGuard<Slot>,
+) -> Result<Got, EngineError> {
+    if !matches!(*guard, Slot::Unloaded(_)) {
+        return loaded(inner, id, guard);
+    }
+    offload::read(inner, move |i| loaded(i, id, guard)).await
 }
 
 /// A cell's guard, loaded from the store if it was not (see [`lock`]).
@@ -421,18 +477,22 @@ fn loaded(
 /// outcome will never be settled, so the step's retry must find it interrupted and send it
 /// again (same key), not take it for a send still out.
 pub(crate) async fn relock(
-    inner: &Inner,
+    inner: &Arc<Inner>,
     id: &Arc<str>,
     cell: Arc<LiveTask>,
     run: u32,
 ) -> Result<Option<Locked>, EngineError> {
     let mut guard = cell.lock_owned().await;
-    if let Slot::Unloaded(out) = &mut *guard {
-        match load(inner, id, out) {
+    if let Slot::Unloaded(out) = &*guard {
+        let (key, out) = (id.clone(), out.clone());
+        let read = offload::read(inner, move |i| load(i, &key, &out)).await;
+        match read {
             Ok(Some((st, _))) => *guard = Slot::Loaded(Box::new(st)),
             Ok(None) => return Ok(None),
             Err(e) => {
-                out.remove(&run);
+                if let Slot::Unloaded(out) = &mut *guard {
+                    out.remove(&run);
+                }
                 return Err(e);
             }
         }

@@ -9,7 +9,7 @@ use super::cells::Locked;
 use super::change::Change;
 use super::commit;
 use super::plan::{self, Refused};
-use super::{derive_state, Engine, EngineError, LiveState, TaskView};
+use super::{derive_state, offload, Engine, EngineError, LiveState, TaskView};
 use crate::model::timeline::TimelineKind;
 use crate::model::TaskState;
 use crate::request::{Context, FieldError, PatchRequest};
@@ -29,7 +29,8 @@ impl Engine {
         if let Some(l) = commit::lock(&self.inner, id).await? {
             return Ok(l);
         }
-        match self.inner.store.get_task(id)? {
+        let key = id.to_string();
+        match offload::read(&self.inner, move |i| Ok(i.store.get_task(&key)?)).await? {
             None => Err(EngineError::NotFound(format!("task {id:?}"))),
             // Expired: the one finished state a command may move (a new schedule, a trigger);
             // the plans refuse the others with 409 and the task leaves the live map again.
@@ -90,7 +91,7 @@ impl Engine {
         Ok(match view.run {
             Some(_) => view,
             None => TaskView {
-                run: self.inner.store.last_run(id)?,
+                run: self.last_run(id).await?,
                 ..view
             },
         })
@@ -106,7 +107,7 @@ impl Engine {
             let c = with_event(p.change(), TimelineKind::Paused, now);
             commit::apply(&this.inner, l, c).await?;
             tracing::info!(task = %id, trace_id = %crate::model::timeline::hex(&l.st().spec.trace()), "task paused");
-            Ok(this.view_of(l.st()))
+            Ok(this.view_of(l.st()).await)
         })
         .await
     }
@@ -122,7 +123,7 @@ impl Engine {
             let c = with_event(p.change(), TimelineKind::Resumed, now);
             commit::apply(&this.inner, l, c).await?;
             tracing::info!(task = %id, state = %l.st().progress.state, "task resumed");
-            Ok(this.view_of(l.st()))
+            Ok(this.view_of(l.st()).await)
         })
         .await
     }
@@ -144,7 +145,7 @@ impl Engine {
                 .collect();
             c.timeline.extend(plan::fire_events(&[], &started));
             commit::apply(&this.inner, l, c).await?;
-            Ok(this.view_of(l.st()))
+            Ok(this.view_of(l.st()).await)
         })
         .await
     }
@@ -203,7 +204,7 @@ impl Engine {
             commit::apply(&this.inner, l, change).await?;
             let st = l.st();
             tracing::info!(task = %id, next_fire_at = %crate::schedule::format_opt(st.progress.next_fire_at_ms), "task changed");
-            Ok(this.view_of(st))
+            Ok(this.view_of(st).await)
         })
         .await
     }
@@ -220,7 +221,8 @@ impl Engine {
             let now = this.inner.clock.now_ms();
             // The store keeps only the newest `[store] runs_max` runs: the progress says
             // whether a started run's record is gone (its slot then unknown).
-            let runs = this.inner.store.runs_of(id)?;
+            let key = id.to_string();
+            let runs = offload::read(&this.inner, move |i| Ok(i.store.runs_of(&key)?)).await?;
             let handled = Handled::of(&runs, &st.progress, now, super::herd::HERD_LEAD_MAX_MS);
             let slots = to_backfill(&st.spec, from, to, &handled).map_err(backfill_refused)?;
             let (p, numbers) = plan::backfill(&st.spec, &st.progress, st.runs.len(), &slots, now)
@@ -232,12 +234,19 @@ impl Engine {
         .await
     }
 
-    fn view_of(&self, st: &LiveState) -> TaskView {
+    /// The answer's view of a task just changed; with its last run read from the store when
+    /// none is active (off the workers on PostgreSQL: `offload.rs`).
+    async fn view_of(&self, st: &LiveState) -> TaskView {
         let mut v = st.view();
         if v.run.is_none() {
-            v.run = self.inner.store.last_run(&st.spec.id).ok().flatten();
+            v.run = self.last_run(&st.spec.id).await.ok().flatten();
         }
         v
+    }
+
+    async fn last_run(&self, id: &str) -> Result<Option<crate::model::Run>, EngineError> {
+        let id = id.to_string();
+        offload::read(&self.inner, move |i| Ok(i.store.last_run(&id)?)).await
     }
 }
 

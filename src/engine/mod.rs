@@ -21,6 +21,7 @@ mod failures;
 mod herd;
 mod marks;
 mod notify;
+mod offload;
 mod plan;
 mod prefetch;
 mod recovery;
@@ -566,6 +567,7 @@ impl Engine {
     ) -> Result<Created, EngineError> {
         let inner = &self.inner;
         self.check_storage()?;
+        let generated = req.id.is_none();
         let (task, messages) = inner.task_of(req)?;
         // Register the cell (locked) before the task is in the store, so that a cancel racing
         // with this create waits for it instead of missing it.
@@ -574,15 +576,15 @@ impl Engine {
             LiveState::new(task.clone(), BTreeMap::new()),
         ))));
         let guard = cell.clone().lock_owned().await;
-        let id_taken_live = claim_id(inner, &id, &cell).await?;
+        let id_taken_live = claim_id(inner, &id, &cell, generated).await?;
         let inserted = if id_taken_live {
             // Still check the key first: a replay of a create whose task is live is a 200.
             // Never insert here: the live cell may belong to a create still in progress.
-            match idem
-                .as_ref()
-                .map(|(k, _)| inner.store.idem_get(k))
-                .transpose()?
-            {
+            let key = idem.as_ref().map(|(k, _)| k.clone());
+            let read = offload::read(inner, move |i| {
+                Ok(key.map(|k| i.store.idem_get(&k)).transpose()?)
+            });
+            match read.await? {
                 Some(Some(rec)) => Inserted::KeyUsed(rec),
                 _ => Inserted::IdTaken,
             }
@@ -845,17 +847,26 @@ impl Engine {
 
 /// Claims `id` in the live map for a create with the (locked) `cell`: `false` when claimed,
 /// `true` when the id is taken by a live task (or a create of it that went through).
+///
+/// A task of this id that the background load (or, in cluster mode, the inbox) has not
+/// reached yet is live too: it is adopted first, its entry read without the map's lock
+/// (`cells::adopt_off`). Not for an id herald made (`generated`): none is on disk yet.
 async fn claim_id(
     inner: &Arc<Inner>,
     id: &Arc<str>,
     cell: &Arc<LiveTask>,
+    generated: bool,
 ) -> Result<bool, EngineError> {
     let mut waits = 0;
+    let mut looked = generated;
     loop {
+        if !looked && cells::may_adopt(inner, &inner.live.lock(), id) {
+            looked = true;
+            cells::adopt_off(inner, id).await?;
+        }
         let other = {
             let mut live = inner.live.lock();
-            // A task of this id the background load has not reached yet is live too.
-            if live.contains_key(id) || cells::adopt(inner, &mut live, id) {
+            if live.contains_key(id) {
                 live.cell(id).cloned()
             } else if live.len() >= inner.config.limits.live_tasks_max {
                 return Err(EngineError::Limit(format!(
@@ -884,7 +895,8 @@ async fn claim_id(
         }
         drop(c.lock().await);
         waits += 1;
-        if inner.store.task_exists(id)? {
+        let key = id.clone();
+        if offload::read(inner, move |i| Ok(i.store.task_exists(&key)?)).await? {
             return Ok(true);
         }
     }

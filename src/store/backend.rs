@@ -254,6 +254,13 @@ pub trait Backend: Send + Sync + 'static {
     fn read_round_trips(&self) -> u64 {
         0
     }
+    /// Whether a read can block its thread for long: a round trip to a server, up to its
+    /// statement timeout in an outage (PostgreSQL). Async callers then read on the blocking
+    /// pool (`engine/offload.rs`), not on a runtime worker; the default (an embedded store,
+    /// whose reads are memory or page cache) reads inline.
+    fn reads_block(&self) -> bool {
+        false
+    }
     /// Why the backend cannot work right now, when it knows before a group fails (a
     /// database whose last COMMIT is being read back); `None` by default.
     fn failing(&self) -> Option<String> {

@@ -527,6 +527,26 @@ impl Store {
         self.backend.read_round_trips()
     }
 
+    /// Whether a read can hold its thread for long ([`Backend::reads_block`]).
+    pub fn reads_block(&self) -> bool {
+        self.backend.reads_block()
+    }
+
+    /// A read made from async code on a runtime worker: when it can block (PostgreSQL), the
+    /// worker's other tasks move to another thread meanwhile (`block_in_place`), so a stalled
+    /// server holds this request only. Inline otherwise, and on a current-thread runtime
+    /// (tests), where `block_in_place` is not allowed.
+    fn read_in_place<T>(&self, read: impl FnOnce() -> T) -> T {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        let multi =
+            Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+        if self.reads_block() && multi {
+            tokio::task::block_in_place(read)
+        } else {
+            read()
+        }
+    }
+
     /// Bytes in the backend's write-behind memtable (durable, not yet in sled).
     pub fn memtable_bytes(&self) -> usize {
         self.backend.memtable_bytes()
@@ -624,7 +644,7 @@ impl Store {
             }) => Err(StoreError::OwnershipLost { shard }),
             Err(r) if r.tree == TreeId::Idem => {
                 let key = String::from_utf8_lossy(&r.key).into_owned();
-                match self.idem_get(&key)? {
+                match self.read_in_place(|| self.idem_get(&key))? {
                     Some(rec) => Ok(Inserted::KeyUsed(rec)),
                     // Gone in between (cannot happen today: keys are never deleted).
                     None => Ok(Inserted::IdTaken),

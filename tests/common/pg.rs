@@ -216,6 +216,49 @@ impl PgServer {
         );
     }
 
+    /// Stops every process of the server (SIGSTOP): connections stay open and statements hang
+    /// with no answer, as on a stalled host. [`Self::thaw`] lets them go on.
+    pub fn freeze(&self) {
+        self.signal_all(libc::SIGSTOP);
+    }
+
+    pub fn thaw(&self) {
+        self.signal_all(libc::SIGCONT);
+    }
+
+    /// `signal` to the postmaster (its pid is the first line of `postmaster.pid`) and to its
+    /// children (the backends, found by their parent in `/proc`).
+    fn signal_all(&self, signal: libc::c_int) {
+        let file = std::fs::read_to_string(self.data_dir().join("postmaster.pid"))
+            .expect("postmaster.pid");
+        let postmaster: libc::pid_t = file
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .expect("a pid on postmaster.pid's first line");
+        let mut pids = vec![postmaster];
+        for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<libc::pid_t>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+                continue;
+            };
+            // `pid (comm) state ppid ...`: the name may hold spaces, so read after its `)`.
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<libc::pid_t>().ok());
+            if ppid == Some(postmaster) {
+                pids.push(pid);
+            }
+        }
+        for pid in pids {
+            // SAFETY: kill(2) on the test's own server and its backends.
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
+
     pub fn start_again(&self) {
         assert!(self.pg_ctl_start(), "postgres did not start again");
     }

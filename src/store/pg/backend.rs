@@ -1160,6 +1160,11 @@ impl Backend for PgBackend {
         self.outage.lock().clone()
     }
 
+    /// Every read is a round trip, up to the statement timeout when the server stalls.
+    fn reads_block(&self) -> bool {
+        true
+    }
+
     fn get(&self, tree: TreeId, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         self.reads.fetch_add(1, Ordering::Relaxed);
         let pool = self.pool.clone();
