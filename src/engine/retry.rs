@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::commit::{self, RetryWheel};
 use super::plan::RetryPlan;
 use super::timer::Key;
-use super::{alerts, EngineError, Inner};
+use super::{alerts, offload, EngineError, Inner};
 use crate::deliver::{backoff, Admission};
 use crate::model::{Outcome, TimelineEvent};
 
@@ -23,7 +23,7 @@ pub(crate) async fn failure_retry(
     let id = &**failure_id;
     let key = Key::Retry(failure_id.clone());
     let guard = inner.failures_lock.lock().await;
-    let Some(mut f) = inner.store.get_failure(id)? else {
+    let Some(mut f) = read_failure(inner, id).await? else {
         return Ok(()); // dismissed
     };
     // An attempt of it is on its way (a retry asked for again while it was sent): its settle
@@ -32,7 +32,16 @@ pub(crate) async fn failure_retry(
         return Ok(());
     }
     let now = inner.clock.now_ms();
-    let task = inner.store.get_task(&f.task_id)?;
+    let (task_id, seq) = (f.task_id.clone(), f.seq);
+    let (task, msg) = offload::read(inner, move |i| {
+        let task = i.store.get_task(&task_id)?;
+        let msg = match task {
+            Some(_) => i.store.get_message(&task_id, seq)?,
+            None => None,
+        };
+        Ok((task, msg))
+    })
+    .await?;
     let channel = inner.channels.get(&f.channel).cloned();
     let (Some(task), Some(channel)) = (task, channel) else {
         f.retrying = false;
@@ -42,7 +51,7 @@ pub(crate) async fn failure_retry(
         );
         return save(inner, &f).await;
     };
-    let Some(msg) = inner.store.get_message(&f.task_id, f.seq)? else {
+    let Some(msg) = msg else {
         f.retrying = false;
         f.last_error = format!("retry impossible: the task no longer has message {}", f.seq);
         return save(inner, &f).await;
@@ -103,6 +112,15 @@ pub(crate) async fn failure_retry(
 /// send of the task starts after the answer). A live task's state is read under its lock, so
 /// a cancel or pause answered before this point is seen; a task not live is as the store
 /// read it (`stored`).
+/// A failure-list entry, read off the workers when the store's reads can block (`offload.rs`).
+async fn read_failure(
+    inner: &Arc<Inner>,
+    id: &str,
+) -> Result<Option<crate::model::Failure>, EngineError> {
+    let id = id.to_string();
+    offload::read(inner, move |i| Ok(i.store.get_failure(&id)?)).await
+}
+
 async fn stopped(
     inner: &Arc<Inner>,
     task_id: &str,
@@ -161,7 +179,7 @@ async fn settle(
 ) -> Result<(), EngineError> {
     let _guard = inner.failures_lock.lock().await;
     let now = inner.clock.now_ms();
-    let Some(f) = inner.store.get_failure(id)? else {
+    let Some(f) = read_failure(inner, id).await? else {
         return Ok(()); // dismissed while sending
     };
     let seed = inner.config.jitter_seed;

@@ -26,7 +26,7 @@ use super::change::{Change, WheelOp};
 use super::commit::{self, STORAGE_RETRY_MS};
 use super::plan::{self, Attempt};
 use super::timer::{Key, RunKey, StepGuard};
-use super::{alerts, retry, EngineError, Inner};
+use super::{alerts, offload, retry, EngineError, Inner};
 use crate::deliver::{backoff, Admission, Delivery};
 use crate::logsafe::Escaped;
 use crate::model::{Outcome, TaskSpec, TaskState};
@@ -215,7 +215,9 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineErr
         // Read already with the task when `prefetch.rs` loaded it.
         let read = matches!(&l.st().prefetched, Some((r, s, _)) if (*r, *s) == (run, seq));
         if !read {
-            if let Ok(Some(m)) = inner.store.get_message(&l.id, seq) {
+            let id = l.id.clone();
+            let got = offload::read(inner, move |i| Ok(i.store.get_message(&id, seq)?)).await;
+            if let Ok(Some(m)) = got {
                 l.st().prefetched = Some((run, seq, m));
             }
         }
@@ -462,7 +464,7 @@ pub(super) async fn prepare(
         return Ok(None);
     };
     let d = DueSend { key, seq, now };
-    let msg = message_of(inner, l, &d)?;
+    let msg = message_of(inner, l, &d).await?;
     let t = l.st().spec.clone();
     let channel = inner.channels.get(&t.channel).cloned();
     let Some(msg) = hold_for_time(inner, l, &d, &run, msg, channel.as_ref()).await? else {
@@ -542,7 +544,7 @@ async fn arm(
 
 /// The attempt's message: the one read when the run was armed ahead if it is this attempt's,
 /// else from the store. A cursor past the messages is a bug (the task is parked).
-fn message_of(
+async fn message_of(
     inner: &Arc<Inner>,
     l: &mut Locked,
     d: &DueSend<'_>,
@@ -555,8 +557,13 @@ fn message_of(
     };
     let msg = match prefetched {
         Some(m) => Some(m),
-        None => inner.store.get_message(&st.spec.id, seq)?,
+        None => {
+            // Off the workers on PostgreSQL (`offload.rs`).
+            let id = l.id.clone();
+            offload::read(inner, move |i| Ok(i.store.get_message(&id, seq)?)).await?
+        }
     };
+    let st = l.st();
     match msg {
         Some(m) if seq < st.spec.message_count => Ok(m),
         _ => Err(EngineError::Internal(format!(
