@@ -24,31 +24,59 @@ use super::table;
 /// No byte for this long (herald sends a keep-alive every 15 s) means the stream is dead.
 const IDLE_MAX: Duration = Duration::from_secs(45);
 
-/// Server-sent events read off a byte stream.
+/// Server-sent events cut out of the bytes as they come, whatever frames they come in.
+///
+/// The bytes are kept as bytes until an event's blank line has come: a frame may end inside a
+/// multi-byte UTF-8 character (a task named `每日提醒`), and decoding each frame by itself would
+/// turn both halves into U+FFFD. A `\n` byte never occurs inside a multi-byte character, so a
+/// block cut at `\n\n` holds whole characters only.
+#[derive(Default)]
+struct SseDecoder {
+    buf: Vec<u8>,
+}
+
+impl SseDecoder {
+    /// Adds the bytes of one frame.
+    fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+    }
+
+    /// The next complete event as (name, data), or `None` until more bytes have come.
+    fn next_event(&mut self) -> Option<(String, String)> {
+        while let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
+            let block: Vec<u8> = self.buf.drain(..end + 2).collect();
+            // Whole characters by construction; only bytes herald never sends are replaced.
+            let block = String::from_utf8_lossy(&block);
+            let mut name = String::from("message");
+            let mut data = Vec::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("event:") {
+                    name = v.trim().to_string();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push(v.strip_prefix(' ').unwrap_or(v).to_string());
+                }
+            }
+            if !data.is_empty() {
+                return Some((name, data.join("\n")));
+            }
+            // a comment (keep-alive) or a `retry:` line: on to the next block
+        }
+        None
+    }
+}
+
+/// Server-sent events read off a response body.
 struct Sse {
     body: Incoming,
-    buf: String,
+    decoder: SseDecoder,
 }
 
 impl Sse {
     /// The next event as (name, data), or `None` when the stream ended.
     async fn next(&mut self) -> Result<Option<(String, String)>, String> {
         loop {
-            if let Some(end) = self.buf.find("\n\n") {
-                let block: String = self.buf.drain(..end + 2).collect();
-                let mut name = String::from("message");
-                let mut data = Vec::new();
-                for line in block.lines() {
-                    if let Some(v) = line.strip_prefix("event:") {
-                        name = v.trim().to_string();
-                    } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push(v.strip_prefix(' ').unwrap_or(v).to_string());
-                    }
-                }
-                if data.is_empty() {
-                    continue; // a comment (keep-alive) or a `retry:` line
-                }
-                return Ok(Some((name, data.join("\n"))));
+            if let Some(event) = self.decoder.next_event() {
+                return Ok(Some(event));
             }
             let frame = match tokio::time::timeout(IDLE_MAX, self.body.frame()).await {
                 Err(_) => return Err(format!("no data for {}s", IDLE_MAX.as_secs())),
@@ -57,7 +85,7 @@ impl Sse {
                 Ok(Some(Ok(f))) => f,
             };
             if let Ok(data) = frame.into_data() {
-                self.buf.push_str(&String::from_utf8_lossy(&data));
+                self.decoder.push(&data);
             }
         }
     }
@@ -172,7 +200,7 @@ pub async fn watch(c: &Client, json: bool, id: &str) -> Result<(), CliError> {
     let body = c.stream(&format!("/v1/events?task={}", enc(id))).await?;
     let mut sse = Sse {
         body,
-        buf: String::new(),
+        decoder: SseDecoder::default(),
     };
     let mut bars = Bars::new(json);
     let lost = |e: String| CliError::Unreachable {
@@ -228,6 +256,62 @@ pub async fn watch(c: &Client, json: bool, id: &str) -> Result<(), CliError> {
                 outln!("{id} is {task_state}");
             }
             return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SseDecoder;
+
+    /// A frame boundary inside a character of a Chinese task name: the event comes out whole,
+    /// not with U+FFFD for the two halves.
+    #[test]
+    fn an_event_split_inside_a_character_decodes_whole() {
+        let event = "event: task\ndata: {\"id\":\"每日提醒\",\"state\":\"running\"}\n\n";
+        let bytes = event.as_bytes();
+        // `每` is 3 bytes (E6 AF 8F): cut after its first byte.
+        let cut = event.find('每').unwrap() + 1;
+        assert!(!event.is_char_boundary(cut));
+        let mut d = SseDecoder::default();
+        d.push(&bytes[..cut]);
+        assert_eq!(d.next_event(), None);
+        d.push(&bytes[cut..]);
+        assert_eq!(
+            d.next_event(),
+            Some((
+                "task".to_string(),
+                "{\"id\":\"每日提醒\",\"state\":\"running\"}".to_string()
+            ))
+        );
+        assert_eq!(d.next_event(), None);
+    }
+
+    /// Every cut of a stream (keep-alive, two events, one of them in Chinese) gives the same
+    /// events; a keep-alive gives none.
+    #[test]
+    fn every_cut_gives_the_same_events() {
+        let stream = "retry: 2000\n\nevent: ready\ndata: {}\n\n: keep-alive\n\nevent: progress\ndata: {\"msg\":\"提醒 · 日\"}\n\n";
+        let want = vec![
+            ("ready".to_string(), "{}".to_string()),
+            (
+                "progress".to_string(),
+                "{\"msg\":\"提醒 · 日\"}".to_string(),
+            ),
+        ];
+        let bytes = stream.as_bytes();
+        for a in 0..=bytes.len() {
+            for b in a..=bytes.len() {
+                let mut d = SseDecoder::default();
+                let mut got = Vec::new();
+                for part in [&bytes[..a], &bytes[a..b], &bytes[b..]] {
+                    d.push(part);
+                    while let Some(e) = d.next_event() {
+                        got.push(e);
+                    }
+                }
+                assert_eq!(got, want, "cut at {a} and {b}");
+            }
         }
     }
 }
