@@ -1428,6 +1428,21 @@ secret = "${DT_SECRET}"
         )
         .unwrap_err();
         assert!(e.to_string().starts_with("telemetry.otlp_endpoint:"), "{e}");
+        // An IPv6 literal without a port is taken as a host name or IPv4 address is; a
+        // malformed one is refused naming the key.
+        let c = Config::from_toml(
+            "[telemetry]\notlp_endpoint = \"http://[::1]/v1/traces\"",
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.otlp_endpoint.as_deref(), Some("http://[::1]/v1/traces"));
+        let e = Config::from_toml(
+            "[telemetry]\notlp_endpoint = \"http://[::1\"",
+            Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().starts_with("telemetry.otlp_endpoint:"), "{e}");
+        assert!(e.to_string().contains("closing ']'"), "{e}");
         // API.md's short variable.
         let env = |n: &str| (n == "HERALD_OTLP_ENDPOINT").then(|| "http://c:4318".to_string());
         let c = Config::load_with_env(None, Overrides::default(), &env).unwrap();

@@ -30,6 +30,8 @@ pub const QUEUE_SPANS: usize = 4_096;
 pub const BATCH_SPANS: usize = 512;
 /// How long a span may wait for its batch to fill.
 pub const BATCH_WAIT: Duration = Duration::from_millis(200);
+/// The port of an endpoint that names none: OTLP/HTTP's own.
+pub const DEFAULT_PORT: u16 = 4318;
 /// Connect, write and read bounds of one POST.
 pub const POST_TIMEOUT: Duration = Duration::from_secs(2);
 /// After a failed POST the thread waits this long before trying again (spans keep queueing,
@@ -200,17 +202,7 @@ impl Target {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, ""),
         };
-        let (host, port) = match authority.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
-                h,
-                p.parse::<u16>()
-                    .map_err(|_| format!("{e:?}: {p:?} is not a port"))?,
-            ),
-            _ => (authority, 4318),
-        };
-        if host.is_empty() {
-            return Err(format!("{e:?}: no host"));
-        }
+        let (host, port) = split_authority(e, authority)?;
         let path = path.trim_end_matches('/');
         let path = if path.ends_with("/v1/traces") {
             path.to_string()
@@ -218,14 +210,62 @@ impl Target {
             format!("{path}/v1/traces")
         };
         Ok(Target {
-            host: host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_string(),
+            host: host.to_string(),
             port,
             path,
         })
     }
+
+    /// `host:port` as a URL and a `Host` header write it: an IPv6 address in brackets.
+    fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// An endpoint's authority as (host, port): `host`, `host:port`, `[v6]` or `[v6]:port`, the
+/// port [`DEFAULT_PORT`] when none is given; an IPv6 address without its brackets is refused
+/// (`::1:4318` cannot say where the address ends). `e` is the whole endpoint, for the errors.
+fn split_authority<'a>(e: &str, authority: &'a str) -> Result<(&'a str, u16), String> {
+    let port = |p: &str| {
+        p.parse::<u16>()
+            .map_err(|_| format!("{e:?}: {p:?} is not a port"))
+    };
+    if let Some(inner) = authority.strip_prefix('[') {
+        let (ip, after) = inner
+            .split_once(']')
+            .ok_or_else(|| format!("{e:?}: the IPv6 address has no closing ']'"))?;
+        if ip.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!("{e:?}: {ip:?} is not an IPv6 address"));
+        }
+        let port = match after {
+            "" => DEFAULT_PORT,
+            _ => match after.strip_prefix(':') {
+                Some(p) => port(p)?,
+                None => return Err(format!("{e:?}: expected :port after ']', not {after:?}")),
+            },
+        };
+        return Ok((ip, port));
+    }
+    let (host, port) = match authority.split_once(':') {
+        Some((_, p)) if p.contains(':') => {
+            return Err(format!(
+                "{e:?}: an IPv6 address goes in brackets, e.g. http://[::1]:{DEFAULT_PORT}"
+            ))
+        }
+        Some((h, p)) => (h, port(p)?),
+        None => (authority, DEFAULT_PORT),
+    };
+    if host.is_empty() {
+        return Err(format!("{e:?}: no host"));
+    }
+    if host.contains(['[', ']']) {
+        return Err(format!("{e:?}: {host:?} is not a host"));
+    }
+    Ok((host, port))
 }
 
 /// The exporter thread: batches, POSTs, pauses after a failure; ends when every sender is gone.
@@ -255,7 +295,7 @@ fn run(target: Target, rx: crossbeam_channel::Receiver<Span>, stats: Arc<ExportS
                 stats.failed_posts.fetch_add(1, Ordering::Relaxed);
                 // One line a minute at most: a collector that is down is not news every second.
                 if warned_at.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
-                    tracing::warn!(endpoint = %format!("http://{}:{}{}", target.host, target.port, target.path),
+                    tracing::warn!(endpoint = %format!("http://{}{}", target.authority(), target.path),
                         error = %why, spans = n, "OTLP export failed; spans dropped");
                     warned_at = Some(Instant::now());
                 }
@@ -277,11 +317,7 @@ fn post(t: &Target, body: &[u8]) -> Result<(), String> {
     s.set_write_timeout(Some(POST_TIMEOUT))
         .and_then(|_| s.set_read_timeout(Some(POST_TIMEOUT)))
         .map_err(|e| e.to_string())?;
-    let host = if t.host.contains(':') {
-        format!("[{}]:{}", t.host, t.port)
-    } else {
-        format!("{}:{}", t.host, t.port)
-    };
+    let host = t.authority();
     let head = format!(
         "POST {} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\nUser-Agent: herald\r\n\r\n",
         t.path,
@@ -396,6 +432,60 @@ mod tests {
             .contains("https"));
         assert!(check_endpoint("http://x:port").is_err());
         assert!(check_endpoint("http://:1").is_err());
+    }
+
+    /// An IPv6 literal with no port gets the default port, as a host name or IPv4 address
+    /// does; the `Host` header and logs bracket it again.
+    #[test]
+    fn ipv6_endpoints_without_a_port_take_the_default_port() {
+        let parts = |e: &str| {
+            let t = Target::parse(e).unwrap_or_else(|m| panic!("{e}: {m}"));
+            (t.host.clone(), t.port, t.path.clone(), t.authority())
+        };
+        let v6 = |port: u16, path: &str| {
+            (
+                "::1".to_string(),
+                port,
+                path.to_string(),
+                format!("[::1]:{port}"),
+            )
+        };
+        assert_eq!(parts("http://[::1]/v1/traces"), v6(4318, "/v1/traces"));
+        assert_eq!(parts("http://[::1]"), v6(4318, "/v1/traces"));
+        assert_eq!(parts("http://[::1]/"), v6(4318, "/v1/traces"));
+        assert_eq!(parts("http://[::1]:4319/otlp"), v6(4319, "/otlp/v1/traces"));
+        let t = Target::parse("http://[2001:db8::8]/x").unwrap();
+        assert_eq!((t.host.as_str(), t.port), ("2001:db8::8", DEFAULT_PORT));
+        // The same default as a host name and an IPv4 address.
+        assert_eq!(
+            Target::parse("http://collector").unwrap().port,
+            DEFAULT_PORT
+        );
+        assert_eq!(
+            Target::parse("http://10.0.0.1/").unwrap().port,
+            DEFAULT_PORT
+        );
+    }
+
+    /// Malformed IPv6 endpoints are refused, each with what is wrong.
+    #[test]
+    fn malformed_ipv6_endpoints_are_refused_with_a_reason() {
+        let err = |e: &str| check_endpoint(e).expect_err(e);
+        assert!(
+            err("http://::1").contains("brackets"),
+            "{}",
+            err("http://::1")
+        );
+        assert!(err("http://::1:4318/v1/traces").contains("brackets"));
+        assert!(err("http://[::1").contains("closing ']'"));
+        assert!(err("http://[::1/v1/traces").contains("closing ']'"));
+        assert!(err("http://[::g]").contains("not an IPv6 address"));
+        assert!(err("http://[]:4318").contains("not an IPv6 address"));
+        assert!(err("http://[::1]4318").contains("expected :port"));
+        assert!(err("http://[::1]:port").contains("not a port"));
+        assert!(err("http://[::1]:").contains("not a port"));
+        assert!(err("http://::1]").contains("brackets"));
+        assert!(err("http://a]").contains("not a host"));
     }
 
     #[test]
