@@ -191,3 +191,61 @@ async fn a_cancelled_task_is_deleted_only_after_its_last_send_is_settled() {
     assert_eq!(http::get(&h.url("/v1/tasks/s/runs")).await.status, 404);
     assert_eq!(http::get(&h.url("/v1/tasks/s/timeline")).await.status, 404);
 }
+
+/// A failure-list retry that waits for a free slot of its channel (`concurrency = 1`, held by
+/// a slow send) does not go once its task's cancel has been answered meanwhile: it looked at
+/// the task before its wait, so it looks again after it. The entry stays, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_retry_waiting_for_a_channel_slot_does_not_go_after_a_cancel() {
+    use common::herald::{poll, wait_state};
+    use common::receiver::Behavior;
+    let rx = Receiver::start().await;
+    rx.script_key("victim:1:0", vec![Behavior::Status(400)]);
+    let h = TestHerald::start(&webhook_channel("hook", &rx.url(), "concurrency = 1")).await;
+    // Two messages 10 minutes apart: the first fails for good, the task stays running.
+    let r = http::post_json(
+        &h.url("/v1/tasks"),
+        &json!({"id": "victim", "channel": "hook", "schedule": {"after": "0s"},
+                "to": ["a", "b"], "body": "x", "pacing": {"interval": "10m"}}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let entry = || async {
+        let r = http::get(&h.url("/v1/failures?task=victim")).await;
+        r.json()["failures"].as_array()?.first().cloned()
+    };
+    poll(Duration::from_secs(10), entry)
+        .await
+        .expect("the first message is on the failure list");
+    rx.set_default(Behavior::Slow(Duration::from_millis(1_500)));
+    let r = http::post_json(
+        &h.url("/v1/tasks"),
+        &json!({"id": "hold", "channel": "hook", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    rx.wait_for(2, Duration::from_secs(10)).await;
+    let r = http::request("POST", &h.url("/v1/failures/victim:1:0/retry"), &[], None).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let r = http::request("POST", &h.url("/v1/tasks/victim/cancel"), &[], None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_state(&h.url(""), "hold", "completed", Duration::from_secs(10)).await;
+    let entry = poll(Duration::from_secs(10), || async {
+        let v = entry().await?;
+        (v["retrying"] == false).then_some(v)
+    })
+    .await
+    .expect("the retry stopped");
+    assert!(
+        entry["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cancelled")),
+        "{entry}"
+    );
+    let sent = rx
+        .requests()
+        .iter()
+        .filter(|r| r.idempotency_key() == Some("victim:1:0"))
+        .count();
+    assert_eq!(sent, 1, "the retry went after the cancel was answered");
+}

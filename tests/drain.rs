@@ -140,3 +140,56 @@ async fn a_second_signal_exits_at_once() {
     // Far less than the 10 minute drain: the second signal cut it short.
     assert_eq!(p.wait_exit(Duration::from_secs(30)).await, Some(130));
 }
+
+/// A send that waits for a free slot of its channel (`concurrency = 1`, the slot held by a
+/// slow send) when SIGTERM comes does not start after it: the drain waits for the send in
+/// flight only, and the next boot sends the other two, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_starts_no_send_waiting_for_a_channel_slot() {
+    let rx = Receiver::start().await;
+    for id in ["w1", "w2", "w3"] {
+        rx.script_key(
+            &format!("{id}:1:0"),
+            vec![Behavior::Slow(Duration::from_millis(1500))],
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let channel = webhook_channel("hook", &rx.url(), "timeout = \"60s\"\nconcurrency = 1");
+    let cfg = write_config(
+        dir.path(),
+        &format!("shutdown_timeout = \"30s\"\n{channel}"),
+    );
+    let mut p = Proc::spawn(&cfg, &data);
+    for id in ["w1", "w2", "w3"] {
+        create_one(&p, id).await;
+    }
+    rx.wait_for(1, Duration::from_secs(20)).await;
+    // All three armed (their in-flight marks written): one sending, two waiting for the slot.
+    for id in ["w1", "w2", "w3"] {
+        let url = format!("{}/v1/tasks/{id}", p.url);
+        let armed = poll(Duration::from_secs(10), || {
+            let url = url.clone();
+            async move {
+                let v = http::get(&url).await.json();
+                (v["progress"]["in_flight"] == 1).then_some(())
+            }
+        })
+        .await;
+        assert!(armed.is_some(), "{id} was not armed");
+    }
+    assert_eq!(rx.count(), 1, "the slot lets one send out at a time");
+    p.signal(libc::SIGTERM);
+    assert_eq!(p.wait_exit(Duration::from_secs(30)).await, Some(0));
+    assert_eq!(
+        rx.count(),
+        1,
+        "a send that waited for the slot started after SIGTERM"
+    );
+
+    let p = Proc::spawn(&cfg, &data);
+    for id in ["w1", "w2", "w3"] {
+        wait_state(&p.url, id, "completed", Duration::from_secs(30)).await;
+    }
+    assert_eq!(rx.count(), 3, "each message once across the restart");
+}

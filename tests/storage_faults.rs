@@ -655,3 +655,44 @@ async fn the_index_load_goes_on_once_the_store_can_be_read_again() {
     want.sort();
     assert_eq!(sent, want, "every task sent once");
 }
+
+/// A task read back after a failed write whose run records cannot be read right now (the
+/// store failing: an I/O error, a database outage) stays live and is read again once they
+/// can: it was parked `failed` for good, its sequence never finished.
+#[tokio::test]
+async fn a_task_whose_runs_cannot_be_read_for_a_moment_is_read_again_not_failed() {
+    let r = rig().await;
+    r.create(
+        json!({"id": "seq", "channel": "out", "schedule": {"after": "1s"},
+        "to": ["0","1","2","3","4","5"], "body": "x", "pacing": {"interval": "1s"}}),
+    )
+    .await
+    .unwrap();
+    r.run_until(T0 + 2_500).await;
+    assert_eq!(seqs(&r.sent()), [0, 1]);
+    // Message 2's settle fails: the task is unloaded, to be read back from disk; and the
+    // runs' index cannot be scanned for a while.
+    *r.faults.fail_scans_of.lock() = Some(herald::store::backend::TreeId::Active);
+    r.faults.fail_after(1);
+    r.run_until(T0 + 6_000).await;
+    r.faults.set(false, false);
+    r.run_until(T0 + 10_000).await;
+    let refused = r
+        .faults
+        .reads_refused
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        refused > 0,
+        "the task was read back while its runs could not be"
+    );
+    *r.faults.fail_scans_of.lock() = None;
+    r.run_until(T0 + 30_000).await;
+    let v = r.engine.get("seq").unwrap().expect("the task");
+    assert_eq!(
+        v.task.state,
+        herald::model::TaskState::Completed,
+        "{:?}",
+        v.task.failed_reason
+    );
+    assert_eq!(seqs(&r.sent()), [0, 1, 2, 2, 3, 4, 5]);
+}

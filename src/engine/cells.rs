@@ -540,6 +540,10 @@ pub(crate) fn load_task(
         inner.store.active_runs_of(id)
     } {
         Ok(r) => r,
+        // The store failing right now (a database outage, an I/O error, a reopen) says
+        // nothing about the records: the caller keeps the task unloaded and tries again
+        // (`loaded`), as for the task's own read. Parking it `failed` lost it for good.
+        Err(e) if e.is_storage() => return Err(EngineError::Store(e)),
         Err(e) => {
             let reason = format!("its run records cannot be read: {e}");
             return Ok(Some((LiveState::new(task, BTreeMap::new()), Some(reason))));

@@ -31,41 +31,20 @@ pub(crate) async fn failure_retry(
     if !f.retrying || inner.failure_sends.contains(failure_id) {
         return Ok(());
     }
+    let Some((task, channel, msg)) = inputs(inner, &mut f).await? else {
+        return Ok(());
+    };
     let now = inner.clock.now_ms();
-    let (task_id, seq) = (f.task_id.clone(), f.seq);
-    let (task, msg) = offload::read(inner, move |i| {
-        let task = i.store.get_task(&task_id)?;
-        let msg = match task {
-            Some(_) => i.store.get_message(&task_id, seq)?,
-            None => None,
-        };
-        Ok((task, msg))
-    })
-    .await?;
-    let channel = inner.channels.get(&f.channel).cloned();
-    let (Some(task), Some(channel)) = (task, channel) else {
-        f.retrying = false;
-        f.last_error = format!(
-            "retry impossible: task {:?} or channel {:?} no longer exists",
-            f.task_id, f.channel
-        );
-        return save(inner, &f).await;
-    };
-    let Some(msg) = msg else {
-        f.retrying = false;
-        f.last_error = format!("retry impossible: the task no longer has message {}", f.seq);
-        return save(inner, &f).await;
-    };
-    if let Some(why) = stopped(inner, &f.task_id, task.state).await? {
-        (f.retrying, f.last_error) = (false, why);
-        return save(inner, &f).await;
+    if super::step::draining(inner) {
+        // Still `retrying`: the next boot arms it again (`resume_failure_retries`).
+        return Ok(());
     }
-    let probe = match channel.admit(now) {
+    let (probe, rate_tick) = match channel.admit(now) {
         Admission::Hold { until_ms, .. } => {
             inner.timer.at(key, until_ms);
             return Ok(());
         }
-        Admission::Go { probe, .. } => probe,
+        Admission::Go { probe, rate_tick } => (probe, rate_tick),
     };
     // Cluster mode: as a run's send (`step.rs`), only with enough of the shard's trust left
     // (none on a shard being handed over), cut off where the trust ends, and counted on the
@@ -93,14 +72,24 @@ pub(crate) async fn failure_retry(
 
     // Traced like a run's attempt: the task's trace with a span of its own, and an `attempt`
     // event in the timeline beside what it led to (issue 25).
-    let send = channel.send_traced(&delivery, || inner.clock.now_ms());
+    let send = async {
+        match retry_slot(inner, &channel, &f.task_id, rate_tick).await {
+            Ok((permit, waited)) => {
+                let now_ms = || inner.clock.now_ms();
+                channel.send_with(&delivery, permit, waited, now_ms).await
+            }
+            Err(o) => (o, Default::default()),
+        }
+    };
     let (outcome, report) = super::step::cut_off_at(end, send).await;
     if let Some(tr) = channel.record(inner.clock.now_ms(), &outcome, probe) {
         alerts::breaker(inner, &channel.name, tr);
     }
 
-    // A local resource shortage (EMFILE, ENOBUFS): nothing left this host; try again later
-    // without counting an attempt (issue 9).
+    // A local resource shortage (EMFILE, ENOBUFS), or not started after its wait for a slot
+    // (a drain, a cancel or pause, the rate limit): nothing left this host; try again later
+    // without counting an attempt (issue 9). Stopped: the next run of the step (or the next
+    // boot, after a drain) looks at the task again.
     if let Outcome::Held { until_ms, .. } = outcome {
         inner.timer.at(key, until_ms);
         return Ok(());
@@ -108,10 +97,115 @@ pub(crate) async fn failure_retry(
     settle(inner, id, &delivery, outcome, &report, &policy).await
 }
 
-/// Why the task stops its failure-list retries, if it does: cancelled or paused (API.md: no
-/// send of the task starts after the answer). A live task's state is read under its lock, so
-/// a cancel or pause answered before this point is seen; a task not live is as the store
-/// read it (`stored`).
+/// What a retry of `f` sends: its task, channel and message, read off the workers when the
+/// store's reads can block. `None` when there is nothing to send: the entry then says why (no
+/// longer possible, or the task cancelled or paused), written.
+async fn inputs(
+    inner: &Arc<Inner>,
+    f: &mut crate::model::Failure,
+) -> Result<
+    Option<(
+        crate::model::Task,
+        Arc<crate::deliver::Channel>,
+        crate::model::Message,
+    )>,
+    EngineError,
+> {
+    let (task_id, seq) = (f.task_id.clone(), f.seq);
+    let (task, msg) = offload::read(inner, move |i| {
+        let task = i.store.get_task(&task_id)?;
+        let msg = match task {
+            Some(_) => i.store.get_message(&task_id, seq)?,
+            None => None,
+        };
+        Ok((task, msg))
+    })
+    .await?;
+    let channel = inner.channels.get(&f.channel).cloned();
+    let (Some(task), Some(channel)) = (task, channel) else {
+        f.retrying = false;
+        f.last_error = format!(
+            "retry impossible: task {:?} or channel {:?} no longer exists",
+            f.task_id, f.channel
+        );
+        return save(inner, f).await.map(|()| None);
+    };
+    let Some(msg) = msg else {
+        f.retrying = false;
+        f.last_error = format!("retry impossible: the task no longer has message {}", f.seq);
+        return save(inner, f).await.map(|()| None);
+    };
+    if let Some(why) = stopped(inner, &f.task_id, task.state).await? {
+        (f.retrying, f.last_error) = (false, why);
+        return save(inner, f).await.map(|()| None);
+    }
+    Ok(Some((task, channel, msg)))
+}
+
+/// A slot of the channel's concurrency for a failure retry, as for a run's send
+/// (`step.rs::slot`): the retry was admitted, and its task looked at, before any wait; so after
+/// a wait a drain begun meanwhile, or a cancel or pause answered meanwhile, stops it (no send
+/// starts after either), and the rate slot is taken again, counted from when the send starts.
+/// The task's state is read from the store, not under its lock: a cancel or pause answers
+/// once it is durable, and the lock is never waited for while a slot is held (a chunk holds
+/// its tasks' locks while it waits for this channel's slots). `Err`: not sent, held (no
+/// attempt counted).
+async fn retry_slot<'c>(
+    inner: &Arc<Inner>,
+    channel: &'c crate::deliver::Channel,
+    task_id: &str,
+    rate_tick: Option<u64>,
+) -> Result<(tokio::sync::SemaphorePermit<'c>, bool), Outcome> {
+    let (permit, waited) = channel
+        .permit()
+        .await
+        .ok_or_else(|| crate::deliver::Channel::closed().0)?;
+    if !waited {
+        return Ok((permit, false));
+    }
+    let held = |why: &str, until_ms: u64, held_why| Outcome::Held {
+        error: format!("not retried yet: {why}"),
+        until_ms,
+        why: held_why,
+    };
+    let now = inner.clock.now_ms();
+    let stop = crate::model::timeline::HeldWhy::Stopped;
+    if super::step::draining(inner) {
+        return Err(held(
+            "herald began to shut down while it waited for a slot",
+            now,
+            stop,
+        ));
+    }
+    let id = task_id.to_string();
+    let state = offload::read(inner, move |i| Ok(i.store.get_task(&id)?.map(|t| t.state))).await;
+    match state {
+        Ok(Some(crate::model::TaskState::Cancelled | crate::model::TaskState::Paused)) => {
+            return Err(held(
+                "the task was cancelled or paused while it waited for a slot",
+                now,
+                stop,
+            ));
+        }
+        Ok(_) => {}
+        Err(_) => {
+            return Err(held(
+                "its task could not be read after its wait for a slot",
+                now,
+                stop,
+            ))
+        }
+    }
+    match channel.retake_rate(rate_tick, now) {
+        Ok(()) => Ok((permit, true)),
+        Err(until_ms) => Err(held(
+            "the channel's rate limit, counted when the send could start",
+            until_ms,
+            crate::model::timeline::HeldWhy::RateLimit,
+        )),
+    }
+}
+
 /// A failure-list entry, read off the workers when the store's reads can block (`offload.rs`).
 async fn read_failure(
     inner: &Arc<Inner>,
@@ -121,6 +215,10 @@ async fn read_failure(
     offload::read(inner, move |i| Ok(i.store.get_failure(&id)?)).await
 }
 
+/// Why the task stops its failure-list retries, if it does: cancelled or paused (API.md: no
+/// send of the task starts after the answer). A live task's state is read under its lock, so
+/// a cancel or pause answered before this point is seen; a task not live is as the store
+/// read it (`stored`).
 async fn stopped(
     inner: &Arc<Inner>,
     task_id: &str,

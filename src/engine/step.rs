@@ -212,17 +212,24 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineErr
     commit::apply(inner, l, change).await?;
     export_fire_spans(inner, &l.id, trace_id, &fire_spans, started_ns, now);
     if let Some((run, seq)) = prefetch {
-        // Read already with the task when `prefetch.rs` loaded it.
-        let read = matches!(&l.st().prefetched, Some((r, s, _)) if (*r, *s) == (run, seq));
-        if !read {
-            let id = l.id.clone();
-            let got = offload::read(inner, move |i| Ok(i.store.get_message(&id, seq)?)).await;
-            if let Ok(Some(m)) = got {
-                l.st().prefetched = Some((run, seq, m));
-            }
-        }
+        read_ahead(inner, l, run, seq).await;
     }
     Ok(())
+}
+
+/// Reads run `run`'s message `seq` ahead of its send, unless `prefetch.rs` read it with the
+/// task (off the workers when the store's reads can block). A read that fails is left to the
+/// send, which reads again.
+async fn read_ahead(inner: &Arc<Inner>, l: &mut Locked, run: u32, seq: u32) {
+    let read = matches!(&l.st().prefetched, Some((r, s, _)) if (*r, *s) == (run, seq));
+    if read {
+        return;
+    }
+    let id = l.id.clone();
+    let got = offload::read(inner, move |i| Ok(i.store.get_message(&id, seq)?)).await;
+    if let Ok(Some(m)) = got {
+        l.st().prefetched = Some((run, seq, m));
+    }
 }
 
 /// The span of each run a fire started (only with `[telemetry] otlp_endpoint`): task, run,
@@ -753,6 +760,15 @@ async fn slot<'c>(
         return Ok((permit, false));
     }
     loop {
+        if draining(inner) {
+            // A drain begun during the wait: no send starts after it. Held, the attempt
+            // stays armed on disk and the next boot sends it (once), as `prepare` leaves one.
+            return Err(Outcome::Held {
+                error: "not sent: herald began to shut down while the send waited for a free slot of the channel".into(),
+                until_ms: inner.clock.now_ms(),
+                why: crate::model::timeline::HeldWhy::Stopped,
+            });
+        }
         let Ok(mut g) = cell.try_lock() else {
             drop(permit);
             if !wants_send(&mut *cell.lock().await, run, None) {
