@@ -306,14 +306,32 @@ fn run(target: Target, rx: crossbeam_channel::Receiver<Span>, stats: Arc<ExportS
     }
 }
 
+/// A connection to the first of `addrs` that accepts one, in the resolver's order, within
+/// [`POST_TIMEOUT`] in all: `localhost` most often resolves to `::1` first, and a collector
+/// listening on `127.0.0.1` only must still be reached (as `TcpStream::connect` would).
+fn connect(addrs: &[SocketAddr]) -> Result<TcpStream, String> {
+    let end = Instant::now() + POST_TIMEOUT;
+    let mut last = String::from("the host resolves to no address");
+    for addr in addrs {
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match TcpStream::connect_timeout(addr, left) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = format!("{addr}: {e}"),
+        }
+    }
+    Err(last)
+}
+
 /// One POST of an encoded batch; `Ok` on a 2xx answer.
 fn post(t: &Target, body: &[u8]) -> Result<(), String> {
     let addrs: Vec<SocketAddr> = (t.host.as_str(), t.port)
         .to_socket_addrs()
         .map_err(|e| format!("resolve {}: {e}", t.host))?
         .collect();
-    let addr = addrs.first().ok_or("the host resolves to no address")?;
-    let mut s = TcpStream::connect_timeout(addr, POST_TIMEOUT).map_err(|e| e.to_string())?;
+    let mut s = connect(&addrs)?;
     s.set_write_timeout(Some(POST_TIMEOUT))
         .and_then(|_| s.set_read_timeout(Some(POST_TIMEOUT)))
         .map_err(|e| e.to_string())?;
@@ -486,6 +504,21 @@ mod tests {
         assert!(err("http://[::1]:").contains("not a port"));
         assert!(err("http://::1]").contains("brackets"));
         assert!(err("http://a]").contains("not a host"));
+    }
+
+    /// `localhost` resolving to `::1` first while the collector listens on `127.0.0.1` only:
+    /// an address that refuses is passed over for the next (only the first was tried).
+    #[test]
+    fn an_address_that_refuses_is_passed_over_for_the_next() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let refused = closed.local_addr().unwrap();
+        drop(closed);
+        let open = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = connect(&[refused, open.local_addr().unwrap()]).expect("the second address");
+        assert_eq!(s.peer_addr().unwrap(), open.local_addr().unwrap());
+        let e = connect(&[refused]).expect_err("refused");
+        assert!(e.starts_with(&refused.to_string()), "{e}");
+        assert!(connect(&[]).is_err());
     }
 
     #[test]
