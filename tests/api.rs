@@ -462,3 +462,51 @@ async fn concurrent_creates_with_one_idempotency_key_make_one_task() {
     assert_eq!(ids.len(), 1, "every answer is the same task");
     assert_eq!(task_count(&h).await, 1);
 }
+
+/// The broadcast shorthand copies its body once per recipient: a request under the 1 MiB
+/// body limit with 100 000 (empty) recipients and a 600 KB body was ~60 GB of copies before
+/// any limit was checked (herald died of OOM). Its limits are checked before it is expanded.
+#[tokio::test]
+async fn a_broadcast_over_the_limits_is_refused_before_it_is_expanded() {
+    let h = TestHerald::start("").await;
+    let url = h.url("/v1/tasks");
+    let big = "x".repeat(600_000);
+    // Each recipient is checked before the body (first, so that a regression fails here
+    // rather than by running out of memory below).
+    let r = http::post_json(
+        &url,
+        &json!({"schedule": {"after": "1h"}, "to": ["a", ""], "body": big}),
+    )
+    .await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(r.json()["field"], "to[1]");
+    let body = serde_json::to_vec(
+        &json!({"schedule": {"after": "1h"}, "to": vec![""; 100_000], "body": big}),
+    )
+    .unwrap();
+    assert!((900_000..1 << 20).contains(&body.len()), "{}", body.len());
+    let r = http::request(
+        "POST",
+        &url,
+        &[("content-type", "application/json")],
+        Some(body),
+    )
+    .await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some(PROBLEM));
+    let p = r.json();
+    assert_eq!(p["field"], "to", "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains("at most 10000"),
+        "{p}"
+    );
+    let r = http::post_json(
+        &url,
+        &json!({"schedule": {"after": "1h"}, "to": ["a"], "body": big}),
+    )
+    .await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(r.json()["field"], "body");
+    assert_eq!(http::get(&h.url("/healthz")).await.status, 200);
+    assert_eq!(task_count(&h).await, 0);
+}

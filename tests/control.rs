@@ -1,11 +1,11 @@
 //! Cron with seconds, trigger, pause/resume and PATCH over HTTP, on the real clock, against a
-//! real receiver.
+//! real receiver; PATCH of a paused task on the manual clock.
 
 mod common;
 
 use std::time::Duration;
 
-use common::herald::{in_ms, ms_of, wait_state, webhook_channel, TestHerald};
+use common::herald::{in_ms, ms_of, utc_ms, wait_state, webhook_channel, ManualHerald, TestHerald};
 use common::http;
 use common::receiver::Receiver;
 use serde_json::json;
@@ -165,4 +165,69 @@ async fn cron_in_a_zone_reports_its_next_fire_and_description() {
     }
     let runs = http::get(&h.url("/v1/tasks/digest/runs")).await.json();
     assert_eq!(runs["runs"], json!([]), "nothing fired yet");
+}
+
+/// A cron that never fired, paused over its first fire and changed (not its schedule) while
+/// paused: the fire missed while paused is still judged at resume (misfire fire_now: one run),
+/// as without the change. The change used to work the next fire out again from now: gone.
+#[tokio::test]
+async fn a_patch_while_paused_keeps_the_fire_missed_meanwhile() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T00:30:00Z"), "").await;
+    h.post(
+        &json!({"id": "hourly", "channel": "out", "schedule": {"cron": "0 * * * *"},
+        "to": ["a"], "body": "x"}),
+    )
+    .await;
+    h.run_until(utc_ms("2026-12-01T00:31:00Z")).await;
+    assert_eq!(h.action("hourly", "pause").await.status, 200);
+    h.run_until(utc_ms("2026-12-01T01:05:00Z")).await;
+    let r = http::patch_json(&h.url("/v1/tasks/hourly"), &json!({"name": "x"})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["next_fire_at"], "2026-12-01T01:00:00Z");
+    assert_eq!(h.action("hourly", "resume").await.status, 200);
+    h.run_until(utc_ms("2026-12-01T01:06:00Z")).await;
+    let runs = h.runs("hourly").await;
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0]["scheduled_at"], "2026-12-01T01:00:00Z");
+    assert_eq!(h.sent().len(), 1);
+}
+
+/// A one-shot paused in the middle of its run: a new time would start a second run of the
+/// same messages (under new keys) while the paused run goes on at resume. Refused (409), as a
+/// change of its messages is; the run goes on and each message is sent once.
+#[tokio::test]
+async fn a_one_shot_paused_mid_run_keeps_its_schedule() {
+    let t0 = utc_ms("2026-12-01T00:00:00Z");
+    let h = ManualHerald::start(t0, "").await;
+    h.post(
+        &json!({"id": "once", "channel": "out", "schedule": {"at": "2026-12-01T00:00:10Z"},
+        "to": ["a", "b", "c"], "body": "x", "pacing": {"interval": "1m"}}),
+    )
+    .await;
+    h.run_until(t0 + 30_000).await;
+    assert_eq!(h.sent().len(), 1, "seq 0 sent");
+    assert_eq!(h.action("once", "pause").await.status, 200);
+    let r = http::patch_json(
+        &h.url("/v1/tasks/once"),
+        &json!({"schedule": {"at": "2026-12-01T01:00:00Z"}}),
+    )
+    .await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(
+        r.json()["detail"].as_str().unwrap().contains("schedule"),
+        "{}",
+        r.text()
+    );
+    // Anything else may still change.
+    let r = http::patch_json(&h.url("/v1/tasks/once"), &json!({"name": "n"})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(h.action("once", "resume").await.status, 200);
+    h.run_until(t0 + 2 * 3_600_000).await;
+    let seqs: Vec<u64> = h
+        .sent()
+        .iter()
+        .map(|s| s["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, [0, 1, 2], "each message once");
+    assert_eq!(h.task("once").await["state"], "completed");
 }

@@ -173,3 +173,61 @@ async fn a_herd_is_all_sent_in_deadline_order_and_none_is_missed() {
         assert_eq!(t["fires"]["expired"], 0, "{t}");
     }
 }
+
+/// API.md: an `at` in the past by less than `misfire_grace` fires at once. With `misfire:
+/// skip` it was judged missed (due before the task was watched, its creation) and skipped.
+#[tokio::test]
+async fn an_at_just_past_with_misfire_skip_fires_at_once() {
+    let t0 = utc_ms("2026-12-01T00:00:00Z");
+    // herald has been up for a minute: the `at` is after its start.
+    let h = ManualHerald::start(t0 - 60_000, "").await;
+    h.run_until(t0).await;
+    let at = "2026-11-30T23:59:59Z"; // t0 - 1 s
+    for (id, path) in [("created", None), ("patched", Some(at))] {
+        let schedule = match path {
+            None => json!({"at": at}),
+            Some(_) => json!({"after": "1h"}),
+        };
+        h.post(
+            &json!({"id": id, "channel": "out", "schedule": schedule, "misfire": "skip",
+            "to": ["a"], "body": id}),
+        )
+        .await;
+        if let Some(at) = path {
+            let r = common::http::patch_json(
+                &h.url(&format!("/v1/tasks/{id}")),
+                &json!({"schedule": {"at": at}}),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+    }
+    h.run_until(t0 + 5_000).await;
+    let sent = h.sent();
+    let mut bodies: Vec<&str> = sent.iter().map(|s| s["body"].as_str().unwrap()).collect();
+    bodies.sort();
+    assert_eq!(bodies, ["created", "patched"], "each sent once");
+    for id in ["created", "patched"] {
+        let t = h.task(id).await;
+        assert_eq!(t["state"], "completed", "{t}");
+        assert_eq!(t["fires"]["skipped"], 0, "{t}");
+    }
+}
+
+/// The same `at` posted right at herald's start (herald started after it): still judged
+/// missed, since the engine watches no task from before its own start (`engine/step.rs`:
+/// `watched_since_ms.max(boot_ms)`), a task created since included. A fix there is another
+/// engineer's (the request side gives `watched_since_ms` as the `at`).
+#[tokio::test]
+#[ignore = "needs engine/step.rs to watch a task created after the start from its watched_since_ms"]
+async fn an_at_before_herald_started_posted_since_with_misfire_skip_fires_at_once() {
+    let t0 = utc_ms("2026-12-01T00:00:00Z");
+    let h = ManualHerald::start(t0, "").await;
+    h.post(
+        &json!({"id": "b", "channel": "out", "schedule": {"at": "2026-11-30T23:59:59Z"},
+        "misfire": "skip", "to": ["a"], "body": "b"}),
+    )
+    .await;
+    h.run_until(t0 + 5_000).await;
+    assert_eq!(h.sent().len(), 1, "{}", h.task("b").await);
+}

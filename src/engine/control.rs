@@ -171,11 +171,19 @@ impl Engine {
                     "task {id:?} is paused in the middle of a run; its messages cannot change until the run ends"
                 )));
             }
+            // A one-shot's new time would start a second run of the same messages (new
+            // idempotency keys) while its paused run still goes on at resume.
+            if req.schedule.is_some() && st.spec.schedule.is_one_shot() && !st.runs.is_empty() {
+                return Err(EngineError::Conflict(format!(
+                    "task {id:?} is a one-shot paused in the middle of its run; its schedule cannot change until the run ends (resume it, or cancel it and create another)"
+                )));
+            }
             let inner = &this.inner;
             let channels = inner.channels.clone();
             let exists = move |c: &str| channels.contains(c);
             let now = inner.clock.now_ms();
-            let new_schedule = req.schedule.is_some();
+            // `apply` sets `watched_since_ms` for a new schedule (now, or its first fire if
+            // earlier: one validation accepted within the grace is not missed).
             let (task, messages) = req.apply(
                 &st.task(),
                 &Context {
@@ -185,10 +193,6 @@ impl Engine {
                 },
             )?;
             let (spec, mut progress) = task.split();
-            if new_schedule {
-                // Fires of the new schedule before now were never watched: missed.
-                progress.watched_since_ms = now;
-            }
             let to = derive_state(&progress, !st.runs.is_empty());
             progress.set_state(to, now)?;
             let change = with_event(

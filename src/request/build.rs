@@ -71,10 +71,19 @@ impl TaskRequest {
             trace_id: self.trace_id,
         };
         task.next_fire_at_ms = crate::schedule::next_fire(&task, cx.now_ms);
+        task.watched_since_ms = watched_since(cx.now_ms, task.next_fire_at_ms);
         check_fires(&task, cx)?;
         sort_by_instant(&task, &mut messages);
         Ok((task, messages))
     }
+}
+
+/// When herald starts watching a task whose schedule is new (a create, a patch's schedule):
+/// now, or its first fire if that is earlier. Validation accepts an `at` or a reminder up to
+/// `misfire_grace` in the past, and API.md says it fires at once: it must not be judged missed
+/// (due before `watched_since_ms`), which `misfire: skip` would skip.
+fn watched_since(now_ms: u64, first_fire_ms: Option<u64>) -> u64 {
+    first_fire_ms.map_or(now_ms, |f| f.min(now_ms))
 }
 
 /// A schedule must fire at least once, within the horizon.
@@ -146,28 +155,15 @@ impl PatchRequest {
         let new_schedule = self.schedule.is_some();
         if let Some(s) = self.schedule {
             let new = validate_schedule(&s, cx, t.misfire_grace_ms, &t.recipient_zones)?;
-            let same_kind = std::mem::discriminant(&new) == std::mem::discriminant(&t.schedule);
-            // A new one-shot time or cron expression starts afresh from now; reminders keep
-            // the record of which offsets already fired, so a moved event re-plans only the
-            // reminders that have not fired.
-            match (&new, same_kind) {
-                (Schedule::Reminders { .. }, true) => {}
-                _ => {
-                    t.last_fire_ms = None;
-                    t.done_offsets_ms.clear();
-                }
-            }
-            if t.schedule.is_one_shot() && new.is_one_shot() {
-                t.last_fire_ms = None;
-            }
-            t.schedule = new;
+            replace_schedule(&mut t, new);
         }
         t.updated_at_ms = cx.now_ms;
-        t.next_fire_at_ms = crate::schedule::next_fire(&t, cx.now_ms);
+        t.next_fire_at_ms = next_fire_patched(&t, task, new_schedule, cx.now_ms);
         // A new schedule is checked as on create: it must fire, within the horizon. A change of
         // anything else keeps the schedule as it is, even one that has no fires left (a cron
         // whose `max_runs` were all started).
         if new_schedule {
+            t.watched_since_ms = watched_since(cx.now_ms, t.next_fire_at_ms);
             check_fires(&t, cx)?;
         }
         if let Some(m) = messages.as_mut() {
@@ -175,6 +171,42 @@ impl PatchRequest {
         }
         Ok((t, messages))
     }
+}
+
+/// A patch's new schedule in place of the task's. A new one-shot time or cron expression starts
+/// afresh; reminders keep the record of which offsets already fired, so a moved event re-plans
+/// only the reminders that have not fired.
+fn replace_schedule(t: &mut Task, new: Schedule) {
+    let same_kind = std::mem::discriminant(&new) == std::mem::discriminant(&t.schedule);
+    match (&new, same_kind) {
+        (Schedule::Reminders { .. }, true) => {}
+        _ => {
+            t.last_fire_ms = None;
+            t.done_offsets_ms.clear();
+        }
+    }
+    if t.schedule.is_one_shot() && new.is_one_shot() {
+        t.last_fire_ms = None;
+    }
+    t.schedule = new;
+}
+
+/// A patched task's next fire. A new schedule starts from now. A patch of anything else keeps
+/// the next fire as it was: worked out again from now, a cron that never fired would search
+/// from now and lose a fire that came due while the task was paused (resume judges it by the
+/// misfire policy). New messages may move the fires of a schedule in recipient time (their
+/// zones): then it is worked out again, a never-fired cron searching from its old next fire.
+fn next_fire_patched(t: &Task, old: &Task, new_schedule: bool, now_ms: u64) -> Option<u64> {
+    if new_schedule {
+        return crate::schedule::next_fire(t, now_ms);
+    }
+    if t.schedule == old.schedule && t.recipient_zones == old.recipient_zones {
+        return old.next_fire_at_ms;
+    }
+    let from = old
+        .next_fire_at_ms
+        .map_or(now_ms, |n| n.saturating_sub(1).min(now_ms));
+    crate::schedule::next_fire(t, from)
 }
 
 /// A patched task's recipient zones, checked as on create ([`recipient_zones`]: every zone

@@ -339,3 +339,94 @@ fn a_patch_checks_zones_as_a_create_does() {
     let e = patch(&plain, json!({"default_tz": "Asia/Tokyo"})).unwrap_err();
     assert_eq!(e.field, "default_tz");
 }
+
+#[test]
+fn a_broadcast_is_checked_before_its_body_is_copied_per_recipient() {
+    let big = "x".repeat(64 * 1024 + 1);
+    let err = |to: serde_json::Value, body: &str| {
+        task(json!({"schedule": {"after": "1s"}, "to": to, "body": body})).unwrap_err()
+    };
+    // Each recipient before the body (expanded first, the first message's body was refused).
+    assert_eq!(err(json!(["a", ""]), &big).field, "to[1]");
+    assert_eq!(err(json!(["a", "b".repeat(1025)]), &big).field, "to[1]");
+    assert_eq!(err(json!(["a", "b"]), &big).field, "body");
+    // The count before anything: 100 000 recipients and a 600 KB body (a request under 1 MiB)
+    // would be 60 GB of copies.
+    let e = err(json!(vec![""; 100_000]), &"x".repeat(600_000));
+    assert_eq!(e.field, "to");
+    assert!(e.detail.contains("at most 10000 messages"), "{e}");
+    assert_eq!(err(json!([]), "b").field, "to");
+}
+
+#[test]
+fn notify_to_is_checked_against_the_recipient_limit() {
+    let with = |to: String| {
+        task(
+            json!({"schedule": {"after": "1s"}, "to": ["a"], "body": "b",
+            "notify": {"channel": "log", "to": to}}),
+        )
+    };
+    assert!(with("o".repeat(1024)).is_ok());
+    let e = with("o".repeat(1025)).unwrap_err();
+    assert_eq!(e.field, "notify.to");
+    assert!(e.detail.contains("1024 bytes"), "{e}");
+}
+
+#[test]
+fn a_first_fire_in_the_past_within_the_grace_is_watched_from_it() {
+    // Otherwise the engine judges it missed (due before `watched_since_ms`), and `misfire:
+    // skip` skips a fire validation accepted as "fires at once".
+    let ago = crate::schedule::format_utc(NOW - 1_000);
+    let t = task(json!({"schedule": {"at": ago}, "misfire": "skip", "to": ["a"], "body": "b"}))
+        .unwrap();
+    assert_eq!(t.next_fire_at_ms, Some(NOW - 1_000));
+    assert_eq!(t.watched_since_ms, NOW - 1_000);
+    let later = task(json!({"schedule": {"after": "1h"}, "to": ["a"], "body": "b"})).unwrap();
+    assert_eq!(later.watched_since_ms, NOW);
+    // A patch's new schedule alike.
+    let (p, _) = patch(&later, json!({"schedule": {"at": ago}})).unwrap();
+    assert_eq!(p.watched_since_ms, NOW - 1_000);
+    let (p, _) = patch(&t, json!({"schedule": {"after": "1m"}})).unwrap();
+    assert_eq!(p.watched_since_ms, NOW);
+    // A patch of anything else leaves it alone.
+    let (p, _) = patch(&t, json!({"name": "n"})).unwrap();
+    assert_eq!(p.watched_since_ms, t.watched_since_ms);
+}
+
+#[test]
+fn a_patch_that_keeps_the_schedule_keeps_the_next_fire() {
+    // A cron created at 00:30 that never fired (paused at 00:31) and is renamed at 01:05: its
+    // 01:00 fire is still next (resume judges it by the misfire policy), not 02:00.
+    let t0 = 1_780_014_600_000; // 2026-05-29T00:30:00Z
+    let created = |v| {
+        let req: TaskRequest = serde_json::from_value(v).unwrap();
+        let limits = Limits::default();
+        req.into_task(&Context {
+            now_ms: t0,
+            limits: &limits,
+            channel_exists: &|_| true,
+        })
+        .unwrap()
+        .0
+    };
+    let t = created(json!({"schedule": {"cron": "0 * * * *"}, "to": ["a"], "body": "b"}));
+    let one = t0 + 30 * 60_000;
+    assert_eq!(t.next_fire_at_ms, Some(one));
+    let limits = Limits::default();
+    let cx = Context {
+        now_ms: one + 5 * 60_000,
+        limits: &limits,
+        channel_exists: &|_| true,
+    };
+    let p: PatchRequest = serde_json::from_value(json!({"name": "x"})).unwrap();
+    assert_eq!(p.apply(&t, &cx).unwrap().0.next_fire_at_ms, Some(one));
+    // New messages in the same zones keep it too; a new schedule starts from now.
+    let p: PatchRequest = serde_json::from_value(json!({"to": ["c"], "body": "d"})).unwrap();
+    assert_eq!(p.apply(&t, &cx).unwrap().0.next_fire_at_ms, Some(one));
+    let p: PatchRequest =
+        serde_json::from_value(json!({"schedule": {"cron": "0 * * * *"}})).unwrap();
+    assert_eq!(
+        p.apply(&t, &cx).unwrap().0.next_fire_at_ms,
+        Some(one + 3_600_000)
+    );
+}

@@ -54,6 +54,13 @@ pub(super) fn validate_notify(
     if n.to.is_empty() {
         return Err(FieldError::new("notify.to", "must not be empty"));
     }
+    // Checked as a message's recipient is: each notification is a send to it.
+    if n.to.len() > cx.limits.recipient_bytes_max {
+        return Err(FieldError::new(
+            "notify.to",
+            format!("must be at most {} bytes", cx.limits.recipient_bytes_max),
+        ));
+    }
     let on = match n.on {
         None => vec![NotifyOn::Failed, NotifyOn::Expired],
         Some(list) => {
@@ -211,9 +218,58 @@ pub(super) fn validate_messages(
     body: Option<String>,
     limits: &Limits,
 ) -> Result<Vec<Message>, FieldError> {
-    let (list, field) = messages_given(messages, to, body)?;
+    let (list, field) = messages_given(messages, to, body, limits)?;
     check_messages(&list, field, limits)?;
     Ok(list)
+}
+
+/// The broadcast shorthand checked before it is expanded: expanding copies the body once per
+/// recipient, so a request within the body limit (many empty recipients, a large body) would
+/// otherwise make gigabytes of copies before the limits refused it.
+fn check_broadcast(to: &[String], body: &str, limits: &Limits) -> Result<(), FieldError> {
+    check_count(to.len(), "to", limits)?;
+    for (i, r) in to.iter().enumerate() {
+        check_recipient(r, || format!("to[{i}]"), limits)?;
+    }
+    if body.len() > limits.message_body_bytes_max {
+        return Err(FieldError::new(
+            "body",
+            format!("must be at most {} bytes", limits.message_body_bytes_max),
+        ));
+    }
+    Ok(())
+}
+
+/// At least one message, at most `messages_max`.
+fn check_count(n: usize, field: &str, limits: &Limits) -> Result<(), FieldError> {
+    if n == 0 {
+        return Err(FieldError::new(field, "must not be empty"));
+    }
+    if n > limits.messages_max {
+        return Err(FieldError::new(
+            field,
+            format!("at most {} messages per task, got {n}", limits.messages_max),
+        ));
+    }
+    Ok(())
+}
+
+/// A recipient: not empty, at most `recipient_bytes_max`.
+fn check_recipient(
+    to: &str,
+    field: impl FnOnce() -> String,
+    limits: &Limits,
+) -> Result<(), FieldError> {
+    if to.is_empty() {
+        return Err(FieldError::new(field(), "must not be empty"));
+    }
+    if to.len() > limits.recipient_bytes_max {
+        return Err(FieldError::new(
+            field(),
+            format!("must be at most {} bytes", limits.recipient_bytes_max),
+        ));
+    }
+    Ok(())
 }
 
 /// The messages as given: a list, or the broadcast shorthand `to` + `body`; and the field
@@ -222,6 +278,7 @@ fn messages_given(
     messages: Option<Vec<MessageRequest>>,
     to: Option<Vec<String>>,
     body: Option<String>,
+    limits: &Limits,
 ) -> Result<(Vec<Message>, &'static str), FieldError> {
     Ok(match (messages, to, body) {
         (Some(m), None, None) => {
@@ -246,17 +303,20 @@ fn messages_given(
             }
             (list, "messages")
         }
-        (None, Some(to), Some(body)) => (
-            to.into_iter()
+        (None, Some(to), Some(body)) => {
+            // Before the body is copied once per recipient.
+            check_broadcast(&to, &body, limits)?;
+            let list = to
+                .into_iter()
                 .map(|to| Message {
                     to,
                     body: body.clone(),
                     data: None,
                     tz: None,
                 })
-                .collect(),
-            "to",
-        ),
+                .collect();
+            (list, "to")
+        }
         (None, Some(_), None) => return Err(FieldError::new("body", "required with to")),
         (None, None, Some(_)) => return Err(FieldError::new("to", "required with body")),
         (None, None, None) => {
@@ -276,34 +336,14 @@ fn messages_given(
 
 /// The count and sizes of the messages within the limits.
 fn check_messages(list: &[Message], field: &str, limits: &Limits) -> Result<(), FieldError> {
-    if list.is_empty() {
-        return Err(FieldError::new(field, "must not be empty"));
-    }
-    if list.len() > limits.messages_max {
-        return Err(FieldError::new(
-            field,
-            format!(
-                "at most {} messages per task, got {}",
-                limits.messages_max,
-                list.len()
-            ),
-        ));
-    }
+    check_count(list.len(), field, limits)?;
     for (i, m) in list.iter().enumerate() {
         let (to_field, body_field) = if field == "to" {
             (format!("to[{i}]"), "body".to_string())
         } else {
             (format!("messages[{i}].to"), format!("messages[{i}].body"))
         };
-        if m.to.is_empty() {
-            return Err(FieldError::new(to_field, "must not be empty"));
-        }
-        if m.to.len() > limits.recipient_bytes_max {
-            return Err(FieldError::new(
-                to_field,
-                format!("must be at most {} bytes", limits.recipient_bytes_max),
-            ));
-        }
+        check_recipient(&m.to, || to_field, limits)?;
         if m.body.len() > limits.message_body_bytes_max {
             return Err(FieldError::new(
                 body_field,
