@@ -64,3 +64,47 @@ async fn a_trigger_sends_an_expired_task_now_and_a_patch_without_a_schedule_is_r
     assert_eq!(h.sent().len(), 1);
     assert_eq!(h.task("once").await["state"], "completed");
 }
+
+/// A retention sweep that read an expired task as finished, and a PATCH that brings it back
+/// (a new schedule) before the sweep's delete is written: the delete leaves it alone, and it
+/// is sent at its new time. The delete went ahead and the answered PATCH was undone (404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_does_not_delete_an_expired_task_brought_back_meanwhile() {
+    let mut h = ManualHerald::start(
+        utc_ms("2026-12-01T00:00:00Z"),
+        "[store]\nretention = \"1m\"",
+    )
+    .await;
+    h.post(
+        &json!({"id": "back", "channel": "out", "schedule": {"after": "1m"},
+        "to": ["a"], "body": "x"}),
+    )
+    .await;
+    h.stop().await;
+    h.clock.set(utc_ms("2026-12-01T00:21:00Z"));
+    h.restart().await;
+    h.run_until(utc_ms("2026-12-01T00:23:00Z")).await;
+    assert_eq!(h.task("back").await["state"], "expired");
+    let engine = h.server().engine.clone();
+    // The sweep reads the page, then is held 1 s before it deletes; the PATCH comes within.
+    let sweep = tokio::spawn(async move {
+        engine
+            .sweep_retention_holding(Some(std::time::Duration::from_secs(1)))
+            .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let r = http::patch_json(
+        &h.url("/v1/tasks/back"),
+        &json!({"schedule": {"at": "2026-12-01T01:00:00Z"}}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["state"], "pending");
+    let swept = sweep.await.unwrap().unwrap();
+    assert_eq!(swept.tasks, 0, "{swept:?}");
+    let r = http::get(&h.url("/v1/tasks/back")).await;
+    assert_eq!(r.status, 200, "the answered PATCH was undone: {}", r.text());
+    h.run_until(utc_ms("2026-12-01T01:01:00Z")).await;
+    assert_eq!(h.sent().len(), 1);
+    assert_eq!(h.task("back").await["state"], "completed");
+}

@@ -214,12 +214,10 @@ async fn an_at_just_past_with_misfire_skip_fires_at_once() {
     }
 }
 
-/// The same `at` posted right at herald's start (herald started after it): still judged
-/// missed, since the engine watches no task from before its own start (`engine/step.rs`:
-/// `watched_since_ms.max(boot_ms)`), a task created since included. A fix there is another
-/// engineer's (the request side gives `watched_since_ms` as the `at`).
+/// The same `at` posted right at herald's start (herald started after it): the engine watches
+/// no task from before its own start (an outage), but one created since is watched from its
+/// own `watched_since_ms` (`engine/step.rs`).
 #[tokio::test]
-#[ignore = "needs engine/step.rs to watch a task created after the start from its watched_since_ms"]
 async fn an_at_before_herald_started_posted_since_with_misfire_skip_fires_at_once() {
     let t0 = utc_ms("2026-12-01T00:00:00Z");
     let h = ManualHerald::start(t0, "").await;

@@ -6,14 +6,15 @@
 //! walks the store page by page (off the runtime's workers) and deletes through the group
 //! commit in bounded batches, so a sweep never holds the commit thread for long and never
 //! makes one huge transaction. Finished tasks are not in the live map, so nothing in memory
-//! changes; a finished task never becomes unfinished again, so there is no race with the engine
-//! but a cancelled task's last send settling (a run still `running` on disk), which is skipped
-//! until it has settled.
+//! changes. Two races with the engine: a cancelled task's last send settling (a run still
+//! `running` on disk), skipped until it has settled; and an `expired` task brought back by a
+//! PATCH or a trigger, which a delete holds off by claiming the task in the live map while it
+//! writes ([`hold_off`]).
 
 use std::sync::Arc;
 
 use super::commit;
-use super::{Engine, EngineError, Inner, TaskView};
+use super::{Engine, EngineError, Inner, LiveTask, Slot, TaskView};
 use crate::store::purge::Footprint;
 use crate::store::records::ProgressRecord;
 use crate::store::{IdemRecord, StoreError};
@@ -107,8 +108,9 @@ impl Engine {
     }
 
     /// [`Engine::sweep_retention`], waiting `hold` between reading each page's finished
-    /// tasks and deleting them (the test knob [`HOLD_ENV`]).
-    async fn sweep_retention_holding(
+    /// tasks and deleting them (the test knob [`HOLD_ENV`]; tests call it in process).
+    #[doc(hidden)]
+    pub async fn sweep_retention_holding(
         &self,
         hold: Option<std::time::Duration>,
     ) -> Result<Swept, EngineError> {
@@ -198,15 +200,24 @@ impl Engine {
                 "test knob {HOLD_ENV}: the retention delete is held");
             tokio::time::sleep(hold).await;
         }
+        let mut held = Vec::with_capacity(fps.len());
         let fps: Vec<Footprint> = fps
             .into_iter()
             .filter(|f| !f.settling && !inner.sends_out.contains(&f.id))
+            .filter_map(|f| hold_off(inner, &f.id).map(|h| held.push(h)).map(|()| f))
             .collect();
         let n = fps.len();
+        let mut done = Ok(n);
         for group in batches(fps, BATCH_OPS_MAX) {
-            commit::delete_tasks(inner, group).await?;
+            if let Err(e) = commit::delete_tasks(inner, group).await {
+                done = Err(e.into());
+                break;
+            }
         }
-        Ok(n)
+        for h in held {
+            h.release(inner);
+        }
+        done
     }
 
     /// `DELETE /v1/tasks/{id}`: deletes a finished task now (with its messages, runs, failure
@@ -231,9 +242,63 @@ impl Engine {
                 "task {id:?} is {state} but a send of it is still settling; try again shortly"
             )));
         }
-        commit::delete_tasks(&self.inner, vec![fp]).await?;
+        let Some(held) = hold_off(&self.inner, id) else {
+            return Err(EngineError::Conflict(format!(
+                "task {id:?} was brought back meanwhile (a new schedule or a trigger): it is no longer finished"
+            )));
+        };
+        let deleted = commit::delete_tasks(&self.inner, vec![fp]).await;
+        held.release(&self.inner);
+        deleted?;
         tracing::info!(task = %id, "task deleted");
         Ok(view)
+    }
+}
+
+/// A finished task held in the live map, with a locked cell of its own, while its delete is
+/// written ([`hold_off`]).
+struct Held {
+    id: Arc<str>,
+    cell: Arc<LiveTask>,
+    _guard: tokio::sync::OwnedMutexGuard<Slot>,
+}
+
+/// Claims `id` in the live map for the time its delete is written. An `expired` task is the
+/// one finished task a command may bring back (a PATCH with a new schedule, a trigger:
+/// `cells::lock_expired`, which claims it there): such a command then waits for the delete
+/// and finds the task gone, instead of having its answered change undone by it. `None`: the
+/// task is in the map (brought back meanwhile), not to be deleted.
+fn hold_off(inner: &Inner, id: &str) -> Option<Held> {
+    let cell: Arc<LiveTask> = Arc::new(tokio::sync::Mutex::new(Slot::unloaded()));
+    // A new mutex is never locked.
+    let guard = cell.clone().try_lock_owned().ok()?;
+    let mut live = inner.live.lock();
+    if live.contains_key(id) {
+        return None;
+    }
+    let key: Arc<str> = Arc::from(id);
+    live.claim(key.clone(), Some(cell.clone()));
+    Some(Held {
+        id: key,
+        cell,
+        _guard: guard,
+    })
+}
+
+impl Held {
+    /// Out of the map again, then the cell's lock goes: a command that waited for it finds the
+    /// task gone (or, if the delete failed, finished on disk as before).
+    fn release(self, inner: &Inner) {
+        {
+            let mut live = inner.live.lock();
+            if live
+                .cell(&self.id)
+                .is_some_and(|c| Arc::ptr_eq(c, &self.cell))
+            {
+                live.remove(&self.id);
+            }
+        }
+        drop(self);
     }
 }
 

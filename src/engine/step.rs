@@ -164,7 +164,7 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineErr
             .at(Key::Fire(l.id.clone()), fire_step_at(inner, due, one_shot));
         return Ok(());
     }
-    let watched = st.progress.watched_since_ms.max(inner.boot_ms);
+    let watched = watched_since(inner, st);
     let trace_id = st.spec.trace();
     // Issue 26, a wall jump forward (clock.rs) is judged like an outage that took no real
     // time: fires due before the jump's end were jumped over, so the misfire policy decides
@@ -215,6 +215,18 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineErr
         read_ahead(inner, l, run, seq).await;
     }
     Ok(())
+}
+
+/// Since when the task's fires were watched: fires before this process started were nobody's
+/// to watch (an outage), unless the task did not exist then. One created since is watched from
+/// its own `watched_since_ms` (an `at` just past, within the grace, fires at once even at a
+/// start).
+fn watched_since(inner: &Inner, st: &super::LiveState) -> u64 {
+    if st.spec.created_at_ms >= inner.boot_ms {
+        st.progress.watched_since_ms
+    } else {
+        st.progress.watched_since_ms.max(inner.boot_ms)
+    }
 }
 
 /// Reads run `run`'s message `seq` ahead of its send, unless `prefetch.rs` read it with the
