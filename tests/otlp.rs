@@ -208,3 +208,42 @@ async fn with_the_collector_down_deliveries_are_on_time_and_dropped_spans_are_co
     .expect("dropped spans are counted");
     assert!(m.contains("herald_otlp_export_failures_total"), "{m}");
 }
+
+/// `DELETE /v1/tasks/{id}` of an unfinished task is a cancel, and traced as the control calls
+/// are: a span of its own in the task's trace, a child of the caller's span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_is_traced_as_the_control_calls_are() {
+    let collector = Receiver::start().await;
+    let rx = Receiver::start().await;
+    let config = format!(
+        "{}\n[telemetry]\notlp_endpoint = \"{}\"\n",
+        webhook_channel("hook", &rx.url(), ""),
+        collector.base_url()
+    );
+    let h = TestHerald::start(&config).await;
+    let r = http::post_json(
+        &h.url("/v1/tasks"),
+        &json!({"id": "del", "channel": "hook", "schedule": {"after": "1h"},
+                "to": ["a"], "body": "x"}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let trace = r.json()["trace_id"].as_str().unwrap().to_string();
+    let r = http::request(
+        "DELETE",
+        &h.url("/v1/tasks/del"),
+        &[("traceparent", &format!("00-{TRACE}-c7ad6b7169203331-01"))],
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let span = poll(Duration::from_secs(20), || {
+        let s = spans(&collector);
+        async move { s.into_iter().find(|s| s["name"] == "DELETE /v1/tasks/{id}") }
+    })
+    .await
+    .expect("the DELETE's span was exported");
+    assert_eq!(span["traceId"], trace, "in the task's trace: {span}");
+    assert_eq!(attrs(&span)["herald.task.id"], "del");
+    assert_eq!(attrs(&span)["http.response.status_code"], "200");
+}

@@ -477,7 +477,7 @@ async fn v1(
             let id = path_id(id)?;
             match m {
                 Method::GET => get_task(state, &id, lang).await,
-                Method::DELETE => delete_task(state, &id, lang).await,
+                Method::DELETE => delete_task(state, &req, &id, lang).await,
                 Method::PATCH => patch_task(state, &id, req, lang).await,
                 _ => Err(method_not_allowed("GET, PATCH, DELETE")),
             }
@@ -817,7 +817,16 @@ async fn list_tasks(
 /// `DELETE /v1/tasks/{id}`: cancels an unfinished task, exactly as `POST .../cancel` (the API's
 /// first meaning of DELETE; the task stays readable as `cancelled`), and deletes a finished
 /// one with its messages, runs and idempotency keys. Both answer the task as it was last seen.
-async fn delete_task(state: &ApiState, id: &str, lang: Option<Lang>) -> Result<Resp, Problem> {
+/// `DELETE /v1/tasks/{id}`: a cancel of an unfinished task (traced as the cancel is), a
+/// delete of a finished one.
+async fn delete_task(
+    state: &ApiState,
+    req: &Request<Incoming>,
+    id: &str,
+    lang: Option<Lang>,
+) -> Result<Resp, Problem> {
+    let caller = caller_trace(req);
+    let started = crate::trace::otlp::now_unix_ns();
     let (engine, id_owned) = (state.engine.clone(), id.to_string());
     let finished = match off_workers(move || engine.get(&id_owned)).await? {
         Some(v) => v.task.state.is_terminal(),
@@ -828,6 +837,14 @@ async fn delete_task(state: &ApiState, id: &str, lang: Option<Lang>) -> Result<R
     } else {
         state.engine.cancel(id).await?
     };
+    request_span(
+        state,
+        caller.as_ref(),
+        &v.task,
+        "DELETE /v1/tasks/{id}",
+        started,
+        200,
+    );
     Ok(json_response(StatusCode::OK, &task_json(state, &v, lang)))
 }
 
