@@ -166,10 +166,17 @@ fn run() -> anyhow::Result<()> {
                 .global_queue_interval(1)
                 .build()
                 .context("starting the tokio runtime")?;
-            rt.block_on(serve_until_signalled(config, drain_timeout))?;
-            // A send still waiting for its receiver must not keep the process alive.
+            let served = rt.block_on(serve_until_signalled(config, drain_timeout));
+            if served.is_err() {
+                // A failed or interrupted start may leave a thread stuck (a store's open
+                // waiting for a server that never answers, a storage engine stuck in its
+                // drop): nothing below may wait for it for good.
+                exit_anyway_after(SHUTDOWN_GRACE);
+            }
+            // A send still waiting for its receiver, or a start-up still blocked in its
+            // store, must not keep the process alive.
             rt.shutdown_timeout(Duration::from_secs(1));
-            Ok(())
+            served
         }
         Command::Client(_) | Command::Completions { .. } => Ok(()),
     }
@@ -177,9 +184,15 @@ fn run() -> anyhow::Result<()> {
 
 /// Serves until a signal, then drains (a second signal exits at once) and closes.
 async fn serve_until_signalled(config: Config, drain_timeout: Duration) -> anyhow::Result<()> {
-    // Installed before start: a signal during recovery is not lost.
+    // Installed before start: a signal during recovery is not lost. Installing it takes the
+    // default action (terminate) away, so start-up is raced against it below.
     let mut signals = Signals::new()?;
-    let server = herald::server::start(config).await?;
+    let server = tokio::select! {
+        started = start_off_the_workers(config) => started?,
+        signal = signals.next() => anyhow::bail!(
+            "{signal} during start-up: stopped before ready (nothing was acknowledged)"
+        ),
+    };
     // Tests and scripts read this line to find the port when listening on :0.
     println!("herald listening on {}", server.url());
     let first = signals.next().await;
@@ -205,6 +218,18 @@ async fn serve_until_signalled(config: Config, drain_timeout: Duration) -> anyho
         drop(server);
     }
     Ok(())
+}
+
+/// `server::start` on a blocking thread of its own: it can block the thread that polls it
+/// (PostgreSQL's open waits up to `statement_timeout` for a server that does not answer), and
+/// the signal that ends it must still be read meanwhile by the runtime's workers.
+async fn start_off_the_workers(config: Config) -> anyhow::Result<herald::server::Server> {
+    let handle = tokio::runtime::Handle::current();
+    let started =
+        tokio::task::spawn_blocking(move || handle.block_on(herald::server::start(config)))
+            .await
+            .context("start-up panicked")?;
+    Ok(started?)
 }
 
 /// Beyond the drain timeout, how long closing may take (the store flushes and closes).

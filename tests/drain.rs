@@ -193,3 +193,61 @@ async fn sigterm_starts_no_send_waiting_for_a_channel_slot() {
     }
     assert_eq!(rx.count(), 3, "each message once across the restart");
 }
+
+/// A SIGTERM while start-up still waits for its store ends the process promptly, with a
+/// non-zero status (it never became ready: nothing was acknowledged). The "database" accepts
+/// connections and never says a word, so PostgreSQL's open waits for it up to the statement
+/// timeout (5 minutes here). Before, the signal handler was installed first (the default
+/// action gone) but read only once start-up returned: the signal was ignored for minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_during_start_up_exits_promptly() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let (accepted, connected) = std::sync::mpsc::channel();
+    // Holds every connection it accepts, unanswered (the thread ends with the test binary).
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in silent.incoming().map_while(Result::ok) {
+            held.push(s);
+            let _ = accepted.send(());
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), "");
+    let mut cmd = Proc::command(&cfg, &dir.path().join("data"));
+    let url = format!("postgres://herald@{addr}/herald");
+    cmd.env("HERALD_STORE_URL", url)
+        .env("HERALD_STORE_STATEMENT_TIMEOUT", "5m");
+    let mut child = Killed(cmd.spawn().expect("spawn herald"));
+    connected
+        .recv_timeout(Duration::from_secs(30))
+        .expect("herald connected to its store");
+    let pid = libc::pid_t::try_from(child.0.id()).unwrap();
+    // SAFETY: kill(2) on our own child, not reaped yet (we hold it).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let signalled = Instant::now();
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(5),
+            "herald still running 5 s after SIGTERM during start-up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        status.code().is_some_and(|c| c != 0),
+        "exited with {status:?}, not a non-zero status of its own"
+    );
+}
+
+/// A child killed when the test ends, however it ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
