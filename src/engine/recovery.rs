@@ -23,7 +23,7 @@
 //! be read is parked `failed`); a read error of the index itself ends the scan, loudly.
 use std::sync::{Arc, Weak};
 
-use super::arm::{arm_entry, entry_fire};
+use super::arm::entry_fire;
 use super::commit;
 use super::timer::Key;
 use super::{EngineError, Inner};
@@ -36,6 +36,9 @@ use crate::store::StoreError;
 pub const READY_HORIZON_MS: u64 = 60_000;
 /// Entries the background load reads, then inserts under one lock of the live map.
 const LOAD_CHUNK: usize = 4096;
+/// Entries phase 1 reads, then inserts under one lock of the live map: smaller than the
+/// background's, since fire steps due now wait for that lock (a hold is well under 1 ms).
+const READY_CHUNK: usize = 1024;
 /// How long the index load waits before reading a chunk again after the store failed.
 const LOAD_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 
@@ -107,8 +110,19 @@ struct IndexScan {
 }
 
 /// Phase 1: the live index up to `until` (running tasks, then pending ones due by then) onto
-/// the wheel, under one lock of the live map. A record that does not decode is counted and
-/// skipped; a store that cannot be read fails it.
+/// the wheel. A record that does not decode is counted and skipped; a store that cannot be
+/// read fails it.
+///
+/// The index is read without the live map's lock and put in the map a chunk of
+/// [`READY_CHUNK`] entries per hold of it, as the background load does: held across the
+/// whole scan (100 000 overdue tasks after an outage: seconds), it kept every worker that
+/// took it (fire steps of the entries armed so far, `/metrics`) off the runtime, and
+/// `/healthz` with them. Between two holds a fire step of a task already armed may change
+/// it, and so move its entry to a key the scan has not reached: an id read a second time is
+/// skipped (memory already knows better than that entry; and the task may have finished and
+/// left the map meanwhile, which `load` could not tell from a task never seen). Nothing
+/// else changes a task before ready (no command is served; `loading` is set from the first
+/// hold on, so a claim is remembered as in phase 2).
 fn scan_index(inner: &Arc<Inner>, until: u64) -> Result<IndexScan, EngineError> {
     let mut scan = IndexScan {
         pending: 0,
@@ -117,8 +131,9 @@ fn scan_index(inner: &Arc<Inner>, until: u64) -> Result<IndexScan, EngineError> 
         corrupt: 0,
         rest_from: None,
     };
-    let mut live = inner.live.lock();
-    live.loading = Some(Default::default());
+    inner.live.lock().loading = Some(Default::default());
+    let mut seen = super::cells::IdSet::default();
+    let mut chunk: Vec<(Arc<str>, LiveEntry)> = Vec::with_capacity(READY_CHUNK);
     for item in inner.store.due_entries(&[]) {
         let (key, id, entry) = match item {
             Ok(e) => e,
@@ -137,6 +152,9 @@ fn scan_index(inner: &Arc<Inner>, until: u64) -> Result<IndexScan, EngineError> 
             break;
         }
         let id: Arc<str> = Arc::from(id);
+        if seen.contains(&id) {
+            continue;
+        }
         match entry.state {
             TaskState::Pending => scan.pending += 1,
             TaskState::Paused => scan.paused += 1,
@@ -144,14 +162,32 @@ fn scan_index(inner: &Arc<Inner>, until: u64) -> Result<IndexScan, EngineError> 
             // A finished task has no live entry; one that says so is stale: skip it.
             _ => continue,
         }
-        if live.load(&id) {
-            arm_entry(inner, &id, &entry);
+        seen.insert(id.clone());
+        chunk.push((id, entry));
+        if chunk.len() == READY_CHUNK {
+            put_chunk(inner, &mut chunk, false);
         }
     }
-    if scan.rest_from.is_none() {
+    put_chunk(inner, &mut chunk, scan.rest_from.is_none());
+    Ok(scan)
+}
+
+/// Phase 1's entries read so far into the live map and onto the wheel, under one hold of the
+/// map's lock (`last`: the whole index is loaded, nothing is left for the background).
+fn put_chunk(inner: &Arc<Inner>, chunk: &mut Vec<(Arc<str>, LiveEntry)>, last: bool) {
+    let mut live = inner.live.lock();
+    let mut arm = Vec::with_capacity(chunk.len());
+    for (id, entry) in chunk.drain(..) {
+        if live.load(&id) {
+            arm.extend(entry_fire(inner, &id, &entry));
+        }
+    }
+    // Sent under the lock, as the background load's: a task claimed after this chunk is
+    // applied moves its wheel entry after this one.
+    inner.timer.at_many(arm);
+    if last {
         live.loading = None;
     }
-    Ok(scan)
 }
 
 /// Resumes the tasks that were sending (`plan::recover`); returns how many could not be read.
