@@ -187,6 +187,17 @@ fn database(
         &st.statement_timeout,
         DEFAULT_STATEMENT_TIMEOUT_MS,
     )?;
+    // Each session's statement_timeout on PostgreSQL, an int of ms: beyond it the start
+    // failed naming PostgreSQL's parameter, not this key.
+    if statement_timeout_ms > cluster::PG_MS_MAX {
+        return Err(invalid(
+            "store.statement_timeout",
+            format!(
+                "at most {} ms (~24.8 days), PostgreSQL's limit for statement_timeout",
+                cluster::PG_MS_MAX
+            ),
+        ));
+    }
     let password = ["HERALD_STORE_PASSWORD", "PGPASSWORD"]
         .iter()
         .find_map(|v| env(v).filter(|p| !p.is_empty()));
@@ -1082,6 +1093,15 @@ path = "d/sent.jsonl"
             err("[store]\nurl = \"postgres://db/x\"\nstatement_timeout = \"0s\"")
                 .starts_with("store.statement_timeout:")
         );
+        // PostgreSQL takes it as an int of ms: 2^31 - 1 at most (~24.8 days).
+        let e = err("[store]\nurl = \"postgres://db/x\"\nstatement_timeout = \"25d\"");
+        assert!(e.starts_with("store.statement_timeout:"), "{e}");
+        let c = Config::from_toml(
+            "[store]\nurl = \"postgres://db/x\"\nstatement_timeout = \"2147483647ms\"",
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.database.unwrap().statement_timeout_ms, 2_147_483_647);
     }
 
     #[test]

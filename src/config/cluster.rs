@@ -95,14 +95,37 @@ pub(super) fn cluster(
         safety_ms: ms("safety", &f.safety, d.safety_ms)?,
     };
     timing.check().map_err(|m| invalid("cluster", m))?;
+    // Half the lease is each session's `idle_in_transaction_session_timeout` (`server.rs`),
+    // an int of milliseconds on PostgreSQL: beyond it the start failed naming that parameter.
+    if timing.ttl_ms > 2 * PG_MS_MAX {
+        return Err(invalid(
+            "cluster.lease",
+            format!(
+                "at most {} ms (~49.7 days): half of it is PostgreSQL's idle_in_transaction_session_timeout, at most {PG_MS_MAX} ms",
+                2 * PG_MS_MAX
+            ),
+        ));
+    }
+    // No clock is measured exactly (the estimate's error is half a round trip): with 0 the
+    // node would never own a shard while `/healthz` said ok.
+    let max_clock_offset_ms = ms("max_clock_offset", &f.max_clock_offset, 500)?;
+    if max_clock_offset_ms == 0 {
+        return Err(invalid(
+            "cluster.max_clock_offset",
+            "must be more than 0: no node's clock is measured exactly, so with 0 this node would own no shard",
+        ));
+    }
     Ok(Some(ClusterConfig {
         node_id,
         advertise: f.advertise.clone(),
         shards,
         timing,
-        max_clock_offset_ms: ms("max_clock_offset", &f.max_clock_offset, 500)?,
+        max_clock_offset_ms,
     }))
 }
+
+/// The largest number of milliseconds PostgreSQL takes for a timeout setting (an `int`).
+pub(super) const PG_MS_MAX: u64 = i32::MAX as u64;
 
 #[cfg(test)]
 mod tests {
@@ -130,6 +153,12 @@ mod tests {
         assert!(e("advertise = \"10.0.0.5\"").starts_with("cluster.advertise"));
         assert!(e("lease = \"1s\"\nsafety = \"2s\"").contains("longer than cluster.safety"));
         assert!(e("node_id = \"\"").starts_with("cluster.node_id"));
+        assert!(e("max_clock_offset = \"0s\"").starts_with("cluster.max_clock_offset"));
+        assert!(e("max_clock_offset = \"0ms\"").contains("more than 0"));
+        // Half the lease goes to PostgreSQL as a timeout in ms (an int): 2 * 2^31 - 2 at most.
+        let over = format!("lease = \"{}ms\"", 2 * PG_MS_MAX + 1);
+        assert!(e(&over).starts_with("cluster.lease"), "{}", e(&over));
+        assert!(e("lease = \"50d\"").starts_with("cluster.lease"));
         let f: ClusterFile = toml::from_str("").unwrap();
         assert!(cluster(Some(&f), false)
             .unwrap_err()
