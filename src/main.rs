@@ -263,8 +263,16 @@ const EXIT_SECOND_SIGNAL: i32 = 130;
 /// `HERALD_LOG` filters (default `info`); `HERALD_LOG_FORMAT=json` writes one JSON object per
 /// line (for log shippers) instead of text.
 fn init_logs() -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Unset (or empty) is `info`; a filter that does not parse is refused, not ignored.
+    let filter = match std::env::var("HERALD_LOG") {
+        Err(std::env::VarError::NotPresent) => tracing_subscriber::EnvFilter::new("info"),
+        Ok(s) if s.trim().is_empty() => tracing_subscriber::EnvFilter::new("info"),
+        Ok(s) => tracing_subscriber::EnvFilter::try_new(&s)
+            .map_err(|e| anyhow::anyhow!("HERALD_LOG: {s:?} is not a log filter: {e}"))?,
+        Err(std::env::VarError::NotUnicode(s)) => {
+            anyhow::bail!("HERALD_LOG: {s:?} is not UTF-8")
+        }
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -1088,3 +1088,32 @@ async fn task_commands_ask_herald_for_the_language() {
         .json();
     assert_eq!(v["description"], "every weekday at 09:00 (Asia/Shanghai)");
 }
+
+/// A `HERALD_LOG` that is not a filter is refused in one line, as a bad `HERALD_LOG_FORMAT`
+/// is: before, it was taken for unset and herald ran at `info`, silently.
+#[test]
+fn serve_refuses_a_log_filter_that_does_not_parse() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let serve = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data",
+        data.to_str().unwrap(),
+    ];
+    let deadline = Duration::from_secs(20);
+    for (var, value) in [
+        ("HERALD_LOG", "herald=loud"),
+        ("HERALD_LOG", "[unclosed"),
+        ("HERALD_LOG_FORMAT", "xml"),
+    ] {
+        let out = run_in_env("", None, &serve, None, deadline, &[(var, value)]);
+        assert_eq!(out.code, 1, "{var}={value:?}: {}", out.stderr);
+        let line = out.fails();
+        assert!(
+            line.starts_with(&format!("herald: {var}: ")),
+            "{var}={value:?}: {line}"
+        );
+    }
+}
