@@ -255,30 +255,8 @@ async fn an_export_read_slowly_is_not_cut_to_make_room() {
     let dir = tempfile::tempdir().unwrap();
     // One regular slot: the export's connection holds it; a newcomer needs it or the reserve.
     let (p, addr) = start(dir.path(), herald::api::conns::RESERVE + 1);
-    // ~10 MB of export: more than the kernel's largest send buffer (4 MiB by default), so
-    // hyper's writes stall while the client does not read.
-    let body = "x".repeat(5_000);
-    for i in 0..TASKS {
-        let messages: Vec<_> = (0..10)
-            .map(|m| serde_json::json!({"to": format!("r{m}"), "body": body}))
-            .collect();
-        let r = http::post_json(
-            &format!("{}/v1/tasks", p.url),
-            &serde_json::json!({"id": format!("t{i}"), "channel": "log",
-                "schedule": {"after": "1h"}, "messages": messages}),
-        )
-        .await;
-        assert_eq!(r.status, 201, "{}", r.text());
-    }
-    // A client with a small receive buffer that reads the head, then nothing for a while.
-    let sock = TcpSocket::new_v4().unwrap();
-    sock.set_recv_buffer_size(4096).unwrap();
-    let mut s = sock.connect(addr).await.unwrap();
-    s.write_all(b"GET /v1/export HTTP/1.1\r\nHost: herald\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
-    let (status, head) = read_head(&mut s).await.expect("the export's head");
-    assert_eq!(status, 200, "{head}");
+    create_ten_megabytes_of_export(&p, TASKS).await;
+    let mut s = export_read_slowly(addr).await;
     // Past the silent bound with the answer unread (a deliberate pause, not a wait for
     // something to happen), a newcomer arrives; it is served from the reserve.
     tokio::time::sleep(herald::api::conns::EVICT_IDLE_MIN + Duration::from_millis(800)).await;
@@ -295,5 +273,73 @@ async fn an_export_read_slowly_is_not_cut_to_make_room() {
         "the export was cut: {} bytes, ending {:?}",
         rest.len(),
         &text[text.len().saturating_sub(200)..]
+    );
+}
+
+/// `tasks` tasks of ~50 kB each: at 200, ~10 MB of export, more than the kernel's largest send
+/// buffer (4 MiB by default) and the export's own buffer, so hyper's writes stall while the
+/// client does not read.
+async fn create_ten_megabytes_of_export(p: &Proc, tasks: usize) {
+    let body = "x".repeat(5_000);
+    for i in 0..tasks {
+        let messages: Vec<_> = (0..10)
+            .map(|m| serde_json::json!({"to": format!("r{m}"), "body": body}))
+            .collect();
+        let r = http::post_json(
+            &format!("{}/v1/tasks", p.url),
+            &serde_json::json!({"id": format!("t{i}"), "channel": "log",
+                "schedule": {"after": "1h"}, "messages": messages}),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+}
+
+/// A client with a small receive buffer that asks for an export and reads its head, then
+/// nothing until the caller reads on.
+async fn export_read_slowly(addr: SocketAddr) -> TcpStream {
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut s = sock.connect(addr).await.unwrap();
+    s.write_all(b"GET /v1/export HTTP/1.1\r\nHost: herald\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, head) = read_head(&mut s).await.expect("the export's head");
+    assert_eq!(status, 200, "{head}");
+    s
+}
+
+/// Exports at once are capped (`api/export.rs`): each holds a thread of tokio's blocking pool
+/// while its client does not read, and 512 such clients once held the whole pool, every
+/// `spawn_blocking` of the engine queued behind them. With the cap's exports held unread, one
+/// more is 503 problem+json with `Retry-After`; once they end, an export is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_beyond_the_cap_is_503_while_the_others_are_held_unread() {
+    /// `api/export.rs::EXPORTS_MAX`.
+    const EXPORTS_MAX: usize = 2;
+    let dir = tempfile::tempdir().unwrap();
+    let (p, addr) = start(dir.path(), CAP);
+    create_ten_megabytes_of_export(&p, 200).await;
+    let mut held = Vec::new();
+    for _ in 0..EXPORTS_MAX {
+        held.push(export_read_slowly(addr).await);
+    }
+    let url = format!("{}/v1/export", p.url);
+    let r = http::get(&url).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.header("retry-after").is_some(), "no Retry-After");
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert_eq!(r.json()["type"], "urn:herald:problem:exports-busy");
+    // The held clients go: their exports end, and a new one is served to its end line.
+    drop(held);
+    let again = poll(Duration::from_secs(30), || async {
+        let r = http::get(&url).await;
+        (r.status == 200).then_some(r)
+    })
+    .await
+    .expect("an export is served once the held ones ended");
+    assert!(
+        again.text().contains(r#"{"kind":"end","tasks":200,"#),
+        "the export was cut"
     );
 }
