@@ -66,6 +66,43 @@ pub fn raise_nofile() -> std::io::Result<Raised> {
     })
 }
 
+/// Descriptors kept back from HTTP clients for herald's own work under `config`: the base,
+/// one connection per concurrent webhook send and its token fetch, the background drains of
+/// answers' bodies (each holds its socket after the send's slot is let go) and the alert
+/// deliveries (which take no slot of their channel) when a webhook channel can carry them, one
+/// file per file channel, and PostgreSQL's pool with the lease and notification connections.
+pub fn reserve(config: &crate::config::Config) -> u64 {
+    use crate::config::ChannelKind;
+    let webhooks = || {
+        config
+            .channels
+            .iter()
+            .filter(|c| matches!(c.kind, ChannelKind::Webhook { .. }))
+    };
+    let sends: u64 = webhooks().map(|c| u64::from(c.concurrency) + 1).sum();
+    // As many as the channel's slots (`WebhookSink::keep_drains`).
+    let drains: u64 = webhooks().map(|c| u64::from(c.concurrency)).sum();
+    let alerts_by_webhook = config
+        .alerts_channel
+        .as_ref()
+        .is_some_and(|name| webhooks().any(|c| &c.name == name));
+    let alerts = if alerts_by_webhook {
+        crate::engine::ALERT_DELIVERIES_MAX as u64
+    } else {
+        0
+    };
+    let files = config
+        .channels
+        .iter()
+        .filter(|c| matches!(c.kind, ChannelKind::File { .. }))
+        .count() as u64;
+    let database = config
+        .database
+        .as_ref()
+        .map_or(0, |d| d.pool_size as u64 + 2);
+    RESERVE_BASE + sends + drains + alerts + files + database
+}
+
 /// The cap on HTTP connections: the configured value, or [`CONNECTIONS_DEFAULT_MAX`], never
 /// more than what the descriptor `limit` leaves after `reserve`. An error when the limit
 /// leaves next to nothing (herald could not serve and deliver both).
@@ -107,6 +144,38 @@ mod tests {
         assert_eq!(n, 156);
         assert!(warn.unwrap().contains("using 156"));
         assert!(connections_max(100, 96, None).is_err());
+    }
+
+    /// Every kind of descriptor herald holds for its own work is kept back: a webhook's sends,
+    /// the body drains, alert deliveries over a webhook, file channels, the database's pool.
+    #[test]
+    fn the_reserve_counts_what_herald_itself_holds() {
+        use crate::config::{Config, Overrides};
+        let cfg = |toml: &str| {
+            Config::from_toml(
+                toml,
+                Overrides {
+                    listen: None,
+                    data_dir: Some("/tmp/x".into()),
+                    token: None,
+                },
+            )
+            .unwrap()
+        };
+        assert_eq!(reserve(&cfg("")), RESERVE_BASE);
+        let hook = "[channels.hook]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/\"\nconcurrency = 10\n";
+        let drains = 10;
+        assert_eq!(reserve(&cfg(hook)), RESERVE_BASE + 11 + drains);
+        let alerts = format!("{hook}[alerts]\nchannel = \"hook\"\n");
+        let alert_max = crate::engine::ALERT_DELIVERIES_MAX as u64;
+        assert_eq!(
+            reserve(&cfg(&alerts)),
+            RESERVE_BASE + 11 + drains + alert_max
+        );
+        let file = "[channels.f]\nkind = \"file\"\npath = \"/tmp/x/out\"\n";
+        assert_eq!(reserve(&cfg(file)), RESERVE_BASE + 1);
+        let db = "[store]\nurl = \"postgres://db/x\"\npool_size = 20\n";
+        assert_eq!(reserve(&cfg(db)), RESERVE_BASE + 22);
     }
 
     #[test]

@@ -276,16 +276,10 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
 }
 
 /// How many HTTP connections herald serves at once, the descriptor limit and what it keeps
-/// back: HTTP clients get what the limit leaves after the store and every webhook send that
-/// may be in flight at once (and its token fetch).
+/// back: HTTP clients get what the limit leaves after herald's own work
+/// ([`fdlimit::reserve`]).
 fn connection_budget(config: &Config) -> Result<(usize, u64, u64), StartError> {
-    let outgoing: u64 = config
-        .channels
-        .iter()
-        .filter(|c| matches!(c.kind, ChannelKind::Webhook { .. }))
-        .map(|c| u64::from(c.concurrency) + 1)
-        .sum();
-    let reserve = fdlimit::RESERVE_BASE + outgoing;
+    let reserve = fdlimit::reserve(config);
     let limit = fdlimit::nofile().unwrap_or(1024);
     let (connections_max, warning) =
         fdlimit::connections_max(limit, reserve, config.connections_max)

@@ -225,7 +225,10 @@ pub struct Channel {
 
 impl Channel {
     /// A channel with no limiter, breaker or signing (tests and the default `log`).
-    pub fn plain(name: &str, sink: Sink, retry: RetryPolicy, concurrency: usize) -> Channel {
+    pub fn plain(name: &str, mut sink: Sink, retry: RetryPolicy, concurrency: usize) -> Channel {
+        if let Sink::Webhook(w) = &mut sink {
+            w.keep_drains(concurrency);
+        }
         Channel {
             name: name.to_string(),
             sink,

@@ -35,6 +35,10 @@ pub struct WebhookSink {
     platform: Option<Platform>,
     /// The platform's success rule, or the default (2xx).
     rule: SuccessRule,
+    /// Answers' bodies drained in the background at once ([`finish_or_drain`]): as many as
+    /// the channel's `concurrency` ([`WebhookSink::keep_drains`]), whose descriptors the
+    /// budget keeps (`fdlimit::reserve`).
+    drains: Arc<tokio::sync::Semaphore>,
 }
 
 /// Reads the PEM CA certificates of a `ca_file`: at least one, each usable as a trust anchor.
@@ -126,7 +130,14 @@ impl WebhookSink {
             signer,
             platform: None,
             rule: SuccessRule::default(),
+            drains: Arc::new(tokio::sync::Semaphore::new(DRAINS_DEFAULT)),
         })
+    }
+
+    /// Background drains at once for a channel of `concurrency` (`Channel::plain`): each
+    /// holds the socket of a send whose slot was let go, so there are as many as slots.
+    pub fn keep_drains(&mut self, concurrency: usize) {
+        self.drains = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
     }
 
     /// The bound on one request (`timeout`: connect, send, the answer's status line).
@@ -443,7 +454,7 @@ impl WebhookSink {
         } else if self.rule.status.contains(status) {
             // Success on the status line alone: the outcome does not wait for the body. It is
             // drained in the background so the connection can be reused.
-            finish_or_drain(body).await;
+            finish_or_drain(body, &self.drains).await;
             return Verdict::Done(
                 self.rule
                     .judge(status, retry_after.as_deref(), Answer::Unread, now_ms())
@@ -525,19 +536,18 @@ pub fn is_local_resource_error(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Response bodies drained in the background at once, across every channel. Past it a body
-/// still on its way is dropped instead: its connection closes rather than going back to the
-/// pool (a slow receiver then costs a new connection, never an unbounded number of tasks).
-pub const DRAINS_MAX: usize = 256;
+/// Background drains of a sink made without [`WebhookSink::keep_drains`] (tests, benches).
+const DRAINS_DEFAULT: usize = 4;
 
-static DRAINS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(DRAINS_MAX);
-
-/// Bodies dropped undrained because [`DRAINS_MAX`] drains were running (a metric).
+/// Bodies dropped undrained because the channel's drains were all running (a metric). Past
+/// them a body still on its way is dropped instead: its connection closes rather than going
+/// back to the pool (a slow receiver then costs a new connection, never an unbounded number
+/// of tasks or descriptors).
 pub static DRAINS_DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// A permit to drain one body in the background, if fewer than [`DRAINS_MAX`] run.
-fn drain_permit() -> Option<tokio::sync::SemaphorePermit<'static>> {
-    let p = DRAINS.try_acquire().ok();
+/// A permit to drain one body in the background, if fewer than `drains` allows run.
+fn drain_permit(drains: &Arc<tokio::sync::Semaphore>) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let p = drains.clone().try_acquire_owned().ok();
     if p.is_none() {
         DRAINS_DROPPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
@@ -547,8 +557,8 @@ fn drain_permit() -> Option<tokio::sync::SemaphorePermit<'static>> {
 /// Reads the rest of a body the outcome does not depend on, so hyper can put the connection
 /// back in the pool: what has already arrived is read now, without waiting (a small answer
 /// usually comes with its head); a body still on its way is read in a task of its own
-/// (bounded in size and time, and in number: [`DRAINS_MAX`]) that nothing waits for.
-async fn finish_or_drain(mut body: Incoming) {
+/// (bounded in size and time, and in number: the channel's drains) that nothing waits for.
+async fn finish_or_drain(mut body: Incoming, drains: &Arc<tokio::sync::Semaphore>) {
     for _ in 0..8 {
         if body.is_end_stream() {
             return;
@@ -560,7 +570,7 @@ async fn finish_or_drain(mut body: Incoming) {
             Err(_) => break,
         }
     }
-    let Some(permit) = drain_permit() else {
+    let Some(permit) = drain_permit(drains) else {
         return; // dropped: the connection closes
     };
     tokio::spawn(async move {
@@ -661,15 +671,19 @@ mod tests {
 
     #[test]
     fn background_drains_are_bounded_and_the_rest_counted() {
+        let drains = Arc::new(tokio::sync::Semaphore::new(16));
         let before = DRAINS_DROPPED.load(std::sync::atomic::Ordering::Relaxed);
-        let held: Vec<_> = std::iter::from_fn(drain_permit)
-            .take(DRAINS_MAX + 1)
+        let held: Vec<_> = std::iter::from_fn(|| drain_permit(&drains))
+            .take(17)
             .collect();
-        assert_eq!(held.len(), DRAINS_MAX, "at most DRAINS_MAX drains at once");
-        assert!(drain_permit().is_none());
+        assert_eq!(held.len(), 16, "at most the channel's drains at once");
+        assert!(drain_permit(&drains).is_none());
         assert!(DRAINS_DROPPED.load(std::sync::atomic::Ordering::Relaxed) >= before + 2);
         drop(held);
-        assert!(drain_permit().is_some(), "a finished drain frees its place");
+        assert!(
+            drain_permit(&drains).is_some(),
+            "a finished drain frees its place"
+        );
     }
 
     #[test]

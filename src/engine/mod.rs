@@ -8,6 +8,8 @@
 //! lock (its in-flight mark is durable first) and finished outside it, so a slow receiver never
 //! blocks cancel.
 mod alerts;
+/// Alert deliveries in flight at most (they take no slot of their channel: `fdlimit.rs`).
+pub(crate) const ALERT_DELIVERIES_MAX: usize = alerts::DELIVERIES_MAX;
 mod arm;
 mod cells;
 mod change;
