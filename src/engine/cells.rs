@@ -472,23 +472,28 @@ fn loaded(
 
 /// Locks `cell` again after run `run`'s send. Unlike [`lock`] it does not go through the live
 /// map: a task cancelled during the send has left the map but its sending run must still be
-/// settled. `Ok(None)`: the cell was unloaded meanwhile (a failed write) and the task is
-/// finished. If the task cannot be read back now, `run`'s mark leaves the unloaded cell: its
-/// outcome will never be settled, so the step's retry must find it interrupted and send it
-/// again (same key), not take it for a send still out.
+/// settled. `Gone`: the cell was unloaded meanwhile (a failed write) and the task is
+/// finished. `Park`: read back, but its runs' records do not decode (the caller parks it; its
+/// runs, empty in memory, could not be settled). If the task cannot be read back now, `run`'s
+/// mark leaves the unloaded cell: its outcome will never be settled, so the step's retry must
+/// find it interrupted and send it again (same key), not take it for a send still out.
 pub(crate) async fn relock(
     inner: &Arc<Inner>,
     id: &Arc<str>,
     cell: Arc<LiveTask>,
     run: u32,
-) -> Result<Option<Locked>, EngineError> {
+) -> Result<Got, EngineError> {
     let mut guard = cell.lock_owned().await;
+    let mut park = None;
     if let Slot::Unloaded(out) = &*guard {
         let (key, out) = (id.clone(), out.clone());
         let read = offload::read(inner, move |i| load(i, &key, &out)).await;
         match read {
-            Ok(Some((st, _))) => *guard = Slot::Loaded(Box::new(st)),
-            Ok(None) => return Ok(None),
+            Ok(Some((st, why))) => {
+                *guard = Slot::Loaded(Box::new(st));
+                park = why;
+            }
+            Ok(None) => return Ok(Got::Gone),
             Err(e) => {
                 if let Slot::Unloaded(out) = &mut *guard {
                     out.remove(&run);
@@ -497,10 +502,14 @@ pub(crate) async fn relock(
             }
         }
     }
-    Ok(Some(Locked {
+    let l = Locked {
         id: id.clone(),
         guard,
-    }))
+    };
+    Ok(match park {
+        Some(reason) => Got::Park(l, reason),
+        None => Got::Ready(l),
+    })
 }
 
 /// Reads a task and its active runs from the store. A run that is in flight on disk and not

@@ -377,8 +377,12 @@ async fn run_step_once(
     };
     let (outcome, report) = cut_off_at(end, send(inner, &prepared, &cell, key.run)).await;
     prepared.report = report;
-    let Some(mut l) = super::cells::relock(inner, &key.task, cell, key.run).await? else {
-        return Ok(None);
+    let mut l = match super::cells::relock(inner, &key.task, cell, key.run).await? {
+        super::cells::Got::Ready(l) => l,
+        super::cells::Got::Gone => return Ok(None),
+        super::cells::Got::Park(l, reason) => {
+            return Err(commit::park_loaded(inner, l, reason).await)
+        }
     };
     match settle(inner, &mut l, key, prepared, outcome).await {
         Ok(Next::Now) => Ok(Some(l)),
