@@ -36,6 +36,10 @@ pub enum StartError {
     Descriptors(String),
     #[error("telemetry.otlp_endpoint: {0}")]
     Telemetry(String),
+    /// The data directory (or database) holds an import that did not finish
+    /// (`backup/marker.rs`).
+    #[error("{0}")]
+    Unfinished(String),
     #[error("cannot listen on {addr}: {error}")]
     Listen {
         addr: SocketAddr,
@@ -187,6 +191,11 @@ fn open_database(
     };
     let mut backend =
         crate::store::pg::PgBackend::open(&db.url, &opts).map_err(StartError::Database)?;
+    if backend.import_unfinished().map_err(StartError::Database)? {
+        return Err(StartError::Unfinished(crate::backup::marker::pg_refusal(
+            &crate::store::pg::redact(&db.url),
+        )));
+    }
     let hooks = cluster.map(|c| ClusterHooks {
         node_id: c.node_id.clone(),
         ownership: Arc::new(crate::cluster::node::Ownership::new(c.timing)),
@@ -290,6 +299,15 @@ fn connection_budget(config: &Config) -> Result<(usize, u64, u64), StartError> {
     Ok((connections_max, limit, reserve))
 }
 
+/// The data directory, refused while it holds an import that did not finish.
+fn open_data_dir(config: &Config) -> Result<Store, StartError> {
+    crate::backup::marker::check_complete(&config.data_dir).map_err(StartError::Unfinished)?;
+    Store::open_with(&config.data_dir, &config.store).map_err(|error| StartError::Store {
+        dir: config.data_dir.display().to_string(),
+        error,
+    })
+}
+
 /// Starts herald with a given clock and engine settings (tests use a manual clock).
 pub async fn start_with(
     config: Config,
@@ -298,15 +316,7 @@ pub async fn start_with(
 ) -> Result<Server, StartError> {
     let (store, cluster) = match &config.database {
         Some(db) => open_database(db, config.cluster.as_ref())?,
-        None => (
-            Store::open_with(&config.data_dir, &config.store).map_err(|error| {
-                StartError::Store {
-                    dir: config.data_dir.display().to_string(),
-                    error,
-                }
-            })?,
-            None,
-        ),
+        None => (open_data_dir(&config)?, None),
     };
     store.set_timeline_max(config.store.timeline_max);
     // Cluster mode fires at database time: the engine reads the clock plus the offset the

@@ -225,3 +225,385 @@ fn a_cut_short_or_foreign_file_is_refused_and_leaves_nothing() {
         stderr(&o)
     );
 }
+
+/// A pending one-shot task due in a year, with its one message.
+fn task_lines(id: &str) -> Vec<herald::backup::Line> {
+    use herald::backup::Line;
+    use herald::model::{
+        DstPolicy, Lang, Message, Misfire, Overlap, Pacing, QuietSetting, Schedule, Task, TaskState,
+    };
+    const T0: u64 = 1_800_000_000_000;
+    let due = T0 + 365 * 86_400_000;
+    let task = Task {
+        id: id.into(),
+        name: None,
+        channel: "log".into(),
+        schedule: Schedule::At {
+            at: herald::schedule::format_utc(due),
+            tz: None,
+            dst: DstPolicy::default(),
+            at_ms: due,
+        },
+        message_count: 1,
+        pacing: Pacing::default(),
+        retry: None,
+        misfire: Misfire::FireNow,
+        misfire_grace_ms: 600_000,
+        overlap: Overlap::Skip,
+        metadata: Default::default(),
+        state: TaskState::Pending,
+        created_at_ms: T0,
+        updated_at_ms: T0,
+        next_fire_at_ms: Some(due),
+        runs: 0,
+        fires: 0,
+        last_fire_ms: None,
+        done_offsets_ms: Vec::new(),
+        queued: Vec::new(),
+        skipped: 0,
+        expired: 0,
+        watched_since_ms: T0,
+        failed_reason: None,
+        lang: Lang::En,
+        recipient_zones: Vec::new(),
+        quiet_hours: QuietSetting::Channel,
+        notify: None,
+        trace_id: None,
+    };
+    vec![
+        Line::Task {
+            task: Box::new(task),
+        },
+        Line::Message {
+            task_id: id.into(),
+            seq: 0,
+            message: Message {
+                to: format!("to-{id}"),
+                body: "hello".into(),
+                data: None,
+                tz: None,
+            },
+        },
+    ]
+}
+
+fn header_line() -> String {
+    serde_json::to_string(&herald::backup::Line::Header {
+        format: herald::backup::FORMAT.into(),
+        version: herald::backup::VERSION,
+        exported_at: "2027-01-15T08:00:00Z".into(),
+    })
+    .unwrap()
+}
+
+/// An export of `n` tasks, as text, with or without its end line.
+fn export_text(n: usize, end: bool) -> String {
+    let mut out = vec![header_line()];
+    for i in 0..n {
+        for l in task_lines(&format!("t{i:06}")) {
+            out.push(serde_json::to_string(&l).unwrap());
+        }
+    }
+    if end {
+        let lines = out.len() as u64 + 1;
+        out.push(
+            serde_json::to_string(&herald::backup::Line::End {
+                tasks: n as u64,
+                lines,
+            })
+            .unwrap(),
+        );
+    }
+    out.join("\n") + "\n"
+}
+
+/// Waits (with a deadline) for `child` to exit on its own; `None` if it is still running then
+/// (it is killed).
+fn exit_within(child: &mut std::process::Child, deadline: Duration) -> Option<i32> {
+    let end = std::time::Instant::now() + deadline;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status.code().unwrap_or(-1));
+        }
+        if std::time::Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `herald import` killed halfway (its batches are durable as it goes) leaves its marker:
+/// `herald serve` refuses the directory instead of running part of the backup, and so do
+/// `herald export --data` and another import, each naming the marker and what to do.
+#[test]
+fn an_import_killed_halfway_is_refused_by_serve_export_and_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("data");
+    let text = export_text(3_000, false);
+    let mut importer = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["import", "--data", data(&target)])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn herald import");
+    let mut input = importer.stdin.take().expect("stdin");
+    // Once this is written, the importer has read all but what the pipe and its buffer hold
+    // (tens of KB of ~2 MB): the batches before that are durable. No end line comes; stdin
+    // stays open, so the importer waits for more.
+    input.write_all(text.as_bytes()).expect("write the lines");
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    while !target.join("db").exists() {
+        assert!(std::time::Instant::now() < end, "the import wrote nothing");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    importer.kill().expect("kill -9");
+    importer.wait().expect("reap");
+    drop(input);
+    {
+        let s = common::herald::reopen(|| herald::store::Store::open(&target));
+        let tasks = s.task_ids().count();
+        assert!(
+            (1_000..3_000).contains(&tasks),
+            "the killed import left part of the file: {tasks} tasks"
+        );
+    }
+
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data", data(&target)])
+        .env_remove("HERALD_STORE_URL")
+        .env("HERALD_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn herald serve");
+    let code = exit_within(&mut serve, Duration::from_secs(30));
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut serve.stderr.take().unwrap(), &mut said).unwrap();
+    assert!(
+        code.is_some_and(|c| c != 0),
+        "herald serve ran a half-imported directory: {said}"
+    );
+    for must in ["IMPORT-INCOMPLETE", "unfinished import", "import again"] {
+        assert!(said.contains(must), "{must}: {said}");
+    }
+
+    let o = herald(&["export", "--data", data(&target)], None);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("IMPORT-INCOMPLETE"), "{}", stderr(&o));
+    let o = herald(
+        &["import", "--data", data(&target)],
+        Some(export_text(1, true).as_bytes()),
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("IMPORT-INCOMPLETE"), "{}", stderr(&o));
+    assert!(
+        target.join("db").exists(),
+        "a refused import removes nothing"
+    );
+
+    // Deleted and imported again, it is whole and unmarked.
+    std::fs::remove_dir_all(&target).unwrap();
+    let o = herald(
+        &["import", "--data", data(&target)],
+        Some(export_text(3, true).as_bytes()),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!target.join("IMPORT-INCOMPLETE").exists());
+}
+
+/// On PostgreSQL the mark is a row of `herald_meta`: an import killed halfway leaves it, and
+/// `herald serve` and another import refuse the database, naming it.
+#[test]
+fn an_import_into_postgres_killed_halfway_is_refused_by_serve() {
+    let Some(pg) = common::pg::PgServer::shared("an_import_into_postgres_killed_halfway") else {
+        return;
+    };
+    let url = pg.create_db("halfway");
+    let text = export_text(3_000, false);
+    let mut importer = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["import", "--store-url", &url])
+        .env_remove("HERALD_STORE_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn herald import");
+    let mut input = importer.stdin.take().expect("stdin");
+    input.write_all(text.as_bytes()).expect("write the lines");
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    while pg.psql(&url, "SELECT count(*) FROM herald_specs") == "0" {
+        assert!(std::time::Instant::now() < end, "the import wrote nothing");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    importer.kill().expect("kill -9");
+    importer.wait().expect("reap");
+    drop(input);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(dir.path().join("unused"))
+        .env("HERALD_STORE_URL", &url)
+        .env("HERALD_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn herald serve");
+    let code = exit_within(&mut serve, Duration::from_secs(30));
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut serve.stderr.take().unwrap(), &mut said).unwrap();
+    assert!(
+        code.is_some_and(|c| c != 0),
+        "herald serve ran a half-imported database: {said}"
+    );
+    assert!(said.contains("unfinished import"), "{said}");
+    assert!(said.contains("import_unfinished"), "{said}");
+
+    let o = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["import", "--store-url", &url])
+        .env_remove("HERALD_STORE_URL")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("unfinished import"), "{}", stderr(&o));
+
+    // A whole import leaves no mark.
+    let url2 = pg.create_db("whole");
+    let file = dir.path().join("three.jsonl");
+    std::fs::write(&file, export_text(3, true)).unwrap();
+    let o = herald(
+        &["import", "--store-url", &url2, "-f", file.to_str().unwrap()],
+        None,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        pg.psql(
+            &url2,
+            "SELECT count(*) FROM herald_meta WHERE name = 'import_unfinished'"
+        ),
+        "0"
+    );
+}
+
+/// A field this build does not know (a newer herald's setting) is refused naming its line and
+/// field, not dropped; a file from an older herald, without the fields added since (their
+/// defaults), still imports.
+#[test]
+fn an_unknown_field_is_refused_and_a_missing_new_field_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("source");
+    let o = herald(
+        &["import", "--data", data(&source)],
+        Some(export_text(3, true).as_bytes()),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = herald(&["export", "--data", data(&source)], None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let exported = lines(&o.stdout);
+    let at = exported
+        .iter()
+        .position(|l| l["kind"] == "task" && l["task"]["id"] == "t000001")
+        .expect("task t000001");
+    let text = |ls: &[Value]| -> Vec<u8> {
+        ls.iter()
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+            .into_bytes()
+    };
+
+    let mut newer = exported.clone();
+    newer[at]["task"]["future_setting"] = json!(true);
+    let target = dir.path().join("newer");
+    let o = herald(&["import", "--data", data(&target)], Some(&text(&newer)));
+    assert!(!o.status.success(), "an unknown field was dropped");
+    let line = format!("line {}: unknown field task.future_setting", at + 1);
+    assert!(stderr(&o).contains(&line), "{line}: {}", stderr(&o));
+    assert!(!target.exists(), "nothing kept");
+
+    // Nested, and on a line of another kind.
+    let mut newer = exported.clone();
+    newer[at + 1]["message"]["priority"] = json!("high");
+    let o = herald(&["import", "--data", data(&target)], Some(&text(&newer)));
+    let line = format!("line {}: unknown field message.priority", at + 2);
+    assert!(stderr(&o).contains(&line), "{line}: {}", stderr(&o));
+
+    // Written before `lang`, `recipient_zones`, `quiet_hours`, `notify`, `trace_id` and a
+    // message's `tz` existed: their defaults.
+    let mut older = exported.clone();
+    for l in older.iter_mut() {
+        if l["kind"] == "task" {
+            let t = l["task"].as_object_mut().unwrap();
+            for f in [
+                "lang",
+                "recipient_zones",
+                "quiet_hours",
+                "notify",
+                "trace_id",
+            ] {
+                assert!(t.remove(f).is_some(), "{f}");
+            }
+        }
+        if l["kind"] == "message" {
+            l["message"].as_object_mut().unwrap().remove("tz");
+        }
+    }
+    let o = herald(&["import", "--data", data(&target)], Some(&text(&older)));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = herald(&["export", "--data", data(&target)], None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let back = lines(&o.stdout);
+    assert_eq!(back.len(), exported.len());
+    for (b, e) in back.iter().zip(&exported).skip(1) {
+        assert_eq!(b, e, "read back with the defaults");
+    }
+}
+
+/// Every record of every sled tree of `dir` (the `meta` tree's format among them), read with
+/// sled alone: what a herald of any format would find.
+fn sled_records(dir: &Path) -> Vec<(Vec<u8>, Vec<u8>, Vec<u8>)> {
+    let db = common::herald::reopen(|| sled::Config::new().path(dir).open());
+    let mut out = Vec::new();
+    for name in db.tree_names() {
+        for kv in db.open_tree(&name).unwrap().iter() {
+            let (k, v) = kv.unwrap();
+            out.push((name.to_vec(), k.to_vec(), v.to_vec()));
+        }
+    }
+    out
+}
+
+/// `herald export --data` of a directory an older herald wrote (format 6) does not migrate it
+/// (an export before an upgrade is the way back): it is refused, saying what to do, and every
+/// record is as it was, the format too.
+#[test]
+fn export_of_an_older_format_leaves_it_as_it_was() {
+    let dir = common::fixture_copy("v6-data");
+    let before = sled_records(common::fixture_copy("v6-data").path());
+    let format = |rs: &[(Vec<u8>, Vec<u8>, Vec<u8>)]| {
+        rs.iter()
+            .find(|(t, k, _)| t == b"meta" && k == b"format")
+            .map(|(_, _, v)| v.clone())
+    };
+    assert_eq!(format(&before), Some(vec![6]));
+    let o = herald(&["export", "--data", data(dir.path())], None);
+    assert!(!o.status.success(), "exported (after migrating it)");
+    for must in ["format 6", "older herald", "herald serve"] {
+        assert!(stderr(&o).contains(must), "{must}: {}", stderr(&o));
+    }
+    assert!(o.stdout.is_empty());
+    let after = sled_records(dir.path());
+    assert_eq!(format(&after), Some(vec![6]), "still format 6");
+    assert!(after == before, "the records are as they were");
+    assert!(
+        !std::fs::read_dir(dir.path()).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("wal-")),
+        "no write-ahead log of this build's added"
+    );
+}

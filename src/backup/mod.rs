@@ -9,15 +9,21 @@
 //! 2. per task, in id order: `task`, then its `message`s (seq 0, 1, ...), then its `run`s,
 //!    then its `timeline` events (oldest first, with their seqs; exports made before the
 //!    timeline have none, and import as tasks without events)
-//! 3. every `failure`, then every `idempotency` key
+//! 3. every `failure` (in id order), then every `idempotency` key (in key order), of the
+//!    tasks exported and as their images show them
 //! 4. `end` with the counts: a file without it was cut short and is refused.
+//!
+//! A field the reader does not know is refused, naming its line and path (a newer herald's
+//! setting would otherwise be lost); a field missing is given its default (files from older
+//! herald versions). `VERSION` moves only when a reader of the old version would misread a file.
 //!
 //! `export.rs` reads a [`crate::store::Store`] (each task as one consistent image, so it may
 //! run while herald writes: `GET /v1/export` streams it); `import.rs` writes one through the
-//! store's ordinary batch path.
+//! store's ordinary batch path, with the directory marked until it has finished (`marker.rs`).
 
 pub mod export;
 pub mod import;
+pub mod marker;
 
 use serde::{Deserialize, Serialize};
 

@@ -2,9 +2,11 @@
 //!
 //! Export reads a data directory directly when herald is stopped (`--data`), or asks a running
 //! herald for it (`--url`, `GET /v1/export`): sled lets one process open a directory, so while
-//! herald runs only herald can read it, and `--data` says so and points at `--url`. Import
-//! writes into a new or empty directory only, and removes what it wrote if the file is bad, so
-//! a failed import leaves nothing half-restored behind.
+//! herald runs only herald can read it, and `--data` says so and points at `--url`; a
+//! directory of an older format is refused rather than migrated. Import writes into a new or
+//! empty directory only, and removes what it wrote if the file is bad; an import stopped
+//! halfway (killed, a crash) leaves its mark (`backup/marker.rs`), which `herald serve`
+//! refuses: a failed import leaves nothing half-restored behind that herald would run.
 //!
 //! On PostgreSQL (`--store-url`, password from `HERALD_STORE_PASSWORD` / `PGPASSWORD`) both
 //! read and write the database directly: export sees one snapshot per task, so it may run
@@ -21,9 +23,9 @@ use http_body_util::BodyExt;
 
 use super::client::{CliError, Client};
 use super::output;
-use crate::backup::{export, import, BackupError};
+use crate::backup::{export, import, marker, BackupError};
 use crate::store::pg::{PgBackend, PgOptions};
-use crate::store::{Store, StoreError, StoreOptions};
+use crate::store::{Store, StoreError, StoreOptions, DIR_FORMAT};
 
 #[derive(Args, Debug)]
 #[group(required = true, multiple = false)]
@@ -39,8 +41,16 @@ pub struct ExportArgs {
     pub store_url: Option<String>,
 }
 
+/// One target, `--data` or `--store-url`; `--file` goes with either (not in the group a
+/// struct-level `#[group]` would make of every field).
 #[derive(Args, Debug)]
-#[group(id = "target", required = true, multiple = false, args = ["data", "store_url"])]
+#[group(skip)]
+#[command(group(
+    clap::ArgGroup::new("target")
+        .required(true)
+        .multiple(false)
+        .args(["data", "store_url"])
+))]
 pub struct ImportArgs {
     /// New or empty data directory to restore into.
     #[arg(long)]
@@ -97,7 +107,9 @@ fn open_pg(url: &str) -> Result<(Store, Arc<PgBackend>), CliError> {
     Ok((store, backend))
 }
 
-/// Opens a data directory that must exist, saying what to do when herald holds it.
+/// Opens a data directory that must exist, saying what to do when herald holds it. One of an
+/// older format is refused, not opened: opening migrates it, and the herald that wrote it
+/// could not read it any more (an export taken before an upgrade must leave a way back).
 fn open_existing(dir: &Path) -> Result<Store, CliError> {
     if !dir.join("db").exists() {
         return Err(local(format!(
@@ -105,14 +117,62 @@ fn open_existing(dir: &Path) -> Result<Store, CliError> {
             dir.display()
         )));
     }
-    Store::open_with(dir, &StoreOptions::default()).map_err(|e| match &e {
-        StoreError::Sled(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock") => {
-            local(format!(
-                "{} is in use by a running herald (sled allows one process per directory); export through it instead: herald export --url http://ADDR (the token from HERALD_TOKEN)",
-                dir.display()
-            ))
-        }
+    // Part of an export is no backup.
+    marker::check_complete(dir).map_err(local)?;
+    let refused = |e: StoreError| {
+        match &e {
+        _ if sled_locked(&e) => local(format!(
+            "{} is in use by a running herald (sled allows one process per directory); export through it instead: herald export --url http://ADDR (the token from HERALD_TOKEN)",
+            dir.display()
+        )),
         _ => local(format!("cannot open {}: {e}", dir.display())),
+    }
+    };
+    match stored_format(dir).map_err(refused)? {
+        Some(found) if found < DIR_FORMAT => {
+            return Err(local(format!(
+                "{} holds data-directory format {found}, written by an older herald; export does not upgrade it (opening it would, and the herald that wrote it could not read it any more). Export it with that herald, or start this one on it first (herald serve upgrades it to format {DIR_FORMAT}) and export then",
+                dir.display()
+            )))
+        }
+        _ => {}
+    }
+    // sled's threads let go of the directory a moment after the read above closed it.
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match Store::open_with(dir, &StoreOptions::default()) {
+            Err(e) if sled_locked(&e) && std::time::Instant::now() < end => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            r => return r.map_err(refused),
+        }
+    }
+}
+
+fn sled_locked(e: &StoreError) -> bool {
+    matches!(e, StoreError::Sled(sled::Error::Io(io)) if io.to_string().contains("could not acquire lock"))
+}
+
+/// The data-directory format `dir` holds (`None`: none written yet), read from sled alone:
+/// not through [`Store::open_with`], which migrates an older format as it opens.
+fn stored_format(dir: &Path) -> Result<Option<u8>, StoreError> {
+    let read = || -> Result<Option<u8>, StoreError> {
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(1 << 20)
+            .open()?;
+        if !db.tree_names().iter().any(|n| n.as_ref() == b"meta") {
+            return Ok(None);
+        }
+        let format = db.open_tree("meta")?.get("format")?;
+        Ok(format.and_then(|v| v.first().copied()))
+    };
+    // sled may panic on a damaged file; an error here, as `Store::open_with` makes it.
+    std::panic::catch_unwind(read).unwrap_or_else(|_| {
+        Err(StoreError::Panic {
+            dir: dir.display().to_string(),
+            detail: "sled panicked reading it".into(),
+        })
     })
 }
 
@@ -163,7 +223,9 @@ async fn export_url(url: &str) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `herald import`: into a new or empty data directory.
+/// `herald import`: into a new or empty data directory. The directory holds the import's
+/// marker (`backup/marker.rs`) from before the first write until the `end` line was checked
+/// and everything is durable: an import stopped halfway is refused by `herald serve`.
 pub async fn import_cmd(args: ImportArgs) -> Result<(), CliError> {
     if let Some(url) = args.store_url {
         return import_pg(&url, args.file.as_deref()).await;
@@ -172,36 +234,20 @@ pub async fn import_cmd(args: ImportArgs) -> Result<(), CliError> {
     import::check_empty(&dir).map_err(local)?;
     let existed = dir.exists();
     let reader = input(args.file.as_deref())?;
-    let r = restore(&dir, reader).await;
+    let r = match marker::mark(&dir) {
+        Ok(()) => restore(&dir, reader).await,
+        Err(e) => Err(BackupError::Io(e)),
+    };
+    let r = r.and_then(|i| marker::unmark(&dir).map(|()| i).map_err(BackupError::Io));
     match r {
         Ok(i) => {
-            eprintln!(
-                "herald: imported {} tasks ({} lines) into {}",
-                i.tasks,
-                i.lines,
-                dir.display()
-            );
+            say_imported(&i, &dir.display().to_string());
             Ok(())
         }
         Err(e) => {
-            // Leave the directory as it was: new and gone, or empty.
-            let cleaned = if existed {
-                std::fs::read_dir(&dir).map(|es| {
-                    for e in es.flatten() {
-                        let p = e.path();
-                        let _ = if p.is_dir() {
-                            std::fs::remove_dir_all(&p)
-                        } else {
-                            std::fs::remove_file(&p)
-                        };
-                    }
-                })
-            } else {
-                std::fs::remove_dir_all(&dir)
-            };
-            let note = match cleaned {
-                Ok(()) => "nothing was kept",
-                Err(_) => "remove what it wrote before trying again",
+            let note = match clean(&dir, existed) {
+                Ok(()) => "nothing was kept".to_string(),
+                Err(_) => format!("delete {} before trying again", dir.display()),
             };
             Err(local(format!(
                 "import into {} failed ({note}): {e}",
@@ -211,12 +257,54 @@ pub async fn import_cmd(args: ImportArgs) -> Result<(), CliError> {
     }
 }
 
+fn say_imported(i: &import::Imported, into: &str) {
+    eprintln!(
+        "herald: imported {} tasks ({} lines) into {into}",
+        i.tasks, i.lines
+    );
+    if i.keys_left_out > 0 {
+        eprintln!(
+            "herald: left out {} idempotency keys of tasks the file does not hold (deleted tasks whose keys were not swept yet)",
+            i.keys_left_out
+        );
+    }
+}
+
+/// Leaves the directory of a failed import as it was: new and gone, or empty. The marker goes
+/// last, so a directory this stops short of emptying is still refused.
+fn clean(dir: &Path, existed: bool) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)?.flatten() {
+        let p = e.path();
+        if e.file_name() == marker::MARKER {
+            continue;
+        }
+        if p.is_dir() {
+            std::fs::remove_dir_all(&p)?;
+        } else {
+            std::fs::remove_file(&p)?;
+        }
+    }
+    std::fs::remove_file(dir.join(marker::MARKER)).or_else(ignore_missing)?;
+    if !existed {
+        std::fs::remove_dir(dir)?;
+    }
+    Ok(())
+}
+
+fn ignore_missing(e: std::io::Error) -> std::io::Result<()> {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => Ok(()),
+        _ => Err(e),
+    }
+}
+
 async fn restore(
     dir: &Path,
     reader: Box<dyn std::io::BufRead>,
 ) -> Result<import::Imported, BackupError> {
     let store = Store::open_with(dir, &StoreOptions::default())?;
     let r = import::import(&store, reader).await;
+    // Closed (the commit thread joined, sled flushed and unlocked) before the marker goes.
     drop(store);
     r
 }
@@ -233,29 +321,40 @@ fn input(file: Option<&Path>) -> Result<Box<dyn std::io::BufRead>, CliError> {
 }
 
 /// `herald import --store-url`: into a database that holds no herald tasks; a bad file
-/// leaves herald's tables empty again.
+/// leaves herald's tables empty again. The database holds the import's mark (a row of
+/// `herald_meta`) until the import has finished: one stopped halfway is refused by
+/// `herald serve`.
 async fn import_pg(url: &str, file: Option<&Path>) -> Result<(), CliError> {
     let shown = crate::store::pg::redact(url);
     let (store, backend) = open_pg(url)?;
+    if backend.import_unfinished().map_err(local)? {
+        return Err(local(marker::pg_refusal(&shown)));
+    }
     if backend.holds_tasks().map_err(local)? {
         return Err(local(format!(
             "the database {shown} already holds herald tasks; import only into a database without them"
         )));
     }
     let reader = input(file)?;
-    match import::import(&store, reader).await {
+    backend.mark_import(true).map_err(local)?;
+    let r = match import::import(&store, reader).await {
+        Ok(i) => backend
+            .mark_import(false)
+            .map(|()| i)
+            .map_err(BackupError::Store),
+        Err(e) => Err(e),
+    };
+    match r {
         Ok(i) => {
-            eprintln!(
-                "herald: imported {} tasks ({} lines) into {shown}",
-                i.tasks, i.lines
-            );
+            say_imported(&i, &shown);
             Ok(())
         }
         Err(e) => {
             drop(store);
-            let note = match backend.clear() {
+            // The mark goes only once the tables are empty again.
+            let note = match backend.clear().and_then(|()| backend.mark_import(false)) {
                 Ok(()) => "nothing was kept",
-                Err(_) => "empty herald's tables before trying again",
+                Err(_) => "import again into a new database",
             };
             Err(local(format!("import into {shown} failed ({note}): {e}")))
         }

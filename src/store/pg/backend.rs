@@ -56,6 +56,9 @@ use super::{prefix_end, redact};
 use crate::store::backend::{Backend, Kv, KvIter, RawOp, Rejected, TreeId, TREES};
 use crate::store::StoreError;
 
+/// The `herald_meta` row of an import that has not finished ([`PgBackend::mark_import`]).
+pub const IMPORT_MARK: &str = "import_unfinished";
+
 /// How herald reaches its database.
 #[derive(Clone, Debug)]
 pub struct PgOptions {
@@ -400,6 +403,33 @@ impl PgBackend {
                 .batch_execute(&format!("TRUNCATE {}, herald_commit", tables.join(", ")))
                 .await?;
             Ok(())
+        })
+    }
+
+    /// Sets (`on`) or removes the mark of an import under way (`backup/marker.rs`): a row of
+    /// `herald_meta`, set before the import's first write and removed once it has finished.
+    pub fn mark_import(&self, on: bool) -> Result<(), StoreError> {
+        let pool = self.pool.clone();
+        self.run("import mark", async move {
+            let client = pool.get().await?;
+            let sql = if on {
+                "INSERT INTO herald_meta (name, value) VALUES ($1, now()::text) \
+                 ON CONFLICT (name) DO NOTHING"
+            } else {
+                "DELETE FROM herald_meta WHERE name = $1"
+            };
+            client.execute(sql, &[&IMPORT_MARK]).await?;
+            Ok(())
+        })
+    }
+
+    /// Whether an import into this database did not finish ([`PgBackend::mark_import`]).
+    pub fn import_unfinished(&self) -> Result<bool, StoreError> {
+        let pool = self.pool.clone();
+        self.run("read", async move {
+            let client = pool.get().await?;
+            let sql = "SELECT EXISTS (SELECT 1 FROM herald_meta WHERE name = $1)";
+            Ok(client.query_one(sql, &[&IMPORT_MARK]).await?.try_get(0)?)
         })
     }
 
