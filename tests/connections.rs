@@ -56,7 +56,7 @@ fn create_request(id: &str) -> Vec<u8> {
         r#"{{"id":"{id}","channel":"log","schedule":{{"after":"1h"}},"to":["a"],"body":"x"}}"#
     );
     format!(
-        "POST /v1/tasks HTTP/1.1\r\nHost: herald\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
@@ -149,7 +149,7 @@ async fn every_create_written_over_the_cap_is_answered_and_every_201_exists() {
 /// Sends `GET /v1/events` from `from` and reads the answer's head.
 async fn open_stream(from: Ipv4Addr, to: SocketAddr) -> (TcpStream, u16, String) {
     let mut s = connect_from(from, to).await.expect("connect");
-    s.write_all(b"GET /v1/events HTTP/1.1\r\nHost: herald\r\n\r\n")
+    s.write_all(b"GET /v1/events HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     let (status, head) = tokio::time::timeout(Duration::from_secs(30), read_head(&mut s))
@@ -202,7 +202,7 @@ async fn streams_over_the_cap_get_503_and_healthz_and_the_api_answer_throughout(
     let mut slow = Vec::new();
     for _ in 0..(cap - 4 - total) {
         let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"POST /v1/tasks HTTP/1.1\r\nHost: herald\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        s.write_all(b"POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
             .await
             .unwrap();
         slow.push(s);
@@ -301,7 +301,7 @@ async fn export_read_slowly(addr: SocketAddr) -> TcpStream {
     let sock = TcpSocket::new_v4().unwrap();
     sock.set_recv_buffer_size(4096).unwrap();
     let mut s = sock.connect(addr).await.unwrap();
-    s.write_all(b"GET /v1/export HTTP/1.1\r\nHost: herald\r\nConnection: close\r\n\r\n")
+    s.write_all(b"GET /v1/export HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .await
         .unwrap();
     let (status, head) = read_head(&mut s).await.expect("the export's head");

@@ -84,7 +84,7 @@ async fn a_trickled_body_gets_408_and_the_connection_closes() {
     let h = TestHerald::start("[limits]\nbody_read_timeout = \"300ms\"").await;
     let mut s = tokio::net::TcpStream::connect(h.server.addr).await.unwrap();
     s.write_all(
-        b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\"",
+        b"POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"id\"",
     )
     .await
     .unwrap();
@@ -217,4 +217,45 @@ async fn what_hyper_rejects_itself_is_a_problem_document_too() {
     problem_of(&raw(&h, huge.as_bytes()).await, 431);
     // A normal request on a normal connection is untouched.
     assert_eq!(http::get(&h.url("/healthz")).await.status, 200);
+}
+
+/// Without a token, loopback trust is the local user's, not every web page's: a browser's
+/// request from another origin is 403 and changes nothing (cross-site request forgery: a
+/// form's POST needs no preflight), a Host that is not a loopback name is 421 (DNS rebinding:
+/// a page's own name resolving to 127.0.0.1 could read the export). The same origin, and a
+/// client that is no browser (no Origin), go through.
+#[tokio::test]
+async fn without_a_token_another_origin_or_host_is_refused() {
+    let h = TestHerald::start("").await;
+    let r = http::post_json(
+        &h.url("/v1/tasks"),
+        &json!({"id": "t", "channel": "log", "schedule": {"after": "1h"}, "to": ["a"], "body": "x"}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let host = h.server.addr.to_string();
+    let cancel = |origin: &str, host: &str| {
+        format!(
+            "POST /v1/tasks/t/cancel HTTP/1.1\r\nHost: {host}\r\nOrigin: {origin}\r\nContent-Type: text/plain\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+    };
+    problem_of(
+        &raw(&h, cancel("https://evil.example", &host).as_bytes()).await,
+        403,
+    );
+    problem_of(&raw(&h, cancel("null", &host).as_bytes()).await, 403);
+    let export = "GET /v1/export HTTP/1.1\r\nHost: evil.example:7700\r\nConnection: close\r\n\r\n";
+    problem_of(&raw(&h, export.as_bytes()).await, 421);
+    assert_eq!(
+        http::get(&h.url("/v1/tasks/t")).await.json()["state"],
+        "pending",
+        "nothing changed"
+    );
+    // The dashboard's own requests carry its origin: they go through.
+    let same = raw(&h, cancel(&format!("http://{host}"), &host).as_bytes()).await;
+    assert!(same.starts_with("HTTP/1.1 200 "), "{same}");
+    assert_eq!(
+        http::get(&h.url("/v1/tasks/t")).await.json()["state"],
+        "cancelled"
+    );
 }

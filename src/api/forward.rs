@@ -85,10 +85,12 @@ pub async fn forward(
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let uri = format!("{}{path}", owner.trim_end_matches('/'));
     let mut out = Request::builder().method(parts.method.clone()).uri(&uri);
+    // Not `origin`: this node has checked it (`api/origin.rs`), and it names this node, which
+    // the owner would take for another origin.
     for (k, v) in &parts.headers {
         if !matches!(
             k.as_str(),
-            "host" | "connection" | "content-length" | "transfer-encoding"
+            "host" | "origin" | "connection" | "content-length" | "transfer-encoding"
         ) {
             out = out.header(k, v);
         }

@@ -12,6 +12,7 @@ mod forward;
 mod input;
 mod lang;
 pub mod metrics;
+mod origin;
 mod preview;
 pub mod problem;
 mod rejections;
@@ -616,7 +617,8 @@ fn ready(state: &ApiState) -> Result<(), Problem> {
 
 fn authorize(state: &ApiState, req: &Request<Incoming>) -> Result<(), Problem> {
     let Some(token) = &state.token else {
-        return Ok(());
+        // Loopback trust is the local user's, not every web page's (`origin.rs`).
+        return origin::check(req.headers());
     };
     // The scheme is case-insensitive (RFC 9110 §11.1), spaces around the token do not count.
     let given = req
