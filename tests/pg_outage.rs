@@ -252,7 +252,34 @@ async fn commands_waiting_on_a_stalled_database_hold_no_worker() {
         waiting,
         "the cancels did not wait for the stalled database",
     );
+    // Reads wait on the blocking pool, a bounded number of them: past it a read is 503 at once
+    // (clients retrying through an outage must not fill the pool the engine reads on).
+    let reads: Vec<_> = (0..70)
+        .map(|_| {
+            let url = format!("{base}/v1/tasks/idle0");
+            tokio::spawn(async move { http::get(&url).await })
+        })
+        .collect();
+    let refused = poll(Duration::from_secs(3), || async {
+        reads.iter().any(|r| r.is_finished()).then_some(())
+    })
+    .await;
+    pg_thaw_on_fail(&pg, refused.is_some(), "no read was refused past the cap");
     pg.thaw();
+    let mut statuses = Vec::new();
+    for r in reads {
+        let r = r.await.unwrap();
+        if r.status == 503 {
+            assert!(r.header("retry-after").is_some(), "{:?}", r.headers);
+        }
+        statuses.push(r.status);
+    }
+    let busy = statuses.iter().filter(|s| **s == 503).count();
+    assert!((1..=70 - 64).contains(&busy), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 503 || *s == 200),
+        "{statuses:?}"
+    );
     for c in cancels {
         let r = c.await.unwrap();
         assert_eq!(r.status, 200, "{}", r.text());

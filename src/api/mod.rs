@@ -762,16 +762,38 @@ fn prefers_minimal(req: &Request<Incoming>) -> bool {
         })
 }
 
+/// Store reads of API requests on the blocking pool at once ([`off_workers`]).
+const READS_MAX: usize = 64;
+
+/// What [`off_workers`] reads hold: one place each, kept until the read ends, even if its
+/// client hung up meanwhile (hyper drops the request's future, not the blocking read).
+static READS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(READS_MAX);
+
 /// Runs a store read off the runtime's workers: on PostgreSQL one waits for the database, up
 /// to its statement timeout, and two such reads must not hold both workers (and with them
-/// `/healthz`, `/metrics` and the fires) through an outage.
-async fn off_workers<T: Send + 'static>(
-    read: impl FnOnce() -> Result<T, crate::engine::EngineError> + Send + 'static,
-) -> Result<T, Problem> {
-    tokio::task::spawn_blocking(read)
-        .await
-        .map_err(|e| Problem::internal(format!("a read failed: {e}")))?
-        .map_err(Problem::from)
+/// `/healthz`, `/metrics` and the fires) through an outage. At most [`READS_MAX`] at once,
+/// then 503 with `Retry-After`: clients that hang up and retry during an outage would
+/// otherwise fill tokio's blocking pool, and the engine's own reads (`engine/offload.rs`, a
+/// herd's prefetch) would queue behind them.
+pub(super) async fn off_workers<T: Send + 'static, E>(
+    read: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, Problem>
+where
+    E: Into<crate::engine::EngineError> + Send + 'static,
+{
+    let Ok(place) = READS.try_acquire() else {
+        return Err(crate::engine::EngineError::Busy(format!(
+            "{READS_MAX} reads are waiting for the store already; try again shortly"
+        ))
+        .into());
+    };
+    tokio::task::spawn_blocking(move || {
+        let _place = place;
+        read()
+    })
+    .await
+    .map_err(|e| Problem::internal(format!("a read failed: {e}")))?
+    .map_err(|e| Problem::from(e.into()))
 }
 
 async fn get_task(state: &ApiState, id: &str, lang: Option<Lang>) -> Result<Resp, Problem> {
@@ -804,11 +826,8 @@ async fn list_tasks(
     // A listing reads the store page by page: off the runtime's workers, so no mix of reads
     // can delay fires or /healthz.
     let engine = state.engine.clone();
-    let (tasks, next, skipped) = tokio::task::spawn_blocking(move || {
-        engine.list(st, channel.as_deref(), after.as_deref(), limit)
-    })
-    .await
-    .map_err(|e| Problem::internal(format!("listing task failed: {e}")))??;
+    let (tasks, next, skipped) =
+        off_workers(move || engine.list(st, channel.as_deref(), after.as_deref(), limit)).await?;
     let list: Vec<views::TaskDoc> = tasks.iter().map(|v| task_json(state, v, lang)).collect();
     Ok(json_response(
         StatusCode::OK,
@@ -817,10 +836,9 @@ async fn list_tasks(
 }
 
 /// `DELETE /v1/tasks/{id}`: cancels an unfinished task, exactly as `POST .../cancel` (the API's
-/// first meaning of DELETE; the task stays readable as `cancelled`), and deletes a finished
-/// one with its messages, runs and idempotency keys. Both answer the task as it was last seen.
-/// `DELETE /v1/tasks/{id}`: a cancel of an unfinished task (traced as the cancel is), a
-/// delete of a finished one.
+/// first meaning of DELETE; the task stays readable as `cancelled`; traced as the cancel is),
+/// and deletes a finished one with its messages, runs and idempotency keys. Both answer the
+/// task as it was last seen.
 async fn delete_task(
     state: &ApiState,
     req: &Request<Incoming>,

@@ -48,7 +48,7 @@ pub async fn handle(state: &ApiState, id: &str, req: &Request<Incoming>) -> Resu
     let engine = state.engine.clone();
     let id_owned = id.to_string();
     // A filtered page may read up to SCAN_MAX runs: off the runtime's workers.
-    let page = tokio::task::spawn_blocking(move || match states {
+    let page = super::off_workers(move || match states {
         None => engine.runs_page(&id_owned, after, limit),
         Some(states) => filtered_page(
             |after, n| engine.runs_page(&id_owned, after, n),
@@ -58,8 +58,7 @@ pub async fn handle(state: &ApiState, id: &str, req: &Request<Incoming>) -> Resu
             SCAN_MAX,
         ),
     })
-    .await
-    .map_err(|e| Problem::internal(format!("listing runs failed: {e}")))??;
+    .await?;
     match page {
         Some((runs, next)) => {
             let list: Vec<Value> = runs.iter().map(views::run).collect();

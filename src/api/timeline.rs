@@ -21,17 +21,15 @@ pub async fn handle(state: &ApiState, id: &str, req: &Request<Incoming>) -> Resu
     let engine = state.engine.clone();
     let id_owned = id.to_string();
     // A filtered page may examine up to SCAN_MAX events: off the runtime's workers.
-    let page = tokio::task::spawn_blocking(move || {
+    // A storage error is the store's (an outage: 503, try again), not a bug.
+    let page = super::off_workers(move || {
         let store = engine.store();
         if !store.task_exists(&id_owned)? {
             return Ok(None);
         }
         store.timeline(&id_owned, run, after, limit).map(Some)
     })
-    .await
-    .map_err(|e| Problem::internal(format!("reading the timeline failed: {e}")))?
-    // A storage error is the store's (an outage: 503, try again), not a bug.
-    .map_err(|e: crate::store::StoreError| Problem::from(crate::engine::EngineError::Store(e)))?;
+    .await?;
     match page {
         Some((events, next)) => {
             let list: Vec<Value> = events.iter().map(event).collect();
