@@ -100,3 +100,104 @@ async fn a_tasks_own_window_wins_and_null_opts_out() {
         (Some("quiet"), utc_ms("2026-12-02T00:00:00Z"))
     );
 }
+
+/// How herald stops watching a held send in the night, in the review's finding.
+#[derive(Clone, Copy, Debug)]
+enum Interrupt {
+    Restart,
+    PauseResume,
+}
+
+/// Review finding: a one-shot due at 23:00 in Shanghai has its send held (written) until
+/// 08:00; herald restarted at 23:00:10 (or the task paused and resumed a moment later) judged
+/// the run 9 h late against its 10 min grace and expired it: nothing went at 08:00. Only the
+/// time nobody watched counts (DESIGN.md "Misfire is about outage, not lateness").
+async fn a_send_held_for_the_night(how: Interrupt) {
+    let start = utc_ms("2026-12-01T15:00:00Z"); // 23:00 in Shanghai
+    let mut h = ManualHerald::start(start, CHANNEL).await;
+    h.post(
+        &json!({"id": "night", "channel": "out", "schedule": {"after": "0s"},
+        "to": ["a"], "body": "b"}),
+    )
+    .await;
+    h.run_until(start + 5_000).await;
+    assert!(h.sent().is_empty(), "quiet hours: {:?}", h.sent());
+    match how {
+        Interrupt::Restart => {
+            h.stop().await;
+            h.clock.set(start + 10_000);
+            h.restart().await;
+        }
+        Interrupt::PauseResume => {
+            assert_eq!(h.action("night", "pause").await.status, 200);
+            h.run_until(start + 10_000).await;
+            let r = h.action("night", "resume").await;
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+    }
+    let t = h.task("night").await;
+    assert_eq!(
+        t["state"], "running",
+        "{how:?}: still held, not expired: {t}"
+    );
+    h.run_until(utc_ms("2026-12-02T00:00:05Z")).await;
+    let sent = h.sent();
+    assert_eq!(sent.len(), 1, "{how:?}: {sent:?}");
+    assert_eq!(sent_at(&sent[0]), utc_ms("2026-12-02T00:00:00Z"), "08:00");
+    let t = h.task("night").await;
+    assert_eq!(t["state"], "completed", "{how:?}: {t}");
+    assert_eq!(t["fires"]["expired"], 0, "{t}");
+}
+
+#[tokio::test]
+async fn a_restart_in_the_night_sends_a_held_one_shot_at_08_00() {
+    a_send_held_for_the_night(Interrupt::Restart).await;
+}
+
+#[tokio::test]
+async fn a_pause_and_resume_in_the_night_sends_a_held_one_shot_at_08_00() {
+    a_send_held_for_the_night(Interrupt::PauseResume).await;
+}
+
+/// Review finding, with the rate limit: 20 one-shots due at 10:00 go one a minute; those still
+/// waiting at 10:15, paused and resumed a second later, were judged 15 min late (more than
+/// their 10 min grace) and expired. The pause lasted a second: they all go.
+#[tokio::test]
+async fn a_pause_in_a_rate_limits_backlog_expires_nothing() {
+    let start = utc_ms("2026-12-01T02:00:00Z"); // 10:00 in Shanghai
+    let h = ManualHerald::start(start, CHANNEL).await;
+    let ids: Vec<String> = (0..20).map(|i| format!("t{i:02}")).collect();
+    for id in &ids {
+        h.post(
+            &json!({"id": id, "channel": "out", "schedule": {"after": "0s"},
+            "to": ["a"], "body": "b"}),
+        )
+        .await;
+    }
+    let pause_at = start + 15 * 60_000 + 30_000;
+    h.run_until(pause_at).await;
+    let waiting = {
+        let mut w = Vec::new();
+        for id in &ids {
+            if h.task(id).await["state"] == "running" {
+                w.push(id.clone());
+            }
+        }
+        w
+    };
+    assert_eq!(waiting.len(), 4, "16 went by 10:15:30: {waiting:?}");
+    for id in &waiting {
+        assert_eq!(h.action(id, "pause").await.status, 200);
+    }
+    h.run_until(pause_at + 1_000).await;
+    for id in &waiting {
+        let r = h.action(id, "resume").await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    h.run_until(start + 30 * 60_000).await;
+    assert_eq!(h.sent().len(), 20);
+    for id in &ids {
+        let t = h.task(id).await;
+        assert_eq!(t["state"], "completed", "{t}");
+    }
+}

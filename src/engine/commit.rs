@@ -377,7 +377,7 @@ pub(crate) async fn park(
 ) -> Result<(), EngineError> {
     let now = inner.clock.now_ms();
     let st = l.st();
-    let Some(c) = plan::park(&st.progress, &st.runs, &st.sending, reason, now) else {
+    let Some(c) = plan::park(&st.spec, &st.progress, &st.runs, &st.sending, reason, now) else {
         return Ok(());
     };
     apply(inner, l, c).await?;

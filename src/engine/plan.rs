@@ -443,9 +443,11 @@ fn first_send_pending(r: &Run) -> bool {
 
 /// Judges a started run whose first message has not left, when herald watches its task again
 /// at `watched_ms` (start-up after an outage, resume): if that send would now start more than
-/// `misfire_grace` after the run's instant, the run expires (it turns from a run into an
-/// expired fire: `runs` gives it back, `expired` counts it). `send_ms`: when the send would
-/// start. The run record to write, or `None` when it goes on.
+/// `misfire_grace` after the later of the run's instant and the instant it was planned for as
+/// written (`next_at`: a quiet-hours hold's end, a queued run's start, the pause), the run
+/// expires (it turns from a run into an expired fire: `runs` gives it back, `expired` counts
+/// it). Herald's own lateness while it watched is never counted (`judge_started`). `send_ms`:
+/// when the send would start. The run record to write, or `None` when it goes on.
 pub fn expire_started(
     spec: &TaskSpec,
     progress: &mut TaskProgress,
@@ -459,6 +461,7 @@ pub fn expire_started(
     }
     let why = judge_started(
         r.scheduled_at_ms,
+        r.next_at_ms.unwrap_or(r.scheduled_at_ms),
         send_ms,
         watched_ms,
         spec.misfire_grace_ms,
@@ -727,6 +730,11 @@ pub fn settle(
         retrying: false,
         retries: 0,
     });
+    if progress.state.is_terminal() && run.state == RunState::Running {
+        // The task ended (parked `failed`) while this send was out: the run ends with it, as
+        // a cancel ends a sending run, so no `running` run outlives its task on disk.
+        close(&mut run, &progress, now);
+    }
     let finished = run.is_done() || run.state != RunState::Running;
     let armed_next = !finished
         && progress.state == TaskState::Running
@@ -768,6 +776,25 @@ pub fn settle(
     })
 }
 
+/// Ends `run` with its finished task: cancelled, with the task's failure as its reason.
+fn close(run: &mut Run, progress: &TaskProgress, now: u64) {
+    run.state = RunState::Cancelled;
+    run.finished_at_ms = Some(now);
+    run.next_at_ms = None;
+    if let Some(why) = &progress.failed_reason {
+        run.reason = Some(format!("task failed: {why}"));
+    }
+}
+
+/// The fires queued behind a run (their run numbers taken) of a task that ends: each recorded
+/// as a fire that did not start a run (skipped, with `why`), so `GET /runs` has no gap.
+fn drop_queued(spec: &TaskSpec, progress: &mut TaskProgress, why: &str, now: u64) -> Vec<Run> {
+    std::mem::take(&mut progress.queued)
+        .into_iter()
+        .map(|(n, at)| skip(spec, progress, n, at, now, why.to_string()))
+        .collect()
+}
+
 /// What a control command (cancel, pause, resume, trigger) writes: the task and the runs
 /// whose records change. Runs in state `Running` stay active; the others leave memory.
 #[derive(Debug, Clone)]
@@ -786,8 +813,14 @@ impl ControlPlan {
         } else {
             WheelOp::DropSteps
         };
+        // Queued fires a cancel dropped (`drop_queued`): `skipped`, as a fire step records them.
+        let skipped: Vec<Run> = (self.runs.iter())
+            .filter(|r| r.state == RunState::Skipped)
+            .cloned()
+            .collect();
         Change {
             progress: Some(self.progress),
+            timeline: fire_events(&skipped, &[]),
             runs: self.runs,
             wheel: vec![op],
             ..Change::default()
@@ -799,6 +832,7 @@ impl ControlPlan {
 /// sending right now is settled when its send returns), its fire is dropped. `None`: the task
 /// is finished already.
 pub fn park(
+    spec: &TaskSpec,
     progress: &TaskProgress,
     runs: &BTreeMap<u32, Run>,
     sending: &BTreeSet<u32>,
@@ -811,23 +845,23 @@ pub fn park(
     progress.updated_at_ms = now;
     progress.failed_reason = Some(reason.to_string());
     progress.next_fire_at_ms = None;
-    progress.queued.clear();
-    let runs = runs
+    let dropped = drop_queued(spec, &mut progress, &format!("task failed: {reason}"), now);
+    let mut out: Vec<Run> = runs
         .values()
         .filter(|r| !sending.contains(&r.run))
         .map(|r| {
             let mut r = r.clone();
             r.disarm();
-            r.state = RunState::Cancelled;
-            r.finished_at_ms = Some(now);
-            r.next_at_ms = None;
-            r.reason = Some(format!("task failed: {reason}"));
+            close(&mut r, &progress, now);
             r
         })
         .collect();
+    let timeline = fire_events(&dropped, &[]);
+    out.extend(dropped);
     Some(Change {
         progress: Some(progress),
-        runs,
+        runs: out,
+        timeline,
         parked: Some(reason.to_string()),
         wheel: vec![WheelOp::DropSteps],
         ..Change::default()
@@ -878,7 +912,7 @@ pub fn cancel(
     let mut progress = progress.clone();
     progress.set_state(TaskState::Cancelled, now)?;
     progress.next_fire_at_ms = None;
-    progress.queued.clear();
+    let dropped = drop_queued(spec, &mut progress, "task cancelled", now);
     let mut out = disarmed(runs, sending);
     out.extend(runs.values().filter(|r| sending.contains(&r.run)).cloned());
     for r in &mut out {
@@ -886,13 +920,16 @@ pub fn cancel(
         r.finished_at_ms = Some(now);
         r.next_at_ms = None;
     }
+    out.extend(dropped);
     Ok(ControlPlan {
         progress,
         runs: out,
     })
 }
 
-/// Pause: nothing more is sent; armed attempts are given back; cursors stay.
+/// Pause: nothing more is sent; armed attempts are given back; cursors stay. A run's next step
+/// is written as not before the pause: herald watched it until then, so a send still waiting
+/// (a rate limit's backlog) is judged at resume only for the pause's span (`expire_started`).
 pub fn pause(
     spec: &TaskSpec,
     progress: &TaskProgress,
@@ -908,9 +945,13 @@ pub fn pause(
     }
     let mut progress = progress.clone();
     progress.set_state(TaskState::Paused, now)?;
+    let mut out = disarmed(runs, sending);
+    for r in &mut out {
+        r.next_at_ms = r.next_at_ms.map(|at| at.max(now));
+    }
     Ok(ControlPlan {
         progress,
-        runs: disarmed(runs, sending),
+        runs: out,
     })
 }
 
@@ -1470,6 +1511,146 @@ mod tests {
         // Trigger on a pending task starts a new run now.
         let tr = trigger(&s, &t, NOW + 7).unwrap();
         assert_eq!((tr.runs[0].run, tr.runs[0].scheduled_at_ms), (1, NOW + 7));
+    }
+
+    /// Review finding: a send held by quiet hours until the window's end (written as the run's
+    /// `next_at`), herald restarted or the task paused and resumed in the night: the run was
+    /// judged by its instant and expired, nothing sent at the window's end.
+    #[test]
+    fn a_held_send_is_judged_from_its_hold_not_its_instant() {
+        let (s, t) = task(serde_json::json!({"schedule": {"after": "0s"},
+            "to": ["a"], "body": "b"}));
+        let p = fire(&s, &t, 0, NOW, NOW, NOW).unwrap();
+        let until = NOW + 9 * 3_600_000;
+        let mut held = p.started[0].clone();
+        held.next_at_ms = Some(until);
+        // A restart 10 s in: the hold is still ahead, nothing was missed.
+        let boot = NOW + 10_000;
+        let (_, expired) = recover_started(&s, &p.progress, &[held.clone()], boot, boot);
+        assert!(expired.is_empty(), "{expired:?}");
+        // Back 30 min after the hold's end (an outage past it, more than the 10 min grace).
+        let late = until + 30 * 60_000;
+        let (_, expired) = recover_started(&s, &p.progress, &[held.clone()], late, late);
+        assert_eq!(expired.len(), 1);
+        // Paused and resumed in the night: it goes on, at the window's end.
+        let runs = BTreeMap::from([(1, held)]);
+        let none = BTreeSet::new();
+        let paused = pause(&s, &p.progress, &runs, &none, NOW + 1_000).unwrap();
+        let again: BTreeMap<u32, Run> = paused.runs.iter().map(|r| (r.run, r.clone())).collect();
+        let r = resume(&s, &paused.progress, &again, &none, NOW + 2_000).unwrap();
+        assert_eq!(r.progress.state, TaskState::Running);
+        assert_eq!(
+            (r.runs[0].state.clone(), r.runs[0].next_at_ms),
+            (RunState::Running, Some(until))
+        );
+        // A send waiting in a backlog (its `next_at` its instant), paused 15 min after its
+        // instant for 1 s: judged for the pause only, within the grace.
+        let runs: BTreeMap<u32, Run> = p.started.iter().map(|r| (r.run, r.clone())).collect();
+        let at = NOW + 15 * 60_000;
+        let paused = pause(&s, &p.progress, &runs, &none, at).unwrap();
+        assert_eq!(paused.runs[0].next_at_ms, Some(at), "not before the pause");
+        let again: BTreeMap<u32, Run> = paused.runs.iter().map(|r| (r.run, r.clone())).collect();
+        let r = resume(&s, &paused.progress, &again, &none, at + 1_000).unwrap();
+        assert_eq!(r.progress.state, TaskState::Running, "{:?}", r.runs);
+    }
+
+    /// Review finding: a task parked `failed` while a send was out kept its run `running` on
+    /// disk for ever (retention never deleted it, DELETE answered 409).
+    #[test]
+    fn a_send_settled_after_its_task_was_parked_closes_its_run() {
+        let (s, t) = task(serde_json::json!({"schedule": {"after": "0s"},
+            "to": ["a", "b"], "body": "b"}));
+        let p = fire(&s, &t, 0, NOW, NOW, NOW).unwrap();
+        let run = p.started[0].clone();
+        let runs = BTreeMap::from([(run.run, run.clone())]);
+        let sending = BTreeSet::from([run.run]);
+        let c = park(&s, &p.progress, &runs, &sending, "bug: x", NOW + 1).unwrap();
+        assert!(c.runs.is_empty(), "the sending run is left to its settle");
+        let parked = c.progress.unwrap();
+        assert_eq!(parked.state, TaskState::Failed);
+        for outcome in [
+            Outcome::Sent,
+            Outcome::Retry {
+                error: "HTTP 500".into(),
+                not_before_ms: None,
+            },
+        ] {
+            let a = Attempt {
+                outcome,
+                max_attempts: 3,
+                retry_delay_ms: 1_000,
+                pacing: s.pacing,
+                to: "a",
+                channel: "log",
+            };
+            let st = settle(&s, &parked, &run, false, a, NOW + 2, 100).unwrap();
+            assert!(st.finished);
+            assert_eq!(st.run.state, RunState::Cancelled);
+            assert_eq!(
+                (st.run.finished_at_ms, st.run.next_at_ms),
+                (Some(NOW + 2), None)
+            );
+            assert_eq!(st.run.in_flight, None);
+            assert_eq!(st.run.reason.as_deref(), Some("task failed: bug: x"));
+            assert!(st.next_run.is_none());
+        }
+    }
+
+    /// Review finding: cancel and park cleared the queue of fires waiting behind a run, whose
+    /// run numbers were taken: `GET /runs` showed gaps with no reason.
+    #[test]
+    fn cancel_and_park_record_the_queued_fires_they_drop() {
+        let (s, t) = task(serde_json::json!({"schedule": {"cron": "* * * * *"},
+            "overlap": "queue", "to": ["a"], "body": "b"}));
+        let slots = [NOW - 180_000, NOW - 120_000, NOW - 60_000];
+        let (p, numbers) = backfill(&s, &t, 0, &slots, NOW).unwrap();
+        assert_eq!(numbers, [1, 2, 3]);
+        let runs: BTreeMap<u32, Run> = p.runs.iter().map(|r| (r.run, r.clone())).collect();
+        let none = BTreeSet::new();
+        let c = cancel(&s, &p.progress, &runs, &none, NOW + 1).unwrap();
+        let got: Vec<_> = (c.runs.iter())
+            .map(|r| (r.run, r.state.clone(), r.reason.clone(), r.finished_at_ms))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1, RunState::Cancelled, None, Some(NOW + 1)),
+                (
+                    2,
+                    RunState::Skipped,
+                    Some("task cancelled".into()),
+                    Some(NOW + 1)
+                ),
+                (
+                    3,
+                    RunState::Skipped,
+                    Some("task cancelled".into()),
+                    Some(NOW + 1)
+                ),
+            ]
+        );
+        assert_eq!(c.runs[1].scheduled_at_ms, NOW - 120_000);
+        assert!(c.progress.queued.is_empty());
+        assert_eq!(c.progress.skipped, p.progress.skipped + 2);
+        let change = c.change();
+        let kinds: Vec<_> = change.timeline.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [TimelineKind::Skipped, TimelineKind::Skipped]);
+        // Parked: the same, with the task's failure as the reason.
+        let sending = BTreeSet::from([1]);
+        let c = park(&s, &p.progress, &runs, &sending, "bug: y", NOW + 1).unwrap();
+        let got: Vec<_> = (c.runs.iter())
+            .map(|r| (r.run, r.state.clone(), r.reason.clone()))
+            .collect();
+        let why = Some("task failed: bug: y".to_string());
+        assert_eq!(
+            got,
+            [
+                (2, RunState::Skipped, why.clone()),
+                (3, RunState::Skipped, why)
+            ]
+        );
+        assert!(c.progress.as_ref().unwrap().queued.is_empty());
+        assert_eq!(c.timeline.len(), 2);
     }
 
     /// What the engine starts for `schedule`, created at `now`: each fire step's started

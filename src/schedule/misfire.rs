@@ -156,20 +156,30 @@ fn fire_all_excess() -> String {
 /// The grace of a run that had started (its first message armed, or waiting to be) when herald
 /// went down or the task was paused: the user's grace is about when that message's send
 /// *starts*, whatever herald did with the fire before the outage (a one-shot is armed up to 2 s
-/// ahead, more in a herd). `scheduled_ms`: the run's instant; `send_ms`: when its first send
-/// would start now; `watched_ms`: when herald watches the task again (boot, resume). Only an
-/// instant before `watched_ms` was missed: a run late for herald's own reasons while it watched
-/// (a backlog, a rate limit) is never expired. The reason when it expires.
+/// ahead, more in a herd).
+///
+/// Misfire is about outage, not lateness (DESIGN.md): only the time nobody was watching counts.
+/// `scheduled_ms`: the run's instant; `planned_ms`: the instant its first send was planned for
+/// as last written (the run's `next_at`: its instant, the end of a quiet-hours hold, the start
+/// of a queued or backfilled run, or the pause that stopped it — a send still waiting then was
+/// herald's backlog, not a miss); `send_ms`: when it would start now; `watched_ms`: when herald
+/// watches the task again (boot, resume). The send is late from the later of the instant and
+/// the plan: only a plan that fell before `watched_ms` was missed, so a hold still ahead (a
+/// restart or a pause in the night, before 08:00) is never expired, and a run late for herald's
+/// own reasons while it watched (a backlog, a rate limit, quiet hours) is judged only for the
+/// outage after its plan. The reason when it expires.
 pub fn judge_started(
     scheduled_ms: u64,
+    planned_ms: u64,
     send_ms: u64,
     watched_ms: u64,
     grace_ms: u64,
 ) -> Option<String> {
-    if scheduled_ms >= watched_ms {
+    let since = scheduled_ms.max(planned_ms);
+    if since >= watched_ms {
         return None;
     }
-    let late = send_ms.saturating_sub(scheduled_ms);
+    let late = send_ms.saturating_sub(since);
     (late > grace_ms).then(|| {
         format!(
             "its first message would have started {} late, after herald was down or the task paused (more than misfire_grace {})",
@@ -234,15 +244,39 @@ mod tests {
     fn a_started_run_is_judged_on_when_its_first_send_would_start() {
         let t = 100_000;
         // Armed 2 s ahead, down from t − 1.5 s to t + 2.5 s, grace 1 s: expired.
-        let why = judge_started(t, t + 2_500, t + 2_500, 1_000).expect("expired");
+        let why = judge_started(t, t, t + 2_500, t + 2_500, 1_000).expect("expired");
         assert!(why.contains("2s500ms") && why.contains("1s"), "{why}");
         // The same outage with a 3 s grace: it is sent.
-        assert_eq!(judge_started(t, t + 2_500, t + 2_500, 3_000), None);
+        assert_eq!(judge_started(t, t, t + 2_500, t + 2_500, 3_000), None);
         // Exactly at the grace: still sent (expiry is *more* than the grace).
-        assert_eq!(judge_started(t, t + 1_000, t + 1_000, 1_000), None);
+        assert_eq!(judge_started(t, t, t + 1_000, t + 1_000, 1_000), None);
         // Back before the instant: nothing was missed, however late the send then goes
         // (herald's own lateness is never an expiry).
-        assert_eq!(judge_started(t, t + 60_000, t - 500, 1_000), None);
+        assert_eq!(judge_started(t, t, t + 60_000, t - 500, 1_000), None);
+    }
+
+    /// Review finding: a send held by quiet hours until 08:00 (written), herald restarted (or
+    /// the task paused and resumed) at 23:00:05, was judged 9 h late and expired. Only the
+    /// outage after the plan counts.
+    #[test]
+    fn a_started_run_is_late_only_from_its_plan() {
+        let (t, h) = (100_000, 3_600_000);
+        let until = t + 9 * h;
+        // Restarted in the night: the hold is still ahead, nothing was missed.
+        assert_eq!(judge_started(t, until, until, t + 5_000, 1_000), None);
+        // A pause that began 15 min into a rate limit's backlog and lasted 1 s (the pause
+        // wrote its instant as the plan): 1 s late, within the grace.
+        let paused = t + 15 * 60_000;
+        assert_eq!(
+            judge_started(t, paused, paused + 1_000, paused + 1_000, 2_000),
+            None
+        );
+        // An outage that ran past the hold's end by more than the grace: expired, by that much.
+        let why = judge_started(t, until, until + 30 * 60_000, until + 30 * 60_000, 600_000)
+            .expect("expired");
+        assert!(why.contains("30m"), "{why}");
+        // A plan before the instant (armed ahead) counts from the instant.
+        assert!(judge_started(t, t - 2_000, t + 2_500, t + 2_500, 1_000).is_some());
     }
 
     /// An outage longer than its list: its latest fire is the rest's, counted only.
