@@ -181,6 +181,13 @@ pub const HAND_OVER_MAX: usize = 256;
 /// Longest single sleep when the wheel is empty; commands wake the thread anyway.
 const IDLE_SLEEP: Duration = Duration::from_secs(3600);
 
+/// Longest single sleep on a real clock. The sleep is counted on the monotonic clock (the
+/// condvar's timeout; suspend stops it too), the deadline is a wall instant: a step of the wall
+/// clock or a resume from suspend while asleep would go unseen until the sleep ends, an hour
+/// at most, and every fire due meanwhile would be that late. Waking once a second to look
+/// again bounds that to a second, for a look at an empty inbox.
+const WALL_SLEEP_MAX: Duration = Duration::from_secs(1);
+
 impl Timer {
     pub fn start(clock: Arc<dyn Clock>, due: UnboundedSender<Vec<Key>>) -> std::io::Result<Timer> {
         let inbox = Arc::new(Inbox {
@@ -498,7 +505,7 @@ fn next_commands(
                 if busy {
                     until = until.min(now + COALESCE_MS);
                 }
-                let wait = Duration::from_millis(until - now).min(IDLE_SLEEP);
+                let wait = Duration::from_millis(until - now).min(WALL_SLEEP_MAX);
                 (wait, if busy { until } else { u64::MAX })
             }
         };
@@ -589,6 +596,47 @@ mod tests {
         timer.wake();
         let extra = tokio::time::timeout(Duration::from_millis(50), rx.recv()).await;
         assert!(extra.is_err(), "unexpected fire: {extra:?}");
+    }
+
+    /// A real wall clock that a test can step forward, with a monotonic clock that does not
+    /// move with it (an NTP step, a resume from suspend).
+    struct SteppedClock {
+        origin: std::time::Instant,
+        wall0: u64,
+        step: std::sync::atomic::AtomicU64,
+    }
+
+    impl crate::clock::Clock for SteppedClock {
+        fn now_ms(&self) -> u64 {
+            self.mono_ms() + self.step.load(std::sync::atomic::Ordering::SeqCst)
+        }
+        fn mono_ms(&self) -> u64 {
+            self.wall0 + self.origin.elapsed().as_millis() as u64
+        }
+    }
+
+    /// A fire 50 minutes away, and the wall clock steps an hour forward while the timer sleeps:
+    /// the fire is handed over within a second or so, not when the sleep counted on the
+    /// monotonic clock would have ended (50 minutes late).
+    #[tokio::test]
+    async fn a_wall_step_while_the_timer_sleeps_is_seen_within_a_second() {
+        let clock = Arc::new(SteppedClock {
+            origin: std::time::Instant::now(),
+            wall0: 1_000_000_000,
+            step: std::sync::atomic::AtomicU64::new(0),
+        });
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let timer = Timer::start(clock.clone(), tx).unwrap();
+        timer.at(Key::fire("a"), clock.now_ms() + 3_000_000);
+        timer.sync();
+        // The scenario: the timer goes to sleep on its far deadline, then the wall steps.
+        std::thread::sleep(Duration::from_millis(100));
+        clock
+            .step
+            .store(3_600_000, std::sync::atomic::Ordering::SeqCst);
+        let got = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        let keys = got.expect("handed over after the step").unwrap();
+        assert_eq!(&**keys[0].id(), "a");
     }
 
     /// Fire keys are found by the id in their wheel entry (`Handles`): thousands of them,
