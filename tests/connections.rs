@@ -343,3 +343,59 @@ async fn an_export_beyond_the_cap_is_503_while_the_others_are_held_unread() {
         "the export was cut"
     );
 }
+
+/// A slowloris cannot hold every slot (`api/conns.rs`): with no token, it opens
+/// `connections_max` connections and on each sends the start of a request head, then one
+/// header byte every 400 ms, never finishing it. No connection is ever silent, and hyper would
+/// hold each until `header_read_timeout` (30 s). Before, regular and reserve slots filled, the
+/// accept loop stopped and a monitor's `/healthz` waited in the backlog; now a head left
+/// incomplete for longer than the eviction minimum gives way, and `/healthz` is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowloris_on_every_slot_does_not_keep_healthz_waiting() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    const CAP: usize = 8; // 4 regular slots, 4 in reserve
+    const TRICKLE: Duration = Duration::from_millis(400);
+    let dir = tempfile::tempdir().unwrap();
+    let (_p, addr) = start(dir.path(), CAP);
+    let closed = Arc::new(AtomicUsize::new(0));
+    let mut tricklers = Vec::new();
+    for _ in 0..CAP {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        let closed = closed.clone();
+        tricklers.push(tokio::spawn(async move {
+            // One header byte per pace, 25 at most (10 s): stops by itself, or once closed
+            // (the write after the close is refused).
+            for b in b"X-Slow: aaaaaaaaaaaaaaaaa".iter() {
+                tokio::time::sleep(TRICKLE).await;
+                if s.write_all(&[*b]).await.is_err() {
+                    closed.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+            }
+        }));
+    }
+    // Accepted in order: the tricklers hold every slot before this one is looked at.
+    let healthz = async {
+        let mut s = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: herald\r\nConnection: close\r\n\r\n")
+            .await
+            .map_err(|e| e.to_string())?;
+        read_head(&mut s).await
+    };
+    let (status, head) = tokio::time::timeout(Duration::from_secs(3), healthz)
+        .await
+        .expect("/healthz answered within 3 s while a slowloris holds every slot")
+        .expect("an answer to /healthz");
+    assert_eq!(status, 200, "{head}");
+    // A trickler gave way for it: its connection was closed.
+    let gave_way = poll(Duration::from_secs(5), || async {
+        (closed.load(Ordering::SeqCst) > 0).then_some(())
+    })
+    .await;
+    assert!(gave_way.is_some(), "no trickling connection was closed");
+    for t in tricklers {
+        t.abort();
+    }
+}

@@ -9,13 +9,21 @@
 //!
 //! **No request is dropped unanswered.** A connection whose request was written is never
 //! closed without an answer:
-//! - When the regular slots are full, the connection that has been *silent* longest gives way,
-//!   but only if it is silent for [`EVICT_IDLE_MIN`] (no byte read or written: idle after a
-//!   completed request, or never sent one), no request is being handled on it (an export
-//!   counts until its last chunk is handed over), it does not stream events, hyper is not
-//!   inside a read of it, and its socket holds no unread byte (`FIONREAD`): a request that
+//! - When the regular slots are full, the connection that has been *quiet* longest gives way,
+//!   but only if it is quiet for [`EVICT_IDLE_MIN`], no request is being handled on it (an
+//!   export counts until its last chunk is handed over), it does not stream events, hyper is
+//!   not inside a read of it, and its socket holds no unread byte (`FIONREAD`): a request that
 //!   arrived but that hyper has not read yet keeps its connection. An answer the client has
 //!   not read (a write found the socket's buffer full) keeps it for [`STALLED_EVICT_MIN`].
+//! - *Quiet* is either of two things. Silent: no byte read or written (idle after a completed
+//!   request, or never sent one). Or a head left incomplete: the client began a request head
+//!   (bytes read while no request of the connection is in the service) and hyper has read all
+//!   of it there is and waits for the rest; the head counts from its first byte, whatever the
+//!   client trickles since (a slowloris sending a header byte every 500 ms is never silent,
+//!   and hyper would hold it until `header_read_timeout`, 30 s). A real client sends its head
+//!   in one go; a request body comes after the head, when the service has the request (busy),
+//!   and stays protected. A request is the complete head: once hyper read it (its last read
+//!   returned bytes, [`WAITING`] clear) the connection stays until the service marks it busy.
 //! - Otherwise the newcomer takes a reserve slot: there `/healthz` is answered at once (so a
 //!   monitor reaches herald whatever the API's connections do), and any other request waits
 //!   up to [`PROMOTE_WAIT`] for a regular slot, then gets 503 with `Retry-After`.
@@ -75,22 +83,38 @@ pub struct ConnStats {
 }
 
 /// What a connection's socket is doing, kept by [`Tracked`]: the last instant it read or
-/// wrote a byte, and whether it is inside a read or holds an answer the client has not taken.
+/// wrote a byte, when the request head it is receiving began, and whether it is inside a
+/// read, waits for more of a head or holds an answer the client has not taken.
 #[derive(Debug, Default)]
 pub struct Activity {
     /// In ms since [`Conns`]' epoch.
     last: AtomicU64,
-    /// [`READING`] and [`WRITE_STALLED`] bits.
+    /// When the current request head began (ms since the epoch, at least 1): the first byte
+    /// read while no request of the connection is in the service. [`NO_HEAD`] before one,
+    /// [`IN_SERVICE`] from the service's [`SlotHandle::busy`] to the [`Busy`]'s end.
+    head: AtomicU64,
+    /// [`READING`], [`WRITE_STALLED`] and [`WAITING`] bits.
     io: AtomicU8,
 }
+
+/// [`Activity::head`]: no byte of a next request read yet.
+const NO_HEAD: u64 = 0;
+/// [`Activity::head`]: the service has the connection's request.
+const IN_SERVICE: u64 = u64::MAX;
 
 /// hyper is inside a read of the socket. Set before the read, so a request read between a
 /// would-be eviction's look at the activity and its look at the socket's unread bytes is
 /// seen by its second look at the activity (`evict_one`).
 const READING: u8 = 1;
 /// A write found the socket's buffer full: part of an answer waits for the client to read.
-/// Such a connection is not silent, so it gives way only after [`STALLED_EVICT_MIN`].
+/// Such a connection is not quiet until [`STALLED_EVICT_MIN`] (from its last byte, or from
+/// the start of a head it leaves incomplete), so that is when it may give way.
 const WRITE_STALLED: u8 = 2;
+/// hyper's last read of the socket found it empty: it has parsed whatever it read before, so a
+/// head it holds is incomplete (it reads no more once a head is whole, and calls the service).
+/// Cleared by a read that returns bytes: until hyper looks for more, those may be the end of a
+/// head on its way to the service, and the head rule (module docs) does not apply.
+const WAITING: u8 = 4;
 
 /// How long a client must leave an answer unread before its connection may be closed to make
 /// room: an export to a slow consumer is not cut, a client that never reads is.
@@ -100,20 +124,30 @@ impl Activity {
     fn new(now_ms: u64) -> Activity {
         Activity {
             last: AtomicU64::new(now_ms),
+            head: AtomicU64::new(NO_HEAD),
             io: AtomicU8::new(0),
         }
     }
 
-    /// Silent for long enough to give way, as of `now` (ms since the epoch).
-    fn may_give_way(&self, now: u64) -> bool {
+    /// Quiet for long enough to give way (module docs), as of `now` (ms since the epoch):
+    /// since when it is quiet, and the `last` stamp it was judged with.
+    fn may_give_way(&self, now: u64) -> Option<(u64, u64)> {
+        // `io` first: a read that ends after this load changes `last` or `io`, which the
+        // second look in `evict_one` sees.
         let io = self.io.load(Ordering::SeqCst);
+        if io & READING != 0 {
+            return None;
+        }
+        let last = self.last.load(Ordering::SeqCst);
+        let head = self.head.load(Ordering::SeqCst);
+        let incomplete = io & WAITING != 0 && head != NO_HEAD && head != IN_SERVICE;
+        let since = if incomplete { head.min(last) } else { last };
         let min = if io & WRITE_STALLED != 0 {
             STALLED_EVICT_MIN
         } else {
             EVICT_IDLE_MIN
         };
-        io & READING == 0
-            && now.saturating_sub(self.last.load(Ordering::SeqCst)) >= min.as_millis() as u64
+        (now.saturating_sub(since) >= min.as_millis() as u64).then_some((since, last))
     }
 }
 
@@ -266,15 +300,18 @@ impl Conns {
     /// keep-alive connection after its `/healthz`).
     fn evict_one(&self, t: &mut Table, reserve: bool) -> bool {
         let now = self.now_ms();
-        let mut candidates: Vec<(u64, u64)> = t
+        // `busy` changes only under the table's lock, which this holds: it stays 0 here.
+        let mut candidates: Vec<(u64, u64, u64)> = t
             .entries
             .iter()
             .filter(|(_, e)| e.reserve == reserve && e.busy == 0 && e.stream.is_none())
-            .filter(|(_, e)| e.activity.may_give_way(now))
-            .map(|(id, e)| (e.activity.last.load(Ordering::SeqCst), *id))
+            .filter_map(|(id, e)| {
+                let (since, last) = e.activity.may_give_way(now)?;
+                Some((since, last, *id))
+            })
             .collect();
         candidates.sort_unstable();
-        for (last, id) in candidates {
+        for (_, last, id) in candidates {
             let Some(e) = t.entries.get(&id) else {
                 continue;
             };
@@ -283,8 +320,9 @@ impl Conns {
                 continue;
             }
             // And one hyper read in the meantime (on another worker; its service has not
-            // marked the connection busy yet): its read is under way or stamped by now.
-            if !e.activity.may_give_way(now) || e.activity.last.load(Ordering::SeqCst) != last {
+            // marked the connection busy yet): its read is under way, or it stamped `last`
+            // and cleared `WAITING` by now.
+            if e.activity.may_give_way(now).map(|(_, l)| l) != Some(last) {
                 continue;
             }
             if let Some(e) = t.remove(id) {
@@ -392,9 +430,12 @@ pub struct SlotHandle {
 }
 
 impl SlotHandle {
+    /// Marks the connection busy while its request is in the service: never evicted, and the
+    /// head it received is complete (bytes read from now on are no next head's).
     pub fn busy(&self) -> Busy {
         if let Some(e) = self.conns.table.lock().entries.get_mut(&self.id) {
             e.busy += 1;
+            e.activity.head.store(IN_SERVICE, Ordering::SeqCst);
         }
         Busy {
             conns: self.conns.clone(),
@@ -495,6 +536,10 @@ impl Drop for Busy {
             return;
         };
         e.busy = e.busy.saturating_sub(1);
+        if e.busy == 0 {
+            // The next bytes read begin the next request's head.
+            e.activity.head.store(NO_HEAD, Ordering::SeqCst);
+        }
         if e.busy == 0 && e.closed {
             t.remove(self.id);
             drop(t);
@@ -548,6 +593,24 @@ impl<S> Tracked<S> {
             .store(self.conns.now_ms(), Ordering::SeqCst);
     }
 
+    /// After a read that returned bytes: stamps the activity, and the head's start if these
+    /// are the first bytes of one (no request in the service), then ends the read
+    /// ([`READING`]) and the wait for more ([`WAITING`]) in one step.
+    fn read_some(&self) {
+        let now = self.conns.now_ms();
+        // Fails (and so leaves it) when a head is under way already or the service has one.
+        let _ = self.activity.head.compare_exchange(
+            NO_HEAD,
+            now.max(1),
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+        self.activity.last.store(now, Ordering::SeqCst);
+        self.activity
+            .io
+            .fetch_and(!(READING | WAITING), Ordering::SeqCst);
+    }
+
     /// After a write: progress stamps the activity and ends a stall; a full buffer starts one.
     fn wrote(&self, r: &Poll<std::io::Result<usize>>) {
         match r {
@@ -575,10 +638,19 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
         let before = buf.filled().len();
         self.activity.io.fetch_or(READING, Ordering::SeqCst);
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.touch();
+        match r {
+            Poll::Ready(Ok(())) if buf.filled().len() > before => self.read_some(),
+            Poll::Pending => {
+                // Set before `READING` is cleared: no look sees a finished read without it.
+                self.activity.io.fetch_or(WAITING, Ordering::SeqCst);
+                self.activity.io.fetch_and(!READING, Ordering::SeqCst);
+            }
+            _ => {
+                self.activity
+                    .io
+                    .fetch_and(!(READING | WAITING), Ordering::SeqCst);
+            }
         }
-        self.activity.io.fetch_and(!READING, Ordering::SeqCst);
         r
     }
 }
@@ -727,6 +799,70 @@ mod tests {
             "evicted: answer unread 30 s"
         );
         assert_eq!(c.stats.evicted.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_head_left_incomplete_gives_way_whatever_it_trickles() {
+        let (f, _a, _b) = fd();
+        let c = Conns::new(RESERVE + 1);
+        let a = c.admit(LOCAL, f, true).unwrap();
+        let now = c.now_ms();
+        let two_s_ago = now - 2 * EVICT_IDLE_MIN.as_millis() as u64;
+        // A head begun 2 s ago whose latest byte was read just now: not silent.
+        a.activity.head.store(two_s_ago, Ordering::SeqCst);
+        a.activity.last.store(now, Ordering::SeqCst);
+        // hyper read bytes it has not looked for more after (the end of the head, maybe, on
+        // its way to the service): it stays.
+        let in_reserve = |r: &Slot| c.table.lock().entries[&r.id].reserve;
+        let r = c.admit(LOCAL, f, true).expect("reserve");
+        assert!(in_reserve(&r), "not evicted: hyper may hold a whole head");
+        drop(r);
+        // The service has the request: it stays, and its bytes begin no head.
+        a.activity.io.store(WAITING, Ordering::SeqCst);
+        let busy = a.handle().busy();
+        assert_eq!(a.activity.head.load(Ordering::SeqCst), IN_SERVICE);
+        let r = c.admit(LOCAL, f, true).expect("reserve");
+        assert!(in_reserve(&r), "not evicted: a request in the service");
+        drop(r);
+        // Its end: the next bytes begin the next head; none yet, and not silent: it stays.
+        drop(busy);
+        assert_eq!(a.activity.head.load(Ordering::SeqCst), NO_HEAD);
+        let r = c.admit(LOCAL, f, true).expect("reserve");
+        assert!(in_reserve(&r), "not evicted: active just now");
+        drop(r);
+        // A head begun 2 s ago, hyper waiting for the rest of it: it gives way.
+        a.activity.head.store(two_s_ago, Ordering::SeqCst);
+        let r = c.admit(LOCAL, f, true).expect("a regular slot");
+        assert!(!in_reserve(&r), "evicted: a head incomplete for 2 s");
+        assert_eq!(c.stats.evicted.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn tracked_reads_mark_the_head_and_the_wait_for_more() {
+        use std::future::Future;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (f, _a, _b) = fd();
+        let c = Conns::new(RESERVE + 1);
+        let slot = c.admit(LOCAL, f, true).unwrap();
+        let (client, server) = tokio::io::duplex(64);
+        let (mut client, mut t) = (client, Tracked::new(server, &slot));
+        let act = &slot.activity;
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        let mut buf = [0u8; 64];
+        assert!(t.read(&mut buf).await.unwrap() > 0);
+        let began = act.head.load(Ordering::SeqCst);
+        assert!(began != NO_HEAD && began != IN_SERVICE, "the head began");
+        assert_eq!(act.io.load(Ordering::SeqCst), 0, "bytes read: no wait");
+        // Nothing more in the socket: the read waits, and says so.
+        let mut read = std::pin::pin!(t.read(&mut buf));
+        let cx = &mut Context::from_waker(std::task::Waker::noop());
+        assert!(read.as_mut().poll(cx).is_pending());
+        assert_eq!(act.io.load(Ordering::SeqCst), WAITING);
+        // A trickled byte moves `last`, not the head's start.
+        client.write_all(b"X").await.unwrap();
+        assert!(matches!(read.as_mut().poll(cx), Poll::Ready(Ok(1))));
+        assert_eq!(act.head.load(Ordering::SeqCst), began);
+        assert_eq!(act.io.load(Ordering::SeqCst), 0);
     }
 
     #[test]
