@@ -201,3 +201,24 @@ async fn a_pause_in_a_rate_limits_backlog_expires_nothing() {
         assert_eq!(t["state"], "completed", "{t}");
     }
 }
+
+/// A send held for the quiet window's end, and the wall clock steps an hour forward in the
+/// night (an NTP step; a resume from suspend): the end is a wall instant, 08:00 Shanghai, and
+/// the send goes then, not an hour later (held to the monotonic clock, it waited the step).
+#[tokio::test]
+async fn a_wall_step_in_the_night_keeps_the_windows_end() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T14:30:00Z"), CHANNEL).await; // 22:30 Shanghai
+    h.post(
+        &json!({"id": "quiet", "channel": "out", "schedule": {"after": "0s"},
+        "to": ["d"], "body": "b"}),
+    )
+    .await;
+    h.run_until(utc_ms("2026-12-01T14:40:00Z")).await;
+    assert!(h.sent().is_empty(), "held for the window");
+    h.clock.jump_wall(3_600_000);
+    h.server().engine.wake();
+    h.run_until(utc_ms("2026-12-02T00:00:30Z")).await;
+    let sent = h.sent();
+    assert_eq!(sent.len(), 1, "sent at the window's end: {sent:?}");
+    assert_eq!(sent_at(&sent[0]), utc_ms("2026-12-02T00:00:00Z"));
+}

@@ -612,9 +612,10 @@ async fn hold_for_time(
     let st = l.st();
     match plan::hold(&st.spec, &msg, run.scheduled_at_ms, quiet, now) {
         Some(plan::Hold::Recipient(at)) => {
-            // Waits for its own instant: memory only (a reload holds it again).
+            // Waits for its own instant: memory only (a reload holds it again). A wall instant
+            // (the recipient's 09:00), unguarded: a wall step moves it with the wall.
             st.prefetched = Some((key.run, seq, msg));
-            inner.timer.at(key.key(), at);
+            inner.timer.at_wall(key.key(), at);
             Ok(None)
         }
         Some(plan::Hold::Quiet(until)) => {
@@ -629,6 +630,8 @@ async fn hold_for_time(
                 ..Change::default()
             };
             commit::apply(inner, l, c).await?;
+            // The window's end is a wall instant: armed again, unguarded (`Timer::at_wall`).
+            inner.timer.at_wall(key.key(), until);
             l.st().prefetched = Some((key.run, seq, msg));
             Ok(None)
         }

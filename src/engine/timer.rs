@@ -86,6 +86,8 @@ impl RunKey {
 
 enum Cmd {
     At(Key, u64),
+    /// [`Timer::at_wall`]: no monotonic guard.
+    AtWall(Key, u64),
     /// Many `At`s in one command (start-up's load: one channel message per chunk).
     AtMany(Vec<(Key, u64)>),
     Cancel(Key),
@@ -136,7 +138,7 @@ impl Inbox {
         let wake = q.notify_below != 0
             && (q.cmds.len() + 1 >= WAKE_LEN
                 || match &cmd {
-                    Cmd::At(_, at) => *at < q.notify_below,
+                    Cmd::At(_, at) | Cmd::AtWall(_, at) => *at < q.notify_below,
                     Cmd::AtMany(keys) => keys.iter().any(|(_, at)| *at < q.notify_below),
                     Cmd::Cancel(_) => false,
                     Cmd::Wake | Cmd::Sync(_) => true,
@@ -218,6 +220,14 @@ impl Timer {
     /// Puts `key` on the wheel at `at_ms` (replacing its previous deadline, if any).
     pub fn at(&self, key: Key, at_ms: u64) {
         self.send(Cmd::At(key, at_ms));
+    }
+
+    /// Like [`Timer::at`], for an instant a person named (a recipient's local time, the end of
+    /// a quiet window): held to the wall clock alone, without the monotonic guard of a run key.
+    /// A wall step or a resume from suspend moves it with the wall (a 08:00 stays 08:00), where
+    /// a guarded key would wait the step's length on the monotonic clock.
+    pub fn at_wall(&self, key: Key, at_ms: u64) {
+        self.send(Cmd::AtWall(key, at_ms));
     }
 
     /// Like [`Timer::at`] for many keys at once.
@@ -544,6 +554,10 @@ fn apply(
         };
         match cmd {
             Cmd::At(key, at) => put(key, at),
+            Cmd::AtWall(key, at) => {
+                put(key.clone(), at);
+                guards.cancel(&key);
+            }
             Cmd::AtMany(keys) => {
                 for (key, at) in keys {
                     put(key, at);
