@@ -215,6 +215,14 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Prob
                 let field = join_path(&path, name);
                 return Err(Problem::invalid(field, "required"));
             }
+            // A number out of the field's range (`-1` or `4294967296` for a u32): valid JSON,
+            // an invalid value, 422 as API.md says (a string for a number stays a 400).
+            let out_of_range = msg.starts_with("invalid value: integer")
+                || msg.starts_with("invalid value: floating point")
+                || msg.contains("out of range");
+            if out_of_range && path != "." {
+                return Err(Problem::invalid(path, msg));
+            }
             let field = if path == "." { String::new() } else { path };
             let p = Problem::bad_request(format!(
                 "{}wrong type: {msg}",
@@ -249,6 +257,23 @@ pub fn join_path(path: &str, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A number out of its field's range is a valid JSON document with an invalid value: 422
+    /// naming the field (API.md); a string where a number goes stays a 400 (wrong type).
+    #[test]
+    fn a_number_out_of_range_is_422_naming_its_field() {
+        for v in ["-1", "4294967296"] {
+            let body = format!(
+                r#"{{"channel":"c","to":["a"],"body":"x","schedule":{{"after":"1s"}},"retry":{{"max_attempts":{v}}}}}"#
+            );
+            let p = parse_json::<crate::request::TaskRequest>(body.as_bytes()).unwrap_err();
+            assert_eq!(p.status.as_u16(), 422, "{v}: {p:?}");
+            assert_eq!(p.field.as_deref(), Some("retry.max_attempts"), "{v}");
+        }
+        let body = r#"{"channel":"c","to":["a"],"body":"x","schedule":{"after":"1s"},"retry":{"max_attempts":"3"}}"#;
+        let p = parse_json::<crate::request::TaskRequest>(body.as_bytes()).unwrap_err();
+        assert_eq!(p.status.as_u16(), 400, "{p:?}");
+    }
 
     #[test]
     fn percent_decoding_refuses_short_and_bad_escapes() {

@@ -84,6 +84,8 @@ pub fn route_of(path: &str) -> &'static str {
             ["tasks", _] => "/v1/tasks/{id}",
             ["tasks", _, "cancel" | "pause" | "resume" | "trigger"] => "/v1/tasks/{id}/{action}",
             ["tasks", _, "runs"] => "/v1/tasks/{id}/runs",
+            ["tasks", _, "timeline"] => "/v1/tasks/{id}/timeline",
+            ["tasks", _, "backfill"] => "/v1/tasks/{id}/backfill",
             ["failures"] => "/v1/failures",
             ["failures", _] => "/v1/failures/{id}",
             ["failures", _, "retry"] => "/v1/failures/{id}/retry",
@@ -409,7 +411,7 @@ fn losses(s: &mut Scrape, state: &ApiState) {
     );
     s.counter(
         "herald_response_drains_dropped",
-        "Webhook response bodies dropped undrained (connection closed) because 256 drains were running",
+        "Webhook response bodies dropped undrained (connection closed) because as many drains as the channel's concurrency were running",
         crate::deliver::webhook::DRAINS_DROPPED.load(Ordering::Relaxed),
     );
     let (raised, failed) = engine.alert_counts();
@@ -639,6 +641,8 @@ mod tests {
         assert_eq!(route_of("/v1/tasks/abc/"), "/v1/tasks/{id}");
         assert_eq!(route_of("/v1/tasks/a/pause"), "/v1/tasks/{id}/{action}");
         assert_eq!(route_of("/v1/tasks/a/runs"), "/v1/tasks/{id}/runs");
+        assert_eq!(route_of("/v1/tasks/a/timeline"), "/v1/tasks/{id}/timeline");
+        assert_eq!(route_of("/v1/tasks/a/backfill"), "/v1/tasks/{id}/backfill");
         assert_eq!(
             route_of("/v1/failures/a:1:2/retry"),
             "/v1/failures/{id}/retry"
