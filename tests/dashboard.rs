@@ -5,6 +5,9 @@
 //! move live (without reloading) to a bar with a failed share, sees the overview's charts draw
 //! the traffic and the channel's success ratio count it, retries the failed message, checks
 //! the page at 1024 px (Actions visible), and cancels a task with the confirmation dialog.
+//! Then (`dashboard_follows_a_busy_server`) the page keeps up with what happens on the server:
+//! a deleted task leaves the list and the detail, a held send shows in the timeline, and a
+//! paused task shows paused while creates go on at ~40/s. One browser at a time (`BROWSER`).
 //! Screenshots go to `target/tmp/` (`dashboard.png` at 1400 px, `dashboard-detail.png`,
 //! `dashboard-1024.png`; `dashboard-failure.png` when a step fails).
 //!
@@ -248,6 +251,7 @@ async fn give_token(c: &Client, token: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_in_headless_chromium() {
+    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
     let Some(driver) = start_driver().await else {
         return;
     };
@@ -711,6 +715,226 @@ async fn dashboard_in_headless_chromium() {
     )
     .await;
     screenshot(&c, "dashboard-detail.png").await;
+    c.close().await.expect("close the browser");
+}
+
+/// One browser at a time: the machine may have two cores, and a test that measures how soon
+/// the page follows the server must not share them with another Chromium.
+static BROWSER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// `method path` over the API with the token; the answer.
+async fn call(h: &TestHerald, method: &str, path: &str, body: Option<Value>) -> http::Resp {
+    http::request(
+        method,
+        &h.url(path),
+        &[("authorization", &format!("Bearer {TOKEN}"))],
+        body.map(|b| b.to_string().into_bytes()),
+    )
+    .await
+}
+
+/// Loads the page and gives it the token; returns once its event stream is live.
+async fn sign_in(c: &Client, h: &TestHerald, t: Duration) {
+    c.goto(&h.url("/")).await.expect("load the dashboard");
+    until(c, "the token dialog", t, || async {
+        dialog_open(c, "#token-dialog").await.then_some(())
+    })
+    .await;
+    give_token(c, TOKEN).await;
+    until(c, "the live event stream", t, || async {
+        (text_of(c, "#live-text").await == "live").then_some(())
+    })
+    .await;
+}
+
+/// The `data-state` of task `id`'s row in the list (`null` when it has no row).
+async fn row_state(c: &Client, id: &str) -> Value {
+    js(
+        c,
+        &format!(
+            "const r = document.querySelector('#task-rows tr[data-task=\"' + CSS.escape({id:?}) + '\"]'); return r ? r.dataset.state : null"
+        ),
+    )
+    .await
+}
+
+/// The page follows a busy server: a task deleted over the API (`DELETE` of a finished task)
+/// leaves the list and its open detail within 2 s (the `deleted` event); a send held by its
+/// channel's rate limit, a step with a `timeline` event and nothing else, shows in the open
+/// detail's timeline; and while one-shots are created at ~40/s — a `task` event every ~25 ms,
+/// never the 100 ms of quiet a trailing-only debounce waits for — a task paused over the API
+/// shows paused within 3 s (the debounce's maximum wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_follows_a_busy_server() {
+    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(driver) = start_driver().await else {
+        return;
+    };
+    // `slow` sends one message a minute: a second one is held (a `held` timeline event, its
+    // own write, with no task or progress event).
+    let h =
+        TestHerald::start_with_token("[channels.slow]\nkind = \"log\"\nrate = \"1/1m\"\n", TOKEN)
+            .await;
+    let t = Duration::from_secs(30);
+    // `p` waits for its cron; `done` is finished (cancelled), so `DELETE` deletes it.
+    let p = json!({"id": "p", "schedule": {"cron": "0 9 * * *", "tz": "UTC"}, "to": ["a"], "body": "x"});
+    let done = json!({"id": "done", "schedule": {"after": "1h"}, "to": ["a"], "body": "x"});
+    for body in [p, done] {
+        let r = call(&h, "POST", "/v1/tasks", Some(body)).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let r = call(&h, "POST", "/v1/tasks/done/cancel", None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    let c = browser(&driver).await;
+    sign_in(&c, &h, t).await;
+    until(&c, "the rows of p and done", t, || async {
+        (row_state(&c, "p").await == "pending" && row_state(&c, "done").await == "cancelled")
+            .then_some(())
+    })
+    .await;
+
+    // ---- a deleted task leaves the list and its open detail
+    click(&c, "#task-rows tr[data-task='done'] button.link").await;
+    until(&c, "the detail of done", t, || async {
+        (text_of(&c, "#detail-id").await == "done"
+            && js(&c, "return document.querySelector('#detail').hidden").await == false)
+            .then_some(())
+    })
+    .await;
+    let r = call(&h, "DELETE", "/v1/tasks/done", None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(call(&h, "GET", "/v1/tasks/done", None).await.status, 404);
+    until(
+        &c,
+        "the deleted task's row and detail gone",
+        Duration::from_secs(2),
+        || async {
+            (row_state(&c, "done").await == Value::Null
+                && js(&c, "return document.querySelector('#detail').hidden").await == true)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(row_state(&c, "p").await, "pending", "the other row stays");
+
+    // ---- a step with only a timeline event (`held`) shows in the open detail's timeline
+    // `x` takes `slow`'s slot for the minute.
+    let x = json!({"id": "x", "channel": "slow", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"});
+    let r = call(&h, "POST", "/v1/tasks", Some(x)).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let sent = common::herald::poll(t, || async {
+        (task_state(&h, "x").await == "completed").then_some(())
+    })
+    .await;
+    assert!(sent.is_some(), "x sent");
+    // `y` fires ~2 s before its instant (its run starts then, with a progress event and a
+    // read of the detail), and its send, at its instant, is held.
+    let y = json!({"id": "y", "channel": "slow", "schedule": {"after": "3s"}, "to": ["a"], "body": "y"});
+    let r = call(&h, "POST", "/v1/tasks", Some(y)).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let open_y = "#task-rows tr[data-task='y'] button.link";
+    until(&c, "the row of y", t, || async {
+        c.find(Locator::Css(open_y)).await.ok()
+    })
+    .await;
+    click(&c, open_y).await;
+    let kinds = || async {
+        let v = js(
+            &c,
+            "return [...document.querySelectorAll('#timeline li[data-kind]')].map(li => li.dataset.kind)",
+        )
+        .await;
+        serde_json::from_value::<Vec<String>>(v).unwrap_or_default()
+    };
+    let fired = until(&c, "y's timeline showing it fired", t, || async {
+        let k = kinds().await;
+        (text_of(&c, "#detail-id").await == "y" && k.iter().any(|k| k == "fired")).then_some(k)
+    })
+    .await;
+    assert!(
+        !fired.iter().any(|k| k == "held"),
+        "the detail read y's timeline before its send was held: {fired:?}"
+    );
+    // Held at y's instant, ~1 s from here.
+    until(
+        &c,
+        "y's held send in its timeline",
+        Duration::from_secs(10),
+        || async { kinds().await.iter().any(|k| k == "held").then_some(()) },
+    )
+    .await;
+    let r = call(&h, "GET", "/v1/tasks/y/timeline", None).await;
+    assert!(
+        r.json()["events"].as_array().is_some_and(|e| e
+            .iter()
+            .any(|e| e["kind"] == "held" && e["detail"]["why"] == "rate_limit")),
+        "held by the rate limit: {}",
+        r.text()
+    );
+
+    // ---- one-shots created at ~40/s for up to 8 s (ids after `p`: it stays on page 1)
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let created = std::sync::Arc::new(AtomicU32::new(0));
+    let storm = {
+        let (stop, created) = (stop.clone(), created.clone());
+        let url = h.url("/v1/tasks");
+        tokio::spawn(async move {
+            // Each create on its own, so that one slow answer does not leave a gap.
+            let mut tick = tokio::time::interval(Duration::from_millis(25));
+            let mut creates = Vec::new();
+            for i in 0..320u32 {
+                tick.tick().await;
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let (url, created) = (url.clone(), created.clone());
+                creates.push(tokio::spawn(async move {
+                    let body = json!({"id": format!("s{i:04}"), "schedule": {"after": "1h"},
+                                      "to": ["a"], "body": "x"});
+                    let r = http::request(
+                        "POST",
+                        &url,
+                        &[("authorization", &format!("Bearer {TOKEN}"))],
+                        Some(body.to_string().into_bytes()),
+                    )
+                    .await;
+                    assert_eq!(r.status, 201, "{}", r.text());
+                    created.fetch_add(1, Ordering::SeqCst);
+                }));
+            }
+            for c in creates {
+                c.await.expect("a create");
+            }
+        })
+    };
+    // The storm is under way before `p` is paused.
+    let under_way = common::herald::poll(t, || async {
+        (created.load(Ordering::SeqCst) >= 10).then_some(())
+    })
+    .await;
+    assert!(under_way.is_some(), "10 one-shots created");
+    let r = call(&h, "POST", "/v1/tasks/p/pause", None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    until(
+        &c,
+        "p shown paused while the creates go on",
+        Duration::from_secs(3),
+        || async { (row_state(&c, "p").await == "paused").then_some(()) },
+    )
+    .await;
+    assert!(
+        !storm.is_finished(),
+        "the creates were still going on when p showed paused"
+    );
+    // The page kept up with the new tasks too (the list reloaded during the storm).
+    until(&c, "created one-shots on the page", t, || async {
+        (row_state(&c, "s0000").await == "pending").then_some(())
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    storm.await.expect("the creates");
     c.close().await.expect("close the browser");
 }
 

@@ -3,7 +3,11 @@
 // - The token (when herald wants one) is asked once and kept in sessionStorage for this tab.
 // - Live updates come from GET /v1/events read with fetch() (EventSource cannot send the
 //   Authorization header). Every (re)connection starts with a `ready` event, after which what
-//   is shown is reloaded, so nothing between a load and the stream is missed.
+//   is shown is reloaded, so nothing between a load and the stream is missed. Events move
+//   the list and the open detail (`task`, `progress`), drop a deleted task's row and detail
+//   (`deleted`), read the open detail's new timeline events (`timeline`) and the failure list
+//   (`failure`). Reads they cause are debounced with a maximum wait (`debounce`): a busy
+//   server never leaves the page behind, and never makes it read once per event.
 // - Lists are paged (tasks by id with `after`, failures likewise): the page never loads all.
 // - Everything the server sends is put in the page as text (textContent), never as HTML.
 // - The overview at the top samples /metrics every 2 s and keeps 5 minutes of samples
@@ -25,6 +29,8 @@
     detailTask: null,   // its view, moved by progress events
     detailRuns: new Map(), // run number -> run view (the newest 50), moved likewise
     latest: new Map(),  // `${task}\0${run}` -> newest progress event (see `freshest`)
+    gone: new Map(),    // task id -> when (ms) its `deleted` event came (see `dropTask`)
+    timeline: { id: null, events: [] }, // the detail's timeline as drawn, oldest first
     failuresAfter: null,
     failureCount: null, // length of the failure list when it fits one page (else the census)
     samples: [],        // /metrics samples of the last SAMPLES_KEPT_MS (metrics.js `sample`)
@@ -55,12 +61,41 @@
 
   const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-  function debounce(fn, ms) {
-    let t = null;
-    return () => {
-      clearTimeout(t);
-      t = setTimeout(fn, ms);
+  // `fn` once calls stop coming for `ms`, and at least every `maxMs` while they keep coming:
+  // a busy server sends events less than `ms` apart for as long as it is busy, and a
+  // trailing-only debounce would then never call. One `fn` at a time: a call asked for while
+  // `fn` (async) is still running is made once it is done (no pile-up on a slow server, no
+  // older answer drawn over a newer one).
+  function debounce(fn, ms, maxMs = 500) {
+    let timer = null;
+    let since = 0;        // when the oldest call not yet served was asked for (0: none)
+    let running = false;
+    let again = false;    // asked for while running
+    const run = async () => {
+      timer = null;
+      if (running) {
+        again = true;
+        return;
+      }
+      since = 0;
+      running = true;
+      try {
+        await fn();
+      } finally {
+        running = false;
+        if (again) {
+          again = false;
+          schedule();
+        }
+      }
     };
+    const schedule = () => {
+      const now = Date.now();
+      if (!since) since = now;
+      clearTimeout(timer);
+      timer = setTimeout(run, Math.max(0, Math.min(ms, since + maxMs - now)));
+    };
+    return schedule;
   }
 
   function notice(text, ok) {
@@ -321,6 +356,7 @@
   }
 
   async function loadTasks() {
+    const started = Date.now();
     const q = new URLSearchParams({ limit: String(ui.filter.limit) });
     if (ui.filter.state) q.set('state', ui.filter.state);
     if (ui.filter.channel) q.set('channel', ui.filter.channel);
@@ -333,39 +369,96 @@
       return;
     }
     ui.next = page.next;
-    const tasks = page.tasks.map((t) => ({ ...t, progress: freshest(t.id, t.progress) }));
+    // A task deleted after this listing was asked for may be in it: it is not drawn back.
+    const tasks = page.tasks
+      .filter((t) => !(ui.gone.get(t.id) >= started))
+      .map((t) => ({ ...t, progress: freshest(t.id, t.progress) }));
     ui.rows = new Map(tasks.map((t) => [t.id, t]));
-    const body = $('#task-rows');
-    body.replaceChildren(...tasks.map(taskRow));
-    if (!page.tasks.length) body.append(el('tr', {}, el('td', { colspan: 7, class: 'empty', text: 'No tasks here.' })));
+    $('#task-rows').replaceChildren(...tasks.map(taskRow));
     $('#next-page').disabled = !ui.next;
     $('#prev-page').disabled = ui.back.length === 0;
     $('#first-page').disabled = !ui.after;
-    $('#page-info').textContent = `page ${ui.back.length + 1} · ${page.tasks.length} task${page.tasks.length === 1 ? '' : 's'}`;
+    drawPageInfo();
+  }
+
+  // The page's count, and the empty list's line.
+  function drawPageInfo() {
+    const n = ui.rows.size;
+    const body = $('#task-rows');
+    if (!n && !body.querySelector('td.empty')) body.append(el('tr', {}, el('td', { colspan: 7, class: 'empty', text: 'No tasks here.' })));
+    $('#page-info').textContent = `page ${ui.back.length + 1} · ${n} task${n === 1 ? '' : 's'}`;
+  }
+
+  // `deleted`: a finished task was deleted (retention, or DELETE): its row goes, and its
+  // detail closes. Remembered for a minute (at most GONE_MAX ids), so that a listing asked
+  // for before the deletion and answered after it does not draw the row back.
+  const GONE_MAX = 1000;
+  function dropTask(id) {
+    const now = Date.now();
+    ui.gone.delete(id);
+    ui.gone.set(id, now);
+    for (const [k, at] of ui.gone) {
+      if (ui.gone.size <= GONE_MAX && at >= now - 60 * 1000) break;
+      ui.gone.delete(k);
+    }
+    refreshTask.forget(id);
+    if (ui.rows.delete(id)) {
+      const tr = rowOf(id);
+      if (tr) tr.remove();
+      drawPageInfo();
+      // The page is one short: the next task moves up into it.
+      if (ui.next) reloadTasks();
+    }
+    if (ui.detail === id) {
+      ui.detail = null;
+      ui.detailTask = null;
+      $('#detail').hidden = true;
+      notice(`Task ${id} was deleted.`, true);
+    }
+    // Its failure-list entries went with it.
+    reloadFailures();
   }
   const reloadTasks = debounce(loadTasks, 250);
 
-  // A task changed: redraw it if it is on the page; a new task may belong to the last page.
+  // A task changed: redraw it if it is on the page or in the detail; any other (a new task,
+  // say) may belong to the page when it is the last one. Only the ids of tasks shown wait for
+  // the flush, and every flush takes them all: what waits is bounded by the page (and
+  // PENDING_MAX besides: past it the page is read again whole).
+  const PENDING_MAX = 1000;
   const refreshTask = (() => {
     const pending = new Set();
+    let others = false;   // a task not shown changed
+    let overflow = false; // more than PENDING_MAX ids came between two flushes
     const flush = debounce(async () => {
       const ids = [...pending];
       pending.clear();
-      for (const id of ids) {
+      const list = others, whole = overflow;
+      others = false;
+      overflow = false;
+      if (whole) {
+        await loadTasks();
+        if (ui.detail) await showDetail(ui.detail);
+        return;
+      }
+      if (list && !ui.next) reloadTasks();
+      await Promise.all(ids.map(async (id) => {
         if (ui.rows.has(id)) {
           try {
             updateTask(await api('GET', `/v1/tasks/${encodeURIComponent(id)}`));
           } catch (_) { /* gone or unreachable: the next reload tells */ }
-        } else if (!ui.next) {
-          reloadTasks();
         }
-        if (ui.detail === id) showDetail(id);
-      }
+        if (ui.detail === id) await showDetail(id);
+      }));
     }, 100);
-    return (id) => {
-      pending.add(id);
+    const refresh = (id) => {
+      if (!ui.rows.has(id) && ui.detail !== id) others = true;
+      else if (pending.size >= PENDING_MAX) overflow = true;
+      else pending.add(id);
       flush();
     };
+    // A deleted task: nothing of it to read again.
+    refresh.forget = (id) => pending.delete(id);
+    return refresh;
   })();
 
   // The newest progress event of each run seen since the last full load, so that an answer
@@ -431,9 +524,7 @@
     sec.hidden = false;
     if (wasHidden) sec.scrollIntoView({ block: 'nearest' });
   }
-  const refetchDetail = debounce(() => {
-    if (ui.detail) showDetail(ui.detail);
-  }, 150);
+  const refetchDetail = debounce(() => (ui.detail ? showDetail(ui.detail) : null), 150);
 
   // A progress event of the task shown in detail: its bar and its run's row move at once; a
   // run not shown yet, or one that finished, is read again (for its times and reason).
@@ -554,11 +645,13 @@
   // ---- timeline -----------------------------------------------------------------------------
 
   // The timeline is paged oldest first: read pages (at most 10 of 1 000, a task's default
-  // bound) and show the newest 200, newest first.
+  // bound) and show the newest 200, newest first. `more`: only what came after the events
+  // drawn (a `timeline` event of the task shown), read after the last seq shown.
   const TIMELINE_SHOWN = 200;
-  async function loadTimeline(id) {
-    let events = [];
-    let after = null;
+  async function loadTimeline(id, more) {
+    const had = more && ui.timeline.id === id ? ui.timeline.events : null;
+    let events = had ? had.slice() : [];
+    let after = had && had.length ? String(had[had.length - 1].seq) : null;
     try {
       for (let i = 0; i < 10; i++) {
         const q = new URLSearchParams({ limit: '1000' });
@@ -569,15 +662,35 @@
         after = page.next;
       }
     } catch (e) {
-      notice(`Timeline of ${id}: ${e.message}`);
+      // Deleted meanwhile: its `deleted` event closes the detail; nothing to say here.
+      if (ui.detail === id) notice(`Timeline of ${id}: ${e.message}`);
       return;
     }
     if (ui.detail !== id) return;
+    // Another read of this timeline may have finished meanwhile: what is new is added to
+    // what it drew (a full read draws what it read).
+    if (more && ui.timeline.id === id) {
+      const seen = new Set();
+      events = ui.timeline.events.concat(events).filter((e) => {
+        const k = `${e.seq}\u0000${e.kind}`;
+        if (seen.has(k)) return false;
+        seen.add(k);
+        return true;
+      }).sort((a, b) => a.seq - b.seq).slice(-TIMELINE_SHOWN);
+    }
+    ui.timeline = { id, events };
     drawTimeline(events, H.fmt.zoneOf(ui.detailTask || {}));
   }
+  // A `timeline` event of the task shown: read what is new (at most every 500 ms while they
+  // keep coming; a fast sequence writes several a second).
+  const refetchTimeline = debounce(() => (ui.detail ? loadTimeline(ui.detail, true) : null), 150);
   function drawTimeline(events, tz) {
     const list = $('#timeline');
     const T = H.timeline;
+    // Redrawn as events come: an attempt opened stays open (in the same task's timeline).
+    const same = list.dataset.task === ui.timeline.id;
+    const open = new Set(same ? [...list.querySelectorAll('li[data-seq] details[open]')].map((d) => d.closest('li').dataset.seq) : []);
+    list.dataset.task = ui.timeline.id;
     const items = T.newestFirst(events).map((e) => {
       const when = el('time', { datetime: e.at, text: H.fmt.at(e.at, tz) });
       const line = el('span', { class: 'what', text: T.summary(e) });
@@ -588,7 +701,7 @@
       // Attempts (and what followed them) open to their whole detail.
       const dl = el('dl', { class: 'fields' }, ...T.pairs(e).flatMap(([k, v]) => [el('dt', { text: k }), el('dd', { text: v })]));
       return el('li', { 'data-kind': e.kind, 'data-seq': e.seq },
-        el('details', {}, el('summary', {}, when, ' ', line, ' ', where), dl));
+        el('details', { open: open.has(String(e.seq)) }, el('summary', {}, when, ' ', line, ' ', where), dl));
     });
     if (!items.length) items.push(el('li', { class: 'empty', text: 'No events yet.' }));
     list.replaceChildren(...items);
@@ -821,6 +934,13 @@
         break;
       case 'task':
         refreshTask(data.id);
+        break;
+      case 'deleted':
+        dropTask(data.id);
+        break;
+      case 'timeline':
+        // Steps without a task or progress event of their own (`held`, say) show too.
+        if (ui.detail === data.task) refetchTimeline();
         break;
       case 'failure':
         reloadFailures();
