@@ -251,7 +251,7 @@ async fn give_token(c: &Client, token: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_in_headless_chromium() {
-    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = BROWSER.lock().await;
     let Some(driver) = start_driver().await else {
         return;
     };
@@ -720,7 +720,7 @@ async fn dashboard_in_headless_chromium() {
 
 /// One browser at a time: the machine may have two cores, and a test that measures how soon
 /// the page follows the server must not share them with another Chromium.
-static BROWSER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// `method path` over the API with the token; the answer.
 async fn call(h: &TestHerald, method: &str, path: &str, body: Option<Value>) -> http::Resp {
@@ -766,7 +766,7 @@ async fn row_state(c: &Client, id: &str) -> Value {
 /// shows paused within 3 s (the debounce's maximum wait).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_follows_a_busy_server() {
-    let _one = BROWSER.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = BROWSER.lock().await;
     let Some(driver) = start_driver().await else {
         return;
     };

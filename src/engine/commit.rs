@@ -435,11 +435,7 @@ async fn try_locked(inner: &Arc<Inner>, got: TryGot) -> Result<TryLocked, Engine
     }
 }
 
-pub(crate) async fn park_loaded(
-    inner: &Arc<Inner>,
-    mut l: Locked,
-    reason: String,
-) -> EngineError {
+pub(crate) async fn park_loaded(inner: &Arc<Inner>, mut l: Locked, reason: String) -> EngineError {
     let r = park(inner, &mut l, &reason).await;
     l.release(inner);
     match r {
