@@ -71,7 +71,7 @@ impl TaskRequest {
             trace_id: self.trace_id,
         };
         task.next_fire_at_ms = crate::schedule::next_fire(&task, cx.now_ms);
-        task.watched_since_ms = watched_since(cx.now_ms, task.next_fire_at_ms);
+        task.watched_since_ms = watched_since(&task, cx.now_ms);
         check_fires(&task, cx)?;
         sort_by_instant(&task, &mut messages);
         Ok((task, messages))
@@ -79,11 +79,16 @@ impl TaskRequest {
 }
 
 /// When herald starts watching a task whose schedule is new (a create, a patch's schedule):
-/// now, or its first fire if that is earlier. Validation accepts an `at` or a reminder up to
-/// `misfire_grace` in the past, and API.md says it fires at once: it must not be judged missed
-/// (due before `watched_since_ms`), which `misfire: skip` would skip.
-fn watched_since(now_ms: u64, first_fire_ms: Option<u64>) -> u64 {
-    first_fire_ms.map_or(now_ms, |f| f.min(now_ms))
+/// now; for a one-shot whose instant is a little past, that instant. Validation accepts an
+/// `at` up to `misfire_grace` in the past, and API.md says it fires at once: it must not be
+/// judged missed (due before `watched_since_ms`), which `misfire: skip` would skip. Reminders
+/// already past when the task is made stay missed, judged by the misfire policy as of now
+/// (`tests/schedules.rs`): their lateness counts up to the moment watching began.
+fn watched_since(task: &Task, now_ms: u64) -> u64 {
+    match task.next_fire_at_ms {
+        Some(first) if task.schedule.is_one_shot() => first.min(now_ms),
+        _ => now_ms,
+    }
 }
 
 /// A schedule must fire at least once, within the horizon.
@@ -163,7 +168,7 @@ impl PatchRequest {
         // anything else keeps the schedule as it is, even one that has no fires left (a cron
         // whose `max_runs` were all started).
         if new_schedule {
-            t.watched_since_ms = watched_since(cx.now_ms, t.next_fire_at_ms);
+            t.watched_since_ms = watched_since(&t, cx.now_ms);
             check_fires(&t, cx)?;
         }
         if let Some(m) = messages.as_mut() {
