@@ -337,19 +337,31 @@ fn exit_within(child: &mut std::process::Child, deadline: Duration) -> Option<i3
 /// `herald import` killed halfway (its batches are durable as it goes) leaves its marker:
 /// `herald serve` refuses the directory instead of running part of the backup, and so do
 /// `herald export --data` and another import, each naming the marker and what to do.
+/// `herald` with `args`, reading the lines from a pipe the test writes (and may leave open),
+/// without the variable `unset` in its environment.
+fn spawn_import(
+    args: &[&str],
+    unset: Option<&str>,
+) -> (std::process::Child, std::process::ChildStdin) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(v) = unset {
+        cmd.env_remove(v);
+    }
+    let mut child = cmd.spawn().expect("spawn herald import");
+    let input = child.stdin.take().expect("stdin");
+    (child, input)
+}
+
 #[test]
 fn an_import_killed_halfway_is_refused_by_serve_export_and_import() {
     let dir = tempfile::tempdir().unwrap();
     let target = dir.path().join("data");
     let text = export_text(3_000, false);
-    let mut importer = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["import", "--data", data(&target)])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn herald import");
-    let mut input = importer.stdin.take().expect("stdin");
+    let (mut importer, mut input) = spawn_import(&["import", "--data", data(&target)], None);
     // Once this is written, the importer has read all but what the pipe and its buffer hold
     // (tens of KB of ~2 MB): the batches before that are durable. No end line comes; stdin
     // stays open, so the importer waits for more.
@@ -423,15 +435,8 @@ fn an_import_into_postgres_killed_halfway_is_refused_by_serve() {
     };
     let url = pg.create_db("halfway");
     let text = export_text(3_000, false);
-    let mut importer = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["import", "--store-url", &url])
-        .env_remove("HERALD_STORE_URL")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn herald import");
-    let mut input = importer.stdin.take().expect("stdin");
+    let (mut importer, mut input) =
+        spawn_import(&["import", "--store-url", &url], Some("HERALD_STORE_URL"));
     input.write_all(text.as_bytes()).expect("write the lines");
     let end = std::time::Instant::now() + Duration::from_secs(30);
     while pg.psql(&url, "SELECT count(*) FROM herald_specs") == "0" {
