@@ -379,9 +379,39 @@ struct Guards {
     /// Per run key on the wheel: its wall deadline and the monotonic instant of that moment
     /// (in the past for a deadline that was past when set: the key is handed over at once).
     due: HashMap<Key, (u64, u64), foldhash::fast::RandomState>,
-    /// Per run key handed over recently: the same pair (for [`CONTINUITY_MS`]).
-    fired: HashMap<Key, (u64, u64), foldhash::fast::RandomState>,
+    /// Per run key handed over recently (for [`CONTINUITY_MS`]): its pair, and the pair of
+    /// clock readings it was handed over at.
+    fired: HashMap<Key, Fired, foldhash::fast::RandomState>,
     swept_mono: u64,
+}
+
+/// A run key handed over: its deadline's pair, and the wall and monotonic readings at the
+/// hand-over.
+#[derive(Clone, Copy)]
+struct Fired {
+    at: u64,
+    due: u64,
+    wall: u64,
+    mono: u64,
+}
+
+impl Fired {
+    /// The monotonic instant continuity asks of a next deadline `at` of the same key, if any.
+    /// A deadline at or after the hand-over's wall reading was worked out in the wall's frame
+    /// of then or later (from the step's own reading): counted from the hand-over, it keeps a
+    /// jump during the step out, and one before the hand-over too (counted from the earlier
+    /// deadline, that jump was carried into every later gap of a paced run). One before it
+    /// was stored in an older frame (a send at the deadline stored before a jump): counted
+    /// from the earlier deadline.
+    fn next_due(&self, at: u64) -> Option<u64> {
+        if at >= self.wall {
+            (at - self.wall <= CONTINUITY_MS).then(|| self.mono.saturating_add(at - self.wall))
+        } else if at >= self.at && at - self.at <= CONTINUITY_MS {
+            Some(self.due.saturating_add(at - self.at))
+        } else {
+            None
+        }
+    }
 }
 
 impl Guards {
@@ -394,10 +424,8 @@ impl Guards {
         } else {
             mono.saturating_sub(wall - at)
         };
-        if let Some((w1, m1)) = self.fired.remove(key) {
-            if at >= w1 && at - w1 <= CONTINUITY_MS {
-                due = due.max(m1.saturating_add(at - w1));
-            }
+        if let Some(next) = self.fired.remove(key).and_then(|f| f.next_due(at)) {
+            due = due.max(next);
         }
         self.due.insert(key.clone(), (at, due));
     }
@@ -415,7 +443,13 @@ impl Guards {
             self.due.insert(key.clone(), (at, due));
             return Some(crate::clock::Durations::wall_at(wall, mono, due));
         }
-        self.fired.insert(key.clone(), (at, due));
+        let fired = Fired {
+            at,
+            due,
+            wall,
+            mono,
+        };
+        self.fired.insert(key.clone(), fired);
         None
     }
 
@@ -424,7 +458,7 @@ impl Guards {
         if mono.saturating_sub(self.swept_mono) >= 1_000 {
             self.swept_mono = mono;
             self.fired
-                .retain(|_, (_, m)| mono.saturating_sub(*m) <= CONTINUITY_MS);
+                .retain(|_, f| mono.saturating_sub(f.mono) <= CONTINUITY_MS);
         }
     }
 }
@@ -764,6 +798,40 @@ mod tests {
         clock.advance(100);
         timer.wake();
         assert_eq!(rx.recv().await.unwrap(), vec![Key::run("paced", 1)]);
+    }
+
+    /// A wall step before a paced run's step is handed over (the timer holds the key to the
+    /// monotonic clock, then hands it over with the wall ahead): every later step, set a
+    /// pacing interval after its hand-over, is due that interval later on the monotonic clock.
+    /// Counted from the earlier deadline, the step's size was carried into every later gap.
+    #[tokio::test]
+    async fn a_wall_step_before_a_hand_over_is_not_carried_into_later_gaps() {
+        let clock = Arc::new(ManualClock::new(1_000_000));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let timer = Timer::start(clock.clone(), tx).unwrap();
+        let key = Key::run("paced", 1);
+        timer.at(key.clone(), 1_002_900);
+        timer.sync();
+        clock.advance(1_000);
+        clock.jump_wall(5_000);
+        timer.wake();
+        assert_eq!(timer.sync().1, 0, "held to the monotonic clock");
+        clock.advance(1_900);
+        timer.wake();
+        assert_eq!(rx.recv().await.unwrap(), vec![key.clone()]);
+        for step in 0..3 {
+            clock.advance(5);
+            timer.at(key.clone(), clock.now_ms() + 2_900);
+            timer.sync();
+            clock.advance(2_900);
+            timer.wake();
+            timer.sync();
+            assert_eq!(
+                rx.try_recv().ok(),
+                Some(vec![key.clone()]),
+                "step {step}: handed over 2 900 ms after it was set"
+            );
+        }
     }
 
     /// A run step set at a deadline already past (a paced run resumed after a restart or a
