@@ -337,6 +337,26 @@ fn exit_within(child: &mut std::process::Child, deadline: Duration) -> Option<i3
 /// `herald import` killed halfway (its batches are durable as it goes) leaves its marker:
 /// `herald serve` refuses the directory instead of running part of the backup, and so do
 /// `herald export --data` and another import, each naming the marker and what to do.
+/// `herald serve` on `dir` (and on the database `url`, if given): its exit code within 30 s
+/// (`None`: still running, killed) and what it said on stderr.
+fn serve_refusal(dir: &std::path::Path, url: Option<&str>) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(dir)
+        .env("HERALD_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    match url {
+        Some(u) => cmd.env("HERALD_STORE_URL", u),
+        None => cmd.env_remove("HERALD_STORE_URL"),
+    };
+    let mut serve = cmd.spawn().expect("spawn herald serve");
+    let code = exit_within(&mut serve, Duration::from_secs(30));
+    let mut said = String::new();
+    std::io::Read::read_to_string(&mut serve.stderr.take().unwrap(), &mut said).unwrap();
+    (code, said)
+}
+
 /// `herald` with `args`, reading the lines from a pipe the test writes (and may leave open),
 /// without the variable `unset` in its environment.
 fn spawn_import(
@@ -383,17 +403,7 @@ fn an_import_killed_halfway_is_refused_by_serve_export_and_import() {
         );
     }
 
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data", data(&target)])
-        .env_remove("HERALD_STORE_URL")
-        .env("HERALD_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn herald serve");
-    let code = exit_within(&mut serve, Duration::from_secs(30));
-    let mut said = String::new();
-    std::io::Read::read_to_string(&mut serve.stderr.take().unwrap(), &mut said).unwrap();
+    let (code, said) = serve_refusal(&target, None);
     assert!(
         code.is_some_and(|c| c != 0),
         "herald serve ran a half-imported directory: {said}"
@@ -448,18 +458,7 @@ fn an_import_into_postgres_killed_halfway_is_refused_by_serve() {
     drop(input);
 
     let dir = tempfile::tempdir().unwrap();
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
-        .arg(dir.path().join("unused"))
-        .env("HERALD_STORE_URL", &url)
-        .env("HERALD_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn herald serve");
-    let code = exit_within(&mut serve, Duration::from_secs(30));
-    let mut said = String::new();
-    std::io::Read::read_to_string(&mut serve.stderr.take().unwrap(), &mut said).unwrap();
+    let (code, said) = serve_refusal(&dir.path().join("unused"), Some(&url));
     assert!(
         code.is_some_and(|c| c != 0),
         "herald serve ran a half-imported database: {said}"

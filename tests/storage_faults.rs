@@ -153,8 +153,8 @@ async fn no_send_without_its_durable_mark_and_recovery_when_storage_works_again(
         .unwrap();
 }
 
-#[tokio::test]
-async fn a_failed_settle_resends_only_the_in_flight_message_with_its_key() {
+/// The rig with task `seq`: six messages 1 s apart from T0 + 1 s, the first two sent (2.5 s).
+async fn six_paced_two_sent() -> Rig {
     let r = rig().await;
     r.create(
         json!({"id": "seq", "channel": "out", "schedule": {"after": "1s"},
@@ -164,6 +164,12 @@ async fn a_failed_settle_resends_only_the_in_flight_message_with_its_key() {
     .unwrap();
     r.run_until(T0 + 2_500).await;
     assert_eq!(seqs(&r.sent()), [0, 1]);
+    r
+}
+
+#[tokio::test]
+async fn a_failed_settle_resends_only_the_in_flight_message_with_its_key() {
+    let r = six_paced_two_sent().await;
     // At 2.9 s message 2 is armed (one group), at 3 s it is sent; its settle is the next group:
     // that one fails, and so does everything after it until the fault is cleared.
     r.faults.fail_after(1);
@@ -661,15 +667,7 @@ async fn the_index_load_goes_on_once_the_store_can_be_read_again() {
 /// can: it was parked `failed` for good, its sequence never finished.
 #[tokio::test]
 async fn a_task_whose_runs_cannot_be_read_for_a_moment_is_read_again_not_failed() {
-    let r = rig().await;
-    r.create(
-        json!({"id": "seq", "channel": "out", "schedule": {"after": "1s"},
-        "to": ["0","1","2","3","4","5"], "body": "x", "pacing": {"interval": "1s"}}),
-    )
-    .await
-    .unwrap();
-    r.run_until(T0 + 2_500).await;
-    assert_eq!(seqs(&r.sent()), [0, 1]);
+    let r = six_paced_two_sent().await;
     // Message 2's settle fails: the task is unloaded, to be read back from disk; and the
     // runs' index cannot be scanned for a while.
     *r.faults.fail_scans_of.lock() = Some(herald::store::backend::TreeId::Active);
