@@ -202,6 +202,45 @@ async fn a_pause_in_a_rate_limits_backlog_expires_nothing() {
     }
 }
 
+/// Last stop's "left as found", the restart: 20 one-shots due at 10:00 go one a minute; herald
+/// is killed at 10:15:30 with four still waiting and is back 30 s later. They waited in herald's
+/// own backlog until it stopped (its last life sign says so), and the outage was 30 s: they
+/// all go, none expired. Without the life sign they were judged from 10:00 and expired.
+#[tokio::test]
+async fn a_restart_in_a_rate_limits_backlog_expires_nothing() {
+    let start = utc_ms("2026-12-01T02:00:00Z"); // 10:00 in Shanghai
+    let mut h = ManualHerald::start(start, CHANNEL).await;
+    let ids: Vec<String> = (0..20).map(|i| format!("t{i:02}")).collect();
+    for id in &ids {
+        h.post(
+            &json!({"id": id, "channel": "out", "schedule": {"after": "0s"},
+            "to": ["a"], "body": "b"}),
+        )
+        .await;
+    }
+    let stop_at = start + 15 * 60_000 + 30_000;
+    h.run_until(stop_at).await;
+    assert_eq!(h.sent().len(), 16, "16 went by 10:15:30");
+    // The life sign is stamped once a second (real time) with the clock's reading: wait for
+    // one at 10:15:30. `stop` then drops herald as a kill would (no drain, no last stamp).
+    let running = &h;
+    let stamped = common::herald::poll(std::time::Duration::from_secs(10), || async move {
+        let at = running.server().engine.store().last_alive().ok()??;
+        (at >= stop_at).then_some(())
+    })
+    .await;
+    assert!(stamped.is_some(), "a life sign at 10:15:30");
+    h.stop().await;
+    h.clock.set(stop_at + 30_000);
+    h.restart().await;
+    h.run_until(start + 30 * 60_000).await;
+    for id in &ids {
+        let t = h.task(id).await;
+        assert_eq!(t["state"], "completed", "{t} {:?}", h.runs(id).await);
+    }
+    assert_eq!(h.sent().len(), 20);
+}
+
 /// A send held for the quiet window's end, and the wall clock steps an hour forward in the
 /// night (an NTP step; a resume from suspend): the end is a wall instant, 08:00 Shanghai, and
 /// the send goes then, not an hour later (held to the monotonic clock, it waited the step).

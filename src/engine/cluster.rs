@@ -289,7 +289,7 @@ async fn load_shard(inner: &Arc<Inner>, g: Grant) {
     }
     let resumed = running.len();
     let now = inner.clock.now_ms();
-    match super::recovery::resume_running(inner, running, now).await {
+    match super::recovery::resume_running(inner, running, now, 0).await {
         Ok(c) => corrupt += c,
         Err(e) => {
             // Those not resumed would sit in the live map with nothing on the wheel until the

@@ -8,6 +8,7 @@
 //! lock (its in-flight mark is durable first) and finished outside it, so a slow receiver never
 //! blocks cancel.
 mod alerts;
+mod alive;
 /// Alert deliveries in flight at most (they take no slot of their channel: `fdlimit.rs`).
 pub(crate) const ALERT_DELIVERIES_MAX: usize = alerts::DELIVERIES_MAX;
 mod arm;
@@ -476,15 +477,17 @@ impl Engine {
     pub async fn drain(&self, timeout: std::time::Duration) -> bool {
         self.begin_drain();
         let end = std::time::Instant::now() + timeout;
-        loop {
+        let drained = loop {
             if self.inner.timer.outstanding.load(Ordering::Acquire) == 0 {
-                return true;
+                break true;
             }
             if std::time::Instant::now() >= end {
-                return false;
+                break false;
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        };
+        alive::last(&self.inner).await;
+        drained
     }
 
     /// The live event bus (`GET /v1/events`).

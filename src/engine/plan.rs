@@ -485,18 +485,28 @@ pub fn expire_started(
 /// caller reloads the others with [`reload_run`] and then derives the state with
 /// [`recover_running`] over the runs left (which also starts a queued fire that waited for
 /// an expired run).
+///
+/// `alive_ms`: the last process's last life sign (`engine/alive.rs`; 0 if none). It watched
+/// these runs until then, so, as a pause writes, a run's plan counts as not before it: a send
+/// waiting in a rate limit's backlog when the process died is judged on the outage alone,
+/// not on the backlog's wait before it.
 pub fn recover_started(
     spec: &TaskSpec,
     progress: &TaskProgress,
     runs: &[Run],
     now: u64,
     watched_ms: u64,
+    alive_ms: u64,
 ) -> (TaskProgress, Vec<Run>) {
     let mut t = progress.clone();
     let mut expired = Vec::new();
     for r in runs {
         let send_ms = r.next_at_ms.unwrap_or(now).max(now);
-        if let Some(e) = expire_started(spec, &mut t, r, send_ms, watched_ms, now) {
+        let seen = Run {
+            next_at_ms: Some(r.next_at_ms.unwrap_or(r.scheduled_at_ms).max(alive_ms)),
+            ..r.clone()
+        };
+        if let Some(e) = expire_started(spec, &mut t, &seen, send_ms, watched_ms, now) {
             expired.push(e);
         }
     }
@@ -630,7 +640,8 @@ pub fn recover_running(
 
 /// Start-up of a running task after an outage: [`recover_started`] over its runs as they
 /// are on disk (`raw`: before `reload_run` gave an interrupted attempt back), then
-/// [`recover_running`] over the runs left. `active`: the task's active runs in memory.
+/// [`recover_running`] over the runs left. `active`: the task's active runs in memory;
+/// `alive_ms`: the last process's last life sign (0 if none).
 pub fn recover(
     spec: &TaskSpec,
     progress: &TaskProgress,
@@ -638,9 +649,10 @@ pub fn recover(
     active: usize,
     now: u64,
     boot_ms: u64,
+    alive_ms: u64,
 ) -> Result<Change, InvalidTransition> {
     let watched = progress.watched_since_ms.max(boot_ms);
-    let (t, expired) = recover_started(spec, progress, raw, now, watched);
+    let (t, expired) = recover_started(spec, progress, raw, now, watched, alive_ms);
     let p = recover_running(spec, &t, active.saturating_sub(expired.len()), now)?;
     if expired.is_empty() {
         return Ok(p.change());
@@ -1282,7 +1294,7 @@ mod tests {
         let p = fire(&s, &t, 0, at, at - 2_000, NOW).unwrap();
         assert_eq!(p.started[0].in_flight, Some(0), "armed ahead, durable");
         let boot = at + 2_500;
-        let (t2, expired) = recover_started(&s, &p.progress, &p.started, boot, boot);
+        let (t2, expired) = recover_started(&s, &p.progress, &p.started, boot, boot, 0);
         assert_eq!(expired.len(), 1);
         let e = &expired[0];
         assert_eq!(
@@ -1297,19 +1309,25 @@ mod tests {
         // With a 3 s grace the same outage sends it at restart.
         let (s, t) = once("3s");
         let p = fire(&s, &t, 0, at, at - 2_000, NOW).unwrap();
-        let (t2, expired) = recover_started(&s, &p.progress, &p.started, boot, boot);
+        let (t2, expired) = recover_started(&s, &p.progress, &p.started, boot, boot, 0);
         assert!(expired.is_empty());
         assert_eq!(t2.runs, 1);
         // Back before the instant: nothing was missed.
-        let (_, expired) = recover_started(&s, &p.progress, &p.started, at - 500, at - 500);
+        let (_, expired) = recover_started(&s, &p.progress, &p.started, at - 500, at - 500, 0);
         assert!(expired.is_empty());
         // A run that has sent its first message is never expired (a sequence goes on).
         let mut sending = p.started[0].clone();
         sending.cursor = 1;
         sending.sent = 1;
         sending.in_flight = Some(1);
-        let (_, expired) =
-            recover_started(&s, &p.progress, &[sending], at + 3_600_000, at + 3_600_000);
+        let (_, expired) = recover_started(
+            &s,
+            &p.progress,
+            &[sending],
+            at + 3_600_000,
+            at + 3_600_000,
+            0,
+        );
         assert!(expired.is_empty());
     }
 
@@ -1320,7 +1338,7 @@ mod tests {
         let due = t.next_fire_at_ms.unwrap();
         let p = fire(&s, &t, 0, due, due - 100, NOW).unwrap();
         let boot = due + 5_000;
-        let (t2, expired) = recover_started(&s, &p.progress, &p.started, boot, boot);
+        let (t2, expired) = recover_started(&s, &p.progress, &p.started, boot, boot, 0);
         assert_eq!(expired.len(), 1);
         let r = recover_running(&s, &t2, 0, boot).unwrap();
         assert_eq!(
@@ -1526,11 +1544,11 @@ mod tests {
         held.next_at_ms = Some(until);
         // A restart 10 s in: the hold is still ahead, nothing was missed.
         let boot = NOW + 10_000;
-        let (_, expired) = recover_started(&s, &p.progress, &[held.clone()], boot, boot);
+        let (_, expired) = recover_started(&s, &p.progress, &[held.clone()], boot, boot, 0);
         assert!(expired.is_empty(), "{expired:?}");
         // Back 30 min after the hold's end (an outage past it, more than the 10 min grace).
         let late = until + 30 * 60_000;
-        let (_, expired) = recover_started(&s, &p.progress, &[held.clone()], late, late);
+        let (_, expired) = recover_started(&s, &p.progress, &[held.clone()], late, late, 0);
         assert_eq!(expired.len(), 1);
         // Paused and resumed in the night: it goes on, at the window's end.
         let runs = BTreeMap::from([(1, held)]);
@@ -1552,6 +1570,28 @@ mod tests {
         let again: BTreeMap<u32, Run> = paused.runs.iter().map(|r| (r.run, r.clone())).collect();
         let r = resume(&s, &paused.progress, &again, &none, at + 1_000).unwrap();
         assert_eq!(r.progress.state, TaskState::Running, "{:?}", r.runs);
+    }
+
+    /// Last stop's "left as found": a send waiting in a rate limit's backlog 15 min after its
+    /// instant (10 min grace), the process killed and back 20 s later. Its last life sign
+    /// (1 s before the kill) says herald watched the run until then: judged on the outage
+    /// alone, it goes on. With no life sign it is judged from its instant, as before.
+    #[test]
+    fn a_send_in_a_backlog_is_judged_on_the_outage_after_the_last_life_sign() {
+        let (s, t) = task(serde_json::json!({"schedule": {"after": "0s"},
+            "to": ["a"], "body": "b"}));
+        let p = fire(&s, &t, 0, NOW, NOW, NOW).unwrap();
+        let killed = NOW + 15 * 60_000;
+        let boot = killed + 20_000;
+        let alive = killed - 1_000;
+        let (_, expired) = recover_started(&s, &p.progress, &p.started, boot, boot, alive);
+        assert!(expired.is_empty(), "{expired:?}");
+        let (_, expired) = recover_started(&s, &p.progress, &p.started, boot, boot, 0);
+        assert_eq!(expired.len(), 1, "no life sign: judged from its instant");
+        // An outage longer than the grace after the life sign expires it.
+        let late = alive + 11 * 60_000;
+        let (_, expired) = recover_started(&s, &p.progress, &p.started, late, late, alive);
+        assert_eq!(expired.len(), 1);
     }
 
     /// Review finding: a task parked `failed` while a send was out kept its run `running` on

@@ -68,12 +68,15 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
         );
         return Ok(());
     }
+    // Read before this process's first stamp, which it replaces.
+    let alive_ms = super::alive::before(inner).await;
+    super::alive::start(inner);
     let started = std::time::Instant::now();
     let scan = scan_index(inner, now.saturating_add(READY_HORIZON_MS))?;
     let index_ms = started.elapsed().as_millis() as u64;
     let running = scan.running_ids.len();
     let mut corrupt = scan.corrupt;
-    corrupt += resume_running(inner, scan.running_ids, now).await?;
+    corrupt += resume_running(inner, scan.running_ids, now, alive_ms).await?;
     let (retries, unreadable) = resume_failure_retries(inner, now, true)?;
     corrupt += unreadable;
     tracing::info!(
@@ -194,10 +197,12 @@ fn put_chunk(inner: &Arc<Inner>, chunk: &mut Vec<(Arc<str>, LiveEntry)>, last: b
 /// An error that a later try may not meet (the store unavailable or busy: `step::is_retryable`)
 /// ends it: the task is not taken for unreadable, and the caller tries them all again
 /// (start-up fails; a granted shard is let go and loaded anew, `cluster::load_shard`).
+/// `alive_ms`: the last process's life sign (`alive.rs`; 0 for none, and in cluster mode).
 pub(crate) async fn resume_running(
     inner: &Arc<Inner>,
     running_ids: Vec<Arc<str>>,
     now: u64,
+    alive_ms: u64,
 ) -> Result<usize, EngineError> {
     let mut corrupt = 0;
     for id in running_ids {
@@ -231,6 +236,7 @@ pub(crate) async fn resume_running(
             st.runs.len(),
             now,
             inner.boot_ms,
+            alive_ms,
         )?;
         for r in change.runs.iter().filter(|r| r.state == RunState::Expired) {
             tracing::warn!(task = %id, run = r.run, reason = %crate::logsafe::Opt(r.reason.as_deref()),

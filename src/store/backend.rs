@@ -266,6 +266,20 @@ pub trait Backend: Send + Sync + 'static {
     fn failing(&self) -> Option<String> {
         None
     }
+    /// The wall instant of herald's last life sign in this store ([`Backend::stamp_alive`]),
+    /// `None` when there is none (never stamped, or a backend that keeps none). Start-up reads
+    /// it before its first stamp: until about then the last process watched its runs, so only
+    /// the time after it was an outage (`engine/alive.rs`).
+    fn last_alive(&self) -> Result<Option<u64>, StoreError> {
+        Ok(None)
+    }
+    /// Records that herald runs at wall instant `ms`: a hint, not data (no sync, not through
+    /// the log; one lost only makes the next start judge a longer outage, as if none had been
+    /// written). The default keeps none.
+    fn stamp_alive(&self, ms: u64) -> Result<(), StoreError> {
+        let _ = ms;
+        Ok(())
+    }
     /// Bytes written and not yet in the backend's index (a write-behind memtable); 0 for a
     /// backend without one.
     fn memtable_bytes(&self) -> usize {

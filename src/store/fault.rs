@@ -164,6 +164,12 @@ impl Backend for FaultyBackend {
         self.inner.take_inbox()
     }
 
+    fn last_alive(&self) -> Result<Option<u64>, StoreError> {
+        self.inner.last_alive()
+    }
+    fn stamp_alive(&self, ms: u64) -> Result<(), StoreError> {
+        self.inner.stamp_alive(ms)
+    }
     fn memtable_bytes(&self) -> usize {
         self.inner.memtable_bytes()
     }

@@ -527,6 +527,17 @@ impl Store {
         self.backend.read_round_trips()
     }
 
+    /// Herald's last life sign in this store ([`Backend::last_alive`]).
+    pub fn last_alive(&self) -> Result<Option<u64>, StoreError> {
+        self.backend.last_alive()
+    }
+
+    /// Records a life sign ([`Backend::stamp_alive`]). Can block (a file write, a round trip):
+    /// not from a runtime worker.
+    pub fn stamp_alive(&self, ms: u64) -> Result<(), StoreError> {
+        self.backend.stamp_alive(ms)
+    }
+
     /// Whether a read can hold its thread for long ([`Backend::reads_block`]).
     pub fn reads_block(&self) -> bool {
         self.backend.reads_block()

@@ -28,6 +28,7 @@ use super::space;
 use super::wal::{self, Segment, Write};
 use super::StoreError;
 
+mod alive;
 mod order;
 mod resolve;
 mod scan;
@@ -1200,6 +1201,14 @@ impl Backend for SledBackend {
 
     fn active_bytes(&self) -> usize {
         self.shared.active_bytes.load(Ordering::Relaxed)
+    }
+
+    fn last_alive(&self) -> Result<Option<u64>, StoreError> {
+        alive::read(&self.shared.dir)
+    }
+
+    fn stamp_alive(&self, ms: u64) -> Result<(), StoreError> {
+        alive::write(&self.shared.dir, ms)
     }
 
     fn memtable_bytes(&self) -> usize {

@@ -408,6 +408,7 @@ impl PgBackend {
 
     /// Sets (`on`) or removes the mark of an import under way (`backup/marker.rs`): a row of
     /// `herald_meta`, set before the import's first write and removed once it has finished.
+    /// Setting it also forgets the database's life sign ([`Backend::stamp_alive`]).
     pub fn mark_import(&self, on: bool) -> Result<(), StoreError> {
         let pool = self.pool.clone();
         self.run("import mark", async move {
@@ -419,6 +420,12 @@ impl PgBackend {
                 "DELETE FROM herald_meta WHERE name = $1"
             };
             client.execute(sql, &[&IMPORT_MARK]).await?;
+            if on {
+                // The imported runs were watched by the exporting process, not by the last
+                // one on this database: its life sign does not speak for them.
+                let forget = "DELETE FROM herald_meta WHERE name = 'alive'";
+                client.execute(forget, &[]).await?;
+            }
             Ok(())
         })
     }
@@ -1188,6 +1195,29 @@ impl Backend for PgBackend {
 
     fn failing(&self) -> Option<String> {
         self.outage.lock().clone()
+    }
+
+    /// The `alive` row of `herald_meta` (single-node mode only: the engine stamps no other).
+    fn last_alive(&self) -> Result<Option<u64>, StoreError> {
+        let pool = self.pool.clone();
+        self.run("read", async move {
+            let client = pool.get().await?;
+            let sql = "SELECT value FROM herald_meta WHERE name = 'alive'";
+            let row = client.query_opt(sql, &[]).await?;
+            let value: Option<String> = row.map(|r| r.try_get(0)).transpose()?;
+            Ok(value.and_then(|v| v.parse().ok()))
+        })
+    }
+
+    fn stamp_alive(&self, ms: u64) -> Result<(), StoreError> {
+        let pool = self.pool.clone();
+        self.run("life sign", async move {
+            let client = pool.get().await?;
+            let sql = "INSERT INTO herald_meta (name, value) VALUES ('alive', $1) \
+                 ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value";
+            client.execute(sql, &[&ms.to_string()]).await?;
+            Ok(())
+        })
     }
 
     /// Every read is a round trip, up to the statement timeout when the server stalls.
