@@ -480,16 +480,8 @@ fn created_events(task: &Task) -> [crate::model::TimelineEvent; 1] {
 pub(crate) async fn delete_idem_keys(
     inner: &Inner,
     keys: Vec<(String, String)>,
-) -> Result<(), StoreError> {
-    if keys.is_empty() {
-        return Ok(());
-    }
-    let mut b = Batch::new();
-    b.ops.extend(
-        keys.into_iter()
-            .map(|(key, task)| Op::DeleteIdem(key, task)),
-    );
-    inner.store.write(&b).await
+) -> Result<usize, StoreError> {
+    inner.store.delete_idem_keys(keys).await
 }
 
 /// Deletes finished tasks whole (messages, runs, failure entries, keys): their failure

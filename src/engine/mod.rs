@@ -909,7 +909,9 @@ async fn claim_id(
 
 /// Inserts a new task (`commit::insert`). A key whose task was deleted since (retention,
 /// DELETE) is free again: it is removed once and the insert tried again. The background sweep
-/// removes such keys too; this covers the time until.
+/// removes such keys too; this covers the time until. The removal applies only while the key
+/// still names the gone task: a create that freed it first and took it is answered by the
+/// retry as the key's task (`Store::delete_idem_keys`).
 async fn insert_freeing_key(
     inner: &Arc<Inner>,
     id: &Arc<str>,

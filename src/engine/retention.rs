@@ -145,7 +145,7 @@ impl Engine {
             let stale = blocking(inner, move |i| {
                 let (page, next) = i.store.idem_page(a.as_deref(), PAGE)?;
                 // Cluster mode: a key's row is in the shard of the task its record names, and
-                // its delete is fenced there (`Op::DeleteIdem`): that shard's owner sweeps it.
+                // its delete is fenced there (`RawOp::IdemOf`): that shard's owner sweeps it.
                 // Alone, every key.
                 let page: Vec<_> = page
                     .into_iter()
@@ -161,8 +161,7 @@ impl Engine {
             })
             .await?;
             let (keys, next) = stale;
-            swept.keys += keys.len();
-            commit::delete_idem_keys(inner, keys).await?;
+            swept.keys += commit::delete_idem_keys(inner, keys).await?;
             match next {
                 Some(n) => after = Some(n),
                 None => break,

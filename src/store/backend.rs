@@ -102,8 +102,23 @@ pub enum RawOp {
     Born(String),
     /// The idempotency key `.0` this job deletes names task `.1` (its stored record does): a
     /// backend with shards fences the delete on that task's shard, where the key's row lives
-    /// (`store/pg/shard.rs`). Writes nothing itself; a backend without shards ignores it.
+    /// (`store/pg/shard.rs`). Writes nothing itself.
+    ///
+    /// And a precondition: the job applies only if the key is absent or its record still
+    /// names `.1` ([`idem_names`]). A key freed because its task is gone may have been taken
+    /// again meanwhile (a create freed it and wrote its own task's record): a delete that did
+    /// not look would remove that new record, and the next create with the key would make a
+    /// second task (review finding).
     IdemOf(Vec<u8>, String),
+}
+
+/// [`RawOp::IdemOf`]'s precondition on the key's current value: absent, or a record that
+/// names `task`. A record that does not decode names nobody (the job is refused).
+pub fn idem_names(current: Option<&[u8]>, task: &str) -> bool {
+    current.is_none_or(|v| {
+        super::codec::decode::<super::IdemRecord>(TreeId::Idem.name(), b"", v)
+            .is_ok_and(|r| r.task_id == task)
+    })
 }
 
 /// See [`RawOp::Indexed`]. Format 7's only one: a task's progress record and its due entry.

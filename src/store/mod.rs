@@ -217,10 +217,6 @@ pub enum Op {
     DeleteFailure(String),
     /// Deletes a finished task and everything it holds (retention, `DELETE /v1/tasks/{id}`).
     DeleteTask(purge::Footprint),
-    /// Deletes an idempotency key (its task is gone).
-    /// An idempotency key and the task its record names (the key's row is in that task's
-    /// shard: cluster mode fences the delete there).
-    DeleteIdem(String, String),
     /// Deletes the task's oldest finished run records numbered below `below`, at most
     /// [`TRIM_MAX`] of them (a live task's history is bounded: `[store] runs_max`).
     TrimRuns {
@@ -598,6 +594,30 @@ impl Store {
             }
         }
         r
+    }
+
+    /// Deletes idempotency keys whose tasks are gone (`(key, task its record names)`), each
+    /// in a job of its own: one whose record no longer names that task (a create freed it
+    /// and took it again meanwhile) is left, and the others go on ([`RawOp::IdemOf`]).
+    /// How many were deleted (or were already absent). One after the other: such keys are
+    /// few (a task's delete takes its key with it; these are the ones left over).
+    pub async fn delete_idem_keys(&self, keys: Vec<(String, String)>) -> Result<usize, StoreError> {
+        let mut deleted = 0;
+        for (key, task) in keys {
+            let ops = vec![
+                RawOp::IdemOf(key.as_bytes().to_vec(), task),
+                RawOp::Delete(TreeId::Idem, key.into_bytes()),
+            ];
+            match self.commit.write(ops, true).await? {
+                Ok(()) => deleted += 1,
+                Err(Rejected {
+                    lost_shard: Some(shard),
+                    ..
+                }) => return Err(StoreError::OwnershipLost { shard }),
+                Err(_) => {}
+            }
+        }
+        Ok(deleted)
     }
 
     /// The ops of a batch that depend on what is stored: run trims, timeline seqs and the
@@ -1241,10 +1261,6 @@ fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
                 for f in &fp.failures {
                     ops.push(RawOp::Delete(TreeId::Failures, f.as_bytes().to_vec()));
                 }
-            }
-            Op::DeleteIdem(key, task) => {
-                ops.push(RawOp::IdemOf(key.as_bytes().to_vec(), task.clone()));
-                ops.push(RawOp::Delete(TreeId::Idem, key.as_bytes().to_vec()));
             }
             // Expanded by `Store::write`, which gives the seqs (`timeline.rs`).
             Op::Timeline { .. } => {}

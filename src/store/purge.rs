@@ -1,7 +1,7 @@
 //! Deleting finished tasks: the reads that find everything a task holds on disk (its
-//! footprint), and the pages the retention sweep walks. The deletes themselves are ordinary
-//! batch ops ([`super::Op::DeleteTask`], [`super::Op::DeleteIdem`]) and go through the group
-//! commit like every other write.
+//! footprint), and the pages the retention sweep walks. The deletes themselves go through the
+//! group commit like every other write ([`super::Op::DeleteTask`]; stale keys:
+//! [`super::Store::delete_idem_keys`]).
 
 use super::backend::TreeId;
 use super::codec::decode;

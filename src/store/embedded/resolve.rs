@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 
-use super::super::backend::{Backend, IndexedWrite, RawOp, Rejected, TreeId, Unstored, TREES};
+use super::super::backend::{
+    idem_names, Backend, IndexedWrite, RawOp, Rejected, TreeId, Unstored, TREES,
+};
 use super::super::wal::Write;
 use super::super::StoreError;
 use super::SledBackend;
@@ -56,14 +58,20 @@ impl Resolver<'_> {
     /// One job: its preconditions, then its writes.
     pub(super) fn job(&mut self, ops: Vec<RawOp>) -> Result<Result<(), Rejected>, StoreError> {
         for op in &ops {
-            if let RawOp::Absent(t, k) = op {
-                if self.get(*t, k)?.is_some() {
-                    return Ok(Err(Rejected {
-                        tree: *t,
-                        key: k.clone(),
-                        lost_shard: None,
-                    }));
+            let refused = match op {
+                RawOp::Absent(t, k) => self.get(*t, k)?.is_some().then_some((*t, k)),
+                RawOp::IdemOf(k, task) => {
+                    let v = self.get(TreeId::Idem, k)?;
+                    (!idem_names(v.as_deref(), task)).then_some((TreeId::Idem, k))
                 }
+                _ => None,
+            };
+            if let Some((tree, key)) = refused {
+                return Ok(Err(Rejected {
+                    tree,
+                    key: key.clone(),
+                    lost_shard: None,
+                }));
             }
         }
         for op in ops {

@@ -780,10 +780,11 @@ struct GroupCtx {
 }
 
 /// The advisory lock keys, ascending, of every key a job of `jobs` needs absent (a new task's
-/// id, an idempotency key). Cluster mode only: any node writes creates, so two nodes creating
-/// one id at once (a client's retry sent to another node while the first try is on its way,
-/// or two clients choosing one id) both read it absent and both write it (the writes are
-/// upserts): both answered 201, the later commit's task over the earlier's. Locked for the
+/// id, an idempotency key) or reads for [`RawOp::IdemOf`]'s precondition. Cluster mode only:
+/// any node writes creates, so two nodes creating one id at once (a client's retry sent to
+/// another node while the first try is on its way, or two clients choosing one id) both read
+/// it absent and both write it (the writes are upserts): both answered 201, the later
+/// commit's task over the earlier's. Locked for the
 /// transaction, before the reads, the second waits for the first to end and then reads its
 /// row: refused, 409. Ascending, so two groups never wait for each other in a circle. The key
 /// is FNV-1a (`shard.rs`), the same on every node and build; a collision only makes two
@@ -792,14 +793,18 @@ fn absent_locks(jobs: &[Vec<RawOp>]) -> Vec<i64> {
     let mut out: Vec<i64> = jobs
         .iter()
         .flatten()
-        .filter_map(|op| match op {
-            RawOp::Absent(t, k) => {
-                let mut b = t.name().as_bytes().to_vec();
-                b.push(0);
-                b.extend_from_slice(k);
-                Some(i64::from_ne_bytes(fnv1a64(&b).to_ne_bytes()))
-            }
-            _ => None,
+        .filter_map(|op| {
+            let (t, k) = match op {
+                RawOp::Absent(t, k) => (*t, k),
+                // A freed key's delete reads the key's record as a create's insert would:
+                // the same lock orders them (`RawOp::IdemOf`'s precondition).
+                RawOp::IdemOf(k, _) => (TreeId::Idem, k),
+                _ => return None,
+            };
+            let mut b = t.name().as_bytes().to_vec();
+            b.push(0);
+            b.extend_from_slice(k);
+            Some(i64::from_ne_bytes(fnv1a64(&b).to_ne_bytes()))
         })
         .collect();
     out.sort_unstable();

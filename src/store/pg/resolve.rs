@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::store::backend::{IndexedWrite, RawOp, Rejected, TreeId, Unstored, TREES};
+use crate::store::backend::{idem_names, IndexedWrite, RawOp, Rejected, TreeId, Unstored, TREES};
 
 /// Per tree, the final value of every key the group writes (`None`: delete). One entry per
 /// key, so one multi-row statement per tree never touches a row twice.
@@ -22,6 +22,7 @@ pub fn reads_needed(jobs: &[Vec<RawOp>]) -> [Vec<Vec<u8>>; TREES] {
     for op in jobs.iter().flatten() {
         let (tree, key) = match op {
             RawOp::Absent(t, k) => (*t, k.as_slice()),
+            RawOp::IdemOf(k, _) => (TreeId::Idem, k.as_slice()),
             // Read even when the writer says it knows the old value (`indexed` below).
             RawOp::Indexed(w) if !w.stored_absent => {
                 // Its source too, for a value not stored (one round trip either way).
@@ -78,14 +79,20 @@ fn job(
     unstored: &mut Unstored,
 ) -> Result<(), Rejected> {
     for op in &ops {
-        if let RawOp::Absent(t, k) = op {
-            if current(writes, stored, *t, k).is_some() {
-                return Err(Rejected {
-                    tree: *t,
-                    key: k.clone(),
-                    lost_shard: None,
-                });
+        let refused = match op {
+            RawOp::Absent(t, k) => current(writes, stored, *t, k).is_some().then_some((*t, k)),
+            RawOp::IdemOf(k, task) => {
+                let v = current(writes, stored, TreeId::Idem, k);
+                (!idem_names(v.map(Vec::as_slice), task)).then_some((TreeId::Idem, k))
             }
+            _ => None,
+        };
+        if let Some((tree, key)) = refused {
+            return Err(Rejected {
+                tree,
+                key: key.clone(),
+                lost_shard: None,
+            });
         }
     }
     for op in ops {
@@ -236,6 +243,36 @@ mod tests {
 
     fn get<'a>(w: &'a Writes, t: TreeId, k: &str) -> Option<Option<&'a [u8]>> {
         w[t as usize].get(k.as_bytes()).map(|v| v.as_deref())
+    }
+
+    /// Review finding: a freed idempotency key's delete was blind. It applies only while the
+    /// key is absent or names the gone task; taken again meanwhile (by task "b"), it is left.
+    #[test]
+    fn a_freed_keys_delete_leaves_a_key_taken_again() {
+        let rec = |t: &str| {
+            crate::store::codec::encode(&crate::store::IdemRecord {
+                task_id: t.into(),
+                body_sha256: [0; 32],
+            })
+            .unwrap()
+        };
+        let mut stored: Stored = Default::default();
+        stored[TreeId::Idem as usize].insert(b"k".to_vec(), rec("b"));
+        let delete = |task: &str, key: &str| {
+            vec![
+                RawOp::IdemOf(key.as_bytes().to_vec(), task.into()),
+                RawOp::Delete(TreeId::Idem, key.as_bytes().to_vec()),
+            ]
+        };
+        let jobs = vec![delete("a", "k"), delete("a", "gone"), delete("b", "k")];
+        assert_eq!(reads_needed(&jobs)[TreeId::Idem as usize].len(), 2);
+        let (res, w) = resolve(jobs.clone(), &stored);
+        assert_eq!(res[0].as_ref().unwrap_err().tree, TreeId::Idem, "names b");
+        assert!(res[1].is_ok(), "absent: nothing to keep");
+        assert!(res[2].is_ok(), "names b: b's delete goes");
+        assert_eq!(get(&w, TreeId::Idem, "k"), Some(None));
+        let (res, _) = resolve(jobs[..1].to_vec(), &stored);
+        assert!(res[0].is_err());
     }
 
     #[test]
