@@ -1,7 +1,7 @@
 //! Rendering one attempt of one message as the [`Delivery`] a channel sends (pure: no IO, no
 //! clock; the instants are given). The run's step (`step.rs`) and a failure-list retry
 //! (`retry.rs`) both render through here, so an attempt carries the same fields, the same
-//! `{{minutes_left}}` substitution and the same trace whichever path sends it.
+//! `{{minutes_left}}` substitution (counted at the attempt's start) and the same trace whichever path sends it.
 
 use crate::deliver::Delivery;
 use crate::model::{delivery_key, Message, TaskSpec};
@@ -15,7 +15,7 @@ pub(crate) struct Attempt {
     pub attempt: u32,
     /// The instant the message was due (`scheduled_at` of the delivery).
     pub due_ms: u64,
-    /// The run's scheduled instant: reminders count `minutes_left` from it.
+    /// The run's scheduled instant (`minutes_left` never counts from before it).
     pub run_at_ms: u64,
     /// When this attempt starts (`sent_at`).
     pub now_ms: u64,
@@ -25,7 +25,9 @@ pub(crate) struct Attempt {
 /// `{task}:{run}:{seq}` on every attempt, and its trace is the task's (DESIGN.md "Delivery
 /// semantics", API.md "Trace and timeline").
 pub(crate) fn delivery(task: &TaskSpec, msg: Message, a: &Attempt) -> Delivery {
-    let minutes = minutes_left(&task.schedule, a.run_at_ms);
+    // What is left when it is sent: a reminder held by quiet hours, a rate limit or an outage
+    // says so, not what was left at its slot.
+    let minutes = minutes_left(&task.schedule, a.now_ms.max(a.run_at_ms));
     let body = match minutes {
         Some(m) => msg.body.replace("{{minutes_left}}", &m.to_string()),
         None => msg.body,
@@ -90,5 +92,46 @@ mod tests {
         t.trace_id = None;
         let d = delivery(&t.clone().split().0, msg(), &a);
         assert_eq!(d.trace_id, crate::model::timeline::fallback_trace_id("t1"));
+    }
+
+    /// `{{minutes_left}}` is what is left when the attempt starts (review finding: a reminder
+    /// held by quiet hours from 07:40 to 08:00 said "30" with 10 minutes left).
+    #[test]
+    fn minutes_left_counts_from_the_send_not_the_slot() {
+        let t = test_task(
+            serde_json::json!({"id": "r1", "channel": "c", "schedule": {"reminders":
+                {"event_at": "2026-06-01T08:10:00Z", "before": ["30m"]}},
+                "to": ["u1"], "body": "in {{minutes_left}} min"}),
+            1_780_000_000_000,
+        );
+        let spec = t.split().0;
+        let event = 1_780_301_400_000; // 2026-06-01T08:10:00Z
+        let send = |now_ms: u64| {
+            let a = Attempt {
+                run: 1,
+                seq: 0,
+                attempt: 1,
+                due_ms: event - 30 * 60_000,
+                run_at_ms: event - 30 * 60_000,
+                now_ms,
+            };
+            let msg = Message {
+                to: "u1".into(),
+                body: "in {{minutes_left}} min".into(),
+                data: None,
+                tz: None,
+            };
+            let d = delivery(&spec, msg, &a);
+            (d.body, d.minutes_left)
+        };
+        // On time, a few ms late: 30.
+        assert_eq!(
+            send(event - 30 * 60_000 + 7),
+            ("in 30 min".into(), Some(30))
+        );
+        // Held until 08:00: 10.
+        assert_eq!(send(event - 10 * 60_000), ("in 10 min".into(), Some(10)));
+        // After the event has begun: 0, never negative.
+        assert_eq!(send(event + 5 * 60_000), ("in 0 min".into(), Some(0)));
     }
 }

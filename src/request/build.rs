@@ -274,11 +274,20 @@ fn sort_by_instant(task: &Task, messages: &mut [Message]) {
     let (Some(fire), false) = (task.next_fire_at_ms, task.recipient_zones.is_empty()) else {
         return;
     };
-    use crate::schedule::recipient::{message_due, parse_zones};
+    use crate::schedule::recipient::{instant_in, parse_zones, slot_wall};
+    let (Schedule::At { dst, .. } | Schedule::Cron { dst, .. }) = &task.schedule else {
+        return;
+    };
+    // The slot is found once, and each message's instant once (`message_due` per message, or
+    // per comparison, searched the slot again every time).
     let zones = parse_zones(&task.recipient_zones);
-    messages.sort_by_key(|m| {
+    let Some(wall) = slot_wall(&task.schedule, &zones, fire) else {
+        return;
+    };
+    messages.sort_by_cached_key(|m| {
         m.tz.as_deref()
-            .and_then(|z| message_due(&task.schedule, &zones, fire, z))
+            .and_then(|z| z.parse::<chrono_tz::Tz>().ok())
+            .and_then(|z| instant_in(wall, z, *dst))
             .unwrap_or(fire)
     });
 }

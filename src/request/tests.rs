@@ -430,3 +430,38 @@ fn a_patch_that_keeps_the_schedule_keeps_the_next_fire() {
         Some(one + 3_600_000)
     );
 }
+
+#[test]
+fn a_recipient_time_create_over_a_per_second_cron_costs_a_few_cron_evaluations() {
+    use crate::schedule::cron::evaluations;
+    for (expr, n) in [
+        ("* * * * *", 200usize),
+        ("* * * * * *", 200),
+        ("0 9 * * *", 50),
+    ] {
+        let msgs: Vec<_> = (0..n)
+            .map(|i| {
+                let tz = ["Asia/Shanghai", "Europe/Berlin", "America/New_York"][i % 3];
+                json!({"to": format!("u{i}"), "body": "x", "tz": tz})
+            })
+            .collect();
+        let v = json!({"schedule": {"cron": expr, "tz": "recipient"}, "messages": msgs});
+        let (made, evals) = evaluations::of(|| task_and_messages(v));
+        let (t, m) = made.expect("valid");
+        assert!(t.next_fire_at_ms.is_some());
+        // Stored in order of their instants: Shanghai, Berlin, New York.
+        assert_eq!(
+            m.first().and_then(|m| m.tz.as_deref()),
+            Some("Asia/Shanghai")
+        );
+        assert_eq!(
+            m.last().and_then(|m| m.tz.as_deref()),
+            Some("America/New_York")
+        );
+        // Not per message nor per comparison, nor per wall of the cron.
+        assert!(
+            evals <= 8,
+            "{expr}: {evals} cron evaluations for one create of {n}"
+        );
+    }
+}

@@ -106,6 +106,8 @@ impl CronSchedule {
     /// time and stops at the first fire; near a fold it covers just the walls that can still
     /// resolve into it.
     pub fn next_after(&self, after_ms: u64) -> Option<u64> {
+        #[cfg(test)]
+        evaluations::count();
         let after = i64::try_from(after_ms).ok()?;
         // Wall times as if they were UTC, in ms. `lower` is exclusive; croner's exclusive search
         // steps to the next whole second, which is exactly "the first wall second > lower".
@@ -223,7 +225,10 @@ impl CronSchedule {
 }
 
 /// croner's parser as herald uses it: seconds optional (5 fields get second 0), strict OCPS
-/// syntax (no `5/15` shorthand), day-of-month OR day-of-week as in Vixie cron.
+/// syntax (no `5/15` shorthand), day of month OR day of week when both are restricted (AND
+/// with a `+` before the day of week). Only a literal `*` (or `?`) leaves a day field
+/// unrestricted: `*/1` restricts it, so "0 9 */1 * 1" fires every day (Vixie cron took any
+/// field starting with `*` as unrestricted).
 fn parser() -> CronParser {
     CronParser::builder().seconds(Seconds::Optional).build()
 }
@@ -286,6 +291,28 @@ fn reason(text: &str, err: &CronError) -> String {
             }
         }
         other => other.to_string(),
+    }
+}
+
+/// How many times [`CronSchedule::next_after`] ran on this thread (tests bound the work of
+/// callers with it, never with a clock).
+#[cfg(test)]
+pub(crate) mod evaluations {
+    use std::cell::Cell;
+
+    thread_local! {
+        static COUNT: Cell<u64> = const { Cell::new(0) };
+    }
+
+    pub(super) fn count() {
+        COUNT.with(|c| c.set(c.get() + 1));
+    }
+
+    /// The evaluations `f` made.
+    pub(crate) fn of<T>(f: impl FnOnce() -> T) -> (T, u64) {
+        let before = COUNT.with(Cell::get);
+        let out = f();
+        (out, COUNT.with(Cell::get) - before)
     }
 }
 

@@ -162,12 +162,15 @@ fn offset_fired(schedule: &Schedule, done: &[u64], fire_ms: u64) -> Option<u64> 
     }
 }
 
-/// For reminders: minutes left until the event for a run scheduled at `scheduled_at_ms`
-/// (what `{{minutes_left}}` becomes).
-pub fn minutes_left(schedule: &Schedule, scheduled_at_ms: u64) -> Option<u64> {
+/// For reminders: the minutes left until the event at `send_ms`, the instant the message is
+/// sent (what `{{minutes_left}}` becomes): a reminder held by quiet hours or a rate limit says
+/// what is left when it goes, not what was left at its slot. Whole minutes to the nearest (a
+/// send a few ms after its 30-minute slot still says 30), never negative (0 once the event
+/// has begun).
+pub fn minutes_left(schedule: &Schedule, send_ms: u64) -> Option<u64> {
     match schedule {
         Schedule::Reminders { event_ms, .. } => {
-            Some((event_ms.saturating_sub(scheduled_at_ms) + 30_000) / 60_000)
+            Some((event_ms.saturating_sub(send_ms) + 30_000) / 60_000)
         }
         _ => None,
     }

@@ -32,7 +32,8 @@ impl QuietHours {
 
 /// When a send due at `at_ms` may start: `None` if `at_ms` is outside the window in `zone`,
 /// else the instant the window ends (the first local `to` after `at_ms`; a `to` in a DST gap
-/// is the gap's end, a repeated one its first instant).
+/// is the gap's end, a repeated one its first instant after `at_ms`: a send on the repeated
+/// hour of a fall-back, inside the window by the wall clock, waits for the second `to`).
 pub fn held_until(q: &QuietHours, zone: Tz, at_ms: u64) -> Option<u64> {
     let local = DateTime::from_timestamp_millis(i64::try_from(at_ms).ok()?)?
         .with_timezone(&zone)
@@ -48,12 +49,11 @@ pub fn held_until(q: &QuietHours, zone: Tz, at_ms: u64) -> Option<u64> {
     }
     let policy = DstPolicy {
         gap: DstGap::Shift,
-        repeat: DstRepeat::First,
+        repeat: DstRepeat::Both,
     };
     resolve_local(day.and_time(to), zone, policy)
-        .first()
-        .copied()
-        .filter(|end| *end > at_ms)
+        .into_iter()
+        .find(|end| *end > at_ms)
 }
 
 /// The window that applies to a send: the task's own, none, or its channel's.
@@ -189,5 +189,28 @@ mod tests {
             night("Asia/Shanghai").zone_for(Some("Europe/Berlin")),
             "Asia/Shanghai".parse().ok()
         );
+    }
+
+    #[test]
+    fn a_send_on_the_repeated_hour_of_a_fall_back_waits_for_the_second_end() {
+        // New York falls back on 1 Nov 2026: 01:00–02:00 EDT, then 01:00–02:00 EST again.
+        let q = QuietHours {
+            from_min: parse_hhmm("22:00").unwrap(),
+            to_min: parse_hhmm("01:30").unwrap(),
+            tz: "America/New_York".into(),
+        };
+        let z: Tz = "America/New_York".parse().unwrap();
+        // 01:15 EDT, the first pass: until 01:30 EDT.
+        assert_eq!(
+            held_until(&q, z, utc("2026-11-01T05:15:00Z")),
+            Some(utc("2026-11-01T05:30:00Z"))
+        );
+        // 01:45 EDT is outside; 01:15 EST, the second pass, is inside again: until 01:30 EST.
+        assert_eq!(held_until(&q, z, utc("2026-11-01T05:45:00Z")), None);
+        assert_eq!(
+            held_until(&q, z, utc("2026-11-01T06:15:00Z")),
+            Some(utc("2026-11-01T06:30:00Z"))
+        );
+        assert_eq!(held_until(&q, z, utc("2026-11-01T06:30:00Z")), None);
     }
 }

@@ -32,13 +32,9 @@ pub fn is_recipient(tz: Option<&str>) -> bool {
     tz == Some(RECIPIENT)
 }
 
-/// Most wall times examined for one next slot (a per-second cron over the ~26 hours between
-/// the earliest and latest zones is ~94 000).
-const SCAN_MAX: usize = 200_000;
-
-/// Widest span of UTC offsets plus DST slack: walls further than this from an instant cannot
+/// Widest span of UTC offsets plus DST slack: a wall further than this from an instant cannot
 /// resolve to it in any zone (offsets are within −12 h .. +14 h).
-const SPAN_MS: i64 = 30 * 3_600_000;
+const SPAN_MS: u64 = 30 * 3_600_000;
 
 /// A wall time (ms as if UTC) as a naive date-time.
 pub fn naive(wall_ms: u64) -> Option<NaiveDateTime> {
@@ -78,36 +74,61 @@ pub fn first_instant(wall_ms: u64, zones: &[Tz], dst: DstPolicy) -> Option<u64> 
 }
 
 /// The next slot of a cron read as wall times (`cron` parsed in UTC) whose run instant is
-/// strictly after `after_ms`: `(wall, instant)`. Instants grow with walls (apart from DST
-/// folds of an hour, within the slack), so the first such wall from a little before the
-/// earliest wall that could resolve after `after_ms` is the next one.
+/// strictly after `after_ms`: `(wall, instant)`.
+///
+/// In one zone instants never decrease as walls grow (a gap's walls all go at its end, a
+/// fold's at its first, or last, pass), so neither does a slot's run instant, the earliest of
+/// its zones'. A slot runs after `after_ms` exactly when its wall is at or past every zone's
+/// [`wall_threshold`]; the next slot is the first cron wall from the largest of those: one
+/// cron evaluation, whatever the cron's frequency.
 pub fn next_slot(
     cron: &CronSchedule,
     zones: &[Tz],
     dst: DstPolicy,
     after_ms: u64,
 ) -> Option<(u64, u64)> {
-    if zones.is_empty() {
-        return None;
+    let mut from = 0;
+    for zone in zones {
+        from = from.max(wall_threshold(*zone, dst, after_ms)?);
     }
-    let after = i64::try_from(after_ms).ok()?;
-    let mut wall = u64::try_from(after.saturating_sub(SPAN_MS).max(0)).ok()?;
-    let mut best: Option<(u64, u64)> = None;
-    for _ in 0..SCAN_MAX {
-        wall = cron.next_after(wall)?;
-        // Once walls are past every zone's reach of the best instant, nothing beats it.
-        if let Some((_, b)) = best {
-            if wall as i64 > b as i64 + SPAN_MS {
-                return best;
-            }
-        }
-        if let Some(at) = first_instant(wall, zones, dst) {
-            if at > after_ms && best.is_none_or(|(_, b)| at < b) {
-                best = Some((wall, at));
-            }
+    // `next_after` is strict: from just before the threshold (a wall at the epoch itself is
+    // not a slot herald can meet).
+    let wall = cron.next_after(from.checked_sub(1)?)?;
+    let at = first_instant(wall, zones, dst)?;
+    (at > after_ms).then_some((wall, at))
+}
+
+/// The smallest wall (ms as if UTC) whose instant in `zone` is after `after_ms` (a zone that
+/// cannot place a wall does not hold it back, as in [`first_instant`]). Usually the wall of the
+/// next millisecond itself; next to a fold or gap a bisection over walls, instants growing
+/// with them.
+fn wall_threshold(zone: Tz, dst: DstPolicy, after_ms: u64) -> Option<u64> {
+    let later = |w: u64| instant_in(w, zone, dst).is_none_or(|t| t > after_ms);
+    let next = after_ms.checked_add(1)?;
+    let local = DateTime::from_timestamp_millis(i64::try_from(next).ok()?)?
+        .with_timezone(&zone)
+        .naive_local();
+    let guess = wall_of(local)?;
+    if later(guess) && (guess == 0 || !later(guess - 1)) {
+        return Some(guess);
+    }
+    let (mut lo, mut hi) = (
+        after_ms.saturating_sub(SPAN_MS),
+        after_ms.checked_add(SPAN_MS)?,
+    );
+    if later(lo) {
+        return Some(lo);
+    }
+    // `lo` is not later, `hi` is.
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if later(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
         }
     }
-    best
+    Some(hi)
 }
 
 /// The wall time of the cron slot whose run instant is `fire_ms` (a run's `scheduled_at`).
@@ -263,5 +284,122 @@ mod tests {
         );
         assert_eq!(slot_of_cron(&cron, &zones, d, at), Some(wall));
         assert_eq!(slot_of_cron(&cron, &zones, d, at + 1), None);
+    }
+
+    /// The search before the thresholds: every wall from 30 h before `after_ms` on, kept as the
+    /// reference the new one must agree with.
+    fn next_slot_by_scan(
+        cron: &CronSchedule,
+        zones: &[Tz],
+        dst: DstPolicy,
+        after_ms: u64,
+    ) -> Option<(u64, u64)> {
+        let mut wall = after_ms.saturating_sub(SPAN_MS);
+        let mut best: Option<(u64, u64)> = None;
+        loop {
+            wall = cron.next_after(wall)?;
+            if best.is_some_and(|(_, b)| wall > b + SPAN_MS) {
+                return best;
+            }
+            if let Some(at) = first_instant(wall, zones, dst) {
+                if at > after_ms && best.is_none_or(|(_, b)| at < b) {
+                    best = Some((wall, at));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn slots_are_those_of_a_scan_of_every_wall_across_dst() {
+        let sets: [&[&str]; 4] = [
+            &["America/New_York"],
+            &["America/New_York", "America/Phoenix"],
+            &["Europe/Berlin", "Australia/Lord_Howe", "Asia/Kolkata"],
+            &[
+                "Pacific/Kiritimati",
+                "Pacific/Pago_Pago",
+                "America/Santiago",
+            ],
+        ];
+        let crons = ["0 * * * *", "*/20 1-3 * * *", "30 1 * * *", "0 9 * * 1-5"];
+        let starts = [
+            "2027-03-13T20:00:00Z",
+            "2026-11-01T02:00:00Z",
+            "2026-10-03T12:00:00Z",
+            "2026-04-04T10:00:00Z",
+        ];
+        for repeat in [DstRepeat::First, DstRepeat::Last] {
+            let d = DstPolicy {
+                repeat,
+                ..DstPolicy::default()
+            };
+            for (zones, expr, start) in itertools_product(&sets, &crons, &starts) {
+                let zones = parse_zones(&zones.iter().map(|z| z.to_string()).collect::<Vec<_>>());
+                let cron = CronSchedule::parse(expr, chrono_tz::UTC, d).unwrap();
+                let mut after = utc(start);
+                for _ in 0..30 {
+                    let new = next_slot(&cron, &zones, d, after);
+                    assert_eq!(
+                        new,
+                        next_slot_by_scan(&cron, &zones, d, after),
+                        "{expr} {zones:?} after {after}"
+                    );
+                    // and from a moment inside each hour, not only from the last fire
+                    let mid = after + 1_234_567;
+                    assert_eq!(
+                        next_slot(&cron, &zones, d, mid),
+                        next_slot_by_scan(&cron, &zones, d, mid)
+                    );
+                    let Some((_, at)) = new else { break };
+                    after = at;
+                }
+            }
+        }
+    }
+
+    fn itertools_product<'a>(
+        a: &'a [&'a [&'a str]],
+        b: &'a [&'a str],
+        c: &'a [&'a str],
+    ) -> impl Iterator<Item = (&'a [&'a str], &'a str, &'a str)> + 'a {
+        a.iter().flat_map(move |x| {
+            b.iter()
+                .flat_map(move |y| c.iter().map(move |z| (*x, *y, *z)))
+        })
+    }
+
+    #[test]
+    fn a_slot_costs_one_cron_evaluation_whatever_the_crons_frequency() {
+        use crate::schedule::cron::evaluations;
+        let d = DstPolicy::default();
+        let zones = parse_zones(&["Pacific/Kiritimati".into(), "UTC".into()]);
+        for (expr, wall, at) in [
+            ("* * * * *", "2026-06-01T14:01:00Z", "2026-06-01T00:01:00Z"),
+            (
+                "* * * * * *",
+                "2026-06-01T14:00:01Z",
+                "2026-06-01T00:00:01Z",
+            ),
+        ] {
+            let cron = CronSchedule::parse(expr, chrono_tz::UTC, d).unwrap();
+            let (slot, n) =
+                evaluations::of(|| next_slot(&cron, &zones, d, utc("2026-06-01T00:00:00Z")));
+            assert_eq!(slot, Some((utc(wall), utc(at))), "{expr}");
+            assert_eq!(n, 1, "{expr}: {n} cron evaluations for one slot");
+        }
+    }
+
+    #[test]
+    fn a_rare_cron_keeps_its_slot_beyond_the_next_one() {
+        // Feb 29 on a Monday (`+`: day of month AND day of week): 2044, then 2072, more than the 10-year horizon after it.
+        let d = DstPolicy::default();
+        let cron = CronSchedule::parse("0 9 29 2 +1", chrono_tz::UTC, d).unwrap();
+        let after = utc("2040-01-01T00:00:00Z");
+        assert_eq!(cron.next_after(after), Some(utc("2044-02-29T09:00:00Z")));
+        let zones = parse_zones(&["UTC".into(), "Asia/Tokyo".into()]);
+        assert_eq!(
+            next_slot(&cron, &zones, d, after),
+            Some((utc("2044-02-29T09:00:00Z"), utc("2044-02-29T00:00:00Z")))
+        );
     }
 }

@@ -277,4 +277,63 @@ mod tests {
         );
         assert_eq!(human(&zoned, Lang::En), "today at 09:00 (Asia/Shanghai)");
     }
+
+    /// croner restricts a day field written `*/1` (only a literal `*` is unrestricted), so it
+    /// ORs it with the other day field: the sentence says what fires (review finding: "0 9 */1
+    /// * 1" was "every Monday" and fired every day).
+    #[test]
+    fn a_day_field_of_star_slash_one_is_described_as_croner_fires_it() {
+        use crate::schedule::CronSchedule;
+        let at =
+            |s: &str| crate::schedule::parse_instant(s, None, DstPolicy::default()).unwrap()[0];
+        let tuesday = at("2026-06-02T00:00:00Z");
+        for (expr, en, zh) in [
+            (
+                "0 9 */1 * 1",
+                "every day at 09:00 (UTC)",
+                "每天 09:00（UTC）",
+            ),
+            (
+                "0 9 5 * */1",
+                "every day at 09:00 (UTC)",
+                "每天 09:00（UTC）",
+            ),
+            (
+                "0 9 */1 * *",
+                "every day at 09:00 (UTC)",
+                "每天 09:00（UTC）",
+            ),
+            (
+                "0 9 * * */1",
+                "every day at 09:00 (UTC)",
+                "每天 09:00（UTC）",
+            ),
+            (
+                "0 9 * * 1",
+                "every Monday at 09:00 (UTC)",
+                "每周一 09:00（UTC）",
+            ),
+        ] {
+            let c = CronSchedule::parse(expr, chrono_tz::UTC, DstPolicy::default()).unwrap();
+            assert_eq!(
+                (
+                    c.describe_in(Lang::En).as_str(),
+                    c.describe_in(Lang::Zh).as_str()
+                ),
+                (en, zh),
+                "{expr}"
+            );
+            let every_day = en.starts_with("every day");
+            let next = if every_day {
+                "2026-06-02T09:00:00Z"
+            } else {
+                "2026-06-08T09:00:00Z"
+            };
+            assert_eq!(
+                c.next_after(tuesday),
+                Some(at(next)),
+                "{expr} fires as described"
+            );
+        }
+    }
 }

@@ -90,24 +90,52 @@ pub fn shape(normalized: &str) -> Option<Shape> {
         Field::Values(v) => Some(v),
         Field::Every(_) => return None,
     };
-    let dow = field(dow)?;
+    let dow = day_field(dow, 0, 7)?;
     let days = match (dom, dow) {
         ("L", Field::Any) => Days::LastOfMonth,
-        (dom, dow) => match (field(dom)?, dow) {
-            (Field::Any, Field::Any) => Days::Every,
-            (Field::Any, Field::Values(days)) => {
-                // 7 is Sunday too.
-                let mut days: Vec<u32> = days.iter().map(|d| d % 7).collect();
-                days.sort_by_key(|d| (d + 6) % 7);
-                days.dedup();
-                Days::Week(days)
-            }
-            (Field::Values(days), Field::Any) => Days::Month(days),
-            // Both day fields restricted (cron ORs them), or a stepped day field: too subtle.
-            _ => return None,
-        },
+        (dom, dow) => days(day_field(dom, 1, 31)?, dow)?,
     };
     Some(Shape { time, days, months })
+}
+
+/// The days two day fields (read by [`day_field`]) let through. croner ORs them when both are
+/// restricted, so either one covering every day makes every day.
+fn days(dom: Field, dow: Field) -> Option<Days> {
+    let week = |days: &[u32]| {
+        // 7 is Sunday too.
+        let mut days: Vec<u32> = days.iter().map(|d| d % 7).collect();
+        days.sort_by_key(|d| (d + 6) % 7);
+        days.dedup();
+        days
+    };
+    let whole_month = |d: &[u32]| d.len() == 31;
+    Some(match (dom, dow) {
+        (Field::Any, Field::Any) => Days::Every,
+        (Field::Any, Field::Values(d)) => match week(&d) {
+            d if d.len() == 7 => Days::Every,
+            d => Days::Week(d),
+        },
+        (Field::Values(d), Field::Any) if whole_month(&d) => Days::Every,
+        (Field::Values(d), Field::Any) => Days::Month(d),
+        (Field::Values(m), Field::Values(w)) if whole_month(&m) || week(&w).len() == 7 => {
+            Days::Every
+        }
+        // Both day fields restricted otherwise (ORed), or a stepped day field: too subtle.
+        _ => return None,
+    })
+}
+
+/// A day field as croner reads it: only a literal `*` (or `?`, which croner makes `*`) leaves
+/// the day to the other field; anything else restricts it, `*/1` too (all of `lo..=hi`), and
+/// two restricted day fields are ORed. (Vixie cron took any field starting with `*` as `*`.)
+fn day_field(text: &str, lo: u32, hi: u32) -> Option<Field> {
+    if text == "*" || text == "?" {
+        return Some(Field::Any);
+    }
+    match field(text)? {
+        Field::Any => Some(Field::Values((lo..=hi).collect())),
+        f => Some(f),
+    }
 }
 
 /// The time of day, from the second, minute and hour fields.
