@@ -907,6 +907,14 @@ async fn claim_id(
     }
 }
 
+/// Whether the task an idempotency key names exists (read off the worker when reads block);
+/// a read that fails says it does (the key is then not freed).
+async fn key_task_exists(inner: &Arc<Inner>, rec: &crate::store::IdemRecord) -> bool {
+    let id = rec.task_id.clone();
+    let read = offload::read(inner, move |i| Ok(i.store.task_exists(&id)?)).await;
+    read.unwrap_or(true)
+}
+
 /// Inserts a new task (`commit::insert`). A key whose task was deleted since (retention,
 /// DELETE) is free again: it is removed once and the insert tried again. The background sweep
 /// removes such keys too; this covers the time until. The removal applies only while the key
@@ -930,9 +938,7 @@ async fn insert_freeing_key(
         )
         .await?;
         match inserted {
-            Inserted::KeyUsed(rec)
-                if !freed_key && !inner.store.task_exists(&rec.task_id).unwrap_or(true) =>
-            {
+            Inserted::KeyUsed(rec) if !freed_key && !key_task_exists(inner, &rec).await => {
                 freed_key = true;
                 let keys = idem
                     .iter()

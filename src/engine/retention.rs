@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use super::commit;
+use super::{commit, offload};
 use super::{Engine, EngineError, Inner, LiveTask, Slot, TaskView};
 use crate::store::purge::Footprint;
 use crate::store::records::ProgressRecord;
@@ -223,7 +223,10 @@ impl Engine {
     /// entries and idempotency keys). An unfinished task is a conflict: cancel it first.
     pub async fn delete(&self, id: &str) -> Result<TaskView, EngineError> {
         self.check_storage()?;
-        let Some(view) = self.get(id)? else {
+        let engine = self.clone();
+        let key = id.to_string();
+        let view = offload::read(&self.inner, move |_| engine.get(&key)).await?;
+        let Some(view) = view else {
             return Err(EngineError::NotFound(format!("task {id:?}")));
         };
         let state = view.task.state;
@@ -233,7 +236,8 @@ impl Engine {
             )));
         }
         let _g = self.inner.failures_lock.lock().await;
-        let fp = self.inner.store.footprint(id)?;
+        let key = id.to_string();
+        let fp = offload::read(&self.inner, move |i| Ok(i.store.footprint(&key)?)).await?;
         // On disk a cancelled task's sending run reads cancelled: the send it still has out
         // is known in memory only.
         if fp.settling || self.inner.sends_out.contains(id) {

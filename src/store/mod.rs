@@ -543,7 +543,7 @@ impl Store {
     /// worker's other tasks move to another thread meanwhile (`block_in_place`), so a stalled
     /// server holds this request only. Inline otherwise, and on a current-thread runtime
     /// (tests), where `block_in_place` is not allowed.
-    fn read_in_place<T>(&self, read: impl FnOnce() -> T) -> T {
+    pub(crate) fn read_in_place<T>(&self, read: impl FnOnce() -> T) -> T {
         use tokio::runtime::{Handle, RuntimeFlavor};
         let multi =
             Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
@@ -566,9 +566,18 @@ impl Store {
             return Ok(());
         }
         let mut ops = encode_batch(batch)?;
-        let written = self
-            .expand_reads(&mut ops, batch)
-            .and_then(|()| self.keep_inline_messages(batch, &mut ops));
+        let mut expand = || {
+            self.expand_reads(&mut ops, batch)
+                .and_then(|()| self.keep_inline_messages(batch, &mut ops))
+        };
+        // Those reads are round trips on PostgreSQL, up to its statement timeout in a stall:
+        // off the worker then (a fire of a recurring task past `runs_max` trims; a patch reads
+        // the stored spec), so one stalled read never holds a worker's other tasks.
+        let written = if self.batch_reads(batch) {
+            self.read_in_place(expand)
+        } else {
+            expand()
+        };
         let r = match written {
             Ok(()) => self.commit.write(ops, true).await,
             Err(e) => Err(e),
@@ -618,6 +627,18 @@ impl Store {
             }
         }
         Ok(deleted)
+    }
+
+    /// Whether writing `batch` reads the store first ([`Store::expand_reads`],
+    /// [`Store::keep_inline_messages`]).
+    fn batch_reads(&self, batch: &Batch) -> bool {
+        batch.ops.iter().any(|op| match op {
+            Op::TrimRuns { .. } | Op::DeleteTask(_) | Op::Task(_) => true,
+            Op::Timeline { task_id, events } => {
+                !events.is_empty() && !self.timeline_seq_known(task_id)
+            }
+            _ => false,
+        })
     }
 
     /// The ops of a batch that depend on what is stored: run trims, timeline seqs and the
