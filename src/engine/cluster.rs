@@ -372,6 +372,12 @@ fn unload_shard(inner: &Arc<Inner>, shard: u32) {
         inner.timer.cancel(Key::Fire(id.clone()));
     }
     drop(live);
+    // Another node writes these tasks' events from now on (finished ones' too: their failure
+    // entries are retried and dismissed by the shard's owner): a counter kept here would give
+    // seqs that node already used, when the shard comes back (review finding).
+    inner
+        .store
+        .forget_timeline_seqs_where(|id| shard_of_task(id, shards) == shard);
     tracing::info!(shard, tasks = ids.len(), "shard unloaded");
 }
 
