@@ -131,6 +131,58 @@ fn wall_threshold(zone: Tz, dst: DstPolicy, after_ms: u64) -> Option<u64> {
     Some(hi)
 }
 
+/// Whether the message in `zone` of the cron slot at `wall` is one an earlier slot already
+/// sends: both walls go at the same instant in that zone (the walls of a DST gap all go at
+/// its end). Each zone gets one message per instant, the earliest slot's: a zone in its gap
+/// gets the gap's end once, as a plain cron in that zone fires once. One cron evaluation.
+pub fn repeats_earlier(cron: &CronSchedule, wall: u64, zone: Tz, dst: DstPolicy) -> bool {
+    let Some(at) = instant_in(wall, zone, dst) else {
+        return false;
+    };
+    // The first wall that goes at `at` or later there: a cron wall from it to `wall` goes at
+    // `at` too.
+    let Some(first) = at.checked_sub(1).and_then(|a| wall_threshold(zone, dst, a)) else {
+        return false;
+    };
+    first < wall
+        && first
+            .checked_sub(1)
+            .and_then(|f| cron.next_after(f))
+            .is_some_and(|w| w < wall)
+}
+
+/// The cron slot after the one at `wall` (wall order) that sends a message in some zone
+/// ([`repeats_earlier`] is false for one of them): `(wall, run instant)`.
+///
+/// [`next_slot`] knows a slot by its run instant, strictly after the last: where the earliest
+/// zone is in a DST gap two slots share one ("0 * * * *" over New York and Phoenix on
+/// 14 Mar 2027: 02:00 and 03:00 both run at 07:00Z) and the second is lost, with Phoenix's
+/// 03:00 message. Known by its wall, each slot runs; what a run sends in each zone is then
+/// decided by [`repeats_earlier`]. (The engine keys runs by their instant: using this needs
+/// the last slot's wall kept with the task's progress.) O(zones) cron evaluations.
+pub fn next_slot_after_wall(
+    cron: &CronSchedule,
+    zones: &[Tz],
+    dst: DstPolicy,
+    wall: u64,
+) -> Option<(u64, u64)> {
+    let mut w = wall;
+    // Each pass that finds nothing moves past one zone's gap.
+    for _ in 0..=zones.len() {
+        w = cron.next_after(w)?;
+        if zones.iter().any(|z| !repeats_earlier(cron, w, *z, dst)) {
+            return Some((w, first_instant(w, zones, dst)?));
+        }
+        // Every zone's message repeats: on to the first wall where one zone's instant moves.
+        let moves = zones
+            .iter()
+            .filter_map(|z| instant_in(w, *z, dst).and_then(|t| wall_threshold(*z, dst, t)))
+            .min()?;
+        w = moves.checked_sub(1)?.max(w);
+    }
+    None
+}
+
 /// The wall time of the cron slot whose run instant is `fire_ms` (a run's `scheduled_at`).
 pub fn slot_of_cron(
     cron: &CronSchedule,
@@ -401,5 +453,109 @@ mod tests {
             next_slot(&cron, &zones, d, after),
             Some((utc("2044-02-29T09:00:00Z"), utc("2044-02-29T00:00:00Z")))
         );
+    }
+
+    /// The messages each zone gets from the slots of `cron` whose walls are in
+    /// `(from_wall, to_wall]`, slot by slot by wall: `(zone, instant)`.
+    fn sent_by_wall(
+        expr: &str,
+        zones: &[&str],
+        from_wall: &str,
+        to_wall: &str,
+    ) -> Vec<(String, String)> {
+        let d = DstPolicy::default();
+        let cron = CronSchedule::parse(expr, chrono_tz::UTC, d).unwrap();
+        let zones = parse_zones(&zones.iter().map(|z| z.to_string()).collect::<Vec<_>>());
+        let mut out = vec![];
+        let mut wall = utc(from_wall);
+        while let Some((w, _)) = next_slot_after_wall(&cron, &zones, d, wall) {
+            if w > utc(to_wall) {
+                break;
+            }
+            for z in &zones {
+                if !repeats_earlier(&cron, w, *z, d) {
+                    let at = instant_in(w, *z, d).unwrap();
+                    out.push((z.name().to_string(), crate::schedule::format_utc(at)));
+                }
+            }
+            wall = w;
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn a_slot_in_the_earliest_zones_gap_still_sends_the_other_zones_message() {
+        // New York springs forward at 02:00 on 14 Mar 2027: walls 02:00 and 03:00 both go at
+        // 07:00Z there; Phoenix (no DST) has them at 09:00Z and 10:00Z.
+        let pair = ["America/New_York", "America/Phoenix"];
+        let both = sent_by_wall(
+            "0 * * * *",
+            &pair,
+            "2027-03-14T00:30:00Z",
+            "2027-03-14T04:00:00Z",
+        );
+        let at = |z: &str, t: &str| (z.to_string(), format!("2027-03-14T{t}:00:00Z"));
+        let ny = "America/New_York";
+        let phx = "America/Phoenix";
+        assert_eq!(
+            both,
+            [
+                at(ny, "06"),
+                at(ny, "07"),
+                at(ny, "08"),
+                at(phx, "08"),
+                at(phx, "09"),
+                at(phx, "10"),
+                at(phx, "11"),
+            ],
+            "each slot's message in each zone once; New York's 02:00 and 03:00 once, at 07:00Z"
+        );
+        // `next_slot` by instant loses the 03:00 slot (and so Phoenix's 10:00Z message).
+        let cron = CronSchedule::parse("0 * * * *", chrono_tz::UTC, DstPolicy::default()).unwrap();
+        let zones = parse_zones(&pair.map(String::from));
+        let d = DstPolicy::default();
+        let (w2, at2) = next_slot(&cron, &zones, d, utc("2027-03-14T06:30:00Z")).unwrap();
+        assert_eq!(
+            (w2, at2),
+            (utc("2027-03-14T02:00:00Z"), utc("2027-03-14T07:00:00Z"))
+        );
+        assert_eq!(
+            next_slot(&cron, &zones, d, at2).map(|s| s.0),
+            Some(utc("2027-03-14T04:00:00Z"))
+        );
+        assert_eq!(
+            next_slot_after_wall(&cron, &zones, d, w2),
+            Some((utc("2027-03-14T03:00:00Z"), utc("2027-03-14T07:00:00Z")))
+        );
+        // One zone: one message at the gap's end, as a plain cron in New York fires once.
+        let one = sent_by_wall(
+            "0 * * * *",
+            &[ny],
+            "2027-03-14T00:30:00Z",
+            "2027-03-14T04:00:00Z",
+        );
+        assert_eq!(one, [at(ny, "06"), at(ny, "07"), at(ny, "08")]);
+        let plain = CronSchedule::parse("0 * * * *", tz(ny), d).unwrap();
+        assert_eq!(
+            plain.next_after(utc("2027-03-14T06:00:00Z")),
+            Some(utc("2027-03-14T07:00:00Z"))
+        );
+        assert_eq!(
+            plain.next_after(utc("2027-03-14T07:00:00Z")),
+            Some(utc("2027-03-14T08:00:00Z"))
+        );
+        // A per-second cron in one zone jumps over the gap's walls: a bounded number of
+        // evaluations, one message at the gap's end.
+        let sec = CronSchedule::parse("* * * * * *", chrono_tz::UTC, d).unwrap();
+        let ny_only = [tz(ny)];
+        let (slot, n) = crate::schedule::cron::evaluations::of(|| {
+            next_slot_after_wall(&sec, &ny_only, d, utc("2027-03-14T02:00:00Z"))
+        });
+        assert_eq!(
+            slot,
+            Some((utc("2027-03-14T03:00:01Z"), utc("2027-03-14T07:00:01Z")))
+        );
+        assert!(n <= 6, "{n} cron evaluations");
     }
 }
