@@ -118,6 +118,22 @@ async fn runs_filtered_by_state_page_like_the_whole_list() {
         assert_eq!(r.status, 422, "{q}: {}", r.text());
         assert_eq!(r.json()["field"], "state", "{q}");
     }
+    // And on the task listing alike (it was 400 there); every task state is accepted.
+    let r = http::get(&h.url("/v1/tasks?state=late")).await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(r.json()["field"], "state");
+    for st in [
+        "pending",
+        "running",
+        "paused",
+        "completed",
+        "cancelled",
+        "failed",
+        "expired",
+    ] {
+        let r = http::get(&h.url(&format!("/v1/tasks?state={st}"))).await;
+        assert_eq!(r.status, 200, "{st}: {}", r.text());
+    }
     // A task that does not exist is still 404 under a filter.
     let r = http::get(&h.url("/v1/tasks/nope/runs?state=expired")).await;
     assert_eq!(r.status, 404, "{}", r.text());

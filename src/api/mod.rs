@@ -812,11 +812,13 @@ async fn list_tasks(
     let q = query(req, &["state", "channel", "limit", "after", "lang"])?;
     let (limit, after) = page_params(&q, crate::model::id::ID_MAX_LEN)?;
     let st = match param(&q, "state") {
+        // A value that is not a state is 422 naming `state`, as on the runs' listing (a
+        // malformed `limit` or `after` stays 400: the request's shape).
         Some(s) if !s.is_empty() => Some(views::parse_state(s).ok_or_else(|| {
-            Problem::bad_request(format!(
-                "state: unknown state {s:?} (pending, running, paused, completed, cancelled, failed)"
-            ))
-            .with_field("state")
+            Problem::invalid(
+                "state",
+                format!("unknown task state {s:?}; expected one of pending, running, paused, completed, cancelled, failed, expired"),
+            )
         })?),
         _ => None,
     };
