@@ -390,7 +390,8 @@ async fn cancelling_reminders_cancels_them_all() {
 #[tokio::test]
 async fn reminders_already_past_when_created_follow_the_misfire_rules() {
     // 09:50 in Shanghai, class at 10:00: the 30-minute reminder (09:30) is 20 minutes late,
-    // past the 10m grace: expired. The 15-minute one (09:45) is 5 minutes late: sent at once.
+    // past the 10m grace: expired. The 15-minute one (09:45) is 5 minutes late: sent at once,
+    // and it says the 10 minutes left when it is sent, not the 15 of its slot.
     let h = ManualHerald::start(utc_ms("2026-12-01T01:50:00Z"), "").await;
     h.post(&json!({"id": "late", "channel": "out",
         "schedule": {"reminders": {"event_at": "2026-12-01T10:00:00", "tz": "Asia/Shanghai",
@@ -406,7 +407,7 @@ async fn reminders_already_past_when_created_follow_the_misfire_rules() {
     assert_eq!(
         got,
         [
-            (utc_ms("2026-12-01T01:50:00Z"), "15 min".to_string()),
+            (utc_ms("2026-12-01T01:50:00Z"), "10 min".to_string()),
             (utc_ms("2026-12-01T01:55:00Z"), "5 min".to_string()),
         ]
     );
