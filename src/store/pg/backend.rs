@@ -23,6 +23,17 @@
 //! again with backoff, and [`Backend::failing`] says so (`/healthz`, writes refused up front).
 //! Tokens of answered groups are deleted by a later group, in its transaction.
 //!
+//! Connections: reads (API reads, the engine's offloaded reads, the life sign, the inbox) share
+//! a pool of `pool_size`; commit groups and their read-backs have a pool of their own
+//! ([`COMMIT_CONNECTIONS`]), so reads that keep every read connection busy (a slow database,
+//! 64 API reads at once) never hold a commit back; the process lock (`lock.rs`) has one more.
+//! A process opens at most `pool_size` + 3 connections (cluster mode: + 2, its lease loop and
+//! its `LISTEN`). A commit that waited for a connection and got none sent nothing: it is
+//! refused as a plain failed write, not a lost connection (no backoff, no shard dropped).
+//!
+//! Single writer: a process that writes holds herald's process lock (`lock.rs`); while it does
+//! not (its session lost), writes are refused and [`Backend::failing`] says why.
+//!
 //! Reconnecting: the pool opens connections on demand and drops closed ones. After a
 //! connection failure calls fail at once for a growing delay (`backoff.rs`), so a server
 //! coming back is not met by a storm of connection attempts.
@@ -49,6 +60,7 @@ use tokio_postgres::{IsolationLevel, NoTls};
 
 use super::backoff::Backoff;
 use super::fence::{job_fence, Fence, JobFence};
+use super::lock::{self, Mode, ProcessLock};
 use super::resolve::{reads_needed, resolve, Stored, Writes};
 use super::schema::{self, table, SchemaError, DEFAULT_SHARDS, SCHEMA_VERSION};
 use super::shard::{fnv1a64, shard_of};
@@ -62,7 +74,8 @@ pub const IMPORT_MARK: &str = "import_unfinished";
 /// How herald reaches its database.
 #[derive(Clone, Debug)]
 pub struct PgOptions {
-    /// Connections in the pool.
+    /// Connections for reads. Commits have [`COMMIT_CONNECTIONS`] of their own and the
+    /// process lock one more: `pool_size` + 3 in all (module doc).
     pub pool_size: usize,
     /// The server cancels a statement running longer (`statement_timeout`); a call gives up
     /// on its own a little after.
@@ -93,6 +106,11 @@ impl Default for PgOptions {
     }
 }
 
+/// Connections of the commit path's own pool: the group's, and a read-back's second one (to
+/// end the session of a group whose COMMIT got no answer; the group's own connection has left
+/// the pool by then).
+pub const COMMIT_CONNECTIONS: usize = 2;
+
 /// How much longer than the statement timeout a call waits before it fails by itself: the
 /// server's own cancel, and its answer, come first when the server is there at all.
 const CALL_MARGIN: Duration = Duration::from_secs(5);
@@ -112,7 +130,12 @@ pub struct PgBackend {
     /// `None` only while dropping.
     rt: Option<tokio::runtime::Runtime>,
     handle: tokio::runtime::Handle,
+    /// Reads (and the few writes outside the commit thread: life sign, inbox, import marks).
     pool: Pool,
+    /// Commit groups and read-backs only ([`COMMIT_CONNECTIONS`]).
+    commits: Pool,
+    /// One process writes a database, or cluster nodes do (`lock.rs`).
+    lock: ProcessLock,
     shards: u32,
     /// The URL without its password, for messages.
     shown: Arc<str>,
@@ -138,14 +161,29 @@ pub struct PgBackend {
 
 /// A failure inside the runtime, before it gets its context. `conn`: the connection failed
 /// (no server, a dropped connection), not a statement.
+/// `busy`: no connection of the pool was free in time; nothing was sent, and nothing says the
+/// server is gone (no backoff; a commit's outcome is not unknown).
 struct Fail {
     why: String,
     conn: bool,
+    busy: bool,
 }
 
 impl Fail {
     fn conn(why: String) -> Fail {
-        Fail { why, conn: true }
+        Fail {
+            why,
+            conn: true,
+            busy: false,
+        }
+    }
+
+    fn stmt(why: String) -> Fail {
+        Fail {
+            why,
+            conn: false,
+            busy: false,
+        }
     }
 }
 
@@ -154,6 +192,7 @@ impl From<tokio_postgres::Error> for Fail {
         Fail {
             why: describe(&e),
             conn: is_connection_failure(&e),
+            busy: false,
         }
     }
 }
@@ -178,6 +217,12 @@ impl From<deadpool_postgres::PoolError> for Fail {
     fn from(e: deadpool_postgres::PoolError) -> Fail {
         match e {
             deadpool_postgres::PoolError::Backend(e) => Fail::from(e),
+            deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait) => Fail {
+                why: "no connection of the pool was free in time (all busy); nothing was sent"
+                    .into(),
+                conn: true,
+                busy: true,
+            },
             e => Fail::conn(format!("no database connection: {e}")),
         }
     }
@@ -279,6 +324,30 @@ fn client_config(
     Ok(cfg)
 }
 
+/// A pool of at most `size` connections made with `cfg`, waiting `wait` at most for one.
+fn make_pool(
+    cfg: &tokio_postgres::Config,
+    size: usize,
+    wait: Duration,
+    refused: &dyn Fn(String) -> StoreError,
+) -> Result<Pool, StoreError> {
+    let mgr = Manager::from_config(
+        cfg.clone(),
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(mgr)
+        .max_size(size)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(Some(wait))
+        .create_timeout(Some(wait))
+        .recycle_timeout(Some(wait))
+        .build()
+        .map_err(|e| refused(format!("cannot make a connection pool: {e}")))
+}
+
 impl PgBackend {
     /// Connects to `url`, creates or migrates herald's schema, and answers the backend. A
     /// malformed URL, an unreachable server, bad credentials, a missing database or a newer
@@ -292,25 +361,14 @@ impl PgBackend {
             .thread_name("herald-pg")
             .enable_all()
             .build()?;
-        let mgr = Manager::from_config(
-            cfg.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(mgr)
-            .max_size(opts.pool_size.max(1))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .wait_timeout(Some(opts.connect_timeout))
-            .create_timeout(Some(opts.connect_timeout))
-            .recycle_timeout(Some(opts.connect_timeout))
-            .build()
-            .map_err(|e| refused(format!("cannot make a connection pool: {e}")))?;
+        let pool = make_pool(&cfg, opts.pool_size.max(1), opts.connect_timeout, &refused)?;
+        let commits = make_pool(&cfg, COMMIT_CONNECTIONS, opts.connect_timeout, &refused)?;
         let mut backend = PgBackend {
             handle: rt.handle().clone(),
             rt: Some(rt),
             pool,
+            commits,
+            lock: ProcessLock::new(cfg.clone(), opts.connect_timeout),
             shards: opts.shards,
             shown: shown.clone(),
             call_deadline: opts.statement_timeout + CALL_MARGIN,
@@ -327,42 +385,76 @@ impl PgBackend {
         Ok(backend)
     }
 
-    /// Cluster mode: fences every commit group on `fence` (HA.md "Fence every write").
+    /// Cluster mode: fences every commit group on `fence` (HA.md "Fence every write"), and
+    /// holds the process lock shared (`lock.rs`), as every cluster node does. Should another
+    /// process hold it exclusively, writes are refused (and [`Backend::failing`] says so)
+    /// until the keeper gets it.
     pub fn with_fence(mut self, fence: Arc<dyn Fence>) -> PgBackend {
         self.fence = Some(fence);
+        let lock = self.lock.clone();
+        let wait = lock::CLAIM_WAIT + self.call_deadline;
+        match self.run_for(wait, async move { lock.share().await }) {
+            Some(Ok(())) => {}
+            Some(Err(why)) => tracing::error!(%why, "cluster mode: herald's process lock"),
+            None => tracing::error!("cluster mode: taking herald's process lock got no answer"),
+        }
         self
     }
 
-    /// Creates or migrates the schema on a connection of its own; answers S.
+    /// Takes the process lock (`lock.rs`) for a process that means to write: exclusive, or
+    /// shared when cluster nodes hold it (then only a fenced backend may be used). Fails,
+    /// naming the cause, when a single-node process holds it.
+    fn claim(&self) -> Result<(), StoreError> {
+        let lock = self.lock.clone();
+        let wait = lock::CLAIM_WAIT + self.call_deadline;
+        let shared_only = self.fence.is_some();
+        match self.run_for(wait, async move { lock.claim(shared_only).await }) {
+            Some(Ok(_)) => Ok(()),
+            Some(Err(why)) => Err(StoreError::Database(format!(
+                "postgres {}: {why}",
+                self.shown
+            ))),
+            None => Err(StoreError::Database(format!(
+                "postgres {}: taking herald's process lock got no answer",
+                self.shown
+            ))),
+        }
+    }
+
+    /// Creates or migrates the schema on a connection of its own; answers S. Without the
+    /// call's deadline: a migration may run for minutes (a large fold); `schema::migrate`
+    /// bounds each of its statements by the call's deadline instead, and the connection by
+    /// the connect timeout.
     fn migrate_on_open(
         &self,
         cfg: tokio_postgres::Config,
         shards: u32,
         refused: &dyn Fn(String) -> StoreError,
     ) -> Result<u32, StoreError> {
-        let migrated = self.run_raw(async move {
+        let step = self.call_deadline;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let migrated = async move {
             // Its own connection, not the pool's: the first error (no server, bad password,
             // no database) is then reported as the server said it.
             let (mut client, conn) = cfg.connect(NoTls).await.map_err(|e| {
                 SchemaError::Bad(format!("cannot connect: {}; check that the server runs and the URL's user, password and database exist", describe(&e)))
             })?;
             let conn = tokio::spawn(conn);
-            let r = schema::migrate(&mut client, shards).await;
+            let r = schema::migrate(&mut client, shards, step).await;
             if r.is_ok() {
                 // Tokens a crashed process left behind (answered groups' are deleted as
                 // they go; an unanswered one is resolved within minutes).
-                let _ = client
-                    .execute(
-                        "DELETE FROM herald_commit WHERE at < now() - interval '1 day'",
-                        &[],
-                    )
-                    .await;
+                let stale = "DELETE FROM herald_commit WHERE at < now() - interval '1 day'";
+                let _ = tokio::time::timeout(step, client.execute(stale, &[])).await;
             }
             drop(client);
             let _ = conn.await;
             r
+        };
+        self.handle.spawn(async move {
+            let _ = tx.send(migrated.await);
         });
-        match migrated {
+        match rx.recv().ok() {
             Some(Ok(s)) => Ok(s),
             Some(Err(SchemaError::Newer { found })) => {
                 Err(refused(format!(
@@ -395,6 +487,7 @@ impl PgBackend {
     /// Deletes every row of herald's trees, in one transaction (a failed import into a
     /// database that held no tasks leaves it so again). The schema and lease rows stay.
     pub fn clear(&self) -> Result<(), StoreError> {
+        self.write_gate("clear")?;
         let pool = self.pool.clone();
         self.run("clear", async move {
             let client = pool.get().await?;
@@ -410,6 +503,7 @@ impl PgBackend {
     /// `herald_meta`, set before the import's first write and removed once it has finished.
     /// Setting it also forgets the database's life sign ([`Backend::stamp_alive`]).
     pub fn mark_import(&self, on: bool) -> Result<(), StoreError> {
+        self.write_gate("import mark")?;
         let pool = self.pool.clone();
         self.run("import mark", async move {
             let client = pool.get().await?;
@@ -431,9 +525,16 @@ impl PgBackend {
     }
 
     /// Whether an import into this database did not finish ([`PgBackend::mark_import`]).
+    ///
+    /// Asked first by every process that means to write the database (`herald serve` at
+    /// start-up, `herald import` before it writes), so it takes the process lock first
+    /// (`lock.rs`): a second single-node process, or an import into a database a herald
+    /// serves, fails here naming the cause. An export never asks, and takes no lock.
     pub fn import_unfinished(&self) -> Result<bool, StoreError> {
+        self.claim()?;
         let pool = self.pool.clone();
-        self.run("read", async move {
+        // Not `run`: a cluster node gets its fence only after this (`server.rs`).
+        self.run_gated("read", false, async move {
             let client = pool.get().await?;
             let sql = "SELECT EXISTS (SELECT 1 FROM herald_meta WHERE name = $1)";
             Ok(client.query_one(sql, &[&IMPORT_MARK]).await?.try_get(0)?)
@@ -471,8 +572,36 @@ impl PgBackend {
         }
     }
 
-    /// Refuses at once while the backoff after a connection failure lasts.
+    /// Refuses at once while the backoff after a connection failure lasts, and every call of
+    /// a process without a fence on a database whose cluster nodes hold the process lock.
     fn gate(&self, what: &str) -> Result<(), StoreError> {
+        self.mode_gate()?;
+        self.backoff_gate(what)
+    }
+
+    fn mode_gate(&self) -> Result<(), StoreError> {
+        if self.fence.is_none() && self.lock.mode() == Some(Mode::Shared) {
+            return Err(StoreError::Database(format!(
+                "postgres {}: {}",
+                self.shown,
+                lock::CLUSTER_SERVES
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses a write while the process lock, once claimed, is not held (`lock.rs`).
+    fn write_gate(&self, what: &str) -> Result<(), StoreError> {
+        match self.lock.refusal() {
+            Some(why) => Err(StoreError::Unavailable(format!(
+                "postgres {}: {what}: {why}",
+                self.shown
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn backoff_gate(&self, what: &str) -> Result<(), StoreError> {
         match self.backoff.lock().holding(Instant::now()) {
             Some((left, why)) => Err(self.fail(
                 what,
@@ -482,11 +611,11 @@ impl PgBackend {
         }
     }
 
-    /// Counts a call's outcome into the backoff.
+    /// Counts a call's outcome into the backoff (a busy pool is no failure of the server).
     fn note<T>(&self, r: &Option<Result<T, Fail>>) {
         match r {
             Some(Ok(_)) => self.backoff.lock().succeeded(),
-            Some(Err(f)) if f.conn => self.backoff.lock().failed(Instant::now(), &f.why),
+            Some(Err(f)) if f.conn && !f.busy => self.backoff.lock().failed(Instant::now(), &f.why),
             Some(Err(_)) => {}
             None => self
                 .backoff
@@ -501,7 +630,20 @@ impl PgBackend {
         what: &str,
         f: impl Future<Output = Result<T, Fail>> + Send + 'static,
     ) -> Result<T, StoreError> {
-        self.gate(what)?;
+        self.run_gated(what, true, f)
+    }
+
+    /// [`Self::run`], past the mode gate only when `mode`.
+    fn run_gated<T: Send + 'static>(
+        &self,
+        what: &str,
+        mode: bool,
+        f: impl Future<Output = Result<T, Fail>> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        if mode {
+            self.mode_gate()?;
+        }
+        self.backoff_gate(what)?;
         let r = self.run_raw(f);
         self.note(&r);
         match r {
@@ -540,7 +682,7 @@ impl PgBackend {
                 "postgres {}: a COMMIT got no answer ({why}); reading back whether it was stored",
                 self.shown
             ));
-            let pool = self.pool.clone();
+            let pool = self.commits.clone();
             let t = token.clone();
             match self.run_raw(read_back(pool, t)) {
                 Some(Ok(committed)) => break Some(committed),
@@ -777,6 +919,8 @@ struct GroupCtx {
     inbox: Vec<Vec<(u32, String)>>,
     /// Cluster mode: the keys jobs need absent are locked first ([`absent_locks`]).
     lock_absent: bool,
+    /// Checked just before the COMMIT: no group commits once the process lock is known lost.
+    process_lock: ProcessLock,
 }
 
 /// The advisory lock keys, ascending, of every key a job of `jobs` needs absent (a new task's
@@ -929,6 +1073,10 @@ async fn apply_group(ctx: GroupCtx, jobs: Vec<Vec<RawOp>>) -> Result<bool, Group
     for r in join_all(stmts.into_iter().map(|s| exec(&tx, s)).collect()).await {
         r?;
     }
+    if let Some(why) = ctx.process_lock.refusal() {
+        // Rolled back as the transaction drops: nothing of it is applied.
+        return Err(GroupFail::Refused(Fail::stmt(why)));
+    }
     *ctx.answer.lock() = Some(results);
     ctx.sent.store(true, Ordering::Release);
     let unknown = match tokio::time::timeout(ctx.commit_wait, tx.commit()).await {
@@ -1047,7 +1195,7 @@ impl PgBackend {
         let sent = Arc::new(AtomicBool::new(false));
         let answer: Answer = Arc::default();
         let ctx = GroupCtx {
-            pool: self.pool.clone(),
+            pool: self.commits.clone(),
             shards: self.shards,
             token: token.clone(),
             spent: spent.clone(),
@@ -1055,6 +1203,7 @@ impl PgBackend {
             answer: answer.clone(),
             commit_wait: self.call_deadline,
             lock_absent: self.fence.is_some(),
+            process_lock: self.lock.clone(),
             fence,
             inbox,
         };
@@ -1063,6 +1212,11 @@ impl PgBackend {
         let refused = |f: &Fail| {
             // Not deleted this time: the next group tries again.
             self.spent.lock().extend(spent.iter().cloned());
+            if f.busy {
+                // Never sent: a plain failed write, not a lost connection (apply_fenced
+                // drops no shard for it).
+                return self.error("commit", &f.why);
+            }
             self.fail("commit", f)
         };
         match r {
@@ -1081,6 +1235,7 @@ impl PgBackend {
                 self.note::<()>(&Some(Err(Fail {
                     why: f.why.clone(),
                     conn: f.conn,
+                    busy: f.busy,
                 })));
                 Err(refused(&f))
             }
@@ -1112,6 +1267,7 @@ impl PgBackend {
 impl Backend for PgBackend {
     fn apply(&self, jobs: Vec<Vec<RawOp>>) -> Result<Vec<Result<(), Rejected>>, StoreError> {
         self.gate("commit")?;
+        self.write_gate("commit")?;
         if let Some(f) = &self.fence {
             return self.apply_fenced(f.as_ref(), jobs);
         }
@@ -1165,6 +1321,7 @@ impl Backend for PgBackend {
         if held.is_empty() {
             return Ok(std::mem::take(&mut *self.inbox_taken.lock()));
         }
+        self.write_gate("read the inbox")?;
         self.reads.fetch_add(1, Ordering::Relaxed);
         let pool = self.pool.clone();
         let taken = self.inbox_taken.clone();
@@ -1199,7 +1356,15 @@ impl Backend for PgBackend {
     }
 
     fn failing(&self) -> Option<String> {
-        self.outage.lock().clone()
+        if let Some(why) = self.outage.lock().clone() {
+            return Some(why);
+        }
+        if let Err(e) = self.mode_gate() {
+            return Some(e.to_string());
+        }
+        self.lock
+            .refusal()
+            .map(|why| format!("postgres {}: {why}", self.shown))
     }
 
     /// The `alive` row of `herald_meta` (single-node mode only: the engine stamps no other).
@@ -1215,6 +1380,7 @@ impl Backend for PgBackend {
     }
 
     fn stamp_alive(&self, ms: u64) -> Result<(), StoreError> {
+        self.write_gate("life sign")?;
         let pool = self.pool.clone();
         self.run("life sign", async move {
             let client = pool.get().await?;

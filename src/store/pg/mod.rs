@@ -10,10 +10,16 @@
 //! writes depend on are read in one pipelined round trip, the group is resolved in memory
 //! (`resolve.rs`, pure), and its writes go as one multi-row upsert and one multi-row delete per
 //! tree, pipelined, then `COMMIT`.
+//!
+//! One process writes a database, or cluster nodes do: herald's process lock, a session-level
+//! advisory lock held exclusively by a single-node process and shared by cluster nodes
+//! (`lock.rs`). Commits have connections of their own, apart from the reads' pool
+//! (`backend.rs`, `COMMIT_CONNECTIONS`).
 
 pub mod backend;
 pub mod backoff;
 pub mod fence;
+pub mod lock;
 pub mod resolve;
 pub mod schema;
 pub mod shard;

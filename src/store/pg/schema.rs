@@ -3,6 +3,8 @@
 //! first created). A database whose schema is newer than this build is refused: an older
 //! binary must not write rows whose meaning it does not know.
 
+use std::time::{Duration, Instant};
+
 use tokio_postgres::Client;
 
 use crate::store::backend::TreeId;
@@ -94,67 +96,150 @@ fn migration(version: i32, shards: u32) -> Vec<String> {
     }
 }
 
+/// Live rows folded per round of the migration to version 6: each round is a few statements
+/// that take well under a second, so no single statement runs long however many tasks there
+/// are, and memory holds one round's rows, not the table's.
+const FOLD_BATCH: i64 = 5_000;
+/// The longest silence between two progress lines of a long migration.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
 /// Version 6 (issue 29, the sled data directory's format 7): every `herald_live` row folded
 /// into its task's progress record (`store/migrate.rs`), in the migration's transaction, so
 /// nodes starting together never see a half-migrated schema. The table stays, empty.
-async fn fold_live_rows(tx: &tokio_postgres::Transaction<'_>) -> Result<(), SchemaError> {
-    use crate::store::migrate::fold;
-    let rows = tx
-        .query(
-            "SELECT l.shard, l.key, l.value, s.value, p.value FROM herald_live l \
-             LEFT JOIN herald_specs s ON s.key = l.key LEFT JOIN herald_progress p ON p.key = l.key",
-            &[],
+///
+/// In rounds of [`FOLD_BATCH`] rows in key order, each statement bounded by `step` on the
+/// client (the server's `statement_timeout` is off for the migration, [`migrate`]); progress
+/// is logged. A million tasks take about a minute, where one statement over them all ran past
+/// the statement timeout and rolled back on every start.
+async fn fold_live_rows(
+    tx: &tokio_postgres::Transaction<'_>,
+    step: Duration,
+) -> Result<(), SchemaError> {
+    let started = Instant::now();
+    let total: i64 = bounded(step, tx.query_one("SELECT count(*) FROM herald_live", &[]))
+        .await?
+        .try_get(0)?;
+    if total > 0 {
+        tracing::info!(
+            tasks = total,
+            "schema 5 -> 6: folding herald_live into progress records"
+        );
+    }
+    let (mut after, mut done, mut logged) = (Vec::<u8>::new(), 0usize, Instant::now());
+    loop {
+        let rows = bounded(
+            step,
+            tx.query(
+                "SELECT l.shard, l.key, l.value, s.value, p.value FROM herald_live l \
+                 LEFT JOIN herald_specs s ON s.key = l.key LEFT JOIN herald_progress p ON p.key = l.key \
+                 WHERE l.key > $1 ORDER BY l.key LIMIT $2",
+                &[&after, &FOLD_BATCH],
+            ),
         )
         .await?;
-    let (mut shards, mut keys, mut values) = (Vec::new(), Vec::new(), Vec::new());
+        let Some(last) = rows.last() else {
+            break;
+        };
+        after = last.try_get(1)?;
+        fold_round(tx, &rows, step).await?;
+        done += rows.len();
+        if logged.elapsed() >= PROGRESS_EVERY {
+            logged = Instant::now();
+            tracing::info!(done, of = total, "schema 5 -> 6: folding herald_live");
+        }
+        if (rows.len() as i64) < FOLD_BATCH {
+            break;
+        }
+    }
+    bounded(step, tx.execute("DELETE FROM herald_live", &[])).await?;
+    if done > 0 {
+        tracing::info!(
+            tasks = done,
+            secs = started.elapsed().as_secs(),
+            "folded herald_live into progress records (schema 5 -> 6)"
+        );
+    }
+    Ok(())
+}
+
+/// One round of [`fold_live_rows`]: its rows' progress and due entries written, their live
+/// rows and old due entries deleted.
+async fn fold_round(
+    tx: &tokio_postgres::Transaction<'_>,
+    rows: &[tokio_postgres::Row],
+    step: Duration,
+) -> Result<(), SchemaError> {
+    use crate::store::migrate::fold;
+    let (mut shards, mut keys, mut values, mut live_keys) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut due_shards, mut due_keys, mut due_values, mut old_due) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for row in &rows {
+    for row in rows {
         let shard: i32 = row.try_get(0)?;
         let id: Vec<u8> = row.try_get(1)?;
         let live: Vec<u8> = row.try_get(2)?;
         let spec: Option<Vec<u8>> = row.try_get(3)?;
         let progress: Option<Vec<u8>> = row.try_get(4)?;
-        old_due.push(crate::store::records::due_key(&id, &live));
         match fold(&id, &live, spec.as_deref(), progress.as_deref()) {
             Ok(Some(f)) => {
+                old_due.push(crate::store::records::due_key(&id, &live));
                 shards.push(shard);
-                keys.push(id);
+                keys.push(id.clone());
                 values.push(f.progress);
                 due_shards.push(shard);
                 due_keys.push(f.due.0);
                 due_values.push(f.due.1);
             }
-            Ok(None) => {}
-            Err(e) => {
-                // Its due entry stays: start-up reports the task unreadable, as before.
-                old_due.pop();
-                tracing::error!(error = %e, "a task's records do not decode; not migrated");
-            }
+            Ok(None) => old_due.push(crate::store::records::due_key(&id, &live)),
+            // Its due entry stays: start-up reports the task unreadable, as before.
+            Err(e) => tracing::error!(error = %e, "a task's records do not decode; not migrated"),
         }
+        live_keys.push(id);
     }
-    tx.execute("DELETE FROM herald_due WHERE key = ANY($1)", &[&old_due])
-        .await?;
-    tx.execute(
+    bounded(
+        step,
+        tx.execute("DELETE FROM herald_due WHERE key = ANY($1)", &[&old_due]),
+    )
+    .await?;
+    bounded(
+        step,
+        tx.execute(
         "INSERT INTO herald_progress (shard, key, value) SELECT * FROM unnest($1::int[], $2::bytea[], $3::bytea[]) \
          ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, shard = EXCLUDED.shard",
         &[&shards, &keys, &values],
+    ),
     )
     .await?;
-    tx.execute(
+    bounded(
+        step,
+        tx.execute(
         "INSERT INTO herald_due (shard, key, value) SELECT * FROM unnest($1::int[], $2::bytea[], $3::bytea[]) \
          ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, shard = EXCLUDED.shard",
         &[&due_shards, &due_keys, &due_values],
+    ),
     )
     .await?;
-    tx.execute("DELETE FROM herald_live", &[]).await?;
-    if !rows.is_empty() {
-        tracing::info!(
-            tasks = rows.len(),
-            "folded herald_live into progress records (schema 5 -> 6)"
-        );
-    }
+    bounded(
+        step,
+        tx.execute("DELETE FROM herald_live WHERE key = ANY($1)", &[&live_keys]),
+    )
+    .await?;
     Ok(())
+}
+
+/// `f`, given up on after `step`: the migration's own bound on each statement (module doc of
+/// [`migrate`]).
+async fn bounded<T>(
+    step: Duration,
+    f: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, SchemaError> {
+    match tokio::time::timeout(step, f).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(SchemaError::Bad(format!(
+            "a statement of the schema migration got no answer within {} s",
+            step.as_secs()
+        ))),
+    }
 }
 
 /// Why the schema cannot be used, as one line for the operator.
@@ -171,57 +256,57 @@ impl From<tokio_postgres::Error> for SchemaError {
     }
 }
 
+/// How often a process waiting for another's migration says so.
+const LOCK_WAIT_LOG: Duration = Duration::from_secs(10);
+
 /// Creates or migrates herald's schema in one transaction; answers S.
-pub async fn migrate(client: &mut Client, shards: u32) -> Result<u32, SchemaError> {
+///
+/// Not bounded by the server's `statement_timeout` (off in the migration's transaction, as
+/// is `idle_in_transaction_session_timeout`: folding a large table runs longer than a call's
+/// deadline, and rolled back on every start) nor by one deadline for the whole: each statement
+/// gets `step` on the client instead, so a server that stops answering still fails start-up.
+/// A process that finds another migrating waits for it, however long, and says so.
+pub async fn migrate(client: &mut Client, shards: u32, step: Duration) -> Result<u32, SchemaError> {
     if shards == 0 || shards > MAX_SHARDS {
         return Err(SchemaError::Bad(format!(
             "shards must be between 1 and {MAX_SHARDS}, not {shards}"
         )));
     }
-    let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-        .await?;
-    tx.batch_execute(
-        "CREATE TABLE IF NOT EXISTS herald_meta (name text PRIMARY KEY, value text NOT NULL)",
+    let tx = bounded(step, client.transaction()).await?;
+    let off = "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0";
+    bounded(step, tx.batch_execute(off)).await?;
+    wait_for_migration_lock(&tx, step).await?;
+    bounded(
+        step,
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS herald_meta (name text PRIMARY KEY, value text NOT NULL)",
+        ),
     )
     .await?;
-    let found = match tx
-        .query_opt(
-            "SELECT value FROM herald_meta WHERE name = 'schema_version'",
-            &[],
-        )
-        .await?
-    {
-        Some(row) => {
-            let v: String = row.try_get(0)?;
-            v.parse::<i32>().map_err(|_| {
-                SchemaError::Bad(format!(
-                    "herald_meta holds schema_version {v:?}, not a number"
-                ))
-            })?
-        }
-        None => 0,
-    };
+    let found = stored_version(&tx, step).await?;
     if found > SCHEMA_VERSION {
         return Err(SchemaError::Newer { found });
     }
     for v in found + 1..=SCHEMA_VERSION {
         for stmt in migration(v, shards) {
-            tx.batch_execute(&stmt).await?;
+            bounded(step, tx.batch_execute(&stmt)).await?;
         }
         // A schema made just now has no rows to fold (nor a scan to spend on them).
         if v == 6 && found > 0 {
-            fold_live_rows(&tx).await?;
+            fold_live_rows(&tx, step).await?;
         }
     }
-    tx.execute(
-        "INSERT INTO herald_meta (name, value) VALUES ('schema_version', $1) \
+    bounded(
+        step,
+        tx.execute(
+            "INSERT INTO herald_meta (name, value) VALUES ('schema_version', $1) \
          ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value",
-        &[&SCHEMA_VERSION.to_string()],
+            &[&SCHEMA_VERSION.to_string()],
+        ),
     )
     .await?;
-    let row = tx
-        .query_opt("SELECT value FROM herald_meta WHERE name = 'shards'", &[])
+    let shards_row = tx.query_opt("SELECT value FROM herald_meta WHERE name = 'shards'", &[]);
+    let row = bounded(step, shards_row)
         .await?
         .ok_or_else(|| SchemaError::Bad("herald_meta has no shards row".into()))?;
     let s: String = row.try_get(0)?;
@@ -230,6 +315,56 @@ pub async fn migrate(client: &mut Client, shards: u32) -> Result<u32, SchemaErro
         .ok()
         .filter(|n| (1..=MAX_SHARDS).contains(n))
         .ok_or_else(|| SchemaError::Bad(format!("herald_meta holds shards {s:?}")))?;
-    tx.commit().await?;
+    bounded(step, tx.commit()).await?;
     Ok(stored)
+}
+
+/// The migration lock for the transaction ([`MIGRATION_LOCK`]), waited for as long as another
+/// process migrates (its statements are bounded; should it die, its lock goes with it).
+async fn wait_for_migration_lock(
+    tx: &tokio_postgres::Transaction<'_>,
+    step: Duration,
+) -> Result<(), SchemaError> {
+    let since = Instant::now();
+    let mut said = Instant::now();
+    loop {
+        let row = bounded(
+            step,
+            tx.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&MIGRATION_LOCK]),
+        )
+        .await?;
+        if row.try_get::<_, bool>(0)? {
+            return Ok(());
+        }
+        if said.elapsed() >= LOCK_WAIT_LOG {
+            said = Instant::now();
+            tracing::info!(
+                secs = since.elapsed().as_secs(),
+                "waiting for another herald's schema migration of this database"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The schema version `herald_meta` holds; 0 for none.
+async fn stored_version(
+    tx: &tokio_postgres::Transaction<'_>,
+    step: Duration,
+) -> Result<i32, SchemaError> {
+    let q = tx.query_opt(
+        "SELECT value FROM herald_meta WHERE name = 'schema_version'",
+        &[],
+    );
+    match bounded(step, q).await? {
+        Some(row) => {
+            let v: String = row.try_get(0)?;
+            v.parse::<i32>().map_err(|_| {
+                SchemaError::Bad(format!(
+                    "herald_meta holds schema_version {v:?}, not a number"
+                ))
+            })
+        }
+        None => Ok(0),
+    }
 }

@@ -1,0 +1,119 @@
+//! Upgrading a large schema-5 database (`store/pg/schema.rs`): the fold of `herald_live` into
+//! progress records runs in rounds inside the migration's transaction, with the server's
+//! statement timeout off and no deadline for the whole, so a table whose fold takes longer than
+//! the statement timeout (and than a call's deadline) is upgraded instead of rolled back.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::pg::PgServer;
+use herald::model::Limits;
+use herald::request::{Context, TaskRequest};
+use herald::store::pg::schema::SCHEMA_VERSION;
+use herald::store::pg::{PgBackend, PgOptions};
+use herald::store::{Inserted, Store};
+
+/// Tasks in the schema-5 database: one statement over them all took ~3 s on a test server,
+/// past the 1 s statement timeout below.
+fn tasks() -> u64 {
+    std::env::var("HERALD_TEST_FOLD_TASKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(150_000)
+}
+
+/// A schema-5 database of `n` pending tasks, as schema 5 kept them: a spec and a live row
+/// each, no progress row (derived from the two), `schema_version` 5.
+async fn schema_5(pg: &PgServer, url: &str, n: u64) {
+    {
+        let store = Store::with_backend(Arc::new(
+            PgBackend::open(url, &PgOptions::default()).expect("open"),
+        ))
+        .unwrap();
+        let req: TaskRequest = serde_json::from_value(serde_json::json!({
+            "id": "seed", "schedule": {"after": "1h"}, "to": ["a"], "body": "hello"
+        }))
+        .unwrap();
+        let (t, m) = req
+            .into_task(&Context {
+                now_ms: 1_800_000_000_000,
+                limits: &Limits::default(),
+                channel_exists: &|_| true,
+            })
+            .unwrap();
+        assert!(matches!(
+            store.insert_new_task(&t, &m, None).await.unwrap(),
+            Inserted::Created
+        ));
+    }
+    // The seed's spec and its live entry (a due entry's value is the encoded live entry),
+    // copied under n ids; the seed itself goes.
+    pg.psql(
+        url,
+        &format!(
+            "INSERT INTO herald_specs (shard, key, value) \
+               SELECT s.shard, convert_to('m' || i, 'UTF8'), s.value \
+               FROM herald_specs s, generate_series(1, {n}) i WHERE s.key = 'seed'::bytea; \
+             INSERT INTO herald_live (shard, key, value) \
+               SELECT d.shard, convert_to('m' || i, 'UTF8'), d.value \
+               FROM (SELECT * FROM herald_due LIMIT 1) d, generate_series(1, {n}) i; \
+             DELETE FROM herald_specs WHERE key = 'seed'::bytea; \
+             DELETE FROM herald_messages; DELETE FROM herald_due; \
+             UPDATE herald_meta SET value = '5' WHERE name = 'schema_version'"
+        ),
+    );
+    pg.psql(url, "VACUUM ANALYZE");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_5_database_whose_fold_outlasts_the_statement_timeout_is_upgraded() {
+    let Some(pg) =
+        PgServer::shared("a_schema_5_database_whose_fold_outlasts_the_statement_timeout")
+    else {
+        return;
+    };
+    let url = pg.create_db("fold");
+    let n = tasks();
+    schema_5(&pg, &url, n).await;
+    assert_eq!(
+        pg.psql(&url, "SELECT count(*) FROM herald_live"),
+        n.to_string()
+    );
+
+    let opts = PgOptions {
+        statement_timeout: Duration::from_secs(1),
+        ..PgOptions::default()
+    };
+    let started = Instant::now();
+    let open_url = url.clone();
+    let opened = tokio::task::spawn_blocking(move || PgBackend::open(&open_url, &opts))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    let backend = opened.expect("the upgrade completes");
+    eprintln!("{n} tasks folded in {took:?}");
+    assert_eq!(
+        pg.psql(
+            &url,
+            "SELECT value FROM herald_meta WHERE name = 'schema_version'"
+        ),
+        SCHEMA_VERSION.to_string()
+    );
+    assert_eq!(pg.psql(&url, "SELECT count(*) FROM herald_live"), "0");
+    assert_eq!(
+        pg.psql(&url, "SELECT count(*) FROM herald_progress"),
+        n.to_string()
+    );
+    assert_eq!(
+        pg.psql(&url, "SELECT count(*) FROM herald_due"),
+        n.to_string()
+    );
+    // A folded task reads back as it was.
+    let store = Store::with_backend(Arc::new(backend)).unwrap();
+    for id in ["m1", &format!("m{n}")] {
+        let t = store.get_task(id).unwrap().expect("the task is there");
+        assert_eq!(t.state, herald::model::TaskState::Pending, "{id}");
+    }
+}
