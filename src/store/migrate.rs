@@ -115,6 +115,41 @@ pub fn live_into_progress(backend: &dyn Backend) -> Result<usize, StoreError> {
     Ok(n)
 }
 
+/// Puts a due entry per live entry (format 2 had no `due` index; format 6's `live` tree
+/// holds the same entries), through `backend` (sled's, before the commit thread starts: the
+/// merged scan of the log's writes and sled's, and writes through the log), in chunks, each
+/// applied and synced. Nothing is cleared: format 2 wrote no due entry, and every put is the
+/// one [`live_into_progress`] expects to remove, so a run again (an upgrade whose `format`
+/// write was lost) puts the same entries or, once the live entries are folded, none.
+/// Answers how many it put.
+pub fn due_from_live(backend: &dyn Backend) -> Result<usize, StoreError> {
+    let started = std::time::Instant::now();
+    let (mut n, mut ops) = (0usize, Vec::new());
+    let flush = |ops: Vec<RawOp>| -> Result<(), StoreError> {
+        if !ops.is_empty() {
+            backend.apply(vec![ops])?;
+            backend.sync()?;
+        }
+        Ok(())
+    };
+    // A scan ends at its first error (sled may repeat one forever): `?` does.
+    for item in backend.scan(TreeId::Live, &[], None) {
+        let (id, live) = item?;
+        ops.push(RawOp::Put(TreeId::Due, due_key(&id, &live), live));
+        n += 1;
+        if ops.len() == 10_000 {
+            flush(std::mem::take(&mut ops))?;
+        }
+    }
+    flush(ops)?;
+    tracing::info!(
+        entries = n,
+        took_ms = started.elapsed().as_millis() as u64,
+        "built the due index of this data directory (format 2 -> 3)"
+    );
+    Ok(n)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,5 +221,64 @@ mod tests {
         let done = encode(&p).unwrap();
         assert_eq!(fold(b"t", &l, Some(&spec), Some(&done)).unwrap(), None);
         assert!(fold(b"t", b"\x01\xff", Some(&spec), None).is_err());
+    }
+
+    /// Three tasks written in format 7, all of it in sled (the log drained by a reopen).
+    async fn format_7_in_sled(dir: &std::path::Path) -> Vec<crate::model::Task> {
+        let mut tasks = Vec::new();
+        {
+            let s = crate::store::Store::open(dir).unwrap();
+            for id in ["x", "y", "z"] {
+                let (t, m) = crate::store::tests::task(id);
+                s.insert_new_task(&t, &m, None).await.unwrap();
+                tasks.push(t);
+            }
+        }
+        crate::store::legacy::tests::settle(dir).await;
+        tasks
+    }
+
+    fn due_ids(s: &crate::store::Store) -> Vec<String> {
+        s.due_entries(&[]).map(|e| e.unwrap().1).collect()
+    }
+
+    /// A format-2 upgrade whose `format` write was lost (killed before it was durable): the
+    /// next open takes the format-7 directory for format 2 again. The due entries it folded
+    /// (here all in sled) stay: nothing clears sled's `due` behind the log.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_format_2_upgrade_run_again_keeps_the_due_index() {
+        use crate::store::legacy::tests::{set_format, sled_open};
+        let dir = tempfile::tempdir().unwrap();
+        format_7_in_sled(dir.path()).await;
+        set_format(&sled_open(dir.path()), 2);
+        let s = crate::store::Store::open(dir.path()).unwrap();
+        assert_eq!(due_ids(&s), ["x", "y", "z"]);
+        assert!(s.get_task("y").unwrap().is_some());
+    }
+
+    /// What format 2 left: a live entry per unfinished task, no due index, no log. The due
+    /// index is built through the log and then folded with the live entries (format 7).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_format_2_directory_gets_its_due_index_through_the_log() {
+        use crate::store::legacy::tests::{set_format, sled_open};
+        let dir = tempfile::tempdir().unwrap();
+        let tasks = format_7_in_sled(dir.path()).await;
+        {
+            let db = sled_open(dir.path());
+            db.open_tree("due").unwrap().clear().unwrap();
+            let live = db.open_tree("live").unwrap();
+            for t in &tasks {
+                let e = progress_of(t).live().unwrap();
+                live.insert(t.id.as_bytes(), encode(&e).unwrap()).unwrap();
+            }
+            set_format(&db, 2);
+        }
+        let s = crate::store::Store::open(dir.path()).unwrap();
+        assert_eq!(due_ids(&s), ["x", "y", "z"]);
+        assert_eq!(s.backend.scan(TreeId::Live, &[], None).count(), 0);
+        assert_eq!(
+            s.get_task("z").unwrap().unwrap().next_fire_at_ms,
+            tasks[2].next_fire_at_ms
+        );
     }
 }

@@ -58,6 +58,10 @@ pub const SEGMENT_AGE: std::time::Duration = std::time::Duration::from_secs(300)
 /// has no file size or extent to journal: measured here, 1 306–1 535 syncs/s appending to a
 /// growing file against 1 828–2 014/s overwriting a preallocated one.
 const SPARE: &str = "wal-spare.tmp";
+/// A segment being zero-filled on the write path (no spare was ready), renamed to its number
+/// once whole. Only `Segment::create` writes it, under the log's lock (or at open, alone); the
+/// spare thread fills `wal-spare.partial`. Not a segment's name: never read as one.
+const FILLING: &str = "wal-next.partial";
 
 /// One resolved write: put `value` at `key` in `tree`, or delete `key` (`None`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -325,7 +329,12 @@ pub fn read_all(dir: &Path) -> Result<Replay, StoreError> {
         let bytes = std::fs::read(path)?;
         let (records, end) = decode_segment(&bytes);
         all.extend(records);
-        let newest = i + 1 == segs.len();
+        let newest = match segs.get(i + 1..) {
+            Some(later) if !later.is_empty() && matches!(end, End::Torn { .. }) => {
+                never_used(later)?
+            }
+            _ => true,
+        };
         match end {
             End::Clean => {}
             End::Torn { at } if newest => {
@@ -340,6 +349,27 @@ pub fn read_all(dir: &Path) -> Result<Replay, StoreError> {
         }
     }
     Ok((all, segs))
+}
+
+/// Whether every segment in `later` is all zeros: made and never appended to (a failed
+/// create whose removal did not survive a power loss, or one made right before it). Then the
+/// segment before them holds the log's last record, and a torn tail there is torn.
+///
+/// Sound because a torn tail is judged on records, not files: an acknowledged record was
+/// made durable by its `fdatasync`, so a segment that holds one (or any byte of a record,
+/// torn or not, that reached the disk) is not all zeros. Segments of zeros add no record to
+/// the log, and the log's last record is the same one as without those files; the rule for
+/// it is the newest segment's (torn if no good record follows it). A torn tail followed by
+/// a segment with any record in it stays damage: appends move to a new segment only after
+/// the old one's last record was durable.
+fn never_used(later: &[(u64, PathBuf)]) -> Result<bool, StoreError> {
+    for (_, path) in later {
+        let bytes = std::fs::read(path)?;
+        if bytes.iter().any(|b| *b != 0) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 fn damaged(path: &Path, at: u64, why: &str) -> StoreError {
@@ -373,9 +403,13 @@ impl Segment {
         let path = segment_path(dir, n);
         let made = Segment::made(dir, &path).inspect_err(|_| {
             // A segment file left after a failed create would be the newest at the next
-            // start while the appends go on in the one before (`rotate` keeps it): a torn
-            // tail there would then read as damage, not as an append cut off.
-            let _ = std::fs::remove_file(&path);
+            // start while the appends go on in the one before (`rotate` keeps it). Removed,
+            // and the removal made durable if the disk lets us; if not, the file may come
+            // back after a power loss: it is whole and all zeros (filled before its rename),
+            // which `read_all` takes for a segment never used.
+            if std::fs::remove_file(&path).is_ok() {
+                let _ = sync_dir(dir);
+            }
         })?;
         let (file, filled_inline) = made;
         Ok(Segment {
@@ -390,12 +424,18 @@ impl Segment {
     }
 
     /// The file of a new segment at `path`, its directory entry durable: the spare renamed,
-    /// or a file zero-filled here (how long that took).
+    /// or a file zero-filled here (how long that took), under [`FILLING`] and renamed as the
+    /// spare is: a fill that fails half-way (a full disk) never leaves a file at `path`.
     fn made(dir: &Path, path: &Path) -> std::io::Result<(File, Option<std::time::Duration>)> {
         let mut filled_inline = None;
         if std::fs::rename(dir.join(SPARE), path).is_err() {
             let started = std::time::Instant::now();
-            zero_filled(path)?;
+            let filling = dir.join(FILLING);
+            zero_filled(&filling)
+                .and_then(|()| std::fs::rename(&filling, path))
+                .inspect_err(|_| {
+                    let _ = std::fs::remove_file(&filling);
+                })?;
             filled_inline = Some(started.elapsed());
         }
         let file = OpenOptions::new().write(true).open(path)?;
@@ -737,6 +777,55 @@ mod tests {
         assert!(!s.is_empty());
     }
 
+    /// A new segment whose create failed (a full disk, an error syncing the directory) was
+    /// removed, but the removal did not survive a power loss: an all-zero `wal-(n+1).log`
+    /// next to segment n, where the appends went on and the last one was torn. It is a
+    /// segment never used: the torn tail is cut, every acknowledged record replayed.
+    #[test]
+    fn an_all_zero_newer_segment_leaves_a_torn_tail_before_it_torn() {
+        let dir = tempfile::tempdir().unwrap();
+        let (recs, bytes, first_len) = two_records();
+        let mut s = Segment::create(dir.path(), 4).unwrap();
+        s.append(&bytes[..first_len]).unwrap();
+        s.sync().unwrap();
+        // The second record torn: only its first 6 bytes reached the disk.
+        s.append(&bytes[first_len..first_len + 6]).unwrap();
+        s.sync().unwrap();
+        zero_filled(&segment_path(dir.path(), 5)).unwrap();
+        let (records, segs) = read_all(dir.path()).expect("opens");
+        assert_eq!(records, recs[..1].to_vec());
+        assert_eq!(segs.len(), 2);
+        let cut = std::fs::metadata(segment_path(dir.path(), 4))
+            .unwrap()
+            .len();
+        assert_eq!(cut, first_len as u64, "the torn append is cut off");
+        // A newer segment with a record in it: the torn tail before it is damage.
+        let mut s = Segment::create(dir.path(), 6).unwrap();
+        s.append(&bytes[first_len..first_len + 6]).unwrap();
+        s.sync().unwrap();
+        let mut n7 = Segment::create(dir.path(), 7).unwrap();
+        n7.append(&bytes[..first_len]).unwrap();
+        n7.sync().unwrap();
+        let e = read_all(dir.path()).expect_err("damaged").to_string();
+        assert!(e.contains("wal-0000000000000006.log"), "{e}");
+    }
+
+    /// A segment filled on the write path (no spare) is filled under another name: the only
+    /// file at a segment's name is a whole one.
+    #[test]
+    fn a_segment_filled_inline_appears_whole_under_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Segment::create(dir.path(), 1).unwrap();
+        assert!(s.filled_inline.is_some());
+        assert_eq!(std::fs::metadata(&s.path).unwrap().len(), SEGMENT_BYTES);
+        assert!(!dir.path().join(FILLING).exists());
+        // A fill that cannot be made (here: its temporary name taken by a directory) leaves
+        // no file at the segment's name.
+        std::fs::create_dir(dir.path().join(FILLING)).unwrap();
+        assert!(Segment::create(dir.path(), 2).is_err());
+        assert!(!segment_path(dir.path(), 2).exists());
+    }
+
     #[test]
     fn garbage_in_an_older_segment_is_an_error_naming_the_file() {
         let dir = tempfile::tempdir().unwrap();
@@ -744,7 +833,12 @@ mod tests {
         s.append(b"\xff\xff\xff\x00 garbage that is not a record")
             .unwrap();
         s.sync().unwrap();
-        let _ = Segment::create(dir.path(), 2).unwrap();
+        // A newer segment in use (an all-zero one would be one never used, and the garbage
+        // the log's torn last record).
+        let (_, bytes, _) = two_records();
+        let mut s2 = Segment::create(dir.path(), 2).unwrap();
+        s2.append(&bytes).unwrap();
+        s2.sync().unwrap();
         let e = read_all(dir.path()).expect_err("damaged").to_string();
         assert!(e.contains("wal-0000000000000001.log"), "{e}");
     }

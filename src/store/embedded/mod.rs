@@ -61,10 +61,12 @@ use scan::MergedScan;
 /// and the applier is still busy with the previous layer.
 ///
 /// sled 0.34 remembers an I/O error (a full disk, say) and fails every later operation with it,
-/// even after the disk works again. When the applier meets one, writes are refused until the
-/// commit thread's [`Backend::recover`] has reopened sled; the applier then writes the frozen
-/// layer again (every write carries its whole value, so that is idempotent). Nothing is lost
-/// meanwhile: what sled may not hold is in the layers and in the log.
+/// even after the disk works again. When the applier meets one, writes are refused (and
+/// [`Backend::failing`] says why) until sled is reopened: by the commit thread's
+/// [`Backend::recover`] after a failed group, or by the applier itself once a second (an idle
+/// server has no group to fail); the applier then writes the frozen layer again (every write
+/// carries its whole value, so that is idempotent). Nothing is lost meanwhile: what sled may
+/// not hold is in the layers and in the log.
 pub struct SledBackend {
     shared: Arc<Shared>,
     applier: Option<std::thread::JoinHandle<()>>,
@@ -86,8 +88,12 @@ struct Shared {
     done: Condvar,
     /// Signalled (under `applier`) when a rotation took the spare segment (`spare_maker`).
     spare_wanted: Condvar,
-    /// The applier met a sled error: writes are refused until `recover` reopened sled.
+    /// The applier met a sled error: writes are refused until sled is reopened (by `recover`,
+    /// or by the applier itself: [`Shared::wait_for_reopen`]).
     sled_failed: AtomicBool,
+    /// What the applier's error was, while `sled_failed` (`Backend::failing`). A plain mutex,
+    /// taken alone (no other lock is taken while it is held).
+    sled_error: parking_lot::Mutex<Option<String>>,
     /// Writes (keys) of the groups applied so far, and when the last group came (µs since
     /// `epoch`): the applier holds back while they come fast (`store/pace.rs`).
     writes: AtomicU64,
@@ -141,6 +147,9 @@ pub struct Knobs {
     /// While set, every freeze closes the open log segment, full or not (as before issue 29's
     /// review): a test sees a layer's segment deleted once sled holds it.
     pub close_segment_on_freeze: AtomicBool,
+    /// While set, every write of a layer into sled fails before it writes anything, as after
+    /// an I/O error (a full disk, EIO): a test sees the applier's failure and its healing.
+    pub fail_layer_writes: AtomicBool,
 }
 
 impl Knobs {
@@ -170,6 +179,9 @@ fn gate(closed: &AtomicBool, waiting: &AtomicU64) {
 /// How long a reopen waits for the old sled handle to close before it reports it stuck and
 /// tries again later (the close goes on in the background).
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
+/// How often the applier, its write of a layer into sled failed, reopens sled itself
+/// ([`Shared::wait_for_reopen`]).
+const REOPEN_EVERY: Duration = Duration::from_secs(1);
 /// A group waiting for room in the memtable fails once the applier has made no progress
 /// (no chunk of keys written into sled, no layer done) for this long.
 const APPLIER_STALL_MAX: Duration = Duration::from_secs(30);
@@ -319,6 +331,11 @@ impl SledInner {
         through: Option<u64>,
         pace: &dyn Fn() -> bool,
     ) -> Result<(), StoreError> {
+        if self.knobs.fail_layer_writes.load(Ordering::SeqCst) {
+            return Err(StoreError::Io(std::io::Error::other(
+                "injected by the test knob fail_layer_writes",
+            )));
+        }
         let mut chunk: Vec<(&[u8], Option<&[u8]>)> = Vec::with_capacity(1024);
         for t in TreeId::ALL {
             let tree = t.of(&self.trees);
@@ -612,13 +629,12 @@ impl Shared {
                 Err(_) if stop() => return false,
                 Err(e) => {
                     tracing::warn!(error = %e, keys = layer.len(), "writing the memtable into sled failed; writes wait for a reopen, then it is written again");
+                    *self.sled_error.lock() = Some(format!(
+                        "writing the memtable into sled failed ({e}); writes are refused until sled is reopened, tried every {} s",
+                        REOPEN_EVERY.as_secs()
+                    ));
                     self.sled_failed.store(true, Ordering::SeqCst);
-                    let mut inbox = self.applier.lock();
-                    while self.sled_failed.load(Ordering::SeqCst) && !inbox.stop {
-                        self.work
-                            .wait_for(inbox.guard_mut(), Duration::from_millis(100));
-                    }
-                    if inbox.stop {
+                    if !self.wait_for_reopen() {
                         return false;
                     }
                 }
@@ -646,6 +662,121 @@ impl Shared {
         self.mem.write().drop_frozen();
         self.done.notify_all();
         true
+    }
+
+    /// Reopens sled; the applier then writes its frozen layer again. Nothing is replayed from
+    /// the log: every write sled may have lost is still in a layer (a layer is dropped only
+    /// after sled was flushed with it), so the fences stay true (sled holds no key it did not
+    /// hold before). Called by the commit thread (`recover`) and by the applier
+    /// ([`Shared::wait_for_reopen`]): `closing` is held throughout, so one reopen runs at a
+    /// time, and one that finds sled reopened meanwhile (no failure, a handle) does nothing.
+    ///
+    /// No lock is held across a call into sled that can block: after an I/O error sled's drop
+    /// can wait forever for a flush, so the old handle is taken out under the write lock (a
+    /// swap) and closed on a thread of its own, waited for at most [`CLOSE_WAIT`]. Meanwhile
+    /// reads that need sled fail at once ("closed") instead of waiting. A close still running
+    /// at the next attempt is waited for again; sled's lock on the directory is held until it
+    /// ends. While the disk is too full to write a layer nothing is reopened (the old handle
+    /// keeps serving reads).
+    fn reopen_sled(&self) -> Result<(), StoreError> {
+        let free = space::free_bytes(&self.dir);
+        if !space::may_apply(free, 0) {
+            return Err(space::full(
+                &self.dir,
+                free.unwrap_or(0),
+                space::APPLY_RESERVE,
+            ));
+        }
+        let mut closing = self.closing.lock();
+        if !self.sled_failed.load(Ordering::SeqCst) && self.inner.read().is_some() {
+            // Reopened by another caller while this one waited for `closing`.
+            return Ok(());
+        }
+        self.close_old(&mut closing)?;
+        let fresh = SledInner::open(&self.dir, self.cache_bytes, self.knobs.clone())?;
+        *self.inner.write() = Some(Arc::new(fresh));
+        *self.sled_error.lock() = None;
+        self.sled_failed.store(false, Ordering::SeqCst);
+        drop(closing);
+        self.work.notify_all();
+        tracing::warn!(dir = %self.dir.display(), "storage reopened");
+        Ok(())
+    }
+
+    /// Takes the handle out of `inner` and closes it on a thread of its own (unless a close
+    /// is under way already), waiting for the close at most [`CLOSE_WAIT`].
+    fn close_old(
+        &self,
+        closing: &mut Option<std::sync::mpsc::Receiver<()>>,
+    ) -> Result<(), StoreError> {
+        if closing.is_none() {
+            let old = self.inner.write().take();
+            if let Some(old) = old {
+                let (done, rx) = std::sync::mpsc::channel();
+                std::thread::Builder::new()
+                    .name("herald-sled-close".into())
+                    .spawn(move || {
+                        // Readers may still hold it (`SledHold`): once the last of them has
+                        // let go, sled's drop (which can block for good after an I/O error)
+                        // runs here, never on a reader's thread. No new holder can appear:
+                        // the handle is out of `inner`.
+                        let mut old = old;
+                        loop {
+                            match Arc::try_unwrap(old) {
+                                Ok(inner) => break drop(inner),
+                                Err(still_held) => old = still_held,
+                            }
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        let _ = done.send(());
+                    })?;
+                *closing = Some(rx);
+            }
+        }
+        if let Some(rx) = closing.as_ref() {
+            match rx.recv_timeout(CLOSE_WAIT) {
+                Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => *closing = None,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(StoreError::Write(format!(
+                        "sled's old handle on {} has not closed after its I/O error (sled 0.34 can hang there); herald keeps trying, and a restart clears it",
+                        self.dir.display()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits (applier) until sled is reopened after its write of a layer failed, and reopens
+    /// it itself every [`REOPEN_EVERY`] meanwhile. The commit thread's `recover` reopens it
+    /// too, but only after a group failed: on an idle server no group may come (the engine
+    /// refuses writes while `Backend::failing` says so), and sled, once the disk works again,
+    /// would stay failed with the layer in memory. `false`: stopping.
+    fn wait_for_reopen(&self) -> bool {
+        loop {
+            {
+                let until = Instant::now() + REOPEN_EVERY;
+                let mut inbox = self.applier.lock();
+                while self.sled_failed.load(Ordering::SeqCst) && !inbox.stop {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    self.work
+                        .wait_for(inbox.guard_mut(), left.min(Duration::from_millis(100)));
+                }
+                if inbox.stop {
+                    return false;
+                }
+                if !self.sled_failed.load(Ordering::SeqCst) {
+                    return true;
+                }
+            }
+            // No lock held: a reopen takes `closing` and `inner`, and may wait on a close.
+            if let Err(e) = self.reopen_sled() {
+                tracing::debug!(error = %e, "the applier could not reopen sled yet; it tries again");
+            }
+        }
     }
 
     /// The test knob `applier_bytes_per_s`: waits as long as a layer of `bytes` takes at that
@@ -867,6 +998,7 @@ impl SledBackend {
             done: Condvar::new(),
             spare_wanted: Condvar::new(),
             sled_failed: AtomicBool::new(false),
+            sled_error: parking_lot::Mutex::new(None),
             writes: AtomicU64::new(0),
             last_group_us: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -915,73 +1047,21 @@ impl SledBackend {
         self.with(|i| i.db.clone())
     }
 
-    /// Reopens sled; the applier then writes its frozen layer again. Nothing is replayed from
-    /// the log: every write sled may have lost is still in a layer (a layer is dropped only
-    /// after sled was flushed with it), so the fences stay true (sled holds no key it did not
-    /// hold before).
-    ///
-    /// No lock is held across a call into sled that can block: after an I/O error sled's drop
-    /// can wait forever for a flush, so the old handle is taken out under the write lock (a
-    /// swap) and closed on a thread of its own, waited for at most [`CLOSE_WAIT`]. Meanwhile
-    /// reads that need sled fail at once ("closed") instead of waiting. A close still running
-    /// at the next attempt is waited for again; sled's lock on the directory is held until it
-    /// ends. While the disk is too full to write a layer nothing is reopened (the old handle
-    /// keeps serving reads).
+    /// Reopens sled ([`Shared::reopen_sled`]).
     fn reopen_sled(&self) -> Result<(), StoreError> {
-        let s = &self.shared;
-        let free = space::free_bytes(&s.dir);
-        if !space::may_apply(free, 0) {
-            return Err(space::full(&s.dir, free.unwrap_or(0), space::APPLY_RESERVE));
-        }
-        let mut closing = s.closing.lock();
-        if closing.is_none() {
-            let old = s.inner.write().take();
-            if let Some(old) = old {
-                let (done, rx) = std::sync::mpsc::channel();
-                std::thread::Builder::new()
-                    .name("herald-sled-close".into())
-                    .spawn(move || {
-                        // Readers may still hold it (`SledHold`): once the last of them has
-                        // let go, sled's drop (which can block for good after an I/O error)
-                        // runs here, never on a reader's thread. No new holder can appear:
-                        // the handle is out of `inner`.
-                        let mut old = old;
-                        loop {
-                            match Arc::try_unwrap(old) {
-                                Ok(inner) => break drop(inner),
-                                Err(still_held) => old = still_held,
-                            }
-                            std::thread::sleep(Duration::from_millis(1));
-                        }
-                        let _ = done.send(());
-                    })?;
-                *closing = Some(rx);
-            }
-        }
-        if let Some(rx) = closing.as_ref() {
-            match rx.recv_timeout(CLOSE_WAIT) {
-                Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => *closing = None,
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                    return Err(StoreError::Write(format!(
-                        "sled's old handle on {} has not closed after its I/O error (sled 0.34 can hang there); herald keeps trying, and a restart clears it",
-                        s.dir.display()
-                    )));
-                }
-            }
-        }
-        drop(closing);
-        let fresh = SledInner::open(&s.dir, s.cache_bytes, s.knobs.clone())?;
-        *s.inner.write() = Some(Arc::new(fresh));
-        s.sled_failed.store(false, Ordering::SeqCst);
-        s.work.notify_all();
-        tracing::warn!(dir = %s.dir.display(), "storage reopened");
-        Ok(())
+        self.shared.reopen_sled()
     }
 
     /// The test knobs (see [`Knobs`]).
     #[doc(hidden)]
     pub fn knobs(&self) -> Arc<Knobs> {
         self.shared.knobs.clone()
+    }
+
+    /// Makes everything written to sled so far durable (its data file synced too): the
+    /// `format` in `meta`, written directly at open, before anything relies on it.
+    pub fn flush_sled(&self) -> Result<(), StoreError> {
+        self.with(|i| i.flush())?
     }
 
     /// sled was written behind the memtable's back: its fences are worked out again.
@@ -1237,5 +1317,15 @@ impl Backend for SledBackend {
                 return Ok(found);
             }
         }
+    }
+    /// The applier's error while its write of a layer into sled failed and sled is not yet
+    /// reopened: writes are refused meanwhile, and health says so even if no group failed.
+    fn failing(&self) -> Option<String> {
+        let s = &self.shared;
+        if !s.sled_failed.load(Ordering::SeqCst) {
+            return None;
+        }
+        let why = s.sled_error.lock().clone();
+        Some(why.unwrap_or_else(|| sled_behind().to_string()))
     }
 }

@@ -726,3 +726,47 @@ fn a_fence_is_worked_out_without_its_lock_and_again_after_a_raise_meanwhile() {
     assert!(drained, "a layer waited for a fence being worked out");
     assert_eq!(get(&b, TreeId::Specs, "z9").as_deref(), Some(&b"v"[..]));
 }
+
+/// The applier's write of a layer into sled failed and no write came after it (an idle
+/// server): the store says it is failing (health, with the cause) although no group failed,
+/// and once the disk works again sled is reopened and the layer written without any write
+/// to make the commit thread recover it.
+#[tokio::test]
+async fn an_applier_failure_with_no_write_after_it_is_seen_and_heals_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = Arc::new(SledBackend::open(dir.path(), 8 << 20).unwrap());
+    let store = crate::store::Store::with_backend(b.clone()).unwrap();
+    let knobs = b.knobs();
+    knobs.fail_layer_writes.store(true, Ordering::SeqCst);
+    commit(&b, vec![put(TreeId::Runs, "a", "v")]);
+    // The idle layer is frozen after `FREEZE_AGE` and its write fails.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let why = loop {
+        if let Some(why) = store.failing() {
+            break why;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the applier's failure never showed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(why.contains("fail_layer_writes"), "{why}");
+    // While the disk fails the layer stays in memory: every reopen (once a second) is
+    // followed by a failed write of it, and failing again.
+    std::thread::sleep(REOPEN_EVERY * 2);
+    assert!(b.memtable_bytes() > 0);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.failing().is_none() {
+        assert!(Instant::now() < deadline, "healthy while the disk fails");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    knobs.fail_layer_writes.store(false, Ordering::SeqCst);
+    settle(&b);
+    assert_eq!(store.failing(), None);
+    assert_eq!(
+        b.sled_get(TreeId::Runs, b"a").unwrap().as_deref(),
+        Some(b"v".as_slice())
+    );
+    assert_eq!(store.commit_stats().failures.load(Ordering::Relaxed), 0);
+}
