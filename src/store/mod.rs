@@ -437,13 +437,16 @@ impl Store {
             Some([DIR_FORMAT]) => {}
             // The `live` tree is folded into the progress records below.
             Some([6]) => {}
+            // Every step through the log and safe to run again: an upgrade whose `format`
+            // write was lost (killed before it was durable) runs again over format-7 records.
+            // No direct clear of sled's trees: the log may have put entries there already.
             Some([1]) => {
+                // Writes each task's due entry with its progress (no rebuild after it).
                 legacy::migrate_v1(&db, &backend)?;
-                build_due_index(&backend)?;
                 build_active_index(&backend)?;
             }
             Some([2]) => {
-                build_due_index(&backend)?;
+                migrate::due_from_live(&backend)?;
                 build_active_index(&backend)?;
             }
             Some([3 | 4]) => build_active_index(&backend)?,
@@ -467,7 +470,12 @@ impl Store {
             // Formats 1 to 6 have a `live` tree (the steps above leave one); through the log.
             migrate::live_into_progress(&backend)?;
         }
-        meta.insert("format", &[DIR_FORMAT])?;
+        if format != Some(DIR_FORMAT) {
+            meta.insert("format", &[DIR_FORMAT])?;
+            // Durable before the first write in this format: a later `format` write lost to a
+            // crash would make the next open run the upgrade again over its records.
+            backend.flush_sled()?;
+        }
         drop(meta);
         let backend: Arc<dyn Backend> = Arc::new(backend);
         let store = Store::with_backend(backend)?;
@@ -1445,35 +1453,6 @@ fn progress_write(key: Vec<u8>, value: Option<Vec<u8>>, store: bool, stored_abse
         stored_absent,
         old: None,
     }))
-}
-
-/// Rebuilds the due index from the live index (a data dir of format 2, or one migrated from
-/// format 1), in bounded batches.
-fn build_due_index(backend: &SledBackend) -> Result<(), StoreError> {
-    let started = std::time::Instant::now();
-    let db = backend.db()?;
-    let (live, due) = (db.open_tree("live")?, db.open_tree("due")?);
-    due.clear()?;
-    let mut batch = sled::Batch::default();
-    let (mut n, mut pending) = (0usize, 0usize);
-    for item in live.iter() {
-        let (k, v) = item?;
-        batch.insert(records::due_key(&k, &v), v);
-        n += 1;
-        pending += 1;
-        if pending == 10_000 {
-            due.apply_batch(std::mem::take(&mut batch))?;
-            pending = 0;
-        }
-    }
-    due.apply_batch(batch)?;
-    backend.sync()?;
-    tracing::info!(
-        entries = n,
-        took_ms = started.elapsed().as_millis() as u64,
-        "built the due index of this data directory (format 2 -> 3)"
-    );
-    Ok(())
 }
 
 fn push_messages(
