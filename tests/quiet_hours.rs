@@ -261,3 +261,50 @@ async fn a_wall_step_in_the_night_keeps_the_windows_end() {
     assert_eq!(sent.len(), 1, "sent at the window's end: {sent:?}");
     assert_eq!(sent_at(&sent[0]), utc_ms("2026-12-02T00:00:00Z"));
 }
+
+/// Review finding: a reminder held by quiet hours past its event went out after the event
+/// began ("0 min"). It expires instead, with its reason; one whose event is still ahead when
+/// the window ends goes then, saying the minutes really left.
+#[tokio::test]
+async fn a_reminder_held_past_its_event_expires_and_one_before_it_says_the_minutes_left() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T14:30:00Z"), CHANNEL).await; // 22:30
+    for (id, event) in [
+        ("early", "2026-12-02T07:50:00"),
+        ("later", "2026-12-02T08:10:00"),
+    ] {
+        h.post(&json!({"id": id, "channel": "out",
+            "schedule": {"reminders": {"event_at": event, "tz": "Asia/Shanghai",
+                                       "before": ["30m", "5m"]}},
+            "to": ["s"], "body": "{{minutes_left}} min"}))
+            .await;
+    }
+    h.run_until(utc_ms("2026-12-02T01:00:00Z")).await; // 09:00
+    let sent: Vec<(u64, String)> = h
+        .sent()
+        .iter()
+        .map(|s| (sent_at(s), s["body"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            (utc_ms("2026-12-02T00:00:00Z"), "10 min".to_string()),
+            (utc_ms("2026-12-02T00:05:00Z"), "5 min".to_string()),
+        ],
+        "only the later class's reminders"
+    );
+    // The 30-minute one (07:20, held) expires at 08:00; the 5-minute one came while it was
+    // still held and was skipped by the overlap rule, as any fire during a run.
+    let runs = h.runs("early").await;
+    let states: Vec<&str> = runs.iter().map(|r| r["state"].as_str().unwrap()).collect();
+    assert_eq!(states, ["expired", "skipped"], "{runs:?}");
+    let expired = runs.iter().find(|r| r["state"] == "expired").unwrap();
+    assert!(
+        expired["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the event began"),
+        "{expired}"
+    );
+    let t = h.task("early").await;
+    assert_ne!(t["state"], "running", "{t}");
+}

@@ -259,7 +259,10 @@ fn born(
     // A finished one is only on disk; a live one is in the map (checked below, under its
     // lock, where a create claims its id too).
     // Within a step (sync code): off the worker while it reads, when a read can block.
-    if inner.store.read_in_place(|| inner.store.task_exists(&task.id))? {
+    if inner
+        .store
+        .read_in_place(|| inner.store.task_exists(&task.id))?
+    {
         return Ok(None);
     }
     let id: Arc<str> = Arc::from(task.id.as_str());

@@ -441,6 +441,47 @@ fn first_send_pending(r: &Run) -> bool {
         && (r.attempts == 0 || (r.attempts == 1 && r.in_flight == Some(0)))
 }
 
+/// A reminder's run whose first message would go only at or after the event it reminds of
+/// (held by quiet hours or a rate limit's backlog, late within the grace after an outage)
+/// expires instead of being sent: "5 minutes left" after the class began misleads, and
+/// `{{minutes_left}}` would read 0. The change (the run expired, the task's state derived
+/// again, a queued fire started) or `None` when the run goes on. `active`: the task's active
+/// runs, this one among them.
+pub fn expire_after_event(
+    spec: &TaskSpec,
+    progress: &TaskProgress,
+    r: &Run,
+    active: usize,
+    now: u64,
+) -> Result<Option<Change>, InvalidTransition> {
+    let Schedule::Reminders { event_ms, .. } = &spec.schedule else {
+        return Ok(None);
+    };
+    if now < *event_ms || !first_send_pending(r) {
+        return Ok(None);
+    }
+    let mut t = progress.clone();
+    let mut e = r.clone();
+    e.disarm();
+    e.attempts = 0;
+    e.state = RunState::Expired;
+    e.finished_at_ms = Some(now);
+    e.next_at_ms = None;
+    e.reason = Some(format!(
+        "the event began at {} before its first message could go",
+        format_utc(*event_ms)
+    ));
+    t.runs = t.runs.saturating_sub(1);
+    t.expired += 1;
+    let p = recover_running(spec, &t, active.saturating_sub(1), now)?;
+    let mut c = p.change();
+    c.progress = c.progress.or(Some(t));
+    c.timeline = fire_events(std::slice::from_ref(&e), &c.runs);
+    c.wheel = c.runs.iter().map(|r| WheelOp::Step(r.run)).collect();
+    c.runs.insert(0, e);
+    Ok(Some(c))
+}
+
 /// Judges a started run whose first message has not left, when herald watches its task again
 /// at `watched_ms` (start-up after an outage, resume): if that send would now start more than
 /// `misfire_grace` after the later of the run's instant and the instant it was planned for as

@@ -465,6 +465,12 @@ pub(super) async fn prepare(
         return Ok(None);
     };
     let now = inner.clock.now_ms();
+    let active = st.runs.len();
+    if let Some(c) = plan::expire_after_event(&st.spec, &st.progress, &run, active, now)? {
+        tracing::info!(task = %l.id, run = key.run, "reminder expired: its event began before it could go");
+        commit::apply(inner, l, c).await?;
+        return Ok(None);
+    }
     let due = run.next_at_ms.unwrap_or(now);
     let arming = run.in_flight.is_none();
     if arming && !arm(inner, l, key, &mut run, due, now).await? {
