@@ -70,7 +70,8 @@ pub fn raise_nofile() -> std::io::Result<Raised> {
 /// one connection per concurrent webhook send and its token fetch, the background drains of
 /// answers' bodies (each holds its socket after the send's slot is let go) and the alert
 /// deliveries (which take no slot of their channel) when a webhook channel can carry them, one
-/// file per file channel, and PostgreSQL's pool with the lease and notification connections.
+/// file per file channel, and PostgreSQL's pool with the commits' connections, the process
+/// lock's and the lease and notification connections.
 pub fn reserve(config: &crate::config::Config) -> u64 {
     use crate::config::ChannelKind;
     let webhooks = || {
@@ -99,7 +100,11 @@ pub fn reserve(config: &crate::config::Config) -> u64 {
     let database = config
         .database
         .as_ref()
-        .map_or(0, |d| d.pool_size as u64 + 2);
+        // The read pool, the commits' own connections, the process lock's session, and in
+        // cluster mode the lease loop's and the inbox listener's.
+        .map_or(0, |d| {
+            d.pool_size as u64 + crate::store::pg::backend::COMMIT_CONNECTIONS as u64 + 3
+        });
     RESERVE_BASE + sends + drains + alerts + files + database
 }
 
@@ -175,7 +180,7 @@ mod tests {
         let file = "[channels.f]\nkind = \"file\"\npath = \"/tmp/x/out\"\n";
         assert_eq!(reserve(&cfg(file)), RESERVE_BASE + 1);
         let db = "[store]\nurl = \"postgres://db/x\"\npool_size = 20\n";
-        assert_eq!(reserve(&cfg(db)), RESERVE_BASE + 22);
+        assert_eq!(reserve(&cfg(db)), RESERVE_BASE + 25);
     }
 
     #[test]
