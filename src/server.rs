@@ -187,6 +187,12 @@ fn open_database(
         // rows past the point where another node may take them over.
         idle_in_transaction: cluster
             .map(|c| std::time::Duration::from_millis((c.timing.ttl_ms / 2).max(1))),
+        // One single-node herald per database, or cluster nodes only (`store/pg/lock.rs`).
+        process_lock: Some(if cluster.is_some() {
+            crate::store::pg::lock::Mode::Shared
+        } else {
+            crate::store::pg::lock::Mode::Exclusive
+        }),
         ..Default::default()
     };
     let mut backend =

@@ -117,3 +117,60 @@ async fn a_schema_5_database_whose_fold_outlasts_the_statement_timeout_is_upgrad
         assert_eq!(t.state, herald::model::TaskState::Pending, "{id}");
     }
 }
+
+/// Review finding: with the statement timeout off for the migration, a DDL statement queued
+/// behind another session's open transaction waited for good (the client's bound gave up,
+/// then its connection waited for the server's answer), and start-up hung with no error. A
+/// lock the migration waits for now fails it after the call's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_waiting_for_a_table_lock_fails_instead_of_hanging() {
+    let Some(pg) = PgServer::shared("a_migration_waiting_for_a_table_lock") else {
+        return;
+    };
+    let url = pg.create_db("locked");
+    schema_5(&pg, &url, 10).await;
+    // Another session's open transaction on `herald_node`, which version 7 alters.
+    let (holder, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let conn = tokio::spawn(conn);
+    holder
+        .batch_execute("BEGIN; SELECT count(*) FROM herald_node")
+        .await
+        .expect("lock held");
+    let opts = PgOptions {
+        statement_timeout: Duration::from_secs(1),
+        ..PgOptions::default()
+    };
+    let started = Instant::now();
+    let open_url = url.clone();
+    let opened = tokio::task::spawn_blocking(move || PgBackend::open(&open_url, &opts));
+    let opened = tokio::time::timeout(Duration::from_secs(30), opened).await;
+    drop(holder);
+    conn.abort();
+    let opened = opened.expect("start-up did not hang").unwrap();
+    let e = opened.err().expect("refused while the lock is held");
+    assert!(format!("{e}").contains("lock"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    // Nothing was half-done: still schema 5, upgraded once the lock is free.
+    assert_eq!(
+        pg.psql(
+            &url,
+            "SELECT value FROM herald_meta WHERE name = 'schema_version'"
+        ),
+        "5"
+    );
+    let opts = PgOptions {
+        statement_timeout: Duration::from_secs(1),
+        ..PgOptions::default()
+    };
+    let open_url = url.clone();
+    tokio::task::spawn_blocking(move || PgBackend::open(&open_url, &opts))
+        .await
+        .unwrap()
+        .expect("upgraded");
+}

@@ -73,7 +73,8 @@ pub async fn export_cmd(args: ExportArgs) -> Result<(), CliError> {
         return export_url(&url).await;
     }
     let (store, from) = match args.store_url {
-        Some(url) => (open_pg(&url)?.0, crate::store::pg::redact(&url)),
+        // An export only reads: no process lock, beside a server that serves the database.
+        Some(url) => (open_pg(&url, None)?.0, crate::store::pg::redact(&url)),
         None => {
             let dir = args.data.unwrap_or_default();
             (open_existing(&dir)?, dir.display().to_string())
@@ -93,13 +94,18 @@ pub async fn export_cmd(args: ExportArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// herald's store on PostgreSQL, for export and import (the password as herald takes it).
-fn open_pg(url: &str) -> Result<(Store, Arc<PgBackend>), CliError> {
+/// herald's store on PostgreSQL, for export and import (the password as herald takes it),
+/// claiming `lock` (`store/pg/lock.rs`) before anything else.
+fn open_pg(
+    url: &str,
+    lock: Option<crate::store::pg::lock::Mode>,
+) -> Result<(Store, Arc<PgBackend>), CliError> {
     let password = ["HERALD_STORE_PASSWORD", "PGPASSWORD"]
         .iter()
         .find_map(|v| std::env::var(v).ok().filter(|p| !p.is_empty()));
     let opts = PgOptions {
         password,
+        process_lock: lock,
         ..PgOptions::default()
     };
     let backend = Arc::new(PgBackend::open(url, &opts).map_err(local)?);
@@ -326,7 +332,8 @@ fn input(file: Option<&Path>) -> Result<Box<dyn std::io::BufRead>, CliError> {
 /// `herald serve`.
 async fn import_pg(url: &str, file: Option<&Path>) -> Result<(), CliError> {
     let shown = crate::store::pg::redact(url);
-    let (store, backend) = open_pg(url)?;
+    // Exclusive: never into a database a herald serves.
+    let (store, backend) = open_pg(url, Some(crate::store::pg::lock::Mode::Exclusive))?;
     if backend.import_unfinished().map_err(local)? {
         return Err(local(marker::pg_refusal(&shown)));
     }

@@ -444,9 +444,11 @@ fn first_send_pending(r: &Run) -> bool {
 /// A reminder's run whose first message would go only at or after the event it reminds of
 /// (held by quiet hours or a rate limit's backlog, late within the grace after an outage)
 /// expires instead of being sent: "5 minutes left" after the class began misleads, and
-/// `{{minutes_left}}` would read 0. The change (the run expired, the task's state derived
-/// again, a queued fire started) or `None` when the run goes on. `active`: the task's active
-/// runs, this one among them.
+/// `{{minutes_left}}` would read 0. Only a reminder's own slot (before the event) of a task
+/// made before its event: a trigger after it ("send now") and a task made after its event
+/// (API.md: a reminder within the grace fires at once) are sent as asked. The change (the run
+/// expired, the task's state derived again, a queued fire started) or `None` when the run
+/// goes on. `active`: the task's active runs, this one among them.
 pub fn expire_after_event(
     spec: &TaskSpec,
     progress: &TaskProgress,
@@ -457,7 +459,8 @@ pub fn expire_after_event(
     let Schedule::Reminders { event_ms, .. } = &spec.schedule else {
         return Ok(None);
     };
-    if now < *event_ms || !first_send_pending(r) {
+    let slot = r.scheduled_at_ms < *event_ms && spec.created_at_ms < *event_ms;
+    if now < *event_ms || !slot || !first_send_pending(r) {
         return Ok(None);
     }
     let mut t = progress.clone();
@@ -1228,6 +1231,36 @@ mod tests {
 
     fn task(v: serde_json::Value) -> (TaskSpec, TaskProgress) {
         crate::request::test_task(v, NOW).split()
+    }
+
+    /// A reminder's slot held past its event expires; a trigger after the event ("send now")
+    /// and a task made after its event (a reminder within the grace fires at once, API.md)
+    /// are sent as asked (review finding on the first version, which expired them too).
+    #[test]
+    fn only_a_reminders_own_slot_expires_after_its_event() {
+        let event = NOW + 3_600_000;
+        let (s, p) = task(serde_json::json!({"schedule": {"reminders": {
+            "event_at": crate::schedule::format_utc(event), "before": ["30m"]}},
+            "to": ["a"], "body": "b"}));
+        let slot = Run::new(1, event - 1_800_000, event - 1_800_000, 1);
+        let after = event + 60_000;
+        let c = expire_after_event(&s, &p, &slot, 1, after)
+            .unwrap()
+            .expect("expired");
+        assert_eq!(c.runs[0].state, RunState::Expired);
+        assert_eq!(c.progress.as_ref().map(|p| p.expired), Some(p.expired + 1));
+        assert!(expire_after_event(&s, &p, &slot, 1, event - 1)
+            .unwrap()
+            .is_none());
+        let triggered = Run::new(2, after, after, 1);
+        assert!(expire_after_event(&s, &p, &triggered, 1, after)
+            .unwrap()
+            .is_none());
+        let mut late = s.clone();
+        late.created_at_ms = event + 1;
+        assert!(expire_after_event(&late, &p, &slot, 1, after)
+            .unwrap()
+            .is_none());
     }
 
     #[test]

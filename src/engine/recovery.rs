@@ -70,7 +70,6 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
     }
     // Read before this process's first stamp, which it replaces.
     let alive_ms = super::alive::before(inner).await;
-    super::alive::start(inner);
     let started = std::time::Instant::now();
     let scan = scan_index(inner, now.saturating_add(READY_HORIZON_MS))?;
     let index_ms = started.elapsed().as_millis() as u64;
@@ -79,6 +78,9 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<(), EngineError> {
     corrupt += resume_running(inner, scan.running_ids, now, alive_ms).await?;
     let (retries, unreadable) = resume_failure_retries(inner, now, true)?;
     corrupt += unreadable;
+    // Only now: a start-up that fails before here (or dies in it) watched nothing, and its
+    // stamp would make the next start judge the outage from it (review finding).
+    super::alive::start(inner);
     tracing::info!(
         pending = scan.pending,
         running,

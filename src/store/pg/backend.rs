@@ -91,6 +91,10 @@ pub struct PgOptions {
     /// statement timeout. Cluster mode shortens it: a partitioned node's open group holds its
     /// shards' lease rows `FOR KEY SHARE`, and a takeover waits for that lock.
     pub idle_in_transaction: Option<Duration>,
+    /// The process lock this open claims before anything else, migrations included
+    /// (`lock.rs`): `Exclusive` for a single-node `herald serve` and an import, `Shared` for
+    /// a cluster node; `None` (an export, which only reads; tests' backends) claims none.
+    pub process_lock: Option<Mode>,
 }
 
 impl Default for PgOptions {
@@ -102,6 +106,7 @@ impl Default for PgOptions {
             shards: DEFAULT_SHARDS,
             password: None,
             idle_in_transaction: None,
+            process_lock: None,
         }
     }
 }
@@ -381,6 +386,12 @@ impl PgBackend {
             fence: None,
             inbox_taken: Arc::default(),
         };
+        // Before the migration: a process that may not write must not upgrade the schema
+        // under the one that serves (a review finding: a blue/green start migrated, was then
+        // refused, and left the old binary on a schema newer than it knows).
+        if let Some(mode) = opts.process_lock {
+            backend.claim(mode)?;
+        }
         backend.shards = backend.migrate_on_open(cfg, opts.shards, &refused)?;
         Ok(backend)
     }
@@ -401,14 +412,12 @@ impl PgBackend {
         self
     }
 
-    /// Takes the process lock (`lock.rs`) for a process that means to write: exclusive, or
-    /// shared when cluster nodes hold it (then only a fenced backend may be used). Fails,
-    /// naming the cause, when a single-node process holds it.
-    fn claim(&self) -> Result<(), StoreError> {
+    /// Takes the process lock (`lock.rs`) in `mode`. Fails, naming the cause, when another
+    /// process holds it in a way `mode` cannot share.
+    fn claim(&self, mode: Mode) -> Result<(), StoreError> {
         let lock = self.lock.clone();
         let wait = lock::CLAIM_WAIT + self.call_deadline;
-        let shared_only = self.fence.is_some();
-        match self.run_for(wait, async move { lock.claim(shared_only).await }) {
+        match self.run_for(wait, async move { lock.claim(mode).await }) {
             Some(Ok(_)) => Ok(()),
             Some(Err(why)) => Err(StoreError::Database(format!(
                 "postgres {}: {why}",
@@ -527,11 +536,9 @@ impl PgBackend {
     /// Whether an import into this database did not finish ([`PgBackend::mark_import`]).
     ///
     /// Asked first by every process that means to write the database (`herald serve` at
-    /// start-up, `herald import` before it writes), so it takes the process lock first
-    /// (`lock.rs`): a second single-node process, or an import into a database a herald
-    /// serves, fails here naming the cause. An export never asks, and takes no lock.
+    /// start-up, `herald import` before it writes), after its open claimed the process lock
+    /// (`PgOptions::process_lock`).
     pub fn import_unfinished(&self) -> Result<bool, StoreError> {
-        self.claim()?;
         let pool = self.pool.clone();
         // Not `run`: a cluster node gets its fence only after this (`server.rs`).
         self.run_gated("read", false, async move {
@@ -1039,10 +1046,34 @@ async fn locked_reads(
 
 /// The group's transaction. `Ok(wrote)`: committed (`wrote`: it holds the token); the
 /// results are in `ctx.answer`.
+/// A commit group's connection, out of the pool when dropped unless given back: a group the
+/// call's deadline drops while its `COMMIT` is pending, or one that failed, must not hand
+/// that connection to the next group or to the read-back (a review finding: the read-back's
+/// `pg_backend_pid()` queued behind the pending `COMMIT`, and the fence by ending that
+/// session never came). Only a group that committed gives it back.
+struct Taken(Option<deadpool_postgres::Object>);
+
+impl Taken {
+    fn give_back(&mut self) {
+        self.0.take();
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if let Some(o) = self.0.take() {
+            drop(deadpool_postgres::Object::take(o));
+        }
+    }
+}
+
 async fn apply_group(ctx: GroupCtx, jobs: Vec<Vec<RawOp>>) -> Result<bool, GroupFail> {
     let needed = reads_needed(&jobs);
-    let mut client = ctx.pool.get().await?;
-    let tx = client.transaction().await?;
+    let mut client = Taken(Some(ctx.pool.get().await?));
+    let Some(conn) = client.0.as_mut() else {
+        return Err(GroupFail::Refused(Fail::conn("no connection".into())));
+    };
+    let tx = conn.transaction().await?;
     if !ctx.fence.is_empty() {
         let lost = fenced_out(&tx, &ctx.fence).await?;
         if !lost.is_empty() {
@@ -1080,7 +1111,10 @@ async fn apply_group(ctx: GroupCtx, jobs: Vec<Vec<RawOp>>) -> Result<bool, Group
     *ctx.answer.lock() = Some(results);
     ctx.sent.store(true, Ordering::Release);
     let unknown = match tokio::time::timeout(ctx.commit_wait, tx.commit()).await {
-        Ok(Ok(())) => return Ok(wrote),
+        Ok(Ok(())) => {
+            client.give_back();
+            return Ok(wrote);
+        }
         // The server answered with an error (not a lost session): it rolled the group back.
         Ok(Err(e)) if e.as_db_error().is_some_and(|d| d.severity() == "ERROR") => {
             return Err(GroupFail::Refused(e.into()))
@@ -1088,8 +1122,9 @@ async fn apply_group(ctx: GroupCtx, jobs: Vec<Vec<RawOp>>) -> Result<bool, Group
         Ok(Err(e)) => describe(&e),
         Err(_) => format!("no answer within {} s", ctx.commit_wait.as_secs()),
     };
-    // Out of the pool: a connection whose COMMIT is still pending must serve no one else.
-    drop(deadpool_postgres::Object::take(client));
+    // Out of the pool (`Taken`'s drop): a connection whose COMMIT is still pending must
+    // serve no one else.
+    drop(client);
     if !wrote {
         // Nothing to lose either way: refusing it is the truth for every write it holds.
         return Err(GroupFail::Refused(Fail::conn(unknown)));

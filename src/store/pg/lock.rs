@@ -7,14 +7,13 @@
 //! it, and overwrite each other's progress.
 //!
 //! How: a session-level advisory lock ([`PROCESS_LOCK`]) on a connection of its own, held for
-//! the process's life. A process that means to write claims it ([`ProcessLock::claim`]:
-//! `herald serve` at start-up and `herald import`, through `PgBackend::import_unfinished`,
-//! which both ask first; an export, which only reads, takes none): exclusive when nobody holds
-//! it; shared when cluster nodes hold it shared, which only a cluster node may use (the backend
-//! refuses every call of a process without a fence then, so its start-up fails); neither while
-//! a single-node process holds it exclusively: after [`CLAIM_WAIT`] the claim fails with
-//! [`SERVES`]. A cluster node turns its hold shared when it gets its fence
-//! ([`ProcessLock::share`]).
+//! the process's life. A process that means to write claims it when it opens the database,
+//! before any migration (`PgOptions::process_lock`: `herald serve` and `herald import`; an
+//! export, which only reads, takes none): a single-node process exclusively, a cluster node
+//! shared. An exclusive claim while cluster nodes hold it shared fails with
+//! [`CLUSTER_SERVES`]; any claim while a single process holds it exclusively waits up to
+//! [`CLAIM_WAIT`] and fails with [`SERVES`]. The session's server-side keepalives
+//! ([`KEEPALIVES`]) end a dead host's session, and with it its hold, in seconds.
 //!
 //! Losing it: when the session ends (a server restart, the connection cut, the session
 //! terminated) the lock is gone, and another process may take it. The keeper task sees the
@@ -44,9 +43,15 @@ use super::backoff::Backoff;
 /// The advisory lock's key: "heraldP" in ASCII (the migration lock, `schema.rs`, is "herald").
 pub const PROCESS_LOCK: i64 = 0x0068_6572_616c_6450;
 /// How long a claim waits for a lock another process holds: a process being replaced lets go
-/// when it exits (a restart's overlap), and a cluster node holds it exclusively for the moment
-/// between its claim and its fence ([`ProcessLock::share`]).
-pub const CLAIM_WAIT: Duration = Duration::from_secs(5);
+/// when it exits (a restart's overlap), and the session of one whose host died ends once the
+/// server's keepalives find the peer gone ([`KEEPALIVES`]: ~11 s).
+pub const CLAIM_WAIT: Duration = Duration::from_secs(15);
+/// The lock session's TCP keepalives on the server's side (a review finding: with the OS's
+/// defaults the server kept a dead host's session, and the lock, for ~2 h, and the
+/// replacement was refused all that time): probed after 5 s idle, every 2 s, gone after 3
+/// unanswered. Ignored on a Unix socket, where a dead peer cannot be.
+const KEEPALIVES: &str =
+    "SET tcp_keepalives_idle = 5; SET tcp_keepalives_interval = 2; SET tcp_keepalives_count = 3";
 const CLAIM_RETRY: Duration = Duration::from_millis(100);
 /// How often the lock's session is asked whether it is still there.
 pub const PING_EVERY: Duration = Duration::from_secs(1);
@@ -122,19 +127,21 @@ impl ProcessLock {
         }
     }
 
-    /// Takes the lock: exclusive when nobody holds it, shared when only cluster nodes do
-    /// (`shared_only`: shared or nothing, for a cluster node). Waits up to [`CLAIM_WAIT`] for
-    /// a holder to let go, then fails with [`SERVES`]. Claimed once: a second call answers
-    /// the first's mode. Runs on the backend's runtime (it spawns the keeper there).
-    pub async fn claim(&self, shared_only: bool) -> Result<Mode, String> {
+    /// Takes the lock in `want`: `Exclusive` when nobody holds it, `Shared` when no single
+    /// process holds it exclusively. Waits up to [`CLAIM_WAIT`] for a holder to let go, then
+    /// fails with [`SERVES`] (or [`CLUSTER_SERVES`] for an exclusive claim on a database
+    /// cluster nodes serve). Claimed once: a second call answers the first's mode. Runs on
+    /// the backend's runtime (it spawns the keeper there).
+    pub async fn claim(&self, want: Mode) -> Result<Mode, String> {
         if let Some(mode) = self.mode() {
             return Ok(mode);
         }
         let started = Instant::now();
         let session = self.connect().await?;
         loop {
-            match take(&session.client, shared_only).await {
-                Ok(Some(mode)) => {
+            match take(&session.client, want).await {
+                Ok(Taken::Held) => {
+                    let mode = want;
                     {
                         let mut s = self.state.lock();
                         s.mode = Some(mode);
@@ -144,10 +151,11 @@ impl ProcessLock {
                     tokio::spawn(self.clone().keep(session));
                     return Ok(mode);
                 }
-                Ok(None) if started.elapsed() < CLAIM_WAIT => {
+                Ok(_) if started.elapsed() < CLAIM_WAIT => {
                     tokio::time::sleep(CLAIM_RETRY).await;
                 }
-                Ok(None) => return Err(SERVES.into()),
+                Ok(Taken::ByCluster) => return Err(CLUSTER_SERVES.into()),
+                Ok(Taken::BySingle) => return Err(SERVES.into()),
                 Err(e) => {
                     return Err(format!(
                         "taking herald's process lock failed: {}",
@@ -175,7 +183,7 @@ impl ProcessLock {
         };
         let Some(client) = client else {
             return match self.mode() {
-                None => self.claim(true).await.map(|_| ()),
+                None => self.claim(Mode::Shared).await.map(|_| ()),
                 // Lost meanwhile: the keeper takes it again, shared.
                 Some(_) => Ok(()),
             };
@@ -198,9 +206,19 @@ impl ProcessLock {
             self.cfg.connect(NoTls).await.map_err(|e| {
                 format!("cannot connect for herald's process lock: {}", describe(&e))
             })?;
+        let conn = tokio::spawn(conn);
+        if let Err(e) = client.batch_execute(KEEPALIVES).await {
+            conn.abort();
+            return Err(format!(
+                "cannot set the process lock's keepalives: {}",
+                describe(&e)
+            ));
+        }
+        // PostgreSQL 12 and later: unacknowledged data ends the session after 10 s too.
+        let _ = client.batch_execute("SET tcp_user_timeout = 10000").await;
         Ok(Session {
             client: Arc::new(client),
-            conn: tokio::spawn(conn),
+            conn,
         })
     }
 
@@ -254,16 +272,12 @@ impl ProcessLock {
     async fn retake(&self) -> Session {
         let mut fails = 0;
         loop {
-            let shared_only = self.mode() == Some(Mode::Shared);
+            let want = self.mode().unwrap_or(Mode::Exclusive);
             let why = match self.connect().await {
-                Ok(session) => match take(&session.client, shared_only).await {
-                    Ok(Some(mode)) if shared_only || mode == Mode::Exclusive => return session,
-                    Ok(Some(_)) => {
-                        // Shared, where this process needs it exclusively: nobody may have it
-                        // so, as long as cluster nodes hold it.
-                        CLUSTER_SERVES.to_string()
-                    }
-                    Ok(None) => SERVES.to_string(),
+                Ok(session) => match take(&session.client, want).await {
+                    Ok(Taken::Held) => return session,
+                    Ok(Taken::ByCluster) => CLUSTER_SERVES.to_string(),
+                    Ok(Taken::BySingle) => SERVES.to_string(),
                     Err(e) => describe(&e),
                 },
                 Err(why) => why,
@@ -277,18 +291,41 @@ impl ProcessLock {
     }
 }
 
-/// One try: exclusive, else shared (`shared_only`: shared alone). `None`: held by another.
-async fn take(client: &Client, shared_only: bool) -> Result<Option<Mode>, tokio_postgres::Error> {
-    if !shared_only {
-        let row = client
-            .query_one("SELECT pg_try_advisory_lock($1)", &[&PROCESS_LOCK])
-            .await?;
-        if row.try_get::<_, bool>(0)? {
-            return Ok(Some(Mode::Exclusive));
+/// What one try found.
+enum Taken {
+    /// Held now, in the mode asked for.
+    Held,
+    /// A single process holds it exclusively.
+    BySingle,
+    /// Cluster nodes hold it shared (an exclusive try only).
+    ByCluster,
+}
+
+/// One try in `want` (never the other mode: a single-node process holding it shared would
+/// write unfenced beside cluster nodes).
+async fn take(client: &Client, want: Mode) -> Result<Taken, tokio_postgres::Error> {
+    let try_lock = |sql: &'static str| async move {
+        let row = client.query_one(sql, &[&PROCESS_LOCK]).await?;
+        row.try_get::<_, bool>(0)
+    };
+    match want {
+        Mode::Shared => Ok(
+            if try_lock("SELECT pg_try_advisory_lock_shared($1)").await? {
+                Taken::Held
+            } else {
+                Taken::BySingle
+            },
+        ),
+        Mode::Exclusive => {
+            if try_lock("SELECT pg_try_advisory_lock($1)").await? {
+                return Ok(Taken::Held);
+            }
+            // Who holds it: shared holders are cluster nodes (the shared hold is let go).
+            if try_lock("SELECT pg_try_advisory_lock_shared($1)").await? {
+                try_lock("SELECT pg_advisory_unlock_shared($1)").await?;
+                return Ok(Taken::ByCluster);
+            }
+            Ok(Taken::BySingle)
         }
     }
-    let row = client
-        .query_one("SELECT pg_try_advisory_lock_shared($1)", &[&PROCESS_LOCK])
-        .await?;
-    Ok(row.try_get::<_, bool>(0)?.then_some(Mode::Shared))
 }

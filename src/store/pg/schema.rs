@@ -275,6 +275,11 @@ pub async fn migrate(client: &mut Client, shards: u32, step: Duration) -> Result
     let tx = bounded(step, client.transaction()).await?;
     let off = "SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0";
     bounded(step, tx.batch_execute(off)).await?;
+    // Work may take as long as it takes; a wait for another session's table lock may not (a
+    // review finding: an ALTER queued behind an open transaction hung start-up for good, and
+    // its queued lock held every other query on the table meanwhile). Refused past `step`.
+    let locks = format!("SET LOCAL lock_timeout = {}", step.as_millis().max(1));
+    bounded(step, tx.batch_execute(&locks)).await?;
     wait_for_migration_lock(&tx, step).await?;
     bounded(
         step,
