@@ -127,7 +127,7 @@ async fn a_migration_waiting_for_a_table_lock_fails_instead_of_hanging() {
     let Some(pg) = PgServer::shared("a_migration_waiting_for_a_table_lock") else {
         return;
     };
-    let url = pg.create_db("locked");
+    let url = pg.create_db("held");
     schema_5(&pg, &url, 10).await;
     // Another session's open transaction on `herald_node`, which version 7 alters.
     let (holder, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
@@ -150,7 +150,7 @@ async fn a_migration_waiting_for_a_table_lock_fails_instead_of_hanging() {
     conn.abort();
     let opened = opened.expect("start-up did not hang").unwrap();
     let e = opened.err().expect("refused while the lock is held");
-    assert!(format!("{e}").contains("lock"), "{e}");
+    assert!(format!("{e}").contains("lock timeout"), "{e}");
     assert!(
         started.elapsed() < Duration::from_secs(20),
         "{:?}",
@@ -173,4 +173,45 @@ async fn a_migration_waiting_for_a_table_lock_fails_instead_of_hanging() {
         .await
         .unwrap()
         .expect("upgraded");
+}
+
+/// Review finding: an export (no process lock) upgraded the schema under the herald serving
+/// it, which then refused to start ("newer than this build's"). An open that does not
+/// upgrade refuses an older schema and changes nothing; on this build's schema it opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_without_upgrade_leaves_an_older_schema_as_it_is() {
+    let Some(pg) = PgServer::shared("an_open_without_upgrade") else {
+        return;
+    };
+    let url = pg.create_db("older");
+    schema_5(&pg, &url, 3).await;
+    let read_only = || PgOptions {
+        upgrade: false,
+        ..PgOptions::default()
+    };
+    let open_url = url.clone();
+    let opened = tokio::task::spawn_blocking(move || PgBackend::open(&open_url, &read_only()))
+        .await
+        .unwrap();
+    let e = opened.err().expect("an older schema is refused");
+    assert!(format!("{e}").contains("older than this build"), "{e}");
+    assert_eq!(
+        pg.psql(
+            &url,
+            "SELECT value FROM herald_meta WHERE name = 'schema_version'"
+        ),
+        "5"
+    );
+    assert_eq!(pg.psql(&url, "SELECT count(*) FROM herald_live"), "3");
+    // Upgraded by an open that may, then opened as it is.
+    let open_url = url.clone();
+    tokio::task::spawn_blocking(move || PgBackend::open(&open_url, &PgOptions::default()))
+        .await
+        .unwrap()
+        .expect("upgraded");
+    let open_url = url.clone();
+    tokio::task::spawn_blocking(move || PgBackend::open(&open_url, &read_only()))
+        .await
+        .unwrap()
+        .expect("this build's schema opens without an upgrade");
 }

@@ -106,6 +106,8 @@ fn open_pg(
     let opts = PgOptions {
         password,
         process_lock: lock,
+        // Without the lock (an export) the schema is only read, never upgraded.
+        upgrade: lock.is_some(),
         ..PgOptions::default()
     };
     let backend = Arc::new(PgBackend::open(url, &opts).map_err(local)?);

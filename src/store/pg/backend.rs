@@ -95,6 +95,9 @@ pub struct PgOptions {
     /// (`lock.rs`): `Exclusive` for a single-node `herald serve` and an import, `Shared` for
     /// a cluster node; `None` (an export, which only reads; tests' backends) claims none.
     pub process_lock: Option<Mode>,
+    /// Whether this open creates or upgrades the schema; `false` (an export, which holds no
+    /// process lock) requires this build's schema as it is (`schema::check_current`).
+    pub upgrade: bool,
 }
 
 impl Default for PgOptions {
@@ -107,6 +110,7 @@ impl Default for PgOptions {
             password: None,
             idle_in_transaction: None,
             process_lock: None,
+            upgrade: true,
         }
     }
 }
@@ -392,7 +396,7 @@ impl PgBackend {
         if let Some(mode) = opts.process_lock {
             backend.claim(mode)?;
         }
-        backend.shards = backend.migrate_on_open(cfg, opts.shards, &refused)?;
+        backend.shards = backend.migrate_on_open(cfg, opts.shards, opts.upgrade, &refused)?;
         Ok(backend)
     }
 
@@ -430,7 +434,8 @@ impl PgBackend {
         }
     }
 
-    /// Creates or migrates the schema on a connection of its own; answers S. Without the
+    /// Creates or migrates the schema on a connection of its own (or, `upgrade` false, checks
+    /// that it is this build's); answers S. Without the
     /// call's deadline: a migration may run for minutes (a large fold); `schema::migrate`
     /// bounds each of its statements by the call's deadline instead, and the connection by
     /// the connect timeout.
@@ -438,6 +443,7 @@ impl PgBackend {
         &self,
         cfg: tokio_postgres::Config,
         shards: u32,
+        upgrade: bool,
         refused: &dyn Fn(String) -> StoreError,
     ) -> Result<u32, StoreError> {
         let step = self.call_deadline;
@@ -449,8 +455,12 @@ impl PgBackend {
                 SchemaError::Bad(format!("cannot connect: {}; check that the server runs and the URL's user, password and database exist", describe(&e)))
             })?;
             let conn = tokio::spawn(conn);
-            let r = schema::migrate(&mut client, shards, step).await;
-            if r.is_ok() {
+            let r = if upgrade {
+                schema::migrate(&mut client, shards, step).await
+            } else {
+                schema::check_current(&mut client, step).await
+            };
+            if r.is_ok() && upgrade {
                 // Tokens a crashed process left behind (answered groups' are deleted as
                 // they go; an unanswered one is resolved within minutes).
                 let stale = "DELETE FROM herald_commit WHERE at < now() - interval '1 day'";
@@ -1047,10 +1057,11 @@ async fn locked_reads(
 /// The group's transaction. `Ok(wrote)`: committed (`wrote`: it holds the token); the
 /// results are in `ctx.answer`.
 /// A commit group's connection, out of the pool when dropped unless given back: a group the
-/// call's deadline drops while its `COMMIT` is pending, or one that failed, must not hand
-/// that connection to the next group or to the read-back (a review finding: the read-back's
-/// `pg_backend_pid()` queued behind the pending `COMMIT`, and the fence by ending that
-/// session never came). Only a group that committed gives it back.
+/// call's deadline drops while its `COMMIT` is pending, or one whose session failed, must not
+/// hand that connection to the next group or to the read-back (a review finding: the
+/// read-back's `pg_backend_pid()` queued behind the pending `COMMIT`, and the fence by ending
+/// that session never came). A group that committed, was fenced out, or was refused by the
+/// server's answer gives it back (deadpool makes a new one for a slot taken out).
 struct Taken(Option<deadpool_postgres::Object>);
 
 impl Taken {
@@ -1077,6 +1088,9 @@ async fn apply_group(ctx: GroupCtx, jobs: Vec<Vec<RawOp>>) -> Result<bool, Group
     if !ctx.fence.is_empty() {
         let lost = fenced_out(&tx, &ctx.fence).await?;
         if !lost.is_empty() {
+            // A healthy session: back to the pool as the transaction rolls back.
+            drop(tx);
+            client.give_back();
             return Err(GroupFail::Fenced(lost, jobs));
         }
     }
@@ -1115,9 +1129,11 @@ async fn apply_group(ctx: GroupCtx, jobs: Vec<Vec<RawOp>>) -> Result<bool, Group
             client.give_back();
             return Ok(wrote);
         }
-        // The server answered with an error (not a lost session): it rolled the group back.
+        // The server answered with an error (not a lost session): it rolled the group back,
+        // and the session is fine.
         Ok(Err(e)) if e.as_db_error().is_some_and(|d| d.severity() == "ERROR") => {
-            return Err(GroupFail::Refused(e.into()))
+            client.give_back();
+            return Err(GroupFail::Refused(e.into()));
         }
         Ok(Err(e)) => describe(&e),
         Err(_) => format!("no answer within {} s", ctx.commit_wait.as_secs()),

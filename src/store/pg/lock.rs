@@ -207,12 +207,10 @@ impl ProcessLock {
                 format!("cannot connect for herald's process lock: {}", describe(&e))
             })?;
         let conn = tokio::spawn(conn);
+        // Best effort: a server or pooler that refuses them only keeps a dead host's hold
+        // longer (PostgreSQL itself accepts them from any user, and ignores them on a socket).
         if let Err(e) = client.batch_execute(KEEPALIVES).await {
-            conn.abort();
-            return Err(format!(
-                "cannot set the process lock's keepalives: {}",
-                describe(&e)
-            ));
+            tracing::warn!(error = %describe(&e), "the process lock's session could not set the server's keepalives: a dead host's hold may last until the server notices");
         }
         // PostgreSQL 12 and later: unacknowledged data ends the session after 10 s too.
         let _ = client.batch_execute("SET tcp_user_timeout = 10000").await;

@@ -277,8 +277,9 @@ pub async fn migrate(client: &mut Client, shards: u32, step: Duration) -> Result
     bounded(step, tx.batch_execute(off)).await?;
     // Work may take as long as it takes; a wait for another session's table lock may not (a
     // review finding: an ALTER queued behind an open transaction hung start-up for good, and
-    // its queued lock held every other query on the table meanwhile). Refused past `step`.
-    let locks = format!("SET LOCAL lock_timeout = {}", step.as_millis().max(1));
+    // its queued lock held every other query on the table meanwhile): refused by the server
+    // after [`LOCK_WAIT_MAX`], well before the client's own bound and a cluster lease.
+    let locks = format!("SET LOCAL lock_timeout = {}", lock_wait(step).as_millis());
     bounded(step, tx.batch_execute(&locks)).await?;
     wait_for_migration_lock(&tx, step).await?;
     bounded(
@@ -310,18 +311,56 @@ pub async fn migrate(client: &mut Client, shards: u32, step: Duration) -> Result
         ),
     )
     .await?;
+    let stored = stored_shards(&tx, step).await?;
+    bounded(step, tx.commit()).await?;
+    Ok(stored)
+}
+
+/// The longest a migration's statement waits for another session's lock on a table.
+pub const LOCK_WAIT_MAX: Duration = Duration::from_secs(5);
+
+/// [`LOCK_WAIT_MAX`], or half the client's bound when that is shorter.
+fn lock_wait(step: Duration) -> Duration {
+    LOCK_WAIT_MAX.min(step / 2).max(Duration::from_millis(1))
+}
+
+/// An open that must not change the schema (an export, which takes no process lock: a newer
+/// build's export upgraded the tables under the herald serving them, which then refused to
+/// start again, a review finding): the schema must be this build's. S, as [`migrate`] answers.
+pub async fn check_current(client: &mut Client, step: Duration) -> Result<u32, SchemaError> {
+    let tx = bounded(step, client.transaction()).await?;
+    let q = tx.query_one("SELECT to_regclass('herald_meta') IS NOT NULL", &[]);
+    if !bounded(step, q).await?.try_get::<_, bool>(0)? {
+        return Err(SchemaError::Bad(
+            "the database holds no herald schema".into(),
+        ));
+    }
+    let found = stored_version(&tx, step).await?;
+    if found > SCHEMA_VERSION {
+        return Err(SchemaError::Newer { found });
+    }
+    if found < SCHEMA_VERSION {
+        return Err(SchemaError::Bad(format!(
+            "the database holds herald schema version {found}, older than this build's {SCHEMA_VERSION}; an export does not upgrade it: export with the herald release that serves it, or start this build's herald serve on it first"
+        )));
+    }
+    stored_shards(&tx, step).await
+}
+
+/// S as `herald_meta` holds it.
+async fn stored_shards(
+    tx: &tokio_postgres::Transaction<'_>,
+    step: Duration,
+) -> Result<u32, SchemaError> {
     let shards_row = tx.query_opt("SELECT value FROM herald_meta WHERE name = 'shards'", &[]);
     let row = bounded(step, shards_row)
         .await?
         .ok_or_else(|| SchemaError::Bad("herald_meta has no shards row".into()))?;
     let s: String = row.try_get(0)?;
-    let stored = s
-        .parse::<u32>()
+    s.parse::<u32>()
         .ok()
         .filter(|n| (1..=MAX_SHARDS).contains(n))
-        .ok_or_else(|| SchemaError::Bad(format!("herald_meta holds shards {s:?}")))?;
-    bounded(step, tx.commit()).await?;
-    Ok(stored)
+        .ok_or_else(|| SchemaError::Bad(format!("herald_meta holds shards {s:?}")))
 }
 
 /// The migration lock for the transaction ([`MIGRATION_LOCK`]), waited for as long as another
