@@ -464,18 +464,11 @@ pub fn expire_after_event(
         return Ok(None);
     }
     let mut t = progress.clone();
-    let mut e = r.clone();
-    e.disarm();
-    e.attempts = 0;
-    e.state = RunState::Expired;
-    e.finished_at_ms = Some(now);
-    e.next_at_ms = None;
-    e.reason = Some(format!(
+    let why = format!(
         "the event began at {} before its first message could go",
         format_utc(*event_ms)
-    ));
-    t.runs = t.runs.saturating_sub(1);
-    t.expired += 1;
+    );
+    let e = expired_run(&mut t, r, now, why);
     let p = recover_running(spec, &t, active.saturating_sub(1), now)?;
     let mut c = p.change();
     c.progress = c.progress.or(Some(t));
@@ -510,6 +503,12 @@ pub fn expire_started(
         watched_ms,
         spec.misfire_grace_ms,
     )?;
+    Some(expired_run(progress, r, now, why))
+}
+
+/// A started run whose first message never left, turned into an expired fire with its
+/// reason: `progress` counts it expired, no longer a run.
+fn expired_run(progress: &mut TaskProgress, r: &Run, now: u64, why: String) -> Run {
     let mut r = r.clone();
     r.disarm();
     r.attempts = 0;
@@ -519,7 +518,7 @@ pub fn expire_started(
     r.reason = Some(why);
     progress.runs = progress.runs.saturating_sub(1);
     progress.expired += 1;
-    Some(r)
+    r
 }
 
 /// Start-up's judgement of a task's runs read back from the store (`watched_ms`: boot): each
