@@ -72,7 +72,20 @@ async fn a_commit_goes_through_while_reads_hold_every_read_connection() {
         .unwrap();
     tokio::spawn(conn);
     assert!(someone_waits_on_a_lock(&watch).await, "the reads wait");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Both read connections held (the pool's 2), polled rather than slept for.
+    let both = common::herald::poll(Duration::from_secs(10), || async {
+        let r = watch
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get::<_, i64>(0) >= 2).then_some(())
+    })
+    .await;
+    assert!(both.is_some(), "both read connections wait");
 
     // A create's rows: committed at once, on the commit path's own connection.
     let b = backend.clone();
