@@ -5,6 +5,11 @@
 //! syscall per batch, not a blocking-pool thread per line. (With a `spawn_blocking` per line,
 //! a 100 000-message herd grew tokio's blocking pool to hundreds of threads fighting over the
 //! file's lock, and the first seconds of the drain stalled.)
+//!
+//! A line counts as delivered (its cursor moves on) only once it is durable: each batch is
+//! `fdatasync`ed before any of its sends is answered, as the store's own group commit is. A
+//! line only in the page cache would be lost with the machine while the store, synced,
+//! says it was sent, and it would never go again.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -30,13 +35,19 @@ impl FileSink {
     /// Opens (creating it and its directory if needed) the file for appending, and starts its
     /// writer thread (it ends when the sink is dropped).
     pub fn open(path: &Path) -> std::io::Result<FileSink> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        if let Some(dir) = dir {
             std::fs::create_dir_all(dir)?;
         }
+        let created = !path.exists();
         let mut file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)?;
+        if created {
+            // The new file's name must survive the machine too, or its synced lines go with it.
+            std::fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()?;
+        }
         close_torn_line(path, &mut file)?;
         let (tx, rx) = crossbeam_channel::unbounded();
         let shown = path.display().to_string();
@@ -130,7 +141,7 @@ impl FileSink {
 /// last line cut short. It is ended with a newline, so that the next line is whole (the message
 /// it held was not recorded as sent: it goes again). A file herald may not read (write-only
 /// permissions) is left as it is.
-fn close_torn_line(path: &Path, file: &mut std::fs::File) -> std::io::Result<()> {
+fn close_torn_line(path: &Path, file: &mut impl Write) -> std::io::Result<()> {
     use std::io::{Read, Seek, SeekFrom};
     let Ok(mut r) = std::fs::File::open(path) else {
         return Ok(());
@@ -147,15 +158,23 @@ fn close_torn_line(path: &Path, file: &mut std::fs::File) -> std::io::Result<()>
     Ok(())
 }
 
-/// The writer thread: appends every queued line (up to [`BATCH_LINES`]) with one write, then
-/// answers each. A failed write fails the whole batch (each send is tried again); a line is
-/// never reported written unless `write_all` of its batch returned Ok.
-fn writer(
-    mut file: std::fs::File,
-    at: PathBuf,
-    rx: crossbeam_channel::Receiver<Line>,
-    path: String,
-) {
+/// What the writer appends to: the file, whose `sync` is `fdatasync`.
+trait Append: Write {
+    fn sync(&mut self) -> std::io::Result<()>;
+}
+
+impl Append for std::fs::File {
+    fn sync(&mut self) -> std::io::Result<()> {
+        self.sync_data()
+    }
+}
+
+/// The writer thread: appends every queued line (up to [`BATCH_LINES`]) with one write and
+/// makes it durable with one sync, then answers each. A failed write or sync fails the whole
+/// batch (each send is tried again; a line that did land is then written twice, as any
+/// in-flight send may be); a line is never reported written unless the `write_all` and the
+/// sync of its batch returned Ok.
+fn writer(mut file: impl Append, at: PathBuf, rx: crossbeam_channel::Receiver<Line>, path: String) {
     let mut buf = Vec::new();
     let mut waiting = Vec::new();
     // A failed write may have left part of its batch: the next one starts on a new line.
@@ -178,6 +197,7 @@ fn writer(
             Ok(())
         }
         .and_then(|()| file.write_all(&buf))
+        .and_then(|()| file.sync())
         .map_err(|e| e.to_string());
         torn = r.is_err();
         let took = started.elapsed();
@@ -199,6 +219,67 @@ fn writer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An append target that logs each call, and whose sync can fail.
+    struct Logged {
+        calls: std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>,
+        sync_fails: bool,
+    }
+
+    impl Write for Logged {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.calls.lock().unwrap().push("write");
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Append for Logged {
+        fn sync(&mut self) -> std::io::Result<()> {
+            self.calls.lock().unwrap().push("sync");
+            if self.sync_fails {
+                return Err(std::io::Error::other("injected sync failure"));
+            }
+            Ok(())
+        }
+    }
+
+    /// Sends one line through a writer thread over `Logged`; the calls made by the time the
+    /// line was answered, and the answer.
+    fn answered(sync_fails: bool) -> (Vec<&'static str>, Result<(), String>) {
+        let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let target = Logged {
+            calls: calls.clone(),
+            sync_fails,
+        };
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let t = std::thread::spawn(move || {
+            writer(target, PathBuf::from("/nonexistent/x"), rx, "x".into())
+        });
+        let (done, wait) = oneshot::channel();
+        tx.send((b"{}\n".to_vec(), done)).unwrap();
+        let r = wait.blocking_recv().unwrap();
+        let seen = calls.lock().unwrap().clone();
+        drop(tx);
+        t.join().unwrap();
+        (seen, r)
+    }
+
+    #[test]
+    fn a_line_is_answered_only_after_its_batch_is_synced() {
+        let (calls, r) = answered(false);
+        assert_eq!(r, Ok(()));
+        assert_eq!(calls, ["write", "sync"]);
+    }
+
+    #[test]
+    fn a_failed_sync_fails_the_batch() {
+        let (calls, r) = answered(true);
+        assert!(r.unwrap_err().contains("injected sync failure"));
+        assert_eq!(calls, ["write", "sync"]);
+    }
 
     /// The `n` of every line of the file, in file order.
     fn ns(path: &Path) -> Vec<u64> {
