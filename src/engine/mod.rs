@@ -572,6 +572,9 @@ impl Engine {
     ) -> Result<Created, EngineError> {
         let inner = &self.inner;
         self.check_storage()?;
+        if let Some(replayed) = self.replay_used_key(idem.as_ref()).await? {
+            return Ok(replayed);
+        }
         let generated = req.id.is_none();
         let (task, messages) = inner.task_of(req)?;
         // Register the cell (locked) before the task is in the store, so that a cancel racing
@@ -628,6 +631,33 @@ impl Engine {
                 let hash = idem.map(|(_, h)| h).unwrap_or_default();
                 self.replay(rec, hash).await
             }
+        }
+    }
+
+    /// A create whose idempotency key names a task that exists: answered from the key
+    /// ([`Engine::replay`]) before the body is judged. A retry must get its task even when the
+    /// checks the body passed depend on what changed since: an `at` now further in the past
+    /// than `misfire_grace`, `live_tasks_max` reached, a channel gone from the config. `None`
+    /// (no key, a key never used, or one whose task is gone and which is free again): the
+    /// create goes on, and its insert still looks at the key (a create racing with this one).
+    /// Without a key nothing is read.
+    async fn replay_used_key(
+        &self,
+        idem: Option<&(String, [u8; 32])>,
+    ) -> Result<Option<Created>, EngineError> {
+        let Some((key, hash)) = idem else {
+            return Ok(None);
+        };
+        let key = key.clone();
+        let used = offload::read(&self.inner, move |i| {
+            let Some(rec) = i.store.idem_get(&key)? else {
+                return Ok(None);
+            };
+            Ok(i.store.task_exists(&rec.task_id)?.then_some(rec))
+        });
+        match used.await? {
+            Some(rec) => self.replay(rec, *hash).await.map(Some),
+            None => Ok(None),
         }
     }
 
