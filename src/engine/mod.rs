@@ -698,12 +698,12 @@ impl Engine {
         }
     }
 
-    /// One task with its current or last run.
+    /// One task with its current or last run ([`view_run`]).
     pub fn get(&self, id: &str) -> Result<Option<TaskView>, EngineError> {
         let Some(task) = self.inner.store.get_task(id)? else {
             return Ok(None);
         };
-        let run = self.inner.store.last_run(id)?;
+        let run = view_run(&self.inner.store, &task)?;
         Ok(Some(TaskView { task, run }))
     }
 
@@ -731,7 +731,7 @@ impl Engine {
         let mut skipped = bad.len();
         let mut out = Vec::with_capacity(tasks.len());
         for task in tasks {
-            let run = match self.inner.store.last_run(&task.id) {
+            let run = match view_run(&self.inner.store, &task) {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!(task = %task.id, error = %e, "listing shows a task without its unreadable run");
@@ -878,6 +878,23 @@ impl Engine {
     ) -> Result<(Vec<Failure>, bool), EngineError> {
         Ok(self.inner.store.failure_page(task, after, limit)?)
     }
+}
+
+/// The run a task's view shows (its `progress`): the newest run still sending, else the last
+/// run. Every fire writes a run record, a skipped (overlap) or expired one too, so while run N
+/// sends the last record may well be run N+1 `skipped`. Only a running or paused task whose
+/// last run is not running reads more: its stretch of the `active_runs` index, one entry per
+/// active run; a pending or finished task has none (`state_for`), and a listing of them
+/// costs what it did.
+fn view_run(store: &Store, task: &Task) -> Result<Option<Run>, StoreError> {
+    let last = store.last_run(&task.id)?;
+    let sending = last
+        .as_ref()
+        .is_some_and(|r| r.state == crate::model::RunState::Running);
+    if sending || !matches!(task.state, TaskState::Running | TaskState::Paused) {
+        return Ok(last);
+    }
+    Ok(store.active_runs_of(&task.id)?.pop().or(last))
 }
 
 /// Claims `id` in the live map for a create with the (locked) `cell`: `false` when claimed,
