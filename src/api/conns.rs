@@ -11,7 +11,8 @@
 //! closed without an answer:
 //! - When the regular slots are full, the connection that has been *quiet* longest gives way,
 //!   but only if it is quiet for [`EVICT_IDLE_MIN`], no request is being handled on it (an
-//!   export counts until its last chunk is handed over), it does not stream events, hyper is
+//!   export counts until its last chunk is handed over, or until it gives up on a client that
+//!   takes nothing, `export::STALL_MAX`), it does not stream events, hyper is
 //!   not inside a read of it, and its socket holds no unread byte (`FIONREAD`): a request that
 //!   arrived but that hyper has not read yet keeps its connection. An answer the client has
 //!   not read (a write found the socket's buffer full) keeps it for [`STALLED_EVICT_MIN`].
@@ -117,7 +118,9 @@ const WRITE_STALLED: u8 = 2;
 const WAITING: u8 = 4;
 
 /// How long a client must leave an answer unread before its connection may be closed to make
-/// room: an export to a slow consumer is not cut, a client that never reads is.
+/// room (only when room is needed, and never while a request on it is busy): a slow consumer
+/// is not cut. An export is busy until its last chunk is handed over; to a client that takes
+/// nothing it gives up after `export::STALL_MAX`, and its connection is then such an answer.
 pub const STALLED_EVICT_MIN: Duration = Duration::from_secs(30);
 
 impl Activity {
