@@ -515,3 +515,33 @@ async fn a_broadcast_over_the_limits_is_refused_before_it_is_expanded() {
     assert_eq!(http::get(&h.url("/healthz")).await.status, 200);
     assert_eq!(task_count(&h).await, 0);
 }
+
+/// A query parameter given twice is refused, naming it. Review finding: the first one won
+/// (`?limit=10&limit=0` listed 10), so a client appending to a URL that already had the
+/// parameter got what it did not ask for without a word. Unknown parameters stay refused where
+/// a route reads its query, and routes that read none still ignore theirs.
+#[tokio::test]
+async fn a_query_parameter_given_twice_is_400_naming_it() {
+    let h = TestHerald::start("").await;
+    assert_eq!(
+        http::post_json(&h.url("/v1/tasks"), &ok_task())
+            .await
+            .status,
+        201
+    );
+    for (path, field) in [
+        ("/v1/tasks?limit=10&limit=0", "limit"),
+        ("/v1/tasks?state=pending&limit=5&state=running", "state"),
+        ("/v1/failures?after=a&after=b", "after"),
+    ] {
+        let r = http::get(&h.url(path)).await;
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        assert_eq!(r.header("content-type"), Some(PROBLEM), "{path}");
+        assert_eq!(r.json()["field"], field, "{path}: {}", r.text());
+    }
+    let r = http::get(&h.url("/v1/tasks?limit=10&state=pending")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A route that reads no query ignores it, repeated or not (a cache buster).
+    let r = http::get(&h.url("/v1/channels?_=1&_=2")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}

@@ -399,3 +399,52 @@ async fn a_slowloris_on_every_slot_does_not_keep_healthz_waiting() {
         t.abort();
     }
 }
+
+/// An export whose client takes nothing gives up (`api/export.rs::STALL_MAX`, here 1 s by its
+/// test knob). Review finding: it waited for the client without a bound, holding one of the
+/// `EXPORTS_MAX` places, a blocking thread and (busy, so never closed to make room) its
+/// connection for as long as the client kept the connection open; with `EXPORTS_MAX` such
+/// clients no export was served again. Now a new export is served while the stalled clients
+/// still hold their connections, and theirs ended without the end line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_whose_client_takes_nothing_gives_up_and_a_new_one_is_served() {
+    /// `api/export.rs::EXPORTS_MAX` and `STALL_ENV`.
+    const EXPORTS_MAX: usize = 2;
+    const STALL_ENV: &str = "HERALD_TEST_EXPORT_STALL_MS";
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), &format!("[limits]\nconnections_max = {CAP}\n"));
+    let mut cmd = Proc::command(&cfg, &dir.path().join("data"));
+    cmd.env(STALL_ENV, "1000");
+    let p = Proc::start(cmd);
+    let addr: SocketAddr = p.url.trim_start_matches("http://").parse().unwrap();
+    create_ten_megabytes_of_export(&p, 200).await;
+    let mut held = Vec::new();
+    for _ in 0..EXPORTS_MAX {
+        held.push(export_read_slowly(addr).await);
+    }
+    let url = format!("{}/v1/export", p.url);
+    let again = poll(Duration::from_secs(20), || async {
+        let r = http::get(&url).await;
+        (r.status == 200).then_some(r)
+    })
+    .await
+    .expect("an export is served while the stalled clients still hold their connections");
+    assert!(
+        again.text().contains(r#"{"kind":"end","tasks":200,"#),
+        "the new export was cut"
+    );
+    // What the stalled clients get when they read at last: a part, without the end line.
+    for mut s in held {
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut got))
+            .await
+            .expect("the stalled export ended")
+            .expect("read the stalled export");
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.contains(r#""kind":"#), "some of the export came");
+        assert!(
+            !text.contains(r#"{"kind":"end""#),
+            "a stalled export ended whole"
+        );
+    }
+}

@@ -58,3 +58,62 @@ async fn a_freed_keys_delete_leaves_the_task_that_took_it_again() {
     assert_eq!(deleted, 1);
     assert!(store.idem_get(KEY).unwrap().is_none());
 }
+
+/// POSTs `body` to `/v1/tasks` with `Idempotency-Key: key`.
+async fn create_with_key(h: &ManualHerald, key: &str, body: &serde_json::Value) -> http::Resp {
+    http::request(
+        "POST",
+        &h.url("/v1/tasks"),
+        &[
+            ("Idempotency-Key", key),
+            ("Content-Type", "application/json"),
+        ],
+        Some(body.to_string().into_bytes()),
+    )
+    .await
+}
+
+/// A retry is answered from its key before its body is judged again. Review finding: the body
+/// was validated first, so a retry whose `at` had meanwhile fallen further into the past than
+/// `misfire_grace` (10 minutes by default) got 422 instead of its task.
+#[tokio::test]
+async fn a_replay_after_its_at_passed_beyond_grace_returns_the_original_task() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T00:00:00Z"), "").await;
+    let body = json!({"id": "soon", "channel": "out",
+        "schedule": {"at": "2026-12-01T00:01:00Z"}, "to": ["a"], "body": "x"});
+    let first = create_with_key(&h, "soon-key", &body).await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    h.run_until(utc_ms("2026-12-01T00:20:00Z")).await;
+    assert_eq!(h.sent().len(), 1, "the task fired at 00:01");
+    let again = create_with_key(&h, "soon-key", &body).await;
+    assert_eq!(again.status, 200, "replayed: {}", again.text());
+    assert_eq!(again.json()["id"], "soon");
+    assert_eq!(again.json()["state"], "completed");
+    // Another body under the key is still refused, and a new key still judges the body.
+    let other = json!({"id": "other", "channel": "out",
+        "schedule": {"at": "2026-12-01T00:01:00Z"}, "to": ["a"], "body": "x"});
+    assert_eq!(create_with_key(&h, "soon-key", &other).await.status, 409);
+    assert_eq!(create_with_key(&h, "new-key", &other).await.status, 422);
+}
+
+/// Likewise at `live_tasks_max`: the task the key made is what holds the last place, and its
+/// retry is its 200, not the limit's 422. Without an id (herald makes one) the retry meets the
+/// limit before anything else.
+#[tokio::test]
+async fn a_replay_at_live_tasks_max_returns_the_original_task() {
+    let h = ManualHerald::start(
+        utc_ms("2026-12-01T00:00:00Z"),
+        "[limits]\nlive_tasks_max = 1",
+    )
+    .await;
+    let body = json!({"channel": "out", "schedule": {"after": "1h"}, "to": ["a"], "body": "x"});
+    let first = create_with_key(&h, "full-key", &body).await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    let id = first.json()["id"].clone();
+    let again = create_with_key(&h, "full-key", &body).await;
+    assert_eq!(again.status, 200, "replayed: {}", again.text());
+    assert_eq!(again.json()["id"], id);
+    let other = create_with_key(&h, "another-key", &body).await;
+    assert_eq!(other.status, 422, "{}", other.text());
+    assert_eq!(other.json()["type"], "urn:herald:problem:limit");
+}

@@ -472,3 +472,40 @@ async fn cron_start_and_end_bound_the_fires() {
     assert_eq!(t["state"], "completed");
     assert_eq!(t["next_fire_at"], Value::Null);
 }
+
+/// A task's `progress` is its current run (API.md: "current or last run"). Review finding: the
+/// view showed the last run record, and every fire writes one, so while run 1 was sending,
+/// the 00:02 fire it made skip (overlap) was shown: progress of a run that sends nothing.
+#[tokio::test]
+async fn progress_shows_the_run_that_sends_not_the_fire_it_made_skip() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T00:00:30Z"), "").await;
+    h.post(
+        &json!({"id": "slow", "channel": "out", "schedule": {"cron": "* * * * *"},
+        "to": ["a", "b", "c", "d", "e"], "body": "x", "pacing": {"interval": "25s"},
+        "overlap": "skip"}),
+    )
+    .await;
+    // Run 1 sends at 00:01:00, :25 and :50, then 00:02:15 and :40; the 00:02 fire is skipped.
+    h.run_until(utc_ms("2026-12-01T00:02:10Z")).await;
+    assert_eq!(run_states(&h.runs("slow").await), ["running", "skipped"]);
+    let t = h.task("slow").await;
+    assert_eq!(t["state"], "running");
+    assert_eq!(t["progress"]["run"], 1, "{}", t["progress"]);
+    assert_eq!(t["progress"]["sent"], 3, "{}", t["progress"]);
+    let r = http::get(&h.url("/v1/tasks")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let listed = &r.json()["tasks"][0];
+    assert_eq!(listed["id"], "slow");
+    assert_eq!(listed["progress"]["run"], 1, "{}", listed["progress"]);
+    assert_eq!(listed["progress"]["sent"], 3, "{}", listed["progress"]);
+    // Once run 1 has ended nothing sends: the view falls back to the last run record, the
+    // skipped 00:02 fire.
+    h.run_until(utc_ms("2026-12-01T00:02:50Z")).await;
+    let t = h.task("slow").await;
+    assert_eq!(t["state"], "pending");
+    assert_eq!(
+        t["progress"]["run"], 2,
+        "the last run record: {}",
+        t["progress"]
+    );
+}

@@ -5,13 +5,15 @@
 //! (no token needed to open a TCP connection) would use up the process's descriptors and then
 //! webhook sends and the store would fail for want of one. So at most `max` connections are
 //! served at once: `max - RESERVE` "regular" slots and [`RESERVE`] for the overflow (the
-//! descriptor budget is `max` either way).
+//! descriptor budget is `max` either way; a cap of [`RESERVE`] or less keeps one regular slot
+//! and holds the rest, `max - 1`, in reserve).
 //!
 //! **No request is dropped unanswered.** A connection whose request was written is never
 //! closed without an answer:
 //! - When the regular slots are full, the connection that has been *quiet* longest gives way,
 //!   but only if it is quiet for [`EVICT_IDLE_MIN`], no request is being handled on it (an
-//!   export counts until its last chunk is handed over), it does not stream events, hyper is
+//!   export counts until its last chunk is handed over, or until it gives up on a client that
+//!   takes nothing, `export::STALL_MAX`), it does not stream events, hyper is
 //!   not inside a read of it, and its socket holds no unread byte (`FIONREAD`): a request that
 //!   arrived but that hyper has not read yet keeps its connection. An answer the client has
 //!   not read (a write found the socket's buffer full) keeps it for [`STALLED_EVICT_MIN`].
@@ -117,7 +119,9 @@ const WRITE_STALLED: u8 = 2;
 const WAITING: u8 = 4;
 
 /// How long a client must leave an answer unread before its connection may be closed to make
-/// room: an export to a slow consumer is not cut, a client that never reads is.
+/// room (only when room is needed, and never while a request on it is busy): a slow consumer
+/// is not cut. An export is busy until its last chunk is handed over; to a client that takes
+/// nothing it gives up after `export::STALL_MAX`, and its connection is then such an answer.
 pub const STALLED_EVICT_MIN: Duration = Duration::from_secs(30);
 
 impl Activity {
@@ -210,6 +214,8 @@ pub struct Conns {
     max: usize,
     /// Regular slots.
     regular_max: usize,
+    /// Reserve slots: `max - regular_max`, [`RESERVE`] unless the cap is smaller.
+    reserve_max: usize,
     streams_max: usize,
     streams_per_client: usize,
     epoch: Instant,
@@ -255,10 +261,13 @@ impl Conns {
     pub fn new(max: usize) -> Arc<Conns> {
         let max = max.max(1);
         let (streams_max, streams_per_client) = stream_caps(max);
+        // A cap so small that the reserve would take most of it keeps one regular slot, and
+        // the reserve gets what is left: together never more than `max` (the budget).
+        let regular_max = max.saturating_sub(RESERVE).max(1);
         Arc::new(Conns {
             max,
-            // A cap so small that the reserve would take most of it keeps one regular slot.
-            regular_max: max.saturating_sub(RESERVE).max(1),
+            regular_max,
+            reserve_max: max - regular_max,
             streams_max,
             streams_per_client,
             // Far enough back that "silent since 0" (tests) is older than either bound.
@@ -343,7 +352,7 @@ impl Conns {
         let mut t = self.table.lock();
         let reserve = if t.regular < self.regular_max || self.evict_one(&mut t, false) {
             false
-        } else if t.reserve < RESERVE || self.evict_one(&mut t, true) {
+        } else if t.reserve < self.reserve_max || self.evict_one(&mut t, true) {
             true
         } else {
             drop(t);
@@ -740,6 +749,27 @@ mod tests {
         assert!(c.admit(LOCAL, f, true).is_none());
         drop(r);
         assert!(c.admit(LOCAL, f, false).is_some(), "a reserve slot freed");
+    }
+
+    /// Review finding: a cap under `RESERVE + 1` kept one regular slot and a whole reserve,
+    /// serving up to `RESERVE + 1` connections (5 for a cap of 1), past the descriptor budget.
+    #[test]
+    fn no_cap_serves_more_connections_than_itself() {
+        let (f, _a, _b) = fd();
+        for max in 1..=RESERVE + 2 {
+            let c = Conns::new(max);
+            let held: Vec<_> = (0..max)
+                .map(|_| c.admit(LOCAL, f, true).expect("room"))
+                .collect();
+            assert!(
+                c.admit(LOCAL, f, true).is_none(),
+                "a cap of {max} served one more"
+            );
+            assert_eq!(c.open(), max);
+            let t = c.table.lock();
+            assert_eq!(t.regular, max.saturating_sub(RESERVE).max(1), "cap {max}");
+            assert!(held.first().is_some_and(|s| !t.entries[&s.id].reserve));
+        }
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! `GET /v1/export`: the whole store as export lines (`backup/`), streamed while herald runs.
 //! Each task is read as one consistent image, so the export can be imported and resumes as
 //! the running herald would after a crash at that moment. The export runs off the runtime's
-//! workers and waits for a slow client (bounded buffer); a client that goes away stops it.
-//! An export that fails midway ends without its `end` line, which `herald import` refuses.
+//! workers and waits for a slow client (bounded buffer); a client that goes away stops it, and
+//! so does one that takes nothing for [`STALL_MAX`]. An export that fails or stops midway
+//! ends without its `end` line, which `herald import` refuses.
 //! At most [`EXPORTS_MAX`] run at once; one more is answered 503 with `Retry-After`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -23,13 +25,33 @@ const CHUNK_BYTES: usize = 64 << 10;
 /// Chunks buffered for a slow client before the export waits.
 const CHUNKS_BUFFERED: usize = 16;
 /// Exports under way at once. Each holds a thread of tokio's blocking pool for as long as its
-/// client takes to read it (it waits in `blocking_send`): 512 clients that stopped reading
-/// held the whole pool, and every `spawn_blocking` of the engine (a send's message read
+/// client takes to read it (it waits in `blocking_send`; a client that takes nothing, up to
+/// [`STALL_MAX`]): 512 clients that stopped reading held the whole pool, and every `spawn_blocking` of the engine (a send's message read
 /// ahead, reads off the workers) queued behind them. One more is answered 503 with
 /// `Retry-After`. Per process (one server per process; in-process tests share it).
 const EXPORTS_MAX: usize = 2;
 
+/// How long a chunk may wait for a client that takes nothing before the export gives up.
+/// Without a bound a client that never reads held one of the [`EXPORTS_MAX`] places, a
+/// blocking thread and (busy, so never closed to make room) its connection for good. A slow
+/// reader is not cut: the limit counts anew with each chunk it takes ([`CHUNK_BYTES`]), so
+/// only a client that takes less than a chunk in that time is.
+const STALL_MAX: Duration = Duration::from_secs(60);
+/// Test knob, not configuration: [`STALL_MAX`] in milliseconds (`tests/connections.rs`).
+/// Read when an export starts.
+pub const STALL_ENV: &str = "HERALD_TEST_EXPORT_STALL_MS";
+
 static EXPORTS: AtomicUsize = AtomicUsize::new(0);
+
+/// [`STALL_MAX`], or the test knob [`STALL_ENV`] when set (unset, zero or unreadable: the
+/// constant).
+fn stall_max() -> Duration {
+    std::env::var(STALL_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map_or(STALL_MAX, Duration::from_millis)
+}
 
 /// One of the [`EXPORTS_MAX`] places, given back when the export ends.
 struct ExportSlot;
@@ -53,7 +75,9 @@ impl Drop for ExportSlot {
 
 /// `busy` (the request's mark on its connection) stays with the export until its last chunk
 /// is handed over: a connection whose export is slow to read the store is not silent, and is
-/// never closed to make room (`conns`).
+/// never closed to make room (`conns`). An export whose client takes nothing for
+/// [`STALL_MAX`] gives up (`hand_over`): it lets go of its place, its thread and `busy`, and
+/// its connection is then one more answer left unread (`conns::STALLED_EVICT_MIN`).
 pub fn handle(
     state: &ApiState,
     req: &Request<Incoming>,
@@ -71,12 +95,15 @@ pub fn handle(
         ))
         .kind("exports-busy", "Too many exports")
     })?;
-    let (tx, rx) = mpsc::channel::<Bytes>(CHUNKS_BUFFERED);
+    let (tx, from_export) = mpsc::channel::<Bytes>(CHUNKS_BUFFERED);
+    // The body's own channel holds one chunk: what waits for the client waits in `hand_over`,
+    // where the wait is timed.
+    let (to_body, rx) = mpsc::channel::<Bytes>(1);
+    tokio::spawn(hand_over(from_export, to_body, busy, stall_max()));
     let engine = state.engine.clone();
     tokio::task::spawn_blocking(move || {
-        let _busy = busy;
         let _slot = slot;
-        let gone = || std::io::Error::other("the client went away");
+        let gone = || std::io::Error::other("the client went away or stopped reading");
         let mut buf: Vec<u8> = Vec::with_capacity(CHUNK_BYTES);
         let r = crate::backup::export::export(engine.store(), engine.now_ms(), &mut |l| {
             serde_json::to_writer(&mut buf, l)?;
@@ -90,7 +117,9 @@ pub fn handle(
         match r {
             Ok((tasks, lines)) => {
                 if !buf.is_empty() && tx.blocking_send(Bytes::from(buf)).is_err() {
-                    tracing::warn!("export: the client went away before the end");
+                    tracing::warn!(
+                        "export: the client went away or stopped reading before the end"
+                    );
                     return;
                 }
                 tracing::info!(tasks, lines, "export streamed");
@@ -105,4 +134,30 @@ pub fn handle(
         hyper::header::HeaderValue::from_static("application/jsonl"),
     );
     Ok(r)
+}
+
+/// Hands the export's chunks to the response body, each within `stall`. A client that takes
+/// nothing for that long, or goes away, ends it: `from` is dropped, so the export's next send
+/// fails and its thread ends (with its place); the body ends without the `end` line. Holds
+/// the connection's `busy` mark until then.
+async fn hand_over(
+    mut from: mpsc::Receiver<Bytes>,
+    to: mpsc::Sender<Bytes>,
+    busy: super::conns::Busy,
+    stall: Duration,
+) {
+    let _busy = busy;
+    while let Some(chunk) = from.recv().await {
+        match tokio::time::timeout(stall, to.send(chunk)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return, // the client went away: the export says so
+            Err(_) => {
+                tracing::warn!(
+                    stall_s = stall.as_secs_f64(),
+                    "export: the client took nothing for the stall limit; the export stops unfinished"
+                );
+                return;
+            }
+        }
+    }
 }

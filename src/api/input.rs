@@ -54,7 +54,8 @@ pub fn failure_path_id(raw: &str) -> Result<String, Problem> {
     Ok(id)
 }
 
-/// Query parameters; unknown ones are rejected like unknown JSON fields.
+/// Query parameters; unknown ones are rejected like unknown JSON fields, and so is one given
+/// twice (`?limit=10&limit=0`): which of the two a client meant is not for herald to guess.
 pub fn query(req: &Request<Incoming>, allowed: &[&str]) -> Result<Vec<(String, String)>, Problem> {
     let mut out = Vec::new();
     for pair in req
@@ -76,6 +77,12 @@ pub fn query(req: &Request<Incoming>, allowed: &[&str]) -> Result<Vec<(String, S
                 allowed.join(", ")
             ))
             .with_field(k));
+        }
+        if out.iter().any(|(seen, _)| *seen == k) {
+            return Err(
+                Problem::bad_request(format!("{k}: given more than once in the query"))
+                    .with_field(k),
+            );
         }
         out.push((k, v));
     }

@@ -607,12 +607,7 @@ fn ready(state: &ApiState) -> Result<(), Problem> {
     if state.engine.is_ready() {
         return Ok(());
     }
-    Err(Problem::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "recovering",
-        "Recovering",
-        "herald is still recovering its state; try again shortly",
-    ))
+    Err(Problem::recovering())
 }
 
 fn authorize(state: &ApiState, req: &Request<Incoming>) -> Result<(), Problem> {

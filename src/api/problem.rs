@@ -100,6 +100,12 @@ impl Problem {
         p
     }
 
+    /// 503 while herald recovers its state at start (`Retry-After: 1`, as every 503).
+    pub fn recovering() -> Problem {
+        Problem::unavailable("herald is still recovering its state; try again shortly")
+            .kind("recovering", "Recovering")
+    }
+
     pub fn internal(detail: impl Into<String>) -> Problem {
         Problem::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -192,12 +198,8 @@ impl From<EngineError> for Problem {
                 Problem::unavailable(format!("{e}. Try again shortly"))
             }
             EngineError::Busy(d) => Problem::unavailable(d),
-            EngineError::Stopped => Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "Unavailable",
-                "herald is shutting down",
-            ),
+            // Another instance (a restart, another node) may answer the retry.
+            EngineError::Stopped => Problem::unavailable("herald is shutting down"),
             // The write itself met the failure (a full disk, an I/O error): nothing was
             // acknowledged, and herald heals by itself, so it is "try again", not a bug.
             EngineError::Store(s) if s.is_storage() => Problem::unavailable(format!(
@@ -216,12 +218,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn storage_trouble_is_503_with_retry_after_and_bugs_are_500() {
-        for e in [
+    fn storage_trouble_recovery_and_shutdown_are_503_with_retry_after_and_bugs_are_500() {
+        for p in [
             EngineError::Store(crate::store::StoreError::Busy),
             EngineError::Storage("No space left on device".into()),
-        ] {
-            let r = Problem::from(e).into_response();
+            EngineError::Stopped,
+        ]
+        .map(Problem::from)
+        .into_iter()
+        .chain([Problem::recovering()])
+        {
+            let r = p.into_response();
             assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
             assert_eq!(r.headers()[hyper::header::RETRY_AFTER], "1");
             assert_eq!(

@@ -572,6 +572,9 @@ impl Engine {
     ) -> Result<Created, EngineError> {
         let inner = &self.inner;
         self.check_storage()?;
+        if let Some(replayed) = self.replay_used_key(idem.as_ref()).await? {
+            return Ok(replayed);
+        }
         let generated = req.id.is_none();
         let (task, messages) = inner.task_of(req)?;
         // Register the cell (locked) before the task is in the store, so that a cancel racing
@@ -631,6 +634,33 @@ impl Engine {
         }
     }
 
+    /// A create whose idempotency key names a task that exists: answered from the key
+    /// ([`Engine::replay`]) before the body is judged. A retry must get its task even when the
+    /// checks the body passed depend on what changed since: an `at` now further in the past
+    /// than `misfire_grace`, `live_tasks_max` reached, a channel gone from the config. `None`
+    /// (no key, a key never used, or one whose task is gone and which is free again): the
+    /// create goes on, and its insert still looks at the key (a create racing with this one).
+    /// Without a key nothing is read.
+    async fn replay_used_key(
+        &self,
+        idem: Option<&(String, [u8; 32])>,
+    ) -> Result<Option<Created>, EngineError> {
+        let Some((key, hash)) = idem else {
+            return Ok(None);
+        };
+        let key = key.clone();
+        let used = offload::read(&self.inner, move |i| {
+            let Some(rec) = i.store.idem_get(&key)? else {
+                return Ok(None);
+            };
+            Ok(i.store.task_exists(&rec.task_id)?.then_some(rec))
+        });
+        match used.await? {
+            Some(rec) => self.replay(rec, *hash).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// A create whose idempotency key was used before: the same body is answered with the
     /// task it created (200), another body is refused.
     async fn replay(
@@ -668,12 +698,12 @@ impl Engine {
         }
     }
 
-    /// One task with its current or last run.
+    /// One task with its current or last run ([`view_run`]).
     pub fn get(&self, id: &str) -> Result<Option<TaskView>, EngineError> {
         let Some(task) = self.inner.store.get_task(id)? else {
             return Ok(None);
         };
-        let run = self.inner.store.last_run(id)?;
+        let run = view_run(&self.inner.store, &task)?;
         Ok(Some(TaskView { task, run }))
     }
 
@@ -701,7 +731,7 @@ impl Engine {
         let mut skipped = bad.len();
         let mut out = Vec::with_capacity(tasks.len());
         for task in tasks {
-            let run = match self.inner.store.last_run(&task.id) {
+            let run = match view_run(&self.inner.store, &task) {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!(task = %task.id, error = %e, "listing shows a task without its unreadable run");
@@ -848,6 +878,23 @@ impl Engine {
     ) -> Result<(Vec<Failure>, bool), EngineError> {
         Ok(self.inner.store.failure_page(task, after, limit)?)
     }
+}
+
+/// The run a task's view shows (its `progress`): the newest run still sending, else the last
+/// run. Every fire writes a run record, a skipped (overlap) or expired one too, so while run N
+/// sends the last record may well be run N+1 `skipped`. Only a running or paused task whose
+/// last run is not running reads more: its stretch of the `active_runs` index, one entry per
+/// active run; a pending or finished task has none (`state_for`), and a listing of them
+/// costs what it did.
+fn view_run(store: &Store, task: &Task) -> Result<Option<Run>, StoreError> {
+    let last = store.last_run(&task.id)?;
+    let sending = last
+        .as_ref()
+        .is_some_and(|r| r.state == crate::model::RunState::Running);
+    if sending || !matches!(task.state, TaskState::Running | TaskState::Paused) {
+        return Ok(last);
+    }
+    Ok(store.active_runs_of(&task.id)?.pop().or(last))
 }
 
 /// Claims `id` in the live map for a create with the (locked) `cell`: `false` when claimed,
