@@ -316,10 +316,41 @@ impl Channel {
     }
 
     /// Records the outcome of an admitted send; returns a breaker transition worth an alert.
-    /// A permanent rejection counts as success for the breaker: the channel answered.
-    /// A send held for a local resource shortage is not the channel's fault: it is counted as
-    /// held and never reaches the breaker (a probe it carried is given back).
+    /// Without the attempt's report (use [`Channel::record_attempt`] when it is at hand), a
+    /// webhook's permanent failure is taken as the receiver's rejection; a local sink's
+    /// (the delivery could not be encoded) never reached anything.
     pub fn record(&self, now_ms: u64, outcome: &Outcome, probe: bool) -> Option<Transition> {
+        self.record_as(now_ms, outcome, !self.is_local(), probe)
+    }
+
+    /// Records the outcome of an admitted send with what its attempt learnt (`report`, from
+    /// [`Channel::send_with`]); returns a breaker transition worth an alert. A permanent
+    /// failure with no answer (`report.status` is `None`: a template or encoding error, a
+    /// request that could not be built) never reached the receiver: it says nothing about the
+    /// channel, so the breaker is left as it was (a probe it carried is given back).
+    pub fn record_attempt(
+        &self,
+        now_ms: u64,
+        outcome: &Outcome,
+        report: &AttemptReport,
+        probe: bool,
+    ) -> Option<Transition> {
+        self.record_as(now_ms, outcome, report.status.is_some(), probe)
+    }
+
+    /// [`Channel::record`]; `answered`: a permanent failure is the receiver's answer.
+    ///
+    /// For the breaker, a permanent rejection counts as success: the channel answered. One
+    /// that was not `answered` counts as neither success nor failure. A send held for a local
+    /// resource shortage is not the channel's fault either: it is counted as held and never
+    /// reaches the breaker. Both give back a probe they carried.
+    fn record_as(
+        &self,
+        now_ms: u64,
+        outcome: &Outcome,
+        answered: bool,
+        probe: bool,
+    ) -> Option<Transition> {
         let success = !matches!(outcome, Outcome::Retry { .. });
         match outcome {
             Outcome::Sent => &self.stats.sent,
@@ -333,14 +364,19 @@ impl Channel {
             }
         }
         .fetch_add(1, Ordering::Relaxed);
+        if matches!(outcome, Outcome::Permanent { .. }) && !answered {
+            self.unsent(probe);
+            return None;
+        }
         self.breaker
             .as_ref()
             .and_then(|b| b.lock().record(now_ms, success, probe))
     }
 
     /// An admitted send that does not go after all (its task stopped while it waited for a
-    /// slot, or the rate limit refused it once it could start): a breaker probe it carried is
-    /// given back, so the next send probes at once instead of waiting out the probe's lease.
+    /// slot, the rate limit refused it once it could start, or it failed before reaching the
+    /// receiver): a breaker probe it carried is given back, so the next send probes at once
+    /// instead of waiting out the probe's lease. Its rate slot stays taken.
     pub fn unsent(&self, probe: bool) {
         if let (true, Some(b)) = (probe, &self.breaker) {
             b.lock().abandon_probe();
@@ -626,5 +662,91 @@ impl Channels {
 
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Channel>> {
         self.map.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use breaker::BreakerConfig;
+
+    const T0: u64 = 1_800_000_000_000;
+
+    /// A breaker that opens on the first failure and cools down for 5 s.
+    fn touchy() -> Mutex<Breaker> {
+        Mutex::new(Breaker::new(BreakerConfig {
+            window_ms: 10_000,
+            min_requests: 1,
+            failure_ratio: 0.5,
+            cool_down_ms: 5_000,
+        }))
+    }
+
+    fn log_channel() -> Channel {
+        let mut c = Channel::plain("c", Sink::Log, RetryPolicy::default(), 4);
+        c.breaker = Some(touchy());
+        c
+    }
+
+    fn http_500() -> Outcome {
+        Outcome::Retry {
+            error: "HTTP 500".into(),
+            not_before_ms: None,
+        }
+    }
+
+    fn permanent(error: &str) -> Outcome {
+        Outcome::Permanent {
+            error: error.into(),
+        }
+    }
+
+    fn report(status: Option<u16>) -> AttemptReport {
+        AttemptReport {
+            status,
+            ..AttemptReport::default()
+        }
+    }
+
+    /// Opens `c`'s breaker with a 500 at T0 and admits the probe at T0 + 5 s.
+    fn open_and_probe(c: &Channel) {
+        assert!(matches!(c.admit(T0), Admission::Go { probe: false, .. }));
+        let opened = c.record_attempt(T0, &http_500(), &report(Some(500)), false);
+        assert_eq!(opened, Some(Transition::Opened));
+        assert!(matches!(
+            c.admit(T0 + 5_000),
+            Admission::Go { probe: true, .. }
+        ));
+    }
+
+    #[test]
+    fn a_probe_that_never_reached_the_receiver_neither_closes_nor_reopens() {
+        let c = log_channel();
+        open_and_probe(&c);
+        // The probe's template failed here: no request went out, nothing was learnt.
+        let t = c.record_attempt(
+            T0 + 5_100,
+            &permanent("template: undefined value"),
+            &report(None),
+            true,
+        );
+        assert_eq!(t, None, "no breaker_closed alert");
+        assert_eq!(c.breaker_state(), Some(BreakerState::HalfOpen));
+        assert_eq!(c.stats.permanent_failures.load(Ordering::Relaxed), 1);
+        // The probe was given back: the next send probes at once, and the receiver's own
+        // permanent answer (it is up) closes the breaker.
+        assert!(matches!(
+            c.admit(T0 + 5_200),
+            Admission::Go { probe: true, .. }
+        ));
+        let t = c.record_attempt(T0 + 5_300, &permanent("HTTP 400"), &report(Some(400)), true);
+        assert_eq!(t, Some(Transition::Closed));
+
+        // Without a report, a local sink's permanent failure (the delivery could not be
+        // encoded) never reached anything either.
+        let c = log_channel();
+        open_and_probe(&c);
+        assert_eq!(c.record(T0 + 5_100, &permanent("encode"), true), None);
+        assert_eq!(c.breaker_state(), Some(BreakerState::HalfOpen));
     }
 }
