@@ -261,15 +261,32 @@ impl Channel {
         }
     }
 
+    /// The longest one attempt can be under way: the webhook's `timeout`, then the wait for
+    /// its answer's body (a platform's `answer_timeout`, else the failure excerpt's read, which
+    /// [`ANSWER_SLACK_MS`] covers), plus that slack; 0 for a local sink. The breaker's probe
+    /// is presumed lost only after this ([`Breaker::set_probe_lease`]).
+    pub fn attempt_bound_ms(&self) -> u64 {
+        let answer_ms = match &self.sink {
+            Sink::Webhook(w) => w.platform().map_or(0, |p| p.spec.answer_timeout_ms),
+            Sink::Log | Sink::File(_) => return 0,
+        };
+        self.send_timeout_ms()
+            .saturating_add(answer_ms)
+            .saturating_add(ANSWER_SLACK_MS)
+    }
+
     /// Sends in flight right now.
     pub fn in_flight(&self) -> usize {
         self.concurrency_max
             .saturating_sub(self.concurrency.available_permits())
     }
 
-    /// May a send start at `now_ms`? Asks the rate limiter first (a slot taken for a send the
-    /// breaker then holds costs nothing while the channel is down), then the breaker. Every
-    /// `Go` must be followed by exactly one [`Channel::record`].
+    /// May a send start at `now_ms`? Asks the rate limiter first, then the breaker (so a
+    /// limited channel never hands out a probe it cannot send now); a send the breaker holds
+    /// gives its rate slot back at once. A `Go` is followed by one [`Channel::record`] (or
+    /// [`Channel::record_attempt`]) once the send is over, or by [`Channel::unsent`] if it
+    /// does not go; a `Go` followed by neither only costs its rate slot and, for a probe,
+    /// holds the breaker half-open until the probe's lease runs out.
     pub fn admit(&self, now_ms: u64) -> Admission {
         let mut rate_tick = None;
         if let Some(l) = &self.limiter {
@@ -284,19 +301,20 @@ impl Channel {
                 }
             }
         }
-        let probe = match &self.breaker {
-            Some(b) => match b.lock().admit(now_ms) {
-                Admit::Yes => false,
-                Admit::Probe => true,
-                Admit::HoldUntil(at) => {
-                    self.stats.held.fetch_add(1, Ordering::Relaxed);
-                    return Admission::Hold {
-                        until_ms: at,
-                        breaker: true,
-                    };
+        let breaker = self.breaker.as_ref().map(|b| b.lock().admit(now_ms));
+        let probe = match breaker {
+            None | Some(Admit::Yes) => false,
+            Some(Admit::Probe) => true,
+            Some(Admit::HoldUntil(at)) => {
+                if let (Some(l), Some(tick)) = (&self.limiter, rate_tick) {
+                    l.lock().give_back(tick);
                 }
-            },
-            None => false,
+                self.stats.held.fetch_add(1, Ordering::Relaxed);
+                return Admission::Hold {
+                    until_ms: at,
+                    breaker: true,
+                };
+            }
         };
         Admission::Go { probe, rate_tick }
     }
@@ -621,6 +639,11 @@ impl Channel {
     }
 }
 
+/// Slack on a webhook attempt's bound ([`Channel::attempt_bound_ms`]): a plain webhook's
+/// failure excerpt is read for up to 1 s after its answer (`webhook.rs`), and the send's task
+/// is scheduled around the request.
+const ANSWER_SLACK_MS: u64 = 2_000;
+
 /// The configured channels by name. `log` always exists.
 #[derive(Clone)]
 pub struct Channels {
@@ -634,6 +657,12 @@ impl Channels {
         let mut map = BTreeMap::new();
         for mut c in list {
             c.tracing = tracing.clone();
+            // A probe still under way is not presumed lost (its lease) before its attempt
+            // could have ended.
+            let bound = c.attempt_bound_ms();
+            if let Some(b) = &mut c.breaker {
+                b.get_mut().set_probe_lease(bound);
+            }
             map.insert(c.name.clone(), Arc::new(c));
         }
         map.entry("log".to_string()).or_insert_with(|| {
@@ -748,5 +777,72 @@ mod tests {
         open_and_probe(&c);
         assert_eq!(c.record(T0 + 5_100, &permanent("encode"), true), None);
         assert_eq!(c.breaker_state(), Some(BreakerState::HalfOpen));
+    }
+
+    #[test]
+    fn sends_the_breaker_holds_give_their_rate_slots_back() {
+        let mut c = log_channel();
+        c.limiter = Some(Mutex::new(Limiter::new(ratelimit::Rate {
+            count: 2,
+            period_ms: 60_000,
+        })));
+        // Forced open (an outcome of a send admitted before), until T0 + 5 s.
+        assert_eq!(c.record(T0, &http_500(), false), Some(Transition::Opened));
+        for i in 0..10 {
+            let a = c.admit(T0 + i * 100);
+            assert!(matches!(a, Admission::Hold { breaker: true, .. }), "{a:?}");
+        }
+        // No send started in this minute: the probe, and the send after it, have their slots.
+        let probe = c.admit(T0 + 5_000);
+        assert!(
+            matches!(probe, Admission::Go { probe: true, .. }),
+            "{probe:?}"
+        );
+        assert_eq!(
+            c.record(T0 + 5_100, &Outcome::Sent, true),
+            Some(Transition::Closed)
+        );
+        let next = c.admit(T0 + 5_200);
+        assert!(
+            matches!(next, Admission::Go { probe: false, .. }),
+            "{next:?}"
+        );
+        // Those two were the minute's sends.
+        let third = c.admit(T0 + 5_300);
+        assert!(
+            matches!(third, Admission::Hold { breaker: false, .. }),
+            "{third:?}"
+        );
+    }
+
+    #[test]
+    fn a_webhook_probe_is_leased_for_its_whole_attempt() {
+        // timeout 30 s, cool_down 10 s: a receiver that hangs holds the probe for up to 32 s.
+        let url = "http://127.0.0.1:9/".parse().unwrap();
+        let sink = webhook::WebhookSink::new(url, 30_000, 1_000, &[], None).unwrap();
+        let mut c = Channel::plain("hook", Sink::Webhook(Box::new(sink)), Default::default(), 4);
+        c.breaker = Some(Mutex::new(Breaker::new(BreakerConfig {
+            window_ms: 10_000,
+            min_requests: 1,
+            failure_ratio: 0.5,
+            cool_down_ms: 10_000,
+        })));
+        assert_eq!(c.attempt_bound_ms(), 32_000);
+        let channels = Channels::new(vec![c]);
+        let c = channels.get("hook").unwrap();
+        assert_eq!(c.record(T0, &http_500(), false), Some(Transition::Opened));
+        assert!(matches!(
+            c.admit(T0 + 10_000),
+            Admission::Go { probe: true, .. }
+        ));
+        // Still under way 10 s and 31 s later: no second probe.
+        for at in [T0 + 20_000, T0 + 41_000] {
+            let a = c.admit(at);
+            assert!(matches!(a, Admission::Hold { breaker: true, .. }), "{a:?}");
+        }
+        assert!(matches!(
+            c.admit(T0 + 42_000),
+            Admission::Go { probe: true, .. }
+        ));
     }
 }
