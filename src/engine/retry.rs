@@ -86,7 +86,7 @@ pub(crate) async fn failure_retry(
         }
     };
     let (outcome, report) = super::step::cut_off_at(end, send).await;
-    if let Some(tr) = channel.record(inner.clock.now_ms(), &outcome, probe) {
+    if let Some(tr) = channel.record_attempt(inner.clock.now_ms(), &outcome, &report, probe) {
         alerts::breaker(inner, &channel.name, tr);
     }
 
