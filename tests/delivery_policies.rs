@@ -251,6 +251,73 @@ async fn the_breaker_opens_holds_alerts_once_closes_and_everything_is_delivered(
     );
 }
 
+/// A half-open probe whose template fails here never reached the receiver: it tells nothing
+/// about the channel, so the breaker neither closes nor opens again (the probe is given back).
+/// The probe is a failure-list retry (`engine/retry.rs`, which records with the attempt's
+/// report).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_whose_template_fails_here_does_not_close_the_breaker() {
+    let rx = Receiver::start().await;
+    rx.set_default(Behavior::Status(500));
+    // Messages without `data.path` cannot be rendered.
+    let config = format!(
+        "[channels.tpl]\nkind = \"webhook\"\nurl = \"{}/{{{{ data.path }}}}\"\n\
+         body = '{{\"to\": {{{{ to | tojson }}}}}}'\n\
+         retry = {{ max_attempts = 1 }}\n\
+         breaker = {{ window = \"60s\", min_requests = 1, failure_ratio = 0.5, cool_down = \"300ms\" }}\n",
+        rx.base_url()
+    );
+    let h = TestHerald::start_on_tmpfs(&config).await;
+    let channel_state = || async {
+        let ch = http::get(&h.url("/v1/channels")).await.json();
+        ch["channels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "tpl")
+            .unwrap()["breaker"]["state"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    send_one(&h, "bad", "tpl").await;
+    poll(Duration::from_secs(10), || async {
+        (failures(&h, "task=bad").await.len() == 1).then_some(())
+    })
+    .await
+    .expect("the message that cannot be rendered is in the failure list");
+    assert_eq!(rx.count(), 0, "nothing reached the receiver");
+    // A 500 opens the breaker.
+    create(
+        &h,
+        json!({"id": "down", "channel": "tpl", "schedule": {"after": "0s"},
+               "messages": [{"to": "a", "body": "x", "data": {"path": "p"}}]}),
+    )
+    .await;
+    poll(Duration::from_secs(10), || async {
+        (channel_state().await == "open").then_some(())
+    })
+    .await
+    .expect("the breaker opened");
+    // The failure's retry is the next send: the probe, once the cool-down is over.
+    let r = http::request("POST", &h.url("/v1/failures/bad:1:0/retry"), &[], None).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let f = poll(Duration::from_secs(10), || async {
+        let list = failures(&h, "task=bad").await;
+        list.into_iter()
+            .find(|f| f["attempts"] == 2 && f["retrying"] == false)
+    })
+    .await
+    .expect("the retry was tried and gave up");
+    assert!(
+        f["last_error"].as_str().unwrap().contains("data.path"),
+        "{f}"
+    );
+    assert_eq!(rx.count(), 1, "only the 500 reached the receiver");
+    let state = channel_state().await;
+    assert_ne!(state, "closed", "a send that never left closed the breaker");
+}
+
 /// HMAC-SHA256 written out from RFC 2104 on top of SHA-256, independent of herald's signer.
 fn hmac_sha256(key: &[u8], msg: &[u8]) -> Vec<u8> {
     let mut k = if key.len() > 64 {

@@ -10,10 +10,12 @@
 //! HalfOpen ──probe failed──▶ Open{now + cool_down}      (no second alert: still the same outage)
 //! ```
 //!
-//! Calling order: ask the rate limiter first, the breaker second. A limiter slot spent on a
-//! send the breaker then holds costs nothing while the channel is down; a probe taken and not
-//! used blocks the channel until [`Breaker::abandon_probe`] or until its lease (`cool_down`)
-//! runs out, after which another probe is admitted.
+//! Calling order: ask the rate limiter first, the breaker second, and give the limiter's slot
+//! back when the breaker holds the send (`Channel::admit`): a slot kept for a send that never
+//! started would push the channel's next sends later, the probe's and those after it. A probe
+//! taken and not used blocks the channel until [`Breaker::abandon_probe`] or until its lease
+//! runs out (`cool_down`, or one attempt's longest duration if that is longer:
+//! [`Breaker::set_probe_lease`]), after which another probe is admitted.
 
 use crate::model::parse_duration_ms;
 
@@ -148,6 +150,9 @@ pub struct Breaker {
     state: BreakerState,
     /// HalfOpen only: when the probe in flight was admitted (`None`: no probe in flight).
     probe_since_ms: Option<u64>,
+    /// How long a probe in flight holds the half-open channel before it is presumed lost; at
+    /// least `cool_down`.
+    probe_lease_ms: u64,
     /// Latest monotonic `now` seen; earlier instants are clamped to it.
     last_ms: u64,
     /// Open only: the end of the cool-down on the monotonic clock (`state` carries the wall
@@ -166,6 +171,7 @@ impl Breaker {
             buckets: [Bucket::default(); BUCKETS],
             state: BreakerState::Closed,
             probe_since_ms: None,
+            probe_lease_ms: cfg.cool_down_ms,
             last_ms: 0,
             open_until_mono: 0,
             durations: Default::default(),
@@ -178,10 +184,19 @@ impl Breaker {
         self
     }
 
+    /// A probe in flight is presumed lost only once it is older than `attempt_ms` (the
+    /// channel's longest attempt: `Channel::attempt_bound_ms`) or `cool_down`, whichever is
+    /// longer. Otherwise a receiver that hangs for longer than `cool_down` would get a new
+    /// probe every `cool_down` while the first is still under way.
+    pub fn set_probe_lease(&mut self, attempt_ms: u64) {
+        self.probe_lease_ms = self.cfg.cool_down_ms.max(attempt_ms);
+    }
+
     /// May a send start now? Closed → `Yes`. Open before `until` → `HoldUntil(until)`. Open
     /// at/after `until` → HalfOpen and `Probe`. HalfOpen with a probe in flight →
-    /// `HoldUntil(now + min(cool_down, 1s))`, or a new `Probe` once the probe in flight is
-    /// older than `cool_down` (presumed lost: its send never happened or never reported).
+    /// `HoldUntil(now + min(cool_down, 1s))` (never past the probe's lease), or a new `Probe`
+    /// once the probe in flight is older than its lease (presumed lost: its send never
+    /// happened or never reported; [`Breaker::set_probe_lease`]).
     pub fn admit(&mut self, now_ms: u64) -> Admit {
         let mono = self.durations.mono(now_ms);
         match self.admit_mono(mono) {
@@ -206,9 +221,9 @@ impl Breaker {
                 Admit::Probe
             }
             BreakerState::HalfOpen => match self.probe_since_ms {
-                Some(since) if now < since.saturating_add(self.cfg.cool_down_ms) => {
+                Some(since) if now < since.saturating_add(self.probe_lease_ms) => {
                     let recheck = self.cfg.cool_down_ms.clamp(1, PROBE_RECHECK_MS_MAX);
-                    let lease_end = since.saturating_add(self.cfg.cool_down_ms);
+                    let lease_end = since.saturating_add(self.probe_lease_ms);
                     Admit::HoldUntil(now.saturating_add(recheck).min(lease_end))
                 }
                 _ => {
@@ -473,6 +488,34 @@ mod tests {
         assert_eq!(b.record(half + 5_002, true, true), Some(Transition::Closed));
         assert_eq!(b.record(half + 5_003, false, true), None);
         assert_eq!(b.success_ratio(half + 5_003), Some(0.0));
+    }
+
+    #[test]
+    fn a_probe_is_leased_for_the_longest_attempt() {
+        // cool_down 5 s, but one attempt may take 30 s + 2 s: a probe to a receiver that hangs
+        // is not replaced while it may still be under way.
+        let mut b = Breaker::new(cfg());
+        b.set_probe_lease(32_000);
+        record_n(&mut b, T0, 10, false);
+        let half = T0 + 5_000;
+        assert_eq!(b.admit(half), Admit::Probe);
+        for at in [half + 5_000, half + 10_000, half + 30_000] {
+            assert_eq!(
+                b.admit(at),
+                Admit::HoldUntil(at + 1_000),
+                "at +{}",
+                at - half
+            );
+        }
+        assert_eq!(b.admit(half + 31_900), Admit::HoldUntil(half + 32_000));
+        assert_eq!(b.admit(half + 32_000), Admit::Probe, "presumed lost now");
+        // A bound shorter than cool_down leaves the lease at cool_down.
+        let mut b = Breaker::new(cfg());
+        b.set_probe_lease(1_000);
+        record_n(&mut b, T0, 10, false);
+        assert_eq!(b.admit(half), Admit::Probe);
+        assert_eq!(b.admit(half + 4_999), Admit::HoldUntil(half + 5_000));
+        assert_eq!(b.admit(half + 5_000), Admit::Probe);
     }
 
     #[test]

@@ -37,6 +37,9 @@ pub fn parse_retry_after(value: &str, now_ms: u64) -> Option<u64> {
     let v = value.trim();
     let at = if let Ok(secs) = v.parse::<u64>() {
         now_ms.saturating_add(secs.saturating_mul(1_000))
+    } else if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        // Delay-seconds too large for a u64: more than the cap in any case.
+        u64::MAX
     } else {
         let t = httpdate::parse_http_date(v).ok()?;
         let ms = t
@@ -103,6 +106,11 @@ mod tests {
         assert_eq!(parse_retry_after("soon", NOW), None);
         assert_eq!(
             parse_retry_after("99999999999", NOW),
+            Some(NOW + RETRY_AFTER_MS_MAX)
+        );
+        // Past u64: still delay-seconds, capped, not ignored.
+        assert_eq!(
+            parse_retry_after("99999999999999999999999", NOW),
             Some(NOW + RETRY_AFTER_MS_MAX)
         );
         // Retry-After on a 500 is not a documented instruction: plain backoff.

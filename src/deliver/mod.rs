@@ -261,15 +261,32 @@ impl Channel {
         }
     }
 
+    /// The longest one attempt can be under way: the webhook's `timeout`, then the wait for
+    /// its answer's body (a platform's `answer_timeout`, else the failure excerpt's read, which
+    /// [`ANSWER_SLACK_MS`] covers), plus that slack; 0 for a local sink. The breaker's probe
+    /// is presumed lost only after this ([`Breaker::set_probe_lease`]).
+    pub fn attempt_bound_ms(&self) -> u64 {
+        let answer_ms = match &self.sink {
+            Sink::Webhook(w) => w.platform().map_or(0, |p| p.spec.answer_timeout_ms),
+            Sink::Log | Sink::File(_) => return 0,
+        };
+        self.send_timeout_ms()
+            .saturating_add(answer_ms)
+            .saturating_add(ANSWER_SLACK_MS)
+    }
+
     /// Sends in flight right now.
     pub fn in_flight(&self) -> usize {
         self.concurrency_max
             .saturating_sub(self.concurrency.available_permits())
     }
 
-    /// May a send start at `now_ms`? Asks the rate limiter first (a slot taken for a send the
-    /// breaker then holds costs nothing while the channel is down), then the breaker. Every
-    /// `Go` must be followed by exactly one [`Channel::record`].
+    /// May a send start at `now_ms`? Asks the rate limiter first, then the breaker (so a
+    /// limited channel never hands out a probe it cannot send now); a send the breaker holds
+    /// gives its rate slot back at once. A `Go` is followed by one [`Channel::record`] (or
+    /// [`Channel::record_attempt`]) once the send is over, or by [`Channel::unsent`] if it
+    /// does not go; a `Go` followed by neither only costs its rate slot and, for a probe,
+    /// holds the breaker half-open until the probe's lease runs out.
     pub fn admit(&self, now_ms: u64) -> Admission {
         let mut rate_tick = None;
         if let Some(l) = &self.limiter {
@@ -284,19 +301,20 @@ impl Channel {
                 }
             }
         }
-        let probe = match &self.breaker {
-            Some(b) => match b.lock().admit(now_ms) {
-                Admit::Yes => false,
-                Admit::Probe => true,
-                Admit::HoldUntil(at) => {
-                    self.stats.held.fetch_add(1, Ordering::Relaxed);
-                    return Admission::Hold {
-                        until_ms: at,
-                        breaker: true,
-                    };
+        let breaker = self.breaker.as_ref().map(|b| b.lock().admit(now_ms));
+        let probe = match breaker {
+            None | Some(Admit::Yes) => false,
+            Some(Admit::Probe) => true,
+            Some(Admit::HoldUntil(at)) => {
+                if let (Some(l), Some(tick)) = (&self.limiter, rate_tick) {
+                    l.lock().give_back(tick);
                 }
-            },
-            None => false,
+                self.stats.held.fetch_add(1, Ordering::Relaxed);
+                return Admission::Hold {
+                    until_ms: at,
+                    breaker: true,
+                };
+            }
         };
         Admission::Go { probe, rate_tick }
     }
@@ -316,10 +334,41 @@ impl Channel {
     }
 
     /// Records the outcome of an admitted send; returns a breaker transition worth an alert.
-    /// A permanent rejection counts as success for the breaker: the channel answered.
-    /// A send held for a local resource shortage is not the channel's fault: it is counted as
-    /// held and never reaches the breaker (a probe it carried is given back).
+    /// Without the attempt's report (use [`Channel::record_attempt`] when it is at hand), a
+    /// webhook's permanent failure is taken as the receiver's rejection; a local sink's
+    /// (the delivery could not be encoded) never reached anything.
     pub fn record(&self, now_ms: u64, outcome: &Outcome, probe: bool) -> Option<Transition> {
+        self.record_as(now_ms, outcome, !self.is_local(), probe)
+    }
+
+    /// Records the outcome of an admitted send with what its attempt learnt (`report`, from
+    /// [`Channel::send_with`]); returns a breaker transition worth an alert. A permanent
+    /// failure with no answer (`report.status` is `None`: a template or encoding error, a
+    /// request that could not be built) never reached the receiver: it says nothing about the
+    /// channel, so the breaker is left as it was (a probe it carried is given back).
+    pub fn record_attempt(
+        &self,
+        now_ms: u64,
+        outcome: &Outcome,
+        report: &AttemptReport,
+        probe: bool,
+    ) -> Option<Transition> {
+        self.record_as(now_ms, outcome, report.status.is_some(), probe)
+    }
+
+    /// [`Channel::record`]; `answered`: a permanent failure is the receiver's answer.
+    ///
+    /// For the breaker, a permanent rejection counts as success: the channel answered. One
+    /// that was not `answered` counts as neither success nor failure. A send held for a local
+    /// resource shortage is not the channel's fault either: it is counted as held and never
+    /// reaches the breaker. Both give back a probe they carried.
+    fn record_as(
+        &self,
+        now_ms: u64,
+        outcome: &Outcome,
+        answered: bool,
+        probe: bool,
+    ) -> Option<Transition> {
         let success = !matches!(outcome, Outcome::Retry { .. });
         match outcome {
             Outcome::Sent => &self.stats.sent,
@@ -333,14 +382,19 @@ impl Channel {
             }
         }
         .fetch_add(1, Ordering::Relaxed);
+        if matches!(outcome, Outcome::Permanent { .. }) && !answered {
+            self.unsent(probe);
+            return None;
+        }
         self.breaker
             .as_ref()
             .and_then(|b| b.lock().record(now_ms, success, probe))
     }
 
     /// An admitted send that does not go after all (its task stopped while it waited for a
-    /// slot, or the rate limit refused it once it could start): a breaker probe it carried is
-    /// given back, so the next send probes at once instead of waiting out the probe's lease.
+    /// slot, the rate limit refused it once it could start, or it failed before reaching the
+    /// receiver): a breaker probe it carried is given back, so the next send probes at once
+    /// instead of waiting out the probe's lease. Its rate slot stays taken.
     pub fn unsent(&self, probe: bool) {
         if let (true, Some(b)) = (probe, &self.breaker) {
             b.lock().abandon_probe();
@@ -585,6 +639,11 @@ impl Channel {
     }
 }
 
+/// Slack on a webhook attempt's bound ([`Channel::attempt_bound_ms`]): a plain webhook's
+/// failure excerpt is read for up to 1 s after its answer (`webhook.rs`), and the send's task
+/// is scheduled around the request.
+const ANSWER_SLACK_MS: u64 = 2_000;
+
 /// The configured channels by name. `log` always exists.
 #[derive(Clone)]
 pub struct Channels {
@@ -598,6 +657,12 @@ impl Channels {
         let mut map = BTreeMap::new();
         for mut c in list {
             c.tracing = tracing.clone();
+            // A probe still under way is not presumed lost (its lease) before its attempt
+            // could have ended.
+            let bound = c.attempt_bound_ms();
+            if let Some(b) = &mut c.breaker {
+                b.get_mut().set_probe_lease(bound);
+            }
             map.insert(c.name.clone(), Arc::new(c));
         }
         map.entry("log".to_string()).or_insert_with(|| {
@@ -626,5 +691,158 @@ impl Channels {
 
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Channel>> {
         self.map.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use breaker::BreakerConfig;
+
+    const T0: u64 = 1_800_000_000_000;
+
+    /// A breaker that opens on the first failure and cools down for 5 s.
+    fn touchy() -> Mutex<Breaker> {
+        Mutex::new(Breaker::new(BreakerConfig {
+            window_ms: 10_000,
+            min_requests: 1,
+            failure_ratio: 0.5,
+            cool_down_ms: 5_000,
+        }))
+    }
+
+    fn log_channel() -> Channel {
+        let mut c = Channel::plain("c", Sink::Log, RetryPolicy::default(), 4);
+        c.breaker = Some(touchy());
+        c
+    }
+
+    fn http_500() -> Outcome {
+        Outcome::Retry {
+            error: "HTTP 500".into(),
+            not_before_ms: None,
+        }
+    }
+
+    fn permanent(error: &str) -> Outcome {
+        Outcome::Permanent {
+            error: error.into(),
+        }
+    }
+
+    fn report(status: Option<u16>) -> AttemptReport {
+        AttemptReport {
+            status,
+            ..AttemptReport::default()
+        }
+    }
+
+    /// Opens `c`'s breaker with a 500 at T0 and admits the probe at T0 + 5 s.
+    fn open_and_probe(c: &Channel) {
+        assert!(matches!(c.admit(T0), Admission::Go { probe: false, .. }));
+        let opened = c.record_attempt(T0, &http_500(), &report(Some(500)), false);
+        assert_eq!(opened, Some(Transition::Opened));
+        assert!(matches!(
+            c.admit(T0 + 5_000),
+            Admission::Go { probe: true, .. }
+        ));
+    }
+
+    #[test]
+    fn a_probe_that_never_reached_the_receiver_neither_closes_nor_reopens() {
+        let c = log_channel();
+        open_and_probe(&c);
+        // The probe's template failed here: no request went out, nothing was learnt.
+        let t = c.record_attempt(
+            T0 + 5_100,
+            &permanent("template: undefined value"),
+            &report(None),
+            true,
+        );
+        assert_eq!(t, None, "no breaker_closed alert");
+        assert_eq!(c.breaker_state(), Some(BreakerState::HalfOpen));
+        assert_eq!(c.stats.permanent_failures.load(Ordering::Relaxed), 1);
+        // The probe was given back: the next send probes at once, and the receiver's own
+        // permanent answer (it is up) closes the breaker.
+        assert!(matches!(
+            c.admit(T0 + 5_200),
+            Admission::Go { probe: true, .. }
+        ));
+        let t = c.record_attempt(T0 + 5_300, &permanent("HTTP 400"), &report(Some(400)), true);
+        assert_eq!(t, Some(Transition::Closed));
+
+        // Without a report, a local sink's permanent failure (the delivery could not be
+        // encoded) never reached anything either.
+        let c = log_channel();
+        open_and_probe(&c);
+        assert_eq!(c.record(T0 + 5_100, &permanent("encode"), true), None);
+        assert_eq!(c.breaker_state(), Some(BreakerState::HalfOpen));
+    }
+
+    #[test]
+    fn sends_the_breaker_holds_give_their_rate_slots_back() {
+        let mut c = log_channel();
+        c.limiter = Some(Mutex::new(Limiter::new(ratelimit::Rate {
+            count: 2,
+            period_ms: 60_000,
+        })));
+        // Forced open (an outcome of a send admitted before), until T0 + 5 s.
+        assert_eq!(c.record(T0, &http_500(), false), Some(Transition::Opened));
+        for i in 0..10 {
+            let a = c.admit(T0 + i * 100);
+            assert!(matches!(a, Admission::Hold { breaker: true, .. }), "{a:?}");
+        }
+        // No send started in this minute: the probe, and the send after it, have their slots.
+        let probe = c.admit(T0 + 5_000);
+        assert!(
+            matches!(probe, Admission::Go { probe: true, .. }),
+            "{probe:?}"
+        );
+        assert_eq!(
+            c.record(T0 + 5_100, &Outcome::Sent, true),
+            Some(Transition::Closed)
+        );
+        let next = c.admit(T0 + 5_200);
+        assert!(
+            matches!(next, Admission::Go { probe: false, .. }),
+            "{next:?}"
+        );
+        // Those two were the minute's sends.
+        let third = c.admit(T0 + 5_300);
+        assert!(
+            matches!(third, Admission::Hold { breaker: false, .. }),
+            "{third:?}"
+        );
+    }
+
+    #[test]
+    fn a_webhook_probe_is_leased_for_its_whole_attempt() {
+        // timeout 30 s, cool_down 10 s: a receiver that hangs holds the probe for up to 32 s.
+        let url = "http://127.0.0.1:9/".parse().unwrap();
+        let sink = webhook::WebhookSink::new(url, 30_000, 1_000, &[], None).unwrap();
+        let mut c = Channel::plain("hook", Sink::Webhook(Box::new(sink)), Default::default(), 4);
+        c.breaker = Some(Mutex::new(Breaker::new(BreakerConfig {
+            window_ms: 10_000,
+            min_requests: 1,
+            failure_ratio: 0.5,
+            cool_down_ms: 10_000,
+        })));
+        assert_eq!(c.attempt_bound_ms(), 32_000);
+        let channels = Channels::new(vec![c]);
+        let c = channels.get("hook").unwrap();
+        assert_eq!(c.record(T0, &http_500(), false), Some(Transition::Opened));
+        assert!(matches!(
+            c.admit(T0 + 10_000),
+            Admission::Go { probe: true, .. }
+        ));
+        // Still under way 10 s and 31 s later: no second probe.
+        for at in [T0 + 20_000, T0 + 41_000] {
+            let a = c.admit(at);
+            assert!(matches!(a, Admission::Hold { breaker: true, .. }), "{a:?}");
+        }
+        assert!(matches!(
+            c.admit(T0 + 42_000),
+            Admission::Go { probe: true, .. }
+        ));
     }
 }

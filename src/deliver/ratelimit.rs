@@ -121,11 +121,18 @@ impl Limiter {
     /// slow receiver went out together, past the rate. `Err(at)`: not before wall instant
     /// `at`; nothing is taken and the admission's slot stays given back.
     pub fn retake(&mut self, tick: u64, now_ms: u64) -> Result<u64, u64> {
+        self.give_back(tick);
+        self.try_take(now_ms)
+    }
+
+    /// Gives back the slot logged at `tick` ([`Limiter::try_take`]) for a send that did not
+    /// go (the breaker held it): the limit counts sends that start, not ones asked for. A tick
+    /// no longer in the log (pushed out by later sends) gives back nothing.
+    pub fn give_back(&mut self, tick: u64) {
         // The log stays in order: one tick is taken out, none moved.
         if let Some(i) = self.log.iter().rposition(|&t| t == tick) {
             self.log.remove(i);
         }
-        self.try_take(now_ms)
     }
 
     /// [`Limiter::try_take`] on the monotonic tick `now_ms`.

@@ -158,6 +158,16 @@ struct Item {
     _guard: StepGuard,
 }
 
+impl Item {
+    /// The item is not sent after all: a breaker probe its admission carried is given back
+    /// (else the channel stays half-open, every send held, until the probe's lease runs out).
+    fn unsent(&self) {
+        if let Some(c) = &self.p.channel {
+            c.unsent(self.p.probe);
+        }
+    }
+}
+
 /// Carries out the steps of `keys` (run keys, in deadline order). `ahead` counts the chunk
 /// among those not yet past their send ([`Ahead`]) until its send is over.
 pub(super) async fn run(inner: Arc<Inner>, mut keys: Vec<(RunKey, StepGuard)>, ahead: AheadGuard) {
@@ -175,6 +185,7 @@ pub(super) async fn run(inner: Arc<Inner>, mut keys: Vec<(RunKey, StepGuard)>, a
         // A drain began while the chunk was being prepared: nothing is sent. Each task is
         // read back from disk, where its attempt is armed: the next boot sends it (once).
         for mut it in items.drain(..) {
+            it.unsent();
             it.l.unload(it.key.run);
             it.l.release(&inner);
         }
@@ -191,6 +202,7 @@ pub(super) async fn run(inner: Arc<Inner>, mut keys: Vec<(RunKey, StepGuard)>, a
         if open {
             windows.push(window);
         } else {
+            it.unsent();
             it.l.unload(it.key.run);
             step::window_closed(&inner, it.key.key());
         }
@@ -210,6 +222,7 @@ pub(super) async fn run(inner: Arc<Inner>, mut keys: Vec<(RunKey, StepGuard)>, a
         stale
     };
     for mut it in stale {
+        it.unsent();
         it.l.unload(it.key.run);
     }
     if items.is_empty() {

@@ -34,11 +34,17 @@ pub(crate) async fn failure_retry(
     let Some((task, channel, msg)) = inputs(inner, &mut f).await? else {
         return Ok(());
     };
+    // Read before the admission: an admitted send that stops on an error would keep its rate
+    // slot and, as the breaker's probe, hold the channel half-open until the probe's lease ran
+    // out.
+    let run_at = run_scheduled_at(inner, &f).await?;
     let now = inner.clock.now_ms();
     if super::step::draining(inner) {
         // Still `retrying`: the next boot arms it again (`resume_failure_retries`).
         return Ok(());
     }
+    let (spec, _) = task.split();
+    let mut delivery = render(&spec, &f, msg, run_at.unwrap_or(now), now);
     let (probe, rate_tick) = match channel.admit(now) {
         Admission::Hold { until_ms, .. } => {
             inner.timer.at(key, until_ms);
@@ -63,8 +69,6 @@ pub(crate) async fn failure_retry(
         ),
         super::cluster::Window::Unbounded => (None, None, None),
     };
-    let (spec, _) = task.split();
-    let mut delivery = render(inner, &spec, &f, msg, now)?;
     delivery.epoch = epoch;
     let policy = spec.retry.unwrap_or(channel.retry);
     let _sending = inner.failure_sends.mark(failure_id);
@@ -82,7 +86,7 @@ pub(crate) async fn failure_retry(
         }
     };
     let (outcome, report) = super::step::cut_off_at(end, send).await;
-    if let Some(tr) = channel.record(inner.clock.now_ms(), &outcome, probe) {
+    if let Some(tr) = channel.record_attempt(inner.clock.now_ms(), &outcome, &report, probe) {
         alerts::breaker(inner, &channel.name, tr);
     }
 
@@ -238,20 +242,29 @@ async fn stopped(
     }))
 }
 
-/// The attempt's delivery: the message rendered as its run's, with the next attempt number.
-fn render(
+/// When the failed message's run was scheduled (`None`: the run is gone), read off the
+/// workers when the store's reads can block (`offload.rs`).
+async fn run_scheduled_at(
     inner: &Arc<Inner>,
+    f: &crate::model::Failure,
+) -> Result<Option<u64>, EngineError> {
+    let (task_id, run) = (f.task_id.clone(), f.run);
+    offload::read(inner, move |i| {
+        Ok(i.store.get_run(&task_id, run)?.map(|r| r.scheduled_at_ms))
+    })
+    .await
+}
+
+/// The attempt's delivery: the message rendered as its run's (scheduled at `scheduled`), with
+/// the next attempt number.
+fn render(
     spec: &crate::model::TaskSpec,
     f: &crate::model::Failure,
     msg: crate::model::Message,
+    scheduled: u64,
     now: u64,
-) -> Result<crate::deliver::Delivery, EngineError> {
-    let scheduled = inner
-        .store
-        .get_run(&f.task_id, f.run)?
-        .map(|r| r.scheduled_at_ms)
-        .unwrap_or(now);
-    Ok(super::render::delivery(
+) -> crate::deliver::Delivery {
+    super::render::delivery(
         spec,
         msg,
         &super::render::Attempt {
@@ -262,7 +275,7 @@ fn render(
             run_at_ms: scheduled,
             now_ms: now,
         },
-    ))
+    )
 }
 
 /// After the send, under the failures lock again: the entry as it is now (it may have been
