@@ -373,9 +373,11 @@ async fn run_step_once(
         super::cluster::Window::Unbounded => None,
     };
     let cell = l.cell();
+    // Until after the settle; taken before the lock goes, so a cancel answered meanwhile
+    // never leaves a moment with no mark for a delete to slip into.
+    let _out = inner.sends_out.mark(&key.task);
     l.release(inner);
     let _in_flight = SendInFlight::new(inner);
-    let _out = inner.sends_out.mark(&key.task); // until after the settle
     let mut prepared = prepared;
     prepared.delivery.epoch = window.as_ref().map(|w| w.2);
     // Cluster mode: the send counts on its shard until its outcome is settled (or the step
