@@ -296,12 +296,22 @@ async fn run_step(inner: &Arc<Inner>, key: &RunKey) -> Result<(), EngineError> {
 }
 
 /// Runs [`run_step`] in a task of its own for a key whose cell the caller has locked already
-/// (a chunk that cannot send it, `chunk.rs`).
+/// (a chunk that cannot send it, `chunk.rs`). The cell was found at the chunk's start: if it
+/// has left the live map since (cluster mode: its shard let go, and perhaps held again with a
+/// new cell), it is let go and the step looks the task up anew, as [`run_step`] does; acted on,
+/// its memory could be older than the disk, and a second cell could write the same task.
 pub(super) fn spawn_locked(inner: &Arc<Inner>, key: RunKey, guard: StepGuard, l: Locked) {
     let inner = inner.clone();
     tokio::spawn(async move {
         let _guard = guard;
-        if let Err(e) = run_step_locked(&inner, &key, l).await {
+        let current = super::cells::is_current(&inner.live.lock(), &l);
+        let done = if current {
+            run_step_locked(&inner, &key, l).await
+        } else {
+            drop(l);
+            run_step(&inner, &key).await
+        };
+        if let Err(e) = done {
             step_error(&inner, key.key(), &e);
         }
     });
