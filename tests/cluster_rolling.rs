@@ -188,3 +188,81 @@ async fn a_handover_with_sends_out_lets_them_settle_and_sends_nothing_twice() {
     );
     drop(b);
 }
+
+/// Review finding: a settle during a handover (a balancing round) or a SIGTERM's drain armed
+/// the next message of an unpaced sequence, due at once, and nothing sent it: the next owner
+/// loaded the mark as a send of the old owner that might still be under way, and waited it out
+/// (its claim + the send timeout + twice `max_clock_offset`) before sending it again. Left
+/// pending instead, the next owner sends it at once: nothing is inherited in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_and_a_sigterm_leave_no_message_in_flight_for_the_next_owner() {
+    let Some(pg) = PgServer::start("cluster_handover_unarmed") else {
+        return;
+    };
+    let url = pg.create_db("unarmed");
+    let rx = Receiver::start().await;
+    // Every send out for 300 ms: a handover or a drain always finds sends to wait for.
+    rx.set_default(common::receiver::Behavior::Slow(Duration::from_millis(300)));
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = node(&url, dir.path(), "a", "a", &rx.url());
+    poll(Duration::from_secs(30), || async {
+        (owned(&a.url).await == u64::from(SHARDS)).then_some(())
+    })
+    .await
+    .expect("a takes every shard");
+    const TASKS: usize = 8;
+    const N: usize = 40;
+    for t in 0..TASKS {
+        let task = json!({"id": format!("unarmed-{t}"), "channel": "hook", "schedule": {"at": in_ms(300)},
+            "messages": (0..N).map(|i| json!({"to": format!("r{i}"), "body": "x"})).collect::<Vec<_>>()});
+        let r = http::post_json(&format!("{}/v1/tasks", a.url), &task).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    // Every run started (its first message out): no run of them is armed by its fire any more.
+    poll(Duration::from_secs(20), || async {
+        let started: std::collections::HashSet<String> = rx
+            .requests()
+            .iter()
+            .filter_map(|r| Some(r.idempotency_key()?.split(':').next()?.to_string()))
+            .collect();
+        (started.len() == TASKS).then_some(())
+    })
+    .await
+    .expect("every run started");
+    // b arrives: a hands half of its shards over with sends out on them.
+    let b = node(&url, dir.path(), "b", "b", &rx.url());
+    balanced(&a, &b).await;
+    let given = common::cluster::shards_of(&b.url, "b").await;
+    // Then a leaves with SIGTERM: it drains, and b takes the rest.
+    a.signal(libc::SIGTERM);
+    assert_eq!(a.wait_exit(Duration::from_secs(30)).await, Some(0));
+    poll(Duration::from_secs(20), || async {
+        (owned(&b.url).await == u64::from(SHARDS)).then_some(())
+    })
+    .await
+    .expect("b takes the released shards");
+    each_once(&rx, TASKS * N, "a handover and a SIGTERM").await;
+    // Both moves came while the sequences ran: a task of a shard handed over by the
+    // balancing, and one of a shard freed by the SIGTERM, were each sent under two epochs.
+    let mut epochs: HashMap<String, std::collections::BTreeSet<String>> = HashMap::new();
+    for r in rx.requests() {
+        let key = r.idempotency_key().unwrap_or("");
+        let task = key.split(':').next().unwrap_or("");
+        epochs
+            .entry(task.to_string())
+            .or_default()
+            .insert(r.header("herald-epoch").unwrap_or("").to_string());
+    }
+    let moved = |balanced_over: bool| {
+        epochs.iter().any(|(task, e)| {
+            let shard = herald::store::pg::fence::shard_of_task(task, SHARDS);
+            e.len() > 1 && given.contains(&shard) == balanced_over
+        })
+    };
+    assert!(
+        moved(true) && moved(false),
+        "not both moves came while the sequences ran: {epochs:?}, b was given {given:?}"
+    );
+    let inherited = common::cluster::metric(&b.url, "herald_inflight_inherited_total").await;
+    assert_eq!(inherited, 0.0, "b inherited messages in flight from a");
+}

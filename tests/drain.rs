@@ -251,3 +251,55 @@ impl Drop for Killed {
         let _ = self.0.wait();
     }
 }
+
+/// An unpaced sequence whose first message is out when SIGTERM comes: the drain waits for that
+/// send and settles it, and the settle arms nothing (the next message is due at once, but no
+/// send starts during a drain). Armed, its in-flight mark would be read at the next boot as a
+/// send cut short: `resumed_after_restart` on the timeline and an attempt burned for a message
+/// that never left. Left pending, the next boot sends it as its first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_arms_no_next_message_of_a_sequence() {
+    let rx = Receiver::start().await;
+    rx.script_key(
+        "seqd:1:0",
+        vec![Behavior::Slow(Duration::from_millis(1500))],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = write_config(dir.path(), &config(&rx, "30s"));
+    let mut p = Proc::spawn(&cfg, &data);
+    let r = http::post_json(
+        &format!("{}/v1/tasks", p.url),
+        &json!({"id": "seqd", "channel": "hook", "schedule": {"after": "0s"},
+                "messages": [{"to": "a", "body": "one"}, {"to": "b", "body": "two"},
+                             {"to": "c", "body": "three"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    rx.wait_for(1, Duration::from_secs(20)).await;
+    p.signal(libc::SIGTERM);
+    assert_eq!(p.wait_exit(Duration::from_secs(30)).await, Some(0));
+    assert_eq!(rx.count(), 1, "no send started during the drain");
+
+    let p = Proc::spawn(&cfg, &data);
+    wait_state(&p.url, "seqd", "completed", Duration::from_secs(30)).await;
+    let got = rx.requests();
+    let keys: Vec<&str> = got.iter().filter_map(|r| r.idempotency_key()).collect();
+    assert_eq!(
+        keys,
+        ["seqd:1:0", "seqd:1:1", "seqd:1:2"],
+        "each message once"
+    );
+    assert_eq!(
+        got[1].json.as_ref().unwrap()["attempt"],
+        1,
+        "the next message's first attempt"
+    );
+    let r = http::get(&format!("{}/v1/tasks/seqd/timeline?limit=1000", p.url)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let events = r.json()["events"].as_array().unwrap().clone();
+    assert!(
+        !events.iter().any(|e| e["kind"] == "resumed_after_restart"),
+        "nothing was cut short by the drain: {events:#?}"
+    );
+}

@@ -184,3 +184,71 @@ async fn runs_are_paged_like_tasks() {
         );
     }
 }
+
+/// Review finding: a failure-list retry marked only its failure entry as being sent, not its
+/// task, so the retention sweep (which skips a task with a send out) deleted a finished task,
+/// failure entry and all, while a retry of its message was out; the retry's outcome then
+/// settled against nothing. The task stays until the retry has settled, and goes after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_task_stays_while_a_retry_of_its_failure_is_out() {
+    use common::herald::{poll, wait_state, webhook_channel, TestHerald};
+    use common::receiver::{Behavior, Receiver};
+    use std::time::Duration;
+    let rx = Receiver::start().await;
+    // Refused for good (the task completes with it on the failure list), then its retry is
+    // answered 4 s after it arrives.
+    rx.script_key(
+        "rt:1:0",
+        vec![
+            Behavior::Status(400),
+            Behavior::Slow(Duration::from_secs(4)),
+        ],
+    );
+    let config = format!(
+        "[store]\nretention = \"1s\"\n{}",
+        webhook_channel("hook", &rx.url(), "")
+    );
+    let h = TestHerald::start(&config).await;
+    let engine = h.server.engine.clone();
+    let r = http::post_json(
+        &h.url("/v1/tasks"),
+        &json!({"id": "rt", "channel": "hook", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    wait_state(&h.server.url(), "rt", "completed", Duration::from_secs(20)).await;
+    let done_at = engine.now_ms();
+    let r = http::request("POST", &h.url("/v1/failures/rt:1:0/retry"), &[], None).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    rx.wait_for(2, Duration::from_secs(10)).await;
+    // Past the task's retention, the retry still out.
+    poll(Duration::from_secs(10), || async {
+        (engine.now_ms() >= done_at + 1_000).then_some(())
+    })
+    .await
+    .expect("the clock moves");
+    let swept = engine.sweep_retention().await.unwrap();
+    assert!(
+        rx.requests()[1].done_ms.is_none(),
+        "the retry was answered before the sweep ended: the test proves nothing"
+    );
+    assert_eq!(
+        swept.tasks, 0,
+        "deleted while a retry of its message was out"
+    );
+    assert_eq!(http::get(&h.url("/v1/tasks/rt")).await.status, 200);
+    // The retry settles (sent: its entry leaves the list); then the task goes.
+    poll(Duration::from_secs(20), || async {
+        let r = http::get(&h.url("/v1/failures?task=rt")).await;
+        r.json()["failures"]
+            .as_array()
+            .is_some_and(|f| f.is_empty())
+            .then_some(())
+    })
+    .await
+    .expect("the retry settled");
+    // Resolved, not deleted with its task.
+    assert_eq!(http::get(&h.url("/v1/tasks/rt")).await.status, 200);
+    assert_eq!(engine.sweep_retention().await.unwrap().tasks, 1);
+    assert_eq!(http::get(&h.url("/v1/tasks/rt")).await.status, 404);
+}

@@ -473,43 +473,83 @@ fn loaded(
 /// Locks `cell` again after run `run`'s send. Unlike [`lock`] it does not go through the live
 /// map: a task cancelled during the send has left the map but its sending run must still be
 /// settled. `Gone`: the cell was unloaded meanwhile (a failed write) and the task is
-/// finished. `Park`: read back, but its runs' records do not decode (the caller parks it; its
-/// runs, empty in memory, could not be settled). If the task cannot be read back now, `run`'s
-/// mark leaves the unloaded cell: its outcome will never be settled, so the step's retry must
-/// find it interrupted and send it again (same key), not take it for a send still out.
+/// finished, or the cell was superseded during the send ([`superseded`]: the task loaded anew
+/// elsewhere; this cell's memory is given up, nothing is written from it, and the message,
+/// still in flight on disk, goes again from there with the same key). `Park`: read back, but
+/// its runs' records do not decode (the caller parks it; its runs, empty in memory, could not
+/// be settled). If the task cannot be read back now, `run`'s mark leaves the unloaded cell:
+/// its outcome will never be settled, so the step's retry must find it interrupted and send
+/// it again (same key), not take it for a send still out.
 pub(crate) async fn relock(
     inner: &Arc<Inner>,
     id: &Arc<str>,
     cell: Arc<LiveTask>,
     run: u32,
 ) -> Result<Got, EngineError> {
-    let mut guard = cell.lock_owned().await;
+    let mut l = Locked {
+        id: id.clone(),
+        guard: cell.lock_owned().await,
+    };
+    // The cell's lock first, then the map's (the order `Locked::release` takes them in).
+    let cluster = inner.config.cluster.is_some();
+    if superseded(&inner.live.lock(), &l, cluster) {
+        tracing::warn!(task = %id, run,
+            "a send's outcome is not written: its task was loaded anew while the send was out (its shard let go and held again); the message goes again, with the same idempotency key, from what is on disk");
+        l.unload(run);
+        return Ok(Got::Gone);
+    }
     let mut park = None;
-    if let Slot::Unloaded(out) = &*guard {
+    if let Slot::Unloaded(out) = &*l.guard {
         let (key, out) = (id.clone(), out.clone());
         let read = offload::read(inner, move |i| load(i, &key, &out)).await;
         match read {
             Ok(Some((st, why))) => {
-                *guard = Slot::Loaded(Box::new(st));
+                *l.guard = Slot::Loaded(Box::new(st));
                 park = why;
             }
             Ok(None) => return Ok(Got::Gone),
             Err(e) => {
-                if let Slot::Unloaded(out) = &mut *guard {
+                if let Slot::Unloaded(out) = &mut *l.guard {
                     out.remove(&run);
                 }
                 return Err(e);
             }
         }
     }
-    let l = Locked {
-        id: id.clone(),
-        guard,
-    };
     Ok(match park {
         Some(reason) => Got::Park(l, reason),
         None => Got::Ready(l),
     })
+}
+
+/// Whether `l`'s cell is the live map's cell for its task now.
+pub(crate) fn is_current(live: &LiveMap, l: &Locked) -> bool {
+    live.cell(&l.id)
+        .is_some_and(|c| Arc::ptr_eq(c, OwnedMutexGuard::mutex(&l.guard)))
+}
+
+/// Whether the cell `l` holds, locked again after a send (that went outside its lock), has
+/// been superseded: its task was loaded anew meanwhile, so the cell's memory may be older than
+/// what is on disk, and another cell may be acting on the task. Nothing may be written from
+/// it: the fence checks the epoch held at the write, not the one the cell was loaded under, so
+/// a shard let go and held again lets an old cell's write through.
+///
+/// A finished task's cell is never superseded: a cancel answered during the send takes the
+/// task out of the map, and its sending run is settled from this cell. Any other is when the
+/// map holds the task with another cell, or with none (the task left the map and came back:
+/// its next user makes a new cell); and in cluster mode also when the map does not hold the
+/// task at all (its shard let go since, and perhaps held by another node in between, whose
+/// writes this memory has not seen). Alone, a live task leaves the map only by finishing.
+pub(crate) fn superseded(live: &LiveMap, l: &Locked, cluster: bool) -> bool {
+    if let Slot::Loaded(st) = &*l.guard {
+        if st.progress.state.is_terminal() {
+            return false;
+        }
+    }
+    if is_current(live, l) {
+        return false;
+    }
+    live.contains_key(&l.id) || cluster
 }
 
 /// Reads a task and its active runs from the store. A run that is in flight on disk and not
@@ -611,4 +651,80 @@ pub(crate) fn load_task(
 /// Takes a task out of the live map (it finished, or its record is gone).
 pub(crate) fn forget(inner: &Inner, id: &str) {
     inner.live.lock().remove(id);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(state: Option<TaskState>) -> Arc<LiveTask> {
+        let slot = match state {
+            Some(s) => {
+                let mut task = crate::request::test_task(
+                    serde_json::json!({"schedule": {"after": "0s"}, "to": ["a", "b"], "body": "x"}),
+                    0,
+                );
+                task.state = s;
+                Slot::Loaded(Box::new(LiveState::new(task, BTreeMap::new())))
+            }
+            None => Slot::unloaded(),
+        };
+        Arc::new(tokio::sync::Mutex::new(slot))
+    }
+
+    fn locked(id: &Arc<str>, c: &Arc<LiveTask>) -> Locked {
+        Locked {
+            id: id.clone(),
+            guard: c.clone().try_lock_owned().unwrap(),
+        }
+    }
+
+    /// Review finding: a cell locked again after its send settled from its own memory even
+    /// when its task had been loaded anew meanwhile (cluster mode: the shard let go and held
+    /// again), and the write passed the fence at the new epoch.
+    #[test]
+    fn a_cell_whose_task_was_loaded_anew_is_superseded_and_a_finished_one_never() {
+        let id: Arc<str> = Arc::from("t");
+        let mut live = LiveMap::default();
+        let c1 = cell(Some(TaskState::Running));
+        live.claim(id.clone(), Some(c1.clone()));
+        let l = locked(&id, &c1);
+        for cluster in [false, true] {
+            assert!(!superseded(&live, &l, cluster), "the map's own cell");
+        }
+        // Its shard let go: the task left the map. Alone a live task leaves it only finished.
+        live.remove(&id);
+        assert!(superseded(&live, &l, true));
+        assert!(!superseded(&live, &l, false));
+        // Held again: the task is back, with no cell yet, then with a new one.
+        live.claim(id.clone(), None);
+        for cluster in [false, true] {
+            assert!(superseded(&live, &l, cluster), "back with no cell");
+        }
+        let c2 = cell(None);
+        live.claim(id.clone(), Some(c2.clone()));
+        for cluster in [false, true] {
+            assert!(superseded(&live, &l, cluster), "back with another cell");
+        }
+        // An unloaded cell (a failed write) is judged by the map alone.
+        let l2 = locked(&id, &c2);
+        assert!(!superseded(&live, &l2, true), "the map's own, unloaded");
+        drop(l2);
+        let c3 = cell(None);
+        assert!(superseded(&live, &locked(&id, &c3), false));
+        // A cancel answered during the send: the task left the map (or its id went on to
+        // something else), and its sending run is still settled from this cell.
+        let done = cell(Some(TaskState::Cancelled));
+        let l = locked(&id, &done);
+        for cluster in [false, true] {
+            assert!(
+                !superseded(&live, &l, cluster),
+                "finished, the map elsewhere"
+            );
+        }
+        live.remove(&id);
+        for cluster in [false, true] {
+            assert!(!superseded(&live, &l, cluster), "finished, out of the map");
+        }
+    }
 }

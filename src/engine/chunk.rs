@@ -380,6 +380,7 @@ async fn send(inner: &Arc<Inner>, mut items: Vec<Item>) -> (Vec<Item>, Vec<Outco
 
 /// Plans every settle, writes them all at once, then lets memory follow and the locks go.
 async fn settle(inner: &Arc<Inner>, items: Vec<Item>, outcomes: Vec<Outcome>) {
+    let (items, outcomes) = not_superseded(inner, items, outcomes);
     // A turn for the plans (see [`settles_at_once`]); the semaphore is never closed, and
     // without a turn the settle would still be right, only less polite.
     let turn = inner.settle_turns.acquire().await.ok();
@@ -405,6 +406,40 @@ async fn settle(inner: &Arc<Inner>, items: Vec<Item>, outcomes: Vec<Outcome>) {
         }
     }
     drop(guards);
+}
+
+/// The items (with their outcomes) whose cells may still write, under one hold of the live
+/// map's lock. A cell superseded while the chunk sent and waited for the chunks ahead
+/// (`cells::superseded`: cluster mode, its shard let go and held again, its task loaded anew)
+/// writes nothing: its memory is given up, and the message, in flight on disk, goes again from
+/// there with the same key.
+fn not_superseded(
+    inner: &Inner,
+    items: Vec<Item>,
+    outcomes: Vec<Outcome>,
+) -> (Vec<Item>, Vec<Outcome>) {
+    let cluster = inner.config.cluster.is_some();
+    let mut gone = Vec::new();
+    let kept = {
+        let live = inner.live.lock();
+        items
+            .into_iter()
+            .zip(outcomes)
+            .filter_map(|(it, o)| {
+                if super::cells::superseded(&live, &it.l, cluster) {
+                    gone.push(it);
+                    return None;
+                }
+                Some((it, o))
+            })
+            .unzip()
+    };
+    for mut it in gone {
+        tracing::warn!(task = %it.l.id, run = it.key.run,
+            "a send's outcome is not written: its task was loaded anew while the send was out (its shard let go and held again); the message goes again, with the same idempotency key, from what is on disk");
+        it.l.unload(it.key.run);
+    }
+    kept
 }
 
 #[cfg(test)]

@@ -759,7 +759,11 @@ pub struct Attempt<'a> {
 }
 
 /// Settles the attempt in flight on `run` (O(1) in the number of messages).
-/// `other_active`: the task has active runs besides this one.
+/// `other_active`: the task has active runs besides this one. `arm_lead_ms`: a next attempt
+/// due within this is armed in the same write; `None`: none is (a drain, or the task's shard
+/// being handed over: no send starts here now, and a mark armed for it would be read by the
+/// next boot, or the next owner, as a send cut short: sent as a later attempt, or waited out
+/// as another node's; left pending, it goes as planned).
 pub fn settle(
     spec: &TaskSpec,
     progress: &TaskProgress,
@@ -767,7 +771,7 @@ pub fn settle(
     other_active: bool,
     a: Attempt<'_>,
     now: u64,
-    arm_lead_ms: u64,
+    arm_lead_ms: Option<u64>,
 ) -> Result<SettlePlan, InvalidTransition> {
     let mut progress = progress.clone();
     let mut run = run.clone();
@@ -793,9 +797,11 @@ pub fn settle(
     let finished = run.is_done() || run.state != RunState::Running;
     let armed_next = !finished
         && progress.state == TaskState::Running
-        && settled
-            .next_at_ms
-            .is_some_and(|at| at.saturating_sub(arm_lead_ms) <= now);
+        && arm_lead_ms.is_some_and(|lead| {
+            settled
+                .next_at_ms
+                .is_some_and(|at| at.saturating_sub(lead) <= now)
+        });
     if armed_next {
         // Due within `arm_lead_ms`: armed in this same write (a short interval then costs one
         // durable write per message, not two).
@@ -1473,10 +1479,53 @@ mod tests {
             to: "a",
             channel: "log",
         };
-        let s = settle(&s, &t, &run, false, a, NOW + 1, 100).unwrap();
+        let s = settle(&s, &t, &run, false, a, NOW + 1, Some(100)).unwrap();
         assert!(!s.finished);
         assert_eq!((s.run.cursor, s.run.in_flight), (1, Some(1)));
         assert_eq!(s.progress.state, TaskState::Running);
+    }
+
+    /// Review finding: a settle during a drain (or a handover) armed the next message, due at
+    /// once; nothing sent it, and the next boot (or owner) read the mark as a send cut short.
+    #[test]
+    fn a_settle_with_no_lead_arms_nothing_and_leaves_the_next_message_pending() {
+        let (s, t) = task(serde_json::json!({"schedule": {"after": "0s"},
+            "to": ["a", "b"], "body": "b"}));
+        let p = fire(&s, &t, 0, NOW, NOW, NOW).unwrap();
+        let run = p.started[0].clone();
+        for outcome in [
+            Outcome::Sent,
+            Outcome::Held {
+                error: "not sent: a drain".into(),
+                until_ms: NOW + 1,
+                why: crate::model::timeline::HeldWhy::Stopped,
+            },
+        ] {
+            let a = Attempt {
+                outcome: outcome.clone(),
+                max_attempts: 3,
+                retry_delay_ms: 1_000,
+                pacing: s.pacing,
+                to: "a",
+                channel: "log",
+            };
+            let st = settle(&s, &p.progress, &run, false, a, NOW + 1, None).unwrap();
+            assert!(!st.finished);
+            assert_eq!(st.progress.state, TaskState::Running);
+            let r = &st.run;
+            let cursor = u32::from(outcome == Outcome::Sent);
+            assert_eq!(
+                (r.cursor, r.in_flight, r.attempts, r.next_at_ms),
+                (cursor, None, 0, Some(NOW + 1)),
+                "{outcome:?}: pending, due now, no attempt counted"
+            );
+            let c = st.change();
+            assert_eq!(
+                c.wheel,
+                vec![WheelOp::Step(run.run)],
+                "its step stays on the wheel"
+            );
+        }
     }
 
     #[test]
@@ -1696,7 +1745,7 @@ mod tests {
                 to: "a",
                 channel: "log",
             };
-            let st = settle(&s, &parked, &run, false, a, NOW + 2, 100).unwrap();
+            let st = settle(&s, &parked, &run, false, a, NOW + 2, Some(100)).unwrap();
             assert!(st.finished);
             assert_eq!(st.run.state, RunState::Cancelled);
             assert_eq!(

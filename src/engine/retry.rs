@@ -72,6 +72,10 @@ pub(crate) async fn failure_retry(
     delivery.epoch = epoch;
     let policy = spec.retry.unwrap_or(channel.retry);
     let _sending = inner.failure_sends.mark(failure_id);
+    // Its task has a send out too, until the settle: a delete (the retention sweep, or
+    // `DELETE /v1/tasks/{id}` of a finished task) skips it meanwhile. Taken under the
+    // failures lock, which a delete holds while it looks (`retention.rs`).
+    let _out = inner.sends_out.mark(&Arc::from(f.task_id.as_str()));
     drop(guard);
 
     // Traced like a run's attempt: the task's trace with a span of its own, and an `attempt`

@@ -146,12 +146,21 @@ async fn fire(inner: &Arc<Inner>, task: &Arc<str>) -> Result<(), EngineError> {
 }
 
 async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineError> {
+    let releasing = inner.releasing(&l.id);
     let st = l.st();
     if !matches!(st.progress.state, TaskState::Pending | TaskState::Running) {
         return Ok(()); // paused or finished: a stale wheel entry
     }
     if draining(inner) {
         return Ok(()); // the next boot fires it
+    }
+    if releasing {
+        // Cluster mode, the task's shard is being handed over: a run started here would be
+        // armed (its first attempt in the fire's write) with no send to follow, and its next
+        // owner would wait that mark out as a send of ours. The key comes back (as a run
+        // step's does) until the shard is released; then it is dropped and the next owner fires.
+        window_closed(inner, Key::Fire(l.id.clone()));
+        return Ok(());
     }
     let now = inner.clock.now_ms();
     let Some(due) = st.progress.next_fire_at_ms else {
@@ -287,12 +296,22 @@ async fn run_step(inner: &Arc<Inner>, key: &RunKey) -> Result<(), EngineError> {
 }
 
 /// Runs [`run_step`] in a task of its own for a key whose cell the caller has locked already
-/// (a chunk that cannot send it, `chunk.rs`).
+/// (a chunk that cannot send it, `chunk.rs`). The cell was found at the chunk's start: if it
+/// has left the live map since (cluster mode: its shard let go, and perhaps held again with a
+/// new cell), it is let go and the step looks the task up anew, as [`run_step`] does; acted on,
+/// its memory could be older than the disk, and a second cell could write the same task.
 pub(super) fn spawn_locked(inner: &Arc<Inner>, key: RunKey, guard: StepGuard, l: Locked) {
     let inner = inner.clone();
     tokio::spawn(async move {
         let _guard = guard;
-        if let Err(e) = run_step_locked(&inner, &key, l).await {
+        let current = super::cells::is_current(&inner.live.lock(), &l);
+        let done = if current {
+            run_step_locked(&inner, &key, l).await
+        } else {
+            drop(l);
+            run_step(&inner, &key).await
+        };
+        if let Err(e) = done {
             step_error(&inner, key.key(), &e);
         }
     });
@@ -322,9 +341,10 @@ async fn run_step_once(
 ) -> Result<Option<Locked>, EngineError> {
     if inner.releasing(&key.task) {
         // Cluster mode, the task's shard is being handed over: nothing is armed or sent here
-        // now (an armed mark would be waited out by the next owner as a send in flight). The
-        // key comes back; once the shard is released it is dropped here, and the next owner
-        // sends the message at its time.
+        // now (an armed mark would be waited out by the next owner as a send in flight; one
+        // armed before the handover began is taken back). The key comes back; once the shard
+        // is released it is dropped here, and the next owner sends the message at its time.
+        stand_down(inner, &mut l, key.run).await;
         l.release(inner);
         window_closed(inner, key.key());
         return Ok(None);
@@ -363,9 +383,11 @@ async fn run_step_once(
         super::cluster::Window::Unbounded => None,
     };
     let cell = l.cell();
+    // Until after the settle; taken before the lock goes, so a cancel answered meanwhile
+    // never leaves a moment with no mark for a delete to slip into.
+    let _out = inner.sends_out.mark(&key.task);
     l.release(inner);
     let _in_flight = SendInFlight::new(inner);
-    let _out = inner.sends_out.mark(&key.task); // until after the settle
     let mut prepared = prepared;
     prepared.delivery.epoch = window.as_ref().map(|w| w.2);
     // Cluster mode: the send counts on its shard until its outcome is settled (or the step
@@ -458,8 +480,12 @@ pub(super) async fn prepare(
     key: &RunKey,
 ) -> Result<Option<Prepared>, EngineError> {
     let st = l.st();
-    if st.progress.state != TaskState::Running || st.sending.contains(&key.run) || draining(inner) {
-        return Ok(None); // paused, finished, this run is sending right now, or draining
+    if st.progress.state != TaskState::Running || st.sending.contains(&key.run) {
+        return Ok(None); // paused, finished, or this run is sending right now
+    }
+    if draining(inner) {
+        stand_down(inner, l, key.run).await;
+        return Ok(None);
     }
     let Some(mut run) = st.runs.get(&key.run).cloned() else {
         return Ok(None);
@@ -486,7 +512,8 @@ pub(super) async fn prepare(
         return Ok(None);
     }
     if draining(inner) {
-        // Armed on disk but not sent: the next boot sends it (once).
+        // Armed just now, and a drain began: not sent, the mark taken back.
+        stand_down(inner, l, key.run).await;
         return Ok(None);
     }
     let Some(seq) = run.in_flight else {
@@ -880,7 +907,50 @@ async fn settle(
         commit::lost(inner, l, key, &e);
         return Err(e.into());
     }
+    if standing_down(inner, &l.id) {
+        // The drain or the handover began while this settle was planned or written: an
+        // attempt it armed is not sent. Taken back here, while the send still counts on its
+        // shard (so a handover waits for this write too).
+        stand_down(inner, l, key.run).await;
+        if matches!(next, Next::Now) {
+            // Its step was taken off the change: it comes back, and finds the drain or the
+            // handover.
+            window_closed(inner, key.key());
+            return Ok(Next::Wheel);
+        }
+    }
     Ok(next)
+}
+
+/// No send starts on the task here now: the process drains, or the task's shard is being
+/// handed over.
+fn standing_down(inner: &Inner, task: &str) -> bool {
+    draining(inner) || inner.releasing(task)
+}
+
+/// [`standing_down`]: run `run`'s attempt, if it is armed here and not sending (by a settle
+/// written as the drain or the handover began, or ahead of its instant), is not sent now. Its
+/// mark is taken back in a write of its own, so that the next boot, or the next owner, finds
+/// the message pending and sends it at its time as its next attempt. Left armed, it reads as a
+/// send cut short: sent as one attempt more with `resumed_after_restart`, or (cluster mode)
+/// waited out as a send of ours still under way, for the channel's send timeout and twice the
+/// clock offset. A failed write leaves the mark, with those consequences only.
+async fn stand_down(inner: &Arc<Inner>, l: &mut Locked, run: u32) {
+    let st = l.st();
+    if st.sending.contains(&run) {
+        return;
+    }
+    let Some(mut r) = st.runs.get(&run).filter(|r| r.in_flight.is_some()).cloned() else {
+        return;
+    };
+    r.disarm();
+    let c = Change {
+        runs: vec![r],
+        ..Change::default()
+    };
+    if let Err(e) = commit::apply(inner, l, c).await {
+        tracing::debug!(task = %l.id, run, error = %e, "an armed attempt not sent was not taken back");
+    }
 }
 
 /// [`Next::Now`] if `c` keeps run `run` running with an attempt armed and due by `now`: its
@@ -926,6 +996,11 @@ pub(super) fn settle_plan(
         inner.config.jitter_seed,
         &p.delivery.idempotency_key,
     );
+    // Draining or handing the shard over, no send starts here: the next attempt is left
+    // pending, not armed (`plan::settle`). A drain or handover that begins after this look
+    // finds it armed by this write, and takes it back ([`stand_down`]).
+    let arm = !standing_down(inner, &l.id);
+    let st = l.st();
     let plan = plan::settle(
         &st.spec,
         &st.progress,
@@ -940,7 +1015,7 @@ pub(super) fn settle_plan(
             channel: &p.channel_name,
         },
         now,
-        ARM_LEAD_MS,
+        arm.then_some(ARM_LEAD_MS),
     )?;
     log_outcome(&p.delivery, outcome, &plan, &st.spec);
     if plan.finished {
