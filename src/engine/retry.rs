@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::commit::{self, RetryWheel};
 use super::plan::RetryPlan;
 use super::timer::Key;
-use super::{alerts, offload, EngineError, Inner};
+use super::{offload, EngineError, Inner};
 use crate::deliver::{backoff, Admission};
 use crate::model::{Outcome, TimelineEvent};
 
@@ -49,19 +49,16 @@ pub(crate) async fn failure_retry(
     // Cluster mode: as a run's send (`step.rs`), only with enough of the shard's trust left
     // (none on a shard being handed over), cut off where the trust ends, and counted on the
     // shard until its outcome is settled, so a handover waits for it.
-    let (end, _on_shard, epoch) = match inner.send_window(&f.task_id) {
+    // (Its end is read again once the send has a slot: `step::send_in_slot`.)
+    let (_on_shard, epoch) = match inner.send_window(&f.task_id) {
         super::cluster::Window::Closed => {
             channel.unsent(probe);
             drop(guard);
             super::step::window_closed(inner, key);
             return Ok(());
         }
-        super::cluster::Window::Within(d, on_shard, epoch) => (
-            Some(tokio::time::Instant::now() + d),
-            Some(on_shard),
-            Some(epoch),
-        ),
-        super::cluster::Window::Unbounded => (None, None, None),
+        super::cluster::Window::Within(_, on_shard, epoch) => (Some(on_shard), Some(epoch)),
+        super::cluster::Window::Unbounded => (None, None),
     };
     let (spec, _) = task.split();
     let mut delivery = render(inner, &spec, &f, msg, now)?;
@@ -71,25 +68,20 @@ pub(crate) async fn failure_retry(
     drop(guard);
 
     // Traced like a run's attempt: the task's trace with a span of its own, and an `attempt`
-    // event in the timeline beside what it led to (issue 25).
-    let send = async {
-        match retry_slot(inner, &channel, &f.task_id, rate_tick).await {
-            Ok((permit, waited)) => {
-                let now_ms = || inner.clock.now_ms();
-                channel.send_with(&delivery, permit, waited, now_ms).await
-            }
-            Err(o) => (o, Default::default()),
+    // event in the timeline beside what it led to (issue 25). Recorded on the channel (and
+    // its breaker) only if it went: not if it was held or cut off where the trust ended.
+    let (outcome, report) = match retry_slot(inner, &channel, &f.task_id, rate_tick).await {
+        Ok(slot) => super::step::send_in_slot(inner, &channel, &delivery, slot, probe).await,
+        Err(o) => {
+            channel.unsent(probe);
+            (o, Default::default())
         }
     };
-    let (outcome, report) = super::step::cut_off_at(end, send).await;
-    if let Some(tr) = channel.record(inner.clock.now_ms(), &outcome, probe) {
-        alerts::breaker(inner, &channel.name, tr);
-    }
 
     // A local resource shortage (EMFILE, ENOBUFS), or not started after its wait for a slot
-    // (a drain, a cancel or pause, the rate limit): nothing left this host; try again later
-    // without counting an attempt (issue 9). Stopped: the next run of the step (or the next
-    // boot, after a drain) looks at the task again.
+    // (a drain, a cancel or pause, the rate limit, too little trust): nothing left this host;
+    // try again later without counting an attempt (issue 9). Stopped: the next run of the
+    // step (or the next boot, after a drain) looks at the task again.
     if let Outcome::Held { until_ms, .. } = outcome {
         inner.timer.at(key, until_ms);
         return Ok(());

@@ -29,6 +29,7 @@ use super::timer::{Key, RunKey, StepGuard};
 use super::{alerts, offload, retry, EngineError, Inner};
 use crate::deliver::{backoff, Admission, Delivery};
 use crate::logsafe::Escaped;
+use crate::model::timeline::HeldWhy;
 use crate::model::{Outcome, TaskSpec, TaskState};
 use crate::schedule::format_utc;
 
@@ -355,11 +356,8 @@ async fn run_step_once(
             window_closed(inner, key.key());
             return Ok(None);
         }
-        // The end of the window, read with the window itself (a pause after this must not
-        // move it).
-        super::cluster::Window::Within(d, guard, epoch) => {
-            Some((tokio::time::Instant::now() + d, guard, epoch))
-        }
+        // Its end is read again once the send has a slot of the channel (`trust_end`).
+        super::cluster::Window::Within(_, guard, epoch) => Some((guard, epoch)),
         super::cluster::Window::Unbounded => None,
     };
     let cell = l.cell();
@@ -367,15 +365,15 @@ async fn run_step_once(
     let _in_flight = SendInFlight::new(inner);
     let _out = inner.sends_out.mark(&key.task); // until after the settle
     let mut prepared = prepared;
-    prepared.delivery.epoch = window.as_ref().map(|w| w.2);
     // Cluster mode: the send counts on its shard until its outcome is settled (or the step
     // ends without it), so that a handover waits for the settle before the shard's writes
     // stop being fenced at its epoch (`cluster/node.rs`, `hand_over`).
-    let (end, _sending) = match window {
+    let (_sending, epoch) = match window {
         None => (None, None),
-        Some((end, sending, _)) => (Some(end), Some(sending)),
+        Some((sending, epoch)) => (Some(sending), Some(epoch)),
     };
-    let (outcome, report) = cut_off_at(end, send(inner, &prepared, &cell, key.run)).await;
+    prepared.delivery.epoch = epoch;
+    let (outcome, report) = send(inner, &prepared, &cell, key.run).await;
     prepared.report = report;
     let mut l = match super::cells::relock(inner, &key.task, cell, key.run).await? {
         super::cells::Got::Ready(l) => l,
@@ -734,22 +732,72 @@ async fn send(
         };
         return (o, Default::default());
     };
-    let (permit, waited) = match slot(inner, c, p, cell, run).await {
+    let slot = match slot(inner, c, p, cell, run).await {
         Ok(s) => s,
         Err(o) => {
             c.unsent(p.probe);
             return (o, Default::default());
         }
     };
-    // Cut off where the cluster's trust ends (`cut_off_at`), this future is dropped before it
-    // records: a breaker probe it carried is given back then.
-    let mut unrecorded = Unrecorded(c, p.probe);
-    let (o, report) = c
-        .send_with(d, permit, waited, || inner.clock.now_ms())
-        .await;
-    unrecorded.1 = false;
-    record(inner, c, &o, p.probe);
-    (o, report)
+    send_in_slot(inner, c, d, slot, p.probe).await
+}
+
+/// A send that has its slot of the channel (`waited`: it had to wait for it), a run's or a
+/// failure-list retry's: cluster mode's trust is read again now (`trust_end`), and the send,
+/// cut off where the trust ends, is recorded on the channel. A send that does not go (too
+/// little trust) or is cut off is not recorded and gives back the breaker's probe it carried.
+pub(super) async fn send_in_slot<'c>(
+    inner: &Arc<Inner>,
+    c: &'c crate::deliver::Channel,
+    d: &Delivery,
+    (permit, waited): (tokio::sync::SemaphorePermit<'c>, bool),
+    probe: bool,
+) -> (Outcome, crate::deliver::AttemptReport) {
+    let end = match trust_end(inner, &d.task_id, d.epoch) {
+        Ok(end) => end,
+        Err(o) => {
+            c.unsent(probe);
+            return (o, Default::default());
+        }
+    };
+    let send = async {
+        // Cut off where the cluster's trust ends (`cut_off_at`), this future is dropped
+        // before it records: `unrecorded` gives back a breaker probe it carried then.
+        let mut unrecorded = Unrecorded(c, probe);
+        let (o, report) = c
+            .send_with(d, permit, waited, || inner.clock.now_ms())
+            .await;
+        unrecorded.1 = false;
+        record(inner, c, &o, probe);
+        (o, report)
+    };
+    cut_off_at(end, send).await
+}
+
+/// Cluster mode (`epoch`: the send goes under the shard's epoch), the end of the trust a send
+/// that has its slot may use: the window is read again here, after any wait for the slot,
+/// so a send starts only with enough trust left (HA.md: at least `safety`) on the shard
+/// still held at that epoch, and its wait is not cut off. `Err`: it does not start; held (no
+/// attempt counted), back when the window may be open again.
+fn trust_end(
+    inner: &Inner,
+    task: &str,
+    epoch: Option<u64>,
+) -> Result<Option<tokio::time::Instant>, Outcome> {
+    let Some(epoch) = epoch else {
+        return Ok(None);
+    };
+    // The guard counting the send on its shard is the caller's, taken with the first read.
+    match inner.send_window(task) {
+        super::cluster::Window::Within(d, _, e) if e == epoch => {
+            Ok(Some(tokio::time::Instant::now() + d))
+        }
+        _ => Err(Outcome::Held {
+            error: "not sent: too little of this node's trust in the task's shard was left once the send had a slot of the channel".into(),
+            until_ms: inner.clock.now_ms().saturating_add(WINDOW_RETRY_MS),
+            why: HeldWhy::Stopped,
+        }),
+    }
 }
 
 /// An admitted send not recorded on its channel, and whether it carries the breaker's probe.
