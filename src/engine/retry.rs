@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use super::commit::{self, RetryWheel};
 use super::plan::RetryPlan;
+use super::step::SendGate;
 use super::timer::Key;
 use super::{offload, EngineError, Inner};
 use crate::deliver::{backoff, Admission};
@@ -67,16 +68,27 @@ pub(crate) async fn failure_retry(
     let _sending = inner.failure_sends.mark(failure_id);
     drop(guard);
 
+    // The task's send gate, as for a run's send: a cancel or pause answered from now on
+    // closes it, and no request of this retry is written after that.
+    let Some(gate) = retry_gate(inner, &f.task_id).await else {
+        // Cancelled or paused since its check (or unreadable): the next step says so.
+        channel.unsent(probe);
+        inner.timer.at(key, inner.clock.now_ms());
+        return Ok(());
+    };
     // Traced like a run's attempt: the task's trace with a span of its own, and an `attempt`
     // event in the timeline beside what it led to (issue 25). Recorded on the channel (and
     // its breaker) only if it went: not if it was held or cut off where the trust ended.
     let (outcome, report) = match retry_slot(inner, &channel, &f.task_id, rate_tick).await {
-        Ok(slot) => super::step::send_in_slot(inner, &channel, &delivery, slot, probe).await,
+        Ok(slot) => {
+            super::step::send_in_slot(inner, &channel, &delivery, slot, probe, gate.gate()).await
+        }
         Err(o) => {
             channel.unsent(probe);
             (o, Default::default())
         }
     };
+    drop(gate);
 
     // A local resource shortage (EMFILE, ENOBUFS), or not started after its wait for a slot
     // (a drain, a cancel or pause, the rate limit, too little trust): nothing left this host;
@@ -195,6 +207,32 @@ async fn retry_slot<'c>(
             until_ms,
             crate::model::timeline::HeldWhy::RateLimit,
         )),
+    }
+}
+
+/// The send gate of a retry's task (`step::SendGate`), taken under the task's lock while it
+/// is neither cancelled nor paused; `None` if it is (or cannot be read now). A task no longer
+/// live is finished (a command reaches it only once a patch re-arms an expired one).
+async fn retry_gate<'a>(inner: &'a Arc<Inner>, task_id: &str) -> Option<SendGate<'a>> {
+    use crate::model::TaskState;
+    let stop = |s: TaskState| matches!(s, TaskState::Cancelled | TaskState::Paused);
+    match commit::lock(inner, task_id).await {
+        Ok(Some(mut l)) => {
+            let gate = (!stop(l.st().progress.state)).then(|| SendGate::new(inner, &l.id));
+            l.release(inner);
+            gate
+        }
+        Ok(None) => {
+            // Cancelled since `stopped` looked (the task left the live map with it), or
+            // finished: as the store says.
+            let id = task_id.to_string();
+            let state = offload::read(inner, move |i| Ok(i.store.get_task(&id)?.map(|t| t.state)));
+            match state.await {
+                Ok(Some(s)) if !stop(s) => Some(SendGate::new(inner, &Arc::from(task_id))),
+                _ => None,
+            }
+        }
+        Err(_) => None,
     }
 }
 

@@ -27,6 +27,7 @@ use super::commit::{self, STORAGE_RETRY_MS};
 use super::plan::{self, Attempt};
 use super::timer::{Key, RunKey, StepGuard};
 use super::{alerts, offload, retry, EngineError, Inner};
+use crate::deliver::webhook::{gated, Gate};
 use crate::deliver::{backoff, Admission, Delivery};
 use crate::logsafe::Escaped;
 use crate::model::timeline::HeldWhy;
@@ -113,6 +114,40 @@ impl Drop for SendInFlight<'_> {
         self.0
             .sends_in_flight
             .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// A send's hold on its task's gate (`cells::LiveMap::gate`, `deliver::webhook::Gate`): taken
+/// under the task's lock while the task runs, so a cancel or pause from then on (under the
+/// same lock) closes it before its write; given back when the send is over.
+pub(super) struct SendGate<'a> {
+    inner: &'a Inner,
+    id: Arc<str>,
+    gate: Option<Arc<Gate>>,
+}
+
+impl<'a> SendGate<'a> {
+    /// The gate of task `id`; the caller holds the task's lock and has seen it running (or,
+    /// for a failure retry, has seen it finished: no command reaches it then).
+    pub(super) fn new(inner: &'a Inner, id: &Arc<str>) -> Self {
+        let gate = inner.live.lock().gate(id);
+        SendGate {
+            inner,
+            id: id.clone(),
+            gate: Some(gate),
+        }
+    }
+
+    pub(super) fn gate(&self) -> Arc<Gate> {
+        self.gate.clone().unwrap_or_default()
+    }
+}
+
+impl Drop for SendGate<'_> {
+    fn drop(&mut self) {
+        if let Some(g) = self.gate.take() {
+            self.inner.live.lock().gate_done(&self.id, g);
+        }
     }
 }
 
@@ -360,6 +395,9 @@ async fn run_step_once(
         super::cluster::Window::Within(_, guard, epoch) => Some((guard, epoch)),
         super::cluster::Window::Unbounded => None,
     };
+    // Taken under the lock, the task running: a cancel or pause from now on closes it before
+    // its write, and no request of this send is written after that.
+    let gate = SendGate::new(inner, &key.task);
     let cell = l.cell();
     l.release(inner);
     let _in_flight = SendInFlight::new(inner);
@@ -373,7 +411,8 @@ async fn run_step_once(
         Some((sending, epoch)) => (Some(sending), Some(epoch)),
     };
     prepared.delivery.epoch = epoch;
-    let (outcome, report) = send(inner, &prepared, &cell, key.run).await;
+    let (outcome, report) = send(inner, &prepared, &cell, key.run, gate.gate()).await;
+    drop(gate);
     prepared.report = report;
     let mut l = match super::cells::relock(inner, &key.task, cell, key.run).await? {
         super::cells::Got::Ready(l) => l,
@@ -723,6 +762,7 @@ async fn send(
     p: &Prepared,
     cell: &super::LiveTask,
     run: u32,
+    gate: Arc<Gate>,
 ) -> (Outcome, crate::deliver::AttemptReport) {
     let d = &p.delivery;
     tracing::debug!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, "attempt");
@@ -739,19 +779,21 @@ async fn send(
             return (o, Default::default());
         }
     };
-    send_in_slot(inner, c, d, slot, p.probe).await
+    send_in_slot(inner, c, d, slot, p.probe, gate).await
 }
 
 /// A send that has its slot of the channel (`waited`: it had to wait for it), a run's or a
-/// failure-list retry's: cluster mode's trust is read again now (`trust_end`), and the send,
-/// cut off where the trust ends, is recorded on the channel. A send that does not go (too
-/// little trust) or is cut off is not recorded and gives back the breaker's probe it carried.
+/// failure-list retry's: cluster mode's trust is read again now (`trust_end`), the task's
+/// `gate` looked at, and the send, cut off where the trust ends, is recorded on the channel.
+/// A send that does not go (no trust, its gate closed) or is cut off is not recorded and
+/// gives back the breaker's probe it carried.
 pub(super) async fn send_in_slot<'c>(
     inner: &Arc<Inner>,
     c: &'c crate::deliver::Channel,
     d: &Delivery,
     (permit, waited): (tokio::sync::SemaphorePermit<'c>, bool),
     probe: bool,
+    gate: Arc<Gate>,
 ) -> (Outcome, crate::deliver::AttemptReport) {
     let end = match trust_end(inner, &d.task_id, d.epoch) {
         Ok(end) => end,
@@ -760,6 +802,10 @@ pub(super) async fn send_in_slot<'c>(
             return (o, Default::default());
         }
     };
+    if gate.is_closed() {
+        c.unsent(probe);
+        return (Gate::stopped(inner.clock.now_ms()), Default::default());
+    }
     let send = async {
         // Cut off where the cluster's trust ends (`cut_off_at`), this future is dropped
         // before it records: `unrecorded` gives back a breaker probe it carried then.
@@ -767,11 +813,21 @@ pub(super) async fn send_in_slot<'c>(
         let (o, report) = c
             .send_with(d, permit, waited, || inner.clock.now_ms())
             .await;
+        if matches!(
+            o,
+            Outcome::Held {
+                why: HeldWhy::Stopped,
+                ..
+            }
+        ) {
+            // Its gate closed before a request was written: nothing went (nor is counted).
+            return (o, Default::default());
+        }
         unrecorded.1 = false;
         record(inner, c, &o, probe);
         (o, report)
     };
-    cut_off_at(end, send).await
+    cut_off_at(end, gated(gate, send)).await
 }
 
 /// Cluster mode (`epoch`: the send goes under the shard's epoch), the end of the trust a send
