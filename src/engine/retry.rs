@@ -79,7 +79,7 @@ pub(crate) async fn failure_retry(
     // Traced like a run's attempt: the task's trace with a span of its own, and an `attempt`
     // event in the timeline beside what it led to (issue 25). Recorded on the channel (and
     // its breaker) only if it went: not if it was held or cut off where the trust ended.
-    let (outcome, report) = match retry_slot(inner, &channel, &f.task_id, rate_tick).await {
+    let (outcome, report) = match retry_slot(inner, &channel, &f.task_id, rate_tick, probe).await {
         Ok(slot) => {
             super::step::send_in_slot(inner, &channel, &delivery, slot, probe, gate.gate()).await
         }
@@ -91,9 +91,9 @@ pub(crate) async fn failure_retry(
     drop(gate);
 
     // A local resource shortage (EMFILE, ENOBUFS), or not started after its wait for a slot
-    // (a drain, a cancel or pause, the rate limit, too little trust): nothing left this host;
-    // try again later without counting an attempt (issue 9). Stopped: the next run of the
-    // step (or the next boot, after a drain) looks at the task again.
+    // (a drain, a cancel or pause, the breaker, the rate limit, too little trust): nothing
+    // left this host; try again later without counting an attempt (issue 9). Stopped: the
+    // next run of the step (or the next boot, after a drain) looks at the task again.
     if let Outcome::Held { until_ms, .. } = outcome {
         inner.timer.at(key, until_ms);
         return Ok(());
@@ -149,7 +149,8 @@ async fn inputs(
 /// A slot of the channel's concurrency for a failure retry, as for a run's send
 /// (`step.rs::slot`): the retry was admitted, and its task looked at, before any wait; so after
 /// a wait a drain begun meanwhile, or a cancel or pause answered meanwhile, stops it (no send
-/// starts after either), and the rate slot is taken again, counted from when the send starts.
+/// starts after either), a breaker opened meanwhile holds it unless it is the probe, and the
+/// rate slot is taken again, counted from when the send starts.
 /// The task's state is read from the store, not under its lock: a cancel or pause answers
 /// once it is durable, and the lock is never waited for while a slot is held (a chunk holds
 /// its tasks' locks while it waits for this channel's slots). `Err`: not sent, held (no
@@ -159,6 +160,7 @@ async fn retry_slot<'c>(
     channel: &'c crate::deliver::Channel,
     task_id: &str,
     rate_tick: Option<u64>,
+    probe: bool,
 ) -> Result<(tokio::sync::SemaphorePermit<'c>, bool), Outcome> {
     let (permit, waited) = channel
         .permit()
@@ -199,6 +201,9 @@ async fn retry_slot<'c>(
                 stop,
             ))
         }
+    }
+    if let Err(until_ms) = channel.recheck(now, probe) {
+        return Err(super::step::breaker_held(until_ms));
     }
     match channel.retake_rate(rate_tick, now) {
         Ok(()) => Ok((permit, true)),

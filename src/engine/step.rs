@@ -868,14 +868,16 @@ impl Drop for Unrecorded<'_> {
 /// A slot of the channel's concurrency for run `run`'s send (`true`: it had to wait for it).
 ///
 /// The send was admitted before any wait, and the cell's lock was let go: a cancel or a pause
-/// may have been answered meanwhile (nothing may go after that), and the pacing and the rate
-/// limit reckoned from the admission. So after a wait the task is looked at again, the rate
-/// slot is taken again and the run's pacing anchor moves to now: the interval and the rate
-/// count from when sends start, not from when a busy channel let them in. Never waits for the
-/// task's lock while it holds a slot: a chunk holds its tasks' locks while it waits for
-/// slots of the same channel (`chunk.rs`), and each would wait for the other for good.
+/// may have been answered meanwhile (nothing may go after that), the breaker may have opened,
+/// and the pacing and the rate limit reckoned from the admission. So after a wait the task is
+/// looked at again, the breaker asked again (a send admitted before it opened does not go to
+/// the dead receiver, unless it is the probe), the rate slot is taken again and the run's
+/// pacing anchor moves to now: the interval and the rate count from when sends start, not
+/// from when a busy channel let them in. Never waits for the task's lock while it holds a
+/// slot: a chunk holds its tasks' locks while it waits for slots of the same channel
+/// (`chunk.rs`), and each would wait for the other for good.
 /// `Err`: not sent, held with the same attempt number (a cancelled run ends with it, a paused
-/// one sends on resume, a rate-limited one at the instant named).
+/// one sends on resume, a rate-limited or breaker-held one at the instant named).
 async fn slot<'c>(
     inner: &Arc<Inner>,
     c: &'c crate::deliver::Channel,
@@ -910,6 +912,9 @@ async fn slot<'c>(
         if !wants_send(&mut g, run, Some(now)) {
             return Err(stopped(inner));
         }
+        if let Err(until_ms) = c.recheck(now, p.probe) {
+            return Err(breaker_held(until_ms));
+        }
         return match c.retake_rate(p.rate_tick, now) {
             Ok(()) => Ok((permit, true)),
             Err(until_ms) => Err(Outcome::Held {
@@ -919,6 +924,17 @@ async fn slot<'c>(
                 why: crate::model::timeline::HeldWhy::RateLimit,
             }),
         };
+    }
+}
+
+/// A send that waited for its slot while the channel's breaker opened (it was admitted
+/// before): held until the breaker may let sends through again, no attempt burned.
+pub(super) fn breaker_held(until_ms: u64) -> Outcome {
+    Outcome::Held {
+        error: "not sent yet: the channel's breaker opened while the send waited for a free slot"
+            .into(),
+        until_ms,
+        why: HeldWhy::Breaker,
     }
 }
 
