@@ -65,7 +65,7 @@ pub(crate) async fn failure_retry(
     let mut delivery = render(inner, &spec, &f, msg, now)?;
     delivery.epoch = epoch;
     let policy = spec.retry.unwrap_or(channel.retry);
-    let _sending = inner.failure_sends.mark(failure_id);
+    let sending = inner.failure_sends.mark(failure_id);
     drop(guard);
 
     // The task's send gate, as for a run's send: a cancel or pause answered from now on
@@ -73,6 +73,7 @@ pub(crate) async fn failure_retry(
     let Some(gate) = retry_gate(inner, &f.task_id).await else {
         // Cancelled or paused since its check (or unreadable): the next step says so.
         channel.unsent(probe);
+        drop(sending);
         inner.timer.at(key, inner.clock.now_ms());
         return Ok(());
     };
@@ -93,8 +94,11 @@ pub(crate) async fn failure_retry(
     // A local resource shortage (EMFILE, ENOBUFS), or not started after its wait for a slot
     // (a drain, a cancel or pause, the breaker, the rate limit, too little trust): nothing
     // left this host; try again later without counting an attempt (issue 9). Stopped: the
-    // next run of the step (or the next boot, after a drain) looks at the task again.
+    // next run of the step (or the next boot, after a drain) looks at the task again. Its
+    // mark goes first: nothing of it is on its way, and a step due at once must not take
+    // the mark for an attempt under way (it would end there, the entry left retrying).
     if let Outcome::Held { until_ms, .. } = outcome {
+        drop(sending);
         inner.timer.at(key, until_ms);
         return Ok(());
     }
