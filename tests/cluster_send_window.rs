@@ -10,11 +10,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::cluster::owned;
-use common::herald::{in_ms, poll};
+use common::cluster::{node_command, owned, TEST_TIMING};
+use common::herald::{in_ms, poll, Proc};
 use common::http;
 use common::pg::PgServer;
-use common::receiver::Receiver;
+use common::receiver::{Behavior, Receiver};
 use serde_json::json;
 
 const SHARDS: u32 = 4;
@@ -78,4 +78,70 @@ async fn a_step_that_found_the_window_closed_sends_once_it_opens() {
     .await
     .expect("the task completes");
     assert_eq!(rx.count(), 1, "sent once");
+}
+
+/// The send window bounds the send, not its wait for a slot of the channel (HA.md "The send
+/// itself": a send starts only with at least `safety` of trust left, its request deadline
+/// inside the window). With one slot and a receiver slower than the timeout, the sends queue
+/// for the slot far longer than the window; each one, once it has the slot, reads the window
+/// again and goes. Before, the cut-off at the window's end (read before the wait) covered the
+/// wait: a queued send was cut off while it waited, its only attempt burned, and it reached
+/// the failure list without ever being sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_queued_for_a_slot_longer_than_the_window_is_still_sent() {
+    let Some(pg) = PgServer::start("cluster_send_window_slot") else {
+        return;
+    };
+    let url = pg.create_db("slot");
+    let rx = Receiver::start().await;
+    rx.set_default(Behavior::Slow(Duration::from_secs(3)));
+    let dir = tempfile::tempdir().unwrap();
+    let hook = format!(
+        "url = \"{}\"\ntimeout = \"1s\"\nconcurrency = 1\n",
+        rx.url()
+    );
+    let a = Proc::start(node_command(
+        &url,
+        dir.path(),
+        "a",
+        "a",
+        SHARDS,
+        &hook,
+        TEST_TIMING,
+    ));
+    poll(Duration::from_secs(30), || async {
+        (owned(&a.url).await == u64::from(SHARDS)).then_some(())
+    })
+    .await
+    .expect("a takes every shard");
+
+    const N: usize = 8;
+    for i in 0..N {
+        let task = json!({"id": format!("q{i}"), "channel": "hook", "schedule": {"after": "0s"},
+            "to": ["r"], "body": "x", "retry": {"max_attempts": 1}});
+        let r = http::post_json(&format!("{}/v1/tasks", a.url), &task).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    // One attempt each, one at a time, each given up after the 1 s timeout.
+    let listed = poll(Duration::from_secs(60), || async {
+        let v = http::get(&format!("{}/v1/failures", a.url)).await.json();
+        let list = v["failures"].as_array().cloned().unwrap_or_default();
+        (list.len() == N).then_some(list)
+    })
+    .await
+    .expect("every message in the failure list");
+    let seen: Vec<String> = rx
+        .requests()
+        .iter()
+        .filter_map(|r| r.idempotency_key().map(str::to_string))
+        .collect();
+    for f in &listed {
+        let id = f["id"].as_str().unwrap_or_default();
+        assert!(
+            seen.iter().any(|k| k == id),
+            "{id} was given up on without ever being sent ({} sent: {seen:?})",
+            seen.len()
+        );
+        assert_eq!(f["attempts"], 1, "{f}");
+    }
 }

@@ -995,3 +995,201 @@ url = "{base}/hook"
             "herald alert: failure on channel hook, task x, to a: HTTP 400: {\"error\":\"unknown recipient\"}"}})
     );
 }
+
+// ---- A cancel or pause answered while the send waits for its access token -------------------
+
+/// A `wecom-app` channel whose token endpoint answers after `TOKEN_DELAY`: a send due now is
+/// prepared, its lock let go, and it waits for the token. Returns the fake platform and herald
+/// with task `id` created, once the token request has arrived (the send is under way).
+async fn waiting_for_the_token(id: &str) -> (FakePlatform, TestHerald) {
+    const TOKEN_DELAY: Duration = Duration::from_millis(1_500);
+    let fake = FakePlatform::start(|r| match r.path.as_str() {
+        "/cgi-bin/gettoken" => Reply::json(
+            200,
+            json!({"errcode": 0, "errmsg": "ok", "access_token": "T", "expires_in": 7200}),
+        )
+        .delay(TOKEN_DELAY),
+        _ => Reply::json(200, json!({"errcode": 0, "errmsg": "ok"})),
+    })
+    .await;
+    let config = wecom_app(&fake.base_url(), "");
+    let h = start_with_env(&config, &[("CORP_SECRET", "s")]).await;
+    create(
+        &h,
+        json!({"id": id, "channel": "app", "schedule": {"after": "0s"},
+               "messages": [{"to": "u", "body": "hi"}]}),
+    )
+    .await;
+    let tokens = fake.wait_for("/cgi-bin/gettoken", 1, DEADLINE).await;
+    assert_eq!(tokens.len(), 1, "the send asked for its token");
+    (fake, h)
+}
+
+/// Waits until the send under way came back from its token: the task's timeline holds the
+/// `held` event of a send its cancel or pause stopped (`why: stopped`), or a message request
+/// arrived. Returns the message requests that arrived after `answered`, then checks that the
+/// send was stopped.
+async fn sends_after(
+    fake: &FakePlatform,
+    h: &TestHerald,
+    id: &str,
+    answered: std::time::Instant,
+) -> usize {
+    let url = h.url(&format!("/v1/tasks/{id}/timeline"));
+    let stopped = || async {
+        let v = http::get(&url).await.json();
+        let events = v["events"].as_array().cloned().unwrap_or_default();
+        events
+            .iter()
+            .any(|e| e["kind"] == "held" && e["detail"]["why"] == "stopped")
+    };
+    common::herald::poll(DEADLINE, || async {
+        let sent = !fake.requests_to("/cgi-bin/message/send").is_empty();
+        (sent || stopped().await).then_some(())
+    })
+    .await
+    .expect("the send came back from its token");
+    let after = fake
+        .requests_to("/cgi-bin/message/send")
+        .into_iter()
+        .filter(|r| r.at > answered)
+        .count();
+    if after == 0 {
+        assert!(
+            stopped().await,
+            "no stopped send in the timeline: {}",
+            http::get(&url).await.text()
+        );
+    }
+    after
+}
+
+/// API.md, cancel: "no send of this task starts after the answer", also for a send whose
+/// access token was still on its way when the cancel was answered.
+#[tokio::test]
+async fn a_cancel_answered_while_the_send_waits_for_its_token_sends_nothing() {
+    let (fake, h) = waiting_for_the_token("cancel-me").await;
+    let r = http::request("POST", &h.url("/v1/tasks/cancel-me/cancel"), &[], None).await;
+    let answered = std::time::Instant::now();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let after = sends_after(&fake, &h, "cancel-me", answered).await;
+    assert_eq!(after, 0, "sends after the cancel was answered");
+    let v = http::get(&h.url("/v1/tasks/cancel-me")).await.json();
+    assert_eq!(v["state"], "cancelled", "{v}");
+    assert_eq!(v["progress"]["sent"], 0, "{v}");
+    assert!(failures(&h, "cancel-me").await.is_empty());
+}
+
+/// The same for a pause: nothing goes until the resume, then the message goes once.
+#[tokio::test]
+async fn a_pause_answered_while_the_send_waits_for_its_token_holds_it_until_resumed() {
+    let (fake, h) = waiting_for_the_token("pause-me").await;
+    let r = http::request("POST", &h.url("/v1/tasks/pause-me/pause"), &[], None).await;
+    let answered = std::time::Instant::now();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let after = sends_after(&fake, &h, "pause-me", answered).await;
+    assert_eq!(after, 0, "sends after the pause was answered");
+    let r = http::request("POST", &h.url("/v1/tasks/pause-me/resume"), &[], None).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = wait_state(&h.server.url(), "pause-me", "completed", DEADLINE).await;
+    assert_eq!(v["progress"]["sent"], 1, "{v}");
+    let sends = fake.requests_to("/cgi-bin/message/send");
+    assert_eq!(sends.len(), 1, "sent once, after the resume");
+    assert_eq!(sends[0].header("idempotency-key"), Some("pause-me:1:0"));
+    assert!(failures(&h, "pause-me").await.is_empty());
+}
+
+/// A failure-list retry is a send of its task too: its platform refused the token, and the
+/// cancel is answered while the refresh is on its way; the second try is not written.
+#[tokio::test]
+async fn a_cancel_answered_while_a_failure_retry_refreshes_its_token_sends_nothing() {
+    let fetches = Arc::new(AtomicU32::new(0));
+    let with_t1 = Arc::new(AtomicU32::new(0));
+    let fake = FakePlatform::start({
+        let (fetches, with_t1) = (fetches.clone(), with_t1.clone());
+        move |r| match r.path.as_str() {
+            "/cgi-bin/gettoken" => {
+                let n = fetches.fetch_add(1, Ordering::SeqCst) + 1;
+                let reply = Reply::json(
+                    200,
+                    json!({"errcode": 0, "errmsg": "ok", "access_token": format!("T{n}"),
+                           "expires_in": 7200}),
+                );
+                // The refresh is slow: the cancel is answered while it is on its way.
+                if n == 1 {
+                    reply
+                } else {
+                    reply.delay(Duration::from_millis(1_500))
+                }
+            }
+            _ if query_map(r.query.as_deref())
+                .get("access_token")
+                .map(String::as_str)
+                == Some("T1") =>
+            {
+                if with_t1.fetch_add(1, Ordering::SeqCst) == 0 {
+                    // The run's own send: refused for good (into the failure list).
+                    Reply::json(200, json!({"errcode": 40003, "errmsg": "invalid userid"}))
+                } else {
+                    // The retry's first try: the token "expired".
+                    Reply::json(
+                        200,
+                        json!({"errcode": 42001, "errmsg": "access_token expired"}),
+                    )
+                }
+            }
+            _ => Reply::json(200, json!({"errcode": 0, "errmsg": "ok"})),
+        }
+    })
+    .await;
+    let h = start_with_env(&wecom_app(&fake.base_url(), ""), &[("CORP_SECRET", "s")]).await;
+    // The second message is 30 s later: the task is still running when the first fails.
+    create(
+        &h,
+        json!({"id": "k", "channel": "app", "schedule": {"after": "0s"},
+               "messages": [{"to": "a", "body": "x"}, {"to": "b", "body": "y"}],
+               "pacing": {"interval": "30s"}}),
+    )
+    .await;
+    let listed = common::herald::poll(DEADLINE, || async {
+        (failures(&h, "k").await.len() == 1).then_some(())
+    })
+    .await;
+    assert!(
+        listed.is_some(),
+        "the refused message is in the failure list"
+    );
+    let r = http::request("POST", &h.url("/v1/failures/k:1:0/retry"), &[], None).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let tokens = fake.wait_for("/cgi-bin/gettoken", 2, DEADLINE).await;
+    assert_eq!(
+        tokens.len(),
+        2,
+        "the retry's token refused and being refreshed"
+    );
+    let r = http::request("POST", &h.url("/v1/tasks/k/cancel"), &[], None).await;
+    let answered = std::time::Instant::now();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let after = || {
+        fake.requests_to("/cgi-bin/message/send")
+            .into_iter()
+            .filter(|r| r.at > answered)
+            .count()
+    };
+    // The retry comes back from the refresh: stopped (the entry says the task was
+    // cancelled), or sent.
+    let entry = common::herald::poll(DEADLINE, || async {
+        let list = failures(&h, "k").await;
+        let stopped = list.len() == 1 && list[0]["retrying"] == false;
+        (stopped || after() > 0).then_some(list)
+    })
+    .await
+    .expect("the retry came back from its token");
+    assert_eq!(after(), 0, "retry sends after the cancel was answered");
+    assert!(
+        entry[0]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("cancelled")),
+        "{entry:?}"
+    );
+}

@@ -637,6 +637,32 @@ impl Channel {
             Sink::Webhook(w) => w.alert(a, now_ms).await,
         }
     }
+
+    /// Asks the breaker again for a send admitted earlier ([`Channel::admit`]) that waited for
+    /// a free slot: it goes only if the breaker is still closed, or if it is the probe.
+    /// `Err(at)`: held, not before `at` (counted as held; the send asks [`Channel::admit`]
+    /// again then, which decides on a probe). Takes nothing from the breaker: a send that
+    /// does not go gives back a probe it carried with [`Channel::unsent`].
+    pub fn recheck(&self, now_ms: u64, probe: bool) -> Result<(), u64> {
+        /// How long a send is held while the breaker's probe is out (as `admit` holds it).
+        const HALF_OPEN_RECHECK_MS: u64 = 1_000;
+        let Some(b) = &self.breaker else {
+            return Ok(());
+        };
+        if probe {
+            return Ok(());
+        }
+        let at = match b.lock().state() {
+            BreakerState::Closed => return Ok(()),
+            // The wall instant the cool-down was expected to end at; `admit` measures it on
+            // the monotonic clock when the send comes back.
+            BreakerState::Open { until_ms } => until_ms.max(now_ms),
+            // A probe is out: look again when `admit` would (at most a second).
+            BreakerState::HalfOpen => now_ms.saturating_add(HALF_OPEN_RECHECK_MS),
+        };
+        self.stats.held.fetch_add(1, Ordering::Relaxed);
+        Err(at)
+    }
 }
 
 /// Slack on a webhook attempt's bound ([`Channel::attempt_bound_ms`]): a plain webhook's

@@ -354,6 +354,11 @@ impl WebhookSink {
             Ok(r) => r,
             Err(v) => return v,
         };
+        // The last look before the request is written: a token fetched or refreshed above
+        // may have taken until after a cancel or pause of the delivery's task was answered.
+        if gate_closed() {
+            return Verdict::Done(Gate::stopped(now_ms()));
+        }
         let resp = match within(limit, self.client.request(req)).await {
             Some(Ok(r)) => r,
             Some(Err(e)) => {
@@ -488,6 +493,62 @@ impl Verdict {
             },
         }
     }
+}
+
+/// Whether the sends of one task may still start. The engine closes it when a cancel or a
+/// pause of the task is about to be made durable (and opens it again if that write fails, or
+/// on resume), so a send prepared before the command starts no request after its answer
+/// (API.md: "no send of this task starts after the answer"). Read without a lock by the send
+/// it is given to ([`gated`]) right before each request of the delivery: after a token fetch,
+/// and before the second try after a token refresh. (A request whose look came before the
+/// close started before the answer; it may still be on its way when the answer goes.)
+#[derive(Debug, Default)]
+pub struct Gate {
+    closed: std::sync::atomic::AtomicBool,
+}
+
+impl Gate {
+    /// Closes the gate; whether it was closed already.
+    pub fn close(&self) -> bool {
+        self.closed.swap(true, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn open(&self) {
+        self.closed
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The outcome of a send its closed gate stopped: nothing was sent, nothing is counted
+    /// (a cancelled run ends with it, a paused one sends on resume).
+    pub fn stopped(now_ms: u64) -> Outcome {
+        Outcome::Held {
+            error: "not sent: the task was cancelled or paused before the message's request was written".into(),
+            until_ms: now_ms,
+            why: crate::model::timeline::HeldWhy::Stopped,
+        }
+    }
+}
+
+tokio::task_local! {
+    /// The gate of the send being polled ([`gated`]); none for alerts and notifications.
+    static GATE: Arc<Gate>;
+}
+
+/// Runs `send` (a delivery's attempt) with `gate` as its gate: every request of the delivery
+/// is written only while the gate is open (a closed one makes the attempt [`Gate::stopped`]).
+/// The gate goes with the attempt as a task-local value, so `Channel::send_with` and the
+/// sinks between it and the request need not carry it.
+pub async fn gated<F: std::future::Future>(gate: Arc<Gate>, send: F) -> F::Output {
+    GATE.scope(gate, send).await
+}
+
+/// Whether the gate of the send being polled is closed (`false` outside [`gated`]).
+pub fn gate_closed() -> bool {
+    GATE.try_with(|g| g.is_closed()).unwrap_or(false)
 }
 
 /// How long a send that hit a local resource limit waits before it is tried again.

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use tokio::sync::OwnedMutexGuard;
 
 use super::{offload, EngineError, Inner, LiveState, LiveTask, Slot};
+use crate::deliver::webhook::Gate;
 use crate::model::{RunState, TaskState};
 use crate::store::records::LiveEntry;
 
@@ -33,6 +34,13 @@ pub(crate) struct LiveMap {
     /// Invariant: every key is in `ids`.
     cells: HashMap<Arc<str>, Arc<LiveTask>, foldhash::fast::RandomState>,
     pub loading: Option<IdSet>,
+    /// The send gate of each task with a send under way (`step.rs`, `SendGate`), by id. Kept
+    /// apart from the cells: a cancelled task leaves the map while its send is still out.
+    /// An entry lives while a send holds it (it is removed by the last one's
+    /// [`LiveMap::gate_done`]); its clones are only handed to sends, under this map's lock.
+    /// Invariant, under the task's lock and outside a command's write: a gate is closed
+    /// exactly when its task is paused or cancelled.
+    gates: HashMap<Arc<str>, Arc<Gate>, foldhash::fast::RandomState>,
 }
 
 /// A set of task ids, hashed with foldhash (randomly seeded per process, as the timer's table
@@ -104,6 +112,39 @@ impl LiveMap {
     pub fn remove(&mut self, id: &str) {
         self.cells.remove(id);
         self.ids.remove(id);
+    }
+
+    /// The send gate of task `id` for a send about to start, taken under the task's lock
+    /// with the task running (so the gate is open); give it back with
+    /// [`LiveMap::gate_done`].
+    pub fn gate(&mut self, id: &Arc<str>) -> Arc<Gate> {
+        self.gates.entry(id.clone()).or_default().clone()
+    }
+
+    /// A send is done with its gate: the entry goes with the last send holding it.
+    pub fn gate_done(&mut self, id: &str, gate: Arc<Gate>) {
+        let last = self
+            .gates
+            .get(id)
+            .is_some_and(|g| Arc::ptr_eq(g, &gate) && Arc::strong_count(g) == 2);
+        drop(gate);
+        if last {
+            self.gates.remove(id);
+        }
+    }
+
+    /// Closes task `id`'s gate (a cancel or pause, under the task's lock, before its write);
+    /// whether it was closed already (`true` too when no send is under way).
+    pub fn close_gate(&mut self, id: &str) -> bool {
+        self.gates.get(id).is_none_or(|g| g.close())
+    }
+
+    /// Opens task `id`'s gate (a resume, or a cancel or pause whose write failed: under the
+    /// task's lock).
+    pub fn open_gate(&mut self, id: &str) {
+        if let Some(g) = self.gates.get(id) {
+            g.open();
+        }
     }
 }
 

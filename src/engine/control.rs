@@ -9,7 +9,7 @@ use super::cells::Locked;
 use super::change::Change;
 use super::commit;
 use super::plan::{self, Refused};
-use super::{derive_state, offload, Engine, EngineError, LiveState, TaskView};
+use super::{derive_state, offload, Engine, EngineError, Inner, LiveState, TaskView};
 use crate::model::timeline::TimelineKind;
 use crate::model::TaskState;
 use crate::request::{Context, FieldError, PatchRequest};
@@ -80,7 +80,7 @@ impl Engine {
                 let view_run = p.runs.iter().max_by_key(|r| r.run).cloned();
                 // Sending runs stay in memory (their outcome is still settled): commit's rule.
                 let c = with_event(p.change(), TimelineKind::Cancelled, now);
-                commit::apply(&this.inner, l, c).await?;
+                stop_sends(&this.inner, l, c).await?;
                 tracing::info!(task = %id, trace_id = %crate::model::timeline::hex(&l.st().spec.trace()), "task cancelled");
                 Ok(TaskView {
                     task: l.st().task(),
@@ -105,7 +105,7 @@ impl Engine {
             let now = this.inner.clock.now_ms();
             let p = plan::pause(&st.spec, &st.progress, &st.runs, &st.sending, now).map_err(refused)?;
             let c = with_event(p.change(), TimelineKind::Paused, now);
-            commit::apply(&this.inner, l, c).await?;
+            stop_sends(&this.inner, l, c).await?;
             tracing::info!(task = %id, trace_id = %crate::model::timeline::hex(&l.st().spec.trace()), "task paused");
             Ok(this.view_of(l.st()).await)
         })
@@ -122,6 +122,8 @@ impl Engine {
                 .map_err(refused)?;
             let c = with_event(p.change(), TimelineKind::Resumed, now);
             commit::apply(&this.inner, l, c).await?;
+            // Sends prepared before the pause and still out may go again (`stop_sends`).
+            this.inner.live.lock().open_gate(&l.id);
             tracing::info!(task = %id, state = %l.st().progress.state, "task resumed");
             Ok(this.view_of(l.st()).await)
         })
@@ -282,6 +284,20 @@ fn backfill_refused(e: crate::schedule::backfill::BackfillError) -> EngineError 
         ),
     };
     EngineError::Invalid(FieldError::new(field, detail))
+}
+
+/// Carries out a cancel's or a pause's change with the task's send gate closed first, under
+/// its lock and before the write (`cells::LiveMap::close_gate`): a send prepared before the
+/// command, whose request is not written yet (waiting for a slot of the channel, or for an
+/// access token), starts none after the answer. A write that failed leaves the gate as it
+/// was.
+async fn stop_sends(inner: &Arc<Inner>, l: &mut Locked, c: Change) -> Result<(), EngineError> {
+    let was_closed = inner.live.lock().close_gate(&l.id);
+    let r = commit::apply(inner, l, c).await;
+    if r.is_err() && !was_closed {
+        inner.live.lock().open_gate(&l.id);
+    }
+    Ok(r?)
 }
 
 /// A control command's change with its timeline event (issue 25), written with it.

@@ -11,8 +11,9 @@ use std::sync::Arc;
 
 use super::commit::{self, RetryWheel};
 use super::plan::RetryPlan;
+use super::step::SendGate;
 use super::timer::Key;
-use super::{alerts, offload, EngineError, Inner};
+use super::{offload, EngineError, Inner};
 use crate::deliver::{backoff, Admission};
 use crate::model::{Outcome, TimelineEvent};
 
@@ -55,50 +56,57 @@ pub(crate) async fn failure_retry(
     // Cluster mode: as a run's send (`step.rs`), only with enough of the shard's trust left
     // (none on a shard being handed over), cut off where the trust ends, and counted on the
     // shard until its outcome is settled, so a handover waits for it.
-    let (end, _on_shard, epoch) = match inner.send_window(&f.task_id) {
+    // (Its end is read again once the send has a slot: `step::send_in_slot`.)
+    let (_on_shard, epoch) = match inner.send_window(&f.task_id) {
         super::cluster::Window::Closed => {
             channel.unsent(probe);
             drop(guard);
             super::step::window_closed(inner, key);
             return Ok(());
         }
-        super::cluster::Window::Within(d, on_shard, epoch) => (
-            Some(tokio::time::Instant::now() + d),
-            Some(on_shard),
-            Some(epoch),
-        ),
-        super::cluster::Window::Unbounded => (None, None, None),
+        super::cluster::Window::Within(_, on_shard, epoch) => (Some(on_shard), Some(epoch)),
+        super::cluster::Window::Unbounded => (None, None),
     };
     delivery.epoch = epoch;
     let policy = spec.retry.unwrap_or(channel.retry);
-    let _sending = inner.failure_sends.mark(failure_id);
+    let sending = inner.failure_sends.mark(failure_id);
     // Its task has a send out too, until the settle: a delete (the retention sweep, or
     // `DELETE /v1/tasks/{id}` of a finished task) skips it meanwhile. Taken under the
     // failures lock, which a delete holds while it looks (`retention.rs`).
     let _out = inner.sends_out.mark(&Arc::from(f.task_id.as_str()));
     drop(guard);
 
+    // The task's send gate, as for a run's send: a cancel or pause answered from now on
+    // closes it, and no request of this retry is written after that.
+    let Some(gate) = retry_gate(inner, &f.task_id).await else {
+        // Cancelled or paused since its check (or unreadable): the next step says so.
+        channel.unsent(probe);
+        drop(sending);
+        inner.timer.at(key, inner.clock.now_ms());
+        return Ok(());
+    };
     // Traced like a run's attempt: the task's trace with a span of its own, and an `attempt`
-    // event in the timeline beside what it led to (issue 25).
-    let send = async {
-        match retry_slot(inner, &channel, &f.task_id, rate_tick).await {
-            Ok((permit, waited)) => {
-                let now_ms = || inner.clock.now_ms();
-                channel.send_with(&delivery, permit, waited, now_ms).await
-            }
-            Err(o) => (o, Default::default()),
+    // event in the timeline beside what it led to (issue 25). Recorded on the channel (and
+    // its breaker) only if it went: not if it was held or cut off where the trust ended.
+    let (outcome, report) = match retry_slot(inner, &channel, &f.task_id, rate_tick, probe).await {
+        Ok(slot) => {
+            super::step::send_in_slot(inner, &channel, &delivery, slot, probe, gate.gate()).await
+        }
+        Err(o) => {
+            channel.unsent(probe);
+            (o, Default::default())
         }
     };
-    let (outcome, report) = super::step::cut_off_at(end, send).await;
-    if let Some(tr) = channel.record_attempt(inner.clock.now_ms(), &outcome, &report, probe) {
-        alerts::breaker(inner, &channel.name, tr);
-    }
+    drop(gate);
 
     // A local resource shortage (EMFILE, ENOBUFS), or not started after its wait for a slot
-    // (a drain, a cancel or pause, the rate limit): nothing left this host; try again later
-    // without counting an attempt (issue 9). Stopped: the next run of the step (or the next
-    // boot, after a drain) looks at the task again.
+    // (a drain, a cancel or pause, the breaker, the rate limit, too little trust): nothing
+    // left this host; try again later without counting an attempt (issue 9). Stopped: the
+    // next run of the step (or the next boot, after a drain) looks at the task again. Its
+    // mark goes first: nothing of it is on its way, and a step due at once must not take
+    // the mark for an attempt under way (it would end there, the entry left retrying).
     if let Outcome::Held { until_ms, .. } = outcome {
+        drop(sending);
         inner.timer.at(key, until_ms);
         return Ok(());
     }
@@ -153,7 +161,8 @@ async fn inputs(
 /// A slot of the channel's concurrency for a failure retry, as for a run's send
 /// (`step.rs::slot`): the retry was admitted, and its task looked at, before any wait; so after
 /// a wait a drain begun meanwhile, or a cancel or pause answered meanwhile, stops it (no send
-/// starts after either), and the rate slot is taken again, counted from when the send starts.
+/// starts after either), a breaker opened meanwhile holds it unless it is the probe, and the
+/// rate slot is taken again, counted from when the send starts.
 /// The task's state is read from the store, not under its lock: a cancel or pause answers
 /// once it is durable, and the lock is never waited for while a slot is held (a chunk holds
 /// its tasks' locks while it waits for this channel's slots). `Err`: not sent, held (no
@@ -163,6 +172,7 @@ async fn retry_slot<'c>(
     channel: &'c crate::deliver::Channel,
     task_id: &str,
     rate_tick: Option<u64>,
+    probe: bool,
 ) -> Result<(tokio::sync::SemaphorePermit<'c>, bool), Outcome> {
     let (permit, waited) = channel
         .permit()
@@ -204,6 +214,9 @@ async fn retry_slot<'c>(
             ))
         }
     }
+    if let Err(until_ms) = channel.recheck(now, probe) {
+        return Err(super::step::breaker_held(until_ms));
+    }
     match channel.retake_rate(rate_tick, now) {
         Ok(()) => Ok((permit, true)),
         Err(until_ms) => Err(held(
@@ -211,6 +224,32 @@ async fn retry_slot<'c>(
             until_ms,
             crate::model::timeline::HeldWhy::RateLimit,
         )),
+    }
+}
+
+/// The send gate of a retry's task (`step::SendGate`), taken under the task's lock while it
+/// is neither cancelled nor paused; `None` if it is (or cannot be read now). A task no longer
+/// live is finished (a command reaches it only once a patch re-arms an expired one).
+async fn retry_gate<'a>(inner: &'a Arc<Inner>, task_id: &str) -> Option<SendGate<'a>> {
+    use crate::model::TaskState;
+    let stop = |s: TaskState| matches!(s, TaskState::Cancelled | TaskState::Paused);
+    match commit::lock(inner, task_id).await {
+        Ok(Some(mut l)) => {
+            let gate = (!stop(l.st().progress.state)).then(|| SendGate::new(inner, &l.id));
+            l.release(inner);
+            gate
+        }
+        Ok(None) => {
+            // Cancelled since `stopped` looked (the task left the live map with it), or
+            // finished: as the store says.
+            let id = task_id.to_string();
+            let state = offload::read(inner, move |i| Ok(i.store.get_task(&id)?.map(|t| t.state)));
+            match state.await {
+                Ok(Some(s)) if !stop(s) => Some(SendGate::new(inner, &Arc::from(task_id))),
+                _ => None,
+            }
+        }
+        Err(_) => None,
     }
 }
 

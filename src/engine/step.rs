@@ -27,8 +27,10 @@ use super::commit::{self, STORAGE_RETRY_MS};
 use super::plan::{self, Attempt};
 use super::timer::{Key, RunKey, StepGuard};
 use super::{alerts, offload, retry, EngineError, Inner};
+use crate::deliver::webhook::{gated, Gate};
 use crate::deliver::{backoff, Admission, Delivery};
 use crate::logsafe::Escaped;
+use crate::model::timeline::HeldWhy;
 use crate::model::{Outcome, TaskSpec, TaskState};
 use crate::schedule::format_utc;
 
@@ -112,6 +114,40 @@ impl Drop for SendInFlight<'_> {
         self.0
             .sends_in_flight
             .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// A send's hold on its task's gate (`cells::LiveMap::gate`, `deliver::webhook::Gate`): taken
+/// under the task's lock while the task runs, so a cancel or pause from then on (under the
+/// same lock) closes it before its write; given back when the send is over.
+pub(super) struct SendGate<'a> {
+    inner: &'a Inner,
+    id: Arc<str>,
+    gate: Option<Arc<Gate>>,
+}
+
+impl<'a> SendGate<'a> {
+    /// The gate of task `id`; the caller holds the task's lock and has seen it running (or,
+    /// for a failure retry, has seen it finished: no command reaches it then).
+    pub(super) fn new(inner: &'a Inner, id: &Arc<str>) -> Self {
+        let gate = inner.live.lock().gate(id);
+        SendGate {
+            inner,
+            id: id.clone(),
+            gate: Some(gate),
+        }
+    }
+
+    pub(super) fn gate(&self) -> Arc<Gate> {
+        self.gate.clone().unwrap_or_default()
+    }
+}
+
+impl Drop for SendGate<'_> {
+    fn drop(&mut self) {
+        if let Some(g) = self.gate.take() {
+            self.inner.live.lock().gate_done(&self.id, g);
+        }
     }
 }
 
@@ -375,13 +411,13 @@ async fn run_step_once(
             window_closed(inner, key.key());
             return Ok(None);
         }
-        // The end of the window, read with the window itself (a pause after this must not
-        // move it).
-        super::cluster::Window::Within(d, guard, epoch) => {
-            Some((tokio::time::Instant::now() + d, guard, epoch))
-        }
+        // Its end is read again once the send has a slot of the channel (`trust_end`).
+        super::cluster::Window::Within(_, guard, epoch) => Some((guard, epoch)),
         super::cluster::Window::Unbounded => None,
     };
+    // Taken under the lock, the task running: a cancel or pause from now on closes it before
+    // its write, and no request of this send is written after that.
+    let gate = SendGate::new(inner, &key.task);
     let cell = l.cell();
     // Until after the settle; taken before the lock goes, so a cancel answered meanwhile
     // never leaves a moment with no mark for a delete to slip into.
@@ -389,15 +425,16 @@ async fn run_step_once(
     l.release(inner);
     let _in_flight = SendInFlight::new(inner);
     let mut prepared = prepared;
-    prepared.delivery.epoch = window.as_ref().map(|w| w.2);
     // Cluster mode: the send counts on its shard until its outcome is settled (or the step
     // ends without it), so that a handover waits for the settle before the shard's writes
     // stop being fenced at its epoch (`cluster/node.rs`, `hand_over`).
-    let (end, _sending) = match window {
+    let (_sending, epoch) = match window {
         None => (None, None),
-        Some((end, sending, _)) => (Some(end), Some(sending)),
+        Some((sending, epoch)) => (Some(sending), Some(epoch)),
     };
-    let (outcome, report) = cut_off_at(end, send(inner, &prepared, &cell, key.run)).await;
+    prepared.delivery.epoch = epoch;
+    let (outcome, report) = send(inner, &prepared, &cell, key.run, gate.gate()).await;
+    drop(gate);
     prepared.report = report;
     let mut l = match super::cells::relock(inner, &key.task, cell, key.run).await? {
         super::cells::Got::Ready(l) => l,
@@ -752,6 +789,7 @@ async fn send(
     p: &Prepared,
     cell: &super::LiveTask,
     run: u32,
+    gate: Arc<Gate>,
 ) -> (Outcome, crate::deliver::AttemptReport) {
     let d = &p.delivery;
     tracing::debug!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, "attempt");
@@ -761,22 +799,92 @@ async fn send(
         };
         return (o, Default::default());
     };
-    let (permit, waited) = match slot(inner, c, p, cell, run).await {
+    let slot = match slot(inner, c, p, cell, run).await {
         Ok(s) => s,
         Err(o) => {
             c.unsent(p.probe);
             return (o, Default::default());
         }
     };
-    // Cut off where the cluster's trust ends (`cut_off_at`), this future is dropped before it
-    // records: a breaker probe it carried is given back then.
-    let mut unrecorded = Unrecorded(c, p.probe);
-    let (o, report) = c
-        .send_with(d, permit, waited, || inner.clock.now_ms())
-        .await;
-    unrecorded.1 = false;
-    record(inner, c, &o, p.probe);
-    (o, report)
+    send_in_slot(inner, c, d, slot, p.probe, gate).await
+}
+
+/// A send that has its slot of the channel (`waited`: it had to wait for it), a run's or a
+/// failure-list retry's: cluster mode's trust is read again now (`trust_end`), the task's
+/// `gate` looked at, and the send, cut off where the trust ends, is recorded on the channel.
+/// A send that does not go (no trust, its gate closed) or is cut off is not recorded and
+/// gives back the breaker's probe it carried.
+pub(super) async fn send_in_slot<'c>(
+    inner: &Arc<Inner>,
+    c: &'c crate::deliver::Channel,
+    d: &Delivery,
+    (permit, waited): (tokio::sync::SemaphorePermit<'c>, bool),
+    probe: bool,
+    gate: Arc<Gate>,
+) -> (Outcome, crate::deliver::AttemptReport) {
+    let end = match trust_end(inner, &d.task_id, d.epoch) {
+        Ok(end) => end,
+        Err(o) => {
+            c.unsent(probe);
+            return (o, Default::default());
+        }
+    };
+    if gate.is_closed() {
+        c.unsent(probe);
+        return (Gate::stopped(inner.clock.now_ms()), Default::default());
+    }
+    let send = async {
+        // Cut off where the cluster's trust ends (`cut_off_at`), this future is dropped
+        // before it records: `unrecorded` gives back a breaker probe it carried then.
+        let mut unrecorded = Unrecorded(c, probe);
+        let (o, report) = c
+            .send_with(d, permit, waited, || inner.clock.now_ms())
+            .await;
+        if matches!(
+            o,
+            Outcome::Held {
+                why: HeldWhy::Stopped,
+                ..
+            }
+        ) {
+            // Its gate closed before a request was written: nothing went (nor is counted).
+            return (o, Default::default());
+        }
+        unrecorded.1 = false;
+        // With its report: a permanent failure that never reached the receiver (a template
+        // or encoding error) tells the breaker nothing.
+        if let Some(tr) = c.record_attempt(inner.clock.now_ms(), &o, &report, probe) {
+            alerts::breaker(inner, &c.name, tr);
+        }
+        (o, report)
+    };
+    cut_off_at(end, gated(gate, send)).await
+}
+
+/// Cluster mode (`epoch`: the send goes under the shard's epoch), the end of the trust a send
+/// that has its slot may use: the window is read again here, after any wait for the slot,
+/// so a send starts only with enough trust left (HA.md: at least `safety`) on the shard
+/// still held at that epoch, and its wait is not cut off. `Err`: it does not start; held (no
+/// attempt counted), back when the window may be open again.
+fn trust_end(
+    inner: &Inner,
+    task: &str,
+    epoch: Option<u64>,
+) -> Result<Option<tokio::time::Instant>, Outcome> {
+    let Some(epoch) = epoch else {
+        return Ok(None);
+    };
+    // The guard counting the send on its shard is the caller's, taken with the first read.
+    match inner.send_window(task) {
+        super::cluster::Window::Within(d, _, e) if e == epoch => {
+            Ok(Some(tokio::time::Instant::now() + d))
+        }
+        _ => Err(Outcome::Held {
+            error: "not sent: too little of this node's trust in the task's shard was left once the send had a slot of the channel".into(),
+            until_ms: inner.clock.now_ms().saturating_add(WINDOW_RETRY_MS),
+            why: HeldWhy::Stopped,
+        }),
+    }
 }
 
 /// An admitted send not recorded on its channel, and whether it carries the breaker's probe.
@@ -791,14 +899,16 @@ impl Drop for Unrecorded<'_> {
 /// A slot of the channel's concurrency for run `run`'s send (`true`: it had to wait for it).
 ///
 /// The send was admitted before any wait, and the cell's lock was let go: a cancel or a pause
-/// may have been answered meanwhile (nothing may go after that), and the pacing and the rate
-/// limit reckoned from the admission. So after a wait the task is looked at again, the rate
-/// slot is taken again and the run's pacing anchor moves to now: the interval and the rate
-/// count from when sends start, not from when a busy channel let them in. Never waits for the
-/// task's lock while it holds a slot: a chunk holds its tasks' locks while it waits for
-/// slots of the same channel (`chunk.rs`), and each would wait for the other for good.
+/// may have been answered meanwhile (nothing may go after that), the breaker may have opened,
+/// and the pacing and the rate limit reckoned from the admission. So after a wait the task is
+/// looked at again, the breaker asked again (a send admitted before it opened does not go to
+/// the dead receiver, unless it is the probe), the rate slot is taken again and the run's
+/// pacing anchor moves to now: the interval and the rate count from when sends start, not
+/// from when a busy channel let them in. Never waits for the task's lock while it holds a
+/// slot: a chunk holds its tasks' locks while it waits for slots of the same channel
+/// (`chunk.rs`), and each would wait for the other for good.
 /// `Err`: not sent, held with the same attempt number (a cancelled run ends with it, a paused
-/// one sends on resume, a rate-limited one at the instant named).
+/// one sends on resume, a rate-limited or breaker-held one at the instant named).
 async fn slot<'c>(
     inner: &Arc<Inner>,
     c: &'c crate::deliver::Channel,
@@ -813,8 +923,9 @@ async fn slot<'c>(
     }
     loop {
         if draining(inner) {
-            // A drain begun during the wait: no send starts after it. Held, the attempt
-            // stays armed on disk and the next boot sends it (once), as `prepare` leaves one.
+            // A drain begun during the wait: no send starts after it. Held: its settle arms
+            // nothing during a drain and takes its mark back (`stand_down`), so the next boot
+            // sends it as planned, not as a send cut short.
             return Err(Outcome::Held {
                 error: "not sent: herald began to shut down while the send waited for a free slot of the channel".into(),
                 until_ms: inner.clock.now_ms(),
@@ -833,6 +944,9 @@ async fn slot<'c>(
         if !wants_send(&mut g, run, Some(now)) {
             return Err(stopped(inner));
         }
+        if let Err(until_ms) = c.recheck(now, p.probe) {
+            return Err(breaker_held(until_ms));
+        }
         return match c.retake_rate(p.rate_tick, now) {
             Ok(()) => Ok((permit, true)),
             Err(until_ms) => Err(Outcome::Held {
@@ -842,6 +956,17 @@ async fn slot<'c>(
                 why: crate::model::timeline::HeldWhy::RateLimit,
             }),
         };
+    }
+}
+
+/// A send that waited for its slot while the channel's breaker opened (it was admitted
+/// before): held until the breaker may let sends through again, no attempt burned.
+pub(super) fn breaker_held(until_ms: u64) -> Outcome {
+    Outcome::Held {
+        error: "not sent yet: the channel's breaker opened while the send waited for a free slot"
+            .into(),
+        until_ms,
+        why: HeldWhy::Breaker,
     }
 }
 
