@@ -140,8 +140,10 @@ pub enum HeldWhy {
     /// A local resource ran out (too many open files, no buffer space).
     LocalResource,
     QuietHours,
-    /// The task was cancelled or paused while its send waited for a free slot of the channel
-    /// (`concurrency`): it did not go.
+    /// It did not go, and its attempt is not spent: the task was cancelled or paused before
+    /// its request was written (while the send waited for a slot of the channel or for a
+    /// platform's token: its gate closed), herald began to shut down, or in cluster mode too
+    /// little of the shard's trust was left.
     Stopped,
 }
 
