@@ -172,6 +172,21 @@ pub(crate) mod tests {
         sled::open(dir).unwrap()
     }
 
+    /// `Store::open`, again while sled's directory lock is still held: a store or sled handle
+    /// dropped just before lets the lock go only once its last background thread ends.
+    pub(crate) fn store_open(dir: &Path) -> Store {
+        for _ in 0..500 {
+            match Store::open(dir) {
+                Ok(s) => return s,
+                Err(e) if format!("{e:?}").contains("could not acquire lock") => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => panic!("open {}: {e}", dir.display()),
+            }
+        }
+        Store::open(dir).unwrap()
+    }
+
     pub(crate) fn set_format(db: &sled::Db, v: u8) {
         db.open_tree("meta")
             .unwrap()
@@ -183,7 +198,7 @@ pub(crate) mod tests {
     /// Opens `dir` until the applier has moved everything into sled (the memtable empty),
     /// so that what the log held is in sled's trees.
     pub(crate) async fn settle(dir: &Path) {
-        let s = Store::open(dir).unwrap();
+        let s = store_open(dir);
         for _ in 0..400 {
             if s.memtable_bytes() == 0 {
                 return;
@@ -219,7 +234,7 @@ pub(crate) mod tests {
         // Reopened: the log is read into a layer that goes into sled, and its segments go.
         settle(dir.path()).await;
         set_format(&sled_open(dir.path()), 1);
-        let s = Store::open(dir.path()).unwrap();
+        let s = store_open(dir.path());
         assert!(s.get_task("t000001").unwrap().is_some());
         let due: Vec<String> = s.due_entries(&[]).map(|e| e.unwrap().1).collect();
         assert_eq!(due, ["t000000", "t000001", "t000002"]);

@@ -247,11 +247,11 @@ mod tests {
     /// (here all in sled) stay: nothing clears sled's `due` behind the log.
     #[tokio::test(flavor = "multi_thread")]
     async fn a_format_2_upgrade_run_again_keeps_the_due_index() {
-        use crate::store::legacy::tests::{set_format, sled_open};
+        use crate::store::legacy::tests::{set_format, sled_open, store_open};
         let dir = tempfile::tempdir().unwrap();
         format_7_in_sled(dir.path()).await;
         set_format(&sled_open(dir.path()), 2);
-        let s = crate::store::Store::open(dir.path()).unwrap();
+        let s = store_open(dir.path());
         assert_eq!(due_ids(&s), ["x", "y", "z"]);
         assert!(s.get_task("y").unwrap().is_some());
     }
@@ -260,7 +260,7 @@ mod tests {
     /// index is built through the log and then folded with the live entries (format 7).
     #[tokio::test(flavor = "multi_thread")]
     async fn a_format_2_directory_gets_its_due_index_through_the_log() {
-        use crate::store::legacy::tests::{set_format, sled_open};
+        use crate::store::legacy::tests::{set_format, sled_open, store_open};
         let dir = tempfile::tempdir().unwrap();
         let tasks = format_7_in_sled(dir.path()).await;
         {
@@ -273,7 +273,7 @@ mod tests {
             }
             set_format(&db, 2);
         }
-        let s = crate::store::Store::open(dir.path()).unwrap();
+        let s = store_open(dir.path());
         assert_eq!(due_ids(&s), ["x", "y", "z"]);
         assert_eq!(s.backend.scan(TreeId::Live, &[], None).count(), 0);
         assert_eq!(
