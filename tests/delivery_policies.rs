@@ -40,6 +40,21 @@ async fn send_one(h: &TestHerald, id: &str, channel: &str) {
     .await;
 }
 
+/// The breaker state `GET /v1/channels` shows for `channel`.
+async fn breaker_state(h: &TestHerald, channel: &str) -> String {
+    let ch = http::get(&h.url("/v1/channels")).await.json();
+    let found = ch["channels"]
+        .as_array()
+        .and_then(|l| l.iter().find(|c| c["name"] == channel).cloned());
+    let Some(c) = found else {
+        panic!("channel {channel} not listed: {ch}");
+    };
+    c["breaker"]["state"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
 async fn failures(h: &TestHerald, query: &str) -> Vec<Value> {
     let r = http::get(&h.url(&format!("/v1/failures?{query}"))).await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -189,18 +204,7 @@ async fn the_breaker_opens_holds_alerts_once_closes_and_everything_is_delivered(
                "to": (0..6).map(|i| i.to_string()).collect::<Vec<_>>(), "body": "x"}),
     )
     .await;
-    let channel_state = || async {
-        let ch = http::get(&h.url("/v1/channels")).await.json();
-        ch["channels"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == "flaky")
-            .unwrap()["breaker"]["state"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
+    let channel_state = || breaker_state(&h, "flaky");
     poll(Duration::from_secs(10), || async {
         (channel_state().await == "open").then_some(())
     })
@@ -268,18 +272,7 @@ async fn a_probe_whose_template_fails_here_does_not_close_the_breaker() {
         rx.base_url()
     );
     let h = TestHerald::start_on_tmpfs(&config).await;
-    let channel_state = || async {
-        let ch = http::get(&h.url("/v1/channels")).await.json();
-        ch["channels"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["name"] == "tpl")
-            .unwrap()["breaker"]["state"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
+    let channel_state = || breaker_state(&h, "tpl");
     send_one(&h, "bad", "tpl").await;
     poll(Duration::from_secs(10), || async {
         (failures(&h, "task=bad").await.len() == 1).then_some(())
@@ -719,15 +712,8 @@ async fn sends_queued_for_a_slot_when_the_breaker_opens_are_held() {
     for i in 0..20 {
         send_one(&h, &format!("q{i}"), "dead").await;
     }
-    let breaker = || async {
-        let ch = http::get(&h.url("/v1/channels")).await.json();
-        ch["channels"]
-            .as_array()
-            .and_then(|l| l.iter().find(|c| c["name"] == "dead").cloned())
-            .map(|c| c["breaker"]["state"].clone())
-    };
     poll(Duration::from_secs(20), || async {
-        (breaker().await? == "open").then_some(())
+        (breaker_state(&h, "dead").await == "open").then_some(())
     })
     .await
     .expect("the breaker opened");
@@ -743,7 +729,7 @@ async fn sends_queued_for_a_slot_when_the_breaker_opens_are_held() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(breaker().await, Some(json!("open")));
+    assert_eq!(breaker_state(&h, "dead").await, "open");
     let v = http::get(&h.url("/v1/tasks/q19")).await.json();
     assert_eq!(v["state"], "running", "held, not failed: {v}");
 }
