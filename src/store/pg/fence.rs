@@ -14,9 +14,10 @@
 //! A job that breaks the rule is answered `Rejected { lost_shard }` and nothing of it is
 //! written; the rest of the group goes on.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::shard::{fnv1a64, shard_of};
+use super::shard::{fnv1a64, task_id_of};
 use crate::store::backend::{RawOp, TreeId};
 
 /// What the store asks of the process's leases (implemented by `cluster::node::Ownership`).
@@ -46,17 +47,18 @@ pub struct JobFence {
 }
 
 /// A job's fence, or the first shard it writes that this process does not hold.
+///
+/// A shard not held takes only rows of tasks the job creates there: a job that also writes
+/// another task's rows in it (a settle whose notification task hashes to the settled task's
+/// shard, after that shard was lost) is refused whole, or its other rows would be written
+/// unfenced over the new owner's.
 pub fn job_fence(ops: &[RawOp], shards: u32, fence: &dyn Fence) -> Result<JobFence, u32> {
-    let born: BTreeSet<&str> = ops
+    let born: BTreeSet<&[u8]> = ops
         .iter()
         .filter_map(|op| match op {
-            RawOp::Born(id) => Some(id.as_str()),
+            RawOp::Born(id) => Some(id.as_bytes()),
             _ => None,
         })
-        .collect();
-    let born_shards: BTreeMap<u32, &str> = born
-        .iter()
-        .map(|id| (shard_of_task(id, shards), *id))
         .collect();
     // An idempotency key's row is in its task's shard; a delete carries no record to read
     // the task from, so the job names it.
@@ -67,34 +69,41 @@ pub fn job_fence(ops: &[RawOp], shards: u32, fence: &dyn Fence) -> Result<JobFen
             _ => None,
         })
         .collect();
-    let mut out = JobFence::default();
-    let mut written = BTreeSet::new();
+    // Per shard written: whether a row of a task not created here is among them, and the
+    // created tasks with rows in it.
+    let mut written: BTreeMap<u32, (bool, BTreeSet<String>)> = BTreeMap::new();
     for op in ops {
-        let shard = match op {
-            RawOp::Put(t, k, v) => shard_of(*t, k, Some(v), shards),
+        // `freed`: an idempotency key's delete that applies only while the key still names
+        // its gone task (`RawOp::IdemOf`, checked in the transaction): no owner's state is in
+        // it, so it needs no fence of its own.
+        let (task, freed): (Cow<'_, [u8]>, bool) = match op {
+            RawOp::Put(t, k, v) => (task_id_of(*t, k, Some(v)), false),
             RawOp::Delete(t, k) => match idem_of.get(k.as_slice()) {
-                Some(task) if *t == TreeId::Idem => {
-                    i32::try_from(shard_of_task(task, shards)).unwrap_or(0)
-                }
-                _ => shard_of(*t, k, None, shards),
+                Some(task) if *t == TreeId::Idem => (Cow::Borrowed(task.as_bytes()), true),
+                _ => (task_id_of(*t, k, None), false),
             },
-            RawOp::Indexed(w) => shard_of(w.tree, &w.key, w.value.as_deref(), shards),
+            RawOp::Indexed(w) => (task_id_of(w.tree, &w.key, w.value.as_deref()), false),
             // Preconditions and markers write nothing.
             RawOp::Absent(..) | RawOp::Born(_) | RawOp::IdemOf(..) => continue,
         };
-        written.insert(u32::try_from(shard).unwrap_or(0));
+        let shard = u32::try_from(fnv1a64(&task) % u64::from(shards.max(1))).unwrap_or(0);
+        let entry = written.entry(shard).or_default();
+        if born.contains(task.as_ref()) {
+            entry.1.insert(String::from_utf8_lossy(&task).into_owned());
+        } else if !freed {
+            entry.0 = true;
+        }
     }
-    for shard in written {
-        match (fence.epoch(shard), born_shards.get(&shard)) {
-            (Some(e), _) => {
+    let mut out = JobFence::default();
+    for (shard, (others, created)) in written {
+        match fence.epoch(shard) {
+            Some(e) => {
                 out.epochs.insert(shard, e);
             }
-            // Only a created task's rows may go to a shard not held; a job that also
-            // changes something else there is refused whole below (its other rows would
-            // be unfenced), which cannot be told apart from here: the engine never mixes
-            // them (a notification's rows are its own task's).
-            (None, Some(id)) => out.inbox.push((shard, (*id).to_string())),
-            (None, None) => return Err(shard),
+            // Neither held nor only created tasks' rows (and freed keys): refused whole.
+            None if others || created.is_empty() => return Err(shard),
+            // Every task created there gets its inbox row: its owner loads it from that.
+            None => out.inbox.extend(created.into_iter().map(|id| (shard, id))),
         }
     }
     Ok(out)
@@ -194,5 +203,52 @@ mod tests {
         );
         f.lost(shard_of_task("new", 8), 3);
         assert!(f.held().is_empty());
+    }
+
+    /// Review finding: a settle whose notification task hashes to the settled task's shard,
+    /// after that shard was lost, went to the inbox whole: the settled task's rows unfenced
+    /// over the new owner's.
+    #[test]
+    fn another_tasks_rows_beside_a_created_one_in_a_shard_not_held_are_refused() {
+        let s = shard_of_task("parent", 64);
+        let note = (0..10_000)
+            .map(|i| format!("n{i}"))
+            .find(|id| shard_of_task(id, 64) == s)
+            .unwrap();
+        let f = Held(Mutex::new(BTreeMap::new()));
+        let ops = [
+            RawOp::Put(TreeId::Progress, b"parent".to_vec(), b"v".to_vec()),
+            RawOp::Absent(TreeId::Specs, note.as_bytes().to_vec()),
+            RawOp::Born(note.clone()),
+            put(&note),
+        ];
+        assert_eq!(job_fence(&ops, 64, &f), Err(s));
+        // Held, the whole job is fenced at its epoch.
+        f.0.lock().insert(s, 4);
+        assert_eq!(
+            job_fence(&ops, 64, &f).map(|j| j.epochs),
+            Ok(BTreeMap::from([(s, 4)]))
+        );
+    }
+
+    #[test]
+    fn two_tasks_created_in_one_shard_not_held_each_get_an_inbox_row() {
+        let s = shard_of_task("a", 64);
+        let b = (0..10_000)
+            .map(|i| format!("b{i}"))
+            .find(|id| shard_of_task(id, 64) == s)
+            .unwrap();
+        let f = Held(Mutex::new(BTreeMap::new()));
+        let ops = [
+            RawOp::Born("a".into()),
+            put("a"),
+            RawOp::Born(b.clone()),
+            put(&b),
+        ];
+        let mut inbox = job_fence(&ops, 64, &f).unwrap().inbox;
+        inbox.sort();
+        let mut want = vec![(s, "a".to_string()), (s, b)];
+        want.sort();
+        assert_eq!(inbox, want);
     }
 }
