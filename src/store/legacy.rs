@@ -217,7 +217,7 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let n = 40_000;
         format_1_dir(dir.path(), n, 1_500);
-        let s = Store::open(dir.path()).unwrap();
+        let s = store_open(dir.path());
         assert!(s.get_task("t000000").unwrap().is_some());
         let due = s.due_entries(&[]).count();
         assert_eq!(due, n, "due entries after migrating {n} format-1 tasks");
@@ -230,7 +230,7 @@ pub(crate) mod tests {
     async fn a_format_1_upgrade_run_again_keeps_the_due_index() {
         let dir = tempfile::tempdir().unwrap();
         format_1_dir(dir.path(), 3, 10);
-        drop(Store::open(dir.path()).unwrap());
+        drop(store_open(dir.path()));
         // Reopened: the log is read into a layer that goes into sled, and its segments go.
         settle(dir.path()).await;
         set_format(&sled_open(dir.path()), 1);

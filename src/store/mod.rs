@@ -1722,7 +1722,7 @@ pub(crate) mod tests {
         }
         {
             // What a format 2 build left: no due index.
-            let db = sled::open(dir.path()).unwrap();
+            let db = crate::store::legacy::tests::sled_open(dir.path());
             db.open_tree("due").unwrap().clear().unwrap();
             db.open_tree("meta")
                 .unwrap()
@@ -1730,7 +1730,7 @@ pub(crate) mod tests {
                 .unwrap();
             db.flush().unwrap();
         }
-        let s = Store::open(dir.path()).unwrap();
+        let s = crate::store::legacy::tests::store_open(dir.path());
         let ids: Vec<String> = due_order(&s).into_iter().map(|e| e.0).collect();
         assert_eq!(ids, ["x", "y", "z"]);
     }
@@ -1929,7 +1929,7 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             // What format 4 wrote: run records, no `active_runs` tree, no log records.
-            let db = sled::open(dir.path()).unwrap();
+            let db = crate::store::legacy::tests::sled_open(dir.path());
             let runs = db.open_tree("runs").unwrap();
             for (n, state) in [(1, RunState::Completed), (2, RunState::Running)] {
                 runs.insert(run_key("old", n), encode(&run_in(n, state)).unwrap())
@@ -1941,7 +1941,7 @@ pub(crate) mod tests {
                 .unwrap();
             db.flush().unwrap();
         }
-        let s = Store::open(dir.path()).unwrap();
+        let s = crate::store::legacy::tests::store_open(dir.path());
         let active: Vec<u32> = s
             .active_runs_of("old")
             .unwrap()
