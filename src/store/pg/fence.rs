@@ -131,6 +131,14 @@ mod tests {
         }
     }
 
+    /// The first `prefix`N whose shard among `shards` is (`same`) or is not `s`.
+    fn id_where(prefix: &str, shards: u32, s: u32, same: bool) -> String {
+        (0..10_000)
+            .map(|i| format!("{prefix}{i}"))
+            .find(|id| (shard_of_task(id, shards) == s) == same)
+            .unwrap()
+    }
+
     fn put(id: &str) -> RawOp {
         RawOp::Put(TreeId::Specs, id.as_bytes().to_vec(), b"v".to_vec())
     }
@@ -142,10 +150,7 @@ mod tests {
         let j = job_fence(&[put("a")], 8, &f).unwrap();
         assert_eq!(j.epochs, BTreeMap::from([(s, 7)]));
         assert!(j.inbox.is_empty());
-        let other = (0..100)
-            .map(|i| format!("t{i}"))
-            .find(|id| shard_of_task(id, 8) != s)
-            .unwrap();
+        let other = id_where("t", 8, s, false);
         assert_eq!(
             job_fence(&[put(&other)], 8, &f),
             Err(shard_of_task(&other, 8))
@@ -157,10 +162,7 @@ mod tests {
         // A key whose own hash falls in another shard than its task's.
         let task = "t1";
         let s = shard_of_task(task, 8);
-        let key = (0..100)
-            .map(|i| format!("k{i}"))
-            .find(|k| shard_of_task(k, 8) != s)
-            .unwrap();
+        let key = id_where("k", 8, s, false);
         let f = Held(Mutex::new(BTreeMap::from([(s, 3)])));
         let del = RawOp::Delete(TreeId::Idem, key.as_bytes().to_vec());
         let marked = [
@@ -211,10 +213,7 @@ mod tests {
     #[test]
     fn another_tasks_rows_beside_a_created_one_in_a_shard_not_held_are_refused() {
         let s = shard_of_task("parent", 64);
-        let note = (0..10_000)
-            .map(|i| format!("n{i}"))
-            .find(|id| shard_of_task(id, 64) == s)
-            .unwrap();
+        let note = id_where("n", 64, s, true);
         let f = Held(Mutex::new(BTreeMap::new()));
         let ops = [
             RawOp::Put(TreeId::Progress, b"parent".to_vec(), b"v".to_vec()),
@@ -234,10 +233,7 @@ mod tests {
     #[test]
     fn two_tasks_created_in_one_shard_not_held_each_get_an_inbox_row() {
         let s = shard_of_task("a", 64);
-        let b = (0..10_000)
-            .map(|i| format!("b{i}"))
-            .find(|id| shard_of_task(id, 64) == s)
-            .unwrap();
+        let b = id_where("b", 64, s, true);
         let f = Held(Mutex::new(BTreeMap::new()));
         let ops = [
             RawOp::Born("a".into()),
