@@ -303,3 +303,61 @@ async fn a_drain_arms_no_next_message_of_a_sequence() {
         "nothing was cut short by the drain: {events:#?}"
     );
 }
+
+/// A one-shot armed ahead of its instant when SIGTERM comes (its fire is handled 2 s before
+/// the instant, and its first attempt's in-flight mark written then): the drain starts no
+/// send, and takes the mark back before the exit. Left armed, the next boot, past the
+/// instant, read it as a send cut short: sent as attempt 2 with `resumed_after_restart` for a
+/// message that never left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_takes_back_a_mark_armed_ahead_of_its_instant() {
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let cfg = write_config(dir.path(), &config(&rx, "30s"));
+    let mut p = Proc::spawn(&cfg, &data);
+    let ahead = Duration::from_secs(5);
+    let due = Instant::now() + ahead;
+    let r = http::post_json(
+        &format!("{}/v1/tasks", p.url),
+        &json!({"id": "ahead", "channel": "hook",
+                "schedule": {"at": common::herald::in_ms(ahead.as_millis() as i64)},
+                "messages": [{"to": "a", "body": "hello"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    // Armed ahead: its fire handled, its in-flight mark written, its instant still to come.
+    let url = format!("{}/v1/tasks/ahead", p.url);
+    let armed = poll(Duration::from_secs(10), || {
+        let url = url.clone();
+        async move {
+            let v = http::get(&url).await.json();
+            (v["progress"]["in_flight"] == 1).then_some(())
+        }
+    })
+    .await;
+    assert!(armed.is_some(), "the one-shot was not armed ahead");
+    p.signal(libc::SIGTERM);
+    assert_eq!(p.wait_exit(Duration::from_secs(30)).await, Some(0));
+    assert_eq!(rx.count(), 0, "nothing is sent during a drain");
+
+    // Back after the instant: an armed mark then reads as a send cut short.
+    tokio::time::sleep_until((due + Duration::from_millis(500)).into()).await;
+    let p = Proc::spawn(&cfg, &data);
+    wait_state(&p.url, "ahead", "completed", Duration::from_secs(30)).await;
+    let got = rx.requests();
+    assert_eq!(got.len(), 1, "sent once: {got:?}");
+    assert_eq!(got[0].idempotency_key(), Some("ahead:1:0"));
+    assert_eq!(
+        got[0].json.as_ref().unwrap()["attempt"],
+        1,
+        "its first attempt: the drain took the mark back"
+    );
+    let r = http::get(&format!("{}/v1/tasks/ahead/timeline?limit=1000", p.url)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let events = r.json()["events"].as_array().unwrap().clone();
+    assert!(
+        !events.iter().any(|e| e["kind"] == "resumed_after_restart"),
+        "nothing was cut short by the drain: {events:#?}"
+    );
+}

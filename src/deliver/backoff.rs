@@ -27,6 +27,28 @@ pub fn retry_delay_ms(policy: &RetryPolicy, attempt: u32, seed: u64, key: &str) 
     }
 }
 
+/// The most a held send's wake-up is spread past the end of its hold ([`hold_wake_ms`]): the
+/// breaker's look again while its probe is out (`breaker.rs`, `PROBE_RECHECK_MS_MAX`).
+pub const HOLD_SPREAD_MAX_MS: u64 = 1_000;
+
+/// When a send held at `now_ms` until `until_ms` (an open breaker, a rate limit) comes back:
+/// `until_ms` plus a jitter in `[0, min((until_ms - now_ms) / 4, HOLD_SPREAD_MAX_MS)]`, from
+/// `seed`, `key` (the send's own) and `until_ms`, so the sends one breaker or one rate limit
+/// holds until the same instant wake spread over up to a second instead of all at once (each
+/// locks its task and asks the channel again; all but one are held again).
+///
+/// Bounded by a quarter of the hold: a short hold (a rate limit's next slot some ms away)
+/// stays short, so a lone sequence held by a channel's rate waits on average an eighth of a
+/// hold longer; and never before `until_ms` (it could not go then).
+pub fn hold_wake_ms(now_ms: u64, until_ms: u64, seed: u64, key: &str) -> u64 {
+    let bound = (until_ms.saturating_sub(now_ms) / 4).min(HOLD_SPREAD_MAX_MS);
+    if bound == 0 {
+        return until_ms;
+    }
+    let r = splitmix64(seed ^ fnv1a(key) ^ until_ms.wrapping_mul(0x9E37_79B9));
+    until_ms.saturating_add(r % (bound + 1))
+}
+
 fn fnv1a(s: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in s.bytes() {
@@ -55,6 +77,45 @@ mod tests {
             initial_ms,
             max_ms,
         }
+    }
+
+    #[test]
+    fn a_held_send_wakes_within_its_bound_and_never_before_its_hold_ends() {
+        let now = 1_800_000_000_000;
+        for hold in [0, 1, 3, 4, 40, 399, 4_000, 4_004, 60_000, u64::MAX - now] {
+            let until = now + hold;
+            let bound = (hold / 4).min(HOLD_SPREAD_MAX_MS);
+            for key in ["a:1:0", "a:1:1", "b:2:3", ""] {
+                let at = hold_wake_ms(now, until, 9, key);
+                assert!(at >= until, "hold {hold}: woke at {at}, before {until}");
+                assert!(
+                    at - until <= bound,
+                    "hold {hold}: {} past {bound}",
+                    at - until
+                );
+                assert_eq!(at, hold_wake_ms(now, until, 9, key), "deterministic");
+            }
+        }
+        // A hold that ended already (or never began) wakes at once: no jitter.
+        assert_eq!(hold_wake_ms(now, now - 5, 9, "k"), now - 5);
+        assert_eq!(hold_wake_ms(now, now + 3, 9, "k"), now + 3);
+    }
+
+    #[test]
+    fn sends_held_to_one_instant_wake_spread_over_the_bound() {
+        let now = 1_000_000;
+        let until = now + 30_000; // a breaker's cool-down
+        let wakes: std::collections::BTreeSet<u64> = (0..1_000)
+            .map(|i| hold_wake_ms(now, until, 7, &format!("t{i}:1:0")))
+            .collect();
+        assert!(
+            wakes.len() > 500,
+            "spread: {} distinct instants",
+            wakes.len()
+        );
+        let (first, last) = (*wakes.first().unwrap(), *wakes.last().unwrap());
+        assert!(first < until + 100 && last > until + HOLD_SPREAD_MAX_MS - 100);
+        assert!(last <= until + HOLD_SPREAD_MAX_MS);
     }
 
     #[test]

@@ -553,22 +553,34 @@ impl Channel {
     /// permits is stamped `sent_at` again. A webhook is never sent this way (a slow receiver
     /// must not hold the others): its deliveries are failed as retryable, which a caller that
     /// checks [`Channel::is_local`] never sees.
+    ///
+    /// `after_wait(i, now)` is asked about each delivery `i` (its index in `ds`) of a part that
+    /// had to wait for its permits, at `now`, before anything of the part is written: what the
+    /// delivery was admitted on may have changed during the wait (a drain, the breaker, the
+    /// rate limit; `engine/chunk.rs`, as `engine/step.rs::slot` for one send). `Some(outcome)`:
+    /// it is not sent, `outcome` is its own (not counted in the channel's latency nor traced:
+    /// the caller accounts for it).
     pub async fn send_local(
         &self,
         mut ds: Vec<&mut Delivery>,
         now_ms: impl Fn() -> u64,
+        mut after_wait: impl FnMut(usize, u64) -> Option<Outcome>,
     ) -> Vec<Outcome> {
         let mut out = Vec::with_capacity(ds.len());
         let part = self.concurrency_max.max(1);
-        for chunk in ds.chunks_mut(part) {
+        for (k, chunk) in ds.chunks_mut(part).enumerate() {
             let n = chunk.len() as u32;
+            let first = k * part;
+            let mut not_sent: Vec<Option<Outcome>> = chunk.iter().map(|_| None).collect();
             let _permits = match self.concurrency.try_acquire_many(n) {
                 Ok(p) => p,
                 Err(_) => match self.concurrency.acquire_many(n).await {
                     Ok(p) => {
-                        let stamp = crate::schedule::format_utc(now_ms());
-                        for d in chunk.iter_mut() {
+                        let now = now_ms();
+                        let stamp = crate::schedule::format_utc(now);
+                        for (i, (d, held)) in chunk.iter_mut().zip(&mut not_sent).enumerate() {
                             d.sent_at = stamp.clone();
+                            *held = after_wait(first + i, now);
                         }
                         p
                     }
@@ -581,38 +593,58 @@ impl Channel {
                     }
                 },
             };
-            let started = std::time::Instant::now();
-            let started_ns = crate::trace::otlp::now_unix_ns();
-            let outcomes: Vec<Outcome> = match &self.sink {
-                Sink::Log => chunk
-                    .iter()
-                    .map(|d| self.log_delivery(d, &d.trace_id))
-                    .collect(),
-                Sink::File(f) => {
-                    let refs: Vec<&Delivery> = chunk.iter().map(|d| &**d).collect();
-                    f.write_many(&refs).await
-                }
-                Sink::Webhook(_) => chunk
-                    .iter()
-                    .map(|_| Outcome::Retry {
-                        error: "a webhook is not sent in chunks".into(),
+            let going: Vec<&Delivery> = chunk
+                .iter()
+                .zip(&not_sent)
+                .filter(|(_, held)| held.is_none())
+                .map(|(d, _)| &**d)
+                .collect();
+            let mut sent = self.write_local(&going).await.into_iter();
+            out.extend(not_sent.into_iter().map(|held| {
+                held.unwrap_or_else(|| {
+                    sent.next().unwrap_or_else(|| Outcome::Retry {
+                        error: "no outcome for this send".into(),
                         not_before_ms: None,
                     })
-                    .collect(),
-            };
-            let took = started.elapsed().as_secs_f64();
-            for o in &outcomes {
-                self.stats.latency_of(o).observe(took);
-            }
-            if self.tracing.telemetry().is_some() {
-                for (d, o) in chunk.iter().zip(&outcomes) {
-                    let span_id = crate::trace::new_span_id();
-                    self.export_attempt(d, o, d.trace_id, span_id, started_ns, None);
-                }
-            }
-            out.extend(outcomes);
+                })
+            }));
         }
         out
+    }
+
+    /// One part of [`Channel::send_local`], its permits held: written (one append for a
+    /// file), timed and traced. One outcome per delivery, in order.
+    async fn write_local(&self, chunk: &[&Delivery]) -> Vec<Outcome> {
+        if chunk.is_empty() {
+            return Vec::new();
+        }
+        let started = std::time::Instant::now();
+        let started_ns = crate::trace::otlp::now_unix_ns();
+        let outcomes: Vec<Outcome> = match &self.sink {
+            Sink::Log => chunk
+                .iter()
+                .map(|d| self.log_delivery(d, &d.trace_id))
+                .collect(),
+            Sink::File(f) => f.write_many(chunk).await,
+            Sink::Webhook(_) => chunk
+                .iter()
+                .map(|_| Outcome::Retry {
+                    error: "a webhook is not sent in chunks".into(),
+                    not_before_ms: None,
+                })
+                .collect(),
+        };
+        let took = started.elapsed().as_secs_f64();
+        for o in &outcomes {
+            self.stats.latency_of(o).observe(took);
+        }
+        if self.tracing.telemetry().is_some() {
+            for (d, o) in chunk.iter().zip(&outcomes) {
+                let span_id = crate::trace::new_span_id();
+                self.export_attempt(d, o, d.trace_id, span_id, started_ns, None);
+            }
+        }
+        outcomes
     }
 
     /// The platform side of a webhook channel (templates, success rule, token), if any.

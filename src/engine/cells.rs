@@ -87,6 +87,14 @@ impl LiveMap {
         self.ids.len()
     }
 
+    /// Every task with a cell now (loaded, or being loaded), and its cell.
+    pub fn cells(&self) -> Vec<(Arc<str>, Arc<LiveTask>)> {
+        self.cells
+            .iter()
+            .map(|(id, c)| (id.clone(), c.clone()))
+            .collect()
+    }
+
     /// The task's cell, if it has one now.
     pub fn cell(&self, id: &str) -> Option<&Arc<LiveTask>> {
         self.cells.get(id)

@@ -181,15 +181,6 @@ pub(super) async fn run(inner: Arc<Inner>, mut keys: Vec<(RunKey, StepGuard)>, a
         !releasing
     });
     let mut items = prepare(&inner, keys).await;
-    if step::draining(&inner) {
-        // A drain began while the chunk was being prepared: nothing is sent. Each task is
-        // read back from disk, where its attempt is armed: the next boot sends it (once).
-        for mut it in items.drain(..) {
-            it.unsent();
-            it.l.unload(it.key.run);
-            it.l.release(&inner);
-        }
-    }
     // Cluster mode: a task whose shard's trust is ending is not sent (a local send is over
     // at once, so a window still open is wide enough); its step comes back later, and sends
     // if the trust was renewed, or its next owner sends it (`step::window_closed`).
@@ -200,6 +191,10 @@ pub(super) async fn run(inner: Arc<Inner>, mut keys: Vec<(RunKey, StepGuard)>, a
         let window = inner.send_window(&it.key.task);
         let open = !matches!(window, super::cluster::Window::Closed);
         if open {
+            // The epoch it goes under, looked at again if it waits for the channel's permits.
+            if let super::cluster::Window::Within(_, _, epoch) = &window {
+                it.p.delivery.epoch = Some(*epoch);
+            }
             windows.push(window);
         } else {
             it.unsent();
@@ -228,11 +223,26 @@ pub(super) async fn run(inner: Arc<Inner>, mut keys: Vec<(RunKey, StepGuard)>, a
     if items.is_empty() {
         return;
     }
-    inner
-        .chunked_sends
-        .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
     let _in_flight: Vec<SendInFlight> = items.iter().map(|_| SendInFlight::new(&inner)).collect();
-    let (items, outcomes) = send(&inner, items).await;
+    let (items, outcomes) = if step::draining(&inner) {
+        // A drain began while the chunk was being prepared: nothing is sent. Each item is
+        // held (no attempt counted), and its settle, during the drain, arms nothing: its mark
+        // is taken back in the chunk's write, so the next boot sends it at its time as its
+        // next attempt, not as a send cut short.
+        let outcomes = items
+            .iter()
+            .map(|it| {
+                it.unsent();
+                step::drain_held(&inner)
+            })
+            .collect();
+        (items, outcomes)
+    } else {
+        inner
+            .chunked_sends
+            .fetch_add(items.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        send(&inner, items).await
+    };
     // Sends before settles: the settle (plans, records, the commit: more CPU than the
     // prepare and the send) waits until the chunks spawned so far are past their sends, at
     // most [`SETTLE_WAIT_MAX`] ([`Ahead`]). So a herd's messages all leave first, and its
@@ -340,27 +350,35 @@ async fn send(inner: &Arc<Inner>, mut items: Vec<Item>) -> (Vec<Item>, Vec<Outco
             .iter()
             .map(|it| Arc::ptr_eq(&it.channel, &channel))
             .collect();
-        let ds = items
-            .iter_mut()
-            .zip(&mine)
-            .filter(|(_, m)| **m)
-            .map(|(it, _)| &mut it.p.delivery)
-            .collect();
-        let mut sent = channel
-            .send_local(ds, || inner.clock.now_ms())
-            .await
-            .into_iter();
+        let sent = send_to(inner, &channel, &mut items, &mine).await;
+        let mut sent = sent.into_iter();
         for ((slot, it), _) in outcomes
             .iter_mut()
-            .zip(&items)
+            .zip(&mut items)
             .zip(&mine)
             .filter(|(_, m)| **m)
         {
-            let o = sent.next().unwrap_or_else(|| Outcome::Retry {
-                error: "no outcome for this send".into(),
-                not_before_ms: None,
+            let (o, waited) = sent.next().unwrap_or_else(|| {
+                let o = Outcome::Retry {
+                    error: "no outcome for this send".into(),
+                    not_before_ms: None,
+                };
+                (o, Waited::No)
             });
-            step::record(inner, &channel, &o, it.p.probe);
+            match waited {
+                // Not sent after its wait: counted as held by the checks, nothing recorded.
+                Waited::Held => it.unsent(),
+                Waited::No => step::record(inner, &channel, &o, it.p.probe),
+                Waited::Went(at) => {
+                    step::record(inner, &channel, &o, it.p.probe);
+                    // The run's pacing counts from when its send started, not from its
+                    // admission before the wait (as `step::slot`): a sequence held back by a
+                    // busy channel does not send its next message early to catch up.
+                    if let Some(r) = it.l.st().runs.get_mut(&it.key.run) {
+                        r.last_attempt_at_ms = Some(at);
+                    }
+                }
+            }
             *slot = Some(o);
         }
     }
@@ -376,6 +394,89 @@ async fn send(inner: &Arc<Inner>, mut items: Vec<Item>) -> (Vec<Item>, Vec<Outco
         })
         .collect();
     (items, outcomes)
+}
+
+/// Whether a chunk's send waited for its channel's permits, and what came of it then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Waited {
+    /// Its part had its permits at once.
+    No,
+    /// It waited and went, starting at this instant.
+    Went(u64),
+    /// It waited and was held by what it was admitted on, asked again ([`after_wait`]).
+    Held,
+}
+
+/// What a send was admitted on, asked again if it waits for its channel's permits.
+struct Admitted {
+    task: Arc<str>,
+    /// Cluster mode: the shard's epoch it goes under.
+    epoch: Option<u64>,
+    probe: bool,
+    rate_tick: Option<u64>,
+    key: String,
+}
+
+/// The items of `mine` sent to `channel` at once: each outcome in order, with whether (and how)
+/// it waited for its permits.
+async fn send_to(
+    inner: &Arc<Inner>,
+    channel: &Channel,
+    items: &mut [Item],
+    mine: &[bool],
+) -> Vec<(Outcome, Waited)> {
+    let admitted: Vec<Admitted> = items
+        .iter()
+        .zip(mine)
+        .filter(|(_, m)| **m)
+        .map(|(it, _)| Admitted {
+            task: it.key.task.clone(),
+            epoch: it.p.delivery.epoch,
+            probe: it.p.probe,
+            rate_tick: it.p.rate_tick,
+            key: it.p.delivery.idempotency_key.clone(),
+        })
+        .collect();
+    let mut waited = vec![Waited::No; admitted.len()];
+    let ds = items
+        .iter_mut()
+        .zip(mine)
+        .filter(|(_, m)| **m)
+        .map(|(it, _)| &mut it.p.delivery)
+        .collect();
+    let outcomes = channel
+        .send_local(
+            ds,
+            || inner.clock.now_ms(),
+            |i, now| {
+                let held = after_wait(inner, channel, admitted.get(i)?, now);
+                if let Some(w) = waited.get_mut(i) {
+                    *w = if held.is_some() {
+                        Waited::Held
+                    } else {
+                        Waited::Went(now)
+                    };
+                }
+                held
+            },
+        )
+        .await;
+    outcomes.into_iter().zip(waited).collect()
+}
+
+/// A send of the chunk whose part waited for its channel's permits, asked again at `now`
+/// before it goes, as `step::slot` asks one send after its wait: a drain begun meanwhile stops
+/// it, cluster mode's trust must still be there (`step::trust_end`), the breaker is asked
+/// again and the rate slot taken again (`step::readmit`). Its task cannot have been cancelled
+/// or paused meanwhile: the chunk holds its lock. `Some`: held, not sent.
+fn after_wait(inner: &Inner, channel: &Channel, a: &Admitted, now: u64) -> Option<Outcome> {
+    if step::draining(inner) {
+        return Some(step::drain_held(inner));
+    }
+    if let Err(o) = step::trust_end(inner, &a.task, a.epoch) {
+        return Some(o);
+    }
+    step::readmit(inner, channel, (a.probe, a.rate_tick, &a.key), now).err()
 }
 
 /// Plans every settle, writes them all at once, then lets memory follow and the locks go.

@@ -470,6 +470,10 @@ impl Engine {
         self.inner.sends_in_flight.load(Ordering::Acquire)
     }
 
+    /// The least time a drain gives to taking back the attempts armed ahead
+    /// ([`step::stand_down_all`]) after its wait for the steps under way.
+    const STAND_DOWN_MIN: std::time::Duration = std::time::Duration::from_secs(2);
+
     /// Begins a drain and waits, up to `timeout`, until every step that was running has
     /// finished: each send in flight has its answer and its outcome is durable. Returns whether
     /// that happened in time; if not, the sends still waiting for an answer stay in flight on
@@ -486,6 +490,18 @@ impl Engine {
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         };
+        // Attempts armed ahead of their instant before the drain began are not sent by this
+        // process: taken back now, durably, so the next boot sends them at their time as
+        // their first attempt, not as sends cut short. Given at least `STAND_DOWN_MIN` (within
+        // the exit's grace after the drain's timeout, `main.rs`).
+        let until = end.max(std::time::Instant::now() + Self::STAND_DOWN_MIN);
+        let taken = step::stand_down_all(&self.inner, until.into()).await;
+        if taken > 0 {
+            tracing::info!(
+                tasks = taken,
+                "draining: attempts armed ahead of their instant taken back"
+            );
+        }
         alive::last(&self.inner).await;
         drained
     }

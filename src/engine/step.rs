@@ -505,7 +505,7 @@ pub(super) struct Prepared {
     pacing: crate::model::Pacing,
     pub probe: bool,
     /// Where the channel's rate limiter logged the admission's slot (`Admission::Go`).
-    rate_tick: Option<u64>,
+    pub rate_tick: Option<u64>,
     /// What the send learnt for its timeline event (status, duration); set once it returns.
     pub report: crate::deliver::AttemptReport,
 }
@@ -564,6 +564,9 @@ pub(super) async fn prepare(
         return Ok(None);
     };
     let Some((probe, rate_tick)) = admit(inner, l, &d, &run, channel.as_ref()).await else {
+        // Held (rate limit, breaker): kept, so its look again at the hold's end reads no
+        // store (`message_of`); a patch of the task's messages drops it (`commit.rs`).
+        l.st().prefetched = Some((key.run, seq, msg));
         return Ok(None);
     };
     let delivery = render(inner, &t, &d, &run, msg, due);
@@ -723,7 +726,8 @@ async fn admit(
     match channel.map(|c| c.admit(now)) {
         Some(Admission::Hold { until_ms, breaker }) => {
             tracing::debug!(task = %l.id, run = key.run, seq, until = %format_utc(until_ms), breaker, "send held");
-            inner.timer.at(key.key(), until_ms);
+            let wake = spread_wake(inner, &format!("{}:{}:{seq}", l.id, key.run), now, until_ms);
+            inner.timer.at(key.key(), wake);
             // The hold on the timeline: its own write (nothing else is written for it), and
             // a failure of it changes nothing (memory is untouched; the send goes at until).
             let why = if breaker {
@@ -866,7 +870,7 @@ pub(super) async fn send_in_slot<'c>(
 /// so a send starts only with enough trust left (HA.md: at least `safety`) on the shard
 /// still held at that epoch, and its wait is not cut off. `Err`: it does not start; held (no
 /// attempt counted), back when the window may be open again.
-fn trust_end(
+pub(super) fn trust_end(
     inner: &Inner,
     task: &str,
     epoch: Option<u64>,
@@ -923,14 +927,7 @@ async fn slot<'c>(
     }
     loop {
         if draining(inner) {
-            // A drain begun during the wait: no send starts after it. Held: its settle arms
-            // nothing during a drain and takes its mark back (`stand_down`), so the next boot
-            // sends it as planned, not as a send cut short.
-            return Err(Outcome::Held {
-                error: "not sent: herald began to shut down while the send waited for a free slot of the channel".into(),
-                until_ms: inner.clock.now_ms(),
-                why: crate::model::timeline::HeldWhy::Stopped,
-            });
+            return Err(drain_held(inner));
         }
         let Ok(mut g) = cell.try_lock() else {
             drop(permit);
@@ -944,19 +941,54 @@ async fn slot<'c>(
         if !wants_send(&mut g, run, Some(now)) {
             return Err(stopped(inner));
         }
-        if let Err(until_ms) = c.recheck(now, p.probe) {
-            return Err(breaker_held(until_ms));
-        }
-        return match c.retake_rate(p.rate_tick, now) {
-            Ok(()) => Ok((permit, true)),
-            Err(until_ms) => Err(Outcome::Held {
-                error: "not sent yet: the channel's rate limit, counted when the send could start"
-                    .into(),
-                until_ms,
-                why: crate::model::timeline::HeldWhy::RateLimit,
-            }),
-        };
+        let admitted = (p.probe, p.rate_tick, p.delivery.idempotency_key.as_str());
+        return readmit(inner, c, admitted, now).map(|()| (permit, true));
     }
+}
+
+/// A send that waited for a free slot of its channel while a drain began: no send starts
+/// after the drain began. Held: its settle arms nothing during a drain (and takes back a mark
+/// armed as the drain began, `stand_down`), so the next boot sends it as planned, not as a
+/// send cut short.
+pub(super) fn drain_held(inner: &Inner) -> Outcome {
+    Outcome::Held {
+        error: "not sent: herald began to shut down while the send waited for a free slot of the channel".into(),
+        until_ms: inner.clock.now_ms(),
+        why: HeldWhy::Stopped,
+    }
+}
+
+/// A send admitted earlier ([`admit`]) that waited for a free slot of channel `c`, asked
+/// again at `now`: the breaker (a send admitted before it opened does not go to the dead
+/// receiver, unless it is the probe) and the rate limit (its slot taken again, counted from
+/// when the send starts). `Err`: held, no attempt burned, back at an instant spread a little
+/// past the one named ([`spread_wake`]: the sends held together do not all come back at once).
+/// `(probe, rate_tick, key)`: the admission's ([`Prepared`]) and the send's idempotency key.
+pub(super) fn readmit(
+    inner: &Inner,
+    c: &crate::deliver::Channel,
+    (probe, rate_tick, key): (bool, Option<u64>, &str),
+    now: u64,
+) -> Result<(), Outcome> {
+    if let Err(until_ms) = c.recheck(now, probe) {
+        return Err(breaker_held(spread_wake(inner, key, now, until_ms)));
+    }
+    c.retake_rate(rate_tick, now)
+        .map_err(|until_ms| Outcome::Held {
+            error: "not sent yet: the channel's rate limit, counted when the send could start"
+                .into(),
+            until_ms: spread_wake(inner, key, now, until_ms),
+            why: HeldWhy::RateLimit,
+        })
+}
+
+/// When a send held at `now` until `until_ms` (a breaker, a rate limit) looks again: a little
+/// after `until_ms`, by a jitter of its own (`key`) within a quarter of the hold and at most
+/// [`backoff::HOLD_SPREAD_MAX_MS`]. Sends held by one breaker or one rate limit are held to
+/// one instant: without the jitter they all wake together, each to lock its task and be held
+/// again but one.
+pub(super) fn spread_wake(inner: &Inner, key: &str, now: u64, until_ms: u64) -> u64 {
+    backoff::hold_wake_ms(now, until_ms, inner.config.jitter_seed, key)
 }
 
 /// A send that waited for its slot while the channel's breaker opened (it was admitted
@@ -1076,6 +1108,71 @@ async fn stand_down(inner: &Arc<Inner>, l: &mut Locked, run: u32) {
     if let Err(e) = commit::apply(inner, l, c).await {
         tracing::debug!(task = %l.id, run, error = %e, "an armed attempt not sent was not taken back");
     }
+}
+
+/// Tasks whose armed attempts one write of [`stand_down_all`] takes back.
+const STAND_DOWN_GROUP: usize = 256;
+
+/// A drain, once the steps under way are over (or its time is up): every attempt armed here
+/// whose send has not started — armed ahead of its instant (100 ms before a send, 2 s or more
+/// before a one-shot's) before the drain began, whose step the dispatcher now drops — is
+/// taken back ([`stand_down`]'s reason), durably, in writes of up to [`STAND_DOWN_GROUP`]
+/// tasks, before the process exits. Left armed, the next boot (past the instant) or the next
+/// owner of the shard would read it as a send cut short. A cell not free before `until`
+/// (its step still under way), one unloaded, a send out, and a failed write keep their marks,
+/// with those consequences only. Returns how many tasks had marks taken back.
+pub(super) async fn stand_down_all(inner: &Arc<Inner>, until: tokio::time::Instant) -> usize {
+    let cells = inner.live.lock().cells();
+    let mut group = Vec::new();
+    let mut taken = 0;
+    for (id, cell) in cells {
+        let Ok(guard) = tokio::time::timeout_at(until, cell.lock_owned()).await else {
+            break;
+        };
+        let mut l = Locked { id, guard };
+        let current = super::cells::is_current(&inner.live.lock(), &l);
+        let Some((key, change)) = current.then(|| armed_not_sending(&mut l)).flatten() else {
+            continue;
+        };
+        group.push((l, key, change));
+        if group.len() == STAND_DOWN_GROUP {
+            taken += group.len();
+            commit::apply_chunk(inner, std::mem::take(&mut group), None).await;
+        }
+    }
+    taken += group.len();
+    if !group.is_empty() {
+        commit::apply_chunk(inner, group, None).await;
+    }
+    taken
+}
+
+/// The change that takes back the armed attempts of `l`'s runs that are not sending (`None`:
+/// it has none, or it is not loaded).
+fn armed_not_sending(l: &mut Locked) -> Option<(RunKey, Change)> {
+    if !l.is_loaded() {
+        return None;
+    }
+    let st = l.st();
+    let runs: Vec<crate::model::Run> = st
+        .runs
+        .values()
+        .filter(|r| r.in_flight.is_some() && !st.sending.contains(&r.run))
+        .map(|r| {
+            let mut r = r.clone();
+            r.disarm();
+            r
+        })
+        .collect();
+    let key = RunKey {
+        task: l.id.clone(),
+        run: runs.first()?.run,
+    };
+    let c = Change {
+        runs,
+        ..Change::default()
+    };
+    Some((key, c))
 }
 
 /// [`Next::Now`] if `c` keeps run `run` running with an attempt armed and due by `now`: its
