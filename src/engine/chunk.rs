@@ -25,7 +25,14 @@
 //! The chunk holds its tasks' locks while it writes to the file, while its settle waits for
 //! the sends of the chunks spawned before it ([`Ahead`], at most [`SETTLE_WAIT_MAX`]), and
 //! while it commits: a cancel of one of them waits for that (in a herd, up to the herd's
-//! sends; a stalled disk delays it by the stall), as it would for a settle. A drain that begins while the chunk is prepared sends none of it.
+//! sends; a stalled disk delays it by the stall), as it would for a settle. A drain that begins
+//! while the chunk is prepared sends none of it (each item settles held, its mark taken back).
+//!
+//! A part of the chunk that had to wait for its channel's permits (another chunk, or a send,
+//! writing to the same channel) asks again, once it has them, what its sends were admitted on
+//! ([`after_wait`], as `step::slot` does for one send): a drain begun meanwhile, the shard's
+//! trust, the breaker and the rate limit; a send that still goes moves its run's pacing anchor
+//! to its start.
 
 use std::collections::HashSet;
 use std::sync::Arc;
