@@ -155,3 +155,39 @@ async fn validation_names_the_message_of_a_missing_or_unknown_zone() {
         assert_eq!(r.json()["field"], field, "{body}: {}", r.text());
     }
 }
+
+/// Review finding: a trigger ("send now", API.md) of a one-shot in recipient time still held
+/// each message to 09:00 in its own zone. Every message goes now, none at its zone's 09:00.
+#[tokio::test]
+async fn a_trigger_of_a_one_shot_in_recipient_time_sends_every_message_now() {
+    let h = ManualHerald::start(utc_ms("2026-04-04T00:00:00Z"), "").await;
+    h.post(&json!({"id": "now", "channel": "out",
+    "schedule": {"at": "2026-04-05T09:00:00", "tz": "recipient"},
+    "messages": [
+        {"to": "berlin", "body": "b", "tz": "Europe/Berlin"},
+        {"to": "newyork", "body": "b", "tz": "America/New_York"},
+        {"to": "shanghai", "body": "b", "tz": "Asia/Shanghai"},
+    ]}))
+    .await;
+    let r = h.action("now", "trigger").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A minute on, long before any zone's 09:00 (Shanghai's comes first, 5 April 01:00 UTC).
+    h.run_until(utc_ms("2026-04-04T00:01:00Z")).await;
+    let sent = h.sent();
+    let got: Vec<(&str, u64)> = sent
+        .iter()
+        .map(|v| (v["to"].as_str().unwrap(), sent_at(v)))
+        .collect();
+    let now = utc_ms("2026-04-04T00:00:00Z");
+    assert_eq!(
+        got,
+        // In the order of their zones' instants, as stored; all now.
+        [("shanghai", now), ("berlin", now), ("newyork", now)],
+        "{sent:?}"
+    );
+    let t = h.task("now").await;
+    assert_eq!(t["state"], "completed", "{t}");
+    // The `at` was replaced: nothing more goes at the zones' 09:00.
+    h.run_until(utc_ms("2026-04-05T14:00:00Z")).await;
+    assert_eq!(h.sent().len(), 3);
+}

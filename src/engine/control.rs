@@ -274,6 +274,13 @@ fn backfill_refused(e: crate::schedule::backfill::BackfillError) -> EngineError 
                 format_utc(latest)
             ),
         ),
+        BackfillError::MaxRuns { slots, left, max } => (
+            "to",
+            format!(
+                "the range holds {slots} slots to backfill, but the schedule's max_runs {max} \
+                 leaves {left} more runs (backfilled runs count toward it)"
+            ),
+        ),
         BackfillError::Trimmed { through } => (
             "from",
             format!(

@@ -1130,6 +1130,13 @@ pub fn backfill(
         numbers.push(progress.fires);
         progress.queued.push((progress.fires, at));
     }
+    if !may_run_more(spec, &progress) {
+        // Backfilled runs count toward `max_runs` as fired ones do (the range was checked
+        // not to go past it, `schedule/backfill.rs`): at the count, the schedule fires no
+        // more, and the task completes once the last of them ends, not at a next fire that
+        // would only be skipped for `max_runs`.
+        progress.next_fire_at_ms = None;
+    }
     let mut runs = Vec::new();
     if progress.state == TaskState::Pending && active_runs == 0 && !progress.queued.is_empty() {
         let (n, at) = progress.queued.remove(0);
@@ -1813,6 +1820,49 @@ mod tests {
         );
         assert!(c.progress.as_ref().unwrap().queued.is_empty());
         assert_eq!(c.timeline.len(), 2);
+    }
+
+    /// Review finding: a trigger ("send now") of a one-shot in recipient time held each
+    /// message to the `at` in its own zone: only the slot's own run (fired at `at_ms`) is held.
+    #[test]
+    fn a_triggered_run_in_recipient_time_is_not_held_to_the_slot() {
+        let (s, t) = task(serde_json::json!({"schedule": {"at": "2026-12-02T09:00:00",
+            "tz": "recipient"}, "messages": [
+            {"to": "a", "body": "b", "tz": "Europe/Berlin"},
+            {"to": "c", "body": "d", "tz": "America/New_York"}]}));
+        let msg = |tz: &str| crate::model::Message {
+            to: "x".into(),
+            body: "y".into(),
+            data: None,
+            tz: Some(tz.into()),
+        };
+        let now = NOW + 60_000;
+        let tr = trigger(&s, &t, now).unwrap();
+        for tz in ["Europe/Berlin", "America/New_York"] {
+            assert_eq!(
+                hold(&s, &msg(tz), tr.runs[0].scheduled_at_ms, None, now),
+                None
+            );
+        }
+        // The slot's own run (fired at the `at`'s first instant) holds each to its zone.
+        let Schedule::At { at_ms, .. } = s.schedule else {
+            panic!("an at")
+        };
+        let p = fire(&s, &t, 0, at_ms, at_ms, NOW).unwrap();
+        let ny = hold(
+            &s,
+            &msg("America/New_York"),
+            p.started[0].scheduled_at_ms,
+            None,
+            at_ms,
+        );
+        assert_eq!(
+            ny,
+            Some(Hold::Recipient(
+                crate::schedule::parse_instant("2026-12-02T14:00:00Z", None, Default::default())
+                    .unwrap()[0]
+            ))
+        );
     }
 
     /// What the engine starts for `schedule`, created at `now`: each fire step's started

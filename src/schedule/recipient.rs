@@ -155,25 +155,44 @@ pub fn wall_cron(schedule: &Schedule) -> Option<CronSchedule> {
 /// the matching cron slot for a cron.
 pub fn slot_wall(schedule: &Schedule, zones: &[Tz], fire_ms: u64) -> Option<u64> {
     match schedule {
-        Schedule::At { at, .. } => ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%dT%H:%M"]
-            .iter()
-            .find_map(|f| NaiveDateTime::parse_from_str(at, f).ok())
-            .and_then(wall_of),
+        Schedule::At { at, .. } => at_wall(at),
         Schedule::Cron { dst, .. } => slot_of_cron(&wall_cron(schedule)?, zones, *dst, fire_ms),
         _ => None,
     }
 }
 
+/// An `at` in recipient time (a local time without offset) as a wall time.
+fn at_wall(at: &str) -> Option<u64> {
+    ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%dT%H:%M"]
+        .iter()
+        .find_map(|f| NaiveDateTime::parse_from_str(at, f).ok())
+        .and_then(wall_of)
+}
+
+/// The wall time of the slot the run that fired at `fire_ms` is the run *of*: as
+/// [`slot_wall`], but a one-shot's only when the run fired at the `at`'s own instant
+/// (`at_ms`, where the slot comes first). A run started at any other instant is no slot's:
+/// a trigger ("send now", API.md), whose messages all go now, not at the `at` in their zones.
+/// (A cron's runs are matched by instant already: a trigger between slots has none.)
+pub fn run_slot_wall(schedule: &Schedule, zones: &[Tz], fire_ms: u64) -> Option<u64> {
+    match schedule {
+        Schedule::At { at, at_ms, .. } if *at_ms == fire_ms => at_wall(at),
+        Schedule::At { .. } => None,
+        _ => slot_wall(schedule, zones, fire_ms),
+    }
+}
+
 /// When a message in zone `tz` of the run that fired at `fire_ms` is due: the slot's wall
 /// time in that zone. `None` for a schedule not in recipient time (or a zone unknown to this
-/// build): the message follows the run's pacing alone.
+/// build), or a run that is no slot's ([`run_slot_wall`]: a trigger): the message follows the
+/// run's pacing alone.
 pub fn message_due(schedule: &Schedule, zones: &[Tz], fire_ms: u64, tz: &str) -> Option<u64> {
     let zone: Tz = tz.parse().ok()?;
     let dst = match schedule {
         Schedule::At { dst, .. } | Schedule::Cron { dst, .. } => *dst,
         _ => return None,
     };
-    instant_in(slot_wall(schedule, zones, fire_ms)?, zone, dst)
+    instant_in(run_slot_wall(schedule, zones, fire_ms)?, zone, dst)
 }
 
 /// When the run of `schedule` that fires at `at_ms` is, for people (a task's
