@@ -182,6 +182,28 @@ pub fn run_slot_wall(schedule: &Schedule, zones: &[Tz], fire_ms: u64) -> Option<
     }
 }
 
+/// What holds the messages of the run that fired at `fire_ms` in recipient time: its slot's
+/// wall time and the DST policy its messages follow in their zones. `None`: nothing does (not
+/// recipient time, or a run that is no slot's). A run keeps no record of its slot (`Run` has
+/// only its instant), so this is read from the task's schedule and zones each time: a change
+/// of the schedule that changes it would move, or drop, the hold of a run under way.
+pub fn run_hold(
+    schedule: &Schedule,
+    recipient_zones: &[String],
+    fire_ms: u64,
+) -> Option<(u64, DstPolicy)> {
+    let dst = match schedule {
+        Schedule::At { tz, dst, .. } | Schedule::Cron { tz, dst, .. }
+            if is_recipient(tz.as_deref()) && !recipient_zones.is_empty() =>
+        {
+            message_dst(*dst)
+        }
+        _ => return None,
+    };
+    let wall = run_slot_wall(schedule, &parse_zones(recipient_zones), fire_ms)?;
+    Some((wall, dst))
+}
+
 /// When a message in zone `tz` of the run that fired at `fire_ms` is due: the slot's wall
 /// time in that zone. `None` for a schedule not in recipient time (or a zone unknown to this
 /// build), or a run that is no slot's ([`run_slot_wall`]: a trigger): the message follows the
