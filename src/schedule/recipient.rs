@@ -15,6 +15,15 @@
 //! except that a message is never dropped: a wall time in a zone's gap goes at the gap's end
 //! (`shift`) whatever `dst.gap` says, and a repeated one at the first (or, `repeat: last`, the
 //! last) of its instants (`both` means the first: one message is one send).
+//!
+//! Known limit (open): slots are known by their run instant (`last_fire_ms`, `queued`, a
+//! run's `scheduled_at_ms`), so two slots whose earliest zone puts them at the same instant (a
+//! gap there: Berlin's 02:00 and 02:30 on 28 March 2027 are both 03:00 CEST) are one slot:
+//! [`next_slot`] after that instant goes past the second, whose later zones' messages (New
+//! York's 02:30) never go. The fix is to carry the slot's wall: the progress's last slot wall
+//! and each queued fire's, and a run's (a new record version of each), the next slot the
+//! first cron wall after the last one (slot instants never decrease as walls grow, so fires
+//! stay in order, ties included).
 
 use chrono::{DateTime, NaiveDateTime};
 use chrono_tz::Tz;
