@@ -188,3 +188,47 @@ async fn a_range_past_now_is_refused_so_no_slot_is_sent_twice() {
     );
     assert_eq!(slots_sent(&sent, "once"), ["2026-12-01T13:00:00Z"]);
 }
+
+/// Review finding: backfilled runs did not count toward a cron's `max_runs`: a backfill took
+/// the task past it, and a task whose backfill reached it waited for a next fire only to skip
+/// it. A range with more slots than runs left is 422 `to`; one that reaches the count ends the
+/// schedule, and the task completes when its last run ends.
+#[tokio::test]
+async fn backfilled_runs_count_toward_max_runs() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T00:00:00Z"), "").await;
+    h.post(&json!({"id": "two", "channel": "out",
+        "schedule": {"cron": "*/10 * * * *", "max_runs": 2},
+        "misfire": "skip", "to": ["a"], "body": "x"}))
+        .await;
+    h.run_until(utc_ms("2026-12-01T00:05:00Z")).await;
+    assert_eq!(h.action("two", "pause").await.status, 200);
+    h.run_until(utc_ms("2026-12-01T00:35:00Z")).await;
+    assert_eq!(h.action("two", "resume").await.status, 200);
+    h.run_until(utc_ms("2026-12-01T00:36:00Z")).await;
+    assert_eq!(h.runs("two").await.len(), 3, "00:10, 00:20, 00:30 skipped");
+    // Three slots, two runs left: refused, nothing changed.
+    let r = backfill(&h, "two", "2026-12-01T00:01:00Z", "2026-12-01T00:36:00Z").await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(r.json()["field"], "to", "{}", r.text());
+    assert!(r.text().contains("max_runs"), "{}", r.text());
+    assert_eq!(h.task("two").await["fires"]["handled"], 3);
+    // Two slots: accepted, and with them the task has its two runs.
+    let r = backfill(&h, "two", "2026-12-01T00:15:00Z", "2026-12-01T00:36:00Z").await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(r.json()["runs"].as_array().unwrap().len(), 2);
+    h.run_until(utc_ms("2026-12-01T00:37:00Z")).await;
+    let t = h.task("two").await;
+    assert_eq!(t["state"], "completed", "{t}");
+    assert_eq!(t["next_fire_at"], Value::Null, "{t}");
+    h.run_until(utc_ms("2026-12-01T01:00:00Z")).await;
+    assert_eq!(
+        slots_sent(&h.sent(), "two"),
+        ["2026-12-01T00:20:00Z", "2026-12-01T00:30:00Z"]
+    );
+    let runs = h.runs("two").await;
+    assert_eq!(
+        runs.len(),
+        5,
+        "3 skipped, 2 backfilled, none more: {runs:?}"
+    );
+}

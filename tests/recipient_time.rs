@@ -155,3 +155,83 @@ async fn validation_names_the_message_of_a_missing_or_unknown_zone() {
         assert_eq!(r.json()["field"], field, "{body}: {}", r.text());
     }
 }
+
+/// Review finding: a trigger ("send now", API.md) of a one-shot in recipient time still held
+/// each message to 09:00 in its own zone. Every message goes now, none at its zone's 09:00.
+#[tokio::test]
+async fn a_trigger_of_a_one_shot_in_recipient_time_sends_every_message_now() {
+    let h = ManualHerald::start(utc_ms("2026-04-04T00:00:00Z"), "").await;
+    h.post(&json!({"id": "now", "channel": "out",
+    "schedule": {"at": "2026-04-05T09:00:00", "tz": "recipient"},
+    "messages": [
+        {"to": "berlin", "body": "b", "tz": "Europe/Berlin"},
+        {"to": "newyork", "body": "b", "tz": "America/New_York"},
+        {"to": "shanghai", "body": "b", "tz": "Asia/Shanghai"},
+    ]}))
+    .await;
+    let r = h.action("now", "trigger").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A minute on, long before any zone's 09:00 (Shanghai's comes first, 5 April 01:00 UTC).
+    h.run_until(utc_ms("2026-04-04T00:01:00Z")).await;
+    let sent = h.sent();
+    let got: Vec<(&str, u64)> = sent
+        .iter()
+        .map(|v| (v["to"].as_str().unwrap(), sent_at(v)))
+        .collect();
+    let now = utc_ms("2026-04-04T00:00:00Z");
+    assert_eq!(
+        got,
+        // In the order of their zones' instants, as stored; all now.
+        [("shanghai", now), ("berlin", now), ("newyork", now)],
+        "{sent:?}"
+    );
+    let t = h.task("now").await;
+    assert_eq!(t["state"], "completed", "{t}");
+    // The `at` was replaced: nothing more goes at the zones' 09:00.
+    h.run_until(utc_ms("2026-04-05T14:00:00Z")).await;
+    assert_eq!(h.sent().len(), 3);
+}
+
+/// Review finding: a new schedule for a recipient-time cron paused in the middle of a run
+/// dropped its hold: at resume the run's remaining recipients were sent at once, not at 09:00
+/// in their zones. A schedule that moves the run's slot is refused (409) until the run ends;
+/// one that keeps it (a new `max_runs`) is accepted, and the hold holds.
+#[tokio::test]
+async fn a_new_schedule_of_a_paused_run_keeps_its_recipients_wall_time() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T12:00:00Z"), "").await;
+    h.post(&json!({"id": "mid", "channel": "out",
+    "schedule": {"cron": "0 9 * * *", "tz": "recipient"},
+    "messages": [
+        {"to": "shanghai", "body": "b", "tz": "Asia/Shanghai"},
+        {"to": "newyork", "body": "b", "tz": "America/New_York"},
+    ]}))
+    .await;
+    // 2 Dec 09:00 in Shanghai is 01:00 UTC; in New York 14:00 UTC.
+    h.run_until(utc_ms("2026-12-02T02:00:00Z")).await;
+    assert_eq!(h.sent().len(), 1, "Shanghai's only");
+    assert_eq!(h.action("mid", "pause").await.status, 200);
+    let patch = |schedule: Value| {
+        let url = h.url("/v1/tasks/mid");
+        async move { http::patch_json(&url, &json!({ "schedule": schedule })).await }
+    };
+    let r = patch(json!({"cron": "0 10 * * *", "tz": "recipient"})).await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    let r = patch(json!({"cron": "0 9 * * *", "tz": "UTC"})).await;
+    assert_eq!(r.status, 409, "{}", r.text());
+    let r = patch(json!({"cron": "0 9 * * *", "tz": "recipient", "max_runs": 5})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    h.run_until(utc_ms("2026-12-02T03:00:00Z")).await;
+    assert_eq!(h.action("mid", "resume").await.status, 200);
+    h.run_until(utc_ms("2026-12-02T13:59:00Z")).await;
+    assert_eq!(
+        h.sent().len(),
+        1,
+        "New York's waits for its 09:00: {:?}",
+        h.sent()
+    );
+    h.run_until(utc_ms("2026-12-02T14:30:00Z")).await;
+    let sent = h.sent();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(sent[1]["to"], "newyork");
+    assert_eq!(sent_at(&sent[1]), utc_ms("2026-12-02T14:00:00Z"));
+}

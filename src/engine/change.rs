@@ -39,6 +39,9 @@ pub(crate) struct Change {
     pub trim_runs_below: Option<u32>,
     /// A message given up on: listed in the failure list, alerted, published.
     pub failure: Option<Failure>,
+    /// The zone of the message given up on (`Message::tz`, in recipient time): its
+    /// notification names when it was due as its recipient reads it (`notify.rs`). Not written.
+    pub failure_tz: Option<String>,
     /// The task was parked `failed` for this reason (a bug or a corrupt record): alerted.
     pub parked: Option<String>,
     pub wheel: Vec<WheelOp>,

@@ -195,6 +195,14 @@ impl Engine {
                 },
             )?;
             let (spec, mut progress) = task.split();
+            if let Some(run) = hold_moved(&st.spec, &spec, st.runs.values()) {
+                return Err(EngineError::Conflict(format!(
+                    "task {id:?} is paused in the middle of run {run}, whose messages wait for \
+                     their slot's time in each recipient's zone; the new schedule would move \
+                     that time, so it cannot change until the run ends (resume it, or change \
+                     only what keeps the slot: start, end, max_runs)"
+                )));
+            }
             let to = derive_state(&progress, !st.runs.is_empty());
             progress.set_state(to, now)?;
             let change = with_event(
@@ -256,6 +264,28 @@ impl Engine {
     }
 }
 
+/// The first run under way (a paused task's) whose recipient-time hold (its slot's wall time
+/// in each message's zone, `recipient::run_hold`) a patch from `old` to `new` would change.
+/// A run records only its instant, and the hold is read from the task's schedule at each
+/// send: a new schedule that gives the run another slot, or none, would send its remaining
+/// messages at another time, or at once at resume (review finding). Such a patch is refused
+/// until the run ends, as a one-shot's new time is; one that keeps every run's slot (`end`,
+/// `max_runs`, `start`) goes through.
+fn hold_moved<'a>(
+    old: &crate::model::TaskSpec,
+    new: &crate::model::TaskSpec,
+    runs: impl IntoIterator<Item = &'a crate::model::Run>,
+) -> Option<u32> {
+    use crate::schedule::recipient::run_hold;
+    runs.into_iter()
+        .find(|r| {
+            let at = r.scheduled_at_ms;
+            run_hold(&old.schedule, &old.recipient_zones, at)
+                != run_hold(&new.schedule, &new.recipient_zones, at)
+        })
+        .map(|r| r.run)
+}
+
 /// A backfill range refused, as a 422 naming the field to change.
 fn backfill_refused(e: crate::schedule::backfill::BackfillError) -> EngineError {
     use crate::schedule::backfill::{BackfillError, BACKFILL_SLOTS_MAX};
@@ -272,6 +302,13 @@ fn backfill_refused(e: crate::schedule::backfill::BackfillError) -> EngineError 
                 "must not be after {}: slots after now, or from the task's next fire on, are \
                  sent by its schedule",
                 format_utc(latest)
+            ),
+        ),
+        BackfillError::MaxRuns { slots, left, max } => (
+            "to",
+            format!(
+                "the range holds {slots} slots to backfill, but the schedule's max_runs {max} \
+                 leaves {left} more runs (backfilled runs count toward it)"
             ),
         ),
         BackfillError::Trimmed { through } => (

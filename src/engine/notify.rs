@@ -15,7 +15,7 @@ use serde_json::json;
 use super::change::Change;
 use crate::model::{NotifyOn, RunState, TaskSpec};
 use crate::request::{MessageRequest, ScheduleRequest, TaskRequest};
-use crate::schedule::notify::{body, About};
+use crate::schedule::notify::{body, About, Due};
 
 /// Metadata key that marks a notification task.
 pub const KIND_KEY: &str = "herald.kind";
@@ -26,14 +26,13 @@ pub fn requests(task: &TaskSpec, c: &Change) -> Vec<TaskRequest> {
     let Some(n) = &task.notify else {
         return Vec::new();
     };
-    let tz = crate::schedule::zone_of(&task.schedule);
     let mut out = Vec::new();
     if let Some(f) = c
         .failure
         .as_ref()
         .filter(|_| n.on.contains(&NotifyOn::Failed))
     {
-        let due = c
+        let fired = c
             .runs
             .iter()
             .find(|r| r.run == f.run)
@@ -46,8 +45,7 @@ pub fn requests(task: &TaskSpec, c: &Change) -> Vec<TaskRequest> {
             run: f.run,
             seq: Some(f.seq),
             to: Some(&f.to),
-            due_ms: due,
-            tz,
+            due: message_due(task, fired, c.failure_tz.as_deref()),
             why: &f.last_error,
         };
         out.push(request(task, n, &about, &f.seq.to_string()));
@@ -64,13 +62,57 @@ pub fn requests(task: &TaskSpec, c: &Change) -> Vec<TaskRequest> {
             run: r.run,
             seq: None,
             to: None,
-            due_ms: r.scheduled_at_ms,
-            tz,
+            due: fire_due(task, r.scheduled_at_ms),
             why: r.reason.as_deref().unwrap_or("missed"),
         };
         out.push(request(task, n, &about, "expired"));
     }
     out
+}
+
+/// When a message of the run that fired at `fired_ms` was due, as its recipient reads it: in
+/// recipient time its own instant (the slot's wall time in its zone `tz`; the run's instant
+/// for a run that is no slot's, a trigger), in that zone; otherwise the run's instant in the
+/// schedule's zone.
+fn message_due(task: &TaskSpec, fired_ms: u64, tz: Option<&str>) -> Due {
+    use crate::schedule::recipient::{message_due, parse_zones};
+    let zone = tz
+        .filter(|_| !task.recipient_zones.is_empty())
+        .and_then(|z| z.parse::<chrono_tz::Tz>().ok());
+    match zone {
+        Some(zone) => {
+            let zones = parse_zones(&task.recipient_zones);
+            let ms = tz
+                .and_then(|z| message_due(&task.schedule, &zones, fired_ms, z))
+                .unwrap_or(fired_ms);
+            Due::At { ms, tz: zone }
+        }
+        None => fire_due(task, fired_ms),
+    }
+}
+
+/// When the run that fired at `fired_ms` was due: in recipient time its slot's wall time,
+/// which each recipient has in their own zone (a run spans the zones; its instant is only
+/// where the slot comes first); otherwise its instant in the schedule's zone (UTC without one,
+/// and for a run that is no slot's).
+fn fire_due(task: &TaskSpec, fired_ms: u64) -> Due {
+    use crate::schedule::recipient::{parse_zones, run_slot_wall};
+    let wall = (!task.recipient_zones.is_empty())
+        .then(|| {
+            run_slot_wall(
+                &task.schedule,
+                &parse_zones(&task.recipient_zones),
+                fired_ms,
+            )
+        })
+        .flatten();
+    match wall {
+        Some(w) => Due::Wall(w),
+        None => Due::At {
+            ms: fired_ms,
+            tz: crate::schedule::zone_of(&task.schedule),
+        },
+    }
 }
 
 fn request(task: &TaskSpec, n: &crate::model::Notify, a: &About<'_>, what: &str) -> TaskRequest {
@@ -204,5 +246,54 @@ mod tests {
         );
         // And a notification's own failure makes none.
         assert!(requests(&n.split().0, &c).is_empty());
+    }
+
+    /// Review finding: notifications of a task in recipient time named the due time in UTC.
+    /// A failed message's is its own instant in its recipient's zone; an expired fire's is
+    /// the slot's wall time, each recipient's own.
+    #[test]
+    fn in_recipient_time_the_due_time_is_the_recipients() {
+        let t = task(
+            json!({"id": "rt", "schedule": {"at": "2026-12-02T09:00:00", "tz": "recipient"},
+            "messages": [{"to": "b", "body": "x", "tz": "Europe/Berlin"},
+                {"to": "s", "body": "x", "tz": "Asia/Shanghai"}],
+            "notify": {"channel": "log", "to": "boss"}}),
+        );
+        let crate::model::Schedule::At { at_ms, .. } = t.schedule else {
+            panic!("an at")
+        };
+        let f = Failure {
+            id: "rt:1:0".into(),
+            task_id: "rt".into(),
+            run: 1,
+            seq: 0,
+            to: "b".into(),
+            channel: "log".into(),
+            attempts: 1,
+            last_error: "HTTP 400".into(),
+            failed_at_ms: at_ms + 7 * 3_600_000,
+            retrying: false,
+            retries: 0,
+        };
+        let mut expired = Run::new(2, at_ms, at_ms, 2);
+        expired.state = RunState::Expired;
+        let c = Change {
+            failure: Some(f),
+            failure_tz: Some("Europe/Berlin".into()),
+            runs: vec![Run::new(1, at_ms, at_ms, 2), expired],
+            ..Change::default()
+        };
+        let reqs = requests(&t, &c);
+        let body = |r: &TaskRequest| r.messages.as_ref().unwrap()[0].body.clone();
+        let failed = body(&reqs[0]);
+        assert!(
+            failed.contains("due 2026-12-02 09:00 (Europe/Berlin)"),
+            "{failed}"
+        );
+        let expired = body(&reqs[1]);
+        assert!(
+            expired.contains("due 2026-12-02 09:00 (each recipient's local time)"),
+            "{expired}"
+        );
     }
 }

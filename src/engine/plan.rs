@@ -419,12 +419,18 @@ fn place(
 /// A one-shot or reminders task that would complete without having sent anything because its
 /// every fire expired ends `expired` instead, so a client can tell it from one that was sent
 /// (and re-arm it). Every other state passes through.
+///
+/// "Every fire expired" (API.md "Expired"): none ran (`runs`: an expired run is given back)
+/// and none was skipped (by the misfire policy `skip`, coalesced, an overlap): a task whose
+/// policy skipped some of its fires ended as its policy said, `completed`, even if the others
+/// expired. Each handled fire is counted once in `runs`, `skipped`, `expired` or `queued`.
 pub fn finished_as(spec: &TaskSpec, progress: &TaskProgress, to: TaskState) -> TaskState {
     let once = matches!(
         spec.schedule,
         Schedule::At { .. } | Schedule::After { .. } | Schedule::Reminders { .. }
     );
-    if to == TaskState::Completed && once && progress.runs == 0 && progress.expired > 0 {
+    let every_fire_expired = progress.runs == 0 && progress.skipped == 0 && progress.expired > 0;
+    if to == TaskState::Completed && once && every_fire_expired {
         TaskState::Expired
     } else {
         to
@@ -1130,6 +1136,13 @@ pub fn backfill(
         numbers.push(progress.fires);
         progress.queued.push((progress.fires, at));
     }
+    if !may_run_more(spec, &progress) {
+        // Backfilled runs count toward `max_runs` as fired ones do (the range was checked
+        // not to go past it, `schedule/backfill.rs`): at the count, the schedule fires no
+        // more, and the task completes once the last of them ends, not at a next fire that
+        // would only be skipped for `max_runs`.
+        progress.next_fire_at_ms = None;
+    }
     let mut runs = Vec::new();
     if progress.state == TaskState::Pending && active_runs == 0 && !progress.queued.is_empty() {
         let (n, at) = progress.queued.remove(0);
@@ -1813,6 +1826,90 @@ mod tests {
         );
         assert!(c.progress.as_ref().unwrap().queued.is_empty());
         assert_eq!(c.timeline.len(), 2);
+    }
+
+    /// Review finding: a trigger ("send now") of a one-shot in recipient time held each
+    /// message to the `at` in its own zone: only the slot's own run (fired at `at_ms`) is held.
+    #[test]
+    fn a_triggered_run_in_recipient_time_is_not_held_to_the_slot() {
+        let (s, t) = task(serde_json::json!({"schedule": {"at": "2026-12-02T09:00:00",
+            "tz": "recipient"}, "messages": [
+            {"to": "a", "body": "b", "tz": "Europe/Berlin"},
+            {"to": "c", "body": "d", "tz": "America/New_York"}]}));
+        let msg = |tz: &str| crate::model::Message {
+            to: "x".into(),
+            body: "y".into(),
+            data: None,
+            tz: Some(tz.into()),
+        };
+        let now = NOW + 60_000;
+        let tr = trigger(&s, &t, now).unwrap();
+        for tz in ["Europe/Berlin", "America/New_York"] {
+            assert_eq!(
+                hold(&s, &msg(tz), tr.runs[0].scheduled_at_ms, None, now),
+                None
+            );
+        }
+        // The slot's own run (fired at the `at`'s first instant) holds each to its zone.
+        let Schedule::At { at_ms, .. } = s.schedule else {
+            panic!("an at")
+        };
+        let p = fire(&s, &t, 0, at_ms, at_ms, NOW).unwrap();
+        let ny = hold(
+            &s,
+            &msg("America/New_York"),
+            p.started[0].scheduled_at_ms,
+            None,
+            at_ms,
+        );
+        assert_eq!(
+            ny,
+            Some(Hold::Recipient(
+                crate::schedule::parse_instant("2026-12-02T14:00:00Z", None, Default::default())
+                    .unwrap()[0]
+            ))
+        );
+    }
+
+    /// Review finding: `expired` means what API.md says, every fire expired without sending.
+    /// Reminders whose first fire expired and whose second the misfire policy skipped end
+    /// `completed` (their policy decided); one whose every fire expired ends `expired`; one
+    /// that sent a run never does.
+    #[test]
+    fn only_a_task_whose_every_fire_expired_ends_expired() {
+        let event = NOW + 60 * 60_000;
+        let reminders = |misfire: &str| {
+            task(serde_json::json!({"schedule": {"reminders": {
+                "event_at": crate::schedule::format_utc(event), "before": ["30m", "15m"]}},
+                "misfire": misfire, "to": ["a"], "body": "b"}))
+        };
+        // Back 20 min after the 30-minute reminder (beyond the 10 min grace) and 5 min after
+        // the 15-minute one (within it).
+        let back = event - 10 * 60_000;
+        let (s, t) = reminders("skip");
+        let p = fire(&s, &t, 0, event - 30 * 60_000, back, back).unwrap();
+        assert_eq!((p.progress.expired, p.progress.skipped), (1, 1));
+        assert_eq!(p.progress.state, TaskState::Completed);
+        // Back after both were missed by more than the grace: every fire expired.
+        let late = event + 60_000;
+        let p = fire(&s, &t, 0, event - 30 * 60_000, late, late).unwrap();
+        assert_eq!((p.progress.expired, p.progress.skipped), (2, 0));
+        assert_eq!(p.progress.state, TaskState::Expired);
+        // fire_now: the first expired, the second sent: completed.
+        let (s, t) = reminders("fire_now");
+        let p = fire(&s, &t, 0, event - 30 * 60_000, back, back).unwrap();
+        assert_eq!((p.progress.expired, p.progress.runs), (1, 1));
+        let r = &p.started[0];
+        let a = Attempt {
+            outcome: Outcome::Sent,
+            max_attempts: 3,
+            retry_delay_ms: 1_000,
+            pacing: s.pacing,
+            to: "a",
+            channel: "log",
+        };
+        let st = settle(&s, &p.progress, r, false, a, back + 1, Some(100)).unwrap();
+        assert_eq!(st.progress.state, TaskState::Completed);
     }
 
     /// What the engine starts for `schedule`, created at `now`: each fire step's started

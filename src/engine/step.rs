@@ -508,6 +508,9 @@ pub(super) struct Prepared {
     pub rate_tick: Option<u64>,
     /// What the send learnt for its timeline event (status, duration); set once it returns.
     pub report: crate::deliver::AttemptReport,
+    /// The message's own zone (`Message::tz`, recipient time): a notification of its failure
+    /// names its due time in it (`notify.rs`).
+    tz: Option<String>,
 }
 
 /// Arms the attempt (durably) if it is not armed yet, and prepares the send if it is due.
@@ -569,6 +572,7 @@ pub(super) async fn prepare(
         l.st().prefetched = Some((key.run, seq, msg));
         return Ok(None);
     };
+    let tz = msg.tz.clone();
     let delivery = render(inner, &t, &d, &run, msg, due);
     let policy = t
         .retry
@@ -584,6 +588,7 @@ pub(super) async fn prepare(
         probe,
         rate_tick,
         report: Default::default(),
+        tz,
     };
     let st = l.st();
     st.runs.insert(key.run, run);
@@ -1265,6 +1270,9 @@ pub(super) fn settle_plan(
         if !commit::failure_list_has_room(inner, f) {
             change.failure = None;
         }
+    }
+    if change.failure.is_some() {
+        change.failure_tz = p.tz.clone();
     }
     Ok(Some(change))
 }

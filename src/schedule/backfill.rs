@@ -23,6 +23,10 @@ pub enum BackfillError {
     /// A slot of the range without a run record is at or before [`Handled::unknown_through`]:
     /// it may have been sent by a run whose record was trimmed.
     Trimmed { through: u64 },
+    /// The range has more slots to backfill (`slots`) than the cron's `max_runs` (`max`)
+    /// leaves runs for (`left`): a backfilled run counts toward it like any other, so the
+    /// range is refused rather than cut short, as for [`BackfillError::TooMany`].
+    MaxRuns { slots: usize, left: u32, max: u32 },
 }
 
 /// What a task has handled already, as far as backfill needs to know.
@@ -40,6 +44,9 @@ pub struct Handled {
     /// runs_max`): its slot is at or before this instant, and which slot it was is lost, so a
     /// slot up to here without a record may have been sent already.
     pub unknown_through: Option<u64>,
+    /// Runs started or queued to start (`plan::runs_committed`): what a cron's `max_runs`
+    /// bounds, backfilled runs included.
+    pub committed: u32,
 }
 
 impl Handled {
@@ -62,6 +69,7 @@ impl Handled {
                 .next_fire_at_ms
                 .map_or(now, |n| now.min(n.saturating_sub(1))),
             unknown_through: lost.then(|| numbered_by(runs, p, now).saturating_add(lead_ms)),
+            committed: super::plan::runs_committed(p),
         }
     }
 }
@@ -160,8 +168,9 @@ pub fn slots(task: &TaskSpec, from_ms: u64, to_ms: u64) -> Result<Vec<u64>, Back
 }
 
 /// The slots of the range to backfill: those the task has not handled (`h.done`). Refused
-/// rather than cut short: a `to` after `h.latest`, and a slot without a record that a trimmed
-/// run may have sent (never sent twice).
+/// rather than cut short: a `to` after `h.latest`, a slot without a record that a trimmed
+/// run may have sent (never sent twice), and more slots than a cron's `max_runs` leaves runs
+/// for (a backfilled run counts toward it as a fire's does).
 pub fn to_backfill(
     task: &TaskSpec,
     from_ms: u64,
@@ -181,6 +190,20 @@ pub fn to_backfill(
             .any(|t| *t <= through && !h.recorded.contains(t))
         {
             return Err(BackfillError::Trimmed { through });
+        }
+    }
+    if let Schedule::Cron {
+        max_runs: Some(max),
+        ..
+    } = &task.schedule
+    {
+        let left = max.saturating_sub(h.committed);
+        if fresh.len() > usize::try_from(left).unwrap_or(usize::MAX) {
+            return Err(BackfillError::MaxRuns {
+                slots: fresh.len(),
+                left,
+                max: *max,
+            });
         }
     }
     Ok(fresh)
@@ -208,6 +231,7 @@ mod tests {
             recorded: BTreeSet::new(),
             latest,
             unknown_through: None,
+            committed: 0,
         }
     }
 
@@ -333,5 +357,40 @@ mod tests {
             to_backfill(&t, NOW, now, &h),
             Err(BackfillError::Trimmed { .. })
         ));
+    }
+
+    /// Review finding: backfilled runs did not count toward `max_runs`, so a backfill took a
+    /// cron past it. A range with more slots than runs left is refused; as many is accepted.
+    #[test]
+    fn a_backfill_never_takes_a_cron_past_its_max_runs() {
+        let t = task(
+            serde_json::json!({"schedule": {"cron": "*/15 * * * *", "max_runs": 3},
+            "to": ["a"], "body": "b"}),
+        );
+        let h = Handled {
+            committed: 1,
+            ..nothing(NOW + 60 * M)
+        };
+        assert_eq!(
+            to_backfill(&t, NOW, NOW + 30 * M, &h),
+            Err(BackfillError::MaxRuns {
+                slots: 3,
+                left: 2,
+                max: 3
+            })
+        );
+        assert_eq!(
+            to_backfill(&t, NOW, NOW + 15 * M, &h),
+            Ok(vec![NOW, NOW + 15 * M])
+        );
+        // Slots already handled are not runs to come: only the fresh ones count.
+        let h = Handled {
+            done: BTreeSet::from([NOW]),
+            ..h
+        };
+        assert_eq!(
+            to_backfill(&t, NOW, NOW + 30 * M, &h),
+            Ok(vec![NOW + 15 * M, NOW + 30 * M])
+        );
     }
 }

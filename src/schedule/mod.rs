@@ -16,7 +16,7 @@ pub use cron::CronSchedule;
 pub use local::{format_local, format_opt, format_utc, parse_instant, parse_tz, resolve_local};
 pub use plan::{mark_fired, mark_fired_of, minutes_left, next_fire, next_fire_of};
 
-pub use describe::{next_fire_human, zone_of};
+pub use describe::{local_time, next_fire_human, recipient_time, zone_of};
 
 use crate::model::{Lang, Schedule};
 

@@ -6,7 +6,7 @@ use chrono_tz::Tz;
 
 use crate::model::{Lang, NotifyOn};
 
-use super::local::format_local;
+use super::describe::{local_time, recipient_time};
 
 /// What a notification is about.
 #[derive(Debug, Clone)]
@@ -19,17 +19,30 @@ pub struct About<'a> {
     pub seq: Option<u32>,
     /// Its recipient (`failed`).
     pub to: Option<&'a str>,
-    /// When it was due.
-    pub due_ms: u64,
-    /// The zone the time is written in (the schedule's; UTC without one).
-    pub tz: Tz,
+    /// When it was due, as the person told reads it.
+    pub due: Due,
     /// Why: the last error, or the expiry's reason.
     pub why: &'a str,
 }
 
+/// When what a notification is about was due, written as the schedule's descriptions write
+/// time (`describe/`): in the task's language, with the place its wall time is read.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Due {
+    /// An instant, in a zone: in recipient time the recipient's own (a message), otherwise
+    /// the schedule's (UTC without one).
+    At { ms: u64, tz: Tz },
+    /// A slot's wall time in recipient time, which each recipient has in their own zone (a
+    /// fire of a run that spans the zones): "09:00 (each recipient's local time)".
+    Wall(u64),
+}
+
 /// The body of the notification.
 pub fn body(lang: Lang, a: &About<'_>) -> String {
-    let when = format!("{} ({})", format_local(a.due_ms, a.tz), a.tz.name());
+    let when = match a.due {
+        Due::At { ms, tz } => local_time(ms, tz, lang),
+        Due::Wall(wall_ms) => recipient_time(wall_ms, lang),
+    };
     let what = match (lang, a.task_name) {
         (Lang::En, Some(n)) => format!("\"{n}\" (task {}, run {})", a.task_id, a.run),
         (Lang::En, None) => format!("task {}, run {}", a.task_id, a.run),
@@ -76,8 +89,10 @@ mod tests {
             run: 2,
             seq: Some(0),
             to: Some("zhangsan"),
-            due_ms: due,
-            tz: "Asia/Shanghai".parse().unwrap(),
+            due: Due::At {
+                ms: due,
+                tz: "Asia/Shanghai".parse().unwrap(),
+            },
             why: "HTTP 400",
         };
         let en = body(Lang::En, &a);
@@ -94,11 +109,43 @@ mod tests {
             zh.contains("发给 zhangsan") && zh.contains("未能发出"),
             "{zh}"
         );
+        // Time as the schedule's descriptions write it in Chinese.
+        assert!(
+            zh.contains("原定 2026年12月2日 09:00（Asia/Shanghai）"),
+            "{zh}"
+        );
         a.event = NotifyOn::Expired;
         a.seq = None;
         a.to = None;
         a.why = "missed by 3s";
         assert!(body(Lang::En, &a).contains("set it to a new time"));
         assert!(body(Lang::Zh, &a).contains("设置新的时间"));
+    }
+
+    /// A recipient-time fire is due at its wall time, each recipient's own: said so, not in
+    /// UTC (review finding).
+    #[test]
+    fn a_wall_time_is_each_recipients_local_time() {
+        let wall = parse_instant("2026-12-02T09:00:00Z", None, DstPolicy::default()).unwrap()[0];
+        let a = About {
+            event: NotifyOn::Expired,
+            task_id: "t1",
+            task_name: None,
+            run: 1,
+            seq: None,
+            to: None,
+            due: Due::Wall(wall),
+            why: "missed",
+        };
+        let en = body(Lang::En, &a);
+        assert!(
+            en.contains("due 2026-12-02 09:00 (each recipient's local time)"),
+            "{en}"
+        );
+        let zh = body(Lang::Zh, &a);
+        assert!(
+            zh.contains("原定 2026年12月2日 09:00（收件人当地时间）"),
+            "{zh}"
+        );
     }
 }

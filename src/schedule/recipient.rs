@@ -15,6 +15,15 @@
 //! except that a message is never dropped: a wall time in a zone's gap goes at the gap's end
 //! (`shift`) whatever `dst.gap` says, and a repeated one at the first (or, `repeat: last`, the
 //! last) of its instants (`both` means the first: one message is one send).
+//!
+//! Known limit (open): slots are known by their run instant (`last_fire_ms`, `queued`, a
+//! run's `scheduled_at_ms`), so two slots whose earliest zone puts them at the same instant (a
+//! gap there: Berlin's 02:00 and 02:30 on 28 March 2027 are both 03:00 CEST) are one slot:
+//! [`next_slot`] after that instant goes past the second, whose later zones' messages (New
+//! York's 02:30) never go. The fix is to carry the slot's wall: the progress's last slot wall
+//! and each queued fire's, and a run's (a new record version of each), the next slot the
+//! first cron wall after the last one (slot instants never decrease as walls grow, so fires
+//! stay in order, ties included).
 
 use chrono::{DateTime, NaiveDateTime};
 use chrono_tz::Tz;
@@ -155,25 +164,66 @@ pub fn wall_cron(schedule: &Schedule) -> Option<CronSchedule> {
 /// the matching cron slot for a cron.
 pub fn slot_wall(schedule: &Schedule, zones: &[Tz], fire_ms: u64) -> Option<u64> {
     match schedule {
-        Schedule::At { at, .. } => ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%dT%H:%M"]
-            .iter()
-            .find_map(|f| NaiveDateTime::parse_from_str(at, f).ok())
-            .and_then(wall_of),
+        Schedule::At { at, .. } => at_wall(at),
         Schedule::Cron { dst, .. } => slot_of_cron(&wall_cron(schedule)?, zones, *dst, fire_ms),
         _ => None,
     }
 }
 
+/// An `at` in recipient time (a local time without offset) as a wall time.
+fn at_wall(at: &str) -> Option<u64> {
+    ["%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%dT%H:%M"]
+        .iter()
+        .find_map(|f| NaiveDateTime::parse_from_str(at, f).ok())
+        .and_then(wall_of)
+}
+
+/// The wall time of the slot the run that fired at `fire_ms` is the run *of*: as
+/// [`slot_wall`], but a one-shot's only when the run fired at the `at`'s own instant
+/// (`at_ms`, where the slot comes first). A run started at any other instant is no slot's:
+/// a trigger ("send now", API.md), whose messages all go now, not at the `at` in their zones.
+/// (A cron's runs are matched by instant already: a trigger between slots has none.)
+pub fn run_slot_wall(schedule: &Schedule, zones: &[Tz], fire_ms: u64) -> Option<u64> {
+    match schedule {
+        Schedule::At { at, at_ms, .. } if *at_ms == fire_ms => at_wall(at),
+        Schedule::At { .. } => None,
+        _ => slot_wall(schedule, zones, fire_ms),
+    }
+}
+
+/// What holds the messages of the run that fired at `fire_ms` in recipient time: its slot's
+/// wall time and the DST policy its messages follow in their zones. `None`: nothing does (not
+/// recipient time, or a run that is no slot's). A run keeps no record of its slot (`Run` has
+/// only its instant), so this is read from the task's schedule and zones each time: a change
+/// of the schedule that changes it would move, or drop, the hold of a run under way.
+pub fn run_hold(
+    schedule: &Schedule,
+    recipient_zones: &[String],
+    fire_ms: u64,
+) -> Option<(u64, DstPolicy)> {
+    let dst = match schedule {
+        Schedule::At { tz, dst, .. } | Schedule::Cron { tz, dst, .. }
+            if is_recipient(tz.as_deref()) && !recipient_zones.is_empty() =>
+        {
+            message_dst(*dst)
+        }
+        _ => return None,
+    };
+    let wall = run_slot_wall(schedule, &parse_zones(recipient_zones), fire_ms)?;
+    Some((wall, dst))
+}
+
 /// When a message in zone `tz` of the run that fired at `fire_ms` is due: the slot's wall
 /// time in that zone. `None` for a schedule not in recipient time (or a zone unknown to this
-/// build): the message follows the run's pacing alone.
+/// build), or a run that is no slot's ([`run_slot_wall`]: a trigger): the message follows the
+/// run's pacing alone.
 pub fn message_due(schedule: &Schedule, zones: &[Tz], fire_ms: u64, tz: &str) -> Option<u64> {
     let zone: Tz = tz.parse().ok()?;
     let dst = match schedule {
         Schedule::At { dst, .. } | Schedule::Cron { dst, .. } => *dst,
         _ => return None,
     };
-    instant_in(slot_wall(schedule, zones, fire_ms)?, zone, dst)
+    instant_in(run_slot_wall(schedule, zones, fire_ms)?, zone, dst)
 }
 
 /// When the run of `schedule` that fires at `at_ms` is, for people (a task's

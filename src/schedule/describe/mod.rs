@@ -148,6 +148,27 @@ fn zone(place: Place, lang: Lang) -> String {
     }
 }
 
+/// An instant as a person in `tz` reads it, with the zone: "2026-12-02 09:00 (Asia/Shanghai)",
+/// "2026年12月2日 09:00（Asia/Shanghai）" (as [`describe`] writes a one-shot's time).
+pub fn local_time(ms: u64, tz: Tz, lang: Lang) -> String {
+    let at = match (lang, human::local(ms, tz)) {
+        (Lang::Zh, Some(l)) => zh::date_time(&l),
+        _ => format_local(ms, tz),
+    };
+    [at, zone(Place::Zone(tz), lang)].concat()
+}
+
+/// A wall time in recipient time, which each recipient has in their own zone (ms as if UTC,
+/// `recipient.rs`): "2026-12-02 09:00 (each recipient's local time)",
+/// "2026年12月2日 09:00（收件人当地时间）".
+pub fn recipient_time(wall_ms: u64, lang: Lang) -> String {
+    let at = match (lang, human::local(wall_ms, chrono_tz::UTC)) {
+        (Lang::Zh, Some(l)) => zh::date_time(&l),
+        _ => format_local(wall_ms, chrono_tz::UTC),
+    };
+    [at, zone(Place::Recipient, lang)].concat()
+}
+
 /// When `at_ms` is, seen at `now_ms` by someone in `tz`: "tomorrow at 09:00 (Asia/Shanghai)",
 /// "明天上午 9:00（Asia/Shanghai）"; weekday names within the week, a date beyond.
 pub fn next_fire_human(at_ms: u64, now_ms: u64, tz: Tz, lang: Lang) -> String {

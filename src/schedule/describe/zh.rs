@@ -153,7 +153,7 @@ fn date(d: NaiveDate) -> String {
 }
 
 /// "2026年12月1日 09:00".
-fn date_time(at: &Local) -> String {
+pub fn date_time(at: &Local) -> String {
     format!("{} {}", date(at.date), super::en::clock(at.clock))
 }
 
