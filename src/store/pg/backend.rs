@@ -21,6 +21,9 @@
 //! the server is already carrying out finishes first). The group is then refused, and nothing
 //! of it is ever applied later. While the database cannot be reached the read-back is tried
 //! again with backoff, and [`Backend::failing`] says so (`/healthz`, writes refused up front).
+//! A read-back that cannot finish within [`READ_BACK_FOR`] leaves the outcome unknown: the
+//! group is answered with an error, and in cluster mode every shard it wrote is dropped, as a
+//! fenced write drops a shard taken over ([`Outcome::drops_shards`]).
 //! Tokens of answered groups are deleted by a later group, in its transaction.
 //!
 //! Connections: reads (API reads, the engine's offloaded reads, the life sign, the inbox) share
@@ -98,6 +101,9 @@ pub struct PgOptions {
     /// Whether this open creates or upgrades the schema; `false` (an export, which holds no
     /// process lock) requires this build's schema as it is (`schema::check_current`).
     pub upgrade: bool,
+    /// How long a read-back of a COMMIT that got no answer is tried before the group's
+    /// outcome is given up as unknown ([`READ_BACK_FOR`]; tests make it short).
+    pub read_back_for: Duration,
 }
 
 impl Default for PgOptions {
@@ -111,6 +117,7 @@ impl Default for PgOptions {
             idle_in_transaction: None,
             process_lock: None,
             upgrade: true,
+            read_back_for: READ_BACK_FOR,
         }
     }
 }
@@ -128,9 +135,9 @@ const PAGE_FIRST: i64 = 64;
 const PAGE_MAX: i64 = 1024;
 
 /// How long a read-back of an unknown commit is tried (with backoff) before `apply` gives up
-/// and says the outcome is unknown. Long: nothing can be written meanwhile anyway, and an
-/// answer that might be wrong is worse than a late one.
-const READ_BACK_FOR: Duration = Duration::from_secs(600);
+/// and says the outcome is unknown (`PgOptions::read_back_for`'s default). Long: nothing can
+/// be written meanwhile anyway, and an answer that might be wrong is worse than a late one.
+pub const READ_BACK_FOR: Duration = Duration::from_secs(600);
 /// A read-back whose insert waits this long is blocked by the group's own transaction, still
 /// open on a connection the server has not dropped: it ends that session.
 const READ_BACK_BLOCKED: Duration = Duration::from_millis(200);
@@ -149,6 +156,8 @@ pub struct PgBackend {
     /// The URL without its password, for messages.
     shown: Arc<str>,
     call_deadline: Duration,
+    /// [`PgOptions::read_back_for`].
+    read_back_for: Duration,
     /// This process's random part of every commit token (`incarnation ‖ seq`).
     incarnation: u64,
     seq: AtomicU64,
@@ -266,6 +275,43 @@ impl From<deadpool_postgres::PoolError> for GroupFail {
     }
 }
 
+/// What a commit group that got no results may have left in the database: what decides, in
+/// cluster mode, whether its shards are still trusted ([`Outcome::drops_shards`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// Nothing of it is applied, now or later: the server refused it (a statement's error, a
+    /// refused COMMIT), no connection of the pool was free, or the read-back inserted its
+    /// token first.
+    NotApplied,
+    /// Nothing was committed, but the connection failed or the call's deadline passed before
+    /// the COMMIT was sent: the database may not be reachable (the lease loop's renewals
+    /// likely fail too), and the group's transaction may still be open on the server.
+    ConnectionLost,
+    /// The COMMIT was sent and whether it committed is not known (it could not be read back
+    /// in time), or it committed while its writers are told it failed: the group's rows may
+    /// differ from what the engine holds of them.
+    Unknown,
+}
+
+impl Outcome {
+    /// Whether the node stops trusting the shards the group wrote (HA.md "Fence every write":
+    /// an unknown commit outcome forces re-acquisition before the next write). They are
+    /// dropped as a fenced write drops a shard taken over (`Fence::lost`): the engine unloads
+    /// their tasks, and whoever holds them next, at a new epoch, reads their rows again.
+    fn drops_shards(self) -> bool {
+        match self {
+            Outcome::NotApplied => false,
+            Outcome::ConnectionLost | Outcome::Unknown => true,
+        }
+    }
+}
+
+/// A commit group that failed: the error its writers get, and what it may have applied.
+struct GroupError {
+    error: StoreError,
+    outcome: Outcome,
+}
+
 /// A group's results, left where [`PgBackend::apply`] finds them once its COMMIT was sent.
 type Answer = Arc<Mutex<Option<Vec<Result<(), Rejected>>>>>;
 
@@ -381,6 +427,7 @@ impl PgBackend {
             shards: opts.shards,
             shown: shown.clone(),
             call_deadline: opts.statement_timeout + CALL_MARGIN,
+            read_back_for: opts.read_back_for,
             incarnation: random_u64(),
             seq: AtomicU64::new(0),
             spent: Mutex::new(Vec::new()),
@@ -684,14 +731,15 @@ impl PgBackend {
     }
 
     /// Resolves a group whose COMMIT got no answer (module doc): its results when it was
-    /// committed, an error when it was not (and now never will be). Tried again with backoff
-    /// while the database cannot be reached.
+    /// committed, an error when it was not (and now never will be), or, when it could not be
+    /// read back for [`PgOptions::read_back_for`], an error whose outcome is
+    /// [`Outcome::Unknown`]. Tried again with backoff while the database cannot be reached.
     fn read_back(
         &self,
         token: Vec<u8>,
         answer: Option<Vec<Result<(), Rejected>>>,
         why: &str,
-    ) -> Result<Vec<Result<(), Rejected>>, StoreError> {
+    ) -> Result<Vec<Result<(), Rejected>>, GroupError> {
         let started = Instant::now();
         let mut fails = 0;
         let outcome = loop {
@@ -710,36 +758,50 @@ impl PgBackend {
                     tracing::warn!("reading back an unknown commit got no answer; trying again")
                 }
             }
-            if started.elapsed() >= READ_BACK_FOR {
+            if started.elapsed() >= self.read_back_for {
                 break None;
             }
             fails += 1;
             std::thread::sleep(Backoff::delay(fails));
         };
         *self.outage.lock() = None;
+        let failed = |outcome: Outcome, what: String| GroupError {
+            error: self.error("commit", &what),
+            outcome,
+        };
         match (outcome, answer) {
             (Some(true), Some(results)) => {
                 tracing::warn!("a COMMIT got no answer; read back: it was stored");
                 self.spent.lock().push(token);
                 Ok(results)
             }
-            (Some(true), None) => Err(self.error("commit", "the group was stored, but its answer was lost (a bug)")),
+            // Stored, but its writers are told it failed: what they hold in memory is not
+            // what is on disk, so the shards are not trusted either.
+            (Some(true), None) => Err(failed(
+                Outcome::Unknown,
+                "the group was stored, but its answer was lost (a bug)".into(),
+            )),
             (Some(false), _) => {
                 tracing::warn!("a COMMIT got no answer; read back: it was not stored, and never will be");
                 // The read-back's row only fences a transaction that is over now.
                 self.spent.lock().push(token);
-                Err(self.error(
-                    "commit",
-                    &format!("the COMMIT got no answer ({why}); read back: the group was not stored"),
+                Err(failed(
+                    Outcome::NotApplied,
+                    format!("the COMMIT got no answer ({why}); read back: the group was not stored"),
                 ))
             }
-            (None, _) => Err(self.error(
-                "commit",
-                &format!(
-                    "the COMMIT got no answer ({why}) and reading it back failed for {} s: the group may or may not be stored",
-                    READ_BACK_FOR.as_secs()
-                ),
-            )),
+            (None, _) => {
+                tracing::error!(
+                    "a COMMIT got no answer and could not be read back: its outcome is unknown"
+                );
+                Err(failed(
+                    Outcome::Unknown,
+                    format!(
+                        "the COMMIT got no answer ({why}) and reading it back failed for {} s: the group may or may not be stored",
+                        self.read_back_for.as_secs()
+                    ),
+                ))
+            }
         }
     }
 }
@@ -1217,15 +1279,21 @@ impl PgBackend {
                         }
                     }
                 }
-                Err(e) => {
-                    if matches!(e, StoreError::Unavailable(_)) || self.outage.lock().is_some() {
+                Err(failed) => {
+                    if failed.outcome.drops_shards() {
                         // The outcome may be unknown: nothing more is written to these
                         // shards at their epochs (HA.md "Fence every write").
+                        let shards: Vec<u32> = group_epochs.iter().map(|(s, _)| *s).collect();
+                        tracing::warn!(
+                            ?shards,
+                            outcome = ?failed.outcome,
+                            "a commit group failed without a known outcome; its shards are dropped"
+                        );
                         for (s, e) in &group_epochs {
                             fence.lost(*s, *e);
                         }
                     }
-                    return Err(e);
+                    return Err(failed.error);
                 }
             }
         }
@@ -1240,7 +1308,7 @@ impl PgBackend {
         jobs: Vec<Vec<RawOp>>,
         fence: Vec<(u32, u64)>,
         inbox: Vec<Vec<(u32, String)>>,
-    ) -> Result<Result<Vec<Result<(), Rejected>>, (Vec<u32>, Vec<Vec<RawOp>>)>, StoreError> {
+    ) -> Result<Result<Vec<Result<(), Rejected>>, (Vec<u32>, Vec<Vec<RawOp>>)>, GroupError> {
         let token = self.token();
         let spent = std::mem::take(&mut *self.spent.lock());
         let sent = Arc::new(AtomicBool::new(false));
@@ -1266,9 +1334,19 @@ impl PgBackend {
             if f.busy {
                 // Never sent: a plain failed write, not a lost connection (apply_fenced
                 // drops no shard for it).
-                return self.error("commit", &f.why);
+                return GroupError {
+                    error: self.error("commit", &f.why),
+                    outcome: Outcome::NotApplied,
+                };
             }
-            self.fail("commit", f)
+            GroupError {
+                error: self.fail("commit", f),
+                outcome: if f.conn {
+                    Outcome::ConnectionLost
+                } else {
+                    Outcome::NotApplied
+                },
+            }
         };
         match r {
             Some(Ok(wrote)) => {
@@ -1322,7 +1400,10 @@ impl Backend for PgBackend {
         if let Some(f) = &self.fence {
             return self.apply_fenced(f.as_ref(), jobs);
         }
-        match self.commit_group(jobs, Vec::new(), Vec::new())? {
+        match self
+            .commit_group(jobs, Vec::new(), Vec::new())
+            .map_err(|f| f.error)?
+        {
             Ok(results) => Ok(results),
             // No fence was asked for, so none refuses.
             Err((lost, _)) => Err(self.error(
@@ -1696,5 +1777,20 @@ impl Iterator for PgScan<'_> {
             }
         }
         self.buf.pop_front().map(Ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Outcome;
+
+    /// Only a group known to have applied nothing leaves its shards trusted; one whose
+    /// outcome is unknown (review finding: it was reported as a plain write error and kept
+    /// them) or whose connection was lost drops them.
+    #[test]
+    fn only_a_group_known_not_applied_keeps_its_shards() {
+        assert!(!Outcome::NotApplied.drops_shards());
+        assert!(Outcome::ConnectionLost.drops_shards());
+        assert!(Outcome::Unknown.drops_shards());
     }
 }
