@@ -133,6 +133,21 @@ const CALL_MARGIN: Duration = Duration::from_secs(5);
 /// Rows a scan fetches first, and at most per page (pages grow: most scans stop early).
 const PAGE_FIRST: i64 = 64;
 const PAGE_MAX: i64 = 1024;
+/// Inbox rows one batch of a take deletes at most ([`Backend::take_inbox`]).
+const INBOX_BATCH: i64 = 1024;
+/// Batches one take runs at most: a steady flood of inbox rows (creates on other nodes faster
+/// than batches go) must not keep a take from answering. The drain loads what it took and
+/// takes the rest at its next round, within its floor (`engine/cluster.rs`, `INBOX_EVERY`).
+const INBOX_BATCHES: usize = 64;
+/// One batch of the inbox: the first [`INBOX_BATCH`] rows of the shards `$1` in key order
+/// (the primary key's index), deleted, their ids answered in that order.
+const INBOX_TAKE_SQL: &str = "WITH taken AS (\
+     DELETE FROM herald_inbox i USING (\
+       SELECT shard, task_id FROM herald_inbox WHERE shard = ANY($1) \
+       ORDER BY shard, task_id LIMIT $2) s \
+     WHERE i.shard = s.shard AND i.task_id = s.task_id \
+     RETURNING i.shard, i.task_id) \
+   SELECT task_id FROM taken ORDER BY shard, task_id";
 
 /// How long a read-back of an unknown commit is tried (with backoff) before `apply` gives up
 /// and says the outcome is unknown (`PgOptions::read_back_for`'s default). Long: nothing can
@@ -840,6 +855,47 @@ async fn read_back(pool: Pool, token: Vec<u8>) -> Result<bool, Fail> {
     }
 }
 
+impl PgBackend {
+    /// One batch of [`Backend::take_inbox`]: at most [`INBOX_BATCH`] rows of the shards of
+    /// `held` whose epochs the lease rows still have, deleted in key order, their ids added
+    /// to `inbox_taken` before the `COMMIT`. `Ok(true)`: the batch was full and committed, so
+    /// more rows may wait.
+    fn take_inbox_batch(&self, held: Vec<(u32, u64)>) -> Result<bool, StoreError> {
+        self.write_gate("read the inbox")?;
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let pool = self.pool.clone();
+        let taken = self.inbox_taken.clone();
+        self.run("read the inbox", async move {
+            let mut client = pool.get().await?;
+            let tx = client.transaction().await?;
+            let lost = fenced_out(&tx, &held).await?;
+            let ok: Vec<i32> = held
+                .iter()
+                .filter(|(s, _)| !lost.contains(s))
+                .map(|(s, _)| i32::try_from(*s).unwrap_or(i32::MAX))
+                .collect();
+            let st = tx.prepare_cached(INBOX_TAKE_SQL).await?;
+            let rows = tx.query(&st, &[&ok, &INBOX_BATCH]).await?;
+            let full = rows.len() as i64 >= INBOX_BATCH;
+            let mut ids: Vec<String> = Vec::with_capacity(rows.len());
+            for r in rows {
+                ids.push(r.try_get(0)?);
+            }
+            // Kept before the COMMIT is sent: whatever becomes of this call, they go out.
+            taken.lock().extend(ids);
+            // A COMMIT that got no answer may have deleted the rows: the ids go back either
+            // way. Loading a task twice is a no-op; a notice lost here left its task unarmed
+            // until its shard next moved (the nemesis' lost COMMIT reply, seed 21). No next
+            // batch then: it could take the same rows again.
+            if let Err(e) = tx.commit().await {
+                tracing::warn!(error = %e, "taking the inbox: the COMMIT failed; its tasks are loaded anyway");
+                return Ok(false);
+            }
+            Ok(full)
+        })
+    }
+}
+
 impl Drop for PgBackend {
     fn drop(&mut self) {
         // `shutdown_background`, not a plain drop: the backend may be dropped on a tokio worker,
@@ -1439,51 +1495,27 @@ impl Backend for PgBackend {
     }
 
     /// Fenced like a commit group: only rows of shards whose lease row still has the epoch
-    /// held are taken, so a stale owner never takes a new owner's notices. The ids the
-    /// `DELETE … RETURNING` answered are kept in the backend before the `COMMIT`
-    /// (`inbox_taken`): a call that fails after that point (its deadline passed with the
-    /// `COMMIT` committed, its answer lost) hands them out with the next one, so an id taken
-    /// out of the inbox is never lost with its row. An id may come back twice (the `COMMIT`
-    /// did not commit, and its row is taken again): loading a task twice is a no-op.
+    /// held are taken, so a stale owner never takes a new owner's notices. Taken in bounded
+    /// batches, in key order (shard, then task id), each in a transaction of its own
+    /// ([`PgBackend::take_inbox_batch`]), until one comes back short: a node that takes over a
+    /// shard with a huge inbox never deletes it all in one statement (which could outlast the
+    /// statement timeout every time, and so never be taken). The ids are kept in the backend
+    /// before each `COMMIT` (`inbox_taken`): a call that fails after that point (its deadline
+    /// passed with the `COMMIT` committed, its answer lost) hands them out with the next one,
+    /// so an id taken out of the inbox is never lost with its row. An id may come back twice
+    /// (the `COMMIT` did not commit, and its row is taken again): loading a task twice is a
+    /// no-op.
     fn take_inbox(&self) -> Result<Vec<String>, StoreError> {
         let Some(fence) = &self.fence else {
             return Ok(Vec::new());
         };
-        let held = fence.held();
-        if held.is_empty() {
-            return Ok(std::mem::take(&mut *self.inbox_taken.lock()));
+        for _ in 0..INBOX_BATCHES {
+            // Asked again for each batch: a shard let go meanwhile is taken from no more.
+            let held = fence.held();
+            if held.is_empty() || !self.take_inbox_batch(held)? {
+                break;
+            }
         }
-        self.write_gate("read the inbox")?;
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        let pool = self.pool.clone();
-        let taken = self.inbox_taken.clone();
-        self.run("read the inbox", async move {
-            let mut client = pool.get().await?;
-            let tx = client.transaction().await?;
-            let lost = fenced_out(&tx, &held).await?;
-            let ok: Vec<i32> = held
-                .iter()
-                .filter(|(s, _)| !lost.contains(s))
-                .map(|(s, _)| i32::try_from(*s).unwrap_or(i32::MAX))
-                .collect();
-            let st = tx
-                .prepare_cached("DELETE FROM herald_inbox WHERE shard = ANY($1) RETURNING task_id")
-                .await?;
-            let rows = tx.query(&st, &[&ok]).await?;
-            let mut ids: Vec<String> = Vec::with_capacity(rows.len());
-            for r in rows {
-                ids.push(r.try_get(0)?);
-            }
-            // Kept before the COMMIT is sent: whatever becomes of this call, they go out.
-            taken.lock().extend(ids);
-            // A COMMIT that got no answer may have deleted the rows: the ids go back either
-            // way. Loading a task twice is a no-op; a notice lost here left its task unarmed
-            // until its shard next moved (the nemesis' lost COMMIT reply, seed 21).
-            if let Err(e) = tx.commit().await {
-                tracing::warn!(error = %e, "taking the inbox: the COMMIT failed; its tasks are loaded anyway");
-            }
-            Ok(())
-        })?;
         Ok(std::mem::take(&mut *self.inbox_taken.lock()))
     }
 
