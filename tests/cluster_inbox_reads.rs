@@ -280,8 +280,7 @@ async fn ids_a_take_deleted_past_its_deadline_come_back_with_the_next_take() {
 /// round trips; rows of a shard not held stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_inbox_is_taken_in_bounded_batches_in_key_order() {
-    let Some(pg) = PgServer::shared("a_huge_inbox_is_taken_in_bounded_batches_in_key_order")
-    else {
+    let Some(pg) = PgServer::shared("a_huge_inbox_is_taken_in_bounded_batches_in_key_order") else {
         return;
     };
     let url = pg.create_db("inbox_batches");

@@ -185,7 +185,10 @@ fn a_commit_whose_outcome_stays_unknown_drops_the_shards_it_wrote() {
     // The process lock's session was cut by the partition too: taken again once it heals.
     let deadline = Instant::now() + Duration::from_secs(20);
     while let Some(why) = b.failing() {
-        assert!(Instant::now() < deadline, "the backend does not heal: {why}");
+        assert!(
+            Instant::now() < deadline,
+            "the backend does not heal: {why}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -80,6 +80,19 @@ fn knob_file(
 /// the lease loop are not affected. For `tests/cluster_trust_gap.rs`; logged when set.
 pub const TRUST_GAP_ENV: &str = "HERALD_TEST_TRUST_GAP";
 
+/// Test knob, not configuration: a file's path; a shard's load that finds that file deletes
+/// it and panics, so exactly one load fails that way (`tests/cluster_load_fail.rs`: the shard
+/// is let go and loaded again at its next grant). Read once at start; logged when set.
+pub const LOAD_PANIC_ENV: &str = "HERALD_TEST_LOAD_PANIC";
+
+/// Whether this load is the one [`LOAD_PANIC_ENV`] makes panic (its file removed: only the
+/// load that removes it does).
+fn load_panics() -> bool {
+    static FILE: OnceLock<Option<PathBuf>> = OnceLock::new();
+    knob_file(&FILE, LOAD_PANIC_ENV, "the next shard load panics")
+        .is_some_and(|f| std::fs::remove_file(f).is_ok())
+}
+
 /// The file of [`TRUST_GAP_ENV`], if set.
 fn trust_gap() -> Option<&'static Path> {
     static GAP: OnceLock<Option<PathBuf>> = OnceLock::new();
@@ -225,7 +238,15 @@ pub(crate) async fn follow(inner: Weak<Inner>, mut events: UnboundedReceiver<Eve
                     }
                 }
                 for g in &grants {
-                    load_shard(&inner, *g).await;
+                    // A task of its own: a panic in a load (a bug) ends that task, not this
+                    // loop, and lets the shard go like any failed load.
+                    if tokio::spawn(load_shard(inner.clone(), *g)).await.is_err() {
+                        tracing::error!(
+                            shard = g.shard,
+                            "loading a granted shard panicked; it is let go"
+                        );
+                        let_shard_go(&inner, *g);
+                    }
                 }
                 arm_failure_retries(&inner, &grants).await;
             }
@@ -234,8 +255,13 @@ pub(crate) async fn follow(inner: Weak<Inner>, mut events: UnboundedReceiver<Eve
     }
 }
 
-/// A shard granted at an epoch could not be loaded: let go (if still held at that epoch), for
-/// another round to grant and load it again.
+/// A shard granted at an epoch could not be loaded (a store error, or a panic): let go (if
+/// still held at that epoch), for another round to grant and load it again, here or on
+/// another node. Not retried in place: a load cut short may have put part of the shard in the
+/// live map, and the drop's unload takes all of it out, so the next grant loads it whole at a
+/// new epoch, from what the database holds then (HA.md: a shard is acted on only as loaded
+/// under the epoch it is held at; an ambiguous state drops it, to be acquired again). A shard
+/// held but never loaded would be renewed with nothing of it ever sent.
 fn let_shard_go(inner: &Inner, g: Grant) {
     if let Some(c) = &inner.config.cluster {
         c.ownership.lost_at(g.shard, g.epoch);
@@ -244,11 +270,21 @@ fn let_shard_go(inner: &Inner, g: Grant) {
 
 /// A granted shard: its live tasks onto the wheel, its running ones resumed (start-up's
 /// phases for one shard: `recovery.rs`).
-async fn load_shard(inner: &Arc<Inner>, g: Grant) {
+async fn load_shard(inner: Arc<Inner>, g: Grant) {
+    let inner = &inner;
     let shard = g.shard;
     let started = std::time::Instant::now();
     let i = inner.clone();
-    let read = tokio::task::spawn_blocking(move || i.store.shard_due_entries(shard)).await;
+    let read = tokio::task::spawn_blocking(move || {
+        if load_panics() {
+            #[allow(clippy::panic, reason = "the test knob's whole point")]
+            {
+                panic!("test knob {LOAD_PANIC_ENV}: shard {shard}'s load panics");
+            }
+        }
+        i.store.shard_due_entries(shard)
+    })
+    .await;
     let entries = match read {
         Ok(Ok(e)) => e,
         Ok(Err(e)) => {
@@ -258,7 +294,13 @@ async fn load_shard(inner: &Arc<Inner>, g: Grant) {
             let_shard_go(inner, g);
             return;
         }
-        Err(_) => return,
+        Err(e) => {
+            // The read panicked (a bug): as a read that failed (review finding: the shard
+            // stayed held, renewed, and never loaded).
+            tracing::error!(shard, error = %e, "reading a granted shard panicked; it is let go");
+            let_shard_go(inner, g);
+            return;
+        }
     };
     let mut running = Vec::new();
     let (mut pending, mut corrupt) = (0usize, 0usize);
@@ -354,7 +396,12 @@ async fn arm_failure_retries(inner: &Arc<Inner>, grants: &[Grant]) {
                 let_shard_go(inner, *g);
             }
         }
-        Err(_) => {}
+        Err(e) => {
+            tracing::error!(error = %e, "reading the failure list for granted shards panicked; they are let go");
+            for g in grants {
+                let_shard_go(inner, *g);
+            }
+        }
     }
 }
 

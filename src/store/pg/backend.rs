@@ -797,12 +797,16 @@ impl PgBackend {
                 "the group was stored, but its answer was lost (a bug)".into(),
             )),
             (Some(false), _) => {
-                tracing::warn!("a COMMIT got no answer; read back: it was not stored, and never will be");
+                tracing::warn!(
+                    "a COMMIT got no answer; read back: it was not stored, and never will be"
+                );
                 // The read-back's row only fences a transaction that is over now.
                 self.spent.lock().push(token);
                 Err(failed(
                     Outcome::NotApplied,
-                    format!("the COMMIT got no answer ({why}); read back: the group was not stored"),
+                    format!(
+                        "the COMMIT got no answer ({why}); read back: the group was not stored"
+                    ),
                 ))
             }
             (None, _) => {
