@@ -150,6 +150,15 @@ impl Inner {
         }
     }
 
+    /// The epoch `task`'s shard is held and trusted at now: what a cell about to be read from
+    /// the store (or made by a create) is stamped with (`LiveState::loaded_at`). `None`
+    /// outside cluster mode, and while the shard is not trusted (a read then is fenced at the
+    /// epoch held at its writes, as every write was before).
+    pub(crate) fn load_epoch(&self, task: &str) -> Option<u64> {
+        let (c, s) = self.shard_of(task)?;
+        c.ownership.epoch(s)
+    }
+
     /// Whether the task's shard is being handed over ([`crate::cluster::node::Ownership::releasing`]).
     pub(crate) fn releasing(&self, task: &str) -> bool {
         match self.shard_of(task) {
