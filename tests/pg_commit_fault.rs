@@ -213,6 +213,36 @@ fn a_commit_read_back_as_not_stored_keeps_its_shards() {
     );
 }
 
+/// Review finding (the fence checked the epoch held at the write, not the one the writer's
+/// memory was read at): a job marked as written from memory read at another epoch of its
+/// shard than the one held now is refused whole, before its transaction, and the shard held
+/// now stays held; the job read at the epoch held goes through.
+#[test]
+fn a_write_from_memory_read_at_another_epoch_is_refused_and_the_hold_stays() {
+    let Some((pg, url, _proxy)) = setup("loaded_at") else {
+        return;
+    };
+    let fence = Arc::new(AllAtZero::default());
+    let b = open(&url).with_fence(fence.clone());
+    let shard = shard_of_task("k", b.shards());
+    let from = |epoch: u64| {
+        let mut job = vec![RawOp::LoadedAt("k".into(), epoch)];
+        job.extend(put("k"));
+        job
+    };
+    let r = b.apply(vec![from(7), put("other")]).unwrap();
+    let refused = r[0].as_ref().expect_err("read at epoch 7, held at 0");
+    assert_eq!(refused.lost_shard, Some(shard));
+    assert!(r[1].is_ok(), "the rest of the group goes on");
+    assert_eq!(stored(&pg, &url, "k"), 0, "nothing of it is written");
+    assert!(
+        fence.lost.lock().unwrap().is_empty(),
+        "the shard held now is not dropped for an old reader's write"
+    );
+    assert!(b.apply(vec![from(0)]).unwrap()[0].is_ok());
+    assert_eq!(stored(&pg, &url, "k"), 1);
+}
+
 fn task(id: &str) -> (Task, Vec<Message>) {
     let req: TaskRequest = serde_json::from_value(serde_json::json!({
         "id": id, "schedule": {"after": "1h"}, "to": ["a"], "body": "hello"

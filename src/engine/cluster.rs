@@ -277,12 +277,10 @@ fn let_shard_go(inner: &Inner, g: Grant) {
     }
 }
 
-/// A granted shard: its live tasks onto the wheel, its running ones resumed (start-up's
-/// phases for one shard: `recovery.rs`).
-async fn load_shard(inner: Arc<Inner>, g: Grant) {
-    let inner = &inner;
-    let shard = g.shard;
-    let started = std::time::Instant::now();
+/// A granted shard's due entries, read on a blocking thread; `None` (logged) when the read
+/// failed or panicked. Not loaded, nothing of the shard is acted on here; but its lease is
+/// renewed, so the caller lets it go for another round to load it again.
+async fn read_shard(inner: &Arc<Inner>, shard: u32) -> Option<Vec<crate::store::DueItem>> {
     let i = inner.clone();
     let read = tokio::task::spawn_blocking(move || {
         if load_panics() {
@@ -294,22 +292,30 @@ async fn load_shard(inner: Arc<Inner>, g: Grant) {
         i.store.shard_due_entries(shard)
     })
     .await;
-    let entries = match read {
-        Ok(Ok(e)) => e,
+    match read {
+        Ok(Ok(e)) => Some(e),
         Ok(Err(e)) => {
-            // Not loaded: nothing of it is acted on here. The lease runs out unrenewed?
-            // No: it is renewed, so drop it for another round to load it again.
             tracing::error!(shard, error = %e, "a granted shard could not be read; it is let go");
-            let_shard_go(inner, g);
-            return;
+            None
         }
+        // A panic (a bug), as a read that failed (review finding: the shard stayed held,
+        // renewed, and never loaded).
         Err(e) => {
-            // The read panicked (a bug): as a read that failed (review finding: the shard
-            // stayed held, renewed, and never loaded).
             tracing::error!(shard, error = %e, "reading a granted shard panicked; it is let go");
-            let_shard_go(inner, g);
-            return;
+            None
         }
+    }
+}
+
+/// A granted shard: its live tasks onto the wheel, its running ones resumed (start-up's
+/// phases for one shard: `recovery.rs`).
+async fn load_shard(inner: Arc<Inner>, g: Grant) {
+    let inner = &inner;
+    let shard = g.shard;
+    let started = std::time::Instant::now();
+    let Some(entries) = read_shard(inner, shard).await else {
+        let_shard_go(inner, g);
+        return;
     };
     let mut running = Vec::new();
     let (mut pending, mut corrupt) = (0usize, 0usize);

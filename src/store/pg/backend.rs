@@ -1271,6 +1271,51 @@ async fn apply_group(ctx: GroupCtx, jobs: Vec<Vec<RawOp>>) -> Result<bool, Group
 }
 
 impl PgBackend {
+    /// A group refused before its COMMIT went out (or by the server's answer to it), as its
+    /// writers and the fence see it.
+    fn refused(&self, f: &Fail) -> GroupError {
+        if f.busy {
+            // Never sent: a plain failed write, not a lost connection (apply_fenced drops no
+            // shard for it).
+            return GroupError {
+                error: self.error("commit", &f.why),
+                outcome: Outcome::NotApplied,
+            };
+        }
+        GroupError {
+            error: self.fail("commit", f),
+            outcome: if f.conn {
+                Outcome::ConnectionLost
+            } else {
+                Outcome::NotApplied
+            },
+        }
+    }
+
+    /// A fenced group that failed: its shards dropped when its outcome says so
+    /// ([`Outcome::drops_shards`]); the error its writers get.
+    fn group_failed(
+        &self,
+        fence: &dyn Fence,
+        epochs: &[(u32, u64)],
+        failed: GroupError,
+    ) -> StoreError {
+        if failed.outcome.drops_shards() {
+            // The outcome may be unknown: nothing more is written to these shards at their
+            // epochs (HA.md "Fence every write").
+            let shards: Vec<u32> = epochs.iter().map(|(s, _)| *s).collect();
+            tracing::warn!(
+                ?shards,
+                outcome = ?failed.outcome,
+                "a commit group failed without a known outcome; its shards are dropped"
+            );
+            for (s, e) in epochs {
+                fence.lost(*s, *e);
+            }
+        }
+        failed.error
+    }
+
     /// `apply` in cluster mode: each job's fence (`fence.rs`); a job on a shard not held is
     /// refused before the transaction, and one the transaction's fence finds taken over is
     /// refused and its shard dropped, the rest of the group tried again. An unknown outcome
@@ -1339,22 +1384,7 @@ impl PgBackend {
                         }
                     }
                 }
-                Err(failed) => {
-                    if failed.outcome.drops_shards() {
-                        // The outcome may be unknown: nothing more is written to these
-                        // shards at their epochs (HA.md "Fence every write").
-                        let shards: Vec<u32> = group_epochs.iter().map(|(s, _)| *s).collect();
-                        tracing::warn!(
-                            ?shards,
-                            outcome = ?failed.outcome,
-                            "a commit group failed without a known outcome; its shards are dropped"
-                        );
-                        for (s, e) in &group_epochs {
-                            fence.lost(*s, *e);
-                        }
-                    }
-                    return Err(failed.error);
-                }
+                Err(failed) => return Err(self.group_failed(fence, &group_epochs, failed)),
             }
         }
         Ok(out.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
@@ -1391,22 +1421,7 @@ impl PgBackend {
         let refused = |f: &Fail| {
             // Not deleted this time: the next group tries again.
             self.spent.lock().extend(spent.iter().cloned());
-            if f.busy {
-                // Never sent: a plain failed write, not a lost connection (apply_fenced
-                // drops no shard for it).
-                return GroupError {
-                    error: self.error("commit", &f.why),
-                    outcome: Outcome::NotApplied,
-                };
-            }
-            GroupError {
-                error: self.fail("commit", f),
-                outcome: if f.conn {
-                    Outcome::ConnectionLost
-                } else {
-                    Outcome::NotApplied
-                },
-            }
+            self.refused(f)
         };
         match r {
             Some(Ok(wrote)) => {
@@ -1429,16 +1444,15 @@ impl PgBackend {
                 Err(refused(&f))
             }
             Some(Err(GroupFail::Unknown(why))) => {
-                let results = answer.lock().take();
-                let r = self.read_back(token, results, &why);
+                let r = self.read_back(token, answer.lock().take(), &why);
                 if r.is_err() {
                     self.spent.lock().extend(spent);
                 }
                 r.map(Ok)
             }
             None if sent.load(Ordering::Acquire) => {
-                let results = answer.lock().take();
-                let r = self.read_back(token, results, "the call's deadline passed");
+                let why = "the call's deadline passed";
+                let r = self.read_back(token, answer.lock().take(), why);
                 if r.is_err() {
                     self.spent.lock().extend(spent);
                 }
