@@ -272,3 +272,81 @@ async fn ids_a_take_deleted_past_its_deadline_come_back_with_the_next_take() {
     );
     assert!(backend.take_inbox().unwrap().is_empty(), "handed out once");
 }
+
+/// Review finding: the take deleted every inbox row of the shards held in one statement, so a
+/// node taking over a shard with a huge inbox read it all at once (and one that outlasted the
+/// statement timeout was never taken at all). Now it takes bounded batches until one comes
+/// back short: more rows than one batch all come out, once each, in key order, in several
+/// round trips; rows of a shard not held stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_inbox_is_taken_in_bounded_batches_in_key_order() {
+    let Some(pg) = PgServer::shared("a_huge_inbox_is_taken_in_bounded_batches_in_key_order") else {
+        return;
+    };
+    let url = pg.create_db("inbox_batches");
+    let opts = PgOptions {
+        shards: SHARDS,
+        ..PgOptions::default()
+    };
+    drop(PgBackend::open(&url, &opts).expect("herald's schema is made"));
+    let (c, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let all: Vec<u32> = (0..SHARDS).collect();
+    let grants = herald::cluster::rows::acquire(&c, "t", "t-1", 600_000, &all)
+        .await
+        .unwrap();
+    // Shard 0 is not held here: its rows are another owner's.
+    let held = Held(
+        grants
+            .iter()
+            .filter(|g| g.shard != 0)
+            .map(|g| (g.shard, g.epoch))
+            .collect(),
+    );
+    let backend = PgBackend::open(&url, &opts)
+        .unwrap()
+        .with_fence(Arc::new(held));
+
+    // 5 000 rows (the batch is 1 024), spread over every shard.
+    const ROWS: u32 = 5_000;
+    pg.psql(
+        &url,
+        &format!(
+            "INSERT INTO herald_inbox (shard, task_id) \
+             SELECT i % {SHARDS}, 'big-' || i FROM generate_series(1, {ROWS}) AS i"
+        ),
+    );
+    let mut want: Vec<(u32, String)> = (1..=ROWS)
+        .map(|i| (i % SHARDS, format!("big-{i}")))
+        .filter(|(s, _)| *s != 0)
+        .collect();
+    want.sort();
+    let want: Vec<String> = want.into_iter().map(|(_, id)| id).collect();
+
+    let trips = backend.read_round_trips();
+    let b = Arc::new(backend);
+    let b2 = b.clone();
+    let ids = tokio::task::spawn_blocking(move || b2.take_inbox())
+        .await
+        .unwrap()
+        .expect("the inbox is taken");
+    let batches = b.read_round_trips() - trips;
+    assert_eq!(ids.len(), want.len(), "every row of the shards held, once");
+    assert!(ids == want, "in key order: shard, then task id");
+    let least = (want.len() as u64).div_ceil(1_024);
+    assert!(
+        batches >= least,
+        "taken in {batches} statement(s); bounded batches need at least {least}"
+    );
+    assert_eq!(
+        inbox_rows(&pg, &url),
+        u64::from(ROWS.div_ceil(SHARDS)),
+        "the rows of the shard not held stay"
+    );
+    let b2 = b.clone();
+    let again = tokio::task::spawn_blocking(move || b2.take_inbox())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(again.is_empty(), "handed out once: {} again", again.len());
+}

@@ -403,6 +403,7 @@ const LOCK_TRIES: usize = 4;
 /// takes it out again (finished). A task live already is locked the usual way.
 pub(crate) async fn lock_expired(inner: &Arc<Inner>, id: &str) -> Result<Got, EngineError> {
     let key = id.to_string();
+    let epoch = inner.load_epoch(id);
     let read = offload::read(inner, move |i| Ok(i.store.get_task(&key)?)).await?;
     let Some(task) = read else {
         return Ok(Got::Gone);
@@ -417,7 +418,7 @@ pub(crate) async fn lock_expired(inner: &Arc<Inner>, id: &str) -> Result<Got, En
             None
         } else {
             let key: Arc<str> = Arc::from(id);
-            let st = LiveState::new(task, BTreeMap::new());
+            let st = LiveState::new(task, BTreeMap::new()).at(epoch);
             let cell = Arc::new(tokio::sync::Mutex::new(Slot::Loaded(Box::new(st))));
             live.claim(key.clone(), Some(cell.clone()));
             Some((key, cell))
@@ -580,8 +581,9 @@ pub(crate) fn is_current(live: &LiveMap, l: &Locked) -> bool {
 /// Whether the cell `l` holds, locked again after a send (that went outside its lock), has
 /// been superseded: its task was loaded anew meanwhile, so the cell's memory may be older than
 /// what is on disk, and another cell may be acting on the task. Nothing may be written from
-/// it: the fence checks the epoch held at the write, not the one the cell was loaded under, so
-/// a shard let go and held again lets an old cell's write through.
+/// it. The store's fence refuses such a write too when the shard was let go and held again
+/// (the cell's `LiveState::loaded_at` is an older epoch), but not when the task was loaded
+/// anew under the same epoch, nor outside cluster mode: this check comes first.
 ///
 /// A finished task's cell is never superseded: a cancel answered during the send takes the
 /// task out of the map, and its sending run is settled from this cell. Any other is when the
@@ -611,10 +613,13 @@ fn load(
     id: &str,
     out: &BTreeSet<u32>,
 ) -> Result<Option<(LiveState, Option<String>)>, EngineError> {
+    // Asked before the read: held at this epoch then and at the write, the shard was held
+    // all along, and nobody else wrote the task in between.
+    let epoch = inner.load_epoch(id);
     let Some(task) = inner.store.get_task(id)? else {
         return Ok(None);
     };
-    load_task(inner, id, task, out)
+    Ok(load_task(inner, id, task, out)?.map(|(st, why)| (st.at(epoch), why)))
 }
 
 /// [`load`] of a task already read from the store (`prefetch.rs` reads many in one batch):

@@ -80,6 +80,19 @@ fn knob_file(
 /// the lease loop are not affected. For `tests/cluster_trust_gap.rs`; logged when set.
 pub const TRUST_GAP_ENV: &str = "HERALD_TEST_TRUST_GAP";
 
+/// Test knob, not configuration: a file's path; a shard's load that finds that file deletes
+/// it and panics, so exactly one load fails that way (`tests/cluster_load_fail.rs`: the shard
+/// is let go and loaded again at its next grant). Read once at start; logged when set.
+pub const LOAD_PANIC_ENV: &str = "HERALD_TEST_LOAD_PANIC";
+
+/// Whether this load is the one [`LOAD_PANIC_ENV`] makes panic (its file removed: only the
+/// load that removes it does).
+fn load_panics() -> bool {
+    static FILE: OnceLock<Option<PathBuf>> = OnceLock::new();
+    knob_file(&FILE, LOAD_PANIC_ENV, "the next shard load panics")
+        .is_some_and(|f| std::fs::remove_file(f).is_ok())
+}
+
 /// The file of [`TRUST_GAP_ENV`], if set.
 fn trust_gap() -> Option<&'static Path> {
     static GAP: OnceLock<Option<PathBuf>> = OnceLock::new();
@@ -135,6 +148,15 @@ impl Inner {
             Some(_) if trust_gap().is_some_and(Path::exists) => false,
             Some((c, s)) => c.ownership.epoch(s).is_some(),
         }
+    }
+
+    /// The epoch `task`'s shard is held and trusted at now: what a cell about to be read from
+    /// the store (or made by a create) is stamped with (`LiveState::loaded_at`). `None`
+    /// outside cluster mode, and while the shard is not trusted (a read then is fenced at the
+    /// epoch held at its writes, as every write was before).
+    pub(crate) fn load_epoch(&self, task: &str) -> Option<u64> {
+        let (c, s) = self.shard_of(task)?;
+        c.ownership.epoch(s)
     }
 
     /// Whether the task's shard is being handed over ([`crate::cluster::node::Ownership::releasing`]).
@@ -225,7 +247,15 @@ pub(crate) async fn follow(inner: Weak<Inner>, mut events: UnboundedReceiver<Eve
                     }
                 }
                 for g in &grants {
-                    load_shard(&inner, *g).await;
+                    // A task of its own: a panic in a load (a bug) ends that task, not this
+                    // loop, and lets the shard go like any failed load.
+                    if tokio::spawn(load_shard(inner.clone(), *g)).await.is_err() {
+                        tracing::error!(
+                            shard = g.shard,
+                            "loading a granted shard panicked; it is let go"
+                        );
+                        let_shard_go(&inner, *g);
+                    }
                 }
                 arm_failure_retries(&inner, &grants).await;
             }
@@ -234,31 +264,58 @@ pub(crate) async fn follow(inner: Weak<Inner>, mut events: UnboundedReceiver<Eve
     }
 }
 
-/// A shard granted at an epoch could not be loaded: let go (if still held at that epoch), for
-/// another round to grant and load it again.
+/// A shard granted at an epoch could not be loaded (a store error, or a panic): let go (if
+/// still held at that epoch), for another round to grant and load it again, here or on
+/// another node. Not retried in place: a load cut short may have put part of the shard in the
+/// live map, and the drop's unload takes all of it out, so the next grant loads it whole at a
+/// new epoch, from what the database holds then (HA.md: a shard is acted on only as loaded
+/// under the epoch it is held at; an ambiguous state drops it, to be acquired again). A shard
+/// held but never loaded would be renewed with nothing of it ever sent.
 fn let_shard_go(inner: &Inner, g: Grant) {
     if let Some(c) = &inner.config.cluster {
         c.ownership.lost_at(g.shard, g.epoch);
     }
 }
 
+/// A granted shard's due entries, read on a blocking thread; `None` (logged) when the read
+/// failed or panicked. Not loaded, nothing of the shard is acted on here; but its lease is
+/// renewed, so the caller lets it go for another round to load it again.
+async fn read_shard(inner: &Arc<Inner>, shard: u32) -> Option<Vec<crate::store::DueItem>> {
+    let i = inner.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        if load_panics() {
+            #[allow(clippy::panic, reason = "the test knob's whole point")]
+            {
+                panic!("test knob {LOAD_PANIC_ENV}: shard {shard}'s load panics");
+            }
+        }
+        i.store.shard_due_entries(shard)
+    })
+    .await;
+    match read {
+        Ok(Ok(e)) => Some(e),
+        Ok(Err(e)) => {
+            tracing::error!(shard, error = %e, "a granted shard could not be read; it is let go");
+            None
+        }
+        // A panic (a bug), as a read that failed (review finding: the shard stayed held,
+        // renewed, and never loaded).
+        Err(e) => {
+            tracing::error!(shard, error = %e, "reading a granted shard panicked; it is let go");
+            None
+        }
+    }
+}
+
 /// A granted shard: its live tasks onto the wheel, its running ones resumed (start-up's
 /// phases for one shard: `recovery.rs`).
-async fn load_shard(inner: &Arc<Inner>, g: Grant) {
+async fn load_shard(inner: Arc<Inner>, g: Grant) {
+    let inner = &inner;
     let shard = g.shard;
     let started = std::time::Instant::now();
-    let i = inner.clone();
-    let read = tokio::task::spawn_blocking(move || i.store.shard_due_entries(shard)).await;
-    let entries = match read {
-        Ok(Ok(e)) => e,
-        Ok(Err(e)) => {
-            // Not loaded: nothing of it is acted on here. The lease runs out unrenewed?
-            // No: it is renewed, so drop it for another round to load it again.
-            tracing::error!(shard, error = %e, "a granted shard could not be read; it is let go");
-            let_shard_go(inner, g);
-            return;
-        }
-        Err(_) => return,
+    let Some(entries) = read_shard(inner, shard).await else {
+        let_shard_go(inner, g);
+        return;
     };
     let mut running = Vec::new();
     let (mut pending, mut corrupt) = (0usize, 0usize);
@@ -354,7 +411,12 @@ async fn arm_failure_retries(inner: &Arc<Inner>, grants: &[Grant]) {
                 let_shard_go(inner, *g);
             }
         }
-        Err(_) => {}
+        Err(e) => {
+            tracing::error!(error = %e, "reading the failure list for granted shards panicked; they are let go");
+            for g in grants {
+                let_shard_go(inner, *g);
+            }
+        }
     }
 }
 

@@ -126,6 +126,10 @@ pub(crate) async fn apply_chunk(
 /// The records of `c` (for the task `st` holds now), appended to `batch`.
 fn batch_into(st: &LiveState, c: &Change, batch: &mut Batch) {
     let id = &st.spec.id;
+    if let Some(epoch) = st.loaded_at {
+        // The store's fence refuses the write unless the shard is held at this epoch still.
+        batch.ops.push(Op::LoadedAt(id.clone(), epoch));
+    }
     if let Some(f) = &c.failure {
         batch.failure(f.clone());
     }
@@ -267,7 +271,7 @@ fn born(
     }
     let id: Arc<str> = Arc::from(task.id.as_str());
     let cell: Arc<LiveTask> = Arc::new(tokio::sync::Mutex::new(Slot::Loaded(Box::new(
-        LiveState::new(task.clone(), BTreeMap::new()),
+        LiveState::new(task.clone(), BTreeMap::new()).at(inner.load_epoch(&task.id)),
     ))));
     let Ok(guard) = cell.clone().try_lock_owned() else {
         return Ok(None); // a new mutex is never locked: unreachable

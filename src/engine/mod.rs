@@ -148,6 +148,13 @@ pub(crate) struct LiveState {
     /// Per run, the (message, attempt) whose `held` event is written already: a send the rate
     /// limit refuses again and again gets one event (and one write), not one per refusal.
     pub held_noted: BTreeMap<u32, (u32, u32)>,
+    /// Cluster mode: the epoch the task's shard was held (and trusted) at when this memory
+    /// was read from the store, or made by a create ([`Inner::load_epoch`], asked before the
+    /// read). Every write from it carries it (`commit.rs`, `Op::LoadedAt`), and the store's
+    /// fence refuses the write unless the shard is held at that epoch still. `None`: not in
+    /// cluster mode, or the shard was not trusted then; such writes are fenced at the epoch
+    /// held when they are made.
+    pub loaded_at: Option<u64>,
 }
 
 impl LiveState {
@@ -161,7 +168,14 @@ impl LiveState {
             prefetched: None,
             resent: BTreeSet::new(),
             held_noted: BTreeMap::new(),
+            loaded_at: None,
         }
+    }
+
+    /// [`LiveState::new`] of memory read (or made) at `loaded_at` ([`LiveState::loaded_at`]).
+    pub(crate) fn at(mut self, loaded_at: Option<u64>) -> LiveState {
+        self.loaded_at = loaded_at;
+        self
     }
 
     fn view(&self) -> TaskView {
@@ -597,7 +611,7 @@ impl Engine {
         // with this create waits for it instead of missing it.
         let id: Arc<str> = Arc::from(task.id.as_str());
         let cell = Arc::new(tokio::sync::Mutex::new(Slot::Loaded(Box::new(
-            LiveState::new(task.clone(), BTreeMap::new()),
+            LiveState::new(task.clone(), BTreeMap::new()).at(inner.load_epoch(&id)),
         ))));
         let guard = cell.clone().lock_owned().await;
         let id_taken_live = claim_id(inner, &id, &cell, generated).await?;

@@ -127,6 +127,8 @@ fn fill(inner: &Inner, held: Vec<(Arc<str>, OwnedMutexGuard<Slot>)>) {
 /// [`fill`]'s batched read and load of unloaded cells.
 fn load(inner: &Inner, held: &mut [(Arc<str>, OwnedMutexGuard<Slot>)]) {
     let ids: Vec<&str> = held.iter().map(|(id, _)| &**id).collect();
+    // Asked before the read (`cells::load`).
+    let epochs: Vec<Option<u64>> = ids.iter().map(|id| inner.load_epoch(id)).collect();
     let tasks = match inner.store.get_tasks(&ids) {
         Ok(t) => t,
         Err(e) => {
@@ -135,7 +137,7 @@ fn load(inner: &Inner, held: &mut [(Arc<str>, OwnedMutexGuard<Slot>)]) {
             return;
         }
     };
-    for ((id, guard), read) in held.iter_mut().zip(tasks) {
+    for (((id, guard), read), epoch) in held.iter_mut().zip(tasks).zip(epochs) {
         let Ok(Some((task, message))) = read else {
             continue; // gone or unreadable: its step says so
         };
@@ -143,7 +145,8 @@ fn load(inner: &Inner, held: &mut [(Arc<str>, OwnedMutexGuard<Slot>)]) {
         let Slot::Unloaded(out) = &**guard else {
             continue;
         };
-        if let Ok(Some((mut st, None))) = cells::load_task(inner, id, task, out) {
+        if let Ok(Some((st, None))) = cells::load_task(inner, id, task, out) {
+            let mut st = st.at(epoch);
             // The message of the run its fire starts next (a task of one message, no run
             // active: run `fires + 1`, message 0), so neither the fire nor the send reads it
             // again. A change of the task's messages drops it (`commit.rs`, `after`).

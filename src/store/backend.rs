@@ -110,6 +110,12 @@ pub enum RawOp {
     /// not look would remove that new record, and the next create with the key would make a
     /// second task (review finding).
     IdemOf(Vec<u8>, String),
+    /// The job writes from task `.0`'s memory, read from the store while this process held
+    /// the task's shard at epoch `.1` (cluster mode, `engine/cells.rs`): a backend with shards
+    /// refuses the job unless the shard is held at that epoch still (`store/pg/fence.rs`).
+    /// Held at a newer one, it was let go and held again since, and another owner may have
+    /// written the task in between. Writes nothing itself; a backend without shards ignores it.
+    LoadedAt(String, u64),
 }
 
 /// [`RawOp::IdemOf`]'s precondition on the key's current value: absent, or a record that

@@ -238,6 +238,9 @@ pub enum Op {
     },
     /// The batch creates this task (a notification, `engine/commit.rs`): see [`RawOp::Born`].
     Born(String),
+    /// The batch writes from this task's memory, read at this epoch of its shard: see
+    /// [`RawOp::LoadedAt`].
+    LoadedAt(String, u64),
 }
 
 /// One entry of the due index as [`Store::due_entries`] reads it: the due key, the task id
@@ -1303,6 +1306,7 @@ fn encode_batch(batch: &Batch) -> Result<Vec<RawOp>, StoreError> {
                 }
             }
             Op::Born(id) => ops.push(RawOp::Born(id.clone())),
+            Op::LoadedAt(id, epoch) => ops.push(RawOp::LoadedAt(id.clone(), *epoch)),
             Op::PutIdem(key, rec) => ops.push(RawOp::Put(
                 TreeId::Idem,
                 key.as_bytes().to_vec(),

@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 pub enum Fault {
     /// The server gets it and commits; its answer is dropped and both connections closed.
     LoseReply,
+    /// As `LoseReply`, and the proxy is blackholed at that moment ([`PgProxy::blackhole`]):
+    /// the read-back that would decide the COMMIT's outcome cannot reach the server.
+    LoseReplyThenBlackhole,
     /// It never reaches the server; both connections are closed (the server rolls back).
     DropBeforeServer,
     /// It is held: the client's connection is closed, the server's is left open with the
@@ -194,9 +197,14 @@ fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
                         break;
                     }
                 }
-                Some(Fault::LoseReply) => {
+                Some(f @ (Fault::LoseReply | Fault::LoseReplyThenBlackhole)) => {
                     swallow.store(true, Ordering::SeqCst);
                     let _ = tx.send((due(&state), chunk.to_vec()));
+                    if f == Fault::LoseReplyThenBlackhole {
+                        // After the COMMIT was queued for the server: only what comes
+                        // later (a new connection's bytes included) is held.
+                        state.blackhole.store(true, Ordering::SeqCst);
+                    }
                     drop(tx);
                     let _ = out.join();
                     // The other thread closes both once the answer came.

@@ -78,7 +78,7 @@ impl Resolver<'_> {
             match op {
                 RawOp::Put(t, k, v) => self.put(t, k, Some(v)),
                 RawOp::Delete(t, k) => self.put(t, k, None),
-                RawOp::Absent(..) | RawOp::Born(_) | RawOp::IdemOf(..) => {}
+                RawOp::Absent(..) | RawOp::Born(_) | RawOp::IdemOf(..) | RawOp::LoadedAt(..) => {}
                 RawOp::Indexed(w) => self.indexed(*w)?,
             }
         }

@@ -21,6 +21,9 @@
 //! the server is already carrying out finishes first). The group is then refused, and nothing
 //! of it is ever applied later. While the database cannot be reached the read-back is tried
 //! again with backoff, and [`Backend::failing`] says so (`/healthz`, writes refused up front).
+//! A read-back that cannot finish within [`READ_BACK_FOR`] leaves the outcome unknown: the
+//! group is answered with an error, and in cluster mode every shard it wrote is dropped, as a
+//! fenced write drops a shard taken over ([`Outcome::drops_shards`]).
 //! Tokens of answered groups are deleted by a later group, in its transaction.
 //!
 //! Connections: reads (API reads, the engine's offloaded reads, the life sign, the inbox) share
@@ -98,6 +101,9 @@ pub struct PgOptions {
     /// Whether this open creates or upgrades the schema; `false` (an export, which holds no
     /// process lock) requires this build's schema as it is (`schema::check_current`).
     pub upgrade: bool,
+    /// How long a read-back of a COMMIT that got no answer is tried before the group's
+    /// outcome is given up as unknown ([`READ_BACK_FOR`]; tests make it short).
+    pub read_back_for: Duration,
 }
 
 impl Default for PgOptions {
@@ -111,6 +117,7 @@ impl Default for PgOptions {
             idle_in_transaction: None,
             process_lock: None,
             upgrade: true,
+            read_back_for: READ_BACK_FOR,
         }
     }
 }
@@ -126,11 +133,26 @@ const CALL_MARGIN: Duration = Duration::from_secs(5);
 /// Rows a scan fetches first, and at most per page (pages grow: most scans stop early).
 const PAGE_FIRST: i64 = 64;
 const PAGE_MAX: i64 = 1024;
+/// Inbox rows one batch of a take deletes at most ([`Backend::take_inbox`]).
+const INBOX_BATCH: i64 = 1024;
+/// Batches one take runs at most: a steady flood of inbox rows (creates on other nodes faster
+/// than batches go) must not keep a take from answering. The drain loads what it took and
+/// takes the rest at its next round, within its floor (`engine/cluster.rs`, `INBOX_EVERY`).
+const INBOX_BATCHES: usize = 64;
+/// One batch of the inbox: the first [`INBOX_BATCH`] rows of the shards `$1` in key order
+/// (the primary key's index), deleted, their ids answered in that order.
+const INBOX_TAKE_SQL: &str = "WITH taken AS (\
+     DELETE FROM herald_inbox i USING (\
+       SELECT shard, task_id FROM herald_inbox WHERE shard = ANY($1) \
+       ORDER BY shard, task_id LIMIT $2) s \
+     WHERE i.shard = s.shard AND i.task_id = s.task_id \
+     RETURNING i.shard, i.task_id) \
+   SELECT task_id FROM taken ORDER BY shard, task_id";
 
 /// How long a read-back of an unknown commit is tried (with backoff) before `apply` gives up
-/// and says the outcome is unknown. Long: nothing can be written meanwhile anyway, and an
-/// answer that might be wrong is worse than a late one.
-const READ_BACK_FOR: Duration = Duration::from_secs(600);
+/// and says the outcome is unknown (`PgOptions::read_back_for`'s default). Long: nothing can
+/// be written meanwhile anyway, and an answer that might be wrong is worse than a late one.
+pub const READ_BACK_FOR: Duration = Duration::from_secs(600);
 /// A read-back whose insert waits this long is blocked by the group's own transaction, still
 /// open on a connection the server has not dropped: it ends that session.
 const READ_BACK_BLOCKED: Duration = Duration::from_millis(200);
@@ -149,6 +171,8 @@ pub struct PgBackend {
     /// The URL without its password, for messages.
     shown: Arc<str>,
     call_deadline: Duration,
+    /// [`PgOptions::read_back_for`].
+    read_back_for: Duration,
     /// This process's random part of every commit token (`incarnation ‖ seq`).
     incarnation: u64,
     seq: AtomicU64,
@@ -266,6 +290,43 @@ impl From<deadpool_postgres::PoolError> for GroupFail {
     }
 }
 
+/// What a commit group that got no results may have left in the database: what decides, in
+/// cluster mode, whether its shards are still trusted ([`Outcome::drops_shards`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    /// Nothing of it is applied, now or later: the server refused it (a statement's error, a
+    /// refused COMMIT), no connection of the pool was free, or the read-back inserted its
+    /// token first.
+    NotApplied,
+    /// Nothing was committed, but the connection failed or the call's deadline passed before
+    /// the COMMIT was sent: the database may not be reachable (the lease loop's renewals
+    /// likely fail too), and the group's transaction may still be open on the server.
+    ConnectionLost,
+    /// The COMMIT was sent and whether it committed is not known (it could not be read back
+    /// in time), or it committed while its writers are told it failed: the group's rows may
+    /// differ from what the engine holds of them.
+    Unknown,
+}
+
+impl Outcome {
+    /// Whether the node stops trusting the shards the group wrote (HA.md "Fence every write":
+    /// an unknown commit outcome forces re-acquisition before the next write). They are
+    /// dropped as a fenced write drops a shard taken over (`Fence::lost`): the engine unloads
+    /// their tasks, and whoever holds them next, at a new epoch, reads their rows again.
+    fn drops_shards(self) -> bool {
+        match self {
+            Outcome::NotApplied => false,
+            Outcome::ConnectionLost | Outcome::Unknown => true,
+        }
+    }
+}
+
+/// A commit group that failed: the error its writers get, and what it may have applied.
+struct GroupError {
+    error: StoreError,
+    outcome: Outcome,
+}
+
 /// A group's results, left where [`PgBackend::apply`] finds them once its COMMIT was sent.
 type Answer = Arc<Mutex<Option<Vec<Result<(), Rejected>>>>>;
 
@@ -381,6 +442,7 @@ impl PgBackend {
             shards: opts.shards,
             shown: shown.clone(),
             call_deadline: opts.statement_timeout + CALL_MARGIN,
+            read_back_for: opts.read_back_for,
             incarnation: random_u64(),
             seq: AtomicU64::new(0),
             spent: Mutex::new(Vec::new()),
@@ -684,14 +746,15 @@ impl PgBackend {
     }
 
     /// Resolves a group whose COMMIT got no answer (module doc): its results when it was
-    /// committed, an error when it was not (and now never will be). Tried again with backoff
-    /// while the database cannot be reached.
+    /// committed, an error when it was not (and now never will be), or, when it could not be
+    /// read back for [`PgOptions::read_back_for`], an error whose outcome is
+    /// [`Outcome::Unknown`]. Tried again with backoff while the database cannot be reached.
     fn read_back(
         &self,
         token: Vec<u8>,
         answer: Option<Vec<Result<(), Rejected>>>,
         why: &str,
-    ) -> Result<Vec<Result<(), Rejected>>, StoreError> {
+    ) -> Result<Vec<Result<(), Rejected>>, GroupError> {
         let started = Instant::now();
         let mut fails = 0;
         let outcome = loop {
@@ -710,36 +773,54 @@ impl PgBackend {
                     tracing::warn!("reading back an unknown commit got no answer; trying again")
                 }
             }
-            if started.elapsed() >= READ_BACK_FOR {
+            if started.elapsed() >= self.read_back_for {
                 break None;
             }
             fails += 1;
             std::thread::sleep(Backoff::delay(fails));
         };
         *self.outage.lock() = None;
+        let failed = |outcome: Outcome, what: String| GroupError {
+            error: self.error("commit", &what),
+            outcome,
+        };
         match (outcome, answer) {
             (Some(true), Some(results)) => {
                 tracing::warn!("a COMMIT got no answer; read back: it was stored");
                 self.spent.lock().push(token);
                 Ok(results)
             }
-            (Some(true), None) => Err(self.error("commit", "the group was stored, but its answer was lost (a bug)")),
+            // Stored, but its writers are told it failed: what they hold in memory is not
+            // what is on disk, so the shards are not trusted either.
+            (Some(true), None) => Err(failed(
+                Outcome::Unknown,
+                "the group was stored, but its answer was lost (a bug)".into(),
+            )),
             (Some(false), _) => {
-                tracing::warn!("a COMMIT got no answer; read back: it was not stored, and never will be");
+                tracing::warn!(
+                    "a COMMIT got no answer; read back: it was not stored, and never will be"
+                );
                 // The read-back's row only fences a transaction that is over now.
                 self.spent.lock().push(token);
-                Err(self.error(
-                    "commit",
-                    &format!("the COMMIT got no answer ({why}); read back: the group was not stored"),
+                Err(failed(
+                    Outcome::NotApplied,
+                    format!(
+                        "the COMMIT got no answer ({why}); read back: the group was not stored"
+                    ),
                 ))
             }
-            (None, _) => Err(self.error(
-                "commit",
-                &format!(
-                    "the COMMIT got no answer ({why}) and reading it back failed for {} s: the group may or may not be stored",
-                    READ_BACK_FOR.as_secs()
-                ),
-            )),
+            (None, _) => {
+                tracing::error!(
+                    "a COMMIT got no answer and could not be read back: its outcome is unknown"
+                );
+                Err(failed(
+                    Outcome::Unknown,
+                    format!(
+                        "the COMMIT got no answer ({why}) and reading it back failed for {} s: the group may or may not be stored",
+                        self.read_back_for.as_secs()
+                    ),
+                ))
+            }
         }
     }
 }
@@ -775,6 +856,47 @@ async fn read_back(pool: Pool, token: Vec<u8>) -> Result<bool, Fail> {
                 }
             }
         }
+    }
+}
+
+impl PgBackend {
+    /// One batch of [`Backend::take_inbox`]: at most [`INBOX_BATCH`] rows of the shards of
+    /// `held` whose epochs the lease rows still have, deleted in key order, their ids added
+    /// to `inbox_taken` before the `COMMIT`. `Ok(true)`: the batch was full and committed, so
+    /// more rows may wait.
+    fn take_inbox_batch(&self, held: Vec<(u32, u64)>) -> Result<bool, StoreError> {
+        self.write_gate("read the inbox")?;
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let pool = self.pool.clone();
+        let taken = self.inbox_taken.clone();
+        self.run("read the inbox", async move {
+            let mut client = pool.get().await?;
+            let tx = client.transaction().await?;
+            let lost = fenced_out(&tx, &held).await?;
+            let ok: Vec<i32> = held
+                .iter()
+                .filter(|(s, _)| !lost.contains(s))
+                .map(|(s, _)| i32::try_from(*s).unwrap_or(i32::MAX))
+                .collect();
+            let st = tx.prepare_cached(INBOX_TAKE_SQL).await?;
+            let rows = tx.query(&st, &[&ok, &INBOX_BATCH]).await?;
+            let full = rows.len() as i64 >= INBOX_BATCH;
+            let mut ids: Vec<String> = Vec::with_capacity(rows.len());
+            for r in rows {
+                ids.push(r.try_get(0)?);
+            }
+            // Kept before the COMMIT is sent: whatever becomes of this call, they go out.
+            taken.lock().extend(ids);
+            // A COMMIT that got no answer may have deleted the rows: the ids go back either
+            // way. Loading a task twice is a no-op; a notice lost here left its task unarmed
+            // until its shard next moved (the nemesis' lost COMMIT reply, seed 21). No next
+            // batch then: it could take the same rows again.
+            if let Err(e) = tx.commit().await {
+                tracing::warn!(error = %e, "taking the inbox: the COMMIT failed; its tasks are loaded anyway");
+                return Ok(false);
+            }
+            Ok(full)
+        })
     }
 }
 
@@ -1149,6 +1271,51 @@ async fn apply_group(ctx: GroupCtx, jobs: Vec<Vec<RawOp>>) -> Result<bool, Group
 }
 
 impl PgBackend {
+    /// A group refused before its COMMIT went out (or by the server's answer to it), as its
+    /// writers and the fence see it.
+    fn refused(&self, f: &Fail) -> GroupError {
+        if f.busy {
+            // Never sent: a plain failed write, not a lost connection (apply_fenced drops no
+            // shard for it).
+            return GroupError {
+                error: self.error("commit", &f.why),
+                outcome: Outcome::NotApplied,
+            };
+        }
+        GroupError {
+            error: self.fail("commit", f),
+            outcome: if f.conn {
+                Outcome::ConnectionLost
+            } else {
+                Outcome::NotApplied
+            },
+        }
+    }
+
+    /// A fenced group that failed: its shards dropped when its outcome says so
+    /// ([`Outcome::drops_shards`]); the error its writers get.
+    fn group_failed(
+        &self,
+        fence: &dyn Fence,
+        epochs: &[(u32, u64)],
+        failed: GroupError,
+    ) -> StoreError {
+        if failed.outcome.drops_shards() {
+            // The outcome may be unknown: nothing more is written to these shards at their
+            // epochs (HA.md "Fence every write").
+            let shards: Vec<u32> = epochs.iter().map(|(s, _)| *s).collect();
+            tracing::warn!(
+                ?shards,
+                outcome = ?failed.outcome,
+                "a commit group failed without a known outcome; its shards are dropped"
+            );
+            for (s, e) in epochs {
+                fence.lost(*s, *e);
+            }
+        }
+        failed.error
+    }
+
     /// `apply` in cluster mode: each job's fence (`fence.rs`); a job on a shard not held is
     /// refused before the transaction, and one the transaction's fence finds taken over is
     /// refused and its shard dropped, the rest of the group tried again. An unknown outcome
@@ -1217,16 +1384,7 @@ impl PgBackend {
                         }
                     }
                 }
-                Err(e) => {
-                    if matches!(e, StoreError::Unavailable(_)) || self.outage.lock().is_some() {
-                        // The outcome may be unknown: nothing more is written to these
-                        // shards at their epochs (HA.md "Fence every write").
-                        for (s, e) in &group_epochs {
-                            fence.lost(*s, *e);
-                        }
-                    }
-                    return Err(e);
-                }
+                Err(failed) => return Err(self.group_failed(fence, &group_epochs, failed)),
             }
         }
         Ok(out.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
@@ -1240,7 +1398,7 @@ impl PgBackend {
         jobs: Vec<Vec<RawOp>>,
         fence: Vec<(u32, u64)>,
         inbox: Vec<Vec<(u32, String)>>,
-    ) -> Result<Result<Vec<Result<(), Rejected>>, (Vec<u32>, Vec<Vec<RawOp>>)>, StoreError> {
+    ) -> Result<Result<Vec<Result<(), Rejected>>, (Vec<u32>, Vec<Vec<RawOp>>)>, GroupError> {
         let token = self.token();
         let spent = std::mem::take(&mut *self.spent.lock());
         let sent = Arc::new(AtomicBool::new(false));
@@ -1263,12 +1421,7 @@ impl PgBackend {
         let refused = |f: &Fail| {
             // Not deleted this time: the next group tries again.
             self.spent.lock().extend(spent.iter().cloned());
-            if f.busy {
-                // Never sent: a plain failed write, not a lost connection (apply_fenced
-                // drops no shard for it).
-                return self.error("commit", &f.why);
-            }
-            self.fail("commit", f)
+            self.refused(f)
         };
         match r {
             Some(Ok(wrote)) => {
@@ -1291,16 +1444,15 @@ impl PgBackend {
                 Err(refused(&f))
             }
             Some(Err(GroupFail::Unknown(why))) => {
-                let results = answer.lock().take();
-                let r = self.read_back(token, results, &why);
+                let r = self.read_back(token, answer.lock().take(), &why);
                 if r.is_err() {
                     self.spent.lock().extend(spent);
                 }
                 r.map(Ok)
             }
             None if sent.load(Ordering::Acquire) => {
-                let results = answer.lock().take();
-                let r = self.read_back(token, results, "the call's deadline passed");
+                let why = "the call's deadline passed";
+                let r = self.read_back(token, answer.lock().take(), why);
                 if r.is_err() {
                     self.spent.lock().extend(spent);
                 }
@@ -1322,7 +1474,10 @@ impl Backend for PgBackend {
         if let Some(f) = &self.fence {
             return self.apply_fenced(f.as_ref(), jobs);
         }
-        match self.commit_group(jobs, Vec::new(), Vec::new())? {
+        match self
+            .commit_group(jobs, Vec::new(), Vec::new())
+            .map_err(|f| f.error)?
+        {
             Ok(results) => Ok(results),
             // No fence was asked for, so none refuses.
             Err((lost, _)) => Err(self.error(
@@ -1358,51 +1513,27 @@ impl Backend for PgBackend {
     }
 
     /// Fenced like a commit group: only rows of shards whose lease row still has the epoch
-    /// held are taken, so a stale owner never takes a new owner's notices. The ids the
-    /// `DELETE … RETURNING` answered are kept in the backend before the `COMMIT`
-    /// (`inbox_taken`): a call that fails after that point (its deadline passed with the
-    /// `COMMIT` committed, its answer lost) hands them out with the next one, so an id taken
-    /// out of the inbox is never lost with its row. An id may come back twice (the `COMMIT`
-    /// did not commit, and its row is taken again): loading a task twice is a no-op.
+    /// held are taken, so a stale owner never takes a new owner's notices. Taken in bounded
+    /// batches, in key order (shard, then task id), each in a transaction of its own
+    /// ([`PgBackend::take_inbox_batch`]), until one comes back short: a node that takes over a
+    /// shard with a huge inbox never deletes it all in one statement (which could outlast the
+    /// statement timeout every time, and so never be taken). The ids are kept in the backend
+    /// before each `COMMIT` (`inbox_taken`): a call that fails after that point (its deadline
+    /// passed with the `COMMIT` committed, its answer lost) hands them out with the next one,
+    /// so an id taken out of the inbox is never lost with its row. An id may come back twice
+    /// (the `COMMIT` did not commit, and its row is taken again): loading a task twice is a
+    /// no-op.
     fn take_inbox(&self) -> Result<Vec<String>, StoreError> {
         let Some(fence) = &self.fence else {
             return Ok(Vec::new());
         };
-        let held = fence.held();
-        if held.is_empty() {
-            return Ok(std::mem::take(&mut *self.inbox_taken.lock()));
+        for _ in 0..INBOX_BATCHES {
+            // Asked again for each batch: a shard let go meanwhile is taken from no more.
+            let held = fence.held();
+            if held.is_empty() || !self.take_inbox_batch(held)? {
+                break;
+            }
         }
-        self.write_gate("read the inbox")?;
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        let pool = self.pool.clone();
-        let taken = self.inbox_taken.clone();
-        self.run("read the inbox", async move {
-            let mut client = pool.get().await?;
-            let tx = client.transaction().await?;
-            let lost = fenced_out(&tx, &held).await?;
-            let ok: Vec<i32> = held
-                .iter()
-                .filter(|(s, _)| !lost.contains(s))
-                .map(|(s, _)| i32::try_from(*s).unwrap_or(i32::MAX))
-                .collect();
-            let st = tx
-                .prepare_cached("DELETE FROM herald_inbox WHERE shard = ANY($1) RETURNING task_id")
-                .await?;
-            let rows = tx.query(&st, &[&ok]).await?;
-            let mut ids: Vec<String> = Vec::with_capacity(rows.len());
-            for r in rows {
-                ids.push(r.try_get(0)?);
-            }
-            // Kept before the COMMIT is sent: whatever becomes of this call, they go out.
-            taken.lock().extend(ids);
-            // A COMMIT that got no answer may have deleted the rows: the ids go back either
-            // way. Loading a task twice is a no-op; a notice lost here left its task unarmed
-            // until its shard next moved (the nemesis' lost COMMIT reply, seed 21).
-            if let Err(e) = tx.commit().await {
-                tracing::warn!(error = %e, "taking the inbox: the COMMIT failed; its tasks are loaded anyway");
-            }
-            Ok(())
-        })?;
         Ok(std::mem::take(&mut *self.inbox_taken.lock()))
     }
 
@@ -1696,5 +1827,20 @@ impl Iterator for PgScan<'_> {
             }
         }
         self.buf.pop_front().map(Ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Outcome;
+
+    /// Only a group known to have applied nothing leaves its shards trusted; one whose
+    /// outcome is unknown (review finding: it was reported as a plain write error and kept
+    /// them) or whose connection was lost drops them.
+    #[test]
+    fn only_a_group_known_not_applied_keeps_its_shards() {
+        assert!(!Outcome::NotApplied.drops_shards());
+        assert!(Outcome::ConnectionLost.drops_shards());
+        assert!(Outcome::Unknown.drops_shards());
     }
 }

@@ -11,6 +11,13 @@
 //!   not hold: written unfenced (nobody has the new task loaded, and its id is required
 //!   absent), with an inbox row that tells the shard's owner to load it.
 //!
+//! A job that writes from a task's memory read at an epoch of its shard ([`RawOp::LoadedAt`],
+//! the engine's cells in cluster mode) is fenced at that epoch, and refused unless the shard is
+//! held at it still: a shard let go and held again is at a newer epoch, and another owner may
+//! have written the task in between (the engine's `cells::superseded` stops a settle after a
+//! send from such a cell; this stops every write from one, a write queued behind a slow group
+//! included).
+//!
 //! A job that breaks the rule is answered `Rejected { lost_shard }` and nothing of it is
 //! written; the rest of the group goes on.
 
@@ -84,7 +91,9 @@ pub fn job_fence(ops: &[RawOp], shards: u32, fence: &dyn Fence) -> Result<JobFen
             },
             RawOp::Indexed(w) => (task_id_of(w.tree, &w.key, w.value.as_deref()), false),
             // Preconditions and markers write nothing.
-            RawOp::Absent(..) | RawOp::Born(_) | RawOp::IdemOf(..) => continue,
+            RawOp::Absent(..) | RawOp::Born(_) | RawOp::IdemOf(..) | RawOp::LoadedAt(..) => {
+                continue
+            }
         };
         let shard = u32::try_from(fnv1a64(&task) % u64::from(shards.max(1))).unwrap_or(0);
         let entry = written.entry(shard).or_default();
@@ -104,6 +113,17 @@ pub fn job_fence(ops: &[RawOp], shards: u32, fence: &dyn Fence) -> Result<JobFen
             None if others || created.is_empty() => return Err(shard),
             // Every task created there gets its inbox row: its owner loads it from that.
             None => out.inbox.extend(created.into_iter().map(|id| (shard, id))),
+        }
+    }
+    // Asked last, and the job fenced at the marker's epoch: a grant at a newer one made since
+    // the loop above asked is refused in the transaction, never taken for the marker's.
+    for op in ops {
+        if let RawOp::LoadedAt(task, loaded) = op {
+            let shard = shard_of_task(task, shards);
+            if fence.epoch(shard) != Some(*loaded) {
+                return Err(shard);
+            }
+            out.epochs.insert(shard, *loaded);
         }
     }
     Ok(out)
@@ -228,6 +248,44 @@ mod tests {
             job_fence(&ops, 64, &f).map(|j| j.epochs),
             Ok(BTreeMap::from([(s, 4)]))
         );
+    }
+
+    /// Review finding: the fence compared a write with the epoch held when it was made, not
+    /// the one its task's memory was read at, so a shard let go and held again (a new epoch)
+    /// let a write from memory read under the old one through.
+    #[test]
+    fn a_write_from_memory_read_at_an_older_epoch_is_refused() {
+        let s = shard_of_task("a", 8);
+        let f = Held(Mutex::new(BTreeMap::from([(s, 5)])));
+        let from = |epoch| [RawOp::LoadedAt("a".into(), epoch), put("a")];
+        assert_eq!(
+            job_fence(&from(5), 8, &f).map(|j| j.epochs),
+            Ok(BTreeMap::from([(s, 5)])),
+            "read at the epoch held: fenced at it"
+        );
+        assert_eq!(
+            job_fence(&from(4), 8, &f),
+            Err(s),
+            "read before the shard was let go and held again: refused"
+        );
+        assert_eq!(
+            job_fence(&[put("a")], 8, &f).map(|j| j.epochs),
+            Ok(BTreeMap::from([(s, 5)])),
+            "no marker (a write from no task's memory): the epoch held"
+        );
+        f.lost(s, 5);
+        assert_eq!(job_fence(&from(5), 8, &f), Err(s), "not held: refused");
+        // Another task's marker in a chunk's job refuses the whole job.
+        let b = id_where("b", 8, s, false);
+        f.0.lock().insert(s, 6);
+        f.0.lock().insert(shard_of_task(&b, 8), 2);
+        let chunk = [
+            RawOp::LoadedAt("a".into(), 6),
+            put("a"),
+            RawOp::LoadedAt(b.clone(), 1),
+            put(&b),
+        ];
+        assert_eq!(job_fence(&chunk, 8, &f), Err(shard_of_task(&b, 8)));
     }
 
     #[test]

@@ -103,7 +103,7 @@ fn job(
             RawOp::Delete(t, k) => {
                 t.of_mut(writes).insert(k, None);
             }
-            RawOp::Absent(..) | RawOp::Born(_) | RawOp::IdemOf(..) => {}
+            RawOp::Absent(..) | RawOp::Born(_) | RawOp::IdemOf(..) | RawOp::LoadedAt(..) => {}
             RawOp::Indexed(w) => indexed(*w, stored, writes, unstored),
         }
     }
