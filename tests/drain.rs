@@ -29,6 +29,18 @@ async fn create_one(p: &Proc, id: &str) {
     assert_eq!(r.status, 201, "{}", r.text());
 }
 
+/// No `resumed_after_restart` on `id`'s timeline: no attempt of it was read back as a send
+/// cut short by the drain.
+async fn nothing_cut_short(url: &str, id: &str) {
+    let r = http::get(&format!("{url}/v1/tasks/{id}/timeline?limit=1000")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let events = r.json()["events"].as_array().unwrap().clone();
+    assert!(
+        !events.iter().any(|e| e["kind"] == "resumed_after_restart"),
+        "nothing was cut short by the drain: {events:#?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_during_a_slow_send_waits_for_it_and_delivers_once() {
     let rx = Receiver::start().await;
@@ -295,13 +307,7 @@ async fn a_drain_arms_no_next_message_of_a_sequence() {
         1,
         "the next message's first attempt"
     );
-    let r = http::get(&format!("{}/v1/tasks/seqd/timeline?limit=1000", p.url)).await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    let events = r.json()["events"].as_array().unwrap().clone();
-    assert!(
-        !events.iter().any(|e| e["kind"] == "resumed_after_restart"),
-        "nothing was cut short by the drain: {events:#?}"
-    );
+    nothing_cut_short(&p.url, "seqd").await;
 }
 
 /// A one-shot armed ahead of its instant when SIGTERM comes (its fire is handled 2 s before
@@ -353,11 +359,5 @@ async fn a_drain_takes_back_a_mark_armed_ahead_of_its_instant() {
         1,
         "its first attempt: the drain took the mark back"
     );
-    let r = http::get(&format!("{}/v1/tasks/ahead/timeline?limit=1000", p.url)).await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    let events = r.json()["events"].as_array().unwrap().clone();
-    assert!(
-        !events.iter().any(|e| e["kind"] == "resumed_after_restart"),
-        "nothing was cut short by the drain: {events:#?}"
-    );
+    nothing_cut_short(&p.url, "ahead").await;
 }
