@@ -304,8 +304,11 @@ pub(crate) fn stand_down_on_release(inner: &Arc<Inner>) {
                 let of = |id: &str| shards.contains(&shard_of_task(id, count));
                 let taken = super::step::stand_down_all(&inner, until, of).await;
                 if taken > 0 {
-                    tracing::info!(?shards, tasks = taken,
-                        "handover: attempts armed ahead of their instant taken back");
+                    tracing::info!(
+                        ?shards,
+                        tasks = taken,
+                        "handover: attempts armed ahead of their instant taken back"
+                    );
                 }
             })
         }));
