@@ -148,7 +148,8 @@ impl Ownership {
     /// Runs the [`BeforeRelease`] hook for `shards` (still held, being handed over) and waits
     /// for it at most `within`: a slow database must not hold the release. What it has not
     /// done by then is left to the next owner (an armed mark it waits out, as after a crash);
-    /// a write of it that comes after the release is refused by the fence.
+    /// a write of it still on its way is fenced: refused once the shard is released here, or
+    /// committed before the next owner's grant (whose `FOR UPDATE` waits for it).
     async fn before_release(&self, shards: &[u32], within: Duration) {
         let hook = self.before_release.lock().clone();
         if let Some(hook) = hook.filter(|_| !shards.is_empty()) {
