@@ -49,6 +49,12 @@ pub enum Event {
     Released(u32),
 }
 
+/// What a graceful handover asks of the engine before it frees the rows of `shards`: take
+/// back the attempts armed ahead on them (`engine/cluster.rs::stand_down_on_release`), by
+/// `until` if it can. The task it answers ends when that is done.
+pub type BeforeRelease =
+    Arc<dyn Fn(&[u32], tokio::time::Instant) -> tokio::task::JoinHandle<()> + Send + Sync>;
+
 /// The shards this process holds, as the rest of the process asks about them.
 pub struct Ownership {
     leases: Mutex<Leases>,
@@ -75,6 +81,8 @@ pub struct Ownership {
     pub failover_seconds: prometheus_client::metrics::histogram::Histogram,
     /// Sends under way per shard ([`Ownership::sending`]): a handover waits for them.
     sends: Mutex<std::collections::HashMap<u32, usize>>,
+    /// Set by the engine ([`Ownership::set_before_release`]); none: nothing to wait for.
+    before_release: Mutex<Option<BeforeRelease>>,
 }
 
 /// A send under way on a shard, from its start to its end (dropped).
@@ -128,6 +136,25 @@ impl Ownership {
                 FAILOVER_BOUNDS_S,
             ),
             sends: Mutex::new(std::collections::HashMap::new()),
+            before_release: Mutex::new(None),
+        }
+    }
+
+    /// What a graceful handover runs before it frees its shards' rows ([`BeforeRelease`]).
+    pub fn set_before_release(&self, hook: BeforeRelease) {
+        *self.before_release.lock() = Some(hook);
+    }
+
+    /// Runs the [`BeforeRelease`] hook for `shards` (still held, being handed over) and waits
+    /// for it at most `within`: a slow database must not hold the release. What it has not
+    /// done by then is left to the next owner (an armed mark it waits out, as after a crash);
+    /// a write of it still on its way is fenced: refused once the shard is released here, or
+    /// committed before the next owner's grant (whose `FOR UPDATE` waits for it).
+    async fn before_release(&self, shards: &[u32], within: Duration) {
+        let hook = self.before_release.lock().clone();
+        if let Some(hook) = hook.filter(|_| !shards.is_empty()) {
+            let until = tokio::time::Instant::now() + within;
+            let _ = tokio::time::timeout_at(until, hook(shards, until)).await;
         }
     }
 
@@ -611,6 +638,12 @@ impl Loop {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        // Attempts armed ahead on them (a one-shot's, 2 s before its instant) are taken back
+        // while the rows are held at their epochs: left armed, the next owner waits each out
+        // as a send of ours cut short, then sends it as a second attempt. At most a renewal's
+        // interval, so the other shards' renewals keep their pace.
+        let within = Duration::from_millis(self.s.timing.renew_ms);
+        self.own.before_release(&shards, within).await;
         let free = self.settle_or_lapse(&grants);
         if free.is_empty() {
             return Ok(());

@@ -277,6 +277,43 @@ fn let_shard_go(inner: &Inner, g: Grant) {
     }
 }
 
+/// Gives the lease loop what a graceful handover (a balancing round's, or a leave's) runs
+/// before it frees a shard's row (`cluster/node.rs`, `Ownership::before_release`): the
+/// attempts armed ahead on the shard's loaded tasks (a one-shot's 2 s before its instant, a
+/// sequence's 100 ms before its send) are taken back durably, under the epoch still held, as
+/// a drain does for every task (`step::stand_down_all`). Left armed, the next owner loads
+/// each mark as a send of ours that may still be under way: it waits it out (the channel's
+/// send timeout and twice `max_clock_offset` past the instant) and sends a second attempt
+/// with `resumed_after_restart`, for a message that never left. No step sends on a shard
+/// being handed over, so none is armed again before the row is freed (`step.rs`,
+/// `run_step_once`, `fire_locked`). Not on a shard lost (its trust ended or a write was
+/// fenced: nothing can be written to it). The hook holds the engine weakly: it is held by the
+/// engine's own `Ownership`.
+pub(crate) fn stand_down_on_release(inner: &Arc<Inner>) {
+    let Some(c) = &inner.config.cluster else {
+        return;
+    };
+    let (weak, count) = (Arc::downgrade(inner), c.shards);
+    c.ownership
+        .set_before_release(Arc::new(move |shards: &[u32], until| {
+            let (weak, shards) = (weak.clone(), shards.to_vec());
+            tokio::spawn(async move {
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                let of = |id: &str| shards.contains(&shard_of_task(id, count));
+                let taken = super::step::stand_down_all(&inner, until, of).await;
+                if taken > 0 {
+                    tracing::info!(
+                        ?shards,
+                        tasks = taken,
+                        "handover: attempts armed ahead of their instant taken back"
+                    );
+                }
+            })
+        }));
+}
+
 /// A granted shard's due entries, read on a blocking thread; `None` (logged) when the read
 /// failed or panicked. Not loaded, nothing of the shard is acted on here; but its lease is
 /// renewed, so the caller lets it go for another round to load it again.

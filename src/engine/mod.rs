@@ -380,12 +380,15 @@ impl Engine {
         Ok(())
     }
 
-    /// Cluster mode: follows the lease loop's events (load and unload shards) and reads the
-    /// inbox, until the engine stops (`cluster.rs`).
+    /// Cluster mode: follows the lease loop's events (load and unload shards), takes back the
+    /// marks armed ahead on shards it hands over, and reads the inbox, until the engine stops
+    /// (`cluster.rs`).
     pub fn follow_cluster(
         &self,
         events: tokio::sync::mpsc::UnboundedReceiver<crate::cluster::node::Event>,
     ) {
+        // Before the lease loop starts: its first handover already takes marks back.
+        cluster::stand_down_on_release(&self.inner);
         let weak = Arc::downgrade(&self.inner);
         tokio::spawn(cluster::follow(weak.clone(), events));
         tokio::spawn(cluster::drain_inbox(weak));
@@ -509,7 +512,7 @@ impl Engine {
         // their first attempt, not as sends cut short. Given at least `STAND_DOWN_MIN` (within
         // the exit's grace after the drain's timeout, `main.rs`).
         let until = end.max(std::time::Instant::now() + Self::STAND_DOWN_MIN);
-        let taken = step::stand_down_all(&self.inner, until.into()).await;
+        let taken = step::stand_down_all(&self.inner, until.into(), |_| true).await;
         if taken > 0 {
             tracing::info!(
                 tasks = taken,

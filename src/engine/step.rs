@@ -1118,16 +1118,26 @@ async fn stand_down(inner: &Arc<Inner>, l: &mut Locked, run: u32) {
 /// Tasks whose armed attempts one write of [`stand_down_all`] takes back.
 const STAND_DOWN_GROUP: usize = 256;
 
-/// A drain, once the steps under way are over (or its time is up): every attempt armed here
-/// whose send has not started — armed ahead of its instant (100 ms before a send, 2 s or more
-/// before a one-shot's) before the drain began, whose step the dispatcher now drops — is
-/// taken back ([`stand_down`]'s reason), durably, in writes of up to [`STAND_DOWN_GROUP`]
-/// tasks, before the process exits. Left armed, the next boot (past the instant) or the next
-/// owner of the shard would read it as a send cut short. A cell not free before `until`
+/// A drain, once the steps under way are over (or its time is up), or a graceful handover of
+/// shards in cluster mode, once their sends settled and before their rows are freed: every
+/// attempt armed here whose send has not started — armed ahead of its instant (100 ms before
+/// a send, 2 s or more before a one-shot's) before the drain or the handover began, whose
+/// step is now dropped or stood down — is taken back ([`stand_down`]'s reason), durably, in
+/// writes of up to [`STAND_DOWN_GROUP`] tasks, before the process exits or the shard's row is
+/// freed. Left armed, the next boot (past the instant) or the next owner of the shard would
+/// read it as a send cut short. A cell not free before `until`
 /// (its step still under way), one unloaded, a send out, and a failed write keep their marks,
 /// with those consequences only. Returns how many tasks had marks taken back.
-pub(super) async fn stand_down_all(inner: &Arc<Inner>, until: tokio::time::Instant) -> usize {
-    let cells = inner.live.lock().cells();
+///
+/// Only the tasks `which` picks (the drain: every one; a graceful handover in cluster mode:
+/// those of the shards handed over, `cluster.rs::stand_down_on_release`).
+pub(super) async fn stand_down_all(
+    inner: &Arc<Inner>,
+    until: tokio::time::Instant,
+    which: impl Fn(&str) -> bool,
+) -> usize {
+    let mut cells = inner.live.lock().cells();
+    cells.retain(|(id, _)| which(id));
     let mut group = Vec::new();
     let mut taken = 0;
     for (id, cell) in cells {
