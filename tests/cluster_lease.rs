@@ -6,7 +6,9 @@
 //! - a database that refuses connections after a failed round: the loop backs off, and the
 //!   shards' trust still ends on time, reported as it ends, not after the backoff;
 //! - clock probes slower than the renew interval: the due renewals are sent beside them, so
-//!   the shards stay held (before, three probes in a row outlasted the trust window).
+//!   the shards stay held (before, three probes in a row outlasted the trust window);
+//! - a node restarted after a crash, its old incarnation's row still live: the other node
+//!   keeps its share (before, it counted three nodes and handed a shard over needlessly).
 //!
 //! Each test has its own database on the binary's shared private server.
 
@@ -21,7 +23,7 @@ use herald::store::pg::{PgBackend, PgOptions};
 use tokio::sync::mpsc;
 use tokio_postgres::{Client, NoTls};
 
-const SHARDS: u32 = 4;
+const SHARDS: u32 = 8;
 
 fn database(pg: &PgServer, name: &str) -> String {
     let url = pg.create_db(name);
@@ -48,14 +50,24 @@ struct Node {
 
 impl Node {
     fn start(url: &str, timing: Timing, max_clock_offset_ms: u64) -> Node {
+        Node::start_as(url, timing, max_clock_offset_ms, "a", "a-1")
+    }
+
+    fn start_as(
+        url: &str,
+        timing: Timing,
+        max_clock_offset_ms: u64,
+        node_id: &str,
+        incarnation: &str,
+    ) -> Node {
         let (tx, rx) = mpsc::unbounded_channel();
         let handle = node::start(
             Settings {
                 url: url.to_string(),
                 password: None,
                 me: Identity {
-                    node_id: "a".into(),
-                    incarnation: format!("a-{}", std::process::id()),
+                    node_id: node_id.into(),
+                    incarnation: incarnation.into(),
                     advertise: None,
                 },
                 timing,
@@ -144,7 +156,8 @@ async fn a_renewal_behind_a_held_lock_fails_at_the_server_and_leaves_no_backend_
     let mut locker = client(&url).await;
     let named: i64 = locker
         .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name = $1",
             &[&node::APPLICATION_NAME],
         )
         .await
@@ -353,4 +366,78 @@ async fn due_renewals_go_out_beside_slow_clock_probes() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     a.handle.leave().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_nodes_old_incarnation_does_not_shrink_the_others_share() {
+    let Some(pg) =
+        PgServer::shared("a_restarted_nodes_old_incarnation_does_not_shrink_the_others_share")
+    else {
+        return;
+    };
+    let url = database(&pg, "restart");
+    // Lease 3 s: a crashed process's node row lives 3 s past its last heartbeat.
+    let timing = Timing {
+        ttl_ms: 3_000,
+        renew_ms: 500,
+        safety_ms: 500,
+    };
+    let mut a = Node::start_as(&url, timing, 500, "a", "a-1");
+    let mut b = Node::start_as(&url, timing, 500, "b", "b-1");
+    let half = SHARDS as usize / 2;
+    let end = Instant::now() + Duration::from_secs(30);
+    while !(a.held() == half && b.held() == half) {
+        assert!(
+            Instant::now() < end,
+            "no balance: {} and {}",
+            a.held(),
+            b.held()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    b.drain();
+    let before = b.log.len();
+    // a crashes (its rows and its node row are left to run out) and comes back under a new
+    // incarnation once its old row has missed a heartbeat and a half (750 ms).
+    a.handle.abort();
+    let c = client(&url).await;
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let stale: bool = c
+            .query_one(
+                "SELECT heartbeat_at < now() - interval '900 milliseconds' \
+                 FROM herald_node WHERE incarnation = 'a-1'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if stale {
+            break;
+        }
+        assert!(Instant::now() < end, "a-1 heartbeats after its abort");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut a2 = Node::start_as(&url, timing, 500, "a", "a-2");
+    // a-2 takes a's shards once their leases run out; b keeps its share all along (counting
+    // a-1 as a third node, it aimed at ceil(8 / 3) = 3 and handed shards over).
+    a2.until(Duration::from_secs(30), "a-2 takes a's share", |n| {
+        n.held() == half
+    })
+    .await;
+    // And a few rounds more, with a-1's row run out by now.
+    let settle = Instant::now() + Duration::from_millis(1_500);
+    while Instant::now() < settle {
+        b.drain();
+        assert_eq!(b.held(), half, "b lost shards: {:?}", &b.log[before..]);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    b.drain();
+    assert!(
+        b.log[before..].is_empty(),
+        "b's shards moved: {:?}",
+        &b.log[before..]
+    );
+    b.handle.leave().await;
+    a2.handle.leave().await;
 }

@@ -338,21 +338,34 @@ async fn a_restarted_node_counts_once_while_its_old_incarnation_lives_on() {
     };
     let url = database(&pg, "nodes");
     let c = client(&url).await;
+    const SUPERSEDED_MS: u64 = 4_000;
+    let live = || async { rows::live_nodes(&c, SUPERSEDED_MS).await.unwrap() };
     rows::heartbeat(&c, "node-a", "a-1", None, 60_000, None)
         .await
         .unwrap();
     rows::heartbeat(&c, "node-b", "b-1", None, 60_000, None)
         .await
         .unwrap();
-    assert_eq!(rows::live_nodes(&c).await.unwrap(), 2);
-    // node-a crashed and came back under a new incarnation; its old row runs out only later.
+    assert_eq!(live().await, 2);
+    // Two processes of one node id, both heartbeating: two processes (HA.md: the
+    // incarnation keeps them apart), each aiming at its own share.
     rows::heartbeat(&c, "node-a", "a-2", None, 60_000, None)
         .await
         .unwrap();
+    assert_eq!(live().await, 3);
+    // a-1 crashed 10 s ago (its last heartbeat), its row lives on until it runs out, and
+    // a-2 is node-a restarted: node-a counts once.
+    c.execute(
+        "UPDATE herald_node SET heartbeat_at = now() - interval '10 seconds' \
+         WHERE incarnation = 'a-1'",
+        &[],
+    )
+    .await
+    .unwrap();
     assert_eq!(
-        rows::live_nodes(&c).await.unwrap(),
+        live().await,
         2,
-        "one node id is one node, however many incarnations it has rows for"
+        "an incarnation superseded by a newer one of its node id is not a live node"
     );
     assert_eq!(
         rows::nodes(&c).await.unwrap().len(),
@@ -360,14 +373,22 @@ async fn a_restarted_node_counts_once_while_its_old_incarnation_lives_on() {
         "GET /v1/cluster still lists every process"
     );
     // The share each node aims at is that of two nodes, not three.
-    let live = rows::live_nodes(&c).await.unwrap();
-    assert_eq!(herald::cluster::balance::target(64, live), 32);
-    // A node whose rows all ran out is not counted.
+    assert_eq!(herald::cluster::balance::target(64, live().await), 32);
+    // A stale heartbeat alone supersedes nothing: b-1 has no newer incarnation.
+    c.execute(
+        "UPDATE herald_node SET heartbeat_at = now() - interval '10 seconds' \
+         WHERE incarnation = 'b-1'",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(live().await, 2, "b-1 has no newer incarnation: still live");
+    // A row whose lease ran out is not counted.
     rows::heartbeat(&c, "node-c", "c-1", None, 1, None)
         .await
         .unwrap();
     poll(Duration::from_secs(10), || async {
-        (rows::live_nodes(&c).await.unwrap() == 2).then_some(())
+        (live().await == 2).then_some(())
     })
     .await
     .expect("node-c's 1 ms heartbeat runs out");

@@ -606,7 +606,14 @@ impl Loop {
                 )
                 .await?;
             }
-            let live = rows::live_nodes(c).await?;
+            // Every live process heartbeats once per balancing round (`renew`, shared by the
+            // cluster's processes), so one whose last heartbeat is half a round more than a
+            // round older than another incarnation's of its node id has stopped: a crashed
+            // process, restarted. (Restarted faster than that, its old row counts until then;
+            // before, until it ran out, a whole lease.) Taking a live one for stopped only
+            // makes the others aim at a larger share for a while.
+            let superseded_ms = self.s.timing.renew_ms.saturating_mul(3) / 2;
+            let live = rows::live_nodes(c, superseded_ms).await?;
             let table = rows::rows(c).await?;
             let owners = rows::owners(c).await?;
             let nodes = rows::nodes(c).await?;

@@ -352,15 +352,20 @@ pub async fn heartbeat(
     Ok(())
 }
 
-/// How many nodes are alive now (database time), this one included if its heartbeat is
-/// current: distinct node ids, not processes. A node restarted after a crash heartbeats under
-/// a new incarnation while its old row lives on until it runs out (a lease); counted twice,
-/// every node aimed at too small a share (`balance::target`), handed shards over needlessly
-/// and left some free until the old row expired. Two live processes sharing one node id (a
-/// misconfiguration) count once too: they then aim at more than is free, which only leaves
-/// the share uneven (shards are only ever taken free or expired). Rows long dead are swept
-/// on the way.
-pub async fn live_nodes(c: &impl GenericClient) -> Result<usize, tokio_postgres::Error> {
+/// How many processes are alive now (database time), this one included if its heartbeat is
+/// current, leaving out each one superseded by a newer incarnation of its node id: a row
+/// whose last heartbeat is more than `superseded_ms` older than another live row's of the
+/// same node id. A node restarted after a crash heartbeats under a new incarnation while the
+/// old row, no longer heartbeating, lives on until it runs out (a lease); counted, it made
+/// every node aim at too small a share (`balance::target`), hand shards over needlessly and
+/// leave some free until the old row expired. Two processes that share a node id and both
+/// heartbeat still count as two (HA.md: the incarnation keeps them apart;
+/// `tests/cluster_rolling.rs`). A row without `heartbeat_at` (written before schema 7) is
+/// never taken for superseded. Rows long dead are swept on the way.
+pub async fn live_nodes(
+    c: &impl GenericClient,
+    superseded_ms: u64,
+) -> Result<usize, tokio_postgres::Error> {
     c.execute(
         "DELETE FROM herald_node WHERE expires < now() - interval '1 hour'",
         &[],
@@ -368,8 +373,12 @@ pub async fn live_nodes(c: &impl GenericClient) -> Result<usize, tokio_postgres:
     .await?;
     let r = c
         .query_one(
-            "SELECT count(DISTINCT node_id) FROM herald_node WHERE expires >= now()",
-            &[],
+            "SELECT count(*) FROM herald_node n WHERE n.expires >= now() AND NOT EXISTS ( \
+               SELECT 1 FROM herald_node m \
+               WHERE m.node_id = n.node_id AND m.incarnation <> n.incarnation \
+                 AND m.expires >= now() \
+                 AND m.heartbeat_at > n.heartbeat_at + $1 * interval '1 millisecond')",
+            &[&ttl_param(superseded_ms)],
         )
         .await?;
     Ok(usize::try_from(r.get::<_, i64>(0)).unwrap_or(0))
