@@ -382,7 +382,7 @@ async fn a_restarted_nodes_old_incarnation_does_not_shrink_the_others_share() {
         renew_ms: 500,
         safety_ms: 500,
     };
-    let mut a = Node::start_as(&url, timing, 500, "a", "a-1");
+    let a = Node::start_as(&url, timing, 500, "a", "a-1");
     let mut b = Node::start_as(&url, timing, 500, "b", "b-1");
     let half = SHARDS as usize / 2;
     let end = Instant::now() + Duration::from_secs(30);
