@@ -14,7 +14,7 @@
 //!   `lock_timeout`: [`session_timeouts`]); a renewal that does not answer in time is
 //!   ambiguous and drops every shard it covered, and the connection is made afresh.
 //! - A renewal is sent when it is due, beside whatever else the loop is waiting for on the
-//!   connection (a clock probe, a balancing round: [`Loop::beside_renewals`]), never after it.
+//!   connection (a clock probe, a balancing round: `Loop::beside_renewals`), never after it.
 //! - While the connection is down, trust still ends on time: the wait between connection
 //!   attempts (a doubling, jittered backoff: [`reconnect_wait_ms`]) and an attempt itself end
 //!   at the next shard's trust end, whose drop is reported then.
