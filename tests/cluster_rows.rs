@@ -1,15 +1,17 @@
 //! The lease rows' statements on a real PostgreSQL (issue 24, HA.md "Lease rows" and "Fence
 //! every write"): grants bump the epoch and go to one incarnation only; renewals extend only
 //! matching, unexpired rows and never wait for writes; an expired lease is taken over at a new
-//! epoch, and the takeover waits for a fenced commit group in flight, which is then refused if
-//! it comes after; concurrent acquirers never share a shard.
+//! epoch, but not while a fenced commit group in flight holds its row (skipped, not waited
+//! for: taken in a later round, after the group), and a stale group after the takeover is
+//! refused; an acquisition never waits for a row another transaction holds; concurrent
+//! acquirers never share a shard; a node restarted under a new incarnation counts once.
 
 mod common;
 
 use std::time::Duration;
 
 use common::herald::poll;
-use common::pg::{someone_waits_on_a_lock, PgServer};
+use common::pg::PgServer;
 use herald::cluster::rows::{self, FenceError, Grant};
 use herald::store::pg::{PgBackend, PgOptions};
 use tokio_postgres::{Client, NoTls};
@@ -132,9 +134,9 @@ async fn a_renewal_extends_only_matching_unexpired_rows() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_takeover_waits_for_a_fenced_group_and_a_stale_group_is_refused() {
+async fn a_takeover_skips_a_fenced_group_in_flight_and_a_stale_group_is_refused() {
     let Some(pg) =
-        PgServer::shared("a_takeover_waits_for_a_fenced_group_and_a_stale_group_is_refused")
+        PgServer::shared("a_takeover_skips_a_fenced_group_in_flight_and_a_stale_group_is_refused")
     else {
         return;
     };
@@ -156,23 +158,26 @@ async fn a_takeover_waits_for_a_fenced_group_and_a_stale_group_is_refused() {
     })
     .await
     .expect("the old lease runs out");
-    // The takeover waits for it (it locks the row FOR UPDATE)...
-    let taking = tokio::spawn(async move {
-        let g = rows::acquire(&new, "new", "inc-new", 10_000, &[3]).await;
-        (new, g)
-    });
-    assert!(
-        someone_waits_on_a_lock(&watch).await,
-        "the takeover waits for the fenced group"
-    );
-    assert!(!taking.is_finished());
-    // ...which commits before the new epoch exists: the new owner will load what it wrote.
+    // The takeover skips the row the group holds (FOR UPDATE SKIP LOCKED): no new epoch
+    // while the group may still commit, and no wait either.
+    let got = tokio::time::timeout(
+        Duration::from_secs(5),
+        rows::acquire(&new, "new", "inc-new", 10_000, &[3]),
+    )
+    .await
+    .expect("a takeover does not wait for a fenced group")
+    .unwrap();
+    assert!(got.is_empty(), "granted under a fenced group: {got:?}");
+    // The group commits before any new epoch exists: the new owner will load what it wrote.
     tx.commit().await.unwrap();
-    let (new, got) = tokio::time::timeout(Duration::from_secs(10), taking)
+    let got = rows::acquire(&new, "new", "inc-new", 10_000, &[3])
         .await
-        .expect("the takeover goes on once the group is done")
         .unwrap();
-    assert_eq!(got.unwrap(), [Grant { shard: 3, epoch: 2 }]);
+    assert_eq!(
+        got,
+        [Grant { shard: 3, epoch: 2 }],
+        "taken in the next round"
+    );
 
     // The old owner's next group is refused: OwnershipLost, nothing committed after takeover.
     let tx = old.transaction().await.unwrap();
@@ -279,4 +284,112 @@ async fn the_database_clock_is_read_as_unix_ms() {
         before <= db + 1 && db <= after + 1,
         "{before} <= {db} <= {after}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_never_waits_for_a_row_another_transaction_holds() {
+    let Some(pg) =
+        PgServer::shared("an_acquisition_never_waits_for_a_row_another_transaction_holds")
+    else {
+        return;
+    };
+    let url = database(&pg, "skip");
+    let mut other = client(&url).await;
+    let c = client(&url).await;
+    // Another node is in the middle of taking shards 2 and 5 (its transaction holds their
+    // rows FOR UPDATE, as an acquisition does until it commits).
+    let tx = other.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM herald_shard WHERE shard_id IN (2, 5) FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+    let got = tokio::time::timeout(
+        Duration::from_secs(5),
+        rows::acquire(&c, "b", "inc-b", 10_000, &all()),
+    )
+    .await
+    .expect("an acquisition skips rows another transaction holds instead of waiting")
+    .unwrap();
+    let shards: Vec<u32> = got.iter().map(|g| g.shard).collect();
+    assert_eq!(
+        shards,
+        [0, 1, 3, 4, 6, 7],
+        "every free row but the two held"
+    );
+    tx.rollback().await.unwrap();
+    // Free again: the next round takes them.
+    let shards: Vec<u32> = rows::acquire(&c, "b", "inc-b", 10_000, &all())
+        .await
+        .unwrap()
+        .iter()
+        .map(|g| g.shard)
+        .collect();
+    assert_eq!(shards, [2, 5]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_counts_once_while_its_old_incarnation_lives_on() {
+    let Some(pg) =
+        PgServer::shared("a_restarted_node_counts_once_while_its_old_incarnation_lives_on")
+    else {
+        return;
+    };
+    let url = database(&pg, "nodes");
+    let c = client(&url).await;
+    const SUPERSEDED_MS: u64 = 4_000;
+    let live = || async { rows::live_nodes(&c, SUPERSEDED_MS).await.unwrap() };
+    rows::heartbeat(&c, "node-a", "a-1", None, 60_000, None)
+        .await
+        .unwrap();
+    rows::heartbeat(&c, "node-b", "b-1", None, 60_000, None)
+        .await
+        .unwrap();
+    assert_eq!(live().await, 2);
+    // Two processes of one node id, both heartbeating: two processes (HA.md: the
+    // incarnation keeps them apart), each aiming at its own share.
+    rows::heartbeat(&c, "node-a", "a-2", None, 60_000, None)
+        .await
+        .unwrap();
+    assert_eq!(live().await, 3);
+    // a-1 crashed 10 s ago (its last heartbeat), its row lives on until it runs out, and
+    // a-2 is node-a restarted: node-a counts once.
+    c.execute(
+        "UPDATE herald_node SET heartbeat_at = now() - interval '10 seconds' \
+         WHERE incarnation = 'a-1'",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        live().await,
+        2,
+        "an incarnation superseded by a newer one of its node id is not a live node"
+    );
+    assert_eq!(
+        rows::nodes(&c).await.unwrap().len(),
+        3,
+        "GET /v1/cluster still lists every process"
+    );
+    // The share each node aims at is that of two nodes, not three.
+    assert_eq!(herald::cluster::balance::target(64, live().await), 32);
+    // A stale heartbeat alone supersedes nothing: b-1 has no newer incarnation.
+    c.execute(
+        "UPDATE herald_node SET heartbeat_at = now() - interval '10 seconds' \
+         WHERE incarnation = 'b-1'",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(live().await, 2, "b-1 has no newer incarnation: still live");
+    // A row whose lease ran out is not counted.
+    rows::heartbeat(&c, "node-c", "c-1", None, 1, None)
+        .await
+        .unwrap();
+    poll(Duration::from_secs(10), || async {
+        (live().await == 2).then_some(())
+    })
+    .await
+    .expect("node-c's 1 ms heartbeat runs out");
 }

@@ -134,11 +134,24 @@ impl Leases {
 
     /// Whether a renewal is due now (none in flight, and `renew` passed since the last one).
     pub fn renew_due(&self, now_ms: u64) -> bool {
-        self.renewing.is_none()
-            && !self.held.is_empty()
-            && self
-                .last_renew_sent_ms
-                .is_none_or(|t| now_ms >= t.saturating_add(self.timing.renew_ms))
+        self.renew_due_at().is_some_and(|t| now_ms >= t)
+    }
+
+    /// When the next renewal is due (`None`: nothing held, or one is in flight, whose answer
+    /// decides the next), so that the loop can send it on time beside other statements.
+    pub fn renew_due_at(&self) -> Option<u64> {
+        if self.renewing.is_some() || self.held.is_empty() {
+            return None;
+        }
+        Some(
+            self.last_renew_sent_ms
+                .map_or(0, |t| t.saturating_add(self.timing.renew_ms)),
+        )
+    }
+
+    /// When the first held shard's trust ends (`None`: nothing held).
+    pub fn trust_ends_at(&self) -> Option<u64> {
+        self.held.values().map(|h| h.trusted_until_ms).min()
     }
 
     /// A renewal of every held shard is being sent now: the shards and epochs it names.
@@ -250,7 +263,7 @@ impl Leases {
 
     /// The next instant something must happen (a renewal due, or a shard's trust ending).
     pub fn next_deadline(&self) -> Option<u64> {
-        let expiry = self.held.values().map(|h| h.trusted_until_ms).min();
+        let expiry = self.trust_ends_at();
         let renew = match (self.renewing.is_none(), self.last_renew_sent_ms) {
             (true, Some(t)) if !self.held.is_empty() => Some(t + self.timing.renew_ms),
             _ => None,
@@ -325,6 +338,21 @@ mod tests {
         assert!(l.owns(2).is_none());
         assert!(!l.renew_due(3_999));
         assert!(l.renew_due(4_000));
+    }
+
+    #[test]
+    fn the_next_renewal_is_due_a_renew_interval_after_the_last_send_and_never_while_one_is_out() {
+        let mut l = leases();
+        assert_eq!(l.renew_due_at(), None, "nothing held");
+        l.granted(1, 1, 0);
+        assert_eq!(l.renew_due_at(), Some(0), "never renewed: due at once");
+        l.renew_sent(500);
+        assert_eq!(l.renew_due_at(), None, "one in flight");
+        l.renew_answered(&[1]);
+        assert_eq!(l.renew_due_at(), Some(2_500));
+        assert_eq!(l.trust_ends_at(), Some(9_500));
+        l.granted(2, 1, 100);
+        assert_eq!(l.trust_ends_at(), Some(9_100), "the first to end");
     }
 
     #[test]

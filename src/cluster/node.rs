@@ -10,8 +10,14 @@
 //!   and ends `safety` before the row's lease can, so a paused or partitioned process stops
 //!   trusting a shard before anyone else can be granted it (checked by
 //!   `tests/cluster_node.rs` on one machine's clock).
-//! - Every statement has a deadline; a renewal that does not answer in time is ambiguous and
-//!   drops every shard it covered, and the connection is made afresh.
+//! - Every statement has a deadline, on this side and on the server's (`statement_timeout`,
+//!   `lock_timeout`: [`session_timeouts`]); a renewal that does not answer in time is
+//!   ambiguous and drops every shard it covered, and the connection is made afresh.
+//! - A renewal is sent when it is due, beside whatever else the loop is waiting for on the
+//!   connection (a clock probe, a balancing round: `Loop::beside_renewals`), never after it.
+//! - While the connection is down, trust still ends on time: the wait between connection
+//!   attempts (a doubling, jittered backoff: [`reconnect_wait_ms`]) and an attempt itself end
+//!   at the next shard's trust end, whose drop is reported then.
 //!
 //! [`Ownership`] is what the rest of the process asks: which shards it may act on, at which
 //! epoch (the fence of a commit group), and whether a send may start.
@@ -329,6 +335,54 @@ const OFFSET_EVERY_MS: u64 = 30_000;
 /// Probes per measurement; the shortest round trip is believed (`offset.rs`).
 const OFFSET_PROBES: usize = 3;
 
+/// `application_name` of the lease connection, to find it in `pg_stat_activity`.
+pub const APPLICATION_NAME: &str = "herald lease loop";
+
+/// A statement's deadline on the lease connection: half the trust window, at least `renew`.
+/// A late answer is still safe (trust counts from the send), so the deadline only bounds how
+/// long a hung connection keeps the loop from its next round; at `renew` itself one slow
+/// round trip on a busy machine dropped every shard (seen in `tests/cluster_failover.rs`).
+pub fn statement_deadline(t: Timing) -> Duration {
+    Duration::from_millis(
+        t.renew_ms
+            .max(t.ttl_ms.saturating_sub(t.safety_ms) / 2)
+            .max(1),
+    )
+}
+
+/// The lease connection's `statement_timeout` and `lock_timeout`, in ms (server side).
+///
+/// Without them a statement this side gave up on (its deadline passed, the connection
+/// dropped) ran on in the server: a renewal queued behind a lock held elsewhere stayed in the
+/// lock queue with its backend, one more per reconnect, and ran when the lock went, renewing
+/// rows this process had already dropped, which kept them from everyone until they ran out.
+/// - `statement_timeout` = [`statement_deadline`] (4.5 s at the defaults): the server ends
+///   a statement when this side stops waiting for it.
+/// - `lock_timeout` = `renew` (2 s at the defaults): none of the loop's statements waits for
+///   a lock in normal operation (renewals never queue behind fenced writes, acquisitions skip
+///   locked rows), so a wait of a whole renew interval means another session holds the lease
+///   rows or a table (DDL, a stuck session): the statement fails then, a renewal's shards are
+///   dropped (as after any failed renewal: they would not have been trusted for long), and the
+///   loop reconnects instead of leaving a backend behind in the lock queue.
+pub fn session_timeouts(t: Timing) -> (u64, u64) {
+    let statement_ms = u64::try_from(statement_deadline(t).as_millis()).unwrap_or(u64::MAX);
+    (statement_ms, t.renew_ms.clamp(1, statement_ms))
+}
+
+/// How long the loop waits before its next connection attempt after `fails` failed attempts
+/// or rounds in a row: the store's doubling delay (`store/pg/backoff.rs`: 50 ms doubling up
+/// to 2 s), at most `renew` (a node is back within one renew interval of the database), with
+/// equal jitter from `random` (between half of it and all of it), so that nodes that lost the
+/// database together do not all come back at the same instant. Pure.
+pub fn reconnect_wait_ms(fails: u32, renew_ms: u64, random: u64) -> u64 {
+    let full = u64::try_from(crate::store::pg::backoff::Backoff::delay(fails).as_millis())
+        .unwrap_or(u64::MAX)
+        .min(renew_ms)
+        .max(1);
+    let half = full / 2;
+    (half + random % (full - half + 1)).max(1)
+}
+
 /// The running loop: [`Handle::leave`] hands every shard over and ends it; dropping the
 /// handle without it is a crash as far as the rows know (leases run out by themselves).
 pub struct Handle {
@@ -383,6 +437,10 @@ struct Loop {
     next_offset_ms: u64,
     /// The last measurement was within `max_clock_offset` (false until one is made).
     clock_ok: bool,
+    /// Connection attempts or rounds failed in a row (0 after a round that went through).
+    fails: u32,
+    /// No connection attempt before this (monotonic ms).
+    retry_at_ms: u64,
 }
 
 impl Loop {
@@ -393,17 +451,9 @@ impl Loop {
         }
     }
 
-    /// A statement's deadline: half the trust window, at least `renew`. A late answer is
-    /// still safe (trust counts from the send), so the deadline only bounds how long a hung
-    /// connection keeps the loop from its next round; at `renew` itself one slow round trip on
-    /// a busy machine dropped every shard (seen in `tests/cluster_failover.rs`).
+    /// A statement's deadline ([`statement_deadline`]).
     fn deadline(&self) -> Duration {
-        let t = self.s.timing;
-        Duration::from_millis(
-            t.renew_ms
-                .max(t.ttl_ms.saturating_sub(t.safety_ms) / 2)
-                .max(1),
-        )
+        statement_deadline(self.s.timing)
     }
 
     /// Renews what is held, if a renewal is due. Err: the connection is not to be trusted.
@@ -451,11 +501,9 @@ impl Loop {
         }
     }
 
-    /// Measures the clock offset to the database when due. Err: the connection failed.
-    async fn probe_offset(&mut self, c: &Client) -> Result<(), ()> {
-        if self.own.mono_ms() < self.next_offset_ms {
-            return Ok(());
-        }
+    /// Measures the clock offset to the database: `OFFSET_PROBES` probes. Err: the
+    /// connection failed.
+    async fn measure(&self, c: &Client) -> Result<Vec<super::offset::Probe>, ()> {
         let wall = || {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -474,30 +522,94 @@ impl Loop {
                 received_ms: wall(),
             });
         }
-        self.next_offset_ms = self.own.mono_ms() + OFFSET_EVERY_MS;
-        if let Some(o) = super::offset::estimate(&probes) {
-            let ok = super::offset::acceptable(o, self.s.max_clock_offset_ms);
-            *self.own.clock.lock() = Some((o, ok));
+        Ok(probes)
+    }
+
+    /// Takes a measurement's estimate: within `max_clock_offset` or not (HA.md "Time").
+    fn judge_clock(&mut self, probes: &[super::offset::Probe]) {
+        let Some(o) = super::offset::estimate(probes) else {
+            return;
+        };
+        let ok = super::offset::acceptable(o, self.s.max_clock_offset_ms);
+        *self.own.clock.lock() = Some((o, ok));
+        if ok {
+            // From now on the wheel fires at database time (HA.md "Time").
+            self.own
+                .db_offset
+                .store(o.offset_ms, std::sync::atomic::Ordering::Release);
+        }
+        if ok != self.clock_ok {
             if ok {
-                // From now on the wheel fires at database time (HA.md "Time").
+                tracing::info!(
+                    offset_ms = o.offset_ms,
+                    error_ms = o.error_ms,
+                    "clock within max_clock_offset of the database's: taking shards"
+                );
+            } else {
+                tracing::error!(offset_ms = o.offset_ms, error_ms = o.error_ms,
+                    max_ms = self.s.max_clock_offset_ms,
+                    "this node's clock is too far from the database's: it owns no shards until it is within cluster.max_clock_offset");
+            }
+        }
+        self.clock_ok = ok;
+    }
+
+    /// Runs `work` (clock probes, a balancing round) on the lease connection with each renewal
+    /// that comes due meanwhile sent at once beside it, not after it: tokio-postgres pipelines
+    /// the statements of one connection, so the renewal leaves on time (its trust counts from
+    /// then) and waits at most for the statement the server is running. Behind three probes on
+    /// a slow database a due renewal waited up to three statement deadlines, past the trust
+    /// window. A renewal under way is never cut off (its answer decides the trust of every
+    /// shard it covered): when `work` ends first, the renewal is awaited. Err: a renewal
+    /// failed (`work` is dropped), or `work` did.
+    async fn beside_renewals<T>(
+        &self,
+        c: &Client,
+        work: impl std::future::Future<Output = Result<T, ()>>,
+    ) -> Result<T, ()> {
+        tokio::pin!(work);
+        loop {
+            let due_in = {
+                let now = self.own.mono_ms();
                 self.own
-                    .db_offset
-                    .store(o.offset_ms, std::sync::atomic::Ordering::Release);
-            }
-            if ok != self.clock_ok {
-                if ok {
-                    tracing::info!(
-                        offset_ms = o.offset_ms,
-                        error_ms = o.error_ms,
-                        "clock within max_clock_offset of the database's: taking shards"
-                    );
-                } else {
-                    tracing::error!(offset_ms = o.offset_ms, error_ms = o.error_ms,
-                        max_ms = self.s.max_clock_offset_ms,
-                        "this node's clock is too far from the database's: it owns no shards until it is within cluster.max_clock_offset");
+                    .leases
+                    .lock()
+                    .renew_due_at()
+                    .map(|t| t.saturating_sub(now))
+            };
+            tokio::select! {
+                biased;
+                () = after_ms(due_in) => {
+                    let renewal = self.renew(c);
+                    tokio::pin!(renewal);
+                    tokio::select! {
+                        biased;
+                        r = &mut renewal => r?,
+                        r = &mut work => {
+                            renewal.await?;
+                            return r;
+                        }
+                    }
                 }
+                r = &mut work => return r,
             }
-            self.clock_ok = ok;
+        }
+    }
+
+    /// One round on a connection: a due renewal first, then the clock probes and the
+    /// balancing round when they are due, each with later renewals beside it. Err: the
+    /// connection is not to be trusted.
+    async fn round(&mut self, c: &Client) -> Result<(), ()> {
+        self.renew(c).await?;
+        if self.own.mono_ms() >= self.next_offset_ms {
+            let probes = self.beside_renewals(c, self.measure(c)).await?;
+            self.next_offset_ms = self.own.mono_ms() + OFFSET_EVERY_MS;
+            self.judge_clock(&probes);
+        }
+        let now = self.own.mono_ms();
+        if now >= self.next_balance_ms {
+            self.next_balance_ms = now + self.s.timing.renew_ms;
+            self.beside_renewals(c, self.balance(c)).await?;
         }
         Ok(())
     }
@@ -521,7 +633,14 @@ impl Loop {
                 )
                 .await?;
             }
-            let live = rows::live_nodes(c).await?;
+            // Every live process heartbeats once per balancing round (`renew`, shared by the
+            // cluster's processes), so one whose last heartbeat is half a round more than a
+            // round older than another incarnation's of its node id has stopped: a crashed
+            // process, restarted. (Restarted faster than that, its old row counts until then;
+            // before, until it ran out, a whole lease.) Taking a live one for stopped only
+            // makes the others aim at a larger share for a while.
+            let superseded_ms = self.s.timing.renew_ms.saturating_mul(3) / 2;
+            let live = rows::live_nodes(c, superseded_ms).await?;
             let table = rows::rows(c).await?;
             let owners = rows::owners(c).await?;
             let nodes = rows::nodes(c).await?;
@@ -545,12 +664,7 @@ impl Loop {
     }
 
     /// Heartbeat, then one balancing round: acquire toward the target or hand one over.
-    async fn balance(&mut self, c: &Client) -> Result<(), ()> {
-        let now = self.own.mono_ms();
-        if now < self.next_balance_ms {
-            return Ok(());
-        }
-        self.next_balance_ms = now + self.s.timing.renew_ms;
+    async fn balance(&self, c: &Client) -> Result<(), ()> {
         let me = self.s.me.clone();
         let d = self.deadline();
         let ttl = self.s.timing.ttl_ms;
@@ -706,6 +820,73 @@ impl Loop {
             .min(self.next_balance_ms);
         Duration::from_millis(next.saturating_sub(now).clamp(1, 1_000))
     }
+
+    /// Reports the shards whose trust has ended, and those a fenced write dropped.
+    fn expire_now(&self) {
+        let expired = {
+            let now = self.own.mono_ms();
+            self.own.leases.lock().expire(now)
+        };
+        self.emit(expired);
+        let fenced: Vec<Event> = std::mem::take(&mut *self.own.lost.lock());
+        for ev in fenced {
+            tracing::warn!(?ev, "shard dropped: a write was fenced");
+            let _ = self.events.send(ev);
+        }
+    }
+
+    /// Ms until the first held shard's trust ends (`None`: nothing held).
+    fn trust_ends_in(&self) -> Option<u64> {
+        let now = self.own.mono_ms();
+        self.own
+            .leases
+            .lock()
+            .trust_ends_at()
+            .map(|t| t.saturating_sub(now))
+    }
+
+    /// A connection attempt or a round failed: the next attempt waits ([`reconnect_wait_ms`]).
+    fn failed(&mut self) {
+        self.fails = self.fails.saturating_add(1);
+        let random = crate::trace::random_u64();
+        let wait = reconnect_wait_ms(self.fails, self.s.timing.renew_ms, random);
+        self.retry_at_ms = self.own.mono_ms().saturating_add(wait);
+    }
+
+    /// How long to sleep while disconnected: until the next connection attempt, or a held
+    /// shard's trust ending if that comes first, so its drop is reported when the trust ends
+    /// rather than after the backoff. (While disconnected no renewal is under way: one that
+    /// failed was answered ambiguous, so nothing can extend a trust that ended.)
+    fn idle_disconnected(&self) -> Duration {
+        let now = self.own.mono_ms();
+        let until_retry = self.retry_at_ms.saturating_sub(now);
+        let wait = self
+            .trust_ends_in()
+            .map_or(until_retry, |t| t.min(until_retry));
+        Duration::from_millis(wait.max(1))
+    }
+
+    /// A connection attempt (bounded by the statement deadline: a blackholed server holds it
+    /// that long) during which each shard whose trust ends is reported as it ends.
+    async fn connect_watching(&self) -> Option<Client> {
+        let attempt = connect(&self.s, self.deadline());
+        tokio::pin!(attempt);
+        loop {
+            tokio::select! {
+                biased;
+                c = &mut attempt => return c,
+                () = after_ms(self.trust_ends_in()) => self.expire_now(),
+            }
+        }
+    }
+}
+
+/// Sleeps `ms` (`None`: for ever; for a branch of `select!` that has nothing to wait for).
+async fn after_ms(ms: Option<u64>) {
+    match ms {
+        Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn connect(s: &Settings, within: Duration) -> Option<Client> {
@@ -719,6 +900,10 @@ async fn connect(s: &Settings, within: Duration) -> Option<Client> {
     if let (None, Some(p)) = (cfg.get_password(), &s.password) {
         cfg.password(p.as_bytes());
     }
+    let (statement_ms, lock_ms) = session_timeouts(s.timing);
+    cfg.application_name(APPLICATION_NAME).options(format!(
+        "-c statement_timeout={statement_ms} -c lock_timeout={lock_ms}"
+    ));
     match tokio::time::timeout(within, cfg.connect(NoTls)).await {
         Ok(Ok((client, conn))) => {
             tokio::spawn(async move {
@@ -755,37 +940,33 @@ async fn run(
         next_balance_ms: 0,
         next_offset_ms: 0,
         clock_ok: false,
+        fails: 0,
+        retry_at_ms: 0,
     };
     let mut client: Option<Client> = None;
     loop {
         if *stopped.borrow() {
             break;
         }
-        let expired = {
-            let now = lp.own.mono_ms();
-            lp.own.leases.lock().expire(now)
-        };
-        lp.emit(expired);
-        let fenced: Vec<Event> = std::mem::take(&mut *lp.own.lost.lock());
-        for ev in fenced {
-            tracing::warn!(?ev, "shard dropped: a write was fenced");
-            let _ = lp.events.send(ev);
-        }
-        if client.is_none() {
-            client = connect(&lp.s, lp.deadline()).await;
+        lp.expire_now();
+        if client.is_none() && lp.own.mono_ms() >= lp.retry_at_ms {
+            client = lp.connect_watching().await;
+            if client.is_none() {
+                lp.failed();
+            }
         }
         if let Some(c) = &client {
-            let ok = lp.renew(c).await.is_ok()
-                && lp.probe_offset(c).await.is_ok()
-                && lp.balance(c).await.is_ok();
-            if !ok {
-                client = None; // a fresh connection for the next round
+            if lp.round(c).await.is_ok() {
+                lp.fails = 0;
+            } else {
+                client = None; // a fresh connection for a later round, after the backoff
+                lp.failed();
             }
         }
         let wait = if client.is_some() {
             lp.idle()
         } else {
-            Duration::from_millis(100)
+            lp.idle_disconnected()
         };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
@@ -801,5 +982,67 @@ async fn run(
     if let Some(c) = &client {
         let _ = lp.hand_over(c, &held).await;
         let _ = tokio::time::timeout(lp.deadline(), rows::leave(c, &lp.s.me.incarnation)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_sessions_timeouts_follow_the_lease_timing() {
+        // Defaults: half the 9 s window, and one renew interval.
+        assert_eq!(session_timeouts(Timing::default()), (4_500, 2_000));
+        // `renew` at its longest (half the window): both at it.
+        let t = Timing {
+            ttl_ms: 10_000,
+            renew_ms: 4_500,
+            safety_ms: 1_000,
+        };
+        assert_eq!(session_timeouts(t), (4_500, 4_500));
+        // The statement timeout is this side's deadline, so the server ends what this side
+        // gave up on.
+        let short = Timing {
+            ttl_ms: 1_500,
+            renew_ms: 300,
+            safety_ms: 300,
+        };
+        assert_eq!(
+            session_timeouts(short).0,
+            u64::try_from(statement_deadline(short).as_millis()).unwrap()
+        );
+        assert_eq!(session_timeouts(short), (600, 300));
+    }
+
+    #[test]
+    fn reconnects_back_off_doubling_up_to_the_renew_interval_with_jitter() {
+        // Equal jitter: between half the delay (random 0) and all of it.
+        assert_eq!(reconnect_wait_ms(1, 2_000, 0), 25);
+        assert_eq!(reconnect_wait_ms(1, 2_000, 25), 50);
+        assert_eq!(reconnect_wait_ms(2, 2_000, 0), 50);
+        assert_eq!(reconnect_wait_ms(3, 2_000, 0), 100);
+        for fails in 1..40 {
+            let full = (50u64 << (fails - 1).min(16)).min(2_000);
+            for random in [0, 1, 7, 999, 123_456_789, u64::MAX] {
+                let w = reconnect_wait_ms(fails, 2_000, random);
+                assert!(
+                    (full / 2..=full).contains(&w),
+                    "{fails} fails, random {random}: {w} not in {}..={full}",
+                    full / 2
+                );
+            }
+        }
+        // Capped at the renew interval: back within one of the database's return.
+        for random in 0..1_000 {
+            let w = reconnect_wait_ms(30, 300, random);
+            assert!((150..=300).contains(&w), "{w}");
+        }
+        // The jitter spreads nodes that failed together.
+        let spread: std::collections::BTreeSet<u64> = (0..1_000)
+            .map(|r| reconnect_wait_ms(30, 2_000, r * 7_919))
+            .collect();
+        assert!(spread.len() > 100, "{}", spread.len());
+        // Never a busy loop, whatever the timing.
+        assert_eq!(reconnect_wait_ms(1, 0, 0), 1);
     }
 }

@@ -7,9 +7,12 @@
 //! Row protocol (the invariants the cluster's safety rests on):
 //! - A grant bumps `epoch`: every owner of a shard has an epoch no earlier owner had. Only a
 //!   free row (never owned, released) or an expired one is granted, and the takeover locks it
-//!   `FOR UPDATE` first, so it waits for every fenced commit group that holds the row
-//!   `FOR KEY SHARE`: a stale owner's group commits before the new epoch exists (the new
-//!   owner then loads it) or sees the new epoch and is refused.
+//!   `FOR UPDATE SKIP LOCKED` first: a row a fenced commit group holds `FOR KEY SHARE` (or
+//!   another node is taking right now) is left for a later round, never waited for, so a
+//!   stale owner's group commits before the new epoch exists (the new owner then loads it)
+//!   or, if the takeover locked the row first, the group's `FOR KEY SHARE` waits for it,
+//!   then sees the new epoch and is refused. Skipping instead of waiting keeps two nodes acquiring at once (or one behind a
+//!   slow group) from queueing on each other's rows with their lease loops stalled.
 //! - A renewal extends only rows whose epoch *and* incarnation still match and whose lease
 //!   has not run out: an expired lease is re-acquired with a new epoch, never renewed (someone
 //!   may have been granted it and released it meanwhile). It updates a non-key column, so it
@@ -88,8 +91,9 @@ fn ttl_param(ttl_ms: u64) -> f64 {
 }
 
 /// Acquires those of `wanted` that are free or expired, for `ttl_ms` from the database's now,
-/// each at a new epoch. Rows another transaction holds are waited for (a fenced group in
-/// flight: see the module's protocol). Returns the grants, by shard.
+/// each at a new epoch. Rows another transaction holds locked (a fenced group in flight,
+/// another node's acquisition) are skipped, not waited for: they are tried again in a later
+/// round (see the module's protocol). Returns the grants, by shard.
 pub async fn acquire(
     c: &impl GenericClient,
     node: &str,
@@ -123,7 +127,7 @@ pub async fn acquire_timed(
                    THEN extract(epoch FROM now() - lease_expires)::float8 END AS late \
                FROM herald_shard \
                WHERE shard_id = ANY($1) AND (lease_expires IS NULL OR lease_expires < now()) \
-               ORDER BY shard_id FOR UPDATE) \
+               ORDER BY shard_id FOR UPDATE SKIP LOCKED) \
              UPDATE herald_shard s SET epoch = s.epoch + 1, owner_node = $2, \
                owner_incarnation = $3, lease_expires = now() + $4 * interval '1 millisecond' \
              FROM takeable t \
@@ -348,9 +352,20 @@ pub async fn heartbeat(
     Ok(())
 }
 
-/// How many processes are alive now (database time), this one included if its heartbeat
-/// is current. Rows long dead are swept on the way.
-pub async fn live_nodes(c: &impl GenericClient) -> Result<usize, tokio_postgres::Error> {
+/// How many processes are alive now (database time), this one included if its heartbeat is
+/// current, leaving out each one superseded by a newer incarnation of its node id: a row
+/// whose last heartbeat is more than `superseded_ms` older than another live row's of the
+/// same node id. A node restarted after a crash heartbeats under a new incarnation while the
+/// old row, no longer heartbeating, lives on until it runs out (a lease); counted, it made
+/// every node aim at too small a share (`balance::target`), hand shards over needlessly and
+/// leave some free until the old row expired. Two processes that share a node id and both
+/// heartbeat still count as two (HA.md: the incarnation keeps them apart;
+/// `tests/cluster_rolling.rs`). A row without `heartbeat_at` (written before schema 7) is
+/// never taken for superseded. Rows long dead are swept on the way.
+pub async fn live_nodes(
+    c: &impl GenericClient,
+    superseded_ms: u64,
+) -> Result<usize, tokio_postgres::Error> {
     c.execute(
         "DELETE FROM herald_node WHERE expires < now() - interval '1 hour'",
         &[],
@@ -358,8 +373,12 @@ pub async fn live_nodes(c: &impl GenericClient) -> Result<usize, tokio_postgres:
     .await?;
     let r = c
         .query_one(
-            "SELECT count(*) FROM herald_node WHERE expires >= now()",
-            &[],
+            "SELECT count(*) FROM herald_node n WHERE n.expires >= now() AND NOT EXISTS ( \
+               SELECT 1 FROM herald_node m \
+               WHERE m.node_id = n.node_id AND m.incarnation <> n.incarnation \
+                 AND m.expires >= now() \
+                 AND m.heartbeat_at > n.heartbeat_at + $1 * interval '1 millisecond')",
+            &[&ttl_param(superseded_ms)],
         )
         .await?;
     Ok(usize::try_from(r.get::<_, i64>(0)).unwrap_or(0))

@@ -113,7 +113,7 @@ pub fn traceparent(trace_id: &[u8; 16], span_id: &[u8; 8]) -> String {
 /// 64 random bits: SipHash keyed by the OS's randomness (std's `RandomState`, seeded once per
 /// thread and stepped per instance) over a process-wide counter and the time. Trace and span
 /// ids need to be unique, not secret.
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);

@@ -8,15 +8,16 @@
 //!   `FOR KEY SHARE`), read from the row's xmax in the trigger;
 //! - a write seen at epoch e of shard s whose transaction committed after the transaction that
 //!   moved s from e to e + 1: it went through without the `FOR KEY SHARE` on s's lease row
-//!   that a takeover's `FOR UPDATE` waits for (HA.md "Fence every write"), or without checking
-//!   the epoch it held;
+//!   that a takeover's `FOR UPDATE SKIP LOCKED` cannot lock past (HA.md "Fence every write"),
+//!   or without checking the epoch it held;
 //! - an epoch that does not go up (a decrease, no change, a value seen before) and a lease
 //!   row inserted or deleted after the schema was made (S is fixed at creation).
 //!
 //! Why commit timestamps order correctly here: a fenced writer takes its commit timestamp
-//! before it releases its locks, and the takeover it blocked takes its own only after that,
-//! so a fenced write is always stamped earlier; only a write that did not hold the lock can
-//! be stamped after the takeover.
+//! before it releases its locks, and a takeover locks the row (it skips a locked one and
+//! tries again in a later round) and takes its own only after that, so a fenced write is
+//! always stamped earlier; only a write that did not hold the lock can be stamped after the
+//! takeover.
 //!
 //! Limits: a stale writer that locks the row but checks no epoch, and whose statements already
 //! see e + 1, is logged at e + 1 and passes; the fence's own tests (`cluster_rows.rs`) cover
