@@ -155,7 +155,8 @@ impl Ownership {
     /// for it at most `within`: a slow database must not hold the release. What it has not
     /// done by then is left to the next owner (an armed mark it waits out, as after a crash);
     /// a write of it still on its way is fenced: refused once the shard is released here, or
-    /// committed before the next owner's grant (whose `FOR UPDATE` waits for it).
+    /// committed before the next owner's grant (whose `FOR UPDATE SKIP LOCKED` passes the row by
+    /// while the write holds it).
     async fn before_release(&self, shards: &[u32], within: Duration) {
         let hook = self.before_release.lock().clone();
         if let Some(hook) = hook.filter(|_| !shards.is_empty()) {

@@ -92,7 +92,8 @@ pub struct PgOptions {
     pub password: Option<String>,
     /// How long the server keeps a transaction whose client went quiet; `None`: the
     /// statement timeout. Cluster mode shortens it: a partitioned node's open group holds its
-    /// shards' lease rows `FOR KEY SHARE`, and a takeover waits for that lock.
+    /// shards' lease rows `FOR KEY SHARE`, and a takeover skips a row so locked (`FOR UPDATE SKIP
+    /// LOCKED`) until it is let go.
     pub idle_in_transaction: Option<Duration>,
     /// The process lock this open claims before anything else, migrations included
     /// (`lock.rs`): `Exclusive` for a single-node `herald serve` and an import, `Shared` for
@@ -1111,7 +1112,8 @@ async fn lock_keys(tx: &deadpool_postgres::Transaction<'_>, keys: &[i64]) -> Res
 }
 
 /// The fence, first in the group's transaction: the lease rows of its shards held
-/// `FOR KEY SHARE` until it ends (a takeover's `FOR UPDATE` waits for it), and the shards
+/// `FOR KEY SHARE` until it ends (a takeover's `FOR UPDATE SKIP LOCKED` passes such a row by
+/// and takes it in a later round), and the shards
 /// whose epoch is no longer the one held (`cluster/rows.rs`'s protocol).
 async fn fenced_out(
     tx: &deadpool_postgres::Transaction<'_>,
