@@ -822,7 +822,8 @@ impl Loop {
         Duration::from_millis(next.saturating_sub(now).clamp(1, 1_000))
     }
 
-    /// Reports the shards whose trust has ended, and those a fenced write dropped.
+    /// Reports the shards whose trust has ended, and those a fenced write (or a failed load,
+    /// `engine/cluster.rs`) dropped.
     fn expire_now(&self) {
         let expired = {
             let now = self.own.mono_ms();
@@ -831,7 +832,7 @@ impl Loop {
         self.emit(expired);
         let fenced: Vec<Event> = std::mem::take(&mut *self.own.lost.lock());
         for ev in fenced {
-            tracing::warn!(?ev, "shard dropped: a write was fenced");
+            tracing::warn!(?ev, "shard dropped: a write was fenced, or its load failed");
             let _ = self.events.send(ev);
         }
     }
