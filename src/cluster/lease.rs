@@ -52,6 +52,9 @@ impl Timing {
     }
 }
 
+/// The longest [`Leases::renew_wake_in`] waits while no renewal is due (one in flight).
+pub const RENEW_RECHECK_MS: u64 = 100;
+
 /// One owned shard: the epoch it was granted at and until when it is trusted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Held {
@@ -146,6 +149,20 @@ impl Leases {
         Some(
             self.last_renew_sent_ms
                 .map_or(0, |t| t.saturating_add(self.timing.renew_ms)),
+        )
+    }
+
+    /// Ms from `now_ms` until a loop that sends renewals beside other work
+    /// (`node.rs`, `Loop::beside_renewals`) looks again: until the next renewal is due; or,
+    /// when none can be said to be due ([`Leases::renew_due_at`] is `None`: one is in flight,
+    /// perhaps sent by that work itself, or nothing is held yet), after at most
+    /// [`RENEW_RECHECK_MS`] (or `renew`, if shorter). Waiting for ever then left the work's
+    /// remainder (a handover's stand-down and release) with no renewal sent: up to ~8.5 s
+    /// of a 9 s trust window at defaults.
+    pub fn renew_wake_in(&self, now_ms: u64) -> u64 {
+        self.renew_due_at().map_or_else(
+            || RENEW_RECHECK_MS.min(self.timing.renew_ms),
+            |t| t.saturating_sub(now_ms),
         )
     }
 
@@ -320,6 +337,31 @@ mod tests {
         l.begin_release(4);
         l.granted(4, 1, 20_000);
         assert!(l.may_send(4, 21_000, 10));
+    }
+
+    #[test]
+    fn the_wake_beside_other_work_is_bounded_while_a_renewal_is_in_flight() {
+        let mut l = leases();
+        assert_eq!(l.renew_wake_in(0), RENEW_RECHECK_MS, "nothing held yet");
+        l.granted(1, 1, 0);
+        assert_eq!(l.renew_wake_in(500), 0, "never renewed: due now");
+        l.renew_sent(1_000);
+        // In flight (sent by other work): no due time, but the wake is still bounded, so a
+        // renewal goes out soon after the answer instead of when the work ends.
+        assert_eq!(l.renew_due_at(), None);
+        assert_eq!(l.renew_wake_in(1_050), RENEW_RECHECK_MS);
+        let short = Leases::new(Timing {
+            renew_ms: 40,
+            ..Timing::default()
+        });
+        assert_eq!(short.renew_wake_in(0), 40, "never past one renew interval");
+        l.renew_answered(&[1]);
+        assert_eq!(
+            l.renew_wake_in(1_500),
+            1_500,
+            "due `renew` after the last send"
+        );
+        assert_eq!(l.renew_wake_in(4_000), 0);
     }
 
     #[test]

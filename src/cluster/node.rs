@@ -570,13 +570,11 @@ impl Loop {
     ) -> Result<T, ()> {
         tokio::pin!(work);
         loop {
+            // Bounded even while no renewal is due (one in flight, e.g. `hand_over`'s own):
+            // `work` may go on long after its answer (`Leases::renew_wake_in`).
             let due_in = {
                 let now = self.own.mono_ms();
-                self.own
-                    .leases
-                    .lock()
-                    .renew_due_at()
-                    .map(|t| t.saturating_sub(now))
+                Some(self.own.leases.lock().renew_wake_in(now))
             };
             tokio::select! {
                 biased;
@@ -982,7 +980,9 @@ async fn run(
         client = connect(&lp.s, lp.deadline()).await;
     }
     if let Some(c) = &client {
-        let _ = lp.hand_over(c, &held).await;
+        // Renewals go on beside it, as in a balancing round's handover: its wait for the
+        // sends, its stand-down and its release may outlast a renewal interval.
+        let _ = lp.beside_renewals(c, lp.hand_over(c, &held)).await;
         let _ = tokio::time::timeout(lp.deadline(), rows::leave(c, &lp.s.me.incarnation)).await;
     }
 }

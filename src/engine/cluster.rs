@@ -136,7 +136,7 @@ pub(crate) enum Window<'a> {
 }
 
 impl Inner {
-    fn shard_of(&self, task: &str) -> Option<(&ClusterHooks, u32)> {
+    pub(super) fn shard_of(&self, task: &str) -> Option<(&ClusterHooks, u32)> {
         let c = self.config.cluster.as_ref()?;
         Some((c, shard_of_task(task, c.shards)))
     }

@@ -509,9 +509,10 @@ impl Engine {
         };
         // Attempts armed ahead of their instant before the drain began are not sent by this
         // process: taken back now, durably, so the next boot sends them at their time as
-        // their first attempt, not as sends cut short. Given at least `STAND_DOWN_MIN` (within
-        // the exit's grace after the drain's timeout, `main.rs`).
-        let until = end.max(std::time::Instant::now() + Self::STAND_DOWN_MIN);
+        // their first attempt, not as sends cut short. Given `STAND_DOWN_MIN` from now
+        // (within the exit's grace after the drain's timeout, `main.rs`): also when the drain
+        // ended early, so one cell still busy cannot hold the exit for the rest of `timeout`.
+        let until = std::time::Instant::now() + Self::STAND_DOWN_MIN;
         let taken = step::stand_down_all(&self.inner, until.into(), |_| true).await;
         if taken > 0 {
             tracing::info!(

@@ -1129,6 +1129,11 @@ const STAND_DOWN_GROUP: usize = 256;
 /// (its step still under way), one unloaded, a send out, and a failed write keep their marks,
 /// with those consequences only. Returns how many tasks had marks taken back.
 ///
+/// Every free cell is taken first; the busy ones are waited for after, one at a time, with
+/// nothing collected held meanwhile (the pending write goes first), and one still busy at
+/// `until` is passed over, not the ones after it (`timeout_at` polls the lock first, so a
+/// free cell is taken even past `until`).
+///
 /// Only the tasks `which` picks (the drain: every one; a graceful handover in cluster mode:
 /// those of the shards handed over, `cluster.rs::stand_down_on_release`).
 pub(super) async fn stand_down_all(
@@ -1138,28 +1143,82 @@ pub(super) async fn stand_down_all(
 ) -> usize {
     let mut cells = inner.live.lock().cells();
     cells.retain(|(id, _)| which(id));
-    let mut group = Vec::new();
-    let mut taken = 0;
+    // In shard order (cluster mode), so that each write holds one shard's tasks.
+    cells.sort_by_cached_key(|(id, _)| inner.shard_of(id).map(|(_, s)| s));
+    let mut writes = StandDown {
+        inner,
+        group: Vec::new(),
+        shard: None,
+        taken: 0,
+    };
+    let mut busy = Vec::new();
     for (id, cell) in cells {
-        let Ok(guard) = tokio::time::timeout_at(until, cell.lock_owned()).await else {
-            break;
-        };
-        let mut l = Locked { id, guard };
-        let current = super::cells::is_current(&inner.live.lock(), &l);
-        let Some((key, change)) = current.then(|| armed_not_sending(&mut l)).flatten() else {
-            continue;
-        };
-        group.push((l, key, change));
-        if group.len() == STAND_DOWN_GROUP {
-            taken += group.len();
-            commit::apply_chunk(inner, std::mem::take(&mut group), None).await;
+        match cell.clone().try_lock_owned() {
+            Ok(guard) => writes.add(Locked { id, guard }).await,
+            Err(_) => busy.push((id, cell)),
         }
     }
-    taken += group.len();
-    if !group.is_empty() {
-        commit::apply_chunk(inner, group, None).await;
+    for (id, cell) in busy {
+        let guard = match cell.clone().try_lock_owned() {
+            Ok(guard) => guard,
+            Err(_) => {
+                writes.flush().await;
+                let Ok(guard) = tokio::time::timeout_at(until, cell.lock_owned()).await else {
+                    continue;
+                };
+                guard
+            }
+        };
+        writes.add(Locked { id, guard }).await;
     }
-    taken
+    writes.flush().await;
+    writes.taken
+}
+
+/// The writes of [`stand_down_all`]: the tasks collected (their cells locked) for the next.
+struct StandDown<'a> {
+    inner: &'a Arc<Inner>,
+    group: Vec<(Locked, RunKey, Change)>,
+    /// The shard of the group's tasks (`None` outside cluster mode).
+    shard: Option<u32>,
+    taken: usize,
+}
+
+impl StandDown<'_> {
+    /// Adds `l`'s armed attempts not sending, if it has any, to the group; writes the group
+    /// first if `l` cannot join it ([`starts_new_group`]), and after if it is full.
+    async fn add(&mut self, mut l: Locked) {
+        let current = super::cells::is_current(&self.inner.live.lock(), &l);
+        let Some((key, change)) = current.then(|| armed_not_sending(&mut l)).flatten() else {
+            return;
+        };
+        let shard = self.inner.shard_of(&l.id).map(|(_, s)| s);
+        if starts_new_group(self.group.len(), self.shard, shard) {
+            self.flush().await;
+        }
+        self.shard = shard;
+        self.group.push((l, key, change));
+        if self.group.len() >= STAND_DOWN_GROUP {
+            self.flush().await;
+        }
+    }
+
+    /// Writes the group collected, if any, and frees its cells.
+    async fn flush(&mut self) {
+        if self.group.is_empty() {
+            return;
+        }
+        self.taken += self.group.len();
+        commit::apply_chunk(self.inner, std::mem::take(&mut self.group), None).await;
+    }
+}
+
+/// Whether a task of `shard` must go in a new write after a group of `len` tasks of
+/// `group_shard`: the group is full, or (cluster mode) of another shard. One write is one job
+/// fenced at every shard it touches (`job_fence`): mixed, one shard that lost trust had the
+/// whole write refused, and every task in it kept its mark.
+fn starts_new_group(len: usize, group_shard: Option<u32>, shard: Option<u32>) -> bool {
+    len > 0 && (len >= STAND_DOWN_GROUP || group_shard != shard)
 }
 
 /// The change that takes back the armed attempts of `l`'s runs that are not sending (`None`:
@@ -1306,5 +1365,26 @@ fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan, t: &Tas
                     error = %Escaped(error), next_at = %crate::schedule::format_opt(plan.run.next_at_ms), %trace_id, "attempt failed; will retry");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stand_down_write_holds_one_shard_and_at_most_a_group() {
+        // The first task starts the first group, whatever its shard.
+        assert!(!starts_new_group(0, None, Some(3)));
+        assert!(!starts_new_group(0, Some(1), Some(3)));
+        // Same shard (or no shards: not in cluster mode): joins until the group is full.
+        assert!(!starts_new_group(1, Some(3), Some(3)));
+        assert!(!starts_new_group(STAND_DOWN_GROUP - 1, None, None));
+        assert!(starts_new_group(STAND_DOWN_GROUP, None, None));
+        assert!(starts_new_group(STAND_DOWN_GROUP, Some(3), Some(3)));
+        // Another shard: a write of its own, so one shard that lost trust has only its own
+        // tasks' write refused by the fence.
+        assert!(starts_new_group(1, Some(3), Some(4)));
+        assert!(starts_new_group(1, Some(3), None));
     }
 }
