@@ -10,29 +10,17 @@ mod common;
 use std::time::Duration;
 
 use common::herald::poll;
-use common::pg::PgServer;
+use common::pg::{client, PgServer};
 use herald::cluster::rows::{self, Grant};
-use herald::store::pg::{PgBackend, PgOptions};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 const SHARDS: u32 = 8;
 
 /// A fresh database with herald's schema and the audit installed.
 async fn database(pg: &PgServer, name: &str) -> String {
-    let url = pg.create_db(name);
-    let opts = PgOptions {
-        shards: SHARDS,
-        ..PgOptions::default()
-    };
-    drop(PgBackend::open(&url, &opts).expect("herald's schema is made"));
+    let url = pg.create_herald_db(name, SHARDS);
     common::audit::install(&url).await;
     url
-}
-
-async fn client(url: &str) -> Client {
-    let (c, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect");
-    tokio::spawn(conn);
-    c
 }
 
 /// Writes a task's spec row as herald's commit groups do (`backend.rs`, `Stmt::Upsert`).

@@ -16,29 +16,16 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::pg::PgServer;
+use common::pg::{client, PgServer};
 use herald::cluster::lease::{Dropped, Timing};
 use herald::cluster::node::{self, Event, Handle, Identity, Settings};
-use herald::store::pg::{PgBackend, PgOptions};
 use tokio::sync::mpsc;
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 const SHARDS: u32 = 8;
 
 fn database(pg: &PgServer, name: &str) -> String {
-    let url = pg.create_db(name);
-    let opts = PgOptions {
-        shards: SHARDS,
-        ..PgOptions::default()
-    };
-    drop(PgBackend::open(&url, &opts).expect("herald's schema is made"));
-    url
-}
-
-async fn client(url: &str) -> Client {
-    let (c, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect");
-    tokio::spawn(conn);
-    c
+    pg.create_herald_db(name, SHARDS)
 }
 
 /// One loop and the events it sent.

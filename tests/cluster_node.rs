@@ -15,7 +15,6 @@ use common::pg::PgServer;
 use common::pgproxy::PgProxy;
 use herald::cluster::lease::Timing;
 use herald::cluster::node::{self, Event, Handle, Identity, Settings};
-use herald::store::pg::{PgBackend, PgOptions};
 use tokio::sync::mpsc;
 
 const SHARDS: u32 = 8;
@@ -26,13 +25,7 @@ const TIMING: Timing = Timing {
 };
 
 fn database(pg: &PgServer, name: &str) -> String {
-    let url = pg.create_db(name);
-    let opts = PgOptions {
-        shards: SHARDS,
-        ..PgOptions::default()
-    };
-    drop(PgBackend::open(&url, &opts).expect("herald's schema is made"));
-    url
+    pg.create_herald_db(name, SHARDS)
 }
 
 /// One loop, its events stamped on arrival with this process's monotonic clock.

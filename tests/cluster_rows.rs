@@ -11,28 +11,14 @@ mod common;
 use std::time::Duration;
 
 use common::herald::poll;
-use common::pg::PgServer;
+use common::pg::{client, PgServer};
 use herald::cluster::rows::{self, FenceError, Grant};
-use herald::store::pg::{PgBackend, PgOptions};
-use tokio_postgres::{Client, NoTls};
 
 const SHARDS: u32 = 8;
 
 /// A fresh database with herald's schema and `SHARDS` shard rows.
 fn database(pg: &PgServer, name: &str) -> String {
-    let url = pg.create_db(name);
-    let opts = PgOptions {
-        shards: SHARDS,
-        ..PgOptions::default()
-    };
-    drop(PgBackend::open(&url, &opts).expect("herald's schema is made"));
-    url
-}
-
-async fn client(url: &str) -> Client {
-    let (c, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect");
-    tokio::spawn(conn);
-    c
+    pg.create_herald_db(name, SHARDS)
 }
 
 fn all() -> Vec<u32> {

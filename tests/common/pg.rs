@@ -302,6 +302,17 @@ impl PgServer {
         self.url(&db)
     }
 
+    /// A fresh database with herald's schema and `shards` shard rows (the cluster tests').
+    pub fn create_herald_db(&self, name: &str, shards: u32) -> String {
+        let url = self.create_db(name);
+        let opts = herald::store::pg::PgOptions {
+            shards,
+            ..herald::store::pg::PgOptions::default()
+        };
+        drop(herald::store::pg::PgBackend::open(&url, &opts).expect("herald's schema is made"));
+        url
+    }
+
     /// Runs `sql` in the database of `url` with `psql` (for a test's own setup), answering
     /// its unaligned output.
     pub fn psql(&self, url: &str, sql: &str) -> String {
@@ -424,6 +435,15 @@ pub fn harness_url(data_dir: &Path) -> Option<String> {
     let url = slot.as_ref().expect("started").create_db("suite");
     dbs.push((data_dir.to_path_buf(), url.clone()));
     Some(url)
+}
+
+/// A plain client of the database of `url`, its connection driven on a task of its own.
+pub async fn client(url: &str) -> tokio_postgres::Client {
+    let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    c
 }
 
 /// Waits until a backend of the database is blocked on a lock (`pg_stat_activity`).
