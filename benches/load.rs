@@ -22,7 +22,8 @@
 //!    first alone, then while 2 clients loop `GET /v1/tasks?state=paused&limit=100`.
 //!
 //! Run: `cargo bench --bench load` (about 8 minutes on 2 cores); `HERALD_LOAD_COMPETE=1` runs
-//! a competing `fdatasync` writer on the same disk through each creates round and its peer, and
+//! a competing `fdatasync` writer on the same disk (1 MiB `O_DIRECT` writes; `=4k` the small
+//! writer used until stop 59, which loads the cores more than the disk) through each creates round and its peer, and
 //! through the herd from its fill's end to its last probe
 //! (`support::Competitor`, bounded), so any hour can be a slow one; `HERALD_LOAD_ONLY=herd` (or
 //! `creates`, `pending`) runs one part; `HERALD_LOAD_CREATES` sets the creates per round (30 000); `HERALD_LOAD_PREFER=return=minimal` asks for the short answer to every create of the lean client (the part says so); `HERALD_LOAD_TIMELINE=1` prints each lean round's rate per 100 ms (its dips, if any). Webhook throughput against
@@ -179,8 +180,11 @@ async fn creates_ab() {
     }
     // The competing writer (`HERALD_LOAD_COMPETE=1`) through every round of both, on A's disk.
     let competitor = Competitor::from_env(sides[0].1.path());
-    if competitor.is_some() {
-        println!("   with the competing fdatasync writer through every round");
+    if let Some(c) = &competitor {
+        println!(
+            "   with the competing writer through every round ({})",
+            c.kind()
+        );
     }
     let mut next = 0u64;
     for round in 0..rounds {
@@ -442,8 +446,10 @@ async fn creates() {
         }
         if let Some(c) = competitor {
             println!(
-                "       competing writer: {:.0} fdatasync/s through the round",
-                c.rate()
+                "       competing writer ({}): {:.0} fdatasync/s through the round, {:.0} % of a core",
+                c.kind(),
+                c.rate(),
+                100.0 * c.cpu_share()
             );
         }
     }
@@ -519,8 +525,10 @@ async fn herd(n: u64) {
     let cpu1 = thread_cpu_ns(herald.pid());
     if let Some(c) = competitor {
         println!(
-            "   competing writer: {:.0} fdatasync/s through the herd",
-            c.rate()
+            "   competing writer ({}): {:.0} fdatasync/s through the herd, {:.0} % of a core",
+            c.kind(),
+            c.rate(),
+            100.0 * c.cpu_share()
         );
     }
     let rows = lines(&dir.path().join("herd.jsonl"));

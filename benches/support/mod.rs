@@ -307,23 +307,105 @@ pub fn fdatasync_rate(dir: &Path) -> f64 {
     r
 }
 
-/// A competing writer on the same disk (`HERALD_LOAD_COMPETE=1`): a thread writing 4 KiB
-/// and `fdatasync`ing in a loop, so that any hour can be a slow one. Bounded: it stops when
-/// dropped, and by itself after [`Competitor::MAX`] or [`Competitor::SYNCS_MAX`] syncs.
+/// A competing writer on the same disk (`HERALD_LOAD_COMPETE`), so that any hour can be a slow
+/// one. Bounded: it stops when dropped, and by itself after [`Competitor::MAX`] or
+/// [`Competitor::SYNCS_MAX`] syncs. It overwrites a ring of [`Competitor::RING`] made once per
+/// directory, before its first timed sync, so every sync costs the disk the same (a ring begun
+/// afresh each round, as before 2026-12-06, evening, appended for its first syncs, and an
+/// append's `fdatasync` also commits ext4's journal).
 ///
-/// It overwrites a ring of [`Competitor::RING`] made once per directory, before its first
-/// timed sync: every sync then costs the disk the same. A ring begun afresh each round (as
-/// before 2026-12-06, evening) appended for its first 16 384 syncs, and an append's
-/// `fdatasync` also commits ext4's journal (the file's size and new blocks): on this disk
-/// 6 300–7 700 such syncs/s against 10 800–12 900 overwrites, 52–57 µs of CPU each against
-/// 31–34. Those heavier seconds fell on herald's round, which runs first, more than on its
-/// peer's.
+/// Two kinds ([`CompeteKind`]):
+/// - `HERALD_LOAD_COMPETE=1` (or `direct`): 1 MiB written with `O_DIRECT` and `fdatasync`ed, in
+///   a loop. It loads the disk, not the cores: on this VM it took a small-append `fdatasync`
+///   from ~5 800/s to ~2 900/s (the slow hour read 3 061/s) for ~18 % of one core,
+///   the data going by DMA with no page-cache copy. Falls back to buffered writes where
+///   `O_DIRECT` is refused (tmpfs).
+/// - `HERALD_LOAD_COMPETE=4k`: the writer of 2026-12-06 to 12-07 (stop 59), 4 KiB and an
+///   `fdatasync` in a loop, kept to compare with the figures taken with it. It hardly slows
+///   this disk (small appends 5 500–6 400/s under it) but takes 33–44 % of a core (10 800–12 900
+///   syncs/s at 31–34 µs of CPU each): an hour slow in CPU, not in disk, which weighs on
+///   whichever contender is bound by CPU.
+///
+/// Its CPU per second through a round is [`Competitor::cpu_share`], printed beside each figure.
 pub struct Competitor {
     stop: Arc<std::sync::atomic::AtomicBool>,
     syncs: Arc<std::sync::atomic::AtomicU64>,
     thread: Option<std::thread::JoinHandle<()>>,
     started: Instant,
+    cpu0: u64,
+    kind: CompeteKind,
 }
+
+/// Which competing writer ([`Competitor`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompeteKind {
+    /// 1 MiB `O_DIRECT` writes, each `fdatasync`ed.
+    Direct,
+    /// 4 KiB buffered writes, each `fdatasync`ed.
+    Small,
+}
+
+impl CompeteKind {
+    /// From `HERALD_LOAD_COMPETE`: unset, empty or `0` is none; `4k` the small writer; anything
+    /// else the direct one.
+    pub fn from_env() -> Option<CompeteKind> {
+        let v = std::env::var("HERALD_LOAD_COMPETE").unwrap_or_default();
+        match v.as_str() {
+            "" | "0" => None,
+            "4k" => Some(CompeteKind::Small),
+            _ => Some(CompeteKind::Direct),
+        }
+    }
+
+    fn block(self) -> usize {
+        match self {
+            CompeteKind::Direct => 1 << 20,
+            CompeteKind::Small => 4096,
+        }
+    }
+}
+
+impl std::fmt::Display for CompeteKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CompeteKind::Direct => f.write_str("1 MiB O_DIRECT writes, each fdatasync'ed"),
+            CompeteKind::Small => f.write_str("4 KiB writes, each fdatasync'ed"),
+        }
+    }
+}
+
+/// A page-aligned buffer (what `O_DIRECT` asks of the memory it reads from).
+struct Aligned {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len, 4096).expect("layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        assert!(!ptr.is_null(), "competitor buffer");
+        // SAFETY: `ptr` is valid for `len` bytes, just allocated.
+        unsafe { std::ptr::write_bytes(ptr, 0x5a, len) };
+        Aligned { ptr, layout }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: allocated and initialized for `layout.size()` bytes, freed only on drop.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `new`.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+// SAFETY: the buffer is owned and only read after it is made.
+unsafe impl Send for Aligned {}
 
 impl Competitor {
     pub const MAX: Duration = Duration::from_secs(1_800);
@@ -333,38 +415,36 @@ impl Competitor {
     /// The name of its thread.
     pub const THREAD: &'static str = "competitor";
 
-    /// Starts one when `HERALD_LOAD_COMPETE` is set (to anything but `0`).
+    /// Starts one when `HERALD_LOAD_COMPETE` asks for one ([`CompeteKind::from_env`]).
     pub fn from_env(dir: &Path) -> Option<Competitor> {
-        let on = std::env::var("HERALD_LOAD_COMPETE").is_ok_and(|v| !v.is_empty() && v != "0");
-        on.then(|| Competitor::start(dir))
+        CompeteKind::from_env().map(|k| Competitor::start(dir, k))
     }
 
-    pub fn start(dir: &Path) -> Competitor {
-        use std::io::{Seek, Write};
+    pub fn start(dir: &Path, kind: CompeteKind) -> Competitor {
+        use std::os::unix::fs::FileExt;
         use std::sync::atomic::Ordering;
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let syncs = Arc::new(std::sync::atomic::AtomicU64::new(0));
         // Kept for the directory's life (the bench's temp dir removes it): made whole once.
         let path = dir.join("competing-fdatasync");
-        let ring = Competitor::ring(&path).expect("the competing writer's ring");
+        let ring = Competitor::ring(&path, kind).expect("the competing writer's ring");
         let (st, sy) = (stop.clone(), syncs.clone());
+        let cpu0 = Competitor::thread_cpu();
         // Named, so that the load generator's CPU can leave it out (`generator_cpu_ns`).
         let thread = std::thread::Builder::new()
             .name(Competitor::THREAD.into())
             .spawn(move || {
-                let mut f = ring;
+                let f = ring;
                 let started = Instant::now();
-                let block = [0x5au8; 4096];
-                let blocks = Competitor::RING / block.len() as u64;
+                let block = Aligned::new(kind.block());
+                let blocks = Competitor::RING / kind.block() as u64;
                 let mut n = 0u64;
                 while !st.load(Ordering::Relaxed)
                     && started.elapsed() < Competitor::MAX
                     && n < Competitor::SYNCS_MAX
                 {
-                    if n.is_multiple_of(blocks) && f.rewind().is_err() {
-                        break;
-                    }
-                    if f.write_all(&block).is_err() || f.sync_data().is_err() {
+                    let at = (n % blocks) * kind.block() as u64;
+                    if f.write_all_at(block.bytes(), at).is_err() || f.sync_data().is_err() {
                         break;
                     }
                     n += 1;
@@ -377,13 +457,17 @@ impl Competitor {
             syncs,
             thread: Some(thread),
             started: Instant::now(),
+            cpu0,
+            kind,
         }
     }
 
     /// The ring at `path`, written whole and made durable if it is not yet [`Competitor::RING`]
-    /// long (before the timed loop: its syncs are all overwrites).
-    fn ring(path: &Path) -> std::io::Result<std::fs::File> {
+    /// long (before the timed loop: its syncs are all overwrites); opened with `O_DIRECT` for
+    /// the direct kind where the file system takes it.
+    fn ring(path: &Path, kind: CompeteKind) -> std::io::Result<std::fs::File> {
         use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
         let mut f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -397,7 +481,35 @@ impl Competitor {
             }
             f.sync_all()?;
         }
+        if kind == CompeteKind::Direct {
+            let direct = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path);
+            if let Ok(d) = direct {
+                return Ok(d);
+            }
+        }
         Ok(f)
+    }
+
+    /// The competitor thread's CPU so far (ns), 0 if it cannot be read.
+    fn thread_cpu() -> u64 {
+        thread_cpu_ns(std::process::id())
+            .get(Competitor::THREAD)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Its CPU since it started, as a share of one core.
+    pub fn cpu_share(&self) -> f64 {
+        Competitor::thread_cpu().saturating_sub(self.cpu0) as f64
+            / self.started.elapsed().as_nanos().max(1) as f64
+    }
+
+    /// Which writer it is.
+    pub fn kind(&self) -> CompeteKind {
+        self.kind
     }
 
     /// Its `fdatasync`s per second so far.
@@ -461,11 +573,7 @@ pub fn rusage_cpu_ns(who: libc::c_int) -> u64 {
 /// CPU time (ns) of this process as the load generator: every thread, the ended ones too (the
 /// lean client's thread ends before the reading after its round), but the competing writer's.
 pub fn generator_cpu_ns() -> u64 {
-    let competitor = thread_cpu_ns(std::process::id())
-        .get(Competitor::THREAD)
-        .copied()
-        .unwrap_or(0);
-    rusage_cpu_ns(libc::RUSAGE_SELF).saturating_sub(competitor)
+    rusage_cpu_ns(libc::RUSAGE_SELF).saturating_sub(Competitor::thread_cpu())
 }
 
 /// The machine's CPU time by kind since boot (`/proc/stat`'s first line, in clock ticks):
