@@ -3,13 +3,14 @@
 //! tasks on the wheel: nothing of it was ever sent. Now the shard is let go like a load whose
 //! read failed (`engine/cluster.rs`, `let_shard_go`), and its next grant loads it whole.
 //! The test knob `HERALD_TEST_LOAD_PANIC` (a file: the load that finds it deletes it and
-//! panics) makes exactly one shard's load fail.
+//! panics) makes exactly one shard's load fail; it is counted in
+//! `herald_shard_load_failed_total`, not in `herald_fence_rejected_total` (nothing was refused).
 
 mod common;
 
 use std::time::Duration;
 
-use common::cluster::{id_in, owned, TEST_TIMING};
+use common::cluster::{id_in, metric, owned, TEST_TIMING};
 use common::herald::{in_ms, poll, Proc};
 use common::http;
 use common::pg::PgServer;
@@ -81,4 +82,17 @@ async fn a_shard_whose_load_panicked_is_let_go_and_loaded_again() {
         assert_eq!(v["state"], "completed", "{v}");
     }
     assert_eq!(rx.count(), ids.len(), "each sent once");
+    // The shard let go is counted as a failed load, not as a write the fence refused (the
+    // load's let-go once counted in `herald_fence_rejected_total`): b is alone, nothing of
+    // it was refused.
+    assert_eq!(
+        metric(&b.url, "herald_shard_load_failed_total").await,
+        1.0,
+        "one load failed"
+    );
+    assert_eq!(
+        metric(&b.url, "herald_fence_rejected_total").await,
+        0.0,
+        "no write was refused by the fence"
+    );
 }

@@ -4,7 +4,8 @@
 //! epoch, but not while a fenced commit group in flight holds its row (skipped, not waited
 //! for: taken in a later round, after the group), and a stale group after the takeover is
 //! refused; an acquisition never waits for a row another transaction holds; concurrent
-//! acquirers never share a shard; a node restarted under a new incarnation counts once.
+//! acquirers never share a shard; a node restarted under a new incarnation counts once, from
+//! its first heartbeat.
 
 mod common;
 
@@ -333,12 +334,40 @@ async fn a_restarted_node_counts_once_while_its_old_incarnation_lives_on() {
         .await
         .unwrap();
     assert_eq!(live().await, 2);
-    // Two processes of one node id, both heartbeating: two processes (HA.md: the
-    // incarnation keeps them apart), each aiming at its own share.
+    // node-a restarted at once (a-1's heartbeat is fresh, well within SUPERSEDED_MS): a-2's
+    // first heartbeat ends a-1's row, and node-a counts once from then (before, a-1 counted
+    // until a-2's heartbeats were SUPERSEDED_MS newer than its last).
     rows::heartbeat(&c, "node-a", "a-2", None, 60_000, None)
         .await
         .unwrap();
+    assert_eq!(
+        live().await,
+        2,
+        "a restart's old incarnation counts as a live node"
+    );
+    let a1_live = |nodes: &[rows::NodeRow]| {
+        nodes
+            .iter()
+            .find(|n| n.incarnation == "a-1")
+            .map(|n| n.live)
+    };
+    assert_eq!(a1_live(&rows::nodes(&c).await.unwrap()), Some(false));
+    // Two processes of one node id, both heartbeating: two processes (HA.md: the
+    // incarnation keeps them apart), each aiming at its own share. a-1, alive, says so again
+    // at its next heartbeat; a-2's later heartbeats (not its first) end nothing.
+    rows::heartbeat(&c, "node-a", "a-1", None, 60_000, None)
+        .await
+        .unwrap();
     assert_eq!(live().await, 3);
+    rows::heartbeat(&c, "node-a", "a-2", None, 60_000, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        live().await,
+        3,
+        "only an incarnation's first heartbeat ends others"
+    );
+    assert_eq!(a1_live(&rows::nodes(&c).await.unwrap()), Some(true));
     // a-1 crashed 10 s ago (its last heartbeat), its row lives on until it runs out, and
     // a-2 is node-a restarted: node-a counts once.
     c.execute(

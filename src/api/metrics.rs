@@ -373,6 +373,11 @@ fn cluster(s: &mut Scrape, state: &ApiState) {
         own.fence_rejected.load(Ordering::Relaxed),
     );
     s.counter(
+        "herald_shard_load_failed",
+        "Granted shards let go because their load failed (a store error or a panic), to be granted and loaded again",
+        own.shard_load_failed.load(Ordering::Relaxed),
+    );
+    s.counter(
         "herald_inflight_inherited",
         "Messages found in flight when a task was loaded (another node's, or this node's failed write), sent again with the same idempotency key",
         own.inflight_inherited.load(Ordering::Relaxed),

@@ -76,8 +76,13 @@ pub struct Ownership {
     /// What the last balancing round read: the shard rows, the nodes, and where each live
     /// owner can be reached (forwarding, `GET /v1/cluster`).
     view: Mutex<View>,
-    /// Shards dropped because a fenced write found them taken over (`herald_fence_rejected`).
+    /// Fenced writes the fence refused, each dropping its shard (`herald_fence_rejected`).
+    /// Not a shard let go because its load failed (`shard_load_failed`), nor one dropped
+    /// because a group's outcome is unknown (nothing was refused; logged).
     pub fence_rejected: std::sync::atomic::AtomicU64,
+    /// Granted shards let go because their load failed (a store error or a panic), to be
+    /// granted and loaded again (`herald_shard_load_failed`).
+    pub shard_load_failed: std::sync::atomic::AtomicU64,
     /// Messages found in flight when a task was loaded, sent again (`herald_inflight_inherited`).
     pub inflight_inherited: std::sync::atomic::AtomicU64,
     /// How long renewals took to answer (`herald_lease_renew_seconds`).
@@ -136,6 +141,7 @@ impl Ownership {
             db_offset: std::sync::Arc::default(),
             view: Mutex::new(View::default()),
             fence_rejected: std::sync::atomic::AtomicU64::new(0),
+            shard_load_failed: std::sync::atomic::AtomicU64::new(0),
             inflight_inherited: std::sync::atomic::AtomicU64::new(0),
             renew_seconds: prometheus_client::metrics::histogram::Histogram::new(RENEW_BOUNDS_S),
             failover_seconds: prometheus_client::metrics::histogram::Histogram::new(
@@ -235,11 +241,26 @@ impl Ownership {
             .map(|(shard, why)| Event::Dropped { shard, why })
     }
 
-    /// [`Ownership::fenced`], its `Dropped` event sent by the loop's next round: `shard` is
-    /// let go if it is still held at `epoch` (a grant made since stands).
+    /// The store's fence refused a write on `shard` at `epoch` (counted in
+    /// `herald_fence_rejected`): [`Ownership::let_go_at`].
     pub fn lost_at(&self, shard: u32, epoch: u64) {
         self.fence_rejected
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.let_go_at(shard, epoch);
+    }
+
+    /// `shard`, granted at `epoch`, could not be loaded (counted in
+    /// `herald_shard_load_failed`, not as a fenced write: nothing was refused):
+    /// [`Ownership::let_go_at`].
+    pub fn load_failed_at(&self, shard: u32, epoch: u64) {
+        self.shard_load_failed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.let_go_at(shard, epoch);
+    }
+
+    /// [`Ownership::fenced`], its `Dropped` event sent by the loop's next round: `shard` is
+    /// let go if it is still held at `epoch` (a grant made since stands).
+    fn let_go_at(&self, shard: u32, epoch: u64) {
         if let Some(ev) = self.fenced(shard, epoch) {
             self.lost.lock().push(ev);
         }
@@ -307,6 +328,10 @@ impl crate::store::pg::fence::Fence for Ownership {
 
     fn lost(&self, shard: u32, epoch: u64) {
         self.lost_at(shard, epoch);
+    }
+
+    fn outcome_unknown(&self, shard: u32, epoch: u64) {
+        self.let_go_at(shard, epoch);
     }
 
     fn held(&self) -> Vec<(u32, u64)> {
@@ -635,9 +660,10 @@ impl Loop {
             // Every live process heartbeats once per balancing round (`renew`, shared by the
             // cluster's processes), so one whose last heartbeat is half a round more than a
             // round older than another incarnation's of its node id has stopped: a crashed
-            // process, restarted. (Restarted faster than that, its old row counts until then;
-            // before, until it ran out, a whole lease.) Taking a live one for stopped only
-            // makes the others aim at a larger share for a while.
+            // process, restarted. A restart faster than that no longer leaves its old row
+            // counted until then: the new incarnation's first heartbeat ends the older rows
+            // of its node id (`rows::heartbeat`). Taking a live one for stopped only makes the
+            // others aim at a larger share for a while (until its next heartbeat).
             let superseded_ms = self.s.timing.renew_ms.saturating_mul(3) / 2;
             let live = rows::live_nodes(c, superseded_ms).await?;
             let table = rows::rows(c).await?;

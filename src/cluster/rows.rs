@@ -325,6 +325,14 @@ pub async fn db_now_ms(c: &impl GenericClient) -> Result<u64, tokio_postgres::Er
 /// per incarnation), with the address other nodes forward to, when it said so (`heartbeat_at`,
 /// the database's now) and its clock offset to the database (`clock_offset_ms`, database
 /// minus node; `None`: not measured).
+///
+/// An incarnation's first heartbeat (its row not there yet) also ends, at once, the rows of
+/// the other incarnations of its node id: a node restarted after a crash no longer counts
+/// its old row as a second live node ([`live_nodes`]) until that row missed a heartbeat and
+/// a half. A process of that node id that is still alive (two started with one id) says so
+/// again at its own next heartbeat, within a balancing round, and counts again from then;
+/// meanwhile the others aim at a larger share, which hands nothing over. One statement: the
+/// check and both writes see the same snapshot.
 pub async fn heartbeat(
     c: &impl GenericClient,
     node: &str,
@@ -334,7 +342,12 @@ pub async fn heartbeat(
     clock_offset_ms: Option<i64>,
 ) -> Result<(), tokio_postgres::Error> {
     c.execute(
-        "INSERT INTO herald_node (incarnation, node_id, advertise, expires, heartbeat_at, \
+        "WITH born AS (SELECT NOT EXISTS (SELECT 1 FROM herald_node WHERE incarnation = $1) \
+             AS first), \
+           superseded AS (UPDATE herald_node SET expires = now() - interval '1 millisecond' \
+             WHERE node_id = $2 AND incarnation <> $1 AND expires >= now() \
+               AND (SELECT first FROM born)) \
+         INSERT INTO herald_node (incarnation, node_id, advertise, expires, heartbeat_at, \
            clock_offset_ms) \
          VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond', now(), $5) \
          ON CONFLICT (incarnation) DO UPDATE SET node_id = EXCLUDED.node_id, \
@@ -358,7 +371,9 @@ pub async fn heartbeat(
 /// same node id. A node restarted after a crash heartbeats under a new incarnation while the
 /// old row, no longer heartbeating, lives on until it runs out (a lease); counted, it made
 /// every node aim at too small a share (`balance::target`), hand shards over needlessly and
-/// leave some free until the old row expired. Two processes that share a node id and both
+/// leave some free until the old row expired. (The new incarnation's first [`heartbeat`] ends
+/// that row at once; this rule covers a row that outlives a newer one's birth, such as one of
+/// two processes sharing a node id that crashed.) Two processes that share a node id and both
 /// heartbeat still count as two (HA.md: the incarnation keeps them apart;
 /// `tests/cluster_rolling.rs`). A row without `heartbeat_at` (written before schema 7) is
 /// never taken for superseded. Rows long dead are swept on the way.

@@ -273,7 +273,7 @@ pub(crate) async fn follow(inner: Weak<Inner>, mut events: UnboundedReceiver<Eve
 /// held but never loaded would be renewed with nothing of it ever sent.
 fn let_shard_go(inner: &Inner, g: Grant) {
     if let Some(c) = &inner.config.cluster {
-        c.ownership.lost_at(g.shard, g.epoch);
+        c.ownership.load_failed_at(g.shard, g.epoch);
     }
 }
 

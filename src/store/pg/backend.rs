@@ -1312,7 +1312,7 @@ impl PgBackend {
                 "a commit group failed without a known outcome; its shards are dropped"
             );
             for (s, e) in epochs {
-                fence.lost(*s, *e);
+                fence.outcome_unknown(*s, *e);
             }
         }
         failed.error

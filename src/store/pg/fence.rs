@@ -31,10 +31,16 @@ use crate::store::backend::{RawOp, TreeId};
 pub trait Fence: Send + Sync {
     /// The epoch `shard` is held at, if this process holds and trusts it now.
     fn epoch(&self, shard: u32) -> Option<u64>;
-    /// A fenced write at `epoch` found `shard` taken over (or its outcome unknown): stop acting
+    /// A fenced write at `epoch` found `shard` taken over (the fence refused it): stop acting
     /// on it, if it is still held at that epoch (a grant made since, at a newer one, stands: a
     /// late answer of an old group must not drop it).
     fn lost(&self, shard: u32, epoch: u64);
+    /// A fenced write at `epoch` on `shard` failed with its outcome unknown: stop acting on
+    /// it, as [`Fence::lost`], though the fence refused nothing (the process's counter of
+    /// refused writes leaves it out).
+    fn outcome_unknown(&self, shard: u32, epoch: u64) {
+        self.lost(shard, epoch);
+    }
     /// Every shard held and trusted now, with its epoch.
     fn held(&self) -> Vec<(u32, u64)>;
 }
