@@ -211,18 +211,22 @@ pub fn run_slot_wall(schedule: &Schedule, zones: &[Tz], fire_ms: u64) -> Option<
 }
 
 /// The wall time of the slot of the run that fired at `fire_ms`: for a cron, the one the run
-/// recorded (`recorded`, `Run::slot_wall_ms`: two slots can share an instant), else as
-/// [`run_slot_wall`] reads it from the instant (a run recorded before walls, a trigger).
+/// recorded (`recorded`, `Run::slot_wall_ms`: two slots can share an instant) while it is a
+/// slot of the cron, else as [`run_slot_wall`] reads it from the instant (a run recorded
+/// before walls, a trigger, a cron patched since to one without that slot: as before walls,
+/// a paused run's new schedule that moves its slot is refused, `engine/control.rs`).
 pub fn run_wall(
     schedule: &Schedule,
     zones: &[Tz],
     fire_ms: u64,
     recorded: Option<u64>,
 ) -> Option<u64> {
-    match (schedule, recorded) {
-        (Schedule::Cron { .. }, Some(wall)) => Some(wall),
-        _ => run_slot_wall(schedule, zones, fire_ms),
-    }
+    let kept = recorded.filter(|w| {
+        wall_cron(schedule)
+            .zip(w.checked_sub(1))
+            .is_some_and(|(c, before)| c.next_after(before) == Some(*w))
+    });
+    kept.or_else(|| run_slot_wall(schedule, zones, fire_ms))
 }
 
 /// What holds the messages of the run that fired at `fire_ms` (its recorded slot wall
