@@ -300,7 +300,11 @@ async fn a_restart_keeps_each_slots_wall() {
     let mut h = ManualHerald::start(utc_ms("2027-03-27T23:50:00Z"), "").await;
     gap_task(&h).await;
     h.run_until(utc_ms("2027-03-28T05:45:00Z")).await;
-    assert_eq!(h.sent().len(), 8, "Berlin's six and New York's 01:00 and 01:30");
+    assert_eq!(
+        h.sent().len(),
+        8,
+        "Berlin's six and New York's 01:00 and 01:30"
+    );
     h.restart().await;
     h.run_until(utc_ms("2027-03-28T08:00:00Z")).await;
     assert_eq!(sent_sorted(&h), gap_day());

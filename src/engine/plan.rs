@@ -10,8 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::Schedule;
 use crate::model::{
-    Queued,
-    delivery_key, Failure, InvalidTransition, Outcome, Overlap, Pacing, Run, RunState,
+    delivery_key, Failure, InvalidTransition, Outcome, Overlap, Pacing, Queued, Run, RunState,
     TaskProgress, TaskSpec, TaskState,
 };
 use crate::schedule::misfire::{

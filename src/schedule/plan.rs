@@ -42,12 +42,12 @@ pub fn next_fire(task: &Task, from_ms: u64) -> Option<u64> {
 
 fn fired(task: &Task) -> Fired<'_> {
     Fired {
-            schedule: &task.schedule,
-            recipient_zones: &task.recipient_zones,
-            last_fire_ms: task.last_fire_ms,
-            last_slot_wall_ms: task.last_slot_wall_ms,
-            done_offsets_ms: &task.done_offsets_ms,
-            committed: task.runs.saturating_add(task.queued.len() as u32),
+        schedule: &task.schedule,
+        recipient_zones: &task.recipient_zones,
+        last_fire_ms: task.last_fire_ms,
+        last_slot_wall_ms: task.last_slot_wall_ms,
+        done_offsets_ms: &task.done_offsets_ms,
+        committed: task.runs.saturating_add(task.queued.len() as u32),
     }
 }
 
@@ -64,12 +64,12 @@ pub fn next_slot_of(spec: &TaskSpec, p: &TaskProgress, from_ms: u64) -> Option<(
 
 fn fired_of<'a>(spec: &'a TaskSpec, p: &'a TaskProgress) -> Fired<'a> {
     Fired {
-            schedule: &spec.schedule,
-            recipient_zones: &spec.recipient_zones,
-            last_fire_ms: p.last_fire_ms,
-            last_slot_wall_ms: p.last_slot_wall_ms,
-            done_offsets_ms: &p.done_offsets_ms,
-            committed: runs_committed(p),
+        schedule: &spec.schedule,
+        recipient_zones: &spec.recipient_zones,
+        last_fire_ms: p.last_fire_ms,
+        last_slot_wall_ms: p.last_slot_wall_ms,
+        done_offsets_ms: &p.done_offsets_ms,
+        committed: runs_committed(p),
     }
 }
 

@@ -513,7 +513,10 @@ mod tests {
         ]
         .map(|(w, a)| (utc(w), utc(a)));
         assert_eq!(got, want);
-        assert!(got.windows(2).all(|p| p[0].1 <= p[1].1), "instants never decrease");
+        assert!(
+            got.windows(2).all(|p| p[0].1 <= p[1].1),
+            "instants never decrease"
+        );
         // New York's messages of the 02:30 slot go at 02:30 EDT, which exists there.
         assert_eq!(
             instant_in(want[1].0, tz("America/New_York"), d),

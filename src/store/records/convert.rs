@@ -20,14 +20,14 @@ use super::spec::{
 use super::{LiveEntry, ProgressRecord, SpecRecord};
 use crate::model::{
     Backoff, DstGap, DstPolicy, DstRepeat, Failure, Lang, Message, Misfire, Notify, NotifyOn,
-    Overlap, Pacing, QuietSetting, Queued, RetryPolicy, Run, RunState, Schedule, Task, TaskState,
+    Overlap, Pacing, Queued, QuietSetting, RetryPolicy, Run, RunState, Schedule, Task, TaskState,
 };
 use crate::schedule::quiet::QuietHours;
 use crate::store::codec::{decode_body, encode_body, Stored};
-use crate::store::StoreError;
 use crate::store::legacy::{MessageV1 as MessageF1, TaskV1};
 use crate::store::timeline::TimelineRecord;
 use crate::store::IdemRecord;
+use crate::store::StoreError;
 
 // ---- a task split into its records, and joined back ----
 

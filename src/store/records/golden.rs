@@ -10,7 +10,7 @@ use super::{live_of, progress_of, spec_of, SpecRecord};
 use crate::model::timeline::{hex, TimelineEvent, TimelineKind};
 use crate::model::{
     Backoff, DstGap, DstPolicy, DstRepeat, Failure, Lang, Message, Misfire, Notify, NotifyOn,
-    Overlap, Pacing, QuietSetting, Queued, RetryPolicy, Run, RunState, Schedule, Task, TaskState,
+    Overlap, Pacing, Queued, QuietSetting, RetryPolicy, Run, RunState, Schedule, Task, TaskState,
 };
 use crate::schedule::quiet::QuietHours;
 use crate::store::codec::{decode, encode, Stored};

@@ -35,7 +35,7 @@
 use std::collections::BTreeMap;
 
 use crate::model::{
-    Lang, Message, Misfire, Notify, Overlap, Pacing, QuietSetting, Queued, RetryPolicy, Schedule,
+    Lang, Message, Misfire, Notify, Overlap, Pacing, Queued, QuietSetting, RetryPolicy, Schedule,
     TaskState,
 };
 #[cfg(doc)]
