@@ -27,6 +27,10 @@
 //! order, ties included), and a run's messages wait for its recorded wall ([`run_wall`]). A
 //! record from before walls has none: the wall is read from the instant, as before
 //! ([`next_slot`] after the last fire, [`run_slot_wall`]), which is right except in a gap.
+//!
+//! Still by instant (open): backfill (`backfill.rs`) lists a range's slots and what was handled
+//! by instant, so of slots sharing an instant it offers the first only, and a task's "next
+//! fire" in words (`next_fire_human`) names the first slot of its instant.
 
 use chrono::{DateTime, NaiveDateTime};
 use chrono_tz::Tz;
