@@ -258,6 +258,7 @@ fn task_lines(id: &str) -> Vec<herald::backup::Line> {
         runs: 0,
         fires: 0,
         last_fire_ms: None,
+        last_slot_wall_ms: None,
         done_offsets_ms: Vec::new(),
         queued: Vec::new(),
         skipped: 0,

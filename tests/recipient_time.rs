@@ -235,3 +235,84 @@ async fn a_new_schedule_of_a_paused_run_keeps_its_recipients_wall_time() {
     assert_eq!(sent[1]["to"], "newyork");
     assert_eq!(sent_at(&sent[1]), utc_ms("2026-12-02T14:00:00Z"));
 }
+
+/// A cron every half hour from 01:00 to 03:30 in recipient time, for Berlin and New York.
+/// On 28 March 2027 Berlin springs forward at 02:00: its 02:00, 02:30 and 03:00 all are
+/// 03:00 CEST (01:00Z), one run instant for three slots; New York (EDT since 14 March) has
+/// each at its own time. Every recipient gets each slot's message once.
+async fn gap_task(h: &ManualHerald) {
+    let t = h
+        .post(&json!({"id": "gap", "channel": "out",
+        "schedule": {"cron": "0,30 1-3 * * *", "tz": "recipient"},
+        "messages": [
+            {"to": "berlin", "body": "b", "tz": "Europe/Berlin"},
+            {"to": "newyork", "body": "n", "tz": "America/New_York"},
+        ]}))
+        .await;
+    assert_eq!(t["next_fire_at"], "2027-03-28T00:00:00Z", "{t}");
+}
+
+/// (recipient, instant) of every slot of 28 March 2027, sorted.
+fn gap_day() -> Vec<(String, u64)> {
+    let berlin = ["00:00", "00:30", "01:00", "01:00", "01:00", "01:30"];
+    let newyork = ["05:00", "05:30", "06:00", "06:30", "07:00", "07:30"];
+    let mut want: Vec<(String, u64)> = berlin
+        .iter()
+        .map(|t| ("berlin", t))
+        .chain(newyork.iter().map(|t| ("newyork", t)))
+        .map(|(to, t)| (to.to_string(), utc_ms(&format!("2027-03-28T{t}:00Z"))))
+        .collect();
+    want.sort();
+    want
+}
+
+fn sent_sorted(h: &ManualHerald) -> Vec<(String, u64)> {
+    let mut got: Vec<(String, u64)> = h
+        .sent()
+        .iter()
+        .map(|v| (v["to"].as_str().unwrap().to_string(), sent_at(v)))
+        .collect();
+    got.sort();
+    got
+}
+
+/// Review finding (the module's open limit): slots were known by their run instant, so after
+/// the 02:00 slot's run (01:00Z) the next slot was the first whose instant is after it, 03:30:
+/// the 02:30 and 03:00 slots were never sent to anyone (New York's 06:30Z and 07:00Z, and
+/// Berlin's second and third 01:00Z). Known by their walls, each slot runs once.
+#[tokio::test]
+async fn slots_sharing_an_instant_in_a_dst_gap_each_go_to_every_recipient() {
+    let h = ManualHerald::start(utc_ms("2027-03-27T23:50:00Z"), "").await;
+    gap_task(&h).await;
+    h.run_until(utc_ms("2027-03-28T08:00:00Z")).await;
+    assert_eq!(sent_sorted(&h), gap_day());
+    let runs = h.runs("gap").await;
+    let states: Vec<&str> = runs.iter().map(|r| r["state"].as_str().unwrap()).collect();
+    assert_eq!(states, ["completed"; 6], "one run per slot: {runs:?}");
+}
+
+/// The walls survive a restart: the three runs of 01:00Z are still waiting for New York's
+/// 02:00, 02:30 and 03:00 when herald stops, and after it each goes at its own time (a run
+/// read back by its instant alone would send all three at 06:00Z); the next day's first slot
+/// comes once.
+#[tokio::test]
+async fn a_restart_keeps_each_slots_wall() {
+    let mut h = ManualHerald::start(utc_ms("2027-03-27T23:50:00Z"), "").await;
+    gap_task(&h).await;
+    h.run_until(utc_ms("2027-03-28T05:45:00Z")).await;
+    assert_eq!(
+        h.sent().len(),
+        8,
+        "Berlin's six and New York's 01:00 and 01:30"
+    );
+    h.restart().await;
+    h.run_until(utc_ms("2027-03-28T08:00:00Z")).await;
+    assert_eq!(sent_sorted(&h), gap_day());
+    // 29 March: Berlin's 01:00 CEST is 23:00Z on the 28th; once, not skipped nor repeated.
+    h.restart().await;
+    h.run_until(utc_ms("2027-03-28T23:10:00Z")).await;
+    let mut want = gap_day();
+    want.push(("berlin".into(), utc_ms("2027-03-28T23:00:00Z")));
+    want.sort();
+    assert_eq!(sent_sorted(&h), want);
+}

@@ -66,6 +66,7 @@ fn task(id: &str, schedule: Schedule, state: TaskState, messages: &[Message]) ->
         runs: 0,
         fires: 0,
         last_fire_ms: None,
+        last_slot_wall_ms: None,
         done_offsets_ms: Vec::new(),
         queued: Vec::new(),
         skipped: 0,
@@ -124,7 +125,7 @@ fn fixture() -> Fixture {
     cron.fires = 3;
     cron.skipped = 1;
     cron.last_fire_ms = Some(T0 + 120_000);
-    cron.queued = vec![(4, T0 + 180_000)];
+    cron.queued = vec![herald::model::Queued::at(4, T0 + 180_000)];
     cron.updated_at_ms = T0 + 130_000;
 
     let paced_msgs = [

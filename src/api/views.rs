@@ -522,7 +522,7 @@ mod tests {
         let mut running = views[0].clone();
         running.task.state = crate::model::TaskState::Failed;
         running.task.failed_reason = Some("gave up".into());
-        running.task.queued = vec![(2, NOW)];
+        running.task.queued = vec![crate::model::Queued::at(2, NOW)];
         running.task.fires = 4;
         running.task.skipped = 1;
         let mut r = Run::new(1, NOW, NOW, 5);

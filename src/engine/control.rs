@@ -266,9 +266,11 @@ impl Engine {
 
 /// The first run under way (a paused task's) whose recipient-time hold (its slot's wall time
 /// in each message's zone, `recipient::run_hold`) a patch from `old` to `new` would change.
-/// A run records only its instant, and the hold is read from the task's schedule at each
-/// send: a new schedule that gives the run another slot, or none, would send its remaining
-/// messages at another time, or at once at resume (review finding). Such a patch is refused
+/// A cron's run records its slot's wall (`Run::slot_wall_ms`), which a new cron in recipient
+/// time keeps; otherwise (an `at`, a run recorded before walls, a schedule no longer in
+/// recipient time) the hold is read from the task's schedule at each send: a new schedule
+/// that gives the run another slot, or none, would send its remaining messages at another
+/// time, or at once at resume (review finding). Such a patch is refused
 /// until the run ends, as a one-shot's new time is; one that keeps every run's slot (`end`,
 /// `max_runs`, `start`) goes through.
 fn hold_moved<'a>(
@@ -279,9 +281,9 @@ fn hold_moved<'a>(
     use crate::schedule::recipient::run_hold;
     runs.into_iter()
         .find(|r| {
-            let at = r.scheduled_at_ms;
-            run_hold(&old.schedule, &old.recipient_zones, at)
-                != run_hold(&new.schedule, &new.recipient_zones, at)
+            let (at, wall) = (r.scheduled_at_ms, r.slot_wall_ms);
+            run_hold(&old.schedule, &old.recipient_zones, at, wall)
+                != run_hold(&new.schedule, &new.recipient_zones, at, wall)
         })
         .map(|r| r.run)
 }

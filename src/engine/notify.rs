@@ -36,8 +36,8 @@ pub fn requests(task: &TaskSpec, c: &Change) -> Vec<TaskRequest> {
             .runs
             .iter()
             .find(|r| r.run == f.run)
-            .map(|r| r.scheduled_at_ms)
-            .unwrap_or(f.failed_at_ms);
+            .map(|r| (r.scheduled_at_ms, r.slot_wall_ms))
+            .unwrap_or((f.failed_at_ms, None));
         let about = About {
             event: NotifyOn::Failed,
             task_id: &task.id,
@@ -62,7 +62,7 @@ pub fn requests(task: &TaskSpec, c: &Change) -> Vec<TaskRequest> {
             run: r.run,
             seq: None,
             to: None,
-            due: fire_due(task, r.scheduled_at_ms),
+            due: fire_due(task, (r.scheduled_at_ms, r.slot_wall_ms)),
             why: r.reason.as_deref().unwrap_or("missed"),
         };
         out.push(request(task, n, &about, "expired"));
@@ -70,11 +70,13 @@ pub fn requests(task: &TaskSpec, c: &Change) -> Vec<TaskRequest> {
     out
 }
 
-/// When a message of the run that fired at `fired_ms` was due, as its recipient reads it: in
+/// When a message of the run that fired at `fired` (its instant and recorded slot wall,
+/// `Run::slot_wall_ms`) was due, as its recipient reads it: in
 /// recipient time its own instant (the slot's wall time in its zone `tz`; the run's instant
 /// for a run that is no slot's, a trigger), in that zone; otherwise the run's instant in the
 /// schedule's zone.
-fn message_due(task: &TaskSpec, fired_ms: u64, tz: Option<&str>) -> Due {
+fn message_due(task: &TaskSpec, fired: (u64, Option<u64>), tz: Option<&str>) -> Due {
+    let (fired_ms, wall) = fired;
     use crate::schedule::recipient::{message_due, parse_zones};
     let zone = tz
         .filter(|_| !task.recipient_zones.is_empty())
@@ -83,26 +85,28 @@ fn message_due(task: &TaskSpec, fired_ms: u64, tz: Option<&str>) -> Due {
         Some(zone) => {
             let zones = parse_zones(&task.recipient_zones);
             let ms = tz
-                .and_then(|z| message_due(&task.schedule, &zones, fired_ms, z))
+                .and_then(|z| message_due(&task.schedule, &zones, fired_ms, wall, z))
                 .unwrap_or(fired_ms);
             Due::At { ms, tz: zone }
         }
-        None => fire_due(task, fired_ms),
+        None => fire_due(task, fired),
     }
 }
 
-/// When the run that fired at `fired_ms` was due: in recipient time its slot's wall time,
+/// When the run that fired at `fired` (as in [`message_due`]) was due: in recipient time its slot's wall time,
 /// which each recipient has in their own zone (a run spans the zones; its instant is only
 /// where the slot comes first); otherwise its instant in the schedule's zone (UTC without one,
 /// and for a run that is no slot's).
-fn fire_due(task: &TaskSpec, fired_ms: u64) -> Due {
-    use crate::schedule::recipient::{parse_zones, run_slot_wall};
+fn fire_due(task: &TaskSpec, fired: (u64, Option<u64>)) -> Due {
+    use crate::schedule::recipient::{parse_zones, run_wall};
+    let (fired_ms, recorded) = fired;
     let wall = (!task.recipient_zones.is_empty())
         .then(|| {
-            run_slot_wall(
+            run_wall(
                 &task.schedule,
                 &parse_zones(&task.recipient_zones),
                 fired_ms,
+                recorded,
             )
         })
         .flatten();

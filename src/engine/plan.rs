@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::Schedule;
 use crate::model::{
-    delivery_key, Failure, InvalidTransition, Outcome, Overlap, Pacing, Run, RunState,
+    delivery_key, Failure, InvalidTransition, Outcome, Overlap, Pacing, Queued, Run, RunState,
     TaskProgress, TaskSpec, TaskState,
 };
 use crate::schedule::misfire::{
@@ -192,12 +192,14 @@ pub fn fire_with_grace(
         let run_no = progress.fires.saturating_add(1);
         match d {
             Decision::Expire(t, why) => {
-                mark_fired_of(&spec.schedule, &mut progress, t);
+                mark_fired_of(spec, &mut progress, t);
                 progress.expired += 1;
                 if expired_recorded < EXPIRED_RECORDS_MAX {
                     expired_recorded += 1;
                     let state = RunState::Expired;
-                    not_started.push(Run::not_started(run_no, t, now, total, state, why));
+                    let wall = progress.last_slot_wall_ms;
+                    let run = Run::not_started(run_no, t, now, total, state, why);
+                    not_started.push(run.of_slot(wall));
                 }
             }
             Decision::SkipUnlisted(n) => {
@@ -207,8 +209,9 @@ pub fn fire_with_grace(
                 progress.skipped = progress.skipped.saturating_add(n);
             }
             Decision::Skip(t, why) => {
-                mark_fired_of(&spec.schedule, &mut progress, t);
-                not_started.push(skip(spec, &mut progress, run_no, t, now, why));
+                mark_fired_of(spec, &mut progress, t);
+                let wall = progress.last_slot_wall_ms;
+                not_started.push(skip(spec, &mut progress, run_no, (t, wall), now, why));
             }
             Decision::Run(t) => {
                 let started_any = !started.is_empty();
@@ -297,12 +300,12 @@ fn list_missed(
 ) -> (Vec<u64>, TaskProgress, Option<u64>) {
     let mut missed = vec![due];
     let mut probe = progress.clone();
-    mark_fired_of(&spec.schedule, &mut probe, due);
+    mark_fired_of(spec, &mut probe, due);
     loop {
         match next_missed(spec, &probe, now, watched_ms) {
             Some(n) if missed.len() < MISSED_LIST_MAX => {
                 missed.push(n);
-                mark_fired_of(&spec.schedule, &mut probe, n);
+                mark_fired_of(spec, &mut probe, n);
             }
             more => return (missed, probe, more),
         }
@@ -329,7 +332,7 @@ fn count_rest(
         count: 1,
         last: first,
     };
-    mark_fired_of(&spec.schedule, &mut probe, first);
+    mark_fired_of(spec, &mut probe, first);
     while let Some(n) = next_missed(spec, &probe, now, watched_ms) {
         rest.count = rest.count.saturating_add(1);
         if rest.count > cap {
@@ -337,7 +340,7 @@ fn count_rest(
             break;
         }
         rest.last = n;
-        mark_fired_of(&spec.schedule, &mut probe, n);
+        mark_fired_of(spec, &mut probe, n);
     }
     rest
 }
@@ -354,6 +357,8 @@ fn latest_missed(
 ) -> u64 {
     let mut after = |x: u64| {
         probe.last_fire_ms = Some(x);
+        // Not a slot's instant: the next slot is the first after it (no wall to go on from).
+        probe.last_slot_wall_ms = None;
         next_missed(spec, probe, now, watched_ms)
     };
     // A missed fire comes after `lo`, none after `hi`.
@@ -389,10 +394,11 @@ fn place(
     t: u64,
     now: u64,
 ) -> Placed {
-    mark_fired_of(&spec.schedule, progress, t);
+    mark_fired_of(spec, progress, t);
+    let fire = (t, progress.last_slot_wall_ms);
     if !may_run_more(spec, progress) {
         let why = "max_runs reached".into();
-        return Placed::NotStarted(skip(spec, progress, run_no, t, now, why));
+        return Placed::NotStarted(skip(spec, progress, run_no, fire, now, why));
     }
     // In recipient time a slot's run spans its zones (a day and more for a daily
     // cron around the world): the next slot's run goes beside it, never an overlap.
@@ -403,7 +409,11 @@ fn place(
         // whatever the policy; a regular fire follows the overlap policy.
         let catching_up = started_any;
         if catching_up || (spec.overlap == Overlap::Queue && progress.queued.is_empty()) {
-            progress.queued.push((run_no, t));
+            progress.queued.push(Queued {
+                run: run_no,
+                at_ms: t,
+                wall_ms: fire.1,
+            });
             return Placed::Queued;
         }
         let why = if spec.overlap == Overlap::Queue {
@@ -411,9 +421,9 @@ fn place(
         } else {
             "overlap skip: the previous run was still sending".to_string()
         };
-        return Placed::NotStarted(skip(spec, progress, run_no, t, now, why));
+        return Placed::NotStarted(skip(spec, progress, run_no, fire, now, why));
     }
-    Placed::Started(start_run(spec, progress, run_no, t, now))
+    Placed::Started(start_run(spec, progress, run_no, fire, now))
 }
 
 /// A one-shot or reminders task that would complete without having sent anything because its
@@ -562,28 +572,38 @@ pub fn recover_started(
     (t, expired)
 }
 
+/// `fire`: its instant and, in recipient time, its slot's wall (`Run::slot_wall_ms`).
 fn skip(
     spec: &TaskSpec,
     progress: &mut TaskProgress,
     run_no: u32,
-    t: u64,
+    fire: (u64, Option<u64>),
     now: u64,
     why: String,
 ) -> Run {
     progress.skipped += 1;
-    Run::not_started(run_no, t, now, spec.message_count, RunState::Skipped, why)
+    let (t, wall) = fire;
+    Run::not_started(run_no, t, now, spec.message_count, RunState::Skipped, why).of_slot(wall)
 }
 
-/// A new run of `task` for the fire at `t` (run number already allocated by `mark_fired`).
+/// A new run of `task` for the fire at `fire.0` (run number already allocated by
+/// `mark_fired`); `fire.1`: in recipient time, its slot's wall (`Run::slot_wall_ms`), so its
+/// messages wait for that slot's time even when another slot shares its instant.
 pub fn start_run(
     spec: &TaskSpec,
     progress: &mut TaskProgress,
     run_no: u32,
-    t: u64,
+    fire: (u64, Option<u64>),
     now: u64,
 ) -> Run {
     progress.runs += 1;
-    Run::new(run_no, t, now, spec.message_count)
+    let (t, wall) = fire;
+    Run::new(run_no, t, now, spec.message_count).of_slot(wall)
+}
+
+/// A queued fire as `start_run`/`skip` take it.
+fn fire_of(q: Queued) -> (u32, (u64, Option<u64>)) {
+    (q.run, (q.at_ms, q.wall_ms))
 }
 
 /// A run read back from the store by a process that is not sending it (start-up, or a reload
@@ -668,8 +688,8 @@ pub fn recover_running(
     let mut t = progress.clone();
     let mut started = None;
     if active_runs == 0 && !t.queued.is_empty() {
-        let (n, at) = t.queued.remove(0);
-        started = Some(start_run(spec, &mut t, n, at, now));
+        let (n, fire) = fire_of(t.queued.remove(0));
+        started = Some(start_run(spec, &mut t, n, fire, now));
     }
     let to = finished_as(
         spec,
@@ -820,8 +840,8 @@ pub fn settle(
         && !progress.state.is_terminal()
     {
         // A queued fire starts when the run it waited for is done.
-        let (n, at) = progress.queued.remove(0);
-        next_run = Some(start_run(spec, &mut progress, n, at, now));
+        let (n, fire) = fire_of(progress.queued.remove(0));
+        next_run = Some(start_run(spec, &mut progress, n, fire, now));
     }
     let mut task_changed = next_run.is_some();
     if progress.state == TaskState::Running {
@@ -858,7 +878,10 @@ fn close(run: &mut Run, progress: &TaskProgress, now: u64) {
 fn drop_queued(spec: &TaskSpec, progress: &mut TaskProgress, why: &str, now: u64) -> Vec<Run> {
     std::mem::take(&mut progress.queued)
         .into_iter()
-        .map(|(n, at)| skip(spec, progress, n, at, now, why.to_string()))
+        .map(|q| {
+            let (n, fire) = fire_of(q);
+            skip(spec, progress, n, fire, now, why.to_string())
+        })
         .collect()
 }
 
@@ -1061,8 +1084,8 @@ pub fn resume(
     }
     if active == 0 && !progress.queued.is_empty() {
         // What the queued fire waited for expired: it starts now.
-        let (n, at) = progress.queued.remove(0);
-        out.push(start_run(spec, &mut progress, n, at, now));
+        let (n, fire) = fire_of(progress.queued.remove(0));
+        out.push(start_run(spec, &mut progress, n, fire, now));
         active += 1;
     }
     let to = finished_as(spec, &progress, super::state_for(&progress, active > 0));
@@ -1098,7 +1121,8 @@ pub fn trigger(spec: &TaskSpec, progress: &TaskProgress, now: u64) -> Result<Con
     if spec.schedule.is_one_shot() {
         progress.last_fire_ms = Some(now);
     }
-    let run = start_run(spec, &mut progress, run_no, now, now);
+    // A trigger is no slot's run: its messages all go now (`recipient::run_slot_wall`).
+    let run = start_run(spec, &mut progress, run_no, (now, None), now);
     progress.next_fire_at_ms = next_fire_of(spec, &progress, now);
     progress.set_state(TaskState::Running, now)?;
     Ok(ControlPlan {
@@ -1134,7 +1158,7 @@ pub fn backfill(
     for &at in slots {
         progress.fires += 1;
         numbers.push(progress.fires);
-        progress.queued.push((progress.fires, at));
+        progress.queued.push(Queued::at(progress.fires, at));
     }
     if !may_run_more(spec, &progress) {
         // Backfilled runs count toward `max_runs` as fired ones do (the range was checked
@@ -1145,8 +1169,8 @@ pub fn backfill(
     }
     let mut runs = Vec::new();
     if progress.state == TaskState::Pending && active_runs == 0 && !progress.queued.is_empty() {
-        let (n, at) = progress.queued.remove(0);
-        runs.push(start_run(spec, &mut progress, n, at, now));
+        let (n, fire) = fire_of(progress.queued.remove(0));
+        runs.push(start_run(spec, &mut progress, n, fire, now));
         progress.set_state(TaskState::Running, now)?;
     } else {
         progress.updated_at_ms = now;
@@ -1158,7 +1182,8 @@ pub fn backfill(
 /// waits for the slot's wall time in its own zone; a send inside quiet hours (the task's own
 /// window, else its channel's; `"quiet_hours": null` none) waits for the window's end in its
 /// zone. Both are holds, like the rate limit's: the attempt stays armed, nothing is burned,
-/// and the rate limit and pacing apply when it goes. `fire_ms`: the run's instant.
+/// and the rate limit and pacing apply when it goes. `fire`: the run's instant and its
+/// recorded slot wall (`Run::slot_wall_ms`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hold {
     /// The message's own instant in recipient time.
@@ -1170,14 +1195,16 @@ pub enum Hold {
 pub fn hold(
     spec: &TaskSpec,
     msg: &crate::model::Message,
-    fire_ms: u64,
+    fire: (u64, Option<u64>),
     channel_quiet: Option<&crate::schedule::quiet::QuietHours>,
     now: u64,
 ) -> Option<Hold> {
     use crate::schedule::recipient::{message_due, parse_zones};
     if let (Some(tz), false) = (msg.tz.as_deref(), spec.recipient_zones.is_empty()) {
         let zones = parse_zones(&spec.recipient_zones);
-        if let Some(at) = message_due(&spec.schedule, &zones, fire_ms, tz).filter(|at| *at > now) {
+        let (fire_ms, wall) = fire;
+        let due = message_due(&spec.schedule, &zones, fire_ms, wall, tz);
+        if let Some(at) = due.filter(|at| *at > now) {
             return Some(Hold::Recipient(at));
         }
     }
@@ -1337,7 +1364,7 @@ mod tests {
         let (s, mut t) =
             task(serde_json::json!({"schedule": {"cron": "* * * * *"}, "to": ["a"], "body": "b"}));
         t.state = TaskState::Running;
-        t.queued = vec![(7, NOW)];
+        t.queued = vec![crate::model::Queued::at(7, NOW)];
         let p = recover_running(&s, &t, 0, NOW + 1).unwrap();
         assert!(p.write);
         assert_eq!(p.started.as_ref().map(|r| r.run), Some(7));
@@ -1560,7 +1587,10 @@ mod tests {
         );
         assert_eq!(
             p.progress.queued,
-            vec![(2, NOW - 120_000), (3, NOW - 60_000)]
+            vec![
+                crate::model::Queued::at(2, NOW - 120_000),
+                crate::model::Queued::at(3, NOW - 60_000)
+            ]
         );
         assert_eq!(p.progress.last_fire_ms, t.last_fire_ms);
         // A paused task keeps them queued for its resume; a finished one refuses.
@@ -1846,7 +1876,7 @@ mod tests {
         let tr = trigger(&s, &t, now).unwrap();
         for tz in ["Europe/Berlin", "America/New_York"] {
             assert_eq!(
-                hold(&s, &msg(tz), tr.runs[0].scheduled_at_ms, None, now),
+                hold(&s, &msg(tz), (tr.runs[0].scheduled_at_ms, None), None, now),
                 None
             );
         }
@@ -1858,7 +1888,7 @@ mod tests {
         let ny = hold(
             &s,
             &msg("America/New_York"),
-            p.started[0].scheduled_at_ms,
+            (p.started[0].scheduled_at_ms, p.started[0].slot_wall_ms),
             None,
             at_ms,
         );
@@ -1960,7 +1990,7 @@ mod tests {
             let queued_before = t.queued.len();
             let p = fire(&s, &t, active, due, watched, watched).unwrap();
             runs.extend(p.started.iter().map(|r| r.scheduled_at_ms));
-            runs.extend(p.progress.queued[queued_before..].iter().map(|q| q.1));
+            runs.extend(p.progress.queued[queued_before..].iter().map(|q| q.at_ms));
             active += p.started.len();
             t = p.progress;
             steps += 1;

@@ -343,6 +343,7 @@ mod tests {
             runs: 1,
             fires: 1,
             last_fire_ms: None,
+            last_slot_wall_ms: None,
             done_offsets_ms: vec![],
             queued: vec![],
             skipped: 0,

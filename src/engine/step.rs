@@ -688,7 +688,13 @@ async fn hold_for_time(
     let (key, seq, now) = (d.key, d.seq, d.now);
     let quiet = channel.and_then(|c| c.quiet_hours.as_ref());
     let st = l.st();
-    match plan::hold(&st.spec, &msg, run.scheduled_at_ms, quiet, now) {
+    match plan::hold(
+        &st.spec,
+        &msg,
+        (run.scheduled_at_ms, run.slot_wall_ms),
+        quiet,
+        now,
+    ) {
         Some(plan::Hold::Recipient(at)) => {
             // Waits for its own instant: memory only (a reload holds it again). A wall instant
             // (the recipient's 09:00), unguarded: a wall step moves it with the wall.

@@ -50,6 +50,13 @@ pub struct Run {
     pub last_attempt_at_ms: Option<u64>,
     /// Why a fire was skipped or expired.
     pub reason: Option<String>,
+    /// In recipient time (`schedule/recipient.rs`), the wall time (ms as if UTC) of the cron
+    /// slot this run is the run of: two slots can share a run instant (a DST gap in the
+    /// earliest zone), so the instant alone does not say which. `None`: not recorded (a run
+    /// written before it, a trigger, any other schedule): read from the instant as before.
+    /// Defaulted: exports made before it import with none.
+    #[serde(default)]
+    pub slot_wall_ms: Option<u64>,
 }
 
 /// What a channel said about one attempt.
@@ -108,6 +115,15 @@ impl Run {
             next_at_ms: Some(scheduled_at_ms.max(now_ms)),
             last_attempt_at_ms: None,
             reason: None,
+            slot_wall_ms: None,
+        }
+    }
+
+    /// This run as the run of the slot whose wall time is `wall` (see [`Run::slot_wall_ms`]).
+    pub fn of_slot(self, wall: Option<u64>) -> Run {
+        Run {
+            slot_wall_ms: wall,
+            ..self
         }
     }
 

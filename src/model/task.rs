@@ -196,11 +196,18 @@ pub struct Task {
     pub fires: u32,
     /// Scheduled instant of the last fire handled (for cron: where the next search starts).
     pub last_fire_ms: Option<u64>,
+    /// In recipient time, the wall time (ms as if UTC) of the cron slot of the last fire
+    /// handled: the next slot is the first cron wall after it (two slots can share a run
+    /// instant, `schedule/recipient.rs`). `None`: not known (a record or export made before
+    /// it, any other schedule): the next slot is the first whose instant is after
+    /// `last_fire_ms`. Defaulted in exports.
+    #[serde(default)]
+    pub last_slot_wall_ms: Option<u64>,
     /// Reminders: the offsets (ms) whose fire was handled; the others are still to come.
     pub done_offsets_ms: Vec<u64>,
-    /// Fires waiting for the active run to finish (overlap `queue`, misfire `fire_all`):
-    /// (run number, scheduled instant), oldest first.
-    pub queued: Vec<(u32, u64)>,
+    /// Fires waiting for the active run to finish (overlap `queue`, misfire `fire_all`),
+    /// oldest first.
+    pub queued: Vec<Queued>,
     /// Fires not sent: skipped (overlap, misfire `skip`, coalesced) and expired (missed by
     /// more than `misfire_grace`). Each also has a run record saying why.
     pub skipped: u32,
@@ -231,6 +238,59 @@ pub struct Task {
     /// use [`crate::model::timeline::fallback_trace_id`]). Hex in exports.
     #[serde(default, with = "crate::model::timeline::hex_trace")]
     pub trace_id: Option<[u8; 16]>,
+}
+
+/// A fire waiting for the active run to finish (`Task::queued`). In exports `[run, at]`, or
+/// `[run, at, wall]` when its slot's wall is known (an export made before walls has pairs).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(from = "QueuedWire", into = "QueuedWire")]
+pub struct Queued {
+    /// Its run number.
+    pub run: u32,
+    /// Its scheduled instant.
+    pub at_ms: u64,
+    /// In recipient time, its cron slot's wall time (see [`Task::last_slot_wall_ms`]).
+    pub wall_ms: Option<u64>,
+}
+
+impl Queued {
+    /// A queued fire of no known slot wall (read from its instant).
+    pub fn at(run: u32, at_ms: u64) -> Queued {
+        Queued {
+            run,
+            at_ms,
+            wall_ms: None,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy)]
+#[serde(untagged)]
+enum QueuedWire {
+    Slot(u32, u64, u64),
+    Plain(u32, u64),
+}
+
+impl From<QueuedWire> for Queued {
+    fn from(w: QueuedWire) -> Queued {
+        match w {
+            QueuedWire::Slot(run, at_ms, wall) => Queued {
+                run,
+                at_ms,
+                wall_ms: Some(wall),
+            },
+            QueuedWire::Plain(run, at_ms) => Queued::at(run, at_ms),
+        }
+    }
+}
+
+impl From<Queued> for QueuedWire {
+    fn from(q: Queued) -> QueuedWire {
+        match q.wall_ms {
+            Some(w) => QueuedWire::Slot(q.run, q.at_ms, w),
+            None => QueuedWire::Plain(q.run, q.at_ms),
+        }
+    }
 }
 
 /// A task's quiet hours (API.md "People's time"): a task's own window wins over its channel's.
@@ -305,8 +365,9 @@ pub struct TaskProgress {
     pub runs: u32,
     pub fires: u32,
     pub last_fire_ms: Option<u64>,
+    pub last_slot_wall_ms: Option<u64>,
     pub done_offsets_ms: Vec<u64>,
-    pub queued: Vec<(u32, u64)>,
+    pub queued: Vec<Queued>,
     pub skipped: u32,
     pub expired: u32,
     pub watched_since_ms: u64,
@@ -357,6 +418,7 @@ impl Task {
             runs: p.runs,
             fires: p.fires,
             last_fire_ms: p.last_fire_ms,
+            last_slot_wall_ms: p.last_slot_wall_ms,
             done_offsets_ms: p.done_offsets_ms.clone(),
             queued: p.queued.clone(),
             skipped: p.skipped,
@@ -400,6 +462,7 @@ impl Task {
                 runs: self.runs,
                 fires: self.fires,
                 last_fire_ms: self.last_fire_ms,
+                last_slot_wall_ms: self.last_slot_wall_ms,
                 done_offsets_ms: self.done_offsets_ms,
                 queued: self.queued,
                 skipped: self.skipped,

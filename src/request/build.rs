@@ -58,6 +58,7 @@ impl TaskRequest {
             runs: 0,
             fires: 0,
             last_fire_ms: None,
+            last_slot_wall_ms: None,
             done_offsets_ms: Vec::new(),
             queued: Vec::new(),
             skipped: 0,
@@ -187,6 +188,7 @@ fn replace_schedule(t: &mut Task, new: Schedule) {
         (Schedule::Reminders { .. }, true) => {}
         _ => {
             t.last_fire_ms = None;
+            t.last_slot_wall_ms = None;
             t.done_offsets_ms.clear();
         }
     }

@@ -58,7 +58,7 @@ impl Handled {
             .filter(|r| matches!(r.state, RunState::Completed | RunState::Running))
             .map(|r| r.scheduled_at_ms)
             .collect();
-        done.extend(p.queued.iter().map(|(_, at)| *at));
+        done.extend(p.queued.iter().map(|q| q.at_ms));
         // `runs` counts every run started (an expired one given back); one not kept is lost.
         let started = runs.iter().filter(|r| was_started(&r.state)).count();
         let lost = usize::try_from(p.runs).map_or(true, |n| n > started);
@@ -86,7 +86,7 @@ fn was_started(s: &RunState) -> bool {
 /// every record above it started no earlier than its number was given. Now if none.
 fn numbered_by(runs: &[Run], p: &TaskProgress, now: u64) -> u64 {
     let mut have: BTreeSet<u32> = runs.iter().map(|r| r.run).collect();
-    have.extend(p.queued.iter().map(|(n, _)| *n));
+    have.extend(p.queued.iter().map(|q| q.run));
     let gap = (1..=p.fires).rev().find(|n| !have.contains(n)).unwrap_or(0);
     runs.iter()
         .filter(|r| r.run > gap)

@@ -26,6 +26,7 @@ struct Fired<'a> {
     schedule: &'a Schedule,
     recipient_zones: &'a [String],
     last_fire_ms: Option<u64>,
+    last_slot_wall_ms: Option<u64>,
     done_offsets_ms: &'a [u64],
     /// [`runs_committed`].
     committed: u32,
@@ -36,36 +37,47 @@ struct Fired<'a> {
 /// May be in the past (a reminder created late, a fire missed while down): the engine judges
 /// such fires with the misfire policy.
 pub fn next_fire(task: &Task, from_ms: u64) -> Option<u64> {
-    next_fire_in(
-        &Fired {
-            schedule: &task.schedule,
-            recipient_zones: &task.recipient_zones,
-            last_fire_ms: task.last_fire_ms,
-            done_offsets_ms: &task.done_offsets_ms,
-            committed: task.runs.saturating_add(task.queued.len() as u32),
-        },
-        from_ms,
-    )
+    next_fire_in(&fired(task), from_ms).map(|(at, _)| at)
+}
+
+fn fired(task: &Task) -> Fired<'_> {
+    Fired {
+        schedule: &task.schedule,
+        recipient_zones: &task.recipient_zones,
+        last_fire_ms: task.last_fire_ms,
+        last_slot_wall_ms: task.last_slot_wall_ms,
+        done_offsets_ms: &task.done_offsets_ms,
+        committed: task.runs.saturating_add(task.queued.len() as u32),
+    }
 }
 
 /// [`next_fire`] of a spec and its progress.
 pub fn next_fire_of(spec: &TaskSpec, p: &TaskProgress, from_ms: u64) -> Option<u64> {
-    next_fire_in(
-        &Fired {
-            schedule: &spec.schedule,
-            recipient_zones: &spec.recipient_zones,
-            last_fire_ms: p.last_fire_ms,
-            done_offsets_ms: &p.done_offsets_ms,
-            committed: runs_committed(p),
-        },
-        from_ms,
-    )
+    next_fire_in(&fired_of(spec, p), from_ms).map(|(at, _)| at)
 }
 
-fn next_fire_in(task: &Fired<'_>, from_ms: u64) -> Option<u64> {
+/// [`next_fire_of`] and, for a cron in recipient time, the wall time of the slot it is the
+/// run of (`schedule/recipient.rs`): a task's "next fire" in words names it.
+pub fn next_slot_of(spec: &TaskSpec, p: &TaskProgress, from_ms: u64) -> Option<(u64, Option<u64>)> {
+    next_fire_in(&fired_of(spec, p), from_ms)
+}
+
+fn fired_of<'a>(spec: &'a TaskSpec, p: &'a TaskProgress) -> Fired<'a> {
+    Fired {
+        schedule: &spec.schedule,
+        recipient_zones: &spec.recipient_zones,
+        last_fire_ms: p.last_fire_ms,
+        last_slot_wall_ms: p.last_slot_wall_ms,
+        done_offsets_ms: &p.done_offsets_ms,
+        committed: runs_committed(p),
+    }
+}
+
+/// The next fire, and its slot's wall for a cron in recipient time (`None` for any other).
+fn next_fire_in(task: &Fired<'_>, from_ms: u64) -> Option<(u64, Option<u64>)> {
     match task.schedule {
         Schedule::At { at_ms, .. } | Schedule::After { at_ms, .. } => {
-            task.last_fire_ms.is_none().then_some(*at_ms)
+            task.last_fire_ms.is_none().then_some((*at_ms, None))
         }
         Schedule::Cron {
             start_ms,
@@ -78,15 +90,8 @@ fn next_fire_in(task: &Fired<'_>, from_ms: u64) -> Option<u64> {
             }
             if let Schedule::Cron { tz, dst, .. } = task.schedule {
                 if super::recipient::is_recipient(tz.as_deref()) {
-                    let cron = super::recipient::wall_cron(task.schedule)?;
-                    let zones = super::recipient::parse_zones(task.recipient_zones);
-                    let after = match (task.last_fire_ms, start_ms) {
-                        (Some(last), _) => last,
-                        (None, Some(s)) if *s > from_ms => s - 1,
-                        (None, _) => from_ms,
-                    };
-                    let (_, next) = super::recipient::next_slot(&cron, &zones, *dst, after)?;
-                    return (!end_ms.is_some_and(|e| next > e)).then_some(next);
+                    let (wall, next) = next_recipient_slot(task, *dst, *start_ms, from_ms)?;
+                    return (!end_ms.is_some_and(|e| next > e)).then_some((next, Some(wall)));
                 }
             }
             let cron = cron_of(task.schedule)?;
@@ -100,7 +105,7 @@ fn next_fire_in(task: &Fired<'_>, from_ms: u64) -> Option<u64> {
             if end_ms.is_some_and(|e| next > e) {
                 return None;
             }
-            Some(next)
+            Some((next, None))
         }
         Schedule::Reminders {
             event_ms,
@@ -110,7 +115,52 @@ fn next_fire_in(task: &Fired<'_>, from_ms: u64) -> Option<u64> {
             .iter()
             .filter(|o| !task.done_offsets_ms.contains(o))
             .map(|o| event_ms.saturating_sub(*o))
-            .min(),
+            .min()
+            .map(|at| (at, None)),
+    }
+}
+
+/// The next slot of a cron in recipient time, `(wall, instant)`: the first cron wall after the
+/// last slot's when it is known, else (nothing fired yet, or a record from before walls) the
+/// first slot whose instant is after the last fire's, or from `start`/`from_ms`.
+fn next_recipient_slot(
+    task: &Fired<'_>,
+    dst: crate::model::DstPolicy,
+    start_ms: Option<u64>,
+    from_ms: u64,
+) -> Option<(u64, u64)> {
+    use super::recipient::{next_slot, parse_zones, slot_after_wall, wall_cron};
+    let cron = wall_cron(task.schedule)?;
+    let zones = parse_zones(task.recipient_zones);
+    if let Some(wall) = task.last_slot_wall_ms {
+        return slot_after_wall(&cron, &zones, dst, wall);
+    }
+    let after = match (task.last_fire_ms, start_ms) {
+        (Some(last), _) => last,
+        (None, Some(s)) if s > from_ms => s - 1,
+        (None, _) => from_ms,
+    };
+    next_slot(&cron, &zones, dst, after)
+}
+
+/// The slot wall of the fire at `fire_ms` for a cron in recipient time (`None` for any other
+/// schedule): the next slot's after what `task` has handled when that is the one at
+/// `fire_ms` (a tie with the last fire's instant included), else the first slot at that
+/// instant (a fire found otherwise: the latest of an outage, reached by a bisection).
+fn fire_wall(task: &Fired<'_>, fire_ms: u64) -> Option<u64> {
+    use super::recipient::{is_recipient, parse_zones, slot_of_cron, wall_cron};
+    let Schedule::Cron { tz, dst, .. } = task.schedule else {
+        return None;
+    };
+    if !is_recipient(tz.as_deref()) {
+        return None;
+    }
+    match next_fire_in(task, fire_ms.checked_sub(1)?) {
+        Some((at, wall)) if at == fire_ms => wall,
+        _ => {
+            let zones = parse_zones(task.recipient_zones);
+            slot_of_cron(&wall_cron(task.schedule)?, &zones, *dst, fire_ms)
+        }
     }
 }
 
@@ -129,8 +179,12 @@ pub fn may_run_more(spec: &TaskSpec, p: &TaskProgress) -> bool {
     }
 }
 
-/// Records that the fire at `fire_ms` was handled (run, skipped or expired).
+/// Records that the fire at `fire_ms` was handled (run, skipped or expired), with its slot's
+/// wall in recipient time (the next slot's, so a slot sharing the last one's instant is
+/// still to come).
 pub fn mark_fired(task: &mut Task, fire_ms: u64) {
+    let wall = fire_wall(&fired(task), fire_ms);
+    task.last_slot_wall_ms = wall;
     task.fires += 1;
     task.last_fire_ms = Some(fire_ms);
     if let Some(o) = offset_fired(&task.schedule, &task.done_offsets_ms, fire_ms) {
@@ -139,10 +193,12 @@ pub fn mark_fired(task: &mut Task, fire_ms: u64) {
 }
 
 /// [`mark_fired`] on a task's progress.
-pub fn mark_fired_of(schedule: &Schedule, p: &mut TaskProgress, fire_ms: u64) {
+pub fn mark_fired_of(spec: &TaskSpec, p: &mut TaskProgress, fire_ms: u64) {
+    let wall = fire_wall(&fired_of(spec, p), fire_ms);
+    p.last_slot_wall_ms = wall;
     p.fires += 1;
     p.last_fire_ms = Some(fire_ms);
-    if let Some(o) = offset_fired(schedule, &p.done_offsets_ms, fire_ms) {
+    if let Some(o) = offset_fired(&spec.schedule, &p.done_offsets_ms, fire_ms) {
         p.done_offsets_ms.push(o);
     }
 }

@@ -16,14 +16,21 @@
 //! (`shift`) whatever `dst.gap` says, and a repeated one at the first (or, `repeat: last`, the
 //! last) of its instants (`both` means the first: one message is one send).
 //!
-//! Known limit (open): slots are known by their run instant (`last_fire_ms`, `queued`, a
-//! run's `scheduled_at_ms`), so two slots whose earliest zone puts them at the same instant (a
-//! gap there: Berlin's 02:00 and 02:30 on 28 March 2027 are both 03:00 CEST) are one slot:
-//! [`next_slot`] after that instant goes past the second, whose later zones' messages (New
-//! York's 02:30) never go. The fix is to carry the slot's wall: the progress's last slot wall
-//! and each queued fire's, and a run's (a new record version of each), the next slot the
-//! first cron wall after the last one (slot instants never decrease as walls grow, so fires
-//! stay in order, ties included).
+//! Slots are known by their wall, not their run instant: two slots whose earliest zone puts
+//! them at the same instant (a gap there: Berlin's 02:00, 02:30 and 03:00 on 28 March 2027
+//! are all 03:00 CEST) are still two slots, and the later zones' messages of each (New York's
+//! 02:30) go at their own time. The progress keeps the last slot's wall
+//! (`TaskProgress::last_slot_wall_ms`), each queued fire its own (`Queued::wall_ms`), and a
+//! run its slot's (`Run::slot_wall_ms`; progress record version 3, run record version 2,
+//! written only when a wall is known); the next slot is the first cron wall after the last
+//! one ([`slot_after_wall`]; slot instants never decrease as walls grow, so fires stay in
+//! order, ties included), and a run's messages wait for its recorded wall ([`run_wall`]). A
+//! record from before walls has none: the wall is read from the instant, as before
+//! ([`next_slot`] after the last fire, [`run_slot_wall`]), which is right except in a gap.
+//!
+//! Still by instant (open): backfill (`backfill.rs`) lists a range's slots and what was handled
+//! by instant, so of slots sharing an instant it offers the first only, and a task's "next
+//! fire" in words (`next_fire_human`) names the first slot of its instant.
 
 use chrono::{DateTime, NaiveDateTime};
 use chrono_tz::Tz;
@@ -105,6 +112,22 @@ pub fn next_slot(
     let wall = cron.next_after(from.checked_sub(1)?)?;
     let at = first_instant(wall, zones, dst)?;
     (at > after_ms).then_some((wall, at))
+}
+
+/// The slot after the one whose wall is `wall`: the first cron wall strictly after it, and its
+/// run instant, `(wall, instant)`. This is how the next slot is found once the last slot's
+/// wall is known: two slots whose earliest zone puts them at one instant (a gap there) are
+/// two slots, each fired once, where [`next_slot`] after their instant would go past the
+/// second. Slot instants never decrease as walls grow (see [`next_slot`]), so neither do
+/// fires found this way; an instant equal to the last one is such a tie.
+pub fn slot_after_wall(
+    cron: &CronSchedule,
+    zones: &[Tz],
+    dst: DstPolicy,
+    wall: u64,
+) -> Option<(u64, u64)> {
+    let next = cron.next_after(wall)?;
+    Some((next, first_instant(next, zones, dst)?))
 }
 
 /// The smallest wall (ms as if UTC) whose instant in `zone` is after `after_ms` (a zone that
@@ -191,15 +214,36 @@ pub fn run_slot_wall(schedule: &Schedule, zones: &[Tz], fire_ms: u64) -> Option<
     }
 }
 
-/// What holds the messages of the run that fired at `fire_ms` in recipient time: its slot's
-/// wall time and the DST policy its messages follow in their zones. `None`: nothing does (not
-/// recipient time, or a run that is no slot's). A run keeps no record of its slot (`Run` has
-/// only its instant), so this is read from the task's schedule and zones each time: a change
-/// of the schedule that changes it would move, or drop, the hold of a run under way.
+/// The wall time of the slot of the run that fired at `fire_ms`: for a cron, the one the run
+/// recorded (`recorded`, `Run::slot_wall_ms`: two slots can share an instant) while it is a
+/// slot of the cron, else as [`run_slot_wall`] reads it from the instant (a run recorded
+/// before walls, a trigger, a cron patched since to one without that slot: as before walls,
+/// a paused run's new schedule that moves its slot is refused, `engine/control.rs`).
+pub fn run_wall(
+    schedule: &Schedule,
+    zones: &[Tz],
+    fire_ms: u64,
+    recorded: Option<u64>,
+) -> Option<u64> {
+    let kept = recorded.filter(|w| {
+        wall_cron(schedule)
+            .zip(w.checked_sub(1))
+            .is_some_and(|(c, before)| c.next_after(before) == Some(*w))
+    });
+    kept.or_else(|| run_slot_wall(schedule, zones, fire_ms))
+}
+
+/// What holds the messages of the run that fired at `fire_ms` (its recorded slot wall
+/// `recorded`, see [`run_wall`]) in recipient time: its slot's wall time and the DST policy
+/// its messages follow in their zones. `None`: nothing does (not recipient time, or a run
+/// that is no slot's). A run records its slot's wall only for a cron (an `at` has one slot);
+/// otherwise it is read from the task's schedule and zones each time, so a change of the
+/// schedule would move, or drop, the hold of a run under way.
 pub fn run_hold(
     schedule: &Schedule,
     recipient_zones: &[String],
     fire_ms: u64,
+    recorded: Option<u64>,
 ) -> Option<(u64, DstPolicy)> {
     let dst = match schedule {
         Schedule::At { tz, dst, .. } | Schedule::Cron { tz, dst, .. }
@@ -209,21 +253,27 @@ pub fn run_hold(
         }
         _ => return None,
     };
-    let wall = run_slot_wall(schedule, &parse_zones(recipient_zones), fire_ms)?;
+    let wall = run_wall(schedule, &parse_zones(recipient_zones), fire_ms, recorded)?;
     Some((wall, dst))
 }
 
-/// When a message in zone `tz` of the run that fired at `fire_ms` is due: the slot's wall
-/// time in that zone. `None` for a schedule not in recipient time (or a zone unknown to this
-/// build), or a run that is no slot's ([`run_slot_wall`]: a trigger): the message follows the
-/// run's pacing alone.
-pub fn message_due(schedule: &Schedule, zones: &[Tz], fire_ms: u64, tz: &str) -> Option<u64> {
+/// When a message in zone `tz` of the run that fired at `fire_ms` (its recorded slot wall
+/// `recorded`, see [`run_wall`]) is due: the slot's wall time in that zone. `None` for a
+/// schedule not in recipient time (or a zone unknown to this build), or a run that is no
+/// slot's ([`run_slot_wall`]: a trigger): the message follows the run's pacing alone.
+pub fn message_due(
+    schedule: &Schedule,
+    zones: &[Tz],
+    fire_ms: u64,
+    recorded: Option<u64>,
+    tz: &str,
+) -> Option<u64> {
     let zone: Tz = tz.parse().ok()?;
     let dst = match schedule {
         Schedule::At { dst, .. } | Schedule::Cron { dst, .. } => *dst,
         _ => return None,
     };
-    instant_in(run_slot_wall(schedule, zones, fire_ms)?, zone, dst)
+    instant_in(run_wall(schedule, zones, fire_ms, recorded)?, zone, dst)
 }
 
 /// When the run of `schedule` that fires at `at_ms` is, for people (a task's
@@ -437,6 +487,85 @@ mod tests {
             assert_eq!(slot, Some((utc(wall), utc(at))), "{expr}");
             assert_eq!(n, 1, "{expr}: {n} cron evaluations for one slot");
         }
+    }
+
+    /// Berlin springs forward at 02:00 on 28 March 2027 (02:00–02:59 do not exist there:
+    /// shifted to 03:00 CEST, 01:00Z); New York is on EDT already (since 14 March). Every
+    /// half hour, the walls 02:00, 02:30 and 03:00 all come first in Berlin at 01:00Z: one
+    /// run instant, three slots. Known by their walls, each is a slot once, in order.
+    #[test]
+    fn slots_sharing_an_instant_in_a_gap_are_each_a_slot_once() {
+        let d = DstPolicy::default();
+        let cron = CronSchedule::parse("*/30 * * * *", chrono_tz::UTC, d).unwrap();
+        let zones = parse_zones(&["Europe/Berlin".into(), "America/New_York".into()]);
+        let mut wall = utc("2027-03-28T01:30:00Z");
+        assert_eq!(
+            first_instant(wall, &zones, d),
+            Some(utc("2027-03-28T00:30:00Z"))
+        );
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let (next, at) = slot_after_wall(&cron, &zones, d, wall).unwrap();
+            got.push((next, at));
+            wall = next;
+        }
+        let want = [
+            ("2027-03-28T02:00:00Z", "2027-03-28T01:00:00Z"),
+            ("2027-03-28T02:30:00Z", "2027-03-28T01:00:00Z"),
+            ("2027-03-28T03:00:00Z", "2027-03-28T01:00:00Z"),
+            ("2027-03-28T03:30:00Z", "2027-03-28T01:30:00Z"),
+        ]
+        .map(|(w, a)| (utc(w), utc(a)));
+        assert_eq!(got, want);
+        assert!(
+            got.windows(2).all(|p| p[0].1 <= p[1].1),
+            "instants never decrease"
+        );
+        // New York's messages of the 02:30 slot go at 02:30 EDT, which exists there.
+        assert_eq!(
+            instant_in(want[1].0, tz("America/New_York"), d),
+            Some(utc("2027-03-28T06:30:00Z"))
+        );
+        // Known by their instant alone, the slots after 01:00Z skip 02:30 and 03:00: the
+        // limit the walls remove.
+        let (w, _) = next_slot(&cron, &zones, d, utc("2027-03-28T01:00:00Z")).unwrap();
+        assert_eq!(w, utc("2027-03-28T03:30:00Z"));
+    }
+
+    /// The same slots through the schedule's own bookkeeping (`plan::mark_fired`, what the
+    /// engine and the preview go through): each wall handled once, none skipped, and a task
+    /// whose last slot's wall is not known (a record from before walls) goes on from its
+    /// instant as before.
+    #[test]
+    fn marking_fires_goes_through_every_slot_of_a_gap() {
+        use crate::schedule::plan::{mark_fired, next_fire};
+        let start = utc("2027-03-28T00:00:00Z");
+        let mut t = crate::request::test_task(
+            serde_json::json!({"schedule": {"cron": "*/30 * * * *", "tz": "recipient"},
+            "messages": [{"to": "b", "body": "x", "tz": "Europe/Berlin"},
+                         {"to": "n", "body": "y", "tz": "America/New_York"}]}),
+            start,
+        );
+        let mut fires = Vec::new();
+        let mut from = start;
+        while let Some(at) = next_fire(&t, from) {
+            if at > utc("2027-03-28T01:30:00Z") {
+                break;
+            }
+            mark_fired(&mut t, at);
+            fires.push((t.last_slot_wall_ms.unwrap(), at));
+            from = at;
+        }
+        let walls: Vec<u64> = fires.iter().map(|f| f.0).collect();
+        let want: Vec<u64> = ["01:30", "02:00", "02:30", "03:00", "03:30"]
+            .iter()
+            .map(|h| utc(&format!("2027-03-28T{h}:00Z")))
+            .collect();
+        assert_eq!(walls, want, "{fires:?}");
+        // A record from before walls: the last fire's instant alone (01:00Z, 02:00's).
+        t.last_fire_ms = Some(utc("2027-03-28T01:00:00Z"));
+        t.last_slot_wall_ms = None;
+        assert_eq!(next_fire(&t, start), Some(utc("2027-03-28T01:30:00Z")));
     }
 
     #[test]

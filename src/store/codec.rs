@@ -32,11 +32,32 @@ pub trait Stored: Sized {
     fn from_older(_version: u8, _body: &[u8]) -> Option<Result<Self, String>> {
         None
     }
+    /// The older version this value is written in instead of [`Self::VERSION`], when that
+    /// shape holds all of it (nothing only the newer shape has is set): its version byte and
+    /// body, written into `out` with [`encode_body`]. So a family whose new shape carries
+    /// something few records have (a recipient-time slot's wall) keeps every other record's
+    /// bytes, which older builds read. `None` (the default): written as [`Self::VERSION`].
+    fn encode_older(&self, _out: &mut Vec<u8>) -> Option<Result<(), StoreError>> {
+        None
+    }
     /// The decoded value given what its key says, for a family that does not store it again
     /// in its value (a format-7 spec's id). The default keeps the value as decoded.
     fn with_key(self, _key: &[u8]) -> Self {
         self
     }
+}
+
+/// A record of version byte `version` and body `disk` into `out` (for
+/// [`Stored::encode_older`]).
+pub fn encode_body<D: Serialize>(
+    version: u8,
+    disk: &D,
+    out: &mut Vec<u8>,
+) -> Result<(), StoreError> {
+    out.push(version);
+    bincode::serde::encode_into_std_write(disk, out, config())
+        .map(|_| ())
+        .map_err(|e| StoreError::Encode(e.to_string()))
 }
 
 /// The body of a record (after its version byte) as `T`, every byte used.
@@ -64,7 +85,6 @@ fn config() -> impl bincode::config::Config {
 }
 
 pub fn encode<T: Stored>(value: &T) -> Result<Vec<u8>, StoreError> {
-    let disk = value.to_disk();
     // Encoded into a reused buffer, then copied into an exact-sized one: the record lives on
     // in the memtable, which counts its length, not its capacity. (Encoding to a vector of its
     // own and copying that behind the version byte cost two growing allocations per record.)
@@ -74,9 +94,10 @@ pub fn encode<T: Stored>(value: &T) -> Result<Vec<u8>, StoreError> {
     SCRATCH.with(|scratch| {
         let mut buf = scratch.borrow_mut();
         buf.clear();
-        buf.push(T::VERSION);
-        bincode::serde::encode_into_std_write(&*disk, &mut *buf, config())
-            .map_err(|e| StoreError::Encode(e.to_string()))?;
+        match value.encode_older(&mut buf) {
+            Some(older) => older?,
+            None => encode_body(T::VERSION, &*value.to_disk(), &mut buf)?,
+        }
         let out = buf.as_slice().to_vec();
         // A huge record (a task of 10 000 messages) does not keep its buffer for good.
         if buf.capacity() > SCRATCH_KEEP {

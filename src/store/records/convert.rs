@@ -10,8 +10,8 @@
 
 use std::borrow::Cow;
 
-use super::progress::{LiveV1, ProgressV1, ProgressV2, TaskStateV1};
-use super::run::{FailureV1, IdemV1, RunStateV1, RunV1};
+use super::progress::{LiveV1, ProgressV1, ProgressV2, ProgressV3, TaskStateV1};
+use super::run::{FailureV1, IdemV1, RunStateV1, RunV1, RunV2};
 use super::spec::{
     BackoffV1, DstGapV1, DstPolicyV1, DstRepeatV1, LangV1, MessageV1, MisfireV1, NotifyOnV1,
     NotifyV1, OverlapV1, PacingV1, QuietHoursV1, QuietSettingV1, RetryPolicyV1, ScheduleV1, SpecV1,
@@ -20,13 +20,14 @@ use super::spec::{
 use super::{LiveEntry, ProgressRecord, SpecRecord};
 use crate::model::{
     Backoff, DstGap, DstPolicy, DstRepeat, Failure, Lang, Message, Misfire, Notify, NotifyOn,
-    Overlap, Pacing, QuietSetting, RetryPolicy, Run, RunState, Schedule, Task, TaskState,
+    Overlap, Pacing, Queued, QuietSetting, RetryPolicy, Run, RunState, Schedule, Task, TaskState,
 };
 use crate::schedule::quiet::QuietHours;
-use crate::store::codec::{decode_body, Stored};
+use crate::store::codec::{decode_body, encode_body, Stored};
 use crate::store::legacy::{MessageV1 as MessageF1, TaskV1};
 use crate::store::timeline::TimelineRecord;
 use crate::store::IdemRecord;
+use crate::store::StoreError;
 
 // ---- a task split into its records, and joined back ----
 
@@ -62,6 +63,7 @@ pub fn progress_of(t: &Task) -> ProgressRecord {
         runs: t.runs,
         fires: t.fires,
         last_fire_ms: t.last_fire_ms,
+        last_slot_wall_ms: t.last_slot_wall_ms,
         done_offsets_ms: t.done_offsets_ms.clone(),
         queued: t.queued.clone(),
         skipped: t.skipped,
@@ -93,6 +95,7 @@ pub fn progress_record(
         runs: p.runs,
         fires: p.fires,
         last_fire_ms: p.last_fire_ms,
+        last_slot_wall_ms: p.last_slot_wall_ms,
         done_offsets_ms: p.done_offsets_ms.clone(),
         queued: p.queued.clone(),
         skipped: p.skipped,
@@ -123,6 +126,7 @@ pub fn join(s: SpecRecord, p: ProgressRecord) -> Task {
         runs: p.runs,
         fires: p.fires,
         last_fire_ms: p.last_fire_ms,
+        last_slot_wall_ms: p.last_slot_wall_ms,
         done_offsets_ms: p.done_offsets_ms,
         queued: p.queued,
         skipped: p.skipped,
@@ -161,8 +165,9 @@ pub fn upgrade_v1(t: TaskV1) -> (Task, Vec<Message>) {
         runs: t.runs,
         fires: t.fires,
         last_fire_ms: t.last_fire_ms,
+        last_slot_wall_ms: None,
         done_offsets_ms: t.done_offsets_ms,
-        queued: t.queued,
+        queued: queued_of(t.queued),
         skipped: t.skipped,
         expired: t.expired,
         watched_since_ms: t.updated_at_ms,
@@ -273,11 +278,23 @@ fn spec_v1(d: SpecV1) -> SpecRecord {
     }
 }
 
+/// Queued fires of a record without their slots' walls (before progress version 3).
+fn queued_of(pairs: Vec<(u32, u64)>) -> Vec<Queued> {
+    pairs.into_iter().map(|(n, at)| Queued::at(n, at)).collect()
+}
+
+impl ProgressRecord {
+    /// Whether version 2 holds all of it: no slot wall is known (see [`ProgressV3`]).
+    fn without_walls(&self) -> bool {
+        self.last_slot_wall_ms.is_none() && self.queued.iter().all(|q| q.wall_ms.is_none())
+    }
+}
+
 impl Stored for ProgressRecord {
-    type Disk = ProgressV2;
-    const VERSION: u8 = 2;
-    fn to_disk(&self) -> Cow<'_, ProgressV2> {
-        Cow::Owned(ProgressV2 {
+    type Disk = ProgressV3;
+    const VERSION: u8 = 3;
+    fn to_disk(&self) -> Cow<'_, ProgressV3> {
+        Cow::Owned(ProgressV3 {
             state: self.state.into(),
             updated_at_ms: self.updated_at_ms,
             next_fire_at_ms: self.next_fire_at_ms,
@@ -285,15 +302,20 @@ impl Stored for ProgressRecord {
             fires: self.fires,
             last_fire_ms: self.last_fire_ms,
             done_offsets_ms: self.done_offsets_ms.clone(),
-            queued: self.queued.clone(),
+            queued: self
+                .queued
+                .iter()
+                .map(|q| (q.run, q.at_ms, q.wall_ms))
+                .collect(),
             skipped: self.skipped,
             expired: self.expired,
             watched_since_ms: self.watched_since_ms,
             failed_reason: self.failed_reason.clone(),
             one_shot: self.one_shot,
+            last_slot_wall_ms: self.last_slot_wall_ms,
         })
     }
-    fn from_disk(d: ProgressV2) -> ProgressRecord {
+    fn from_disk(d: ProgressV3) -> ProgressRecord {
         ProgressRecord {
             state: d.state.into(),
             updated_at_ms: d.updated_at_ms,
@@ -301,8 +323,17 @@ impl Stored for ProgressRecord {
             runs: d.runs,
             fires: d.fires,
             last_fire_ms: d.last_fire_ms,
+            last_slot_wall_ms: d.last_slot_wall_ms,
             done_offsets_ms: d.done_offsets_ms,
-            queued: d.queued,
+            queued: d
+                .queued
+                .into_iter()
+                .map(|(run, at_ms, wall_ms)| Queued {
+                    run,
+                    at_ms,
+                    wall_ms,
+                })
+                .collect(),
             skipped: d.skipped,
             expired: d.expired,
             watched_since_ms: d.watched_since_ms,
@@ -310,25 +341,66 @@ impl Stored for ProgressRecord {
             one_shot: d.one_shot,
         }
     }
-    /// Version 1 (formats 4 to 6): no `one_shot` (false; see [`ProgressRecord::one_shot`]).
+    /// Version 2 when no slot wall is known: the bytes of every task not in recipient time
+    /// (and of one whose walls are all derivable) stay those older builds read.
+    fn encode_older(&self, out: &mut Vec<u8>) -> Option<Result<(), StoreError>> {
+        self.without_walls().then(|| {
+            let v2 = ProgressV2 {
+                state: self.state.into(),
+                updated_at_ms: self.updated_at_ms,
+                next_fire_at_ms: self.next_fire_at_ms,
+                runs: self.runs,
+                fires: self.fires,
+                last_fire_ms: self.last_fire_ms,
+                done_offsets_ms: self.done_offsets_ms.clone(),
+                queued: self.queued.iter().map(|q| (q.run, q.at_ms)).collect(),
+                skipped: self.skipped,
+                expired: self.expired,
+                watched_since_ms: self.watched_since_ms,
+                failed_reason: self.failed_reason.clone(),
+                one_shot: self.one_shot,
+            };
+            encode_body(2, &v2, out)
+        })
+    }
+    /// Version 2 (format 7): no slot walls (derived from the instants, as before). Version 1
+    /// (formats 4 to 6): nor `one_shot` (false; see [`ProgressRecord::one_shot`]).
     fn from_older(version: u8, body: &[u8]) -> Option<Result<ProgressRecord, String>> {
-        (version == 1).then(|| {
-            decode_body::<ProgressV1>(body).map(|d| ProgressRecord {
+        match version {
+            2 => Some(decode_body::<ProgressV2>(body).map(|d| ProgressRecord {
                 state: d.state.into(),
                 updated_at_ms: d.updated_at_ms,
                 next_fire_at_ms: d.next_fire_at_ms,
                 runs: d.runs,
                 fires: d.fires,
                 last_fire_ms: d.last_fire_ms,
+                last_slot_wall_ms: None,
                 done_offsets_ms: d.done_offsets_ms,
-                queued: d.queued,
+                queued: queued_of(d.queued),
+                skipped: d.skipped,
+                expired: d.expired,
+                watched_since_ms: d.watched_since_ms,
+                failed_reason: d.failed_reason,
+                one_shot: d.one_shot,
+            })),
+            1 => Some(decode_body::<ProgressV1>(body).map(|d| ProgressRecord {
+                state: d.state.into(),
+                updated_at_ms: d.updated_at_ms,
+                next_fire_at_ms: d.next_fire_at_ms,
+                runs: d.runs,
+                fires: d.fires,
+                last_fire_ms: d.last_fire_ms,
+                last_slot_wall_ms: None,
+                done_offsets_ms: d.done_offsets_ms,
+                queued: queued_of(d.queued),
                 skipped: d.skipped,
                 expired: d.expired,
                 watched_since_ms: d.watched_since_ms,
                 failed_reason: d.failed_reason,
                 one_shot: false,
-            })
-        })
+            })),
+            _ => None,
+        }
     }
 }
 
@@ -361,9 +433,10 @@ impl Stored for Message {
 }
 
 impl Stored for Run {
-    type Disk = RunV1;
-    fn to_disk(&self) -> Cow<'_, RunV1> {
-        Cow::Owned(RunV1 {
+    type Disk = RunV2;
+    const VERSION: u8 = 2;
+    fn to_disk(&self) -> Cow<'_, RunV2> {
+        Cow::Owned(RunV2 {
             run: self.run,
             scheduled_at_ms: self.scheduled_at_ms,
             started_at_ms: self.started_at_ms,
@@ -378,25 +451,76 @@ impl Stored for Run {
             next_at_ms: self.next_at_ms,
             last_attempt_at_ms: self.last_attempt_at_ms,
             reason: self.reason.clone(),
+            slot_wall_ms: self.slot_wall_ms,
         })
     }
-    fn from_disk(d: RunV1) -> Run {
+    fn from_disk(d: RunV2) -> Run {
         Run {
-            run: d.run,
-            scheduled_at_ms: d.scheduled_at_ms,
-            started_at_ms: d.started_at_ms,
-            finished_at_ms: d.finished_at_ms,
-            state: d.state.into(),
-            total: d.total,
-            cursor: d.cursor,
-            in_flight: d.in_flight,
-            attempts: d.attempts,
-            sent: d.sent,
-            failed: d.failed,
-            next_at_ms: d.next_at_ms,
-            last_attempt_at_ms: d.last_attempt_at_ms,
-            reason: d.reason,
+            slot_wall_ms: d.slot_wall_ms,
+            ..run_of_v1(RunV1 {
+                run: d.run,
+                scheduled_at_ms: d.scheduled_at_ms,
+                started_at_ms: d.started_at_ms,
+                finished_at_ms: d.finished_at_ms,
+                state: d.state,
+                total: d.total,
+                cursor: d.cursor,
+                in_flight: d.in_flight,
+                attempts: d.attempts,
+                sent: d.sent,
+                failed: d.failed,
+                next_at_ms: d.next_at_ms,
+                last_attempt_at_ms: d.last_attempt_at_ms,
+                reason: d.reason,
+            })
         }
+    }
+    /// Version 1 for a run without a slot wall (every run not of a recipient-time cron slot):
+    /// the bytes older builds read.
+    fn encode_older(&self, out: &mut Vec<u8>) -> Option<Result<(), StoreError>> {
+        self.slot_wall_ms.is_none().then(|| {
+            let v1 = RunV1 {
+                run: self.run,
+                scheduled_at_ms: self.scheduled_at_ms,
+                started_at_ms: self.started_at_ms,
+                finished_at_ms: self.finished_at_ms,
+                state: (&self.state).into(),
+                total: self.total,
+                cursor: self.cursor,
+                in_flight: self.in_flight,
+                attempts: self.attempts,
+                sent: self.sent,
+                failed: self.failed,
+                next_at_ms: self.next_at_ms,
+                last_attempt_at_ms: self.last_attempt_at_ms,
+                reason: self.reason.clone(),
+            };
+            encode_body(1, &v1, out)
+        })
+    }
+    /// Version 1 (formats 1 to 7): no slot wall (derived from the instant, as before).
+    fn from_older(version: u8, body: &[u8]) -> Option<Result<Run, String>> {
+        (version == 1).then(|| decode_body::<RunV1>(body).map(run_of_v1))
+    }
+}
+
+fn run_of_v1(d: RunV1) -> Run {
+    Run {
+        run: d.run,
+        scheduled_at_ms: d.scheduled_at_ms,
+        started_at_ms: d.started_at_ms,
+        finished_at_ms: d.finished_at_ms,
+        state: d.state.into(),
+        total: d.total,
+        cursor: d.cursor,
+        in_flight: d.in_flight,
+        attempts: d.attempts,
+        sent: d.sent,
+        failed: d.failed,
+        next_at_ms: d.next_at_ms,
+        last_attempt_at_ms: d.last_attempt_at_ms,
+        reason: d.reason,
+        slot_wall_ms: None,
     }
 }
 

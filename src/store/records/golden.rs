@@ -10,7 +10,7 @@ use super::{live_of, progress_of, spec_of, SpecRecord};
 use crate::model::timeline::{hex, TimelineEvent, TimelineKind};
 use crate::model::{
     Backoff, DstGap, DstPolicy, DstRepeat, Failure, Lang, Message, Misfire, Notify, NotifyOn,
-    Overlap, Pacing, QuietSetting, RetryPolicy, Run, RunState, Schedule, Task, TaskState,
+    Overlap, Pacing, Queued, QuietSetting, RetryPolicy, Run, RunState, Schedule, Task, TaskState,
 };
 use crate::schedule::quiet::QuietHours;
 use crate::store::codec::{decode, encode, Stored};
@@ -98,8 +98,9 @@ fn task(schedule: Schedule) -> Task {
         runs: 3,
         fires: 4,
         last_fire_ms: Some(T0 + 3),
+        last_slot_wall_ms: None,
         done_offsets_ms: vec![60_000],
-        queued: vec![(5, T0 + 4)],
+        queued: vec![Queued::at(5, T0 + 4)],
         skipped: 1,
         expired: 2,
         watched_since_ms: T0 + 5,
@@ -136,6 +137,7 @@ fn run() -> Run {
         next_at_ms: Some(T0 + 3),
         last_attempt_at_ms: Some(T0 + 4),
         reason: Some("r".into()),
+        slot_wall_ms: None,
     }
 }
 
@@ -323,6 +325,33 @@ fn progress_records_and_live_entries_keep_their_bytes() {
     golden("live", &live_of(&t), "010101fd02505c18a301000000");
 }
 
+/// Version 3 (recipient time's slot walls) is written only with a wall to carry; a progress
+/// record without one keeps version 2's bytes (above), which older builds read.
+#[test]
+fn progress_records_with_slot_walls_are_version_3() {
+    let mut p = progress_of(&task(schedules()[2].clone()));
+    p.last_slot_wall_ms = Some(T0 + 6);
+    p.queued = vec![
+        Queued {
+            wall_ms: Some(T0 + 7),
+            ..Queued::at(5, T0 + 4)
+        },
+        Queued::at(6, T0 + 8),
+    ];
+    golden(
+        "progress",
+        &p,
+        concat!(
+            "0301fd01505c18a301000001fd02505c18a3010000030401fd03505c18a301000001fb60ea0205fd04505c18",
+            "a301000001fd07505c18a301000006fd08505c18a3010000000102fd05505c18a301000001037768790001fd",
+            "06505c18a3010000",
+        ),
+    );
+    // One wall is enough: the queued fire's alone.
+    p.last_slot_wall_ms = None;
+    assert_eq!(encode(&p).unwrap()[0], 3);
+}
+
 #[test]
 fn messages_keep_their_bytes() {
     golden(
@@ -341,6 +370,19 @@ fn runs_failures_and_idempotency_records_keep_their_bytes() {
         "0103fd00505c18a3010000fd01505c18a301000001fd02505c18a3010000040402010201010101fd03505c18",
         "a301000001fd04505c18a3010000010172",
     ),
+    );
+    // Version 2: a run of a recipient-time cron slot, with its wall; any other run is
+    // version 1 (above).
+    golden(
+        "runs",
+        &Run {
+            slot_wall_ms: Some(T0 + 5),
+            ..run()
+        },
+        concat!(
+            "0203fd00505c18a3010000fd01505c18a301000001fd02505c18a3010000040402010201010101fd03505c18",
+            "a301000001fd04505c18a301000001017201fd05505c18a3010000",
+        ),
     );
     golden(
         "failures",

@@ -35,7 +35,8 @@
 use std::collections::BTreeMap;
 
 use crate::model::{
-    Lang, Message, Misfire, Notify, Overlap, Pacing, QuietSetting, RetryPolicy, Schedule, TaskState,
+    Lang, Message, Misfire, Notify, Overlap, Pacing, Queued, QuietSetting, RetryPolicy, Schedule,
+    TaskState,
 };
 #[cfg(doc)]
 use crate::model::{Task, TaskProgress, TaskSpec};
@@ -92,8 +93,11 @@ pub struct ProgressRecord {
     pub runs: u32,
     pub fires: u32,
     pub last_fire_ms: Option<u64>,
+    /// Version 3: the last fire's slot wall in recipient time (`None` from older records).
+    pub last_slot_wall_ms: Option<u64>,
     pub done_offsets_ms: Vec<u64>,
-    pub queued: Vec<(u32, u64)>,
+    /// Each queued fire's slot wall: version 3 (`None` from older records).
+    pub queued: Vec<Queued>,
     pub skipped: u32,
     pub expired: u32,
     pub watched_since_ms: u64,
@@ -119,6 +123,7 @@ impl ProgressRecord {
             runs: 0,
             fires: 0,
             last_fire_ms: None,
+            last_slot_wall_ms: None,
             done_offsets_ms: Vec::new(),
             queued: Vec::new(),
             skipped: 0,
