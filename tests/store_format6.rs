@@ -569,3 +569,59 @@ async fn format_6_records_written_before_the_frozen_types_read_back_every_field(
     let s = common::herald::reopen(|| Store::open(dir.path()));
     assert_reads_the_fixture(&s);
 }
+
+/// The format byte of the directory at `dir` (sled's `meta` tree).
+fn format_byte(dir: &Path) -> Option<Vec<u8>> {
+    let b = common::herald::reopen(|| herald::store::embedded::SledBackend::open(dir, 8 << 20));
+    let db = b.db().unwrap();
+    let got = db
+        .open_tree("meta")
+        .unwrap()
+        .get("format")
+        .unwrap()
+        .map(|v| v.to_vec());
+    got
+}
+
+/// Format 7 (the checked-in fixture) is read as it is and marked format 8, the format whose
+/// records may carry recipient time's slot walls; a directory of a format newer than this
+/// build's is refused, not read.
+#[tokio::test]
+async fn format_7_opens_as_it_is_and_a_newer_format_is_refused() {
+    let dir = common::fixture_copy("v7-data");
+    assert_eq!(format_byte(dir.path()), Some(vec![7]));
+    let before: Vec<_> = raw_records(dir.path())
+        .into_iter()
+        .filter(|(t, _, _)| t != "meta")
+        .collect();
+    let s = common::herald::reopen(|| Store::open(dir.path()));
+    assert_reads_the_fixture(&s);
+    drop(s);
+    assert_eq!(
+        format_byte(dir.path()),
+        Some(vec![herald::store::DIR_FORMAT])
+    );
+    assert_eq!(herald::store::DIR_FORMAT, 8);
+    let after: Vec<_> = raw_records(dir.path())
+        .into_iter()
+        .filter(|(t, _, _)| t != "meta")
+        .collect();
+    assert_eq!(before, after, "format 7's records are read as they are");
+    // A newer format: refused, naming it.
+    {
+        let b = common::herald::reopen(|| {
+            herald::store::embedded::SledBackend::open(dir.path(), 8 << 20)
+        });
+        let db = b.db().unwrap();
+        db.open_tree("meta")
+            .unwrap()
+            .insert("format", &[herald::store::DIR_FORMAT + 1])
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let err = match Store::open(dir.path()) {
+        Ok(_) => panic!("a newer format was opened"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("format version 9"), "{err}");
+}

@@ -72,8 +72,10 @@ use records::{join, progress_of, progress_record, spec_of, LiveEntry, ProgressRe
 /// directory with specs it would read as having lost their message or progress. Format 7 has
 /// no `live` tree (the due entry is derived from the progress record, a new task's progress
 /// from its spec, whose record is version 2); formats 1 to 6 are migrated on open
-/// (`migrate.rs`).
-pub const DIR_FORMAT: u8 = 7;
+/// (`migrate.rs`). Format 8 may hold progress version 3 and run version 2 records (recipient
+/// time's slot walls, `records/`); format 7 is read as it is, and the number moved so that an
+/// older build refuses a directory with records it would skip as damaged.
+pub const DIR_FORMAT: u8 = 8;
 /// Most finished run records one fire deletes from a task's history ([`Op::TrimRuns`]): a
 /// task restored with a long history comes down to `runs_max` over some fires, each bounded.
 pub const TRIM_MAX: usize = 64;
@@ -438,6 +440,8 @@ impl Store {
         let meta = db.open_tree("meta")?;
         match meta.get("format")?.as_deref() {
             Some([DIR_FORMAT]) => {}
+            // Read as it is: no record of format 7 carries a slot wall.
+            Some([7]) => {}
             // The `live` tree is folded into the progress records below.
             Some([6]) => {}
             // Every step through the log and safe to run again: an upgrade whose `format`
@@ -469,7 +473,7 @@ impl Store {
             .and_then(|v| v.first().copied());
         drop(db);
         backend.written_directly();
-        if format.is_some_and(|f| f < DIR_FORMAT) {
+        if format.is_some_and(|f| f < 7) {
             // Formats 1 to 6 have a `live` tree (the steps above leave one); through the log.
             migrate::live_into_progress(&backend)?;
         }
