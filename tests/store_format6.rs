@@ -574,13 +574,11 @@ async fn format_6_records_written_before_the_frozen_types_read_back_every_field(
 fn format_byte(dir: &Path) -> Option<Vec<u8>> {
     let b = common::herald::reopen(|| herald::store::embedded::SledBackend::open(dir, 8 << 20));
     let db = b.db().unwrap();
-    let got = db
-        .open_tree("meta")
+    db.open_tree("meta")
         .unwrap()
         .get("format")
         .unwrap()
-        .map(|v| v.to_vec());
-    got
+        .map(|v| v.to_vec())
 }
 
 /// Format 7 (the checked-in fixture) is read as it is and marked format 8, the format whose
