@@ -316,3 +316,67 @@ async fn a_restart_keeps_each_slots_wall() {
     want.sort();
     assert_eq!(sent_sorted(&h), want);
 }
+
+/// Review finding: once a slot's wall was recorded, the next slot was the cron wall after it
+/// whatever its instant, so new messages in a zone east of the others moved it into the
+/// past. An hourly cron for London (UTC in December) fired its 10:00 slot at 10:00Z; at 10:10Z
+/// a patch adds Kolkata (UTC+05:30), whose 11:00 to 15:00 are 05:30Z to 09:30Z: five stale
+/// runs at once, Kolkata's messages hours late. The next slot now runs no earlier than the
+/// last fire: 16:00 (Kolkata's 10:30Z), then each slot once, London's part at its own 16:00Z.
+/// (The slots 11:00 to 15:00 are skipped for London too: a slot is one run, at its earliest
+/// zone's instant.)
+#[tokio::test]
+async fn new_messages_in_a_zone_to_the_east_never_move_the_next_slot_into_the_past() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T04:00:00Z"), "").await;
+    h.post(&json!({"id": "hourly", "channel": "out",
+    "schedule": {"cron": "0 * * * *", "tz": "recipient"},
+    "messages": [{"to": "london", "body": "b", "tz": "Europe/London"}]}))
+        .await;
+    h.run_until(utc_ms("2026-12-01T10:10:00Z")).await;
+    assert_eq!(h.sent().len(), 6, "London's 05:00 to 10:00");
+    let patched = utc_ms("2026-12-01T10:10:00Z");
+    let r = http::patch_json(
+        &h.url("/v1/tasks/hourly"),
+        &json!({"messages": [
+            {"to": "london", "body": "b", "tz": "Europe/London"},
+            {"to": "kolkata", "body": "b", "tz": "Asia/Kolkata"},
+        ]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["next_fire_at"],
+        "2026-12-01T10:30:00Z",
+        "{}",
+        r.text()
+    );
+    h.run_until(utc_ms("2026-12-01T16:10:00Z")).await;
+    let at = |hour: u32, m: u32| utc_ms(&format!("2026-12-01T{hour:02}:{m:02}:00Z"));
+    let mut want: Vec<(String, u64)> = (5..=10)
+        .map(|hr| ("london".to_string(), at(hr, 0)))
+        .chain((10..=15).map(|hr| ("kolkata".to_string(), at(hr, 30))))
+        .chain([("london".to_string(), at(16, 0))])
+        .collect();
+    want.sort();
+    assert_eq!(
+        sent_sorted(&h),
+        want,
+        "each slot once, none before the patch"
+    );
+    let runs = h.runs("hourly").await;
+    let scheduled: Vec<u64> = runs
+        .iter()
+        .map(|r| utc_ms(r["scheduled_at"].as_str().unwrap()))
+        .collect();
+    let want: Vec<u64> = (5..=10)
+        .map(|hr| at(hr, 0))
+        .chain((10..=15).map(|hr| at(hr, 30)))
+        .collect();
+    assert_eq!(scheduled, want, "{runs:?}");
+    assert!(scheduled[6..].iter().all(|s| *s >= patched));
+    let states: Vec<&str> = runs.iter().map(|r| r["state"].as_str().unwrap()).collect();
+    assert!(
+        states.iter().all(|s| matches!(*s, "completed" | "running")),
+        "no run skipped or expired: {runs:?}"
+    );
+}

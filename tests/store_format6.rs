@@ -622,4 +622,6 @@ async fn format_7_opens_as_it_is_and_a_newer_format_is_refused() {
         Err(e) => e.to_string(),
     };
     assert!(err.contains("format version 9"), "{err}");
+    // and what it reads instead
+    assert!(err.contains("reads formats 1 to 8"), "{err}");
 }

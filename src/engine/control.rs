@@ -345,3 +345,48 @@ fn with_event(mut c: Change, kind: TimelineKind, now: u64) -> Change {
         .insert(0, crate::model::TimelineEvent::task(kind, now));
     c
 }
+
+#[cfg(test)]
+mod tests {
+    use super::hold_moved;
+    use crate::model::{Run, TaskSpec};
+
+    fn utc(s: &str) -> u64 {
+        crate::schedule::parse_instant(s, None, Default::default()).unwrap()[0]
+    }
+
+    fn spec(cron: &str) -> TaskSpec {
+        crate::request::test_task(
+            serde_json::json!({"schedule": {"cron": cron, "tz": "recipient"},
+            "messages": [{"to": "b", "body": "x", "tz": "Europe/Berlin"},
+                         {"to": "n", "body": "y", "tz": "America/New_York"}]}),
+            utc("2027-03-27T00:00:00Z"),
+        )
+        .split()
+        .0
+    }
+
+    /// A paused run's recorded wall decides the patch: the run of the 02:30 slot, at 01:00Z
+    /// with 02:00 and 03:00 (Berlin's spring-forward gap), keeps its slot under a cron that
+    /// still has 02:30 (the patch goes through) and not under one without it (refused: its
+    /// New York message would go at 02:00 EDT). The 02:00 slot's run keeps its slot under an
+    /// hourly cron.
+    #[test]
+    fn a_patch_is_judged_by_each_paused_runs_recorded_wall() {
+        let old = spec("*/30 * * * *");
+        let fire = utc("2027-03-28T01:00:00Z");
+        let run = |n, wall| Run::new(n, fire, fire, 2).of_slot(Some(utc(wall)));
+        let (second, first) = (
+            run(3, "2027-03-28T02:30:00Z"),
+            run(2, "2027-03-28T02:00:00Z"),
+        );
+        assert_eq!(hold_moved(&old, &spec("0,30 * * * *"), [&second]), None);
+        assert_eq!(hold_moved(&old, &spec("30 2 * * *"), [&second]), None);
+        assert_eq!(hold_moved(&old, &spec("0 * * * *"), [&second]), Some(3));
+        assert_eq!(hold_moved(&old, &spec("0 * * * *"), [&first]), None);
+        assert_eq!(
+            hold_moved(&old, &spec("0 * * * *"), [&first, &second]),
+            Some(3)
+        );
+    }
+}

@@ -16,7 +16,7 @@ use crate::model::{
 use crate::schedule::misfire::{
     judge_outage, judge_started, Decision, Rest, MISSED_COUNT_MAX, MISSED_LIST_MAX,
 };
-use crate::schedule::plan::may_run_more;
+use crate::schedule::plan::{last_slot_sharing_of, mark_slot_fired_of, may_run_more, next_slot_of};
 use crate::schedule::{mark_fired_of, next_fire_of};
 
 use super::change::{Change, WheelOp};
@@ -191,8 +191,8 @@ pub fn fire_with_grace(
     for d in decisions {
         let run_no = progress.fires.saturating_add(1);
         match d {
-            Decision::Expire(t, why) => {
-                mark_fired_of(spec, &mut progress, t);
+            Decision::Expire((t, wall), why) => {
+                mark_slot_fired_of(spec, &mut progress, t, wall);
                 progress.expired += 1;
                 if expired_recorded < EXPIRED_RECORDS_MAX {
                     expired_recorded += 1;
@@ -204,12 +204,14 @@ pub fn fire_with_grace(
             }
             Decision::SkipUnlisted(n) => {
                 // Fires of the outage beyond the listed ones: counted, not recorded (misfire.rs).
+                // The last fire and slot are the rest's last, whose decision follows and sets
+                // them (with the wall it was listed with: the fires between are not walked).
                 let n = u32::try_from(n).unwrap_or(u32::MAX);
                 progress.fires = progress.fires.saturating_add(n);
                 progress.skipped = progress.skipped.saturating_add(n);
             }
-            Decision::Skip(t, why) => {
-                mark_fired_of(spec, &mut progress, t);
+            Decision::Skip((t, wall), why) => {
+                mark_slot_fired_of(spec, &mut progress, t, wall);
                 let wall = progress.last_slot_wall_ms;
                 not_started.push(skip(spec, &mut progress, run_no, (t, wall), now, why));
             }
@@ -250,9 +252,14 @@ pub fn fire_with_grace(
     })
 }
 
+/// A fire as the engine judges it: its instant and, for a cron in recipient time, its slot's
+/// wall (`None`: worked out when it is marked fired, `schedule::plan::mark_slot_fired_of`).
+type Fire = (u64, Option<u64>);
+
 /// The fires a due time stands for, and what each leads to: just `due` when herald was
 /// watching then; else the fires missed while it was not, judged by the misfire policy as one
-/// outage. Also returns how many were missed.
+/// outage, each with its slot's wall as the walk over them found it. Also returns how many
+/// were missed.
 ///
 /// A step lists at most `MISSED_LIST_MAX` fires. Expired ones are judged each on its own, so a
 /// long stretch of them is left to the next steps, each listing the next ones; but the fires
@@ -265,16 +272,16 @@ fn decide(
     now: u64,
     watched_ms: u64,
     grace_ms: u64,
-) -> (Vec<Decision>, usize) {
+) -> (Vec<Decision<Fire>>, usize) {
     if due >= watched_ms {
-        return (vec![Decision::Run(due)], 0);
+        return (vec![Decision::Run((due, None))], 0);
     }
     let (mut missed, probe, more) = list_missed(spec, progress, due, now, watched_ms);
     // Missed by more than the grace (misfire.rs: lateness up to `watched_ms`): expired.
     let expire_before = watched_ms.saturating_sub(grace_ms);
     let mut rest = None;
     if let Some(next) = more {
-        let expired = missed.iter().take_while(|t| **t < expire_before).count();
+        let expired = missed.iter().take_while(|f| f.0 < expire_before).count();
         if expired > 0 {
             // The expired ones only: the next step lists the others from the first.
             missed.truncate(expired);
@@ -289,23 +296,24 @@ fn decide(
     (decisions, n)
 }
 
-/// The fires missed before `watched_ms` from `due` on, at most `MISSED_LIST_MAX`; the progress
-/// with them handled; and the next missed fire after them, if any.
+/// The fires missed before `watched_ms` from `due` on, at most `MISSED_LIST_MAX`, each with
+/// its slot's wall; the progress with them handled; and the next missed fire after them, if
+/// any.
 fn list_missed(
     spec: &TaskSpec,
     progress: &TaskProgress,
     due: u64,
     now: u64,
     watched_ms: u64,
-) -> (Vec<u64>, TaskProgress, Option<u64>) {
-    let mut missed = vec![due];
+) -> (Vec<Fire>, TaskProgress, Option<u64>) {
     let mut probe = progress.clone();
     mark_fired_of(spec, &mut probe, due);
+    let mut missed = vec![(due, probe.last_slot_wall_ms)];
     loop {
         match next_missed(spec, &probe, now, watched_ms) {
             Some(n) if missed.len() < MISSED_LIST_MAX => {
-                missed.push(n);
                 mark_fired_of(spec, &mut probe, n);
+                missed.push((n, probe.last_slot_wall_ms));
             }
             more => return (missed, probe, more),
         }
@@ -319,7 +327,8 @@ fn next_missed(spec: &TaskSpec, probe: &TaskProgress, now: u64, watched_ms: u64)
 
 /// The rest of an outage from `first`, a missed fire after the listed ones: counted one by one
 /// up to `cap`, then straight to the latest missed fire ([`latest_missed`]), the ones between
-/// skipped over uncounted (a bound on one step's work).
+/// skipped over uncounted (a bound on one step's work). Its last fire carries its slot's wall:
+/// the decision on it sets it, as nothing walks the fires before it again.
 fn count_rest(
     spec: &TaskSpec,
     mut probe: TaskProgress,
@@ -327,39 +336,41 @@ fn count_rest(
     now: u64,
     watched_ms: u64,
     cap: u64,
-) -> Rest {
+) -> Rest<Fire> {
+    mark_fired_of(spec, &mut probe, first);
     let mut rest = Rest {
         count: 1,
-        last: first,
+        last: (first, probe.last_slot_wall_ms),
     };
-    mark_fired_of(spec, &mut probe, first);
     while let Some(n) = next_missed(spec, &probe, now, watched_ms) {
         rest.count = rest.count.saturating_add(1);
         if rest.count > cap {
             rest.last = latest_missed(spec, &mut probe, n, now, watched_ms);
             break;
         }
-        rest.last = n;
         mark_fired_of(spec, &mut probe, n);
+        rest.last = (n, probe.last_slot_wall_ms);
     }
     rest
 }
 
 /// The latest fire due before `watched_ms`, `missed` being one, in ~40 searches whatever the
 /// schedule's frequency: a bisection over the instant the next fire is searched after (the
-/// next fire after `x` never decreases with `x`).
+/// next fire after `x` never decreases with `x`). With its slot's wall in recipient time: the
+/// last slot of its instant, as all slots sharing it (a gap of the earliest zone) are missed;
+/// the first of them would leave the others to fire again (review finding).
 fn latest_missed(
     spec: &TaskSpec,
     probe: &mut TaskProgress,
     missed: u64,
     now: u64,
     watched_ms: u64,
-) -> u64 {
+) -> Fire {
     let mut after = |x: u64| {
         probe.last_fire_ms = Some(x);
         // Not a slot's instant: the next slot is the first after it (no wall to go on from).
         probe.last_slot_wall_ms = None;
-        next_missed(spec, probe, now, watched_ms)
+        next_slot_of(spec, probe, now).filter(|(n, _)| *n < watched_ms)
     };
     // A missed fire comes after `lo`, none after `hi`.
     let (mut lo, mut hi) = (missed.saturating_sub(1), watched_ms.saturating_sub(1));
@@ -371,7 +382,13 @@ fn latest_missed(
             hi = mid;
         }
     }
-    after(lo).unwrap_or(missed)
+    match after(lo) {
+        Some((at, first)) => (
+            at,
+            first.map(|w| last_slot_sharing_of(spec, w).unwrap_or(w)),
+        ),
+        None => (missed, None),
+    }
 }
 
 /// Where a fire that is to run goes.
@@ -383,18 +400,19 @@ enum Placed {
     Queued,
 }
 
-/// Places the fire at `t` as run `run_no`: started now, skipped, or queued behind a run in
-/// progress (`started_any`: this fire's catch-up started one already).
+/// Places the fire at `t` (with its slot's wall, when known) as run `run_no`: started now,
+/// skipped, or queued behind a run in progress (`started_any`: this fire's catch-up started one
+/// already).
 fn place(
     spec: &TaskSpec,
     progress: &mut TaskProgress,
     active_runs: usize,
     started_any: bool,
     run_no: u32,
-    t: u64,
+    (t, wall): Fire,
     now: u64,
 ) -> Placed {
-    mark_fired_of(spec, progress, t);
+    mark_slot_fired_of(spec, progress, t, wall);
     let fire = (t, progress.last_slot_wall_ms);
     if !may_run_more(spec, progress) {
         let why = "max_runs reached".into();
@@ -2023,6 +2041,54 @@ mod tests {
         assert_eq!((t.fires, t.skipped), (1_199, 1_199));
     }
 
+    /// Review finding: decisions carried instants only, so the latest fire of an outage past
+    /// its list took its wall from the fires before it, or else the first slot of its instant.
+    /// Berlin's 02:00 to 03:00 of 28 March 2027 all run at 01:00Z (spring forward): an
+    /// outage of a per-minute cron in recipient time ending there, fire_now, ran its latest as
+    /// the 02:00 slot, and the next fire, 02:01's, was at 01:00Z again: a second run for one
+    /// outage. Walked one by one (20 h: 1 260 fires) or reached by the bisection past the
+    /// count's bound (200 h), the latest is the 03:00 slot, run once; the schedule goes on at
+    /// 03:01 (01:01Z).
+    #[test]
+    fn an_outage_ending_in_a_gap_runs_its_last_slot_once() {
+        let utc = |s: &str| crate::schedule::parse_instant(s, None, Default::default()).unwrap()[0];
+        let gap = utc("2027-03-28T01:00:00Z");
+        let watched = gap + 30_000;
+        for hours in [20, 200] {
+            let (s, mut t) = task(serde_json::json!({"schedule": {"cron": "* * * * *",
+                "tz": "recipient"}, "misfire_grace": "30d",
+                "messages": [{"to": "b", "body": "x", "tz": "Europe/Berlin"}]}));
+            t.last_fire_ms = Some(gap - hours * 3_600_000);
+            t.next_fire_at_ms = next_fire_of(&s, &t, NOW);
+            let mut runs = Vec::new();
+            let mut steps = 0;
+            while let Some(due) = t.next_fire_at_ms.filter(|d| *d < watched) {
+                let p = fire(&s, &t, runs.len(), due, watched, watched).unwrap();
+                runs.extend(
+                    p.started
+                        .iter()
+                        .map(|r| (r.scheduled_at_ms, r.slot_wall_ms)),
+                );
+                t = p.progress;
+                steps += 1;
+                assert!(steps < 10, "{hours} h: catch-up does not end: {runs:?}");
+            }
+            let last = utc("2027-03-28T03:00:00Z");
+            assert_eq!(runs, [(gap, Some(last))], "{hours} h");
+            assert_eq!(t.last_slot_wall_ms, Some(last), "{hours} h");
+            assert_eq!(t.next_fire_at_ms, Some(gap + 60_000), "{hours} h");
+        }
+        // Every fire of the shorter outage counted once: 20 h of minutes, and the 60 more
+        // walls sharing 01:00Z.
+        let (s, mut t) = task(serde_json::json!({"schedule": {"cron": "* * * * *",
+            "tz": "recipient"}, "misfire_grace": "30d",
+            "messages": [{"to": "b", "body": "x", "tz": "Europe/Berlin"}]}));
+        t.last_fire_ms = Some(gap - 20 * 3_600_000);
+        let due = next_fire_of(&s, &t, NOW).unwrap();
+        let p = fire(&s, &t, 0, due, watched, watched).unwrap();
+        assert_eq!((p.progress.fires, p.progress.runs), (1_260, 1));
+    }
+
     /// Beyond its count's bound the rest of an outage goes straight to its latest fire.
     #[test]
     fn the_rest_of_an_outage_is_counted_up_to_its_bound_then_skipped_over() {
@@ -2033,14 +2099,14 @@ mod tests {
         let first = NOW + 60_000;
         let latest = watched - 60_000;
         let all = count_rest(&s, t.clone(), first, watched, watched, 10_000);
-        assert_eq!((all.count, all.last), (1_199, latest));
+        assert_eq!((all.count, all.last), (1_199, (latest, None)));
         let bounded = count_rest(&s, t.clone(), first, watched, watched, 10);
-        assert_eq!((bounded.count, bounded.last), (11, latest));
+        assert_eq!((bounded.count, bounded.last), (11, (latest, None)));
         // The latest missed fire found from any missed one, itself included.
         for from in [first, latest - 60_000, latest] {
             assert_eq!(
                 latest_missed(&s, &mut t.clone(), from, watched, watched),
-                latest
+                (latest, None)
             );
         }
         // A one-shot has one fire: the search ends on it.
@@ -2048,7 +2114,7 @@ mod tests {
             "to": ["a"], "body": "b"}));
         assert_eq!(
             latest_missed(&once, &mut t.clone(), NOW, watched, watched),
-            NOW
+            (NOW, None)
         );
     }
 }

@@ -32,24 +32,47 @@ pub const MISSED_COUNT_MAX: u64 = 10_000;
 const COALESCED: &str = "missed; coalesced into one run by misfire fire_now";
 const SKIPPED: &str = "missed; misfire policy is skip";
 
+/// A missed fire as the caller knows it, judged by its instant alone: the instant itself, or
+/// the engine's `(instant, slot wall)`. Two slots of a cron in recipient time can share an
+/// instant (`recipient.rs`), so a decision hands back the fire it was given, wall and all,
+/// and the caller records each fire's own slot (the wall of a fire reached past uncounted
+/// ones cannot be worked out again from the fires before it).
+pub trait Fire: Copy {
+    /// The fire's instant.
+    fn at(&self) -> u64;
+}
+
+impl Fire for u64 {
+    fn at(&self) -> u64 {
+        *self
+    }
+}
+
+impl Fire for (u64, Option<u64>) {
+    fn at(&self) -> u64 {
+        self.0
+    }
+}
+
 /// The missed fires of an outage after the listed ones, all within the grace: how many (at
 /// least one) and the latest. Counted, never listed, so an outage of any length is judged as one
 /// (one fire_now run, at most [`FIRE_ALL_MAX`] fire_all runs) in bounded memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rest {
+pub struct Rest<F = u64> {
     pub count: u64,
-    pub last: u64,
+    pub last: F,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub enum Decision<F = u64> {
     /// Start a run for this fire (now).
-    Run(u64),
+    Run(F),
     /// Record as skipped, with the reason.
-    Skip(u64, String),
+    Skip(F, String),
     /// Record as expired, with the reason.
-    Expire(u64, String),
+    Expire(F, String),
     /// Count this many fires (of a [`Rest`], before its last) as skipped, with no record each.
+    /// The rest's last fire always follows (its own decision).
     SkipUnlisted(u64),
 }
 
@@ -61,30 +84,30 @@ pub fn judge(policy: Misfire, grace_ms: u64, missed: &[u64], now_ms: u64) -> Vec
 /// [`judge`], the outage going on past the listed fires with `rest`. Then the latest missed fire
 /// is the rest's: fire_now runs it (the listed fires are all coalesced), and fire_all runs the
 /// first [`FIRE_ALL_MAX`] within the grace, so callers list at least that many before a rest.
-pub fn judge_outage(
+pub fn judge_outage<F: Fire>(
     policy: Misfire,
     grace_ms: u64,
-    missed: &[u64],
-    rest: Option<Rest>,
+    missed: &[F],
+    rest: Option<Rest<F>>,
     now_ms: u64,
-) -> Vec<Decision> {
+) -> Vec<Decision<F>> {
     let mut out = judge_listed(policy, grace_ms, missed, rest.is_none(), now_ms);
     out.extend(rest.into_iter().flat_map(|r| judge_rest(policy, r)));
     out
 }
 
 /// The decisions for the listed fires; `latest_listed`: the last of them is the outage's last.
-fn judge_listed(
+fn judge_listed<F: Fire>(
     policy: Misfire,
     grace_ms: u64,
-    missed: &[u64],
+    missed: &[F],
     latest_listed: bool,
     now_ms: u64,
-) -> Vec<Decision> {
+) -> Vec<Decision<F>> {
     let mut out = Vec::with_capacity(missed.len());
     let mut within = Vec::new();
     for &t in missed {
-        let late = now_ms.saturating_sub(t);
+        let late = now_ms.saturating_sub(t.at());
         if late > grace_ms {
             out.push(Decision::Expire(
                 t,
@@ -128,7 +151,7 @@ fn judge_listed(
     }
     // Keep the record in time order: expired fires are the oldest anyway, but be explicit.
     out.sort_by_key(|d| match d {
-        Decision::Run(t) | Decision::Skip(t, _) | Decision::Expire(t, _) => *t,
+        Decision::Run(t) | Decision::Skip(t, _) | Decision::Expire(t, _) => t.at(),
         Decision::SkipUnlisted(_) => 0,
     });
     out
@@ -136,7 +159,7 @@ fn judge_listed(
 
 /// The rest of an outage: all skipped, counted only, but its last fire (recorded), which runs
 /// for fire_now. fire_all has replayed its fires from the listed ones.
-fn judge_rest(policy: Misfire, r: Rest) -> Vec<Decision> {
+fn judge_rest<F: Fire>(policy: Misfire, r: Rest<F>) -> Vec<Decision<F>> {
     let Some(before_last) = r.count.checked_sub(1) else {
         return Vec::new();
     };
@@ -282,15 +305,28 @@ mod tests {
     /// An outage longer than its list: its latest fire is the rest's, counted only.
     #[test]
     fn an_outage_past_its_list_is_judged_as_one() {
-        let rest = Some(Rest { count: 3, last: 10 });
+        let rest: Option<Rest> = Some(Rest { count: 3, last: 10 });
         let k = |p| kinds(&judge_outage(p, u64::MAX, &[1, 2], rest, 20));
         assert_eq!(k(Misfire::FireNow), "SSUR");
         assert_eq!(k(Misfire::Skip), "SSUS");
         assert_eq!(k(Misfire::FireAll), "RRUS");
-        let one = Some(Rest { count: 1, last: 10 });
+        let one: Option<Rest> = Some(Rest { count: 1, last: 10 });
         assert_eq!(
             judge_outage(Misfire::FireNow, u64::MAX, &[1], one, 20),
             [Decision::Skip(1, COALESCED.into()), Decision::Run(10)]
+        );
+        // Fires with their slots' walls come back as they were given.
+        let walls: Option<Rest<(u64, Option<u64>)>> = Some(Rest {
+            count: 2,
+            last: (10, Some(7)),
+        });
+        assert_eq!(
+            judge_outage(Misfire::FireNow, u64::MAX, &[(1, Some(5))], walls, 20),
+            [
+                Decision::Skip((1, Some(5)), COALESCED.into()),
+                Decision::SkipUnlisted(1),
+                Decision::Run((10, Some(7)))
+            ]
         );
     }
 

@@ -57,9 +57,24 @@ pub fn next_fire_of(spec: &TaskSpec, p: &TaskProgress, from_ms: u64) -> Option<u
 }
 
 /// [`next_fire_of`] and, for a cron in recipient time, the wall time of the slot it is the
-/// run of (`schedule/recipient.rs`): a task's "next fire" in words names it.
+/// run of (`schedule/recipient.rs`; `None` for any other schedule): an outage's latest fire
+/// is found by its instant, and its slot from that one's (`engine/plan.rs::latest_missed`).
 pub fn next_slot_of(spec: &TaskSpec, p: &TaskProgress, from_ms: u64) -> Option<(u64, Option<u64>)> {
     next_fire_in(&fired_of(spec, p), from_ms)
+}
+
+/// For a cron in recipient time, the last slot sharing the run instant of the slot at `wall`
+/// ([`super::recipient::last_slot_sharing`]); `None` for any other schedule.
+pub fn last_slot_sharing_of(spec: &TaskSpec, wall: u64) -> Option<u64> {
+    use super::recipient::{is_recipient, last_slot_sharing, parse_zones, wall_cron};
+    let Schedule::Cron { tz, dst, .. } = &spec.schedule else {
+        return None;
+    };
+    if !is_recipient(tz.as_deref()) {
+        return None;
+    }
+    let zones = parse_zones(&spec.recipient_zones);
+    last_slot_sharing(&wall_cron(&spec.schedule)?, &zones, *dst, wall)
 }
 
 fn fired_of<'a>(spec: &'a TaskSpec, p: &'a TaskProgress) -> Fired<'a> {
@@ -121,8 +136,10 @@ fn next_fire_in(task: &Fired<'_>, from_ms: u64) -> Option<(u64, Option<u64>)> {
 }
 
 /// The next slot of a cron in recipient time, `(wall, instant)`: the first cron wall after the
-/// last slot's when it is known, else (nothing fired yet, or a record from before walls) the
-/// first slot whose instant is after the last fire's, or from `start`/`from_ms`.
+/// last slot's that runs no earlier than the last fire when the wall is known (the zones may
+/// have changed since: `recipient::slot_after_wall`), else (nothing fired yet, or a record
+/// from before walls) the first slot whose instant is after the last fire's, or from
+/// `start`/`from_ms`.
 fn next_recipient_slot(
     task: &Fired<'_>,
     dst: crate::model::DstPolicy,
@@ -133,7 +150,7 @@ fn next_recipient_slot(
     let cron = wall_cron(task.schedule)?;
     let zones = parse_zones(task.recipient_zones);
     if let Some(wall) = task.last_slot_wall_ms {
-        return slot_after_wall(&cron, &zones, dst, wall);
+        return slot_after_wall(&cron, &zones, dst, wall, task.last_fire_ms);
     }
     let after = match (task.last_fire_ms, start_ms) {
         (Some(last), _) => last,
@@ -146,17 +163,22 @@ fn next_recipient_slot(
 /// The slot wall of the fire at `fire_ms` for a cron in recipient time (`None` for any other
 /// schedule): the next slot's after what `task` has handled when that is the one at
 /// `fire_ms` (a tie with the last fire's instant included), else the first slot at that
-/// instant (a fire found otherwise: the latest of an outage, reached by a bisection).
+/// instant (a fire found otherwise; the engine hands an outage's fires their walls itself,
+/// `engine/plan.rs`). Not bounded by `max_runs` or `end`: the fire exists, and the one that
+/// reaches `max_runs` is a slot like the others (review finding: it took the first wall).
 fn fire_wall(task: &Fired<'_>, fire_ms: u64) -> Option<u64> {
     use super::recipient::{is_recipient, parse_zones, slot_of_cron, wall_cron};
-    let Schedule::Cron { tz, dst, .. } = task.schedule else {
+    let Schedule::Cron {
+        tz, dst, start_ms, ..
+    } = task.schedule
+    else {
         return None;
     };
     if !is_recipient(tz.as_deref()) {
         return None;
     }
-    match next_fire_in(task, fire_ms.checked_sub(1)?) {
-        Some((at, wall)) if at == fire_ms => wall,
+    match next_recipient_slot(task, *dst, *start_ms, fire_ms.checked_sub(1)?) {
+        Some((wall, at)) if at == fire_ms => Some(wall),
         _ => {
             let zones = parse_zones(task.recipient_zones);
             slot_of_cron(&wall_cron(task.schedule)?, &zones, *dst, fire_ms)
@@ -194,7 +216,14 @@ pub fn mark_fired(task: &mut Task, fire_ms: u64) {
 
 /// [`mark_fired`] on a task's progress.
 pub fn mark_fired_of(spec: &TaskSpec, p: &mut TaskProgress, fire_ms: u64) {
-    let wall = fire_wall(&fired_of(spec, p), fire_ms);
+    mark_slot_fired_of(spec, p, fire_ms, None);
+}
+
+/// [`mark_fired_of`], given the fire's slot wall when the caller knows it (`Some`: the engine's
+/// missed fires, each listed with its own): set as it is. `None`: worked out from what has
+/// fired, as [`mark_fired_of`] does (and `None` for a schedule not in recipient time).
+pub fn mark_slot_fired_of(spec: &TaskSpec, p: &mut TaskProgress, fire_ms: u64, wall: Option<u64>) {
+    let wall = wall.or_else(|| fire_wall(&fired_of(spec, p), fire_ms));
     p.last_slot_wall_ms = wall;
     p.fires += 1;
     p.last_fire_ms = Some(fire_ms);

@@ -23,10 +23,20 @@
 //! (`TaskProgress::last_slot_wall_ms`), each queued fire its own (`Queued::wall_ms`), and a
 //! run its slot's (`Run::slot_wall_ms`; progress record version 3, run record version 2,
 //! written only when a wall is known); the next slot is the first cron wall after the last
-//! one ([`slot_after_wall`]; slot instants never decrease as walls grow, so fires stay in
-//! order, ties included), and a run's messages wait for its recorded wall ([`run_wall`]). A
-//! record from before walls has none: the wall is read from the instant, as before
-//! ([`next_slot`] after the last fire, [`run_slot_wall`]), which is right except in a gap.
+//! one that runs no earlier than the last fire ([`slot_after_wall`]), and a run's messages
+//! wait for its recorded wall ([`run_wall`]). While the zones stay the same, slot instants
+//! never decrease as walls grow, so the bound changes nothing: fires stay in order, ties
+//! included. New messages can add a zone east of the others, whose earlier instants would put
+//! the slots after the last one before its fire (a burst of stale runs): those slots are
+//! skipped, as the slots before a task's creation are (the later zones' messages of them
+//! are not sent). A record from before walls has none: the wall is read from the instant, as
+//! before ([`next_slot`] after the last fire, [`run_slot_wall`]), which is right except in a
+//! gap.
+//!
+//! Missed fires (an outage, a pause) are judged by instant (`misfire.rs`), but each carries
+//! its slot's wall from the walk that found it (`engine/plan.rs`): an outage's latest fire,
+//! found past the counted ones by a bisection over instants, is the last slot sharing its
+//! instant ([`last_slot_sharing`]), as all of them were missed.
 //!
 //! Still by instant (open): backfill (`backfill.rs`) lists a range's slots and what was handled
 //! by instant, so of slots sharing an instant it offers the first only, and a task's "next
@@ -114,20 +124,66 @@ pub fn next_slot(
     (at > after_ms).then_some((wall, at))
 }
 
-/// The slot after the one whose wall is `wall`: the first cron wall strictly after it, and its
-/// run instant, `(wall, instant)`. This is how the next slot is found once the last slot's
-/// wall is known: two slots whose earliest zone puts them at one instant (a gap there) are
-/// two slots, each fired once, where [`next_slot`] after their instant would go past the
-/// second. Slot instants never decrease as walls grow (see [`next_slot`]), so neither do
-/// fires found this way; an instant equal to the last one is such a tie.
+/// The slot after the one whose wall is `wall` that runs no earlier than `not_before_ms` (the
+/// last fire's instant): the first cron wall strictly after `wall` whose run instant is at or
+/// after it, `(wall, instant)`. This is how the next slot is found once the last slot's wall
+/// is known: two slots whose earliest zone puts them at one instant (a gap there) are two
+/// slots, each fired once, where [`next_slot`] after their instant would go past the second.
+///
+/// While the zones stay as they were, slot instants never decrease as walls grow (see
+/// [`next_slot`]): the slot after `wall` runs at or after `wall`'s own instant, the last fire,
+/// and the bound changes nothing (a tie, an instant equal to the last, included). A change of
+/// the zones (new messages, `request/build.rs`) can move the slots after `wall` to instants
+/// long past: a zone east of the others puts the next hourly wall hours before the last fire
+/// (review finding: a burst of stale runs). The bound skips those slots, as [`next_slot`]
+/// does: the first wall from every zone's [`wall_threshold`] on.
 pub fn slot_after_wall(
     cron: &CronSchedule,
     zones: &[Tz],
     dst: DstPolicy,
     wall: u64,
+    not_before_ms: Option<u64>,
 ) -> Option<(u64, u64)> {
-    let next = cron.next_after(wall)?;
+    let mut from = wall;
+    if let Some(after) = not_before_ms.and_then(|t| t.checked_sub(1)) {
+        for zone in zones {
+            // Walls from the threshold on run after `after`; `next_after` is strict.
+            from = from.max(wall_threshold(*zone, dst, after)?.saturating_sub(1));
+        }
+    }
+    let next = cron.next_after(from)?;
     Some((next, first_instant(next, zones, dst)?))
+}
+
+/// The last slot sharing the run instant of the slot at `wall` (`wall` itself when the next
+/// slot runs later): in a gap of the earliest zone several walls run at one instant (Berlin's
+/// 02:00 to 03:00 of a spring-forward day). Slot instants never decrease as walls grow, so a
+/// bisection over the walls after `wall` finds it in ~40 cron evaluations, whatever the cron's
+/// frequency (an outage's latest fire, `engine/plan.rs::latest_missed`: all of them missed).
+pub fn last_slot_sharing(
+    cron: &CronSchedule,
+    zones: &[Tz],
+    dst: DstPolicy,
+    wall: u64,
+) -> Option<u64> {
+    let at = first_instant(wall, zones, dst)?;
+    let shares = |w: u64| {
+        cron.next_after(w)
+            .and_then(|n| first_instant(n, zones, dst))
+            == Some(at)
+    };
+    // The slot after `lo` shares the instant; the one after `hi` does not (two spans past
+    // `wall`, its instant is a day and more after `at` in every zone).
+    let (mut lo, mut hi) = (wall.checked_sub(1)?, wall.checked_add(2 * SPAN_MS)?);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if shares(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    cron.next_after(lo)
 }
 
 /// The smallest wall (ms as if UTC) whose instant in `zone` is after `after_ms` (a zone that
@@ -504,10 +560,16 @@ mod tests {
             Some(utc("2027-03-28T00:30:00Z"))
         );
         let mut got = Vec::new();
+        // Bounded by the last fire's instant, as the schedule goes on: ties still come.
+        let mut last = first_instant(wall, &zones, d);
         for _ in 0..4 {
-            let (next, at) = slot_after_wall(&cron, &zones, d, wall).unwrap();
+            let (next, at) = slot_after_wall(&cron, &zones, d, wall, last).unwrap();
+            assert_eq!(
+                slot_after_wall(&cron, &zones, d, wall, None),
+                Some((next, at))
+            );
             got.push((next, at));
-            wall = next;
+            (wall, last) = (next, Some(at));
         }
         let want = [
             ("2027-03-28T02:00:00Z", "2027-03-28T01:00:00Z"),
@@ -530,6 +592,124 @@ mod tests {
         // limit the walls remove.
         let (w, _) = next_slot(&cron, &zones, d, utc("2027-03-28T01:00:00Z")).unwrap();
         assert_eq!(w, utc("2027-03-28T03:30:00Z"));
+        // The last of the slots sharing 01:00Z, from any of them; a slot alone at its instant
+        // is its own last (per second too: ~40 evaluations, not one per wall).
+        for w in &want[..3] {
+            assert_eq!(last_slot_sharing(&cron, &zones, d, w.0), Some(want[2].0));
+        }
+        assert_eq!(
+            last_slot_sharing(&cron, &zones, d, want[3].0),
+            Some(want[3].0)
+        );
+        let secs = CronSchedule::parse("* * * * * *", chrono_tz::UTC, d).unwrap();
+        let (last, n) = crate::schedule::cron::evaluations::of(|| {
+            last_slot_sharing(&secs, &zones, d, utc("2027-03-28T02:00:00Z"))
+        });
+        assert_eq!(last, Some(utc("2027-03-28T03:00:00Z")));
+        assert!(n < 64, "{n} cron evaluations");
+    }
+
+    /// Review finding: a patch adding a zone east of the others (new messages) left the next
+    /// slot the cron wall after the last one, hours before the last fire: an hourly cron for
+    /// London (UTC in December) fired its 10:00 slot at 10:00Z; with Tokyo (UTC+9) its 11:00
+    /// is 02:00Z, the first of nine stale slots. The next slot runs no earlier than the last
+    /// fire: 19:00, Tokyo's 10:00Z (a tie with it), then one an hour.
+    #[test]
+    fn a_new_zone_to_the_east_never_moves_the_next_slot_before_the_last_fire() {
+        use crate::schedule::plan::{mark_fired, next_fire};
+        let start = utc("2026-12-01T09:30:00Z");
+        let mut t = crate::request::test_task(
+            serde_json::json!({"schedule": {"cron": "0 * * * *", "tz": "recipient"},
+            "messages": [{"to": "l", "body": "x", "tz": "Europe/London"}]}),
+            start,
+        );
+        let ten = utc("2026-12-01T10:00:00Z");
+        assert_eq!(next_fire(&t, start), Some(ten));
+        mark_fired(&mut t, ten);
+        assert_eq!(t.last_slot_wall_ms, Some(ten));
+        assert_eq!(next_fire(&t, ten), Some(utc("2026-12-01T11:00:00Z")));
+        t.recipient_zones.push("Asia/Tokyo".into());
+        let now = utc("2026-12-01T10:10:00Z");
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let at = next_fire(&t, now).unwrap();
+            mark_fired(&mut t, at);
+            got.push((t.last_slot_wall_ms.unwrap(), at));
+        }
+        let want = [
+            ("2026-12-01T19:00:00Z", "2026-12-01T10:00:00Z"),
+            ("2026-12-01T20:00:00Z", "2026-12-01T11:00:00Z"),
+            ("2026-12-01T21:00:00Z", "2026-12-01T12:00:00Z"),
+        ]
+        .map(|(w, a)| (utc(w), utc(a)));
+        assert_eq!(got, want);
+    }
+
+    /// Review finding: the fire that reaches `max_runs` (a catch-up's last, skipped for it)
+    /// took the first slot of its instant, as if nothing had fired: the 02:00 slot again, not
+    /// 02:30.
+    #[test]
+    fn the_fire_at_max_runs_is_its_own_slot() {
+        use crate::schedule::plan::{mark_fired, next_fire};
+        let start = utc("2027-03-28T00:00:00Z");
+        let mut t = crate::request::test_task(
+            serde_json::json!({"schedule": {"cron": "*/30 * * * *", "tz": "recipient",
+                "max_runs": 2},
+            "messages": [{"to": "b", "body": "x", "tz": "Europe/Berlin"}]}),
+            start,
+        );
+        for _ in 0..2 {
+            let at = next_fire(&t, start).unwrap();
+            mark_fired(&mut t, at);
+            t.runs += 1;
+        }
+        assert_eq!(t.last_slot_wall_ms, Some(utc("2027-03-28T02:00:00Z")));
+        assert_eq!(next_fire(&t, start), None, "max_runs reached");
+        mark_fired(&mut t, utc("2027-03-28T01:00:00Z"));
+        assert_eq!(t.last_slot_wall_ms, Some(utc("2027-03-28T02:30:00Z")));
+    }
+
+    /// A run's recorded wall holds while it is a slot of the task's cron (`run_wall`): the run
+    /// of the 02:30 slot (01:00Z, shared with 02:00 and 03:00) keeps its hold under a new
+    /// cron that keeps 02:30, and falls back to its instant's first slot, 02:00, under one
+    /// that drops it: New York's message would go at 02:00 EDT, not 02:30, so
+    /// `engine/control.rs::hold_moved` refuses that patch (409).
+    #[test]
+    fn a_recorded_wall_holds_while_it_is_a_slot_of_the_cron() {
+        let zones = vec!["Europe/Berlin".to_string(), "America/New_York".to_string()];
+        let schedule = |cron: &str| {
+            crate::request::test_task(
+                serde_json::json!({"schedule": {"cron": cron, "tz": "recipient"},
+                "messages": [{"to": "b", "body": "x", "tz": "Europe/Berlin"},
+                             {"to": "n", "body": "y", "tz": "America/New_York"}]}),
+                utc("2027-03-27T00:00:00Z"),
+            )
+            .schedule
+        };
+        let (fire, wall) = (utc("2027-03-28T01:00:00Z"), utc("2027-03-28T02:30:00Z"));
+        let old = schedule("*/30 * * * *");
+        let hold = |s: &Schedule, w| run_hold(s, &zones, fire, w).map(|h| h.0);
+        assert_eq!(hold(&old, Some(wall)), Some(wall));
+        // Not recorded (a run from before walls): the instant's first slot.
+        let first = utc("2027-03-28T02:00:00Z");
+        assert_eq!(hold(&old, None), Some(first));
+        for keeps in ["0,30 * * * *", "30 2 * * *", "*/15 * * * *"] {
+            assert_eq!(hold(&schedule(keeps), Some(wall)), Some(wall), "{keeps}");
+        }
+        for drops in ["0 * * * *", "45 * * * *"] {
+            let new = schedule(drops);
+            assert_ne!(hold(&new, Some(wall)), hold(&old, Some(wall)), "{drops}");
+        }
+        assert_eq!(hold(&schedule("0 * * * *"), Some(wall)), Some(first));
+        // New York's message of the slot, by the recorded wall: 02:30 EDT.
+        let ny = message_due(
+            &old,
+            &parse_zones(&zones),
+            fire,
+            Some(wall),
+            "America/New_York",
+        );
+        assert_eq!(ny, Some(utc("2027-03-28T06:30:00Z")));
     }
 
     /// The same slots through the schedule's own bookkeeping (`plan::mark_fired`, what the

@@ -113,7 +113,7 @@ pub enum StoreError {
         reserve_mib: u64,
     },
     #[error(
-        "data directory {dir} has format version {found}; this build reads {DIR_FORMAT} and 1"
+        "data directory {dir} has format version {found}; this build reads formats 1 to {DIR_FORMAT}"
     )]
     Version { dir: String, found: u8 },
     #[error("the storage engine crashed opening {dir}: {detail}")]

@@ -342,7 +342,9 @@ impl Stored for ProgressRecord {
         }
     }
     /// Version 2 when no slot wall is known: the bytes of every task not in recipient time
-    /// (and of one whose walls are all derivable) stay those older builds read.
+    /// (and of one in recipient time that knows none: an `at`, a cron with no fire recorded
+    /// with its wall yet) stay those older builds read. Any known wall forces version 3, even
+    /// one its instant would give back (that is not checked).
     fn encode_older(&self, out: &mut Vec<u8>) -> Option<Result<(), StoreError>> {
         self.without_walls().then(|| {
             let v2 = ProgressV2 {
