@@ -612,3 +612,33 @@ fn export_of_an_older_format_leaves_it_as_it_was() {
         "no write-ahead log of this build's added"
     );
 }
+
+/// `herald export --data` of a format-7 directory (the checked-in fixture): format 8 only moved
+/// the number, so it is exported as it is and left at format 7, every record as it was, for the
+/// herald that wrote it to open again.
+#[test]
+fn export_of_format_7_reads_it_as_it_is() {
+    let dir = common::fixture_copy("v7-data");
+    let before = sled_records(dir.path());
+    let format = |rs: &[(Vec<u8>, Vec<u8>, Vec<u8>)]| {
+        rs.iter()
+            .find(|(t, k, _)| t == b"meta" && k == b"format")
+            .map(|(_, _, v)| v.clone())
+    };
+    assert_eq!(format(&before), Some(vec![7]));
+    let o = herald(&["export", "--data", data(dir.path())], None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let kinds: Vec<String> = out
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["kind"].to_string())
+        .collect();
+    assert_eq!(kinds.first().map(String::as_str), Some("\"header\""));
+    assert_eq!(kinds.last().map(String::as_str), Some("\"end\""));
+    assert!(
+        kinds.iter().filter(|k| k.as_str() == "\"task\"").count() >= 4,
+        "{out}"
+    );
+    let after = sled_records(dir.path());
+    assert_eq!(format(&after), Some(vec![7]), "still format 7");
+}

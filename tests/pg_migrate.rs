@@ -214,4 +214,22 @@ async fn an_open_without_upgrade_leaves_an_older_schema_as_it_is() {
         .await
         .unwrap()
         .expect("this build's schema opens without an upgrade");
+    // Schema 7 (schema 8 only moved the number) opens without an upgrade and stays 7: an
+    // export leaves the herald that serves it able to start again.
+    pg.psql(
+        &url,
+        "UPDATE herald_meta SET value = '7' WHERE name = 'schema_version'",
+    );
+    let open_url = url.clone();
+    tokio::task::spawn_blocking(move || PgBackend::open(&open_url, &read_only()))
+        .await
+        .unwrap()
+        .expect("schema 7 opens as it is");
+    assert_eq!(
+        pg.psql(
+            &url,
+            "SELECT value FROM herald_meta WHERE name = 'schema_version'"
+        ),
+        "7"
+    );
 }

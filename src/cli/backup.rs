@@ -25,7 +25,7 @@ use super::client::{CliError, Client};
 use super::output;
 use crate::backup::{export, import, marker, BackupError};
 use crate::store::pg::{PgBackend, PgOptions};
-use crate::store::{Store, StoreError, StoreOptions, DIR_FORMAT};
+use crate::store::{Store, StoreError, StoreOptions, DIR_FORMAT, DIR_FORMAT_READ_AS_IS};
 
 #[derive(Args, Debug)]
 #[group(required = true, multiple = false)]
@@ -137,7 +137,7 @@ fn open_existing(dir: &Path) -> Result<Store, CliError> {
     }
     };
     match stored_format(dir).map_err(refused)? {
-        Some(found) if found < DIR_FORMAT => {
+        Some(found) if found < DIR_FORMAT_READ_AS_IS => {
             return Err(local(format!(
                 "{} holds data-directory format {found}, written by an older herald; export does not upgrade it (opening it would, and the herald that wrote it could not read it any more). Export it with that herald, or start this one on it first (herald serve upgrades it to format {DIR_FORMAT}) and export then",
                 dir.display()
@@ -148,7 +148,12 @@ fn open_existing(dir: &Path) -> Result<Store, CliError> {
     // sled's threads let go of the directory a moment after the read above closed it.
     let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        match Store::open_with(dir, &StoreOptions::default()) {
+        // A format read as it is stays as it is: the herald that wrote it still opens it.
+        let opts = StoreOptions {
+            keep_format: true,
+            ..StoreOptions::default()
+        };
+        match Store::open_with(dir, &opts) {
             Err(e) if sled_locked(&e) && std::time::Instant::now() < end => {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }

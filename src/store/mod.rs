@@ -76,6 +76,10 @@ use records::{join, progress_of, progress_record, spec_of, LiveEntry, ProgressRe
 /// time's slot walls, `records/`); format 7 is read as it is, and the number moved so that an
 /// older build refuses a directory with records it would skip as damaged.
 pub const DIR_FORMAT: u8 = 8;
+/// The oldest data-directory format this build reads as it is, with no migration: 7 (format 8
+/// only moved the number). An open that must not change the directory (an export) takes it as
+/// it is and leaves its format byte ([`StoreOptions::keep_format`]).
+pub const DIR_FORMAT_READ_AS_IS: u8 = 7;
 /// Most finished run records one fire deletes from a task's history ([`Op::TrimRuns`]): a
 /// task restored with a long history comes down to `runs_max` over some fires, each bounded.
 pub const TRIM_MAX: usize = 64;
@@ -381,6 +385,10 @@ pub struct StoreOptions {
     /// up on is not listed (its run still counts it failed), counted and alerted. Applied by
     /// the engine.
     pub failures_max: u64,
+    /// Leave a directory of format [`DIR_FORMAT_READ_AS_IS`] at its format instead of marking
+    /// it [`DIR_FORMAT`] (an export: the herald that wrote it must still open it). Records of
+    /// this build's newer versions must then not be written; an export writes none.
+    pub keep_format: bool,
 }
 
 /// `[store] failures_max` when the config does not say.
@@ -399,6 +407,7 @@ impl Default for StoreOptions {
             runs_max: DEFAULT_RUNS_MAX,
             timeline_max: timeline::DEFAULT_TIMELINE_MAX,
             failures_max: DEFAULT_FAILURES_MAX,
+            keep_format: false,
         }
     }
 }
@@ -477,7 +486,8 @@ impl Store {
             // Formats 1 to 6 have a `live` tree (the steps above leave one); through the log.
             migrate::live_into_progress(&backend)?;
         }
-        if format != Some(DIR_FORMAT) {
+        let kept = opts.keep_format && format == Some(DIR_FORMAT_READ_AS_IS);
+        if format != Some(DIR_FORMAT) && !kept {
             meta.insert("format", &[DIR_FORMAT])?;
             // Durable before the first write in this format: a later `format` write lost to a
             // crash would make the next open run the upgrade again over its records.

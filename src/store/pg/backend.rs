@@ -100,7 +100,8 @@ pub struct PgOptions {
     /// a cluster node; `None` (an export, which only reads; tests' backends) claims none.
     pub process_lock: Option<Mode>,
     /// Whether this open creates or upgrades the schema; `false` (an export, which holds no
-    /// process lock) requires this build's schema as it is (`schema::check_current`).
+    /// process lock) requires this build's schema, or one it reads as it is
+    /// (`schema::check_current`).
     pub upgrade: bool,
     /// How long a read-back of a COMMIT that got no answer is tried before the group's
     /// outcome is given up as unknown ([`READ_BACK_FOR`]; tests make it short).

@@ -11,6 +11,9 @@ use crate::store::backend::TreeId;
 
 /// The schema this build writes. Each version's statements are in [`MIGRATIONS`].
 pub const SCHEMA_VERSION: i32 = 8;
+/// The oldest schema this build reads as it is, with no statement: 7 (schema 8 only moved the
+/// number). An open that must not change the schema (an export) takes it.
+pub const SCHEMA_READ_AS_IS: i32 = 7;
 /// S for a schema created without another choice (HA.md).
 pub const DEFAULT_SHARDS: u32 = 64;
 /// Most shards a schema may have: S goes into an `int` column.
@@ -330,7 +333,9 @@ fn lock_wait(step: Duration) -> Duration {
 
 /// An open that must not change the schema (an export, which takes no process lock: a newer
 /// build's export upgraded the tables under the herald serving them, which then refused to
-/// start again, a review finding): the schema must be this build's. S, as [`migrate`] answers.
+/// start again, a review finding): the schema must be this build's, or one it reads as it is
+/// ([`SCHEMA_READ_AS_IS`]: an export writes nothing, so schema 7 stays 7 for the herald that
+/// serves it). S, as [`migrate`] answers.
 pub async fn check_current(client: &mut Client, step: Duration) -> Result<u32, SchemaError> {
     let tx = bounded(step, client.transaction()).await?;
     let q = tx.query_one("SELECT to_regclass('herald_meta') IS NOT NULL", &[]);
@@ -343,7 +348,7 @@ pub async fn check_current(client: &mut Client, step: Duration) -> Result<u32, S
     if found > SCHEMA_VERSION {
         return Err(SchemaError::Newer { found });
     }
-    if found < SCHEMA_VERSION {
+    if found < SCHEMA_READ_AS_IS {
         return Err(SchemaError::Bad(format!(
             "the database holds herald schema version {found}, older than this build's {SCHEMA_VERSION}; an export does not upgrade it: export with the herald release that serves it, or start this build's herald serve on it first"
         )));
