@@ -380,3 +380,73 @@ async fn new_messages_in_a_zone_to_the_east_never_move_the_next_slot_into_the_pa
         "no run skipped or expired: {runs:?}"
     );
 }
+
+/// Review finding (the module's open limit): backfill listed a range's slots by instant, so
+/// of the three sharing 01:00Z (Berlin's gap) it offered the 02:00 slot only: New York's 02:30
+/// and 03:00 could not be backfilled. A task created at 01:10Z never fired them; a backfill of
+/// 00:45Z–01:10Z is one run per slot, each carrying its wall, so New York's message of each
+/// goes at that slot's own time (02:00, 02:30 and 03:00 EDT), Berlin's as its run starts
+/// (backfilled runs go one after another). Backfilled again, the range has nothing left:
+/// each slot is matched by its run's wall. (`max_runs` 3, reached by the backfill, keeps the
+/// schedule's own 03:30 slot out: a run of it would be one the queued runs wait for.)
+#[tokio::test]
+async fn a_backfill_of_slots_sharing_an_instant_sends_each_at_its_own_wall() {
+    let h = ManualHerald::start(utc_ms("2027-03-28T01:10:00Z"), "").await;
+    let t = h
+        .post(&json!({"id": "late", "channel": "out",
+        "schedule": {"cron": "0,30 1-3 * * *", "tz": "recipient", "max_runs": 3},
+        "messages": [
+            {"to": "berlin", "body": "b", "tz": "Europe/Berlin"},
+            {"to": "newyork", "body": "n", "tz": "America/New_York"},
+        ]}))
+        .await;
+    assert_eq!(
+        t["next_fire_at"], "2027-03-28T01:30:00Z",
+        "the 03:30 slot: {t}"
+    );
+    let range = json!({"from": "2027-03-28T00:45:00Z", "to": "2027-03-28T01:10:00Z"});
+    let url = h.url("/v1/tasks/late/backfill");
+    let r = http::post_json(&url, &range).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let runs: Vec<u64> = r.json()["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    assert_eq!(runs, [1, 2, 3], "the 02:00, 02:30 and 03:00 slots");
+    let r = http::post_json(&url, &range).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(r.json()["runs"], json!([]), "{}", r.text());
+    h.run_until(utc_ms("2027-03-28T08:00:00Z")).await;
+    let sent = h.sent();
+    let of = |to: &str| -> Vec<(u64, u64)> {
+        sent.iter()
+            .filter(|v| v["to"] == to)
+            .map(|v| (v["run"].as_u64().unwrap(), sent_at(v)))
+            .collect()
+    };
+    let at = |t: &str| utc_ms(&format!("2027-03-28T{t}:00Z"));
+    let want = [(1, at("06:00")), (2, at("06:30")), (3, at("07:00"))];
+    assert_eq!(of("newyork"), want, "{sent:?}");
+    let want = [(1, at("01:10")), (2, at("06:00")), (3, at("06:30"))];
+    assert_eq!(of("berlin"), want, "{sent:?}");
+    let kept = h.runs("late").await;
+    let filled: Vec<(&str, &str)> = kept
+        .iter()
+        .map(|r| {
+            let at = r["scheduled_at"].as_str().unwrap();
+            (at, r["state"].as_str().unwrap())
+        })
+        .collect();
+    assert_eq!(
+        filled,
+        [("2027-03-28T01:00:00Z", "completed"); 3],
+        "{kept:?}"
+    );
+    let t = h.task("late").await;
+    assert_eq!(
+        t["state"], "completed",
+        "max_runs reached by the backfill: {t}"
+    );
+}

@@ -15,6 +15,7 @@ use crate::model::{
     format_duration_ms, Backoff, DstGap, DstPolicy, DstRepeat, Failure, Lang, Misfire, Overlap,
     Pacing, RetryPolicy, Run, RunState, Schedule, TaskState,
 };
+use crate::schedule::plan::next_fire_wall;
 use crate::schedule::recipient::next_fire_human;
 use crate::schedule::{describe_in, format_utc};
 
@@ -232,9 +233,10 @@ pub fn task_doc(
         misfire_grace: format_duration_ms(t.misfire_grace_ms),
         name: t.name.as_deref(),
         next_fire_at: t.next_fire_at_ms.map(format_utc),
-        next_fire_human: t
-            .next_fire_at_ms
-            .map(|at| next_fire_human(&t.schedule, &t.recipient_zones, at, now_ms, lang)),
+        next_fire_human: t.next_fire_at_ms.map(|at| {
+            let fire = (at, next_fire_wall(t));
+            next_fire_human(&t.schedule, &t.recipient_zones, fire, now_ms, lang)
+        }),
         notify: t.notify.as_ref().map(|n| {
             json!({"channel": n.channel, "to": n.to,
                 "on": n.on.iter().map(|o| o.as_str()).collect::<Vec<_>>()})
@@ -468,7 +470,7 @@ mod tests {
             "description": describe_in(&t.schedule, t.lang),
             "lang": t.lang.as_str(),
             "next_fire_at": instant(t.next_fire_at_ms),
-            "next_fire_human": t.next_fire_at_ms.map(|at| next_fire_human(&t.schedule, &t.recipient_zones, at, now_ms, t.lang)),
+            "next_fire_human": t.next_fire_at_ms.map(|at| next_fire_human(&t.schedule, &t.recipient_zones, (at, next_fire_wall(t)), now_ms, t.lang)),
             "runs": t.runs,
             "fires": { "handled": t.fires, "skipped": t.skipped, "expired": t.expired, "queued": t.queued.len() },
             "messages": t.message_count,

@@ -13,6 +13,7 @@ use crate::model::{
     delivery_key, Failure, InvalidTransition, Outcome, Overlap, Pacing, Queued, Run, RunState,
     TaskProgress, TaskSpec, TaskState,
 };
+use crate::schedule::backfill::Slot;
 use crate::schedule::misfire::{
     judge_outage, judge_started, Decision, Rest, MISSED_COUNT_MAX, MISSED_LIST_MAX,
 };
@@ -1153,13 +1154,15 @@ pub fn trigger(spec: &TaskSpec, progress: &TaskProgress, now: u64) -> Result<Con
 /// the next run number (so its idempotency keys are new) and waits in the task's queue; the
 /// first starts now when nothing is active (a paused task starts them on resume), the others
 /// each when the one before it ends, so the task's pacing holds within each run and runs never
-/// overlap. `last_fire_ms` stays: the schedule goes on from where it was. The plan and the run
-/// numbers, in slot order.
+/// overlap. `last_fire_ms` stays: the schedule goes on from where it was. A slot of a cron in
+/// recipient time carries its wall to its queued fire and run (`Run::slot_wall_ms`), so its
+/// later zones' messages go at that slot's wall, not at the first slot of its instant. The
+/// plan and the run numbers, in slot order.
 pub fn backfill(
     spec: &TaskSpec,
     progress: &TaskProgress,
     active_runs: usize,
-    slots: &[u64],
+    slots: &[Slot],
     now: u64,
 ) -> Result<(ControlPlan, Vec<u32>), Refused> {
     if !matches!(
@@ -1173,10 +1176,14 @@ pub fn backfill(
     }
     let mut progress = progress.clone();
     let mut numbers = Vec::with_capacity(slots.len());
-    for &at in slots {
+    for s in slots {
         progress.fires += 1;
         numbers.push(progress.fires);
-        progress.queued.push(Queued::at(progress.fires, at));
+        progress.queued.push(Queued {
+            run: progress.fires,
+            at_ms: s.at_ms,
+            wall_ms: s.wall_ms,
+        });
     }
     if !may_run_more(spec, &progress) {
         // Backfilled runs count toward `max_runs` as fired ones do (the range was checked
@@ -1590,7 +1597,7 @@ mod tests {
     fn a_backfill_queues_one_run_per_slot_in_order_and_starts_the_first() {
         let (s, t) =
             task(serde_json::json!({"schedule": {"cron": "* * * * *"}, "to": ["a"], "body": "b"}));
-        let slots = [NOW - 180_000, NOW - 120_000, NOW - 60_000];
+        let slots = [NOW - 180_000, NOW - 120_000, NOW - 60_000].map(Slot::at);
         let (p, numbers) = backfill(&s, &t, 0, &slots, NOW).unwrap();
         assert_eq!(numbers, vec![1, 2, 3]);
         assert_eq!(p.progress.state, TaskState::Running);
@@ -1825,7 +1832,7 @@ mod tests {
     fn cancel_and_park_record_the_queued_fires_they_drop() {
         let (s, t) = task(serde_json::json!({"schedule": {"cron": "* * * * *"},
             "overlap": "queue", "to": ["a"], "body": "b"}));
-        let slots = [NOW - 180_000, NOW - 120_000, NOW - 60_000];
+        let slots = [NOW - 180_000, NOW - 120_000, NOW - 60_000].map(Slot::at);
         let (p, numbers) = backfill(&s, &t, 0, &slots, NOW).unwrap();
         assert_eq!(numbers, [1, 2, 3]);
         let runs: BTreeMap<u32, Run> = p.runs.iter().map(|r| (r.run, r.clone())).collect();

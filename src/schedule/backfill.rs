@@ -1,13 +1,19 @@
 //! Backfill (API.md "Missed runs and backfill"): the slots of a task's schedule in a range that
 //! have no completed run, in slot order. Pure: the caller passes what the task has handled
 //! ([`Handled`]: its progress and the run records the store still keeps).
+//!
+//! A slot of a cron in recipient time is known by its wall (`recipient.rs`): slots sharing a
+//! run instant (a gap in the earliest zone) are each a slot of the range, matched against the
+//! runs and queued fires that carry their wall, and each backfilled one carries it to its run
+//! (its later zones' messages go at that slot's wall). A record without a wall (from before
+//! walls) is matched by its instant, as is every slot of any other schedule.
 
 use std::collections::BTreeSet;
 
 use crate::model::{Run, RunState, Schedule, TaskProgress, TaskSpec};
 
 use super::plan::cron_of;
-use super::recipient::{is_recipient, next_slot, parse_zones, wall_cron};
+use super::recipient::{is_recipient, next_slot, parse_zones, slot_after_wall, wall_cron};
 
 /// Most slots one backfill may cover; a range with more is refused (422), not cut short.
 pub const BACKFILL_SLOTS_MAX: usize = 1_000;
@@ -29,13 +35,68 @@ pub enum BackfillError {
     MaxRuns { slots: usize, left: u32, max: u32 },
 }
 
+/// A slot of a range: its run instant and, for a cron in recipient time, its wall (ms as if
+/// UTC, `recipient.rs`), which tells slots sharing an instant apart; `None` for any other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub at_ms: u64,
+    pub wall_ms: Option<u64>,
+}
+
+impl Slot {
+    /// A slot known by its instant alone (any schedule not in recipient time).
+    pub fn at(at_ms: u64) -> Slot {
+        Slot {
+            at_ms,
+            wall_ms: None,
+        }
+    }
+}
+
+/// The slots a task's run records (or queued fires) name: each by its wall when it carries
+/// one, else by its instant.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Marks {
+    /// Every mark's instant: what a slot without a wall is matched by, as before walls.
+    instants: BTreeSet<u64>,
+    /// The instants of the marks without a wall (records from before walls, triggers): a slot
+    /// with a wall at one of them is matched, as all slots of that instant were before walls.
+    bare: BTreeSet<u64>,
+    /// The walls of the marks with one.
+    walls: BTreeSet<u64>,
+}
+
+impl Marks {
+    /// From `(instant, wall)` pairs (`Run::slot_wall_ms`, `Queued::wall_ms`).
+    pub fn of(marks: impl IntoIterator<Item = (u64, Option<u64>)>) -> Marks {
+        let mut m = Marks::default();
+        for (at, wall) in marks {
+            m.instants.insert(at);
+            match wall {
+                Some(w) => m.walls.insert(w),
+                None => m.bare.insert(at),
+            };
+        }
+        m
+    }
+
+    /// Whether a mark names `slot`: by its wall when the slot has one (or by a mark without a
+    /// wall at its instant), else by its instant.
+    pub fn has(&self, slot: &Slot) -> bool {
+        match slot.wall_ms {
+            Some(w) => self.walls.contains(&w) || self.bare.contains(&slot.at_ms),
+            None => self.instants.contains(&slot.at_ms),
+        }
+    }
+}
+
 /// What a task has handled already, as far as backfill needs to know.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Handled {
     /// Slots with a completed or running run, or a fire queued to run: never backfilled.
-    pub done: BTreeSet<u64>,
+    pub done: Marks,
     /// Slots with a run record of any state (a skipped or expired one says it was not sent).
-    pub recorded: BTreeSet<u64>,
+    pub recorded: Marks,
     /// The latest instant a backfilled slot may be: now, and before the schedule's next fire,
     /// which the schedule handles itself (a paused task's missed ones at resume, by its misfire
     /// policy): a slot backfilled there would be sent twice.
@@ -53,18 +114,18 @@ impl Handled {
     /// From the task's progress and the run records kept (`runs`); `lead_ms`: how far ahead
     /// of its slot a fire step may run (a run's number may be given before its slot).
     pub fn of(runs: &[Run], p: &TaskProgress, now: u64, lead_ms: u64) -> Handled {
-        let mut done: BTreeSet<u64> = runs
-            .iter()
-            .filter(|r| matches!(r.state, RunState::Completed | RunState::Running))
-            .map(|r| r.scheduled_at_ms)
-            .collect();
-        done.extend(p.queued.iter().map(|q| q.at_ms));
+        let done = Marks::of(
+            runs.iter()
+                .filter(|r| matches!(r.state, RunState::Completed | RunState::Running))
+                .map(|r| (r.scheduled_at_ms, r.slot_wall_ms))
+                .chain(p.queued.iter().map(|q| (q.at_ms, q.wall_ms))),
+        );
         // `runs` counts every run started (an expired one given back); one not kept is lost.
         let started = runs.iter().filter(|r| was_started(&r.state)).count();
         let lost = usize::try_from(p.runs).map_or(true, |n| n > started);
         Handled {
             done,
-            recorded: runs.iter().map(|r| r.scheduled_at_ms).collect(),
+            recorded: Marks::of(runs.iter().map(|r| (r.scheduled_at_ms, r.slot_wall_ms))),
             latest: p
                 .next_fire_at_ms
                 .map_or(now, |n| now.min(n.saturating_sub(1))),
@@ -98,22 +159,22 @@ fn numbered_by(runs: &[Run], p: &TaskProgress, now: u64) -> u64 {
 
 /// Every slot of `task`'s schedule in `[from_ms, to_ms]`, ascending, counting all of them
 /// against the bound (a slot that already has a completed run is still a slot of the range).
-pub fn slots(task: &TaskSpec, from_ms: u64, to_ms: u64) -> Result<Vec<u64>, BackfillError> {
+pub fn slots(task: &TaskSpec, from_ms: u64, to_ms: u64) -> Result<Vec<Slot>, BackfillError> {
     if to_ms < from_ms {
         return Err(BackfillError::Backwards);
     }
     let mut out = Vec::new();
-    let mut push = |t: u64| -> Result<(), BackfillError> {
-        if (from_ms..=to_ms).contains(&t) {
+    let mut push = |s: Slot| -> Result<(), BackfillError> {
+        if (from_ms..=to_ms).contains(&s.at_ms) {
             if out.len() == BACKFILL_SLOTS_MAX {
                 return Err(BackfillError::TooMany);
             }
-            out.push(t);
+            out.push(s);
         }
         Ok(())
     };
     match &task.schedule {
-        Schedule::At { at_ms, .. } | Schedule::After { at_ms, .. } => push(*at_ms)?,
+        Schedule::At { at_ms, .. } | Schedule::After { at_ms, .. } => push(Slot::at(*at_ms))?,
         Schedule::Reminders {
             event_ms,
             before_ms,
@@ -125,7 +186,7 @@ pub fn slots(task: &TaskSpec, from_ms: u64, to_ms: u64) -> Result<Vec<u64>, Back
                 .collect();
             at.sort_unstable();
             for t in at {
-                push(t)?;
+                push(Slot::at(t))?;
             }
         }
         Schedule::Cron {
@@ -143,12 +204,16 @@ pub fn slots(task: &TaskSpec, from_ms: u64, to_ms: u64) -> Result<Vec<u64>, Back
                     return Ok(out);
                 };
                 let zones = parse_zones(&task.recipient_zones);
-                while let Some((_, t)) = next_slot(&cron, &zones, *dst, after) {
-                    if t > hi {
-                        break;
-                    }
-                    push(t)?;
-                    after = t;
+                // By wall, as the schedule goes (`recipient.rs`): the first slot from `lo`
+                // (the first wall of its instant), then each cron wall after the last that
+                // runs no earlier than it, so slots sharing an instant are each listed.
+                let mut next = next_slot(&cron, &zones, *dst, after);
+                while let Some((wall, t)) = next.filter(|(_, t)| *t <= hi) {
+                    push(Slot {
+                        at_ms: t,
+                        wall_ms: Some(wall),
+                    })?;
+                    next = slot_after_wall(&cron, &zones, *dst, wall, Some(t));
                 }
             } else {
                 let Some(cron) = cron_of(&task.schedule) else {
@@ -158,7 +223,7 @@ pub fn slots(task: &TaskSpec, from_ms: u64, to_ms: u64) -> Result<Vec<u64>, Back
                     if t > hi {
                         break;
                     }
-                    push(t)?;
+                    push(Slot::at(t))?;
                     after = t;
                 }
             }
@@ -176,18 +241,18 @@ pub fn to_backfill(
     from_ms: u64,
     to_ms: u64,
     h: &Handled,
-) -> Result<Vec<u64>, BackfillError> {
+) -> Result<Vec<Slot>, BackfillError> {
     if to_ms >= from_ms && to_ms > h.latest {
         return Err(BackfillError::Ahead { latest: h.latest });
     }
-    let fresh: Vec<u64> = slots(task, from_ms, to_ms)?
+    let fresh: Vec<Slot> = slots(task, from_ms, to_ms)?
         .into_iter()
-        .filter(|t| !h.done.contains(t))
+        .filter(|s| !h.done.has(s))
         .collect();
     if let Some(through) = h.unknown_through {
         if fresh
             .iter()
-            .any(|t| *t <= through && !h.recorded.contains(t))
+            .any(|s| s.at_ms <= through && !h.recorded.has(s))
         {
             return Err(BackfillError::Trimmed { through });
         }
@@ -227,12 +292,33 @@ mod tests {
     /// Nothing handled; backfill may take slots up to `latest`.
     fn nothing(latest: u64) -> Handled {
         Handled {
-            done: BTreeSet::new(),
-            recorded: BTreeSet::new(),
+            done: Marks::default(),
+            recorded: Marks::default(),
             latest,
             unknown_through: None,
             committed: 0,
         }
+    }
+
+    /// The instants of slots (or the error), for schedules whose slots have no wall.
+    fn instants(r: Result<Vec<Slot>, BackfillError>) -> Result<Vec<u64>, BackfillError> {
+        r.map(|v| {
+            assert!(v.iter().all(|s| s.wall_ms.is_none()), "{v:?}");
+            v.into_iter().map(|s| s.at_ms).collect()
+        })
+    }
+
+    fn slots_at(t: &TaskSpec, from: u64, to: u64) -> Result<Vec<u64>, BackfillError> {
+        instants(slots(t, from, to))
+    }
+
+    fn backfill_at(
+        t: &TaskSpec,
+        from: u64,
+        to: u64,
+        h: &Handled,
+    ) -> Result<Vec<u64>, BackfillError> {
+        instants(to_backfill(t, from, to, h))
     }
 
     fn run(n: u32, at: u64, state: RunState) -> Run {
@@ -245,26 +331,26 @@ mod tests {
     #[test]
     fn slots_without_a_completed_run_in_order_and_bounded() {
         let t = every_15();
-        let all = slots(&t, NOW, NOW + 60 * M).unwrap();
+        let all = slots_at(&t, NOW, NOW + 60 * M).unwrap();
         assert_eq!(
             all,
             vec![NOW, NOW + 15 * M, NOW + 30 * M, NOW + 45 * M, NOW + 60 * M]
         );
         let h = Handled {
-            done: BTreeSet::from([NOW, NOW + 60 * M]),
+            done: Marks::of([(NOW, None), (NOW + 60 * M, None)]),
             ..nothing(NOW + 60 * M)
         };
         assert_eq!(
-            to_backfill(&t, NOW, NOW + 60 * M, &h).unwrap(),
+            backfill_at(&t, NOW, NOW + 60 * M, &h).unwrap(),
             vec![NOW + 15 * M, NOW + 30 * M, NOW + 45 * M]
         );
         // 1 000 slots of 15 minutes fit; 1 001 do not.
-        assert_eq!(slots(&t, NOW, NOW + 999 * 15 * M).unwrap().len(), 1_000);
+        assert_eq!(slots_at(&t, NOW, NOW + 999 * 15 * M).unwrap().len(), 1_000);
         assert_eq!(
-            slots(&t, NOW, NOW + 1_000 * 15 * M),
+            slots_at(&t, NOW, NOW + 1_000 * 15 * M),
             Err(BackfillError::TooMany)
         );
-        assert_eq!(slots(&t, NOW + 1, NOW), Err(BackfillError::Backwards));
+        assert_eq!(slots_at(&t, NOW + 1, NOW), Err(BackfillError::Backwards));
     }
 
     #[test]
@@ -283,9 +369,9 @@ mod tests {
         };
         let h = Handled::of(&[], &p, NOW + 10 * M, 0);
         assert_eq!(h.latest, NOW + 10 * M);
-        assert_eq!(to_backfill(&t, NOW, NOW + 10 * M, &h), Ok(vec![NOW]));
+        assert_eq!(backfill_at(&t, NOW, NOW + 10 * M, &h), Ok(vec![NOW]));
         assert_eq!(
-            to_backfill(&t, NOW, NOW + 10 * M + 1, &h),
+            backfill_at(&t, NOW, NOW + 10 * M + 1, &h),
             Err(BackfillError::Ahead {
                 latest: NOW + 10 * M
             })
@@ -294,7 +380,7 @@ mod tests {
         let h = Handled::of(&[], &p, NOW + 20 * M, 0);
         assert_eq!(h.latest, NOW + 15 * M - 1);
         assert!(matches!(
-            to_backfill(&t, NOW, NOW + 15 * M, &h),
+            backfill_at(&t, NOW, NOW + 15 * M, &h),
             Err(BackfillError::Ahead { .. })
         ));
         // A schedule that never fires again: up to now.
@@ -326,19 +412,19 @@ mod tests {
         let h = Handled::of(&kept, &p, now, 100);
         assert_eq!(h.unknown_through, Some(NOW + 45 * M + 100));
         assert_eq!(
-            to_backfill(&t, NOW, NOW + 30 * M, &h),
+            backfill_at(&t, NOW, NOW + 30 * M, &h),
             Err(BackfillError::Trimmed {
                 through: NOW + 45 * M + 100
             })
         );
         // After the trimmed stretch the records decide: all sent, nothing to do.
-        assert_eq!(to_backfill(&t, NOW + 45 * M, now, &h), Ok(vec![]));
+        assert_eq!(backfill_at(&t, NOW + 45 * M, now, &h), Ok(vec![]));
         // The same history kept whole: the records decide everywhere.
         let mut all = kept.clone();
         all.extend((1..=3).map(|n| run(n, NOW + u64::from(n - 1) * 15 * M, RunState::Completed)));
         let h = Handled::of(&all, &p, now, 100);
         assert_eq!(h.unknown_through, None);
-        assert_eq!(to_backfill(&t, NOW, now, &h), Ok(vec![]));
+        assert_eq!(backfill_at(&t, NOW, now, &h), Ok(vec![]));
         // Run 2 expired (its record kept) and run 1's record trimmed: 00:15 is backfilled,
         // 00:00 is refused.
         let p = TaskProgress {
@@ -350,11 +436,11 @@ mod tests {
         all.push(run(2, NOW + 15 * M, RunState::Expired));
         let h = Handled::of(&all, &p, now, 100);
         assert_eq!(
-            to_backfill(&t, NOW + 15 * M, now, &h),
+            backfill_at(&t, NOW + 15 * M, now, &h),
             Ok(vec![NOW + 15 * M])
         );
         assert!(matches!(
-            to_backfill(&t, NOW, now, &h),
+            backfill_at(&t, NOW, now, &h),
             Err(BackfillError::Trimmed { .. })
         ));
     }
@@ -372,7 +458,7 @@ mod tests {
             ..nothing(NOW + 60 * M)
         };
         assert_eq!(
-            to_backfill(&t, NOW, NOW + 30 * M, &h),
+            backfill_at(&t, NOW, NOW + 30 * M, &h),
             Err(BackfillError::MaxRuns {
                 slots: 3,
                 left: 2,
@@ -380,17 +466,119 @@ mod tests {
             })
         );
         assert_eq!(
-            to_backfill(&t, NOW, NOW + 15 * M, &h),
+            backfill_at(&t, NOW, NOW + 15 * M, &h),
             Ok(vec![NOW, NOW + 15 * M])
         );
         // Slots already handled are not runs to come: only the fresh ones count.
         let h = Handled {
-            done: BTreeSet::from([NOW]),
+            done: Marks::of([(NOW, None)]),
             ..h
         };
         assert_eq!(
-            to_backfill(&t, NOW, NOW + 30 * M, &h),
+            backfill_at(&t, NOW, NOW + 30 * M, &h),
             Ok(vec![NOW + 15 * M, NOW + 30 * M])
         );
+    }
+
+    /// An instant or a wall time (ms as if UTC) from RFC 3339.
+    fn utc(s: &str) -> u64 {
+        crate::schedule::parse_instant(s, None, crate::model::DstPolicy::default()).unwrap()[0]
+    }
+
+    /// Every half hour from 01:00 to 03:30 in recipient time, for Berlin and New York. Berlin
+    /// springs forward at 02:00 on 28 March 2027: its 02:00, 02:30 and 03:00 are all 01:00Z,
+    /// one run instant for three slots (`recipient.rs`); New York (EDT) has each at its own.
+    fn gap() -> (crate::model::Task, [Slot; 3]) {
+        let t = crate::request::test_task(
+            serde_json::json!({"schedule": {"cron": "*/30 1-3 * * *", "tz": "recipient"},
+            "messages": [{"to": "b", "body": "x", "tz": "Europe/Berlin"},
+                         {"to": "n", "body": "y", "tz": "America/New_York"}]}),
+            utc("2027-03-28T01:10:00Z"),
+        );
+        let at = utc("2027-03-28T01:00:00Z");
+        let tied = ["02:00", "02:30", "03:00"].map(|w| Slot {
+            at_ms: at,
+            wall_ms: Some(utc(&format!("2027-03-28T{w}:00Z"))),
+        });
+        (t, tied)
+    }
+
+    /// Review finding (recipient.rs's open limit): backfill listed a range's slots by instant,
+    /// so of the three sharing 01:00Z it offered 02:00 only; 02:30 and 03:00, New York's
+    /// 06:30Z and 07:00Z, could not be backfilled. Each is a slot of the range, with its wall.
+    #[test]
+    fn slots_sharing_an_instant_in_a_gap_are_each_offered_with_their_wall() {
+        let (t, tied) = gap();
+        let spec = t.split().0;
+        let (from, to) = (utc("2027-03-28T00:45:00Z"), utc("2027-03-28T01:10:00Z"));
+        assert_eq!(slots(&spec, from, to), Ok(tied.to_vec()));
+        assert_eq!(
+            to_backfill(&spec, from, to, &nothing(to)),
+            Ok(tied.to_vec())
+        );
+        // The whole day's slots by wall, in order: 01:00 and 01:30 before the three, 03:30 after.
+        let day = slots(
+            &spec,
+            utc("2027-03-28T00:00:00Z"),
+            utc("2027-03-28T02:00:00Z"),
+        )
+        .unwrap();
+        let walls: Vec<u64> = day.iter().filter_map(|s| s.wall_ms).collect();
+        let want: Vec<u64> = ["01:00", "01:30", "02:00", "02:30", "03:00", "03:30"]
+            .iter()
+            .map(|w| utc(&format!("2027-03-28T{w}:00Z")))
+            .collect();
+        assert_eq!(walls, want, "{day:?}");
+    }
+
+    /// What was handled is matched by wall: with the 02:00 slot's run completed (its wall
+    /// recorded), 02:30 and 03:00 are offered; a fire queued for 02:30 leaves 03:00. A run
+    /// recorded without a wall (from before walls) stands for its instant, all three slots.
+    #[test]
+    fn a_slot_is_handled_by_the_run_of_its_own_wall() {
+        let (t, tied) = gap();
+        let (spec, base) = t.split();
+        let now = utc("2027-03-28T01:10:00Z");
+        let (from, to) = (utc("2027-03-28T00:45:00Z"), now);
+        let p = TaskProgress {
+            runs: 1,
+            fires: 1,
+            next_fire_at_ms: Some(utc("2027-03-28T01:30:00Z")),
+            ..base
+        };
+        let first = run(1, tied[0].at_ms, RunState::Completed).of_slot(tied[0].wall_ms);
+        let h = Handled::of(std::slice::from_ref(&first), &p, now, 0);
+        assert_eq!(to_backfill(&spec, from, to, &h), Ok(tied[1..].to_vec()));
+        let queued = TaskProgress {
+            fires: 2,
+            queued: vec![crate::model::Queued {
+                run: 2,
+                at_ms: tied[1].at_ms,
+                wall_ms: tied[1].wall_ms,
+            }],
+            ..p.clone()
+        };
+        let h = Handled::of(std::slice::from_ref(&first), &queued, now, 0);
+        assert_eq!(to_backfill(&spec, from, to, &h), Ok(tied[2..].to_vec()));
+        let old = run(1, tied[0].at_ms, RunState::Completed);
+        let h = Handled::of(&[old], &p, now, 0);
+        assert_eq!(to_backfill(&spec, from, to, &h), Ok(vec![]));
+        // A trimmed run may have been any slot's: a skipped 02:00 kept, 02:30 and 03:00
+        // without a record up to the trimmed stretch are refused, not sent twice.
+        let trimmed = TaskProgress {
+            runs: 1,
+            fires: 2,
+            ..p
+        };
+        let skipped = run(2, tied[0].at_ms, RunState::Skipped).of_slot(tied[0].wall_ms);
+        let h = Handled::of(&[skipped], &trimmed, now, 0);
+        assert!(
+            h.unknown_through.is_some_and(|t| t >= tied[0].at_ms),
+            "{h:?}"
+        );
+        assert!(matches!(
+            to_backfill(&spec, from, to, &h),
+            Err(BackfillError::Trimmed { .. })
+        ));
     }
 }

@@ -186,6 +186,14 @@ fn fire_wall(task: &Fired<'_>, fire_ms: u64) -> Option<u64> {
     }
 }
 
+/// The wall of `task`'s next fire (`next_fire_at_ms`) for a cron in recipient time, as it
+/// will be marked fired: the next slot after the last one's wall, so a slot sharing the last
+/// fire's instant is named as itself, not as the first slot of that instant (what a task's
+/// `next_fire_human` says). `None` for any other schedule, or no next fire.
+pub fn next_fire_wall(task: &Task) -> Option<u64> {
+    fire_wall(&fired(task), task.next_fire_at_ms?)
+}
+
 /// Runs started plus runs queued to start: what `max_runs` bounds.
 pub fn runs_committed(p: &TaskProgress) -> u32 {
     p.runs.saturating_add(p.queued.len() as u32)

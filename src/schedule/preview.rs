@@ -58,10 +58,11 @@ impl Preview {
     }
 
     /// A fire relative to the preview's `now` in the schedule's zone: "tomorrow at 09:00
-    /// (Asia/Shanghai)"; in recipient time, the slot's wall time (recipient.rs).
+    /// (Asia/Shanghai)"; in recipient time, the slot's wall time (recipient.rs), the first of
+    /// its instant (a preview's recipient is in UTC: no gap, no two slots share an instant).
     pub fn human(&self, ms: u64, lang: Lang) -> String {
         let zones = &self.recipient_zones;
-        super::recipient::next_fire_human(&self.schedule, zones, ms, self.now_ms, lang)
+        super::recipient::next_fire_human(&self.schedule, zones, (ms, None), self.now_ms, lang)
     }
 
     /// An instant as RFC 3339 with the offset in force in the schedule's zone.

@@ -263,11 +263,14 @@ mod tests {
     #[test]
     fn the_next_fire_in_recipient_time_says_its_wall_time() {
         let human = |t: &Task, lang| {
-            let at = t.next_fire_at_ms.unwrap();
+            let fire = (
+                t.next_fire_at_ms.unwrap(),
+                crate::schedule::plan::next_fire_wall(t),
+            );
             crate::schedule::recipient::next_fire_human(
                 &t.schedule,
                 &t.recipient_zones,
-                at,
+                fire,
                 NOW,
                 lang,
             )
