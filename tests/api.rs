@@ -148,6 +148,42 @@ async fn bad_input_is_refused_with_a_problem_naming_the_field() {
             422,
             Some("misfire"),
         ),
+        // Review findings: each was accepted and ignored. An `after` has no local time, so
+        // no DST policy (as `tz` with it is refused); `overlap` is for crons only.
+        (
+            "dst with after",
+            with(json!({"schedule": {"after": "1h", "dst": {"gap": "skip"}}})),
+            422,
+            Some("schedule.dst"),
+        ),
+        (
+            "overlap with after",
+            with(json!({"overlap": "queue"})),
+            422,
+            Some("overlap"),
+        ),
+        (
+            "overlap with at",
+            with(json!({"schedule": {"at": in_ms(3_600_000)}, "overlap": "skip"})),
+            422,
+            Some("overlap"),
+        ),
+        (
+            "overlap with reminders",
+            with(
+                json!({"schedule": {"reminders": {"event_at": "2030-12-01T10:00:00Z",
+                "before": ["5m"]}}, "overlap": "allow"}),
+            ),
+            422,
+            Some("overlap"),
+        ),
+        // Review finding: named `schedule.cron` though the expression fires every day.
+        (
+            "cron start beyond the horizon",
+            with(json!({"schedule": {"cron": "0 9 * * *", "start": "2045-01-01T00:00:00Z"}})),
+            422,
+            Some("schedule.start"),
+        ),
     ];
     for (what, body, status, field) in cases {
         let r = http::request(
@@ -544,4 +580,165 @@ async fn a_query_parameter_given_twice_is_400_naming_it() {
     // A route that reads no query ignores it, repeated or not (a cache buster).
     let r = http::get(&h.url("/v1/channels?_=1&_=2")).await;
     assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// `?lang=` given twice is 400 naming `lang` on every route that reads it, as any parameter a
+/// route reads (docs/API.md). Review finding: `lang::wanted` took the first and went on, so
+/// `GET /v1/tasks/{id}?lang=zh&lang=en` answered in Chinese and a PATCH with it changed the
+/// task. Nothing is changed by a refused request; one `lang` still works.
+#[tokio::test]
+async fn lang_given_twice_is_400_naming_it_and_changes_nothing() {
+    let h = TestHerald::start("").await;
+    let mut t = ok_task();
+    t["id"] = json!("t");
+    assert_eq!(http::post_json(&h.url("/v1/tasks"), &t).await.status, 201);
+    let twice = "lang=zh&lang=en";
+    let preview = json!({"schedule": {"cron": "0 9 * * *"}, "n": 1});
+    let cases: Vec<(&str, String, Option<Value>)> = vec![
+        ("POST", format!("/v1/tasks?{twice}"), Some(ok_task())),
+        ("GET", format!("/v1/tasks?{twice}"), None),
+        ("GET", format!("/v1/tasks/t?{twice}"), None),
+        (
+            "GET",
+            "/v1/tasks/t?lang=zh&limit=1&lang=zh".to_string(),
+            None,
+        ),
+        (
+            "PATCH",
+            format!("/v1/tasks/t?{twice}"),
+            Some(json!({"name": "changed"})),
+        ),
+        (
+            "POST",
+            format!("/v1/tasks/t/pause?{twice}"),
+            Some(json!({})),
+        ),
+        (
+            "POST",
+            format!("/v1/tasks/t/trigger?{twice}"),
+            Some(json!({})),
+        ),
+        ("DELETE", format!("/v1/tasks/t?{twice}"), None),
+        ("GET", format!("/v1/tasks/t/runs?{twice}"), None),
+        (
+            "POST",
+            format!("/v1/schedules/preview?{twice}"),
+            Some(preview.clone()),
+        ),
+    ];
+    for (method, path, body) in cases {
+        let body = body.map(|b| serde_json::to_vec(&b).unwrap());
+        let r = http::request(
+            method,
+            &h.url(&path),
+            &[("content-type", "application/json")],
+            body,
+        )
+        .await;
+        assert_eq!(r.status, 400, "{method} {path}: {}", r.text());
+        assert_eq!(r.header("content-type"), Some(PROBLEM), "{method} {path}");
+        assert_eq!(r.json()["field"], "lang", "{method} {path}: {}", r.text());
+    }
+    let v = http::get(&h.url("/v1/tasks/t?lang=zh")).await;
+    assert_eq!(v.status, 200, "{}", v.text());
+    let v = v.json();
+    assert_eq!(
+        (v["state"].as_str(), v["name"].as_str()),
+        (Some("pending"), None),
+        "{v}"
+    );
+    assert_eq!(task_count(&h).await, 1);
+    let r = http::post_json(&h.url("/v1/schedules/preview?lang=zh"), &preview).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// A PATCH's `default_tz` fills in the zones of the messages given with it; the task keeps no
+/// default zone. Review finding: without messages it was checked and dropped (200, nothing
+/// changed); now 422 naming it. With messages it applies to them.
+#[tokio::test]
+async fn a_patch_default_tz_without_messages_is_422_naming_it() {
+    let h = TestHerald::start("").await;
+    let r = http::post_json(
+        &h.url("/v1/tasks"),
+        &json!({"id": "rt", "schedule": {"at": "2030-12-02T09:00:00", "tz": "recipient"},
+                "default_tz": "Asia/Shanghai", "to": ["a"], "body": "b"}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let before = r.json()["next_fire_at"].clone();
+    assert_eq!(before, "2030-12-02T01:00:00Z");
+    let url = h.url("/v1/tasks/rt");
+    let r = http::patch_json(&url, &json!({"default_tz": "Europe/Paris"})).await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some(PROBLEM));
+    assert_eq!(r.json()["field"], "default_tz", "{}", r.text());
+    assert_eq!(http::get(&url).await.json()["next_fire_at"], before);
+    let r = http::patch_json(
+        &url,
+        &json!({"default_tz": "Europe/Paris", "to": ["a"], "body": "b"}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["next_fire_at"], "2030-12-02T08:00:00Z");
+}
+
+/// `overlap` with a cron is accepted (the refusal with other schedules is in the bad-input
+/// cases above), and a preview of an `after` with a DST policy is 422 as a create is.
+#[tokio::test]
+async fn overlap_with_a_cron_is_kept_and_a_preview_refuses_dst_with_after() {
+    let h = TestHerald::start("").await;
+    let r = http::post_json(
+        &h.url("/v1/tasks"),
+        &json!({"schedule": {"cron": "0 9 * * *"}, "overlap": "queue", "to": ["a"], "body": "b"}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    assert_eq!(r.json()["overlap"], "queue");
+    let r = http::post_json(
+        &h.url("/v1/schedules/preview"),
+        &json!({"schedule": {"after": "1h"}, "dst": {"repeat": "last"}}),
+    )
+    .await;
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert_eq!(r.json()["field"], "schedule.dst", "{}", r.text());
+}
+
+/// The key is looked at before the body is judged (docs/API.md), a body that does not parse
+/// included: with a used key it is another body than the key's, 409. Review finding: the body
+/// was parsed first, so a client that retried with a mangled body under its key got 400/422
+/// and never heard the key was taken. With a free key the body's own error stands.
+#[tokio::test]
+async fn a_used_key_with_a_body_that_does_not_parse_is_409() {
+    let h = TestHerald::start("").await;
+    let url = h.url("/v1/tasks");
+    let hdr = [("idempotency-key", "used")];
+    let body = serde_json::to_vec(&ok_task()).unwrap();
+    assert_eq!(
+        http::request("POST", &url, &hdr, Some(body)).await.status,
+        201
+    );
+    let mut unknown = ok_task();
+    unknown["colour"] = json!("red");
+    let mut invalid = ok_task();
+    invalid["schedule"] = json!({"after": "soon"});
+    let bodies: [(&str, Vec<u8>, u16); 4] = [
+        ("not JSON", b"{schedule: nope".to_vec(), 400),
+        ("wrong type", br#"{"schedule": {"after": 5}}"#.to_vec(), 400),
+        ("unknown field", serde_json::to_vec(&unknown).unwrap(), 422),
+        ("invalid value", serde_json::to_vec(&invalid).unwrap(), 422),
+    ];
+    for (what, body, free_status) in bodies {
+        let r = http::request("POST", &url, &hdr, Some(body.clone())).await;
+        assert_eq!(r.status, 409, "{what}: {}", r.text());
+        assert_eq!(r.header("content-type"), Some(PROBLEM), "{what}");
+        assert_eq!(r.json()["field"], "Idempotency-Key", "{what}: {}", r.text());
+        let r = http::request("POST", &url, &[("idempotency-key", "free")], Some(body)).await;
+        assert_eq!(
+            r.status,
+            free_status,
+            "{what} with a free key: {}",
+            r.text()
+        );
+    }
+    assert_eq!(task_count(&h).await, 1);
 }

@@ -1117,3 +1117,103 @@ fn serve_refuses_a_log_filter_that_does_not_parse() {
         );
     }
 }
+
+/// `herald tasks reschedule` PATCHes the schedule to an `at`: for a one-shot a new time, for a
+/// cron a different task. Review finding: a cron was turned into a one-shot without a word. It
+/// reads the task first and refuses (one line, non-zero exit, nothing changed) unless --force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reschedule_refuses_a_cron_unless_forced() {
+    let h = TestHerald::start("").await;
+    let url = h.server.url();
+    for body in [
+        json!({"id": "daily", "schedule": {"cron": "0 9 * * *"}, "to": ["a"], "body": "x"}),
+        json!({"id": "once", "schedule": {"after": "1h"}, "to": ["a"], "body": "x"}),
+    ] {
+        let r = http::post_json(&h.url("/v1/tasks"), &body).await;
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    let at = "2030-12-02T09:00:00Z";
+    let err = herald(&url, &["tasks", "reschedule", "daily", "--at", at])
+        .await
+        .fails();
+    assert!(err.contains("cron") && err.contains("--force"), "{err}");
+    let v = http::get(&h.url("/v1/tasks/daily")).await.json();
+    assert_eq!(v["schedule"]["cron"], "0 9 * * *", "unchanged: {v}");
+    // A one-shot takes its new time as before.
+    let out = herald(&url, &["tasks", "reschedule", "once", "--at", at])
+        .await
+        .ok();
+    assert!(out.stdout.starts_with("rescheduled once"), "{}", out.stdout);
+    let v = http::get(&h.url("/v1/tasks/once")).await.json();
+    assert_eq!(v["next_fire_at"], at, "{v}");
+    // --force does what it says.
+    herald(
+        &url,
+        &["tasks", "reschedule", "daily", "--at", at, "--force"],
+    )
+    .await
+    .ok();
+    let v = http::get(&h.url("/v1/tasks/daily")).await.json();
+    assert!(
+        v["schedule"]["at"] == at && v["schedule"]["cron"].is_null(),
+        "{v}"
+    );
+    // The help says what each command does (delete cancels an unfinished task).
+    let help = herald(&url, &["tasks", "reschedule", "--help"]).await.ok();
+    assert!(help.stdout.contains("--force"), "{}", help.stdout);
+    let help = herald(&url, &["tasks", "delete", "--help"]).await.ok();
+    assert!(
+        help.stdout.contains("cancelled instead") && !help.stdout.contains("cancelled first"),
+        "{}",
+        help.stdout
+    );
+}
+
+/// `herald cluster` against a stand-in for a node's `GET /v1/cluster`: the header line, then
+/// each table starting on a line of its own. Review finding: the header had no newline, so
+/// the node table's header ran on after it (`... read 2026-...)NODE  LIVE ...`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_prints_its_header_on_a_line_of_its_own() {
+    let view = json!({"shards": 2, "shards_total": 2, "shards_owned": 1, "node_id": "a",
+        "clock_offset_ms": 3, "read_at": "2026-12-01T00:00:00Z", "epochs": {"0": 1, "1": 1},
+        "nodes": [{"node_id": "a", "incarnation": "i1", "advertise": "http://a", "shards": [0],
+                   "heartbeat_at": "2026-12-01T00:00:00Z", "clock_offset_ms": 3, "live": true,
+                   "shards_owned": 1}],
+        "leases": [{"shard": 0, "epoch": 1, "owner_node": "a", "lease_expires": null, "free": false},
+                   {"shard": 1, "epoch": 1, "owner_node": null, "lease_expires": null, "free": true}]});
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let body = view.to_string();
+    // Answers every connection with the view, until the test ends.
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().map_while(Result::ok) {
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    let out = herald(&url, &["cluster"]).await.ok();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(
+        lines
+            .first()
+            .is_some_and(|l| l.starts_with("node a holds 1 of 2 shards")
+                && l.ends_with("read 2026-12-01T00:00:00Z)")),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        lines.get(1).is_some_and(|l| l.starts_with("NODE")),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        lines.iter().any(|l| l.starts_with("SHARD")),
+        "{}",
+        out.stdout
+    );
+}

@@ -295,6 +295,70 @@ async fn commands_waiting_on_a_stalled_database_hold_no_worker() {
     }
 }
 
+/// The failure list's commands read the store as every other command does: off the runtime's
+/// workers. Review finding: a dismissal (or retry) read its entry inline, so on a stalled
+/// database it held a worker until the statement timeout; with one worker (as on a one-core
+/// machine) nothing async ran, `/healthz` included. The entry asked for need not exist: the
+/// read of it is what waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_commands_on_a_stalled_database_hold_no_worker() {
+    let Some(pg) = PgServer::start("failure_commands_on_a_stalled_database") else {
+        return;
+    };
+    let url = pg.create_db("stall_failures");
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "[channels.hook]\nkind = \"webhook\"\nurl = \"{}\"\n",
+            rx.url()
+        ),
+    );
+    let mut cmd = Proc::command(&config, &dir.path().join("data"));
+    cmd.env("HERALD_STORE_URL", &url)
+        .env("HERALD_STORE_STATEMENT_TIMEOUT", "30s")
+        .env("TOKIO_WORKER_THREADS", "1");
+    let p = Proc::start(cmd);
+    let base = p.url.clone();
+    pg.freeze();
+    let commands: Vec<_> = [
+        ("DELETE", "/v1/failures/gone:1:0"),
+        ("POST", "/v1/failures/gone:1:0/retry"),
+    ]
+    .into_iter()
+    .map(|(method, path)| {
+        let url = format!("{base}{path}");
+        tokio::spawn(async move { http::request(method, &url, &[], None).await })
+    })
+    .collect();
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        let h = tokio::time::timeout(
+            Duration::from_secs(1),
+            http::get(&format!("{base}/healthz")),
+        )
+        .await;
+        pg_thaw_on_fail(
+            &pg,
+            h.is_ok(),
+            "/healthz did not answer within 1 s while a failure command waited for the database",
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let waiting = commands.iter().all(|c| !c.is_finished());
+    pg_thaw_on_fail(
+        &pg,
+        waiting,
+        "the commands did not wait for the stalled database",
+    );
+    pg.thaw();
+    for c in commands {
+        let r = c.await.unwrap();
+        assert_eq!(r.status, 404, "{}", r.text());
+    }
+}
+
 /// Lets the server go on before a failed check panics (a stopped server would outlive the
 /// test's cleanup).
 fn pg_thaw_on_fail(pg: &PgServer, ok: bool, what: &str) {

@@ -57,27 +57,46 @@ pub fn failure_path_id(raw: &str) -> Result<String, Problem> {
 /// Query parameters; unknown ones are rejected like unknown JSON fields, and so is one given
 /// twice (`?limit=10&limit=0`): which of the two a client meant is not for herald to guess.
 pub fn query(req: &Request<Incoming>, allowed: &[&str]) -> Result<Vec<(String, String)>, Problem> {
+    pairs(req.uri().query().unwrap_or(""), allowed, true)
+}
+
+/// The value of the one query parameter `name` (`None` when absent) for code that reads it on
+/// every route, before the route reads its own (`lang::wanted`): given twice it is refused as
+/// [`query`] refuses it, while the other parameters are left to the route (a route that reads
+/// no query ignores them).
+pub fn query_one(raw_query: &str, name: &str) -> Result<Option<String>, Problem> {
+    let found = pairs(raw_query, &[name], false)?;
+    Ok(found.into_iter().next().map(|(_, v)| v))
+}
+
+/// The decoded pairs of `raw_query` named in `allowed`, each at most once. The others are
+/// refused (`refuse_others`) or skipped unread, a bad escape in their name included.
+fn pairs(
+    raw_query: &str,
+    allowed: &[&str],
+    refuse_others: bool,
+) -> Result<Vec<(String, String)>, Problem> {
     let mut out = Vec::new();
-    for pair in req
-        .uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
+    for pair in raw_query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let k = percent_decode(k)
-            .ok_or_else(|| Problem::bad_request("bad percent-encoding in query"))?;
-        let v = percent_decode(v).ok_or_else(|| {
-            Problem::bad_request(format!("{k}: bad percent-encoding")).with_field(k.clone())
-        })?;
+        let k = match percent_decode(k) {
+            Some(k) => k,
+            None if !refuse_others => continue,
+            None => return Err(Problem::bad_request("bad percent-encoding in query")),
+        };
         if !allowed.contains(&k.as_str()) {
+            if !refuse_others {
+                continue;
+            }
             return Err(Problem::bad_request(format!(
                 "{k}: unknown query parameter (allowed: {})",
                 allowed.join(", ")
             ))
             .with_field(k));
         }
+        let v = percent_decode(v).ok_or_else(|| {
+            Problem::bad_request(format!("{k}: bad percent-encoding")).with_field(k.clone())
+        })?;
         if out.iter().any(|(seen, _)| *seen == k) {
             return Err(
                 Problem::bad_request(format!("{k}: given more than once in the query"))

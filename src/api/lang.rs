@@ -3,20 +3,16 @@
 
 use hyper::Request;
 
-use super::input::percent_decode;
+use super::input::query_one;
 use super::problem::Problem;
 use crate::model::Lang;
 
 /// `?lang=` takes a language tag (`en`, `zh`, `zh-CN`, ...); one herald does not write is 422
-/// naming `lang`. An `Accept-Language` without a supported language is no error: the default
+/// naming `lang`, and `lang` given twice is 400 naming it. An `Accept-Language` without a supported language is no error: the default
 /// applies, as a browser's list is not the user's choice of this page.
 pub fn wanted<B>(req: &Request<B>) -> Result<Option<Lang>, Problem> {
-    let query = req.uri().query().unwrap_or("");
-    let given = query
-        .split('&')
-        .filter_map(|p| p.split_once('=').or(Some((p, ""))))
-        .find(|(k, _)| *k == "lang")
-        .map(|(_, v)| percent_decode(v).unwrap_or_else(|| v.to_string()));
+    // Given twice is 400 naming `lang`, as any parameter a route reads (docs/API.md).
+    let given = query_one(req.uri().query().unwrap_or(""), "lang")?;
     if let Some(v) = given.filter(|v| !v.is_empty()) {
         return match Lang::from_tag(&v) {
             Some(l) => Ok(Some(l)),
@@ -56,5 +52,9 @@ mod tests {
         assert_eq!(w("/v1/tasks?lang=", Some("zh")), Ok(Some(Lang::Zh)));
         assert_eq!(w("/v1/tasks", Some("fr")), Ok(None));
         assert_eq!(w("/v1/tasks?lang=fr", None), Err(422));
+        assert_eq!(w("/v1/tasks?lang=zh&lang=zh", None), Err(400));
+        assert_eq!(w("/v1/tasks?lang=en&limit=1&lang=zh", None), Err(400));
+        // Other parameters are the route's to judge, repeated or not.
+        assert_eq!(w("/v1/channels?_=1&_=2&lang=zh", None), Ok(Some(Lang::Zh)));
     }
 }

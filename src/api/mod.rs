@@ -684,16 +684,44 @@ async fn create_task(
     let minimal = prefers_minimal(&req);
     let started = crate::trace::otlp::now_unix_ns();
     let body = read_body(state, req).await?;
-    let mut task_req: TaskRequest = parse_json(&body)?;
+    let idem = key.map(|k| (k, Sha256::digest(&body).into()));
+    let mut task_req: TaskRequest = match parse_json(&body) {
+        Ok(r) => r,
+        // The key is looked at before the body is judged (docs/API.md): a used key answers
+        // as it would for a body that parses (409 for another body), a free one leaves the
+        // body's error. Only a failed parse pays for the lookup.
+        Err(p) => match state.engine.replay_key(idem.as_ref()).await? {
+            Some(replayed) => {
+                return Ok(created_response(
+                    state, &replayed, caller, started, minimal, lang,
+                ))
+            }
+            None => return Err(p),
+        },
+    };
     // The caller's trace, or a new one (API.md "Trace and timeline").
     task_req.trace_id = Some(
         caller
             .as_ref()
             .map_or_else(crate::trace::new_trace_id, |c| c.trace_id),
     );
-    let idem = key.map(|k| (k, Sha256::digest(&body).into()));
     let created = state.engine.create(task_req, idem).await?;
-    let (Created::New(v) | Created::Replayed(v)) = &created;
+    Ok(created_response(
+        state, &created, caller, started, minimal, lang,
+    ))
+}
+
+/// The answer to a create: 201 with `Location` for a new task, 200 for a replayed key; the
+/// task view, or only its id for `Prefer: return=minimal`.
+fn created_response(
+    state: &ApiState,
+    created: &Created,
+    caller: Option<crate::trace::TraceContext>,
+    started: u64,
+    minimal: bool,
+    lang: Option<Lang>,
+) -> Resp {
+    let (Created::New(v) | Created::Replayed(v)) = created;
     let status = if matches!(created, Created::New(_)) {
         201
     } else {
@@ -728,7 +756,7 @@ async fn create_task(
             r.headers_mut().insert(hyper::header::LOCATION, loc);
         }
     }
-    Ok(r)
+    r
 }
 
 const PREFERENCE_APPLIED: hyper::header::HeaderName =

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::cli::output::out;
+use crate::cli::output::{out, outln};
 
 use super::client::{CliError, Client};
 use super::print_json;
@@ -20,7 +20,7 @@ pub async fn show(c: &Client, json: bool) -> Result<(), CliError> {
         print_json(&v);
         return Ok(());
     }
-    out!(
+    outln!(
         "node {} holds {} of {} shards (clock offset to the database: {} ms; read {})",
         table::cell(&v["node_id"]),
         table::cell(&v["shards_owned"]),

@@ -114,7 +114,8 @@ pub enum TasksCmd {
         #[arg(long)]
         idempotency_key: Option<String>,
     },
-    /// Give a one-shot task a new time (PATCH its schedule); re-arms an expired task.
+    /// Give a one-shot task (`at` or `after`) a new time: its schedule becomes `{"at": ...}`;
+    /// re-arms an expired task. Any other schedule (cron, reminders) is refused unless --force.
     Reschedule {
         id: String,
         /// The new instant (RFC 3339, or local time with --tz).
@@ -123,6 +124,9 @@ pub enum TasksCmd {
         /// The zone of a local --at.
         #[arg(long)]
         tz: Option<String>,
+        /// Replace a cron or reminders schedule too: the task then fires once, at --at.
+        #[arg(long)]
+        force: bool,
     },
     /// Send the missed runs of a range: one run per slot without a completed run, in order.
     Backfill {
@@ -152,7 +156,8 @@ pub enum TasksCmd {
         #[arg(long)]
         after: Option<u32>,
     },
-    /// Delete a finished task with its runs (an unfinished one must be cancelled first).
+    /// Delete a finished task with its runs; an unfinished task is cancelled instead (as
+    /// `cancel` does: it stays readable as cancelled), and deleted by a second delete.
     Delete { id: String },
     /// Every step herald took for the task, oldest first: created, fired, each attempt with
     /// its answer, retries and holds, delivered or failed.

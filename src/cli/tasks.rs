@@ -25,7 +25,12 @@ pub async fn run(c: &Client, json: bool, cmd: TasksCmd) -> Result<(), CliError> 
             file,
             idempotency_key,
         } => create(c, json, file, idempotency_key).await,
-        TasksCmd::Reschedule { id, at, tz } => reschedule(c, json, id, at, tz).await,
+        TasksCmd::Reschedule { id, at, tz, force } => {
+            if !force {
+                one_shot_only(c, &id).await?;
+            }
+            reschedule(c, json, id, at, tz).await
+        }
         TasksCmd::Backfill { id, from, to } => backfill(c, json, id, from, to).await,
         TasksCmd::Cancel { id } => action(c, json, &id, "cancel").await,
         TasksCmd::Pause { id } => action(c, json, &id, "pause").await,
@@ -120,6 +125,24 @@ async fn create(
         );
     }
     Ok(())
+}
+
+/// `herald tasks reschedule` without `--force`: the task is read first, and a schedule that is
+/// not a one-shot (`at`, `after`) is refused, since the PATCH replaces the whole schedule with
+/// an `at` and would turn a cron or reminders task into a single fire without a word.
+async fn one_shot_only(c: &Client, id: &str) -> Result<(), CliError> {
+    let v = c.get(&format!("/v1/tasks/{}", enc(id))).await?;
+    let schedule = v.get("schedule");
+    let kind = ["at", "after", "cron", "reminders"]
+        .into_iter()
+        .find(|k| schedule.and_then(|s| s.get(*k)).is_some());
+    match kind {
+        Some("at" | "after") => Ok(()),
+        other => Err(CliError::Local(format!(
+            "task {id} has a {} schedule, not a one-shot: reschedule would replace it with a single fire at --at; give --force to do that",
+            other.unwrap_or("different")
+        ))),
+    }
 }
 
 /// `herald tasks reschedule`.

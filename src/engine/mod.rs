@@ -668,6 +668,23 @@ impl Engine {
         }
     }
 
+    /// A create whose body could not be read into a request (not JSON, a wrong shape, an
+    /// unknown field): its key is looked at first all the same, as [`Engine::create`] looks
+    /// at it before it judges the body (docs/API.md). A key used by a task that exists answers
+    /// as a create would: its task for the same raw body (one a newer herald no longer reads),
+    /// 409 for another. `None`: no key, or one free; the body's own error stands. Nothing is
+    /// read without a key.
+    pub async fn replay_key(
+        &self,
+        idem: Option<&(String, [u8; 32])>,
+    ) -> Result<Option<Created>, EngineError> {
+        if idem.is_none() {
+            return Ok(None);
+        }
+        self.check_storage()?;
+        self.replay_used_key(idem).await
+    }
+
     /// A create whose idempotency key names a task that exists: answered from the key
     /// ([`Engine::replay`]) before the body is judged. A retry must get its task even when the
     /// checks the body passed depend on what changed since: an `at` now further in the past

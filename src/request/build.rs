@@ -29,6 +29,7 @@ impl TaskRequest {
         let mut messages = validate_messages(self.messages, self.to, self.body, limits)?;
         let zones = recipient_zones(&self.schedule, &mut messages, self.default_tz.as_deref())?;
         let schedule = validate_schedule(&self.schedule, cx, misfire_grace_ms, &zones)?;
+        overlap_only_with_cron(self.overlap.is_some(), &schedule)?;
         let pacing = validate_pacing(self.pacing.unwrap_or_default(), limits)?;
         let retry = self
             .retry
@@ -79,6 +80,18 @@ impl TaskRequest {
     }
 }
 
+/// Overlap is about a run still going when the next fire comes, which only a cron has (API.md:
+/// "optional, cron only"); named with another schedule it would be kept and never read.
+fn overlap_only_with_cron(named: bool, schedule: &Schedule) -> Result<(), FieldError> {
+    if named && !matches!(schedule, Schedule::Cron { .. }) {
+        return Err(FieldError::new(
+            "overlap",
+            "only allowed with a cron schedule",
+        ));
+    }
+    Ok(())
+}
+
 /// When herald starts watching a task whose schedule is new (a create, a patch's schedule):
 /// now; for a one-shot whose instant is a little past, that instant. Validation accepts an
 /// `at` up to `misfire_grace` in the past, and API.md says it fires at once: it must not be
@@ -105,7 +118,11 @@ fn check_fires(task: &Task, cx: &Context) -> Result<(), FieldError> {
             "never fires (check start, end and max_runs)",
         )),
         Some(at) if at > cx.now_ms.saturating_add(cx.limits.horizon_ms) => Err(FieldError::new(
-            field,
+            if start_is_late(task, cx) {
+                "schedule.start"
+            } else {
+                field
+            },
             format!(
                 "first fire is beyond the scheduling horizon ({})",
                 format_duration_ms(cx.limits.horizon_ms)
@@ -113,6 +130,27 @@ fn check_fires(task: &Task, cx: &Context) -> Result<(), FieldError> {
         )),
         Some(_) => Ok(()),
     }
+}
+
+/// Whether a cron's `start` is what puts its first fire beyond the horizon: without it the
+/// cron would fire within the horizon. Worked out only for a schedule already refused.
+fn start_is_late(task: &Task, cx: &Context) -> bool {
+    let Schedule::Cron {
+        start_ms: Some(_), ..
+    } = &task.schedule
+    else {
+        return false;
+    };
+    let mut unbounded = task.clone();
+    if let Schedule::Cron {
+        start, start_ms, ..
+    } = &mut unbounded.schedule
+    {
+        *start = None;
+        *start_ms = None;
+    }
+    crate::schedule::next_fire(&unbounded, cx.now_ms)
+        .is_some_and(|at| at <= cx.now_ms.saturating_add(cx.limits.horizon_ms))
 }
 
 impl PatchRequest {
@@ -217,8 +255,8 @@ fn next_fire_patched(t: &Task, old: &Task, new_schedule: bool, now_ms: u64) -> O
 }
 
 /// A patched task's recipient zones, checked as on create ([`recipient_zones`]: every zone
-/// given, `default_tz` only in recipient time) against the new schedule, or the task's own when
-/// it is kept. A task in memory holds no messages: the zones are worked out again only from new
+/// given, `default_tz` only in recipient time, and only with new messages, the ones it fills
+/// in) against the new schedule, or the task's own when it is kept. A task in memory holds no messages: the zones are worked out again only from new
 /// messages.
 fn repatch_zones(
     t: &mut Task,
@@ -242,6 +280,14 @@ fn repatch_zones(
             return Err(FieldError::new(
                 "messages",
                 "required when the schedule changes to recipient time (each message's tz)",
+            ));
+        }
+        // The task keeps no default zone: it was written into each message's tz when the
+        // messages came. Alone it would change nothing, silently.
+        if default_tz.is_some() {
+            return Err(FieldError::new(
+                "default_tz",
+                "applies to the messages given with it (messages, or to and body): give them in the same request",
             ));
         }
         return Ok(());

@@ -238,6 +238,10 @@ fn after_now(s: &ScheduleRequest, after: &str, cx: &Context) -> Result<Schedule,
     if s.tz.is_some() {
         return Err(FieldError::new("schedule.tz", "not allowed with after"));
     }
+    // No local time to read, so no DST policy to follow: given, it would be kept and ignored.
+    if s.dst.is_some() {
+        return Err(FieldError::new("schedule.dst", "not allowed with after"));
+    }
     let after_ms = duration("schedule.after", after)?;
     let at_ms = cx.now_ms.saturating_add(after_ms);
     if at_ms > horizon_end {

@@ -338,6 +338,17 @@ fn a_patch_checks_zones_as_a_create_does() {
     // Outside recipient time a default_tz means nothing: refused, as on create.
     let e = patch(&plain, json!({"default_tz": "Asia/Tokyo"})).unwrap_err();
     assert_eq!(e.field, "default_tz");
+    // In recipient time it fills in the zones of the messages given with it: without them it
+    // would change nothing (the task keeps no default zone), so it is refused, not dropped.
+    let e = patch(&recipient, json!({"default_tz": "Asia/Tokyo"})).unwrap_err();
+    assert_eq!(e.field, "default_tz");
+    let (p, m) = patch(
+        &recipient,
+        json!({"default_tz": "Asia/Tokyo", "to": ["a"], "body": "b"}),
+    )
+    .unwrap();
+    assert_eq!(p.recipient_zones, ["Asia/Tokyo"]);
+    assert_eq!(m.unwrap()[0].tz.as_deref(), Some("Asia/Tokyo"));
 }
 
 #[test]
