@@ -6,7 +6,10 @@
 //! at the slot's earliest instant over the task's zones; each message of the run then waits
 //! for its own instant. So a daily 09:00 over zones 24+ hours apart is one run a day, which
 //! spans those hours; the next slot's run starts a day after this one's, and may run beside
-//! it (runs of a recipient-time schedule are never judged overlaps of each other).
+//! it (runs of a recipient-time schedule are never judged overlaps of each other). So a queued
+//! fire (backfill, a `misfire: fire_all` catch-up) waits only for the runs of earlier slots
+//! (and of its own instant), never for the schedule's newer runs beside them, which would hold
+//! it for as long as the schedule fires (`engine/plan.rs::queue_head_may_start`).
 //!
 //! Wall times are carried as milliseconds "as if UTC" (a `NaiveDateTime` read in UTC), which is
 //! how a cron evaluated in UTC yields them.
