@@ -65,8 +65,10 @@ pub fn is_recipient(tz: Option<&str>) -> bool {
 }
 
 /// Widest span of UTC offsets plus DST slack: a wall further than this from an instant cannot
-/// resolve to it in any zone (offsets are within −12 h .. +14 h).
-const SPAN_MS: u64 = 30 * 3_600_000;
+/// resolve to it in any zone (offsets are within −12 h .. +14 h). So it also bounds how far a
+/// change of the task's zones can move a slot's run instant (the earliest zone removed: up to
+/// ~26 h later), and how long after its slot a run lasts (its last zone's instant).
+pub const SPAN_MS: u64 = 30 * 3_600_000;
 
 /// A wall time (ms as if UTC) as a naive date-time.
 pub fn naive(wall_ms: u64) -> Option<NaiveDateTime> {
