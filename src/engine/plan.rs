@@ -1201,10 +1201,12 @@ pub fn trigger(spec: &TaskSpec, progress: &TaskProgress, now: u64) -> Result<Con
 /// each when the one before it ends, so the task's pacing holds within each run and runs never
 /// overlap. In recipient time only the runs of earlier slots are waited for, not the
 /// schedule's newer runs beside them (`queue_head_may_start`; `earliest_active`: the earliest
-/// slot instant of the task's active runs, `None` if none). `last_fire_ms` stays: the schedule goes on from where it was. A slot of a cron in
-/// recipient time carries its wall to its queued fire and run (`Run::slot_wall_ms`), so its
-/// later zones' messages go at that slot's wall, not at the first slot of its instant. The
-/// plan and the run numbers, in slot order.
+/// slot instant of the task's active runs, `None` if none). `last_fire_ms` stays: the schedule
+/// goes on from where it was (the last slot's wall is raised to the largest backfilled one,
+/// which moves no next fire, see below). A slot of a cron in recipient time carries its wall
+/// to its queued fire and run (`Run::slot_wall_ms`), so its later zones' messages go at that
+/// slot's wall, not at the first slot of its instant. The plan and the run numbers, in slot
+/// order.
 pub fn backfill(
     spec: &TaskSpec,
     progress: &TaskProgress,
@@ -1231,6 +1233,19 @@ pub fn backfill(
             at_ms: s.at_ms,
             wall_ms: s.wall_ms,
         });
+    }
+    // Slots the schedule skipped (new messages put a zone east of the others: `recipient.rs`)
+    // are backfilled by wall above the last slot's. Left as it was, a later change of the zones
+    // (that zone removed) moves them after the last fire again, and the schedule would fire
+    // them a second time (`slot_after_wall`). So the last slot's wall is raised to the largest
+    // backfilled one. That changes no next fire under the current zones: a backfilled wall
+    // runs before the next fire (`Handled::latest`), so one above the last slot's runs before
+    // the last fire (it is skipped by `slot_after_wall`'s bound), below the bound it raises.
+    // (A progress without a wall, never fired or from before walls, is left as it is: its
+    // next slot is found from an instant, and a wall would change which.)
+    let top = slots.iter().filter_map(|s| s.wall_ms).max();
+    if let (Some(top), Some(last)) = (top, progress.last_slot_wall_ms) {
+        progress.last_slot_wall_ms = Some(last.max(top));
     }
     if !may_run_more(spec, &progress) {
         // Backfilled runs count toward `max_runs` as fired ones do (the range was checked
@@ -1754,6 +1769,64 @@ mod tests {
             let started: Vec<u32> = r.runs.iter().map(|r| r.run).filter(|n| *n != 9).collect();
             assert_eq!(started, if recipient { vec![7] } else { vec![] }, "resume");
         }
+    }
+
+    /// Review finding: backfill left the last slot's wall as it was. An hourly cron for London
+    /// fired its 10:00 at 10:00Z; new messages in Kolkata (+05:30) made the schedule skip the
+    /// walls 11:00 to 15:00 (Kolkata's 05:30Z to 09:30Z, before the last fire). Backfilled,
+    /// then Kolkata removed again, the schedule fired them a second time from 11:00Z. The
+    /// backfill raises the last slot's wall to the largest backfilled one; under the current
+    /// zones no next fire changes (each backfilled wall runs before the last fire).
+    #[test]
+    fn a_backfill_raises_the_last_slot_wall_without_moving_the_next_fire() {
+        const H: u64 = 3_600_000;
+        let (s, p) = task(serde_json::json!({"schedule": {"cron": "0 * * * *",
+            "tz": "recipient"}, "messages": [
+            {"to": "l", "body": "x", "tz": "Europe/London"},
+            {"to": "k", "body": "y", "tz": "Asia/Kolkata"}]}));
+        // Walls as if UTC: 10:00 on 1 December is NOW + 10 h; Kolkata's instant 5 h 30 earlier.
+        let wall = |h: u64| NOW + h * H;
+        let p = TaskProgress {
+            fires: 6,
+            runs: 6,
+            last_fire_ms: Some(wall(10)),
+            last_slot_wall_ms: Some(wall(10)),
+            ..p
+        };
+        let now = wall(10) + H / 6;
+        let next = next_slot_of(&s, &p, now);
+        assert_eq!(
+            next,
+            Some((wall(10) + H / 2, Some(wall(16)))),
+            "Kolkata's 16:00"
+        );
+        let p = TaskProgress {
+            next_fire_at_ms: next.map(|n| n.0),
+            ..p
+        };
+        let slot = |h: u64| Slot {
+            at_ms: wall(h) - 11 * H / 2,
+            wall_ms: Some(wall(h)),
+        };
+        let mut london = s.clone();
+        london.recipient_zones = vec!["Europe/London".into()];
+        // Without the raise, Kolkata removed: London's 11:00 again, backfilled already.
+        assert_eq!(
+            next_slot_of(&london, &p, now),
+            Some((wall(11), Some(wall(11))))
+        );
+        for range in [&[11][..], &[11, 12, 13, 14, 15], &[13, 14]] {
+            let slots: Vec<Slot> = range.iter().map(|h| slot(*h)).collect();
+            let (b, _) = backfill(&s, &p, None, &slots, now).unwrap();
+            let top = range.iter().max().map(|h| wall(*h));
+            assert_eq!(b.progress.last_slot_wall_ms, top, "{range:?}");
+            assert_eq!(next_slot_of(&s, &b.progress, now), next, "{range:?}");
+            let after = next_slot_of(&london, &b.progress, now);
+            assert!(after.is_some_and(|(_, w)| w > top), "{range:?}: {after:?}");
+        }
+        // A wall below the last slot's changes nothing.
+        let (b, _) = backfill(&s, &p, None, &[slot(9)], now).unwrap();
+        assert_eq!(b.progress.last_slot_wall_ms, Some(wall(10)));
     }
 
     #[test]
