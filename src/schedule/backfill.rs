@@ -55,6 +55,12 @@ impl Slot {
 
 /// The slots a task's run records (or queued fires) name: each by its wall when it carries
 /// one, else by its instant.
+///
+/// A record without a wall (written by a build from before walls) names every slot of its
+/// instant. That is conservative, never a second send, but it has a cost: of slots tied at
+/// one instant (a DST gap of the earliest zone) such a build ran only the first and skipped
+/// the others, and those others can never be backfilled while its record is kept (each is
+/// taken as handled by it).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Marks {
     /// Every mark's instant: what a slot without a wall is matched by, as before walls.

@@ -44,9 +44,12 @@
 //! Backfill (`backfill.rs`) lists a range's slots by wall the same way (the first slot from
 //! the range's start, then [`slot_after_wall`]), matches each against the runs and queued
 //! fires that carry its wall (one without a wall, from before walls, by its instant: all the
-//! slots of that instant), and each backfilled slot is a run of its own carrying its wall. A
-//! task's next fire in words ([`next_fire_human`]) names the fire's own slot
-//! (`plan::next_fire_wall`: the slot after the last one's wall), not the first of its instant.
+//! slots of that instant), and each backfilled slot is a run of its own carrying its wall.
+//! So the later slots of a gap that a build from before walls skipped (it ran only the first
+//! of an instant) cannot be backfilled while that run's record is kept: conservative, never a
+//! second send (`backfill::Marks`). A task's next fire in words ([`next_fire_human`]) names
+//! the fire's own slot (`plan::next_fire_wall`: the slot after the last one's wall), not the
+//! first of its instant.
 
 use chrono::{DateTime, NaiveDateTime};
 use chrono_tz::Tz;
