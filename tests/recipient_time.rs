@@ -450,3 +450,110 @@ async fn a_backfill_of_slots_sharing_an_instant_sends_each_at_its_own_wall() {
         "max_runs reached by the backfill: {t}"
     );
 }
+
+/// An hourly cron in recipient time over Berlin (UTC+1 in December) and New York (UTC−5): a
+/// slot's run starts at Berlin's instant and lasts six hours, to New York's, so about six
+/// runs are active at any time. Fires `05:00` (04:00Z) and `06:00` (05:00Z), then is paused
+/// from 05:30Z to 08:30Z over the slots `07:00` to `09:00` (06:00Z to 08:00Z), with `misfire`
+/// as given; resumed at 08:30Z, the schedule goes on with `10:00` (09:00Z).
+async fn paused_hourly(h: &ManualHerald, misfire: &str) {
+    h.post(&json!({"id": "hourly", "channel": "out",
+    "schedule": {"cron": "0 * * * *", "tz": "recipient"},
+    "misfire": misfire, "misfire_grace": "12h",
+    "messages": [
+        {"to": "berlin", "body": "b", "tz": "Europe/Berlin"},
+        {"to": "newyork", "body": "n", "tz": "America/New_York"},
+    ]}))
+    .await;
+    h.run_until(utc_ms("2026-12-01T05:30:00Z")).await;
+    assert_eq!(h.sent().len(), 2, "Berlin's 05:00 and 06:00");
+    assert_eq!(h.action("hourly", "pause").await.status, 200);
+    h.run_until(utc_ms("2026-12-01T08:30:00Z")).await;
+    assert_eq!(h.action("hourly", "resume").await.status, 200);
+}
+
+/// The messages of the runs `runs` (recipient, instant), sorted.
+fn sent_of_runs(h: &ManualHerald, runs: &[u64]) -> Vec<(String, u64)> {
+    let mut got: Vec<(String, u64)> = h
+        .sent()
+        .iter()
+        .filter(|v| runs.contains(&v["run"].as_u64().unwrap()))
+        .map(|v| (v["to"].as_str().unwrap().to_string(), sent_at(v)))
+        .collect();
+    got.sort();
+    got
+}
+
+/// What the queued slots `07:00`, `08:00` and `09:00` send: one run after another, each
+/// starting when the run of the slot before it ends (its New York message), with its
+/// Berlin message then (its wall long past) and its New York one at its own wall. `first`:
+/// when the `07:00` run starts.
+fn queued_slots_sent(first: &str) -> Vec<(String, u64)> {
+    let at = |t: &str| utc_ms(&format!("2026-12-01T{t}:00Z"));
+    let mut want: Vec<(String, u64)> = [first, "12:00", "13:00"]
+        .iter()
+        .map(|t| ("berlin".to_string(), at(t)))
+        .chain(
+            ["12:00", "13:00", "14:00"]
+                .iter()
+                .map(|t| ("newyork".to_string(), at(t))),
+        )
+        .collect();
+    want.sort();
+    want
+}
+
+/// Review finding: a queued fire started only when its task had no other active run, and a
+/// recipient-time cron over zones hours apart always has some (the schedule's newer runs,
+/// beside each other): the backfill answered 202 with run numbers whose runs never started
+/// while the schedule fired. Now only a run of an earlier slot (or of the head's own
+/// instant) holds the queue: the backfilled `07:00` starts once `06:00`'s run ends (11:00Z),
+/// the others each after the one before, while the schedule keeps firing beside them.
+#[tokio::test]
+async fn a_backfill_of_an_hourly_cron_runs_while_the_schedule_keeps_firing() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T03:50:00Z"), "").await;
+    paused_hourly(&h, "skip").await;
+    let r = http::post_json(
+        &h.url("/v1/tasks/hourly/backfill"),
+        &json!({"from": "2026-12-01T06:00:00Z", "to": "2026-12-01T08:00:00Z"}),
+    )
+    .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let runs: Vec<u64> = r.json()["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_u64().unwrap())
+        .collect();
+    assert_eq!(runs.len(), 3, "{}", r.text());
+    h.run_until(utc_ms("2026-12-01T16:30:00Z")).await;
+    assert_eq!(sent_of_runs(&h, &runs), queued_slots_sent("11:00"));
+    // The schedule went on beside them: every slot from `10:00` (09:00Z) to `17:00`
+    // (16:00Z) sent its Berlin message on time.
+    let berlin: Vec<u64> = sent_sorted(&h)
+        .into_iter()
+        .filter(|(to, _)| to == "berlin")
+        .map(|(_, t)| t)
+        .collect();
+    for hour in 9..=16 {
+        let t = utc_ms(&format!("2026-12-01T{hour:02}:00:00Z"));
+        assert!(berlin.contains(&t), "{hour}:00Z: {berlin:?}");
+    }
+    let kept = h.runs("hourly").await;
+    for n in &runs {
+        let r = kept.iter().find(|r| r["run"].as_u64() == Some(*n)).unwrap();
+        assert_eq!(r["state"], "completed", "{r}");
+    }
+}
+
+/// The same for a `misfire: fire_all` catch-up: at resume the first missed slot (`07:00`)
+/// runs at once and the two others are queued behind it; they went only when nothing else
+/// was active, never while the schedule fired.
+#[tokio::test]
+async fn a_fire_all_catch_up_of_an_hourly_cron_runs_while_the_schedule_keeps_firing() {
+    let h = ManualHerald::start(utc_ms("2026-12-01T03:50:00Z"), "").await;
+    paused_hourly(&h, "fire_all").await;
+    h.run_until(utc_ms("2026-12-01T16:30:00Z")).await;
+    // Runs 1 and 2 are `05:00` and `06:00`; 3 to 5 the three missed slots.
+    assert_eq!(sent_of_runs(&h, &[3, 4, 5]), queued_slots_sent("08:30"));
+}

@@ -239,8 +239,9 @@ impl Engine {
             let runs = offload::read(&this.inner, move |i| Ok(i.store.runs_of(&key)?)).await?;
             let handled = Handled::of(&runs, &st.progress, now, super::herd::HERD_LEAD_MAX_MS);
             let slots = to_backfill(&st.spec, from, to, &handled).map_err(backfill_refused)?;
-            let (p, numbers) = plan::backfill(&st.spec, &st.progress, st.runs.len(), &slots, now)
-                .map_err(refused)?;
+            let active = plan::earliest_slot(st.runs.values());
+            let (p, numbers) =
+                plan::backfill(&st.spec, &st.progress, active, &slots, now).map_err(refused)?;
             commit::apply(&this.inner, l, p.change()).await?;
             tracing::info!(task = %id, runs = ?numbers, "backfill");
             Ok(numbers)

@@ -445,6 +445,43 @@ fn place(
     Placed::Started(start_run(spec, progress, run_no, fire, now))
 }
 
+/// Whether the head of the task's queue (a fire of the slot at `head_at_ms`: backfill's runs,
+/// a `misfire: fire_all` catch-up) may start now; `earliest_active`: the earliest slot instant
+/// (`Run::scheduled_at_ms`) of the task's active runs, `None` when none is active.
+///
+/// Any active run holds the queue, except in recipient time (`recipient.rs`): there a run lasts
+/// until its last zone's wall time and the schedule's next runs start beside it (an hourly cron
+/// over Berlin and New York has about six active at any time), so "nothing active" would hold
+/// the queue for as long as the schedule fires. There only a run of an earlier slot, or of the
+/// head's own instant (slots tied in a DST gap of the earliest zone), holds it; the schedule's
+/// newer runs do not. Fires are queued in slot order, so each still waits for the run of the
+/// one before it (queued runs never overlap one another), and the wait is bounded: a
+/// recipient-time run ends within about `recipient::SPAN_MS` of its slot, plus its retries.
+pub fn queue_head_may_start(
+    spec: &TaskSpec,
+    head_at_ms: u64,
+    earliest_active: Option<u64>,
+) -> bool {
+    match earliest_active {
+        None => true,
+        Some(at) => !spec.recipient_zones.is_empty() && at > head_at_ms,
+    }
+}
+
+/// The earliest slot instant of `runs` (the task's active runs): what [`queue_head_may_start`]
+/// judges by.
+pub fn earliest_slot<'a>(runs: impl IntoIterator<Item = &'a Run>) -> Option<u64> {
+    runs.into_iter().map(|r| r.scheduled_at_ms).min()
+}
+
+/// Whether the queue's head may start beside the active runs (`earliest_active`).
+fn head_free(spec: &TaskSpec, progress: &TaskProgress, earliest_active: Option<u64>) -> bool {
+    progress
+        .queued
+        .first()
+        .is_some_and(|q| queue_head_may_start(spec, q.at_ms, earliest_active))
+}
+
 /// A one-shot or reminders task that would complete without having sent anything because its
 /// every fire expired ends `expired` instead, so a client can tell it from one that was sent
 /// (and re-arm it). Every other state passes through.
@@ -488,7 +525,7 @@ pub fn expire_after_event(
     spec: &TaskSpec,
     progress: &TaskProgress,
     r: &Run,
-    active: usize,
+    active: &BTreeMap<u32, Run>,
     now: u64,
 ) -> Result<Option<Change>, InvalidTransition> {
     let Schedule::Reminders { event_ms, .. } = &spec.schedule else {
@@ -504,7 +541,8 @@ pub fn expire_after_event(
         format_utc(*event_ms)
     );
     let e = expired_run(&mut t, r, now, why);
-    let p = recover_running(spec, &t, active.saturating_sub(1), now)?;
+    let others = earliest_slot(active.values().filter(|o| o.run != r.run));
+    let p = recover_running(spec, &t, others, now)?;
     let mut c = p.change();
     c.progress = c.progress.or(Some(t));
     c.timeline = fire_events(std::slice::from_ref(&e), &c.runs);
@@ -695,26 +733,24 @@ impl RecoverPlan {
     }
 }
 
-/// Start-up of a task whose live entry says `running`, with its active runs: a queued fire
-/// whose run never started (the crash fell between the end of one run and the start of the
-/// next) starts now, and the state is derived again from what is active.
+/// Start-up of a task whose live entry says `running`, with its active runs (`earliest_active`:
+/// the earliest of their slot instants, `None` if none): a queued fire whose run never started
+/// (the crash fell between the end of one run and the start of the next) starts now if it may
+/// ([`queue_head_may_start`]), and the state is derived again from what is active.
 pub fn recover_running(
     spec: &TaskSpec,
     progress: &TaskProgress,
-    active_runs: usize,
+    earliest_active: Option<u64>,
     now: u64,
 ) -> Result<RecoverPlan, InvalidTransition> {
     let mut t = progress.clone();
     let mut started = None;
-    if active_runs == 0 && !t.queued.is_empty() {
+    if head_free(spec, &t, earliest_active) {
         let (n, fire) = fire_of(t.queued.remove(0));
         started = Some(start_run(spec, &mut t, n, fire, now));
     }
-    let to = finished_as(
-        spec,
-        &t,
-        derive_state(&t, active_runs > 0 || started.is_some()),
-    );
+    let active = earliest_active.is_some() || started.is_some();
+    let to = finished_as(spec, &t, derive_state(&t, active));
     let write = to != t.state || started.is_some();
     if to != t.state {
         t.set_state(to, now)?;
@@ -734,14 +770,17 @@ pub fn recover(
     spec: &TaskSpec,
     progress: &TaskProgress,
     raw: &[Run],
-    active: usize,
+    active: &BTreeMap<u32, Run>,
     now: u64,
     boot_ms: u64,
     alive_ms: u64,
 ) -> Result<Change, InvalidTransition> {
     let watched = progress.watched_since_ms.max(boot_ms);
     let (t, expired) = recover_started(spec, progress, raw, now, watched, alive_ms);
-    let p = recover_running(spec, &t, active.saturating_sub(expired.len()), now)?;
+    let left = active
+        .values()
+        .filter(|r| !expired.iter().any(|e| e.run == r.run));
+    let p = recover_running(spec, &t, earliest_slot(left), now)?;
     if expired.is_empty() {
         return Ok(p.change());
     }
@@ -804,7 +843,8 @@ pub struct Attempt<'a> {
 }
 
 /// Settles the attempt in flight on `run` (O(1) in the number of messages).
-/// `other_active`: the task has active runs besides this one. `arm_lead_ms`: a next attempt
+/// `other_active`: the earliest slot instant of the task's active runs besides this one
+/// (`None`: there are none), for [`queue_head_may_start`]. `arm_lead_ms`: a next attempt
 /// due within this is armed in the same write; `None`: none is (a drain, or the task's shard
 /// being handed over: no send starts here now, and a mark armed for it would be read by the
 /// next boot, or the next owner, as a send cut short: sent as a later attempt, or waited out
@@ -813,7 +853,7 @@ pub fn settle(
     spec: &TaskSpec,
     progress: &TaskProgress,
     run: &Run,
-    other_active: bool,
+    other_active: Option<u64>,
     a: Attempt<'_>,
     now: u64,
     arm_lead_ms: Option<u64>,
@@ -853,9 +893,9 @@ pub fn settle(
         run.begin_attempt(now);
     }
     let mut next_run = None;
+    let queue_free = spec.overlap == Overlap::Allow && !progress.queued.is_empty();
     if finished
-        && !progress.queued.is_empty()
-        && (!other_active || spec.overlap == Overlap::Allow)
+        && (queue_free || head_free(spec, &progress, other_active))
         && !progress.state.is_terminal()
     {
         // A queued fire starts when the run it waited for is done.
@@ -864,7 +904,7 @@ pub fn settle(
     }
     let mut task_changed = next_run.is_some();
     if progress.state == TaskState::Running {
-        let active = other_active || !finished || next_run.is_some();
+        let active = other_active.is_some() || !finished || next_run.is_some();
         let to = derive_state(&progress, active);
         // Only a new state is a change of the task: a cursor that moved is the run's.
         if to != progress.state {
@@ -1084,10 +1124,12 @@ pub fn resume(
     // A run whose first message had not left when the task was paused is judged now: sent
     // later than its grace after its instant, it expires (API.md "Expired").
     let mut out: Vec<Run> = Vec::with_capacity(runs.len());
-    let mut active = 0usize;
+    // The earliest slot instant of the runs that stay active (`queue_head_may_start`).
+    let mut active: Option<u64> = None;
     for r in runs.values() {
+        let at = r.scheduled_at_ms;
         if sending.contains(&r.run) {
-            active += 1;
+            active = Some(active.map_or(at, |a| a.min(at)));
             continue;
         }
         let send_ms = r.next_at_ms.unwrap_or(now).max(now);
@@ -1097,17 +1139,20 @@ pub fn resume(
                 let mut r = r.clone();
                 r.next_at_ms = Some(send_ms);
                 out.push(r);
-                active += 1;
+                active = Some(active.map_or(at, |a| a.min(at)));
             }
         }
     }
-    if active == 0 && !progress.queued.is_empty() {
-        // What the queued fire waited for expired: it starts now.
+    let mut started = false;
+    if head_free(spec, &progress, active) {
+        // What the queued fire waited for expired (or, in recipient time, only newer slots'
+        // runs are left): it starts now.
         let (n, fire) = fire_of(progress.queued.remove(0));
         out.push(start_run(spec, &mut progress, n, fire, now));
-        active += 1;
+        started = true;
     }
-    let to = finished_as(spec, &progress, super::state_for(&progress, active > 0));
+    let busy = active.is_some() || started;
+    let to = finished_as(spec, &progress, super::state_for(&progress, busy));
     if matches!(to, TaskState::Completed | TaskState::Expired) {
         // Nothing left to do (its last run ended while it was paused, e.g. a cron at its
         // `max_runs`): it finishes, by way of pending, as the transition table says.
@@ -1154,14 +1199,18 @@ pub fn trigger(spec: &TaskSpec, progress: &TaskProgress, now: u64) -> Result<Con
 /// the next run number (so its idempotency keys are new) and waits in the task's queue; the
 /// first starts now when nothing is active (a paused task starts them on resume), the others
 /// each when the one before it ends, so the task's pacing holds within each run and runs never
-/// overlap. `last_fire_ms` stays: the schedule goes on from where it was. A slot of a cron in
-/// recipient time carries its wall to its queued fire and run (`Run::slot_wall_ms`), so its
-/// later zones' messages go at that slot's wall, not at the first slot of its instant. The
-/// plan and the run numbers, in slot order.
+/// overlap. In recipient time only the runs of earlier slots are waited for, not the
+/// schedule's newer runs beside them (`queue_head_may_start`; `earliest_active`: the earliest
+/// slot instant of the task's active runs, `None` if none). `last_fire_ms` stays: the schedule
+/// goes on from where it was (the last slot's wall is raised to the largest backfilled one,
+/// which moves no next fire, see below). A slot of a cron in recipient time carries its wall
+/// to its queued fire and run (`Run::slot_wall_ms`), so its later zones' messages go at that
+/// slot's wall, not at the first slot of its instant. The plan and the run numbers, in slot
+/// order.
 pub fn backfill(
     spec: &TaskSpec,
     progress: &TaskProgress,
-    active_runs: usize,
+    earliest_active: Option<u64>,
     slots: &[Slot],
     now: u64,
 ) -> Result<(ControlPlan, Vec<u32>), Refused> {
@@ -1185,6 +1234,19 @@ pub fn backfill(
             wall_ms: s.wall_ms,
         });
     }
+    // Slots the schedule skipped (new messages put a zone east of the others: `recipient.rs`)
+    // are backfilled by wall above the last slot's. Left as it was, a later change of the zones
+    // (that zone removed) moves them after the last fire again, and the schedule would fire
+    // them a second time (`slot_after_wall`). So the last slot's wall is raised to the largest
+    // backfilled one. That changes no next fire under the current zones: a backfilled wall
+    // runs before the next fire (`Handled::latest`), so one above the last slot's runs before
+    // the last fire (it is skipped by `slot_after_wall`'s bound), below the bound it raises.
+    // (A progress without a wall, never fired or from before walls, is left as it is: its
+    // next slot is found from an instant, and a wall would change which.)
+    let top = slots.iter().filter_map(|s| s.wall_ms).max();
+    if let (Some(top), Some(last)) = (top, progress.last_slot_wall_ms) {
+        progress.last_slot_wall_ms = Some(last.max(top));
+    }
     if !may_run_more(spec, &progress) {
         // Backfilled runs count toward `max_runs` as fired ones do (the range was checked
         // not to go past it, `schedule/backfill.rs`): at the count, the schedule fires no
@@ -1193,9 +1255,18 @@ pub fn backfill(
         progress.next_fire_at_ms = None;
     }
     let mut runs = Vec::new();
-    if progress.state == TaskState::Pending && active_runs == 0 && !progress.queued.is_empty() {
+    // A running task's queue waits for its runs, except in recipient time, where the head
+    // waits only for the runs of earlier slots (`queue_head_may_start`).
+    let open = match progress.state {
+        TaskState::Pending => true,
+        TaskState::Running => !spec.recipient_zones.is_empty(),
+        _ => false,
+    };
+    if open && head_free(spec, &progress, earliest_active) {
         let (n, fire) = fire_of(progress.queued.remove(0));
         runs.push(start_run(spec, &mut progress, n, fire, now));
+    }
+    if progress.state == TaskState::Pending && !runs.is_empty() {
         progress.set_state(TaskState::Running, now)?;
     } else {
         progress.updated_at_ms = now;
@@ -1314,21 +1385,22 @@ mod tests {
             "to": ["a"], "body": "b"}));
         let slot = Run::new(1, event - 1_800_000, event - 1_800_000, 1);
         let after = event + 60_000;
-        let c = expire_after_event(&s, &p, &slot, 1, after)
+        let one = BTreeMap::from([(slot.run, slot.clone())]);
+        let c = expire_after_event(&s, &p, &slot, &one, after)
             .unwrap()
             .expect("expired");
         assert_eq!(c.runs[0].state, RunState::Expired);
         assert_eq!(c.progress.as_ref().map(|p| p.expired), Some(p.expired + 1));
-        assert!(expire_after_event(&s, &p, &slot, 1, event - 1)
+        assert!(expire_after_event(&s, &p, &slot, &one, event - 1)
             .unwrap()
             .is_none());
         let triggered = Run::new(2, after, after, 1);
-        assert!(expire_after_event(&s, &p, &triggered, 1, after)
+        assert!(expire_after_event(&s, &p, &triggered, &one, after)
             .unwrap()
             .is_none());
         let mut late = s.clone();
         late.created_at_ms = event + 1;
-        assert!(expire_after_event(&late, &p, &slot, 1, after)
+        assert!(expire_after_event(&late, &p, &slot, &one, after)
             .unwrap()
             .is_none());
     }
@@ -1390,18 +1462,18 @@ mod tests {
             task(serde_json::json!({"schedule": {"cron": "* * * * *"}, "to": ["a"], "body": "b"}));
         t.state = TaskState::Running;
         t.queued = vec![crate::model::Queued::at(7, NOW)];
-        let p = recover_running(&s, &t, 0, NOW + 1).unwrap();
+        let p = recover_running(&s, &t, None, NOW + 1).unwrap();
         assert!(p.write);
         assert_eq!(p.started.as_ref().map(|r| r.run), Some(7));
         assert_eq!(p.progress.state, TaskState::Running);
         assert!(p.progress.queued.is_empty());
         // Nothing queued, nothing active: back to pending (it has a next fire).
         t.queued.clear();
-        let p = recover_running(&s, &t, 0, NOW + 1).unwrap();
+        let p = recover_running(&s, &t, None, NOW + 1).unwrap();
         assert!(p.write && p.started.is_none());
         assert_eq!(p.progress.state, TaskState::Pending);
         // A run still active: nothing to change.
-        let p = recover_running(&s, &t, 1, NOW + 1).unwrap();
+        let p = recover_running(&s, &t, Some(NOW), NOW + 1).unwrap();
         assert!(!p.write);
     }
 
@@ -1447,7 +1519,7 @@ mod tests {
         );
         assert!(e.reason.as_deref().unwrap().contains("2s500ms"), "{e:?}");
         assert_eq!((t2.runs, t2.expired), (0, 1));
-        let r = recover_running(&s, &t2, 0, boot).unwrap();
+        let r = recover_running(&s, &t2, None, boot).unwrap();
         assert!(r.write && r.started.is_none());
         assert_eq!(r.progress.state, TaskState::Expired);
         // With a 3 s grace the same outage sends it at restart.
@@ -1484,7 +1556,7 @@ mod tests {
         let boot = due + 5_000;
         let (t2, expired) = recover_started(&s, &p.progress, &p.started, boot, boot, 0);
         assert_eq!(expired.len(), 1);
-        let r = recover_running(&s, &t2, 0, boot).unwrap();
+        let r = recover_running(&s, &t2, None, boot).unwrap();
         assert_eq!(
             r.progress.state,
             TaskState::Pending,
@@ -1544,7 +1616,7 @@ mod tests {
             to: "a",
             channel: "log",
         };
-        let s = settle(&s, &t, &run, false, a, NOW + 1, Some(100)).unwrap();
+        let s = settle(&s, &t, &run, None, a, NOW + 1, Some(100)).unwrap();
         assert!(!s.finished);
         assert_eq!((s.run.cursor, s.run.in_flight), (1, Some(1)));
         assert_eq!(s.progress.state, TaskState::Running);
@@ -1574,7 +1646,7 @@ mod tests {
                 to: "a",
                 channel: "log",
             };
-            let st = settle(&s, &p.progress, &run, false, a, NOW + 1, None).unwrap();
+            let st = settle(&s, &p.progress, &run, None, a, NOW + 1, None).unwrap();
             assert!(!st.finished);
             assert_eq!(st.progress.state, TaskState::Running);
             let r = &st.run;
@@ -1598,7 +1670,7 @@ mod tests {
         let (s, t) =
             task(serde_json::json!({"schedule": {"cron": "* * * * *"}, "to": ["a"], "body": "b"}));
         let slots = [NOW - 180_000, NOW - 120_000, NOW - 60_000].map(Slot::at);
-        let (p, numbers) = backfill(&s, &t, 0, &slots, NOW).unwrap();
+        let (p, numbers) = backfill(&s, &t, None, &slots, NOW).unwrap();
         assert_eq!(numbers, vec![1, 2, 3]);
         assert_eq!(p.progress.state, TaskState::Running);
         assert_eq!(
@@ -1621,14 +1693,140 @@ mod tests {
         // A paused task keeps them queued for its resume; a finished one refuses.
         let mut paused = t.clone();
         paused.state = TaskState::Paused;
-        let (p, _) = backfill(&s, &paused, 0, &slots, NOW).unwrap();
+        let (p, _) = backfill(&s, &paused, None, &slots, NOW).unwrap();
         assert!(p.runs.is_empty() && p.progress.queued.len() == 3);
         let mut done = t.clone();
         done.state = TaskState::Completed;
         assert!(matches!(
-            backfill(&s, &done, 0, &slots, NOW),
+            backfill(&s, &done, None, &slots, NOW),
             Err(Refused::Conflict(_))
         ));
+    }
+
+    /// Review finding: a queued fire (backfill, a `fire_all` catch-up) started only when no
+    /// other run was active, and a recipient-time cron always has the schedule's newer runs
+    /// active beside each other: its queue never moved while the schedule fired. There only a
+    /// run of an earlier slot (or of the head's own instant) holds the head; any other
+    /// schedule's queue waits for every active run, as before. Checked at the four places a
+    /// queued fire starts: backfill, settle, start-up (`recover_running`) and resume.
+    #[test]
+    fn a_queued_fire_in_recipient_time_waits_only_for_runs_of_earlier_slots() {
+        const H: u64 = 3_600_000;
+        let (rt, rp) = task(serde_json::json!({"schedule": {"cron": "0 * * * *",
+            "tz": "recipient"}, "messages": [{"to": "a", "body": "b", "tz": "Europe/Berlin"}]}));
+        let (plain, pp) =
+            task(serde_json::json!({"schedule": {"cron": "0 * * * *"}, "to": ["a"], "body": "b"}));
+        let head = NOW - 4 * H;
+        for (spec, recipient) in [(&rt, true), (&plain, false)] {
+            assert!(queue_head_may_start(spec, head, None));
+            assert!(!queue_head_may_start(spec, head, Some(head - H)));
+            assert!(!queue_head_may_start(spec, head, Some(head)), "a tie holds");
+            assert_eq!(queue_head_may_start(spec, head, Some(head + H)), recipient);
+        }
+        for (spec, p, recipient) in [(&rt, &rp, true), (&plain, &pp, false)] {
+            // The schedule's newer run (slot NOW - H) is active: the task is running.
+            let newer = Some(NOW - H);
+            let running = TaskProgress {
+                state: TaskState::Running,
+                ..p.clone()
+            };
+            let slots = [head, head + H].map(Slot::at);
+            let (b, _) = backfill(spec, &running, newer, &slots, NOW).unwrap();
+            assert_eq!(b.runs.len(), usize::from(recipient), "backfill");
+            let (b, _) = backfill(spec, &running, Some(head - H), &slots, NOW).unwrap();
+            assert!(b.runs.is_empty(), "an earlier slot's run holds it");
+            let queued = TaskProgress {
+                queued: vec![Queued::at(7, head), Queued::at(8, head + H)],
+                ..running.clone()
+            };
+            // Start-up: one started, the next still waiting for it.
+            let r = recover_running(spec, &queued, newer, NOW).unwrap();
+            assert_eq!(r.started.is_some(), recipient, "start-up");
+            assert_eq!(r.progress.queued.len(), 2 - usize::from(recipient));
+            // Settle: the run of an older slot (head - H) finishes beside the newer run.
+            let mut older = Run::new(6, head - H, NOW - H, 1);
+            older.begin_attempt(NOW);
+            let a = Attempt {
+                outcome: Outcome::Sent,
+                max_attempts: 1,
+                retry_delay_ms: 0,
+                pacing: spec.pacing,
+                to: "a",
+                channel: "log",
+            };
+            let st = settle(spec, &queued, &older, newer, a.clone(), NOW, None).unwrap();
+            assert!(st.finished);
+            assert_eq!(st.next_run.map(|r| r.run), recipient.then_some(7), "settle");
+            // Resume: the newer run, its first message sent, stays active (not judged late).
+            let paused = TaskProgress {
+                state: TaskState::Paused,
+                ..queued.clone()
+            };
+            let mut active = Run::new(9, NOW - H, NOW - H, 2);
+            active.cursor = 1;
+            let runs = BTreeMap::from([(9, active)]);
+            let r = resume(spec, &paused, &runs, &BTreeSet::new(), NOW).unwrap();
+            let started: Vec<u32> = r.runs.iter().map(|r| r.run).filter(|n| *n != 9).collect();
+            assert_eq!(started, if recipient { vec![7] } else { vec![] }, "resume");
+        }
+    }
+
+    /// Review finding: backfill left the last slot's wall as it was. An hourly cron for London
+    /// fired its 10:00 at 10:00Z; new messages in Kolkata (+05:30) made the schedule skip the
+    /// walls 11:00 to 15:00 (Kolkata's 05:30Z to 09:30Z, before the last fire). Backfilled,
+    /// then Kolkata removed again, the schedule fired them a second time from 11:00Z. The
+    /// backfill raises the last slot's wall to the largest backfilled one; under the current
+    /// zones no next fire changes (each backfilled wall runs before the last fire).
+    #[test]
+    fn a_backfill_raises_the_last_slot_wall_without_moving_the_next_fire() {
+        const H: u64 = 3_600_000;
+        let (s, p) = task(serde_json::json!({"schedule": {"cron": "0 * * * *",
+            "tz": "recipient"}, "messages": [
+            {"to": "l", "body": "x", "tz": "Europe/London"},
+            {"to": "k", "body": "y", "tz": "Asia/Kolkata"}]}));
+        // Walls as if UTC: 10:00 on 1 December is NOW + 10 h; Kolkata's instant 5 h 30 earlier.
+        let wall = |h: u64| NOW + h * H;
+        let p = TaskProgress {
+            fires: 6,
+            runs: 6,
+            last_fire_ms: Some(wall(10)),
+            last_slot_wall_ms: Some(wall(10)),
+            ..p
+        };
+        let now = wall(10) + H / 6;
+        let next = next_slot_of(&s, &p, now);
+        assert_eq!(
+            next,
+            Some((wall(10) + H / 2, Some(wall(16)))),
+            "Kolkata's 16:00"
+        );
+        let p = TaskProgress {
+            next_fire_at_ms: next.map(|n| n.0),
+            ..p
+        };
+        let slot = |h: u64| Slot {
+            at_ms: wall(h) - 11 * H / 2,
+            wall_ms: Some(wall(h)),
+        };
+        let mut london = s.clone();
+        london.recipient_zones = vec!["Europe/London".into()];
+        // Without the raise, Kolkata removed: London's 11:00 again, backfilled already.
+        assert_eq!(
+            next_slot_of(&london, &p, now),
+            Some((wall(11), Some(wall(11))))
+        );
+        for range in [&[11][..], &[11, 12, 13, 14, 15], &[13, 14]] {
+            let slots: Vec<Slot> = range.iter().map(|h| slot(*h)).collect();
+            let (b, _) = backfill(&s, &p, None, &slots, now).unwrap();
+            let top = range.iter().max().map(|h| wall(*h));
+            assert_eq!(b.progress.last_slot_wall_ms, top, "{range:?}");
+            assert_eq!(next_slot_of(&s, &b.progress, now), next, "{range:?}");
+            let after = next_slot_of(&london, &b.progress, now);
+            assert!(after.is_some_and(|(_, w)| w > top), "{range:?}: {after:?}");
+        }
+        // A wall below the last slot's changes nothing.
+        let (b, _) = backfill(&s, &p, None, &[slot(9)], now).unwrap();
+        assert_eq!(b.progress.last_slot_wall_ms, Some(wall(10)));
     }
 
     #[test]
@@ -1813,7 +2011,7 @@ mod tests {
                 to: "a",
                 channel: "log",
             };
-            let st = settle(&s, &parked, &run, false, a, NOW + 2, Some(100)).unwrap();
+            let st = settle(&s, &parked, &run, None, a, NOW + 2, Some(100)).unwrap();
             assert!(st.finished);
             assert_eq!(st.run.state, RunState::Cancelled);
             assert_eq!(
@@ -1833,7 +2031,7 @@ mod tests {
         let (s, t) = task(serde_json::json!({"schedule": {"cron": "* * * * *"},
             "overlap": "queue", "to": ["a"], "body": "b"}));
         let slots = [NOW - 180_000, NOW - 120_000, NOW - 60_000].map(Slot::at);
-        let (p, numbers) = backfill(&s, &t, 0, &slots, NOW).unwrap();
+        let (p, numbers) = backfill(&s, &t, None, &slots, NOW).unwrap();
         assert_eq!(numbers, [1, 2, 3]);
         let runs: BTreeMap<u32, Run> = p.runs.iter().map(|r| (r.run, r.clone())).collect();
         let none = BTreeSet::new();
@@ -1963,7 +2161,7 @@ mod tests {
             to: "a",
             channel: "log",
         };
-        let st = settle(&s, &p.progress, r, false, a, back + 1, Some(100)).unwrap();
+        let st = settle(&s, &p.progress, r, None, a, back + 1, Some(100)).unwrap();
         assert_eq!(st.progress.state, TaskState::Completed);
     }
 

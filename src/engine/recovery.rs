@@ -235,7 +235,7 @@ pub(crate) async fn resume_running(
             &st.spec,
             &st.progress,
             &raw,
-            st.runs.len(),
+            &st.runs,
             now,
             inner.boot_ms,
             alive_ms,

@@ -531,8 +531,7 @@ pub(super) async fn prepare(
         return Ok(None);
     };
     let now = inner.clock.now_ms();
-    let active = st.runs.len();
-    if let Some(c) = plan::expire_after_event(&st.spec, &st.progress, &run, active, now)? {
+    if let Some(c) = plan::expire_after_event(&st.spec, &st.progress, &run, &st.runs, now)? {
         tracing::info!(task = %l.id, run = key.run, "reminder expired: its event began before it could go");
         commit::apply(inner, l, c).await?;
         return Ok(None);
@@ -1307,7 +1306,7 @@ pub(super) fn settle_plan(
         &st.spec,
         &st.progress,
         &run,
-        st.runs.len() > 1,
+        plan::earliest_slot(st.runs.values().filter(|r| r.run != run.run)),
         Attempt {
             outcome: outcome.clone(),
             max_attempts: p.policy.max_attempts,

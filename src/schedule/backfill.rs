@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use crate::model::{Run, RunState, Schedule, TaskProgress, TaskSpec};
 
 use super::plan::cron_of;
-use super::recipient::{is_recipient, next_slot, parse_zones, slot_after_wall, wall_cron};
+use super::recipient::{is_recipient, next_slot, parse_zones, slot_after_wall, wall_cron, SPAN_MS};
 
 /// Most slots one backfill may cover; a range with more is refused (422), not cut short.
 pub const BACKFILL_SLOTS_MAX: usize = 1_000;
@@ -55,6 +55,12 @@ impl Slot {
 
 /// The slots a task's run records (or queued fires) name: each by its wall when it carries
 /// one, else by its instant.
+///
+/// A record without a wall (written by a build from before walls) names every slot of its
+/// instant. That is conservative, never a second send, but it has a cost: of slots tied at
+/// one instant (a DST gap of the earliest zone) such a build ran only the first and skipped
+/// the others, and those others can never be backfilled while its record is kept (each is
+/// taken as handled by it).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Marks {
     /// Every mark's instant: what a slot without a wall is matched by, as before walls.
@@ -103,7 +109,8 @@ pub struct Handled {
     pub latest: u64,
     /// Set when the record of a run that started is gone (history trimmed to `[store]
     /// runs_max`): its slot is at or before this instant, and which slot it was is lost, so a
-    /// slot up to here without a record may have been sent already.
+    /// slot up to here without a record may have been sent already. In recipient time an
+    /// instant under the zones of then: [`to_backfill`] widens it by `recipient::SPAN_MS`.
     pub unknown_through: Option<u64>,
     /// Runs started or queued to start (`plan::runs_committed`): what a cron's `max_runs`
     /// bounds, backfilled runs included.
@@ -249,7 +256,16 @@ pub fn to_backfill(
         .into_iter()
         .filter(|s| !h.done.has(s))
         .collect();
-    if let Some(through) = h.unknown_through {
+    // In recipient time `unknown_through` is a run instant under the zones of its day: a
+    // change of the zones since (the earliest one removed) moves every slot's instant later,
+    // up to a span of offsets, so a trimmed run's slot may now run after it. Widened by that
+    // span, the bound still covers every slot a trimmed run may have sent.
+    let shift = if task.recipient_zones.is_empty() {
+        0
+    } else {
+        SPAN_MS
+    };
+    if let Some(through) = h.unknown_through.map(|t| t.saturating_add(shift)) {
         if fresh
             .iter()
             .any(|s| s.at_ms <= through && !h.recorded.has(s))
@@ -580,5 +596,50 @@ mod tests {
             to_backfill(&spec, from, to, &h),
             Err(BackfillError::Trimmed { .. })
         ));
+    }
+
+    /// Review finding: `unknown_through` is a run instant under the zones of its day. An hourly
+    /// cron over Tokyo (+9) and London fired the walls 09:00 to 11:00 at Tokyo's 00:00Z to
+    /// 02:00Z; run 1's record (09:00) was trimmed. Tokyo removed, the walls run at London's
+    /// instants, nine hours later: the 09:00 slot (now 09:00Z) passed the `Trimmed` check
+    /// (through 01:00Z) and was backfilled, a second send. Widened by the span a zone change
+    /// can move an instant, the range is refused.
+    #[test]
+    fn a_zone_change_never_lets_a_trimmed_runs_slot_pass_for_unsent() {
+        let h9 = |h: u64| NOW + h * 60 * M;
+        let t = crate::request::test_task(
+            serde_json::json!({"schedule": {"cron": "0 * * * *", "tz": "recipient"},
+            "messages": [{"to": "l", "body": "x", "tz": "Europe/London"}]}),
+            NOW - 60 * M,
+        );
+        let (spec, base) = t.split();
+        // Walls as if UTC: the 09:00 of 1 December is NOW + 9 h.
+        let kept: Vec<Run> = [(2, 10), (3, 11)]
+            .map(|(n, wall)| run(n, h9(wall - 9), RunState::Completed).of_slot(Some(h9(wall))))
+            .to_vec();
+        let p = TaskProgress {
+            runs: 3,
+            fires: 3,
+            last_fire_ms: Some(h9(2)),
+            last_slot_wall_ms: Some(h9(11)),
+            next_fire_at_ms: Some(h9(12)),
+            ..base
+        };
+        let now = h9(10) + 30 * M;
+        let h = Handled::of(&kept, &p, now, 0);
+        assert_eq!(h.unknown_through, Some(h9(1)), "run 2's start");
+        let (from, to) = (h9(8), h9(10));
+        assert!(
+            matches!(
+                to_backfill(&spec, from, to, &h),
+                Err(BackfillError::Trimmed { through }) if through >= h9(9)
+            ),
+            "{:?}",
+            to_backfill(&spec, from, to, &h)
+        );
+        // Past the widened bound the records decide again: a slot without one is offered.
+        let late = h9(1) + SPAN_MS + 60 * M;
+        let h = Handled { latest: late, ..h };
+        assert_eq!(to_backfill(&spec, late, late, &h).map(|v| v.len()), Ok(1));
     }
 }

@@ -6,7 +6,10 @@
 //! at the slot's earliest instant over the task's zones; each message of the run then waits
 //! for its own instant. So a daily 09:00 over zones 24+ hours apart is one run a day, which
 //! spans those hours; the next slot's run starts a day after this one's, and may run beside
-//! it (runs of a recipient-time schedule are never judged overlaps of each other).
+//! it (runs of a recipient-time schedule are never judged overlaps of each other). So a queued
+//! fire (backfill, a `misfire: fire_all` catch-up) waits only for the runs of earlier slots
+//! (and of its own instant), never for the schedule's newer runs beside them, which would hold
+//! it for as long as the schedule fires (`engine/plan.rs::queue_head_may_start`).
 //!
 //! Wall times are carried as milliseconds "as if UTC" (a `NaiveDateTime` read in UTC), which is
 //! how a cron evaluated in UTC yields them.
@@ -41,9 +44,12 @@
 //! Backfill (`backfill.rs`) lists a range's slots by wall the same way (the first slot from
 //! the range's start, then [`slot_after_wall`]), matches each against the runs and queued
 //! fires that carry its wall (one without a wall, from before walls, by its instant: all the
-//! slots of that instant), and each backfilled slot is a run of its own carrying its wall. A
-//! task's next fire in words ([`next_fire_human`]) names the fire's own slot
-//! (`plan::next_fire_wall`: the slot after the last one's wall), not the first of its instant.
+//! slots of that instant), and each backfilled slot is a run of its own carrying its wall.
+//! So the later slots of a gap that a build from before walls skipped (it ran only the first
+//! of an instant) cannot be backfilled while that run's record is kept: conservative, never a
+//! second send (`backfill::Marks`). A task's next fire in words ([`next_fire_human`]) names
+//! the fire's own slot (`plan::next_fire_wall`: the slot after the last one's wall), not the
+//! first of its instant.
 
 use chrono::{DateTime, NaiveDateTime};
 use chrono_tz::Tz;
@@ -62,8 +68,10 @@ pub fn is_recipient(tz: Option<&str>) -> bool {
 }
 
 /// Widest span of UTC offsets plus DST slack: a wall further than this from an instant cannot
-/// resolve to it in any zone (offsets are within −12 h .. +14 h).
-const SPAN_MS: u64 = 30 * 3_600_000;
+/// resolve to it in any zone (offsets are within −12 h .. +14 h). So it also bounds how far a
+/// change of the task's zones can move a slot's run instant (the earliest zone removed: up to
+/// ~26 h later), and how long after its slot a run lasts (its last zone's instant).
+pub const SPAN_MS: u64 = 30 * 3_600_000;
 
 /// A wall time (ms as if UTC) as a naive date-time.
 pub fn naive(wall_ms: u64) -> Option<NaiveDateTime> {
