@@ -158,7 +158,9 @@ pub fn settle_events(
 /// the task's own `watched_since_ms` (creation, resume, schedule change). Then, and only then,
 /// the misfire policy and `misfire_grace` judge it, by how long before `watched_ms` it was due.
 /// A fire due while herald was watching is never missed, however late it is handled (herald's
-/// own backlog, a wall-clock jump): it runs.
+/// own backlog): it runs. A forward wall-clock jump is the exception (issue 26): the fires it
+/// jumped over are judged like an outage's, watched from the jump's end with its size added
+/// to the grace ([`fire_with_grace`], called by `step.rs`).
 pub fn fire(
     spec: &TaskSpec,
     progress: &TaskProgress,
