@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::cluster::{node, node_command, owned, TEST_TIMING};
+use common::cluster::{metric, node, node_command, owned, TEST_TIMING};
 use common::herald::{in_ms, ms_of, poll, Proc};
 use common::history::{check, Cancel, Expected, History};
 use common::http;
@@ -341,6 +341,18 @@ async fn a_node_whose_wall_steps_an_hour_ahead_sends_nothing_early() {
     assert!(
         back.is_some(),
         "the wall corrected, the node takes its shards back"
+    );
+    // The node's own wall steps, counted also where database time does not follow them.
+    let counted = poll(Duration::from_secs(10), || async {
+        let jumps = metric(&n.url, "herald_wall_clock_jumps_total").await;
+        let back = metric(&n.url, "herald_wall_clock_steps_back_total").await;
+        (jumps == 1.0 && back == 1.0).then_some(())
+    })
+    .await;
+    assert!(
+        counted.is_some(),
+        "one jump and one step back counted: {}",
+        http::get(&format!("{}/metrics", n.url)).await.text()
     );
     let v = http::get(&task).await.json();
     assert_eq!(v["state"], state, "the task still waits for its due: {v}");
