@@ -31,9 +31,16 @@ pub trait Clock: Send + Sync + 'static {
     fn mono_ms(&self) -> u64 {
         self.now_ms()
     }
-    /// Forward wall jumps seen so far ([`WALL_JUMP_MS`] or more).
+    /// Forward wall jumps of the clock `now_ms` reads, seen so far ([`WALL_JUMP_MS`] or
+    /// more): what fires are judged by (`engine/step.rs`).
     fn wall_jumps(&self) -> WallJumps {
         WallJumps::default()
+    }
+    /// The jumps and steps back of this node's own wall clock, for `/metrics`. The same as
+    /// [`Clock::wall_jumps`] but under [`OffsetClock`], whose database time does not follow
+    /// the node's wall while the node's wall still may jump.
+    fn node_wall_jumps(&self) -> WallJumps {
+        self.wall_jumps()
     }
     /// True for clocks that only move when a test moves them; the timer thread then waits for a
     /// wake-up command instead of sleeping until a deadline in real time.
@@ -42,16 +49,67 @@ pub trait Clock: Send + Sync + 'static {
     }
 }
 
-/// What a clock knows of forward wall jumps.
+/// How many forward jumps [`WallJumps`] keeps apart for [`WallJumps::jumped_after`].
+const RECENT_JUMPS: usize = 8;
+
+/// One forward jump: the wall instant it ended at and its size (0: an empty slot).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Jump {
+    end_ms: u64,
+    size_ms: u64,
+}
+
+/// What a clock knows of wall jumps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WallJumps {
-    /// How many so far.
+    /// How many forward jumps so far.
     pub count: u64,
     /// The wall instant the last one ended at (0: none). Fires due before it were jumped
     /// over: judged like an outage (`engine/dispatch.rs`).
     pub end_ms: u64,
     /// The last one's size: how much more the wall moved than the monotonic clock.
     pub size_ms: u64,
+    /// How many steps back ([`WALL_JUMP_MS`] or more) so far (`herald_wall_clock_steps_back`).
+    pub back_count: u64,
+    /// The last forward jumps, oldest first, empty slots last.
+    recent: [Jump; RECENT_JUMPS],
+}
+
+impl WallJumps {
+    /// Notes a forward jump of `size_ms` that ended at wall instant `end_ms`.
+    fn record(&mut self, end_ms: u64, size_ms: u64) {
+        self.count += 1;
+        self.end_ms = self.end_ms.max(end_ms);
+        self.size_ms = size_ms;
+        // Full: the two oldest become one (the later end, both sizes), so a fire due between
+        // them is given the older's size too: more grace, never less than the jumps took.
+        if self.recent.iter().all(|j| j.size_ms > 0) {
+            let [a, b, ..] = &mut self.recent;
+            b.size_ms = b.size_ms.saturating_add(a.size_ms);
+            *a = Jump::default();
+            self.recent.rotate_left(1);
+        }
+        if let Some(slot) = self.recent.iter_mut().find(|j| j.size_ms == 0) {
+            *slot = Jump { end_ms, size_ms };
+        }
+    }
+
+    /// How far the wall jumped after `due_ms`: the sizes of the jumps that ended after it
+    /// summed. A fire due then looks that much later than it is; the jumped span is not
+    /// lateness (`engine/step.rs` adds it to the misfire grace). Two quick jumps (+1 h, then
+    /// +6 s) count both, where the last one's size alone left the hour as lateness.
+    pub fn jumped_after(&self, due_ms: u64) -> u64 {
+        self.recent
+            .iter()
+            .filter(|j| j.end_ms > due_ms)
+            .fold(0, |sum, j| sum.saturating_add(j.size_ms))
+    }
+
+    /// A task's `misfire_grace_ms` for a fire due at `due_ms`, with what the wall jumped
+    /// after it added ([`WallJumps::jumped_after`]).
+    pub fn grace_ms(&self, due_ms: u64, misfire_grace_ms: u64) -> u64 {
+        misfire_grace_ms.saturating_add(self.jumped_after(due_ms))
+    }
 }
 
 /// The wall clock, clamped so it never runs backwards, beside the monotonic clock; it notices
@@ -102,15 +160,11 @@ impl SystemClock {
         let prev = self.offset_ms.swap(offset, Ordering::AcqRel);
         let moved = offset - prev;
         if moved >= WALL_JUMP_MS as i64 {
-            {
-                let mut j = self.jumps.lock();
-                j.count += 1;
-                j.end_ms = j.end_ms.max(raw);
-                j.size_ms = moved as u64;
-            }
+            self.jumps.lock().record(raw, moved.unsigned_abs());
             tracing::warn!(jump_ms = moved, to = %crate::schedule::format_utc(raw),
                 "the wall clock jumped forward: fires due in the jumped-over span are judged like an outage (misfire policy), durations keep to the monotonic clock");
         } else if moved <= -(WALL_JUMP_MS as i64) {
+            self.jumps.lock().back_count += 1;
             tracing::warn!(jump_ms = moved,
                 "the wall clock stepped back: herald's clock holds still until it catches up (nothing early, nothing twice)");
         }
@@ -209,10 +263,7 @@ impl ManualClock {
     pub fn jump_wall(&self, ms: u64) {
         let to = self.now.fetch_add(ms, Ordering::AcqRel) + ms;
         if ms >= WALL_JUMP_MS {
-            let mut j = self.jumps.lock();
-            j.count += 1;
-            j.end_ms = j.end_ms.max(to);
-            j.size_ms = ms;
+            self.jumps.lock().record(to, ms);
         }
     }
 }
@@ -232,25 +283,47 @@ impl Clock for ManualClock {
     }
 }
 
+/// [`OffsetClock`]'s offset before the lease loop's first acceptable measurement.
+pub const NOT_MEASURED: i64 = i64::MIN;
+
 /// Database time for cluster mode (HA.md "Time": the wheel fires at database time): another
-/// clock's wall reading plus the offset to the database the lease loop last measured
-/// (`cluster/offset.rs`: database minus node). Durations stay on the inner monotonic clock.
+/// clock's MONOTONIC reading plus the offset to the database the lease loop last measured
+/// (`cluster/node.rs`: database minus that same clock's `mono_ms` at a probe's midpoint).
+/// Durations stay on the inner monotonic clock.
+///
+/// Why monotonic: a step of the node's wall clock (`date -s`, a VM snapshot restored, chrony's
+/// makestep) must not move database time. Read off the wall, a +1 h step handed the wheel
+/// every fire of the next hour at once (one-shots up to 1 h early, crons judged jumped over)
+/// while the node still held its leases, until the next measurement refused its shards. The
+/// wall offset is still measured and judged against `max_clock_offset` (the refusal); it only
+/// no longer feeds this clock. Hence [`Clock::wall_jumps`] is empty here: database time did
+/// not jump (the node's own wall jumps stay in [`Clock::node_wall_jumps`]).
+///
+/// `mono_ms` is epoch-anchored on both clocks ([`SystemClock`]: its wall at start plus the
+/// time elapsed since; [`ManualClock`]: its start plus every advance), so before the first
+/// measurement ([`NOT_MEASURED`]) the reading is `inner.mono_ms()`: the wall as it was at
+/// start, moved by elapsed time, which is what the wall read then unless it jumped. (Reading
+/// the wall itself until then left a jump before the first measurement in the clock: held
+/// still, never back, for as long as the jump, once the measurement came.)
 ///
 /// Invariant kept: `now_ms` never goes backwards. A new measurement that lowers the offset
 /// holds the reading still until it catches up (as a stepped-back wall clock does); one that
-/// raises it moves it forward by at most `max_clock_offset` (a node further off owns nothing).
+/// raises it moves it forward by what database time gained on the node's monotonic clock
+/// since the last one (a measurement is taken only while the node's wall is within
+/// `max_clock_offset`, so the first one moves it by at most that).
 pub struct OffsetClock {
     inner: Arc<dyn Clock>,
-    offset_ms: Arc<AtomicI64>,
+    mono_offset_ms: Arc<AtomicI64>,
     last: AtomicU64,
 }
 
 impl OffsetClock {
-    /// `offset_ms` is shared with whoever measures it (the lease loop's `Ownership`).
-    pub fn new(inner: Arc<dyn Clock>, offset_ms: Arc<AtomicI64>) -> OffsetClock {
+    /// `mono_offset_ms` (database minus `inner.mono_ms()`, [`NOT_MEASURED`] at first) is
+    /// shared with whoever measures it (the lease loop's `Ownership`).
+    pub fn new(inner: Arc<dyn Clock>, mono_offset_ms: Arc<AtomicI64>) -> OffsetClock {
         OffsetClock {
             inner,
-            offset_ms,
+            mono_offset_ms,
             last: AtomicU64::new(0),
         }
     }
@@ -258,12 +331,14 @@ impl OffsetClock {
 
 impl Clock for OffsetClock {
     fn now_ms(&self) -> u64 {
-        let raw = self.inner.now_ms();
-        let off = self.offset_ms.load(Ordering::Acquire);
-        let t = if off >= 0 {
-            raw.saturating_add(off.unsigned_abs())
+        let mono = self.inner.mono_ms();
+        let off = self.mono_offset_ms.load(Ordering::Acquire);
+        let t = if off == NOT_MEASURED {
+            mono
+        } else if off >= 0 {
+            mono.saturating_add(off.unsigned_abs())
         } else {
-            raw.saturating_sub(off.unsigned_abs())
+            mono.saturating_sub(off.unsigned_abs())
         };
         let prev = self.last.fetch_max(t, Ordering::AcqRel);
         prev.max(t)
@@ -272,6 +347,9 @@ impl Clock for OffsetClock {
         self.inner.mono_ms()
     }
     fn wall_jumps(&self) -> WallJumps {
+        WallJumps::default()
+    }
+    fn node_wall_jumps(&self) -> WallJumps {
         self.inner.wall_jumps()
     }
     fn is_manual(&self) -> bool {
@@ -321,9 +399,9 @@ mod tests {
     #[test]
     fn offset_clock_reads_database_time_and_never_goes_back() {
         let inner = Arc::new(ManualClock::new(10_000));
-        let off = Arc::new(AtomicI64::new(0));
+        let off = Arc::new(AtomicI64::new(NOT_MEASURED));
         let c = OffsetClock::new(inner.clone(), off.clone());
-        assert_eq!(c.now_ms(), 10_000);
+        assert_eq!(c.now_ms(), 10_000, "not measured yet: the node's own time");
         off.store(300, Ordering::Release);
         assert_eq!(
             c.now_ms(),
@@ -340,5 +418,101 @@ mod tests {
             "durations stay on the node's monotonic clock"
         );
         assert!(c.is_manual());
+    }
+
+    /// Finding: database time followed a step of the node's wall clock at once (a +1 h step
+    /// handed over every fire of the next hour before the next measurement refused the node).
+    #[test]
+    fn offset_clock_does_not_follow_a_wall_jump() {
+        let inner = Arc::new(ManualClock::new(10_000));
+        let off = Arc::new(AtomicI64::new(300));
+        let c = OffsetClock::new(inner.clone(), off.clone());
+        assert_eq!(c.now_ms(), 10_300);
+        inner.jump_wall(3_600_000);
+        assert_eq!(
+            c.now_ms(),
+            10_300,
+            "the node's wall jumped, the database's did not"
+        );
+        assert_eq!(
+            c.wall_jumps(),
+            WallJumps::default(),
+            "no jump in database time"
+        );
+        assert_eq!(
+            c.node_wall_jumps().count,
+            1,
+            "the node's own jump, for /metrics"
+        );
+        inner.advance(1_000);
+        assert_eq!(c.now_ms(), 11_300, "time still passes");
+        off.store(500, Ordering::Release);
+        assert_eq!(c.now_ms(), 11_500, "a new measurement moves it as before");
+        inner.jump_wall(3_600_000);
+        off.store(450, Ordering::Release);
+        assert_eq!(c.now_ms(), 11_500, "nor a jump after one, and never back");
+    }
+
+    #[test]
+    fn offset_clock_before_its_first_measurement_ignores_a_jump_too() {
+        let inner = Arc::new(ManualClock::new(10_000));
+        let off = Arc::new(AtomicI64::new(NOT_MEASURED));
+        let c = OffsetClock::new(inner.clone(), off.clone());
+        inner.jump_wall(3_600_000);
+        assert_eq!(c.now_ms(), 10_000);
+        off.store(-100, Ordering::Release);
+        inner.advance(200);
+        assert_eq!(
+            c.now_ms(),
+            10_100,
+            "the first measurement is not held up by the jump"
+        );
+    }
+
+    /// Finding: only the last jump's size was kept, so after +1 h and +6 s in quick
+    /// succession a fire due before both was an hour late against a grace of 6 s.
+    #[test]
+    fn quick_jumps_add_up_for_a_fire_due_before_them() {
+        let c = ManualClock::new(1_000_000);
+        c.jump_wall(3_600_000);
+        c.advance(2_000);
+        c.jump_wall(6_000);
+        let j = c.wall_jumps();
+        assert_eq!((j.count, j.size_ms), (2, 6_000));
+        assert_eq!(j.jumped_after(999_999), 3_606_000, "due before both");
+        assert_eq!(j.jumped_after(4_601_000), 6_000, "due between them");
+        assert_eq!(j.jumped_after(j.end_ms), 0, "due after both");
+        assert_eq!(j.grace_ms(999_999, 60_000), 3_666_000);
+        assert_eq!(WallJumps::default().jumped_after(0), 0);
+    }
+
+    #[test]
+    fn many_jumps_keep_their_total_for_old_fires() {
+        let c = ManualClock::new(0);
+        for _ in 0..20 {
+            c.jump_wall(10_000);
+            c.advance(1_000);
+        }
+        let j = c.wall_jumps();
+        assert_eq!(j.count, 20);
+        assert_eq!(j.jumped_after(0), 200_000, "merged, never lost");
+        assert_eq!(j.jumped_after(j.end_ms - 1), 10_000, "the last one alone");
+    }
+
+    #[test]
+    fn a_system_clock_counts_its_steps_back() {
+        let c = SystemClock::new();
+        c.watch(1_000_000, 1_000_000);
+        c.watch(990_000, 1_000_500);
+        let j = c.wall_jumps();
+        assert_eq!((j.back_count, j.count), (1, 0));
+        c.watch(1_000_000, 1_001_000);
+        assert_eq!(c.wall_jumps().count, 1, "the way back up is a forward jump");
+        c.watch(1_001_100, 1_001_100);
+        assert_eq!(
+            c.wall_jumps().back_count,
+            1,
+            "slew and rounding are no step"
+        );
     }
 }

@@ -328,10 +328,14 @@ pub async fn start_with(
     // Cluster mode fires at database time: the engine reads the clock plus the offset the
     // lease loop measures (HA.md "Time").
     let clock: Arc<dyn Clock> = match &cluster {
-        Some(h) => Arc::new(crate::clock::OffsetClock::new(
-            clock,
-            h.ownership.db_offset(),
-        )),
+        Some(h) => {
+            // The lease loop reads this clock's monotonic clock against the database's.
+            h.ownership.set_node_clock(clock.clone());
+            Arc::new(crate::clock::OffsetClock::new(
+                clock,
+                h.ownership.db_offset(),
+            ))
+        }
         None => clock,
     };
     let telemetry = match &config.otlp_endpoint {

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::cluster::{node, node_command, owned, TEST_TIMING};
+use common::cluster::{metric, node, node_command, owned, TEST_TIMING};
 use common::herald::{in_ms, ms_of, poll, Proc};
 use common::history::{check, Cancel, Expected, History};
 use common::http;
@@ -259,4 +259,103 @@ async fn a_node_ahead_inside_the_bound_fires_at_database_time() {
             want - d.at_ms
         );
     }
+}
+
+/// A node's wall clock steps an hour forward while it holds every shard (`date -s`, a VM
+/// snapshot restored, chrony's makestep), under libfaketime with its offset in a file re-read
+/// on every clock call and the monotonic clock left alone. Database time is read off the
+/// monotonic clock (`clock::OffsetClock`), so a one-shot due in 30 minutes is not handed over
+/// (it was at once, an hour of fires, when database time followed the wall), the node
+/// measures its offset again at once and refuses its shards, and takes them back when its
+/// wall is corrected, the task still waiting for its due instant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_wall_steps_an_hour_ahead_sends_nothing_early() {
+    let test = "a_node_whose_wall_steps_an_hour_ahead_sends_nothing_early";
+    let Some(lib) = common::tools::faketime_lib(test) else {
+        return;
+    };
+    let Some(pg) = PgServer::start("cluster_clock_step") else {
+        return;
+    };
+    let url = pg.create_db("step");
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let offset_file = dir.path().join("faketime.rc");
+    let set_offset = |s: i64| std::fs::write(&offset_file, format!("{s:+}\n")).unwrap();
+    set_offset(0);
+    let timing = format!("{TEST_TIMING}max_clock_offset = \"500ms\"\n");
+    let hook = format!("url = \"{}\"\ntimeout = \"1s\"\n", rx.url());
+    let mut cmd = node_command(&url, dir.path(), "a", "a", SHARDS, &hook, &timing);
+    cmd.env("LD_PRELOAD", &lib)
+        .env("FAKETIME_TIMESTAMP_FILE", &offset_file)
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    let n = Proc::start(cmd);
+    let all = poll(Duration::from_secs(30), || async {
+        (owned(&n.url).await == u64::from(SHARDS)).then_some(())
+    })
+    .await;
+    assert!(all.is_some(), "the node takes every shard");
+
+    let at = in_ms(30 * 60_000);
+    let r = http::post_json(
+        &format!("{}/v1/tasks", n.url),
+        &json!({"id": "later", "channel": "hook", "schedule": {"at": at},
+            "messages": [{"to": "x", "body": "later"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "create: {}", r.text());
+    let task = format!("{}/v1/tasks/later", n.url);
+    let state = http::get(&task).await.json()["state"].clone();
+
+    set_offset(3_600);
+    let stepped = std::time::Instant::now();
+    // The step is seen by the next measurement: at once now, within 30 s before.
+    let seen = poll(Duration::from_secs(40), || async {
+        let h = http::get(&format!("{}/healthz", n.url)).await.json();
+        let off = h["cluster"]["clock_offset_ms"].as_i64().unwrap_or(0);
+        (off < -3_000_000).then_some(stepped.elapsed())
+    })
+    .await;
+    let d = common::cluster::deliveries(&rx);
+    assert!(
+        d.is_empty(),
+        "nothing is due for 30 minutes, yet the node sent {d:?} after its wall stepped an hour"
+    );
+    let seen = seen.expect("the node measures the stepped offset");
+    assert!(
+        seen < Duration::from_secs(10),
+        "the offset is measured again right after the step, not at the next 30 s round: {seen:?}"
+    );
+    let refused = poll(Duration::from_secs(10), || async {
+        (owned(&n.url).await == 0).then_some(())
+    })
+    .await;
+    assert!(refused.is_some(), "an hour off, the node owns nothing");
+
+    set_offset(0);
+    let back = poll(Duration::from_secs(30), || async {
+        (owned(&n.url).await == u64::from(SHARDS)).then_some(())
+    })
+    .await;
+    assert!(
+        back.is_some(),
+        "the wall corrected, the node takes its shards back"
+    );
+    // The node's own wall steps, counted also where database time does not follow them.
+    let counted = poll(Duration::from_secs(10), || async {
+        let jumps = metric(&n.url, "herald_wall_clock_jumps_total").await;
+        let back = metric(&n.url, "herald_wall_clock_steps_back_total").await;
+        (jumps == 1.0 && back == 1.0).then_some(())
+    })
+    .await;
+    assert!(
+        counted.is_some(),
+        "one jump and one step back counted: {}",
+        http::get(&format!("{}/metrics", n.url)).await.text()
+    );
+    let v = http::get(&task).await.json();
+    assert_eq!(v["state"], state, "the task still waits for its due: {v}");
+    let d = common::cluster::deliveries(&rx);
+    assert!(d.is_empty(), "nothing sent early: {d:?}");
 }

@@ -247,6 +247,7 @@ pub async fn render(state: &ApiState) -> Result<String, Problem> {
     losses(&mut s, state);
     cluster(&mut s, state);
     store(&mut s, state);
+    wall_clock(&mut s, state);
     connections(&mut s, state);
     channels(&mut s, state);
     let engine = &state.engine;
@@ -515,10 +516,21 @@ fn store(s: &mut Scrape, state: &ApiState) {
         "1 while storage fails (writes refused with 503, no new sends; /healthz 503)",
         i64::from(engine.storage_failing().is_some()),
     );
+}
+
+/// This node's wall clock steps (`clock.rs`). The node's own wall, also in cluster mode, where
+/// database time does not follow it (`clock::OffsetClock`).
+fn wall_clock(s: &mut Scrape, state: &ApiState) {
+    let j = state.clock.node_wall_jumps();
     s.counter(
         "herald_wall_clock_jumps",
         "Forward jumps of the wall clock (5 s or more beyond the monotonic clock): jumped-over fires judged like an outage",
-        state.clock.wall_jumps().count,
+        j.count,
+    );
+    s.counter(
+        "herald_wall_clock_steps_back",
+        "Steps back of the wall clock (5 s or more behind the monotonic clock): herald's clock holds still until the wall catches up",
+        j.back_count,
     );
 }
 

@@ -70,9 +70,15 @@ pub struct Ownership {
     /// The last clock offset measured against the database (`offset.rs`), and whether it
     /// was within `max_clock_offset` (`None`: not measured yet).
     clock: Mutex<Option<(super::offset::Offset, bool)>>,
-    /// The offset the engine's clock adds to read database time (`clock::OffsetClock`): the
-    /// last acceptable measurement (a node beyond the bound owns nothing to fire).
+    /// The offset the engine's clock adds to its inner clock's MONOTONIC reading to read
+    /// database time (`clock::OffsetClock`): database minus `node_clock`'s `mono_ms` at a
+    /// probe's midpoint, from the last acceptable measurement (a node beyond the bound owns
+    /// nothing to fire); `clock::NOT_MEASURED` until then.
     db_offset: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    /// The clock the engine's `OffsetClock` wraps ([`Ownership::set_node_clock`]): probes read
+    /// its monotonic clock for `db_offset`, and its wall jumps make the loop measure again at
+    /// once. None (the loop alone, in tests): no `db_offset` is measured.
+    node_clock: Mutex<Option<Arc<dyn crate::clock::Clock>>>,
     /// What the last balancing round read: the shard rows, the nodes, and where each live
     /// owner can be reached (forwarding, `GET /v1/cluster`).
     view: Mutex<View>,
@@ -138,7 +144,10 @@ impl Ownership {
             base: Instant::now(),
             lost: Mutex::new(Vec::new()),
             clock: Mutex::new(None),
-            db_offset: std::sync::Arc::default(),
+            db_offset: std::sync::Arc::new(std::sync::atomic::AtomicI64::new(
+                crate::clock::NOT_MEASURED,
+            )),
+            node_clock: Mutex::new(None),
             view: Mutex::new(View::default()),
             fence_rejected: std::sync::atomic::AtomicU64::new(0),
             shard_load_failed: std::sync::atomic::AtomicU64::new(0),
@@ -313,9 +322,19 @@ impl Ownership {
         }
     }
 
-    /// The offset shared with the engine's clock (`clock::OffsetClock`).
+    /// The offset shared with the engine's clock (`clock::OffsetClock`): database minus the
+    /// monotonic reading of the clock given to [`Ownership::set_node_clock`].
     pub fn db_offset(&self) -> std::sync::Arc<std::sync::atomic::AtomicI64> {
         self.db_offset.clone()
+    }
+
+    /// The clock the engine's `OffsetClock` wraps, before the loop starts.
+    pub fn set_node_clock(&self, clock: Arc<dyn crate::clock::Clock>) {
+        *self.node_clock.lock() = Some(clock);
+    }
+
+    fn node_clock(&self) -> Option<Arc<dyn crate::clock::Clock>> {
+        self.node_clock.lock().clone()
     }
 }
 
@@ -360,6 +379,14 @@ pub struct Settings {
 const OFFSET_EVERY_MS: u64 = 30_000;
 /// Probes per measurement; the shortest round trip is believed (`offset.rs`).
 const OFFSET_PROBES: usize = 3;
+
+/// One measurement's probes: the same database readings against the node's wall clock and
+/// against the node clock's monotonic clock ([`Loop::measure`]).
+#[derive(Debug, Default)]
+struct Probes {
+    wall: Vec<super::offset::Probe>,
+    mono: Vec<super::offset::Probe>,
+}
 
 /// `application_name` of the lease connection, to find it in `pg_stat_activity`.
 pub const APPLICATION_NAME: &str = "herald lease loop";
@@ -461,6 +488,8 @@ struct Loop {
     start: u32,
     next_balance_ms: u64,
     next_offset_ms: u64,
+    /// The node clock's (forward jumps, steps back) at the last look ([`Loop::wall_stepped`]).
+    steps_seen: (u64, u64),
     /// The last measurement was within `max_clock_offset` (false until one is made).
     clock_ok: bool,
     /// Connection attempts or rounds failed in a row (0 after a round that went through).
@@ -527,42 +556,55 @@ impl Loop {
         }
     }
 
-    /// Measures the clock offset to the database: `OFFSET_PROBES` probes. Err: the
-    /// connection failed.
-    async fn measure(&self, c: &Client) -> Result<Vec<super::offset::Probe>, ()> {
+    /// Measures the clock offset to the database: `OFFSET_PROBES` probes, each read against
+    /// the node's wall clock (what `max_clock_offset` judges) and against the node clock's
+    /// monotonic clock (what database time is read from: `clock::OffsetClock`; none without a
+    /// node clock). Err: the connection failed.
+    async fn measure(&self, c: &Client) -> Result<Probes, ()> {
         let wall = || {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         };
-        let mut probes = Vec::with_capacity(OFFSET_PROBES);
+        let clock = self.own.node_clock();
+        let mono = || clock.as_ref().map(|c| c.mono_ms());
+        let mut probes = Probes::default();
         for _ in 0..OFFSET_PROBES {
-            let sent_ms = wall();
+            let (sent_ms, sent_mono) = (wall(), mono());
             let Ok(Ok(db_ms)) = tokio::time::timeout(self.deadline(), rows::db_now_ms(c)).await
             else {
                 return Err(());
             };
-            probes.push(super::offset::Probe {
+            let (received_ms, received_mono) = (wall(), mono());
+            probes.wall.push(super::offset::Probe {
                 sent_ms,
                 db_ms,
-                received_ms: wall(),
+                received_ms,
             });
+            if let (Some(sent_ms), Some(received_ms)) = (sent_mono, received_mono) {
+                probes.mono.push(super::offset::Probe {
+                    sent_ms,
+                    db_ms,
+                    received_ms,
+                });
+            }
         }
         Ok(probes)
     }
 
     /// Takes a measurement's estimate: within `max_clock_offset` or not (HA.md "Time").
-    fn judge_clock(&mut self, probes: &[super::offset::Probe]) {
-        let Some(o) = super::offset::estimate(probes) else {
+    fn judge_clock(&mut self, probes: &Probes) {
+        let Some(o) = super::offset::estimate(&probes.wall) else {
             return;
         };
         let ok = super::offset::acceptable(o, self.s.max_clock_offset_ms);
         *self.own.clock.lock() = Some((o, ok));
-        if ok {
-            // From now on the wheel fires at database time (HA.md "Time").
+        if let Some(m) = super::offset::estimate(&probes.mono).filter(|_| ok) {
+            // From now on the wheel fires at database time (HA.md "Time"), read off the
+            // monotonic clock: a later step of the node's wall does not move it.
             self.own
                 .db_offset
-                .store(o.offset_ms, std::sync::atomic::Ordering::Release);
+                .store(m.offset_ms, std::sync::atomic::Ordering::Release);
         }
         if ok != self.clock_ok {
             if ok {
@@ -620,11 +662,35 @@ impl Loop {
         }
     }
 
+    /// Whether the node's wall clock jumped or stepped back since the last look. Reads the
+    /// node clock's `now_ms` first: the system clock notices a step only when it is read.
+    fn wall_stepped(&mut self) -> bool {
+        let Some(clock) = self.own.node_clock() else {
+            return false;
+        };
+        clock.now_ms();
+        let j = clock.wall_jumps();
+        let seen = (j.count, j.back_count);
+        let stepped = seen != self.steps_seen;
+        self.steps_seen = seen;
+        stepped
+    }
+
     /// One round on a connection: a due renewal first, then the clock probes and the
     /// balancing round when they are due, each with later renewals beside it. Err: the
     /// connection is not to be trusted.
     async fn round(&mut self, c: &Client) -> Result<(), ()> {
         self.renew(c).await?;
+        if self.wall_stepped() {
+            // The wall offset changed by the step: measured and judged now, not in up to
+            // 30 s, and a refusal hands the shards back in this round (database time itself
+            // did not move: `clock::OffsetClock`).
+            tracing::warn!(
+                "the node's wall clock stepped: measuring its offset to the database again now"
+            );
+            self.next_offset_ms = 0;
+            self.next_balance_ms = 0;
+        }
         if self.own.mono_ms() >= self.next_offset_ms {
             let probes = self.beside_renewals(c, self.measure(c)).await?;
             self.next_offset_ms = self.own.mono_ms() + OFFSET_EVERY_MS;
@@ -965,6 +1031,7 @@ async fn run(
         start,
         next_balance_ms: 0,
         next_offset_ms: 0,
+        steps_seen: (0, 0),
         clock_ok: false,
         fails: 0,
         retry_at_ms: 0,

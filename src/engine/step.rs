@@ -218,7 +218,7 @@ async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineErr
     // and the task keeps its own grace).
     let jump = inner.clock.wall_jumps();
     let p = if due < jump.end_ms && jump.end_ms > watched {
-        let grace = st.spec.misfire_grace_ms.saturating_add(jump.size_ms);
+        let grace = jump.grace_ms(due, st.spec.misfire_grace_ms);
         let (spec, progress, active) = (&st.spec, &st.progress, st.runs.len());
         let p = plan::fire_with_grace(spec, progress, active, due, now, jump.end_ms, grace)?;
         tracing::warn!(task = %st.spec.id, missed = p.missed, policy = ?st.spec.misfire, jump_ms = jump.size_ms,
