@@ -510,7 +510,7 @@ mod tests {
                 "to": ["x", "y"], "body": "b", "metadata": {"k": "v", "a": "é"},
                 "pacing": {"interval": "3s", "batch_size": 10, "batch_pause": "1m"},
                 "retry": {"max_attempts": 7, "backoff": "fixed", "initial": "2s", "max": "1m"},
-                "misfire": "skip", "misfire_grace": "1s", "overlap": "allow", "lang": "zh"})),
+                "misfire": "skip", "misfire_grace": "1s", "lang": "zh"})),
             view(
                 json!({"id": "c", "schedule": {"cron": "0 9 * * 1-5", "tz": "Asia/Shanghai",
                 "max_runs": 3}, "to": ["x"], "body": "b", "overlap": "queue"}),
