@@ -399,8 +399,9 @@ async fn under_faketime_a_step_back_with_a_kill_sends_nothing_early_nothing_twic
 async fn a_jump_during_a_paced_send_keeps_the_gap(interval_ms: u64) {
     let t0 = utc_ms("2026-12-01T00:00:30Z");
     let rx = Receiver::start().await;
-    // The first request's answer is held back (real time) while the test jumps the wall.
-    rx.script(vec![Behavior::Slow(Duration::from_millis(1_500))]);
+    // The first request's answer is held back (real time) while the test jumps the wall:
+    // long enough that the jump, made as soon as the request is seen, comes before it.
+    rx.script(vec![Behavior::Slow(Duration::from_secs(3))]);
     let h = ManualHerald::start(t0, &webhook_channel("hook", &rx.url(), "")).await;
     h.post(&json!({"id": "paced", "channel": "hook", "schedule": {"after": "1s"},
                    "to": ["a", "b"], "body": "p", "pacing": {"interval": format!("{interval_ms}ms")}}))
@@ -412,6 +413,9 @@ async fn a_jump_during_a_paced_send_keeps_the_gap(interval_ms: u64) {
         .await;
         assert!(out.is_some(), "the first send reached the receiver");
         h.clock.jump_wall(10_000);
+        // The premise: the send was still out at the jump (else this tests nothing new).
+        let v = h.task("paced").await;
+        assert_eq!(v["progress"]["sent"], 0, "answered before the jump: {v}");
     };
     // Runs the first send (it returns once the held answer came and every step is over),
     // while `jump` moves the wall during it.
