@@ -391,3 +391,62 @@ async fn under_faketime_a_step_back_with_a_kill_sends_nothing_early_nothing_twic
     assert!(twice.len() <= 1, "sent twice: {twice:?}");
     assert_eq!(keys.len(), 12, "every message sent");
 }
+
+/// A forward wall jump while a paced send is out (the receiver holds its answer): the settle
+/// reads the wall after the jump, but the next send still waits for the whole interval on the
+/// monotonic clock (the manual clock advanced by it), not 10 s less (or at once, as a send
+/// due already would be, `step.rs` `Next::Now`).
+async fn a_jump_during_a_paced_send_keeps_the_gap(interval_ms: u64) {
+    let t0 = utc_ms("2026-12-01T00:00:30Z");
+    let rx = Receiver::start().await;
+    // The first request's answer is held back (real time) while the test jumps the wall:
+    // long enough that the jump, made as soon as the request is seen, comes before it.
+    rx.script(vec![Behavior::Slow(Duration::from_secs(3))]);
+    let h = ManualHerald::start(t0, &webhook_channel("hook", &rx.url(), "")).await;
+    h.post(&json!({"id": "paced", "channel": "hook", "schedule": {"after": "1s"},
+                   "to": ["a", "b"], "body": "p", "pacing": {"interval": format!("{interval_ms}ms")}}))
+        .await;
+    let jump = async {
+        let out = poll(Duration::from_secs(30), || async {
+            (rx.count() >= 1).then_some(())
+        })
+        .await;
+        assert!(out.is_some(), "the first send reached the receiver");
+        h.clock.jump_wall(10_000);
+        // The premise: the send was still out at the jump (else this tests nothing new).
+        let v = h.task("paced").await;
+        assert_eq!(v["progress"]["sent"], 0, "answered before the jump: {v}");
+    };
+    // Runs the first send (it returns once the held answer came and every step is over),
+    // while `jump` moves the wall during it.
+    tokio::join!(h.run_until(t0 + 1_000), jump);
+    assert_eq!(h.task("paced").await["progress"]["sent"], 1);
+    assert_eq!(
+        rx.count(),
+        1,
+        "the second send went early: {:?}",
+        rx.answers()
+    );
+    // Short of the interval on the monotonic clock: still not sent.
+    h.run_until(h.now() + interval_ms - 100).await;
+    assert_eq!(
+        rx.count(),
+        1,
+        "the second send went early: {:?}",
+        rx.answers()
+    );
+    h.run_until(h.now() + 200).await;
+    let v = h.task("paced").await;
+    assert_eq!(v["progress"]["sent"], 2, "{v}");
+    assert_eq!(rx.count(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jump_during_a_send_keeps_a_3s_gap() {
+    a_jump_during_a_paced_send_keeps_the_gap(3_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jump_during_a_send_keeps_a_20s_gap() {
+    a_jump_during_a_paced_send_keeps_the_gap(20_000).await;
+}

@@ -203,10 +203,28 @@ impl Table {
     }
 }
 
+/// Lets a repeated warning through at most once per [`WARN_EVERY`], counting the ones held
+/// back in between (the cap's refusals here, failed accepts in `api::serve`).
 #[derive(Default)]
-struct WarnGate {
+pub(super) struct WarnGate {
     last: Option<Instant>,
     suppressed: u64,
+}
+
+impl WarnGate {
+    /// Whether a warning at `now` is logged: `Some(n)` with the `n` held back since the last
+    /// one logged, `None` (counted) within [`WARN_EVERY`] of it.
+    pub(super) fn pass(&mut self, now: Instant) -> Option<u64> {
+        if self
+            .last
+            .is_some_and(|l| now.saturating_duration_since(l) < WARN_EVERY)
+        {
+            self.suppressed += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(std::mem::take(&mut self.suppressed))
+    }
 }
 
 pub struct Conns {
@@ -402,14 +420,9 @@ impl Conns {
     /// Counts a refusal and warns, at most once per [`WARN_EVERY`].
     fn refused(&self, peer: IpAddr, what: &str) {
         self.stats.refused.fetch_add(1, Ordering::Relaxed);
-        let mut w = self.warn.lock();
-        if w.last.is_some_and(|l| l.elapsed() < WARN_EVERY) {
-            w.suppressed += 1;
+        let Some(suppressed) = self.warn.lock().pass(Instant::now()) else {
             return;
-        }
-        let suppressed = std::mem::take(&mut w.suppressed);
-        w.last = Some(Instant::now());
-        drop(w);
+        };
         tracing::warn!(%peer, max = self.max, suppressed,
             "connection cap reached: every connection is busy or recently active; {what} (suppressed: like warnings since the last one)");
     }
@@ -704,6 +717,24 @@ mod tests {
     use hyper::StatusCode;
 
     const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    #[test]
+    fn a_warning_goes_once_per_period_with_the_count_held_back() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut g = WarnGate::default();
+        assert_eq!(g.pass(at(0)), Some(0));
+        // Out of descriptors, accept fails every 50 ms: held back, counted.
+        for ms in (50..10_000).step_by(50) {
+            assert_eq!(g.pass(at(ms)), None, "at {ms} ms");
+        }
+        assert_eq!(g.pass(at(10_000)), Some(199));
+        assert_eq!(g.pass(at(10_050)), None);
+        // Quiet for a while: the next one goes, with the one held back.
+        assert_eq!(g.pass(at(60_000)), Some(1));
+        // An instant before the last one (readings out of order) is within the period.
+        assert_eq!(g.pass(at(59_000)), None);
+    }
 
     /// A connected socket pair's fds stay open for the test (nothing unread in them).
     fn fd() -> (

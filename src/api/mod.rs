@@ -93,7 +93,8 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let conns = state.conns.clone();
-    while let Some((stream, peer)) = next_conn(&listener, &mut shutdown).await {
+    let mut accept_warn = conns::WarnGate::default();
+    while let Some((stream, peer)) = next_conn(&listener, &mut shutdown, &mut accept_warn).await {
         let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
         let mut first = true;
         let slot = loop {
@@ -156,10 +157,12 @@ pub async fn serve(
     }
 }
 
-/// The next connection, or `None` once `shutdown` turns true.
+/// The next connection, or `None` once `shutdown` turns true. A failed accept is logged
+/// through `warn` (at most once per 10 s: out of descriptors, it fails every 50 ms).
 async fn next_conn(
     listener: &TcpListener,
     shutdown: &mut watch::Receiver<bool>,
+    warn: &mut conns::WarnGate,
 ) -> Option<(tokio::net::TcpStream, std::net::SocketAddr)> {
     loop {
         tokio::select! {
@@ -167,7 +170,10 @@ async fn next_conn(
                 Ok(x) => return Some(x),
                 Err(e) => {
                     // Out of file descriptors and the like: back off briefly, keep serving.
-                    tracing::warn!(error = %e, "accept failed");
+                    if let Some(suppressed) = warn.pass(std::time::Instant::now()) {
+                        tracing::warn!(error = %e, suppressed,
+                            "accept failed (suppressed: like warnings since the last one)");
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },

@@ -376,14 +376,16 @@ async fn send(inner: &Arc<Inner>, mut items: Vec<Item>) -> (Vec<Item>, Vec<Outco
                 // Not sent after its wait: counted as held by the checks, nothing recorded.
                 Waited::Held => it.unsent(),
                 Waited::No => step::record(inner, &channel, &o, it.p.probe),
-                Waited::Went(at) => {
+                Waited::Went(at, mono) => {
                     step::record(inner, &channel, &o, it.p.probe);
                     // The run's pacing counts from when its send started, not from its
                     // admission before the wait (as `step::slot`): a sequence held back by a
-                    // busy channel does not send its next message early to catch up.
+                    // busy channel does not send its next message early to catch up. The
+                    // settle counts it on the monotonic clock (`step::pacing_anchor`).
                     if let Some(r) = it.l.st().runs.get_mut(&it.key.run) {
                         r.last_attempt_at_ms = Some(at);
                     }
+                    it.p.started_at(mono);
                 }
             }
             *slot = Some(o);
@@ -408,8 +410,8 @@ async fn send(inner: &Arc<Inner>, mut items: Vec<Item>) -> (Vec<Item>, Vec<Outco
 enum Waited {
     /// Its part had its permits at once.
     No,
-    /// It waited and went, starting at this instant.
-    Went(u64),
+    /// It waited and went, starting at this instant (wall, then monotonic).
+    Went(u64, u64),
     /// It waited and was held by what it was admitted on, asked again ([`after_wait`]).
     Held,
 }
@@ -461,7 +463,7 @@ async fn send_to(
                     *w = if held.is_some() {
                         Waited::Held
                     } else {
-                        Waited::Went(now)
+                        Waited::Went(now, inner.clock.mono_ms())
                     };
                 }
                 held

@@ -18,6 +18,7 @@
 //!   idempotency key: the only duplicate herald allows.
 //! - A bug (an invalid transition, a cursor past the messages) or a record that cannot be read
 //!   parks the task `failed` with the reason and an alert; it is never retried forever.
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::arm::{fire_step_at, lead_max_ms, ARM_LEAD_MS};
@@ -511,6 +512,29 @@ pub(super) struct Prepared {
     /// The message's own zone (`Message::tz`, recipient time): a notification of its failure
     /// names its due time in it (`notify.rs`).
     tz: Option<String>,
+    /// The monotonic reading taken with the run's pacing anchor (`last_attempt_at_ms`, a wall
+    /// reading) when the send starts, moved with it after a wait for the channel's slot. The
+    /// settle counts the gap from it ([`pacing_anchor`]): a wall jump during the send never
+    /// shortens the gap. Read just after the wall: read late, it only lengthens the gap.
+    /// Atomic: the wait (`slot`) has the `Prepared` shared.
+    started_mono: AtomicU64,
+}
+
+impl Prepared {
+    /// The send starts (again) at monotonic instant `mono`, read just after the wall's.
+    pub(super) fn started_at(&mut self, mono: u64) {
+        *self.started_mono.get_mut() = mono;
+    }
+}
+
+/// Issue 26: the run's pacing anchor for a settle at (`now`, `mono_now`) of a send that started
+/// at monotonic `started_mono`: the start moved into the current wall's frame, `now` less the
+/// monotonic time since. Without a jump it is the wall reading taken at the start (to the
+/// millisecond both clocks drift apart by); after a forward jump during the send, the stored
+/// reading is from the old frame and would put the next send `jump` earlier than its gap
+/// (at once when the jump outgrew the gap, the settle arming it due already).
+pub(super) fn pacing_anchor(now: u64, mono_now: u64, started_mono: u64) -> u64 {
+    now.saturating_sub(mono_now.saturating_sub(started_mono))
 }
 
 /// Arms the attempt (durably) if it is not armed yet, and prepares the send if it is due.
@@ -541,7 +565,7 @@ pub(super) async fn prepare(
     if arming && !arm(inner, l, key, &mut run, due, now).await? {
         return Ok(None);
     }
-    let now = inner.clock.now_ms();
+    let (now, started_mono) = (inner.clock.now_ms(), inner.clock.mono_ms());
     // Issue 26: a due stored before a forward wall jump looks long past now, but it was one
     // pacing/backoff duration ahead on the monotonic clock; the wheel (timer.rs, its
     // continuity rule) keeps the send ARM_LEAD_MS after the arm just made, instead of sending
@@ -573,21 +597,19 @@ pub(super) async fn prepare(
     };
     let tz = msg.tz.clone();
     let delivery = render(inner, &t, &d, &run, msg, due);
-    let policy = t
-        .retry
-        .or(channel.as_ref().map(|c| c.retry))
-        .unwrap_or_default();
+    let retry = t.retry.or(channel.as_ref().map(|c| c.retry));
     run.last_attempt_at_ms = Some(now);
     let prepared = Prepared {
         delivery,
         channel,
         channel_name: t.channel.clone(),
-        policy,
+        policy: retry.unwrap_or_default(),
         pacing: t.pacing,
         probe,
         rate_tick,
         report: Default::default(),
         tz,
+        started_mono: AtomicU64::new(started_mono),
     };
     let st = l.st();
     st.runs.insert(key.run, run);
@@ -947,10 +969,12 @@ async fn slot<'c>(
             permit = c.permit().await.ok_or_else(closed)?.0;
             continue;
         };
-        let now = inner.clock.now_ms();
+        let (now, mono) = (inner.clock.now_ms(), inner.clock.mono_ms());
         if !wants_send(&mut g, run, Some(now)) {
             return Err(stopped(inner));
         }
+        // The anchor moved to `now`: its monotonic twin with it.
+        p.started_mono.store(mono, Ordering::Relaxed);
         let admitted = (p.probe, p.rate_tick, p.delivery.idempotency_key.as_str());
         return readmit(inner, c, admitted, now).map(|()| (permit, true));
     }
@@ -1287,10 +1311,18 @@ pub(super) fn settle_plan(
 ) -> Result<Option<Change>, EngineError> {
     let st = l.st();
     st.sending.remove(&key.run);
-    let now = inner.clock.now_ms();
-    let Some(run) = st.runs.get(&key.run).cloned() else {
+    let (now, mono_now) = (inner.clock.now_ms(), inner.clock.mono_ms());
+    let Some(mut run) = st.runs.get(&key.run).cloned() else {
         return Ok(None);
     };
+    let stored_anchor = run.last_attempt_at_ms;
+    // Paced from the start as the monotonic clock measured it (issue 26), not from a wall
+    // reading a jump during the send left in another frame.
+    run.last_attempt_at_ms = Some(pacing_anchor(
+        now,
+        mono_now,
+        p.started_mono.load(Ordering::Relaxed),
+    ));
     let delay = backoff::retry_delay_ms(
         &p.policy,
         run.attempts,
@@ -1302,7 +1334,7 @@ pub(super) fn settle_plan(
     // finds it armed by this write, and takes it back ([`stand_down`]).
     let arm = !standing_down(inner, &l.id);
     let st = l.st();
-    let plan = plan::settle(
+    let mut plan = plan::settle(
         &st.spec,
         &st.progress,
         &run,
@@ -1318,6 +1350,11 @@ pub(super) fn settle_plan(
         now,
         arm.then_some(ARM_LEAD_MS),
     )?;
+    if plan.run.in_flight.is_none() {
+        // No next attempt armed (that would have set its own): the stored anchor stays the
+        // wall reading the send started at, as the delivery's timestamp and the views had it.
+        plan.run.last_attempt_at_ms = stored_anchor;
+    }
     log_outcome(&p.delivery, outcome, &plan, &st.spec);
     if plan.finished {
         tracing::info!(task = %l.id, run = key.run, sent = plan.run.sent, failed = plan.run.failed,
@@ -1376,6 +1413,18 @@ fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan, t: &Tas
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pacing_anchor_is_the_start_in_the_wall_frame_of_the_settle() {
+        // Sent at wall 1 000 (monotonic 500), settled 300 ms later: no jump, the same reading.
+        assert_eq!(pacing_anchor(1_300, 800, 500), 1_000);
+        // The wall jumped 10 s forward during the send: the start moves with the wall, so the
+        // gap counted from it is the monotonic one.
+        assert_eq!(pacing_anchor(11_300, 800, 500), 11_000);
+        // Readings out of order never underflow.
+        assert_eq!(pacing_anchor(100, 400, 900), 100);
+        assert_eq!(pacing_anchor(100, 9_000, 0), 0);
+    }
 
     #[test]
     fn a_stand_down_write_holds_one_shard_and_at_most_a_group() {
