@@ -314,19 +314,46 @@ pub const NOT_MEASURED: i64 = i64::MIN;
 pub struct OffsetClock {
     inner: Arc<dyn Clock>,
     mono_offset_ms: Arc<AtomicI64>,
-    last: AtomicU64,
+    /// The highest reading given: shared with the lease loop ([`held_ahead_ms`]).
+    last: Arc<AtomicU64>,
 }
 
 impl OffsetClock {
     /// `mono_offset_ms` (database minus `inner.mono_ms()`, [`NOT_MEASURED`] at first) is
     /// shared with whoever measures it (the lease loop's `Ownership`).
     pub fn new(inner: Arc<dyn Clock>, mono_offset_ms: Arc<AtomicI64>) -> OffsetClock {
+        OffsetClock::sharing(inner, mono_offset_ms, Arc::new(AtomicU64::new(0)))
+    }
+
+    /// As [`OffsetClock::new`], its highest reading kept in `last`, which the lease loop
+    /// reads too ([`held_ahead_ms`]).
+    pub fn sharing(
+        inner: Arc<dyn Clock>,
+        mono_offset_ms: Arc<AtomicI64>,
+        last: Arc<AtomicU64>,
+    ) -> OffsetClock {
         OffsetClock {
             inner,
             mono_offset_ms,
-            last: AtomicU64::new(0),
+            last,
         }
     }
+}
+
+/// How far an [`OffsetClock`] whose highest reading was `last` is held ahead of database time
+/// (`mono_ms` of its inner clock plus `mono_offset_ms`, a measurement's). A node started with
+/// its wall ahead of the database read that wall (`mono_ms` is anchored to it) until its first
+/// acceptable measurement; once its wall is stepped back, the measurement is acceptable, but
+/// the clock, which never goes back, stays ahead until database time catches up: fires due
+/// in between would go early. The lease loop takes no shards while this exceeds
+/// `max_clock_offset` (`cluster/node.rs`, `judge_clock`).
+pub fn held_ahead_ms(last: u64, mono_ms: u64, mono_offset_ms: i64) -> u64 {
+    let db = if mono_offset_ms >= 0 {
+        mono_ms.saturating_add(mono_offset_ms.unsigned_abs())
+    } else {
+        mono_ms.saturating_sub(mono_offset_ms.unsigned_abs())
+    };
+    last.saturating_sub(db)
 }
 
 impl Clock for OffsetClock {
@@ -451,6 +478,44 @@ mod tests {
         inner.jump_wall(3_600_000);
         off.store(450, Ordering::Release);
         assert_eq!(c.now_ms(), 11_500, "nor a jump after one, and never back");
+    }
+
+    /// Finding: a node started with its wall an hour ahead read that hour until its first
+    /// acceptable measurement; after its wall was stepped back the measurement was
+    /// acceptable and the node took shards while its clock, never going back, stayed an hour
+    /// ahead: one-shots of that hour went early. The lease loop now sees how far it is held.
+    #[test]
+    fn a_clock_started_ahead_is_held_ahead_after_its_wall_is_stepped_back() {
+        let hour = 3_600_000;
+        // The node's wall (and so its monotonic anchor) an hour ahead of the database's.
+        let inner = Arc::new(ManualClock::new(hour + 10_000));
+        let off = Arc::new(AtomicI64::new(NOT_MEASURED));
+        let last = Arc::new(AtomicU64::new(0));
+        let c = OffsetClock::sharing(inner.clone(), off.clone(), last.clone());
+        assert_eq!(
+            c.now_ms(),
+            hour + 10_000,
+            "not measured: the node's own time"
+        );
+        // Stepped back; the database is at 10 000 on the node's monotonic hour + 10 000.
+        off.store(-(hour as i64), Ordering::Release);
+        assert_eq!(c.now_ms(), hour + 10_000, "never back: held");
+        let held = held_ahead_ms(
+            last.load(Ordering::Acquire),
+            inner.mono_ms(),
+            -(hour as i64),
+        );
+        assert_eq!(held, hour);
+        inner.advance(hour);
+        assert_eq!(c.now_ms(), hour + 10_000, "caught up");
+        let held = held_ahead_ms(
+            last.load(Ordering::Acquire),
+            inner.mono_ms(),
+            -(hour as i64),
+        );
+        assert_eq!(held, 0, "caught up: no longer held");
+        assert_eq!(held_ahead_ms(5, 10, 3), 0);
+        assert_eq!(held_ahead_ms(u64::MAX, 0, i64::MIN + 1), u64::MAX);
     }
 
     #[test]

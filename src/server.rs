@@ -331,9 +331,10 @@ pub async fn start_with(
         Some(h) => {
             // The lease loop reads this clock's monotonic clock against the database's.
             h.ownership.set_node_clock(clock.clone());
-            Arc::new(crate::clock::OffsetClock::new(
+            Arc::new(crate::clock::OffsetClock::sharing(
                 clock,
                 h.ownership.db_offset(),
+                h.ownership.engine_reading(),
             ))
         }
         None => clock,

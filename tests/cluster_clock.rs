@@ -359,3 +359,68 @@ async fn a_node_whose_wall_steps_an_hour_ahead_sends_nothing_early() {
     let d = common::cluster::deliveries(&rx);
     assert!(d.is_empty(), "nothing sent early: {d:?}");
 }
+
+/// Review finding: a node started with its wall an hour ahead of the database's read that
+/// hour (its clock, before any acceptable measurement, is its own) and refused its shards; once
+/// its wall was stepped back the measurement was acceptable and it took every shard while its
+/// clock, which never goes back, still read an hour ahead: fires of that hour would go early.
+/// It now owns nothing until database time catches up with its reading, and `/healthz` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_ahead_takes_no_shards_after_its_wall_is_stepped_back() {
+    let test = "a_node_started_ahead_takes_no_shards_after_its_wall_is_stepped_back";
+    let Some(lib) = common::tools::faketime_lib(test) else {
+        return;
+    };
+    let Some(pg) = PgServer::start("cluster_clock_ahead") else {
+        return;
+    };
+    let url = pg.create_db("ahead");
+    let rx = Receiver::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let offset_file = dir.path().join("faketime.rc");
+    let set_offset = |s: i64| std::fs::write(&offset_file, format!("{s:+}\n")).unwrap();
+    set_offset(3_600);
+    let timing = format!("{TEST_TIMING}max_clock_offset = \"500ms\"\n");
+    let hook = format!("url = \"{}\"\ntimeout = \"1s\"\n", rx.url());
+    let mut cmd = node_command(&url, dir.path(), "a", "a", SHARDS, &hook, &timing);
+    cmd.env("LD_PRELOAD", &lib)
+        .env("FAKETIME_TIMESTAMP_FILE", &offset_file)
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    let n = Proc::start(cmd);
+    let refusing = |want: &'static str| {
+        let url = n.url.clone();
+        async move {
+            let h = http::get(&format!("{url}/healthz")).await.json();
+            let why = h["cluster"]["refusing_shards"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            why.contains(want).then_some(why)
+        }
+    };
+    let far = poll(Duration::from_secs(30), || refusing("beyond")).await;
+    assert!(far.is_some(), "an hour ahead, the node refuses its shards");
+    assert_eq!(owned(&n.url).await, 0);
+
+    set_offset(0);
+    let held = poll(Duration::from_secs(15), || {
+        refusing("ahead of the database")
+    })
+    .await;
+    assert!(
+        held.is_some(),
+        "its wall corrected, the node says its clock is held ahead: {}",
+        http::get(&format!("{}/healthz", n.url)).await.text()
+    );
+    // Before the fix it took every shard within a second of the step back.
+    let until = std::time::Instant::now() + Duration::from_secs(8);
+    while std::time::Instant::now() < until {
+        assert_eq!(
+            owned(&n.url).await,
+            0,
+            "a node whose clock reads an hour ahead takes no shard"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

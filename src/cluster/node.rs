@@ -79,6 +79,10 @@ pub struct Ownership {
     /// its monotonic clock for `db_offset`, and its wall jumps make the loop measure again at
     /// once. None (the loop alone, in tests): no `db_offset` is measured.
     node_clock: Mutex<Option<Arc<dyn crate::clock::Clock>>>,
+    /// The engine's `OffsetClock`'s highest reading (it never goes back), and how far it was
+    /// held ahead of database time at the last measurement (`clock::held_ahead_ms`; 0: not).
+    engine_reading: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    held_ahead_ms: std::sync::atomic::AtomicU64,
     /// What the last balancing round read: the shard rows, the nodes, and where each live
     /// owner can be reached (forwarding, `GET /v1/cluster`).
     view: Mutex<View>,
@@ -148,6 +152,8 @@ impl Ownership {
                 crate::clock::NOT_MEASURED,
             )),
             node_clock: Mutex::new(None),
+            engine_reading: std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            held_ahead_ms: std::sync::atomic::AtomicU64::new(0),
             view: Mutex::new(View::default()),
             fence_rejected: std::sync::atomic::AtomicU64::new(0),
             shard_load_failed: std::sync::atomic::AtomicU64::new(0),
@@ -312,7 +318,13 @@ impl Ownership {
     /// Why this node takes no shards because of its clock (`None`: it may, or it has not
     /// measured yet and says so elsewhere), for `/healthz`.
     pub fn clock_refusal(&self, max_ms: u64) -> Option<String> {
+        let held = self
+            .held_ahead_ms
+            .load(std::sync::atomic::Ordering::Acquire);
         match *self.clock.lock() {
+            Some((o, false)) if held > max_ms && super::offset::acceptable(o, max_ms) => Some(format!(
+                "this node's clock reads {held} ms ahead of the database's (it started ahead and its wall was stepped back; it never goes back): this node owns no shards until database time catches up"
+            )),
             Some((o, false)) => Some(format!(
                 "clock offset to the database {} ms (±{} ms) is beyond cluster.max_clock_offset {} ms: this node owns no shards until its clock is corrected",
                 o.offset_ms, o.error_ms, max_ms
@@ -326,6 +338,23 @@ impl Ownership {
     /// monotonic reading of the clock given to [`Ownership::set_node_clock`].
     pub fn db_offset(&self) -> std::sync::Arc<std::sync::atomic::AtomicI64> {
         self.db_offset.clone()
+    }
+
+    /// How far the engine's clock is held ahead of database time now, by the monotonic
+    /// offset `mono_offset_ms` just measured (0 without a node clock: the loop alone, tests).
+    fn held_ahead(&self, mono_offset_ms: i64) -> u64 {
+        let Some(clock) = self.node_clock.lock().clone() else {
+            return 0;
+        };
+        let last = self
+            .engine_reading
+            .load(std::sync::atomic::Ordering::Acquire);
+        crate::clock::held_ahead_ms(last, clock.mono_ms(), mono_offset_ms)
+    }
+
+    /// The engine's `OffsetClock`'s highest reading, shared (`OffsetClock::sharing`).
+    pub fn engine_reading(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        self.engine_reading.clone()
     }
 
     /// The clock the engine's `OffsetClock` wraps, before the loop starts.
@@ -597,15 +626,22 @@ impl Loop {
         let Some(o) = super::offset::estimate(&probes.wall) else {
             return;
         };
-        let ok = super::offset::acceptable(o, self.s.max_clock_offset_ms);
-        *self.own.clock.lock() = Some((o, ok));
+        let mut ok = super::offset::acceptable(o, self.s.max_clock_offset_ms);
         if let Some(m) = super::offset::estimate(&probes.mono).filter(|_| ok) {
             // From now on the wheel fires at database time (HA.md "Time"), read off the
             // monotonic clock: a later step of the node's wall does not move it.
             self.own
                 .db_offset
                 .store(m.offset_ms, std::sync::atomic::Ordering::Release);
+            // But a clock that read ahead before (a node started with its wall ahead, then
+            // stepped back) is held there until database time catches up: no shards till then.
+            let held = self.own.held_ahead(m.offset_ms);
+            self.own
+                .held_ahead_ms
+                .store(held, std::sync::atomic::Ordering::Release);
+            ok = held <= self.s.max_clock_offset_ms;
         }
+        *self.own.clock.lock() = Some((o, ok));
         if ok != self.clock_ok {
             if ok {
                 tracing::info!(
@@ -614,7 +650,11 @@ impl Loop {
                     "clock within max_clock_offset of the database's: taking shards"
                 );
             } else {
-                tracing::error!(offset_ms = o.offset_ms, error_ms = o.error_ms,
+                let held_ms = self
+                    .own
+                    .held_ahead_ms
+                    .load(std::sync::atomic::Ordering::Acquire);
+                tracing::error!(offset_ms = o.offset_ms, error_ms = o.error_ms, held_ms,
                     max_ms = self.s.max_clock_offset_ms,
                     "this node's clock is too far from the database's: it owns no shards until it is within cluster.max_clock_offset");
             }

@@ -80,13 +80,15 @@ impl TaskRequest {
     }
 }
 
-/// Overlap is about a run still going when the next fire comes, which only a cron has (API.md:
-/// "optional, cron only"); named with another schedule it would be kept and never read.
+/// Overlap is about a run still going when the next fire comes: a cron's next slot, or a
+/// reminders task's next reminder (a paced run of the 30-minute reminder still sending when
+/// the 15-minute one fires). API.md says "cron only"; reminders read it too (`plan::place`),
+/// so it is refused only with a one-shot (`at`, `after`), where it would be kept and never read.
 fn overlap_only_with_cron(named: bool, schedule: &Schedule) -> Result<(), FieldError> {
-    if named && !matches!(schedule, Schedule::Cron { .. }) {
+    if named && schedule.is_one_shot() {
         return Err(FieldError::new(
             "overlap",
-            "only allowed with a cron schedule",
+            "only allowed with a cron or reminders schedule (a one-shot fires once)",
         ));
     }
     Ok(())
