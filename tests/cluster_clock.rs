@@ -271,26 +271,11 @@ async fn a_node_ahead_inside_the_bound_fires_at_database_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_wall_steps_an_hour_ahead_sends_nothing_early() {
     let test = "a_node_whose_wall_steps_an_hour_ahead_sends_nothing_early";
-    let Some(lib) = common::tools::faketime_lib(test) else {
+    let Some(node) = SteppedNode::start(test, "step", 0).await else {
         return;
     };
-    let Some(pg) = PgServer::start("cluster_clock_step") else {
-        return;
-    };
-    let url = pg.create_db("step");
-    let rx = Receiver::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let offset_file = dir.path().join("faketime.rc");
-    let set_offset = |s: i64| std::fs::write(&offset_file, format!("{s:+}\n")).unwrap();
-    set_offset(0);
-    let timing = format!("{TEST_TIMING}max_clock_offset = \"500ms\"\n");
-    let hook = format!("url = \"{}\"\ntimeout = \"1s\"\n", rx.url());
-    let mut cmd = node_command(&url, dir.path(), "a", "a", SHARDS, &hook, &timing);
-    cmd.env("LD_PRELOAD", &lib)
-        .env("FAKETIME_TIMESTAMP_FILE", &offset_file)
-        .env("FAKETIME_NO_CACHE", "1")
-        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
-    let n = Proc::start(cmd);
+    let (n, rx) = (&node.n, &node.rx);
+    let set_offset = |s: i64| node.set_offset(s);
     let all = poll(Duration::from_secs(30), || async {
         (owned(&n.url).await == u64::from(SHARDS)).then_some(())
     })
@@ -368,26 +353,10 @@ async fn a_node_whose_wall_steps_an_hour_ahead_sends_nothing_early() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_started_ahead_takes_no_shards_after_its_wall_is_stepped_back() {
     let test = "a_node_started_ahead_takes_no_shards_after_its_wall_is_stepped_back";
-    let Some(lib) = common::tools::faketime_lib(test) else {
+    let Some(node) = SteppedNode::start(test, "ahead", 3_600).await else {
         return;
     };
-    let Some(pg) = PgServer::start("cluster_clock_ahead") else {
-        return;
-    };
-    let url = pg.create_db("ahead");
-    let rx = Receiver::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let offset_file = dir.path().join("faketime.rc");
-    let set_offset = |s: i64| std::fs::write(&offset_file, format!("{s:+}\n")).unwrap();
-    set_offset(3_600);
-    let timing = format!("{TEST_TIMING}max_clock_offset = \"500ms\"\n");
-    let hook = format!("url = \"{}\"\ntimeout = \"1s\"\n", rx.url());
-    let mut cmd = node_command(&url, dir.path(), "a", "a", SHARDS, &hook, &timing);
-    cmd.env("LD_PRELOAD", &lib)
-        .env("FAKETIME_TIMESTAMP_FILE", &offset_file)
-        .env("FAKETIME_NO_CACHE", "1")
-        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
-    let n = Proc::start(cmd);
+    let n = &node.n;
     let refusing = |want: &'static str| {
         let url = n.url.clone();
         async move {
@@ -403,7 +372,7 @@ async fn a_node_started_ahead_takes_no_shards_after_its_wall_is_stepped_back() {
     assert!(far.is_some(), "an hour ahead, the node refuses its shards");
     assert_eq!(owned(&n.url).await, 0);
 
-    set_offset(0);
+    node.set_offset(0);
     let held = poll(Duration::from_secs(15), || {
         refusing("ahead of the database")
     })
@@ -422,5 +391,52 @@ async fn a_node_started_ahead_takes_no_shards_after_its_wall_is_stepped_back() {
             "a node whose clock reads an hour ahead takes no shard"
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// One cluster node under libfaketime whose wall the test steps through `offset`'s file (in
+/// seconds, `set`), its webhook channel `hook` to `rx`; monotonic time is not faked. `None`:
+/// faketime or PostgreSQL missing (skipped with a printed reason).
+struct SteppedNode {
+    n: Proc,
+    rx: Receiver,
+    offset_file: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+    _pg: PgServer,
+}
+
+impl SteppedNode {
+    async fn start(test: &str, db: &str, offset_s: i64) -> Option<SteppedNode> {
+        let lib = common::tools::faketime_lib(test)?;
+        let pg = PgServer::start(&format!("cluster_clock_{db}"))?;
+        let url = pg.create_db(db);
+        let rx = Receiver::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let offset_file = dir.path().join("faketime.rc");
+        SteppedNode::file(offset_file.clone())(offset_s);
+        let timing = format!("{TEST_TIMING}max_clock_offset = \"500ms\"\n");
+        let hook = format!("url = \"{}\"\ntimeout = \"1s\"\n", rx.url());
+        let mut cmd = node_command(&url, dir.path(), "a", "a", SHARDS, &hook, &timing);
+        cmd.env("LD_PRELOAD", &lib)
+            .env("FAKETIME_TIMESTAMP_FILE", &offset_file)
+            .env("FAKETIME_NO_CACHE", "1")
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        let n = Proc::start(cmd);
+        Some(SteppedNode {
+            n,
+            rx,
+            offset_file,
+            _dir: dir,
+            _pg: pg,
+        })
+    }
+
+    fn file(f: std::path::PathBuf) -> impl Fn(i64) {
+        move |s: i64| std::fs::write(&f, format!("{s:+}\n")).unwrap()
+    }
+
+    /// Steps the node's wall to `s` seconds from the real time.
+    fn set_offset(&self, s: i64) {
+        SteppedNode::file(self.offset_file.clone())(s);
     }
 }
