@@ -302,7 +302,7 @@ async fn a_node_whose_wall_steps_an_hour_ahead_sends_nothing_early() {
         (off < -3_000_000).then_some(stepped.elapsed())
     })
     .await;
-    let d = common::cluster::deliveries(&rx);
+    let d = common::cluster::deliveries(rx);
     assert!(
         d.is_empty(),
         "nothing is due for 30 minutes, yet the node sent {d:?} after its wall stepped an hour"
@@ -341,7 +341,7 @@ async fn a_node_whose_wall_steps_an_hour_ahead_sends_nothing_early() {
     );
     let v = http::get(&task).await.json();
     assert_eq!(v["state"], state, "the task still waits for its due: {v}");
-    let d = common::cluster::deliveries(&rx);
+    let d = common::cluster::deliveries(rx);
     assert!(d.is_empty(), "nothing sent early: {d:?}");
 }
 
