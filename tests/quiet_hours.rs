@@ -34,6 +34,20 @@ async fn a_sequence_reaching_22_00_stops_and_resumes_at_08_00_at_the_channels_ra
     let t = h.task("seq").await;
     assert_eq!(t["state"], "running", "held, not failed: {t}");
     assert_eq!(t["progress"]["failed"], 0);
+    // The hold is on the timeline, once, with the window's end (review finding: no `held`
+    // event was written for quiet hours).
+    let tl = common::http::get(&h.url("/v1/tasks/seq/timeline"))
+        .await
+        .json();
+    let held: Vec<&Value> = tl["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "held" && e["detail"]["why"] == "quiet_hours")
+        .collect();
+    assert_eq!(held.len(), 1, "{tl}");
+    assert_eq!(held[0]["detail"]["until"], "2026-12-02T00:00:00Z", "{tl}");
+    assert_eq!(held[0]["msg"], 10, "{tl}");
     // The eta counts from the window's end: the 10 left, one a minute from 08:00.
     assert!(
         utc_ms(t["progress"]["eta"].as_str().unwrap()) >= utc_ms("2026-12-02T00:00:00Z"),

@@ -729,9 +729,16 @@ async fn hold_for_time(
             // restart in the night gives the attempt back instead of sending it.
             let mut held = run.clone();
             held.next_at_ms = Some(until);
+            // On the timeline as API.md says ("a `held` event says until when"), in the same
+            // write. Written once per hold: the run's `next_at` is the window's end, so the
+            // step comes back only then (`prepare`), not at each early wake.
+            let why = crate::model::timeline::HeldWhy::QuietHours;
             let c = Change {
                 runs: vec![held],
                 wheel: vec![WheelOp::Step(key.run)],
+                timeline: vec![crate::model::TimelineEvent::held(
+                    now, key.run, seq, until, why,
+                )],
                 ..Change::default()
             };
             commit::apply(inner, l, c).await?;
