@@ -413,7 +413,7 @@ impl SteppedNode {
         let rx = Receiver::start().await;
         let dir = tempfile::tempdir().unwrap();
         let offset_file = dir.path().join("faketime.rc");
-        SteppedNode::file(offset_file.clone())(offset_s);
+        write_offset(&offset_file, offset_s);
         let timing = format!("{TEST_TIMING}max_clock_offset = \"500ms\"\n");
         let hook = format!("url = \"{}\"\ntimeout = \"1s\"\n", rx.url());
         let mut cmd = node_command(&url, dir.path(), "a", "a", SHARDS, &hook, &timing);
@@ -431,12 +431,13 @@ impl SteppedNode {
         })
     }
 
-    fn file(f: std::path::PathBuf) -> impl Fn(i64) {
-        move |s: i64| std::fs::write(&f, format!("{s:+}\n")).unwrap()
-    }
-
     /// Steps the node's wall to `s` seconds from the real time.
     fn set_offset(&self, s: i64) {
-        SteppedNode::file(self.offset_file.clone())(s);
+        write_offset(&self.offset_file, s);
     }
+}
+
+/// libfaketime's offset file: the wall `s` seconds from the real time.
+fn write_offset(f: &std::path::Path, s: i64) {
+    std::fs::write(f, format!("{s:+}\n")).unwrap();
 }
