@@ -231,8 +231,19 @@ impl Engine {
     pub async fn backfill(&self, id: &str, from: u64, to: u64) -> Result<Vec<u32>, EngineError> {
         use crate::schedule::backfill::{to_backfill, Handled};
         self.command(id, async |this, l| {
-            let st = l.st();
             let now = this.inner.clock.now_ms();
+            // A fire already due is judged first, as its step would a moment later: right
+            // after a resume, the fires missed while paused are still the next fire until
+            // then, and a backfill of them was refused as "the schedule's own to send" even
+            // where the misfire policy skips them (a race found by CI).
+            if l.st()
+                .progress
+                .next_fire_at_ms
+                .is_some_and(|due| due <= now)
+            {
+                super::step::fire_locked(&this.inner, l).await?;
+            }
+            let st = l.st();
             // The store keeps only the newest `[store] runs_max` runs: the progress says
             // whether a started run's record is gone (its slot then unknown).
             let key = id.to_string();

@@ -182,7 +182,9 @@ async fn fire(inner: &Arc<Inner>, task: &Arc<str>) -> Result<(), EngineError> {
     }
 }
 
-async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineError> {
+/// The fire step on a task already locked (also `control.rs`'s backfill, which judges an
+/// overdue fire first).
+pub(super) async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineError> {
     let releasing = inner.releasing(&l.id);
     let st = l.st();
     if !matches!(st.progress.state, TaskState::Pending | TaskState::Running) {
