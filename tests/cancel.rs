@@ -93,10 +93,12 @@ async fn a_send_waiting_for_a_channel_slot_does_not_go_after_a_cancel_or_a_pause
     use common::herald::{poll, wait_state};
     use common::receiver::Behavior;
     let rx = Receiver::start().await;
-    rx.set_default(Behavior::Slow(Duration::from_millis(1_500)));
+    // Long enough for two creates, their durable marks, the polls and two commands on a
+    // loaded machine, all while the slot is held.
+    rx.set_default(Behavior::Slow(Duration::from_secs(6)));
     let h = TestHerald::start(&webhook_channel("hook", &rx.url(), "concurrency = 1")).await;
     let one = |id: &str| json!({"id": id, "channel": "hook", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"});
-    // `hold`'s request takes the channel's one slot for 1.5 s.
+    // `hold`'s request takes the channel's one slot for 6 s.
     assert_eq!(
         http::post_json(&h.url("/v1/tasks"), &one("hold"))
             .await
@@ -125,7 +127,7 @@ async fn a_send_waiting_for_a_channel_slot_does_not_go_after_a_cancel_or_a_pause
     let r = http::request("POST", &h.url("/v1/tasks/paused/pause"), &[], None).await;
     assert_eq!(r.status, 200, "{}", r.text());
     // The slot frees when `hold` is answered; the two waiting sends then decide, and say so.
-    wait_state(&h.url(""), "hold", "completed", Duration::from_secs(10)).await;
+    wait_state(&h.url(""), "hold", "completed", Duration::from_secs(20)).await;
     for id in ["cancelled", "paused"] {
         poll(Duration::from_secs(10), || async {
             let t = http::get(&h.url(&format!("/v1/tasks/{id}/timeline")))

@@ -261,7 +261,7 @@ async fn trust_ends_on_time_while_the_database_refuses_connections() {
         .max()
         .unwrap_or_default();
     assert!(
-        late <= Duration::from_millis(300),
+        late <= Duration::from_millis(1_000),
         "the drops came {late:?} after the trust ended"
     );
 

@@ -86,13 +86,14 @@ async fn a_sweep_does_not_delete_an_expired_task_brought_back_meanwhile() {
     h.run_until(utc_ms("2026-12-01T00:23:00Z")).await;
     assert_eq!(h.task("back").await["state"], "expired");
     let engine = h.server().engine.clone();
-    // The sweep reads the page, then is held 1 s before it deletes; the PATCH comes within.
+    // The sweep reads the page, then is held 4 s before it deletes; the PATCH comes within
+    // (0.5 s for the sweep's read, and 3.5 s for the PATCH on a loaded machine).
     let sweep = tokio::spawn(async move {
         engine
-            .sweep_retention_holding(Some(std::time::Duration::from_secs(1)))
+            .sweep_retention_holding(Some(std::time::Duration::from_secs(4)))
             .await
     });
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let r = http::patch_json(
         &h.url("/v1/tasks/back"),
         &json!({"schedule": {"at": "2026-12-01T01:00:00Z"}}),

@@ -356,6 +356,12 @@ async fn fires_missed_while_paused_are_judged_on_resume() {
     assert!(h.sent().is_empty());
     let r = h.action("c", "resume").await;
     assert_eq!(r.status, 200);
+    // Judged by the resume itself: its answer shows the run 01:00 started and the next fire
+    // after now (it showed the first missed fire, 00:15, until the fire step ran a moment
+    // later; a PATCH or a backfill in between saw that too).
+    let v = r.json();
+    assert_eq!(v["next_fire_at"], "2026-12-01T01:15:00Z", "{v}");
+    assert_eq!(v["state"], "running", "{v}");
     h.run_until(utc_ms("2026-12-01T01:06:00Z")).await;
     // 00:15 and 00:30 missed by more than 20m: expired; 00:45 coalesced; 01:00 runs now.
     let runs = h.runs("c").await;

@@ -124,6 +124,13 @@ impl Engine {
             commit::apply(&this.inner, l, c).await?;
             // Sends prepared before the pause and still out may go again (`stop_sends`).
             this.inner.live.lock().open_gate(&l.id);
+            // The fires missed while paused are judged now, not by the fire step a moment
+            // later: the answer, and a PATCH, trigger or backfill right after it, see the
+            // task's real next fire. The resume is durable already; a fire step that fails
+            // here is left to the timer, whose entry for it stays.
+            if let Err(e) = fire_if_due(&this.inner, l).await {
+                tracing::warn!(task = %id, error = %e, "the fire due at resume is left to its step");
+            }
             tracing::info!(task = %id, state = %l.st().progress.state, "task resumed");
             Ok(this.view_of(l.st()).await)
         })
@@ -231,18 +238,13 @@ impl Engine {
     pub async fn backfill(&self, id: &str, from: u64, to: u64) -> Result<Vec<u32>, EngineError> {
         use crate::schedule::backfill::{to_backfill, Handled};
         self.command(id, async |this, l| {
+            // A fire already due is judged first, as its step would a moment later: the slots
+            // it stands for are the schedule's (sent, or skipped by its misfire policy), and
+            // the next fire it leaves bounds the range. (Before, a backfill that came before
+            // the step was refused as "the schedule's own to send" even where the misfire
+            // policy skipped them: a race found by CI, right after a resume.)
+            fire_if_due(&this.inner, l).await?;
             let now = this.inner.clock.now_ms();
-            // A fire already due is judged first, as its step would a moment later: right
-            // after a resume, the fires missed while paused are still the next fire until
-            // then, and a backfill of them was refused as "the schedule's own to send" even
-            // where the misfire policy skips them (a race found by CI).
-            if l.st()
-                .progress
-                .next_fire_at_ms
-                .is_some_and(|due| due <= now)
-            {
-                super::step::fire_locked(&this.inner, l).await?;
-            }
             let st = l.st();
             // The store keeps only the newest `[store] runs_max` runs: the progress says
             // whether a started run's record is gone (its slot then unknown).
@@ -298,6 +300,16 @@ fn hold_moved<'a>(
                 != run_hold(&new.schedule, &new.recipient_zones, at, wall)
         })
         .map(|r| r.run)
+}
+
+/// Runs the task's fire step now if its next fire is already due (`step::fire_locked`), as
+/// the timer would a moment later, so a command's answer and its checks see the fire judged.
+async fn fire_if_due(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineError> {
+    let now = inner.clock.now_ms();
+    if l.st().progress.next_fire_at_ms.is_some_and(|due| due <= now) {
+        super::step::fire_locked(inner, l).await?;
+    }
+    Ok(())
 }
 
 /// A backfill range refused, as a 422 naming the field to change.
