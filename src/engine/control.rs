@@ -306,7 +306,11 @@ fn hold_moved<'a>(
 /// the timer would a moment later, so a command's answer and its checks see the fire judged.
 async fn fire_if_due(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineError> {
     let now = inner.clock.now_ms();
-    if l.st().progress.next_fire_at_ms.is_some_and(|due| due <= now) {
+    if l.st()
+        .progress
+        .next_fire_at_ms
+        .is_some_and(|due| due <= now)
+    {
         super::step::fire_locked(inner, l).await?;
     }
     Ok(())
