@@ -114,3 +114,99 @@ async fn in_recipient_time_a_notification_names_the_recipients_time() {
         "{failed}"
     );
 }
+
+/// Review finding: a fire of a Chinese task that expired was told in Chinese around an English
+/// reason ("missed by 20m (more than misfire_grace 10m)"). The reason is said in Chinese; the
+/// run's `reason` in the API stays English.
+#[tokio::test]
+async fn a_chinese_expiry_says_why_in_chinese() {
+    let mut h = ManualHerald::start(utc_ms("2026-12-01T00:00:00Z"), "").await;
+    h.post(
+        &json!({"id": "late", "channel": "out", "schedule": {"after": "1m"}, "lang": "zh",
+        "to": ["a"], "body": "x", "notify": {"channel": "out", "to": "zhangsan"}}),
+    )
+    .await;
+    h.stop().await;
+    h.clock.set(utc_ms("2026-12-01T00:21:00Z"));
+    h.restart().await;
+    h.run_until(utc_ms("2026-12-01T00:25:00Z")).await;
+    let got = notifications(&h);
+    assert_eq!(got.len(), 1, "{:?}", h.sent());
+    let body = got[0]["body"].as_str().unwrap();
+    assert!(
+        body.contains("错过发送时间 20分钟，超过了宽限时间 10分钟"),
+        "{body}"
+    );
+    assert!(
+        !body.contains("missed") && !body.contains("misfire"),
+        "{body}"
+    );
+    let runs = h.runs("late").await;
+    let reason = runs[0]["reason"].as_str().unwrap();
+    assert_eq!(reason, "missed by 20m (more than misfire_grace 10m)");
+}
+
+/// The same for a one-shot armed ahead of its instant before an outage (the grace of issue
+/// 28: judged on when its first send would start).
+#[tokio::test]
+async fn a_chinese_expiry_of_a_run_armed_before_an_outage_says_why_in_chinese() {
+    let mut h = ManualHerald::start(utc_ms("2026-12-01T00:00:00Z"), "").await;
+    h.post(
+        &json!({"id": "armed", "channel": "out", "schedule": {"after": "1m"},
+        "misfire_grace": "1s", "lang": "zh", "to": ["a"], "body": "x",
+        "notify": {"channel": "out", "to": "zhangsan"}}),
+    )
+    .await;
+    // Armed 2 s ahead; down from 1.5 s before the instant to 2.5 s after it.
+    h.run_until(utc_ms("2026-12-01T00:00:58.500Z")).await;
+    h.stop().await;
+    h.clock.set(utc_ms("2026-12-01T00:01:02.500Z"));
+    h.restart().await;
+    h.run_until(utc_ms("2026-12-01T00:05:00Z")).await;
+    let got = notifications(&h);
+    assert_eq!(got.len(), 1, "{:?}", h.sent());
+    let body = got[0]["body"].as_str().unwrap();
+    assert!(
+        body.contains("第一条消息将晚 2秒500毫秒 才能开始发送，超过了宽限时间 1秒"),
+        "{body}"
+    );
+    assert!(
+        !body.contains("first message") && !body.contains("misfire"),
+        "{body}"
+    );
+    let runs = h.runs("armed").await;
+    assert!(
+        runs[0]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("its first message would have started 2s500ms late"),
+        "{runs:?}"
+    );
+}
+
+/// Review finding: the failure notification of a paced run named the run's time (09:00) for
+/// its third message, due two minutes of pacing later (09:02).
+#[tokio::test]
+async fn a_paced_messages_failure_names_its_own_due_time() {
+    let rx = Receiver::start().await;
+    rx.script_key("paced:1:2", vec![Behavior::Status(400)]);
+    let h = ManualHerald::start(
+        utc_ms("2026-12-01T00:00:00Z"),
+        &webhook_channel("hook", &rx.url(), ""),
+    )
+    .await;
+    h.post(&json!({"id": "paced", "channel": "hook",
+        "schedule": {"at": "2026-12-01T09:00:00", "tz": "Asia/Shanghai"},
+        "pacing": {"interval": "1m"},
+        "messages": [{"to": "a", "body": "1"}, {"to": "b", "body": "2"}, {"to": "c", "body": "3"}],
+        "notify": {"channel": "out", "to": "boss"}}))
+        .await;
+    h.run_until(utc_ms("2026-12-01T01:10:00Z")).await;
+    let got = notifications(&h);
+    assert_eq!(got.len(), 1, "{got:?}");
+    let body = got[0]["body"].as_str().unwrap();
+    assert!(
+        body.contains("message 3 to c, due 2026-12-01 09:02 (Asia/Shanghai)"),
+        "{body}"
+    );
+}

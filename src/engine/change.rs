@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crate::model::{Failure, Message, Run, TaskProgress, TaskSpec, TimelineEvent};
+use crate::schedule::misfire::Expiry;
 
 /// The wheel moves a change asks for, besides the task's fire (which [`super::commit`] always
 /// brings in line with the task's next fire). A closed set: the instants follow from the run
@@ -42,6 +43,15 @@ pub(crate) struct Change {
     /// The zone of the message given up on (`Message::tz`, in recipient time): its
     /// notification names when it was due as its recipient reads it (`notify.rs`). Not written.
     pub failure_tz: Option<String>,
+    /// When the message given up on was due: the instant its last attempt was planned for
+    /// (the delivery's `scheduled_at`: the run's instant for its first message, the pacing's
+    /// for a later one), so its notification names the message's own time, not the run's
+    /// (`notify.rs`). Not written.
+    pub failure_due_ms: Option<u64>,
+    /// Why each expired run of `runs` expired, by run number: its notification says so in
+    /// the task's language (`notify.rs`); the run's stored `reason` is this in English. Not
+    /// written.
+    pub expired_why: Vec<(u32, Expiry)>,
     /// The task was parked `failed` for this reason (a bug or a corrupt record): alerted.
     pub parked: Option<String>,
     pub wheel: Vec<WheelOp>,

@@ -15,7 +15,7 @@ use serde_json::json;
 use super::change::Change;
 use crate::model::{NotifyOn, RunState, TaskSpec};
 use crate::request::{MessageRequest, ScheduleRequest, TaskRequest};
-use crate::schedule::notify::{body, About, Due};
+use crate::schedule::notify::{body, About, Due, Why};
 
 /// Metadata key that marks a notification task.
 pub const KIND_KEY: &str = "herald.kind";
@@ -45,8 +45,8 @@ pub fn requests(task: &TaskSpec, c: &Change) -> Vec<TaskRequest> {
             run: f.run,
             seq: Some(f.seq),
             to: Some(&f.to),
-            due: message_due(task, fired, c.failure_tz.as_deref()),
-            why: &f.last_error,
+            due: message_due(task, fired, c.failure_tz.as_deref(), c.failure_due_ms),
+            why: Why::Error(&f.last_error),
         };
         out.push(request(task, n, &about, &f.seq.to_string()));
     }
@@ -55,6 +55,11 @@ pub fn requests(task: &TaskSpec, c: &Change) -> Vec<TaskRequest> {
         .iter()
         .find(|r| r.state == RunState::Expired && n.on.contains(&NotifyOn::Expired));
     if let Some(r) = expired {
+        // Said in the task's language from its kind; the stored reason is its English.
+        let why = match c.expired_why.iter().find(|(n, _)| *n == r.run) {
+            Some((_, kind)) => Why::Expired(*kind, crate::schedule::zone_of(&task.schedule)),
+            None => Why::Other(r.reason.as_deref().unwrap_or("missed")),
+        };
         let about = About {
             event: NotifyOn::Expired,
             task_id: &task.id,
@@ -63,7 +68,7 @@ pub fn requests(task: &TaskSpec, c: &Change) -> Vec<TaskRequest> {
             seq: None,
             to: None,
             due: fire_due(task, (r.scheduled_at_ms, r.slot_wall_ms)),
-            why: r.reason.as_deref().unwrap_or("missed"),
+            why,
         };
         out.push(request(task, n, &about, "expired"));
     }
@@ -71,12 +76,22 @@ pub fn requests(task: &TaskSpec, c: &Change) -> Vec<TaskRequest> {
 }
 
 /// When a message of the run that fired at `fired` (its instant and recorded slot wall,
-/// `Run::slot_wall_ms`) was due, as its recipient reads it: in
-/// recipient time its own instant (the slot's wall time in its zone `tz`; the run's instant
-/// for a run that is no slot's, a trigger), in that zone; otherwise the run's instant in the
-/// schedule's zone.
-fn message_due(task: &TaskSpec, fired: (u64, Option<u64>), tz: Option<&str>) -> Due {
+/// `Run::slot_wall_ms`) was due, as its recipient reads it. `planned`: the instant its send
+/// was planned for (`Change::failure_due_ms`: the pacing's for a later message of the run,
+/// message 40 of a run paced one every 3 s is due about 2 min after the run's instant), the
+/// run's instant when not known. In recipient time, the later of that and its own instant
+/// (the slot's wall time in its zone `tz`; none for a run that is no slot's, a trigger), in
+/// its zone: a message waits for its own instant without its run's plan saying so
+/// (`plan::hold`), and is paced after it. Otherwise the planned instant in the schedule's
+/// zone.
+fn message_due(
+    task: &TaskSpec,
+    fired: (u64, Option<u64>),
+    tz: Option<&str>,
+    planned: Option<u64>,
+) -> Due {
     let (fired_ms, wall) = fired;
+    let planned = planned.unwrap_or(fired_ms);
     use crate::schedule::recipient::{message_due, parse_zones};
     let zone = tz
         .filter(|_| !task.recipient_zones.is_empty())
@@ -84,12 +99,18 @@ fn message_due(task: &TaskSpec, fired: (u64, Option<u64>), tz: Option<&str>) -> 
     match zone {
         Some(zone) => {
             let zones = parse_zones(&task.recipient_zones);
-            let ms = tz
-                .and_then(|z| message_due(&task.schedule, &zones, fired_ms, wall, z))
-                .unwrap_or(fired_ms);
-            Due::At { ms, tz: zone }
+            let own = tz.and_then(|z| message_due(&task.schedule, &zones, fired_ms, wall, z));
+            Due::At {
+                ms: own.map_or(planned, |own| own.max(planned)),
+                tz: zone,
+            }
         }
-        None => fire_due(task, fired),
+        // A message with no zone of its own in recipient time: the slot's wall time.
+        None if !task.recipient_zones.is_empty() => fire_due(task, fired),
+        None => Due::At {
+            ms: planned,
+            tz: crate::schedule::zone_of(&task.schedule),
+        },
     }
 }
 
@@ -299,5 +320,136 @@ mod tests {
             expired.contains("due 2026-12-02 09:00 (each recipient's local time)"),
             "{expired}"
         );
+    }
+
+    /// Review finding: a failure notification of a paced run named the run's instant, not
+    /// the failed message's own (`Change::failure_due_ms`, the instant its attempt was
+    /// planned for); without it, the run's instant as before.
+    #[test]
+    fn a_paced_message_is_due_at_its_own_instant() {
+        let t = task(
+            json!({"id": "p", "schedule": {"at": "2026-12-02T09:00:00", "tz": "Asia/Shanghai"},
+            "to": ["a", "b", "c"], "body": "x", "pacing": {"interval": "1m"},
+            "notify": {"channel": "log", "to": "boss"}}),
+        );
+        let crate::model::Schedule::At { at_ms, .. } = t.schedule else {
+            panic!("an at")
+        };
+        let f = Failure {
+            id: "p:1:2".into(),
+            task_id: "p".into(),
+            run: 1,
+            seq: 2,
+            to: "c".into(),
+            channel: "log".into(),
+            attempts: 1,
+            last_error: "HTTP 400".into(),
+            failed_at_ms: at_ms + 120_500,
+            retrying: false,
+            retries: 0,
+        };
+        let mut c = Change {
+            failure: Some(f),
+            failure_due_ms: Some(at_ms + 120_002),
+            runs: vec![Run::new(1, at_ms, at_ms, 3)],
+            ..Change::default()
+        };
+        let body = |c: &Change| {
+            requests(&t, c)[0].messages.as_ref().unwrap()[0]
+                .body
+                .clone()
+        };
+        let b = body(&c);
+        assert!(b.contains("due 2026-12-02 09:02 (Asia/Shanghai)"), "{b}");
+        c.failure_due_ms = None;
+        let b = body(&c);
+        assert!(b.contains("due 2026-12-02 09:00 (Asia/Shanghai)"), "{b}");
+    }
+
+    /// In recipient time a message is due at the later of its own instant and the one its
+    /// attempt was planned for: its run's plan can be the first zone's (it waits for its own
+    /// instant in memory only), and a message paced after its own instant is due then.
+    #[test]
+    fn in_recipient_time_a_paced_message_is_due_at_the_later_instant() {
+        let t = task(
+            json!({"id": "rt", "schedule": {"at": "2026-12-02T09:00:00", "tz": "recipient"},
+            "messages": [{"to": "s", "body": "x", "tz": "Asia/Shanghai"},
+                {"to": "b", "body": "x", "tz": "Europe/Berlin"},
+                {"to": "b2", "body": "x", "tz": "Europe/Berlin"}],
+            "pacing": {"interval": "1m"}, "notify": {"channel": "log", "to": "boss"}}),
+        );
+        let crate::model::Schedule::At { at_ms, .. } = t.schedule else {
+            panic!("an at")
+        };
+        // Shanghai's 09:00 is the run's instant; Berlin's is 7 h later.
+        let berlin = at_ms + 7 * 3_600_000;
+        let f = |seq: u32| Failure {
+            id: format!("rt:1:{seq}"),
+            task_id: "rt".into(),
+            run: 1,
+            seq,
+            to: "b".into(),
+            channel: "log".into(),
+            attempts: 1,
+            last_error: "HTTP 400".into(),
+            failed_at_ms: berlin + 60_000,
+            retrying: false,
+            retries: 0,
+        };
+        let body = |seq: u32, planned: u64| {
+            let c = Change {
+                failure: Some(f(seq)),
+                failure_tz: Some("Europe/Berlin".into()),
+                failure_due_ms: Some(planned),
+                runs: vec![Run::new(1, at_ms, at_ms, 3)],
+                ..Change::default()
+            };
+            requests(&t, &c)[0].messages.as_ref().unwrap()[0]
+                .body
+                .clone()
+        };
+        // Planned a minute after Shanghai's message, held for Berlin's 09:00.
+        let b = body(1, at_ms + 60_001);
+        assert!(b.contains("due 2026-12-02 09:00 (Europe/Berlin)"), "{b}");
+        // Paced a minute after Berlin's first.
+        let b = body(2, berlin + 60_001);
+        assert!(b.contains("due 2026-12-02 09:01 (Europe/Berlin)"), "{b}");
+    }
+
+    /// Review finding: an expiry of a Chinese task said its English reason. The kind the
+    /// change carries (`Change::expired_why`) is said in Chinese; a run with none (no kind
+    /// known) is said to be missed, never in English.
+    #[test]
+    fn a_chinese_expiry_says_its_kind_in_chinese() {
+        use crate::schedule::misfire::Expiry;
+        let t = task(
+            json!({"id": "z", "schedule": {"after": "1m"}, "to": ["a"], "body": "x",
+            "lang": "zh", "notify": {"channel": "log", "to": "boss"}}),
+        );
+        let why = Expiry::Missed {
+            late_ms: 1_200_000,
+            grace_ms: 600_000,
+        };
+        let mut expired = Run::not_started(1, NOW, NOW, 1, RunState::Expired, why.reason());
+        expired.run = 1;
+        let mut c = Change {
+            runs: vec![expired],
+            expired_why: vec![(1, why)],
+            ..Change::default()
+        };
+        let body = |c: &Change| {
+            requests(&t, c)[0].messages.as_ref().unwrap()[0]
+                .body
+                .clone()
+        };
+        let b = body(&c);
+        assert!(
+            b.contains("未发送：错过发送时间 20分钟，超过了宽限时间 10分钟。"),
+            "{b}"
+        );
+        assert!(!b.contains("missed"), "{b}");
+        c.expired_why.clear();
+        let b = body(&c);
+        assert!(b.contains("未发送：错过了发送时间。"), "{b}");
     }
 }

@@ -15,7 +15,7 @@ use crate::model::{
 };
 use crate::schedule::backfill::Slot;
 use crate::schedule::misfire::{
-    judge_outage, judge_started, Decision, Rest, MISSED_COUNT_MAX, MISSED_LIST_MAX,
+    judge_outage, judge_started, Decision, Expiry, Rest, MISSED_COUNT_MAX, MISSED_LIST_MAX,
 };
 use crate::schedule::plan::{last_slot_sharing_of, mark_slot_fired_of, may_run_more, next_slot_of};
 use crate::schedule::{mark_fired_of, next_fire_of};
@@ -42,6 +42,8 @@ pub struct FirePlan {
     pub started: Vec<Run>,
     /// How many of the handled fires were missed (herald down or the task paused).
     pub missed: usize,
+    /// Why each expired run of `not_started` expired, by run number ([`Change::expired_why`]).
+    pub expired_why: Vec<(u32, Expiry)>,
 }
 
 impl FirePlan {
@@ -62,6 +64,7 @@ impl FirePlan {
             trim_runs_below,
             wheel,
             timeline,
+            expired_why: self.expired_why,
             ..Change::default()
         }
     }
@@ -189,6 +192,7 @@ pub fn fire_with_grace(
     let (decisions, missed) = decide(spec, &progress, due, now, watched_ms, grace_ms);
 
     let mut not_started = Vec::new();
+    let mut expired_why = Vec::new();
     let mut started: Vec<Run> = Vec::new();
     let mut expired_recorded = 0usize;
     for d in decisions {
@@ -201,8 +205,9 @@ pub fn fire_with_grace(
                     expired_recorded += 1;
                     let state = RunState::Expired;
                     let wall = progress.last_slot_wall_ms;
-                    let run = Run::not_started(run_no, t, now, total, state, why);
+                    let run = Run::not_started(run_no, t, now, total, state, why.reason());
                     not_started.push(run.of_slot(wall));
+                    expired_why.push((run_no, why));
                 }
             }
             Decision::SkipUnlisted(n) => {
@@ -252,6 +257,7 @@ pub fn fire_with_grace(
         not_started,
         started,
         missed,
+        expired_why,
     })
 }
 
@@ -538,10 +544,9 @@ pub fn expire_after_event(
         return Ok(None);
     }
     let mut t = progress.clone();
-    let why = format!(
-        "the event began at {} before its first message could go",
-        format_utc(*event_ms)
-    );
+    let why = Expiry::EventBegan {
+        event_ms: *event_ms,
+    };
     let e = expired_run(&mut t, r, now, why);
     let others = earliest_slot(active.values().filter(|o| o.run != r.run));
     let p = recover_running(spec, &t, others, now)?;
@@ -549,6 +554,7 @@ pub fn expire_after_event(
     c.progress = c.progress.or(Some(t));
     c.timeline = fire_events(std::slice::from_ref(&e), &c.runs);
     c.wheel = c.runs.iter().map(|r| WheelOp::Step(r.run)).collect();
+    c.expired_why.push((e.run, why));
     c.runs.insert(0, e);
     Ok(Some(c))
 }
@@ -559,7 +565,7 @@ pub fn expire_after_event(
 /// written (`next_at`: a quiet-hours hold's end, a queued run's start, the pause), the run
 /// expires (it turns from a run into an expired fire: `runs` gives it back, `expired` counts
 /// it). Herald's own lateness while it watched is never counted (`judge_started`). `send_ms`:
-/// when the send would start. The run record to write, or `None` when it goes on.
+/// when the send would start. The run record to write and why, or `None` when it goes on.
 pub fn expire_started(
     spec: &TaskSpec,
     progress: &mut TaskProgress,
@@ -567,7 +573,7 @@ pub fn expire_started(
     send_ms: u64,
     watched_ms: u64,
     now: u64,
-) -> Option<Run> {
+) -> Option<(Run, Expiry)> {
     if !first_send_pending(r) {
         return None;
     }
@@ -578,19 +584,19 @@ pub fn expire_started(
         watched_ms,
         spec.misfire_grace_ms,
     )?;
-    Some(expired_run(progress, r, now, why))
+    Some((expired_run(progress, r, now, why), why))
 }
 
 /// A started run whose first message never left, turned into an expired fire with its
 /// reason: `progress` counts it expired, no longer a run.
-fn expired_run(progress: &mut TaskProgress, r: &Run, now: u64, why: String) -> Run {
+fn expired_run(progress: &mut TaskProgress, r: &Run, now: u64, why: Expiry) -> Run {
     let mut r = r.clone();
     r.disarm();
     r.attempts = 0;
     r.state = RunState::Expired;
     r.finished_at_ms = Some(now);
     r.next_at_ms = None;
-    r.reason = Some(why);
+    r.reason = Some(why.reason());
     progress.runs = progress.runs.saturating_sub(1);
     progress.expired += 1;
     r
@@ -615,7 +621,7 @@ pub fn recover_started(
     now: u64,
     watched_ms: u64,
     alive_ms: u64,
-) -> (TaskProgress, Vec<Run>) {
+) -> (TaskProgress, Vec<(Run, Expiry)>) {
     let mut t = progress.clone();
     let mut expired = Vec::new();
     for r in runs {
@@ -781,16 +787,18 @@ pub fn recover(
     let (t, expired) = recover_started(spec, progress, raw, now, watched, alive_ms);
     let left = active
         .values()
-        .filter(|r| !expired.iter().any(|e| e.run == r.run));
+        .filter(|r| !expired.iter().any(|(e, _)| e.run == r.run));
     let p = recover_running(spec, &t, earliest_slot(left), now)?;
     if expired.is_empty() {
         return Ok(p.change());
     }
-    let mut runs = expired;
+    let expired_why = expired.iter().map(|(e, why)| (e.run, *why)).collect();
+    let mut runs: Vec<Run> = expired.into_iter().map(|(e, _)| e).collect();
     runs.extend(p.started);
     Ok(Change {
         progress: Some(p.progress),
         runs,
+        expired_why,
         ..Change::default()
     })
 }
@@ -953,6 +961,9 @@ pub struct ControlPlan {
     /// The task's progress after the command.
     pub progress: TaskProgress,
     pub runs: Vec<Run>,
+    /// Why each expired run of `runs` expired (a resume), by run number
+    /// ([`Change::expired_why`]).
+    pub expired_why: Vec<(u32, Expiry)>,
 }
 
 impl ControlPlan {
@@ -974,6 +985,7 @@ impl ControlPlan {
             timeline: fire_events(&skipped, &[]),
             runs: self.runs,
             wheel: vec![op],
+            expired_why: self.expired_why,
             ..Change::default()
         }
     }
@@ -1075,6 +1087,7 @@ pub fn cancel(
     Ok(ControlPlan {
         progress,
         runs: out,
+        expired_why: Vec::new(),
     })
 }
 
@@ -1103,6 +1116,7 @@ pub fn pause(
     Ok(ControlPlan {
         progress,
         runs: out,
+        expired_why: Vec::new(),
     })
 }
 
@@ -1126,6 +1140,7 @@ pub fn resume(
     // A run whose first message had not left when the task was paused is judged now: sent
     // later than its grace after its instant, it expires (API.md "Expired").
     let mut out: Vec<Run> = Vec::with_capacity(runs.len());
+    let mut expired_why = Vec::new();
     // The earliest slot instant of the runs that stay active (`queue_head_may_start`).
     let mut active: Option<u64> = None;
     for r in runs.values() {
@@ -1136,7 +1151,10 @@ pub fn resume(
         }
         let send_ms = r.next_at_ms.unwrap_or(now).max(now);
         match expire_started(spec, &mut progress, r, send_ms, now, now) {
-            Some(e) => out.push(e),
+            Some((e, why)) => {
+                expired_why.push((e.run, why));
+                out.push(e);
+            }
             None => {
                 let mut r = r.clone();
                 r.next_at_ms = Some(send_ms);
@@ -1165,6 +1183,7 @@ pub fn resume(
     Ok(ControlPlan {
         progress,
         runs: out,
+        expired_why,
     })
 }
 
@@ -1194,6 +1213,7 @@ pub fn trigger(spec: &TaskSpec, progress: &TaskProgress, now: u64) -> Result<Con
     Ok(ControlPlan {
         progress,
         runs: vec![run],
+        expired_why: Vec::new(),
     })
 }
 
@@ -1273,7 +1293,12 @@ pub fn backfill(
     } else {
         progress.updated_at_ms = now;
     }
-    Ok((ControlPlan { progress, runs }, numbers))
+    let plan = ControlPlan {
+        progress,
+        runs,
+        expired_why: Vec::new(),
+    };
+    Ok((plan, numbers))
 }
 
 /// Why a send that is due now waits (issue 28), and until when: a message in recipient time
@@ -1392,6 +1417,10 @@ mod tests {
             .unwrap()
             .expect("expired");
         assert_eq!(c.runs[0].state, RunState::Expired);
+        // Its kind rides with the change (its notification says it in the task's language).
+        let why = Expiry::EventBegan { event_ms: event };
+        assert_eq!(c.expired_why, [(1, why)]);
+        assert_eq!(c.runs[0].reason, Some(why.reason()));
         assert_eq!(c.progress.as_ref().map(|p| p.expired), Some(p.expired + 1));
         assert!(expire_after_event(&s, &p, &slot, &one, event - 1)
             .unwrap()
@@ -1494,6 +1523,12 @@ mod tests {
         let p = fire(&s, &t, 0, due, due + 2_600, due + 2_500).unwrap();
         assert_eq!((p.missed, p.started.len()), (1, 0));
         assert_eq!(p.not_started[0].state, RunState::Expired);
+        let why = Expiry::Missed {
+            late_ms: 2_500,
+            grace_ms: 1_000,
+        };
+        assert_eq!(p.expired_why, [(1, why)]);
+        assert_eq!(p.not_started[0].reason, Some(why.reason()));
         assert_eq!(p.progress.state, TaskState::Expired, "nothing was sent");
     }
 
@@ -1514,12 +1549,17 @@ mod tests {
         let boot = at + 2_500;
         let (t2, expired) = recover_started(&s, &p.progress, &p.started, boot, boot, 0);
         assert_eq!(expired.len(), 1);
-        let e = &expired[0];
+        let (e, why) = &expired[0];
         assert_eq!(
             (e.state.clone(), e.in_flight, e.attempts),
             (RunState::Expired, None, 0)
         );
         assert!(e.reason.as_deref().unwrap().contains("2s500ms"), "{e:?}");
+        assert_eq!(
+            e.reason,
+            Some(why.reason()),
+            "the stored reason is its kind's"
+        );
         assert_eq!((t2.runs, t2.expired), (0, 1));
         let r = recover_running(&s, &t2, None, boot).unwrap();
         assert!(r.write && r.started.is_none());
@@ -1584,6 +1624,20 @@ mod tests {
         let r = resume(&s, &paused.progress, &again, &BTreeSet::new(), NOW + 5_000).unwrap();
         assert_eq!(r.progress.state, TaskState::Expired);
         assert_eq!(r.runs[0].state, RunState::Expired);
+        assert!(
+            matches!(
+                r.expired_why[..],
+                [(
+                    1,
+                    Expiry::StartedLate {
+                        grace_ms: 1_000,
+                        ..
+                    }
+                )]
+            ),
+            "{:?}",
+            r.expired_why
+        );
         // Its first message being sent right now (held past the grace by a rate limit, say):
         // resumed, it is left to its settle, not expired under the send.
         let sending = BTreeSet::from([again.values().next().unwrap().run]);

@@ -1386,6 +1386,15 @@ pub(super) fn settle_plan(
     }
     let mut change = plan.change();
     change.timeline = timeline;
+    list_failure(inner, &mut change, p);
+    Ok(Some(change))
+}
+
+/// The message a settle gave up on is listed if the failure list has room, with what its
+/// notification names (`notify.rs`): its zone, and the instant its attempt was planned for,
+/// as its delivery said (`render`: the run's instant for its first message, the pacing's
+/// for a later one).
+fn list_failure(inner: &Arc<Inner>, change: &mut Change, p: &Prepared) {
     if let Some(f) = &change.failure {
         if !commit::failure_list_has_room(inner, f) {
             change.failure = None;
@@ -1393,8 +1402,8 @@ pub(super) fn settle_plan(
     }
     if change.failure.is_some() {
         change.failure_tz = p.tz.clone();
+        change.failure_due_ms = Some(p.delivery.scheduled_at_ms);
     }
-    Ok(Some(change))
 }
 
 fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan, t: &TaskSpec) {

@@ -18,6 +18,8 @@
 
 use crate::model::{format_duration_ms, Misfire};
 
+use super::format_utc;
+
 /// Most missed fires `fire_all` replays; a bound so that catch-up after a long outage is finite.
 pub const FIRE_ALL_MAX: usize = 100;
 
@@ -63,6 +65,43 @@ pub struct Rest<F = u64> {
     pub last: F,
 }
 
+/// Why a fire expired: every expiry herald decides is one of these (the misfire judgement
+/// here, and a reminder's event in `engine/plan.rs`). A run's stored and API `reason` is
+/// [`Expiry::reason`], in English, as before; the kind stays typed beside it (not stored) so
+/// that a notification can say it in the task's language (`notify.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// A fire missed (herald down, the task paused) by `late_ms`, more than the grace.
+    Missed { late_ms: u64, grace_ms: u64 },
+    /// A started run whose first message would have started `late_ms` late after an outage
+    /// or a pause, more than the grace ([`judge_started`]).
+    StartedLate { late_ms: u64, grace_ms: u64 },
+    /// A reminder whose event began (at `event_ms`) before its first message could go.
+    EventBegan { event_ms: u64 },
+}
+
+impl Expiry {
+    /// The run's `reason` (stored, and in the API): English, whatever the task's language.
+    pub fn reason(&self) -> String {
+        match *self {
+            Expiry::Missed { late_ms, grace_ms } => format!(
+                "missed by {} (more than misfire_grace {})",
+                format_duration_ms(late_ms),
+                format_duration_ms(grace_ms)
+            ),
+            Expiry::StartedLate { late_ms, grace_ms } => format!(
+                "its first message would have started {} late, after herald was down or the task paused (more than misfire_grace {})",
+                format_duration_ms(late_ms),
+                format_duration_ms(grace_ms)
+            ),
+            Expiry::EventBegan { event_ms } => format!(
+                "the event began at {} before its first message could go",
+                format_utc(event_ms)
+            ),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision<F = u64> {
     /// Start a run for this fire (now).
@@ -70,7 +109,7 @@ pub enum Decision<F = u64> {
     /// Record as skipped, with the reason.
     Skip(F, String),
     /// Record as expired, with the reason.
-    Expire(F, String),
+    Expire(F, Expiry),
     /// Count this many fires (of a [`Rest`], before its last) as skipped, with no record each.
     /// The rest's last fire always follows (its own decision).
     SkipUnlisted(u64),
@@ -111,11 +150,10 @@ fn judge_listed<F: Fire>(
         if late > grace_ms {
             out.push(Decision::Expire(
                 t,
-                format!(
-                    "missed by {} (more than misfire_grace {})",
-                    format_duration_ms(late),
-                    format_duration_ms(grace_ms)
-                ),
+                Expiry::Missed {
+                    late_ms: late,
+                    grace_ms,
+                },
             ));
         } else {
             within.push(t);
@@ -190,25 +228,22 @@ fn fire_all_excess() -> String {
 /// the plan: only a plan that fell before `watched_ms` was missed, so a hold still ahead (a
 /// restart or a pause in the night, before 08:00) is never expired, and a run late for herald's
 /// own reasons while it watched (a backlog, a rate limit, quiet hours) is judged only for the
-/// outage after its plan. The reason when it expires.
+/// outage after its plan. Why, when it expires.
 pub fn judge_started(
     scheduled_ms: u64,
     planned_ms: u64,
     send_ms: u64,
     watched_ms: u64,
     grace_ms: u64,
-) -> Option<String> {
+) -> Option<Expiry> {
     let since = scheduled_ms.max(planned_ms);
     if since >= watched_ms {
         return None;
     }
     let late = send_ms.saturating_sub(since);
-    (late > grace_ms).then(|| {
-        format!(
-            "its first message would have started {} late, after herald was down or the task paused (more than misfire_grace {})",
-            format_duration_ms(late),
-            format_duration_ms(grace_ms)
-        )
+    (late > grace_ms).then_some(Expiry::StartedLate {
+        late_ms: late,
+        grace_ms,
     })
 }
 
@@ -258,7 +293,10 @@ mod tests {
     fn reasons_say_why() {
         let d = judge(Misfire::FireNow, MIN, &[0], 5 * MIN);
         match &d[0] {
-            Decision::Expire(0, why) => assert!(why.contains("4m") || why.contains("5m"), "{why}"),
+            Decision::Expire(0, why) => {
+                let why = why.reason();
+                assert!(why.contains("4m") || why.contains("5m"), "{why}")
+            }
             other => panic!("{other:?}"),
         }
     }
@@ -267,7 +305,9 @@ mod tests {
     fn a_started_run_is_judged_on_when_its_first_send_would_start() {
         let t = 100_000;
         // Armed 2 s ahead, down from t − 1.5 s to t + 2.5 s, grace 1 s: expired.
-        let why = judge_started(t, t, t + 2_500, t + 2_500, 1_000).expect("expired");
+        let why = judge_started(t, t, t + 2_500, t + 2_500, 1_000)
+            .expect("expired")
+            .reason();
         assert!(why.contains("2s500ms") && why.contains("1s"), "{why}");
         // The same outage with a 3 s grace: it is sent.
         assert_eq!(judge_started(t, t, t + 2_500, t + 2_500, 3_000), None);
@@ -296,7 +336,8 @@ mod tests {
         );
         // An outage that ran past the hold's end by more than the grace: expired, by that much.
         let why = judge_started(t, until, until + 30 * 60_000, until + 30 * 60_000, 600_000)
-            .expect("expired");
+            .expect("expired")
+            .reason();
         assert!(why.contains("30m"), "{why}");
         // A plan before the instant (armed ahead) counts from the instant.
         assert!(judge_started(t, t - 2_000, t + 2_500, t + 2_500, 1_000).is_some());

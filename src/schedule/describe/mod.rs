@@ -158,6 +158,15 @@ pub fn local_time(ms: u64, tz: Tz, lang: Lang) -> String {
     [at, zone(Place::Zone(tz), lang)].concat()
 }
 
+/// A duration as a person reads it in `lang`: "2s500ms" (as herald writes durations),
+/// "2秒500毫秒".
+pub fn duration(ms: u64, lang: Lang) -> String {
+    match lang {
+        Lang::En => crate::model::format_duration_ms(ms),
+        Lang::Zh => zh::duration(ms),
+    }
+}
+
 /// A wall time in recipient time, which each recipient has in their own zone (ms as if UTC,
 /// `recipient.rs`): "2026-12-02 09:00 (each recipient's local time)",
 /// "2026年12月2日 09:00（收件人当地时间）".
