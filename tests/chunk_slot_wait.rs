@@ -32,12 +32,7 @@ async fn one_shot(h: &ManualHerald, id: &str, at: u64) {
 
 /// Every permit of the `out` channel, held until dropped.
 async fn hold_permits(h: &ManualHerald) -> tokio::sync::OwnedSemaphorePermit {
-    let c = h.server().engine.channels().get("out").unwrap();
-    c.concurrency
-        .clone()
-        .acquire_many_owned(PERMITS)
-        .await
-        .unwrap()
+    h.hold_permits("out", PERMITS).await
 }
 
 /// Moves the clock to `at` and waits until `n` sends in all have gone to a chunk (each

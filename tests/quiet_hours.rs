@@ -5,7 +5,8 @@
 
 mod common;
 
-use common::herald::{utc_ms, ManualHerald};
+use common::herald::{poll, utc_ms, webhook_channel, ManualHerald};
+use common::receiver::{Behavior, Receiver};
 use serde_json::{json, Value};
 
 fn sent_at(v: &Value) -> u64 {
@@ -14,6 +15,23 @@ fn sent_at(v: &Value) -> u64 {
 
 const CHANNEL: &str =
     "rate = \"1/1m\"\nquiet_hours = { from = \"22:00\", to = \"08:00\", tz = \"Asia/Shanghai\" }\n";
+
+/// The night in Shanghai, as a channel's config line.
+const NIGHT: &str = "quiet_hours = { from = \"22:00\", to = \"08:00\", tz = \"Asia/Shanghai\" }";
+
+/// The `held` events of a task's timeline whose reason is quiet hours.
+async fn quiet_holds(h: &ManualHerald, id: &str) -> Vec<Value> {
+    let tl = common::http::get(&h.url(&format!("/v1/tasks/{id}/timeline")))
+        .await
+        .json();
+    tl["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "held" && e["detail"]["why"] == "quiet_hours")
+        .cloned()
+        .collect()
+}
 
 #[tokio::test]
 async fn a_sequence_reaching_22_00_stops_and_resumes_at_08_00_at_the_channels_rate() {
@@ -321,4 +339,185 @@ async fn a_reminder_held_past_its_event_expires_and_one_before_it_says_the_minut
     );
     let t = h.task("early").await;
     assert_ne!(t["state"], "running", "{t}");
+}
+
+/// Review finding: a failure-list retry (`POST /v1/failures/{id}/retry`) never asked quiet
+/// hours: one asked for at 22:30, and the backoff attempt of one asked for at 21:59 (22:01),
+/// went in the night. Each is held to 08:00 as a run's send is: nothing sent, no attempt
+/// counted, the entry still retrying, a `held` event on its task's timeline; at 08:00 both go,
+/// each as the next attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_retries_asked_for_or_backing_off_into_the_night_wait_for_08_00() {
+    let rx = Receiver::start().await;
+    // Refused for good at first (to the failure list); `later`'s retry at 21:59 gets a 503.
+    rx.script_key("now:1:0", vec![Behavior::Status(400)]);
+    rx.script_key(
+        "later:1:0",
+        vec![Behavior::Status(400), Behavior::Status(503)],
+    );
+    let hook = webhook_channel(
+        "hook",
+        &rx.url(),
+        &format!("retry = {{ max_attempts = 3, initial = \"2m\" }}\n{NIGHT}"),
+    );
+    let h = ManualHerald::start(utc_ms("2026-12-01T13:00:00Z"), &hook).await; // 21:00
+    for id in ["now", "later"] {
+        h.post(
+            &json!({"id": id, "channel": "hook", "schedule": {"after": "0s"},
+            "to": ["a"], "body": "b"}),
+        )
+        .await;
+    }
+    h.run_until(utc_ms("2026-12-01T13:01:00Z")).await;
+    assert_eq!(rx.count(), 2, "both refused");
+    let failures = || async {
+        let r = common::http::get(&h.url("/v1/failures")).await;
+        r.json()["failures"].as_array().cloned().unwrap_or_default()
+    };
+    assert_eq!(failures().await.len(), 2);
+    let retry = |id: &'static str| {
+        let url = h.url(&format!("/v1/failures/{id}:1:0/retry"));
+        async move {
+            let r = common::http::request("POST", &url, &[], None).await;
+            assert_eq!(r.status, 202, "{}", r.text());
+        }
+    };
+    // 21:59: `later`'s retry goes, is answered 503, and backs off 2 min: to 22:01.
+    h.run_until(utc_ms("2026-12-01T13:59:00Z")).await;
+    retry("later").await;
+    h.run_until(utc_ms("2026-12-01T14:30:00Z")).await; // 22:30
+    retry("now").await;
+    h.run_until(utc_ms("2026-12-01T23:59:59Z")).await; // 07:59:59
+    assert_eq!(
+        rx.count(),
+        3,
+        "nothing went in the night: {:?}",
+        rx.requests()
+    );
+    let list = failures().await;
+    for (id, attempts) in [("now", 1), ("later", 2)] {
+        let f = list.iter().find(|f| f["task_id"] == id).unwrap();
+        assert_eq!(f["retrying"], true, "{f}");
+        assert_eq!(
+            f["attempts"], attempts,
+            "no attempt counted for the hold: {f}"
+        );
+        let held = quiet_holds(&h, id).await;
+        assert_eq!(held.len(), 1, "{id}: {held:?}");
+        assert_eq!(
+            held[0]["detail"]["until"], "2026-12-02T00:00:00Z",
+            "{held:?}"
+        );
+    }
+    h.run_until(utc_ms("2026-12-02T00:00:05Z")).await;
+    let got = rx.requests();
+    assert_eq!(got.len(), 5, "both retries went at 08:00");
+    for r in &got[3..] {
+        let body: Value = serde_json::from_slice(&r.body).unwrap();
+        let attempt = if body["task_id"] == "now" { 2 } else { 3 };
+        assert_eq!(body["sent_at"], "2026-12-02T00:00:00Z", "{body}");
+        assert_eq!(body["attempt"], attempt, "{body}");
+    }
+    assert!(failures().await.is_empty(), "both delivered");
+}
+
+/// Sends of the `out` channel that waited for a free slot: every permit is held by the test.
+const SLOTS: u32 = 2;
+
+/// A one-shot to `out` due at `at`.
+async fn one_shot(h: &ManualHerald, id: &str, at: u64) {
+    h.post(
+        &json!({"id": id, "channel": "out", "schedule": {"at": herald::schedule::format_utc(at)},
+        "to": ["a"], "body": id}),
+    )
+    .await;
+}
+
+/// Moves the clock to `due` with every permit of `out` held; waits until `n` sends wait for
+/// one (`chunked`: counted as they reach a chunk, else as sends in flight), then moves the
+/// clock to `slot_at` and lets the permits go, and waits until the sends settled.
+async fn wait_for_a_slot_until(h: &ManualHerald, due: u64, n: usize, chunked: bool, slot_at: u64) {
+    let permits = h.hold_permits("out", SLOTS).await;
+    h.clock.set(due);
+    let engine = &h.server().engine;
+    engine.wake();
+    let waiting = poll(std::time::Duration::from_secs(10), || async move {
+        let at = if chunked {
+            engine.chunked_sends() as usize
+        } else {
+            engine.sends_in_flight()
+        };
+        (at >= n).then_some(())
+    })
+    .await;
+    assert!(waiting.is_some(), "{n} sends wait for a slot");
+    h.clock.set(slot_at);
+    drop(permits);
+    let settled = poll(std::time::Duration::from_secs(10), || async move {
+        (engine.sends_in_flight() == 0).then_some(())
+    })
+    .await;
+    assert!(settled.is_some(), "the sends that waited settled");
+}
+
+/// Review finding: a send admitted at 21:59:59 that waited for a free slot of its channel
+/// (`concurrency`) past 22:00 went in the night: after the wait the breaker and the rate limit
+/// were asked again, quiet hours not. The one-key path (`step::slot`): a send due alone. It is
+/// held to 08:00 (a `held` event, its attempt not spent), and its step comes back at 08:00 by
+/// the wall: a +1 h wall step in the night does not make it 09:00.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_that_waited_for_a_slot_into_the_night_is_held_to_08_00() {
+    let due = utc_ms("2026-12-01T13:59:59Z"); // 21:59:59 in Shanghai
+    let config = format!("concurrency = {SLOTS}\n{NIGHT}");
+    let h = ManualHerald::start(due - 60_000, &config).await;
+    one_shot(&h, "alone", due).await;
+    h.run_until(due - 1).await;
+    wait_for_a_slot_until(&h, due, 1, false, utc_ms("2026-12-01T14:00:05Z")).await;
+    assert!(h.sent().is_empty(), "sent in the window: {:?}", h.sent());
+    let t = h.task("alone").await;
+    assert_eq!(t["state"], "running", "held, not failed: {t}");
+    let held = quiet_holds(&h, "alone").await;
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(
+        held[0]["detail"]["until"], "2026-12-02T00:00:00Z",
+        "{held:?}"
+    );
+    h.clock.jump_wall(3_600_000);
+    h.server().engine.wake();
+    h.run_until(utc_ms("2026-12-02T00:00:30Z")).await;
+    let sent = h.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent_at(&sent[0]), utc_ms("2026-12-02T00:00:00Z"), "08:00");
+    assert_eq!(sent[0]["attempt"], 1, "the hold spent no attempt");
+    assert_eq!(h.task("alone").await["state"], "completed");
+}
+
+/// The same finding on the chunk path (`chunk.rs` `after_wait`): two sends due together to
+/// the file channel, their part waiting for its permits past 22:00. Both held to 08:00.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunk_that_waited_for_its_permits_into_the_night_is_held_to_08_00() {
+    let due = utc_ms("2026-12-01T13:59:59Z"); // 21:59:59 in Shanghai
+    let config = format!("concurrency = {SLOTS}\n{NIGHT}");
+    let h = ManualHerald::start(due - 60_000, &config).await;
+    for id in ["a", "b"] {
+        one_shot(&h, id, due).await;
+    }
+    h.run_until(due - 1).await;
+    wait_for_a_slot_until(&h, due, 2, true, utc_ms("2026-12-01T14:00:05Z")).await;
+    assert!(h.sent().is_empty(), "sent in the window: {:?}", h.sent());
+    for id in ["a", "b"] {
+        let held = quiet_holds(&h, id).await;
+        assert_eq!(held.len(), 1, "{id}: {held:?}");
+        assert_eq!(
+            held[0]["detail"]["until"], "2026-12-02T00:00:00Z",
+            "{held:?}"
+        );
+    }
+    h.run_until(utc_ms("2026-12-02T00:00:30Z")).await;
+    let sent = h.sent();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    for s in &sent {
+        assert_eq!(sent_at(s), utc_ms("2026-12-02T00:00:00Z"), "{s}");
+        assert_eq!(s["attempt"], 1, "{s}");
+    }
 }

@@ -333,6 +333,15 @@ impl Channel {
         taken.map(|_| ())
     }
 
+    /// Gives back the rate slot of a send admitted at `rate_tick` ([`Admission::Go`]) that
+    /// will not go now (quiet hours began while it waited for a free slot): the limit counts
+    /// sends that start ([`ratelimit::Limiter::give_back`]).
+    pub fn give_back_rate(&self, rate_tick: Option<u64>) {
+        if let (Some(l), Some(tick)) = (&self.limiter, rate_tick) {
+            l.lock().give_back(tick);
+        }
+    }
+
     /// Records the outcome of an admitted send; returns a breaker transition worth an alert.
     /// Without the attempt's report (use [`Channel::record_attempt`] when it is at hand), a
     /// webhook's permanent failure is taken as the receiver's rejection; a local sink's

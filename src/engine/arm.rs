@@ -87,8 +87,9 @@ fn sync_fire_at(inner: &Inner, key: Key, state: TaskState, next: Option<u64>, on
 }
 
 /// Puts a run's next step on the wheel: an armed run's send at its instant, an unarmed run's
-/// arm [`ARM_LEAD_MS`] ahead of it.
-pub(crate) fn step(inner: &Inner, task_id: &str, run: &Run) {
+/// arm [`ARM_LEAD_MS`] ahead of it. `wall`: the instant is one a person named (the end of
+/// quiet hours), held to the wall clock alone (`Timer::at_wall`).
+pub(crate) fn step(inner: &Inner, task_id: &str, run: &Run, wall: bool) {
     let Some(at) = run.next_at_ms else {
         return;
     };
@@ -97,7 +98,11 @@ pub(crate) fn step(inner: &Inner, task_id: &str, run: &Run) {
     } else {
         at.saturating_sub(ARM_LEAD_MS)
     };
-    inner.timer.at(Key::run(task_id, run.run), at);
+    if wall {
+        inner.timer.at_wall(Key::run(task_id, run.run), at);
+    } else {
+        inner.timer.at(Key::run(task_id, run.run), at);
+    }
 }
 
 /// Puts a live entry's next fire on the wheel (pending tasks only: running ones are loaded,

@@ -16,6 +16,10 @@ pub(crate) enum WheelOp {
     /// `ARM_LEAD_MS` ahead of it; off the wheel if the run is no longer active or the task
     /// is not running.
     Step(u32),
+    /// [`WheelOp::Step`] at an instant a person named (the end of quiet hours), held to the
+    /// wall clock alone (`Timer::at_wall`): a wall step in the night moves it with the wall,
+    /// so 08:00 stays 08:00.
+    StepAtWall(u32),
     /// [`WheelOp::Step`] for every active run of the task (a resume, a trigger, recovery).
     Steps,
     /// Every run of the task off the wheel (pause, cancel, park).

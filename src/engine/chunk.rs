@@ -31,8 +31,8 @@
 //! A part of the chunk that had to wait for its channel's permits (another chunk, or a send,
 //! writing to the same channel) asks again, once it has them, what its sends were admitted on
 //! ([`after_wait`], as `step::slot` does for one send): a drain begun meanwhile, the shard's
-//! trust, the breaker and the rate limit; a send that still goes moves its run's pacing anchor
-//! to its start.
+//! trust, quiet hours, the breaker and the rate limit; a send that still goes moves its run's
+//! pacing anchor to its start.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -424,6 +424,9 @@ struct Admitted {
     probe: bool,
     rate_tick: Option<u64>,
     key: String,
+    /// Its task and its message's zone: quiet hours, asked again (`step::quiet_after_wait`).
+    spec: Arc<crate::model::TaskSpec>,
+    tz: Option<String>,
 }
 
 /// The items of `mine` sent to `channel` at once: each outcome in order, with whether (and how)
@@ -444,6 +447,8 @@ async fn send_to(
             probe: it.p.probe,
             rate_tick: it.p.rate_tick,
             key: it.p.delivery.idempotency_key.clone(),
+            spec: it.p.spec.clone(),
+            tz: it.p.tz.clone(),
         })
         .collect();
     let mut waited = vec![Waited::No; admitted.len()];
@@ -475,9 +480,10 @@ async fn send_to(
 
 /// A send of the chunk whose part waited for its channel's permits, asked again at `now`
 /// before it goes, as `step::slot` asks one send after its wait: a drain begun meanwhile stops
-/// it, cluster mode's trust must still be there (`step::trust_end`), the breaker is asked
-/// again and the rate slot taken again (`step::readmit`). Its task cannot have been cancelled
-/// or paused meanwhile: the chunk holds its lock. `Some`: held, not sent.
+/// it, cluster mode's trust must still be there (`step::trust_end`), quiet hours begun
+/// meanwhile hold it to the window's end, the breaker is asked again and the rate slot taken
+/// again (`step::readmit`). Its task cannot have been cancelled or paused meanwhile: the chunk
+/// holds its lock. `Some`: held, not sent.
 fn after_wait(inner: &Inner, channel: &Channel, a: &Admitted, now: u64) -> Option<Outcome> {
     if step::draining(inner) {
         return Some(step::drain_held(inner));
@@ -485,7 +491,8 @@ fn after_wait(inner: &Inner, channel: &Channel, a: &Admitted, now: u64) -> Optio
     if let Err(o) = step::trust_end(inner, &a.task, a.epoch) {
         return Some(o);
     }
-    step::readmit(inner, channel, (a.probe, a.rate_tick, &a.key), now).err()
+    let quiet = (&*a.spec, a.tz.as_deref());
+    step::readmit(inner, channel, (a.probe, a.rate_tick, &a.key), quiet, now).err()
 }
 
 /// Plans every settle, writes them all at once, then lets memory follow and the locks go.

@@ -190,14 +190,16 @@ fn after(inner: &Arc<Inner>, l: &mut Locked, c: Change) {
     let running = st.progress.state == crate::model::TaskState::Running;
     for op in &c.wheel {
         match *op {
-            WheelOp::Step(n) => match st.runs.get(&n) {
-                Some(r) if running && !st.sending.contains(&n) => arm::step(inner, &id, r),
+            WheelOp::Step(n) | WheelOp::StepAtWall(n) => match st.runs.get(&n) {
+                Some(r) if running && !st.sending.contains(&n) => {
+                    arm::step(inner, &id, r, matches!(op, WheelOp::StepAtWall(_)))
+                }
                 Some(_) if running => {} // sending: its settle puts its next step on
                 _ => inner.timer.cancel(Key::run(&id, n)),
             },
             WheelOp::Steps if running => {
                 for r in st.runs.values().filter(|r| !st.sending.contains(&r.run)) {
-                    arm::step(inner, &id, r);
+                    arm::step(inner, &id, r, false);
                 }
             }
             WheelOp::Steps | WheelOp::DropSteps => {

@@ -1331,15 +1331,23 @@ pub fn hold(
             return Some(Hold::Recipient(at));
         }
     }
+    quiet_until(spec, msg.tz.as_deref(), channel_quiet, now).map(Hold::Quiet)
+}
+
+/// Until when quiet hours hold a send at `now` of a message of `spec` whose zone is `msg_tz`
+/// (the task's own window, else its channel's `channel_quiet`; a `recipient` window for a
+/// message without a zone read in the schedule's zone): `None` when it may go. The one quiet
+/// hours decision of every send: a run's before its admission ([`hold`]), again once a send
+/// that waited for a slot of its channel has one (`step::quiet_after_wait`), and each
+/// attempt of a failure-list retry (`retry.rs`).
+pub fn quiet_until(
+    spec: &TaskSpec,
+    msg_tz: Option<&str>,
+    channel_quiet: Option<&crate::schedule::quiet::QuietHours>,
+    now: u64,
+) -> Option<u64> {
     let fallback = crate::schedule::zone_of(&spec.schedule);
-    crate::schedule::quiet::hold(
-        &spec.quiet_hours,
-        channel_quiet,
-        msg.tz.as_deref(),
-        fallback,
-        now,
-    )
-    .map(Hold::Quiet)
+    crate::schedule::quiet::hold(&spec.quiet_hours, channel_quiet, msg_tz, fallback, now)
 }
 
 /// What one attempt of a failure-list retry leads to.

@@ -6,7 +6,8 @@
 //! Success removes the entry from the failure list; exhausting the attempts leaves it there
 //! (with the new attempts and error) and raises an alert. The run's own counters are history
 //! and are not rewritten. What an attempt leads to is decided by `plan::failure_retry` (pure),
-//! with the same retry rule as a run.
+//! with the same retry rule as a run. Quiet hours hold each attempt as they hold a run's send
+//! (issue 28): one asked for, or whose backoff falls, inside the window waits for its end.
 use std::sync::Arc;
 
 use super::commit::{self, RetryWheel};
@@ -45,6 +46,14 @@ pub(crate) async fn failure_retry(
         return Ok(());
     }
     let (spec, _) = task.split();
+    let tz = msg.tz.clone();
+    if let Some(until) =
+        super::plan::quiet_until(&spec, tz.as_deref(), channel.quiet_hours.as_ref(), now)
+    {
+        drop(guard);
+        quiet_hold(inner, failure_id, until).await;
+        return Ok(());
+    }
     let mut delivery = render(&spec, &f, msg, run_at.unwrap_or(now), now);
     let (probe, rate_tick) = match channel.admit(now) {
         Admission::Hold { until_ms, .. } => {
@@ -76,28 +85,14 @@ pub(crate) async fn failure_retry(
     let _out = inner.sends_out.mark(&Arc::from(f.task_id.as_str()));
     drop(guard);
 
-    // The task's send gate, as for a run's send: a cancel or pause answered from now on
-    // closes it, and no request of this retry is written after that.
-    let Some(gate) = retry_gate(inner, &f.task_id).await else {
+    let quiet = (&spec, tz.as_deref());
+    let sent = send_attempt(inner, &channel, &delivery, (rate_tick, probe), quiet).await;
+    let Some((outcome, report)) = sent else {
         // Cancelled or paused since its check (or unreadable): the next step says so.
-        channel.unsent(probe);
         drop(sending);
         inner.timer.at(key, inner.clock.now_ms());
         return Ok(());
     };
-    // Traced like a run's attempt: the task's trace with a span of its own, and an `attempt`
-    // event in the timeline beside what it led to (issue 25). Recorded on the channel (and
-    // its breaker) only if it went: not if it was held or cut off where the trust ended.
-    let (outcome, report) = match retry_slot(inner, &channel, &f.task_id, rate_tick, probe).await {
-        Ok(slot) => {
-            super::step::send_in_slot(inner, &channel, &delivery, slot, probe, gate.gate()).await
-        }
-        Err(o) => {
-            channel.unsent(probe);
-            (o, Default::default())
-        }
-    };
-    drop(gate);
 
     // A local resource shortage (EMFILE, ENOBUFS), or not started after its wait for a slot
     // (a drain, a cancel or pause, the breaker, the rate limit, too little trust): nothing
@@ -105,12 +100,78 @@ pub(crate) async fn failure_retry(
     // next run of the step (or the next boot, after a drain) looks at the task again. Its
     // mark goes first: nothing of it is on its way, and a step due at once must not take
     // the mark for an attempt under way (it would end there, the entry left retrying).
-    if let Outcome::Held { until_ms, .. } = outcome {
+    if let Outcome::Held { until_ms, why, .. } = outcome {
         drop(sending);
-        inner.timer.at(key, until_ms);
+        if why == crate::model::timeline::HeldWhy::QuietHours {
+            quiet_hold(inner, failure_id, until_ms).await;
+        } else {
+            inner.timer.at(key, until_ms);
+        }
         return Ok(());
     }
     settle(inner, id, &delivery, outcome, &report, &policy).await
+}
+
+/// The retry's attempt `d`, admitted (`(rate_tick, probe)`), sent once it has its task's send
+/// gate, as a run's send: a cancel or pause answered from now on closes it, and no request of
+/// this retry is written after that; `None`: the task was cancelled or paused since its check
+/// (or is unreadable), nothing sent. Then a slot of the channel ([`retry_slot`]; `quiet`: its
+/// task and its message's zone). Traced like a run's attempt: the task's trace with a span of
+/// its own, and an `attempt` event in the timeline beside what it led to (issue 25). Recorded
+/// on the channel (and its breaker) only if it went: not if it was held or cut off where the
+/// trust ended.
+async fn send_attempt(
+    inner: &Arc<Inner>,
+    channel: &crate::deliver::Channel,
+    d: &crate::deliver::Delivery,
+    (rate_tick, probe): (Option<u64>, bool),
+    quiet: (&crate::model::TaskSpec, Option<&str>),
+) -> Option<(Outcome, crate::deliver::AttemptReport)> {
+    let Some(gate) = retry_gate(inner, &d.task_id).await else {
+        channel.unsent(probe);
+        return None;
+    };
+    let slot = retry_slot(inner, channel, &d.task_id, (rate_tick, probe), quiet).await;
+    let sent = match slot {
+        Ok(slot) => super::step::send_in_slot(inner, channel, d, slot, probe, gate.gate()).await,
+        Err(o) => {
+            channel.unsent(probe);
+            (o, Default::default())
+        }
+    };
+    drop(gate);
+    Some(sent)
+}
+
+/// Quiet hours hold retry `id`'s attempt until `until` (the window's end in its message's
+/// zone; `plan::quiet_until`, the decision a run's send asks), as they hold a run's send
+/// (`step::hold_for_time`): nothing sent, no attempt counted, the entry still `retrying`.
+/// Its step comes back at the window's end, a wall instant (`Timer::at_wall`: a wall step in
+/// the night keeps 08:00 at 08:00), and the hold is on the task's timeline (`held`, why
+/// `quiet_hours`, until when) beside the retry's attempts. Under the failures lock, with the
+/// entry as it is now: one dismissed or stopped meanwhile is neither armed nor written. The
+/// step does not come back before `until` (unless the retry is asked for again), so it is one
+/// event per hold. A failed read arms it all the same; a failed write of the event changes
+/// nothing (the hold stands).
+async fn quiet_hold(inner: &Arc<Inner>, id: &Arc<str>, until: u64) {
+    let _guard = inner.failures_lock.lock().await;
+    let f = match read_failure(inner, id).await {
+        Ok(Some(f)) if f.retrying => f,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::debug!(failure = %id, error = %e, "a failure retry held for quiet hours could not be read");
+            inner.timer.at_wall(Key::Retry(id.clone()), until);
+            return;
+        }
+    };
+    inner.timer.at_wall(Key::Retry(id.clone()), until);
+    tracing::debug!(failure = %id, until = %crate::schedule::format_utc(until), "failure retry held for quiet hours");
+    let why = crate::model::timeline::HeldWhy::QuietHours;
+    let held = TimelineEvent::held(inner.clock.now_ms(), f.run, f.seq, until, why);
+    let steps = vec![held];
+    if let Err(e) = commit::failure_saved(inner, &f, RetryWheel::Keep, None, None, steps).await {
+        tracing::debug!(failure = %id, error = %e, "the quiet-hours hold's timeline event was not written");
+    }
 }
 
 /// What a retry of `f` sends: its task, channel and message, read off the workers when the
@@ -161,8 +222,10 @@ async fn inputs(
 /// A slot of the channel's concurrency for a failure retry, as for a run's send
 /// (`step.rs::slot`): the retry was admitted, and its task looked at, before any wait; so after
 /// a wait a drain begun meanwhile, or a cancel or pause answered meanwhile, stops it (no send
-/// starts after either), a breaker opened meanwhile holds it unless it is the probe, and the
-/// rate slot is taken again, counted from when the send starts.
+/// starts after either), quiet hours begun meanwhile hold it to the window's end
+/// (`step::quiet_after_wait`; `quiet`: its task and its message's zone), a breaker opened
+/// meanwhile holds it unless it is the probe, and the rate slot is taken again, counted from
+/// when the send starts.
 /// The task's state is read from the store, not under its lock: a cancel or pause answers
 /// once it is durable, and the lock is never waited for while a slot is held (a chunk holds
 /// its tasks' locks while it waits for this channel's slots). `Err`: not sent, held (no
@@ -171,8 +234,8 @@ async fn retry_slot<'c>(
     inner: &Arc<Inner>,
     channel: &'c crate::deliver::Channel,
     task_id: &str,
-    rate_tick: Option<u64>,
-    probe: bool,
+    (rate_tick, probe): (Option<u64>, bool),
+    quiet: (&crate::model::TaskSpec, Option<&str>),
 ) -> Result<(tokio::sync::SemaphorePermit<'c>, bool), Outcome> {
     let (permit, waited) = channel
         .permit()
@@ -214,6 +277,7 @@ async fn retry_slot<'c>(
             ))
         }
     }
+    super::step::quiet_after_wait(channel, rate_tick, quiet, now)?;
     if let Err(until_ms) = channel.recheck(now, probe) {
         return Err(super::step::breaker_held(until_ms));
     }

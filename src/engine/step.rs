@@ -512,8 +512,12 @@ pub(super) struct Prepared {
     /// What the send learnt for its timeline event (status, duration); set once it returns.
     pub report: crate::deliver::AttemptReport,
     /// The message's own zone (`Message::tz`, recipient time): a notification of its failure
-    /// names its due time in it (`notify.rs`).
-    tz: Option<String>,
+    /// names its due time in it (`notify.rs`), and quiet hours read in it are asked again
+    /// after a wait for a slot of the channel ([`quiet_after_wait`]).
+    pub(super) tz: Option<String>,
+    /// The task as the send was prepared: its quiet hours, asked again after a wait for a
+    /// slot of the channel ([`quiet_after_wait`]). Shared, not copied.
+    pub(super) spec: Arc<TaskSpec>,
     /// The monotonic reading taken with the run's pacing anchor (`last_attempt_at_ms`, a wall
     /// reading) when the send starts, moved with it after a wait for the channel's slot. The
     /// settle counts the gap from it ([`pacing_anchor`]): a wall jump during the send never
@@ -611,6 +615,7 @@ pub(super) async fn prepare(
         rate_tick,
         report: Default::default(),
         tz,
+        spec: t,
         started_mono: AtomicU64::new(started_mono),
     };
     let st = l.st();
@@ -985,7 +990,8 @@ async fn slot<'c>(
         // The anchor moved to `now`: its monotonic twin with it.
         p.started_mono.store(mono, Ordering::Relaxed);
         let admitted = (p.probe, p.rate_tick, p.delivery.idempotency_key.as_str());
-        return readmit(inner, c, admitted, now).map(|()| (permit, true));
+        let quiet = (&*p.spec, p.tz.as_deref());
+        return readmit(inner, c, admitted, quiet, now).map(|()| (permit, true));
     }
 }
 
@@ -1002,17 +1008,22 @@ pub(super) fn drain_held(inner: &Inner) -> Outcome {
 }
 
 /// A send admitted earlier ([`admit`]) that waited for a free slot of channel `c`, asked
-/// again at `now`: the breaker (a send admitted before it opened does not go to the dead
+/// again at `now`: quiet hours ([`quiet_after_wait`]: a window begun during the wait holds it
+/// to the window's end), the breaker (a send admitted before it opened does not go to the dead
 /// receiver, unless it is the probe) and the rate limit (its slot taken again, counted from
-/// when the send starts). `Err`: held, no attempt burned, back at an instant spread a little
-/// past the one named ([`spread_wake`]: the sends held together do not all come back at once).
-/// `(probe, rate_tick, key)`: the admission's ([`Prepared`]) and the send's idempotency key.
+/// when the send starts). `Err`: held, no attempt burned, back at the window's end, or at an
+/// instant spread a little past the one named ([`spread_wake`]: the sends held together by a
+/// breaker or a rate limit do not all come back at once).
+/// `(probe, rate_tick, key)`: the admission's ([`Prepared`]) and the send's idempotency key;
+/// `quiet`: the task and the message's zone ([`Prepared`]).
 pub(super) fn readmit(
     inner: &Inner,
     c: &crate::deliver::Channel,
     (probe, rate_tick, key): (bool, Option<u64>, &str),
+    quiet: (&TaskSpec, Option<&str>),
     now: u64,
 ) -> Result<(), Outcome> {
+    quiet_after_wait(c, rate_tick, quiet, now)?;
     if let Err(until_ms) = c.recheck(now, probe) {
         return Err(breaker_held(spread_wake(inner, key, now, until_ms)));
     }
@@ -1023,6 +1034,33 @@ pub(super) fn readmit(
             until_ms: spread_wake(inner, key, now, until_ms),
             why: HeldWhy::RateLimit,
         })
+}
+
+/// Quiet hours asked again at `now` for a send that was admitted outside them and then waited
+/// for a free slot of channel `c` (its task `spec`, its message's zone `tz`): the window may
+/// have begun during the wait (admitted at 21:59:59, a slot at 22:00:05). Inside it, the send
+/// is held to the window's end as one found inside it before its admission is
+/// (`hold_for_time`, the same decision: `plan::quiet_until`): no attempt burned, a `held`
+/// event (why `quiet_hours`) written by its settle, its step back at that wall instant
+/// ([`WheelOp::StepAtWall`]); the rate slot its admission took (`rate_tick`) is given back, as
+/// nothing went. Asked first, before the breaker and the rate limit, as before an admission.
+pub(super) fn quiet_after_wait(
+    c: &crate::deliver::Channel,
+    rate_tick: Option<u64>,
+    (spec, tz): (&TaskSpec, Option<&str>),
+    now: u64,
+) -> Result<(), Outcome> {
+    let Some(until_ms) = plan::quiet_until(spec, tz, c.quiet_hours.as_ref(), now) else {
+        return Ok(());
+    };
+    c.give_back_rate(rate_tick);
+    Err(Outcome::Held {
+        error:
+            "not sent yet: quiet hours began while the send waited for a free slot of the channel"
+                .into(),
+        until_ms,
+        why: HeldWhy::QuietHours,
+    })
 }
 
 /// When a send held at `now` until `until_ms` (a breaker, a rate limit) looks again: a little
@@ -1384,7 +1422,7 @@ pub(super) fn settle_plan(
     if let Some(r) = &plan.next_run {
         timeline.extend(plan::fire_events(&[], std::slice::from_ref(r)));
     }
-    let mut change = plan.change();
+    let mut change = quiet_step_at_wall(plan.change(), key.run, outcome);
     change.timeline = timeline;
     list_failure(inner, &mut change, p);
     Ok(Some(change))
@@ -1404,6 +1442,24 @@ fn list_failure(inner: &Arc<Inner>, change: &mut Change, p: &Prepared) {
         change.failure_tz = p.tz.clone();
         change.failure_due_ms = Some(p.delivery.scheduled_at_ms);
     }
+}
+
+/// A send held for quiet hours after its wait for a slot ([`quiet_after_wait`]) comes back at
+/// the window's end, a wall instant: its step is held to the wall alone, as `hold_for_time`
+/// arms a hold found before the admission (a wall step in the night keeps 08:00 at 08:00).
+fn quiet_step_at_wall(mut change: Change, run: u32, outcome: &Outcome) -> Change {
+    if let Outcome::Held {
+        why: HeldWhy::QuietHours,
+        ..
+    } = outcome
+    {
+        for op in &mut change.wheel {
+            if *op == WheelOp::Step(run) {
+                *op = WheelOp::StepAtWall(run);
+            }
+        }
+    }
+    change
 }
 
 fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan, t: &TaskSpec) {

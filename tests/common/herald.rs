@@ -449,6 +449,17 @@ impl ManualHerald {
         r.json()["runs"].as_array().cloned().unwrap_or_default()
     }
 
+    /// `n` permits of channel `name`'s concurrency, held until dropped: a send (or a chunk)
+    /// that needs one meanwhile waits for it, as behind a busy channel.
+    pub async fn hold_permits(&self, name: &str, n: u32) -> tokio::sync::OwnedSemaphorePermit {
+        let c = self.server().engine.channels().get(name).expect("channel");
+        c.concurrency
+            .clone()
+            .acquire_many_owned(n)
+            .await
+            .expect("permits")
+    }
+
     pub async fn action(&self, id: &str, action: &str) -> http::Resp {
         http::request(
             "POST",
