@@ -53,6 +53,16 @@ async fn a_one_shot_at_09_00_in_four_zones_on_a_dst_change_day() {
         .map(|(to, at)| (to.to_string(), utc_ms(at)))
         .collect();
     assert_eq!(got, want, "{sent:?}");
+    // Each is due at its own instant (the lateness metric counts from it too): it read the
+    // instant of the message before it, hours early for a later zone.
+    let scheduled: Vec<(String, u64)> = sent
+        .iter()
+        .map(|v| {
+            let at = utc_ms(v["scheduled_at"].as_str().unwrap());
+            (v["to"].as_str().unwrap().to_string(), at)
+        })
+        .collect();
+    assert_eq!(scheduled, want, "{sent:?}");
     let t = h.task("notice").await;
     assert_eq!(t["state"], "completed", "{t}");
     assert_eq!(

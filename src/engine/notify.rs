@@ -90,16 +90,13 @@ fn message_due(
     tz: Option<&str>,
     planned: Option<u64>,
 ) -> Due {
-    let (fired_ms, wall) = fired;
-    let planned = planned.unwrap_or(fired_ms);
-    use crate::schedule::recipient::{message_due, parse_zones};
+    let planned = planned.unwrap_or(fired.0);
     let zone = tz
         .filter(|_| !task.recipient_zones.is_empty())
         .and_then(|z| z.parse::<chrono_tz::Tz>().ok());
     match zone {
         Some(zone) => {
-            let zones = parse_zones(&task.recipient_zones);
-            let own = tz.and_then(|z| message_due(&task.schedule, &zones, fired_ms, wall, z));
+            let own = super::plan::recipient_due(task, tz, fired);
             Due::At {
                 ms: own.map_or(planned, |own| own.max(planned)),
                 tz: zone,

@@ -1322,16 +1322,26 @@ pub fn hold(
     channel_quiet: Option<&crate::schedule::quiet::QuietHours>,
     now: u64,
 ) -> Option<Hold> {
-    use crate::schedule::recipient::{message_due, parse_zones};
-    if let (Some(tz), false) = (msg.tz.as_deref(), spec.recipient_zones.is_empty()) {
-        let zones = parse_zones(&spec.recipient_zones);
-        let (fire_ms, wall) = fire;
-        let due = message_due(&spec.schedule, &zones, fire_ms, wall, tz);
-        if let Some(at) = due.filter(|at| *at > now) {
-            return Some(Hold::Recipient(at));
-        }
+    if let Some(at) = recipient_due(spec, msg.tz.as_deref(), fire).filter(|at| *at > now) {
+        return Some(Hold::Recipient(at));
     }
     quiet_until(spec, msg.tz.as_deref(), channel_quiet, now).map(Hold::Quiet)
+}
+
+/// A message's own instant in recipient time: its run's slot (`fire`: the run's instant and
+/// recorded slot wall) at the slot's wall time in the message's zone `msg_tz`. `None` outside
+/// recipient time, for a message without a zone, or a run that is no slot's (a trigger). What
+/// [`hold`] waits for, and what a delivery's `scheduled_at` and the lateness metric count
+/// from (`step::render`: the run's own instant is the first zone's).
+pub fn recipient_due(
+    spec: &TaskSpec,
+    msg_tz: Option<&str>,
+    fire: (u64, Option<u64>),
+) -> Option<u64> {
+    use crate::schedule::recipient::{message_due, parse_zones};
+    let tz = msg_tz.filter(|_| !spec.recipient_zones.is_empty())?;
+    let zones = parse_zones(&spec.recipient_zones);
+    message_due(&spec.schedule, &zones, fire.0, fire.1, tz)
 }
 
 /// Until when quiet hours hold a send at `now` of a message of `spec` whose zone is `msg_tz`

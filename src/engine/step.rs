@@ -815,8 +815,14 @@ fn render(
     due: u64,
 ) -> Delivery {
     // The schedule's instant for the run's first message, however late herald got to it;
-    // for the rest, the instant pacing (or a retry) planned it for.
+    // for the rest, the instant pacing (or a retry) planned it for. In recipient time a
+    // message is due no earlier than its own instant, which the run's plan does not carry
+    // (it waited for it, `plan::hold`): counted from the run's, a later zone's message read
+    // hours late.
     let scheduled = if d.seq == 0 { run.scheduled_at_ms } else { due };
+    let fire = (run.scheduled_at_ms, run.slot_wall_ms);
+    let scheduled =
+        plan::recipient_due(t, msg.tz.as_deref(), fire).map_or(scheduled, |own| own.max(scheduled));
     inner
         .lateness
         .observe(d.now.saturating_sub(scheduled) as f64 / 1000.0);
