@@ -109,3 +109,54 @@ async fn a_sweep_does_not_delete_an_expired_task_brought_back_meanwhile() {
     assert_eq!(h.sent().len(), 1);
     assert_eq!(h.task("back").await["state"], "completed");
 }
+
+/// The `expired` timeline event of a run that had started (armed ahead of its instant) and
+/// expired where no fire step judges it: at a start-up after an outage over its instant, and
+/// at a resume after a pause over it. Each event carries the run's reason, at the time it
+/// expired. Both were missing (only a fire step wrote it; review finding).
+#[tokio::test]
+async fn a_started_run_expired_at_start_up_or_resume_is_on_the_timeline() {
+    let mut h = ManualHerald::start(utc_ms("2026-12-01T00:00:00Z"), "").await;
+    for id in ["down", "paused"] {
+        h.post(
+            &json!({"id": id, "channel": "out", "schedule": {"after": "1m"},
+            "misfire_grace": "1s", "to": ["a"], "body": "x"}),
+        )
+        .await;
+    }
+    // Both armed ahead of 00:01; `paused` is paused before its instant, then herald is down
+    // over it.
+    h.run_until(utc_ms("2026-12-01T00:00:58.500Z")).await;
+    assert_eq!(h.action("paused", "pause").await.status, 200);
+    h.stop().await;
+    h.clock.set(utc_ms("2026-12-01T00:01:05Z"));
+    h.restart().await;
+    h.run_until(utc_ms("2026-12-01T00:01:10Z")).await;
+    assert_eq!(h.action("paused", "resume").await.status, 200);
+    h.run_until(utc_ms("2026-12-01T00:01:20Z")).await;
+    assert!(h.sent().is_empty(), "{:?}", h.sent());
+    for (id, at) in [
+        ("down", "2026-12-01T00:01:05Z"),
+        ("paused", "2026-12-01T00:01:10Z"),
+    ] {
+        assert_eq!(h.task(id).await["state"], "expired", "{id}");
+        let tl = http::get(&h.url(&format!("/v1/tasks/{id}/timeline")))
+            .await
+            .json();
+        let expired: Vec<_> = tl["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["kind"] == "expired")
+            .collect();
+        assert_eq!(expired.len(), 1, "{id}: {tl}");
+        let e = expired[0];
+        assert_eq!(e["at"], at, "{id}: {e}");
+        assert!(
+            e["detail"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("late")),
+            "{id}: {e}"
+        );
+    }
+}

@@ -71,7 +71,8 @@ impl FirePlan {
 }
 
 /// The timeline of a fire step: `fired` for each run started, `skipped` or `expired` (with
-/// the run's reason) for each fire that did not start one.
+/// the run's reason) for each fire that did not start one, or run that ended so (at its end:
+/// a run that had started and expired at a resume or a start-up ends then).
 pub fn fire_events(not_started: &[Run], started: &[Run]) -> Vec<TimelineEvent> {
     let mut out = Vec::with_capacity(not_started.len() + started.len());
     for r in not_started {
@@ -79,8 +80,9 @@ pub fn fire_events(not_started: &[Run], started: &[Run]) -> Vec<TimelineEvent> {
             RunState::Expired => TimelineKind::Expired,
             _ => TimelineKind::Skipped,
         };
+        let at = r.finished_at_ms.unwrap_or(r.started_at_ms);
         out.push(
-            TimelineEvent::run(kind, r.started_at_ms, r.run, None).with_detail(json!({
+            TimelineEvent::run(kind, at, r.run, None).with_detail(json!({
                 "scheduled_at": format_utc(r.scheduled_at_ms),
                 "reason": r.reason,
             })),
@@ -794,10 +796,13 @@ pub fn recover(
     }
     let expired_why = expired.iter().map(|(e, why)| (e.run, *why)).collect();
     let mut runs: Vec<Run> = expired.into_iter().map(|(e, _)| e).collect();
+    // On the timeline as a fire step's: each expired run, and the queued fire started after.
+    let timeline = fire_events(&runs, p.started.as_slice());
     runs.extend(p.started);
     Ok(Change {
         progress: Some(p.progress),
         runs,
+        timeline,
         expired_why,
         ..Change::default()
     })
@@ -975,14 +980,15 @@ impl ControlPlan {
         } else {
             WheelOp::DropSteps
         };
-        // Queued fires a cancel dropped (`drop_queued`): `skipped`, as a fire step records them.
-        let skipped: Vec<Run> = (self.runs.iter())
-            .filter(|r| r.state == RunState::Skipped)
+        // Queued fires a cancel dropped (`drop_queued`): `skipped`, as a fire step records
+        // them; runs a resume expired (`expire_started`): `expired`, with their reason.
+        let ended: Vec<Run> = (self.runs.iter())
+            .filter(|r| matches!(r.state, RunState::Skipped | RunState::Expired))
             .cloned()
             .collect();
         Change {
             progress: Some(self.progress),
-            timeline: fire_events(&skipped, &[]),
+            timeline: fire_events(&ended, &[]),
             runs: self.runs,
             wheel: vec![op],
             expired_why: self.expired_why,
