@@ -64,6 +64,19 @@ pub const DEFAULT_CONCURRENCY: u32 = 4;
 /// passing through a busy runtime (hundreds of sends/s while fires were being made).
 pub const LOCAL_CONCURRENCY: u32 = 10_000;
 pub const BODY_BYTES_MAX: usize = 1 << 20;
+/// The most `[limits] message_body_bytes_max` may be: what the store can read back. A task's
+/// only message is stored inside its spec record, and no record past the decoder's limit
+/// (`store::codec::DECODE_LIMIT_BYTES`, 64 MiB) can be read; past it a create was answered 201
+/// and its task then read as corrupt for good. The spec's other fields are bounded by limits
+/// that are not configurable (name, recipient, 64 metadata entries: well under 1 MiB), and
+/// the decoder counts a little more than the bytes (8 per string's length and per integer),
+/// so half the limit leaves a wide margin. Messages of a task of several are records of their
+/// own, each within this too.
+pub const MESSAGE_BODY_BYTES_STORABLE: usize = crate::store::codec::DECODE_LIMIT_BYTES / 2;
+/// The most `[limits] body_bytes_max` may be: a create's messages arrive in its body, are
+/// held in memory whole and go into the store in one write-ahead log record, whose lengths
+/// are 32-bit (`store/wal.rs`); a quarter of that leaves room for the group's other writes.
+pub const REQUEST_BODY_BYTES_STORABLE: usize = 1 << 30;
 /// How long a drain (SIGTERM) waits for sends in flight to settle before herald exits anyway.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
 /// How long a client may take to send a request body, and a request head.
@@ -512,13 +525,15 @@ fn http_limits(file: Option<&LimitsFile>) -> Result<HttpLimits, ConfigError> {
             Some(n) => Ok(n),
             None => Ok(current),
         };
-        body_bytes_max = positive("body_bytes_max", l.body_bytes_max, body_bytes_max)?;
+        body_bytes_max = positive("body_bytes_max", l.body_bytes_max, body_bytes_max)
+            .and_then(|v| storable("body_bytes_max", v, REQUEST_BODY_BYTES_STORABLE))?;
         limits.messages_max = positive("messages_max", l.messages_max, limits.messages_max)?;
         limits.message_body_bytes_max = positive(
             "message_body_bytes_max",
             l.message_body_bytes_max,
             limits.message_body_bytes_max,
-        )?;
+        )
+        .and_then(|v| storable("message_body_bytes_max", v, MESSAGE_BODY_BYTES_STORABLE))?;
         limits.live_tasks_max =
             positive("live_tasks_max", l.live_tasks_max, limits.live_tasks_max)?;
         // 0 would refuse every scheduled create: refused here instead.
@@ -545,6 +560,17 @@ fn http_limits(file: Option<&LimitsFile>) -> Result<HttpLimits, ConfigError> {
         body_read_timeout_ms,
         header_read_timeout_ms,
     })
+}
+
+/// `limits.{key}` at most `max`, the size the store can hold (see the constants).
+fn storable(key: &str, v: usize, max: usize) -> Result<usize, ConfigError> {
+    if v > max {
+        return Err(invalid(
+            format!("limits.{key}"),
+            format!("must be at most {max} bytes: a larger one could not be stored and read back"),
+        ));
+    }
+    Ok(v)
 }
 
 /// The configured channels, and `log` when none is named so.
@@ -1292,6 +1318,36 @@ secret = "${DT_SECRET}"
             e.starts_with("channels.t.url:") && !e.contains("k-123"),
             "{e}"
         );
+    }
+
+    /// A message body the store could not read back once written (a task's only message is
+    /// stored inside its spec, and a record past the decoder's limit answers "corrupt" for
+    /// good) is refused at start, naming the key; so is a request body past what one log
+    /// record frames.
+    #[test]
+    fn body_limits_the_store_cannot_hold_are_refused_naming_the_key() {
+        let e = err("[limits]\nbody_bytes_max = 200000000\nmessage_body_bytes_max = 100000000");
+        assert!(e.starts_with("limits.message_body_bytes_max:"), "{e}");
+        let at = |key: &str, v: usize| format!("[limits]\n{key} = {v}");
+        let c = Config::from_toml(
+            &at("message_body_bytes_max", MESSAGE_BODY_BYTES_STORABLE),
+            Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(c.limits.message_body_bytes_max, MESSAGE_BODY_BYTES_STORABLE);
+        let e = err(&at(
+            "message_body_bytes_max",
+            MESSAGE_BODY_BYTES_STORABLE + 1,
+        ));
+        assert!(e.starts_with("limits.message_body_bytes_max:"), "{e}");
+        assert!(e.contains(&MESSAGE_BODY_BYTES_STORABLE.to_string()), "{e}");
+        assert!(Config::from_toml(
+            &at("body_bytes_max", REQUEST_BODY_BYTES_STORABLE),
+            Overrides::default()
+        )
+        .is_ok());
+        let e = err(&at("body_bytes_max", REQUEST_BODY_BYTES_STORABLE + 1));
+        assert!(e.starts_with("limits.body_bytes_max:"), "{e}");
     }
 
     #[test]

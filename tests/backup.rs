@@ -613,6 +613,42 @@ fn export_of_an_older_format_leaves_it_as_it_was() {
     );
 }
 
+/// `herald export --data` of a directory a newer herald wrote (a format above this build's)
+/// is refused before anything in it changes, saying so: opening it would replay its log and
+/// add a segment, and the herald that wrote it would find its directory changed.
+#[test]
+fn export_of_a_newer_format_is_refused_and_leaves_it_as_it_was() {
+    let dir = common::fixture_copy("v7-data");
+    let newer = herald::store::DIR_FORMAT + 1;
+    {
+        let db = common::herald::reopen(|| sled::Config::new().path(dir.path()).open());
+        db.open_tree("meta")
+            .unwrap()
+            .insert("format", &[newer])
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let before = sled_records(dir.path());
+    let o = herald(&["export", "--data", data(dir.path())], None);
+    assert!(!o.status.success(), "exported a newer format");
+    for must in [format!("format {newer}"), "newer herald".to_string()] {
+        assert!(stderr(&o).contains(&must), "{must}: {}", stderr(&o));
+    }
+    assert!(o.stdout.is_empty());
+    assert!(
+        sled_records(dir.path()) == before,
+        "the records are as they were"
+    );
+    assert!(
+        !std::fs::read_dir(dir.path()).unwrap().any(|e| e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with("wal-")),
+        "no write-ahead log of this build's added"
+    );
+}
+
 /// `herald export --data` of a format-7 directory (the checked-in fixture): format 8 only moved
 /// the number, so it is exported as it is and left at format 7, every record as it was, for the
 /// herald that wrote it to open again.

@@ -244,5 +244,11 @@ mod tests {
             Problem::from(bug).into_response().status(),
             StatusCode::INTERNAL_SERVER_ERROR
         );
+        // A record the store refused to write (too big to read back; the config keeps
+        // message bodies under it, so a bug): a 500 saying so, not a retry.
+        let big = EngineError::Store(crate::store::StoreError::Encode("too big".into()));
+        let r = Problem::from(big).into_response();
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(r.headers().get(hyper::header::RETRY_AFTER).is_none());
     }
 }

@@ -117,7 +117,8 @@ fn open_pg(
 
 /// Opens a data directory that must exist, saying what to do when herald holds it. One of an
 /// older format is refused, not opened: opening migrates it, and the herald that wrote it
-/// could not read it any more (an export taken before an upgrade must leave a way back).
+/// could not read it any more (an export taken before an upgrade must leave a way back). One
+/// of a newer format is refused as well, before anything in it is touched.
 fn open_existing(dir: &Path) -> Result<Store, CliError> {
     if !dir.join("db").exists() {
         return Err(local(format!(
@@ -140,6 +141,13 @@ fn open_existing(dir: &Path) -> Result<Store, CliError> {
         Some(found) if found < DIR_FORMAT_READ_AS_IS => {
             return Err(local(format!(
                 "{} holds data-directory format {found}, written by an older herald; export does not upgrade it (opening it would, and the herald that wrote it could not read it any more). Export it with that herald, or start this one on it first (herald serve upgrades it to format {DIR_FORMAT}) and export then",
+                dir.display()
+            )))
+        }
+        // Opening it is refused as well, before its log is read; this says what to do.
+        Some(found) if found > DIR_FORMAT => {
+            return Err(local(format!(
+                "{} holds data-directory format {found}, written by a newer herald (this one reads formats up to {DIR_FORMAT}); export it with that herald",
                 dir.display()
             )))
         }
@@ -174,11 +182,7 @@ fn stored_format(dir: &Path) -> Result<Option<u8>, StoreError> {
             .path(dir)
             .cache_capacity(1 << 20)
             .open()?;
-        if !db.tree_names().iter().any(|n| n.as_ref() == b"meta") {
-            return Ok(None);
-        }
-        let format = db.open_tree("meta")?.get("format")?;
-        Ok(format.and_then(|v| v.first().copied()))
+        crate::store::stored_format(&db)
     };
     // sled may panic on a damaged file; an error here, as `Store::open_with` makes it.
     std::panic::catch_unwind(read).unwrap_or_else(|_| {

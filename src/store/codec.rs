@@ -48,16 +48,51 @@ pub trait Stored: Sized {
 }
 
 /// A record of version byte `version` and body `disk` into `out` (for
-/// [`Stored::encode_older`]).
-pub fn encode_body<D: Serialize>(
+/// [`Stored::encode_older`]). A body the decoder would refuse ([`DECODE_LIMIT_BYTES`]) is
+/// an error, and nothing is written: stored, it would be acknowledged and then answer
+/// "corrupt" at every read.
+pub fn encode_body<D: Serialize + DeserializeOwned>(
     version: u8,
     disk: &D,
     out: &mut Vec<u8>,
 ) -> Result<(), StoreError> {
+    let start = out.len();
     out.push(version);
-    bincode::serde::encode_into_std_write(disk, out, config())
-        .map(|_| ())
+    let written = bincode::serde::encode_into_std_write(disk, out, config())
         .map_err(|e| StoreError::Encode(e.to_string()))
+        .and_then(|_| readable::<D>(out.get(start + 1..).unwrap_or_default()));
+    if written.is_err() {
+        out.truncate(start);
+    }
+    written
+}
+
+/// Whether a body just encoded decodes within the limit. The limit counts what decoding
+/// allocates, not the bytes read: an integer counts its width (8 for a `u64` of one byte on
+/// disk), a string or list its length prefix as 8 and its elements. No frozen type holds a
+/// 16-byte integer, so a body counts at most 8 times its length, and one of up to an eighth
+/// of the limit always decodes: only a larger one (a message of megabytes; rare) is decoded
+/// here once to find out.
+fn readable<D: DeserializeOwned>(body: &[u8]) -> Result<(), StoreError> {
+    if body.len() <= DECODE_LIMIT_BYTES / 8 {
+        return Ok(());
+    }
+    let too_big = || {
+        StoreError::Encode(format!(
+            "a record of {} bytes is larger than one can be read back (at most {} MiB, counted as decoded)",
+            body.len(),
+            DECODE_LIMIT_BYTES >> 20
+        ))
+    };
+    // Decoded even when longer than the limit (an integer of 9 bytes on disk counts 8): the
+    // decoder is the judge, and it stops at the limit (a string counts its length first).
+    match bincode::serde::decode_from_slice::<D, _>(body, config()) {
+        Ok(_) => Ok(()),
+        Err(bincode::error::DecodeError::LimitExceeded) => Err(too_big()),
+        Err(e) => Err(StoreError::Encode(format!(
+            "a record just encoded does not decode: {e}"
+        ))),
+    }
 }
 
 /// The body of a record (after its version byte) as `T`, every byte used.
@@ -77,8 +112,11 @@ pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
 pub const FORMAT_VERSION: u8 = 1;
 // (Each record carries this byte; the data-directory layout has its own number, `DIR_FORMAT`.)
 
-/// Largest record we will decode (a task with 10 000 messages fits well within it).
-const DECODE_LIMIT_BYTES: usize = 64 << 20;
+/// Largest record we will decode (a task with 10 000 messages fits well within it: each
+/// message is a record of its own). [`encode`] refuses a record past it, and the config caps
+/// `[limits] message_body_bytes_max` well below it (a task's only message is stored inside
+/// its spec: `config.rs`, `MESSAGE_BODY_BYTES_STORABLE`).
+pub const DECODE_LIMIT_BYTES: usize = 64 << 20;
 
 fn config() -> impl bincode::config::Config {
     bincode::config::standard().with_limit::<DECODE_LIMIT_BYTES>()
@@ -94,16 +132,17 @@ pub fn encode<T: Stored>(value: &T) -> Result<Vec<u8>, StoreError> {
     SCRATCH.with(|scratch| {
         let mut buf = scratch.borrow_mut();
         buf.clear();
-        match value.encode_older(&mut buf) {
-            Some(older) => older?,
-            None => encode_body(T::VERSION, &*value.to_disk(), &mut buf)?,
-        }
-        let out = buf.as_slice().to_vec();
-        // A huge record (a task of 10 000 messages) does not keep its buffer for good.
+        let written = match value.encode_older(&mut buf) {
+            Some(older) => older,
+            None => encode_body(T::VERSION, &*value.to_disk(), &mut buf),
+        };
+        let out = written.map(|()| buf.as_slice().to_vec());
+        // A huge record (a task of 10 000 messages, or one refused as too big) does not keep
+        // its buffer for good.
         if buf.capacity() > SCRATCH_KEEP {
             *buf = Vec::new();
         }
-        Ok(out)
+        out
     })
 }
 
@@ -198,6 +237,58 @@ mod tests {
         assert_eq!(decode::<Grown>("t", b"k", &new).unwrap(), want);
         assert!(decode::<Grown>("t", b"k", &[3, 7]).is_err());
         assert!(decode::<Grown>("t", b"k", &[old.clone(), vec![0]].concat()).is_err());
+    }
+
+    /// A value whose frozen type is a list of small integers: one byte each on disk, eight
+    /// each to the decoder's limit (bincode counts what decoding allocates).
+    #[derive(Debug, PartialEq)]
+    struct Counts(Vec<u64>);
+    impl Stored for Counts {
+        type Disk = Vec<u64>;
+        fn to_disk(&self) -> Cow<'_, Vec<u64>> {
+            Cow::Borrowed(&self.0)
+        }
+        fn from_disk(d: Vec<u64>) -> Counts {
+            Counts(d)
+        }
+    }
+
+    /// A record the decoder would refuse is refused when it is written: otherwise the write
+    /// is acknowledged and its key answers "corrupt" for good.
+    #[test]
+    fn a_record_too_big_to_read_back_is_refused_when_written() {
+        let message = |body_bytes: usize| crate::model::Message {
+            to: "r".into(),
+            body: "a".repeat(body_bytes),
+            data: None,
+            tz: None,
+        };
+        match encode(&message(DECODE_LIMIT_BYTES + 1)) {
+            Err(StoreError::Encode(e)) => assert!(e.contains("at most"), "{e}"),
+            other => panic!("expected an encode error, got {:?}", other.map(|b| b.len())),
+        }
+        // Just under the limit: written, and read back.
+        let fits = message(DECODE_LIMIT_BYTES - 1024);
+        let bytes = encode(&fits).unwrap();
+        let back: crate::model::Message = decode("messages", b"k", &bytes).unwrap();
+        assert_eq!(back, fits);
+        // Small on disk (9 MiB), too big to read (72 MiB counted): refused as well.
+        let dense = Counts(vec![0; 9 << 20]);
+        assert!(decode::<Counts>("t", b"k", &{
+            let mut b = vec![FORMAT_VERSION];
+            b.extend(bincode::serde::encode_to_vec(&dense.0, config()).unwrap());
+            b
+        })
+        .is_err());
+        assert!(matches!(encode(&dense), Err(StoreError::Encode(_))));
+        // Through an older version's body as well (`Stored::encode_older`).
+        let mut out = Vec::new();
+        assert!(matches!(
+            encode_body(1, &dense.0, &mut out),
+            Err(StoreError::Encode(_))
+        ));
+        // Dense but within the limit: written.
+        assert!(encode(&Counts(vec![0; 1 << 20])).is_ok());
     }
 
     #[test]

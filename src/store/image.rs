@@ -85,9 +85,17 @@ impl<'a> Values<'a> {
 
 impl Store {
     /// Every task id in id order (from the spec tree); a storage error ends the walk with it.
+    /// A key that is not UTF-8 (damage: ids are UTF-8) is an error naming it: taken lossily,
+    /// its task would read as deleted meanwhile and be left out of an export without a word.
     pub fn task_ids(&self) -> impl Iterator<Item = Result<String, StoreError>> + '_ {
-        bounded(self.backend.scan(TreeId::Specs, &[], None))
-            .map(|item| item.map(|(k, _)| String::from_utf8_lossy(&k).into_owned()))
+        bounded(self.backend.scan(TreeId::Specs, &[], None)).map(|item| {
+            let (k, _) = item?;
+            String::from_utf8(k).map_err(|e| StoreError::Corrupt {
+                tree: "specs".into(),
+                key: String::from_utf8_lossy(e.as_bytes()).into_owned(),
+                detail: "a task id that is not UTF-8".into(),
+            })
+        })
     }
 
     /// Every idempotency key with its record, in key order. Unreadable records are errors
@@ -302,6 +310,30 @@ fn decode_messages(
 mod tests {
     use crate::model::TimelineEvent;
     use crate::store::{Batch, Store, StoreError};
+
+    /// A spec key that is not UTF-8 (damage: herald writes ids of UTF-8 only) is an error
+    /// naming it, not a lossy id that then reads as "deleted meanwhile" and is left out of
+    /// an export without a word.
+    #[tokio::test]
+    async fn a_spec_key_that_is_not_utf8_is_corrupt_not_skipped() {
+        use crate::store::backend::{RawOp, TreeId};
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let (t, m) = crate::store::tests::task("t");
+        s.insert_new_task(&t, &m, None).await.unwrap();
+        let spec = s.backend.get(TreeId::Specs, b"t").unwrap().unwrap();
+        let put = RawOp::Put(TreeId::Specs, b"s\xffx".to_vec(), spec);
+        s.commit.write(vec![put], true).await.unwrap().unwrap();
+        let ids: Vec<_> = s.task_ids().collect();
+        match ids.as_slice() {
+            [Err(StoreError::Corrupt { tree, detail, .. }), Ok(t)] => {
+                assert_eq!(tree, "specs");
+                assert!(detail.contains("UTF-8"), "{detail}");
+                assert_eq!(t, "t");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     /// A message count that the stored messages do not back (damage on disk) is refused as
     /// corrupt before the read asks for a key per message it claims (four billion here).

@@ -1492,6 +1492,31 @@ fn push_messages(
     Ok(())
 }
 
+/// The data-directory format sled holds in `db` (`None`: none written yet), read with sled
+/// alone and creating nothing: the `meta` tree is opened only if it is there. Its first byte,
+/// as [`Store::open_with`] reads it.
+pub fn stored_format(db: &sled::Db) -> Result<Option<u8>, StoreError> {
+    if !db.tree_names().iter().any(|n| n.as_ref() == b"meta") {
+        return Ok(None);
+    }
+    let format = db.open_tree("meta")?.get("format")?;
+    Ok(format.and_then(|v| v.first().copied()))
+}
+
+/// Refuses a data directory of a format above this build's ([`StoreError::Version`]). Asked
+/// before anything in it changes (`embedded::SledInner::open`, before the log is read): the
+/// newer build that wrote it (met on a rollback) must find its log as it left it, not
+/// replayed, cut at a record this build cannot read, or followed by a new segment.
+pub fn refuse_newer(dir: &Path, format: Option<u8>) -> Result<(), StoreError> {
+    match format {
+        Some(found) if found > DIR_FORMAT => Err(StoreError::Version {
+            dir: dir.display().to_string(),
+            found,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Opens sled, turning a panic inside it (seen on a truncated data file) into an error and
 /// keeping its backtrace off the terminal.
 fn open_catching_panics(dir: &Path, cache_bytes: u64) -> Result<SledBackend, StoreError> {
@@ -1940,6 +1965,89 @@ pub(crate) mod tests {
         s.write(&b).await.unwrap();
         assert!(active(&s).is_empty());
         assert!(s.backend.scan(TreeId::Active, &[], None).next().is_none());
+    }
+
+    /// A create whose spec record could not be read back (its only message past the decoder's
+    /// limit) is refused at once, typed, with nothing stored: before, it was acknowledged and
+    /// the task then read as corrupt for good.
+    #[tokio::test]
+    async fn a_task_too_big_to_read_back_is_refused_and_nothing_is_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        let (mut t, _) = task("big");
+        t.message_count = 1;
+        let m = Message {
+            to: "a".into(),
+            body: "x".repeat(codec::DECODE_LIMIT_BYTES + 1),
+            data: None,
+            tz: None,
+        };
+        match s.insert_new_task(&t, std::slice::from_ref(&m), None).await {
+            Err(StoreError::Encode(e)) => assert!(e.contains("read back"), "{e}"),
+            other => panic!("{:?}", other.map(|_| "inserted")),
+        }
+        assert!(s.backend.get(TreeId::Specs, b"big").unwrap().is_none());
+        assert!(s.task_ids().next().is_none(), "nothing stored");
+        // The same id with a message that fits is created as usual.
+        let small = Message {
+            body: "x".into(),
+            ..m
+        };
+        assert!(matches!(
+            s.insert_new_task(&t, &[small], None).await.unwrap(),
+            Inserted::Created
+        ));
+        assert_eq!(s.task_image("big").unwrap().unwrap().messages.len(), 1);
+    }
+
+    /// A directory of a newer format (a newer build's, met on a rollback) is refused before
+    /// anything in it changes: its log is not replayed, cut or added to, so the build that
+    /// wrote it finds every one of its writes again.
+    #[test]
+    fn a_newer_format_is_refused_before_its_log_is_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = crate::store::legacy::tests::sled_open(dir.path());
+            crate::store::legacy::tests::set_format(&db, DIR_FORMAT + 1);
+            db.flush().unwrap();
+        }
+        // A synced record, then a torn append after it (which an open cuts off).
+        let write = wal::Write {
+            tree: TreeId::Specs,
+            key: b"k".to_vec(),
+            value: Some(b"v".to_vec()),
+        };
+        let mut bytes = Vec::new();
+        wal::encode_record(&[write], &mut bytes);
+        bytes.extend_from_within(..bytes.len() - 3);
+        std::fs::write(wal::segment_path(dir.path(), 5), &bytes).unwrap();
+        let log = || -> Vec<(String, Vec<u8>)> {
+            let mut files: Vec<_> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("wal-"))
+                .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap()))
+                .collect();
+            files.sort();
+            files
+        };
+        let before = log();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let e = loop {
+            match Store::open(dir.path()) {
+                Ok(_) => panic!("a newer format opened"),
+                Err(e) if format!("{e:?}").contains("could not acquire lock") => {
+                    assert!(std::time::Instant::now() < deadline, "sled's lock held");
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            matches!(e, StoreError::Version { found, .. } if found == DIR_FORMAT + 1),
+            "{e}"
+        );
+        assert!(log() == before, "the log is as it was");
     }
 
     #[test]

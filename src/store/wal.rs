@@ -31,7 +31,9 @@
 //!   means "not known to be applied", never "known not applied").
 //! - Decoding never panics: a bad length, checksum or tree is an error naming the file and the
 //!   byte offset; only a damaged *last* record of the newest segment is taken for a torn write
-//!   (power lost mid-append: it was never acknowledged) and cut off with a warning. "Last" means
+//!   (power lost mid-append: it was never acknowledged) and cut off with a warning, and only
+//!   when it is incomplete or fails its checksum: a whole record with a good checksum that
+//!   does not decode (a newer build's tree) was synced, so it is damage, never cut. "Last" means
 //!   no good record starts anywhere after it: appends are contiguous and each waits for the
 //!   sync of the one before (or for its cut, which moves the end back), so a good record after
 //!   a bad one proves the bad one was synced: damage, never a torn append. Whatever follows a
@@ -137,7 +139,8 @@ pub enum End {
     /// The last record is incomplete or fails its checksum and no good record follows it: a
     /// torn append. Cut the file at `at`.
     Torn { at: u64 },
-    /// A bad record with a good one somewhere after it: the log is damaged at `at`.
+    /// A bad record with a good one somewhere after it, or a record whose checksum is right
+    /// but that does not decode (another version's, or damage): the log is damaged at `at`.
     Damaged { at: u64, why: String },
 }
 
@@ -171,9 +174,26 @@ pub fn decode_segment(bytes: &[u8]) -> (Vec<Vec<Write>>, End) {
         if crc32fast::hash(payload) != crc {
             return (records, bad("checksum mismatch".into()));
         }
+        // Zeros before the end (a torn append whose first page never reached the disk) frame
+        // an empty payload, whose checksum is 0: no proof. Herald writes no empty record.
+        if payload.is_empty() {
+            return (records, bad("an empty record".into()));
+        }
+        // Its checksum is right, so the record is whole as it was written, and synced (a torn
+        // append matches its checksum only by a 1 in 2^32 accident): acknowledged. One that
+        // does not decode was written by another version (a newer build's tree or kind) or
+        // is damage; cut as torn, it would drop an acknowledged write without a word.
         match decode_payload(payload) {
             Ok(writes) => records.push(writes),
-            Err(why) => return (records, bad(why)),
+            Err(why) => {
+                return (
+                    records,
+                    End::Damaged {
+                        at: at as u64,
+                        why: format!("a record with a good checksum does not decode ({why}): written by another version of herald, or damaged"),
+                    },
+                )
+            }
         }
         at += 8 + len;
     }
@@ -576,7 +596,8 @@ mod tests {
     #[test]
     fn a_short_payload_with_a_good_checksum_is_refused_not_a_panic() {
         // Every prefix of a real payload, framed with its right length and checksum: the
-        // reader runs out of bytes inside a field and must say so.
+        // reader runs out of bytes inside a field and must say so (damage: the checksum says
+        // the record is whole as written, so it is no torn append).
         let (_, bytes, first_len) = two_records();
         let payload = &bytes[8..first_len];
         // (An empty one frames as eight zero bytes: the clean end of a log.)
@@ -587,8 +608,49 @@ mod tests {
             framed.extend_from_slice(p);
             let (got, end) = decode_segment(&framed);
             assert!(got.is_empty(), "cut at {cut}");
-            assert_eq!(end, End::Torn { at: 0 }, "cut at {cut}");
+            assert!(
+                matches!(&end, End::Damaged { at: 0, why } if why.contains("ends early")),
+                "cut at {cut}: {end:?}"
+            );
         }
+    }
+
+    /// A whole, correctly checksummed last record that does not decode (here: a tree this
+    /// build does not know, as a newer build may write) was synced, so acknowledged: a torn
+    /// append practically never has its checksum right. It is damage, refused, and the file
+    /// is not cut (a rollback to an older build must not drop a newer one's writes).
+    #[test]
+    fn a_checksummed_last_record_that_does_not_decode_is_damage_never_cut() {
+        let (recs, bytes, _) = two_records();
+        let mut p = 1u32.to_le_bytes().to_vec();
+        p.extend_from_slice(&[10, 1]); // tree 10, a put
+        p.extend_from_slice(&1u32.to_le_bytes());
+        p.push(b'k');
+        p.extend_from_slice(&1u32.to_le_bytes());
+        p.push(b'v');
+        let mut seg = bytes.clone();
+        seg.extend_from_slice(&(p.len() as u32).to_le_bytes());
+        seg.extend_from_slice(&crc32fast::hash(&p).to_le_bytes());
+        seg.extend_from_slice(&p);
+        seg.extend_from_slice(&[0; 64]);
+        let (got, end) = decode_segment(&seg);
+        assert_eq!(got, recs);
+        match &end {
+            End::Damaged { at, why } => {
+                assert_eq!(*at, bytes.len() as u64);
+                assert!(why.contains("unknown tree 10"), "{why}");
+                assert!(why.contains("another version"), "{why}");
+            }
+            other => panic!("expected damage, got {other:?}"),
+        }
+        // On disk, as the newest segment: refused, and its bytes left as they were.
+        let dir = tempfile::tempdir().unwrap();
+        let path = segment_path(dir.path(), 3);
+        std::fs::write(&path, &seg).unwrap();
+        let e = read_all(dir.path()).expect_err("refused").to_string();
+        assert!(e.contains("wal-0000000000000003.log"), "{e}");
+        assert!(e.contains("another version"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), seg, "the file is not cut");
     }
 
     #[test]

@@ -283,6 +283,8 @@ impl SledInner {
             .path(dir)
             .cache_capacity(cache_bytes)
             .open()?;
+        // A newer build's directory is refused before a tree is made or the log is read.
+        super::refuse_newer(dir, super::stored_format(&db)?)?;
         let opened = TreeId::ALL
             .iter()
             .map(|t| db.open_tree(t.name()))
@@ -364,12 +366,23 @@ impl SledInner {
     /// Written in the same flush as the layer that covers it: a segment at or before it that
     /// is still on disk (its delete failed) holds values older than sled's, and replaying it
     /// would bring them back over newer ones.
+    /// One of another length is damage, an error: read as none (0) it had every segment
+    /// still on disk replayed over the newer values sled holds.
     fn checkpoint(&self) -> Result<Option<u64>, StoreError> {
-        Ok(self
-            .db
-            .get(CHECKPOINT_KEY)?
-            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
-            .map(u64::from_be_bytes))
+        let Some(v) = self.db.get(CHECKPOINT_KEY)? else {
+            return Ok(None);
+        };
+        match <[u8; 8]>::try_from(v.as_ref()) {
+            Ok(b) => Ok(Some(u64::from_be_bytes(b))),
+            Err(_) => Err(StoreError::Corrupt {
+                tree: "sled's default tree".into(),
+                key: String::from_utf8_lossy(CHECKPOINT_KEY).into_owned(),
+                detail: format!(
+                    "the write-ahead log checkpoint holds {} bytes, not 8",
+                    v.len()
+                ),
+            }),
+        }
     }
 }
 

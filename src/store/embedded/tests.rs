@@ -770,3 +770,45 @@ async fn an_applier_failure_with_no_write_after_it_is_seen_and_heals_by_itself()
     );
     assert_eq!(store.commit_stats().failures.load(Ordering::Relaxed), 0);
 }
+
+/// `SledBackend::open`'s error, again while sled's directory lock is still held by a handle
+/// dropped just before (it lets go once its last background thread ends).
+fn open_error(dir: &std::path::Path) -> StoreError {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match SledBackend::open(dir, 8 << 20) {
+            Ok(_) => panic!("{} opened", dir.display()),
+            Err(e) if format!("{e:?}").contains("could not acquire lock") => {
+                assert!(Instant::now() < deadline, "sled's lock was never let go");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => return e,
+        }
+    }
+}
+
+/// A checkpoint that is not 8 bytes (damage) is an error naming it, not "no checkpoint":
+/// read as 0, every segment still on disk was replayed over the newer values sled holds.
+#[test]
+fn a_checkpoint_of_the_wrong_length_is_corrupt_not_none() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(SledBackend::open(dir.path(), 8 << 20).unwrap());
+    {
+        let db = crate::store::legacy::tests::sled_open(dir.path());
+        db.insert(CHECKPOINT_KEY, &[0, 0, 0, 7][..]).unwrap();
+        db.flush().unwrap();
+    }
+    let before = wal::segments(dir.path()).unwrap();
+    match open_error(dir.path()) {
+        StoreError::Corrupt { key, detail, .. } => {
+            assert!(key.contains("checkpoint"), "{key}");
+            assert!(detail.contains("4 bytes"), "{detail}");
+        }
+        other => panic!("{other}"),
+    }
+    assert_eq!(
+        wal::segments(dir.path()).unwrap(),
+        before,
+        "the log untouched"
+    );
+}
