@@ -1127,7 +1127,8 @@ pub fn pause(
 }
 
 /// Resume: runs go on at their cursor (not before now); fires due while paused count as missed
-/// (judged by the misfire policy at the next fire step). A run whose send is out right now
+/// (judged by the misfire policy in the fire step the resume runs right after this plan's
+/// write, `control.rs`). A run whose send is out right now
 /// (`sending`: pause kept it) is left to its settle: neither re-armed nor judged for expiry.
 pub fn resume(
     spec: &TaskSpec,

@@ -39,7 +39,7 @@ pub(crate) async fn failure_retry(
     // Read before the admission: an admitted send that stops on an error would keep its rate
     // slot and, as the breaker's probe, hold the channel half-open until the probe's lease ran
     // out.
-    let run_at = run_scheduled_at(inner, &f).await?;
+    let run_fire = run_fire(inner, &f).await?;
     let now = inner.clock.now_ms();
     if super::step::draining(inner) {
         // Still `retrying`: the next boot arms it again (`resume_failure_retries`).
@@ -47,14 +47,21 @@ pub(crate) async fn failure_retry(
     }
     let (spec, _) = task.split();
     let tz = msg.tz.clone();
-    if let Some(until) =
-        super::plan::quiet_until(&spec, tz.as_deref(), channel.quiet_hours.as_ref(), now)
-    {
+    // On a shard being handed over the send window below closes, and the new owner arms the
+    // retry again: a hold here would write its `held` event twice.
+    let quiet = super::plan::quiet_until(&spec, tz.as_deref(), channel.quiet_hours.as_ref(), now)
+        .filter(|_| !inner.releasing(&f.task_id));
+    if let Some(until) = quiet {
         drop(guard);
         quiet_hold(inner, failure_id, until).await;
         return Ok(());
     }
-    let mut delivery = render(&spec, &f, msg, run_at.unwrap_or(now), now);
+    // Due at its run's instant; in recipient time not before its own (`plan::recipient_due`).
+    let scheduled = run_fire.map_or(now, |fire| {
+        let own = super::plan::recipient_due(&spec, tz.as_deref(), fire);
+        own.map_or(fire.0, |own| own.max(fire.0))
+    });
+    let mut delivery = render(&spec, &f, msg, scheduled, now);
     let (probe, rate_tick) = match channel.admit(now) {
         Admission::Hold { until_ms, .. } => {
             inner.timer.at(key, until_ms);
@@ -349,21 +356,22 @@ async fn stopped(
     }))
 }
 
-/// When the failed message's run was scheduled (`None`: the run is gone), read off the
-/// workers when the store's reads can block (`offload.rs`).
-async fn run_scheduled_at(
+/// When the failed message's run was scheduled and its slot's wall (`None`: the run is gone),
+/// read off the workers when the store's reads can block (`offload.rs`).
+async fn run_fire(
     inner: &Arc<Inner>,
     f: &crate::model::Failure,
-) -> Result<Option<u64>, EngineError> {
+) -> Result<Option<(u64, Option<u64>)>, EngineError> {
     let (task_id, run) = (f.task_id.clone(), f.run);
     offload::read(inner, move |i| {
-        Ok(i.store.get_run(&task_id, run)?.map(|r| r.scheduled_at_ms))
+        let r = i.store.get_run(&task_id, run)?;
+        Ok(r.map(|r| (r.scheduled_at_ms, r.slot_wall_ms)))
     })
     .await
 }
 
-/// The attempt's delivery: the message rendered as its run's (scheduled at `scheduled`), with
-/// the next attempt number.
+/// The attempt's delivery: the message rendered as its run's (due at `scheduled`), with the
+/// next attempt number.
 fn render(
     spec: &crate::model::TaskSpec,
     f: &crate::model::Failure,

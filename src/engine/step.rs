@@ -182,8 +182,8 @@ async fn fire(inner: &Arc<Inner>, task: &Arc<str>) -> Result<(), EngineError> {
     }
 }
 
-/// The fire step on a task already locked (also `control.rs`'s backfill, which judges an
-/// overdue fire first).
+/// The fire step on a task already locked (also `control.rs`'s resume and backfill, which
+/// judge a fire already due at once).
 pub(super) async fn fire_locked(inner: &Arc<Inner>, l: &mut Locked) -> Result<(), EngineError> {
     let releasing = inner.releasing(&l.id);
     let st = l.st();

@@ -367,6 +367,16 @@ fn a_broadcast_is_checked_before_its_body_is_copied_per_recipient() {
     assert_eq!(e.field, "to");
     assert!(e.detail.contains("at most 10000 messages"), "{e}");
     assert_eq!(err(json!([]), "b").field, "to");
+    // Within both limits, but copied out past what one broadcast may hold: 10 000 recipients
+    // of a 64 KiB body are 640 MiB of messages (review finding: one store write, in one
+    // write-ahead log record, holding the commit thread for seconds).
+    let full = "x".repeat(64 * 1024);
+    let e = err(json!(vec!["r"; 10_000]), &full);
+    assert_eq!(e.field, "to");
+    assert!(e.detail.contains("several tasks"), "{e}");
+    // Right at the bound it goes through: 4 096 of 64 KiB are 256 MiB.
+    let ok = task(json!({"schedule": {"after": "1s"}, "to": vec!["r"; 4_096], "body": full}));
+    assert!(ok.is_ok(), "{:?}", ok.err());
 }
 
 #[test]

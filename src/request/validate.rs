@@ -237,8 +237,27 @@ fn check_broadcast(to: &[String], body: &str, limits: &Limits) -> Result<(), Fie
             format!("must be at most {} bytes", limits.message_body_bytes_max),
         ));
     }
+    let total = to.len().saturating_mul(body.len());
+    if total > BROADCAST_BYTES_MAX {
+        return Err(FieldError::new(
+            "to",
+            format!(
+                "{} recipients of a {}-byte body are {total} bytes of messages, more than a \
+                 broadcast may hold ({} MiB); send it as several tasks",
+                to.len(),
+                body.len(),
+                BROADCAST_BYTES_MAX >> 20
+            ),
+        ));
+    }
     Ok(())
 }
+
+/// Most bytes of messages a broadcast (`to` + `body`) may expand to: its body is copied once
+/// per recipient, in memory and into one store write, so a small request (10 000 recipients
+/// of a 64 KiB body is 640 MiB) would otherwise hold the commit thread for seconds and every
+/// write behind it. The `messages` form is bounded by the request body's own limit.
+pub const BROADCAST_BYTES_MAX: usize = 256 << 20;
 
 /// At least one message, at most `messages_max`.
 fn check_count(n: usize, field: &str, limits: &Limits) -> Result<(), FieldError> {

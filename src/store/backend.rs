@@ -118,6 +118,22 @@ pub enum RawOp {
     LoadedAt(String, u64),
 }
 
+impl RawOp {
+    /// About the bytes this write puts in a write-ahead log record (keys and values; the
+    /// writes that hold no data count their names): what bounds a group's size
+    /// (`commit.rs`).
+    pub fn bytes(&self) -> usize {
+        let opt = |v: &Option<Vec<u8>>| v.as_ref().map_or(0, Vec::len);
+        match self {
+            RawOp::Put(_, k, v) => k.len() + v.len(),
+            RawOp::Delete(_, k) | RawOp::Absent(_, k) => k.len(),
+            RawOp::Indexed(w) => w.key.len() + opt(&w.value),
+            RawOp::Born(s) | RawOp::LoadedAt(s, _) => s.len(),
+            RawOp::IdemOf(k, s) => k.len() + s.len(),
+        }
+    }
+}
+
 /// [`RawOp::IdemOf`]'s precondition on the key's current value: absent, or a record that
 /// names `task`. A record that does not decode names nobody (the job is refused).
 pub fn idem_names(current: Option<&[u8]>, task: &str) -> bool {

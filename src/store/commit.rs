@@ -44,6 +44,16 @@ pub const GROUP_MAX: usize = 4_096;
 /// of ~12 chunks, for a few more syncs. Herd of 100 000, alternating runs: last message at
 /// due + 542 and 616 ms against 688 and 698 ms unbounded.
 pub const GROUP_OPS_MAX: usize = 16_384;
+/// A group takes no more jobs once it holds this many bytes of writes, and a job may hold at
+/// most [`JOB_BYTES_MAX`]: a group is one write-ahead log record, whose lengths are 32-bit
+/// (`wal.rs`), so a group stays under 2 GiB + the last job's bytes < 4 GiB. Without the
+/// bounds a few huge creates queued together wrapped the record's length: acknowledged, then
+/// cut as a torn tail at the next start (review finding). Far above any group of the
+/// default limits (a create is at most `[limits] body_bytes_max`, 1 MiB by default).
+pub const GROUP_BYTES_MAX: usize = 1 << 30;
+/// Most bytes of writes one job may hold; more is refused before it is queued, for its
+/// writer alone (`StoreError::Encode`), not as a failing store.
+pub const JOB_BYTES_MAX: usize = 1 << 30;
 /// Least time between two attempts to reopen a failing backend.
 const RECOVER_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// How often the heal thread probes a failing store.
@@ -59,6 +69,8 @@ type Reply = oneshot::Sender<Result<Result<(), Rejected>, StoreError>>;
 
 struct Job {
     ops: Vec<RawOp>,
+    /// [`RawOp::bytes`] of `ops`.
+    bytes: usize,
     reply: Reply,
 }
 
@@ -235,6 +247,7 @@ impl GroupCommit {
     ) -> Result<Result<(), Rejected>, StoreError> {
         let stopped = || StoreError::Write("commit thread stopped".into());
         let tx = self.tx.as_ref().ok_or_else(stopped)?;
+        let bytes = job_bytes(&ops)?;
         if let Admit::After(d) = pace::admit(self.backend.active_bytes()) {
             self.stats.admit_delayed.fetch_add(1, Ordering::Relaxed);
             self.stats
@@ -250,7 +263,11 @@ impl GroupCommit {
             }
         }
         let (reply, rx) = oneshot::channel();
-        let job = Job { ops, reply };
+        let job = Job {
+            ops,
+            bytes,
+            reply,
+        };
         if wait {
             tx.send(job).await.map_err(|_| stopped())?;
         } else {
@@ -282,18 +299,33 @@ fn heal(queue: mpsc::WeakSender<Job>, health: Arc<Health>) {
             let (reply, _answer) = oneshot::channel();
             let _ = tx.try_send(Job {
                 ops: Vec::new(),
+                bytes: 0,
                 reply,
             });
         }
     }
 }
 
-/// Adds the jobs queued now to the group, within its bounds.
+/// The bytes of a job's writes, refused past [`JOB_BYTES_MAX`].
+fn job_bytes(ops: &[RawOp]) -> Result<usize, StoreError> {
+    let bytes: usize = ops.iter().map(RawOp::bytes).sum();
+    if bytes > JOB_BYTES_MAX {
+        return Err(StoreError::Encode(format!(
+            "a write of {bytes} bytes is more than one write may hold ({JOB_BYTES_MAX})"
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Adds the jobs queued now to the group, within its bounds (the group's bytes are counted
+/// from its jobs).
 fn take_queued(rx: &mut mpsc::Receiver<Job>, jobs: &mut Vec<Job>, ops: &mut usize) {
-    while jobs.len() < GROUP_MAX && *ops < GROUP_OPS_MAX {
+    let mut bytes: usize = jobs.iter().map(|j| j.bytes).sum();
+    while jobs.len() < GROUP_MAX && *ops < GROUP_OPS_MAX && bytes < GROUP_BYTES_MAX {
         match rx.try_recv() {
             Ok(j) => {
                 *ops += j.ops.len();
+                bytes += j.bytes;
                 jobs.push(j);
             }
             Err(_) => break,
@@ -393,6 +425,49 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
     use std::time::Duration;
+
+    /// A group stops taking jobs once it holds `GROUP_BYTES_MAX` bytes, so its log record's
+    /// 32-bit lengths never wrap (jobs of 600 MiB: two in a group, the third in the next);
+    /// a job above `JOB_BYTES_MAX` is refused before it is queued.
+    #[test]
+    fn a_group_is_bounded_by_its_bytes_and_a_job_by_its_own() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let job = |bytes| {
+            let (reply, _) = oneshot::channel();
+            Job {
+                ops: Vec::new(),
+                bytes,
+                reply,
+            }
+        };
+        for _ in 0..3 {
+            tx.try_send(job(600 << 20)).ok().unwrap();
+        }
+        let (mut jobs, mut ops) = (Vec::new(), 0);
+        take_queued(&mut rx, &mut jobs, &mut ops);
+        assert_eq!(jobs.len(), 2);
+        let (mut next, mut ops) = (Vec::new(), 0);
+        take_queued(&mut rx, &mut next, &mut ops);
+        assert_eq!(next.len(), 1);
+        let put = |n: usize| RawOp::Put(super::super::backend::TreeId::Specs, vec![0; 8], vec![0; n]);
+        assert_eq!(job_bytes(&[put(100), put(20)]).ok(), Some(136));
+        let big = RawOp::Indexed(Box::new(super::super::backend::IndexedWrite {
+            tree: super::super::backend::TreeId::Specs,
+            key: vec![0; 8],
+            value: Some(Vec::new()),
+            store: true,
+            index: super::super::backend::TreeId::Due,
+            entry: |_, _| None,
+            derived_from: super::super::backend::TreeId::Specs,
+            derive: |_, _| None,
+            stored_absent: false,
+            old: None,
+        }));
+        assert_eq!(job_bytes(&[big]).ok(), Some(8));
+        // Zeroed and never touched: the pages are not made.
+        let e = job_bytes(&[put(JOB_BYTES_MAX)]).err().unwrap();
+        assert!(matches!(e, StoreError::Encode(_)), "{e}");
+    }
 
     /// The commit thread's wait ends when the writer that completes its count rings, not at
     /// its deadline (a minute here: the test would take that long if the ring were lost);
