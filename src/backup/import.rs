@@ -1103,7 +1103,8 @@ mod tests {
             });
             body
         };
-        let cases: [(&dyn Fn(&mut Run), &str); 4] = [
+        type Edit<'a> = &'a dyn Fn(&mut Run);
+        let cases: [(Edit, &str); 4] = [
             (
                 &|r| r.cursor = 3,
                 "line 5: run.cursor: 3 is past the run's 2 messages",

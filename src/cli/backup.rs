@@ -6,7 +6,10 @@
 //! directory of an older format is refused rather than migrated. Import writes into a new or
 //! empty directory only, and removes what it wrote if the file is bad; an import stopped
 //! halfway (killed, a crash) leaves its mark (`backup/marker.rs`), which `herald serve`
-//! refuses: a failed import leaves nothing half-restored behind that herald would run.
+//! refuses: a failed import leaves nothing half-restored behind that herald would run. Each
+//! task is checked as a create would be (`backup/import.rs`), against the `[limits]` of the
+//! config `--config` names (the herald that will serve the data may raise them), herald's
+//! defaults without it; its channel is not: import reads no channels.
 //!
 //! On PostgreSQL (`--store-url`, password from `HERALD_STORE_PASSWORD` / `PGPASSWORD`) both
 //! read and write the database directly: export sees one snapshot per task, so it may run
