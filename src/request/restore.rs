@@ -24,7 +24,7 @@ use super::validate::{
 };
 use super::{Context, FieldError, NotifyRequest, PacingRequest, QuietHoursRequest, RetryRequest};
 
-/// A task's spec (not its messages: [`check_message`], [`check_zones`]) by the rules of a
+/// A task's spec (not its messages: [`restored_message`], [`check_zones`]) by the rules of a
 /// create; errors name the field as a create names it (`schedule.cron`, `pacing.interval`).
 pub fn check_task(task: &Task, limits: &Limits) -> Result<(), FieldError> {
     validate_name(task.name.as_deref(), limits)?;
@@ -32,6 +32,8 @@ pub fn check_task(task: &Task, limits: &Limits) -> Result<(), FieldError> {
     for (i, z) in task.recipient_zones.iter().enumerate() {
         parse_tz(z).map_err(|e| FieldError::new(format!("recipient_zones[{i}]"), e))?;
     }
+    // Read, not compared: an `after` counted from the create (a patch may have moved it), an
+    // instant resolved by this build's zone database.
     read_schedule(
         &schedule_request(&task.schedule),
         task.created_at_ms,
