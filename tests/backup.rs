@@ -226,6 +226,114 @@ fn a_cut_short_or_foreign_file_is_refused_and_leaves_nothing() {
     );
 }
 
+/// An export of task `t` (its lines changed by `edit`) between a header and its end line.
+fn export_of(edit: impl FnOnce(&mut Vec<herald::backup::Line>)) -> String {
+    let mut lines = task_lines("t");
+    edit(&mut lines);
+    let mut out = vec![header_line()];
+    out.extend(lines.iter().map(|l| serde_json::to_string(l).unwrap()));
+    let lines = out.len() as u64 + 1;
+    out.push(serde_json::to_string(&herald::backup::Line::End { tasks: 1, lines }).unwrap());
+    out.join("\n") + "\n"
+}
+
+/// The body of the one message of `export_of`'s task set to `body`.
+fn with_body(lines: &mut [herald::backup::Line], body: String) {
+    for l in lines {
+        if let herald::backup::Line::Message { message, .. } = l {
+            message.body = body.clone();
+        }
+    }
+}
+
+/// A task that breaks a rule of a create, or a file that is no export (`/dev/zero`: read only
+/// up to the longest line an export can hold, not into memory whole), is refused naming its
+/// line and field, and nothing is kept: a new directory is gone, an empty one left empty.
+#[test]
+fn an_invalid_task_or_an_endless_line_is_refused_and_leaves_nothing() {
+    use herald::backup::Line;
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let garbage_cron = export_of(|lines| {
+        if let Some(Line::Task { task }) = lines.first_mut() {
+            task.schedule = herald::model::Schedule::Cron {
+                cron: "garbage cron".into(),
+                tz: None,
+                dst: Default::default(),
+                start: None,
+                start_ms: None,
+                end: None,
+                end_ms: None,
+                max_runs: None,
+            };
+        }
+    });
+    let big_body = export_of(|lines| with_body(lines, "x".repeat(64 * 1024 + 1)));
+    let cases: [(&[&str], Option<&str>, &str); 3] = [
+        (&[], Some(&garbage_cron), "line 2: task.schedule.cron: "),
+        (
+            &[],
+            Some(&big_body),
+            "line 3: message.body: must be at most 65536 bytes",
+        ),
+        (
+            &["-f", "/dev/zero"],
+            None,
+            "line 1: longer than 4593664 bytes",
+        ),
+    ];
+    for (args, text, says) in cases {
+        for target in [dir.path().join("new"), empty.clone()] {
+            let mut all = vec!["import", "--data", data(&target)];
+            all.extend_from_slice(args);
+            let o = herald(&all, text.map(str::as_bytes));
+            let said = stderr(&o);
+            assert!(!o.status.success(), "{says}: imported: {said}");
+            assert!(said.contains(says), "{says}: {said}");
+            assert!(said.contains("nothing was kept"), "{said}");
+            if target == empty {
+                let left: Vec<_> = std::fs::read_dir(&target).unwrap().collect();
+                assert!(left.is_empty(), "{says}: left behind {left:?}");
+            } else {
+                assert!(
+                    !target.exists(),
+                    "{says}: a failed import left its directory"
+                );
+            }
+        }
+    }
+}
+
+/// The limits a task is checked against are those of the herald that will serve it: a body
+/// over the default limit is refused, and imports with `--config` naming a higher one.
+#[test]
+fn import_checks_against_the_limits_of_its_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = export_of(|lines| with_body(lines, "x".repeat(100_000)));
+    let target = dir.path().join("data");
+    let o = herald(&["import", "--data", data(&target)], Some(text.as_bytes()));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("line 3: message.body: must be at most 65536 bytes"),
+        "{}",
+        stderr(&o)
+    );
+    let config = write_config(dir.path(), "[limits]\nmessage_body_bytes_max = 200000\n");
+    let o = herald(
+        &[
+            "import",
+            "--data",
+            data(&target),
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        Some(text.as_bytes()),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("imported 1 tasks"), "{}", stderr(&o));
+}
+
 /// A pending one-shot task due in a year, with its one message.
 fn task_lines(id: &str) -> Vec<herald::backup::Line> {
     use herald::backup::Line;

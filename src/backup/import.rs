@@ -1,7 +1,12 @@
 //! Reading export lines into an empty store (see `mod.rs` for the format). Every line is
 //! checked against what came before it (a message or run belongs to the task just read,
 //! messages are numbered 0, 1, ..., the `end` line's counts match), and a file without its
-//! `end` line is refused: it was cut short.
+//! `end` line is refused: it was cut short. A task and its messages are checked by the rules
+//! of a create (`request/restore.rs`, with the limits of the herald that will serve them),
+//! and its progress, runs and failures against it: a file edited by hand or damaged is
+//! refused naming its line and field, never stored for the engine to trip over. A line is
+//! read only up to [`line_max`] bytes: a file that is no export (`/dev/zero`) is refused
+//! instead of read into memory whole.
 
 use std::io::BufRead;
 use std::path::Path;
@@ -10,12 +15,31 @@ use serde::Deserialize;
 
 use super::{unhex32, BackupError, Line, FORMAT, VERSION};
 use crate::model::timeline::TimelineEvent;
-use crate::model::{delivery_key, Failure, Message, Run, Task};
+use crate::model::{delivery_key, Failure, Limits, Message, Run, RunState, Task};
 use crate::store::{Batch, IdemRecord, Op, Store};
 
 /// Writes per batch (the messages of one task count as one op but are bounded by the task
 /// limit).
 const BATCH_OPS: usize = 1_000;
+
+/// Room on a line for everything but a message's body and recipient: the task line's
+/// metadata (64 entries of up to 1 152 bytes, escaped up to 6 times: ~440 KiB), name, zones
+/// and notify, a run, a timeline event's or failure's error text. A few MiB above the largest
+/// such line herald writes, so no real file comes near it.
+const LINE_SLACK_BYTES: u64 = 4 << 20;
+
+/// The longest line an export of a herald with `limits` can hold, newline not counted: a
+/// message line, its body (with its data) and recipient each JSON-escaped at most 6 bytes per
+/// byte (`\u001f`), plus [`LINE_SLACK_BYTES`]. 4.4 MiB with the default limits.
+pub fn line_max(limits: &Limits) -> u64 {
+    let message = limits
+        .message_body_bytes_max
+        .saturating_add(limits.recipient_bytes_max);
+    u64::try_from(message)
+        .unwrap_or(u64::MAX)
+        .saturating_mul(6)
+        .saturating_add(LINE_SLACK_BYTES)
+}
 
 /// What an import wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +76,10 @@ pub fn check_empty(dir: &Path) -> Result<(), BackupError> {
 /// The task whose messages and runs are being read.
 struct Current {
     id: String,
+    /// The task's line, which what is checked once its messages have come names.
+    line: u64,
+    /// The task as read (its schedule and zones are what its messages are checked against).
+    task: Box<Task>,
     message_count: u32,
     messages: Vec<Message>,
     /// Its fires so far: its runs are numbered 1 to this.
@@ -65,16 +93,26 @@ struct Current {
     created: TimelineEvent,
 }
 
-/// Reads an export from `r` into `store` (which should be empty; see [`check_empty`]).
-pub async fn import(store: &Store, mut r: impl BufRead) -> Result<Imported, BackupError> {
-    let mut st = Reading::default();
+/// Reads an export from `r` into `store` (which should be empty; see [`check_empty`]),
+/// checking its tasks against the default limits.
+pub async fn import(store: &Store, r: impl BufRead) -> Result<Imported, BackupError> {
+    import_with(store, r, &Limits::default()).await
+}
+
+/// [`import`], checking each task against `limits`: those of the herald that will serve it.
+pub async fn import_with(
+    store: &Store,
+    mut r: impl BufRead,
+    limits: &Limits,
+) -> Result<Imported, BackupError> {
+    let mut st = Reading {
+        limits: limits.clone(),
+        ..Reading::default()
+    };
+    let max = line_max(limits);
     let mut n = 0u64;
     let mut buf = Vec::new();
-    loop {
-        buf.clear();
-        if r.read_until(b'\n', &mut buf)? == 0 {
-            break;
-        }
+    while next_line(&mut r, &mut buf, n + 1, max)? {
         n += 1;
         let err = |detail: String| BackupError::Format { line: n, detail };
         let Some(line) = parse(&buf, n).map_err(err)? else {
@@ -87,7 +125,10 @@ pub async fn import(store: &Store, mut r: impl BufRead) -> Result<Imported, Back
             header(&line).map_err(err)?;
             continue;
         }
-        st.line(line, n).map_err(err)?;
+        st.line(line, n).map_err(|r| BackupError::Format {
+            line: r.line.unwrap_or(n),
+            detail: r.detail,
+        })?;
         if st.ops >= BATCH_OPS {
             store.write(&st.batch).await?;
             st.batch = Batch::new();
@@ -106,6 +147,30 @@ pub async fn import(store: &Store, mut r: impl BufRead) -> Result<Imported, Back
         lines: n,
         keys_left_out: st.keys_left_out,
     })
+}
+
+/// Reads line `n` into `buf` (with its newline), at most `max` bytes before the newline:
+/// `false` at the end of the file.
+fn next_line(
+    r: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    n: u64,
+    max: u64,
+) -> Result<bool, BackupError> {
+    buf.clear();
+    // One byte past the longest line, for its newline: a line that fills it without one is
+    // longer, and is not read on.
+    let read = std::io::Read::take(&mut *r, max.saturating_add(1)).read_until(b'\n', buf)?;
+    if u64::try_from(read).unwrap_or(u64::MAX) > max && !buf.ends_with(b"\n") {
+        return Err(BackupError::Format {
+            line: n,
+            detail: format!(
+                "longer than {max} bytes, the longest line an export can hold with these limits \
+                 (6 x (limits.message_body_bytes_max + a recipient) + 4 MiB): not an export line"
+            ),
+        });
+    }
+    Ok(read > 0)
 }
 
 /// Line `n` as read (with its newline): `None` if blank (never the first, the header). A
@@ -184,16 +249,43 @@ enum Part {
     Idempotency,
 }
 
+/// A line refused: what is wrong, and the line to name when it is not the one being read
+/// (what is checked once a task's messages have come names the task's line).
+struct Refusal {
+    line: Option<u64>,
+    detail: String,
+}
+
+impl From<String> for Refusal {
+    fn from(detail: String) -> Refusal {
+        Refusal { line: None, detail }
+    }
+}
+
+/// A task of the file, as its failure-list entries and idempotency keys are checked against it.
+struct Held {
+    id: Box<str>,
+    fires: u32,
+    /// The most messages a run of it in the file had: its message count, or a run's total
+    /// (its messages may have been changed since that run).
+    messages: u32,
+    /// Its first run in the file; runs before it were trimmed from its history, their totals
+    /// unknown.
+    first_run: Option<u32>,
+}
+
 /// An import under way: the batch being filled and what the order checks need.
 #[derive(Default)]
 struct Reading {
     batch: Batch,
     /// Writes in `batch` (it is written at [`BATCH_OPS`]).
     ops: usize,
+    /// What each task is checked against.
+    limits: Limits,
     current: Option<Current>,
-    /// Every task read, in id order (so the last is the greatest), with its fires: what the
-    /// failure and idempotency lines are checked against.
-    ids: Vec<(Box<str>, u32)>,
+    /// Every task read, in id order (so the last is the greatest): what the failure and
+    /// idempotency lines are checked against.
+    ids: Vec<Held>,
     part: Part,
     last_failure: Option<String>,
     last_key: Option<String>,
@@ -204,16 +296,16 @@ struct Reading {
 
 impl Reading {
     /// One line after the header (`n`: its number, which the end line counts).
-    fn line(&mut self, line: Line, n: u64) -> Result<(), String> {
+    fn line(&mut self, line: Line, n: u64) -> Result<(), Refusal> {
         match line {
-            Line::Header { .. } => Err("a second header".into()),
-            Line::Task { task } => self.task(task),
+            Line::Header { .. } => Err(String::from("a second header").into()),
+            Line::Task { task } => self.task(task, n),
             Line::Message {
                 task_id,
                 seq,
                 message,
-            } => self.message(task_id, seq, message),
-            Line::Run { task_id, run } => self.run(task_id, run),
+            } => Ok(self.message(task_id, seq, message)?),
+            Line::Run { task_id, run } => Ok(self.run(task_id, run)?),
             Line::Timeline {
                 task_id,
                 seq,
@@ -233,37 +325,38 @@ impl Reading {
                     attempt,
                     detail,
                 };
-                self.timeline(task_id, e)
+                Ok(self.timeline(task_id, e)?)
             }
             Line::Failure { failure } => self.failure(failure),
             Line::Idempotency {
                 key,
                 task_id,
                 body_sha256,
-            } => self.idempotency(key, task_id, body_sha256),
+            } => Ok(self.idempotency(key, task_id, body_sha256)?),
             Line::End { tasks, lines } => self.end(tasks, lines, n),
         }
     }
 
     /// The end line: its counts must be the file's.
-    fn end(&mut self, tasks: u64, lines: u64, n: u64) -> Result<(), String> {
+    fn end(&mut self, tasks: u64, lines: u64, n: u64) -> Result<(), Refusal> {
         self.finish()?;
         if tasks != self.tasks || lines != n {
             return Err(format!(
                 "the end line counts {tasks} tasks in {lines} lines, the file has {} in {n}",
                 self.tasks
-            ));
+            )
+            .into());
         }
         self.ended = true;
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<(), String> {
+    fn finish(&mut self) -> Result<(), Refusal> {
         finish(&mut self.current, &mut self.batch, &mut self.ops)
     }
 
     /// Moves on to `part` (ending the last task): never back to an earlier one.
-    fn enter(&mut self, part: Part, what: &str) -> Result<(), String> {
+    fn enter(&mut self, part: Part, what: &str) -> Result<(), Refusal> {
         self.finish()?;
         if part < self.part {
             return Err(format!(
@@ -273,16 +366,17 @@ impl Reading {
                     Part::Failures => "failure list",
                     Part::Idempotency => "idempotency keys",
                 }
-            ));
+            )
+            .into());
         }
         self.part = part;
         Ok(())
     }
 
-    /// The fires of task `id` if the file holds it.
-    fn fires_of(&self, id: &str) -> Option<u32> {
-        let i = self.ids.binary_search_by(|(t, _)| (**t).cmp(id)).ok()?;
-        self.ids.get(i).map(|(_, fires)| *fires)
+    /// Task `id` if the file holds it.
+    fn held(&self, id: &str) -> Option<&Held> {
+        let i = self.ids.binary_search_by(|h| (*h.id).cmp(id)).ok()?;
+        self.ids.get(i)
     }
 
     /// A run of the current task: numbered 1 to its fires, in order, each once (a repeated
@@ -305,7 +399,12 @@ impl Reading {
                 "run {n} of task {task_id:?} is out of order (or repeated)"
             ));
         }
+        check_run(&run, c.message_count, &self.limits).map_err(|e| format!("run.{e}"))?;
         c.last_run = Some(n);
+        if let Some(h) = self.ids.last_mut() {
+            h.messages = h.messages.max(run.total);
+            h.first_run.get_or_insert(n);
+        }
         self.batch.run(&task_id, &run);
         self.ops += 1;
         Ok(())
@@ -313,36 +412,47 @@ impl Reading {
 
     /// A failure-list entry: of a task in the file and a run it had, its id the delivery's
     /// key, in id order, each once.
-    fn failure(&mut self, f: Failure) -> Result<(), String> {
+    fn failure(&mut self, f: Failure) -> Result<(), Refusal> {
         self.enter(Part::Failures, "a failure-list entry")?;
         let want = delivery_key(&f.task_id, f.run, f.seq);
         if f.id != want {
-            return Err(format!(
-                "failure {:?}: its id must be {want:?} (task:run:seq)",
-                f.id
-            ));
+            return Err(
+                format!("failure {:?}: its id must be {want:?} (task:run:seq)", f.id).into(),
+            );
         }
         if self
             .last_failure
             .as_deref()
             .is_some_and(|l| l >= f.id.as_str())
         {
-            return Err(format!(
-                "failure {:?} is out of id order (or repeated)",
-                f.id
-            ));
+            return Err(format!("failure {:?} is out of id order (or repeated)", f.id).into());
         }
-        let fires = self.fires_of(&f.task_id).ok_or_else(|| {
+        let held = self.held(&f.task_id).ok_or_else(|| {
             format!(
                 "failure {:?} is of task {:?}, which the file does not hold",
                 f.id, f.task_id
             )
         })?;
+        let fires = held.fires;
         if f.run == 0 || f.run > fires {
             return Err(format!(
                 "failure {:?}: task {:?} has fired {fires} times (runs 1 to {fires})",
                 f.id, f.task_id
-            ));
+            )
+            .into());
+        }
+        // A run trimmed from the history may have had more messages than any left: bounded
+        // then only by the limit.
+        let messages = match held.first_run {
+            Some(first) if f.run >= first => held.messages,
+            _ => u32::try_from(self.limits.messages_max).unwrap_or(u32::MAX),
+        };
+        if f.seq >= messages {
+            return Err(format!(
+                "failure.seq: message {} of run {}, whose task's runs have at most {messages} messages",
+                f.seq, f.run
+            )
+            .into());
         }
         self.last_failure = Some(f.id.clone());
         self.batch.failure(f);
@@ -352,17 +462,15 @@ impl Reading {
 
     /// An idempotency key, in key order, each once. A key of a task the file does not hold is
     /// left out: its task was deleted and the key not yet swept (the sweep removes it).
-    fn idempotency(&mut self, key: String, task_id: String, sha: String) -> Result<(), String> {
+    fn idempotency(&mut self, key: String, task_id: String, sha: String) -> Result<(), Refusal> {
         self.enter(Part::Idempotency, "an idempotency key")?;
         if self.last_key.as_deref().is_some_and(|l| l >= key.as_str()) {
-            return Err(format!(
-                "idempotency key {key:?} is out of order (or repeated)"
-            ));
+            return Err(format!("idempotency key {key:?} is out of order (or repeated)").into());
         }
         let hash =
             unhex32(&sha).ok_or_else(|| "body_sha256: expected 64 hex digits".to_string())?;
         self.last_key = Some(key.clone());
-        if self.fires_of(&task_id).is_none() {
+        if self.held(&task_id).is_none() {
             self.keys_left_out += 1;
             return Ok(());
         }
@@ -377,33 +485,42 @@ impl Reading {
         Ok(())
     }
 
-    /// A task: in id order, after the previous task's messages.
-    fn task(&mut self, task: Box<Task>) -> Result<(), String> {
+    /// A task (line `n`): in id order, after the previous task's messages, by the rules of a
+    /// create, its runs no more than its fires.
+    fn task(&mut self, task: Box<Task>, n: u64) -> Result<(), Refusal> {
         self.enter(Part::Tasks, "a task")?;
         crate::model::check_id(&task.id).map_err(|e| format!("task.id: {e}"))?;
-        if self
-            .ids
-            .last()
-            .is_some_and(|(l, _)| **l >= *task.id.as_str())
-        {
-            return Err(format!(
-                "task {:?} is out of id order (or repeated)",
-                task.id
-            ));
+        if self.ids.last().is_some_and(|l| *l.id >= *task.id.as_str()) {
+            return Err(format!("task {:?} is out of id order (or repeated)", task.id).into());
         }
-        self.ids.push((task.id.as_str().into(), task.fires));
+        crate::request::check_task(&task, &self.limits).map_err(|e| format!("task.{e}"))?;
+        if task.runs > task.fires {
+            return Err(format!(
+                "task.runs: {} runs started, more than the task's {} fires",
+                task.runs, task.fires
+            )
+            .into());
+        }
+        self.ids.push(Held {
+            id: task.id.as_str().into(),
+            fires: task.fires,
+            messages: task.message_count,
+            first_run: None,
+        });
         self.tasks += 1;
+        self.batch.task(&task);
+        self.ops += 1;
         self.current = Some(Current {
             id: task.id.clone(),
+            line: n,
             message_count: task.message_count,
             messages: Vec::new(),
             fires: task.fires,
             last_run: None,
             last_seq: None,
             created: TimelineEvent::created(&task),
+            task,
         });
-        self.batch.task(&task);
-        self.ops += 1;
         Ok(())
     }
 
@@ -421,6 +538,8 @@ impl Reading {
                 c.message_count
             ));
         }
+        crate::request::restored_message(&message, &self.limits)
+            .map_err(|e| format!("message.{e}"))?;
         c.messages.push(message);
         Ok(())
     }
@@ -457,25 +576,67 @@ impl Reading {
     }
 }
 
-/// Ends the current task: all its messages must have come.
-fn finish(current: &mut Option<Current>, batch: &mut Batch, ops: &mut usize) -> Result<(), String> {
-    let Some(c) = current.take() else {
+/// Ends the current task: all its messages must have come, in its zones. What is wrong names
+/// the task's line.
+fn finish(
+    current: &mut Option<Current>,
+    batch: &mut Batch,
+    ops: &mut usize,
+) -> Result<(), Refusal> {
+    let Some(mut c) = current.take() else {
         return Ok(());
     };
+    let refused = |detail: String| Refusal {
+        line: Some(c.line),
+        detail,
+    };
     if c.messages.len() != c.message_count as usize {
-        return Err(format!(
-            "task {:?} has {} messages, the export holds {}",
+        return Err(refused(format!(
+            "task.message_count: task {:?} has {} messages, the export holds {}",
             c.id,
             c.message_count,
             c.messages.len()
-        ));
+        )));
     }
+    crate::request::check_zones(&c.task, &mut c.messages)
+        .map_err(|e| refused(format!("task.{e}")))?;
     *ops += c.messages.len();
     batch.ops.push(Op::Messages {
         task_id: c.id,
         old_count: 0,
         messages: c.messages,
     });
+    Ok(())
+}
+
+/// A run by the cursor's rules (`model/run.rs`): its cursor within its messages, the message
+/// in flight the one at the cursor; a running run has the task's messages (they cannot change
+/// while it goes), a finished one at most the limit. Errors name the run's field.
+fn check_run(run: &Run, message_count: u32, limits: &Limits) -> Result<(), String> {
+    let total = run.total;
+    if run.cursor > total {
+        return Err(format!(
+            "cursor: {} is past the run's {total} messages",
+            run.cursor
+        ));
+    }
+    if let Some(seq) = run.in_flight.filter(|s| *s != run.cursor || *s >= total) {
+        return Err(format!(
+            "in_flight: message {seq}, but the cursor is at {} of {total}",
+            run.cursor
+        ));
+    }
+    if run.state == RunState::Running && total != message_count {
+        return Err(format!(
+            "total: a running run of {total} messages, its task has {message_count}"
+        ));
+    }
+    if usize::try_from(total).unwrap_or(usize::MAX) > limits.messages_max {
+        return Err(format!(
+            "total: at most {} messages per task, got {total}",
+            limits.messages_max
+        ));
+    }
     Ok(())
 }
 
@@ -684,6 +845,355 @@ mod tests {
             e.contains("line 6: a task after the idempotency keys: out of order"),
             "{e}"
         );
+    }
+
+    /// `body` with its first line's task changed by `edit`.
+    fn with_task(mut body: Vec<Line>, edit: impl FnOnce(&mut Task)) -> Vec<Line> {
+        match body.first_mut() {
+            Some(Line::Task { task }) => edit(task),
+            _ => panic!("the first line is a task"),
+        }
+        body
+    }
+
+    /// `body` with message `seq` of its first task changed by `edit`.
+    fn with_message(mut body: Vec<Line>, seq: u32, edit: impl FnOnce(&mut Message)) -> Vec<Line> {
+        for l in &mut body {
+            if let Line::Message {
+                seq: s, message, ..
+            } = l
+            {
+                if *s == seq {
+                    edit(message);
+                    return body;
+                }
+            }
+        }
+        panic!("no message {seq}");
+    }
+
+    fn cron(expr: &str, tz: Option<&str>) -> crate::model::Schedule {
+        crate::model::Schedule::Cron {
+            cron: expr.into(),
+            tz: tz.map(Into::into),
+            dst: Default::default(),
+            start: None,
+            start_ms: None,
+            end: None,
+            end_ms: None,
+            max_runs: None,
+        }
+    }
+
+    /// Every case imported before the checks of a create (the garbage cron and the body over
+    /// the limit as seen); each is refused naming its line and field.
+    #[tokio::test]
+    async fn a_task_is_checked_by_the_rules_of_a_create() {
+        use crate::model::{Notify, NotifyOn, QuietHours, QuietSetting, RetryPolicy, Schedule};
+        type Edit = Box<dyn FnOnce(&mut Task)>;
+        // Line 2 is task a.
+        let cases: Vec<(Edit, &str)> = vec![
+            (
+                Box::new(|t| t.schedule = cron("garbage cron", None)),
+                "line 2: task.schedule.cron: ",
+            ),
+            (
+                Box::new(|t| t.schedule = cron("0 9 * * *", Some("Mars/Olympus"))),
+                "line 2: task.schedule.tz: ",
+            ),
+            (
+                Box::new(|t| {
+                    t.schedule = Schedule::At {
+                        at: "tomorrow".into(),
+                        tz: None,
+                        dst: Default::default(),
+                        at_ms: NOW,
+                    }
+                }),
+                "line 2: task.schedule.at: ",
+            ),
+            (
+                Box::new(|t| {
+                    t.schedule = Schedule::Reminders {
+                        event_at: "2027-01-15T08:00:00Z".into(),
+                        tz: None,
+                        dst: Default::default(),
+                        event_ms: NOW,
+                        before: vec!["15m".into(), "15m".into()],
+                        before_ms: vec![900_000, 900_000],
+                    }
+                }),
+                "line 2: task.schedule.reminders.before[1]: appears twice",
+            ),
+            (
+                Box::new(|t| t.message_count = 10_001),
+                "line 2: task.message_count: at most 10000 messages per task, got 10001",
+            ),
+            (
+                Box::new(|t| t.message_count = 0),
+                "line 2: task.message_count: must not be empty",
+            ),
+            (
+                Box::new(|t| t.name = Some("n".repeat(1025))),
+                "line 2: task.name: must be at most 1024 bytes",
+            ),
+            (
+                Box::new(|t| t.pacing.interval_ms = 8 * 86_400_000),
+                "line 2: task.pacing.interval: ",
+            ),
+            (
+                Box::new(|t| t.pacing.batch_pause_ms = 1_000),
+                "line 2: task.pacing.batch_pause: needs pacing.batch_size",
+            ),
+            (
+                Box::new(|t| {
+                    t.retry = Some(RetryPolicy {
+                        max_attempts: 0,
+                        ..RetryPolicy::default()
+                    })
+                }),
+                "line 2: task.retry.max_attempts: ",
+            ),
+            (
+                Box::new(|t| {
+                    t.metadata.insert("k".into(), "v".repeat(1025));
+                }),
+                "line 2: task.metadata.k: ",
+            ),
+            (
+                Box::new(|t| {
+                    t.quiet_hours = QuietSetting::Own(QuietHours {
+                        from_min: 22 * 60,
+                        to_min: 22 * 60,
+                        tz: "Europe/Paris".into(),
+                    })
+                }),
+                "line 2: task.quiet_hours.to: must differ from from",
+            ),
+            (
+                Box::new(|t| {
+                    t.notify = Some(Notify {
+                        channel: "log".into(),
+                        to: String::new(),
+                        on: vec![NotifyOn::Failed],
+                    })
+                }),
+                "line 2: task.notify.to: must not be empty",
+            ),
+            (
+                Box::new(|t| t.recipient_zones = vec!["Nowhere/City".into()]),
+                "line 2: task.recipient_zones[0]: ",
+            ),
+            // Checked once its messages have come, naming the task's line: a zone none of
+            // its messages has (and a schedule not in recipient time).
+            (
+                Box::new(|t| t.recipient_zones = vec!["Europe/Paris".into()]),
+                "line 2: task.recipient_zones: lists 1 zones, its messages have 0 (first difference: \"Europe/Paris\")",
+            ),
+            (
+                Box::new(|t| {
+                    t.runs = 3;
+                    t.fires = 2;
+                }),
+                "line 2: task.runs: 3 runs started, more than the task's 2 fires",
+            ),
+        ];
+        for (edit, says) in cases {
+            let e = refusal(&file(with_task(task("a", 0), edit))).await;
+            assert!(e.contains(says), "{says}: {e}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_message_is_checked_by_the_rules_of_a_create_naming_its_line() {
+        type Edit = Box<dyn FnOnce(&mut Message)>;
+        // Lines: 2 task a, 3-4 its messages.
+        let cases: Vec<(u32, Edit, &str)> = vec![
+            (
+                1,
+                Box::new(|m| m.body = "x".repeat(64 * 1024 + 1)),
+                "line 4: message.body: must be at most 65536 bytes",
+            ),
+            (
+                1,
+                Box::new(|m| {
+                    m.body = "x".repeat(60 * 1024);
+                    m.data = Some(format!("{{\"k\":\"{}\"}}", "d".repeat(8 * 1024)));
+                }),
+                "line 4: message.data: body and data together must be at most 65536 bytes",
+            ),
+            (
+                0,
+                Box::new(|m| m.to.clear()),
+                "line 3: message.to: must not be empty",
+            ),
+            (
+                0,
+                Box::new(|m| m.data = Some("[1]".into())),
+                "line 3: message.data: must be a JSON object",
+            ),
+            (
+                0,
+                Box::new(|m| m.tz = Some("Nowhere/City".into())),
+                "line 3: message.tz: ",
+            ),
+        ];
+        for (seq, edit, says) in cases {
+            let e = refusal(&file(with_message(task("a", 0), seq, edit))).await;
+            assert!(e.contains(says), "{says}: {e}");
+        }
+        // Fewer message lines than the task says: named at the task's line.
+        let mut body = task("a", 0);
+        body.pop();
+        body.extend(task("b", 0));
+        let e = refusal(&file(body)).await;
+        assert!(
+            e.contains("line 2: task.message_count: task \"a\" has 2 messages, the export holds 1"),
+            "{e}"
+        );
+    }
+
+    /// A task in recipient time whose messages have their zones imports; one message without
+    /// its zone is refused, as a create refuses it.
+    #[tokio::test]
+    async fn recipient_time_needs_each_message_in_a_zone_of_the_task() {
+        let t = crate::request::test_task(
+            json!({"id": "r", "channel": "log",
+                "schedule": {"cron": "0 9 * * *", "tz": "recipient"},
+                "messages": [{"to": "a", "body": "x", "tz": "Europe/Paris"},
+                             {"to": "b", "body": "x", "tz": "Asia/Tokyo"}]}),
+            NOW,
+        );
+        let message = |seq: u32, tz: Option<&str>| Line::Message {
+            task_id: "r".into(),
+            seq,
+            message: Message {
+                to: "a".into(),
+                body: "x".into(),
+                data: None,
+                tz: tz.map(Into::into),
+            },
+        };
+        let lines = |second: Option<&str>| {
+            vec![
+                Line::Task {
+                    task: Box::new(t.clone()),
+                },
+                message(0, Some("Europe/Paris")),
+                message(1, second),
+            ]
+        };
+        import_text(&file(lines(Some("Asia/Tokyo")))).await.unwrap();
+        let e = refusal(&file(lines(None))).await;
+        assert!(e.contains("line 2: task.messages[1].tz: required"), "{e}");
+        let e = refusal(&file(lines(Some("America/Lima")))).await;
+        assert!(e.contains("line 2: task.recipient_zones: "), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_run_and_a_failure_are_checked_against_their_task() {
+        // Lines: 2 task a (2 messages, fired once), 3-4 its messages, 5 its run.
+        let run_with = |edit: &dyn Fn(&mut Run)| {
+            let mut r = Run::new(1, NOW, NOW, 2);
+            edit(&mut r);
+            let mut body = task("a", 1);
+            body.push(Line::Run {
+                task_id: "a".into(),
+                run: r,
+            });
+            body
+        };
+        type Edit<'a> = &'a dyn Fn(&mut Run);
+        let cases: [(Edit, &str); 4] = [
+            (
+                &|r| r.cursor = 3,
+                "line 5: run.cursor: 3 is past the run's 2 messages",
+            ),
+            (
+                &|r| r.in_flight = Some(1),
+                "line 5: run.in_flight: message 1, but the cursor is at 0 of 2",
+            ),
+            (
+                &|r| r.total = 3,
+                "line 5: run.total: a running run of 3 messages, its task has 2",
+            ),
+            (
+                &|r| {
+                    r.state = crate::model::RunState::Completed;
+                    r.total = 10_001;
+                },
+                "line 5: run.total: at most 10000 messages per task, got 10001",
+            ),
+        ];
+        for (edit, says) in cases {
+            let e = refusal(&file(run_with(edit))).await;
+            assert!(e.contains(says), "{says}: {e}");
+        }
+        // A finished run of more messages than the task has now (they changed since) imports,
+        // and its failures may name them.
+        let mut body = run_with(&|r| {
+            r.state = crate::model::RunState::Completed;
+            r.total = 5;
+        });
+        body.push(fail("a", 1, 4));
+        import_text(&file(body)).await.unwrap();
+        // Line 6: the failure.
+        let mut body = run_with(&|_| {});
+        body.push(fail("a", 1, 2));
+        let e = refusal(&file(body)).await;
+        assert!(
+            e.contains("line 6: failure.seq: message 2 of run 1, whose task's runs have at most 2 messages"),
+            "{e}"
+        );
+        // A run trimmed from the history: bounded by the limit only. Line 5: the failure.
+        let mut body = task("a", 1);
+        body.push(fail("a", 1, 10_000));
+        let e = refusal(&file(body)).await;
+        assert!(
+            e.contains("line 5: failure.seq: message 10000 of run 1"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_line_is_read_only_up_to_the_longest_an_export_can_hold() {
+        let max = line_max(&crate::model::Limits::default());
+        assert_eq!(max, 6 * (65_536 + 1_024) + (4 << 20));
+        let max = usize::try_from(max).unwrap();
+        // Zeros without end (bounded here, /dev/zero in tests/backup.rs): refused at the cap,
+        // not read whole.
+        let zeros = std::io::Read::take(std::io::repeat(0), 64 << 20);
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let e = import(&store, std::io::BufReader::new(zeros))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("line 1: longer than {max} bytes")),
+            "{e}"
+        );
+        // A long third line; one of exactly the longest length is read (and is no JSON).
+        for (len, long) in [(max + 1, true), (max, false)] {
+            let mut bad = file(good());
+            // Where line 3 starts: after the second newline.
+            let at = bad
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| **b == b'\n')
+                .nth(1)
+                .unwrap()
+                .0
+                + 1;
+            let mut line = vec![b'x'; len];
+            line.push(b'\n');
+            bad.splice(at..at, line);
+            let e = refusal(&bad).await;
+            assert_eq!(e.contains("line 3: longer than"), long, "{len}: {e}");
+            if !long {
+                assert!(e.contains("line 3: not an export line"), "{e}");
+            }
+        }
     }
 
     #[tokio::test]

@@ -16,6 +16,8 @@
 //! A field the reader does not know is refused, naming its line and path (a newer herald's
 //! setting would otherwise be lost); a field missing is given its default (files from older
 //! herald versions). `VERSION` moves only when a reader of the old version would misread a file.
+//! A task, its messages, runs and failures are checked as a create and the engine would have
+//! them (`import.rs`): a file edited by hand or damaged is refused, naming its line and field.
 //!
 //! `export.rs` reads a [`crate::store::Store`] (each task as one consistent image, so it may
 //! run while herald writes: `GET /v1/export` streams it); `import.rs` writes one through the

@@ -6,7 +6,10 @@
 //! directory of an older format is refused rather than migrated. Import writes into a new or
 //! empty directory only, and removes what it wrote if the file is bad; an import stopped
 //! halfway (killed, a crash) leaves its mark (`backup/marker.rs`), which `herald serve`
-//! refuses: a failed import leaves nothing half-restored behind that herald would run.
+//! refuses: a failed import leaves nothing half-restored behind that herald would run. Each
+//! task is checked as a create would be (`backup/import.rs`), against the `[limits]` of the
+//! config `--config` names (the herald that will serve the data may raise them), herald's
+//! defaults without it; its channel is not: import reads no channels.
 //!
 //! On PostgreSQL (`--store-url`, password from `HERALD_STORE_PASSWORD` / `PGPASSWORD`) both
 //! read and write the database directly: export sees one snapshot per task, so it may run
@@ -24,6 +27,7 @@ use http_body_util::BodyExt;
 use super::client::{CliError, Client};
 use super::output;
 use crate::backup::{export, import, marker, BackupError};
+use crate::model::Limits;
 use crate::store::pg::{PgBackend, PgOptions};
 use crate::store::{Store, StoreError, StoreOptions, DIR_FORMAT, DIR_FORMAT_READ_AS_IS};
 
@@ -61,6 +65,11 @@ pub struct ImportArgs {
     /// The export file (default: standard input).
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
+    /// The config file of the herald that will serve the data (with the HERALD_* variables,
+    /// as `herald serve` reads it): its [limits] are what each task is checked against, as a
+    /// create there would be. Without it, herald's default limits.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
 }
 
 fn local(e: impl std::fmt::Display) -> CliError {
@@ -244,15 +253,23 @@ async fn export_url(url: &str) -> Result<(), CliError> {
 /// marker (`backup/marker.rs`) from before the first write until the `end` line was checked
 /// and everything is durable: an import stopped halfway is refused by `herald serve`.
 pub async fn import_cmd(args: ImportArgs) -> Result<(), CliError> {
+    let limits = match &args.config {
+        Some(path) => {
+            crate::config::Config::load(Some(path), crate::config::Overrides::default())
+                .map_err(local)?
+                .limits
+        }
+        None => Limits::default(),
+    };
     if let Some(url) = args.store_url {
-        return import_pg(&url, args.file.as_deref()).await;
+        return import_pg(&url, args.file.as_deref(), &limits).await;
     }
     let dir = args.data.unwrap_or_default();
     import::check_empty(&dir).map_err(local)?;
     let existed = dir.exists();
     let reader = input(args.file.as_deref())?;
     let r = match marker::mark(&dir) {
-        Ok(()) => restore(&dir, reader).await,
+        Ok(()) => restore(&dir, reader, &limits).await,
         Err(e) => Err(BackupError::Io(e)),
     };
     let r = r.and_then(|i| marker::unmark(&dir).map(|()| i).map_err(BackupError::Io));
@@ -318,9 +335,10 @@ fn ignore_missing(e: std::io::Error) -> std::io::Result<()> {
 async fn restore(
     dir: &Path,
     reader: Box<dyn std::io::BufRead>,
+    limits: &Limits,
 ) -> Result<import::Imported, BackupError> {
     let store = Store::open_with(dir, &StoreOptions::default())?;
-    let r = import::import(&store, reader).await;
+    let r = import::import_with(&store, reader, limits).await;
     // Closed (the commit thread joined, sled flushed and unlocked) before the marker goes.
     drop(store);
     r
@@ -341,7 +359,7 @@ fn input(file: Option<&Path>) -> Result<Box<dyn std::io::BufRead>, CliError> {
 /// leaves herald's tables empty again. The database holds the import's mark (a row of
 /// `herald_meta`) until the import has finished: one stopped halfway is refused by
 /// `herald serve`.
-async fn import_pg(url: &str, file: Option<&Path>) -> Result<(), CliError> {
+async fn import_pg(url: &str, file: Option<&Path>, limits: &Limits) -> Result<(), CliError> {
     let shown = crate::store::pg::redact(url);
     // Exclusive: never into a database a herald serves.
     let (store, backend) = open_pg(url, Some(crate::store::pg::lock::Mode::Exclusive))?;
@@ -355,7 +373,7 @@ async fn import_pg(url: &str, file: Option<&Path>) -> Result<(), CliError> {
     }
     let reader = input(file)?;
     backend.mark_import(true).map_err(local)?;
-    let r = match import::import(&store, reader).await {
+    let r = match import::import_with(&store, reader, limits).await {
         Ok(i) => backend
             .mark_import(false)
             .map(|()| i)

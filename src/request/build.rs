@@ -5,7 +5,7 @@ use crate::model::{
     format_duration_ms, Lang, Message, Schedule, Task, TaskState, DEFAULT_MISFIRE_GRACE_MS,
 };
 
-use super::schedule::{recipient_zones, retime_recipient_at, validate_schedule};
+use super::schedule::{recipient_zones, retime_recipient_at, schedule_request, validate_schedule};
 use super::validate::{
     choice, duration, validate_channel, validate_id, validate_messages, validate_metadata,
     validate_misfire, validate_name, validate_notify, validate_overlap, validate_pacing,
@@ -270,7 +270,7 @@ fn repatch_zones(
     let s = match schedule {
         Some(s) => s,
         None => {
-            kept = zone_request(&t.schedule);
+            kept = schedule_request(&t.schedule);
             &kept
         }
     };
@@ -299,21 +299,6 @@ fn repatch_zones(
         retime_recipient_at(&mut t.schedule, &t.recipient_zones)?;
     }
     Ok(())
-}
-
-/// What [`recipient_zones`] reads of a kept schedule: its kind (`at` or `cron`) and its zone.
-fn zone_request(schedule: &Schedule) -> ScheduleRequest {
-    let (at, cron, tz) = match schedule {
-        Schedule::At { at, tz, .. } => (Some(at), None, tz),
-        Schedule::Cron { cron, tz, .. } => (None, Some(cron), tz),
-        Schedule::After { .. } | Schedule::Reminders { .. } => (None, None, &None),
-    };
-    ScheduleRequest {
-        at: at.cloned(),
-        cron: cron.cloned(),
-        tz: tz.clone(),
-        ..ScheduleRequest::default()
-    }
 }
 
 /// In recipient time a run's messages go in order of their own instants: they are stored in

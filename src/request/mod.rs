@@ -5,7 +5,8 @@
 //!
 //! Above `model` (it reads schedules with `crate::schedule`) and below the API, the engine and
 //! config, which call it: `mod.rs` holds the wire types, `validate.rs` the checks of each block,
-//! `schedule.rs` the schedule block, `build.rs` turning a create or a patch into a `Task`.
+//! `schedule.rs` the schedule block, `build.rs` turning a create or a patch into a `Task`,
+//! `restore.rs` a task read from a backup checked by the same rules.
 
 use std::collections::BTreeMap;
 
@@ -16,9 +17,11 @@ use crate::model::Limits;
 use crate::model::Task;
 
 mod build;
+mod restore;
 mod schedule;
 mod validate;
 
+pub use restore::{check_task, check_zones, restored_message};
 pub use validate::{validate_quiet, validate_retry};
 
 /// A validation error: which field, and what is wrong with it.

@@ -2,11 +2,11 @@
 //! and DST policy, read into a [`Schedule`] that fires within the horizon; and recipient time
 //! (each message in its own zone).
 
-use crate::model::{format_duration_ms, DstPolicy, Message, Schedule};
+use crate::model::{format_duration_ms, DstGap, DstPolicy, DstRepeat, Message, Schedule};
 use crate::schedule::{parse_instant, parse_tz};
 
 use super::validate::{duration, validate_dst};
-use super::{Context, FieldError, RemindersRequest, ScheduleRequest, REMINDERS_MAX};
+use super::{Context, DstRequest, FieldError, RemindersRequest, ScheduleRequest, REMINDERS_MAX};
 
 /// Recipient time (`"tz": "recipient"`): every message's zone, from its own `tz` or the task's
 /// `default_tz`, checked and filled in; the distinct zones, sorted (empty for any other
@@ -61,10 +61,96 @@ pub(super) fn recipient_zones(
     Ok(zones)
 }
 
+/// A schedule given back in the shape of the request that made it (its text, zone and DST
+/// policy): what [`recipient_zones`] reads of a kept one, and what a restored task is read
+/// from again (`restore.rs`).
+pub(super) fn schedule_request(schedule: &Schedule) -> ScheduleRequest {
+    match schedule {
+        Schedule::At { at, tz, dst, .. } => ScheduleRequest {
+            at: Some(at.clone()),
+            tz: tz.clone(),
+            dst: Some(dst_request(*dst)),
+            ..ScheduleRequest::default()
+        },
+        Schedule::After { after, .. } => ScheduleRequest {
+            after: Some(after.clone()),
+            ..ScheduleRequest::default()
+        },
+        Schedule::Cron {
+            cron,
+            tz,
+            dst,
+            start,
+            end,
+            max_runs,
+            ..
+        } => ScheduleRequest {
+            cron: Some(cron.clone()),
+            tz: tz.clone(),
+            dst: Some(dst_request(*dst)),
+            start: start.clone(),
+            end: end.clone(),
+            max_runs: *max_runs,
+            ..ScheduleRequest::default()
+        },
+        Schedule::Reminders {
+            event_at,
+            tz,
+            dst,
+            before,
+            ..
+        } => ScheduleRequest {
+            dst: Some(dst_request(*dst)),
+            reminders: Some(RemindersRequest {
+                event_at: event_at.clone(),
+                tz: tz.clone(),
+                before: before.clone(),
+            }),
+            ..ScheduleRequest::default()
+        },
+    }
+}
+
+/// A DST policy as a request names it.
+fn dst_request(d: DstPolicy) -> DstRequest {
+    DstRequest {
+        gap: Some(
+            match d.gap {
+                DstGap::Shift => "shift",
+                DstGap::Skip => "skip",
+            }
+            .to_string(),
+        ),
+        repeat: Some(
+            match d.repeat {
+                DstRepeat::First => "first",
+                DstRepeat::Last => "last",
+                DstRepeat::Both => "both",
+            }
+            .to_string(),
+        ),
+    }
+}
+
+/// The schedule block of a create or patch at `cx.now_ms`: read ([`read_schedule`]), then
+/// timed ([`check_timing`]).
 pub(super) fn validate_schedule(
     s: &ScheduleRequest,
     cx: &Context,
     misfire_grace_ms: u64,
+    recipient_zones: &[String],
+) -> Result<Schedule, FieldError> {
+    let schedule = read_schedule(s, cx.now_ms, recipient_zones)?;
+    check_timing(&schedule, cx, misfire_grace_ms)?;
+    Ok(schedule)
+}
+
+/// The schedule block read into a [`Schedule`]: every rule but those about the moment it is
+/// given (past, horizon: [`check_timing`]), so a task restored from a backup is read by the
+/// same rules as its create (`restore.rs`). An `after` counts from `now_ms`.
+pub(super) fn read_schedule(
+    s: &ScheduleRequest,
+    now_ms: u64,
     recipient_zones: &[String],
 ) -> Result<Schedule, FieldError> {
     let kinds = [
@@ -96,12 +182,71 @@ pub(super) fn validate_schedule(
         }
     }
     if let Some(r) = &s.reminders {
-        return reminders(s, r, dst, cx, misfire_grace_ms);
+        return reminders(s, r, dst);
     }
     if let Some(after) = &s.after {
-        return after_now(s, after, cx);
+        return after_now(s, after, now_ms);
     }
-    at(s, dst, cx, misfire_grace_ms, recipient_zones)
+    at(s, dst, recipient_zones)
+}
+
+/// The rules about the moment a schedule is given: a one-shot not past by more than the
+/// misfire grace, a reminder not all past by more than it, nothing beyond the horizon.
+pub(super) fn check_timing(
+    schedule: &Schedule,
+    cx: &Context,
+    misfire_grace_ms: u64,
+) -> Result<(), FieldError> {
+    let horizon_end = cx.now_ms.saturating_add(cx.limits.horizon_ms);
+    let beyond = |field: &str| {
+        FieldError::new(
+            field,
+            format!(
+                "is beyond the scheduling horizon ({})",
+                format_duration_ms(cx.limits.horizon_ms)
+            ),
+        )
+    };
+    match schedule {
+        Schedule::Cron { .. } => Ok(()),
+        Schedule::After { at_ms, .. } if *at_ms > horizon_end => Err(beyond("schedule.after")),
+        Schedule::After { .. } => Ok(()),
+        Schedule::At { at, at_ms, .. } => {
+            if at_ms.saturating_add(misfire_grace_ms) < cx.now_ms {
+                return Err(FieldError::new(
+                    "schedule.at",
+                    format!(
+                        "{at:?} is in the past by more than misfire_grace ({})",
+                        format_duration_ms(misfire_grace_ms)
+                    ),
+                ));
+            }
+            if *at_ms > horizon_end {
+                return Err(beyond("schedule.at"));
+            }
+            Ok(())
+        }
+        Schedule::Reminders {
+            event_ms,
+            before_ms,
+            ..
+        } => {
+            if *event_ms > horizon_end {
+                return Err(beyond("schedule.reminders.event_at"));
+            }
+            // Reminders already past follow the misfire rules; but if every one of them is
+            // past by more than the grace, nothing would ever be sent: that is a mistake to
+            // report.
+            let latest = event_ms.saturating_sub(before_ms.iter().min().copied().unwrap_or(0));
+            if latest.saturating_add(misfire_grace_ms) < cx.now_ms {
+                return Err(FieldError::new(
+                    "schedule.reminders.event_at",
+                    "every reminder is in the past by more than misfire_grace",
+                ));
+            }
+            Ok(())
+        }
+    }
 }
 
 /// A zone field: `None` when absent, else an IANA name.
@@ -164,8 +309,6 @@ fn reminders(
     s: &ScheduleRequest,
     r: &RemindersRequest,
     dst: DstPolicy,
-    cx: &Context,
-    misfire_grace_ms: u64,
 ) -> Result<Schedule, FieldError> {
     if s.tz.is_some() {
         return Err(FieldError::new(
@@ -204,24 +347,6 @@ fn reminders(
         }
         before_ms.push(ms);
     }
-    if event_ms > cx.now_ms.saturating_add(cx.limits.horizon_ms) {
-        return Err(FieldError::new(
-            "schedule.reminders.event_at",
-            format!(
-                "is beyond the scheduling horizon ({})",
-                format_duration_ms(cx.limits.horizon_ms)
-            ),
-        ));
-    }
-    // Reminders already past follow the misfire rules; but if every one of them is past
-    // by more than the grace, nothing would ever be sent: that is a mistake to report.
-    let latest = event_ms - before_ms.iter().min().copied().unwrap_or(0);
-    if latest.saturating_add(misfire_grace_ms) < cx.now_ms {
-        return Err(FieldError::new(
-            "schedule.reminders.event_at",
-            "every reminder is in the past by more than misfire_grace",
-        ));
-    }
     Ok(Schedule::Reminders {
         event_at: r.event_at.clone(),
         tz: r.tz.clone(),
@@ -233,8 +358,7 @@ fn reminders(
 }
 
 /// `after`: a delay from now.
-fn after_now(s: &ScheduleRequest, after: &str, cx: &Context) -> Result<Schedule, FieldError> {
-    let horizon_end = cx.now_ms.saturating_add(cx.limits.horizon_ms);
+fn after_now(s: &ScheduleRequest, after: &str, now_ms: u64) -> Result<Schedule, FieldError> {
     if s.tz.is_some() {
         return Err(FieldError::new("schedule.tz", "not allowed with after"));
     }
@@ -243,16 +367,7 @@ fn after_now(s: &ScheduleRequest, after: &str, cx: &Context) -> Result<Schedule,
         return Err(FieldError::new("schedule.dst", "not allowed with after"));
     }
     let after_ms = duration("schedule.after", after)?;
-    let at_ms = cx.now_ms.saturating_add(after_ms);
-    if at_ms > horizon_end {
-        return Err(FieldError::new(
-            "schedule.after",
-            format!(
-                "is beyond the scheduling horizon ({})",
-                format_duration_ms(cx.limits.horizon_ms)
-            ),
-        ));
-    }
+    let at_ms = now_ms.saturating_add(after_ms);
     Ok(Schedule::After {
         after: after.to_string(),
         after_ms,
@@ -264,13 +379,10 @@ fn after_now(s: &ScheduleRequest, after: &str, cx: &Context) -> Result<Schedule,
 fn at(
     s: &ScheduleRequest,
     dst: DstPolicy,
-    cx: &Context,
-    misfire_grace_ms: u64,
     recipient_zones: &[String],
 ) -> Result<Schedule, FieldError> {
     let recipient = crate::schedule::recipient::is_recipient(s.tz.as_deref());
     let zones = crate::schedule::recipient::parse_zones(recipient_zones);
-    let horizon_end = cx.now_ms.saturating_add(cx.limits.horizon_ms);
     let at = s.at.as_deref().unwrap_or_default();
     let instants = if recipient {
         recipient_at(at, &zones, dst)?
@@ -291,24 +403,6 @@ fn at(
             ),
         ));
     };
-    if at_ms.saturating_add(misfire_grace_ms) < cx.now_ms {
-        return Err(FieldError::new(
-            "schedule.at",
-            format!(
-                "{at:?} is in the past by more than misfire_grace ({})",
-                format_duration_ms(misfire_grace_ms)
-            ),
-        ));
-    }
-    if at_ms > horizon_end {
-        return Err(FieldError::new(
-            "schedule.at",
-            format!(
-                "is beyond the scheduling horizon ({})",
-                format_duration_ms(cx.limits.horizon_ms)
-            ),
-        ));
-    }
     Ok(Schedule::At {
         at: at.to_string(),
         tz: s.tz.clone(),

@@ -260,7 +260,7 @@ fn check_broadcast(to: &[String], body: &str, limits: &Limits) -> Result<(), Fie
 pub const BROADCAST_BYTES_MAX: usize = 256 << 20;
 
 /// At least one message, at most `messages_max`.
-fn check_count(n: usize, field: &str, limits: &Limits) -> Result<(), FieldError> {
+pub(super) fn check_count(n: usize, field: &str, limits: &Limits) -> Result<(), FieldError> {
     if n == 0 {
         return Err(FieldError::new(field, "must not be empty"));
     }
@@ -357,31 +357,45 @@ fn messages_given(
 fn check_messages(list: &[Message], field: &str, limits: &Limits) -> Result<(), FieldError> {
     check_count(list.len(), field, limits)?;
     for (i, m) in list.iter().enumerate() {
-        let (to_field, body_field) = if field == "to" {
-            (format!("to[{i}]"), "body".to_string())
-        } else {
-            (format!("messages[{i}].to"), format!("messages[{i}].body"))
-        };
-        check_recipient(&m.to, || to_field, limits)?;
-        if m.body.len() > limits.message_body_bytes_max {
+        check_message(
+            m,
+            &|part| match (field, part) {
+                ("to", "to") => format!("to[{i}]"),
+                ("to", "body") => "body".to_string(),
+                _ => format!("messages[{i}].{part}"),
+            },
+            limits,
+        )?;
+    }
+    Ok(())
+}
+
+/// One message's sizes within the limits; `name` gives the field of a part of it (`to`,
+/// `body`, `data`) as its errors name it.
+pub(super) fn check_message(
+    m: &Message,
+    name: &dyn Fn(&str) -> String,
+    limits: &Limits,
+) -> Result<(), FieldError> {
+    check_recipient(&m.to, || name("to"), limits)?;
+    if m.body.len() > limits.message_body_bytes_max {
+        return Err(FieldError::new(
+            name("body"),
+            format!("must be at most {} bytes", limits.message_body_bytes_max),
+        ));
+    }
+    // `data` counts in the same limit as the body: together they are the message.
+    if let Some(d) = &m.data {
+        if m.body.len() + d.len() > limits.message_body_bytes_max {
             return Err(FieldError::new(
-                body_field,
-                format!("must be at most {} bytes", limits.message_body_bytes_max),
+                name("data"),
+                format!(
+                    "body and data together must be at most {} bytes (body {}, data {} as JSON)",
+                    limits.message_body_bytes_max,
+                    m.body.len(),
+                    d.len()
+                ),
             ));
-        }
-        // `data` counts in the same limit as the body: together they are the message.
-        if let Some(d) = &m.data {
-            if m.body.len() + d.len() > limits.message_body_bytes_max {
-                return Err(FieldError::new(
-                    format!("messages[{i}].data"),
-                    format!(
-                        "body and data together must be at most {} bytes (body {}, data {} as JSON)",
-                        limits.message_body_bytes_max,
-                        m.body.len(),
-                        d.len()
-                    ),
-                ));
-            }
         }
     }
     Ok(())
