@@ -56,11 +56,7 @@ pub(crate) async fn failure_retry(
         quiet_hold(inner, failure_id, until).await;
         return Ok(());
     }
-    // Due at its run's instant; in recipient time not before its own (`plan::recipient_due`).
-    let scheduled = run_fire.map_or(now, |fire| {
-        let own = super::plan::recipient_due(&spec, tz.as_deref(), fire);
-        own.map_or(fire.0, |own| own.max(fire.0))
-    });
+    let scheduled = due_of(&spec, tz.as_deref(), run_fire, now);
     let mut delivery = render(&spec, &f, msg, scheduled, now);
     let (probe, rate_tick) = match channel.admit(now) {
         Admission::Hold { until_ms, .. } => {
@@ -368,6 +364,20 @@ async fn run_fire(
         Ok(r.map(|r| (r.scheduled_at_ms, r.slot_wall_ms)))
     })
     .await
+}
+
+/// When the message was due: its run's instant (`run_fire`; now if the run is gone), in
+/// recipient time not before its own (`plan::recipient_due`).
+fn due_of(
+    spec: &crate::model::TaskSpec,
+    tz: Option<&str>,
+    run_fire: Option<(u64, Option<u64>)>,
+    now: u64,
+) -> u64 {
+    run_fire.map_or(now, |fire| {
+        let own = super::plan::recipient_due(spec, tz, fire);
+        own.map_or(fire.0, |own| own.max(fire.0))
+    })
 }
 
 /// The attempt's delivery: the message rendered as its run's (due at `scheduled`), with the

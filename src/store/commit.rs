@@ -263,11 +263,7 @@ impl GroupCommit {
             }
         }
         let (reply, rx) = oneshot::channel();
-        let job = Job {
-            ops,
-            bytes,
-            reply,
-        };
+        let job = Job { ops, bytes, reply };
         if wait {
             tx.send(job).await.map_err(|_| stopped())?;
         } else {
@@ -449,7 +445,8 @@ mod tests {
         let (mut next, mut ops) = (Vec::new(), 0);
         take_queued(&mut rx, &mut next, &mut ops);
         assert_eq!(next.len(), 1);
-        let put = |n: usize| RawOp::Put(super::super::backend::TreeId::Specs, vec![0; 8], vec![0; n]);
+        let put =
+            |n: usize| RawOp::Put(super::super::backend::TreeId::Specs, vec![0; 8], vec![0; n]);
         assert_eq!(job_bytes(&[put(100), put(20)]).ok(), Some(136));
         let big = RawOp::Indexed(Box::new(super::super::backend::IndexedWrite {
             tree: super::super::backend::TreeId::Specs,
