@@ -319,6 +319,7 @@ fn import_checks_against_the_limits_of_its_config() {
         "{}",
         stderr(&o)
     );
+    assert!(stderr(&o).contains("give --config"), "{}", stderr(&o));
     let config = write_config(dir.path(), "[limits]\nmessage_body_bytes_max = 200000\n");
     let o = herald(
         &[

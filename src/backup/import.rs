@@ -22,6 +22,11 @@ use crate::store::{Batch, IdemRecord, Op, Store};
 /// limit).
 const BATCH_OPS: usize = 1_000;
 
+/// A batch is also written once the lines read into it hold this many bytes: a store write
+/// holds at most `store::commit::JOB_BYTES_MAX` (1 GiB), and 1 000 tasks of a herald with
+/// raised limits can hold more (review finding: the import of a valid export was refused).
+const BATCH_BYTES: usize = 64 << 20;
+
 /// Room on a line for everything but a message's body and recipient: the task line's
 /// metadata (64 entries of up to 1 152 bytes, escaped up to 6 times: ~440 KiB), name, zones
 /// and notify, a run, a timeline event's or failure's error text. A few MiB above the largest
@@ -112,8 +117,12 @@ pub async fn import_with(
     let max = line_max(limits);
     let mut n = 0u64;
     let mut buf = Vec::new();
+    // Bytes of the lines read since the last write: about what the batch holds (a task's
+    // messages join it when the task ends, so it may hold one task's more).
+    let mut read = 0usize;
     while next_line(&mut r, &mut buf, n + 1, max)? {
         n += 1;
+        read += buf.len();
         let err = |detail: String| BackupError::Format { line: n, detail };
         let Some(line) = parse(&buf, n).map_err(err)? else {
             continue;
@@ -129,10 +138,11 @@ pub async fn import_with(
             line: r.line.unwrap_or(n),
             detail: r.detail,
         })?;
-        if st.ops >= BATCH_OPS {
+        if st.ops >= BATCH_OPS || read >= BATCH_BYTES {
             store.write(&st.batch).await?;
             st.batch = Batch::new();
             st.ops = 0;
+            read = 0;
         }
     }
     if !st.ended {

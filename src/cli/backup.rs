@@ -253,6 +253,13 @@ async fn export_url(url: &str) -> Result<(), CliError> {
 /// marker (`backup/marker.rs`) from before the first write until the `end` line was checked
 /// and everything is durable: an import stopped halfway is refused by `herald serve`.
 pub async fn import_cmd(args: ImportArgs) -> Result<(), CliError> {
+    // A line refused against the default limits may be one the serving herald allows.
+    let hint = if args.config.is_none() {
+        " (tasks are checked against herald's default [limits]; give --config with the config \
+         of the herald that will serve them if it raises them)"
+    } else {
+        ""
+    };
     let limits = match &args.config {
         Some(path) => {
             crate::config::Config::load(Some(path), crate::config::Overrides::default())
@@ -283,8 +290,13 @@ pub async fn import_cmd(args: ImportArgs) -> Result<(), CliError> {
                 Ok(()) => "nothing was kept".to_string(),
                 Err(_) => format!("delete {} before trying again", dir.display()),
             };
+            let hint = if matches!(e, BackupError::Format { .. }) {
+                hint
+            } else {
+                ""
+            };
             Err(local(format!(
-                "import into {} failed ({note}): {e}",
+                "import into {} failed ({note}): {e}{hint}",
                 dir.display()
             )))
         }

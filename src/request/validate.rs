@@ -226,7 +226,11 @@ pub(super) fn validate_messages(
 /// The broadcast shorthand checked before it is expanded: expanding copies the body once per
 /// recipient, so a request within the body limit (many empty recipients, a large body) would
 /// otherwise make gigabytes of copies before the limits refused it.
-fn check_broadcast(to: &[String], body: &str, limits: &Limits) -> Result<(), FieldError> {
+pub(super) fn check_broadcast(
+    to: &[String],
+    body: &str,
+    limits: &Limits,
+) -> Result<(), FieldError> {
     check_count(to.len(), "to", limits)?;
     for (i, r) in to.iter().enumerate() {
         check_recipient(r, || format!("to[{i}]"), limits)?;
@@ -254,10 +258,12 @@ fn check_broadcast(to: &[String], body: &str, limits: &Limits) -> Result<(), Fie
 }
 
 /// Most bytes of messages a broadcast (`to` + `body`) may expand to: its body is copied once
-/// per recipient, in memory and into one store write, so a small request (10 000 recipients
-/// of a 64 KiB body is 640 MiB) would otherwise hold the commit thread for seconds and every
-/// write behind it. The `messages` form is bounded by the request body's own limit.
-pub const BROADCAST_BYTES_MAX: usize = 256 << 20;
+/// per recipient, in memory and into one store write, which holds at most
+/// `store::commit::JOB_BYTES_MAX` (1 GiB, with the task's keys and spec). Above the largest
+/// broadcast the default limits allow (10 000 recipients of a 64 KiB body, 625 MiB), so it
+/// only bites where `[limits]` were raised. The `messages` form is bounded by the request
+/// body's own limit.
+pub const BROADCAST_BYTES_MAX: usize = 768 << 20;
 
 /// At least one message, at most `messages_max`.
 pub(super) fn check_count(n: usize, field: &str, limits: &Limits) -> Result<(), FieldError> {
