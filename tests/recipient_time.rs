@@ -567,3 +567,48 @@ async fn a_fire_all_catch_up_of_an_hourly_cron_runs_while_the_schedule_keeps_fir
     // Runs 1 and 2 are `05:00` and `06:00`; 3 to 5 the three missed slots.
     assert_eq!(sent_of_runs(&h, &[3, 4, 5]), queued_slots_sent("08:30"));
 }
+
+/// A failure-list retry of a later zone's message is due at that message's own instant, as
+/// its first send was: its `scheduled_at` read the run's (Berlin's, six hours earlier).
+#[tokio::test]
+async fn a_retry_of_a_later_zones_failed_message_is_due_at_its_own_instant() {
+    use common::herald::webhook_channel;
+    use common::receiver::{Behavior, Receiver};
+    let rx = Receiver::start().await;
+    rx.script_key("rt:1:1", vec![Behavior::Status(400)]);
+    let h = ManualHerald::start(
+        utc_ms("2026-12-01T00:00:00Z"),
+        &webhook_channel("hook", &rx.url(), ""),
+    )
+    .await;
+    h.post(&json!({"id": "rt", "channel": "hook",
+    "schedule": {"at": "2026-12-01T09:00:00", "tz": "recipient"},
+    "messages": [
+        {"to": "berlin", "body": "b", "tz": "Europe/Berlin"},
+        {"to": "newyork", "body": "n", "tz": "America/New_York"},
+    ]}))
+    .await;
+    h.run_until(utc_ms("2026-12-01T14:01:00Z")).await;
+    assert_eq!(rx.count(), 2, "{:?}", rx.requests());
+    let r = http::request("POST", &h.url("/v1/failures/rt:1:1/retry"), &[], None).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    h.run_until(utc_ms("2026-12-01T14:06:00Z")).await;
+    let got = rx.requests();
+    assert_eq!(got.len(), 3, "{got:?}");
+    let scheduled: Vec<String> = got
+        .iter()
+        .map(|r| {
+            let v: Value = serde_json::from_slice(&r.body).unwrap();
+            v["scheduled_at"].as_str().unwrap().to_string()
+        })
+        .collect();
+    // Berlin's 09:00 (08:00Z); New York's 09:00 (14:00Z), first send and retry alike.
+    assert_eq!(
+        scheduled,
+        [
+            "2026-12-01T08:00:00Z",
+            "2026-12-01T14:00:00Z",
+            "2026-12-01T14:00:00Z"
+        ]
+    );
+}
