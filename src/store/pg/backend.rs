@@ -1021,12 +1021,31 @@ async fn read_keys<C: GenericClient>(tx: &C, keys: &[Vec<Vec<u8>>; TREES]) -> Re
 
 /// The statements that write `writes`: per tree one upsert and one delete.
 fn statements(writes: &Writes, shards: u32) -> Vec<Stmt<'_>> {
+    statements_within(writes, shards, STATEMENT_BYTES_MAX)
+}
+
+/// Most bytes of values one upsert statement carries: PostgreSQL refuses an array value (and
+/// a Bind message) of more than ~1 GB, and a group may hold up to 2 GiB
+/// (`store::commit::GROUP_BYTES_MAX` + a job), so a tree's rows go in statements of at most
+/// this many bytes, in the group's one transaction. One value is at most the decoder's
+/// 64 MiB (`codec.rs`), so each statement fits.
+const STATEMENT_BYTES_MAX: usize = 256 << 20;
+
+/// [`statements`], upserts cut at `max` bytes of values (a statement holds at least one row).
+fn statements_within(writes: &Writes, shards: u32, max: usize) -> Vec<Stmt<'_>> {
     let mut out = Vec::new();
     for t in TreeId::ALL {
         let (mut sh, mut keys, mut values, mut dels) = (vec![], vec![], vec![], vec![]);
+        let mut bytes = 0usize;
         for (k, v) in t.of(writes) {
             match v {
                 Some(v) => {
+                    if !keys.is_empty() && bytes + v.len() > max {
+                        let (s, k) = (std::mem::take(&mut sh), std::mem::take(&mut keys));
+                        out.push(Stmt::Upsert(t, s, k, std::mem::take(&mut values)));
+                        bytes = 0;
+                    }
+                    bytes += v.len();
                     sh.push(shard_of(t, k, Some(v), shards));
                     keys.push(k.as_slice());
                     values.push(v.as_slice());
@@ -1845,5 +1864,43 @@ mod tests {
         assert!(!Outcome::NotApplied.drops_shards());
         assert!(Outcome::ConnectionLost.drops_shards());
         assert!(Outcome::Unknown.drops_shards());
+    }
+
+    /// A tree's rows are cut into upserts of at most the bound's bytes of values (PostgreSQL
+    /// refuses an array of more than ~1 GB; a group may hold 2 GiB), each with at least one
+    /// row, in key order, every row once; deletes stay one statement.
+    #[test]
+    fn a_trees_rows_go_in_statements_within_the_bound() {
+        use super::{statements_within, Stmt, TreeId, Writes};
+        let mut w: Writes = Default::default();
+        let specs = TreeId::Specs.of_mut(&mut w);
+        for (i, n) in [40usize, 40, 30, 100, 10].into_iter().enumerate() {
+            specs.insert(vec![i as u8], Some(vec![0; n]));
+        }
+        specs.insert(vec![9], None);
+        let got: Vec<(Vec<u8>, usize)> = statements_within(&w, 1, 80)
+            .iter()
+            .filter_map(|s| match s {
+                Stmt::Upsert(_, _, keys, values) => Some((
+                    keys.iter().map(|k| k[0]).collect(),
+                    values.iter().map(|v| v.len()).sum(),
+                )),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (vec![0, 1], 80),
+                (vec![2], 30),
+                (vec![3], 100),
+                (vec![4], 10)
+            ]
+        );
+        let deletes = statements_within(&w, 1, 80)
+            .iter()
+            .filter(|s| matches!(s, Stmt::Delete(..)))
+            .count();
+        assert_eq!(deletes, 1);
     }
 }
