@@ -95,13 +95,10 @@ fn message_due(
         .filter(|_| !task.recipient_zones.is_empty())
         .and_then(|z| z.parse::<chrono_tz::Tz>().ok());
     match zone {
-        Some(zone) => {
-            let own = super::plan::recipient_due(task, tz, fired);
-            Due::At {
-                ms: own.map_or(planned, |own| own.max(planned)),
-                tz: zone,
-            }
-        }
+        Some(zone) => Due::At {
+            ms: super::plan::due_no_earlier_than_own(task, tz, fired, planned),
+            tz: zone,
+        },
         // A message with no zone of its own in recipient time: the slot's wall time.
         None if !task.recipient_zones.is_empty() => fire_due(task, fired),
         None => Due::At {

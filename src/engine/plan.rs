@@ -1351,6 +1351,19 @@ pub fn recipient_due(
     message_due(&spec.schedule, &zones, fire.0, fire.1, tz)
 }
 
+/// When a message is due: `planned` (its run's instant, or what pacing or a retry planned it
+/// for), in recipient time not before its own instant ([`recipient_due`]), which the run's
+/// plan does not carry. A delivery's `scheduled_at`, the lateness metric and a failure's
+/// notification all read it.
+pub fn due_no_earlier_than_own(
+    spec: &TaskSpec,
+    msg_tz: Option<&str>,
+    fire: (u64, Option<u64>),
+    planned: u64,
+) -> u64 {
+    recipient_due(spec, msg_tz, fire).map_or(planned, |own| own.max(planned))
+}
+
 /// Until when quiet hours hold a send at `now` of a message of `spec` whose zone is `msg_tz`
 /// (the task's own window, else its channel's `channel_quiet`; a `recipient` window for a
 /// message without a zone read in the schedule's zone): `None` when it may go. The one quiet

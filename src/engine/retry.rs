@@ -367,7 +367,7 @@ async fn run_fire(
 }
 
 /// When the message was due: its run's instant (`run_fire`; now if the run is gone), in
-/// recipient time not before its own (`plan::recipient_due`).
+/// recipient time not before its own (`plan::due_no_earlier_than_own`).
 fn due_of(
     spec: &crate::model::TaskSpec,
     tz: Option<&str>,
@@ -375,8 +375,7 @@ fn due_of(
     now: u64,
 ) -> u64 {
     run_fire.map_or(now, |fire| {
-        let own = super::plan::recipient_due(spec, tz, fire);
-        own.map_or(fire.0, |own| own.max(fire.0))
+        super::plan::due_no_earlier_than_own(spec, tz, fire, fire.0)
     })
 }
 

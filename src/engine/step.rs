@@ -819,10 +819,9 @@ fn render(
     // message is due no earlier than its own instant, which the run's plan does not carry
     // (it waited for it, `plan::hold`): counted from the run's, a later zone's message read
     // hours late.
-    let scheduled = if d.seq == 0 { run.scheduled_at_ms } else { due };
+    let planned = if d.seq == 0 { run.scheduled_at_ms } else { due };
     let fire = (run.scheduled_at_ms, run.slot_wall_ms);
-    let scheduled =
-        plan::recipient_due(t, msg.tz.as_deref(), fire).map_or(scheduled, |own| own.max(scheduled));
+    let scheduled = plan::due_no_earlier_than_own(t, msg.tz.as_deref(), fire, planned);
     inner
         .lateness
         .observe(d.now.saturating_sub(scheduled) as f64 / 1000.0);
