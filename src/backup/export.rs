@@ -24,10 +24,21 @@ impl Out<'_> {
 /// export holds them as of each task's image, not as of their own later read.
 #[derive(Default)]
 struct Exported {
-    /// The ids of the tasks exported (the listing's order: by id).
-    ids: Vec<Box<str>>,
+    /// The tasks exported, in the listing's order (by id).
+    images: Vec<Image>,
     /// The runs under way in their image (running, or a send in flight): the cursor it shows.
     open: HashMap<(Box<str>, u32), u32>,
+}
+
+/// What an exported image says about the failures import will take for its task
+/// (`backup/import.rs`, `failure`): its runs are 1 to `fires`, and a run from `first_run` on
+/// (the runs the file holds) has at most `messages` messages.
+struct Image {
+    id: Box<str>,
+    fires: u32,
+    first_run: Option<u32>,
+    /// The most messages of the task and of any run the image holds.
+    messages: u32,
 }
 
 impl Exported {
@@ -38,26 +49,47 @@ impl Exported {
                 self.open.insert((id.clone(), r.run), r.cursor);
             }
         }
-        self.ids.push(id);
+        let totals = img.runs.iter().map(|r| r.total);
+        self.images.push(Image {
+            id,
+            fires: img.task.fires,
+            first_run: img.runs.iter().map(|r| r.run).min(),
+            messages: totals.fold(img.task.message_count, u32::max),
+        });
     }
 
-    /// Ready for [`Exported::holds`] (the listing is in id order already).
+    /// Ready for [`Exported::image`] (the listing is in id order already).
     fn done(&mut self) {
-        if !self.ids.is_sorted() {
-            self.ids.sort_unstable();
+        if !self.images.is_sorted_by(|a, b| a.id <= b.id) {
+            self.images.sort_unstable_by(|a, b| a.id.cmp(&b.id));
         }
     }
 
+    fn image(&self, id: &str) -> Option<&Image> {
+        let i = self.images.binary_search_by(|m| (*m.id).cmp(id)).ok()?;
+        self.images.get(i)
+    }
+
     fn holds(&self, id: &str) -> bool {
-        self.ids.binary_search_by(|t| (**t).cmp(id)).is_ok()
+        self.image(id).is_some()
     }
 
     /// Whether a failure-list entry goes with the exported images: of a task exported (not
-    /// one created after the listing passed it), and not of a message its image still shows
-    /// unsettled (it ran out of attempts after the image was read: the image's in-flight
-    /// mark sends it again after the import, as after a crash at that moment).
+    /// one created after the listing passed it), of a run and a message its image holds (not
+    /// of a run started after the image was read, nor of a task deleted and created again
+    /// with more messages meanwhile: import refuses the whole file for either), and not of a
+    /// message its image still shows unsettled (it ran out of attempts after the image was
+    /// read: the image's in-flight mark sends it again after the import, as after a crash at
+    /// that moment).
     fn keeps(&self, f: &Failure) -> bool {
-        if !self.holds(&f.task_id) {
+        let Some(img) = self.image(&f.task_id) else {
+            return false;
+        };
+        if f.run > img.fires {
+            return false;
+        }
+        // Runs before the first held were trimmed: import bounds them by its limits alone.
+        if img.first_run.is_some_and(|first| f.run >= first) && f.seq >= img.messages {
             return false;
         }
         let key = (Box::<str>::from(f.task_id.as_str()), f.run);
@@ -162,16 +194,21 @@ mod tests {
 
     const NOW: u64 = 1_800_000_000_000;
 
-    /// Task `id`, fired once, with its two messages, into `b`.
-    fn put_task(b: &mut Batch, id: &str) {
+    /// Task `id` (two messages) fired `fires` times.
+    fn task_fired(id: &str, fires: u32) -> Task {
         let mut t: Task = crate::request::test_task(
             json!({"id": id, "channel": "log", "schedule": {"after": "1h"},
                 "to": ["x", "y"], "body": "hi"}),
             NOW,
         );
-        t.fires = 1;
-        t.runs = 1;
-        b.task(&t);
+        t.fires = fires;
+        t.runs = fires;
+        t
+    }
+
+    /// Task `id`, fired once, with its two messages, into `b`.
+    fn put_task(b: &mut Batch, id: &str) {
+        b.task(&task_fired(id, 1));
         let m = |to: &str| Message {
             to: to.into(),
             body: "hi".into(),
@@ -193,10 +230,14 @@ mod tests {
     }
 
     fn failure(id: &str, seq: u32) -> Failure {
+        failure_of_run(id, 1, seq)
+    }
+
+    fn failure_of_run(id: &str, run: u32, seq: u32) -> Failure {
         Failure {
-            id: delivery_key(id, 1, seq),
+            id: delivery_key(id, run, seq),
             task_id: id.into(),
-            run: 1,
+            run,
             seq,
             to: "x".into(),
             channel: "log".into(),
@@ -222,7 +263,11 @@ mod tests {
     /// failure entry in one write), and task `a` is created (before `b` in id order: not
     /// listed) with an entry and a key of its own: the export keeps neither entry nor `a`'s
     /// key, so it imports with `b`'s message in flight (sent again, as after a crash then) and
-    /// nothing in the failure list for it. `c`'s entry, settled in its image, stays.
+    /// nothing in the failure list for it. `c`'s entry, settled in its image, stays; `c` fires
+    /// again after its image was read and its run 2 gives up on message 0 (`c:2:0`): a run the
+    /// image does not hold (its `fires` is 1), so the entry is left out too, else the import
+    /// would refuse the whole file ("task c has fired 1 times"); so is `c:1:5`, a message
+    /// past every run the image holds (as if `c` were deleted and created again with six).
     #[test]
     fn failure_entries_and_keys_go_with_the_exported_images() {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -235,7 +280,13 @@ mod tests {
         put_task(&mut w, "b");
         w.run("b", &run(0, true));
         put_task(&mut w, "c");
-        w.run("c", &run(1, false));
+        // Run 1 of `c` finished: message 0 given up on, message 1 sent.
+        let mut c1 = run(1, false);
+        c1.cursor = 2;
+        c1.sent = 1;
+        c1.state = RunState::Completed;
+        c1.finished_at_ms = Some(NOW);
+        w.run("c", &c1);
         w.failure(failure("c", 0));
         rt.block_on(store.write(&w)).unwrap();
         let mut lines = Vec::new();
@@ -247,6 +298,18 @@ mod tests {
                 put_task(&mut w, "a");
                 w.run("a", &run(1, false));
                 w.failure(failure("a", 0));
+                rt.block_on(store.write(&w)).unwrap();
+            }
+            if matches!(l, Line::Run { task_id, .. } if task_id == "c") {
+                let mut w = Batch::new();
+                w.progress(&task_fired("c", 2));
+                let mut r2 = Run::new(2, NOW, NOW, 2);
+                r2.cursor = 1;
+                r2.failed = 1;
+                w.run("c", &r2);
+                w.failure(failure_of_run("c", 2, 0));
+                // As if `c` had been deleted and created again with six messages since.
+                w.failure(failure_of_run("c", 1, 5));
                 rt.block_on(store.write(&w)).unwrap();
             }
             lines.push(l.clone());
