@@ -1217,3 +1217,120 @@ async fn cluster_prints_its_header_on_a_line_of_its_own() {
         out.stdout
     );
 }
+
+/// A request as a fake herald saw it: method, path (with query) and body.
+struct Req {
+    method: String,
+    path: String,
+    body: Vec<u8>,
+}
+
+/// Reads one request (head and a `content-length` body) off `conn`; `None` if it ends first.
+fn read_request(conn: &mut std::net::TcpStream) -> Option<Req> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if conn.read(&mut byte).ok()? == 0 {
+            return None;
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    let mut words = head.split_whitespace();
+    let method = words.next()?.to_string();
+    let path = words.next()?.to_string();
+    let len = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    conn.read_exact(&mut body).ok()?;
+    Some(Req { method, path, body })
+}
+
+/// A fake herald on loopback: each connection on a thread of its own, its first request read
+/// and handed to `answer` with the connection (which answers, or not). Runs until the test ends.
+fn fake_herald(answer: impl Fn(Req, std::net::TcpStream) + Send + Sync + 'static) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let answer = std::sync::Arc::new(answer);
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().map_while(Result::ok) {
+            let answer = answer.clone();
+            std::thread::spawn(move || {
+                if let Some(req) = read_request(&mut conn) {
+                    answer(req, conn);
+                }
+            });
+        }
+    });
+    url
+}
+
+/// Writes a whole answer with `connection: close`.
+fn answer(conn: &mut std::net::TcpStream, status: &str, content_type: &str, body: &str) {
+    let _ = write!(
+        conn,
+        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// `herald tasks watch T` through a node that does not own T (cluster mode: its event stream
+/// carries `ready` and keep-alives, never T's events): the watch reads T again when no event
+/// came for a while (shortened by the test knob) and ends once T is completed. Before, the
+/// keep-alives kept it waiting for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_through_a_node_without_the_tasks_events_ends_with_the_task() {
+    let reads = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counted = reads.clone();
+    let url = fake_herald(move |req, mut conn| {
+        if req.path.starts_with("/v1/events") {
+            let _ = write!(
+                conn,
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            );
+            let mut chunk = |s: &str| write!(conn, "{:x}\r\n{s}\r\n", s.len()).is_ok();
+            if !chunk("event: ready\ndata: {\"now\":\"2026-12-01T00:00:00Z\"}\n\n") {
+                return;
+            }
+            // Only keep-alives from now on, faster than the CLI's idle limit.
+            while chunk(": keep-alive\n\n") {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        } else if req.path == "/v1/tasks/T" {
+            // Running at the first read (the bar opens), completed at every later one.
+            let first = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+            let (state, sent) = if first {
+                ("running", 1)
+            } else {
+                ("completed", 3)
+            };
+            let view = json!({"id": "T", "state": state, "channel": "log", "runs": 1,
+                "next_fire_at": null, "progress": {"run": 1, "state": state, "total": 3,
+                "sent": sent, "failed": 0, "in_flight": 0}});
+            answer(&mut conn, "200 OK", "application/json", &view.to_string());
+        } else {
+            answer(&mut conn, "404 Not Found", "application/json", "{}");
+        }
+    });
+    let out = tokio::task::spawn_blocking(move || {
+        run_in_env(
+            &url,
+            None,
+            &["tasks", "watch", "T"],
+            None,
+            Duration::from_secs(30),
+            &[("HERALD_TEST_WATCH_REFRESH_MS", "300")],
+        )
+    })
+    .await
+    .unwrap()
+    .ok();
+    assert!(out.stdout.contains("T is completed"), "{}", out.stdout);
+    assert!(reads.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+}

@@ -7,6 +7,11 @@
 //!
 //! It ends (exit 0) when the run it watched finishes and no other run of the task is active, or
 //! at once when the task is already finished; a task waiting for its next fire is waited for.
+//!
+//! Events are node-local: in cluster mode a node that does not own the task publishes none of
+//! its changes, only `ready` and keep-alives. So when no event has come for [`REFRESH_EVERY`]
+//! the task is read again and taken as a snapshot, as after a `resync`: a watch through any
+//! node follows the task (in steps of that period) and ends with it.
 
 use crate::cli::output::{out, outln};
 use std::collections::BTreeMap;
@@ -23,6 +28,13 @@ use super::table;
 
 /// No byte for this long (herald sends a keep-alive every 15 s) means the stream is dead.
 const IDLE_MAX: Duration = Duration::from_secs(45);
+
+/// No event of the task for this long: read the task again (events are node-local, see the
+/// top of this file).
+const REFRESH_EVERY: Duration = Duration::from_secs(10);
+
+/// Test knob, not configuration: [`REFRESH_EVERY`] in milliseconds (`tests/cli.rs`).
+pub const REFRESH_ENV: &str = "HERALD_TEST_WATCH_REFRESH_MS";
 
 /// Server-sent events cut out of the bytes as they come, whatever frames they come in.
 ///
@@ -69,26 +81,49 @@ impl SseDecoder {
 struct Sse {
     body: Incoming,
     decoder: SseDecoder,
+    /// When the last frame came: [`IDLE_MAX`] counts from it, not from each call of
+    /// [`Sse::next`], which the watch cuts short every [`REFRESH_EVERY`].
+    last_frame: tokio::time::Instant,
 }
 
 impl Sse {
-    /// The next event as (name, data), or `None` when the stream ended.
+    fn new(body: Incoming) -> Sse {
+        Sse {
+            body,
+            decoder: SseDecoder::default(),
+            last_frame: tokio::time::Instant::now(),
+        }
+    }
+
+    /// The next event as (name, data), or `None` when the stream ended. Cancel-safe: a frame
+    /// is either not taken from the body yet or already in the decoder.
     async fn next(&mut self) -> Result<Option<(String, String)>, String> {
         loop {
             if let Some(event) = self.decoder.next_event() {
                 return Ok(Some(event));
             }
-            let frame = match tokio::time::timeout(IDLE_MAX, self.body.frame()).await {
+            let idle_end = self.last_frame + IDLE_MAX;
+            let frame = match tokio::time::timeout_at(idle_end, self.body.frame()).await {
                 Err(_) => return Err(format!("no data for {}s", IDLE_MAX.as_secs())),
                 Ok(None) => return Ok(None),
                 Ok(Some(Err(e))) => return Err(e.to_string()),
                 Ok(Some(Ok(f))) => f,
             };
+            self.last_frame = tokio::time::Instant::now();
             if let Ok(data) = frame.into_data() {
                 self.decoder.push(&data);
             }
         }
     }
+}
+
+/// [`REFRESH_EVERY`], or the test knob [`REFRESH_ENV`].
+fn refresh_every() -> Duration {
+    std::env::var(REFRESH_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map_or(REFRESH_EVERY, Duration::from_millis)
 }
 
 fn finished(state: &str) -> bool {
@@ -192,52 +227,84 @@ fn snapshot_progress(t: &Value, state: &str) -> Value {
     p
 }
 
+/// What the watch took from the task's view (`ready`, `resync`, or a refresh).
+enum Snapshot {
+    /// The task is finished and no bar was open: it was shown, the watch is over.
+    Shown,
+    /// The task's state, for the end conditions.
+    State(String),
+}
+
+/// Reads the task and applies it to the bars. `why` is the event that asked for it, or
+/// `"refresh"` (no event for a while): a refresh prints its snapshot with `--json` only when
+/// the view changed since the last one printed (`last`).
+#[allow(
+    clippy::indexing_slicing,
+    reason = "reads herald's JSON answer with serde_json::Value's Index, which gives Null for a missing key and never panics"
+)]
+async fn snapshot(
+    c: &Client,
+    id: &str,
+    why: &str,
+    bars: &mut Bars,
+    last: &mut Value,
+) -> Result<Snapshot, CliError> {
+    let t = c.get(&format!("/v1/tasks/{}", enc(id))).await?;
+    let state = t["state"].as_str().unwrap_or("").to_string();
+    if bars.json && (why != "refresh" || t != *last) {
+        outln!("{}", json!({ "event": "snapshot", "data": t }));
+    }
+    if finished(&state) && bars.bars.is_empty() {
+        if !bars.json {
+            out!("{}", super::tasks::show(&t));
+        }
+        return Ok(Snapshot::Shown);
+    }
+    if !t["progress"].is_null() && (state == "running" || !bars.bars.is_empty()) {
+        bars.update(id, &snapshot_progress(&t, &state));
+    }
+    if why == "ready" && state != "running" && !bars.json {
+        outln!(
+            "{id} is {state}; waiting for its next run (next fire {})",
+            table::when(&t["next_fire_at"], chrono::Utc::now())
+        );
+    }
+    *last = t;
+    Ok(Snapshot::State(state))
+}
+
 #[allow(
     clippy::indexing_slicing,
     reason = "reads herald's JSON answer with serde_json::Value's Index, which gives Null for a missing key and never panics"
 )]
 pub async fn watch(c: &Client, json: bool, id: &str) -> Result<(), CliError> {
     let body = c.stream(&format!("/v1/events?task={}", enc(id))).await?;
-    let mut sse = Sse {
-        body,
-        decoder: SseDecoder::default(),
-    };
+    let mut sse = Sse::new(body);
     let mut bars = Bars::new(json);
+    let mut last = Value::Null;
+    let refresh = refresh_every();
     let lost = |e: String| CliError::Unreachable {
         url: c.base().to_string(),
         reason: format!("the event stream broke: {e}"),
     };
     loop {
-        let Some((name, data)) = sse.next().await.map_err(lost)? else {
-            return Err(lost("herald closed it".into()));
+        // Cut short when no event came for a while: the task is read again instead.
+        let (name, data) = match tokio::time::timeout(refresh, sse.next()).await {
+            Err(_) => ("refresh".to_string(), String::new()),
+            Ok(next) => next
+                .map_err(lost)?
+                .ok_or_else(|| lost("herald closed it".into()))?,
         };
         let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
-        if json {
+        if json && name != "refresh" {
             outln!("{}", json!({ "event": name, "data": v }));
         }
         let task_state = match name.as_str() {
-            "ready" | "resync" => {
-                let t = c.get(&format!("/v1/tasks/{}", enc(id))).await?;
-                let state = t["state"].as_str().unwrap_or("").to_string();
-                if json {
-                    outln!("{}", json!({ "event": "snapshot", "data": t }));
+            "ready" | "resync" | "refresh" => {
+                match snapshot(c, id, &name, &mut bars, &mut last).await? {
+                    Snapshot::Shown => return Ok(()),
+                    Snapshot::State(s) => s,
                 }
-                if finished(&state) && bars.bars.is_empty() {
-                    if !json {
-                        out!("{}", super::tasks::show(&t));
-                    }
-                    return Ok(());
-                }
-                if !t["progress"].is_null() && (state == "running" || !bars.bars.is_empty()) {
-                    bars.update(id, &snapshot_progress(&t, &state));
-                }
-                if name == "ready" && state != "running" && !json {
-                    outln!(
-                        "{id} is {state}; waiting for its next run (next fire {})",
-                        table::when(&t["next_fire_at"], chrono::Utc::now())
-                    );
-                }
-                state
             }
             "progress" => {
                 bars.update(id, &v);
