@@ -1334,3 +1334,50 @@ async fn watch_through_a_node_without_the_tasks_events_ends_with_the_task() {
     assert!(out.stdout.contains("T is completed"), "{}", out.stdout);
     assert!(reads.load(std::sync::atomic::Ordering::SeqCst) >= 2);
 }
+
+/// An empty or malformed task id is refused by the argument parser (exit 2, naming the
+/// argument) before any request: before, `tasks show ""` asked for `/v1/tasks/`, the list,
+/// printed it as a task's detail and exited 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_or_malformed_id_is_refused_naming_the_argument() {
+    let h = TestHerald::start("").await;
+    let url = h.server.url();
+    let long_failure = format!("{}:1:0", "a".repeat(150));
+    let cases: Vec<(Vec<&str>, &str, &str)> = vec![
+        (vec!["tasks", "show", ""], "<ID>", "must not be empty"),
+        (vec!["tasks", "watch", ""], "<ID>", "must not be empty"),
+        (vec!["tasks", "delete", ""], "<ID>", "must not be empty"),
+        (vec!["tasks", "cancel", "a/b"], "<ID>", "'/' is not allowed"),
+        (vec!["tasks", "runs", ""], "<ID>", "must not be empty"),
+        (vec!["failures", "dismiss", ""], "<ID>", "must not be empty"),
+        (
+            vec!["failures", "retry", &long_failure],
+            "<ID>",
+            "at most 150 characters",
+        ),
+        (
+            vec!["failures", "list", "--task", ""],
+            "--task",
+            "must not be empty",
+        ),
+        (
+            vec!["tasks", "list", "--after", ""],
+            "--after",
+            "must not be empty",
+        ),
+    ];
+    for (args, names, says) in cases {
+        let out = herald(&url, &args).await;
+        assert_eq!(
+            out.code, 2,
+            "{args:?}: stdout {}\nstderr {}",
+            out.stdout, out.stderr
+        );
+        assert!(out.stdout.is_empty(), "{args:?}: {}", out.stdout);
+        assert!(
+            out.stderr.contains(names) && out.stderr.contains(says),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+}

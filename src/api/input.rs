@@ -13,8 +13,7 @@ use crate::model::check_id;
 pub const LIST_LIMIT_DEFAULT: usize = 100;
 pub const LIST_LIMIT_MAX: usize = 1_000;
 
-/// Failure ids are `{task id}:{run}:{seq}`: a task id of up to 128 characters plus two numbers.
-pub const FAILURE_ID_LEN_MAX: usize = crate::model::id::ID_MAX_LEN + 22;
+pub use crate::model::id::FAILURE_ID_LEN_MAX;
 
 /// Percent-decodes a path segment or query value; invalid escapes are an error.
 pub fn percent_decode(s: &str) -> Option<String> {

@@ -98,13 +98,19 @@ pub enum TasksCmd {
         #[arg(long, default_value_t = 50)]
         limit: u32,
         /// Start after this task id (the `next` of the previous page).
-        #[arg(long)]
+        #[arg(long, value_parser = task_id)]
         after: Option<String>,
     },
     /// One task in detail.
-    Show { id: String },
+    Show {
+        #[arg(value_parser = task_id)]
+        id: String,
+    },
     /// Live progress bars of the task's running sequence, until the run finishes.
-    Watch { id: String },
+    Watch {
+        #[arg(value_parser = task_id)]
+        id: String,
+    },
     /// Create a task from a JSON file (`-` reads standard input).
     Create {
         /// The task request (API.md `POST /v1/tasks`).
@@ -117,6 +123,7 @@ pub enum TasksCmd {
     /// Give a one-shot task (`at` or `after`) a new time: its schedule becomes `{"at": ...}`;
     /// re-arms an expired task. Any other schedule (cron, reminders) is refused unless --force.
     Reschedule {
+        #[arg(value_parser = task_id)]
         id: String,
         /// The new instant (RFC 3339, or local time with --tz).
         #[arg(long)]
@@ -130,6 +137,7 @@ pub enum TasksCmd {
     },
     /// Send the missed runs of a range: one run per slot without a completed run, in order.
     Backfill {
+        #[arg(value_parser = task_id)]
         id: String,
         /// Start of the range (RFC 3339).
         #[arg(long)]
@@ -139,15 +147,28 @@ pub enum TasksCmd {
         to: String,
     },
     /// Cancel a task: no send of it starts afterwards.
-    Cancel { id: String },
+    Cancel {
+        #[arg(value_parser = task_id)]
+        id: String,
+    },
     /// Hold all sends of a task.
-    Pause { id: String },
+    Pause {
+        #[arg(value_parser = task_id)]
+        id: String,
+    },
     /// Continue a paused task.
-    Resume { id: String },
+    Resume {
+        #[arg(value_parser = task_id)]
+        id: String,
+    },
     /// Start a run now.
-    Trigger { id: String },
+    Trigger {
+        #[arg(value_parser = task_id)]
+        id: String,
+    },
     /// The task's runs, with cursors and outcomes, oldest first.
     Runs {
+        #[arg(value_parser = task_id)]
         id: String,
         /// Runs per page (1-1000).
         #[arg(long, default_value_t = 100)]
@@ -158,10 +179,14 @@ pub enum TasksCmd {
     },
     /// Delete a finished task with its runs; an unfinished task is cancelled instead (as
     /// `cancel` does: it stays readable as cancelled), and deleted by a second delete.
-    Delete { id: String },
+    Delete {
+        #[arg(value_parser = task_id)]
+        id: String,
+    },
     /// Every step herald took for the task, oldest first: created, fired, each attempt with
     /// its answer, retries and holds, delivered or failed.
     Timeline {
+        #[arg(value_parser = task_id)]
         id: String,
         /// Only the events of this run.
         #[arg(long)]
@@ -180,17 +205,35 @@ pub enum FailuresCmd {
     /// A page of the failure list.
     List {
         /// Only failures of this task.
-        #[arg(long)]
+        #[arg(long, value_parser = task_id)]
         task: Option<String>,
         #[arg(long, default_value_t = 50)]
         limit: u32,
-        #[arg(long)]
+        #[arg(long, value_parser = failure_id)]
         after: Option<String>,
     },
     /// Send a failed message again (same idempotency key).
-    Retry { id: String },
+    Retry {
+        #[arg(value_parser = failure_id)]
+        id: String,
+    },
     /// Remove a message from the failure list.
-    Dismiss { id: String },
+    Dismiss {
+        #[arg(value_parser = failure_id)]
+        id: String,
+    },
+}
+
+/// clap's check of a task id argument, by herald's own rule (`model::check_id`): a bad one
+/// is refused before any request (exit 2, naming the argument). An empty id would otherwise
+/// ask for `/v1/tasks/`, the list, and `tasks show ""` printed it as a task's detail.
+fn task_id(s: &str) -> Result<String, String> {
+    crate::model::check_id(s).map(|()| s.to_string())
+}
+
+/// [`task_id`] for a failure id (`{task}:{run}:{seq}`: the same alphabet, longer).
+fn failure_id(s: &str) -> Result<String, String> {
+    crate::model::id::check_id_len(s, crate::model::id::FAILURE_ID_LEN_MAX).map(|()| s.to_string())
 }
 
 /// Runs a client command; output goes to stdout, the error (if any) is for `main` to print.

@@ -7,6 +7,9 @@ use std::sync::OnceLock;
 
 pub const ID_MAX_LEN: usize = 128;
 
+/// Failure ids are `{task id}:{run}:{seq}`: a task id of up to 128 characters plus two numbers.
+pub const FAILURE_ID_LEN_MAX: usize = ID_MAX_LEN + 22;
+
 /// Checks an id; the error says what is wrong with it.
 pub fn check_id(id: &str) -> Result<(), String> {
     check_id_len(id, ID_MAX_LEN)
