@@ -1381,3 +1381,61 @@ async fn an_empty_or_malformed_id_is_refused_naming_the_argument() {
         );
     }
 }
+
+/// A change whose answer never came (herald read the request and the connection closed) is
+/// not "cannot reach herald", which invites a re-run that creates or triggers twice: its
+/// outcome is unknown and the error says how to check. Nothing listening is still "cannot
+/// reach".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_without_an_answer_is_reported_as_unknown_not_unreachable() {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    // Reads each request whole, then closes without a word.
+    let url = fake_herald(move |req, conn| {
+        log.lock()
+            .unwrap()
+            .push(format!("{} {}", req.method, req.path));
+        drop(conn);
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let file = task_file(
+        dir.path(),
+        "t.json",
+        &json!({"id": "t", "schedule": {"after": "1h"}, "to": ["a"], "body": "x"}),
+    );
+    for args in [
+        vec!["tasks", "create", "-f", file.as_str()],
+        vec!["tasks", "trigger", "t"],
+    ] {
+        let err = herald(&url, &args).await.fails();
+        assert!(!err.contains("cannot reach"), "{args:?}: {err}");
+        assert!(
+            err.contains("no answer from herald") && err.contains("may or may not have been done"),
+            "{args:?}: {err}"
+        );
+        assert!(err.contains("--idempotency-key"), "{err}");
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        ["POST /v1/tasks", "POST /v1/tasks/t/trigger"]
+    );
+    // Nothing listens on port 1: nothing was sent, so it is "cannot reach".
+    let err = herald("http://127.0.0.1:1", &["tasks", "trigger", "t"])
+        .await
+        .fails();
+    assert!(err.contains("cannot reach herald"), "{err}");
+    // A success whose body broke off: done, and said so.
+    let url = fake_herald(|_, mut conn| {
+        let _ = write!(
+            conn,
+            "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"id\""
+        );
+    });
+    let err = herald(&url, &["tasks", "create", "-f", file.as_str()])
+        .await
+        .fails();
+    assert!(
+        !err.contains("cannot reach") && err.contains("HTTP 201 (done)"),
+        "{err}"
+    );
+}

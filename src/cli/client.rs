@@ -23,6 +23,16 @@ pub enum CliError {
     /// No connection to herald at all.
     #[error("cannot reach herald at {url}: {reason} (is `herald serve` running there? set --url or HERALD_URL)")]
     Unreachable { url: String, reason: String },
+    /// A change was sent and no answer came (the connection broke after the request went
+    /// out, or the time ran out): herald may have made it. Never "cannot reach", which
+    /// invites a re-run that would create or trigger a second time.
+    #[error("{method} {path}: no answer from herald at {url} ({reason}); it may or may not have been done: check with `herald tasks show ID` or `herald tasks list` (`herald failures list` for the failure list) before repeating it (a create repeated with the same --idempotency-key is never made twice)")]
+    Unknown {
+        method: String,
+        path: String,
+        url: String,
+        reason: String,
+    },
     /// herald answered with an error (a problem document).
     #[error("{method} {path}: HTTP {status}: {detail}{hint}")]
     Api {
@@ -155,23 +165,40 @@ impl Client {
             .map_err(|e| CliError::Local(format!("building the request for {path}: {e}")))?;
         let resp = match tokio::time::timeout(REQUEST_TIMEOUT, self.http.request(req)).await {
             Err(_) => {
-                return Err(CliError::Unreachable {
-                    url: self.base.clone(),
-                    reason: format!("no answer within {}s", REQUEST_TIMEOUT.as_secs()),
-                })
+                let reason = format!("no answer within {}s", REQUEST_TIMEOUT.as_secs());
+                return Err(self.no_answer(&method, path, reason));
             }
-            Ok(Err(e)) => {
+            // No connection was made: nothing was sent.
+            Ok(Err(e)) if e.is_connect() => {
                 return Err(CliError::Unreachable {
                     url: self.base.clone(),
                     reason: root_cause(&e),
                 })
             }
+            Ok(Err(e)) => return Err(self.no_answer(&method, path, root_cause(&e))),
             Ok(Ok(r)) => r,
         };
         if resp.status().is_success() {
             return Ok(resp);
         }
         Err(self.refusal(method, path, resp).await)
+    }
+
+    /// The error for a request that may have been sent and got no answer: a read is simply
+    /// not answered ("cannot reach"), a change's outcome is unknown ([`CliError::Unknown`]).
+    fn no_answer(&self, method: &Method, path: &str, reason: String) -> CliError {
+        if matches!(*method, Method::GET | Method::HEAD) {
+            return CliError::Unreachable {
+                url: self.base.clone(),
+                reason,
+            };
+        }
+        CliError::Unknown {
+            method: method.to_string(),
+            path: path.to_string(),
+            url: self.base.clone(),
+            reason,
+        }
     }
 
     /// The error for an answer that is not a success: the problem's `detail` (or the body's
@@ -223,17 +250,24 @@ impl Client {
         body: Option<Vec<u8>>,
         headers: &[(&str, &str)],
     ) -> Result<Value, CliError> {
-        let resp = self.request(method, path, body, headers).await?;
+        let resp = self.request(method.clone(), path, body, headers).await?;
+        let status = resp.status().as_u16();
+        // A change answered with a success was made, whatever became of the answer's body.
+        let broke = |reason: String| {
+            match method {
+            Method::GET | Method::HEAD => CliError::Unreachable {
+                url: self.base.clone(),
+                reason,
+            },
+            _ => CliError::Local(format!(
+                "{method} {path}: herald answered HTTP {status} (done) but its answer broke off ({reason}); see the result with `herald tasks show ID` or `herald tasks list`"
+            )),
+        }
+        };
         let bytes = tokio::time::timeout(REQUEST_TIMEOUT, read_all(resp.into_body()))
             .await
-            .map_err(|_| CliError::Unreachable {
-                url: self.base.clone(),
-                reason: "the answer stalled".into(),
-            })?
-            .map_err(|e| CliError::Unreachable {
-                url: self.base.clone(),
-                reason: e,
-            })?;
+            .map_err(|_| broke("the answer stalled".into()))?
+            .map_err(broke)?;
         serde_json::from_slice(&bytes)
             .map_err(|e| CliError::Local(format!("{path}: herald answered with bad JSON: {e}")))
     }
