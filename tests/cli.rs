@@ -1439,3 +1439,42 @@ async fn a_change_without_an_answer_is_reported_as_unknown_not_unreachable() {
         "{err}"
     );
 }
+
+/// `herald export --url` from a herald that answers 200 and a header line, then sends
+/// nothing: it ends after the idle limit (shortened by the test knob) with a non-zero exit,
+/// saying the output is incomplete. Before, it waited for the next bytes for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_export_from_a_stalled_herald_ends_saying_it_is_incomplete() {
+    let url = fake_herald(|_, mut conn| {
+        let _ = write!(
+            conn,
+            "HTTP/1.1 200 OK\r\ncontent-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+        let line = "{\"kind\":\"header\",\"format\":\"herald-export\",\"version\":1}\n";
+        let _ = write!(conn, "{:x}\r\n{line}\r\n", line.len());
+        // Silence, the connection held open until the test ends.
+        std::thread::sleep(Duration::from_secs(120));
+    });
+    let out = tokio::task::spawn_blocking(move || {
+        run_in_env(
+            &url,
+            None,
+            &["export", "--url", &url],
+            None,
+            Duration::from_secs(30),
+            &[("HERALD_TEST_EXPORT_IDLE_MS", "500")],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.stdout.starts_with("{\"kind\":\"header\""),
+        "{}",
+        out.stdout
+    );
+    let err = out.fails();
+    assert!(
+        err.contains("the export stalled for 0.5 s; the output is incomplete"),
+        "{err}"
+    );
+}

@@ -217,6 +217,21 @@ fn ends_complete(tail: &[u8]) -> bool {
     end_line.starts_with("{\"kind\":\"end\"")
 }
 
+/// The longest wait for the next bytes of an export from a running herald: a stalled server
+/// (a hung database read, a frozen process) must not hold `herald export --url` for good.
+const EXPORT_IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Test knob, not configuration: [`EXPORT_IDLE_MAX`] in milliseconds (`tests/cli.rs`).
+pub const EXPORT_IDLE_ENV: &str = "HERALD_TEST_EXPORT_IDLE_MS";
+
+fn export_idle_max() -> std::time::Duration {
+    std::env::var(EXPORT_IDLE_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map_or(EXPORT_IDLE_MAX, std::time::Duration::from_millis)
+}
+
 async fn export_url(url: &str) -> Result<(), CliError> {
     let c = Client::new(url)?;
     let mut body = c.stream("/v1/export").await?;
@@ -225,7 +240,15 @@ async fn export_url(url: &str) -> Result<(), CliError> {
     // The output's last bytes, whatever frames they came in: a frame may end inside the end
     // line, or hold only its newline.
     let mut last = Vec::new();
-    while let Some(frame) = body.frame().await {
+    let idle = export_idle_max();
+    loop {
+        let Ok(frame) = tokio::time::timeout(idle, body.frame()).await else {
+            return Err(local(format!(
+                "the export stalled for {} s; the output is incomplete and import will refuse it",
+                idle.as_secs_f64()
+            )));
+        };
+        let Some(frame) = frame else { break };
         let frame = frame.map_err(|e| local(format!("the export broke off: {e}")))?;
         if let Ok(data) = frame.into_data() {
             match out.write_all(&data) {
