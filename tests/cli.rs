@@ -1478,3 +1478,54 @@ async fn an_export_from_a_stalled_herald_ends_saying_it_is_incomplete() {
         "{err}"
     );
 }
+
+/// An error answer's text reaches the terminal with its control characters escaped (an OSC 52
+/// sequence would set the clipboard, ESC [ repaint the screen), in a problem's `detail` and in
+/// a plain-text body alike; a body past 64 KiB is not read, the status's reason stands in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_answer_is_bounded_and_printed_with_control_characters_escaped() {
+    let url = fake_herald(|req, mut conn| match req.path.as_str() {
+        "/v1/tasks/json" => {
+            let body = json!({"detail": "boom \u{1b}]52;c;SGVsbG8=\u{7} and \u{1b}[2J done"});
+            answer(
+                &mut conn,
+                "502 Bad Gateway",
+                "application/problem+json",
+                &body.to_string(),
+            );
+        }
+        "/v1/tasks/text" => answer(
+            &mut conn,
+            "502 Bad Gateway",
+            "text/plain",
+            "proxy \u{1b}]52;c;SGVsbG8=\u{7} says no",
+        ),
+        _ => {
+            let big = format!("{{\"detail\": \"{}\"}}", "x".repeat(200 * 1024));
+            answer(&mut conn, "502 Bad Gateway", "application/json", &big);
+        }
+    });
+    for (id, says) in [
+        (
+            "json",
+            "boom \\u{1b}]52;c;SGVsbG8=\\u{7} and \\u{1b}[2J done",
+        ),
+        ("text", "proxy \\u{1b}]52;c;SGVsbG8=\\u{7} says no"),
+        ("big", "HTTP 502: Bad Gateway"),
+    ] {
+        let out = herald(&url, &["tasks", "show", id]).await;
+        assert!(
+            !out.stderr
+                .trim_end_matches('\n')
+                .chars()
+                .any(char::is_control),
+            "{id}: {:?}",
+            out.stderr
+        );
+        let err = out.fails();
+        assert!(
+            err.contains("HTTP 502") && err.contains(says),
+            "{id}: {err}"
+        );
+    }
+}

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode, Uri};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
@@ -16,6 +16,9 @@ use serde_json::Value;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most of an error answer's body read for its `detail`: herald's problem documents are
+/// far smaller, and a body past it (a proxy's page, a broken server) is not read on.
+const ERROR_BODY_MAX: usize = 64 * 1024;
 
 /// What went wrong, as one line for the operator.
 #[derive(Debug, thiserror::Error)]
@@ -202,7 +205,11 @@ impl Client {
     }
 
     /// The error for an answer that is not a success: the problem's `detail` (or the body's
-    /// first line, or the status's reason) and a hint about the token.
+    /// first line, or the status's reason) and a hint about the token. The body is read for
+    /// [`REQUEST_TIMEOUT`] and [`ERROR_BODY_MAX`] bytes at most (else the status's reason
+    /// stands in), and the text is shown with control characters escaped: it comes from
+    /// whatever answered, and an escape sequence could repaint the terminal or set its
+    /// clipboard (OSC 52).
     #[allow(
         clippy::indexing_slicing,
         reason = "reads herald's JSON answer with serde_json::Value's Index, which gives Null for a missing key and never panics"
@@ -214,7 +221,11 @@ impl Client {
         resp: hyper::Response<Incoming>,
     ) -> CliError {
         let status = resp.status();
-        let bytes = read_all(resp.into_body()).await.unwrap_or_default();
+        let limited = Limited::new(resp.into_body(), ERROR_BODY_MAX).collect();
+        let bytes = match tokio::time::timeout(REQUEST_TIMEOUT, limited).await {
+            Ok(Ok(c)) => c.to_bytes(),
+            _ => Bytes::new(),
+        };
         let detail = serde_json::from_slice::<Value>(&bytes)
             .ok()
             .and_then(|v| v["detail"].as_str().map(one_line))
@@ -226,6 +237,7 @@ impl Client {
                     text.chars().take(200).collect()
                 }
             });
+        let detail = crate::logsafe::Escaped(&detail).to_string();
         let hint = match status {
             StatusCode::UNAUTHORIZED if self.token.is_none() => {
                 " (herald wants a token: set HERALD_TOKEN)"
