@@ -42,10 +42,19 @@ pub const REFRESH_ENV: &str = "HERALD_TEST_WATCH_REFRESH_MS";
 /// multi-byte UTF-8 character (a task named `每日提醒`), and decoding each frame by itself would
 /// turn both halves into U+FFFD. A `\n` byte never occurs inside a multi-byte character, so a
 /// block cut at `\n\n` holds whole characters only.
+///
+/// The bytes of an event still coming are bounded ([`EVENT_BYTES_MAX`]: herald's events are
+/// small, a stream without a blank line is not herald's), and each byte is searched for the
+/// blank line once, not again with every frame that adds to the event.
 #[derive(Default)]
 struct SseDecoder {
     buf: Vec<u8>,
+    /// How far `buf` has been searched for `\n\n` without finding one.
+    scanned: usize,
 }
+
+/// The longest event the watch takes.
+const EVENT_BYTES_MAX: usize = 4 << 20;
 
 impl SseDecoder {
     /// Adds the bytes of one frame.
@@ -53,9 +62,23 @@ impl SseDecoder {
         self.buf.extend_from_slice(data);
     }
 
-    /// The next complete event as (name, data), or `None` until more bytes have come.
-    fn next_event(&mut self) -> Option<(String, String)> {
-        while let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
+    /// Where the next `\n\n` starts, searching only what was not searched before (from one
+    /// byte back: a pair may straddle two frames).
+    fn blank_line(&mut self) -> Option<usize> {
+        let from = self.scanned.saturating_sub(1);
+        let found = self
+            .buf
+            .get(from..)
+            .and_then(|rest| rest.windows(2).position(|w| w == b"\n\n"))
+            .map(|i| from + i);
+        self.scanned = if found.is_some() { 0 } else { self.buf.len() };
+        found
+    }
+
+    /// The next complete event as (name, data), or `None` until more bytes have come; an
+    /// error once an event's bytes pass [`EVENT_BYTES_MAX`].
+    fn next_event(&mut self) -> Result<Option<(String, String)>, String> {
+        while let Some(end) = self.blank_line() {
             let block: Vec<u8> = self.buf.drain(..end + 2).collect();
             // Whole characters by construction; only bytes herald never sends are replaced.
             let block = String::from_utf8_lossy(&block);
@@ -69,11 +92,17 @@ impl SseDecoder {
                 }
             }
             if !data.is_empty() {
-                return Some((name, data.join("\n")));
+                return Ok(Some((name, data.join("\n"))));
             }
             // a comment (keep-alive) or a `retry:` line: on to the next block
         }
-        None
+        if self.buf.len() > EVENT_BYTES_MAX {
+            return Err(format!(
+                "an event larger than {} MiB",
+                EVENT_BYTES_MAX >> 20
+            ));
+        }
+        Ok(None)
     }
 }
 
@@ -99,7 +128,7 @@ impl Sse {
     /// is either not taken from the body yet or already in the decoder.
     async fn next(&mut self) -> Result<Option<(String, String)>, String> {
         loop {
-            if let Some(event) = self.decoder.next_event() {
+            if let Some(event) = self.decoder.next_event()? {
                 return Ok(Some(event));
             }
             let idle_end = self.last_frame + IDLE_MAX;
@@ -329,7 +358,7 @@ pub async fn watch(c: &Client, json: bool, id: &str) -> Result<(), CliError> {
 
 #[cfg(test)]
 mod tests {
-    use super::SseDecoder;
+    use super::{SseDecoder, EVENT_BYTES_MAX};
 
     /// A frame boundary inside a character of a Chinese task name: the event comes out whole,
     /// not with U+FFFD for the two halves.
@@ -342,16 +371,16 @@ mod tests {
         assert!(!event.is_char_boundary(cut));
         let mut d = SseDecoder::default();
         d.push(&bytes[..cut]);
-        assert_eq!(d.next_event(), None);
+        assert_eq!(d.next_event(), Ok(None));
         d.push(&bytes[cut..]);
         assert_eq!(
             d.next_event(),
-            Some((
+            Ok(Some((
                 "task".to_string(),
                 "{\"id\":\"每日提醒\",\"state\":\"running\"}".to_string()
-            ))
+            )))
         );
-        assert_eq!(d.next_event(), None);
+        assert_eq!(d.next_event(), Ok(None));
     }
 
     /// Every cut of a stream (keep-alive, two events, one of them in Chinese) gives the same
@@ -373,12 +402,56 @@ mod tests {
                 let mut got = Vec::new();
                 for part in [&bytes[..a], &bytes[a..b], &bytes[b..]] {
                     d.push(part);
-                    while let Some(e) = d.next_event() {
+                    while let Some(e) = d.next_event().unwrap() {
                         got.push(e);
                     }
                 }
                 assert_eq!(got, want, "cut at {a} and {b}");
             }
         }
+    }
+
+    /// An event that comes in many frames is searched once per byte (the search resumes where
+    /// it stopped, a blank line split between two frames still found), and one that passes the
+    /// cap without its blank line is an error, not a buffer that grows for good.
+    #[test]
+    fn a_long_event_is_searched_once_and_capped() {
+        let mut d = SseDecoder::default();
+        d.push(b"event: task\ndata: {");
+        assert_eq!(d.next_event(), Ok(None));
+        assert_eq!(d.scanned, d.buf.len());
+        for _ in 0..100 {
+            d.push(b"\"k\":1,");
+            assert_eq!(d.next_event(), Ok(None));
+            assert_eq!(d.scanned, d.buf.len(), "searched to the end, once");
+        }
+        d.push(b"\"end\":1}\n");
+        assert_eq!(d.next_event(), Ok(None));
+        d.push(b"\nevent: ready\ndata: {}\n\n");
+        let (name, data) = d.next_event().unwrap().unwrap();
+        assert_eq!(name, "task");
+        assert!(
+            data.starts_with("{\"k\":1,") && data.ends_with("\"end\":1}"),
+            "{data}"
+        );
+        assert_eq!(
+            d.next_event(),
+            Ok(Some(("ready".to_string(), "{}".to_string())))
+        );
+        assert!(d.buf.is_empty());
+
+        let mut d = SseDecoder::default();
+        d.push(b"event: task\ndata: ");
+        let chunk = vec![b'x'; 1 << 20];
+        let mut err = None;
+        for _ in 0..8 {
+            d.push(&chunk);
+            if let Err(e) = d.next_event() {
+                err = Some(e);
+                break;
+            }
+        }
+        assert_eq!(err.as_deref(), Some("an event larger than 4 MiB"));
+        assert!(d.buf.len() <= EVENT_BYTES_MAX + chunk.len());
     }
 }
