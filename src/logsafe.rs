@@ -1,7 +1,9 @@
 //! Values from users and remote peers in log lines: a message's `to` and `body`, task names,
 //! a receiver's error text. A newline in them would forge a log line, an ANSI escape would
-//! repaint the operator's terminal; [`Escaped`] writes control characters as `\n`, `\r`,
-//! `\t` or `\u{1b}` instead, and leaves everything else (any language's text) as it is.
+//! repaint the operator's terminal, a bidi override or isolate (U+202A–U+202E, U+2066–U+2069)
+//! would reorder what is shown after it; [`Escaped`] writes them as `\n`, `\r`, `\t`,
+//! `\u{1b}` or `\u{202e}` instead, and leaves everything else (any language's text, the
+//! implicit marks U+200E/U+200F right-to-left text uses) as it is.
 
 use std::fmt;
 
@@ -11,7 +13,7 @@ pub struct Escaped<'a>(pub &'a str);
 impl fmt::Display for Escaped<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut rest = self.0;
-        while let Some(i) = rest.find(|c: char| c.is_control()) {
+        while let Some(i) = rest.find(escaped) {
             f.write_str(&rest[..i])?;
             let c = rest[i..].chars().next().unwrap_or('\0');
             match c {
@@ -24,6 +26,12 @@ impl fmt::Display for Escaped<'_> {
         }
         f.write_str(rest)
     }
+}
+
+/// Whether [`Escaped`] escapes `c`: a control character, or an explicit bidi embedding,
+/// override or isolate.
+fn escaped(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 impl fmt::Debug for Escaped<'_> {
@@ -55,5 +63,18 @@ mod tests {
             "a\\nINFO forged\\r\\u{1b}[31mred\\u{7} \\u{85}"
         );
         assert_eq!(Escaped("早上好, café\t!").to_string(), "早上好, café\\t!");
+    }
+
+    #[test]
+    fn bidi_overrides_and_isolates_are_escaped_and_marks_kept() {
+        assert_eq!(
+            Escaped("a\u{202a}b\u{202b}c\u{202c}d\u{202d}e\u{202e}f").to_string(),
+            "a\\u{202a}b\\u{202b}c\\u{202c}d\\u{202d}e\\u{202e}f"
+        );
+        assert_eq!(
+            Escaped("\u{2066}\u{2067}\u{2068}\u{2069}").to_string(),
+            "\\u{2066}\\u{2067}\\u{2068}\\u{2069}"
+        );
+        assert_eq!(Escaped("שלום\u{200f}!").to_string(), "שלום\u{200f}!");
     }
 }

@@ -50,25 +50,10 @@ impl Table {
 }
 
 /// Terminal columns `s` takes: East Asian wide characters (Chinese descriptions, full-width
-/// parentheses) take two, so a column of them lines up.
+/// parentheses) and emoji take two, combining and zero-width characters none, so a column of
+/// them lines up (Unicode's East Asian Width and emoji presentation, as terminals draw them).
 fn columns(s: &str) -> usize {
-    s.chars()
-        .map(|c| match u32::from(c) {
-            0x1100..=0x115F
-            | 0x2E80..=0x303E
-            | 0x3041..=0x33FF
-            | 0x3400..=0x4DBF
-            | 0x4E00..=0x9FFF
-            | 0xA000..=0xA4CF
-            | 0xAC00..=0xD7A3
-            | 0xF900..=0xFAFF
-            | 0xFE30..=0xFE4F
-            | 0xFF00..=0xFF60
-            | 0xFFE0..=0xFFE6
-            | 0x20000..=0x3FFFD => 2,
-            _ => 1,
-        })
-        .sum()
+    unicode_width::UnicodeWidthStr::width(s)
 }
 
 /// An RFC 3339 instant from the API.
@@ -206,6 +191,38 @@ mod tests {
             })
             .collect();
         assert_eq!(at, [26, 26, 26], "{out}");
+    }
+
+    /// Emoji take two columns, a combining accent and a zero-width space none: a column of
+    /// them lines up with plain text (before, each counted one column per `char`).
+    #[test]
+    fn emoji_combining_and_zero_width_characters_line_up() {
+        assert_eq!(columns("📨 sent"), 2 + 1 + 4);
+        assert_eq!(columns("cafe\u{301}"), 4);
+        assert_eq!(columns("a\u{200b}b"), 2);
+        let mut t = Table::new(&["NAME", "ID"]);
+        t.row(vec!["📨📨 mail".into(), "a".into()]);
+        t.row(vec!["cafe\u{301}\u{200b}".into(), "b".into()]);
+        t.row(vec!["plain text".into(), "c".into()]);
+        let out = t.render();
+        let at: Vec<usize> = out
+            .lines()
+            .map(|l| {
+                let i = l.rfind(' ').unwrap() + 1;
+                columns(&l[..i])
+            })
+            .collect();
+        assert_eq!(at, [12, 12, 12, 12], "{out}");
+    }
+
+    /// Bidi overrides and isolates in a cell are shown escaped: they would reorder what the
+    /// terminal shows after them ("Trojan Source"), and a table of them would not line up.
+    #[test]
+    fn bidi_controls_in_a_cell_are_shown_escaped() {
+        let c = cell(&serde_json::json!(
+            "invoice\u{202e}fdp.exe\u{2066}x\u{2069}"
+        ));
+        assert_eq!(c, "invoice\\u{202e}fdp.exe\\u{2066}x\\u{2069}");
     }
 
     #[test]
