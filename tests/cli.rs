@@ -1392,9 +1392,10 @@ async fn a_change_without_an_answer_is_reported_as_unknown_not_unreachable() {
     let log = seen.clone();
     // Reads each request whole, then closes without a word.
     let url = fake_herald(move |req, conn| {
+        let body = String::from_utf8_lossy(&req.body).to_string();
         log.lock()
             .unwrap()
-            .push(format!("{} {}", req.method, req.path));
+            .push((format!("{} {}", req.method, req.path), body));
         drop(conn);
     });
     let dir = tempfile::tempdir().unwrap();
@@ -1415,10 +1416,12 @@ async fn a_change_without_an_answer_is_reported_as_unknown_not_unreachable() {
         );
         assert!(err.contains("--idempotency-key"), "{err}");
     }
-    assert_eq!(
-        *seen.lock().unwrap(),
-        ["POST /v1/tasks", "POST /v1/tasks/t/trigger"]
-    );
+    // Each request was sent whole before the connection closed.
+    let seen = seen.lock().unwrap().clone();
+    let routes: Vec<&str> = seen.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(routes, ["POST /v1/tasks", "POST /v1/tasks/t/trigger"]);
+    let created: Value = serde_json::from_str(&seen[0].1).unwrap();
+    assert_eq!(created["id"], "t");
     // Nothing listens on port 1: nothing was sent, so it is "cannot reach".
     let err = herald("http://127.0.0.1:1", &["tasks", "trigger", "t"])
         .await
