@@ -265,16 +265,15 @@ impl Client {
         let resp = self.request(method.clone(), path, body, headers).await?;
         let status = resp.status().as_u16();
         // A change answered with a success was made, whatever became of the answer's body.
-        let broke = |reason: String| {
-            match method {
+        let broke = |reason: String| match method {
             Method::GET | Method::HEAD => CliError::Unreachable {
                 url: self.base.clone(),
                 reason,
             },
             _ => CliError::Local(format!(
-                "{method} {path}: herald answered HTTP {status} (done) but its answer broke off ({reason}); see the result with `herald tasks show ID` or `herald tasks list`"
+                "{method} {path}: herald answered HTTP {status} (done) but its answer broke \
+                 off ({reason}); see the result with `herald tasks show ID` or `herald tasks list`"
             )),
-        }
         };
         let bytes = tokio::time::timeout(REQUEST_TIMEOUT, read_all(resp.into_body()))
             .await
