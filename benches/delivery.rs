@@ -6,7 +6,8 @@
 //! tokio runtime (1 worker thread); herald, the baseline client and the driver share a second
 //! runtime (2 worker threads, one per core).
 //!
-//! One iteration delivers N = 2000 messages, 20 sequences of 100, and is timed from just
+//! One iteration delivers N = 2000 messages, 20 sequences of 100 (`HERALD_DELIVERY_RUNS=k`:
+//! k sequences of 100, and k workers for the raw client), and is timed from just
 //! before the first create (or the first POST for the baseline) to the arrival of the N-th
 //! request at the receiver. The driver polls the counter every 1 ms (with a deadline); the end
 //! instant is the receiver's arrival stamp of the N-th request, so the 1 ms poll granularity is
@@ -27,7 +28,7 @@
 //!   and same JSON bodies (herald's `Delivery`, serialized once at set-up).
 //! * `herald_unsigned` / `herald_signed`: herald in-process (`server::start_with`), data dir on
 //!   tmpfs (`/dev/shm`, else the normal temp dir: on this VM one disk fsync costs
-//!   milliseconds and would dominate), channel `hook` (webhook, concurrency 64;
+//!   milliseconds and would dominate), channel `hook` (webhook, concurrency 64 or one per sequence;
 //!   `signed` adds a Standard Webhooks secret). Each iteration creates 20 tasks of 100 messages
 //!   (`schedule.after = "0s"`, no pacing) concurrently through `Engine::create` (what the HTTP
 //!   API calls, minus HTTP parsing). A run is a sequence: each message is made durable twice
@@ -90,9 +91,24 @@ use herald::server::Server;
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const TASKS: usize = 20;
+/// Sequences (runs) per round, and the raw client's workers: 20, or `HERALD_DELIVERY_RUNS`.
+/// With more of them each sequence's durable write per message is hidden behind the others'
+/// sends, and the round shows what the machine can carry rather than one sequence's latency.
+fn tasks() -> usize {
+    static RUNS: OnceLock<usize> = OnceLock::new();
+    *RUNS.get_or_init(|| {
+        std::env::var("HERALD_DELIVERY_RUNS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n: &usize| (1..=1000).contains(&n))
+            .unwrap_or(20)
+    })
+}
 const PER_TASK: usize = 100;
-const N: u64 = (TASKS * PER_TASK) as u64;
+/// Messages per round.
+fn per_round() -> u64 {
+    (tasks() * PER_TASK) as u64
+}
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 /// Longest one iteration may take before the bench gives up.
 const ROUND_DEADLINE: Duration = Duration::from_secs(120);
@@ -225,7 +241,7 @@ impl Baseline {
             .pool_idle_timeout(Duration::from_secs(60))
             .build(connector);
         let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-        let messages = (0..TASKS)
+        let messages = (0..tasks())
             .map(|t| {
                 let task_id = format!("bench-baseline-{t:02}");
                 (0..PER_TASK)
@@ -263,10 +279,10 @@ impl Baseline {
     }
 
     async fn round(&self, counter: &Counter) -> Duration {
-        let target = counter.requests.load(Ordering::Acquire) + N;
+        let target = counter.requests.load(Ordering::Acquire) + per_round();
         let start = Instant::now();
         let mut workers = JoinSet::new();
-        for w in 0..TASKS {
+        for w in 0..tasks() {
             let client = self.client.clone();
             let uri = self.uri.clone();
             let messages = self.messages.clone();
@@ -316,7 +332,8 @@ impl Herald {
             toml.push_str("[store]\ntimeline_max = 0\n");
         }
         toml.push_str(&format!(
-            "[channels.hook]\nkind = \"webhook\"\nurl = \"{receiver_url}\"\nconcurrency = 64\n"
+            "[channels.hook]\nkind = \"webhook\"\nurl = \"{receiver_url}\"\nconcurrency = {}\n",
+            tasks().max(64)
         ));
         if signed {
             toml.push_str(&format!("secret = \"{SECRET}\"\n"));
@@ -366,7 +383,7 @@ impl Herald {
 
     async fn round(&self, counter: &Counter, requests: &[TaskRequest]) -> Duration {
         let batch: Vec<TaskRequest> = requests.to_vec();
-        let target = counter.requests.load(Ordering::Acquire) + N;
+        let target = counter.requests.load(Ordering::Acquire) + per_round();
         let start = Instant::now();
         let mut creates = JoinSet::new();
         for req in batch {
@@ -385,7 +402,7 @@ impl Herald {
 
 /// 20 tasks of 100 messages each, due at once, no pacing, on channel `hook`.
 fn task_requests() -> Vec<TaskRequest> {
-    (0..TASKS)
+    (0..tasks())
         .map(|t| {
             let to: Vec<String> = (0..PER_TASK).map(|i| recipient(t, i)).collect();
             serde_json::from_value(serde_json::json!({
@@ -428,7 +445,7 @@ fn delivery(c: &mut Criterion) {
     let requests = task_requests();
 
     let mut g = c.benchmark_group("delivery");
-    g.throughput(Throughput::Elements(N))
+    g.throughput(Throughput::Elements(per_round()))
         .sample_size(10)
         .sampling_mode(SamplingMode::Flat)
         .warm_up_time(Duration::from_secs(2))
@@ -446,7 +463,7 @@ fn delivery(c: &mut Criterion) {
                 for _ in 0..iters {
                     total += baseline.round(&counter).await;
                 }
-                baseline_timed.0 += iters * N;
+                baseline_timed.0 += iters * per_round();
                 baseline_timed.1 += total;
                 total
             })
@@ -500,7 +517,7 @@ fn delivery(c: &mut Criterion) {
                     // Untimed: the timeline's records and bytes for every message delivered
                     // by this instance (the warm-up round's too).
                     if let Ok((n, bytes)) = herald.engine().store().timeline_footprint() {
-                        let delivered = (iters + 1) * N;
+                        let delivered = (iters + 1) * per_round();
                         footprint = (
                             footprint.0 + n,
                             footprint.1 + bytes,
@@ -583,14 +600,14 @@ fn delivery(c: &mut Criterion) {
     }
 }
 
-/// What the disk adds to each message, measured in the same run. Each of the [`TASKS`]
+/// What the disk adds to each message, measured in the same run. Each of the [`tasks()`]
 /// sequences has one message in flight, and its next message leaves only once that message's
 /// outcome and the next one's mark are durable together: every message of a sequence waits for
 /// a sync. So a sequence's time per message on disk, beside the same on tmpfs (no sync), shows
 /// what the sync costs it, counted in the disk's raw `fdatasync`s (read right after).
 fn what_the_disk_adds(tmpfs: f64, disk: f64, (base_n, base_t): (u64, Duration)) {
     let sync_us = 1e6 / support::fdatasync_rate(disk_dir().path());
-    let per_seq = |rate: f64| 1e6 * TASKS as f64 / rate;
+    let per_seq = |rate: f64| 1e6 * tasks() as f64 / rate;
     let added = per_seq(disk) - per_seq(tmpfs);
     let hyper = base_n as f64 / base_t.as_secs_f64().max(1e-9);
     if base_n > 0 {

@@ -96,9 +96,7 @@ pub fn progress(r: &Run, pacing: &Pacing, now_ms: u64) -> Value {
             // The next message at `next_at`, then one gap (interval or batch pause) before
             // each of the rest. Rate limits and retries can only make it later.
             let next = r.next_at_ms.unwrap_or(now_ms).max(now_ms);
-            let gaps: u64 = (r.cursor + 1..r.total)
-                .map(|i| pacing.gap_before(i))
-                .fold(0u64, |a, g| a.saturating_add(g));
+            let gaps = pacing.gaps_between(r.cursor.saturating_add(1), r.total);
             Some(next.saturating_add(gaps))
         }
         _ => r.finished_at_ms,
