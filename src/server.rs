@@ -70,7 +70,8 @@ impl Server {
         // Cluster mode: the shards go free at once for the other nodes (HA.md "Balancing":
         // SIGTERM hands every shard over). After the drain, so that no send of this node is
         // still in flight when another node may take its shard; sends still waiting past
-        // the timeout are cut off by their trust window.
+        // the timeout are cut off when the handover lets their shards go (or their trust
+        // ends).
         let handle = self.cluster.lock().take();
         if let Some(h) = handle {
             h.leave().await;
