@@ -316,6 +316,11 @@ impl Ownership {
         self.leases.lock().count()
     }
 
+    /// `[cluster] lease`, `renew` and `safety`.
+    pub fn timing(&self) -> Timing {
+        self.leases.lock().timing()
+    }
+
     /// Counts a send on `shard` until the guard is dropped, so that handing the shard over
     /// waits for it (HA.md "Balancing": drain its sends, then release the row; a new owner
     /// re-sends an inherited in-flight message, which must not overlap this attempt).
