@@ -442,6 +442,17 @@ pub struct Settings {
 
 /// How often the clock offset to the database is measured (HA.md "Time").
 const OFFSET_EVERY_MS: u64 = 30_000;
+
+/// HA.md's orphan scan: expired rows are looked for at least this often.
+const ORPHAN_SCAN_MS: u64 = 1_000;
+
+/// How often a balancing round (heartbeat, the cluster read, acquisitions) runs: every
+/// `renew`, but at least every [`ORPHAN_SCAN_MS`]. HA.md's failover bound (lease + orphan scan
+/// 1 s + load ≈ 12 s) counts on a scan each second: at `renew` (2 s by default) a takeover came
+/// up to a second later than that. Pure.
+pub fn balance_every_ms(t: Timing) -> u64 {
+    t.renew_ms.clamp(1, ORPHAN_SCAN_MS)
+}
 /// Probes per measurement; the shortest round trip is believed (`offset.rs`).
 const OFFSET_PROBES: usize = 3;
 
@@ -774,7 +785,7 @@ impl Loop {
         }
         let now = self.own.mono_ms();
         if now >= self.next_balance_ms {
-            self.next_balance_ms = now + self.s.timing.renew_ms;
+            self.next_balance_ms = now + balance_every_ms(self.s.timing);
             self.beside_renewals(c, self.balance(c)).await?;
         }
         Ok(())
@@ -799,9 +810,10 @@ impl Loop {
                 )
                 .await?;
             }
-            // Every live process heartbeats once per balancing round (`renew`, shared by the
-            // cluster's processes), so one whose last heartbeat is half a round more than a
-            // round older than another incarnation's of its node id has stopped: a crashed
+            // Every live process heartbeats once per balancing round (at least every `renew`,
+            // shared by the cluster's processes: [`balance_every_ms`]), so one whose last
+            // heartbeat is half a `renew` more than a `renew` older than another
+            // incarnation's of its node id has stopped: a crashed
             // process, restarted. A restart faster than that no longer leaves its old row
             // counted until then: the new incarnation's first heartbeat ends the older rows
             // of its node id (`rows::heartbeat`). Taking a live one for stopped only makes the
@@ -1187,6 +1199,24 @@ mod tests {
         assert!(!watch.has_changed().unwrap());
         own.shard_let_go();
         assert!(watch.has_changed().unwrap());
+    }
+
+    /// HA.md's failover bound counts on an orphan scan each second: the balancing round runs
+    /// every `renew`, but at least every second.
+    #[test]
+    fn balancing_rounds_come_at_least_every_second() {
+        assert_eq!(balance_every_ms(Timing::default()), 1_000, "renew 2 s");
+        let fast = Timing {
+            ttl_ms: 2_000,
+            renew_ms: 400,
+            safety_ms: 500,
+        };
+        assert_eq!(balance_every_ms(fast), 400, "renew under a second");
+        let zero = Timing {
+            renew_ms: 0,
+            ..fast
+        };
+        assert_eq!(balance_every_ms(zero), 1, "never a busy loop");
     }
 
     #[test]
