@@ -227,7 +227,8 @@ fn start_lease_loop(
     stopped: watch::Receiver<bool>,
 ) -> Option<crate::cluster::node::Handle> {
     let (hooks, c, db) = (hooks?, config.cluster.as_ref()?, config.database.as_ref()?);
-    // Without `advertise`, the address herald listens on, when it names one interface.
+    // Without `advertise`, the address herald listens on (the config refuses an address that
+    // names no interface without `advertise`; the warning stays for a config made otherwise).
     let advertise = c.advertise.clone().or_else(|| {
         if addr.ip().is_unspecified() {
             tracing::warn!(%addr, "cluster.advertise is not set and herald listens on every interface: other nodes cannot forward commands here");
