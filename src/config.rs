@@ -485,7 +485,7 @@ impl Config {
         };
         let otlp_endpoint = otlp_endpoint(file.telemetry, env)?;
         Ok(Config {
-            cluster: cluster::cluster(file.cluster.as_ref(), database_config.is_some())?,
+            cluster: cluster::cluster(file.cluster.as_ref(), database_config.is_some(), listen)?,
             listen,
             data_dir,
             token,

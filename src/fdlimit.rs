@@ -70,8 +70,10 @@ pub fn raise_nofile() -> std::io::Result<Raised> {
 /// one connection per concurrent webhook send and its token fetch, the background drains of
 /// answers' bodies (each holds its socket after the send's slot is let go) and the alert
 /// deliveries (which take no slot of their channel) when a webhook channel can carry them, one
-/// file per file channel, and PostgreSQL's pool with the commits' connections, the process
-/// lock's and the lease and notification connections.
+/// file per file channel, PostgreSQL's pool with the commits' connections, the process
+/// lock's and the lease and notification connections, and in cluster mode the connections of
+/// commands forwarded to other nodes (`api/forward.rs`: at most `FORWARDS_MAX` under way,
+/// and as many again idle).
 pub fn reserve(config: &crate::config::Config) -> u64 {
     use crate::config::ChannelKind;
     let webhooks = || {
@@ -105,7 +107,12 @@ pub fn reserve(config: &crate::config::Config) -> u64 {
         .map_or(0, |d| {
             d.pool_size as u64 + crate::store::pg::backend::COMMIT_CONNECTIONS as u64 + 3
         });
-    RESERVE_BASE + sends + drains + alerts + files + database
+    let forwards = if config.cluster.is_some() {
+        2 * crate::api::forward::FORWARDS_MAX as u64
+    } else {
+        0
+    };
+    RESERVE_BASE + sends + drains + alerts + files + database + forwards
 }
 
 /// The cap on HTTP connections: the configured value, or [`CONNECTIONS_DEFAULT_MAX`], never
@@ -181,6 +188,10 @@ mod tests {
         assert_eq!(reserve(&cfg(file)), RESERVE_BASE + 1);
         let db = "[store]\nurl = \"postgres://db/x\"\npool_size = 20\n";
         assert_eq!(reserve(&cfg(db)), RESERVE_BASE + 25);
+        // Cluster mode: the forwarding client's connections, under way and idle.
+        let cluster = format!("{db}[cluster]\nnode_id = \"a\"\n");
+        let forwards = 2 * crate::api::forward::FORWARDS_MAX as u64;
+        assert_eq!(reserve(&cfg(&cluster)), RESERVE_BASE + 25 + forwards);
     }
 
     #[test]

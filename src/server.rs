@@ -70,7 +70,8 @@ impl Server {
         // Cluster mode: the shards go free at once for the other nodes (HA.md "Balancing":
         // SIGTERM hands every shard over). After the drain, so that no send of this node is
         // still in flight when another node may take its shard; sends still waiting past
-        // the timeout are cut off by their trust window.
+        // the timeout are cut off when the handover lets their shards go (or their trust
+        // ends).
         let handle = self.cluster.lock().take();
         if let Some(h) = handle {
             h.leave().await;
@@ -226,7 +227,8 @@ fn start_lease_loop(
     stopped: watch::Receiver<bool>,
 ) -> Option<crate::cluster::node::Handle> {
     let (hooks, c, db) = (hooks?, config.cluster.as_ref()?, config.database.as_ref()?);
-    // Without `advertise`, the address herald listens on, when it names one interface.
+    // Without `advertise`, the address herald listens on (the config refuses an address that
+    // names no interface without `advertise`; the warning stays for a config made otherwise).
     let advertise = c.advertise.clone().or_else(|| {
         if addr.ip().is_unspecified() {
             tracing::warn!(%addr, "cluster.advertise is not set and herald listens on every interface: other nodes cannot forward commands here");

@@ -250,7 +250,10 @@ struct Acked {
 
 /// One request as a client that knows every node would make it: each try goes to a node drawn
 /// from `live`, a refused connection, a 503 or no answer within 5 s (a stopped node) is tried
-/// again elsewhere, for up to 30 s. `None`: nothing but those for 30 s.
+/// again elsewhere, for up to 30 s. So is a 502 or 504 (`forward-unanswered`: forwarded, the
+/// owner gave no answer, the command may have been applied): the requests sent here are creates
+/// by id and cancels, which a second try answers 409 if the first went through (the callers
+/// read the task then). `None`: nothing but those for 30 s.
 async fn send_anywhere(
     live: &Mutex<Vec<String>>,
     rng: &mut Rng,
@@ -268,7 +271,7 @@ async fn send_anywhere(
         let url = format!("{base}{path}");
         let fut = http::try_request(method, &url, &[], bytes.clone());
         if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(5), fut).await {
-            if r.status != 503 {
+            if !matches!(r.status, 502..=504) {
                 return Some(r);
             }
         }

@@ -145,3 +145,119 @@ async fn a_send_queued_for_a_slot_longer_than_the_window_is_still_sent() {
         assert_eq!(f["attempts"], 1, "{f}");
     }
 }
+
+/// A send under way follows the trust as renewals extend it (HA.md: no send the single node
+/// would not also make). The window here is ~1.5 s (`TEST_TIMING`), renewed every 400 ms;
+/// the receiver takes 2 s, inside the channel's 5 s timeout. Before, the send was cut off at
+/// the trust end it saw when it started, and retried with the same key by the same owner:
+/// every attempt was cut off, the receiver saw three, and the message reached the failure
+/// list, although the shards were held all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_longer_than_the_window_goes_on_while_renewals_extend_the_trust() {
+    let Some(pg) = PgServer::start("cluster_send_window_follow") else {
+        return;
+    };
+    let url = pg.create_db("follow");
+    let rx = Receiver::start().await;
+    rx.set_default(Behavior::Slow(Duration::from_secs(2)));
+    let dir = tempfile::tempdir().unwrap();
+    let hook = format!("url = \"{}\"\ntimeout = \"5s\"\n", rx.url());
+    let a = Proc::start(node_command(
+        &url,
+        dir.path(),
+        "a",
+        "a",
+        SHARDS,
+        &hook,
+        TEST_TIMING,
+    ));
+    poll(Duration::from_secs(30), || async {
+        (owned(&a.url).await == u64::from(SHARDS)).then_some(())
+    })
+    .await
+    .expect("a takes every shard");
+
+    let task = json!({"id": "slow", "channel": "hook", "schedule": {"after": "0s"},
+        "to": ["r"], "body": "x",
+        "retry": {"max_attempts": 3, "backoff": "fixed", "initial": "1s"}});
+    let r = http::post_json(&format!("{}/v1/tasks", a.url), &task).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let state = poll(Duration::from_secs(30), || async {
+        let v = http::get(&format!("{}/v1/tasks/slow", a.url)).await.json();
+        let s = v["state"].as_str().unwrap_or_default().to_string();
+        (s == "completed" || s == "failed").then_some(s)
+    })
+    .await
+    .expect("the task finishes");
+    let failures = http::get(&format!("{}/v1/failures", a.url)).await.json();
+    assert_eq!(
+        failures["failures"].as_array().map_or(0, Vec::len),
+        0,
+        "no failure entry: {failures}"
+    );
+    assert_eq!(state, "completed");
+    assert_eq!(
+        rx.count(),
+        1,
+        "delivered once, no attempt cut off while the trust was renewed"
+    );
+}
+
+/// A shard let go cuts its sends under way at once (`node.rs`: `Dropped` means "stop its
+/// sends"), not at the end of the trust they last read. The epochs are moved on in the
+/// database behind the node's back, so its next renewal (1 s) comes back without its shards
+/// (`Dropped::Lost`), about 18 s before its trust (a 20 s lease) would end. The receiver never
+/// answers; the channel's timeout is a minute. Before, the send ran on to the end of the
+/// trust it saw when it began (~19 s), on a shard nobody here held any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_let_go_cuts_its_send_under_way_at_once() {
+    let Some(pg) = PgServer::start("cluster_send_window_drop") else {
+        return;
+    };
+    let url = pg.create_db("drop");
+    let rx = Receiver::start().await;
+    rx.set_default(Behavior::Hang);
+    let dir = tempfile::tempdir().unwrap();
+    let hook = format!("url = \"{}\"\ntimeout = \"60s\"\n", rx.url());
+    let timing = "lease = \"20s\"\nrenew = \"1s\"\nsafety = \"1s\"\n";
+    let a = Proc::start(node_command(
+        &url,
+        dir.path(),
+        "a",
+        "a",
+        SHARDS,
+        &hook,
+        timing,
+    ));
+    poll(Duration::from_secs(30), || async {
+        (owned(&a.url).await == u64::from(SHARDS)).then_some(())
+    })
+    .await
+    .expect("a takes every shard");
+
+    let task = json!({"id": "hung", "channel": "hook", "schedule": {"after": "0s"},
+        "to": ["r"], "body": "x"});
+    let r = http::post_json(&format!("{}/v1/tasks", a.url), &task).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let open = poll(Duration::from_secs(20), || async {
+        let open = rx.open_connections();
+        (rx.count() == 1 && open >= 1).then_some(open)
+    })
+    .await
+    .expect("the attempt reaches the receiver and is held open");
+
+    pg.psql(&url, "UPDATE herald_shard SET epoch = epoch + 1");
+    let moved = std::time::Instant::now();
+    poll(Duration::from_secs(10), || async {
+        (rx.open_connections() < open).then_some(())
+    })
+    .await
+    .expect("the attempt's connection is closed once the shard is let go");
+    assert!(
+        moved.elapsed() < Duration::from_secs(6),
+        "cut off {:?} after the epochs moved: at the drop (the next renewal, 1 s), not at \
+         the end of the 20 s trust",
+        moved.elapsed()
+    );
+    assert_eq!(rx.count(), 1, "nothing sent again meanwhile");
+}

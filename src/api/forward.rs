@@ -3,12 +3,19 @@
 //! the task's lock and a cancel stays race-free across nodes. Reads and listings are answered
 //! by any node from the database; creates go through the inbox (`store/pg/fence.rs`).
 //!
-//! The owner's address is the one it advertises (`[cluster] advertise`), as the lease loop
-//! last read it. A forwarded request carries `herald-forwarded`; a node that gets one for a
-//! shard it does not hold either (the shard moved meanwhile) answers 503 instead of passing
-//! it on, so a request never goes round in circles. Unknown owner, none advertised, or an
-//! owner that does not answer: 503 with `Retry-After` — the client tries again and by then
-//! the shard has its new owner.
+//! The owner's address is the one it advertises (`[cluster] advertise`, `http://` or
+//! `https://`: the webhooks' TLS client, webpki roots), as the lease loop last read it. A
+//! forwarded request carries `herald-forwarded`; a node that gets one for a shard it does not
+//! hold either (the shard moved meanwhile) answers 503 instead of passing it on, so a request
+//! never goes round in circles.
+//!
+//! What the client is told depends on whether the command can have reached the owner:
+//! - nothing sent (unknown owner, none advertised, no connection to it, too many forwards
+//!   under way here): 503 with `Retry-After` — the client tries again, and by then the shard
+//!   has its new owner;
+//! - sent, but no answer came (the owner died or closed the connection after the request was
+//!   written, or did not answer within the lease): 502 or 504 with no `Retry-After`, saying
+//!   the command may or may not have been applied. A trigger retried blindly would run twice.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -16,7 +23,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::{Method, Request, Response};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 
@@ -26,8 +34,18 @@ use crate::store::pg::shard::task_id_of;
 
 /// The header a forwarded request carries: the node it came through.
 pub const FORWARDED: &str = "herald-forwarded";
-/// Longest a forwarded request waits for the owner's answer.
-const FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
+/// Forwards under way at once on this node, at most: each holds a connection to an owner
+/// (kept back from HTTP clients in cluster mode: `fdlimit::reserve`). Beyond, a forward waits
+/// up to [`FORWARD_SLOT_WAIT`] for one to end, then is answered 503 with `Retry-After`.
+pub const FORWARDS_MAX: usize = 64;
+/// How long a forward waits for one of the [`FORWARDS_MAX`] slots.
+const FORWARD_SLOT_WAIT: Duration = Duration::from_secs(1);
+/// Idle connections kept per owner, for the next forwards to it. With [`FORWARDS_MAX`] in
+/// use and this many idle per other node, a cluster of up to 17 nodes holds at most
+/// 2 × [`FORWARDS_MAX`] descriptors for forwarding (what `fdlimit::reserve` keeps back).
+const IDLE_PER_OWNER: usize = 4;
+/// How long an idle connection to an owner is kept.
+const IDLE_FOR: Duration = Duration::from_secs(30);
 
 /// The task a request changes, for the routes that act on one task (`None`: not one of those:
 /// answered here).
@@ -47,17 +65,92 @@ pub fn target(m: &Method, rest: &[&str]) -> Option<String> {
     }
 }
 
-fn client() -> &'static Client<HttpConnector, Full<Bytes>> {
-    static C: OnceLock<Client<HttpConnector, Full<Bytes>>> = OnceLock::new();
-    C.get_or_init(|| {
+type Forwarder = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// The forwarding client: `http://` and `https://` owners (a plain `HttpConnector` refused
+/// `https://` before it connected, so every forward to a node advertising it failed for good
+/// with a 503 that said to try again), a capped idle pool per owner. `Err`: no TLS settings
+/// (a bug: the built-in roots and provider always make them).
+fn client() -> Result<&'static Forwarder, Problem> {
+    static C: OnceLock<Result<Forwarder, String>> = OnceLock::new();
+    let c = C.get_or_init(|| {
         let mut http = HttpConnector::new();
         http.set_connect_timeout(Some(Duration::from_secs(2)));
-        Client::builder(TokioExecutor::new()).build(http)
-    })
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let tls = crate::deliver::webhook::tls_config(&[])?;
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Ok(Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(IDLE_PER_OWNER)
+            .pool_idle_timeout(IDLE_FOR)
+            .build(connector))
+    });
+    c.as_ref()
+        .map_err(|e| Problem::internal(format!("the forwarding client: {e}")))
+}
+
+/// The slots of [`FORWARDS_MAX`].
+fn slots() -> &'static tokio::sync::Semaphore {
+    static S: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(FORWARDS_MAX);
+    &S
+}
+
+/// How long a forward waits for the owner's answer: the lease. An owner that has not answered
+/// by then (stopped, cut off from the database) has lost its shard's lease too.
+fn answer_within(c: &crate::engine::cluster::ClusterHooks) -> Duration {
+    Duration::from_millis(c.ownership.timing().ttl_ms.max(1_000))
 }
 
 fn unavailable(detail: String) -> Problem {
     Problem::unavailable(detail).kind("not_owner", "Not this node's task")
+}
+
+/// The request went to the owner and no answer came back: 502 (the connection closed or
+/// failed) or 504 (none in time), without `Retry-After`: the command may have been applied.
+fn unanswered(status: StatusCode, detail: String) -> Problem {
+    Problem::new(
+        status,
+        "forward-unanswered",
+        "Forwarded, no answer",
+        format!("{detail}; the command may or may not have been applied: read the task before trying again"),
+    )
+}
+
+/// An error with its sources (hyper's own says only "client error (SendRequest)").
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        cur = s.source();
+    }
+    text
+}
+
+/// What the client is told when the forward failed: `is_connect` — no connection to the owner
+/// was made (the request was never written: hyper-util reports a connection that failed before
+/// the request as a connect error, and retries a pooled connection that closed before it was
+/// written), so it may simply be tried again; anything else happened after the request was on
+/// its way.
+fn failed(e: &hyper_util::client::legacy::Error, shard: u32, owner: &str) -> Problem {
+    if e.is_connect() {
+        return unavailable(format!(
+            "the node holding shard {shard} ({owner}) cannot be reached: {}; nothing was sent to it; try again shortly",
+            chain(e)
+        ));
+    }
+    unanswered(
+        StatusCode::BAD_GATEWAY,
+        format!(
+            "the command was sent to the node holding shard {shard} ({owner}), which gave no answer: {}",
+            chain(e)
+        ),
+    )
 }
 
 /// Forwards `req` to the node holding `task`'s shard and answers what it answered.
@@ -99,26 +192,50 @@ pub async fn forward(
         .header(FORWARDED, c.node_id.as_str())
         .body(Full::new(body))
         .map_err(|e| Problem::internal(format!("cannot forward to {uri}: {e}")))?;
-    let answer = tokio::time::timeout(FORWARD_TIMEOUT, client().request(out)).await;
-    let resp = match answer {
+    send_to_owner(c, out, (task, shard), &owner).await
+}
+
+/// Sends the forwarded request `out` for `task` in `shard` to `owner` in one of the
+/// [`FORWARDS_MAX`] slots, and answers what it answered.
+async fn send_to_owner(
+    c: &crate::engine::cluster::ClusterHooks,
+    out: Request<Full<Bytes>>,
+    (task, shard): (&str, u32),
+    owner: &str,
+) -> Result<Resp, Problem> {
+    let within = answer_within(c);
+    let Ok(Ok(_slot)) = tokio::time::timeout(FORWARD_SLOT_WAIT, slots().acquire()).await else {
+        return Err(unavailable(format!(
+            "task {task:?} is in shard {shard}, held by {owner}, and this node has {FORWARDS_MAX} forwards under way; nothing was sent; try again shortly"
+        )));
+    };
+    let resp = match tokio::time::timeout(within, client()?.request(out)).await {
         Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            return Err(unavailable(format!(
-                "the node holding shard {shard} ({owner}) cannot be reached: {e}; try again shortly"
-            )))
-        }
+        Ok(Err(e)) => return Err(failed(&e, shard, owner)),
         Err(_) => {
-            return Err(unavailable(format!(
-                "the node holding shard {shard} ({owner}) did not answer within {} s; the command may or may not have been applied",
-                FORWARD_TIMEOUT.as_secs()
-            )))
+            return Err(unanswered(
+                StatusCode::GATEWAY_TIMEOUT,
+                format!(
+                    "the node holding shard {shard} ({owner}) did not answer within {} ms",
+                    within.as_millis()
+                ),
+            ))
         }
     };
     let (rp, rb) = resp.into_parts();
-    let bytes = tokio::time::timeout(FORWARD_TIMEOUT, rb.collect())
+    let cut = |why: String| {
+        unanswered(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "the node holding shard {shard} ({owner}) answered {}, but {why}",
+                rp.status
+            ),
+        )
+    };
+    let bytes = tokio::time::timeout(within, rb.collect())
         .await
-        .map_err(|_| unavailable(format!("the answer of {owner} did not arrive in time")))?
-        .map_err(|e| unavailable(format!("the answer of {owner} was cut off: {e}")))?
+        .map_err(|_| cut("the rest of its answer did not arrive in time".into()))?
+        .map_err(|e| cut(format!("its answer was cut off: {}", chain(&e))))?
         .to_bytes();
     let mut r = Response::new(Full::new(bytes));
     *r.status_mut() = rp.status;
@@ -131,4 +248,93 @@ pub async fn forward(
         }
     }
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    fn post(uri: &str) -> Request<Full<Bytes>> {
+        Request::post(uri)
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap()
+    }
+
+    /// Reads one request's head (and its 2-byte body) from the first connection, then closes
+    /// it without answering: the owner killed after its commit.
+    async fn reads_and_closes(l: TcpListener) {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !got.ends_with(b"\r\n\r\n{}") {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the request arrives whole");
+            got.extend_from_slice(&buf[..n]);
+        }
+        let _ = s.shutdown().await;
+    }
+
+    /// A request written to the owner with no answer back is not "try again": the command may
+    /// have been applied (a trigger retried would run twice). Before, every failure was a 503
+    /// with `Retry-After`.
+    #[tokio::test]
+    async fn a_forward_sent_and_never_answered_is_a_502_without_retry_after() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let owner = format!("http://{}", l.local_addr().unwrap());
+        let server = tokio::spawn(reads_and_closes(l));
+        let e = client()
+            .unwrap()
+            .request(post(&format!("{owner}/v1/tasks/t/trigger")))
+            .await
+            .unwrap_err();
+        server.await.unwrap();
+        let p = failed(&e, 3, &owner);
+        assert_eq!(p.status, StatusCode::BAD_GATEWAY, "{p:?}");
+        assert_eq!(p.retry_after_s, None);
+        assert!(
+            p.detail.contains("may or may not have been applied"),
+            "{p:?}"
+        );
+    }
+
+    /// No connection to the owner: nothing was sent, so the client may try again.
+    #[tokio::test]
+    async fn a_forward_that_never_connected_is_a_503_with_retry_after() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let owner = format!("http://{}", l.local_addr().unwrap());
+        drop(l);
+        let e = client()
+            .unwrap()
+            .request(post(&format!("{owner}/v1/tasks/t/trigger")))
+            .await
+            .unwrap_err();
+        let p = failed(&e, 3, &owner);
+        assert_eq!(p.status, StatusCode::SERVICE_UNAVAILABLE, "{p:?}");
+        assert_eq!(p.retry_after_s, Some(1));
+        assert!(p.detail.contains("nothing was sent"), "{p:?}");
+    }
+
+    /// An owner advertising `https://` is spoken to over TLS. Before, the plain connector
+    /// refused the scheme without connecting, and every forward to it failed for good.
+    #[tokio::test]
+    async fn an_https_owner_is_reached_over_tls() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let owner = format!("https://{}", l.local_addr().unwrap());
+        let _req = tokio::spawn(async move {
+            client()
+                .unwrap()
+                .request(post(&format!("{owner}/v1/tasks/t/trigger")))
+                .await
+        });
+        let accepted = tokio::time::timeout(Duration::from_secs(5), l.accept()).await;
+        let (mut s, _) = accepted.expect("a connection to the https owner").unwrap();
+        let mut first = [0u8; 1];
+        s.read_exact(&mut first).await.unwrap();
+        assert_eq!(
+            first[0], 0x16,
+            "a TLS handshake record (ClientHello) comes first"
+        );
+    }
 }

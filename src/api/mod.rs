@@ -8,7 +8,7 @@ mod dashboard;
 pub mod events;
 mod export;
 mod finish;
-mod forward;
+pub(crate) mod forward;
 mod input;
 mod lang;
 pub mod metrics;

@@ -112,6 +112,10 @@ impl Leases {
         self.held.len()
     }
 
+    pub fn timing(&self) -> Timing {
+        self.timing
+    }
+
     fn window_end(&self, sent_ms: u64) -> u64 {
         sent_ms.saturating_add(self.timing.ttl_ms - self.timing.safety_ms)
     }

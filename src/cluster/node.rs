@@ -104,6 +104,11 @@ pub struct Ownership {
     sends: Mutex<std::collections::HashMap<u32, usize>>,
     /// Set by the engine ([`Ownership::set_before_release`]); none: nothing to wait for.
     before_release: Mutex<Option<BeforeRelease>>,
+    /// Moved on each time the engine lets a shard go ([`Ownership::shard_let_go`]): every send
+    /// under way looks at its own shard again and is cut off if it is no longer held at its
+    /// epoch (`engine/step.rs`, `cut_off_at`). One for all shards: drops are rare, and a send
+    /// woken for another shard's finds its own still held and goes on.
+    let_go: watch::Sender<u64>,
 }
 
 /// A send under way on a shard, from its start to its end (dropped).
@@ -164,6 +169,7 @@ impl Ownership {
             ),
             sends: Mutex::new(std::collections::HashMap::new()),
             before_release: Mutex::new(None),
+            let_go: watch::channel(0).0,
         }
     }
 
@@ -246,6 +252,31 @@ impl Ownership {
             .map(|h| h.trusted_until_ms.saturating_sub(now))
     }
 
+    /// How much trust is left now on `shard` held at `epoch`, renewals included (`None`: no
+    /// longer held at that epoch, or its trust has ended). Unlike [`Ownership::send_window_ms`]
+    /// it asks for no `safety` margin and counts a shard being handed over: it is what a send
+    /// already under way may still use (HA.md: a send's request ends inside the window; the
+    /// window is the one renewals keep extending, never the one the send saw when it began).
+    pub fn trust_left_ms(&self, shard: u32, epoch: u64) -> Option<u64> {
+        let now = self.mono_ms();
+        self.leases
+            .lock()
+            .owns(shard)
+            .filter(|h| h.epoch == epoch && now < h.trusted_until_ms)
+            .map(|h| h.trusted_until_ms - now)
+    }
+
+    /// The engine let a shard go (its `Dropped` or `Released` event handled): the sends under
+    /// way look at their shards again ([`Ownership::watch_let_go`]).
+    pub fn shard_let_go(&self) {
+        self.let_go.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Changes each time the engine lets a shard go ([`Ownership::shard_let_go`]).
+    pub fn watch_let_go(&self) -> watch::Receiver<u64> {
+        self.let_go.subscribe()
+    }
+
     /// A fenced write on `shard` at `epoch` was refused or its outcome is unknown: the shard
     /// is dropped (re-acquired, at a new epoch, before anything is written to it again), if
     /// it is still held at that epoch.
@@ -283,6 +314,11 @@ impl Ownership {
 
     pub fn count(&self) -> usize {
         self.leases.lock().count()
+    }
+
+    /// `[cluster] lease`, `renew` and `safety`.
+    pub fn timing(&self) -> Timing {
+        self.leases.lock().timing()
     }
 
     /// Counts a send on `shard` until the guard is dropped, so that handing the shard over
@@ -406,6 +442,17 @@ pub struct Settings {
 
 /// How often the clock offset to the database is measured (HA.md "Time").
 const OFFSET_EVERY_MS: u64 = 30_000;
+
+/// HA.md's orphan scan: expired rows are looked for at least this often.
+const ORPHAN_SCAN_MS: u64 = 1_000;
+
+/// How often a balancing round (heartbeat, the cluster read, acquisitions) runs: every
+/// `renew`, but at least every [`ORPHAN_SCAN_MS`]. HA.md's failover bound (lease + orphan scan
+/// 1 s + load ≈ 12 s) counts on a scan each second: at `renew` (2 s by default) a takeover came
+/// up to a second later than that. Pure.
+pub fn balance_every_ms(t: Timing) -> u64 {
+    t.renew_ms.clamp(1, ORPHAN_SCAN_MS)
+}
 /// Probes per measurement; the shortest round trip is believed (`offset.rs`).
 const OFFSET_PROBES: usize = 3;
 
@@ -738,7 +785,7 @@ impl Loop {
         }
         let now = self.own.mono_ms();
         if now >= self.next_balance_ms {
-            self.next_balance_ms = now + self.s.timing.renew_ms;
+            self.next_balance_ms = now + balance_every_ms(self.s.timing);
             self.beside_renewals(c, self.balance(c)).await?;
         }
         Ok(())
@@ -763,9 +810,10 @@ impl Loop {
                 )
                 .await?;
             }
-            // Every live process heartbeats once per balancing round (`renew`, shared by the
-            // cluster's processes), so one whose last heartbeat is half a round more than a
-            // round older than another incarnation's of its node id has stopped: a crashed
+            // Every live process heartbeats once per balancing round (at least every `renew`,
+            // shared by the cluster's processes: [`balance_every_ms`]), so one whose last
+            // heartbeat is half a `renew` more than a `renew` older than another
+            // incarnation's of its node id has stopped: a crashed
             // process, restarted. A restart faster than that no longer leaves its old row
             // counted until then: the new incarnation's first heartbeat ends the older rows
             // of its node id (`rows::heartbeat`). Taking a live one for stopped only makes the
@@ -869,9 +917,10 @@ impl Loop {
                 }
             }
         }
-        // No new send starts on them now; the ones under way end by their trust window at
-        // the latest (`engine/step.rs` cuts them off there), and each counts until its
-        // outcome is settled, so this wait is bounded.
+        // No new send starts on them now; the ones under way follow the trust, which the
+        // renewals below keep extending (`engine/step.rs`, `cut_off_at`), so this wait is
+        // bounded by `until`: a send still counted then is cut off when its shard is let go
+        // (`Dropped::Unsettled`, [`Loop::settle_or_lapse`]).
         let shards: Vec<u32> = grants.iter().map(|g| g.shard).collect();
         let until = Instant::now() + Duration::from_millis(self.s.timing.ttl_ms);
         while self.own.sends_on(&shards) > 0 && Instant::now() < until {
@@ -903,8 +952,8 @@ impl Loop {
 
     /// The end of a handover's wait: each shard still held at its epoch stops being acted
     /// on. One with no send counted any more is `Released`, to be freed (returned); one
-    /// with a send still counted (cut off at the end of its window, its settle not written
-    /// yet: a slow database) is `Dropped` and left to lapse: freed at once, the next owner
+    /// with a send still counted (a send slower than the wait, cut off by this drop; or one
+    /// whose settle is not written yet: a slow database) is `Dropped` and left to lapse: freed at once, the next owner
     /// would take it and send that message again while this settle was still on its way.
     fn settle_or_lapse(&self, grants: &[Grant]) -> Vec<Grant> {
         let unsettled: Vec<u32> = grants
@@ -1123,6 +1172,52 @@ async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a send under way reads again (`engine/step.rs`, `cut_off_at`): the trust left at
+    /// its epoch, as renewals extend it, kept while the shard is handed over, gone once the
+    /// shard is dropped or held at another epoch; and a let-go is seen by the watchers.
+    #[test]
+    fn trust_left_follows_renewals_at_its_epoch_and_let_gos_are_watched() {
+        let own = Ownership::new(Timing::default());
+        let watch = own.watch_let_go();
+        own.leases.lock().granted(0, 3, 0);
+        let left = own.trust_left_ms(0, 3).unwrap();
+        assert!((8_000..=9_000).contains(&left), "{left}");
+        assert_eq!(own.trust_left_ms(0, 2), None, "another epoch");
+        assert_eq!(own.trust_left_ms(1, 3), None, "another shard");
+        {
+            let mut l = own.leases.lock();
+            l.renew_sent(5_000);
+            l.renew_answered(&[0]);
+        }
+        let left = own.trust_left_ms(0, 3).unwrap();
+        assert!(left > 13_000, "a renewal extends it: {left}");
+        own.leases.lock().begin_release(0);
+        assert!(own.trust_left_ms(0, 3).is_some(), "kept while handed over");
+        assert!(own.leases.lock().fenced(0, 3).is_some());
+        assert_eq!(own.trust_left_ms(0, 3), None, "dropped");
+        assert!(!watch.has_changed().unwrap());
+        own.shard_let_go();
+        assert!(watch.has_changed().unwrap());
+    }
+
+    /// HA.md's failover bound counts on an orphan scan each second: the balancing round runs
+    /// every `renew`, but at least every second.
+    #[test]
+    fn balancing_rounds_come_at_least_every_second() {
+        assert_eq!(balance_every_ms(Timing::default()), 1_000, "renew 2 s");
+        let fast = Timing {
+            ttl_ms: 2_000,
+            renew_ms: 400,
+            safety_ms: 500,
+        };
+        assert_eq!(balance_every_ms(fast), 400, "renew under a second");
+        let zero = Timing {
+            renew_ms: 0,
+            ..fast
+        };
+        assert_eq!(balance_every_ms(zero), 1, "never a busy loop");
+    }
 
     #[test]
     fn the_lease_sessions_timeouts_follow_the_lease_timing() {

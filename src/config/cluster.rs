@@ -50,10 +50,12 @@ fn hostname() -> String {
         .unwrap_or_else(|| "herald".into())
 }
 
-/// Checks `[cluster]`; `has_database`: whether `[store] url` is set.
+/// Checks `[cluster]`; `has_database`: whether `[store] url` is set; `listen`: the address
+/// the API listens on (`listen` or `--listen`).
 pub(super) fn cluster(
     file: Option<&ClusterFile>,
     has_database: bool,
+    listen: std::net::SocketAddr,
 ) -> Result<Option<ClusterConfig>, ConfigError> {
     let Some(f) = file else { return Ok(None) };
     if !has_database {
@@ -76,6 +78,15 @@ pub(super) fn cluster(
                 format!("{a:?} is not a URL like http://10.0.0.5:7700"),
             ));
         }
+    }
+    if f.advertise.is_none() && listen.ip().is_unspecified() {
+        // Without it the node advertises the address it listens on, and this one names no
+        // address: other nodes would answer every command for this node's shards with a 503
+        // saying a takeover is under way, for as long as it holds them.
+        return Err(invalid(
+            "cluster.advertise",
+            format!("must be set when herald listens on every interface ({listen}): other nodes forward commands for this node's tasks to it; give the URL they reach this node at, like http://10.0.0.5:7700 (or listen on that one address)"),
+        ));
     }
     let max = u64::from(crate::store::pg::schema::MAX_SHARDS);
     let shards = match f.shards {
@@ -133,8 +144,10 @@ mod tests {
 
     fn parse(text: &str) -> Result<Option<ClusterConfig>, ConfigError> {
         let f: ClusterFile = toml::from_str(text).unwrap();
-        cluster(Some(&f), true)
+        cluster(Some(&f), true, LOOPBACK.parse().unwrap())
     }
+
+    const LOOPBACK: &str = "127.0.0.1:7700";
 
     #[test]
     fn defaults_are_ha_mds() {
@@ -160,9 +173,32 @@ mod tests {
         assert!(e(&over).starts_with("cluster.lease"), "{}", e(&over));
         assert!(e("lease = \"50d\"").starts_with("cluster.lease"));
         let f: ClusterFile = toml::from_str("").unwrap();
-        assert!(cluster(Some(&f), false)
+        assert!(cluster(Some(&f), false, LOOPBACK.parse().unwrap())
             .unwrap_err()
             .to_string()
             .contains("[store] url"));
+    }
+
+    /// On every interface the node has no address to advertise of its own: forwards to it
+    /// would fail for as long as it holds shards. Refused at start, naming the key.
+    #[test]
+    fn listening_on_every_interface_needs_advertise() {
+        for any in ["0.0.0.0:7700", "[::]:7700"] {
+            let f: ClusterFile = toml::from_str("node_id = \"a\"").unwrap();
+            let e = cluster(Some(&f), true, any.parse().unwrap())
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("cluster.advertise"), "{e}");
+            let f: ClusterFile = toml::from_str("advertise = \"http://10.0.0.5:7700\"").unwrap();
+            let c = cluster(Some(&f), true, any.parse().unwrap())
+                .unwrap()
+                .unwrap();
+            assert_eq!(c.advertise.as_deref(), Some("http://10.0.0.5:7700"));
+        }
+        assert!(parse("node_id = \"a\"")
+            .unwrap()
+            .unwrap()
+            .advertise
+            .is_none());
     }
 }

@@ -60,7 +60,7 @@ pub fn load_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String>
 }
 
 /// TLS client settings: ring, TLS 1.2/1.3, webpki roots plus `extra_roots`, ALPN http/1.1.
-fn tls_config(extra_roots: &[CertificateDer<'static>]) -> Result<ClientConfig, String> {
+pub(crate) fn tls_config(extra_roots: &[CertificateDer<'static>]) -> Result<ClientConfig, String> {
     let mut roots = RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     for cert in extra_roots {

@@ -7,9 +7,11 @@
 //! a shard not held, each on the monotonic trust window (`cluster/lease.rs`):
 //! - the dispatcher drops a wheel key whose task's shard is not held ([`Inner::owns`]), so a
 //!   stale entry left on the wheel does nothing;
-//! - a send starts only with at least `safety` of trust left, and is cut off when the window
-//!   ends ([`Inner::send_window`]); its in-flight mark is on disk, so the next owner sends it
-//!   again with the same idempotency key, after this attempt's deadline has passed (the new
+//! - a send starts only with at least `safety` of trust left ([`Inner::send_window`]), and is
+//!   cut off when the trust ends, as renewals keep extending it, or when its shard is let go
+//!   or held at another epoch ([`Inner::trust_left`], `step::cut_off_at`); its in-flight
+//!   mark is on disk, so the next owner sends it again with the same idempotency key, after
+//!   this attempt's deadline has passed (the new
 //!   owner is granted the row only after the lease ran out, which is after this node's trust
 //!   ended). A step that finds the window closed comes back shortly (`step::window_closed`):
 //!   a renewal answered late can extend the trust before it ends, and then the shard is
@@ -206,6 +208,24 @@ impl Inner {
                 }
             }
         }
+    }
+}
+
+impl Inner {
+    /// The trust left now on `task`'s shard held at `epoch`, for a send already under way on
+    /// it (`step::cut_off_at`): renewals extend it; `None` once the shard is no longer held
+    /// at that epoch or its trust has ended (and outside cluster mode).
+    pub(super) fn trust_left(&self, task: &str, epoch: u64) -> Option<Duration> {
+        let (c, s) = self.shard_of(task)?;
+        c.ownership
+            .trust_left_ms(s, epoch)
+            .map(Duration::from_millis)
+    }
+
+    /// What changes each time a shard is let go ([`unload_shard`]); `None` outside cluster
+    /// mode.
+    pub(super) fn watch_let_go(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.config.cluster.as_ref()?.ownership.watch_let_go())
     }
 }
 
@@ -457,12 +477,14 @@ async fn arm_failure_retries(inner: &Arc<Inner>, grants: &[Grant]) {
     }
 }
 
-/// A shard lost or handed over: its tasks leave the live map and their fires the wheel.
+/// A shard lost or handed over: its sends under way are cut off (each looks at its shard
+/// again: `step::cut_off_at`), its tasks leave the live map and their fires the wheel.
 /// Their run keys may stay on the wheel; the dispatcher drops them ([`Inner::owns_key`]).
 fn unload_shard(inner: &Arc<Inner>, shard: u32) {
     let Some(c) = &inner.config.cluster else {
         return;
     };
+    c.ownership.shard_let_go();
     let shards = c.shards;
     let mut live = inner.live.lock();
     let ids = live.ids_where(|id| shard_of_task(id, shards) == shard);

@@ -456,30 +456,85 @@ async fn run_step_once(
     }
 }
 
-/// A send, cut off at `end` (cluster mode: where the shard's trust ends). The deadline is
-/// looked at before the send is first polled (`biased`): a process paused between the window
-/// check and here (SIGSTOP, a VM freeze) wakes with the window gone and sends nothing, instead
-/// of sending once before the timeout fires. Cut off, nobody knows whether it arrived, so it is
-/// retried (by this node if it still holds the shard, else by the next owner, with the same
-/// idempotency key).
+/// A send, cut off where its trust ends (cluster mode: `trust`, the shard held at the send's
+/// epoch). The end followed is the trust as renewals keep extending it, not the one the send
+/// saw when it began: when the end comes, the shard's trust is read again for the same epoch
+/// and the send goes on if it was extended (a receiver answering in 8.5 s at the default
+/// 9 s window was cut off, and sent again with the same key by the same owner, although the
+/// shard was held all along: a duplicate with no owner change). It is cut off only when the
+/// trust really ended, or the shard was let go or held at another epoch (looked at each time
+/// a shard is let go: `Event::Dropped`, `cluster.rs::unload_shard`). Trust is never longer
+/// than the lease row the database holds (`cluster/lease.rs`), so a send that goes on never
+/// overlaps a next owner's.
+///
+/// The end is looked at before the send is first polled (`biased`): a process paused between
+/// the window check and here (SIGSTOP, a VM freeze) wakes with the window gone and sends
+/// nothing, instead of sending once before the timeout fires. Cut off, nobody knows whether
+/// it arrived, so it is retried (by this node if it still holds the shard, else by the next
+/// owner, with the same idempotency key).
 pub(super) async fn cut_off_at(
-    end: Option<tokio::time::Instant>,
+    trust: Option<Trust<'_>>,
     send: impl std::future::Future<Output = (Outcome, crate::deliver::AttemptReport)>,
 ) -> (Outcome, crate::deliver::AttemptReport) {
-    let Some(end) = end else {
+    let Some(mut trust) = trust else {
         return send.await;
     };
-    tokio::select! {
-        biased;
-        _ = tokio::time::sleep_until(end) => (
-            Outcome::Retry {
-                error: "cut off: this node's lease on the task's shard was ending".into(),
+    let mut send = std::pin::pin!(send);
+    loop {
+        tokio::select! {
+            biased;
+            () = tokio::time::sleep_until(trust.end) => {}
+            () = let_go(&mut trust.let_go) => {}
+            r = &mut send => return r,
+        }
+        if !trust.read_again() {
+            let error = "cut off: this node's trust in the task's shard ended".into();
+            let o = Outcome::Retry {
+                error,
                 not_before_ms: None,
-            },
-            Default::default(),
-        ),
-        r = send => r,
+            };
+            return (o, Default::default());
+        }
     }
+}
+
+/// Cluster mode: the trust a send that has its slot goes under ([`trust_end`]), followed
+/// while it is under way ([`cut_off_at`]).
+pub(super) struct Trust<'a> {
+    inner: &'a Inner,
+    task: &'a str,
+    epoch: u64,
+    /// Where the trust ends, as last read.
+    end: tokio::time::Instant,
+    /// Changes each time a shard is let go; taken before the window was read, so a drop
+    /// after that read is never missed. `None`: nothing to watch any more.
+    let_go: Option<tokio::sync::watch::Receiver<u64>>,
+}
+
+impl Trust<'_> {
+    /// Reads the trust again: `true` if the shard is still held at the send's epoch with
+    /// trust left (its end moved to where that trust ends now).
+    fn read_again(&mut self) -> bool {
+        match self.inner.trust_left(self.task, self.epoch) {
+            Some(left) => {
+                self.end = tokio::time::Instant::now() + left;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Ready when a shard is let go; pending for ever once nothing can be let go any more (the
+/// lease loop's `Ownership` gone).
+async fn let_go(rx: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    if let Some(r) = rx.as_mut() {
+        if r.changed().await.is_ok() {
+            return;
+        }
+    }
+    *rx = None;
+    std::future::pending::<()>().await;
 }
 
 /// A step's error: storage errors pass (the step is tried again), anything else parks the task.
@@ -877,8 +932,8 @@ pub(super) async fn send_in_slot<'c>(
     probe: bool,
     gate: Arc<Gate>,
 ) -> (Outcome, crate::deliver::AttemptReport) {
-    let end = match trust_end(inner, &d.task_id, d.epoch) {
-        Ok(end) => end,
+    let trust = match trust_end(inner, &d.task_id, d.epoch) {
+        Ok(trust) => trust,
         Err(o) => {
             c.unsent(probe);
             return (o, Default::default());
@@ -913,27 +968,34 @@ pub(super) async fn send_in_slot<'c>(
         }
         (o, report)
     };
-    cut_off_at(end, gated(gate, send)).await
+    cut_off_at(trust, gated(gate, send)).await
 }
 
-/// Cluster mode (`epoch`: the send goes under the shard's epoch), the end of the trust a send
-/// that has its slot may use: the window is read again here, after any wait for the slot,
-/// so a send starts only with enough trust left (HA.md: at least `safety`) on the shard
-/// still held at that epoch, and its wait is not cut off. `Err`: it does not start; held (no
-/// attempt counted), back when the window may be open again.
-pub(super) fn trust_end(
-    inner: &Inner,
-    task: &str,
+/// Cluster mode (`epoch`: the send goes under the shard's epoch), the trust a send that has
+/// its slot may use: the window is read again here, after any wait for the slot, so a send
+/// starts only with enough trust left (HA.md: at least `safety`) on the shard still held at
+/// that epoch, and its wait is not cut off. From here on the trust is followed as renewals
+/// extend it ([`cut_off_at`]). `Err`: it does not start; held (no attempt counted), back
+/// when the window may be open again.
+pub(super) fn trust_end<'a>(
+    inner: &'a Inner,
+    task: &'a str,
     epoch: Option<u64>,
-) -> Result<Option<tokio::time::Instant>, Outcome> {
+) -> Result<Option<Trust<'a>>, Outcome> {
     let Some(epoch) = epoch else {
         return Ok(None);
     };
+    // Before the window is read: a shard let go after the read wakes the send.
+    let let_go = inner.watch_let_go();
     // The guard counting the send on its shard is the caller's, taken with the first read.
     match inner.send_window(task) {
-        super::cluster::Window::Within(d, _, e) if e == epoch => {
-            Ok(Some(tokio::time::Instant::now() + d))
-        }
+        super::cluster::Window::Within(d, _, e) if e == epoch => Ok(Some(Trust {
+            inner,
+            task,
+            epoch,
+            end: tokio::time::Instant::now() + d,
+            let_go,
+        })),
         _ => Err(Outcome::Held {
             error: "not sent: too little of this node's trust in the task's shard was left once the send had a slot of the channel".into(),
             until_ms: inner.clock.now_ms().saturating_add(WINDOW_RETRY_MS),
