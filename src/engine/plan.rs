@@ -735,9 +735,13 @@ impl RecoverPlan {
         if !self.write {
             return Change::default();
         }
+        // A queued fire that starts here is on the timeline as a fire step's would be (it
+        // had none: a run that started at a start-up with nothing expired showed no `fired`).
+        let runs: Vec<Run> = self.started.into_iter().collect();
         Change {
             progress: Some(self.progress),
-            runs: self.started.into_iter().collect(),
+            timeline: fire_events(&[], &runs),
+            runs,
             ..Change::default()
         }
     }
@@ -1536,6 +1540,10 @@ mod tests {
         assert_eq!(p.started.as_ref().map(|r| r.run), Some(7));
         assert_eq!(p.progress.state, TaskState::Running);
         assert!(p.progress.queued.is_empty());
+        // The run started here is on the timeline as a fire step's would be.
+        let c = p.change();
+        let kinds: Vec<_> = c.timeline.iter().map(|e| (e.kind, e.run)).collect();
+        assert_eq!(kinds, vec![(TimelineKind::Fired, Some(7))]);
         // Nothing queued, nothing active: back to pending (it has a next fire).
         t.queued.clear();
         let p = recover_running(&s, &t, None, NOW + 1).unwrap();

@@ -518,7 +518,10 @@
     ui.detailTask = { ...t, progress: freshest(id, t.progress) };
     ui.detailRuns = new Map(runs.runs.map((r) => [r.run, freshest(id, r)]));
     drawDetail();
-    loadTimeline(id);
+    // The timeline of the task already shown: only what is new (a refresh runs on every
+    // `task` and `failure` event of it; a full read each time was up to 10 000 events every
+    // 500 ms for one open tab on a busy sequence).
+    loadTimeline(id, ui.timeline.id === id);
     const sec = $('#detail');
     const wasHidden = sec.hidden;
     sec.hidden = false;
@@ -644,16 +647,18 @@
 
   // ---- timeline -----------------------------------------------------------------------------
 
-  // The timeline is paged oldest first: read pages (at most 10 of 1 000, a task's default
-  // bound) and show the newest 200, newest first. `more`: only what came after the events
-  // drawn (a `timeline` event of the task shown), read after the last seq shown.
+  // The timeline is paged oldest first: read pages of 1 000 to the end (a task keeps
+  // `timeline_max` events, 1 000 by default; at most TIMELINE_PAGES pages) and show the newest
+  // 200, newest first. `more`: only what came after the events drawn (a `timeline` event of
+  // the task shown, a refresh of it), read after the last seq shown.
   const TIMELINE_SHOWN = 200;
+  const TIMELINE_PAGES = 1000;
   async function loadTimeline(id, more) {
     const had = more && ui.timeline.id === id ? ui.timeline.events : null;
     let events = had ? had.slice() : [];
     let after = had && had.length ? String(had[had.length - 1].seq) : null;
     try {
-      for (let i = 0; i < 10; i++) {
+      for (let i = 0; i < TIMELINE_PAGES; i++) {
         const q = new URLSearchParams({ limit: '1000' });
         if (after) q.set('after', after);
         const page = await api('GET', `/v1/tasks/${encodeURIComponent(id)}/timeline?${q}`);
@@ -927,7 +932,9 @@
         loadAll();
         break;
       case 'resync':
-        loadAll();
+        // The stream fell behind and dropped events: read everything again, at most every
+        // 500 ms while resyncs keep coming (a slow tab on a busy herald).
+        loadAllSoon();
         break;
       case 'progress':
         applyProgress(data);
@@ -1013,6 +1020,7 @@
     loadChannels();
     if (ui.detail) showDetail(ui.detail);
   }
+  const loadAllSoon = debounce(() => loadAll(), 150);
 
   // ---- create and preview -------------------------------------------------------------------
 
