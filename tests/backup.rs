@@ -335,6 +335,131 @@ fn import_checks_against_the_limits_of_its_config() {
     assert!(stderr(&o).contains("imported 1 tasks"), "{}", stderr(&o));
 }
 
+/// `task_lines(id)` fired once: its one run finished, its one message failed (the failure
+/// list's entry `id:1:0`), and its idempotency key `key-ID` (both returned apart: they come
+/// after every task).
+fn fired_task_lines(id: &str) -> (Vec<herald::backup::Line>, [herald::backup::Line; 2]) {
+    use herald::backup::Line;
+    use herald::model::{delivery_key, Failure, Run, RunState};
+    const T0: u64 = 1_800_000_000_000;
+    let mut lines = task_lines(id);
+    if let Some(Line::Task { task }) = lines.first_mut() {
+        task.fires = 1;
+        task.runs = 1;
+    }
+    let mut run = Run::new(1, T0, T0, 1);
+    run.state = RunState::Completed;
+    run.cursor = 1;
+    run.failed = 1;
+    run.finished_at_ms = Some(T0);
+    run.next_at_ms = None;
+    lines.push(Line::Run {
+        task_id: id.into(),
+        run,
+    });
+    let failure = Failure {
+        id: delivery_key(id, 1, 0),
+        task_id: id.into(),
+        run: 1,
+        seq: 0,
+        to: format!("to-{id}"),
+        channel: "log".into(),
+        attempts: 1,
+        last_error: "refused".into(),
+        failed_at_ms: T0,
+        retrying: false,
+        retries: 0,
+    };
+    let key = Line::Idempotency {
+        key: format!("key-{id}"),
+        task_id: id.into(),
+        body_sha256: "ab".repeat(32),
+    };
+    (lines, [Line::Failure { failure }, key])
+}
+
+/// An export from an older herald whose task `b` today's rules refuse (a `notify.to` over the
+/// recipient cap) is refused whole, naming `--skip-invalid`; with it, `a` and `c` import with
+/// their runs, failures and keys, `b` is named on stderr by its line and nothing of it is
+/// kept, and the exit status is 0.
+#[test]
+fn skip_invalid_imports_the_rest_of_a_file_without_a_task_the_rules_refuse() {
+    use herald::backup::Line;
+    let dir = tempfile::tempdir().unwrap();
+    // Lines: 1 header, 2-4 task a (message, run), 5-7 task b, 8-10 task c, 11-13 the
+    // failures, 14-16 the keys, 17 the end line.
+    let (mut tasks, mut failures, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+    for id in ["a", "b", "c"] {
+        let (mut lines, [failure, key]) = fired_task_lines(id);
+        if id == "b" {
+            if let Some(Line::Task { task }) = lines.first_mut() {
+                task.notify = Some(herald::model::Notify {
+                    channel: "log".into(),
+                    to: "n".repeat(1025),
+                    on: vec![herald::model::NotifyOn::Failed],
+                });
+            }
+        }
+        tasks.append(&mut lines);
+        failures.push(failure);
+        keys.push(key);
+    }
+    let mut out = vec![header_line()];
+    for l in tasks.iter().chain(&failures).chain(&keys) {
+        out.push(serde_json::to_string(l).unwrap());
+    }
+    let end = Line::End {
+        tasks: 3,
+        lines: out.len() as u64 + 1,
+    };
+    out.push(serde_json::to_string(&end).unwrap());
+    let text = out.join("\n") + "\n";
+
+    let target = dir.path().join("data");
+    let o = herald(&["import", "--data", data(&target)], Some(text.as_bytes()));
+    let said = stderr(&o);
+    assert!(!o.status.success(), "imported: {said}");
+    assert!(
+        said.contains("line 5: task.notify.to: must be at most 1024 bytes"),
+        "{said}"
+    );
+    assert!(said.contains("--skip-invalid"), "{said}");
+    assert!(said.contains("nothing was kept"), "{said}");
+    assert!(!target.exists(), "a refused import left its directory");
+
+    let o = herald(
+        &["import", "--data", data(&target), "--skip-invalid"],
+        Some(text.as_bytes()),
+    );
+    let said = stderr(&o);
+    assert!(o.status.success(), "{said}");
+    let skipped: Vec<&str> = said.lines().filter(|l| l.contains("skipped")).collect();
+    assert_eq!(
+        skipped.first().copied(),
+        Some("herald: line 5: task \"b\" skipped: task.notify.to: must be at most 1024 bytes"),
+        "{said}"
+    );
+    assert!(
+        said.contains("imported 2 tasks (17 lines)") && said.contains("skipped 1 tasks"),
+        "{said}"
+    );
+
+    let o = herald(&["export", "--data", data(&target)], None);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let back = lines(&o.stdout);
+    let of = |kind: &str, id: &dyn Fn(&Value) -> &Value| -> Vec<String> {
+        back.iter()
+            .filter(|l| l["kind"] == kind)
+            .map(|l| id(l).as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert_eq!(of("task", &|l| &l["task"]["id"]), ["a", "c"]);
+    assert_eq!(of("message", &|l| &l["task_id"]), ["a", "c"]);
+    assert_eq!(of("run", &|l| &l["task_id"]), ["a", "c"]);
+    assert_eq!(of("failure", &|l| &l["failure"]["id"]), ["a:1:0", "c:1:0"]);
+    assert_eq!(of("idempotency", &|l| &l["key"]), ["key-a", "key-c"]);
+}
+
 /// A pending one-shot task due in a year, with its one message.
 fn task_lines(id: &str) -> Vec<herald::backup::Line> {
     use herald::backup::Line;

@@ -7,6 +7,20 @@
 //! refused naming its line and field, never stored for the engine to trip over. A line is
 //! read only up to [`line_max`] bytes: a file that is no export (`/dev/zero`) is refused
 //! instead of read into memory whole.
+//!
+//! `herald import --skip-invalid` ([`import_with`] given a `skip` report) imports a backup some
+//! of whose tasks today's rules refuse (an export of an older herald: a `notify.to` over
+//! today's cap, a message time zone an old PATCH stored unchecked). Skippable, and only
+//! these: the rules of a create on a task line (`task.id` and `request::check_task`), on a
+//! message line (`request::restored_message`), and on a task's messages as a whole
+//! (`request::check_zones`: recipient time, its zones). Such a task is left out with every
+//! line of it: its messages, runs and timeline (which follow it), its failure-list entries and
+//! idempotency keys (found by its id, [`Held::skipped`]). Everything else still refuses the
+//! whole file, flag or not: a broken file (not JSON, an unknown field, lines out of order or
+//! of a task they do not follow, a failure of a task not in the file, a task's message count
+//! or its runs against its fires, a run's cursor, the end line missing or its counts wrong).
+//! The lines of a skipped task are still checked for their place in the file (the task they
+//! follow, their order and numbering), not for their content.
 
 use std::io::BufRead;
 use std::path::Path;
@@ -26,6 +40,19 @@ const BATCH_OPS: usize = 1_000;
 /// holds at most `store::commit::JOB_BYTES_MAX` (1 GiB), and 1 000 tasks of a herald with
 /// raised limits can hold more (review finding: the import of a valid export was refused).
 const BATCH_BYTES: usize = 64 << 20;
+
+/// When a batch is written: at `ops` writes or `bytes` bytes of lines read into it, whichever
+/// comes first. [`BATCH`] but in tests, which lower `bytes` to see it applied.
+#[derive(Clone, Copy, Debug)]
+struct Bounds {
+    ops: usize,
+    bytes: usize,
+}
+
+const BATCH: Bounds = Bounds {
+    ops: BATCH_OPS,
+    bytes: BATCH_BYTES,
+};
 
 /// Room on a line for everything but a message's body and recipient: the task line's
 /// metadata (64 entries of up to 1 152 bytes, escaped up to 6 times: ~440 KiB), name, zones
@@ -49,7 +76,10 @@ pub fn line_max(limits: &Limits) -> u64 {
 /// What an import wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Imported {
+    /// Tasks written (the file's, less those skipped).
     pub tasks: u64,
+    /// Tasks left out by `--skip-invalid`, with every line of them.
+    pub skipped: u64,
     pub lines: u64,
     /// Idempotency keys of tasks the file does not hold (deleted, their keys not yet swept
     /// when the export was made), left out as the sweep would remove them.
@@ -78,7 +108,30 @@ pub fn check_empty(dir: &Path) -> Result<(), BackupError> {
     }
 }
 
-/// The task whose messages and runs are being read.
+/// A task `--skip-invalid` left out, with every line of it: the first rule of a create it
+/// fails. Shown as `line N: task "ID" skipped: <field>: <reason>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// The line the rule names: the task's line, or one of its messages' lines.
+    pub line: u64,
+    pub task_id: String,
+    /// The field and what is wrong with it (`task.notify.to: must be at most 1024 bytes`).
+    pub detail: String,
+}
+
+impl std::fmt::Display for Skipped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "line {}: task {:?} skipped: {}",
+            self.line, self.task_id, self.detail
+        )
+    }
+}
+
+/// The task whose messages and runs are being read. Its writes are held here, not in the
+/// batch, until it ends ([`Reading::finish`]): only then is it known to keep (a rule of a
+/// create on its messages may skip it), and a batch written meanwhile holds none of it.
 struct Current {
     id: String,
     /// The task's line, which what is checked once its messages have come names.
@@ -86,7 +139,16 @@ struct Current {
     /// The task as read (its schedule and zones are what its messages are checked against).
     task: Box<Task>,
     message_count: u32,
+    /// Its messages (none kept once it is skipped).
     messages: Vec<Message>,
+    /// Its message lines read: the next is this seq.
+    received: u32,
+    /// Its writes but its messages, in the order read: the task, its runs, its timeline.
+    ops: Vec<Op>,
+    /// What `ops` counts toward the batch's op bound (a timeline event one each).
+    weight: usize,
+    /// Why it is left out (only with `--skip-invalid`): its lines are still read, in place.
+    skip: Option<Skipped>,
     /// Its fires so far: its runs are numbered 1 to this.
     fires: u32,
     /// The number of its last run read.
@@ -101,24 +163,44 @@ struct Current {
 /// Reads an export from `r` into `store` (which should be empty; see [`check_empty`]),
 /// checking its tasks against the default limits.
 pub async fn import(store: &Store, r: impl BufRead) -> Result<Imported, BackupError> {
-    import_with(store, r, &Limits::default()).await
+    import_with(store, r, &Limits::default(), None).await
 }
 
 /// [`import`], checking each task against `limits`: those of the herald that will serve it.
+/// Without `skip`, a task a rule of a create refuses refuses the file
+/// ([`BackupError::Invalid`]); with it, the task is left out with every line of it and given
+/// to `skip` (`herald import --skip-invalid`; which rules, the module's doc).
 pub async fn import_with(
+    store: &Store,
+    r: impl BufRead,
+    limits: &Limits,
+    skip: Option<&mut dyn FnMut(&Skipped)>,
+) -> Result<Imported, BackupError> {
+    import_bounded(store, r, limits, skip, BATCH)
+        .await
+        .map(|(imported, _)| imported)
+}
+
+/// [`import_with`], writing a batch at `bounds`; also returns the number of batches written.
+async fn import_bounded(
     store: &Store,
     mut r: impl BufRead,
     limits: &Limits,
-) -> Result<Imported, BackupError> {
+    mut skip: Option<&mut dyn FnMut(&Skipped)>,
+    bounds: Bounds,
+) -> Result<(Imported, u64), BackupError> {
     let mut st = Reading {
         limits: limits.clone(),
+        skip_invalid: skip.is_some(),
         ..Reading::default()
     };
+    let mut writes = 0u64;
     let max = line_max(limits);
     let mut n = 0u64;
     let mut buf = Vec::new();
-    // Bytes of the lines read since the last write: about what the batch holds (a task's
-    // messages join it when the task ends, so it may hold one task's more).
+    // Bytes of the lines read since the last write: about what the batch holds (a task joins
+    // it when it ends, so it may hold one task's more, and a batch the bound finds empty, the
+    // current task not ended yet, waits for it).
     let mut read = 0usize;
     while next_line(&mut r, &mut buf, n + 1, max)? {
         n += 1;
@@ -134,12 +216,14 @@ pub async fn import_with(
             header(&line).map_err(err)?;
             continue;
         }
-        st.line(line, n).map_err(|r| BackupError::Format {
-            line: r.line.unwrap_or(n),
-            detail: r.detail,
-        })?;
-        if st.ops >= BATCH_OPS || read >= BATCH_BYTES {
+        st.line(line, n).map_err(|r| r.error(n))?;
+        if let (Some(s), Some(report)) = (st.just_skipped.take(), skip.as_mut()) {
+            report(&s);
+        }
+        let full = st.ops >= bounds.ops || read >= bounds.bytes;
+        if full && !st.batch.ops.is_empty() {
             store.write(&st.batch).await?;
+            writes += 1;
             st.batch = Batch::new();
             st.ops = 0;
             read = 0;
@@ -152,11 +236,13 @@ pub async fn import_with(
         });
     }
     store.write(&st.batch).await?;
-    Ok(Imported {
-        tasks: st.tasks,
+    let imported = Imported {
+        tasks: st.tasks.saturating_sub(st.skipped),
+        skipped: st.skipped,
         lines: n,
         keys_left_out: st.keys_left_out,
-    })
+    };
+    Ok((imported, writes + 1))
 }
 
 /// Reads line `n` into `buf` (with its newline), at most `max` bytes before the newline:
@@ -264,11 +350,39 @@ enum Part {
 struct Refusal {
     line: Option<u64>,
     detail: String,
+    /// A rule of a create that the task fails, which `--skip-invalid` would skip (the file is
+    /// not broken): [`BackupError::Invalid`].
+    invalid: bool,
 }
 
 impl From<String> for Refusal {
     fn from(detail: String) -> Refusal {
-        Refusal { line: None, detail }
+        Refusal {
+            line: None,
+            detail,
+            invalid: false,
+        }
+    }
+}
+
+impl Refusal {
+    /// A rule of a create the task fails (named at `line`, or the line being read).
+    fn invalid(line: Option<u64>, detail: String) -> Refusal {
+        Refusal {
+            line,
+            detail,
+            invalid: true,
+        }
+    }
+
+    /// The error of line `n`, the one being read.
+    fn error(self, n: u64) -> BackupError {
+        let line = self.line.unwrap_or(n);
+        let detail = self.detail;
+        match self.invalid {
+            true => BackupError::Invalid { line, detail },
+            false => BackupError::Format { line, detail },
+        }
     }
 }
 
@@ -282,6 +396,8 @@ struct Held {
     /// Its first run in the file; runs before it were trimmed from its history, their totals
     /// unknown.
     first_run: Option<u32>,
+    /// Left out by `--skip-invalid`: its failure-list entries and keys are dropped.
+    skipped: bool,
 }
 
 /// An import under way: the batch being filled and what the order checks need.
@@ -300,7 +416,14 @@ struct Reading {
     last_failure: Option<String>,
     last_key: Option<String>,
     keys_left_out: u64,
+    /// Task lines read, skipped ones included (the end line counts them all).
     tasks: u64,
+    /// `--skip-invalid`: a task a rule of a create refuses is skipped, not the file.
+    skip_invalid: bool,
+    /// Tasks skipped.
+    skipped: u64,
+    /// The task the last line ended and skipped, for the import to report.
+    just_skipped: Option<Skipped>,
     ended: bool,
 }
 
@@ -314,7 +437,7 @@ impl Reading {
                 task_id,
                 seq,
                 message,
-            } => Ok(self.message(task_id, seq, message)?),
+            } => self.message(task_id, seq, message, n),
             Line::Run { task_id, run } => Ok(self.run(task_id, run)?),
             Line::Timeline {
                 task_id,
@@ -361,8 +484,53 @@ impl Reading {
         Ok(())
     }
 
+    /// Ends the current task: all its messages must have come, in its zones (what is wrong
+    /// names the task's line). A task kept joins the batch whole; one skipped leaves nothing
+    /// but its mark in [`Reading::ids`].
     fn finish(&mut self) -> Result<(), Refusal> {
-        finish(&mut self.current, &mut self.batch, &mut self.ops)
+        let Some(mut c) = self.current.take() else {
+            return Ok(());
+        };
+        let line = Some(c.line);
+        if c.received != c.message_count {
+            return Err(Refusal {
+                line,
+                detail: format!(
+                    "task.message_count: task {:?} has {} messages, the export holds {}",
+                    c.id, c.message_count, c.received
+                ),
+                invalid: false,
+            });
+        }
+        if c.skip.is_none() {
+            if let Err(e) = crate::request::check_zones(&c.task, &mut c.messages) {
+                let detail = format!("task.{e}");
+                if !self.skip_invalid {
+                    return Err(Refusal::invalid(line, detail));
+                }
+                c.skip = Some(Skipped {
+                    line: c.line,
+                    task_id: c.id.clone(),
+                    detail,
+                });
+            }
+        }
+        if let Some(s) = c.skip {
+            if let Some(h) = self.ids.last_mut() {
+                h.skipped = true; // the current task is the last one read
+            }
+            self.skipped += 1;
+            self.just_skipped = Some(s);
+            return Ok(());
+        }
+        self.ops += c.weight + c.messages.len();
+        self.batch.ops.append(&mut c.ops);
+        self.batch.ops.push(Op::Messages {
+            task_id: c.id,
+            old_count: 0,
+            messages: c.messages,
+        });
+        Ok(())
     }
 
     /// Moves on to `part` (ending the last task): never back to an earlier one.
@@ -409,14 +577,18 @@ impl Reading {
                 "run {n} of task {task_id:?} is out of order (or repeated)"
             ));
         }
-        check_run(&run, c.message_count, &self.limits).map_err(|e| format!("run.{e}"))?;
+        // A skipped task's runs are not checked against it: a rule refused what they would
+        // be checked against.
+        if c.skip.is_none() {
+            check_run(&run, c.message_count, &self.limits).map_err(|e| format!("run.{e}"))?;
+        }
         c.last_run = Some(n);
         if let Some(h) = self.ids.last_mut() {
             h.messages = h.messages.max(run.total);
             h.first_run.get_or_insert(n);
         }
-        self.batch.run(&task_id, &run);
-        self.ops += 1;
+        c.ops.push(Op::Run(task_id, run));
+        c.weight += 1;
         Ok(())
     }
 
@@ -443,6 +615,10 @@ impl Reading {
                 f.id, f.task_id
             )
         })?;
+        if held.skipped {
+            self.last_failure = Some(f.id);
+            return Ok(());
+        }
         let fires = held.fires;
         if f.run == 0 || f.run > fires {
             return Err(format!(
@@ -480,9 +656,13 @@ impl Reading {
         let hash =
             unhex32(&sha).ok_or_else(|| "body_sha256: expected 64 hex digits".to_string())?;
         self.last_key = Some(key.clone());
-        if self.held(&task_id).is_none() {
-            self.keys_left_out += 1;
-            return Ok(());
+        match self.held(&task_id) {
+            None => {
+                self.keys_left_out += 1;
+                return Ok(());
+            }
+            Some(h) if h.skipped => return Ok(()),
+            Some(_) => {}
         }
         self.batch.ops.push(Op::PutIdem(
             key,
@@ -496,14 +676,22 @@ impl Reading {
     }
 
     /// A task (line `n`): in id order, after the previous task's messages, by the rules of a
-    /// create, its runs no more than its fires.
+    /// create (or skipped, its lines read on, with `--skip-invalid`), its runs no more than
+    /// its fires.
     fn task(&mut self, task: Box<Task>, n: u64) -> Result<(), Refusal> {
         self.enter(Part::Tasks, "a task")?;
-        crate::model::check_id(&task.id).map_err(|e| format!("task.id: {e}"))?;
+        let rules = crate::model::check_id(&task.id)
+            .map_err(|e| format!("task.id: {e}"))
+            .and_then(|()| {
+                crate::request::check_task(&task, &self.limits).map_err(|e| format!("task.{e}"))
+            })
+            .err();
+        if let Some(detail) = rules.as_ref().filter(|_| !self.skip_invalid) {
+            return Err(Refusal::invalid(None, detail.clone()));
+        }
         if self.ids.last().is_some_and(|l| *l.id >= *task.id.as_str()) {
             return Err(format!("task {:?} is out of id order (or repeated)", task.id).into());
         }
-        crate::request::check_task(&task, &self.limits).map_err(|e| format!("task.{e}"))?;
         if task.runs > task.fires {
             return Err(format!(
                 "task.runs: {} runs started, more than the task's {} fires",
@@ -516,15 +704,22 @@ impl Reading {
             fires: task.fires,
             messages: task.message_count,
             first_run: None,
+            skipped: false,
         });
         self.tasks += 1;
-        self.batch.task(&task);
-        self.ops += 1;
         self.current = Some(Current {
             id: task.id.clone(),
             line: n,
             message_count: task.message_count,
             messages: Vec::new(),
+            received: 0,
+            ops: vec![Op::Task(task.clone())],
+            weight: 1,
+            skip: rules.map(|detail| Skipped {
+                line: n,
+                task_id: task.id.clone(),
+                detail,
+            }),
             fires: task.fires,
             last_run: None,
             last_seq: None,
@@ -534,22 +729,44 @@ impl Reading {
         Ok(())
     }
 
-    /// A message of the current task, in order.
-    fn message(&mut self, task_id: String, seq: u32, message: Message) -> Result<(), String> {
+    /// A message of the current task (line `n`), in order, by the rules of a create (or its
+    /// task skipped, with `--skip-invalid`).
+    fn message(
+        &mut self,
+        task_id: String,
+        seq: u32,
+        message: Message,
+        n: u64,
+    ) -> Result<(), Refusal> {
         let c = self
             .current
             .as_mut()
             .filter(|c| c.id == task_id)
             .ok_or_else(|| format!("message of task {task_id:?} is not right after that task"))?;
-        if seq as usize != c.messages.len() || seq >= c.message_count {
+        if seq != c.received || seq >= c.message_count {
             return Err(format!(
                 "message {seq} of task {task_id:?}: expected message {} of {}",
-                c.messages.len(),
-                c.message_count
-            ));
+                c.received, c.message_count
+            )
+            .into());
         }
-        crate::request::restored_message(&message, &self.limits)
-            .map_err(|e| format!("message.{e}"))?;
+        c.received += 1;
+        if c.skip.is_some() {
+            return Ok(());
+        }
+        if let Err(e) = crate::request::restored_message(&message, &self.limits) {
+            let detail = format!("message.{e}");
+            if !self.skip_invalid {
+                return Err(Refusal::invalid(None, detail));
+            }
+            c.skip = Some(Skipped {
+                line: n,
+                task_id,
+                detail,
+            });
+            c.messages = Vec::new(); // not written: no need to hold them
+            return Ok(());
+        }
         c.messages.push(message);
         Ok(())
     }
@@ -574,49 +791,16 @@ impl Reading {
         if e == c.created {
             return Ok(()); // derived again from the task when read
         }
-        match self.batch.ops.last_mut() {
+        match c.ops.last_mut() {
             Some(Op::PutTimeline { task_id: t, events }) if *t == task_id => events.push(e),
-            _ => self.batch.ops.push(Op::PutTimeline {
+            _ => c.ops.push(Op::PutTimeline {
                 task_id,
                 events: vec![e],
             }),
         }
-        self.ops += 1;
+        c.weight += 1;
         Ok(())
     }
-}
-
-/// Ends the current task: all its messages must have come, in its zones. What is wrong names
-/// the task's line.
-fn finish(
-    current: &mut Option<Current>,
-    batch: &mut Batch,
-    ops: &mut usize,
-) -> Result<(), Refusal> {
-    let Some(mut c) = current.take() else {
-        return Ok(());
-    };
-    let refused = |detail: String| Refusal {
-        line: Some(c.line),
-        detail,
-    };
-    if c.messages.len() != c.message_count as usize {
-        return Err(refused(format!(
-            "task.message_count: task {:?} has {} messages, the export holds {}",
-            c.id,
-            c.message_count,
-            c.messages.len()
-        )));
-    }
-    crate::request::check_zones(&c.task, &mut c.messages)
-        .map_err(|e| refused(format!("task.{e}")))?;
-    *ops += c.messages.len();
-    batch.ops.push(Op::Messages {
-        task_id: c.id,
-        old_count: 0,
-        messages: c.messages,
-    });
-    Ok(())
 }
 
 /// A run by the cursor's rules (`model/run.rs`): its cursor within its messages, the message
@@ -1011,6 +1195,263 @@ mod tests {
         for (edit, says) in cases {
             let e = refusal(&file(with_task(task("a", 0), edit))).await;
             assert!(e.contains(says), "{says}: {e}");
+        }
+    }
+
+    /// A timeline event of task `id` (not its derived `created`, so it is stored).
+    fn event(id: &str, seq: u64) -> Line {
+        Line::timeline(
+            id,
+            TimelineEvent {
+                seq,
+                at_ms: NOW,
+                kind: crate::model::timeline::TimelineKind::Paused,
+                run: None,
+                msg: None,
+                attempt: None,
+                detail: serde_json::Value::Null,
+            },
+        )
+    }
+
+    /// Tasks `a` and `c` and, between them, `b` with every kind of line a task has (its lines
+    /// changed by `edit_b`): the file with `b`, and the same file without any line of `b`.
+    /// Lines: 2-7 task a (messages, 2 runs, an event), 8 task b, 9-10 its messages, 11 its
+    /// run, 12 its event, 13-15 task c, 16-17 failures of a and b, 18-20 keys of a, b, c.
+    fn with_b(edit_b: impl FnOnce(&mut Vec<Line>)) -> (Vec<Line>, Vec<Line>) {
+        let mut a = task("a", 2);
+        a.extend([run("a", 1), run("a", 2), event("a", 2)]);
+        let mut b = task("b", 1);
+        b.extend([run("b", 1), event("b", 2)]);
+        edit_b(&mut b);
+        let c = task("c", 0);
+        let tail = |b_too: bool| {
+            let mut t = vec![fail("a", 1, 0)];
+            t.extend(b_too.then(|| fail("b", 1, 1)));
+            t.push(idem("k1", "a"));
+            t.extend(b_too.then(|| idem("k2", "b")));
+            t.push(idem("k3", "c"));
+            t
+        };
+        let with = [a.clone(), b, c.clone(), tail(true)].concat();
+        let without = [a, c, tail(false)].concat();
+        (with, without)
+    }
+
+    /// `text` imported into a new store kept for the test (`skip`: `--skip-invalid`, its
+    /// reports collected).
+    async fn import_kept(
+        text: &[u8],
+        skip: bool,
+    ) -> (
+        tempfile::TempDir,
+        Store,
+        Result<Imported, BackupError>,
+        Vec<Skipped>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut seen = Vec::new();
+        let mut report = |s: &Skipped| seen.push(s.clone());
+        let report = skip.then_some(&mut report as &mut dyn FnMut(&Skipped));
+        let r = import_with(&store, text, &Limits::default(), report).await;
+        (dir, store, r, seen)
+    }
+
+    /// Every line `store` would export.
+    fn exported(store: &Store) -> Vec<Line> {
+        let mut out = Vec::new();
+        crate::backup::export::export(store, NOW, &mut |l| {
+            out.push(l.clone());
+            Ok(())
+        })
+        .unwrap();
+        out
+    }
+
+    /// A task that breaks a rule of a create on its task line, on a message line, or in its
+    /// messages' zones refuses the file (nothing written); with `--skip-invalid` it is left
+    /// out with its messages, runs, timeline, failures and keys, named at its line, and the
+    /// store holds exactly what the file without that task imports.
+    #[tokio::test]
+    async fn skip_invalid_leaves_out_a_task_with_every_line_of_it() {
+        type Edit = Box<dyn FnOnce(&mut Vec<Line>)>;
+        let cases: Vec<(Edit, u64, &str)> = vec![
+            (
+                Box::new(|b| {
+                    let Some(Line::Task { task }) = b.first_mut() else {
+                        panic!("b's first line is its task")
+                    };
+                    task.notify = Some(crate::model::Notify {
+                        channel: "log".into(),
+                        to: "n".repeat(1025),
+                        on: vec![crate::model::NotifyOn::Failed],
+                    });
+                }),
+                8,
+                "task.notify.to: must be at most 1024 bytes",
+            ),
+            (
+                Box::new(|b| {
+                    if let Some(Line::Message { message, .. }) = b.get_mut(2) {
+                        message.tz = Some("Nowhere/City".into());
+                    }
+                }),
+                10,
+                "message.tz: ",
+            ),
+            (
+                Box::new(|b| {
+                    let Some(Line::Task { task }) = b.first_mut() else {
+                        panic!("b's first line is its task")
+                    };
+                    task.recipient_zones = vec!["Europe/Paris".into()];
+                }),
+                8,
+                "task.recipient_zones: lists 1 zones, its messages have 0",
+            ),
+        ];
+        let (_, want_store, r, _) = import_kept(&file(with_b(|_| {}).1), false).await;
+        r.unwrap();
+        let want = exported(&want_store);
+        for (edit, line, says) in cases {
+            let (with, _) = with_b(edit);
+            let text = file(with);
+            let (_, store, r, seen) = import_kept(&text, false).await;
+            match r {
+                Err(BackupError::Invalid { line: l, detail }) => {
+                    assert_eq!(l, line, "{detail}");
+                    assert!(detail.starts_with(says), "{says}: {detail}");
+                }
+                other => panic!("{says}: {other:?}"),
+            }
+            assert!(seen.is_empty());
+            assert_eq!(
+                store.task_ids().count(),
+                0,
+                "{says}: written before the refusal"
+            );
+
+            let (_, store, r, seen) = import_kept(&text, true).await;
+            let i = r.unwrap();
+            assert_eq!((i.tasks, i.skipped, i.keys_left_out), (2, 1, 0), "{says}");
+            assert_eq!(seen.len(), 1, "{says}: {seen:?}");
+            let shown = seen[0].to_string();
+            let prefix = format!("line {line}: task \"b\" skipped: {says}");
+            assert!(shown.starts_with(&prefix), "{prefix}: {shown}");
+            assert_eq!(exported(&store), want, "{says}");
+            // What an export would not show: nothing of b's is stored at all.
+            let failures: Vec<String> = store.all_failures().map(|f| f.unwrap().id).collect();
+            assert_eq!(failures, ["a:1:0"], "{says}");
+            assert!(store.idem_get("k2").unwrap().is_none());
+            assert!(store.idem_get("k1").unwrap().is_some());
+            assert!(store.runs_of("b").unwrap().is_empty());
+            assert_eq!(store.runs_of("a").unwrap().len(), 2);
+            let (events, _) = store.timeline("b", None, None, 10).unwrap();
+            assert!(events.is_empty(), "{events:?}");
+            assert_eq!(store.timeline("a", None, None, 10).unwrap().0.len(), 2);
+        }
+    }
+
+    /// `--skip-invalid` skips only the rules of a create: a broken file is refused whole, in
+    /// a skipped task's lines as anywhere else; and a file with nothing to skip imports as
+    /// without it.
+    #[tokio::test]
+    async fn skip_invalid_still_refuses_a_broken_file() {
+        let invalid = |b: &mut Vec<Line>| {
+            if let Some(Line::Task { task }) = b.first_mut() {
+                task.name = Some("n".repeat(1025));
+            }
+        };
+        type Edit = Box<dyn FnOnce(&mut Vec<Line>)>;
+        let cases: Vec<(Edit, &str)> = vec![
+            (
+                Box::new(|b| {
+                    b.remove(2); // message 1
+                }),
+                "line 8: task.message_count: task \"b\" has 2 messages, the export holds 1",
+            ),
+            (
+                Box::new(|b| b.insert(3, run("b", 2))),
+                "line 11: run 2 of task \"b\": the task has fired 1 times",
+            ),
+            (
+                Box::new(|b| b.push(event("b", 2))),
+                "line 13: timeline event 2 of task \"b\" is out of order",
+            ),
+            (
+                Box::new(|b| b.push(fail("b", 1, 0))),
+                "line 14: a task after the failure list: out of order",
+            ),
+            (
+                Box::new(|b| {
+                    if let Some(Line::Task { task }) = b.first_mut() {
+                        task.runs = 2;
+                    }
+                }),
+                "line 8: task.runs: 2 runs started",
+            ),
+        ];
+        for (edit, says) in cases {
+            let (with, _) = with_b(|b| {
+                invalid(b);
+                edit(b);
+            });
+            let (_, _, r, _) = import_kept(&file(with), true).await;
+            match r {
+                Err(e @ BackupError::Format { .. }) => {
+                    let e = e.to_string();
+                    assert!(e.starts_with(says), "{says}: {e}");
+                }
+                other => panic!("{says}: {other:?}"),
+            }
+        }
+        // A failure of a task the file does not hold, beside a skipped one.
+        let (mut with, _) = with_b(invalid);
+        with.insert(16, fail("bz", 1, 0));
+        let (_, _, r, _) = import_kept(&file(with), true).await;
+        let e = r.unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "line 18: failure \"bz:1:0\" is of task \"bz\", which the file does not hold"
+            ),
+            "{e}"
+        );
+        let (_, store, r, seen) = import_kept(&file(good()), true).await;
+        assert_eq!(r.unwrap().skipped, 0);
+        assert!(seen.is_empty());
+        assert_eq!(store.task_ids().count(), 2);
+    }
+
+    /// A batch is written once the lines read into it reach the byte bound, long before the op
+    /// bound: ten tasks of 8 KiB bodies, 30 writes, with the bound lowered to 4 KiB, are
+    /// written a task at a time (with the import's bounds, in one batch).
+    #[tokio::test]
+    async fn a_batch_is_written_at_the_byte_bound_before_the_op_bound() {
+        let mut body = Vec::new();
+        for i in 0..10 {
+            let mut t = task(&format!("t{i}"), 0);
+            for l in &mut t {
+                if let Line::Message { message, .. } = l {
+                    message.body = "x".repeat(4096);
+                }
+            }
+            body.extend(t);
+        }
+        let text = file(body);
+        let low = Bounds {
+            ops: BATCH_OPS,
+            bytes: 4096,
+        };
+        for (bounds, batches) in [(BATCH, 1..=1), (low, 10..=11)] {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open(dir.path()).unwrap();
+            let (i, writes) = import_bounded(&store, &text[..], &Limits::default(), None, bounds)
+                .await
+                .unwrap();
+            assert_eq!(i.tasks, 10);
+            assert!(batches.contains(&writes), "{bounds:?}: {writes} batches");
+            assert_eq!(store.task_ids().count(), 10);
         }
     }
 

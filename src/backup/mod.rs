@@ -18,6 +18,8 @@
 //! herald versions). `VERSION` moves only when a reader of the old version would misread a file.
 //! A task, its messages, runs and failures are checked as a create and the engine would have
 //! them (`import.rs`): a file edited by hand or damaged is refused, naming its line and field.
+//! A task only today's rules of a create refuse (an older herald's) is left out instead, with
+//! every line of it, by `herald import --skip-invalid`; a broken file never is.
 //!
 //! `export.rs` reads a [`crate::store::Store`] (each task as one consistent image, so it may
 //! run while herald writes: `GET /v1/export` streams it); `import.rs` writes one through the
@@ -93,8 +95,13 @@ pub enum BackupError {
     Store(#[from] crate::store::StoreError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// A broken file: not an export, or lines out of place.
     #[error("line {line}: {detail}")]
     Format { line: u64, detail: String },
+    /// A task (or one of its messages) a rule of a create refuses: `herald import
+    /// --skip-invalid` leaves such a task out instead (`import.rs`).
+    #[error("line {line}: {detail}")]
+    Invalid { line: u64, detail: String },
     #[error("{0}")]
     Refused(String),
 }

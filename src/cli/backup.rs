@@ -9,7 +9,9 @@
 //! refuses: a failed import leaves nothing half-restored behind that herald would run. Each
 //! task is checked as a create would be (`backup/import.rs`), against the `[limits]` of the
 //! config `--config` names (the herald that will serve the data may raise them), herald's
-//! defaults without it; its channel is not: import reads no channels.
+//! defaults without it; its channel is not: import reads no channels. `--skip-invalid` leaves
+//! out a task those rules refuse (an export of an older herald), with every line of it, naming
+//! each on stderr; a broken file is still refused whole (which is which: `backup/import.rs`).
 //!
 //! On PostgreSQL (`--store-url`, password from `HERALD_STORE_PASSWORD` / `PGPASSWORD`) both
 //! read and write the database directly: export sees one snapshot per task, so it may run
@@ -70,6 +72,20 @@ pub struct ImportArgs {
     /// create there would be. Without it, herald's default limits.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Skip each task today's rules of a create refuse instead of refusing the whole file:
+    /// for an export of an older herald.
+    ///
+    /// Skipped, with every line of it (its messages, runs, timeline, failure-list entries and
+    /// idempotency keys), and named on stderr as `line N: task "ID" skipped: FIELD: REASON`: a
+    /// task whose task line or one of whose message lines breaks a rule a create checks against
+    /// the [limits] of --config (an id, the schedule, a time zone, a name, metadata, pacing,
+    /// retry, quiet hours, notify, a recipient, a body, data, the zones of recipient time). Still
+    /// refused whole, with or without this flag: a broken file (not JSON, an unknown field, a
+    /// line too long, lines out of order or not after their task, a message count or a run
+    /// that does not fit its task, a failure of a task not in the file, no end line or wrong
+    /// counts in it). The exit status is 0 when the rest was imported.
+    #[arg(long = "skip-invalid")]
+    pub skip_invalid: bool,
 }
 
 fn local(e: impl std::fmt::Display) -> CliError {
@@ -276,12 +292,11 @@ async fn export_url(url: &str) -> Result<(), CliError> {
 /// marker (`backup/marker.rs`) from before the first write until the `end` line was checked
 /// and everything is durable: an import stopped halfway is refused by `herald serve`.
 pub async fn import_cmd(args: ImportArgs) -> Result<(), CliError> {
-    // A line refused against the default limits may be one the serving herald allows.
-    let hint = if args.config.is_none() {
-        " (tasks are checked against herald's default [limits]; give --config with the config \
-         of the herald that will serve them if it raises them)"
-    } else {
-        ""
+    let config_given = args.config.is_some();
+    let mut report = |s: &import::Skipped| eprintln!("herald: {s}");
+    let skip = match args.skip_invalid {
+        true => Some(&mut report as &mut dyn FnMut(&import::Skipped)),
+        false => None,
     };
     let limits = match &args.config {
         Some(path) => {
@@ -292,14 +307,15 @@ pub async fn import_cmd(args: ImportArgs) -> Result<(), CliError> {
         None => Limits::default(),
     };
     if let Some(url) = args.store_url {
-        return import_pg(&url, args.file.as_deref(), &limits).await;
+        let file = args.file.as_deref();
+        return import_pg(&url, file, &limits, skip, config_given).await;
     }
     let dir = args.data.unwrap_or_default();
     import::check_empty(&dir).map_err(local)?;
     let existed = dir.exists();
     let reader = input(args.file.as_deref())?;
     let r = match marker::mark(&dir) {
-        Ok(()) => restore(&dir, reader, &limits).await,
+        Ok(()) => restore(&dir, reader, &limits, skip).await,
         Err(e) => Err(BackupError::Io(e)),
     };
     let r = r.and_then(|i| marker::unmark(&dir).map(|()| i).map_err(BackupError::Io));
@@ -313,22 +329,49 @@ pub async fn import_cmd(args: ImportArgs) -> Result<(), CliError> {
                 Ok(()) => "nothing was kept".to_string(),
                 Err(_) => format!("delete {} before trying again", dir.display()),
             };
-            let hint = if matches!(e, BackupError::Format { .. }) {
-                hint
-            } else {
-                ""
-            };
             Err(local(format!(
-                "import into {} failed ({note}): {e}{hint}",
-                dir.display()
+                "import into {} failed ({note}): {e}{}",
+                dir.display(),
+                refusal_hint(&e, config_given)
             )))
         }
     }
 }
 
+/// What a refused file's error adds: `--config` when the limits may be why (a rule of a
+/// create, a line too long for them), `--skip-invalid` when a task's rules are (it skips
+/// nothing else, so it is not offered for a broken file).
+fn refusal_hint(e: &BackupError, config_given: bool) -> &'static str {
+    let invalid = matches!(e, BackupError::Invalid { .. });
+    let limits = invalid || matches!(e, BackupError::Format { .. });
+    match (limits && !config_given, invalid) {
+        (true, true) => {
+            " (tasks are checked against herald's default [limits]; give --config with the \
+             config of the herald that will serve them if it raises them, or --skip-invalid to \
+             import the rest without the tasks the rules refuse, each named)"
+        }
+        (true, false) => {
+            " (tasks are checked against herald's default [limits]; give --config with the \
+             config of the herald that will serve them if it raises them)"
+        }
+        (false, true) => {
+            " (give --skip-invalid to import the rest without the tasks the rules refuse, each \
+             named)"
+        }
+        (false, false) => "",
+    }
+}
+
 fn say_imported(i: &import::Imported, into: &str) {
+    let skipped = match i.skipped {
+        0 => String::new(),
+        n => format!(
+            "; skipped {n} tasks the rules refuse (named above), with their messages, runs, \
+             timelines, failures and idempotency keys"
+        ),
+    };
     eprintln!(
-        "herald: imported {} tasks ({} lines) into {into}",
+        "herald: imported {} tasks ({} lines) into {into}{skipped}",
         i.tasks, i.lines
     );
     if i.keys_left_out > 0 {
@@ -371,9 +414,10 @@ async fn restore(
     dir: &Path,
     reader: Box<dyn std::io::BufRead>,
     limits: &Limits,
+    skip: Option<&mut dyn FnMut(&import::Skipped)>,
 ) -> Result<import::Imported, BackupError> {
     let store = Store::open_with(dir, &StoreOptions::default())?;
-    let r = import::import_with(&store, reader, limits).await;
+    let r = import::import_with(&store, reader, limits, skip).await;
     // Closed (the commit thread joined, sled flushed and unlocked) before the marker goes.
     drop(store);
     r
@@ -394,7 +438,13 @@ fn input(file: Option<&Path>) -> Result<Box<dyn std::io::BufRead>, CliError> {
 /// leaves herald's tables empty again. The database holds the import's mark (a row of
 /// `herald_meta`) until the import has finished: one stopped halfway is refused by
 /// `herald serve`.
-async fn import_pg(url: &str, file: Option<&Path>, limits: &Limits) -> Result<(), CliError> {
+async fn import_pg(
+    url: &str,
+    file: Option<&Path>,
+    limits: &Limits,
+    skip: Option<&mut dyn FnMut(&import::Skipped)>,
+    config_given: bool,
+) -> Result<(), CliError> {
     let shown = crate::store::pg::redact(url);
     // Exclusive: never into a database a herald serves.
     let (store, backend) = open_pg(url, Some(crate::store::pg::lock::Mode::Exclusive))?;
@@ -408,7 +458,7 @@ async fn import_pg(url: &str, file: Option<&Path>, limits: &Limits) -> Result<()
     }
     let reader = input(file)?;
     backend.mark_import(true).map_err(local)?;
-    let r = match import::import_with(&store, reader, limits).await {
+    let r = match import::import_with(&store, reader, limits, skip).await {
         Ok(i) => backend
             .mark_import(false)
             .map(|()| i)
@@ -427,7 +477,10 @@ async fn import_pg(url: &str, file: Option<&Path>, limits: &Limits) -> Result<()
                 Ok(()) => "nothing was kept",
                 Err(_) => "import again into a new database",
             };
-            Err(local(format!("import into {shown} failed ({note}): {e}")))
+            Err(local(format!(
+                "import into {shown} failed ({note}): {e}{}",
+                refusal_hint(&e, config_given)
+            )))
         }
     }
 }
