@@ -820,6 +820,31 @@ async fn dashboard_follows_a_busy_server() {
     .await;
     assert_eq!(row_state(&c, "p").await, "pending", "the other row stays");
 
+    // ---- made again with the same id, its detail shows its own timeline (its seqs start
+    // anew), not the deleted task's: a refresh reads only what is new after the last seq
+    // drawn, which must not be taken from another task of this id.
+    let again = json!({"id": "done", "schedule": {"after": "1h"}, "to": ["a"], "body": "x"});
+    let r = call(&h, "POST", "/v1/tasks", Some(again)).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    until(&c, "the row of done made again", t, || async {
+        (row_state(&c, "done").await == "pending").then_some(())
+    })
+    .await;
+    click(&c, "#task-rows tr[data-task='done'] button.link").await;
+    // Converges to the new task's one event; the deleted one's `cancelled` never goes away
+    // when its events are kept.
+    until(&c, "done's own timeline: only its `created`", t, || async {
+        let v = js(
+            &c,
+            "return [...document.querySelectorAll('#timeline li[data-kind]')].map(li => li.dataset.kind)",
+        )
+        .await;
+        let k: Vec<String> = serde_json::from_value(v).unwrap_or_default();
+        (text_of(&c, "#detail-id").await == "done" && k == ["created"]).then_some(())
+    })
+    .await;
+    click(&c, "#detail-close").await;
+
     // ---- a step with only a timeline event (`held`) shows in the open detail's timeline
     // `x` takes `slow`'s slot for the minute.
     let x = json!({"id": "x", "channel": "slow", "schedule": {"after": "0s"}, "to": ["a"], "body": "x"});

@@ -36,7 +36,8 @@ pub struct TraceContext {
     /// The caller's span: the parent of herald's span for the request.
     pub parent_span: [u8; 8],
     pub sampled: bool,
-    /// `tracestate` as given (vendor data herald passes on but never reads).
+    /// `tracestate` as given, bounded ([`TRACESTATE_MAX`]): accepted as API.md asks, but not
+    /// passed on (a delivery's `traceparent` is herald's own span; docs/API.md says so).
     pub state: Option<String>,
 }
 

@@ -30,7 +30,9 @@
     detailRuns: new Map(), // run number -> run view (the newest 50), moved likewise
     latest: new Map(),  // `${task}\0${run}` -> newest progress event (see `freshest`)
     gone: new Map(),    // task id -> when (ms) its `deleted` event came (see `dropTask`)
-    timeline: { id: null, events: [] }, // the detail's timeline as drawn, oldest first
+    // The detail's timeline as drawn, oldest first, and the task it is of: its id and its
+    // `created_at` (a task deleted and made again with the same id starts its seqs anew).
+    timeline: { id: null, created: null, events: [] },
     failuresAfter: null,
     failureCount: null, // length of the failure list when it fits one page (else the census)
     samples: [],        // /metrics samples of the last SAMPLES_KEPT_MS (metrics.js `sample`)
@@ -402,6 +404,7 @@
       ui.gone.delete(k);
     }
     refreshTask.forget(id);
+    if (ui.timeline.id === id) ui.timeline = { id: null, created: null, events: [] };
     if (ui.rows.delete(id)) {
       const tr = rowOf(id);
       if (tr) tr.remove();
@@ -520,8 +523,9 @@
     drawDetail();
     // The timeline of the task already shown: only what is new (a refresh runs on every
     // `task` and `failure` event of it; a full read each time was up to 10 000 events every
-    // 500 ms for one open tab on a busy sequence).
-    loadTimeline(id, ui.timeline.id === id);
+    // 500 ms for one open tab on a busy sequence). `loadTimeline` reads it whole when it is
+    // another task's, or another task's of this id.
+    loadTimeline(id, true);
     const sec = $('#detail');
     const wasHidden = sec.hidden;
     sec.hidden = false;
@@ -648,13 +652,16 @@
   // ---- timeline -----------------------------------------------------------------------------
 
   // The timeline is paged oldest first: read pages of 1 000 to the end (a task keeps
-  // `timeline_max` events, 1 000 by default; at most TIMELINE_PAGES pages) and show the newest
+  // `timeline_max` events, 10 000 by default; at most TIMELINE_PAGES pages) and show the newest
   // 200, newest first. `more`: only what came after the events drawn (a `timeline` event of
   // the task shown, a refresh of it), read after the last seq shown.
   const TIMELINE_SHOWN = 200;
   const TIMELINE_PAGES = 1000;
   async function loadTimeline(id, more) {
-    const had = more && ui.timeline.id === id ? ui.timeline.events : null;
+    const created = ui.detailTask && ui.detailTask.id === id ? ui.detailTask.created_at : null;
+    const same = () => ui.timeline.id === id && ui.timeline.created === created;
+    more = more && same();
+    const had = more ? ui.timeline.events : null;
     let events = had ? had.slice() : [];
     let after = had && had.length ? String(had[had.length - 1].seq) : null;
     try {
@@ -674,7 +681,7 @@
     if (ui.detail !== id) return;
     // Another read of this timeline may have finished meanwhile: what is new is added to
     // what it drew (a full read draws what it read).
-    if (more && ui.timeline.id === id) {
+    if (more && same()) {
       const seen = new Set();
       events = ui.timeline.events.concat(events).filter((e) => {
         const k = `${e.seq}\u0000${e.kind}`;
@@ -683,7 +690,7 @@
         return true;
       }).sort((a, b) => a.seq - b.seq).slice(-TIMELINE_SHOWN);
     }
-    ui.timeline = { id, events };
+    ui.timeline = { id, created, events };
     drawTimeline(events, H.fmt.zoneOf(ui.detailTask || {}));
   }
   // A `timeline` event of the task shown: read what is new (at most every 500 ms while they
