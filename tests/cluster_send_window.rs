@@ -261,3 +261,91 @@ async fn a_shard_let_go_cuts_its_send_under_way_at_once() {
     );
     assert_eq!(rx.count(), 1, "nothing sent again meanwhile");
 }
+
+/// As above, with the engine's event loop busy while the shard is dropped: it loads granted
+/// shards one after another, inline (seconds each during a failover), and handles a `Dropped`
+/// only after the loads queued ahead of it. Here another shard is freed behind the node's back
+/// and taken again, and its load held (`HERALD_TEST_LOAD_HOLD`) while the hung send's shard
+/// is dropped. Before, the send was cut off only when the engine reached the drop (after the
+/// held load, here never) or at the end of its trust (~19 s): the lease loop now lets the
+/// shard go as it drops it (`node.rs`, `Loop::report`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_let_go_cuts_its_send_at_once_while_the_engine_loads_another() {
+    let Some(pg) = PgServer::start("cluster_send_window_busy") else {
+        return;
+    };
+    let url = pg.create_db("busy");
+    let rx = Receiver::start().await;
+    rx.set_default(Behavior::Hang);
+    let dir = tempfile::tempdir().unwrap();
+    let hold = dir.path().join("loads-held");
+    let hook = format!("url = \"{}\"\ntimeout = \"60s\"\n", rx.url());
+    let timing = "lease = \"20s\"\nrenew = \"1s\"\nsafety = \"1s\"\n";
+    let mut cmd = node_command(&url, dir.path(), "a", "a", SHARDS, &hook, timing);
+    cmd.env(herald::engine::cluster::LOAD_HOLD_ENV, &hold);
+    let a = Proc::start(cmd);
+    poll(Duration::from_secs(30), || async {
+        (owned(&a.url).await == u64::from(SHARDS)).then_some(())
+    })
+    .await
+    .expect("a takes every shard");
+
+    let task = json!({"id": "hung", "channel": "hook", "schedule": {"after": "0s"},
+        "to": ["r"], "body": "x"});
+    let r = http::post_json(&format!("{}/v1/tasks", a.url), &task).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let open = poll(Duration::from_secs(20), || async {
+        let open = rx.open_connections();
+        (rx.count() == 1 && open >= 1).then_some(open)
+    })
+    .await
+    .expect("the attempt reaches the receiver and is held open");
+
+    // Another shard freed behind a's back: its renewal drops it, a balancing round takes it
+    // again at a new epoch, and that grant's load waits while the file exists.
+    let sent_on = herald::store::pg::fence::shard_of_task("hung", SHARDS);
+    let other = (sent_on + 1) % SHARDS;
+    let epoch = |shard: u32| {
+        pg.psql(
+            &url,
+            &format!(
+                "SELECT epoch FROM herald_shard WHERE shard_id = {shard} \
+                 AND owner_incarnation IS NOT NULL"
+            ),
+        )
+    };
+    let freed_at = epoch(other);
+    std::fs::write(&hold, b"held").unwrap();
+    pg.psql(
+        &url,
+        &format!(
+            "UPDATE herald_shard SET epoch = epoch + 1, owner_node = NULL, \
+             owner_incarnation = NULL, lease_expires = NULL WHERE shard_id = {other}"
+        ),
+    );
+    poll(Duration::from_secs(10), || async {
+        let now = epoch(other);
+        (!now.is_empty() && now != freed_at).then_some(())
+    })
+    .await
+    .expect("a takes the freed shard again; its load is held");
+
+    pg.psql(
+        &url,
+        &format!("UPDATE herald_shard SET epoch = epoch + 1 WHERE shard_id = {sent_on}"),
+    );
+    let moved = std::time::Instant::now();
+    let cut = poll(Duration::from_secs(10), || async {
+        (rx.open_connections() < open).then_some(())
+    })
+    .await;
+    let took = moved.elapsed();
+    std::fs::remove_file(&hold).unwrap();
+    cut.expect("the attempt's connection is closed once the shard is dropped, load or not");
+    assert!(
+        took < Duration::from_secs(6),
+        "cut off {took:?} after the epoch moved: at the drop (the next renewal, 1 s), not \
+         behind the held load or at the end of the 20 s trust"
+    );
+    assert_eq!(rx.count(), 1, "nothing sent again meanwhile");
+}

@@ -44,8 +44,27 @@ const FORWARD_SLOT_WAIT: Duration = Duration::from_secs(1);
 /// use and this many idle per other node, a cluster of up to 17 nodes holds at most
 /// 2 × [`FORWARDS_MAX`] descriptors for forwarding (what `fdlimit::reserve` keeps back).
 const IDLE_PER_OWNER: usize = 4;
-/// How long an idle connection to an owner is kept.
-const IDLE_FOR: Duration = Duration::from_secs(30);
+/// How long an idle connection to an owner is kept, at most: a third of the owner's default
+/// `header_read_timeout` (30 s), after which hyper's server closes a keep-alive connection
+/// that has sat idle (its timer starts as it waits for the next request head). At 30 s, the
+/// same, a forward written on a pooled connection just as the owner closed it found no answer
+/// (`IncompleteMessage`, not `is_connect`), and its client got a false 502 "may or may not
+/// have been applied". hyper-util's client (`retry_canceled_requests`, on by default, left
+/// on) retries on a fresh connection only a request none of which was written (a pooled
+/// connection already seen closed is never handed out); one written into a connection the
+/// owner is closing is not, and cannot be. So the pool lets connections go well before the
+/// owner would. Not covered: an owner whose connection table is full evicts a connection
+/// quiet for 1 s (`api/conns.rs`), whatever this is; a forward that meets that is a 502.
+const IDLE_FOR: Duration = Duration::from_millis(crate::config::DEFAULT_HEADER_READ_TIMEOUT_MS / 3);
+const _: () =
+    assert!(IDLE_FOR.as_millis() * 2 < crate::config::DEFAULT_HEADER_READ_TIMEOUT_MS as u128);
+
+/// How long the pool keeps an idle connection to an owner, given this node's
+/// `header_read_timeout` (the nodes of a cluster normally share their configuration, so it
+/// stands for the owner's): [`IDLE_FOR`], or a third of a shorter one. Pure.
+fn idle_for(header_read_timeout: Duration) -> Duration {
+    IDLE_FOR.min(header_read_timeout / 3)
+}
 
 /// The task a request changes, for the routes that act on one task (`None`: not one of those:
 /// answered here).
@@ -69,9 +88,10 @@ type Forwarder = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// The forwarding client: `http://` and `https://` owners (a plain `HttpConnector` refused
 /// `https://` before it connected, so every forward to a node advertising it failed for good
-/// with a 503 that said to try again), a capped idle pool per owner. `Err`: no TLS settings
-/// (a bug: the built-in roots and provider always make them).
-fn client() -> Result<&'static Forwarder, Problem> {
+/// with a 503 that said to try again), a capped idle pool per owner, each connection kept idle
+/// for [`idle_for`] this node's `header_read_timeout` (the first call's). `Err`: no TLS
+/// settings (a bug: the built-in roots and provider always make them).
+fn client(header_read_timeout: Duration) -> Result<&'static Forwarder, Problem> {
     static C: OnceLock<Result<Forwarder, String>> = OnceLock::new();
     let c = C.get_or_init(|| {
         let mut http = HttpConnector::new();
@@ -86,7 +106,7 @@ fn client() -> Result<&'static Forwarder, Problem> {
             .wrap_connector(http);
         Ok(Client::builder(TokioExecutor::new())
             .pool_max_idle_per_host(IDLE_PER_OWNER)
-            .pool_idle_timeout(IDLE_FOR)
+            .pool_idle_timeout(idle_for(header_read_timeout))
             .build(connector))
     });
     c.as_ref()
@@ -192,13 +212,15 @@ pub async fn forward(
         .header(FORWARDED, c.node_id.as_str())
         .body(Full::new(body))
         .map_err(|e| Problem::internal(format!("cannot forward to {uri}: {e}")))?;
-    send_to_owner(c, out, (task, shard), &owner).await
+    let client = client(state.header_read_timeout)?;
+    send_to_owner(c, client, out, (task, shard), &owner).await
 }
 
 /// Sends the forwarded request `out` for `task` in `shard` to `owner` in one of the
 /// [`FORWARDS_MAX`] slots, and answers what it answered.
 async fn send_to_owner(
     c: &crate::engine::cluster::ClusterHooks,
+    client: &Forwarder,
     out: Request<Full<Bytes>>,
     (task, shard): (&str, u32),
     owner: &str,
@@ -209,7 +231,7 @@ async fn send_to_owner(
             "task {task:?} is in shard {shard}, held by {owner}, and this node has {FORWARDS_MAX} forwards under way; nothing was sent; try again shortly"
         )));
     };
-    let resp = match tokio::time::timeout(within, client()?.request(out)).await {
+    let resp = match tokio::time::timeout(within, client.request(out)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return Err(failed(&e, shard, owner)),
         Err(_) => {
@@ -284,7 +306,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let owner = format!("http://{}", l.local_addr().unwrap());
         let server = tokio::spawn(reads_and_closes(l));
-        let e = client()
+        let e = client(IDLE_FOR)
             .unwrap()
             .request(post(&format!("{owner}/v1/tasks/t/trigger")))
             .await
@@ -299,13 +321,27 @@ mod tests {
         );
     }
 
+    /// The pool lets a connection to an owner go well before the owner's server closes it
+    /// idle (hyper's `header_read_timeout`): a forward written into a connection the owner is
+    /// closing gets no answer, a false 502. Before, both were 30 s.
+    #[test]
+    fn pooled_forward_connections_go_idle_well_before_the_owner_closes_them() {
+        let default = Duration::from_millis(crate::config::DEFAULT_HEADER_READ_TIMEOUT_MS);
+        assert_eq!(idle_for(default), Duration::from_secs(10));
+        assert!(idle_for(default) * 2 < default);
+        for ms in [1, 300, 5_000, 29_999, 30_000, 120_000] {
+            let close = Duration::from_millis(ms);
+            assert!(idle_for(close) * 2 < close, "{ms} ms");
+        }
+    }
+
     /// No connection to the owner: nothing was sent, so the client may try again.
     #[tokio::test]
     async fn a_forward_that_never_connected_is_a_503_with_retry_after() {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let owner = format!("http://{}", l.local_addr().unwrap());
         drop(l);
-        let e = client()
+        let e = client(IDLE_FOR)
             .unwrap()
             .request(post(&format!("{owner}/v1/tasks/t/trigger")))
             .await
@@ -323,7 +359,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let owner = format!("https://{}", l.local_addr().unwrap());
         let _req = tokio::spawn(async move {
-            client()
+            client(IDLE_FOR)
                 .unwrap()
                 .request(post(&format!("{owner}/v1/tasks/t/trigger")))
                 .await

@@ -104,10 +104,13 @@ pub struct Ownership {
     sends: Mutex<std::collections::HashMap<u32, usize>>,
     /// Set by the engine ([`Ownership::set_before_release`]); none: nothing to wait for.
     before_release: Mutex<Option<BeforeRelease>>,
-    /// Moved on each time the engine lets a shard go ([`Ownership::shard_let_go`]): every send
-    /// under way looks at its own shard again and is cut off if it is no longer held at its
-    /// epoch (`engine/step.rs`, `cut_off_at`). One for all shards: drops are rare, and a send
-    /// woken for another shard's finds its own still held and goes on.
+    /// Moved on each time a shard is let go ([`Ownership::shard_let_go`]): every send under
+    /// way looks at its own shard again and is cut off if it is no longer held at its epoch
+    /// (`engine/step.rs`, `cut_off_at`). Moved where the held set loses the shard (the loop's
+    /// [`Loop::report`], [`Ownership::fenced`]), after it lost it, so a send woken reads it
+    /// gone; and again when the engine unloads the shard. One for all shards: drops are rare,
+    /// and a send woken for another shard's (or twice for one) finds its own still held and
+    /// goes on.
     let_go: watch::Sender<u64>,
 }
 
@@ -266,13 +269,17 @@ impl Ownership {
             .map(|h| h.trusted_until_ms - now)
     }
 
-    /// The engine let a shard go (its `Dropped` or `Released` event handled): the sends under
-    /// way look at their shards again ([`Ownership::watch_let_go`]).
+    /// A shard was let go: the sends under way look at their shards again
+    /// ([`Ownership::watch_let_go`]). Called by the lease loop as it drops or releases a shard
+    /// ([`Loop::report`]), not only when the engine handles the event: the engine's event loop
+    /// loads granted shards inline (seconds each during a failover), and a `Dropped` queued
+    /// behind those loads left a send on the dropped shard running to the end of the trust it
+    /// last read. Calling it more than once for one drop only wakes the sends once more.
     pub fn shard_let_go(&self) {
         self.let_go.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// Changes each time the engine lets a shard go ([`Ownership::shard_let_go`]).
+    /// Changes each time a shard is let go ([`Ownership::shard_let_go`]).
     pub fn watch_let_go(&self) -> watch::Receiver<u64> {
         self.let_go.subscribe()
     }
@@ -280,11 +287,14 @@ impl Ownership {
     /// A fenced write on `shard` at `epoch` was refused or its outcome is unknown: the shard
     /// is dropped (re-acquired, at a new epoch, before anything is written to it again), if
     /// it is still held at that epoch.
+    /// The sends under way on it are cut off now ([`Ownership::shard_let_go`]), not when the
+    /// loop's next round reports the drop.
     pub fn fenced(&self, shard: u32, epoch: u64) -> Option<Event> {
-        self.leases
-            .lock()
-            .fenced(shard, epoch)
-            .map(|(shard, why)| Event::Dropped { shard, why })
+        let dropped = self.leases.lock().fenced(shard, epoch);
+        dropped.map(|(shard, why)| {
+            self.shard_let_go();
+            Event::Dropped { shard, why }
+        })
     }
 
     /// The store's fence refused a write on `shard` at `epoch` (counted in
@@ -575,10 +585,21 @@ struct Loop {
 }
 
 impl Loop {
+    /// Every event the loop sends goes out here, after the held set took it in. A shard
+    /// dropped or released is let go at once ([`Ownership::shard_let_go`]): its sends under
+    /// way are cut off now, not once the engine's event loop, which may be busy loading other
+    /// shards, reaches the event.
+    fn report(&self, ev: Event) {
+        if !matches!(ev, Event::Granted(_)) {
+            self.own.shard_let_go();
+        }
+        let _ = self.events.send(ev);
+    }
+
     fn emit(&self, dropped: Vec<(u32, Dropped)>) {
         for (shard, why) in dropped {
             tracing::warn!(shard, ?why, "shard dropped");
-            let _ = self.events.send(Event::Dropped { shard, why });
+            self.report(Event::Dropped { shard, why });
         }
     }
 
@@ -883,10 +904,10 @@ impl Loop {
                 // the grant loads it anew (its tasks are not taken for loaded already).
                 if let Some((shard, why)) = l.granted(g.shard, g.epoch, sent) {
                     tracing::warn!(shard, ?why, "shard dropped: granted again at a new epoch");
-                    let _ = self.events.send(Event::Dropped { shard, why });
+                    self.report(Event::Dropped { shard, why });
                 }
                 tracing::info!(shard = g.shard, epoch = g.epoch, "shard acquired");
-                let _ = self.events.send(Event::Granted(g));
+                self.report(Event::Granted(g));
             }
         }
         if let Some(shard) = round.release {
@@ -976,13 +997,13 @@ impl Loop {
                     "handover: a send is still unsettled; the row is not freed, its lease runs out"
                 );
                 let why = Dropped::Unsettled;
-                let _ = self.events.send(Event::Dropped {
+                self.report(Event::Dropped {
                     shard: g.shard,
                     why,
                 });
             } else {
                 free.push(*g);
-                let _ = self.events.send(Event::Released(g.shard));
+                self.report(Event::Released(g.shard));
             }
         }
         free
@@ -1012,7 +1033,7 @@ impl Loop {
         let fenced: Vec<Event> = std::mem::take(&mut *self.own.lost.lock());
         for ev in fenced {
             tracing::warn!(?ev, "shard dropped: a write was fenced, or its load failed");
-            let _ = self.events.send(ev);
+            self.report(ev);
         }
     }
 
@@ -1199,6 +1220,115 @@ mod tests {
         assert!(!watch.has_changed().unwrap());
         own.shard_let_go();
         assert!(watch.has_changed().unwrap());
+    }
+
+    /// A loop with no connection, and the engine's end of its events.
+    fn test_loop(timing: Timing) -> (Loop, mpsc::UnboundedReceiver<Event>) {
+        let (events, rx) = mpsc::unbounded_channel();
+        let s = Settings {
+            url: String::new(),
+            password: None,
+            me: Identity {
+                node_id: "n".into(),
+                incarnation: "i".into(),
+                advertise: None,
+            },
+            timing,
+            shards: 8,
+            max_clock_offset_ms: 500,
+        };
+        let own = Arc::new(Ownership::new(timing));
+        let lp = Loop {
+            s,
+            own,
+            events,
+            start: 0,
+            next_balance_ms: 0,
+            next_offset_ms: 0,
+            steps_seen: (0, 0),
+            clock_ok: true,
+            fails: 0,
+            retry_at_ms: 0,
+        };
+        (lp, rx)
+    }
+
+    /// Every way the lease loop loses a shard moves the let-go watch as it happens, after
+    /// the shard left the held set (a send woken reads it gone), and before the engine sees
+    /// the event: the engine's event loop may be busy loading other shards for seconds, and a
+    /// send on the lost shard must not run on meanwhile (`engine/step.rs`, `cut_off_at`).
+    /// Before, only the engine's unload moved it. A grant does not move it.
+    #[test]
+    fn each_shard_the_loop_loses_is_let_go_before_the_engine_hears_of_it() {
+        let (lp, mut rx) = test_loop(Timing::default());
+        let mut watch = lp.own.watch_let_go();
+        let let_go_once = |watch: &mut watch::Receiver<u64>, what: &str| {
+            assert!(watch.has_changed().unwrap(), "{what}: not let go");
+            watch.borrow_and_update();
+        };
+        for s in 0..6 {
+            lp.own.leases.lock().granted(s, 1, 0);
+        }
+        lp.report(Event::Granted(Grant { shard: 7, epoch: 1 }));
+        assert!(!watch.has_changed().unwrap(), "a grant lets nothing go");
+
+        // A fenced write (or a failed load): at once, before the loop's next round reports it.
+        lp.own.lost_at(0, 1);
+        assert_eq!(lp.own.trust_left_ms(0, 1), None);
+        let_go_once(&mut watch, "fenced");
+        lp.expire_now();
+        assert!(matches!(rx.try_recv(), Ok(Event::Granted(_))));
+        assert!(matches!(rx.try_recv(), Ok(Event::Dropped { shard: 0, .. })));
+        // Reported again by the round: harmless, a send woken reads its shard again.
+        watch.borrow_and_update();
+
+        // A renewal that came back without it, or whose outcome is unknown (`Loop::renew`).
+        let lost = lp.own.leases.lock().renew_answered(&[]);
+        assert!(lost.is_empty(), "no renewal was sent");
+        lp.own.leases.lock().renew_sent(0);
+        let lost = lp.own.leases.lock().renew_answered(&[2, 3, 4, 5]);
+        assert_eq!(lost.len(), 1);
+        lp.emit(lost);
+        assert_eq!(lp.own.trust_left_ms(1, 1), None);
+        let_go_once(&mut watch, "lost by a renewal");
+        lp.own.leases.lock().renew_sent(0);
+        let gone = lp.own.leases.lock().renew_ambiguous();
+        lp.emit(gone);
+        let_go_once(&mut watch, "an ambiguous renewal");
+
+        // A handover's end: released, or left to lapse with a send still counted.
+        lp.own.leases.lock().granted(2, 2, 0);
+        lp.own.leases.lock().granted(3, 2, 0);
+        let sending = lp.own.sending(3);
+        let grants = [Grant { shard: 2, epoch: 2 }, Grant { shard: 3, epoch: 2 }];
+        for g in &grants {
+            lp.own.leases.lock().begin_release(g.shard);
+        }
+        let free = lp.settle_or_lapse(&grants);
+        assert_eq!(free, vec![grants[0]], "the unsettled one is left to lapse");
+        assert_eq!(lp.own.trust_left_ms(3, 2), None);
+        let_go_once(&mut watch, "handed over");
+        drop(sending);
+        while rx.try_recv().is_ok() {}
+
+        // Trust ran out (`Loop::expire_now`): a window of nothing ends at once.
+        let (lp, mut rx) = test_loop(Timing {
+            ttl_ms: 1_000,
+            renew_ms: 100,
+            safety_ms: 1_000,
+        });
+        let mut watch = lp.own.watch_let_go();
+        lp.own.leases.lock().granted(4, 1, 0);
+        lp.expire_now();
+        assert!(matches!(
+            rx.try_recv(),
+            Ok(Event::Dropped {
+                shard: 4,
+                why: Dropped::Expired
+            })
+        ));
+        assert!(watch.has_changed().unwrap(), "expired: not let go");
+        watch.borrow_and_update();
     }
 
     /// HA.md's failover bound counts on an orphan scan each second: the balancing round runs

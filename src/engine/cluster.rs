@@ -87,6 +87,26 @@ pub const TRUST_GAP_ENV: &str = "HERALD_TEST_TRUST_GAP";
 /// is let go and loaded again at its next grant). Read once at start; logged when set.
 pub const LOAD_PANIC_ENV: &str = "HERALD_TEST_LOAD_PANIC";
 
+/// Test knob, not configuration: a file's path; while that file exists, a shard's load waits
+/// before it reads the shard, holding up the engine's event loop behind it as a slow load
+/// does during a failover (`tests/cluster_send_window.rs`: a drop queued behind it must still
+/// cut its sends at once). Read once at start; logged when set.
+pub const LOAD_HOLD_ENV: &str = "HERALD_TEST_LOAD_HOLD";
+
+/// Waits while the file of [`LOAD_HOLD_ENV`] exists (not at all when it is not set).
+async fn load_held(shard: u32) {
+    static FILE: OnceLock<Option<PathBuf>> = OnceLock::new();
+    let Some(file) = knob_file(&FILE, LOAD_HOLD_ENV, "shard loads wait") else {
+        return;
+    };
+    if file.exists() {
+        tracing::warn!(shard, "test knob {LOAD_HOLD_ENV}: this shard's load waits");
+    }
+    while file.exists() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Whether this load is the one [`LOAD_PANIC_ENV`] makes panic (its file removed: only the
 /// load that removes it does).
 fn load_panics() -> bool {
@@ -222,8 +242,8 @@ impl Inner {
             .map(Duration::from_millis)
     }
 
-    /// What changes each time a shard is let go ([`unload_shard`]); `None` outside cluster
-    /// mode.
+    /// What changes each time a shard is let go (by the lease loop as it drops or releases
+    /// it, and again by [`unload_shard`]); `None` outside cluster mode.
     pub(super) fn watch_let_go(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         Some(self.config.cluster.as_ref()?.ownership.watch_let_go())
     }
@@ -370,6 +390,7 @@ async fn load_shard(inner: Arc<Inner>, g: Grant) {
     let inner = &inner;
     let shard = g.shard;
     let started = std::time::Instant::now();
+    load_held(shard).await;
     let Some(entries) = read_shard(inner, shard).await else {
         let_shard_go(inner, g);
         return;
@@ -477,9 +498,12 @@ async fn arm_failure_retries(inner: &Arc<Inner>, grants: &[Grant]) {
     }
 }
 
-/// A shard lost or handed over: its sends under way are cut off (each looks at its shard
-/// again: `step::cut_off_at`), its tasks leave the live map and their fires the wheel.
+/// A shard lost or handed over: its tasks leave the live map and their fires the wheel.
 /// Their run keys may stay on the wheel; the dispatcher drops them ([`Inner::owns_key`]).
+/// Its sends under way were cut off when the lease loop let it go (`node.rs`, `Loop::report`:
+/// each looks at its shard again, `step::cut_off_at`), not here: this runs only once the
+/// loads queued ahead of the event are done. Let go again here, which is harmless (a send
+/// woken reads its shard again and goes on if it is held).
 fn unload_shard(inner: &Arc<Inner>, shard: u32) {
     let Some(c) = &inner.config.cluster else {
         return;

@@ -463,7 +463,8 @@ async fn run_step_once(
 /// 9 s window was cut off, and sent again with the same key by the same owner, although the
 /// shard was held all along: a duplicate with no owner change). It is cut off only when the
 /// trust really ended, or the shard was let go or held at another epoch (looked at each time
-/// a shard is let go: `Event::Dropped`, `cluster.rs::unload_shard`). Trust is never longer
+/// a shard is let go: by the lease loop as it drops or releases one, `node.rs::Loop::report`
+/// and `Ownership::fenced`, not only when the engine unloads it). Trust is never longer
 /// than the lease row the database holds (`cluster/lease.rs`), so a send that goes on never
 /// overlaps a next owner's.
 ///
