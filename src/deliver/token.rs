@@ -26,6 +26,8 @@ use super::success::one_line;
 
 /// How long a failed fetch is remembered before the endpoint is asked again.
 pub const FAILED_FETCH_PAUSE_MS: u64 = 1_000;
+/// Longest token accepted.
+const TOKEN_BYTES_MAX: usize = 4096;
 /// Longest early refresh.
 const REFRESH_EARLY_MS_MAX: u64 = 5 * 60_000;
 
@@ -265,6 +267,15 @@ impl TokenCache {
             };
             return Err(format!("token endpoint answered HTTP {status}: {why}"));
         };
+        // The token goes into URLs and headers: one that cannot be rendered there would fail
+        // every message permanently for its whole lifetime. Refused as a failed fetch
+        // (retried), without echoing it.
+        if token.len() > TOKEN_BYTES_MAX || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(format!(
+                "token endpoint answered HTTP {status}: {} is not a token (visible ASCII, at most {TOKEN_BYTES_MAX} bytes)",
+                self.spec.json
+            ));
+        }
         let lifetime_ms = json
             .as_ref()
             .zip(self.spec.expires_json.as_deref())
@@ -550,5 +561,31 @@ mod tests {
             ("T1".into(), 1)
         );
         assert_eq!(fetches.load(Ordering::SeqCst), 1);
+    }
+
+    /// A token that could not go into a header or URL is a failed fetch, not a token that
+    /// fails every message permanently; the error does not echo it.
+    #[test]
+    fn a_token_must_be_visible_ascii_of_bounded_length() {
+        let cache = TokenCache::new(spec());
+        let parse = |token: &str| {
+            let body = serde_json::json!({"access_token": token, "expires_in": 7200});
+            cache.parse(200, body.to_string().as_bytes(), 0)
+        };
+        assert_eq!(parse("abc-DEF_1.2~x").unwrap().0, "abc-DEF_1.2~x");
+        assert_eq!(parse(&"a".repeat(4096)).unwrap().0.len(), 4096);
+        for bad in [
+            "abc\ndef",
+            "abc def",
+            "tökén",
+            "abc\u{7f}",
+            &"a".repeat(4097),
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(
+                e,
+                "token endpoint answered HTTP 200: /access_token is not a token (visible ASCII, at most 4096 bytes)"
+            );
+        }
     }
 }
