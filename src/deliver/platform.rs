@@ -483,7 +483,6 @@ fn answer_limits(keys: &PlatformKeys) -> Result<(u64, usize), KeyError> {
 }
 
 /// One request, ready to send.
-#[derive(Debug)]
 pub struct Prepared {
     pub method: Method,
     pub uri: Uri,
@@ -491,6 +490,21 @@ pub struct Prepared {
     pub body: Vec<u8>,
     /// Whether the headers set `content-type`.
     pub has_content_type: bool,
+}
+
+/// Never prints a secret: the URL as `scheme://host[:port]` (a token or key may be in its
+/// query), headers by name only, the body by its length.
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("Prepared")
+            .field("method", &self.method)
+            .field("uri", &crate::logsafe::UriOrigin(&self.uri))
+            .field("headers", &names)
+            .field("body_bytes", &self.body.len())
+            .field("has_content_type", &self.has_content_type)
+            .finish()
+    }
 }
 
 /// A platform channel, running.
@@ -1019,6 +1033,12 @@ mod tests {
         d.to = "../../admin/purge".into();
         let r = p.prepare(&d, "", None, 0).unwrap();
         assert_eq!(r.uri.path(), "/api/users/..%2F..%2Fadmin%2Fpurge/send");
+        // Its Debug shows neither the path nor the query (a token may be there).
+        let shown = format!("{r:?}");
+        assert!(
+            !shown.contains("admin") && shown.contains("http://gw"),
+            "{shown}"
+        );
         for to in ["..", "."] {
             d.to = to.into();
             let e = p.prepare(&d, "", None, 0).unwrap_err();
