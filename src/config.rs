@@ -169,6 +169,17 @@ impl std::fmt::Debug for DatabaseConfig {
     }
 }
 
+/// Never prints the token.
+impl std::fmt::Debug for Overrides {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Overrides")
+            .field("listen", &self.listen)
+            .field("data_dir", &self.data_dir)
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
 /// `[store] pool_size` when the config does not say.
 pub const DEFAULT_POOL_SIZE: usize = 8;
 /// `[store] statement_timeout` when the config does not say.
@@ -276,7 +287,7 @@ struct ChannelFile {
 }
 
 /// Where a channel sends.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub enum ChannelKind {
     Log,
     File {
@@ -298,6 +309,35 @@ pub enum ChannelKind {
     },
 }
 
+/// Never prints a secret: a webhook's URL as `scheme://host[:port]` (its path and query may
+/// hold a key), its secrets and CA certificates as counts.
+impl std::fmt::Debug for ChannelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChannelKind::Log => f.write_str("Log"),
+            ChannelKind::File { path } => f.debug_struct("File").field("path", path).finish(),
+            ChannelKind::Webhook {
+                url,
+                timeout_ms,
+                connect_timeout_ms,
+                ca_file,
+                ca_certs,
+                secrets,
+                platform,
+            } => f
+                .debug_struct("Webhook")
+                .field("url", &crate::logsafe::UriOrigin(url))
+                .field("timeout_ms", timeout_ms)
+                .field("connect_timeout_ms", connect_timeout_ms)
+                .field("ca_file", ca_file)
+                .field("ca_certs", &ca_certs.len())
+                .field("secrets", &secrets.len())
+                .field("platform", platform)
+                .finish(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChannelConfig {
     pub name: String,
@@ -310,7 +350,7 @@ pub struct ChannelConfig {
     pub quiet_hours: Option<crate::schedule::quiet::QuietHours>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Config {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
@@ -335,8 +375,31 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
 }
 
+/// Never prints the API token (or a channel's secrets: see [`ChannelKind`]'s).
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("listen", &self.listen)
+            .field("data_dir", &self.data_dir)
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("channels", &self.channels)
+            .field("limits", &self.limits)
+            .field("body_bytes_max", &self.body_bytes_max)
+            .field("alerts_channel", &self.alerts_channel)
+            .field("store", &self.store)
+            .field("database", &self.database)
+            .field("shutdown_timeout_ms", &self.shutdown_timeout_ms)
+            .field("connections_max", &self.connections_max)
+            .field("body_read_timeout_ms", &self.body_read_timeout_ms)
+            .field("header_read_timeout_ms", &self.header_read_timeout_ms)
+            .field("otlp_endpoint", &self.otlp_endpoint)
+            .field("cluster", &self.cluster)
+            .finish()
+    }
+}
+
 /// Overrides from the command line and environment.
-#[derive(Debug, Default, Clone)]
+#[derive(Default, Clone)]
 pub struct Overrides {
     pub listen: Option<String>,
     pub data_dir: Option<PathBuf>,
@@ -1111,6 +1174,22 @@ path = "d/sent.jsonl"
             !shown.contains("s3cret") && !shown.contains("from-env"),
             "{shown}"
         );
+        // Nor the API token, a channel's secrets or a key in its URL.
+        let c = Config::from_toml(
+            "token = \"T0K\"\n[channels.w]\nkind = \"webhook\"\nurl = \"https://gw.example:8443/hook/P4TH?key=K3Y\"\nsecret = \"S3C\"",
+            Overrides::default(),
+        )
+        .unwrap();
+        let shown = format!("{c:?}");
+        for secret in ["T0K", "S3C", "K3Y", "P4TH"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("https://gw.example:8443"), "{shown}");
+        let o = Overrides {
+            token: Some("T0K".into()),
+            ..Overrides::default()
+        };
+        assert!(!format!("{o:?}").contains("T0K"));
         let e = err("[store]\nurl = \"mysql://u:s3cret@db/x\"");
         assert!(e.starts_with("store.url:") && !e.contains("s3cret"), "{e}");
         assert!(err("[store]\nurl = \"postgres://db/x\"\npool_size = 0")

@@ -52,6 +52,27 @@ impl fmt::Display for Opt<'_> {
     }
 }
 
+/// Shows a URL as `scheme://host[:port]` only: its user info, path and query may hold secrets
+/// (a key in the query, `${VAR}`s expanded into the path).
+pub struct UriOrigin<'a>(pub &'a hyper::Uri);
+
+impl fmt::Display for UriOrigin<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scheme = self.0.scheme_str().unwrap_or("?");
+        let host = self.0.host().unwrap_or("");
+        match self.0.port_u16() {
+            Some(port) => write!(f, "{scheme}://{host}:{port}"),
+            None => write!(f, "{scheme}://{host}"),
+        }
+    }
+}
+
+impl fmt::Debug for UriOrigin<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{self}\"")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Escaped;

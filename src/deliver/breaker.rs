@@ -285,6 +285,24 @@ impl Breaker {
         }
     }
 
+    /// Open: the wall instant its cool-down ends at, measured now on the monotonic clock as
+    /// [`Breaker::admit`] measures it (the `until_ms` of [`BreakerState::Open`] is the wall
+    /// instant expected when it opened: too late after the wall steps back, too early after
+    /// it jumps forward). Never before `now_ms`. `None`: not open.
+    pub fn open_until(&self, now_ms: u64) -> Option<u64> {
+        match self.state {
+            BreakerState::Open { .. } => {
+                let mono = self.durations.mono(now_ms);
+                Some(crate::clock::Durations::wall_at(
+                    now_ms,
+                    mono,
+                    self.open_until_mono,
+                ))
+            }
+            _ => None,
+        }
+    }
+
     /// The state as of the last call; an Open whose cool-down has passed turns HalfOpen on the
     /// next [`Breaker::admit`].
     pub fn state(&self) -> BreakerState {

@@ -693,14 +693,16 @@ impl Channel {
         if probe {
             return Ok(());
         }
-        let at = match b.lock().state() {
+        let b = b.lock();
+        let at = match b.state() {
             BreakerState::Closed => return Ok(()),
-            // The wall instant the cool-down was expected to end at; `admit` measures it on
-            // the monotonic clock when the send comes back.
-            BreakerState::Open { until_ms } => until_ms.max(now_ms),
+            // The end of the cool-down on the monotonic clock, as `admit` holds a send (the
+            // wall instant stored when it opened is wrong once the wall has stepped).
+            BreakerState::Open { .. } => b.open_until(now_ms).unwrap_or(now_ms),
             // A probe is out: look again when `admit` would (at most a second).
             BreakerState::HalfOpen => now_ms.saturating_add(HALF_OPEN_RECHECK_MS),
         };
+        drop(b);
         self.stats.held.fetch_add(1, Ordering::Relaxed);
         Err(at)
     }
@@ -802,6 +804,62 @@ mod tests {
             status,
             ..AttemptReport::default()
         }
+    }
+
+    /// A wall clock that steps back alone (`ManualClock` only jumps forward).
+    struct SteppingClock {
+        wall: std::sync::atomic::AtomicU64,
+        mono: std::sync::atomic::AtomicU64,
+    }
+
+    impl crate::clock::Clock for SteppingClock {
+        fn now_ms(&self) -> u64 {
+            self.wall.load(Ordering::SeqCst)
+        }
+        fn mono_ms(&self) -> u64 {
+            self.mono.load(Ordering::SeqCst)
+        }
+    }
+
+    /// After the wall steps back, a send that waited for a slot is held until the cool-down
+    /// ends by the monotonic clock, as `admit` would hold it, not until the stored wall
+    /// instant (an hour later on the stepped wall).
+    #[test]
+    fn recheck_measures_the_cool_down_on_the_monotonic_clock() {
+        let clock = std::sync::Arc::new(SteppingClock {
+            wall: T0.into(),
+            mono: 1_000.into(),
+        });
+        let mut c = log_channel();
+        c.breaker = Some(Mutex::new(
+            Breaker::new(BreakerConfig {
+                window_ms: 10_000,
+                min_requests: 1,
+                failure_ratio: 0.5,
+                cool_down_ms: 5_000,
+            })
+            .with_durations(crate::clock::Durations::of(clock.clone())),
+        ));
+        assert!(matches!(c.admit(T0), Admission::Go { probe: false, .. }));
+        let opened = c.record_attempt(T0, &http_500(), &report(Some(500)), false);
+        assert_eq!(opened, Some(Transition::Opened));
+        // 1 s later by the monotonic clock, the wall stepped back an hour.
+        clock.mono.store(2_000, Ordering::SeqCst);
+        let now = T0 + 1_000 - 3_600_000;
+        clock.wall.store(now, Ordering::SeqCst);
+        assert_eq!(
+            c.recheck(now, false),
+            Err(now + 4_000),
+            "4 s of cool-down left"
+        );
+        match c.admit(now) {
+            Admission::Hold { until_ms, .. } => assert_eq!(until_ms, now + 4_000),
+            _ => panic!("admitted while open"),
+        }
+        // Cooled down: a recheck lets the send ask `admit` again now.
+        clock.mono.store(6_000, Ordering::SeqCst);
+        let now = now + 4_000;
+        assert_eq!(c.recheck(now, false), Err(now));
     }
 
     /// Opens `c`'s breaker with a 500 at T0 and admits the probe at T0 + 5 s.

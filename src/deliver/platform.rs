@@ -178,6 +178,14 @@ pub fn check_url(url: &str) -> Result<Uri, String> {
             "{url:?}: a URL template must write out the scheme and host (http(s)://host/...) before any {{{{ }}}}"
         ));
     }
+    let path = rest.get(host_end.unwrap_or(rest.len())..).unwrap_or("");
+    let path = path.split(['?', '#']).next().unwrap_or("");
+    if is_template(url) && path.split('/').any(is_dot_segment) {
+        // Renders are refused a dot segment (`Platform::check_dot_segments`): say so now.
+        return Err(format!(
+            "{url:?}: a URL template may not have a \".\" or \"..\" path segment"
+        ));
+    }
     let base = if is_template(url) {
         format!("{scheme}://{}/", &rest[..host_end.unwrap_or(rest.len())])
     } else {
@@ -475,7 +483,6 @@ fn answer_limits(keys: &PlatformKeys) -> Result<(u64, usize), KeyError> {
 }
 
 /// One request, ready to send.
-#[derive(Debug)]
 pub struct Prepared {
     pub method: Method,
     pub uri: Uri,
@@ -483,6 +490,21 @@ pub struct Prepared {
     pub body: Vec<u8>,
     /// Whether the headers set `content-type`.
     pub has_content_type: bool,
+}
+
+/// Never prints a secret: the URL as `scheme://host[:port]` (a token or key may be in its
+/// query), headers by name only, the body by its length.
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("Prepared")
+            .field("method", &self.method)
+            .field("uri", &crate::logsafe::UriOrigin(&self.uri))
+            .field("headers", &names)
+            .field("body_bytes", &self.body.len())
+            .field("has_content_type", &self.has_content_type)
+            .finish()
+    }
 }
 
 /// A platform channel, running.
@@ -739,6 +761,9 @@ impl Platform {
             )
         })?;
         self.check_origin(&uri)?;
+        if !self.url.is_static() {
+            self.check_dot_segments(&uri)?;
+        }
         let mut headers = Vec::with_capacity(self.headers.len());
         let mut has_content_type = false;
         for (name, t) in &self.headers {
@@ -808,12 +833,38 @@ impl Platform {
         }
         Ok(())
     }
+
+    /// A rendered URL's path may not have a `.` or `..` segment: `http::Uri` keeps them, the
+    /// receiver resolves them, so a value rendered into the path (`../../admin`, or `..` alone,
+    /// which `urlencode` leaves as it is) would reach another path on the host with the
+    /// channel's headers. The message's data is at fault: a permanent failure of that message.
+    /// (A URL template whose own text has such a segment is refused with the config.)
+    fn check_dot_segments(&self, uri: &Uri) -> Result<(), String> {
+        if uri.path().split('/').any(is_dot_segment) {
+            return Err(format!(
+                "template channels.{}.url rendered a path with a \".\" or \"..\" segment (from a value in the path; use the urlencode filter, and no \".\" or \"..\" values)",
+                self.channel
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether a path segment is `.` or `..`, also percent-encoded (receivers normalize both).
+fn is_dot_segment(segment: &str) -> bool {
+    let s = segment.to_ascii_lowercase().replace("%2e", ".");
+    s == "." || s == ".."
 }
 
 /// Percent-encodes everything but RFC 3986 unreserved characters.
 pub fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 3);
-    for b in s.bytes() {
+    percent_encode_bytes(s.as_bytes())
+}
+
+/// [`percent_encode`] of bytes (UTF-8 or not).
+pub fn percent_encode_bytes(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 3);
+    for &b in bytes {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
             out.push(b as char);
         } else {
@@ -967,6 +1018,57 @@ mod tests {
             .prepare(&d, "", None, 0)
             .unwrap_err()
             .contains("invalid header value"));
+    }
+
+    /// A value in the URL's path stays one segment: `urlencode` escapes `/`, and a rendered
+    /// `.` or `..` segment is refused (the receiver would resolve it to another path).
+    #[test]
+    fn a_value_in_the_path_cannot_climb_out_of_it() {
+        let p = platform(
+            "body = '{}'",
+            "http://gw/api/users/{{ to | urlencode }}/send",
+            &[],
+        );
+        let mut d = delivery(None);
+        d.to = "../../admin/purge".into();
+        let r = p.prepare(&d, "", None, 0).unwrap();
+        assert_eq!(r.uri.path(), "/api/users/..%2F..%2Fadmin%2Fpurge/send");
+        // Its Debug shows neither the path nor the query (a token may be there).
+        let shown = format!("{r:?}");
+        assert!(
+            !shown.contains("admin") && shown.contains("http://gw"),
+            "{shown}"
+        );
+        for to in ["..", "."] {
+            d.to = to.into();
+            let e = p.prepare(&d, "", None, 0).unwrap_err();
+            assert!(e.contains("segment"), "{to}: {e}");
+        }
+        // An encoded dot is encoded again: one harmless segment.
+        d.to = "%2e%2E".into();
+        let r = p.prepare(&d, "", None, 0).unwrap();
+        assert_eq!(r.uri.path(), "/api/users/%252e%252E/send");
+        // Without the filter, a value's `/` makes segments; a dot segment is still refused.
+        let p = platform("body = '{}'", "http://gw/api/users/{{ to }}/send", &[]);
+        for to in ["%2e%2E", ".%2E/x", "x/./y"] {
+            d.to = to.into();
+            let e = p.prepare(&d, "", None, 0).unwrap_err();
+            assert!(e.contains("segment"), "{to}: {e}");
+        }
+        d.to = "x/../../admin".into();
+        let e = p.prepare(&d, "", None, 0).unwrap_err();
+        assert_eq!(
+            e,
+            "template channels.c.url rendered a path with a \".\" or \"..\" segment (from a value in the path; use the urlencode filter, and no \".\" or \"..\" values)"
+        );
+        d.to = "a..b".into();
+        assert_eq!(
+            p.prepare(&d, "", None, 0).unwrap().uri.path(),
+            "/api/users/a..b/send"
+        );
+        // A static URL is the operator's; a template's own text may not have a dot segment.
+        assert!(check_url("http://gw/a/../{{ to }}").is_err());
+        assert!(check_url("http://gw/a/..x/{{ to }}?p=../").is_ok());
     }
 
     #[test]

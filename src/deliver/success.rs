@@ -216,6 +216,24 @@ pub fn one_line(text: &str, max: usize) -> String {
     s
 }
 
+/// Bytes of an answer looked at for its excerpt: enough for [`EXCERPT_MAX`] once whitespace
+/// runs are joined, without converting and splitting an answer of up to 16 MiB whole.
+const EXCERPT_SCAN_BYTES: usize = 2048;
+/// Longest excerpt of an answer in an error.
+const EXCERPT_MAX: usize = 512;
+
+/// An answer's start as one line for an error: [`one_line`] of its first
+/// [`EXCERPT_SCAN_BYTES`], cut before a character the cut would split.
+pub fn excerpt(body: &[u8]) -> String {
+    let head = body.get(..EXCERPT_SCAN_BYTES).unwrap_or(body);
+    let head = match std::str::from_utf8(head) {
+        // Only an incomplete character at the end (the cut's doing): leave it out.
+        Err(e) if e.error_len().is_none() => head.get(..e.valid_up_to()).unwrap_or(head),
+        _ => head,
+    };
+    one_line(&String::from_utf8_lossy(head), EXCERPT_MAX)
+}
+
 impl SuccessRule {
     /// Does judging an answer with this status need its body?
     pub fn needs_body(&self, status: u16) -> bool {
@@ -279,9 +297,7 @@ impl SuccessRule {
         json: Option<Value>,
         now_ms: u64,
     ) -> Reading<'a> {
-        let excerpt = bytes
-            .map(|b| one_line(&String::from_utf8_lossy(b), 512))
-            .unwrap_or_default();
+        let excerpt = bytes.map(excerpt).unwrap_or_default();
         let code_value = json
             .as_ref()
             .zip(self.code_pointer())
@@ -626,5 +642,24 @@ mod tests {
         assert!(loose_eq(&json!(0), &json!("0")));
         assert!(!loose_eq(&json!(true), &json!("true")));
         assert!(loose_eq(&json!(true), &json!(true)));
+    }
+
+    /// A large answer's excerpt is its first bytes as one line, as if the whole answer had
+    /// been converted: a character split by the scan's cut is left out, not replaced.
+    #[test]
+    fn the_excerpt_of_a_large_answer_is_its_start() {
+        let mut big = "é\n\t".repeat(400).into_bytes();
+        big.extend(std::iter::repeat_n(b'x', 16 << 20));
+        let whole = one_line(&String::from_utf8_lossy(&big), 512);
+        assert_eq!(excerpt(&big), whole);
+        assert!(whole.ends_with("é é é…"), "{whole}");
+        // The scan's cut inside a character.
+        let mut odd = vec![b'a'];
+        odd.extend("é".repeat(1_500).as_bytes());
+        let e = excerpt(&odd);
+        assert!(!e.contains('\u{fffd}'), "{e}");
+        assert_eq!(e, one_line(&String::from_utf8_lossy(&odd), 512));
+        assert_eq!(excerpt(b"  short \x01 answer\n"), "short \\u{1} answer");
+        assert_eq!(excerpt(b"\xff ok"), "\u{fffd} ok");
     }
 }

@@ -17,6 +17,41 @@ use minijinja::value::Kwargs;
 use minijinja::{AutoEscape, Environment, Error, ErrorKind, UndefinedBehavior, Value};
 use serde::Serialize;
 
+/// herald's `urlencode`: everything but RFC 3986 unreserved characters percent-encoded, `/`
+/// included (minijinja's leaves `/` as it is, so a value in a URL path could add segments and
+/// climb out of it: `../../admin`); a map becomes `k=v&...` of encoded keys and values, its
+/// `none` values left out, as minijinja does. A value that is just `.` or `..` stays as it is:
+/// a rendered URL with such a path segment is refused (`Platform::check_dot_segments`).
+fn urlencode(v: &Value) -> String {
+    use super::platform::{percent_encode, percent_encode_bytes};
+    if v.is_none() || v.is_undefined() {
+        return String::new();
+    }
+    if let Some(b) = v.as_bytes().filter(|_| v.as_str().is_none()) {
+        return percent_encode_bytes(b);
+    }
+    if v.kind() != minijinja::value::ValueKind::Map {
+        return match v.as_str() {
+            Some(s) => percent_encode(s),
+            None => percent_encode(&v.to_string()),
+        };
+    }
+    let mut out = String::new();
+    for k in v.try_iter().into_iter().flatten() {
+        let item = v.get_item(&k).unwrap_or_default();
+        if item.is_none() || item.is_undefined() {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push('&');
+        }
+        out.push_str(&percent_encode(&k.to_string()));
+        out.push('=');
+        out.push_str(&percent_encode(&item.to_string()));
+    }
+    out
+}
+
 /// The variables a template may use.
 pub const VARIABLES: &[&str] = &[
     "to",
@@ -112,7 +147,7 @@ impl Templates {
             if v.is_undefined() {
                 return Err(Error::from(ErrorKind::UndefinedError));
             }
-            minijinja::filters::urlencode(v)
+            Ok(urlencode(v))
         });
         Templates { env }
     }
@@ -385,9 +420,34 @@ mod tests {
         assert_eq!(parsed["src"], "crm");
         assert_eq!(
             t.render(&url, &v).unwrap(),
-            "http://h/send?access_token=tok/en%2B1&k=t1%3A2%3A3"
+            "http://h/send?access_token=tok%2Fen%2B1&k=t1%3A2%3A3"
         );
         assert_eq!(t.render(&fixed, &v).unwrap(), "POST");
+    }
+
+    /// herald's `urlencode` escapes `/` (a value in a path stays one segment) and everything
+    /// else but RFC 3986 unreserved characters; maps become query strings.
+    #[test]
+    fn urlencode_escapes_slashes() {
+        let mut t = Templates::new();
+        let url = t
+            .add(
+                "channels.c.url",
+                "http://gw/api/users/{{ to | urlencode }}/send",
+            )
+            .unwrap();
+        let v = Value::from_serialize(json!({"to": "../../x"}));
+        assert_eq!(
+            t.render(&url, &v).unwrap(),
+            "http://gw/api/users/..%2F..%2Fx/send"
+        );
+        let q = t
+            .add(
+                "channels.c.body",
+                "{{ {'a b': 'c/d', 'n': none, 'k': 1} | urlencode }}|{{ 'é~-._' | urlencode }}|{{ none | urlencode }}",
+            )
+            .unwrap();
+        assert_eq!(t.render(&q, &v).unwrap(), "a%20b=c%2Fd&k=1|%C3%A9~-._|");
     }
 
     #[test]

@@ -5,22 +5,29 @@
 //! it expires (within the last tenth of its lifetime, at most 5 minutes early) and when an
 //! answer carries a refresh code (WeCom `42001` expired, `40014` invalid).
 //!
-//! Single flight: the cache is behind an async mutex held across the fetch, so however many
-//! sends find the token missing or refused at once, one request goes to the token endpoint and
-//! the others wait for its result. A refused token is dropped only if it is still the one the
+//! Single flight: a fetch holds an async mutex of its own, so however many sends find the
+//! token missing or refused at once, one request goes to the token endpoint and the others wait
+//! for its result (each no longer than its own budget). The token itself is read without
+//! waiting: while an early refresh is under way, sends keep using the unexpired token, so a
+//! slow or silent token endpoint does not stall them (and open the breaker) while the token
+//! is still good. A refused token is dropped only if it is still the one the
 //! refusing send used (its generation), so sends that were refused the same old token do not
 //! cause a second refresh. After a failed fetch, sends within [`FAILED_FETCH_PAUSE_MS`] get
 //! the same error without asking the endpoint again.
 
 use std::future::Future;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde_json::Value;
+use tokio::time::Instant;
 
 use super::success::one_line;
 
 /// How long a failed fetch is remembered before the endpoint is asked again.
 pub const FAILED_FETCH_PAUSE_MS: u64 = 1_000;
+/// Longest token accepted.
+const TOKEN_BYTES_MAX: usize = 4096;
 /// Longest early refresh.
 const REFRESH_EARLY_MS_MAX: u64 = 5 * 60_000;
 
@@ -76,9 +83,19 @@ struct Held {
     refresh_at_ms: u64,
 }
 
+/// Shortest budget worth a fetch. With less left, a fetch could only time out: it would record
+/// a failure of an endpoint that was never given a chance and pause every send's fetches for
+/// [`FAILED_FETCH_PAUSE_MS`].
+pub const FETCH_BUDGET_MIN: Duration = Duration::from_millis(50);
+
 pub struct TokenCache {
     pub spec: TokenSpec,
-    slot: tokio::sync::Mutex<Slot>,
+    /// The token, its generation and the last failure. Locked only briefly, never across an
+    /// await: a send finds a usable token without waiting for a fetch under way.
+    slot: Mutex<Slot>,
+    /// Held by the one fetch under way (single flight); waited for only by sends that have no
+    /// unexpired token to use meanwhile.
+    fetching: tokio::sync::Mutex<()>,
     state: Mutex<TokenState>,
 }
 
@@ -86,11 +103,12 @@ impl TokenCache {
     pub fn new(spec: TokenSpec) -> TokenCache {
         TokenCache {
             spec,
-            slot: tokio::sync::Mutex::new(Slot {
+            slot: Mutex::new(Slot {
                 token: None,
                 generation: 0,
                 failed: None,
             }),
+            fetching: tokio::sync::Mutex::new(()),
             state: Mutex::new(TokenState::default()),
         }
     }
@@ -101,35 +119,77 @@ impl TokenCache {
 
     /// The current token and its generation, fetching one (once, for all waiters) when there
     /// is none or it is due for refresh. `fetch` performs the request and returns the answer's
-    /// status and body.
+    /// status and body. `deadline` is the end of the caller's budget: a send never waits past
+    /// it for another send's fetch, and starts no fetch with less than [`FETCH_BUDGET_MIN`] of
+    /// it left. While a refresh is under way, a token that has not expired serves at once.
     pub async fn get<F, Fut>(
         &self,
         now_ms: impl Fn() -> u64,
+        deadline: Instant,
         fetch: F,
     ) -> Result<(String, u64), String>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<(u16, Vec<u8>), String>>,
     {
-        let mut slot = self.slot.lock().await;
-        let now = now_ms();
-        if let Some(t) = &slot.token {
-            if now < t.refresh_at_ms {
-                return Ok((t.value.clone(), slot.generation));
-            }
+        if let Some(r) = self.cached(now_ms()) {
+            return r;
         }
-        if let Some((at, e)) = &slot.failed {
-            if now < at.saturating_add(FAILED_FETCH_PAUSE_MS) {
-                // The pause after a failed refresh: a token due for refresh but not expired
-                // still serves, as it did for the send whose fetch failed.
-                return self.unexpired(&slot, now).ok_or_else(|| e.clone());
+        let guard = match self.fetching.try_lock() {
+            Ok(g) => g,
+            Err(_) => {
+                // Another send is fetching (an early refresh, say): the token it is replacing
+                // serves until it expires; without one, wait for that fetch's result.
+                let held = self.unexpired(&self.slot.lock(), now_ms());
+                if let Some(t) = held {
+                    return Ok(t);
+                }
+                match tokio::time::timeout_at(deadline, self.fetching.lock()).await {
+                    Ok(g) => g,
+                    Err(_) => return Err("timed out waiting for the token endpoint".into()),
+                }
             }
+        };
+        // The fetch this send waited for may have brought a token, or just failed.
+        if let Some(r) = self.cached(now_ms()) {
+            return r;
+        }
+        if deadline.saturating_duration_since(Instant::now()) < FETCH_BUDGET_MIN {
+            // Not the endpoint's fault: nothing recorded, no pause.
+            let held = self.unexpired(&self.slot.lock(), now_ms());
+            return held.ok_or_else(|| "no time left in this attempt to fetch it".into());
         }
         let result = match fetch().await {
             Ok((status, body)) => self.parse(status, &body, now_ms()),
             Err(e) => Err(format!("token endpoint: {e}")),
         };
-        let now = now_ms();
+        let r = self.store(result, now_ms());
+        drop(guard);
+        r
+    }
+
+    /// What a send gets without fetching: the token if it is not due for refresh, or in the
+    /// pause after a failed fetch, that failure (or a token due for refresh but unexpired,
+    /// which still serves as it did for the send whose fetch failed). `None`: fetch.
+    fn cached(&self, now: u64) -> Option<Result<(String, u64), String>> {
+        let slot = self.slot.lock();
+        if let Some(t) = &slot.token {
+            if now < t.refresh_at_ms {
+                return Some(Ok((t.value.clone(), slot.generation)));
+            }
+        }
+        let (at, e) = slot.failed.as_ref()?;
+        (now < at.saturating_add(FAILED_FETCH_PAUSE_MS))
+            .then(|| self.unexpired(&slot, now).ok_or_else(|| e.clone()))
+    }
+
+    /// Keeps the result of a fetch that ended at `now`.
+    fn store(
+        &self,
+        result: Result<(String, u64), String>,
+        now: u64,
+    ) -> Result<(String, u64), String> {
+        let mut slot = self.slot.lock();
         match result {
             Ok((value, lifetime_ms)) => {
                 slot.generation += 1;
@@ -168,9 +228,9 @@ impl TokenCache {
     }
 
     /// The platform refused the token of `generation`: drop it, unless a newer one is already
-    /// there. The next [`TokenCache::get`] fetches.
-    pub async fn refused(&self, generation: u64) {
-        let mut slot = self.slot.lock().await;
+    /// there. The next [`TokenCache::get`] fetches (or waits for the fetch under way).
+    pub fn refused(&self, generation: u64) {
+        let mut slot = self.slot.lock();
         if slot.generation == generation {
             slot.token = None;
             slot.failed = None;
@@ -207,6 +267,15 @@ impl TokenCache {
             };
             return Err(format!("token endpoint answered HTTP {status}: {why}"));
         };
+        // The token goes into URLs and headers: one that cannot be rendered there would fail
+        // every message permanently for its whole lifetime. Refused as a failed fetch
+        // (retried), without echoing it.
+        if token.len() > TOKEN_BYTES_MAX || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(format!(
+                "token endpoint answered HTTP {status}: {} is not a token (visible ASCII, at most {TOKEN_BYTES_MAX} bytes)",
+                self.spec.json
+            ));
+        }
         let lifetime_ms = json
             .as_ref()
             .zip(self.spec.expires_json.as_deref())
@@ -229,6 +298,11 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Arc;
+
+    /// A budget no test reaches.
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
 
     fn spec() -> TokenSpec {
         TokenSpec {
@@ -254,6 +328,7 @@ mod tests {
             cache
                 .get(
                     move || n.load(Ordering::SeqCst),
+                    far(),
                     || async move {
                         let i = fetches.fetch_add(1, Ordering::SeqCst) + 1;
                         tokio::task::yield_now().await;
@@ -279,15 +354,15 @@ mod tests {
         }
         assert_eq!(fetches.load(Ordering::SeqCst), 1);
         // Refused twice with generation 1: one refresh.
-        cache.refused(1).await;
-        cache.refused(1).await;
+        cache.refused(1);
+        cache.refused(1);
         assert_eq!(
             get(cache.clone(), fetches.clone(), now.clone())
                 .await
                 .unwrap(),
             ("T2".into(), 2)
         );
-        cache.refused(1).await;
+        cache.refused(1);
         assert_eq!(
             get(cache.clone(), fetches.clone(), now.clone())
                 .await
@@ -328,19 +403,23 @@ mod tests {
                 br#"{"errcode":40001,"errmsg":"invalid credential"}"#.to_vec(),
             ))
         };
-        let e = cache.get(|| 5_000, fetch).await.unwrap_err();
+        let e = cache.get(|| 5_000, far(), fetch).await.unwrap_err();
         assert_eq!(
             e,
             "token endpoint answered HTTP 200: platform code 40001: invalid credential"
         );
-        let e2 = cache.get(|| 5_500, fetch).await.unwrap_err();
+        let e2 = cache.get(|| 5_500, far(), fetch).await.unwrap_err();
         assert_eq!(e, e2);
         assert_eq!(fetches.load(Ordering::SeqCst), 1, "paused after a failure");
-        cache.get(|| 6_000, fetch).await.unwrap_err();
+        cache.get(|| 6_000, far(), fetch).await.unwrap_err();
         assert_eq!(fetches.load(Ordering::SeqCst), 2);
         assert_eq!(cache.state().last_error.as_deref(), Some(e.as_str()));
         let e = cache
-            .get(|| 9_000, || async { Err("connection refused".to_string()) })
+            .get(
+                || 9_000,
+                far(),
+                || async { Err("connection refused".to_string()) },
+            )
             .await
             .unwrap_err();
         assert_eq!(e, "token endpoint: connection refused");
@@ -359,16 +438,154 @@ mod tests {
             ))
         };
         let down = || async { Err("timed out".to_string()) };
-        assert_eq!(cache.get(|| 0, ok).await.unwrap(), ("T1".into(), 1));
+        assert_eq!(cache.get(|| 0, far(), ok).await.unwrap(), ("T1".into(), 1));
         // 7200 s lifetime, due for refresh 5 minutes before its end.
         let due = 7_200_000 - 300_000;
-        assert_eq!(cache.get(|| due + 1, down).await.unwrap(), ("T1".into(), 1));
         assert_eq!(
-            cache.get(|| due + 500, down).await.unwrap(),
+            cache.get(|| due + 1, far(), down).await.unwrap(),
+            ("T1".into(), 1)
+        );
+        assert_eq!(
+            cache.get(|| due + 500, far(), down).await.unwrap(),
             ("T1".into(), 1)
         );
         // Expired: the failure is the answer.
-        let e = cache.get(|| 7_200_000, down).await.unwrap_err();
+        let e = cache.get(|| 7_200_000, far(), down).await.unwrap_err();
         assert_eq!(e, "token endpoint: timed out");
+    }
+
+    fn answer(token: &str, expires_in: u64) -> Result<(u16, Vec<u8>), String> {
+        Ok((
+            200,
+            format!(r#"{{"errcode":0,"access_token":"{token}","expires_in":{expires_in}}}"#)
+                .into_bytes(),
+        ))
+    }
+
+    /// An early refresh stuck on a silent token endpoint: other sends still get the unexpired
+    /// token at once (before, they queued behind the fetch until their own budget ran out).
+    #[tokio::test]
+    async fn a_pending_early_refresh_does_not_hold_other_sends() {
+        let cache = Arc::new(TokenCache::new(spec()));
+        let now = Arc::new(AtomicU64::new(0));
+        let n = now.clone();
+        let clock = move || n.load(Ordering::SeqCst);
+        let got = cache.get(clock.clone(), far(), || async { answer("T1", 100) });
+        assert_eq!(got.await.unwrap(), ("T1".into(), 1));
+        // 100 s lifetime: due for refresh after 90 s.
+        now.store(95_000, Ordering::SeqCst);
+        let release = Arc::new(tokio::sync::Notify::new());
+        let fetches = Arc::new(AtomicU64::new(0));
+        let first = tokio::spawn({
+            let (cache, clock, release, fetches) = (
+                cache.clone(),
+                clock.clone(),
+                release.clone(),
+                fetches.clone(),
+            );
+            async move {
+                let fetch = || async move {
+                    fetches.fetch_add(1, Ordering::SeqCst);
+                    release.notified().await;
+                    answer("T2", 100)
+                };
+                cache.get(clock, far(), fetch).await
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while fetches.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < deadline, "the first fetch never started");
+            tokio::task::yield_now().await;
+        }
+        let second = cache.get(clock.clone(), far(), || async {
+            Err("a second fetch while one is under way".to_string())
+        });
+        let second = tokio::time::timeout(Duration::from_secs(2), second).await;
+        assert_eq!(
+            second.expect("held behind the pending refresh").unwrap(),
+            ("T1".into(), 1)
+        );
+        release.notify_one();
+        assert_eq!(first.await.unwrap().unwrap(), ("T2".into(), 2));
+        assert_eq!(fetches.load(Ordering::SeqCst), 1);
+    }
+
+    /// Without a usable token, a send waits for the fetch under way no longer than its own
+    /// budget; and a send with too little budget left fetches nothing and records nothing.
+    #[tokio::test]
+    async fn waits_and_fetches_are_bounded_by_the_budget() {
+        let cache = Arc::new(TokenCache::new(spec()));
+        let release = Arc::new(tokio::sync::Notify::new());
+        let first = tokio::spawn({
+            let (cache, release) = (cache.clone(), release.clone());
+            async move {
+                let fetch = || async move {
+                    release.notified().await;
+                    answer("T1", 7200)
+                };
+                cache.get(|| 0, far(), fetch).await
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cache.fetching.try_lock().is_ok() {
+            assert!(Instant::now() < deadline, "the first fetch never started");
+            tokio::task::yield_now().await;
+        }
+        let soon = Instant::now() + Duration::from_millis(100);
+        let waited = tokio::time::timeout(
+            Duration::from_secs(5),
+            cache.get(|| 0, soon, || async { answer("X", 7200) }),
+        )
+        .await
+        .expect("waited past its budget");
+        assert_eq!(
+            waited.unwrap_err(),
+            "timed out waiting for the token endpoint"
+        );
+        release.notify_one();
+        assert_eq!(first.await.unwrap().unwrap(), ("T1".into(), 1));
+
+        // No budget left: no fetch, no failure recorded, no pause for the next send.
+        let cache = TokenCache::new(spec());
+        let fetches = AtomicU64::new(0);
+        let fetch = || async {
+            fetches.fetch_add(1, Ordering::SeqCst);
+            answer("T1", 7200)
+        };
+        let e = cache.get(|| 0, Instant::now(), fetch).await.unwrap_err();
+        assert_eq!(e, "no time left in this attempt to fetch it");
+        assert_eq!(fetches.load(Ordering::SeqCst), 0);
+        assert_eq!(cache.state().last_error, None);
+        assert_eq!(
+            cache.get(|| 1, far(), fetch).await.unwrap(),
+            ("T1".into(), 1)
+        );
+        assert_eq!(fetches.load(Ordering::SeqCst), 1);
+    }
+
+    /// A token that could not go into a header or URL is a failed fetch, not a token that
+    /// fails every message permanently; the error does not echo it.
+    #[test]
+    fn a_token_must_be_visible_ascii_of_bounded_length() {
+        let cache = TokenCache::new(spec());
+        let parse = |token: &str| {
+            let body = serde_json::json!({"access_token": token, "expires_in": 7200});
+            cache.parse(200, body.to_string().as_bytes(), 0)
+        };
+        assert_eq!(parse("abc-DEF_1.2~x").unwrap().0, "abc-DEF_1.2~x");
+        assert_eq!(parse(&"a".repeat(4096)).unwrap().0.len(), 4096);
+        for bad in [
+            "abc\ndef",
+            "abc def",
+            "tökén",
+            "abc\u{7f}",
+            &"a".repeat(4097),
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert_eq!(
+                e,
+                "token endpoint answered HTTP 200: /access_token is not a token (visible ASCII, at most 4096 bytes)"
+            );
+        }
     }
 }

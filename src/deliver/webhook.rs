@@ -255,7 +255,7 @@ impl WebhookSink {
         let left = || end.saturating_duration_since(tokio::time::Instant::now());
         loop {
             let token = match &p.token {
-                Some(cache) => match cache.get(now_ms, || self.fetch_token(p, left())).await {
+                Some(cache) => match cache.get(now_ms, end, || self.fetch_token(p, left())).await {
                     Ok(t) => Some(t),
                     Err(error) => {
                         return Outcome::Retry {
@@ -282,7 +282,7 @@ impl WebhookSink {
                 Verdict::RefreshToken { error } => match (&p.token, token) {
                     (Some(cache), Some((_, generation))) if !refreshed => {
                         tracing::info!(error = %crate::logsafe::Escaped(&error), "the platform refused the access token; refreshing");
-                        cache.refused(generation).await;
+                        cache.refused(generation);
                         refreshed = true;
                     }
                     _ => {

@@ -195,14 +195,36 @@ struct Target {
 
 impl Target {
     fn parse(e: &str) -> Result<Target, String> {
+        // Before any error that echoes the endpoint: user info would be a password in it.
+        let after_scheme = e.split_once("://").map_or(e, |(_, r)| r);
+        let end = after_scheme
+            .find(['/', '?', '#'])
+            .unwrap_or(after_scheme.len());
+        if after_scheme.get(..end).is_some_and(|a| a.contains('@')) {
+            return Err(
+                "user info (user:password@) is not supported in the endpoint (not shown here); write http://host:port/path".into(),
+            );
+        }
         let rest = e.trim().strip_prefix("http://").ok_or_else(|| {
             format!("{e:?}: expected http://host:port (OTLP/HTTP; https is not supported, use a local collector)")
         })?;
-        let (authority, path) = match rest.find('/') {
+        let (authority, path) = match rest.find(['/', '?', '#']) {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, ""),
         };
         let (host, port) = split_authority(e, authority)?;
+        // The path goes into the request line as it is.
+        if path.contains(['?', '#']) {
+            return Err(format!(
+                "{e:?}: a query (?) or fragment (#) is not supported; write http://host:port/path"
+            ));
+        }
+        if path.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(format!(
+                "{}: the path may not have whitespace or control characters",
+                crate::logsafe::Escaped(e)
+            ));
+        }
         let path = path.trim_end_matches('/');
         let path = if path.ends_with("/v1/traces") {
             path.to_string()
@@ -450,6 +472,53 @@ mod tests {
             .contains("https"));
         assert!(check_endpoint("http://x:port").is_err());
         assert!(check_endpoint("http://:1").is_err());
+    }
+
+    /// User info is refused without echoing it; a path must be fit for the request line as
+    /// it is written there.
+    #[test]
+    fn user_info_queries_and_odd_characters_are_refused() {
+        for e in [
+            "http://user:pa55@collector:4318/x",
+            "http://user:pa55@collector",
+            "https://user:pa55@collector",
+            "http://user:pa55@[::1]:bad",
+        ] {
+            let m = check_endpoint(e).unwrap_err();
+            assert!(m.contains("user info") && !m.contains("pa55"), "{e}: {m}");
+        }
+        assert!(check_endpoint("http://collector/a@b").is_ok());
+        for e in [
+            "http://collector/otlp?x=1",
+            "http://collector:4318?x=1",
+            "http://collector/otlp#f",
+        ] {
+            let m = check_endpoint(e).unwrap_err();
+            assert!(m.contains("query (?) or fragment (#)"), "{e}: {m}");
+        }
+        for e in [
+            "http://collector/ot lp",
+            "http://collector/otlp\r\nX-Evil: 1",
+            "http://collector/a\u{7f}",
+        ] {
+            let m = check_endpoint(e).unwrap_err();
+            assert!(
+                m.contains("whitespace or control") && !m.contains('\n'),
+                "{e}: {m}"
+            );
+        }
+        let env = |n: &str| (n == "HERALD_OTLP_ENDPOINT").then(|| "http://u:pa55@c".to_string());
+        let m = crate::config::Config::from_toml_with_env(
+            "",
+            crate::config::Overrides::default(),
+            &env,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            m.starts_with("telemetry.otlp_endpoint:") && !m.contains("pa55"),
+            "{m}"
+        );
     }
 
     /// An IPv6 literal with no port gets the default port, as a host name or IPv4 address
