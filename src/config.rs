@@ -833,12 +833,15 @@ impl Webhook<'_> {
         let shown = if raw.contains("${") { &raw } else { &url };
         let uri = if self.platform {
             // Checked with the URL as written: the error must not show a secret.
-            crate::deliver::platform::check_url(&url).map_err(|_| {
-                    invalid(
-                        key("url"),
-                        format!("{shown:?}: only http(s)://host[:port]/path URLs are supported, with the scheme and host written out"),
-                    )
-                })?
+            crate::deliver::platform::check_url(&url).map_err(|e| {
+                invalid(
+                    key("url"),
+                    format!(
+                        "{shown:?}: {}",
+                        crate::deliver::platform::url_error_unechoed(&e)
+                    ),
+                )
+            })?
         } else {
             let uri: hyper::Uri = url
                 .parse()
@@ -994,6 +997,15 @@ fn channel(
     let sign_explicit = user.sign.is_some();
     let keys = resolve_preset(user).map_err(|(k, m)| invalid(key(&k), m))?;
     let timeout_ms = positive_ms(&key("timeout"), &c.timeout, DEFAULT_TIMEOUT_MS)?;
+    // A send starts no token fetch with less than `FETCH_BUDGET_MIN` of its attempt left, and
+    // an early refresh takes at most half of it: a shorter attempt would never fetch a token.
+    let token_min_ms = 2 * crate::deliver::token::FETCH_BUDGET_MIN.as_millis() as u64;
+    if keys.token.is_some() && timeout_ms < token_min_ms {
+        return Err(invalid(
+            key("timeout"),
+            format!("must be at least {token_min_ms}ms on a channel with a `token` (the attempt includes fetching it)"),
+        ));
+    }
     let connect_timeout_ms = positive_ms(
         &key("connect_timeout"),
         &c.connect_timeout,
@@ -1378,6 +1390,10 @@ secret = "${DT_SECRET}"
                 "channels.team.token.url: environment variable WECOM_CORP_ID is not set",
             ),
             ("answer_timeout = \"0s\"", "channels.team.answer_timeout:"),
+            (
+                "token = { url = \"http://h/t\" }\ntimeout = \"20ms\"",
+                "channels.team.timeout: must be at least 100ms on a channel with a `token`",
+            ),
         ];
         for (extra, want) in cases {
             let e = platform_err(&format!("{base}{extra}"));
@@ -1389,6 +1405,14 @@ secret = "${DT_SECRET}"
             "[channels.t]\nkind = \"webhook\"\nurl = \"https://{{ to }}/x\"\nbody = \"{}\"",
         );
         assert!(e.starts_with("channels.t.url:"), "{e}");
+        // A template's own dot segment is named as such (it was the general URL shape's text).
+        let e = platform_err(
+            "[channels.t]\nkind = \"webhook\"\nurl = \"http://h/{{ to }}/../x\"\nbody = \"{}\"",
+        );
+        assert!(
+            e.starts_with("channels.t.url:") && e.ends_with(crate::deliver::platform::DOT_SEGMENT),
+            "{e}"
+        );
         let e = platform_err("[channels.t]\nkind = \"log\"\npreset = \"slack-webhook\"");
         assert_eq!(e, "channels.t.preset: only for kind = \"webhook\"");
         // A secret from the environment never shows in an error.

@@ -178,13 +178,9 @@ pub fn check_url(url: &str) -> Result<Uri, String> {
             "{url:?}: a URL template must write out the scheme and host (http(s)://host/...) before any {{{{ }}}}"
         ));
     }
-    let path = rest.get(host_end.unwrap_or(rest.len())..).unwrap_or("");
-    let path = path.split(['?', '#']).next().unwrap_or("");
-    if is_template(url) && path.split('/').any(is_dot_segment) {
+    if is_template(url) && has_dot_segment(url, host_end) {
         // Renders are refused a dot segment (`Platform::check_dot_segments`): say so now.
-        return Err(format!(
-            "{url:?}: a URL template may not have a \".\" or \"..\" path segment"
-        ));
+        return Err(format!("{url:?}: {DOT_SEGMENT}"));
     }
     let base = if is_template(url) {
         format!("{scheme}://{}/", &rest[..host_end.unwrap_or(rest.len())])
@@ -198,6 +194,38 @@ pub fn check_url(url: &str) -> Result<Uri, String> {
         return Err(bad());
     }
     Ok(uri)
+}
+
+/// [`check_url`]'s refusal of a template's own dot segment: the callers, which do not echo a
+/// URL that may hold a secret, say this one as it is.
+pub const DOT_SEGMENT: &str = "a URL template may not have a \".\" or \"..\" path segment";
+
+/// Whether a URL template's own text has a whole `.` or `..` path segment (one without any
+/// `{{ }}`/`{% %}` in it: what a value renders there is checked at render time), up to the
+/// query. `host_end`: where the path starts after `://`.
+fn has_dot_segment(url: &str, host_end: Option<usize>) -> bool {
+    let rest = url.split_once("://").map_or("", |(_, r)| r);
+    let path = host_end.and_then(|i| rest.get(i..)).unwrap_or("");
+    for seg in path.split('/') {
+        let own = seg.split(['?', '#']).next().unwrap_or("");
+        if !seg.contains(['{', '}']) && is_dot_segment(own) {
+            return true;
+        }
+        if seg.contains(['?', '#']) {
+            break;
+        }
+    }
+    false
+}
+
+/// A URL error for a caller that must not echo the URL: the dot-segment refusal as it is,
+/// anything else as the general shape the URL must have.
+pub fn url_error_unechoed(e: &str) -> &'static str {
+    if e.ends_with(DOT_SEGMENT) {
+        DOT_SEGMENT
+    } else {
+        "only http(s)://host[:port]/path URLs are supported, with the scheme and host written out"
+    }
 }
 
 fn check_method(m: &str) -> Result<(), String> {
@@ -561,9 +589,7 @@ impl Platform {
                 .map_err(|e| kerr(key, e))
         };
         let method = add("method", &spec.method)?;
-        let base = check_url(&spec.url).map_err(|_| {
-            kerr("url", "only http(s)://host[:port]/path URLs are supported, with the scheme and host written out")
-        })?;
+        let base = check_url(&spec.url).map_err(|e| kerr("url", url_error_unechoed(&e)))?;
         let url = add("url", &spec.url)?;
         let mut headers = Vec::new();
         let mut content_type = None;
@@ -1069,6 +1095,11 @@ mod tests {
         // A static URL is the operator's; a template's own text may not have a dot segment.
         assert!(check_url("http://gw/a/../{{ to }}").is_err());
         assert!(check_url("http://gw/a/..x/{{ to }}?p=../").is_ok());
+        // A segment after a template is the template's own text too; one a value begins
+        // is checked when it is rendered.
+        let e = check_url("http://gw/{{ vars.v }}/./send").unwrap_err();
+        assert_eq!(url_error_unechoed(&e), DOT_SEGMENT);
+        assert!(check_url("http://gw/.{{ name }}").is_ok());
     }
 
     #[test]

@@ -159,7 +159,21 @@ impl TokenCache {
             let held = self.unexpired(&self.slot.lock(), now_ms());
             return held.ok_or_else(|| "no time left in this attempt to fetch it".into());
         }
-        let result = match fetch().await {
+        // An early refresh (the token still serves): the send that starts it keeps half its
+        // budget for its own request, so a silent endpoint costs it a late send, not the send
+        // (on a quiet channel every send of the refresh window would otherwise fail).
+        let early = self.unexpired(&self.slot.lock(), now_ms()).is_some();
+        let fetched = if early {
+            let half = Instant::now() + deadline.saturating_duration_since(Instant::now()) / 2;
+            tokio::time::timeout_at(half, fetch())
+                .await
+                .unwrap_or_else(|_| {
+                    Err("timed out (an early refresh keeps half the attempt for its send)".into())
+                })
+        } else {
+            fetch().await
+        };
+        let result = match fetched {
             Ok((status, body)) => self.parse(status, &body, now_ms()),
             Err(e) => Err(format!("token endpoint: {e}")),
         };
@@ -497,7 +511,10 @@ mod tests {
             assert!(Instant::now() < deadline, "the first fetch never started");
             tokio::task::yield_now().await;
         }
-        let second = cache.get(clock.clone(), far(), || async {
+        let second_fetched = Arc::new(AtomicU64::new(0));
+        let sf = second_fetched.clone();
+        let second = cache.get(clock.clone(), far(), || async move {
+            sf.fetch_add(1, Ordering::SeqCst);
             Err("a second fetch while one is under way".to_string())
         });
         let second = tokio::time::timeout(Duration::from_secs(2), second).await;
@@ -505,9 +522,43 @@ mod tests {
             second.expect("held behind the pending refresh").unwrap(),
             ("T1".into(), 1)
         );
+        assert_eq!(
+            second_fetched.load(Ordering::SeqCst),
+            0,
+            "a second fetch ran beside the first (single flight broken)"
+        );
         release.notify_one();
         assert_eq!(first.await.unwrap().unwrap(), ("T2".into(), 2));
         assert_eq!(fetches.load(Ordering::SeqCst), 1);
+    }
+
+    /// The send that starts an early refresh against a silent endpoint gives up on the fetch
+    /// at half its budget and sends with the token that still serves.
+    #[tokio::test]
+    async fn an_early_refresh_keeps_half_the_budget_for_its_send() {
+        let cache = TokenCache::new(spec());
+        let now = Arc::new(AtomicU64::new(0));
+        let n = now.clone();
+        let clock = move || n.load(Ordering::SeqCst);
+        let got = cache.get(clock.clone(), far(), || async { answer("T1", 100) });
+        assert_eq!(got.await.unwrap(), ("T1".into(), 1));
+        now.store(95_000, Ordering::SeqCst);
+        let budget = Duration::from_millis(400);
+        let deadline = Instant::now() + budget;
+        let silent = || std::future::pending::<Result<(u16, Vec<u8>), String>>();
+        let got = tokio::time::timeout(budget, cache.get(clock.clone(), deadline, silent)).await;
+        assert_eq!(
+            got.expect("the fetch took the whole budget").unwrap(),
+            ("T1".into(), 1)
+        );
+        assert!(
+            deadline.saturating_duration_since(Instant::now()) >= Duration::from_millis(100),
+            "less than half the budget left for the send"
+        );
+        assert!(
+            cache.state.lock().last_error.is_some(),
+            "the timeout recorded"
+        );
     }
 
     /// Without a usable token, a send waits for the fetch under way no longer than its own

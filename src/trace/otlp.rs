@@ -196,13 +196,11 @@ struct Target {
 impl Target {
     fn parse(e: &str) -> Result<Target, String> {
         // Before any error that echoes the endpoint: user info would be a password in it.
-        let after_scheme = e.split_once("://").map_or(e, |(_, r)| r);
-        let end = after_scheme
-            .find(['/', '?', '#'])
-            .unwrap_or(after_scheme.len());
-        if after_scheme.get(..end).is_some_and(|a| a.contains('@')) {
+        // Anywhere, not only before the first `/`: a password may hold `/`, `?` or `#` raw
+        // (`user:pa/ss@host`), and the errors below would echo it.
+        if e.contains('@') {
             return Err(
-                "user info (user:password@) is not supported in the endpoint (not shown here); write http://host:port/path".into(),
+                "an @ is not supported in the endpoint: user info (user:password@) would be a password (not shown here); write http://host:port/path".into(),
             );
         }
         let rest = e.trim().strip_prefix("http://").ok_or_else(|| {
@@ -487,7 +485,14 @@ mod tests {
             let m = check_endpoint(e).unwrap_err();
             assert!(m.contains("user info") && !m.contains("pa55"), "{e}: {m}");
         }
-        assert!(check_endpoint("http://collector/a@b").is_ok());
+        // A password may hold `/` raw: an `@` anywhere is refused, the endpoint not echoed.
+        for e in [
+            "http://user:pa/55@collector:4318",
+            "http://collector/a@pa55",
+        ] {
+            let m = check_endpoint(e).unwrap_err();
+            assert!(m.contains("user info") && !m.contains("pa55"), "{e}: {m}");
+        }
         for e in [
             "http://collector/otlp?x=1",
             "http://collector:4318?x=1",
