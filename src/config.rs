@@ -979,6 +979,24 @@ fn concurrency(
     Ok(n)
 }
 
+/// A send starts no token fetch with less than `FETCH_BUDGET_MIN` of its attempt left, and an
+/// early refresh takes at most half of it: on a channel with a `token` a shorter attempt would
+/// never fetch one.
+fn token_timeout(
+    token: bool,
+    timeout_ms: u64,
+    key: &dyn Fn(&str) -> String,
+) -> Result<(), ConfigError> {
+    let token_min_ms = 2 * crate::deliver::token::FETCH_BUDGET_MIN.as_millis() as u64;
+    if token && timeout_ms < token_min_ms {
+        return Err(invalid(
+            key("timeout"),
+            format!("must be at least {token_min_ms}ms on a channel with a `token` (the attempt includes fetching it)"),
+        ));
+    }
+    Ok(())
+}
+
 fn channel(
     name: &str,
     mut c: ChannelFile,
@@ -997,15 +1015,7 @@ fn channel(
     let sign_explicit = user.sign.is_some();
     let keys = resolve_preset(user).map_err(|(k, m)| invalid(key(&k), m))?;
     let timeout_ms = positive_ms(&key("timeout"), &c.timeout, DEFAULT_TIMEOUT_MS)?;
-    // A send starts no token fetch with less than `FETCH_BUDGET_MIN` of its attempt left, and
-    // an early refresh takes at most half of it: a shorter attempt would never fetch a token.
-    let token_min_ms = 2 * crate::deliver::token::FETCH_BUDGET_MIN.as_millis() as u64;
-    if keys.token.is_some() && timeout_ms < token_min_ms {
-        return Err(invalid(
-            key("timeout"),
-            format!("must be at least {token_min_ms}ms on a channel with a `token` (the attempt includes fetching it)"),
-        ));
-    }
+    token_timeout(keys.token.is_some(), timeout_ms, &key)?;
     let connect_timeout_ms = positive_ms(
         &key("connect_timeout"),
         &c.connect_timeout,
