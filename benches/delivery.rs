@@ -31,9 +31,10 @@
 //!   milliseconds and would dominate), channel `hook` (webhook, concurrency 64 or one per sequence;
 //!   `signed` adds a Standard Webhooks secret). Each iteration creates 20 tasks of 100 messages
 //!   (`schedule.after = "0s"`, no pacing) concurrently through `Engine::create` (what the HTTP
-//!   API calls, minus HTTP parsing). A run is a sequence: each message is made durable twice
-//!   (in-flight mark, settle) before the next one is planned, so throughput comes from the 20
-//!   runs going in parallel and sharing group-committed flushes.
+//!   API calls, minus HTTP parsing). A run is a sequence: each message's outcome is made
+//!   durable with the next message's in-flight mark (one write) before the next one is sent,
+//!   so throughput comes from the 20 runs going in parallel and sharing group-committed
+//!   flushes.
 //! * `herald_templated`: as `herald_unsigned`, the channel a platform channel: a body template
 //!   (minijinja, `tojson` on the recipient, body and key) and a JSON success rule
 //!   (`/errcode == 0`), so each answer body is read and parsed. The receiver answers every
@@ -45,6 +46,15 @@
 //!   events written; issue 25). The ratio to `herald_unsigned` is printed at the end: what
 //!   the timeline costs; and after `herald_unsigned`, the timeline's records and bytes (keys
 //!   and values, before sled's own overhead) per delivered message.
+//! * `herald_no_timeline_disk`: as `herald_unsigned_disk` without the timeline.
+//!
+//! After every contender, the process's CPU time per message over its timed rounds (user +
+//! sys, every thread: the receiver's, herald's commit and apply threads), and each herald
+//! contender's as a multiple of the raw client's: with both cores busy, throughput is at most
+//! 2 s over that figure, so it says how far CPU alone lets herald come to the raw client.
+//! `HERALD_DELIVERY_SAMPLES=1` prints it for each sample (each a fresh herald) with its rate
+//! and the connections the receiver has accepted so far: instances of the same build differ
+//! by up to ~25 % in CPU per message, and throughput follows.
 //!
 //! After each herald contender the number of durable flushes per message is printed, with the
 //! share of the timed time the commit thread spent applying and syncing groups. At the end,
@@ -136,6 +146,8 @@ struct Counter {
     requests: AtomicU64,
     /// Arrival of the latest request, ns since `epoch()`.
     last_ns: AtomicU64,
+    /// Connections accepted.
+    conns: AtomicU64,
 }
 
 struct Receiver {
@@ -166,6 +178,7 @@ impl Receiver {
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
+                c.conns.fetch_add(1, Ordering::Relaxed);
                 let c = c.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req: Request<Incoming>| {
@@ -452,6 +465,10 @@ fn delivery(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(12));
 
     let mut baseline_timed = (0u64, Duration::ZERO);
+    // Process CPU (user + sys, every thread: the receiver's too) over the timed rounds, per
+    // contender: (name, ns, messages).
+    let mut cpu: Vec<(&str, u64, u64)> = Vec::new();
+    let mut baseline_cpu = 0u64;
     g.bench_function("baseline_hyper", |b| {
         b.iter_custom(|iters| {
             rt.block_on(async {
@@ -460,9 +477,11 @@ fn delivery(c: &mut Criterion) {
                 let baseline = Baseline::new(&receiver.url());
                 baseline.round(&counter).await;
                 let mut total = Duration::ZERO;
+                let c0 = support::rusage_cpu_ns(libc::RUSAGE_SELF);
                 for _ in 0..iters {
                     total += baseline.round(&counter).await;
                 }
+                baseline_cpu += support::rusage_cpu_ns(libc::RUSAGE_SELF).saturating_sub(c0);
                 baseline_timed.0 += iters * per_round();
                 baseline_timed.1 += total;
                 total
@@ -477,6 +496,7 @@ fn delivery(c: &mut Criterion) {
         ("herald_templated", false, true, false, true),
         ("herald_signed", true, false, false, true),
         ("herald_unsigned_disk", false, false, true, true),
+        ("herald_no_timeline_disk", false, false, true, false),
     ];
     // Timed messages and time per contender, for the templated / plain ratio.
     let mut measured: Vec<(&str, u64, Duration)> = Vec::new();
@@ -487,7 +507,7 @@ fn delivery(c: &mut Criterion) {
             g.measurement_time(Duration::from_secs(15));
         }
         let mut on = String::new();
-        let (mut flushes, mut messages, mut busy_us) = (0u64, 0u64, 0u64);
+        let (mut flushes, mut messages, mut busy_us, mut cpu_ns) = (0u64, 0u64, 0u64, 0u64);
         let mut timed = Duration::ZERO;
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
@@ -507,12 +527,17 @@ fn delivery(c: &mut Criterion) {
                         herald.commit_busy_us(),
                     );
                     let mut total = Duration::ZERO;
+                    let c0 = support::rusage_cpu_ns(libc::RUSAGE_SELF);
                     for _ in 0..iters {
                         total += herald.round(&counter, &requests).await;
                     }
+                    let c1 = support::rusage_cpu_ns(libc::RUSAGE_SELF).saturating_sub(c0);
+                    cpu_ns += c1;
+                    let m = counter.requests.load(Ordering::Acquire) - m0;
+                    print_sample(c1, m, total, &counter);
                     flushes += herald.flushes() - f0;
                     busy_us += herald.commit_busy_us() - b0;
-                    messages += counter.requests.load(Ordering::Acquire) - m0;
+                    messages += m;
                     timed += total;
                     // Untimed: the timeline's records and bytes for every message delivered
                     // by this instance (the warm-up round's too).
@@ -549,8 +574,11 @@ fn delivery(c: &mut Criterion) {
             );
         }
         measured.push((name, messages, timed));
+        cpu.push((name, cpu_ns, messages));
     }
+    cpu.insert(0, ("baseline_hyper", baseline_cpu, baseline_timed.0));
     g.finish();
+    print_cpu(&cpu);
     let rate = |name: &str| {
         measured
             .iter()
@@ -597,6 +625,44 @@ fn delivery(c: &mut Criterion) {
             off,
             on,
         ));
+    }
+}
+
+/// With `HERALD_DELIVERY_SAMPLES` set, one sample's CPU per message and rate, and the
+/// connections the receiver has accepted since it started.
+fn print_sample(cpu_ns: u64, messages: u64, timed: Duration, counter: &Counter) {
+    if std::env::var_os("HERALD_DELIVERY_SAMPLES").is_none() {
+        return;
+    }
+    eprintln!(
+        "sample: {:.1} µs of CPU per message, {:.0} messages/s, {} connections accepted so far",
+        cpu_ns as f64 / messages.max(1) as f64 / 1e3,
+        messages as f64 / timed.as_secs_f64().max(1e-9),
+        counter.conns.load(Ordering::Relaxed)
+    );
+}
+
+/// The process's CPU time (user + sys, all threads, the receiver's included) per message of
+/// each contender's timed rounds, and as a multiple of the raw client's: on 2 cores a
+/// contender that keeps both busy can deliver at most 2 s / (its CPU per message), so this
+/// says how far the CPU alone lets herald come to the raw client, whatever the disk does.
+fn print_cpu(cpu: &[(&str, u64, u64)]) {
+    let per_msg = |&(_, ns, n): &(&str, u64, u64)| (n > 0).then(|| ns as f64 / n as f64 / 1e3);
+    let base = cpu
+        .iter()
+        .find(|c| c.0 == "baseline_hyper")
+        .and_then(per_msg);
+    for c in cpu {
+        let (Some(us), name) = (per_msg(c), c.0) else {
+            continue;
+        };
+        match base {
+            Some(b) if name != "baseline_hyper" => println!(
+                "{name}: {us:.1} µs of CPU per message (all threads), {:.2} × the raw client's {b:.1} µs",
+                us / b
+            ),
+            _ => println!("{name}: {us:.1} µs of CPU per message (all threads)"),
+        }
     }
 }
 
