@@ -1470,7 +1470,7 @@ pub(super) fn settle_plan(
         // wall reading the send started at, as the delivery's timestamp and the views had it.
         plan.run.last_attempt_at_ms = stored_anchor;
     }
-    log_outcome(&p.delivery, outcome, &plan, &st.spec);
+    log_outcome(&p.delivery, outcome, &plan);
     if plan.finished {
         tracing::info!(task = %l.id, run = key.run, sent = plan.run.sent, failed = plan.run.failed,
             "run finished");
@@ -1530,9 +1530,10 @@ fn quiet_step_at_wall(mut change: Change, run: u32, outcome: &Outcome) -> Change
     change
 }
 
-fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan, t: &TaskSpec) {
-    let trace = t.trace();
-    let trace_id = crate::model::timeline::Hex(&trace);
+fn log_outcome(d: &Delivery, outcome: &Outcome, plan: &plan::SettlePlan) {
+    // The delivery's own: a task made before traces derives its id with a SHA-256, once, at
+    // render.
+    let trace_id = crate::model::timeline::Hex(&d.trace_id);
     match outcome {
         Outcome::Sent => {
             tracing::info!(task = %d.task_id, run = d.run, seq = d.seq, attempt = d.attempt, %trace_id, "sent")

@@ -42,13 +42,15 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
 
 /// `url` with its password replaced by `***`, for every message and log line: a
 /// `postgres://user:secret@host/db` URL or a `key=value` string with `password=secret`.
+///
+/// The credentials are what tokio-postgres takes for them: everything after `://` up to the
+/// first `@`, wherever it is (its URL parser reads them so), not only an `@` before the first
+/// `/`: a password holding a raw `/` (`postgres://u:pa/ss@db/x`) is still a password.
 pub fn redact(url: &str) -> String {
     if let Some(scheme_end) = url.find("://") {
         let rest = &url[scheme_end + 3..];
-        let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let authority = &rest[..authority_end];
-        if let Some(at) = authority.rfind('@') {
-            let userinfo = &authority[..at];
+        if let Some(at) = rest.find('@') {
+            let userinfo = &rest[..at];
             if let Some(colon) = userinfo.find(':') {
                 return format!(
                     "{}{}:***{}",
@@ -109,5 +111,15 @@ mod tests {
             redact("host=db password=abc user=h"),
             "host=db password=*** user=h"
         );
+        // tokio-postgres reads the credentials up to the first `@`, a `/` or `?` in them too.
+        for (url, secret) in [
+            ("postgres://u:pa/ss@db/x", "pa/ss"),
+            ("postgres://u:p?w@db/x", "p?w"),
+            ("postgres://u:a/b?c@db:5432/x?sslmode=disable", "a/b?c"),
+        ] {
+            let shown = redact(url);
+            assert!(!shown.contains(secret), "{url} shown as {shown}");
+            assert!(shown.starts_with("postgres://u:***@db"), "{shown}");
+        }
     }
 }
