@@ -21,6 +21,7 @@ use crate::request::{validate_retry, RetryRequest};
 
 mod cluster;
 mod env;
+mod redact;
 pub use cluster::ClusterConfig;
 pub use env::{var_name, Kind};
 
@@ -102,7 +103,8 @@ fn invalid(key: impl Into<String>, message: impl Into<String>) -> ConfigError {
     }
 }
 
-#[derive(Deserialize, Debug, Default)]
+/// The config file as read. Its `Debug`, and its parts', show no secret (`redact.rs`).
+#[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     listen: Option<String>,
@@ -119,7 +121,7 @@ struct FileConfig {
 }
 
 /// `[telemetry]`: OpenTelemetry export (issue 25).
-#[derive(Deserialize, Debug)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TelemetryFile {
     /// An OTLP/HTTP collector (`http://127.0.0.1:4318`); absent: no export.
@@ -127,7 +129,7 @@ struct TelemetryFile {
 }
 
 /// `[store]`: the embedded database.
-#[derive(Deserialize, Debug)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StoreFile {
     /// sled's page cache in MiB (default 8; sled's own default would be 1024).
@@ -254,7 +256,7 @@ struct AlertsFile {
     channel: String,
 }
 
-#[derive(Deserialize, Debug)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ChannelFile {
     kind: String,

@@ -73,6 +73,14 @@ impl fmt::Debug for UriOrigin<'_> {
     }
 }
 
+/// What a `Debug` shows in place of a secret.
+pub const REDACTED: &str = "<redacted>";
+
+/// An optional secret as a `Debug` field: whether it is set ([`REDACTED`]), never its value.
+pub fn redacted<T>(v: &Option<T>) -> Option<&'static str> {
+    v.as_ref().map(|_| REDACTED)
+}
+
 #[cfg(test)]
 mod tests {
     use super::Escaped;

@@ -200,15 +200,16 @@ pub fn check_url(url: &str) -> Result<Uri, String> {
 /// URL that may hold a secret, say this one as it is.
 pub const DOT_SEGMENT: &str = "a URL template may not have a \".\" or \"..\" path segment";
 
-/// Whether a URL template's own text has a whole `.` or `..` path segment (one without any
-/// `{{ }}`/`{% %}` in it: what a value renders there is checked at render time), up to the
-/// query. `host_end`: where the path starts after `://`.
+/// Whether a URL template's own text has a `.` or `..` path segment, whole or before a `;`
+/// (one whose part up to the `;` has no `{{ }}`/`{% %}` in it: what a value renders there is
+/// checked at render time), up to the query. `host_end`: where the path starts after `://`.
 fn has_dot_segment(url: &str, host_end: Option<usize>) -> bool {
     let rest = url.split_once("://").map_or("", |(_, r)| r);
     let path = host_end.and_then(|i| rest.get(i..)).unwrap_or("");
     for seg in path.split('/') {
         let own = seg.split(['?', '#']).next().unwrap_or("");
-        if !seg.contains(['{', '}']) && is_dot_segment(own) {
+        let head = own.split(';').next().unwrap_or("");
+        if !head.contains(['{', '}']) && is_dot_segment(head) {
             return true;
         }
         if seg.contains(['?', '#']) {
@@ -876,9 +877,12 @@ impl Platform {
     }
 }
 
-/// Whether a path segment is `.` or `..`, also percent-encoded (receivers normalize both).
+/// Whether a path segment is `.` or `..`, also percent-encoded (receivers normalize both),
+/// also before a `;`: Tomcat and Jetty drop a segment's `;params` before they resolve dot
+/// segments, so `..;x` climbs as `..` does there.
 fn is_dot_segment(segment: &str) -> bool {
-    let s = segment.to_ascii_lowercase().replace("%2e", ".");
+    let head = segment.split(';').next().unwrap_or("");
+    let s = head.to_ascii_lowercase().replace("%2e", ".");
     s == "." || s == ".."
 }
 
@@ -1100,6 +1104,48 @@ mod tests {
         let e = check_url("http://gw/{{ vars.v }}/./send").unwrap_err();
         assert_eq!(url_error_unechoed(&e), DOT_SEGMENT);
         assert!(check_url("http://gw/.{{ name }}").is_ok());
+    }
+
+    /// `..;x` is `..` to Tomcat and Jetty, which drop a segment's `;params` before they resolve
+    /// dot segments: refused when rendered and in a template's own text, in any case of
+    /// percent-encoding. A `;` after other text, or an encoded one, is an ordinary segment.
+    #[test]
+    fn a_dot_segment_with_path_parameters_is_refused() {
+        let p = platform("body = '{}'", "http://gw/api/users/{{ to }}/send", &[]);
+        let mut d = delivery(None);
+        for to in [
+            "..;x",
+            ".;x",
+            "..;",
+            "%2e%2e;x",
+            "%2E.;jsessionid=1",
+            ".%2e;",
+            "x/..;/admin",
+        ] {
+            d.to = to.into();
+            let e = p.prepare(&d, "", None, 0).unwrap_err();
+            assert!(e.contains("segment"), "{to}: {e}");
+        }
+        for to in ["a..;x", "x;..", "..x;y", "..%3Bx"] {
+            d.to = to.into();
+            assert!(p.prepare(&d, "", None, 0).is_ok(), "{to}");
+        }
+        // With the filter `;` is encoded: `..%3Bx` is one harmless segment.
+        let p = platform("body = '{}'", "http://gw/u/{{ to | urlencode }}", &[]);
+        d.to = "..;x".into();
+        assert_eq!(p.prepare(&d, "", None, 0).unwrap().uri.path(), "/u/..%3Bx");
+        for url in [
+            "http://gw/a/..;x/{{ to }}",
+            "http://gw/a/.;/{{ to }}",
+            "http://gw/{{ to }}/%2E%2e;p=1/send",
+            "http://gw/a/..;{{ to }}",
+            "http://gw/a/..?p={{ to }}",
+        ] {
+            let e = check_url(url).unwrap_err();
+            assert_eq!(url_error_unechoed(&e), DOT_SEGMENT, "{url}");
+        }
+        assert!(check_url("http://gw/a..;x/{{ to }}").is_ok());
+        assert!(check_url("http://gw/.{{ to }};x").is_ok());
     }
 
     #[test]

@@ -26,8 +26,11 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-/// The platform keys of a channel (all optional), as written in the config file.
-#[derive(Deserialize, Debug, Clone, Default, PartialEq)]
+use crate::logsafe::redacted;
+
+/// The platform keys of a channel (all optional), as written in the config file. Its `Debug`
+/// shows no secret (see its impl).
+#[derive(Deserialize, Clone, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct PlatformKeys {
     pub preset: Option<String>,
@@ -60,7 +63,8 @@ pub struct SuccessKeys {
 }
 
 /// `token = { url = "...", json = "/access_token", expires_json = "/expires_in", refresh_codes = [...] }`
-#[derive(Deserialize, Debug, Clone, Default, PartialEq)]
+/// Its `Debug` shows no secret (see its impl).
+#[derive(Deserialize, Clone, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TokenKeys {
     pub url: Option<String>,
@@ -72,6 +76,55 @@ pub struct TokenKeys {
     pub refresh_codes: Option<Vec<i64>>,
     /// Lifetime assumed when the answer gives none (default 1h).
     pub lifetime: Option<String>,
+}
+
+/// The URL, header values, body and `vars` values may hold secrets as written (a key in the
+/// URL, a bearer token, an app secret): shown as set or not, headers and vars by name. Taken
+/// apart without `..`, so a field added later must be placed here.
+impl std::fmt::Debug for PlatformKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        #[rustfmt::skip]
+        let PlatformKeys {
+            preset, url, rate, method, headers, body, success, retry_codes, retry_after_json,
+            token, sign, vars, answer_timeout, answer_bytes_max,
+        } = self;
+        f.debug_struct("PlatformKeys")
+            .field("preset", preset)
+            .field("url", &redacted(url))
+            .field("rate", rate)
+            .field("method", method)
+            .field(
+                "headers",
+                &headers.as_ref().map(|h| h.keys().collect::<Vec<_>>()),
+            )
+            .field("body", &redacted(body))
+            .field("success", success)
+            .field("retry_codes", retry_codes)
+            .field("retry_after_json", retry_after_json)
+            .field("token", token)
+            .field("sign", sign)
+            .field("vars", &vars.as_ref().map(|v| v.keys().collect::<Vec<_>>()))
+            .field("answer_timeout", answer_timeout)
+            .field("answer_bytes_max", answer_bytes_max)
+            .finish()
+    }
+}
+
+/// The URL and body carry the app's credentials (`corpsecret=...`): shown as set or not.
+impl std::fmt::Debug for TokenKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        #[rustfmt::skip]
+        let TokenKeys { url, method, body, json, expires_json, refresh_codes, lifetime } = self;
+        f.debug_struct("TokenKeys")
+            .field("url", &redacted(url))
+            .field("method", method)
+            .field("body", &redacted(body))
+            .field("json", json)
+            .field("expires_json", expires_json)
+            .field("refresh_codes", refresh_codes)
+            .field("lifetime", lifetime)
+            .finish()
+    }
 }
 
 pub const PRESETS: &[&str] = &[
@@ -229,6 +282,38 @@ pub fn merge(preset: PlatformKeys, user: PlatformKeys) -> PlatformKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Secrets written in a channel's platform keys are not in their `Debug`, merged with a
+    /// preset or not; what is not secret still is.
+    #[test]
+    fn the_debug_of_platform_keys_shows_no_secret() {
+        let user: PlatformKeys = toml::from_str(
+            r#"
+preset = "wecom-app"
+url = "https://gw.example/SECRET-path/send?key=SECRET-url-key"
+headers = { Authorization = "Bearer SECRET-header" }
+body = '{"pw":"SECRET-body"}'
+token = { url = "https://t.example/gettoken?corpsecret=SECRET-token-url", body = '{"s":"SECRET-token-body"}' }
+vars = { agentid = "SECRET-var" }
+"#,
+        )
+        .unwrap();
+        let wecom = preset("wecom-app").unwrap().unwrap();
+        for keys in [user.clone(), merge(wecom, user)] {
+            let shown = format!("{keys:?}");
+            assert!(!shown.contains("SECRET"), "{shown}");
+            for kept in [
+                "PlatformKeys",
+                "TokenKeys",
+                "Authorization",
+                "agentid",
+                "wecom-app",
+                "<redacted>",
+            ] {
+                assert!(shown.contains(kept), "{kept}: {shown}");
+            }
+        }
+    }
 
     #[test]
     fn every_preset_parses() {

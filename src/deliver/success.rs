@@ -223,8 +223,10 @@ const EXCERPT_SCAN_BYTES: usize = 2048;
 const EXCERPT_MAX: usize = 512;
 
 /// An answer's start as one line for an error: [`one_line`] of its first
-/// [`EXCERPT_SCAN_BYTES`], cut before a character the cut would split.
+/// [`EXCERPT_SCAN_BYTES`] after any leading whitespace, cut before a character the cut would
+/// split. (Without the skip, an answer padded with 2 KiB of blanks said nothing.)
 pub fn excerpt(body: &[u8]) -> String {
+    let body = body.get(text_start(body)..).unwrap_or_default();
     let head = body.get(..EXCERPT_SCAN_BYTES).unwrap_or(body);
     let head = match std::str::from_utf8(head) {
         // Only an incomplete character at the end (the cut's doing): leave it out.
@@ -232,6 +234,24 @@ pub fn excerpt(body: &[u8]) -> String {
         _ => head,
     };
     one_line(&String::from_utf8_lossy(head), EXCERPT_MAX)
+}
+
+/// Where an answer's text starts: the offset of its first character that is not whitespace
+/// (as `one_line` splits on) or not UTF-8; `body.len()` when it is all whitespace. Reads the
+/// whitespace and one character past it, no more, and allocates nothing.
+fn text_start(body: &[u8]) -> usize {
+    let mut at = 0;
+    for chunk in body.utf8_chunks() {
+        let valid = chunk.valid();
+        if let Some(i) = valid.find(|c: char| !c.is_whitespace()) {
+            return at + i;
+        }
+        at += valid.len();
+        if !chunk.invalid().is_empty() {
+            return at;
+        }
+    }
+    at
 }
 
 impl SuccessRule {
@@ -661,5 +681,27 @@ mod tests {
         assert_eq!(e, one_line(&String::from_utf8_lossy(&odd), 512));
         assert_eq!(excerpt(b"  short \x01 answer\n"), "short \\u{1} answer");
         assert_eq!(excerpt(b"\xff ok"), "\u{fffd} ok");
+    }
+
+    /// An answer that begins with more blanks than the excerpt scans still shows its text,
+    /// bounded as any excerpt; one that is only blanks shows nothing.
+    #[test]
+    fn the_excerpt_skips_leading_whitespace() {
+        let mut padded = " \r\n\t\u{3000}".repeat(1_000).into_bytes();
+        padded.extend(b"{\"errcode\":45009,\n\"errmsg\":\"busy\"}");
+        padded.extend(std::iter::repeat_n(b'x', 1 << 20));
+        let e = excerpt(&padded);
+        assert!(
+            e.starts_with("{\"errcode\":45009, \"errmsg\":\"busy\"}xxx"),
+            "{e}"
+        );
+        assert!(e.len() <= EXCERPT_MAX + '…'.len_utf8(), "{}", e.len());
+        assert_eq!(excerpt(&b" \n".repeat(4_000)), "");
+        assert_eq!(excerpt(b""), "");
+        // Bytes that are not UTF-8 end the skip, as a character would.
+        let mut odd = b" ".repeat(3_000);
+        odd.extend(b"\xffok");
+        assert_eq!(excerpt(&odd), "\u{fffd}ok");
+        assert_eq!(text_start(b"  \xe3\x80\x80a"), 5);
     }
 }
