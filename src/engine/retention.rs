@@ -322,12 +322,11 @@ fn hold_off(inner: &Inner, id: &str) -> Option<Held> {
     let cell: Arc<LiveTask> = Arc::new(tokio::sync::Mutex::new(Slot::unloaded()));
     // A new mutex is never locked.
     let guard = cell.clone().try_lock_owned().ok()?;
-    let mut live = inner.live.lock();
-    if live.contains_key(id) {
+    let key: Arc<str> = Arc::from(id);
+    // Held, not live: not counted against `live_tasks_max` nor in `herald_tasks_live`.
+    if !inner.live.lock().hold(key.clone(), cell.clone()) {
         return None;
     }
-    let key: Arc<str> = Arc::from(id);
-    live.claim(key.clone(), Some(cell.clone()));
     Some(Held {
         id: key,
         cell,
