@@ -448,3 +448,79 @@ async fn an_export_whose_client_takes_nothing_gives_up_and_a_new_one_is_served()
         );
     }
 }
+
+/// `/metrics`' value of `name` at `url`.
+async fn metric(url: &str, name: &str) -> u64 {
+    let m = http::get(&format!("{url}/metrics")).await.text();
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in /metrics:\n{m}"))
+}
+
+/// An event stream whose client takes nothing ends, and its connection with it
+/// (`api/events.rs::STALL_MAX`, here 1 s by its test knob). Review finding: the stream's pump
+/// waited for the client without a bound, so the stream (never evicted) held its connection
+/// and its place under the stream cap until herald stopped; a few such clients and every new
+/// dashboard got 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_whose_client_takes_nothing_ends_and_gives_its_place_back() {
+    /// `api/events.rs::STALL_ENV`.
+    const STALL_ENV: &str = "HERALD_TEST_EVENTS_STALL_MS";
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.jsonl");
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            "[limits]\nconnections_max = {CAP}\n[channels.out]\nkind = \"file\"\npath = \"{}\"\n",
+            out.display()
+        ),
+    );
+    let mut cmd = Proc::command(&cfg, &dir.path().join("data"));
+    cmd.env(STALL_ENV, "1000");
+    let p = Proc::start(cmd);
+    let addr: SocketAddr = p.url.trim_start_matches("http://").parse().unwrap();
+    // A client with a small receive buffer opens a stream, reads its head, then nothing.
+    let sock = TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut s = sock.connect(addr).await.unwrap();
+    s.write_all(b"GET /v1/events HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, head) = read_head(&mut s).await.expect("the stream's head");
+    assert_eq!(status, 200, "{head}");
+    assert_eq!(metric(&p.url, "herald_event_streams").await, 1);
+    // Events until the frames waiting for the client fill every buffer on their way and the
+    // stream's next frame waits: tasks of many messages sent at once, a `progress` event each.
+    let messages: Vec<_> = (0..2_000)
+        .map(|m| serde_json::json!({"to": format!("r{m}"), "body": "x"}))
+        .collect();
+    let mut made = 0;
+    let ended = poll(Duration::from_secs(90), || {
+        made += 1;
+        let (url, messages) = (p.url.clone(), messages.clone());
+        async move {
+            let r = http::post_json(
+                &format!("{url}/v1/tasks"),
+                &serde_json::json!({"id": format!("t{made}"), "channel": "out",
+                    "schedule": {"after": "0s"}, "messages": messages}),
+            )
+            .await;
+            assert_eq!(r.status, 201, "{}", r.text());
+            (metric(&url, "herald_event_streams").await == 0).then_some(())
+        }
+    })
+    .await;
+    assert!(
+        ended.is_some(),
+        "the stream whose client takes nothing still counts after {made} tasks of events"
+    );
+    // Its connection is closed: what the kernel holds for the client, then the end.
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut rest))
+        .await
+        .expect("the stream's connection closed")
+        .ok();
+    // A new stream is served.
+    let (_s, status, head) = open_stream(Ipv4Addr::LOCALHOST, addr).await;
+    assert_eq!(status, 200, "{head}");
+}

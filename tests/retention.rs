@@ -252,3 +252,79 @@ async fn a_finished_task_stays_while_a_retry_of_its_failure_is_out() {
     assert_eq!(engine.sweep_retention().await.unwrap().tasks, 1);
     assert_eq!(http::get(&h.url("/v1/tasks/rt")).await.status, 404);
 }
+
+/// Review finding: the sweep judged a task past retention from its page, read its footprint,
+/// and only then claimed it. An expired task triggered in between (brought back, sent, finished
+/// seconds ago) was deleted all the same, an answered change undone, and its new run, not in
+/// the footprint read before, stayed behind without its task. The sweep now claims first and
+/// reads again while it holds: the task is kept, whole, and goes whole once retention passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_keeps_an_expired_task_triggered_and_finished_meanwhile() {
+    use common::herald::poll;
+    use std::time::Duration;
+    let mut h = ManualHerald::start(
+        utc_ms("2026-12-01T00:00:00Z"),
+        "[store]\nretention = \"1m\"",
+    )
+    .await;
+    h.post(
+        &json!({"id": "x", "channel": "out", "schedule": {"after": "1m"},
+        "to": ["a"], "body": "x"}),
+    )
+    .await;
+    // Down over its instant and its grace: it expires at the restart (00:21).
+    h.stop().await;
+    h.clock.set(utc_ms("2026-12-01T00:21:00Z"));
+    h.restart().await;
+    h.run_until(utc_ms("2026-12-01T00:23:00Z")).await;
+    assert_eq!(h.task("x").await["state"], "expired");
+    let runs_before = h.runs("x").await.len();
+    let engine = h.server().engine.clone();
+    // The sweep reads its page (x past retention), then is held 4 s before it deletes; the
+    // trigger comes within, and x is sent and finished before the hold ends.
+    let sweeper = engine.clone();
+    let sweep = tokio::spawn(async move {
+        sweeper
+            .sweep_retention_holding(Some(Duration::from_secs(4)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = h.action("x", "trigger").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let done = poll(Duration::from_secs(3), || async {
+        h.run_until(h.now() + 100).await;
+        (h.task("x").await["state"] == "completed").then_some(())
+    })
+    .await;
+    assert!(done.is_some(), "x completes: {}", h.task("x").await);
+    assert!(
+        !sweep.is_finished(),
+        "the sweep ended before the trigger finished: the test proves nothing"
+    );
+    let swept = sweep.await.unwrap().unwrap();
+    assert_eq!(swept.tasks, 0, "{swept:?}");
+    let r = http::get(&h.url("/v1/tasks/x")).await;
+    assert_eq!(
+        r.status,
+        200,
+        "the answered trigger was undone: {}",
+        r.text()
+    );
+    assert_eq!(r.json()["state"], "completed");
+    assert_eq!(h.sent().len(), 1);
+    assert_eq!(
+        h.runs("x").await.len(),
+        runs_before + 1,
+        "the new run is there"
+    );
+
+    // Past retention since it finished: it goes whole, its new run with it.
+    h.clock.set(h.now() + 2 * 60_000);
+    assert_eq!(engine.sweep_retention().await.unwrap().tasks, 1);
+    let fp = engine.store().footprint("x").unwrap();
+    assert_eq!(
+        (fp.messages, fp.runs.len(), fp.failures.len()),
+        (0, 0, 0),
+        "nothing of x is left behind: {fp:?}"
+    );
+}

@@ -38,7 +38,9 @@
 //!
 //! **Event streams** (`GET /v1/events`) are never evicted (a dashboard keeps one open), so they
 //! are capped: at most a quarter of `max` at once, and a quarter of that per client address.
-//! A stream over either cap gets 503; streams therefore never fill the table.
+//! A stream over either cap gets 503; streams therefore never fill the table. A stream whose
+//! client takes nothing while a frame waits closes its own connection ([`SlotHandle::close`],
+//! `events::STALL_MAX`), so clients that stopped reading do not hold the cap for good.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -510,6 +512,16 @@ impl SlotHandle {
             e.reserve = false;
         }
         true
+    }
+
+    /// Closes the connection now, as an eviction does (its task drops it, and with it the slot
+    /// and the stream it counts as): an event stream whose client stopped reading
+    /// (`events.rs`). Nothing if it is gone already.
+    pub fn close(&self) {
+        if let Some(e) = self.conns.table.lock().entries.get(&self.id) {
+            // `notify_one` keeps a permit if the task is not waiting yet: never lost.
+            e.close.notify_one();
+        }
     }
 
     /// Counts this connection as an event stream (never evicted from now on), or a 503 when

@@ -28,8 +28,9 @@
 //! client address); one over a cap is a 503 problem with `Retry-After`.
 //!
 //! `?task=ID` keeps only the events of one task (`ready`, `resync` and keep-alives always come).
-//! The stream ends when herald shuts down; a client reconnects and re-reads (events are not
-//! replayed).
+//! The stream ends when herald shuts down, or when its client takes nothing for
+//! [`STALL_MAX`] while a frame waits for it (its connection is closed then); a client
+//! reconnects and re-reads (events are not replayed).
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -59,6 +60,25 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// Frames buffered for a slow reader before the pump waits (and the bus, past its own
 /// capacity, tells this client to resync).
 const FRAMES_BUFFERED: usize = 64;
+/// How long a frame may wait for a client that takes nothing before its stream ends and its
+/// connection closes. Without a bound a client that stopped reading held its stream (never
+/// evicted, `conns.rs`) until herald stopped, and a few such clients filled the stream cap: every
+/// new dashboard got 503. A slow reader is not cut: the bound counts anew with each frame it
+/// takes. The same as an unread answer's (`conns::STALLED_EVICT_MIN`).
+pub const STALL_MAX: Duration = super::conns::STALLED_EVICT_MIN;
+/// Test knob, not configuration: [`STALL_MAX`] in milliseconds (`tests/connections.rs`). Read
+/// when a stream starts.
+pub const STALL_ENV: &str = "HERALD_TEST_EVENTS_STALL_MS";
+
+/// [`STALL_MAX`], or the test knob [`STALL_ENV`] when set (unset, zero or unreadable: the
+/// constant).
+fn stall_max() -> Duration {
+    std::env::var(STALL_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map_or(STALL_MAX, Duration::from_millis)
+}
 
 /// A body that yields what the pump task sends, and ends when the pump ends. (Also the body
 /// of `GET /v1/export`.)
@@ -111,7 +131,12 @@ pub fn handle(
     let sub = state.engine.events().subscribe();
     let now = state.engine.now_ms();
     let (tx, rx) = mpsc::channel(FRAMES_BUFFERED);
-    tokio::spawn(pump(sub, tx, shutdown, task, now));
+    let out = Out {
+        tx,
+        slot: slot.clone(),
+        stall: stall_max(),
+    };
+    tokio::spawn(pump(sub, out, shutdown, task, now));
     let mut r = Response::new(EventBody { rx }.boxed());
     *r.status_mut() = StatusCode::OK;
     let h = r.headers_mut();
@@ -124,10 +149,19 @@ pub fn handle(
     Ok(r)
 }
 
-/// Moves events from the bus to one client until the client goes, or herald stops.
+/// Where the pump's frames go: the body's channel, and the connection to close when a frame
+/// waits longer than `stall` for a client that takes nothing.
+struct Out {
+    tx: mpsc::Sender<Bytes>,
+    slot: SlotHandle,
+    stall: Duration,
+}
+
+/// Moves events from the bus to one client until the client goes, stops reading
+/// ([`STALL_MAX`]), or herald stops.
 async fn pump(
     mut sub: broadcast::Receiver<Event>,
-    tx: mpsc::Sender<Bytes>,
+    out: Out,
     mut shutdown: watch::Receiver<bool>,
     task: Option<String>,
     now_ms: u64,
@@ -144,8 +178,16 @@ async fn pump(
         }
         if let Some(bytes) = next.take() {
             tokio::select! {
-                r = tx.send(bytes) => if r.is_err() { return },
+                r = out.tx.send(bytes) => if r.is_err() { return },
                 _ = shutdown.changed() => return,
+                // Ending the body is not enough: hyper, its write to the full socket pending,
+                // would not see it. The connection goes, and its slot and stream with it.
+                _ = tokio::time::sleep(out.stall) => {
+                    tracing::info!(stall_ms = out.stall.as_millis() as u64,
+                        "event stream closed: its client took nothing while a frame waited");
+                    out.slot.close();
+                    return;
+                }
             }
         }
         next = tokio::select! {
@@ -163,7 +205,7 @@ async fn pump(
             },
             _ = keep_alive.tick() => Some(Bytes::from_static(b": keep-alive\n\n")),
             _ = shutdown.changed() => return,
-            _ = tx.closed() => return,
+            _ = out.tx.closed() => return,
         };
     }
 }

@@ -140,9 +140,10 @@ pub async fn serve(
                         tracing::debug!(error = %e, %peer, "connection ended with an error");
                     }
                 }
-                // Evicted to make room (it was the longest idle): dropping it closes it.
+                // Evicted to make room (it was the longest idle), or an event stream whose
+                // client stopped reading (`events.rs`): dropping it closes it.
                 _ = slot.close.notified() => {
-                    tracing::debug!(%peer, "idle connection closed to make room for a new one");
+                    tracing::debug!(%peer, "connection closed: idle and needed to make room, or an event stream not read");
                 }
                 // The server stops: an idle keep-alive connection closes now, a request in
                 // progress is answered first. Otherwise a client's idle connection would keep

@@ -2,7 +2,9 @@
 //! and letting it go again when it is idle.
 //!
 //! Invariants:
-//! - The live map has a key for every unfinished task and for no finished one.
+//! - The live map has a key for every unfinished task and for no finished one, but those a
+//!   delete holds off while it reads and writes them ([`LiveMap::hold`]: kept apart, never
+//!   counted as live).
 //! - A cell is only cloned out of the map under the map's lock, so a cell whose only holders
 //!   are the map and one guard cannot gain another holder while that lock is held: that is when
 //!   [`Locked::release`] may unload it (the next user reloads it from the store, which equals
@@ -33,6 +35,11 @@ pub(crate) struct LiveMap {
     ids: IdSet,
     /// Invariant: every key is in `ids`.
     cells: HashMap<Arc<str>, Arc<LiveTask>, foldhash::fast::RandomState>,
+    /// The finished tasks a delete holds off (`retention.rs`), up to a sweep's page of them:
+    /// in `ids` so a command that would bring one back waits for the delete's cell, but not
+    /// live, so [`LiveMap::len`] (the `live_tasks_max` check, `herald_tasks_live`) leaves
+    /// them out. Invariant: every id here is in `ids`.
+    held: IdSet,
     pub loading: Option<IdSet>,
     /// The send gate of each task with a send under way (`step.rs`, `SendGate`), by id. Kept
     /// apart from the cells: a cancelled task leaves the map while its send is still out.
@@ -51,6 +58,7 @@ pub(crate) type IdSet = HashSet<Arc<str>, foldhash::fast::RandomState>;
 impl LiveMap {
     /// Inserts on behalf of a command or a create (not the loader).
     pub fn claim(&mut self, id: Arc<str>, cell: Option<Arc<LiveTask>>) {
+        self.held.remove(&id);
         if let Some(set) = &mut self.loading {
             set.insert(id.clone());
         }
@@ -63,6 +71,17 @@ impl LiveMap {
             }
         }
         self.ids.insert(id);
+    }
+
+    /// Claims finished task `id` with `cell` for a delete ([`LiveMap::claim`], not counted by
+    /// [`LiveMap::len`]); `false`, and nothing done, if it is in the map already.
+    pub fn hold(&mut self, id: Arc<str>, cell: Arc<LiveTask>) -> bool {
+        if self.ids.contains(&id) {
+            return false;
+        }
+        self.claim(id.clone(), Some(cell));
+        self.held.insert(id);
+        true
     }
 
     /// Inserts on behalf of the start-up loader: only a task nobody has claimed.
@@ -83,8 +102,9 @@ impl LiveMap {
         self.ids.contains(id)
     }
 
+    /// Live tasks: the ids but those held off by a delete.
     pub fn len(&self) -> usize {
-        self.ids.len()
+        self.ids.len().saturating_sub(self.held.len())
     }
 
     /// Every task with a cell now (loaded, or being loaded), and its cell.
@@ -119,6 +139,7 @@ impl LiveMap {
     /// The task is no longer live.
     pub fn remove(&mut self, id: &str) {
         self.cells.remove(id);
+        self.held.remove(id);
         self.ids.remove(id);
     }
 
@@ -731,6 +752,34 @@ mod tests {
             id: id.clone(),
             guard: c.clone().try_lock_owned().unwrap(),
         }
+    }
+
+    /// Review finding: a delete's hold (up to a sweep's page of finished tasks) counted as
+    /// live, so creates near `live_tasks_max` were refused and `herald_tasks_live` jumped.
+    #[test]
+    fn a_task_held_off_by_a_delete_is_in_the_map_but_not_counted_live() {
+        let mut live = LiveMap::default();
+        live.claim(Arc::from("live"), None);
+        assert_eq!(live.len(), 1);
+        let held: Arc<str> = Arc::from("done");
+        let c = cell(None);
+        assert!(live.hold(held.clone(), c.clone()));
+        assert_eq!(live.len(), 1, "a held-off task is not live");
+        assert!(
+            live.contains_key("done"),
+            "a command finds it, and waits for its cell"
+        );
+        assert!(live.cell("done").is_some_and(|x| Arc::ptr_eq(x, &c)));
+        assert!(!live.hold(held.clone(), cell(None)), "held already");
+        assert!(!live.hold(Arc::from("live"), cell(None)), "live already");
+        live.remove("done");
+        assert_eq!((live.len(), live.contains_key("done")), (1, false));
+        // A claim of an id held (not made today: a claim asks the map first) makes it live.
+        assert!(live.hold(held.clone(), cell(None)));
+        live.claim(held.clone(), None);
+        assert_eq!(live.len(), 2);
+        live.remove("done");
+        assert_eq!(live.len(), 1);
     }
 
     /// Review finding: a cell locked again after its send settled from its own memory even

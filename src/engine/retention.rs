@@ -8,8 +8,9 @@
 //! makes one huge transaction. Finished tasks are not in the live map, so nothing in memory
 //! changes. Two races with the engine: a cancelled task's last send settling (a run still
 //! `running` on disk), skipped until it has settled; and an `expired` task brought back by a
-//! PATCH or a trigger, which a delete holds off by claiming the task in the live map while it
-//! writes ([`hold_off`]).
+//! PATCH or a trigger, which a delete holds off by claiming the task in the live map before it
+//! reads what it deletes and until it has written ([`hold_off`]): the task is judged again
+//! (finished, past retention, nothing settling) from what is read while it is held.
 
 use std::sync::Arc;
 
@@ -133,7 +134,8 @@ impl Engine {
                 .map(|(id, _)| id)
                 .collect();
             if !ids.is_empty() {
-                swept.tasks += self.delete_finished(ids, hold).await?;
+                let past = move |p: &ProgressRecord| expired(p, now, retention_ms);
+                swept.tasks += self.delete_finished(ids, past, hold).await?;
             }
             match next {
                 Some(n) => after = Some(n),
@@ -177,42 +179,55 @@ impl Engine {
         Ok(swept)
     }
 
-    /// Deletes these finished tasks whole (skipping any still settling a send); returns how
-    /// many. Ordered with failure-list commands, so a failure retry never writes an entry back
-    /// after its task is gone.
+    /// Deletes these tasks whole if, read again once they are claimed, they are still `past`
+    /// retention and no send of theirs is settling; returns how many. Ordered with
+    /// failure-list commands, so a failure retry never writes an entry back after its task is
+    /// gone.
+    ///
+    /// Claimed first, read after: the page said the task was past retention, but a trigger or
+    /// a PATCH may have brought it back since (`cells::lock_expired`), written a new run, sent
+    /// and finished it, and left the map again. Held off, nothing writes the task any more (a
+    /// command waits for the held cell), so what is read now is what the delete removes: a
+    /// task finished again meanwhile is kept (its retention starts over), and no run or
+    /// failure entry written since is left behind without its task.
     async fn delete_finished(
         &self,
         ids: Vec<String>,
+        past: impl Fn(&ProgressRecord) -> bool,
         hold: Option<std::time::Duration>,
     ) -> Result<usize, EngineError> {
         let inner = &self.inner;
         let _g = inner.failures_lock.lock().await;
-        let fps = blocking(inner, move |i| {
-            ids.iter()
-                .map(|id| i.store.footprint(id))
-                .collect::<Result<Vec<_>, _>>()
-        })
-        .await?;
         if let Some(hold) = hold {
-            let ids: Vec<&str> = fps.iter().map(|f| f.id.as_str()).collect();
             tracing::warn!(hold_ms = hold.as_millis() as u64, tasks = ?ids,
                 "test knob {HOLD_ENV}: the retention delete is held");
             tokio::time::sleep(hold).await;
         }
-        let mut held = Vec::with_capacity(fps.len());
-        let fps: Vec<Footprint> = fps
-            .into_iter()
-            .filter(|f| !f.settling && !inner.sends_out.contains(&f.id))
-            .filter_map(|f| hold_off(inner, &f.id).map(|h| held.push(h)).map(|()| f))
+        let held: Vec<Held> = ids.iter().filter_map(|id| hold_off(inner, id)).collect();
+        // Not out now, never out before the release: a send starts only from the task's cell
+        // in the map, and a failure retry under the failures lock, both held here.
+        let ids: Vec<String> = held
+            .iter()
+            .filter(|h| !inner.sends_out.contains(&h.id))
+            .map(|h| h.id.to_string())
             .collect();
-        let n = fps.len();
-        let mut done = Ok(n);
-        for group in batches(fps, BATCH_OPS_MAX) {
-            if let Err(e) = commit::delete_tasks(inner, group).await {
-                done = Err(e.into());
-                break;
+        let read = blocking(inner, move |i| {
+            ids.into_iter()
+                .map(|id| Ok((i.store.stored_progress(&id)?, i.store.footprint(&id)?)))
+                .collect::<Result<Vec<_>, StoreError>>()
+        })
+        .await;
+        let done = match read {
+            Ok(read) => {
+                let fps: Vec<Footprint> = read
+                    .into_iter()
+                    .filter(|(p, f)| p.as_ref().is_some_and(&past) && !f.settling)
+                    .map(|(_, f)| f)
+                    .collect();
+                delete_in_batches(inner, fps).await
             }
-        }
+            Err(e) => Err(e),
+        };
         for h in held {
             h.release(inner);
         }
@@ -236,26 +251,58 @@ impl Engine {
             )));
         }
         let _g = self.inner.failures_lock.lock().await;
-        let key = id.to_string();
-        let fp = offload::read(&self.inner, move |i| Ok(i.store.footprint(&key)?)).await?;
-        // On disk a cancelled task's sending run reads cancelled: the send it still has out
-        // is known in memory only.
-        if fp.settling || self.inner.sends_out.contains(id) {
-            return Err(EngineError::Conflict(format!(
-                "task {id:?} is {state} but a send of it is still settling; try again shortly"
-            )));
-        }
         let Some(held) = hold_off(&self.inner, id) else {
             return Err(EngineError::Conflict(format!(
                 "task {id:?} was brought back meanwhile (a new schedule or a trigger): it is no longer finished"
             )));
         };
-        let deleted = commit::delete_tasks(&self.inner, vec![fp]).await;
+        // Claimed first, read after (see `delete_finished`): a trigger may have brought the
+        // task back, run and finished it since the read above.
+        let deleted = self.delete_held(id).await;
         held.release(&self.inner);
-        deleted?;
+        let view = deleted?;
         tracing::info!(task = %id, "task deleted");
         Ok(view)
     }
+
+    /// [`Engine::delete`]'s read and write, the task held off: the task as it is now (the
+    /// answer), and its footprint, then the delete.
+    async fn delete_held(&self, id: &str) -> Result<TaskView, EngineError> {
+        // On disk a cancelled task's sending run reads cancelled: the send it still has out
+        // is known in memory only. Not out now, it is never out before the release.
+        let out = self.inner.sends_out.contains(id);
+        let engine = self.clone();
+        let key = id.to_string();
+        let (view, fp) = offload::read(&self.inner, move |i| {
+            Ok((engine.get(&key)?, i.store.footprint(&key)?))
+        })
+        .await?;
+        let Some(view) = view else {
+            return Err(EngineError::NotFound(format!("task {id:?}")));
+        };
+        let state = view.task.state;
+        if !state.is_terminal() {
+            return Err(EngineError::Conflict(format!(
+                "task {id:?} is {state}: only a finished task can be deleted; cancel it first (POST /v1/tasks/{id}/cancel)"
+            )));
+        }
+        if fp.settling || out {
+            return Err(EngineError::Conflict(format!(
+                "task {id:?} is {state} but a send of it is still settling; try again shortly"
+            )));
+        }
+        commit::delete_tasks(&self.inner, vec![fp]).await?;
+        Ok(view)
+    }
+}
+
+/// Deletes these footprints in bounded batches, in order; how many, or the first error.
+async fn delete_in_batches(inner: &Inner, fps: Vec<Footprint>) -> Result<usize, EngineError> {
+    let n = fps.len();
+    for group in batches(fps, BATCH_OPS_MAX) {
+        commit::delete_tasks(inner, group).await?;
+    }
+    Ok(n)
 }
 
 /// A finished task held in the live map, with a locked cell of its own, while its delete is
@@ -275,12 +322,11 @@ fn hold_off(inner: &Inner, id: &str) -> Option<Held> {
     let cell: Arc<LiveTask> = Arc::new(tokio::sync::Mutex::new(Slot::unloaded()));
     // A new mutex is never locked.
     let guard = cell.clone().try_lock_owned().ok()?;
-    let mut live = inner.live.lock();
-    if live.contains_key(id) {
+    let key: Arc<str> = Arc::from(id);
+    // Held, not live: not counted against `live_tasks_max` nor in `herald_tasks_live`.
+    if !inner.live.lock().hold(key.clone(), cell.clone()) {
         return None;
     }
-    let key: Arc<str> = Arc::from(id);
-    live.claim(key.clone(), Some(cell.clone()));
     Some(Held {
         id: key,
         cell,

@@ -90,6 +90,13 @@ impl Store {
         })
     }
 
+    /// Task `id`'s stored progress record. `None`: none is stored, so the task is gone, or
+    /// unfinished with its progress still derived from its spec (a finished task always has
+    /// one: `push_task`).
+    pub fn stored_progress(&self, id: &str) -> Result<Option<ProgressRecord>, StoreError> {
+        self.get_decoded(TreeId::Progress, id.as_bytes())
+    }
+
     /// Up to `limit` progress records in task-id order after `after`, and where the next page
     /// starts (`None` at the end). Unreadable records are skipped (and logged); a storage error
     /// ends the walk.
