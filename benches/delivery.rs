@@ -47,14 +47,18 @@
 //!   the timeline costs; and after `herald_unsigned`, the timeline's records and bytes (keys
 //!   and values, before sled's own overhead) per delivered message.
 //! * `herald_no_timeline_disk`: as `herald_unsigned_disk` without the timeline.
+//! * `paired_raw_tmpfs` / `paired_raw_disk` (after the criterion contenders): herald against
+//!   the raw client in pairs, round for round alternately ([`paired_with_raw`]): the ratio the
+//!   criterion contenders give, without the drift of the minutes between them.
 //!
 //! After every contender, the process's CPU time per message over its timed rounds (user +
 //! sys, every thread: the receiver's, herald's commit and apply threads), and each herald
 //! contender's as a multiple of the raw client's: with both cores busy, throughput is at most
 //! 2 s over that figure, so it says how far CPU alone lets herald come to the raw client.
-//! `HERALD_DELIVERY_SAMPLES=1` prints it for each sample (each a fresh herald) with its rate
-//! and the connections the receiver has accepted so far: instances of the same build differ
-//! by up to ~25 % in CPU per message, and throughput follows.
+//! `HERALD_DELIVERY_SAMPLES=1` prints it for each sample (each a fresh herald), by thread
+//! name too, with its rate and the connections the receiver has accepted so far. On a quiet
+//! machine the samples agree within ~10 %; anything else running (even a shell loop polling
+//! `/proc` twice a second) spreads them by 50 % and more, and throughput follows.
 //!
 //! After each herald contender the number of durable flushes per message is printed, with the
 //! share of the timed time the commit thread spent applying and syncing groups. At the end,
@@ -532,13 +536,14 @@ fn delivery(c: &mut Criterion) {
                     );
                     let mut total = Duration::ZERO;
                     let c0 = support::rusage_cpu_ns(libc::RUSAGE_SELF);
+                    let threads0 = support::thread_cpu_ns(std::process::id());
                     for _ in 0..iters {
                         total += herald.round(&counter, &requests).await;
                     }
                     let c1 = support::rusage_cpu_ns(libc::RUSAGE_SELF).saturating_sub(c0);
                     cpu_ns += c1;
                     let m = counter.requests.load(Ordering::Acquire) - m0;
-                    print_sample(c1, m, total, &counter);
+                    print_sample((c1, &threads0), m, total, &counter);
                     flushes += herald.flushes() - f0;
                     busy_us += herald.commit_busy_us() - b0;
                     messages += m;
@@ -630,17 +635,105 @@ fn delivery(c: &mut Criterion) {
             on,
         ));
     }
+    for on_disk in [false, true] {
+        let name = if on_disk {
+            "paired_raw_disk"
+        } else {
+            "paired_raw_tmpfs"
+        };
+        if criterion_filter_allows(name) {
+            rt.block_on(paired_with_raw(&receiver, &requests, on_disk));
+        }
+    }
 }
 
-/// With `HERALD_DELIVERY_SAMPLES` set, one sample's CPU per message and rate, and the
-/// connections the receiver has accepted since it started.
-fn print_sample(cpu_ns: u64, messages: u64, timed: Duration, counter: &Counter) {
+/// herald (`herald_unsigned`, its data dir on the disk or on tmpfs) against the raw hyper
+/// client, in pairs as [`paired_cost`] does: the criterion contenders run one after the other,
+/// and on this VM everything's CPU per message (the receiver's too) drifted by 50 % within one
+/// run, so a ratio of two contenders measured a minute apart says as much about the minute as
+/// about herald. Each pair is a fresh client and a fresh herald, run round for round
+/// alternately; the figure is the median over pairs of `herald / raw` throughput.
+async fn paired_with_raw(receiver: &Receiver, requests: &[TaskRequest], on_disk: bool) {
+    const ROUNDS: usize = 6;
+    let counter = &receiver.counter;
+    let mut ratios = Vec::new();
+    for p in 0..pairs() {
+        let raw = Baseline::new(&receiver.url());
+        let dir = if on_disk { disk_dir() } else { tmpfs_dir() };
+        let herald = Herald::start(&receiver.url(), false, false, true, dir).await;
+        raw.round(counter).await;
+        herald.round(counter, requests).await;
+        let (mut t_raw, mut t_herald) = (Duration::ZERO, Duration::ZERO);
+        for r in 0..ROUNDS {
+            if (p + r) % 2 == 0 {
+                t_raw += raw.round(counter).await;
+                t_herald += herald.round(counter, requests).await;
+            } else {
+                t_herald += herald.round(counter, requests).await;
+                t_raw += raw.round(counter).await;
+            }
+        }
+        ratios.push(t_raw.as_secs_f64() / t_herald.as_secs_f64().max(1e-9));
+        assert!(
+            herald.server.stop(Duration::from_secs(30)).await,
+            "herald stopped"
+        );
+    }
+    let on = if on_disk { "disk" } else { "tmpfs" };
+    print_median(
+        &format!("herald_unsigned ({on}) / raw hyper client"),
+        ratios,
+        ROUNDS,
+    );
+}
+
+/// Pairs per paired measurement: `HERALD_DELIVERY_PAIRS`, default 9.
+fn pairs() -> usize {
+    std::env::var("HERALD_DELIVERY_PAIRS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(9)
+        .max(1)
+}
+
+/// The median and range of per-pair throughput ratios.
+fn print_median(what: &str, mut ratios: Vec<f64>, rounds: usize) {
+    ratios.sort_by(f64::total_cmp);
+    let (Some(first), Some(last)) = (ratios.first(), ratios.last()) else {
+        return;
+    };
+    let median = ratios[ratios.len() / 2];
+    println!(
+        "paired ({what} throughput, {} pairs x {rounds} alternating rounds): \
+         median {median:.3} (cost {:.1} %), range {first:.3}..{last:.3}",
+        ratios.len(),
+        (1.0 - median) * 100.0,
+    );
+}
+
+/// With `HERALD_DELIVERY_SAMPLES` set, one sample's CPU per message (and by thread name, from
+/// `before`), its rate, and the connections the receiver has accepted since it started.
+fn print_sample(
+    (cpu_ns, before): (u64, &std::collections::BTreeMap<String, u64>),
+    messages: u64,
+    timed: Duration,
+    counter: &Counter,
+) {
     if std::env::var_os("HERALD_DELIVERY_SAMPLES").is_none() {
         return;
     }
+    let per_msg = |ns: u64| ns as f64 / messages.max(1) as f64 / 1e3;
+    let mut threads = String::new();
+    for (name, ns) in support::thread_cpu_ns(std::process::id()) {
+        let used = per_msg(ns.saturating_sub(before.get(&name).copied().unwrap_or(0)));
+        if used >= 0.1 {
+            threads += &format!(" {name} {used:.1}");
+        }
+    }
     eprintln!(
-        "sample: {:.1} µs of CPU per message, {:.0} messages/s, {} connections accepted so far",
-        cpu_ns as f64 / messages.max(1) as f64 / 1e3,
+        "sample: {:.1} µs of CPU per message ({}), {:.0} messages/s, {} connections accepted so far",
+        per_msg(cpu_ns),
+        threads.trim_start(),
         messages as f64 / timed.as_secs_f64().max(1e-9),
         counter.conns.load(Ordering::Relaxed)
     );
@@ -723,11 +816,7 @@ async fn paired_cost(
     base: Shape,
     with: Shape,
 ) {
-    let pairs: usize = std::env::var("HERALD_DELIVERY_PAIRS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(9)
-        .max(1);
+    let pairs = pairs();
     const ROUNDS: usize = 6;
     let counter = &receiver.counter;
     let mut ratios = Vec::with_capacity(pairs);
@@ -755,15 +844,7 @@ async fn paired_cost(
             );
         }
     }
-    ratios.sort_by(f64::total_cmp);
-    let median = ratios[ratios.len() / 2];
-    println!(
-        "paired ({what} throughput, {pairs} pairs x {ROUNDS} alternating rounds): \
-         median {median:.3} (cost {:.1} %), range {:.3}..{:.3}",
-        (1.0 - median) * 100.0,
-        ratios[0],
-        ratios[ratios.len() - 1]
-    );
+    print_median(what, ratios, ROUNDS);
 }
 
 fn data_dir_kind(p: &Path) -> String {
