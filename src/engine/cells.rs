@@ -35,7 +35,7 @@ pub(crate) struct LiveMap {
     ids: IdSet,
     /// Invariant: every key is in `ids`.
     cells: HashMap<Arc<str>, Arc<LiveTask>, foldhash::fast::RandomState>,
-    /// The finished tasks a delete holds off (`retention.rs`), up to a sweep's page of them:
+    /// The finished tasks a delete holds off (`retention.rs`), up to a sweep's group of them:
     /// in `ids` so a command that would bring one back waits for the delete's cell, but not
     /// live, so [`LiveMap::len`] (the `live_tasks_max` check, `herald_tasks_live`) leaves
     /// them out. Invariant: every id here is in `ids`.
@@ -107,10 +107,14 @@ impl LiveMap {
         self.ids.len().saturating_sub(self.held.len())
     }
 
-    /// Every task with a cell now (loaded, or being loaded), and its cell.
+    /// Every live task with a cell now (loaded, or being loaded), and its cell. Not those a
+    /// delete holds off: finished, they have nothing armed, and their cells stay locked for
+    /// the delete's reads and write (a drain's stand-down, `step::stand_down_all`, waited for
+    /// each of them until its deadline).
     pub fn cells(&self) -> Vec<(Arc<str>, Arc<LiveTask>)> {
         self.cells
             .iter()
+            .filter(|(id, _)| !self.held.contains(*id))
             .map(|(id, c)| (id.clone(), c.clone()))
             .collect()
     }
@@ -770,6 +774,12 @@ mod tests {
             "a command finds it, and waits for its cell"
         );
         assert!(live.cell("done").is_some_and(|x| Arc::ptr_eq(x, &c)));
+        // Review finding: a drain's stand-down took every cell, waiting for a held one (locked
+        // for its delete's reads and write) until its deadline.
+        live.claim(Arc::from("loaded"), Some(cell(None)));
+        let ids: Vec<String> = live.cells().iter().map(|(id, _)| id.to_string()).collect();
+        assert_eq!(ids, ["loaded"], "a held-off task has nothing to stand down");
+        live.remove("loaded");
         assert!(!live.hold(held.clone(), cell(None)), "held already");
         assert!(!live.hold(Arc::from("live"), cell(None)), "live already");
         live.remove("done");

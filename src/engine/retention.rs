@@ -24,6 +24,10 @@ use crate::store::{IdemRecord, StoreError};
 const PAGE: usize = 1_000;
 /// Most backend writes in one sweep batch (a task larger than this is a batch of its own).
 const BATCH_OPS_MAX: usize = 10_000;
+/// Tasks a sweep claims, reads again and deletes at a time. A claimed task's commands (cancel,
+/// pause, trigger, PATCH, a create reusing its id) wait for its delete: at most one group's
+/// reads (four statements a task on PostgreSQL) and its write, not a whole page's.
+pub const GROUP: usize = 64;
 
 /// A finished task is deleted once `retention_ms` has passed since its last change (for a
 /// finished task, when it finished).
@@ -190,19 +194,35 @@ impl Engine {
     /// command waits for the held cell), so what is read now is what the delete removes: a
     /// task finished again meanwhile is kept (its retention starts over), and no run or
     /// failure entry written since is left behind without its task.
+    ///
+    /// In groups of [`GROUP`], each claimed only for its own reads and write: a command on a
+    /// task of the page waits for one group at most.
     async fn delete_finished(
         &self,
         ids: Vec<String>,
         past: impl Fn(&ProgressRecord) -> bool,
         hold: Option<std::time::Duration>,
     ) -> Result<usize, EngineError> {
-        let inner = &self.inner;
-        let _g = inner.failures_lock.lock().await;
         if let Some(hold) = hold {
             tracing::warn!(hold_ms = hold.as_millis() as u64, tasks = ?ids,
                 "test knob {HOLD_ENV}: the retention delete is held");
             tokio::time::sleep(hold).await;
         }
+        let mut deleted = 0;
+        for group in ids.chunks(GROUP) {
+            deleted += self.delete_group(group, &past).await?;
+        }
+        Ok(deleted)
+    }
+
+    /// [`Engine::delete_finished`] of one group: claimed, read again, deleted, let go.
+    async fn delete_group(
+        &self,
+        ids: &[String],
+        past: &impl Fn(&ProgressRecord) -> bool,
+    ) -> Result<usize, EngineError> {
+        let inner = &self.inner;
+        let _g = inner.failures_lock.lock().await;
         let held: Vec<Held> = ids.iter().filter_map(|id| hold_off(inner, id)).collect();
         // Not out now, never out before the release: a send starts only from the task's cell
         // in the map, and a failure retry under the failures lock, both held here.
@@ -221,7 +241,7 @@ impl Engine {
             Ok(read) => {
                 let fps: Vec<Footprint> = read
                     .into_iter()
-                    .filter(|(p, f)| p.as_ref().is_some_and(&past) && !f.settling)
+                    .filter(|(p, f)| p.as_ref().is_some_and(past) && !f.settling)
                     .map(|(_, f)| f)
                     .collect();
                 delete_in_batches(inner, fps).await
