@@ -280,15 +280,25 @@ async fn a_sweep_keeps_an_expired_task_triggered_and_finished_meanwhile() {
     assert_eq!(h.task("x").await["state"], "expired");
     let runs_before = h.runs("x").await.len();
     let engine = h.server().engine.clone();
-    // The sweep reads its page (x past retention), then is held 4 s before it deletes; the
-    // trigger comes within, and x is sent and finished before the hold ends.
+    // The sweep reads its page (x past retention), then waits before it claims x; the
+    // trigger comes once it waits, and x is sent and finished before it goes on.
+    let hold = std::sync::Arc::new(herald::engine::retention::PageHold::default());
+    let holds = herald::engine::retention::SweepHolds {
+        after_page: Some(hold.clone()),
+        before_write: None,
+    };
     let sweeper = engine.clone();
-    let sweep = tokio::spawn(async move {
-        sweeper
-            .sweep_retention_holding(Some(Duration::from_secs(4)))
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sweep = tokio::spawn(async move { sweeper.sweep_retention_holding(holds).await });
+    let waits = poll(Duration::from_secs(10), || async {
+        hold.reached
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then_some(())
+    })
+    .await;
+    assert!(
+        waits.is_some(),
+        "the sweep reads its page, x in it, and waits"
+    );
     let r = h.action("x", "trigger").await;
     assert_eq!(r.status, 200, "{}", r.text());
     let done = poll(Duration::from_secs(3), || async {
@@ -297,10 +307,8 @@ async fn a_sweep_keeps_an_expired_task_triggered_and_finished_meanwhile() {
     })
     .await;
     assert!(done.is_some(), "x completes: {}", h.task("x").await);
-    assert!(
-        !sweep.is_finished(),
-        "the sweep ended before the trigger finished: the test proves nothing"
-    );
+    assert!(!sweep.is_finished(), "the sweep waits for the test");
+    hold.go.notify_one();
     let swept = sweep.await.unwrap().unwrap();
     assert_eq!(swept.tasks, 0, "{swept:?}");
     let r = http::get(&h.url("/v1/tasks/x")).await;

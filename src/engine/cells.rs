@@ -84,6 +84,14 @@ impl LiveMap {
         true
     }
 
+    /// A task held off by a delete, found unfinished on disk (`retention.rs`, `Held::release`):
+    /// live from now on, unloaded (its next user makes a cell).
+    pub fn unhold(&mut self, id: &str) {
+        if self.held.remove(id) {
+            self.cells.remove(id);
+        }
+    }
+
     /// Inserts on behalf of the start-up loader: only a task nobody has claimed.
     pub fn load(&mut self, id: &Arc<str>) -> bool {
         if self.ids.contains(id) || self.loading.as_ref().is_some_and(|s| s.contains(id)) {
