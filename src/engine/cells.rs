@@ -434,34 +434,61 @@ const LOCK_TRIES: usize = 4;
 /// It has no live entry, so it is put back in the live map here with a cell loaded from its
 /// record (it has no active runs); if the command does not re-arm it, [`Locked::release`]
 /// takes it out again (finished). A task live already is locked the usual way.
+///
+/// Claimed first, read after, as a delete does (`retention.rs::hold_off`): a locked, unloaded
+/// cell goes in the map, and only then is the task read. Read before the claim, a whole delete
+/// (claim, read, write, release) could run in between, and the cell built from the deleted
+/// task would bring it back: a trigger writing progress and a run with no spec, a PATCH
+/// answering for a task already answered as deleted. `Gone`: not on disk any more, or no
+/// longer `expired` (finished otherwise; a task brought back meanwhile is in the map).
 pub(crate) async fn lock_expired(inner: &Arc<Inner>, id: &str) -> Result<Got, EngineError> {
-    let key = id.to_string();
     let epoch = inner.load_epoch(id);
-    let read = offload::read(inner, move |i| Ok(i.store.get_task(&key)?)).await?;
-    let Some(task) = read else {
-        return Ok(Got::Gone);
+    let cell: Arc<LiveTask> = Arc::new(tokio::sync::Mutex::new(Slot::unloaded()));
+    let Ok(guard) = cell.clone().try_lock_owned() else {
+        // A new mutex is never locked.
+        return lock(inner, id).await;
     };
-    if task.state != TaskState::Expired {
+    let key: Arc<str> = Arc::from(id);
+    // The map's lock is a blocking one: taken and let go without an await in between.
+    let claimed = {
+        let mut live = inner.live.lock();
+        let claimed = !live.contains_key(id);
+        if claimed {
+            live.claim(key.clone(), Some(cell.clone()));
+        }
+        claimed
+    };
+    if !claimed {
         return lock(inner, id).await;
     }
-    // The map's lock is a blocking one: taken and let go without an await in between.
-    let made = {
-        let mut live = inner.live.lock();
-        if live.contains_key(id) {
-            None
-        } else {
-            let key: Arc<str> = Arc::from(id);
-            let st = LiveState::new(task, BTreeMap::new()).at(epoch);
-            let cell = Arc::new(tokio::sync::Mutex::new(Slot::Loaded(Box::new(st))));
-            live.claim(key.clone(), Some(cell.clone()));
-            Some((key, cell))
+    let l = Locked { id: key, guard };
+    let read = {
+        let key = id.to_string();
+        offload::read(inner, move |i| Ok(i.store.get_task(&key)?)).await
+    };
+    match read {
+        Ok(Some(task)) if task.state == TaskState::Expired => {
+            let mut l = l;
+            *l.guard = Slot::Loaded(Box::new(LiveState::new(task, BTreeMap::new()).at(epoch)));
+            Ok(Got::Ready(l))
         }
-    };
-    let Some((key, cell)) = made else {
-        return lock(inner, id).await;
-    };
-    let guard = cell.lock_owned().await;
-    Ok(Got::Ready(Locked { id: key, guard }))
+        other => {
+            // Out of the map again before the cell's lock goes: a command that waited for it
+            // finds the task as it is on disk.
+            {
+                let mut live = inner.live.lock();
+                if is_current(&live, &l) {
+                    live.remove(&l.id);
+                }
+            }
+            drop(l);
+            match other {
+                Err(e) => Err(e),
+                Ok(Some(t)) if !t.state.is_terminal() => lock(inner, id).await,
+                Ok(_) => Ok(Got::Gone),
+            }
+        }
+    }
 }
 
 /// What [`try_lock_cell`] found.

@@ -663,6 +663,15 @@ mod engine_tests {
     use crate::engine::{Engine, EngineConfig};
 
     async fn engine(dir: &std::path::Path, t0: u64) -> (Engine, Arc<ManualClock>) {
+        let store = crate::store::Store::open(&dir.join("data")).unwrap();
+        engine_on(dir, t0, store).await
+    }
+
+    async fn engine_on(
+        dir: &std::path::Path,
+        t0: u64,
+        store: crate::store::Store,
+    ) -> (Engine, Arc<ManualClock>) {
         let config = crate::config::Config::from_toml(
             &format!(
                 "[channels.out]\nkind = \"file\"\npath = \"{}\"\n",
@@ -677,7 +686,7 @@ mod engine_tests {
         .unwrap();
         let clock = Arc::new(ManualClock::new(t0));
         let engine = Engine::start(
-            crate::store::Store::open(&dir.join("data")).unwrap(),
+            store,
             crate::server::build_channels(&config).unwrap(),
             clock.clone(),
             EngineConfig::default(),
@@ -729,5 +738,68 @@ mod engine_tests {
         let state = engine.get("p").unwrap().unwrap().task.state;
         assert_eq!(state, crate::model::TaskState::Completed);
         assert!(clock.now_ms() >= T0 + 60_000);
+    }
+
+    /// Review finding: a command on an `expired` task read it before claiming it in the live
+    /// map, so a whole delete (claim, read, write, release) could run in between, and the
+    /// command then claimed a cell built from the deleted task (a trigger wrote progress and a
+    /// run with no spec; a PATCH brought back a task answered as deleted). It claims first
+    /// now, as a delete does, and reads the task under the claim: while its read is under way
+    /// the task is in the map already, so a delete cannot claim it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_command_on_an_expired_task_claims_it_before_reading_it() {
+        use crate::store::fault::{Faults, FaultyBackend};
+        use std::sync::atomic::Ordering;
+        const T0: u64 = 1_796_083_200_000; // 2026-12-01T00:00:00Z
+        let dir = tempfile::tempdir().unwrap();
+        let faults = Arc::new(Faults::default());
+        let backend = FaultyBackend {
+            inner: Arc::new(
+                crate::store::embedded::SledBackend::open(&dir.path().join("data"), 8 << 20)
+                    .unwrap(),
+            ),
+            faults: faults.clone(),
+        };
+        let store = crate::store::Store::with_backend(Arc::new(backend)).unwrap();
+        let (engine, _clock) = engine_on(dir.path(), T0, store).await;
+        let at = crate::model::instant::format_utc(T0 + 60_000);
+        let req = serde_json::from_value(serde_json::json!({"id": "e", "channel": "out",
+            "schedule": {"at": at}, "to": ["a"], "body": "x"}))
+        .unwrap();
+        engine.create(req, None).await.unwrap();
+        let inner = engine.inner.clone();
+        // Expired, as a start-up after an outage over its instant leaves it.
+        let mut task = engine.store().get_task("e").unwrap().unwrap();
+        task.state = crate::model::TaskState::Expired;
+        let mut b = crate::store::Batch::new();
+        b.task(&task);
+        engine.store().write(&b).await.unwrap();
+        inner.live.lock().remove("e");
+        inner.timer.cancel(Key::fire("e"));
+
+        let before = faults.reads_delayed.load(Ordering::SeqCst);
+        faults.read_delay_us.store(500_000, Ordering::SeqCst);
+        let i = inner.clone();
+        let command = tokio::spawn(async move {
+            matches!(
+                crate::engine::cells::lock_expired(&i, "e").await,
+                Ok(crate::engine::cells::Got::Ready(_))
+            )
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while faults.reads_delayed.load(Ordering::SeqCst) == before {
+            assert!(std::time::Instant::now() < deadline, "the command reads");
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        assert!(
+            inner.live.lock().contains_key("e"),
+            "claimed in the map before it is read"
+        );
+        assert!(
+            super::hold_off(&inner, "e").is_err(),
+            "a delete cannot claim it meanwhile"
+        );
+        faults.read_delay_us.store(0, Ordering::SeqCst);
+        assert!(command.await.unwrap(), "locked, loaded from its record");
     }
 }
