@@ -228,8 +228,10 @@ impl Engine {
     ///
     /// Claimed first, read after: the page said the task was past retention, but a trigger or
     /// a PATCH may have brought it back since (`cells::lock_expired`), written a new run, sent
-    /// and finished it, and left the map again. Held off, nothing writes the task any more (a
-    /// command waits for the held cell), so what is read now is what the delete removes: a
+    /// and finished it, and left the map again. Held off, nothing here writes the task any
+    /// more (a command waits for the held cell), nor, in cluster mode, another node unless the
+    /// shard moved, which the delete's fence at the epoch of its read refuses. So what is read
+    /// now is what the delete removes: a
     /// task finished again meanwhile is kept (its retention starts over), and no run or
     /// failure entry written since is left behind without its task.
     ///
@@ -410,7 +412,7 @@ impl Engine {
 enum Reread {
     /// Finished on disk: its progress, its footprint, and the epoch its shard was held at
     /// before the read (cluster mode).
-    Finished(ProgressRecord, Footprint, Option<u64>),
+    Finished(Box<ProgressRecord>, Footprint, Option<u64>),
     /// Unfinished on disk (cluster mode: another owner brought it back while this node did
     /// not hold its shard), with its live entry.
     Unfinished(String, LiveEntry),
@@ -423,7 +425,7 @@ fn reread(i: &Inner, id: String, epoch: Option<u64>) -> Result<Reread, StoreErro
     match i.store.stored_progress(&id)? {
         Some(p) if p.state.is_terminal() => {
             let fp = i.store.footprint(&id)?;
-            Ok(Reread::Finished(p, fp, epoch))
+            Ok(Reread::Finished(Box::new(p), fp, epoch))
         }
         // No progress record: gone, or unfinished with its progress still in its spec.
         _ => Ok(match i.store.live_entry(&id)? {
