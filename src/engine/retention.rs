@@ -427,7 +427,8 @@ fn reread(i: &Inner, id: String, epoch: Option<u64>) -> Result<Reread, StoreErro
             let fp = i.store.footprint(&id)?;
             Ok(Reread::Finished(Box::new(p), fp, epoch))
         }
-        // No progress record: gone, or unfinished with its progress still in its spec.
+        // Unfinished, or no progress record (gone, or unfinished with its progress still
+        // derived from its spec): the live entry tells.
         _ => Ok(match i.store.live_entry(&id)? {
             Some(entry) => Reread::Unfinished(id, entry),
             None => Reread::Gone,
