@@ -2,11 +2,13 @@
 //! fenced too), on real nodes and a private PostgreSQL:
 //! - every node's sweep deletes the finished tasks of its own shards, and only those, so
 //!   finished tasks on every shard go once past `[store] retention`;
-//! - a stale owner's delayed retention delete: node `a` reads what it will delete, is stopped
-//!   (SIGSTOP) inside the test knob's hold, node `b` takes every shard over, and when `a`
-//!   goes on its delete is refused by the fence; the task is still there, on `b`.
+//! - a stale owner's delayed retention delete: node `a` claims the finished task and reads it
+//!   again, is stopped (SIGSTOP) inside the test knob's hold between that read and the
+//!   delete's write, node `b` takes every shard over, and when `a` goes on its delete, fenced
+//!   at the epoch its read was made under, is refused; the task is still there, on `b`.
 //!
-//! The sweep's period and hold are test knobs (`engine/retention.rs`), not configuration.
+//! The sweep's period and hold are test knobs (`engine/retention.rs`: `SWEEP_EVERY_ENV`,
+//! `HOLD_ENV`), not configuration.
 
 mod common;
 
@@ -192,7 +194,7 @@ async fn a_stale_owners_delayed_retention_delete_is_refused() {
     let rx = Receiver::start().await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("a.log");
-    // a sweeps every 500 ms and holds its delete 6 s (three leases) after reading it.
+    // a sweeps every 500 ms and holds its delete 6 s (three leases) after reading it again.
     let mut a = start(
         &url,
         dir.path(),

@@ -86,14 +86,21 @@ async fn a_sweep_does_not_delete_an_expired_task_brought_back_meanwhile() {
     h.run_until(utc_ms("2026-12-01T00:23:00Z")).await;
     assert_eq!(h.task("back").await["state"], "expired");
     let engine = h.server().engine.clone();
-    // The sweep reads the page, then is held 4 s before it deletes; the PATCH comes within
-    // (0.5 s for the sweep's read, and 3.5 s for the PATCH on a loaded machine).
-    let sweep = tokio::spawn(async move {
-        engine
-            .sweep_retention_holding(Some(std::time::Duration::from_secs(4)))
-            .await
-    });
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // The sweep reads the page, then waits before it claims "back"; the PATCH comes once it
+    // waits, and the sweep goes on once the PATCH is answered.
+    let hold = std::sync::Arc::new(herald::engine::retention::PageHold::default());
+    let holds = herald::engine::retention::SweepHolds {
+        after_page: Some(hold.clone()),
+        before_write: None,
+    };
+    let sweep = tokio::spawn(async move { engine.sweep_retention_holding(holds).await });
+    let waits = common::herald::poll(std::time::Duration::from_secs(10), || async {
+        hold.reached
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then_some(())
+    })
+    .await;
+    assert!(waits.is_some(), "the sweep reads its page and waits");
     let r = http::patch_json(
         &h.url("/v1/tasks/back"),
         &json!({"schedule": {"at": "2026-12-01T01:00:00Z"}}),
@@ -101,6 +108,8 @@ async fn a_sweep_does_not_delete_an_expired_task_brought_back_meanwhile() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["state"], "pending");
+    assert!(!sweep.is_finished(), "the sweep waits for the test");
+    hold.go.notify_one();
     let swept = sweep.await.unwrap().unwrap();
     assert_eq!(swept.tasks, 0, "{swept:?}");
     let r = http::get(&h.url("/v1/tasks/back")).await;

@@ -280,15 +280,25 @@ async fn a_sweep_keeps_an_expired_task_triggered_and_finished_meanwhile() {
     assert_eq!(h.task("x").await["state"], "expired");
     let runs_before = h.runs("x").await.len();
     let engine = h.server().engine.clone();
-    // The sweep reads its page (x past retention), then is held 4 s before it deletes; the
-    // trigger comes within, and x is sent and finished before the hold ends.
+    // The sweep reads its page (x past retention), then waits before it claims x; the
+    // trigger comes once it waits, and x is sent and finished before it goes on.
+    let hold = std::sync::Arc::new(herald::engine::retention::PageHold::default());
+    let holds = herald::engine::retention::SweepHolds {
+        after_page: Some(hold.clone()),
+        before_write: None,
+    };
     let sweeper = engine.clone();
-    let sweep = tokio::spawn(async move {
-        sweeper
-            .sweep_retention_holding(Some(Duration::from_secs(4)))
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sweep = tokio::spawn(async move { sweeper.sweep_retention_holding(holds).await });
+    let waits = poll(Duration::from_secs(10), || async {
+        hold.reached
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then_some(())
+    })
+    .await;
+    assert!(
+        waits.is_some(),
+        "the sweep reads its page, x in it, and waits"
+    );
     let r = h.action("x", "trigger").await;
     assert_eq!(r.status, 200, "{}", r.text());
     let done = poll(Duration::from_secs(3), || async {
@@ -297,10 +307,8 @@ async fn a_sweep_keeps_an_expired_task_triggered_and_finished_meanwhile() {
     })
     .await;
     assert!(done.is_some(), "x completes: {}", h.task("x").await);
-    assert!(
-        !sweep.is_finished(),
-        "the sweep ended before the trigger finished: the test proves nothing"
-    );
+    assert!(!sweep.is_finished(), "the sweep waits for the test");
+    hold.go.notify_one();
     let swept = sweep.await.unwrap().unwrap();
     assert_eq!(swept.tasks, 0, "{swept:?}");
     let r = http::get(&h.url("/v1/tasks/x")).await;
@@ -326,5 +334,123 @@ async fn a_sweep_keeps_an_expired_task_triggered_and_finished_meanwhile() {
         (fp.messages, fp.runs.len(), fp.failures.len()),
         (0, 0, 0),
         "nothing of x is left behind: {fp:?}"
+    );
+}
+
+/// Review finding: the sweep claimed a whole page of finished tasks (up to 1,000) and only
+/// then read each again, one after the other (four statements a task on PostgreSQL: seconds
+/// for a page), so a command on any task of the page waited for the whole page's reads and
+/// write. It claims, reads and deletes a group of `retention::GROUP` at a time now: a command
+/// on a task of a later group is answered while the sweep is still reading the first ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_on_a_task_of_a_sweeps_page_does_not_wait_for_the_whole_page() {
+    use herald::clock::{Clock, ManualClock};
+    use herald::engine::{Engine, EngineConfig, EngineError};
+    use herald::store::embedded::SledBackend;
+    use herald::store::fault::{Faults, FaultyBackend};
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    const N: usize = 10 * herald::engine::retention::GROUP;
+    const DELAY_US: u64 = 2_000;
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.jsonl");
+    let config = herald::config::Config::from_toml(
+        &format!(
+            "[channels.out]\nkind = \"file\"\npath = \"{}\"\n",
+            out.display()
+        ),
+        herald::config::Overrides {
+            listen: Some("127.0.0.1:0".into()),
+            data_dir: Some(dir.path().join("data")),
+            token: None,
+        },
+    )
+    .unwrap();
+    let faults = Arc::new(Faults::default());
+    let backend = FaultyBackend {
+        inner: Arc::new(SledBackend::open(&dir.path().join("data"), 8 << 20).unwrap()),
+        faults: faults.clone(),
+    };
+    let store = herald::store::Store::with_backend(Arc::new(backend)).unwrap();
+    let channels = herald::server::build_channels(&config).unwrap();
+    let t0 = utc_ms("2026-12-01T00:00:00Z");
+    let clock = Arc::new(ManualClock::new(t0));
+    let cfg = EngineConfig {
+        retention_ms: Some(60_000),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::start(store, channels, clock.clone(), cfg)
+        .await
+        .unwrap();
+    let ids: Vec<String> = (0..N).map(|i| format!("t{i:04}")).collect();
+    let creates: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let (engine, id) = (engine.clone(), id.clone());
+            tokio::spawn(async move {
+                let req = serde_json::from_value(json!({"id": id, "channel": "out",
+                    "schedule": {"after": "0s"}, "to": ["a"], "body": "x"}))
+                .unwrap();
+                engine.create(req, None).await.map(|_| ())
+            })
+        })
+        .collect();
+    for c in creates {
+        c.await.unwrap().unwrap();
+    }
+    let until = t0 + 10_000;
+    for _ in 0..100_000 {
+        match engine.idle().await {
+            Some(d) if d <= until => clock.set(d),
+            _ => break,
+        }
+        engine.wake();
+    }
+    let last = ids.last().unwrap().clone();
+    let done = common::herald::poll(Duration::from_secs(30), || async {
+        clock.set(until);
+        engine.wake();
+        engine.idle().await;
+        let t = engine.get(&last).unwrap().unwrap();
+        (t.task.state == herald::model::TaskState::Completed).then_some(())
+    })
+    .await;
+    assert!(done.is_some(), "every task completes");
+
+    // Past retention, every read of the store a round trip: the page takes N × 4 reads.
+    clock.set(clock.now_ms() + 2 * 60_000);
+    faults.read_delay_us.store(DELAY_US, Ordering::SeqCst);
+    let page_ms = (N as u64 * 4 * DELAY_US) / 1_000;
+    let sweeper = engine.clone();
+    let started = Instant::now();
+    let sweep = tokio::spawn(async move { sweeper.sweep_retention().await });
+    // The sweep is past its page's read, reading its tasks again.
+    let reading = common::herald::poll(Duration::from_secs(10), || async {
+        (faults.reads_delayed.load(Ordering::SeqCst) > 20).then_some(())
+    })
+    .await;
+    assert!(reading.is_some(), "the sweep reads");
+    let asked = Instant::now();
+    let r = engine.cancel(&last).await;
+    let took = asked.elapsed();
+    assert!(
+        took < Duration::from_millis(page_ms / 3),
+        "the cancel of the page's last task waited {took:?} (the page's reads take ≥ {page_ms} ms): {r:?}"
+    );
+    assert!(
+        !sweep.is_finished(),
+        "the sweep ended before the command was answered: the test proves nothing"
+    );
+    assert!(
+        matches!(r, Err(EngineError::Conflict(_))),
+        "a finished task is not cancelled (nor deleted yet): {r:?}"
+    );
+    let swept = sweep.await.unwrap().unwrap();
+    assert_eq!(swept.tasks, N, "{swept:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(page_ms),
+        "the page's reads were slowed"
     );
 }

@@ -35,7 +35,7 @@ pub(crate) struct LiveMap {
     ids: IdSet,
     /// Invariant: every key is in `ids`.
     cells: HashMap<Arc<str>, Arc<LiveTask>, foldhash::fast::RandomState>,
-    /// The finished tasks a delete holds off (`retention.rs`), up to a sweep's page of them:
+    /// The finished tasks a delete holds off (`retention.rs`), up to a sweep's group of them:
     /// in `ids` so a command that would bring one back waits for the delete's cell, but not
     /// live, so [`LiveMap::len`] (the `live_tasks_max` check, `herald_tasks_live`) leaves
     /// them out. Invariant: every id here is in `ids`.
@@ -84,6 +84,14 @@ impl LiveMap {
         true
     }
 
+    /// A task held off by a delete, found unfinished on disk (`retention.rs`, `Held::release`):
+    /// live from now on, unloaded (its next user makes a cell).
+    pub fn unhold(&mut self, id: &str) {
+        if self.held.remove(id) {
+            self.cells.remove(id);
+        }
+    }
+
     /// Inserts on behalf of the start-up loader: only a task nobody has claimed.
     pub fn load(&mut self, id: &Arc<str>) -> bool {
         if self.ids.contains(id) || self.loading.as_ref().is_some_and(|s| s.contains(id)) {
@@ -107,10 +115,14 @@ impl LiveMap {
         self.ids.len().saturating_sub(self.held.len())
     }
 
-    /// Every task with a cell now (loaded, or being loaded), and its cell.
+    /// Every live task with a cell now (loaded, or being loaded), and its cell. Not those a
+    /// delete holds off: finished, they have nothing armed, and their cells stay locked for
+    /// the delete's reads and write (a drain's stand-down, `step::stand_down_all`, waited for
+    /// each of them until its deadline).
     pub fn cells(&self) -> Vec<(Arc<str>, Arc<LiveTask>)> {
         self.cells
             .iter()
+            .filter(|(id, _)| !self.held.contains(*id))
             .map(|(id, c)| (id.clone(), c.clone()))
             .collect()
     }
@@ -422,34 +434,61 @@ const LOCK_TRIES: usize = 4;
 /// It has no live entry, so it is put back in the live map here with a cell loaded from its
 /// record (it has no active runs); if the command does not re-arm it, [`Locked::release`]
 /// takes it out again (finished). A task live already is locked the usual way.
+///
+/// Claimed first, read after, as a delete does (`retention.rs::hold_off`): a locked, unloaded
+/// cell goes in the map, and only then is the task read. Read before the claim, a whole delete
+/// (claim, read, write, release) could run in between, and the cell built from the deleted
+/// task would bring it back: a trigger writing progress and a run with no spec, a PATCH
+/// answering for a task already answered as deleted. `Gone`: not on disk any more, or no
+/// longer `expired` (finished otherwise; a task brought back meanwhile is in the map).
 pub(crate) async fn lock_expired(inner: &Arc<Inner>, id: &str) -> Result<Got, EngineError> {
-    let key = id.to_string();
     let epoch = inner.load_epoch(id);
-    let read = offload::read(inner, move |i| Ok(i.store.get_task(&key)?)).await?;
-    let Some(task) = read else {
-        return Ok(Got::Gone);
+    let cell: Arc<LiveTask> = Arc::new(tokio::sync::Mutex::new(Slot::unloaded()));
+    let Ok(guard) = cell.clone().try_lock_owned() else {
+        // A new mutex is never locked.
+        return lock(inner, id).await;
     };
-    if task.state != TaskState::Expired {
+    let key: Arc<str> = Arc::from(id);
+    // The map's lock is a blocking one: taken and let go without an await in between.
+    let claimed = {
+        let mut live = inner.live.lock();
+        let claimed = !live.contains_key(id);
+        if claimed {
+            live.claim(key.clone(), Some(cell.clone()));
+        }
+        claimed
+    };
+    if !claimed {
         return lock(inner, id).await;
     }
-    // The map's lock is a blocking one: taken and let go without an await in between.
-    let made = {
-        let mut live = inner.live.lock();
-        if live.contains_key(id) {
-            None
-        } else {
-            let key: Arc<str> = Arc::from(id);
-            let st = LiveState::new(task, BTreeMap::new()).at(epoch);
-            let cell = Arc::new(tokio::sync::Mutex::new(Slot::Loaded(Box::new(st))));
-            live.claim(key.clone(), Some(cell.clone()));
-            Some((key, cell))
+    let l = Locked { id: key, guard };
+    let read = {
+        let key = id.to_string();
+        offload::read(inner, move |i| Ok(i.store.get_task(&key)?)).await
+    };
+    match read {
+        Ok(Some(task)) if task.state == TaskState::Expired => {
+            let mut l = l;
+            *l.guard = Slot::Loaded(Box::new(LiveState::new(task, BTreeMap::new()).at(epoch)));
+            Ok(Got::Ready(l))
         }
-    };
-    let Some((key, cell)) = made else {
-        return lock(inner, id).await;
-    };
-    let guard = cell.lock_owned().await;
-    Ok(Got::Ready(Locked { id: key, guard }))
+        other => {
+            // Out of the map again before the cell's lock goes: a command that waited for it
+            // finds the task as it is on disk.
+            {
+                let mut live = inner.live.lock();
+                if is_current(&live, &l) {
+                    live.remove(&l.id);
+                }
+            }
+            drop(l);
+            match other {
+                Err(e) => Err(e),
+                Ok(Some(t)) if !t.state.is_terminal() => lock(inner, id).await,
+                Ok(_) => Ok(Got::Gone),
+            }
+        }
+    }
 }
 
 /// What [`try_lock_cell`] found.
@@ -770,6 +809,12 @@ mod tests {
             "a command finds it, and waits for its cell"
         );
         assert!(live.cell("done").is_some_and(|x| Arc::ptr_eq(x, &c)));
+        // Review finding: a drain's stand-down took every cell, waiting for a held one (locked
+        // for its delete's reads and write) until its deadline.
+        live.claim(Arc::from("loaded"), Some(cell(None)));
+        let ids: Vec<String> = live.cells().iter().map(|(id, _)| id.to_string()).collect();
+        assert_eq!(ids, ["loaded"], "a held-off task has nothing to stand down");
+        live.remove("loaded");
         assert!(!live.hold(held.clone(), cell(None)), "held already");
         assert!(!live.hold(Arc::from("live"), cell(None)), "live already");
         live.remove("done");

@@ -35,9 +35,17 @@ impl Engine {
             // Expired: the one finished state a command may move (a new schedule, a trigger);
             // the plans refuse the others with 409 and the task leaves the live map again.
             Some(t) if t.state == TaskState::Expired => {
-                match commit::lock_expired(&self.inner, id).await? {
-                    Some(l) => Ok(l),
-                    None => Err(EngineError::Conflict(format!("task {id:?} is finished"))),
+                if let Some(l) = commit::lock_expired(&self.inner, id).await? {
+                    return Ok(l);
+                }
+                // Deleted meanwhile (a retention sweep, a DELETE), or finished otherwise.
+                let key = id.to_string();
+                match offload::read(&self.inner, move |i| Ok(i.store.get_task(&key)?)).await? {
+                    None => Err(EngineError::NotFound(format!("task {id:?}"))),
+                    Some(t) => Err(EngineError::Conflict(format!(
+                        "task {id:?} is already {}",
+                        t.state
+                    ))),
                 }
             }
             Some(t) => Err(EngineError::Conflict(format!(

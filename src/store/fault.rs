@@ -31,6 +31,11 @@ pub struct Faults {
     pub reads_refused: AtomicU64,
     /// Scans of this tree fail (counted in `reads_refused`); other reads go through.
     pub fail_scans_of: parking_lot::Mutex<Option<TreeId>>,
+    /// Each read (a point read, a scan's start) first waits this many microseconds: a store
+    /// whose every statement is a round trip (PostgreSQL), on a disk-backed test rig.
+    pub read_delay_us: AtomicU64,
+    /// Reads that waited for `read_delay_us` (a test knows a slowed reader is under way).
+    pub reads_delayed: AtomicU64,
 }
 
 impl Default for Faults {
@@ -46,6 +51,8 @@ impl Default for Faults {
             fail_reads: AtomicBool::new(false),
             reads_refused: AtomicU64::new(0),
             fail_scans_of: parking_lot::Mutex::new(None),
+            read_delay_us: AtomicU64::new(0),
+            reads_delayed: AtomicU64::new(0),
         }
     }
 }
@@ -56,8 +63,13 @@ impl Faults {
         self.apply_budget.store(n, Ordering::SeqCst);
     }
 
-    /// A read to refuse now, counted; `None`: let it through.
+    /// A read to refuse now, counted; `None`: let it through (after `read_delay_us`).
     fn read_fault(&self) -> Option<StoreError> {
+        let delay_us = self.read_delay_us.load(Ordering::SeqCst);
+        if delay_us > 0 {
+            self.reads_delayed.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_micros(delay_us));
+        }
         if !self.fail_reads.load(Ordering::SeqCst) {
             return None;
         }
