@@ -63,8 +63,13 @@ const FRAMES_BUFFERED: usize = 64;
 /// How long a frame may wait for a client that takes nothing before its stream ends and its
 /// connection closes. Without a bound a client that stopped reading held its stream (never
 /// evicted, `conns.rs`) until herald stopped, and a few such clients filled the stream cap: every
-/// new dashboard got 503. A slow reader is not cut: the bound counts anew with each frame it
-/// takes. The same as an unread answer's (`conns::STALLED_EVICT_MIN`).
+/// new dashboard got 503. The bound counts anew with each frame the connection takes; the
+/// connection takes one only once the socket has room, which the kernel reports after a
+/// good part of its send buffer has drained. So a client reading, but slower than the events
+/// come (less than a third of that buffer per 30 s), is closed too: it could never catch up,
+/// and it reconnects and re-reads. On a quiet server a client that stopped reading holds its
+/// stream until events fill the buffers (keep-alives alone take hours). The same bound as an
+/// unread answer's (`conns::STALLED_EVICT_MIN`).
 pub const STALL_MAX: Duration = super::conns::STALLED_EVICT_MIN;
 /// Test knob, not configuration: [`STALL_MAX`] in milliseconds (`tests/connections.rs`). Read
 /// when a stream starts.

@@ -237,8 +237,9 @@ pub fn excerpt(body: &[u8]) -> String {
 }
 
 /// Where an answer's text starts: the offset of its first character that is not whitespace
-/// (as `one_line` splits on) or not UTF-8; `body.len()` when it is all whitespace. Reads the
-/// whitespace and one character past it, no more, and allocates nothing.
+/// (as `one_line` splits on) or not UTF-8; `body.len()` when it is all whitespace. Allocates
+/// nothing; `utf8_chunks` checks each valid run whole, so it reads up to the body's length
+/// (bounded by what was read of the answer), not only the whitespace.
 fn text_start(body: &[u8]) -> usize {
     let mut at = 0;
     for chunk in body.utf8_chunks() {

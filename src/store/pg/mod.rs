@@ -52,11 +52,16 @@ pub fn redact(url: &str) -> String {
         if let Some(at) = rest.find('@') {
             let userinfo = &rest[..at];
             if let Some(colon) = userinfo.find(':') {
-                return format!(
-                    "{}{}:***{}",
-                    &url[..scheme_end + 3],
-                    &userinfo[..colon],
-                    &rest[at..]
+                // The query after the credentials may name a password too (and a query `@`
+                // read as the credentials' end leaves the real one after it).
+                return redact_param(
+                    &format!(
+                        "{}{}:***{}",
+                        &url[..scheme_end + 3],
+                        &userinfo[..colon],
+                        &rest[at..]
+                    ),
+                    "password=",
                 );
             }
         }
@@ -121,5 +126,9 @@ mod tests {
             assert!(!shown.contains(secret), "{url} shown as {shown}");
             assert!(shown.starts_with("postgres://u:***@db"), "{shown}");
         }
+        // An `@` in the query is read as the credentials' end; the query's password is still
+        // hidden.
+        let shown = redact("postgres://db:5432/x?user=me@corp&password=secret");
+        assert!(!shown.contains("secret"), "{shown}");
     }
 }
