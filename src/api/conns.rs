@@ -723,6 +723,16 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
     }
 }
 
+/// A test knob's duration: `env` in milliseconds when set, else `default` (unset, zero or
+/// unreadable). Test knobs, not configuration (the export's and the event streams' stall bounds).
+pub(super) fn knob_ms(env: &str, default: Duration) -> Duration {
+    std::env::var(env)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .map_or(default, Duration::from_millis)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -78,11 +78,7 @@ pub const STALL_ENV: &str = "HERALD_TEST_EVENTS_STALL_MS";
 /// [`STALL_MAX`], or the test knob [`STALL_ENV`] when set (unset, zero or unreadable: the
 /// constant).
 fn stall_max() -> Duration {
-    std::env::var(STALL_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|ms| *ms > 0)
-        .map_or(STALL_MAX, Duration::from_millis)
+    super::conns::knob_ms(STALL_ENV, STALL_MAX)
 }
 
 /// A body that yields what the pump task sends, and ends when the pump ends. (Also the body

@@ -46,11 +46,7 @@ static EXPORTS: AtomicUsize = AtomicUsize::new(0);
 /// [`STALL_MAX`], or the test knob [`STALL_ENV`] when set (unset, zero or unreadable: the
 /// constant).
 fn stall_max() -> Duration {
-    std::env::var(STALL_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|ms| *ms > 0)
-        .map_or(STALL_MAX, Duration::from_millis)
+    super::conns::knob_ms(STALL_ENV, STALL_MAX)
 }
 
 /// One of the [`EXPORTS_MAX`] places, given back when the export ends.
